@@ -1,0 +1,40 @@
+"""named: write models against axis names; lay them out on a mesh with two small mappings.
+
+``import named as nm`` is the whole public surface.
+"""
+
+from . import random
+from ._axis import Axis, AxisError, AxisSelection, AxisSelector, NamedError
+from ._core import NamedArray, axes_of, is_named_array, named
+from ._einsum import dot, einsum
+from ._index import ds, take, updated_slice
+from ._ops import *  # noqa: F403  (elementwise math and reductions, listed in _ops.__all__)
+from ._ops import __all__ as _ops_all
+from ._shape import (
+    arange,
+    broadcast_axis,
+    broadcast_to,
+    concatenate,
+    flatten_axes,
+    full,
+    full_like,
+    one_hot,
+    ones,
+    ones_like,
+    pad,
+    rearrange,
+    rename,
+    roll,
+    split,
+    stack,
+    top_k,
+    tril,
+    triu,
+    unbind,
+    unflatten_axis,
+    zeros,
+    zeros_like,
+)
+from ._transforms import fold, nmap, scan, vmap
+
+__version__ = "0.1.0"

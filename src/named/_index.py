@@ -1,0 +1,241 @@
+"""Indexing by name: ``x["batch", 0:4]``, ``x["seq", i]``, gathers with NamedArray indices,
+``x.at[...]`` functional updates, and dynamic slices.
+
+Index kinds, per axis:
+- an int (or a traced 0-d integer): the axis is dropped;
+- a static slice: the axis keeps its name with the new size;
+- ``nm.ds(start, size)``: a slice of static size at a (possibly traced) start;
+- a NamedArray of integers: a gather. The indexed axis is replaced by the index's axes.
+  Index axes that the array also has (and that are not themselves indexed) are matched
+  element by element, like ``take_along_axis``: ``logits["vocab", targets]`` with
+  ``targets[batch, position]`` gives ``[batch, position]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ._axis import Axis, AxisError, check_unique, format_axes, index_of, name_of, union
+from ._core import NamedArray, raw
+
+
+@dataclasses.dataclass(frozen=True)
+class ds:
+    """A dynamic slice: ``size`` (static) elements from ``start`` (may be traced)."""
+
+    start: Any
+    size: int
+
+
+def _parse(x: NamedArray, idx) -> dict[int, Any]:
+    if isinstance(idx, Mapping):
+        items = list(idx.items())
+    elif isinstance(idx, tuple) and len(idx) % 2 == 0 and all(isinstance(k, (str, Axis)) for k in idx[::2]):
+        items = list(zip(idx[::2], idx[1::2]))
+    elif isinstance(idx, (str, Axis)):
+        raise AxisError(f"x[{name_of(idx)!r}] needs an index after the name: x[{name_of(idx)!r}, 0] or x[{name_of(idx)!r}, 2:5]")
+    else:
+        raise AxisError(
+            f"index NamedArrays by name: x['batch', 0:4] or x[{{'batch': 0}}], got {idx!r}; array axes {format_axes(x.axes)}"
+        )
+    out: dict[int, Any] = {}
+    for name, value in items:
+        i = index_of(x.axes, name)
+        if i in out:
+            raise AxisError(f"axis {x.axes[i].name!r} is indexed twice")
+        out[i] = value
+    return out
+
+
+def _kind(value) -> str:
+    if isinstance(value, NamedArray):
+        if value.ndim == 0:
+            return "int"
+        if jnp.issubdtype(value.dtype, jnp.bool_):
+            raise AxisError("boolean NamedArray masks give data-dependent shapes; use nm.where(mask, x, fill) instead")
+        return "gather"
+    if isinstance(value, slice):
+        return "slice"
+    if isinstance(value, ds):
+        return "ds"
+    if isinstance(value, (int, np.integer)) or (hasattr(value, "shape") and np.ndim(value) == 0):
+        return "int"
+    raise AxisError(f"unsupported index {value!r}: use an int, a slice, nm.ds(start, size) or an integer NamedArray")
+
+
+def _int(value):
+    return value.array if isinstance(value, NamedArray) else value
+
+
+@dataclasses.dataclass
+class _Plan:
+    """Indexing rewritten as: transpose by ``perm``, then index with ``positional``; the
+    result has ``pre_axes`` and is then transposed by ``post_perm`` into ``out_axes``."""
+
+    perm: tuple[int, ...]
+    positional: tuple
+    pre_axes: tuple[Axis, ...]
+    post_perm: tuple[int, ...]
+    out_axes: tuple[Axis, ...]
+
+
+def _plan(x: NamedArray, idx) -> _Plan:
+    parsed = _parse(x, idx)
+    kinds = {i: _kind(v) for i, v in parsed.items()}
+    gathers: dict[int, NamedArray] = {}
+    for i, v in parsed.items():
+        if kinds[i] == "gather":
+            gathers[i] = v
+        elif kinds[i] == "ds":
+            a = x.axes[i]
+            gathers[i] = NamedArray(v.start + jnp.arange(v.size), (Axis(a.name, v.size),))
+    if not gathers:
+        positional = tuple(_int(parsed[i]) if i in parsed else slice(None) for i in range(x.ndim))
+        out_axes = []
+        for i, a in enumerate(x.axes):
+            if i not in parsed:
+                out_axes.append(a)
+            elif kinds[i] == "slice":
+                out_axes.append(Axis(a.name, len(range(*parsed[i].indices(a.size)))))
+        ident = tuple(range(x.ndim))
+        return _Plan(ident, positional, tuple(out_axes), tuple(range(len(out_axes))), tuple(out_axes))
+
+    idx_axes = union(*(g.axes for g in gathers.values()))
+    # Index axes the array also has, and which nothing indexes, are matched pointwise.
+    shared = [index_of(x.axes, a.name) for a in idx_axes if a.name in x.names and index_of(x.axes, a.name) not in parsed]
+    for i in shared:
+        union(idx_axes, (x.axes[i],))
+        gathers[i] = NamedArray(jnp.arange(x.axes[i].size), (x.axes[i],))
+    front = list(gathers)
+    rest = [i for i in range(x.ndim) if i not in gathers]
+    perm = tuple(front + rest)
+    positional = [jnp.broadcast_to(raw(gathers[i], idx_axes), tuple(a.size for a in idx_axes)) for i in front]
+    kept: list[Axis] = []
+    for i in rest:
+        a = x.axes[i]
+        if i not in parsed:
+            positional.append(slice(None))
+            kept.append(a)
+        elif kinds[i] == "slice":
+            positional.append(parsed[i])
+            kept.append(Axis(a.name, len(range(*parsed[i].indices(a.size)))))
+        else:
+            positional.append(_int(parsed[i]))
+    pre_axes = tuple(idx_axes) + tuple(kept)
+    check_unique(pre_axes, "the indexed")
+    # Put the gathered axes where the first indexed axis was.
+    first = min(front)
+    n_before = sum(1 for i in rest if i < first and kinds.get(i) != "int")
+    k = len(idx_axes)
+    post = list(range(k, k + n_before)) + list(range(k)) + list(range(k + n_before, len(pre_axes)))
+    return _Plan(perm, tuple(positional), pre_axes, tuple(post), tuple(pre_axes[j] for j in post))
+
+
+def _transpose(arr, perm):
+    return arr if tuple(perm) == tuple(range(len(perm))) else jnp.transpose(arr, perm)
+
+
+def _has_ds_only(x: NamedArray, idx) -> bool:
+    try:
+        parsed = _parse(x, idx)
+    except AxisError:
+        return False
+    return any(isinstance(v, ds) for v in parsed.values()) and all(
+        isinstance(v, ds) or _kind(v) in ("int", "slice") for v in parsed.values()
+    )
+
+
+def getitem(x: NamedArray, idx) -> NamedArray:
+    if _has_ds_only(x, idx):
+        parsed = _parse(x, idx)
+        arr, axes = x.array, list(x.axes)
+        rest = {}
+        for i, v in parsed.items():
+            if isinstance(v, ds):
+                arr = lax.dynamic_slice_in_dim(arr, v.start, v.size, axis=i)
+                axes[i] = Axis(axes[i].name, v.size)
+            else:
+                rest[axes[i].name] = v
+        y = NamedArray._unchecked(arr, tuple(axes))
+        return getitem(y, rest) if rest else y
+    plan = _plan(x, idx)
+    out = _transpose(x.array, plan.perm)[plan.positional]
+    return NamedArray._unchecked(_transpose(out, plan.post_perm), plan.out_axes)
+
+
+def take(x: NamedArray, axis, index) -> NamedArray:
+    """``x[axis, index]``: the entries at ``index`` (an int or an integer NamedArray) along ``axis``."""
+    return getitem(x, {axis: index})
+
+
+class AtIndexer:
+    """``x.at[idx].set(v)`` etc.: functional updates with the same index grammar as ``x[idx]``."""
+
+    def __init__(self, x: NamedArray):
+        self._x = x
+
+    def __getitem__(self, idx) -> _AtRef:
+        return _AtRef(self._x, idx)
+
+
+class _AtRef:
+    def __init__(self, x: NamedArray, idx):
+        self._x, self._idx = x, idx
+
+    def get(self) -> NamedArray:
+        return getitem(self._x, self._idx)
+
+    def _update(self, method: str, values, **kwargs) -> NamedArray:
+        x = self._x
+        plan = _plan(x, self._idx)
+        if isinstance(values, NamedArray):
+            extra = [a for a in values.axes if a.name not in {b.name for b in plan.pre_axes}]
+            if extra:
+                raise AxisError(f"update values have axes {format_axes(extra)} that the indexed region {format_axes(plan.out_axes)} lacks")
+            union(plan.pre_axes, values.axes)
+            v = jnp.broadcast_to(raw(values, plan.pre_axes), tuple(a.size for a in plan.pre_axes))
+        else:
+            v = values
+        xt = _transpose(x.array, plan.perm)
+        out = getattr(xt.at[plan.positional], method)(v, **kwargs)
+        inverse = tuple(int(i) for i in np.argsort(plan.perm))
+        return NamedArray._unchecked(_transpose(out, inverse), x.axes)
+
+    def set(self, values, **kw):
+        return self._update("set", values, **kw)
+
+    def add(self, values, **kw):
+        return self._update("add", values, **kw)
+
+    def multiply(self, values, **kw):
+        return self._update("multiply", values, **kw)
+
+    def min(self, values, **kw):
+        return self._update("min", values, **kw)
+
+    def max(self, values, **kw):
+        return self._update("max", values, **kw)
+
+
+def updated_slice(x: NamedArray, start: Mapping, update: NamedArray) -> NamedArray:
+    """Write ``update`` into ``x`` at ``start`` (``{axis: offset}``, offsets may be traced), as one
+    ``dynamic_update_slice``: the KV-cache write. ``update`` has x's axes, smaller sizes allowed."""
+    missing = [a for a in update.names if a not in x.names]
+    if missing:
+        raise AxisError(f"updated_slice: update axes {missing} are not in the array {format_axes(x.axes)}")
+    offsets = [0] * x.ndim
+    for a, s in start.items():
+        offsets[index_of(x.axes, a)] = s
+    up_axes = tuple(Axis(a.name, update.axis_size(a.name)) if a.name in update.names else Axis(a.name, 1) for a in x.axes)
+    for a, b in zip(up_axes, x.axes):
+        if a.size > b.size:
+            raise AxisError(f"updated_slice: update axis {a.name!r} has size {a.size} > {b.size}")
+    upd = raw(update, up_axes).reshape(tuple(a.size for a in up_axes)).astype(x.dtype)
+    offsets = [jnp.asarray(o, dtype=jnp.int32) for o in offsets]
+    return NamedArray._unchecked(lax.dynamic_update_slice(x.array, upd, offsets), x.axes)

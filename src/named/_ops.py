@@ -1,0 +1,384 @@
+"""Elementwise math and reductions by name.
+
+The broadcasting rule (docs/named_arrays.md): the result of an n-ary elementwise op has the
+*union* of its operands' axes, in first-seen order from left to right; a name must have one
+size in all operands. Python numbers and 0-d arrays broadcast against anything; a positional
+array with dimensions is refused (wrap it with ``nm.named``).
+"""
+
+from __future__ import annotations
+
+import builtins
+import functools
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from ._axis import AxisError, AxisSelection, as_selectors, format_axes, index_of, union
+from ._core import NamedArray, axes_of, raw
+
+
+def _elementwise(fn: Callable, *args, **kwargs):
+    axes = union(*(axes_of(a) for a in args))
+    if not builtins.any(isinstance(a, NamedArray) for a in args):
+        return NamedArray(fn(*args, **kwargs), ())  # scalars in, 0-d NamedArray out
+    return NamedArray._unchecked(fn(*(raw(a, axes) for a in args), **kwargs), axes)
+
+
+def _wrap(fn: Callable, name: str | None = None) -> Callable:
+    @functools.wraps(fn)
+    def op(*args, **kwargs):
+        return _elementwise(fn, *args, **kwargs)
+
+    op.__name__ = name or fn.__name__
+    op.__qualname__ = op.__name__
+    op.__doc__ = f"Elementwise ``{getattr(fn, '__module__', 'jnp')}.{fn.__name__}`` over names (union broadcasting)."
+    return op
+
+
+# Unary
+abs = _wrap(jnp.abs, "abs")
+negative = _wrap(jnp.negative)
+sign = _wrap(jnp.sign)
+exp = _wrap(jnp.exp)
+exp2 = _wrap(jnp.exp2)
+expm1 = _wrap(jnp.expm1)
+log = _wrap(jnp.log)
+log2 = _wrap(jnp.log2)
+log10 = _wrap(jnp.log10)
+log1p = _wrap(jnp.log1p)
+sqrt = _wrap(jnp.sqrt)
+rsqrt = _wrap(lax.rsqrt, "rsqrt")
+cbrt = _wrap(jnp.cbrt)
+square = _wrap(jnp.square)
+reciprocal = _wrap(jnp.reciprocal)
+sin = _wrap(jnp.sin)
+cos = _wrap(jnp.cos)
+tan = _wrap(jnp.tan)
+arcsin = _wrap(jnp.arcsin)
+arccos = _wrap(jnp.arccos)
+arctan = _wrap(jnp.arctan)
+sinh = _wrap(jnp.sinh)
+cosh = _wrap(jnp.cosh)
+tanh = _wrap(jnp.tanh)
+arcsinh = _wrap(jnp.arcsinh)
+arccosh = _wrap(jnp.arccosh)
+arctanh = _wrap(jnp.arctanh)
+floor = _wrap(jnp.floor)
+ceil = _wrap(jnp.ceil)
+round = _wrap(jnp.round, "round")
+trunc = _wrap(jnp.trunc)
+isnan = _wrap(jnp.isnan)
+isinf = _wrap(jnp.isinf)
+isfinite = _wrap(jnp.isfinite)
+logical_not = _wrap(jnp.logical_not)
+invert = _wrap(jnp.invert)
+conj = _wrap(jnp.conj)
+real = _wrap(jnp.real)
+imag = _wrap(jnp.imag)
+erf = _wrap(jax.scipy.special.erf, "erf")
+erfc = _wrap(jax.scipy.special.erfc, "erfc")
+sigmoid = _wrap(jax.nn.sigmoid, "sigmoid")
+log_sigmoid = _wrap(jax.nn.log_sigmoid, "log_sigmoid")
+softplus = _wrap(jax.nn.softplus, "softplus")
+relu = _wrap(jax.nn.relu, "relu")
+relu6 = _wrap(jax.nn.relu6, "relu6")
+silu = _wrap(jax.nn.silu, "silu")
+swish = silu
+elu = _wrap(jax.nn.elu, "elu")
+leaky_relu = _wrap(jax.nn.leaky_relu, "leaky_relu")
+
+
+def gelu(x, approximate: bool = False):
+    """GELU; ``approximate=True`` is the tanh form GPT-2 uses, False the exact erf form."""
+    return _elementwise(functools.partial(jax.nn.gelu, approximate=approximate), x)
+
+
+# Binary and ternary
+add = _wrap(jnp.add)
+subtract = _wrap(jnp.subtract)
+multiply = _wrap(jnp.multiply)
+divide = _wrap(jnp.divide)
+true_divide = divide
+floor_divide = _wrap(jnp.floor_divide)
+mod = _wrap(jnp.mod)
+remainder = mod
+power = _wrap(jnp.power)
+maximum = _wrap(jnp.maximum)
+minimum = _wrap(jnp.minimum)
+arctan2 = _wrap(jnp.arctan2)
+hypot = _wrap(jnp.hypot)
+logaddexp = _wrap(jnp.logaddexp)
+equal = _wrap(jnp.equal)
+not_equal = _wrap(jnp.not_equal)
+less = _wrap(jnp.less)
+less_equal = _wrap(jnp.less_equal)
+greater = _wrap(jnp.greater)
+greater_equal = _wrap(jnp.greater_equal)
+logical_and = _wrap(jnp.logical_and)
+logical_or = _wrap(jnp.logical_or)
+logical_xor = _wrap(jnp.logical_xor)
+bitwise_and = _wrap(jnp.bitwise_and)
+bitwise_or = _wrap(jnp.bitwise_or)
+bitwise_xor = _wrap(jnp.bitwise_xor)
+isclose = _wrap(jnp.isclose)
+
+
+def where(condition, x, y):
+    """``x`` where ``condition`` else ``y``; all three broadcast by the union rule."""
+    return _elementwise(jnp.where, condition, x, y)
+
+
+def clip(x, lower=None, upper=None):
+    """Clip to ``[lower, upper]`` (either may be None); bounds broadcast by the union rule."""
+    if lower is not None:
+        x = maximum(x, lower)
+    if upper is not None:
+        x = minimum(x, upper)
+    return x
+
+
+# ---- reductions ------------------------------------------------------------------
+
+
+def _reduction_axes(x: NamedArray, axis: AxisSelection | None) -> tuple[int, ...]:
+    if axis is None:
+        return tuple(range(x.ndim))
+    return tuple(index_of(x.axes, a) for a in as_selectors(axis))
+
+
+def _where_mask(x: NamedArray, where):
+    if where is None:
+        return None
+    w_axes = axes_of(where)
+    extra = [a for a in w_axes if a.name not in x.names]
+    if extra:
+        raise AxisError(f"where= has axes {format_axes(extra)} that the reduced array {format_axes(x.axes)} lacks")
+    union(x.axes, w_axes)  # size check
+    mask = raw(where, x.axes)
+    mask = jnp.broadcast_to(mask, x.array.shape)
+    return mask.astype(bool) if mask.dtype != bool else mask
+
+
+def _reduce(fn: Callable, x: NamedArray, axis, *, where=None, **kwargs) -> NamedArray:
+    if not isinstance(x, NamedArray):
+        raise TypeError(f"expected a NamedArray, got {type(x).__name__}")
+    dims = _reduction_axes(x, axis)
+    if where is not None:
+        kwargs["where"] = _where_mask(x, where)
+    out = fn(x.array, axis=dims, **kwargs)
+    keep = tuple(a for i, a in enumerate(x.axes) if i not in dims)
+    return NamedArray._unchecked(out, keep)
+
+
+def sum(x, axis=None, *, where=None, dtype=None):
+    """Sum over ``axis`` (a name, several names, or None for all); returns a NamedArray."""
+    return _reduce(jnp.sum, x, axis, where=where, dtype=dtype)
+
+
+def mean(x, axis=None, *, where=None, dtype=None):
+    return _reduce(jnp.mean, x, axis, where=where, dtype=dtype)
+
+
+def prod(x, axis=None, *, where=None, dtype=None):
+    return _reduce(jnp.prod, x, axis, where=where, dtype=dtype)
+
+
+def max(x, axis=None, *, where=None):
+    kw = {} if where is None else {"initial": -jnp.inf}
+    return _reduce(jnp.max, x, axis, where=where, **kw)
+
+
+def min(x, axis=None, *, where=None):
+    kw = {} if where is None else {"initial": jnp.inf}
+    return _reduce(jnp.min, x, axis, where=where, **kw)
+
+
+def std(x, axis=None, *, where=None, ddof=0):
+    return _reduce(jnp.std, x, axis, where=where, ddof=ddof)
+
+
+def var(x, axis=None, *, where=None, ddof=0):
+    return _reduce(jnp.var, x, axis, where=where, ddof=ddof)
+
+
+def any(x, axis=None, *, where=None):
+    return _reduce(jnp.any, x, axis, where=where)
+
+
+def all(x, axis=None, *, where=None):
+    return _reduce(jnp.all, x, axis, where=where)
+
+
+def logsumexp(x, axis=None, *, where=None):
+    return _reduce(jax.nn.logsumexp, x, axis, where=where)
+
+
+def _arg_reduce(fn, x: NamedArray, axis) -> NamedArray:
+    if axis is None or len(as_selectors(axis)) != 1:
+        raise AxisError(f"{fn.__name__} needs exactly one axis name; the array has axes {format_axes(x.axes)}")
+    (sel,) = as_selectors(axis)
+    i = index_of(x.axes, sel)
+    return NamedArray._unchecked(fn(x.array, axis=i), x.axes[:i] + x.axes[i + 1 :])
+
+
+def argmax(x, axis) -> NamedArray:
+    return _arg_reduce(jnp.argmax, x, axis)
+
+
+def argmin(x, axis) -> NamedArray:
+    return _arg_reduce(jnp.argmin, x, axis)
+
+
+# ---- along-one-axis ops that keep the shape ---------------------------------------
+
+
+def _along(fn: Callable, x: NamedArray, axis, **kwargs) -> NamedArray:
+    sels = as_selectors(axis)
+    if len(sels) != 1:
+        raise AxisError(f"{getattr(fn, '__name__', 'op')} needs exactly one axis name, got {axis!r}")
+    i = index_of(x.axes, sels[0])
+    return NamedArray._unchecked(fn(x.array, axis=i, **kwargs), x.axes)
+
+
+def softmax(x, axis, *, where=None) -> NamedArray:
+    """Softmax along ``axis``."""
+    if where is None:
+        return _along(jax.nn.softmax, x, axis)
+    return _along(jax.nn.softmax, x, axis, where=_where_mask(x, where))
+
+
+def log_softmax(x, axis, *, where=None) -> NamedArray:
+    if where is None:
+        return _along(jax.nn.log_softmax, x, axis)
+    return _along(jax.nn.log_softmax, x, axis, where=_where_mask(x, where))
+
+
+def standardize(x, axis, *, epsilon: float = 1e-5) -> NamedArray:
+    """``(x - mean) / sqrt(var + eps)`` along ``axis`` (one or several names)."""
+    m = mean(x, axis)
+    v = var(x, axis)
+    return (x - m) * rsqrt(v + epsilon)
+
+
+def cumsum(x, axis, *, reverse: bool = False) -> NamedArray:
+    i = index_of(x.axes, as_selectors(axis)[0])
+    return NamedArray._unchecked(lax.cumsum(x.array, axis=i, reverse=reverse), x.axes)
+
+
+def cumprod(x, axis, *, reverse: bool = False) -> NamedArray:
+    i = index_of(x.axes, as_selectors(axis)[0])
+    return NamedArray._unchecked(lax.cumprod(x.array, axis=i, reverse=reverse), x.axes)
+
+
+def sort(x, axis) -> NamedArray:
+    return _along(jnp.sort, x, axis)
+
+
+def argsort(x, axis) -> NamedArray:
+    return _along(jnp.argsort, x, axis)
+
+
+__all__ = [
+    "abs",
+    "negative",
+    "sign",
+    "exp",
+    "exp2",
+    "expm1",
+    "log",
+    "log2",
+    "log10",
+    "log1p",
+    "sqrt",
+    "rsqrt",
+    "cbrt",
+    "square",
+    "reciprocal",
+    "sin",
+    "cos",
+    "tan",
+    "arcsin",
+    "arccos",
+    "arctan",
+    "sinh",
+    "cosh",
+    "tanh",
+    "arcsinh",
+    "arccosh",
+    "arctanh",
+    "floor",
+    "ceil",
+    "round",
+    "trunc",
+    "isnan",
+    "isinf",
+    "isfinite",
+    "logical_not",
+    "invert",
+    "conj",
+    "real",
+    "imag",
+    "erf",
+    "erfc",
+    "sigmoid",
+    "log_sigmoid",
+    "softplus",
+    "relu",
+    "relu6",
+    "silu",
+    "swish",
+    "elu",
+    "leaky_relu",
+    "add",
+    "subtract",
+    "multiply",
+    "divide",
+    "true_divide",
+    "floor_divide",
+    "mod",
+    "remainder",
+    "power",
+    "maximum",
+    "minimum",
+    "arctan2",
+    "hypot",
+    "logaddexp",
+    "equal",
+    "not_equal",
+    "less",
+    "less_equal",
+    "greater",
+    "greater_equal",
+    "logical_and",
+    "logical_or",
+    "logical_xor",
+    "bitwise_and",
+    "bitwise_or",
+    "bitwise_xor",
+    "isclose",
+    "gelu",
+    "where",
+    "clip",
+    "sum",
+    "mean",
+    "prod",
+    "max",
+    "min",
+    "std",
+    "var",
+    "any",
+    "all",
+    "logsumexp",
+    "argmax",
+    "argmin",
+    "softmax",
+    "log_softmax",
+    "standardize",
+    "cumsum",
+    "cumprod",
+    "sort",
+    "argsort",
+]

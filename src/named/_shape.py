@@ -1,0 +1,315 @@
+"""Shape ops by name: rename, rearrange, flatten/unflatten, split/stack/concat, broadcast,
+masks, roll, pad, top_k; and array creation."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ._axis import (
+    Axis,
+    AxisError,
+    AxisSelection,
+    AxisSelector,
+    as_selectors,
+    check_unique,
+    format_axes,
+    index_of,
+    name_of,
+    resolve,
+    union,
+)
+from ._core import NamedArray, axes_of
+
+# ---- creation ----------------------------------------------------------------------
+
+
+def _axes_for_creation(axes: AxisSelection) -> tuple[Axis, ...]:
+    out = as_selectors(axes)
+    for a in out:
+        if not isinstance(a, Axis):
+            raise AxisError(f"creating an array needs Axis objects with sizes, got the bare name {a!r}")
+    check_unique(out, "the requested")
+    return out  # type: ignore[return-value]
+
+
+def zeros(axes: AxisSelection, dtype=None) -> NamedArray:
+    ax = _axes_for_creation(axes)
+    return NamedArray(jnp.zeros(tuple(a.size for a in ax), dtype), ax)
+
+
+def ones(axes: AxisSelection, dtype=None) -> NamedArray:
+    ax = _axes_for_creation(axes)
+    return NamedArray(jnp.ones(tuple(a.size for a in ax), dtype), ax)
+
+
+def full(axes: AxisSelection, fill_value, dtype=None) -> NamedArray:
+    ax = _axes_for_creation(axes)
+    return NamedArray(jnp.full(tuple(a.size for a in ax), fill_value, dtype), ax)
+
+
+def zeros_like(x: NamedArray, dtype=None) -> NamedArray:
+    return NamedArray(jnp.zeros_like(x.array, dtype), x.axes)
+
+
+def ones_like(x: NamedArray, dtype=None) -> NamedArray:
+    return NamedArray(jnp.ones_like(x.array, dtype), x.axes)
+
+
+def full_like(x: NamedArray, fill_value, dtype=None) -> NamedArray:
+    return NamedArray(jnp.full_like(x.array, fill_value, dtype), x.axes)
+
+
+def arange(axis: Axis, *, start=0, step=1, dtype=None) -> NamedArray:
+    """``start, start + step, ...`` along ``axis`` (axis.size values)."""
+    if not isinstance(axis, Axis):
+        raise AxisError(f"arange needs an Axis with a size, got {axis!r}")
+    return NamedArray(start + jnp.arange(axis.size, dtype=dtype) * step, (axis,))
+
+
+# ---- renaming and reordering ---------------------------------------------------------
+
+
+def rename(x: NamedArray, mapping: Mapping[AxisSelector, AxisSelector]) -> NamedArray:
+    """Rename axes: ``x.rename({"position": "key_position"})``. Sizes are kept."""
+    new = list(x.axes)
+    for old, nw in mapping.items():
+        i = index_of(x.axes, old)
+        if isinstance(nw, Axis) and nw.size != x.axes[i].size:
+            raise AxisError(f"rename: axis {x.axes[i].name!r} has size {x.axes[i].size}, the new {nw!r} has another")
+        new[i] = Axis(name_of(nw), x.axes[i].size)
+    check_unique(new, "the renamed")
+    return NamedArray._unchecked(x.array, tuple(new))
+
+
+def _expand_order(x: NamedArray, order) -> tuple[int, ...]:
+    sels = as_selectors(order)
+    if sels.count(Ellipsis) > 1:
+        raise AxisError("rearrange takes at most one '...'")
+    named_idx = [index_of(x.axes, s) for s in sels if s is not Ellipsis]
+    if len(set(named_idx)) != len(named_idx):
+        raise AxisError(f"rearrange: an axis is listed twice in {order!r}")
+    if Ellipsis not in sels:
+        if len(named_idx) != x.ndim:
+            missing = [a.name for i, a in enumerate(x.axes) if i not in named_idx]
+            raise AxisError(f"rearrange: {order!r} leaves out axes {missing} of {format_axes(x.axes)}; list them or use '...'")
+        return tuple(named_idx)
+    rest = [i for i in range(x.ndim) if i not in named_idx]
+    k = sels.index(Ellipsis)
+    return tuple(named_idx[:k] + rest + named_idx[k:])
+
+
+def rearrange(x: NamedArray, order: AxisSelection) -> NamedArray:
+    """Transpose to ``order`` (names; ``...`` stands for the other axes in their order).
+
+    ``x.rearrange(("batch", ..., "embed"))`` or ``x.rearrange("batch ... embed")``.
+    """
+    if isinstance(order, str):
+        order = tuple(Ellipsis if t == "..." else t for t in order.split())
+    perm = _expand_order(x, order)
+    if perm == tuple(range(x.ndim)):
+        return x
+    return NamedArray._unchecked(jnp.transpose(x.array, perm), tuple(x.axes[i] for i in perm))
+
+
+def flatten_axes(x: NamedArray, axes: AxisSelection, new_axis: AxisSelector) -> NamedArray:
+    """Merge ``axes`` (in the given order) into one axis placed where the first of them was."""
+    sels = as_selectors(axes)
+    if not sels:
+        raise AxisError("flatten_axes needs at least one axis")
+    idx = [index_of(x.axes, s) for s in sels]
+    first = min(idx)
+    rest = [i for i in range(x.ndim) if i not in idx]
+    before = [i for i in rest if i < first]
+    after = [i for i in rest if i > first]
+    perm = before + idx + after
+    arr = jnp.transpose(x.array, perm) if perm != list(range(x.ndim)) else x.array
+    size = int(np.prod([x.axes[i].size for i in idx]))
+    if isinstance(new_axis, Axis) and new_axis.size != size:
+        raise AxisError(f"flatten_axes: {new_axis!r} does not match the product {size} of {[x.axes[i] for i in idx]}")
+    new = Axis(name_of(new_axis), size)
+    out_axes = tuple(x.axes[i] for i in before) + (new,) + tuple(x.axes[i] for i in after)
+    check_unique(out_axes, "the flattened")
+    return NamedArray._unchecked(arr.reshape(tuple(a.size for a in out_axes)), out_axes)
+
+
+def unflatten_axis(x: NamedArray, axis: AxisSelector, new_axes: Sequence[Axis]) -> NamedArray:
+    """Split one axis into ``new_axes`` (row-major), in its place."""
+    i = index_of(x.axes, axis)
+    new_axes = tuple(new_axes)
+    for a in new_axes:
+        if not isinstance(a, Axis):
+            raise AxisError(f"unflatten_axis needs Axis objects with sizes, got {a!r}")
+    if int(np.prod([a.size for a in new_axes])) != x.axes[i].size:
+        raise AxisError(f"unflatten_axis: {format_axes(new_axes)} do not multiply to the size {x.axes[i].size} of {x.axes[i].name!r}")
+    out_axes = x.axes[:i] + new_axes + x.axes[i + 1 :]
+    check_unique(out_axes, "the unflattened")
+    return NamedArray._unchecked(x.array.reshape(tuple(a.size for a in out_axes)), out_axes)
+
+
+def split(x: NamedArray, axis: AxisSelector, new_axes: Sequence[Axis]) -> list[NamedArray]:
+    """Split along ``axis`` into pieces with the given axes (their sizes must sum to the axis')."""
+    i = index_of(x.axes, axis)
+    sizes = [a.size for a in new_axes]
+    if sum(sizes) != x.axes[i].size:
+        raise AxisError(f"split: sizes {sizes} do not sum to the size {x.axes[i].size} of {x.axes[i].name!r}")
+    cuts = np.cumsum(sizes)[:-1].tolist()
+    parts = jnp.split(x.array, cuts, axis=i)
+    return [NamedArray._unchecked(p, x.axes[:i] + (a,) + x.axes[i + 1 :]) for p, a in zip(parts, new_axes)]
+
+
+def unbind(x: NamedArray, axis: AxisSelector) -> list[NamedArray]:
+    """The slices of ``x`` along ``axis``, each without that axis."""
+    i = index_of(x.axes, axis)
+    rest = x.axes[:i] + x.axes[i + 1 :]
+    return [NamedArray._unchecked(jnp.take(x.array, j, axis=i), rest) for j in range(x.axes[i].size)]
+
+
+def stack(axis: AxisSelector, arrays: Sequence[NamedArray]) -> NamedArray:
+    """Stack arrays with equal axes (any order) along a new leading axis ``axis``."""
+    if not arrays:
+        raise AxisError("stack needs at least one array")
+    first = arrays[0]
+    name = name_of(axis)
+    if name in first.names:
+        raise AxisError(f"stack: the new axis {name!r} already exists in {format_axes(first.axes)}")
+    parts = []
+    for a in arrays:
+        if set(a.names) != set(first.names):
+            raise AxisError(f"stack: arrays have different axes {format_axes(first.axes)} and {format_axes(a.axes)}")
+        union(first.axes, a.axes)
+        parts.append(rearrange(a, first.names).array)
+    new = Axis(name, len(arrays))
+    if isinstance(axis, Axis) and axis.size != new.size:
+        raise AxisError(f"stack: {axis!r} but {len(arrays)} arrays were given")
+    return NamedArray._unchecked(jnp.stack(parts, axis=0), (new,) + first.axes)
+
+
+def concatenate(axis: AxisSelector, arrays: Sequence[NamedArray]) -> NamedArray:
+    """Concatenate along the existing axis ``axis``; other axes must agree by name."""
+    if not arrays:
+        raise AxisError("concatenate needs at least one array")
+    name = name_of(axis)
+    first = arrays[0]
+    i = index_of(first.axes, name)
+    others = first.axes[:i] + first.axes[i + 1 :]
+    parts = []
+    total = 0
+    for a in arrays:
+        j = index_of(a.axes, name)
+        rest = a.axes[:j] + a.axes[j + 1 :]
+        if set(b.name for b in rest) != set(b.name for b in others):
+            raise AxisError(f"concatenate along {name!r}: arrays have different other axes {format_axes(others)} and {format_axes(rest)}")
+        union(others, rest)
+        total += a.axes[j].size
+        parts.append(rearrange(a, first.names).array)
+    out_axes = first.axes[:i] + (Axis(name, total),) + first.axes[i + 1 :]
+    return NamedArray._unchecked(jnp.concatenate(parts, axis=i), out_axes)
+
+
+def broadcast_axis(x: NamedArray, axes: AxisSelection) -> NamedArray:
+    """Add new axes (Axis objects) in front of ``x``'s; axes it already has are size-checked."""
+    sels = as_selectors(axes)
+    new = []
+    for a in sels:
+        if not isinstance(a, Axis):
+            raise AxisError(f"broadcast_axis needs Axis objects with sizes, got {a!r}")
+        if a.name in x.names:
+            union(x.axes, (a,))
+        else:
+            new.append(a)
+    if not new:
+        return x
+    out_axes = tuple(new) + x.axes
+    arr = jnp.broadcast_to(x.array, tuple(a.size for a in out_axes))
+    return NamedArray._unchecked(arr, out_axes)
+
+
+def broadcast_to(x, axes: AxisSelection) -> NamedArray:
+    """Broadcast to exactly ``axes`` (in that order); x's axes must be among them."""
+    target = as_selectors(axes)
+    x_axes = axes_of(x)
+    resolved = []
+    for a in target:
+        if isinstance(a, Axis):
+            resolved.append(a)
+        else:
+            resolved.append(resolve(x_axes, a))
+    out_axes = tuple(resolved)
+    check_unique(out_axes, "the target")
+    missing = [a for a in x_axes if a.name not in {b.name for b in out_axes}]
+    if missing:
+        raise AxisError(f"broadcast_to: the array's axes {format_axes(missing)} are not in the target {format_axes(out_axes)}")
+    union(out_axes, x_axes)
+    from ._core import raw
+
+    arr = jnp.broadcast_to(raw(x, out_axes), tuple(a.size for a in out_axes))
+    return NamedArray._unchecked(arr, out_axes)
+
+
+# ---- masks, roll, pad, top_k, one_hot ------------------------------------------------
+
+
+def _triangle(fn, x: NamedArray, axis1: AxisSelector, axis2: AxisSelector, k: int) -> NamedArray:
+    i, j = index_of(x.axes, axis1), index_of(x.axes, axis2)
+    moved = jnp.moveaxis(x.array, (i, j), (-2, -1))
+    out = jnp.moveaxis(fn(moved, k), (-2, -1), (i, j))
+    return NamedArray._unchecked(out, x.axes)
+
+
+def tril(x: NamedArray, axis1: AxisSelector, axis2: AxisSelector, k: int = 0) -> NamedArray:
+    """Zero the entries with ``index(axis2) > index(axis1) + k`` (the lower triangle stays)."""
+    return _triangle(jnp.tril, x, axis1, axis2, k)
+
+
+def triu(x: NamedArray, axis1: AxisSelector, axis2: AxisSelector, k: int = 0) -> NamedArray:
+    """Zero the entries with ``index(axis2) < index(axis1) + k``."""
+    return _triangle(jnp.triu, x, axis1, axis2, k)
+
+
+def roll(x: NamedArray, shift, axis: AxisSelection) -> NamedArray:
+    sels = as_selectors(axis)
+    dims = tuple(index_of(x.axes, s) for s in sels)
+    shifts = shift if isinstance(shift, (tuple, list)) else (shift,) * len(dims)
+    return NamedArray._unchecked(jnp.roll(x.array, tuple(shifts), axis=dims), x.axes)
+
+
+def pad(x: NamedArray, pad_width: Mapping[AxisSelector, tuple[int, int]], *, mode: str = "constant", constant_values=0) -> NamedArray:
+    """Pad named axes: ``nm.pad(x, {"position": (0, 3)})``; the axes keep their names."""
+    widths = [(0, 0)] * x.ndim
+    for a, (lo, hi) in pad_width.items():
+        widths[index_of(x.axes, a)] = (int(lo), int(hi))
+    kwargs = {"constant_values": constant_values} if mode == "constant" else {}
+    arr = jnp.pad(x.array, widths, mode=mode, **kwargs)
+    out_axes = tuple(Axis(a.name, a.size + lo + hi) for a, (lo, hi) in zip(x.axes, widths))
+    return NamedArray._unchecked(arr, out_axes)
+
+
+def top_k(x: NamedArray, axis: AxisSelector, k: int, new_axis: AxisSelector | None = None) -> tuple[NamedArray, NamedArray]:
+    """The ``k`` largest values along ``axis`` and their indices; the axis becomes ``new_axis``
+    (same name by default) of size k."""
+    i = index_of(x.axes, axis)
+    moved = jnp.moveaxis(x.array, i, -1)
+    vals, idx = lax.top_k(moved, k)
+    new = Axis(name_of(new_axis) if new_axis is not None else x.axes[i].name, k)
+    out_axes = x.axes[:i] + (new,) + x.axes[i + 1 :]
+    check_unique(out_axes, "the top_k")
+    return (
+        NamedArray._unchecked(jnp.moveaxis(vals, -1, i), out_axes),
+        NamedArray._unchecked(jnp.moveaxis(idx, -1, i), out_axes),
+    )
+
+
+def one_hot(index, axis: Axis, *, dtype=jnp.float32) -> NamedArray:
+    """One-hot encode integer ``index`` (a NamedArray or an int) along a new trailing ``axis``."""
+    if not isinstance(axis, Axis):
+        raise AxisError(f"one_hot needs an Axis with a size, got {axis!r}")
+    if isinstance(index, NamedArray):
+        if axis.name in index.names:
+            raise AxisError(f"one_hot: the new axis {axis.name!r} already exists in {format_axes(index.axes)}")
+        return NamedArray._unchecked(jax.nn.one_hot(index.array, axis.size, dtype=dtype), index.axes + (axis,))
+    return NamedArray(jax.nn.one_hot(jnp.asarray(index), axis.size, dtype=dtype), (axis,))

@@ -1,0 +1,224 @@
+"""Transforms over named axes: vmap, scan, fold, and nmap (the positional escape hatch).
+
+Rule shared by all of them: a NamedArray leaf that has the mapped/scanned axis is mapped
+over it and, inside, has that axis removed; any other leaf (NamedArrays without the axis,
+plain arrays, static Python values) is passed whole to every step. NamedArray outputs get
+the axis back in front; plain-array outputs get a leading dimension.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from ._axis import Axis, AxisError, AxisSelection, AxisSelector, as_selectors, format_axes, name_of, union
+from ._core import NamedArray, is_named_array
+
+
+def _is_array(x) -> bool:
+    return isinstance(x, (jax.Array, jnp.ndarray)) or (hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, NamedArray))
+
+
+class _Split:
+    """The leaves of a pytree split into those mapped over ``axis`` and the rest."""
+
+    def __init__(self, tree, axis: AxisSelector, what: str):
+        self.leaves, self.treedef = jax.tree.flatten(tree, is_leaf=is_named_array)
+        name = name_of(axis)
+        self.name = name
+        self.size = axis.size if isinstance(axis, Axis) else None
+        self.mapped: list[int] = []
+        self.inner_axes: dict[int, tuple[Axis, ...]] = {}
+        self.positions: dict[int, int] = {}
+        for k, leaf in enumerate(self.leaves):
+            if isinstance(leaf, NamedArray) and name in leaf.names:
+                i = leaf.names.index(name)
+                n = leaf.axes[i].size
+                if self.size is None:
+                    self.size = n
+                elif n != self.size:
+                    raise AxisError(f"{what}: axis {name!r} has size {n} in one input {format_axes(leaf.axes)} but {self.size} elsewhere")
+                self.mapped.append(k)
+                self.positions[k] = i
+                self.inner_axes[k] = leaf.axes[:i] + leaf.axes[i + 1 :]
+        if self.size is None:
+            raise AxisError(f"{what}: no input has axis {name!r}; pass an Axis with a size to map over a new axis")
+
+    def mapped_arrays(self, front: bool) -> list:
+        out = []
+        for k in self.mapped:
+            arr = self.leaves[k].array
+            out.append(jnp.moveaxis(arr, self.positions[k], 0) if front else arr)
+        return out
+
+    def rebuild(self, mapped_values: Sequence) -> Any:
+        leaves = list(self.leaves)
+        for k, v in zip(self.mapped, mapped_values):
+            leaves[k] = NamedArray._unchecked(v, self.inner_axes[k])
+        return jax.tree.unflatten(self.treedef, leaves)
+
+
+class _Outputs:
+    """Records the structure of a traced function's outputs, returns their arrays, and puts the
+    mapped axis back on them afterwards."""
+
+    def __init__(self):
+        self.treedef = None
+        self.kinds: list = []
+        self.statics: dict[int, Any] = {}
+
+    def strip(self, tree) -> list:
+        leaves, self.treedef = jax.tree.flatten(tree, is_leaf=is_named_array)
+        arrays, self.kinds = [], []
+        for k, leaf in enumerate(leaves):
+            if isinstance(leaf, NamedArray):
+                self.kinds.append(leaf.axes)
+                arrays.append(leaf.array)
+            elif _is_array(leaf):
+                self.kinds.append(None)
+                arrays.append(leaf)
+            else:
+                self.kinds.append("static")
+                self.statics[k] = leaf
+        return arrays
+
+    def restore(self, arrays: Sequence, new_axis: Axis) -> Any:
+        it = iter(arrays)
+        leaves = []
+        for k, kind in enumerate(self.kinds):
+            if kind == "static":
+                leaves.append(self.statics[k])
+            elif kind is None:
+                leaves.append(next(it))
+            else:
+                if new_axis.name in {a.name for a in kind}:
+                    raise AxisError(f"an output already has axis {new_axis.name!r} {format_axes(kind)}; it cannot be added again")
+                leaves.append(NamedArray._unchecked(next(it), (new_axis,) + kind))
+        return jax.tree.unflatten(self.treedef, leaves)
+
+
+def vmap(fn: Callable, axis: AxisSelection) -> Callable:
+    """Vectorise ``fn`` over named ``axis`` (or several, outermost first).
+
+    Inputs with the axis are mapped (and lose it inside ``fn``); everything else is shared.
+    The axis name is also the collective axis name inside (``lax.axis_index(name)``).
+    """
+    sels = as_selectors(axis)
+    if len(sels) != 1:
+        if not sels:
+            raise AxisError("vmap needs at least one axis")
+        inner = vmap(fn, sels[1:])
+        return vmap(inner, sels[0])
+    (sel,) = sels
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        split = _Split((args, kwargs), sel, f"vmap over {name_of(sel)!r}")
+        outs = _Outputs()
+
+        def body(*mapped):
+            a, kw = split.rebuild(mapped)
+            return outs.strip(fn(*a, **kw))
+
+        in_axes = tuple(split.positions[k] for k in split.mapped)
+        result = jax.vmap(body, in_axes=in_axes, out_axes=0, axis_size=split.size, axis_name=split.name)(*split.mapped_arrays(front=False))
+        return outs.restore(result, Axis(split.name, split.size))
+
+    return wrapped
+
+
+def scan(fn: Callable, axis: AxisSelector, *, reverse: bool = False, unroll: int | bool = 1) -> Callable:
+    """``scan(f, axis)(init, *xs)``: ``f(carry, *x_slices) -> (carry, y)`` over ``axis``.
+
+    Inputs with ``axis`` are sliced along it; others are passed whole to every step. The
+    stacked ``y`` gets ``axis`` in front.
+    """
+
+    @functools.wraps(fn)
+    def wrapped(init, *args, **kwargs):
+        split = _Split((args, kwargs), axis, f"scan over {name_of(axis)!r}")
+        outs = _Outputs()
+
+        def body(carry, mapped):
+            a, kw = split.rebuild(mapped)
+            carry, y = fn(carry, *a, **kw)
+            return carry, outs.strip(y)
+
+        carry, ys = lax.scan(body, init, split.mapped_arrays(front=True), length=split.size, reverse=reverse, unroll=unroll)
+        return carry, outs.restore(ys, Axis(split.name, split.size))
+
+    return wrapped
+
+
+def fold(fn: Callable, axis: AxisSelector, *, reverse: bool = False, unroll: int | bool = 1) -> Callable:
+    """``fold(f, axis)(init, *xs)``: ``f(carry, *x_slices) -> carry`` over ``axis``; returns the carry."""
+
+    def step(carry, *a, **kw):
+        return fn(carry, *a, **kw), None
+
+    scanned = scan(step, axis, reverse=reverse, unroll=unroll)
+
+    @functools.wraps(fn)
+    def wrapped(init, *args, **kwargs):
+        return scanned(init, *args, **kwargs)[0]
+
+    return wrapped
+
+
+def nmap(fn: Callable, *, consume: AxisSelection = (), produce: AxisSelection | None = None) -> Callable:
+    """Run a positional function over named arrays.
+
+    ``fn`` sees each NamedArray argument as a plain array whose dimensions are the ``consume``
+    axes it has, in that order; it is vectorised over every other named axis (union of the
+    arguments, first-seen order). ``fn``'s output dimensions are named ``produce`` (default:
+    ``consume``; sizes are read from the output). Non-NamedArray arguments are passed as they are.
+
+    ``nm.nmap(jnp.fft.rfft, consume="seq", produce="freq")(x)``
+    """
+    consumed = [name_of(a) for a in as_selectors(consume)]
+    produced = [name_of(a) for a in as_selectors(produce)] if produce is not None else list(consumed)
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        named_pos = [i for i, a in enumerate(args) if isinstance(a, NamedArray)]
+        if not named_pos:
+            raise AxisError("nmap: no NamedArray argument")
+        batch = union(*(tuple(ax for ax in args[i].axes if ax.name not in consumed) for i in named_pos))
+        # Lay every named argument out as [its batch axes in global order..., its consumed axes].
+        prepared = {}
+        for i in named_pos:
+            x = args[i]
+            b = [a.name for a in batch if a.name in x.names]
+            c = [n for n in consumed if n in x.names]
+            prepared[i] = (x.rearrange(tuple(b + c)).array, {a for a in b})
+
+        def call(*arrays):
+            full = list(args)
+            for i, arr in zip(named_pos, arrays):
+                full[i] = arr
+            return fn(*full, **kwargs)
+
+        f = call
+        for ax in reversed(batch):
+            in_axes = tuple(0 if ax.name in prepared[i][1] else None for i in named_pos)
+            f = jax.vmap(f, in_axes=in_axes, out_axes=0)
+        out = f(*(prepared[i][0] for i in named_pos))
+
+        def name_leaf(leaf):
+            extra = leaf.ndim - len(batch)
+            if extra != len(produced):
+                raise AxisError(
+                    f"nmap: the function returned {extra} positional dimensions but produce names {len(produced)} "
+                    f"({produced}); pass produce= with one name per output dimension"
+                )
+            new = tuple(Axis(n, int(s)) for n, s in zip(produced, leaf.shape[len(batch) :]))
+            return NamedArray(leaf, tuple(batch) + new)
+
+        return jax.tree.map(name_leaf, out)
+
+    return wrapped
