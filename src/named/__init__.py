@@ -36,5 +36,22 @@ from ._shape import (
     zeros_like,
 )
 from ._transforms import fold, nmap, scan, vmap
+from .partitioning import (
+    ResourceMapping,
+    ShardingCheck,
+    ShardingError,
+    axis_mapping,
+    check_mapping,
+    check_sharding,
+    current_mapping,
+    current_mesh,
+    infer_shardings,
+    make_mesh,
+    named_jit,
+    pspec_for,
+    set_mesh,
+    shard,
+    sharding_for,
+)
 
 __version__ = "0.1.0"
