@@ -3,7 +3,7 @@
 ``import named as nm`` is the whole public surface.
 """
 
-from . import random
+from . import nn, random
 from ._axis import Axis, AxisError, AxisSelection, AxisSelector, NamedError
 from ._core import NamedArray, axes_of, is_named_array, named
 from ._einsum import dot, einsum

@@ -1,0 +1,80 @@
+"""Linear and Embedding: the two layers that make new activations from weights."""
+
+from __future__ import annotations
+
+import math
+
+import equinox as eqx
+import jax.numpy as jnp
+
+from .._axis import Axis, AxisError, AxisSelection, as_selectors, format_axes
+from .._core import NamedArray
+from .._einsum import dot
+from .. import random as nmr
+from ..partitioning import shard
+from .._shape import zeros
+
+
+def _axes(axes: AxisSelection, what: str) -> tuple[Axis, ...]:
+    out = as_selectors(axes)
+    for a in out:
+        if not isinstance(a, Axis):
+            raise AxisError(f"{what} needs Axis objects with sizes, got {a!r}")
+    return out  # type: ignore[return-value]
+
+
+class Linear(eqx.Module):
+    """``y = x · W + b`` contracting the ``In`` axes; ``In`` and ``Out`` may each be several axes.
+
+    The weight has axes ``In + Out``; the output is constrained to the current compute mapping.
+    """
+
+    weight: NamedArray
+    bias: NamedArray | None
+    In: tuple[Axis, ...] = eqx.field(static=True)
+    Out: tuple[Axis, ...] = eqx.field(static=True)
+
+    @staticmethod
+    def init(In: AxisSelection, Out: AxisSelection, *, key, use_bias: bool = True, init_scale: float = 1.0,
+             dtype=jnp.float32) -> Linear:
+        """Weights ~ truncated normal with std ``init_scale / sqrt(fan_in)``; bias zero."""
+        In, Out = _axes(In, "Linear In"), _axes(Out, "Linear Out")
+        clash = {a.name for a in In} & {a.name for a in Out}
+        if clash:
+            raise AxisError(f"Linear: axes {sorted(clash)} are both input and output; rename the output axis")
+        fan_in = math.prod(a.size for a in In)
+        w = nmr.truncated_normal(key, In + Out, dtype) * (init_scale / math.sqrt(fan_in))
+        b = zeros(Out, dtype) if use_bias else None
+        return Linear(w.astype(dtype), b, In, Out)
+
+    def __call__(self, x: NamedArray, *, key=None) -> NamedArray:
+        missing = [a.name for a in self.In if a.name not in x.names]
+        if missing:
+            raise AxisError(f"Linear expects input axes {format_axes(self.In)}; {missing} missing from {format_axes(x.axes)}")
+        y = dot(x, self.weight, axis=tuple(a.name for a in self.In))
+        if self.bias is not None:
+            y = y + self.bias
+        return shard(y)
+
+
+class Embedding(eqx.Module):
+    """Token embedding with axes ``(Vocab, Embed)``; ``unembed`` is the tied output head."""
+
+    weight: NamedArray
+    Vocab: Axis = eqx.field(static=True)
+    Embed: Axis = eqx.field(static=True)
+
+    @staticmethod
+    def init(Vocab: Axis, Embed: Axis, *, key, init_scale: float = 0.02, dtype=jnp.float32) -> Embedding:
+        w = nmr.normal(key, (Vocab, Embed), dtype) * init_scale
+        return Embedding(w, Vocab, Embed)
+
+    def __call__(self, ids: NamedArray) -> NamedArray:
+        """Look up integer ``ids`` (any axes): the result has ``ids.axes + (Embed,)``."""
+        if not jnp.issubdtype(ids.dtype, jnp.integer):
+            raise AxisError(f"Embedding takes integer token ids, got dtype {ids.dtype}")
+        return shard(self.weight.take(self.Vocab.name, ids))
+
+    def unembed(self, x: NamedArray) -> NamedArray:
+        """Logits over Vocab: ``x · Wᵀ`` contracting Embed."""
+        return shard(dot(x, self.weight, axis=self.Embed.name))

@@ -1,0 +1,58 @@
+"""LayerNorm and RMSNorm. Statistics are computed in float32 whatever the input dtype."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import equinox as eqx
+import jax.numpy as jnp
+
+from .._axis import Axis
+from .._core import NamedArray
+from .. import _ops as ops
+from .._shape import ones, zeros
+
+
+class LayerNorm(eqx.Module):
+    """``(x - mean) / sqrt(var + eps) * weight + bias`` over ``axis``."""
+
+    weight: NamedArray | None
+    bias: NamedArray | None
+    axis: Axis = eqx.field(static=True)
+    eps: float = eqx.field(static=True, default=1e-5)
+    keep_full_precision: ClassVar[bool] = True  # precision.cast_for_compute leaves these params alone
+
+    @staticmethod
+    def init(axis: Axis, *, eps: float = 1e-5, use_weight: bool = True, use_bias: bool = True) -> LayerNorm:
+        return LayerNorm(ones(axis) if use_weight else None, zeros(axis) if use_bias else None, axis, eps)
+
+    def __call__(self, x: NamedArray) -> NamedArray:
+        x32 = x.astype(jnp.float32)
+        mean = x32.mean(self.axis.name)
+        var = ops.square(x32 - mean).mean(self.axis.name)
+        y = (x32 - mean) * ops.rsqrt(var + self.eps)
+        if self.weight is not None:
+            y = y * self.weight
+        if self.bias is not None:
+            y = y + self.bias
+        return y.astype(x.dtype)
+
+
+class RMSNorm(eqx.Module):
+    """``x / sqrt(mean(x²) + eps) * weight`` over ``axis`` (Llama)."""
+
+    weight: NamedArray | None
+    axis: Axis = eqx.field(static=True)
+    eps: float = eqx.field(static=True, default=1e-6)
+    keep_full_precision: ClassVar[bool] = True
+
+    @staticmethod
+    def init(axis: Axis, *, eps: float = 1e-6, use_weight: bool = True) -> RMSNorm:
+        return RMSNorm(ones(axis) if use_weight else None, axis, eps)
+
+    def __call__(self, x: NamedArray) -> NamedArray:
+        x32 = x.astype(jnp.float32)
+        y = x32 * ops.rsqrt(ops.square(x32).mean(self.axis.name) + self.eps)
+        if self.weight is not None:
+            y = y * self.weight
+        return y.astype(x.dtype)
