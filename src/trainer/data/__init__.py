@@ -1,0 +1,70 @@
+"""Data for training: tokenizers, sources, a token cache, packing, and batch order.
+
+    cfg = DataConfig(train=["stdlib"], seq_len=256)          # or paths, globs, .jsonl/.npy/.bin
+    data = build_data(cfg)                                   # checks everything, then tokenises once
+    batches = TrainBatches(data.train, batch_size=32, seed=0,
+                           process_index=jax.process_index(), process_count=jax.process_count())
+    batch = batches.batch_at(step)                           # input_ids, segment_ids, loss_mask
+    for b in eval_batches(data.validation, batch_size=32): ...
+
+The pipeline, in the order data flows:
+
+- **Tokenizer** (``_tokenizer``): ``ByteTokenizer`` (UTF-8 bytes + eos, vocab 257) or an HF
+  ``tokenizer.json`` from a local path; both satisfy the ``Tokenizer`` protocol.
+- **Sources** (``_sources``): paths, globs, ``"stdlib"`` (this Python's standard-library
+  source, the offline default corpus); text files are one document each, JSONL has one per
+  line (``text`` field), ``.npy``/``.bin`` are pre-tokenised and memory-mapped as they are.
+- **Cache** (``_cache``): text and JSONL are tokenised once into a flat token file (each
+  document followed by eos), named by a hash of the file list and the tokenizer, written
+  atomically and memory-mapped on every later run.
+- **Packing** (``_packing``): concatenate-and-chunk. The stream is cut into rows of
+  ``seq_len``; ``segment_ids`` restart the numbering in every row and step after each eos,
+  so a segment-masked attention never crosses documents; ``loss_mask`` is False wherever
+  the next token belongs to another document, is padding, or lies past the row's end.
+  No tokens are wasted on padding in training; attention is restricted instead.
+- **Split and order** (``_build``, ``_loader``): the last ``val_fraction`` of rows is the
+  validation split (contiguous, so few documents straddle train and validation), unless
+  separate validation sources are given. Train order is a per-epoch seeded permutation,
+  computed from the step alone: resume by asking for the batch at the checkpointed step.
+  Each process reads only its contiguous block of rows of every global batch.
+
+Every bad input raises ``DataError`` naming the file, pattern or key, before tokenising
+starts where it can be known then, and never leaves a partial file behind.
+"""
+
+from ._build import Data, DataConfig, build_data, token_stream
+from ._cache import atomic_write, cached_tokens, token_dtype
+from ._errors import DataError
+from ._loader import TrainBatches, eval_batches, loader_throughput, num_eval_batches
+from ._packing import PAD_SEGMENT, Batch, Sequences, TokenStream, pack
+from ._sources import STDLIB, SourceFile, open_pretokenized, resolve_sources, stdlib_files
+from ._tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer
+
+__all__ = [
+    "PAD_SEGMENT",
+    "STDLIB",
+    "Batch",
+    "ByteTokenizer",
+    "Data",
+    "DataConfig",
+    "DataError",
+    "HFTokenizer",
+    "Sequences",
+    "SourceFile",
+    "TokenStream",
+    "Tokenizer",
+    "TrainBatches",
+    "atomic_write",
+    "build_data",
+    "cached_tokens",
+    "eval_batches",
+    "load_tokenizer",
+    "loader_throughput",
+    "num_eval_batches",
+    "open_pretokenized",
+    "pack",
+    "resolve_sources",
+    "stdlib_files",
+    "token_dtype",
+    "token_stream",
+]

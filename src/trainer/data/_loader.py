@@ -1,0 +1,145 @@
+"""Batch order: shuffled, resumable train batches and padded evaluation batches, per process.
+
+The train order is a seeded permutation of the split's rows, a fresh one per epoch
+(``numpy`` PCG64 seeded by ``(seed, epoch)``); batch ``b`` of an epoch is the permuted rows
+``[b*B, (b+1)*B)`` and the rows left over at the end of an epoch are skipped that epoch.
+Step ``s`` therefore maps to ``(epoch, b) = divmod(s, batches_per_epoch)`` by arithmetic:
+resuming at any step reads exactly that step's batch and replays nothing, so the loader's
+whole state is the step number. With several processes the rows of each global batch are
+split contiguously: process ``p`` of ``P`` gets rows ``[p*B/P, (p+1)*B/P)`` and reads only
+their tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from ._errors import DataError
+from ._packing import Batch, Sequences, TokenStream, padding_rows
+from ._sources import open_pretokenized, resolve_sources
+
+
+def _check_processes(batch_size: int, process_index: int, process_count: int) -> int:
+    if batch_size < 1:
+        raise DataError(f"batch size must be at least 1, got {batch_size}")
+    if process_count < 1 or not 0 <= process_index < process_count:
+        raise DataError(f"process_index {process_index} is not in [0, process_count={process_count})")
+    if batch_size % process_count:
+        raise DataError(f"batch size {batch_size} is not divisible by the {process_count} processes that share it")
+    return batch_size // process_count
+
+
+class TrainBatches:
+    """The train batches of one process, in seeded shuffled order, for any step.
+
+    Args:
+        sequences: the train split.
+        batch_size: rows of the *global* batch (all processes together).
+        seed: fixes the order; the same seed gives the same batches on every run.
+        process_index, process_count: this process and how many share each global batch.
+    """
+
+    def __init__(
+        self, sequences: Sequences, *, batch_size: int, seed: int, process_index: int = 0, process_count: int = 1
+    ):
+        self.local_batch_size = _check_processes(batch_size, process_index, process_count)
+        if len(sequences) < batch_size:
+            raise DataError(
+                f"the train split has {len(sequences)} sequences of {sequences.seq_len} tokens, fewer than one "
+                f"batch of {batch_size}; add data or lower the batch size or data.seq_len"
+            )
+        self.sequences = sequences
+        self.batch_size, self.seed = batch_size, seed
+        self.process_index, self.process_count = process_index, process_count
+        self.batches_per_epoch = len(sequences) // batch_size
+        self._epoch: int | None = None
+        self._perm: np.ndarray | None = None
+
+    def epoch_of(self, step: int) -> int:
+        return step // self.batches_per_epoch
+
+    def global_indices(self, step: int) -> np.ndarray:
+        """Row indices (into the split) of the whole global batch at ``step``."""
+        if step < 0:
+            raise ValueError(f"step must be non-negative, got {step}")
+        epoch, b = divmod(step, self.batches_per_epoch)
+        return self._permutation(epoch)[b * self.batch_size : (b + 1) * self.batch_size]
+
+    def indices(self, step: int) -> np.ndarray:
+        """Row indices of this process's part of the batch at ``step``."""
+        lo = self.process_index * self.local_batch_size
+        return self.global_indices(step)[lo : lo + self.local_batch_size]
+
+    def batch_at(self, step: int) -> Batch:
+        """This process's rows of the global batch at ``step``: ``[local_batch_size, seq_len]``."""
+        return self.sequences.rows(self.indices(step))
+
+    def iter_from(self, step: int = 0) -> Iterator[Batch]:
+        """Endless batches starting at ``step`` (resume by passing the checkpointed step)."""
+        while True:
+            yield self.batch_at(step)
+            step += 1
+
+    def __iter__(self) -> Iterator[Batch]:
+        return self.iter_from(0)
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        if epoch != self._epoch:
+            rng = np.random.default_rng([self.seed % (1 << 63), epoch])
+            self._perm, self._epoch = rng.permutation(len(self.sequences)), epoch
+        return self._perm
+
+
+def num_eval_batches(sequences: Sequences, batch_size: int) -> int:
+    return -(-len(sequences) // batch_size)
+
+
+def eval_batches(
+    sequences: Sequences, *, batch_size: int, process_index: int = 0, process_count: int = 1
+) -> Iterator[Batch]:
+    """Every row of ``sequences`` once, in order, this process's part of each global batch.
+
+    The last global batch is filled with padding rows (no loss), so every process sees the
+    same number of batches of the same shape.
+    """
+    local = _check_processes(batch_size, process_index, process_count)
+    n = len(sequences)
+    for b in range(num_eval_batches(sequences, batch_size)):
+        lo = b * batch_size + process_index * local
+        real = np.arange(lo, min(lo + local, n))
+        batch = sequences.rows(real)
+        if len(real) < local:
+            pad = padding_rows(local - len(real), sequences.seq_len, sequences.stream.eos_id)
+            batch = Batch(*(np.concatenate([a, p]) for a, p in zip(batch, pad)))
+        yield batch
+
+
+def loader_throughput(
+    path: str | Path,
+    *,
+    seq_len: int = 1024,
+    batch_size: int = 8,
+    steps: int = 100,
+    bin_dtype: str = "uint16",
+    eos_id: int = 0,
+    seed: int = 0,
+) -> float:
+    """Tokens per second of producing shuffled train batches from a pre-tokenised file.
+
+    The file is memory-mapped as in training (ids are not checked); one warm-up batch is
+    not timed.
+    """
+    (src,) = resolve_sources([str(path)])
+    if not src.pretokenized:
+        raise DataError(f"loader_throughput needs a pre-tokenised .npy or .bin file, got {str(path)!r}")
+    stream = TokenStream([open_pretokenized(src, bin_dtype=bin_dtype, vocab_size=None)], eos_id)
+    batches = TrainBatches(Sequences(stream, seq_len), batch_size=batch_size, seed=seed)
+    batches.batch_at(0)
+    t0 = time.perf_counter()
+    for step in range(1, steps + 1):
+        batches.batch_at(step)
+    return steps * batch_size * seq_len / (time.perf_counter() - t0)

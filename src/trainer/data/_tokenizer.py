@@ -1,0 +1,147 @@
+"""Tokenizers: a built-in byte-level one and Hugging Face ``tokenizer.json`` files from disk."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from ._errors import DataError
+
+# Tried in order when neither the caller nor a neighbouring tokenizer_config.json names
+# the end-of-document token.
+_EOS_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>")
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """What the data pipeline (and sampling) needs from a tokenizer.
+
+    ``fingerprint`` identifies the exact vocabulary, so a token cache made with one
+    tokenizer is never read with another.
+    """
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def eos_id(self) -> int: ...
+
+    @property
+    def fingerprint(self) -> str: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as tokens 0..255, plus one end-of-document token (256).
+
+    ``decode`` never fails: ids that are not bytes (eos, ids of a padded model vocabulary)
+    are dropped and invalid UTF-8 becomes U+FFFD.
+    """
+
+    vocab_size = 257
+    eos_id = 256
+    fingerprint = "byte-v1"
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [list(t.encode("utf-8")) for t in texts]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return bytes(int(i) for i in ids if 0 <= int(i) < 256).decode("utf-8", errors="replace")
+
+    def __repr__(self) -> str:
+        return "ByteTokenizer(vocab_size=257, eos_id=256)"
+
+
+class HFTokenizer:
+    """A Hugging Face ``tokenizers`` file (``tokenizer.json``) read from a local path.
+
+    Special-token strings that occur in the text (a literal ``<|endoftext|>`` inside a
+    source file) are encoded as ordinary text, so only the pipeline decides where
+    documents end.
+    """
+
+    def __init__(self, path: str | Path, eos_token: str | None = None):
+        from tokenizers import Tokenizer as _HF  # imported lazily: only this class needs it
+
+        path = Path(path).expanduser()
+        if path.is_dir():
+            path = path / "tokenizer.json"
+        if not path.is_file():
+            raise DataError(f"tokenizer file {str(path)!r} does not exist; give a local tokenizer.json or 'byte'")
+        try:
+            raw = path.read_bytes()
+            self._tok = _HF.from_str(raw.decode("utf-8"))
+        except Exception as e:  # tokenizers raises a bare Exception for malformed files
+            raise DataError(f"tokenizer file {str(path)!r} cannot be read as a tokenizer.json: {e}") from e
+        self._tok.encode_special_tokens = True
+        self.path = path
+        self._vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        self._eos_token = eos_token or _eos_from_config(path) or _first_known(self._tok)
+        if self._eos_token is None:
+            raise DataError(
+                f"tokenizer {str(path)!r} has none of the usual end-of-document tokens {_EOS_CANDIDATES}; "
+                "name one with data.eos_token"
+            )
+        eos = self._tok.token_to_id(self._eos_token)
+        if eos is None:
+            raise DataError(f"tokenizer {str(path)!r} has no token {self._eos_token!r} (asked for as eos)")
+        self._eos_id = eos
+        self._fingerprint = f"hf-{hashlib.sha256(raw).hexdigest()[:32]}-eos{eos}"
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    @property
+    def eos_id(self) -> int:
+        return self._eos_id
+
+    @property
+    def fingerprint(self) -> str:
+        return self._fingerprint
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        # tokenizers raises on negative ids and silently skips large ones; make both skip.
+        return self._tok.decode([int(i) for i in ids if 0 <= int(i) < self._vocab_size], skip_special_tokens=True)
+
+    def __repr__(self) -> str:
+        return f"HFTokenizer({str(self.path)!r}, vocab_size={self._vocab_size}, eos={self._eos_token!r})"
+
+
+def load_tokenizer(spec: str, eos_token: str | None = None) -> Tokenizer:
+    """``"byte"`` for the built-in tokenizer, else a local ``tokenizer.json`` or a folder holding one."""
+    if spec == "byte":
+        return ByteTokenizer()
+    return HFTokenizer(spec, eos_token=eos_token)
+
+
+def _eos_from_config(path: Path) -> str | None:
+    cfg = path.parent / "tokenizer_config.json"
+    if not cfg.is_file():
+        return None
+    try:
+        eos = json.loads(cfg.read_text("utf-8")).get("eos_token")
+    except (OSError, ValueError, AttributeError) as e:
+        raise DataError(f"{str(cfg)!r} is not a readable JSON object: {e}") from e
+    if isinstance(eos, dict):  # {"content": "</s>", ...} in older files
+        eos = eos.get("content")
+    return eos if isinstance(eos, str) else None
+
+
+def _first_known(tok) -> str | None:
+    return next((t for t in _EOS_CANDIDATES if tok.token_to_id(t) is not None), None)
