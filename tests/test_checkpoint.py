@@ -1,0 +1,506 @@
+"""Checkpoints: bitwise roundtrip, resharding on restore, async save, crash safety, integrity, retention."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+import named as nm
+from trainer import checkpoint as ck
+from trainer.checkpoint import CheckpointError, CheckpointWarning, Checkpointer
+
+
+class Block(eqx.Module):
+    w: nm.NamedArray
+    b: nm.NamedArray
+    scale: jax.Array
+    eps: float
+    act: object
+
+
+class Model(eqx.Module):
+    embed: nm.NamedArray
+    block: Block
+    lm_bias: jax.Array  # bf16, positional
+
+
+def make_model(seed=0) -> Model:
+    k = jax.random.split(jax.random.key(seed), 4)
+    return Model(
+        embed=nm.named(jax.random.normal(k[0], (16, 8)), "vocab embed"),
+        block=Block(
+            w=nm.named(jax.random.normal(k[1], (8, 32)), "embed mlp"),
+            b=nm.named(jnp.zeros(32), "mlp"),
+            scale=jnp.float32(0.5),
+            eps=1e-5,
+            act=jax.nn.gelu,
+        ),
+        lm_bias=jax.random.normal(k[2], (16,)).astype(jnp.bfloat16),
+    )
+
+
+def train_state(seed=0):
+    model = make_model(seed)
+    params = eqx.filter(model, eqx.is_array)
+    opt = optax.adamw(1e-2)
+    opt_state = opt.init(params)
+    grads = jax.tree.map(lambda x: x * 0.1 + 1.0, params)
+    updates, opt_state = opt.update(grads, opt_state, params)
+    model = eqx.apply_updates(model, updates)
+    return {"model": model, "opt_state": opt_state, "rng": jax.random.key(7), "table": np.arange(6, dtype=np.int64)}
+
+
+def arrays_of(tree):
+    def raw(x):
+        if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            x = jax.random.key_data(x)
+        return np.asarray(x)
+
+    return [raw(x) for x in jax.tree.leaves(tree) if eqx.is_array(x)]
+
+
+def assert_bitwise_equal(a, b):
+    la, lb = arrays_of(a), arrays_of(b)
+    assert len(la) == len(lb)
+    for x, y in zip(la, lb):
+        assert x.dtype == y.dtype and x.shape == y.shape
+        assert x.tobytes() == y.tobytes()
+
+
+def abstract(tree):
+    """The target for restore: ShapeDtypeStructs (with shardings) in place of arrays."""
+    return jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding) if isinstance(x, jax.Array) else x, tree
+    )
+
+
+def step_dirs(run_dir):
+    return sorted(p.name for p in (Path(run_dir) / "checkpoints").iterdir())
+
+
+# ---- roundtrip -----------------------------------------------------------------------
+
+
+def test_roundtrip_model_optimizer_and_metadata_bitwise(tmp_path):
+    state = train_state()
+    key = jax.random.key(3)
+    meta = {
+        "step": 5,
+        "data": {"epoch": 1, "offset": 1234},
+        "rng": jax.random.key_data(key).tolist(),
+        "config": {"lr": 1e-2},
+    }
+    with Checkpointer(tmp_path) as ckpt:
+        ckpt.save(5, state, meta)
+        assert ckpt.wait() == tmp_path / "checkpoints" / "step_5"
+
+    restored, meta2 = ck.restore(tmp_path, abstract(train_state(seed=1)))
+    assert meta2 == meta
+    assert_bitwise_equal(restored, state)
+    assert restored["model"].block.w.axes == state["model"].block.w.axes
+    assert restored["model"].block.act is jax.nn.gelu and restored["model"].block.eps == 1e-5
+    assert restored["model"].lm_bias.dtype == jnp.bfloat16
+    assert isinstance(restored["table"], np.ndarray)
+    assert jax.random.key_data(restored["rng"]).tolist() == jax.random.key_data(state["rng"]).tolist()
+    # concrete arrays work as a target too, and the restored state keeps training identically
+    restored2, _ = ck.restore(tmp_path / "checkpoints" / "step_5", train_state(seed=2))
+    assert_bitwise_equal(restored2, state)
+
+
+def test_commit_json_describes_tree_files_and_checksums(tmp_path):
+    path = ck.save_checkpoint(tmp_path, 3, train_state(), {"step": 3})
+    commit = json.loads((path / "commit.json").read_text())
+    assert commit["step"] == 3 and commit["metadata"] == {"step": 3}
+    by_path = {r["path"]: r for r in commit["leaves"]}
+    w = by_path["['model'].block.w"]
+    assert (w["shape"], w["dtype"], w["axes"]) == ([8, 32], "float32", ["embed", "mlp"])
+    eps = by_path["['model'].block.eps"]
+    assert (eps["kind"], eps["type"], eps["value"]) == ("scalar", "float", 1e-5)
+    on_disk = {str(p.relative_to(path)) for p in path.rglob("*") if p.is_file()} - {"commit.json"}
+    assert on_disk == set(commit["files"])
+    assert all(len(f["sha256"]) == 64 for f in commit["files"].values())
+    assert ck.verify_checkpoint(path)["step"] == 3
+
+
+# ---- meshes ---------------------------------------------------------------------------
+
+
+def fsdp_state(mesh):
+    """Parameters and optimizer state sharded over 'data' on their first dimension."""
+    state = train_state()
+    first = NamedSharding(mesh, P("data"))
+    repl = NamedSharding(mesh, P())
+
+    def place(x):
+        if isinstance(x, jax.Array) and not jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            return jax.device_put(x, first if x.ndim and x.shape[0] % 8 == 0 else repl)
+        return x
+
+    return jax.tree.map(place, state)
+
+
+def test_save_on_8_devices_restore_on_4x2_and_single_device(tmp_path):
+    mesh8 = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
+    state = fsdp_state(mesh8)
+    assert state["model"].embed.array.sharding.spec == P("data")
+    path = ck.save_checkpoint(tmp_path, 1, state)
+    # one chunk file per shard, each written once: 8 for a sharded leaf, 1 for a replicated one
+    commit = ck.verify_checkpoint(path)
+    rec = {r["path"]: r for r in commit["leaves"]}
+    assert rec["['model'].embed"]["dir"] == "arrays/00000.model.embed"
+    assert len([p for p in (path / rec["['model'].embed"]["dir"] / "c").rglob("*") if p.is_file()]) == 8
+    scale_dir = path / rec["['model'].block.scale"]["dir"]
+    assert sorted(p.name for p in scale_dir.rglob("*") if p.is_file()) == ["c", "zarr.json"]
+
+    mesh42 = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto))
+
+    def target_42(x):
+        if isinstance(x, jax.Array) and not jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            spec = P("model", "data") if x.ndim == 2 else P("data") if x.ndim == 1 and x.shape[0] % 4 == 0 else P()
+            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh42, spec))
+        return x
+
+    target = jax.tree.map(target_42, train_state())
+    restored, _ = ck.restore(path, target)
+    assert_bitwise_equal(restored, state)
+    assert restored["model"].block.w.array.sharding == NamedSharding(mesh42, P("model", "data"))
+    assert restored["opt_state"][0].mu.embed.array.sharding == NamedSharding(mesh42, P("model", "data"))
+
+    unsharded = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype) if isinstance(x, jax.Array) else x  # noqa: E731
+    one = jax.tree.map(unsharded, train_state())
+    restored1, _ = ck.restore(path, one)
+    assert_bitwise_equal(restored1, state)
+    assert restored1["model"].embed.array.sharding == jax.sharding.SingleDeviceSharding(jax.devices()[0])
+
+
+def test_edge_shapes_and_dtypes_and_partial_replication(tmp_path):
+    mesh42 = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto))
+    half = NamedSharding(mesh42, P("data", None))  # replicated over 'model': 4 owners, not 8
+    tree = {
+        "half": jax.device_put(jnp.arange(32.0).reshape(8, 4), half),
+        "empty": jnp.zeros((0, 3)),
+        "flag": jnp.array([True, False, True]),
+        "i8": jnp.arange(-4, 4, dtype=jnp.int8),
+        "u32": jnp.uint32(2**32 - 1),
+        "f16": nm.named(jnp.linspace(0, 1, 5, dtype=jnp.float16), "x"),
+    }
+    path = ck.save_checkpoint(tmp_path, 0, tree)
+    commit = ck.verify_checkpoint(path)
+    half_dir = next(r["dir"] for r in commit["leaves"] if r["path"] == "['half']")
+    assert sorted(f for f in commit["files"] if f.startswith(half_dir + "/c/")) == [f"{half_dir}/c/{i}/0" for i in range(4)]
+    out, _ = ck.restore(path, abstract(tree))
+    assert_bitwise_equal(out, tree)
+    assert out["half"].sharding == half and out["empty"].shape == (0, 3)
+
+
+# ---- async ----------------------------------------------------------------------------
+
+
+def test_save_returns_before_write_and_wait_commits(tmp_path, monkeypatch):
+    release = threading.Event()
+    real = ck._write_leaf
+
+    def slow(*args, **kwargs):
+        release.wait(timeout=30)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ck, "_write_leaf", slow)
+    state = fsdp_state(jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,)))
+    expected = arrays_of(state)
+    ckpt = Checkpointer(tmp_path)
+    ckpt.save(1, state, {"step": 1})
+    assert ckpt.in_flight and not (tmp_path / "checkpoints" / "step_1").exists()
+    # save() copied everything to host: the device buffers may be donated/deleted at once
+    for x in jax.tree.leaves(state):
+        if isinstance(x, jax.Array):
+            x.delete()
+    release.set()
+    assert ckpt.wait() == tmp_path / "checkpoints" / "step_1"
+    assert not ckpt.in_flight
+    restored, _ = ck.restore(tmp_path, abstract(train_state()))
+    assert [a.tobytes() for a in arrays_of(restored)] == [a.tobytes() for a in expected]
+
+
+# ---- crash safety ---------------------------------------------------------------------
+
+
+def test_crash_mid_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
+    ckpt = Checkpointer(tmp_path)
+    ckpt.save(1, train_state(), {"step": 1})
+    ckpt.wait()
+
+    calls = []
+    lock = threading.Lock()
+    real = ck._write_leaf
+
+    def crashing(*args, **kwargs):
+        with lock:
+            calls.append(1)
+            n = len(calls)
+        if n == 3:
+            raise OSError("disk on fire")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ck, "_write_leaf", crashing)
+    ckpt.save(2, train_state(seed=5), {"step": 2})
+    with pytest.raises(CheckpointError, match="step 2.*disk on fire"):
+        ckpt.wait()
+    assert step_dirs(tmp_path) == ["step_1"]
+
+    # what a SIGKILL would leave: a half-written tmp dir, and a dir that never got its commit.json
+    (tmp_path / "checkpoints" / "step_3.tmp-0123abcd").mkdir()
+    (tmp_path / "checkpoints" / "step_3.tmp-0123abcd" / "arrays").mkdir()
+    (tmp_path / "checkpoints" / "step_4").mkdir()
+    assert ck.latest_checkpoint(tmp_path) == tmp_path / "checkpoints" / "step_1"
+    restored, meta = ck.restore(tmp_path, abstract(train_state()))
+    assert meta == {"step": 1}
+    assert_bitwise_equal(restored, train_state())
+    with pytest.raises(CheckpointError, match="step_4 has no commit.json"):
+        ck.restore(tmp_path / "checkpoints" / "step_4", abstract(train_state()))
+
+    monkeypatch.setattr(ck, "_write_leaf", real)
+    ckpt.save(5, train_state(), {"step": 5})
+    ckpt.wait()  # the next good commit clears the crash leftovers
+    assert step_dirs(tmp_path) == ["step_1", "step_4", "step_5"]
+
+
+def _chunk_file(path: Path) -> Path:
+    commit = json.loads((path / "commit.json").read_text())
+    rec = next(r for r in commit["leaves"] if r["path"] == "['model'].block.w")
+    return path / rec["dir"] / "c" / "0" / "0"
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "delete", "commit"])
+def test_corrupted_newest_falls_back_and_explicit_restore_names_the_file(tmp_path, damage):
+    ckpt = Checkpointer(tmp_path)
+    for step in (1, 2):
+        ckpt.save(step, train_state(seed=step), {"step": step})
+        ckpt.wait()
+    bad = tmp_path / "checkpoints" / "step_2"
+    victim = _chunk_file(bad)
+    if damage == "flip":
+        data = bytearray(victim.read_bytes())
+        data[17] ^= 0xFF
+        victim.write_bytes(bytes(data))
+        culprit = "checksum mismatch.*" + str(victim)
+    elif damage == "truncate":
+        victim.write_bytes(victim.read_bytes()[:100])
+        culprit = str(victim) + ".*truncated"
+    elif damage == "delete":
+        victim.unlink()
+        culprit = str(victim) + " is missing"
+    else:
+        victim = bad / "commit.json"
+        victim.write_text(victim.read_text().replace('"step": 2', '"step": 9'))
+        culprit = str(victim)
+
+    with pytest.warns(CheckpointWarning, match=f"{culprit}.*using {tmp_path / 'checkpoints' / 'step_1'}"):
+        assert ck.latest_checkpoint(tmp_path) == tmp_path / "checkpoints" / "step_1"
+    with pytest.warns(CheckpointWarning):
+        _, meta = ck.restore(tmp_path, abstract(train_state()))
+    assert meta == {"step": 1}
+    with pytest.raises(CheckpointError, match=culprit):
+        ck.restore(bad, abstract(train_state()))
+
+
+# ---- retention ------------------------------------------------------------------------
+
+
+def test_retention_keeps_last_k_and_every_n(tmp_path):
+    tree = {"w": jnp.arange(4.0)}
+    with Checkpointer(tmp_path, keep_last=2, keep_every=3) as ckpt:
+        for step in range(1, 9):
+            ckpt.save(step, tree, {"step": step})
+            ckpt.wait()
+            if step == 4:
+                assert [s for s, _ in ck.list_checkpoints(tmp_path)] == [3, 4]
+    assert [s for s, _ in ck.list_checkpoints(tmp_path)] == [3, 6, 7, 8]
+    assert step_dirs(tmp_path) == ["step_3", "step_6", "step_7", "step_8"]
+
+
+def test_failed_save_deletes_nothing(tmp_path, monkeypatch):
+    tree = {"w": jnp.arange(4.0)}
+    ckpt = Checkpointer(tmp_path, keep_last=1)
+    ckpt.save(1, tree)
+    ckpt.wait()
+    monkeypatch.setattr(ck, "_write_leaf", lambda *a, **k: (_ for _ in ()).throw(OSError("boom")))
+    ckpt.save(2, tree)
+    with pytest.raises(CheckpointError, match="boom"):
+        ckpt.wait()
+    assert step_dirs(tmp_path) == ["step_1"]
+
+
+def test_resaving_a_step_replaces_it(tmp_path):
+    ck.save_checkpoint(tmp_path, 1, {"w": jnp.zeros(3)})
+    ck.save_checkpoint(tmp_path, 1, {"w": jnp.ones(3)})
+    out, _ = ck.restore(tmp_path, {"w": jax.ShapeDtypeStruct((3,), jnp.float32)})
+    assert out["w"].tolist() == [1.0, 1.0, 1.0]
+    assert step_dirs(tmp_path) == ["step_1"]
+
+
+# ---- mismatches and bad input ---------------------------------------------------------
+
+
+def _mismatches():
+    def drop_bias(s):
+        return {**s, "model": eqx.tree_at(lambda m: m.lm_bias, s["model"], None)}
+
+    def extra_leaf(s):
+        return {**s, "extra": jax.ShapeDtypeStruct((2,), jnp.float32)}
+
+    def wrong_shape(s):
+        return {**s, "table": np.zeros(7, np.int64)}
+
+    def wrong_dtype(s):
+        return {**s, "model": eqx.tree_at(lambda m: m.block.scale, s["model"], jax.ShapeDtypeStruct((), jnp.bfloat16))}
+
+    def wrong_axes(s):
+        return {**s, "model": eqx.tree_at(lambda m: m.block.b, s["model"], nm.named(jnp.zeros(32), "hidden"))}
+
+    def scalar_type(s):
+        return {**s, "model": eqx.tree_at(lambda m: m.block.eps, s["model"], 1)}
+
+    return [
+        (drop_bias, r"not in the target: \"\['model'\].lm_bias\""),
+        (extra_leaf, r"not in the checkpoint: \"\['extra'\]\""),
+        (wrong_shape, r"leaf \"\['table'\]\": the checkpoint has int64\[6\], the target int64\[7\]"),
+        (wrong_dtype, r"leaf \"\['model'\].block.scale\": the checkpoint has float32\[\], the target bfloat16\[\]"),
+        (wrong_axes, r"leaf \"\['model'\].block.b\": axes \['mlp'\] in the checkpoint .* \['hidden'\] in the target"),
+        (scalar_type, r"leaf \"\['model'\].block.eps\": the checkpoint has a Python float, the target a int"),
+    ]
+
+
+@pytest.mark.parametrize("edit,message", _mismatches(), ids=lambda v: getattr(v, "__name__", ""))
+def test_structure_mismatch_names_the_leaf(tmp_path, edit, message):
+    path = ck.save_checkpoint(tmp_path, 1, train_state())
+    with pytest.raises(CheckpointError, match=message):
+        ck.restore(path, edit(abstract(train_state())))
+
+
+def test_paths_cannot_escape_the_run_dir(tmp_path):
+    with pytest.raises(CheckpointError, match="without '..'"):
+        Checkpointer(tmp_path / "run", subdir="../elsewhere")
+    with pytest.raises(CheckpointError, match="relative path"):
+        Checkpointer(tmp_path / "run", subdir=str(tmp_path / "abs"))
+    (tmp_path / "run").mkdir()
+    (tmp_path / "outside").mkdir()
+    os.symlink(tmp_path / "outside", tmp_path / "run" / "checkpoints")
+    with pytest.raises(CheckpointError, match="outside the run directory"):
+        Checkpointer(tmp_path / "run")
+
+
+def test_commit_listing_a_path_outside_is_refused(tmp_path):
+    path = ck.save_checkpoint(tmp_path, 1, {"w": jnp.zeros(3)})
+    commit = json.loads((path / "commit.json").read_text())
+    commit["files"]["../../../etc/passwd"] = {"sha256": "0" * 64, "size": 1}
+    del commit["commit_sha256"]
+    commit["commit_sha256"] = ck._self_digest(commit)
+    (path / "commit.json").write_text(json.dumps(commit))
+    with pytest.raises(CheckpointError, match="leaves the checkpoint directory"):
+        ck.verify_checkpoint(path)
+
+
+def test_no_checkpoint_yet(tmp_path):
+    assert ck.latest_checkpoint(tmp_path) is None and ck.list_checkpoints(tmp_path) == []
+    with pytest.raises(CheckpointError, match="no committed checkpoint under"):
+        ck.restore(tmp_path, {"w": jax.ShapeDtypeStruct((3,), jnp.float32)})
+
+
+def test_checkpointer_restores_a_chosen_step(tmp_path):
+    with Checkpointer(tmp_path, keep_last=None) as ckpt:
+        for step in (10, 20):
+            ckpt.save(step, {"w": jnp.full(3, float(step))}, {"step": step})
+        target = {"w": jax.ShapeDtypeStruct((3,), jnp.float32)}
+        assert ckpt.restore(target, step=10)[0]["w"].tolist() == [10.0] * 3
+        assert ckpt.restore(target)[1] == {"step": 20}
+        assert ckpt.latest() == tmp_path / "checkpoints" / "step_20"
+
+
+def test_bad_leaves_and_metadata_fail_before_anything_is_written(tmp_path):
+    ckpt = Checkpointer(tmp_path)
+    with pytest.raises(CheckpointError, match=r"leaf \"\['x'\]\" of type object"):
+        ckpt.save(1, {"x": object()})
+    with pytest.raises(CheckpointError, match="JSON"):
+        ckpt.save(1, {"w": jnp.zeros(2)}, {"when": object()})
+    assert not (tmp_path / "checkpoints").exists() or step_dirs(tmp_path) == []
+
+
+def test_no_pickle_in_checkpoint_module():
+    source = Path(ck.__file__).read_text()
+    assert "import pickle" not in source and "pickle.load" not in source and "np.load" not in source
+
+
+# ---- several processes ----------------------------------------------------------------
+
+_WORKER = textwrap.dedent(
+    """
+    import os, sys
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    import jax
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    pid = int(sys.argv[1])
+    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{sys.argv[2]}", num_processes=2, process_id=pid)
+    import jax.numpy as jnp, numpy as np
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+    from trainer.checkpoint import Checkpointer
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
+    full = np.arange(64 * 3, dtype=np.float32).reshape(64, 3)
+    w = jax.make_array_from_callback(full.shape, NamedSharding(mesh, P("data")), lambda idx: full[idx])
+    r = jax.make_array_from_callback((5,), NamedSharding(mesh, P()), lambda idx: np.arange(5, dtype=np.int32)[idx])
+    with Checkpointer(sys.argv[3]) as ckpt:
+        ckpt.save(7, {"w": w, "r": r}, {"step": 7})
+    print("done", pid, flush=True)
+    """
+)
+
+
+def test_two_processes_write_one_checkpoint_restored_by_one(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    src = str(Path(ck.__file__).parents[1])
+    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    cmd = [sys.executable, "-c", _WORKER, "PID", str(port), str(tmp_path)]
+    procs = [
+        subprocess.Popen(
+            [str(i) if c == "PID" else c for c in cmd], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        for i in range(2)
+    ]
+    try:
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in procs] == [0, 0], outs
+    path = tmp_path / "checkpoints" / "step_7"
+    commit = ck.verify_checkpoint(path)
+    assert commit["process_count"] == 2 and not list(path.glob("manifest*"))
+    w_dir = next(r["dir"] for r in commit["leaves"] if r["path"] == "['w']")
+    assert sorted(f for f in commit["files"] if f.startswith(w_dir + "/c/")) == [f"{w_dir}/c/{i}/0" for i in range(8)]
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto))
+    target = {
+        "w": jax.ShapeDtypeStruct((64, 3), jnp.float32, sharding=NamedSharding(mesh, P("data"))),
+        "r": jax.ShapeDtypeStruct((5,), jnp.int32),
+    }
+    out, meta = ck.restore(tmp_path, target)
+    assert meta == {"step": 7}
+    np.testing.assert_array_equal(np.asarray(out["w"]), np.arange(64 * 3, dtype=np.float32).reshape(64, 3))
+    np.testing.assert_array_equal(np.asarray(out["r"]), np.arange(5))
