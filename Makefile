@@ -19,5 +19,8 @@ install: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -n 2 --dist loadfile -q tests
 
+train: $(STAMP)
+	$(VENV)/bin/named-train --config_path config/gpt2_nano.yaml
+
 clean:
 	rm -rf $(VENV) .pytest_cache build src/*.egg-info

@@ -3,7 +3,7 @@
 ``import named as nm`` is the whole public surface.
 """
 
-from . import nn, random
+from . import inspect, nn, random
 from ._axis import Axis, AxisError, AxisSelection, AxisSelector, NamedError
 from ._core import NamedArray, axes_of, is_named_array, named
 from ._einsum import dot, einsum
@@ -36,6 +36,7 @@ from ._shape import (
     zeros_like,
 )
 from ._transforms import fold, nmap, scan, vmap
+from .inspect import layout, param_report, parse_layout
 from .partitioning import (
     ResourceMapping,
     ShardingCheck,

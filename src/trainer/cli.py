@@ -1,0 +1,98 @@
+"""Console scripts: ``named-train``, ``named-sample``, ``named-plan``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _split_config_path(argv: list[str]) -> tuple[str | None, list[str]]:
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--config_path", default=None)
+    known, rest = parser.parse_known_args(argv)
+    return known.config_path, rest
+
+
+def _fail(e: Exception) -> int:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+
+
+def main_train(argv: list[str] | None = None) -> int:
+    """``named-train --config_path config/gpt2_nano.yaml [--section.key value ...]``"""
+    argv = sys.argv[1:] if argv is None else argv
+    from .config import ConfigError, load_config
+    from .data import DataError
+
+    config_path, rest = _split_config_path(argv)
+    try:
+        cfg = load_config(config_path, rest)
+    except (ConfigError, DataError) as e:
+        return _fail(e)
+    from .distributed import maybe_initialize
+
+    maybe_initialize(cfg.distributed)
+    from named import NamedError
+
+    from .checkpoint import CheckpointError
+    from .train import TrainingError, train
+
+    try:
+        result = train(cfg)
+    except (ConfigError, DataError, NamedError, CheckpointError, TrainingError) as e:
+        return _fail(e)
+    if result.losses:
+        print(f"done: {len(result.losses)} steps, loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f}; run dir {result.run_dir}")
+    return 0
+
+
+def main_sample(argv: list[str] | None = None) -> int:
+    """``named-sample --checkpoint RUN_DIR_OR_CHECKPOINT --prompt "def " [--tokens 100]``"""
+    p = argparse.ArgumentParser(prog="named-sample")
+    p.add_argument("--checkpoint", required=True, help="a run directory (newest checkpoint) or a checkpoint folder")
+    p.add_argument("--prompt", default="")
+    p.add_argument("--tokens", type=int, default=100)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(sys.argv[1:] if argv is None else argv)
+    from .sample import sample_from_checkpoint
+
+    try:
+        print(sample_from_checkpoint(Path(a.checkpoint), a.prompt, a.tokens, temperature=a.temperature, seed=a.seed))
+    except Exception as e:  # noqa: BLE001 - CLI boundary: report, don't trace
+        from named import NamedError
+
+        from .checkpoint import CheckpointError
+        from .config import ConfigError
+        from .data import DataError
+
+        if isinstance(e, (NamedError, CheckpointError, ConfigError, DataError, FileNotFoundError)):
+            return _fail(e)
+        raise
+    return 0
+
+
+def main_plan(argv: list[str] | None = None) -> int:
+    """``named-plan --config_path ...``: mesh, each parameter's layout, bytes per device and the
+    microbatch plan, without training (nothing is compiled or allocated)."""
+    argv = sys.argv[1:] if argv is None else argv
+    from .config import ConfigError, load_config
+    from .data import DataError
+
+    config_path, rest = _split_config_path(argv)
+    try:
+        cfg = load_config(config_path, rest)
+        from .plan import plan_report
+
+        print(plan_report(cfg))
+    except (ConfigError, DataError) as e:
+        return _fail(e)
+    except Exception as e:  # noqa: BLE001
+        from named import NamedError
+
+        if isinstance(e, NamedError):
+            return _fail(e)
+        raise
+    return 0

@@ -1,0 +1,58 @@
+"""AdamW with warmup + cosine / linear / constant / warmup-stable-decay schedules, gradient
+clipping, and a weight-decay mask that skips norms and biases."""
+
+from __future__ import annotations
+
+import jax
+import optax
+
+import named as nm
+
+from .config import OptimizerConfig
+
+LAYERS = "layers"
+
+
+def schedule(cfg: OptimizerConfig, num_steps: int) -> optax.Schedule:
+    """Learning rate by step: linear warmup to ``learning_rate``, then the chosen shape down to
+    ``min_lr_ratio * learning_rate`` at ``num_steps`` (wsd: flat, then a linear decay over the
+    last ``decay_fraction`` of the steps)."""
+    lr, warm = cfg.learning_rate, cfg.warmup_steps
+    end = lr * cfg.min_lr_ratio
+    rest = max(num_steps - warm, 1)
+    if cfg.schedule == "cosine":
+        main = optax.cosine_decay_schedule(lr, rest, alpha=cfg.min_lr_ratio)
+    elif cfg.schedule == "linear":
+        main = optax.linear_schedule(lr, end, rest)
+    elif cfg.schedule == "constant":
+        main = optax.constant_schedule(lr)
+    else:  # wsd
+        decay = max(int(round(num_steps * cfg.decay_fraction)), 1)
+        stable = max(rest - decay, 0)
+        main = optax.join_schedules([optax.constant_schedule(lr), optax.linear_schedule(lr, end, decay)], [stable])
+    if warm == 0:
+        return main
+    return optax.join_schedules([optax.linear_schedule(0.0, lr, warm), main], [warm])
+
+
+def decay_mask(params):
+    """True for weights with two or more axes besides ``layers`` (matrices and embeddings);
+    False for norm scales and biases, which have one."""
+
+    def leaf(x):
+        if isinstance(x, nm.NamedArray):
+            return nm.NamedArray._unchecked(len([a for a in x.axes if a.name != LAYERS]) >= 2, x.axes)
+        return False
+
+    return jax.tree.map(leaf, params, is_leaf=nm.is_named_array)
+
+
+def build_optimizer(cfg: OptimizerConfig, num_steps: int) -> optax.GradientTransformation:
+    parts = []
+    if cfg.max_grad_norm is not None:
+        parts.append(optax.clip_by_global_norm(cfg.max_grad_norm))
+    parts.append(
+        optax.adamw(schedule(cfg, num_steps), b1=cfg.beta1, b2=cfg.beta2, eps=cfg.epsilon,
+                    weight_decay=cfg.weight_decay, mask=decay_mask)
+    )
+    return optax.chain(*parts)

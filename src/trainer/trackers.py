@@ -1,0 +1,90 @@
+"""Where metrics go: the console, a JSONL file in the run directory, and wandb.
+
+Only process 0 writes to trackers and the console; other processes log to
+``<run_dir>/logs/process_<i>.log``. wandb runs offline unless told otherwise and never
+waits on the network.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from .config import TrackerConfig
+
+log = logging.getLogger("named.trainer")
+
+
+def setup_logging(run_dir: Path, process_index: int) -> None:
+    """Console logging for process 0; a per-process log file for every process."""
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    log.handlers.clear()
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    fh = logging.FileHandler(run_dir / "logs" / f"process_{process_index}.log")
+    fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    log.addHandler(fh)
+    if process_index == 0:
+        ch = logging.StreamHandler(sys.stdout)
+        ch.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(ch)
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        if math.isnan(v) or math.isinf(v):
+            return str(v)
+        return f"{v:.4g}" if abs(v) < 1e4 else f"{v:.3e}"
+    return str(v)
+
+
+class Trackers:
+    def __init__(self, cfg: TrackerConfig, run_dir: Path, process_index: int, config_dict: dict | None = None):
+        self.active = process_index == 0
+        self.console = cfg.console
+        self._jsonl = None
+        self._wandb = None
+        if not self.active:
+            return
+        if cfg.jsonl:
+            self._jsonl = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")
+        if cfg.wandb_mode != "disabled":
+            import wandb
+
+            os.environ.setdefault("WANDB_SILENT", "true")
+            self._wandb = wandb.init(
+                project=cfg.wandb_project, dir=str(run_dir), mode=cfg.wandb_mode, config=config_dict,
+                settings=wandb.Settings(init_timeout=30, silent=True),
+            )
+
+    def log(self, step: int, metrics: dict[str, Any], *, prefix: str = "train") -> None:
+        if not self.active:
+            return
+        row = {"step": step, **{f"{prefix}/{k}": v for k, v in metrics.items()}}
+        if self.console:
+            log.info(f"[{prefix} {step}] " + "  ".join(f"{k}={_fmt(v)}" for k, v in metrics.items()))
+        if self._jsonl is not None:
+            self._jsonl.write(json.dumps(row) + "\n")
+            self._jsonl.flush()
+        if self._wandb is not None:
+            self._wandb.log({k: v for k, v in row.items() if k != "step"}, step=step)
+
+    def text(self, step: int, name: str, text: str) -> None:
+        if not self.active:
+            return
+        if self.console:
+            log.info(f"[{name} {step}]\n{text}")
+        if self._jsonl is not None:
+            self._jsonl.write(json.dumps({"step": step, name: text}) + "\n")
+            self._jsonl.flush()
+
+    def close(self) -> None:
+        if self._jsonl is not None:
+            self._jsonl.close()
+        if self._wandb is not None:
+            self._wandb.finish()
