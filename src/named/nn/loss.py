@@ -1,0 +1,325 @@
+"""Cross-entropy losses over named axes: per-token, next-token, and blockwise over the vocabulary.
+
+Every loss is computed in float32 whatever the dtype of the logits (or of the hidden states and
+weights for the blockwise loss): the log-sum-exp of a bf16 row of 50k logits is not worth
+having.
+
+Vocab-parallel (Megatron's fused cross-entropy) needs no special code path. The loss is written
+as three reductions over the vocab axis, a max, a sum of exponentials and a masked sum that picks
+the target's logit, never as a gather along vocab. Under a mapping ``{"vocab": "model"}`` GSPMD
+therefore keeps each device's ``vocab / tp`` slice of the logits where it is and all-reduces
+only ``[batch, position]``-sized partial results (a max, then two sums), which is exactly
+Megatron's scheme; ``tests/test_loss.py`` reads the compiled HLO to show it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+
+from .._axis import Axis, AxisError, AxisSelector, format_axes
+from .._core import NamedArray
+from .. import _ops as ops
+from .._einsum import dot
+from .._shape import arange, broadcast_to, full, roll, zeros
+from .._transforms import scan
+from ..partitioning import shard
+
+Reduction = Literal["mean", "sum", "none"]
+_REDUCTIONS = ("mean", "sum", "none")
+
+__all__ = [
+    "blockwise_cross_entropy_loss",
+    "blockwise_next_token_loss",
+    "cross_entropy_loss",
+    "next_token_loss",
+    "next_token_targets",
+]
+
+
+# ---- shared pieces ----------------------------------------------------------------------
+
+
+def _check_reduction(reduction: str) -> None:
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"reduction={reduction!r}; use one of {', '.join(map(repr, _REDUCTIONS))}")
+
+
+def _check_targets(targets: NamedArray, Vocab: Axis, loss_axes: tuple[Axis, ...]) -> None:
+    if not isinstance(targets, NamedArray):
+        raise TypeError(f"targets must be an integer NamedArray, got {type(targets).__name__}")
+    if not jnp.issubdtype(targets.dtype, jnp.integer):
+        raise TypeError(f"targets must hold integer token ids, got dtype {targets.dtype} {format_axes(targets.axes)}")
+    if Vocab.name in targets.names:
+        raise AxisError(
+            f"targets {format_axes(targets.axes)} have the vocab axis {Vocab.name!r}; "
+            "pass integer ids (one per token), not one-hot or probabilities"
+        )
+    known = {a.name: a.size for a in loss_axes}
+    for a in targets.axes:
+        if known.get(a.name) != a.size:
+            raise AxisError(f"targets axis {a.name}={a.size} is not among the logits' token axes {format_axes(loss_axes)}")
+
+
+def _target_logit(logits: NamedArray, Vocab: Axis, targets: NamedArray, vocab_ids: NamedArray) -> NamedArray:
+    # A masked sum rather than a gather: it is elementwise + reduce over vocab, which GSPMD
+    # partitions along a sharded vocab (local pick, then a sum all-reduce), and a target
+    # outside the vocab (a padding id such as -100) picks 0 instead of reading out of bounds.
+    picked = ops.where(targets == vocab_ids, logits, 0.0)
+    return picked.sum(Vocab.name)
+
+
+def _apply_reduction(loss: NamedArray, where, reduction: str) -> NamedArray:
+    """Mask ``loss`` (per token) by ``where`` and reduce it over all its axes (or not)."""
+    weight = None
+    if where is not None:
+        if not isinstance(where, NamedArray):
+            raise TypeError(f"where= must be a NamedArray mask over the targets' axes, got {type(where).__name__}")
+        extra = [a for a in where.axes if a.name not in loss.names]
+        if extra:
+            raise AxisError(f"where= has axes {format_axes(extra)} that the per-token loss {format_axes(loss.axes)} lacks")
+        weight = broadcast_to(where.astype(jnp.float32), loss.axes)
+        # where(), not a product: a masked-out token whose loss is inf or nan must not leak in.
+        loss = ops.where(weight != 0, loss * weight, 0.0)
+    if reduction == "none":
+        return loss
+    total = loss.sum()
+    if reduction == "sum":
+        return total
+    if weight is None:
+        return total / math.prod(a.size for a in loss.axes)
+    count = weight.sum()
+    # An all-masked batch has mean 0 (and zero gradients), not nan.
+    safe = ops.where(count > 0, count, 1.0)
+    return ops.where(count > 0, total / safe, 0.0)
+
+
+def _loss_from_parts(lse: NamedArray, target_logit: NamedArray, z_loss_weight: float) -> NamedArray:
+    loss = lse - target_logit
+    if z_loss_weight:
+        # PaLM's auxiliary z-loss keeps the softmax normaliser log Z near 0.
+        loss = loss + z_loss_weight * ops.square(lse)
+    return loss
+
+
+# ---- the per-token loss -------------------------------------------------------------------
+
+
+def cross_entropy_loss(
+    logits: NamedArray,
+    targets: NamedArray,
+    *,
+    axis: AxisSelector = "vocab",
+    where: NamedArray | None = None,
+    reduction: Reduction = "mean",
+    z_loss_weight: float = 0.0,
+) -> NamedArray:
+    """Softmax cross-entropy of integer ``targets`` under ``logits``, in float32.
+
+    Per token: ``logsumexp(logits) - logits[target] + z_loss_weight * logsumexp(logits)**2``.
+
+    Args:
+        logits: scores with the vocab axis and any token axes (``batch``, ``position``, ...).
+        targets: integer ids with (some of) the logits' axes except the vocab axis. A target
+            outside ``[0, vocab)`` picks a logit of 0; mask such tokens out with ``where``.
+        axis: the vocab axis of ``logits``.
+        where: a bool or 0/1 (or weight) mask over the targets' axes; masked tokens contribute
+            nothing and are not counted by the mean.
+        reduction: ``"mean"`` (masked mean over every remaining axis), ``"sum"``, or ``"none"``
+            (the per-token loss, zero where masked).
+        z_loss_weight: weight of the z-loss term (PaLM uses 1e-4); 0 turns it off.
+
+    Returns:
+        A float32 NamedArray: 0-d for ``"mean"``/``"sum"``, the token axes for ``"none"``.
+    """
+    _check_reduction(reduction)
+    Vocab = logits.resolve_axis(axis)
+    token_axes = tuple(a for a in logits.axes if a.name != Vocab.name)
+    _check_targets(targets, Vocab, token_axes)
+    logits32 = logits.astype(jnp.float32)
+    lse = ops.logsumexp(logits32, Vocab.name)
+    picked = _target_logit(logits32, Vocab, targets, arange(Vocab, dtype=targets.dtype))
+    loss = _loss_from_parts(lse, picked, z_loss_weight).rearrange(token_axes)
+    return _apply_reduction(loss, where, reduction)
+
+
+# ---- next-token prediction ------------------------------------------------------------------
+
+
+def next_token_targets(
+    input_ids: NamedArray, *, Pos: AxisSelector = "position", loss_mask: NamedArray | None = None
+) -> tuple[NamedArray, NamedArray]:
+    """Targets and mask for predicting token ``t + 1`` from position ``t``.
+
+    The targets are ``input_ids`` rolled by one along ``Pos`` (same shape, so a sharded
+    position axis stays evenly sharded); the last position, which has nothing to predict, is
+    masked out, and ``loss_mask`` (if given) multiplies in.
+
+    Args:
+        input_ids: integer token ids with the ``Pos`` axis.
+        Pos: the position (sequence) axis.
+        loss_mask: a bool or 0/1 mask aligned with the *predicting* positions: entry ``t``
+            weights the prediction of token ``t + 1`` made at position ``t``. Its axes must be
+            among ``input_ids``' axes.
+
+    Returns:
+        ``(targets, mask)``: both with ``input_ids``' axes; ``mask`` is float32.
+    """
+    Pos = input_ids.resolve_axis(Pos)
+    targets = roll(input_ids, -1, Pos.name)
+    mask = (arange(Pos) < Pos.size - 1).astype(jnp.float32)
+    if loss_mask is not None:
+        extra = [a for a in loss_mask.axes if a.name not in input_ids.names]
+        if extra:
+            raise AxisError(f"loss_mask has axes {format_axes(extra)} that input_ids {format_axes(input_ids.axes)} lack")
+        mask = mask * loss_mask.astype(jnp.float32)
+    return targets, broadcast_to(mask, input_ids.axes)
+
+
+def next_token_loss(
+    logits: NamedArray,
+    input_ids: NamedArray,
+    *,
+    Pos: AxisSelector = "position",
+    axis: AxisSelector = "vocab",
+    loss_mask: NamedArray | None = None,
+    reduction: Reduction = "mean",
+    z_loss_weight: float = 0.0,
+) -> NamedArray:
+    """Language-model loss: the logits at position ``t`` predict ``input_ids`` at ``t + 1``.
+
+    The last position is excluded. ``loss_mask`` (over e.g. ``(batch, position)``) is aligned
+    with the logits' positions and multiplies in; see :func:`next_token_targets`. The mean is
+    over the tokens that count. Other arguments are those of :func:`cross_entropy_loss`.
+    """
+    targets, mask = next_token_targets(input_ids, Pos=Pos, loss_mask=loss_mask)
+    return cross_entropy_loss(logits, targets, axis=axis, where=mask, reduction=reduction, z_loss_weight=z_loss_weight)
+
+
+# ---- blockwise over the vocabulary -----------------------------------------------------------
+
+
+def _block_error(V: Axis, block_size) -> ValueError:
+    divisors = [d for d in range(1, V.size + 1) if V.size % d == 0]
+    try:
+        below = [d for d in divisors if d < block_size][-1:]
+        above = [d for d in divisors if d > block_size][:1]
+        hint = f"; try {' or '.join(map(str, below + above))}"
+    except TypeError:
+        hint = ""
+    return ValueError(
+        f"block_size={block_size!r} does not divide the size {V.size} of axis {V.name!r}{hint} "
+        "(block_size must be a positive divisor of the vocab size; pad the vocabulary if it has none that suits)"
+    )
+
+
+def blockwise_cross_entropy_loss(
+    hidden: NamedArray,
+    unembed_weight: NamedArray,
+    targets: NamedArray,
+    *,
+    Embed: AxisSelector = "embed",
+    Vocab: AxisSelector = "vocab",
+    block_size: int,
+    where: NamedArray | None = None,
+    reduction: Reduction = "mean",
+    z_loss_weight: float = 0.0,
+) -> NamedArray:
+    """:func:`cross_entropy_loss` of ``hidden · unembed_weight`` without ever holding all the logits.
+
+    The logits are made ``block_size`` vocab entries at a time inside a ``scan`` that keeps an
+    online log-sum-exp (running max and rescaled sum) and picks the target's logit in the block
+    that holds it. The block body is wrapped in ``jax.checkpoint``, so the backward pass
+    recomputes each block's logits instead of storing them: neither pass has an array of size
+    ``tokens × vocab``; the largest is ``tokens × block_size``. The matmul accumulates in float32.
+
+    Blocks are strided: block ``b`` holds vocab ids ``b, b + n, b + 2n, ...`` (``n`` blocks).
+    Under ``{"vocab": "model"}`` every block is then spread evenly over the tensor-parallel
+    devices, so each device multiplies only its own weight columns (Megatron's vocab-parallel
+    loss, blockwise); ``block_size`` must then also be divisible by the number of devices.
+
+    For next-token prediction use :func:`blockwise_next_token_loss`, or pass the outputs of
+    :func:`next_token_targets` as ``targets`` and ``where``.
+
+    Args:
+        hidden: final hidden states with ``Embed`` and the token axes (``batch``, ``position``).
+        unembed_weight: the output projection with exactly the axes ``Embed`` and ``Vocab``
+            (in either order; a tied ``Embedding.weight`` works as it is).
+        targets: integer ids over (some of) the token axes.
+        Embed: the contracted axis.
+        Vocab: the vocab axis of ``unembed_weight``.
+        block_size: vocab entries per block; must divide the vocab size.
+        where, reduction, z_loss_weight: as in :func:`cross_entropy_loss`.
+
+    Returns:
+        A float32 NamedArray: 0-d for ``"mean"``/``"sum"``, the token axes for ``"none"``.
+    """
+    _check_reduction(reduction)
+    Embed = hidden.resolve_axis(Embed)
+    V = unembed_weight.resolve_axis(Vocab)
+    if set(unembed_weight.names) != {Embed.name, V.name}:
+        raise AxisError(
+            f"unembed_weight must have exactly the axes {Embed.name!r} and {V.name!r}, "
+            f"got {format_axes(unembed_weight.axes)}"
+        )
+    unembed_weight.resolve_axis(Embed)  # size check against hidden
+    if V.name in hidden.names:
+        raise AxisError(f"hidden {format_axes(hidden.axes)} already has the vocab axis {V.name!r}")
+    if not isinstance(block_size, int) or block_size <= 0 or V.size % block_size:
+        raise _block_error(V, block_size)
+    token_axes = tuple(a for a in hidden.axes if a.name != Embed.name)
+    _check_targets(targets, V, token_axes)
+
+    n_blocks = V.size // block_size
+    Block = Axis(f"{V.name}_block", n_blocks)
+    Inner = V.resize(block_size)  # keeps the name, so the compute mapping of vocab applies to a block
+    w_blocks = shard(unembed_weight.unflatten_axis(V.name, (Inner, Block)))
+    id_blocks = shard(arange(V, dtype=targets.dtype).unflatten_axis(V.name, (Inner, Block)))
+
+    def block(carry, w, ids):
+        running_max, sum_exp, picked = carry
+        logits = dot(hidden, w, axis=Embed.name, preferred_element_type=jnp.float32).astype(jnp.float32)
+        logits = shard(logits)
+        # The max only shifts the exponent; stopping its gradient is exact (as in
+        # jax.nn.logsumexp) and keeps the backward pass free of max bookkeeping.
+        new_max = ops.maximum(running_max, jax.lax.stop_gradient(logits.max(Inner.name).rearrange(token_axes)))
+        sum_exp = sum_exp * ops.exp(running_max - new_max) + ops.exp(logits - new_max).sum(Inner.name).rearrange(token_axes)
+        picked = picked + _target_logit(logits, Inner, targets, ids).rearrange(token_axes)
+        return (new_max, sum_exp, picked), None
+
+    init = (full(token_axes, -jnp.inf, jnp.float32), zeros(token_axes, jnp.float32), zeros(token_axes, jnp.float32))
+    body = jax.checkpoint(block, prevent_cse=False)
+    (running_max, sum_exp, picked), _ = scan(body, Block.name)(init, w_blocks, id_blocks)
+    lse = running_max + ops.log(sum_exp)
+    return _apply_reduction(_loss_from_parts(lse, picked, z_loss_weight), where, reduction)
+
+
+def blockwise_next_token_loss(
+    hidden: NamedArray,
+    unembed_weight: NamedArray,
+    input_ids: NamedArray,
+    *,
+    Pos: AxisSelector = "position",
+    Embed: AxisSelector = "embed",
+    Vocab: AxisSelector = "vocab",
+    block_size: int,
+    loss_mask: NamedArray | None = None,
+    reduction: Reduction = "mean",
+    z_loss_weight: float = 0.0,
+) -> NamedArray:
+    """:func:`next_token_loss` computed by :func:`blockwise_cross_entropy_loss` (no full logits)."""
+    targets, mask = next_token_targets(input_ids, Pos=Pos, loss_mask=loss_mask)
+    return blockwise_cross_entropy_loss(
+        hidden,
+        unembed_weight,
+        targets,
+        Embed=Embed,
+        Vocab=Vocab,
+        block_size=block_size,
+        where=mask,
+        reduction=reduction,
+        z_loss_weight=z_loss_weight,
+    )
