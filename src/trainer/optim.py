@@ -10,9 +10,6 @@ import named as nm
 
 from .config import OptimizerConfig
 
-LAYERS = "layers"
-
-
 def schedule(cfg: OptimizerConfig, num_steps: int) -> optax.Schedule:
     """Learning rate by step: linear warmup to ``learning_rate``, then the chosen shape down to
     ``min_lr_ratio * learning_rate`` at ``num_steps`` (wsd: flat, then a linear decay over the
@@ -36,15 +33,21 @@ def schedule(cfg: OptimizerConfig, num_steps: int) -> optax.Schedule:
 
 
 def decay_mask(params):
-    """True for weights with two or more axes besides ``layers`` (matrices and embeddings);
-    False for norm scales and biases, which have one."""
+    """True for weights that get weight decay: every array except biases and the parameters of
+    norm layers (any module that keeps full precision, as LayerNorm and RMSNorm do)."""
 
-    def leaf(x):
+    def is_leaf(x):
+        return isinstance(x, nm.NamedArray) or getattr(type(x), "keep_full_precision", False)
+
+    def leaf(path, x):
+        if getattr(type(x), "keep_full_precision", False):
+            return jax.tree.map(lambda _: False, x)
+        decay = not any(getattr(k, "name", None) == "bias" for k in path)
         if isinstance(x, nm.NamedArray):
-            return nm.NamedArray._unchecked(len([a for a in x.axes if a.name != LAYERS]) >= 2, x.axes)
-        return False
+            return nm.NamedArray._unchecked(decay, x.axes)
+        return decay
 
-    return jax.tree.map(leaf, params, is_leaf=nm.is_named_array)
+    return jax.tree_util.tree_map_with_path(leaf, params, is_leaf=is_leaf)
 
 
 def build_optimizer(cfg: OptimizerConfig, num_steps: int) -> optax.GradientTransformation:

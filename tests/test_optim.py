@@ -1,0 +1,49 @@
+"""Optimizer pieces: the weight-decay mask and the learning-rate schedules."""
+
+import jax
+import numpy as np
+import pytest
+
+import models
+import named as nm
+from trainer.config import OptimizerConfig
+from trainer.optim import decay_mask, schedule
+
+
+def _mask_by_path(model):
+    m = decay_mask(model)
+    flat = jax.tree_util.tree_flatten_with_path(m, is_leaf=nm.is_named_array)[0]
+    return {jax.tree_util.keystr(p): bool(x.array if isinstance(x, nm.NamedArray) else x) for p, x in flat}
+
+
+@pytest.mark.parametrize("which", ["gpt2", "llama"])
+def test_decay_mask_skips_norms_and_biases(which):
+    if which == "gpt2":
+        cfg = models.Gpt2Config(n_layer=2, n_head=2, n_embd=16, n_positions=16, vocab_size=32)
+        cls = models.Gpt2LMHeadModel
+    else:
+        cfg = models.LlamaConfig(hidden_size=16, intermediate_size=24, num_hidden_layers=2, num_attention_heads=2,
+                                 num_key_value_heads=1, max_position_embeddings=16, vocab_size=32)
+        cls = models.LlamaLMHeadModel
+    model = jax.eval_shape(lambda k: cls.init(cfg, key=k), jax.random.key(0))
+    mask = _mask_by_path(model)
+    assert mask, "mask is empty"
+    for path, decay in mask.items():
+        is_norm_or_bias = "bias" in path or "ln" in path or "norm" in path
+        assert decay == (not is_norm_or_bias), path
+    assert any(mask.values()) and not all(mask.values())
+
+
+def test_schedules():
+    base = dict(learning_rate=1.0, warmup_steps=10, min_lr_ratio=0.1)
+    n = 100
+    cos = schedule(OptimizerConfig(schedule="cosine", **base), n)
+    assert float(cos(0)) == 0.0 and float(cos(5)) == pytest.approx(0.5)
+    assert float(cos(10)) == pytest.approx(1.0) and float(cos(n)) == pytest.approx(0.1, abs=1e-6)
+    lin = schedule(OptimizerConfig(schedule="linear", **base), n)
+    assert float(lin(55)) == pytest.approx(0.55, abs=1e-6)
+    wsd = schedule(OptimizerConfig(schedule="wsd", decay_fraction=0.2, **base), n)
+    assert float(wsd(50)) == pytest.approx(1.0) and float(wsd(79)) == pytest.approx(1.0)
+    assert float(wsd(90)) == pytest.approx(0.55, abs=1e-6) and float(wsd(n)) == pytest.approx(0.1, abs=1e-6)
+    const = schedule(OptimizerConfig(schedule="constant", **{**base, "warmup_steps": 0}), n)
+    assert np.allclose([float(const(s)) for s in (0, 50, 100)], 1.0)
