@@ -184,7 +184,8 @@ def pspec_for(x: NamedArray | AxisSelection, mapping: ResourceMapping | None = N
             if a.size % parts:
                 raise ShardingError(
                     f"axis {name!r} of size {a.size} cannot be split over mesh axes {target} "
-                    f"({parts} devices): {a.size} is not divisible by {parts}"
+                    f"({parts} devices): {a.size} is not divisible by {parts}; change the mesh shape, "
+                    f"or map {name!r} to other mesh axes (None keeps it whole)"
                 )
         entries.append(None if not target else (target[0] if len(target) == 1 else target))
     return PartitionSpec(*entries)
@@ -254,6 +255,24 @@ class _Static:
         return isinstance(other, _Static) and self.treedef == other.treedef and self.leaves == other.leaves
 
 
+class _StaticOut:
+    """The non-array part of a result, carried out of ``jax.jit`` in the output treedef.
+
+    Keeping it in the treedef ties it to the trace that produced it: a result like
+    ``x.shape[0]`` changes with the input shapes, which the jit cache keys on and we don't.
+    It is its own aux data and compares by identity, because the value may hold NamedArray
+    nodes, whose ``==`` is elementwise.
+    """
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+
+jax.tree_util.register_pytree_node(_StaticOut, lambda s: ((), s), lambda s, _: s)
+
+
 def _is_dynamic(x) -> bool:
     return eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
 
@@ -267,17 +286,32 @@ def _freeze(mapping: ResourceMapping | None):
 def _donation_mask(args: tuple, kwargs: dict, donate_args, donate_kwargs) -> tuple[Any, Any]:
     """Boolean pytrees (over args, kwargs) from prefixes: True donates that subtree's arrays."""
 
-    def expand(prefix, tree):
+    def expand(prefix, tree, what):
         if prefix is None or prefix is False:
             return jax.tree.map(lambda _: False, tree)
         if prefix is True:
             return jax.tree.map(lambda _: True, tree)
-        return jax.tree.map(lambda p, t: jax.tree.map(lambda _: bool(p), t), prefix, tree, is_leaf=lambda p: isinstance(p, bool))
+        try:
+            return jax.tree.map(
+                lambda p, t: jax.tree.map(lambda _: bool(p), t),
+                prefix,
+                tree,
+                is_leaf=lambda p: p is None or isinstance(p, bool),
+            )
+        except ValueError as e:  # jax's message says where the structures part
+            raise NamedError(
+                f"{what} must be a bool, or a pytree prefix of the arguments with a bool (or None) "
+                f"for each subtree; it does not match the arguments:\n{e}"
+            ) from None
 
     if donate_args is not None and not isinstance(donate_args, bool):
         donate_args = tuple(False if d is None else d for d in donate_args)
+        if len(donate_args) > len(args):
+            raise NamedError(
+                f"donate_args has {len(donate_args)} entries but the function got {len(args)} positional arguments"
+            )
         donate_args = donate_args + (False,) * (len(args) - len(donate_args))
-    return expand(donate_args, args), expand(donate_kwargs, kwargs)
+    return expand(donate_args, args, "donate_args"), expand(donate_kwargs, kwargs, "donate_kwargs")
 
 
 @dataclasses.dataclass
@@ -295,8 +329,13 @@ class NamedJitWrapped:
         self._res = resources
         self._donate_args, self._donate_kwargs = donate_args, donate_kwargs
         self._mesh = mesh
-        self._static_out: dict[Any, Any] = {}
-        self._jitted = jax.jit(self._call_traced, static_argnums=(0, 3), donate_argnums=(1,), **jit_kwargs)
+
+        def traced(key, donated, kept, static):
+            return self._call_traced(key, donated, kept, static)
+
+        # the compiled module is then called jit_<fn name>, which is what HLO dumps and profiles show
+        traced.__name__ = traced.__qualname__ = getattr(fn, "__name__", type(fn).__name__)
+        self._jitted = jax.jit(traced, static_argnums=(0, 3), donate_argnums=(1,), **jit_kwargs)
         functools.update_wrapper(self, fn)
 
     def _mapping(self) -> ResourceMapping | None:
@@ -317,8 +356,7 @@ class NamedJitWrapped:
             if out_mapping is not None or mapping is not None:
                 out = shard(out, dict(out_mapping) if out_mapping is not None else None, mesh)
         dyn, stat = eqx.partition(out, _is_dynamic)
-        self._static_out[(key, static)] = stat
-        return dyn
+        return dyn, _StaticOut(stat)
 
     def _prepare(self, args, kwargs):
         mesh = self._mesh if self._mesh is not None else current_mesh()
@@ -351,8 +389,8 @@ class NamedJitWrapped:
         key, donated, kept, static, mesh = self._prepare(args, kwargs)
         ctx = jax.set_mesh(mesh) if mesh is not None and self._mesh is not None else contextlib.nullcontext()
         with ctx:
-            dyn = self._jitted(key, donated, kept, static)
-        return eqx.combine(dyn, self._static_out[(key, static)])
+            dyn, stat = self._jitted(key, donated, kept, static)
+        return eqx.combine(dyn, stat.value)
 
     def lower(self, *args, **kwargs):
         """``jax.stages.Lowered`` for these arguments (``.compile().as_text()`` for the HLO)."""
@@ -364,7 +402,9 @@ class NamedJitWrapped:
     def __get__(self, instance, owner):
         if instance is None:
             return self
-        return functools.partial(self, instance)
+        bound = functools.partial(self, instance)
+        bound.lower = functools.partial(self.lower, instance)  # type: ignore[attr-defined]
+        return bound
 
 
 def named_jit(
