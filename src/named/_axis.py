@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Iterable, Sequence
 from typing import Union
 
@@ -29,10 +30,10 @@ class Axis:
             raise AxisError(f"axis name {self.name!r} may not contain spaces or '/', nor be '...'")
         size = self.size
         if not isinstance(size, int) or isinstance(size, bool):
-            try:
-                size = int(size)  # numpy integers
-            except TypeError:
-                raise AxisError(f"axis {self.name!r}: size must be an int, got {self.size!r}") from None
+            # numpy integers are welcome; floats, strings and bools are not (int() would truncate 2.5)
+            if isinstance(size, bool) or not hasattr(size, "__index__"):
+                raise AxisError(f"axis {self.name!r}: size must be an int, got {self.size!r}")
+            size = operator.index(size)
             object.__setattr__(self, "size", size)
         if size < 0:
             raise AxisError(f"axis {self.name!r}: size must be >= 0, got {size}")

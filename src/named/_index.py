@@ -22,12 +22,15 @@ import numpy as np
 from jax import lax
 
 from ._axis import Axis, AxisError, check_unique, format_axes, index_of, name_of, union
-from ._core import NamedArray, raw
+from ._core import NamedArray, axes_of, raw
 
 
 @dataclasses.dataclass(frozen=True)
 class ds:
-    """A dynamic slice: ``size`` (static) elements from ``start`` (may be traced)."""
+    """A dynamic slice: ``size`` (static) elements from ``start`` (may be traced).
+
+    As in ``lax.dynamic_slice``, a negative start counts from the end and the window is then
+    clamped to lie inside the axis; ``x[ds]`` and ``x.at[ds]`` place it the same way."""
 
     start: Any
     size: int
@@ -48,7 +51,7 @@ def _parse(x: NamedArray, idx) -> dict[int, Any]:
     for name, value in items:
         i = index_of(x.axes, name)
         if i in out:
-            raise AxisError(f"axis {x.axes[i].name!r} is indexed twice")
+            raise AxisError(f"axis {x.axes[i].name!r} is indexed twice (array axes {format_axes(x.axes)})")
         out[i] = value
     return out
 
@@ -67,6 +70,11 @@ def _kind(value) -> str:
     if isinstance(value, (int, np.integer)) or (hasattr(value, "shape") and np.ndim(value) == 0):
         return "int"
     raise AxisError(f"unsupported index {value!r}: use an int, a slice, nm.ds(start, size) or an integer NamedArray")
+
+
+def _check_ds(a: Axis, v: ds) -> None:
+    if not 0 <= v.size <= a.size:
+        raise AxisError(f"nm.ds(start, {v.size}) does not fit in axis {a.name!r} of size {a.size}")
 
 
 def _int(value):
@@ -94,7 +102,12 @@ def _plan(x: NamedArray, idx) -> _Plan:
             gathers[i] = v
         elif kinds[i] == "ds":
             a = x.axes[i]
-            gathers[i] = NamedArray(v.start + jnp.arange(v.size), (Axis(a.name, v.size),))
+            _check_ds(a, v)
+            # Place the window the way lax.dynamic_slice does (a negative start counts from the
+            # end, then the window is clamped into the axis), so x[ds] and x.at[ds] agree.
+            start = jnp.asarray(v.start)
+            start = jnp.clip(jnp.where(start < 0, start + a.size, start), 0, a.size - v.size)
+            gathers[i] = NamedArray(start + jnp.arange(v.size), (Axis(a.name, v.size),))
     if not gathers:
         positional = tuple(_int(parsed[i]) if i in parsed else slice(None) for i in range(x.ndim))
         out_axes = []
@@ -158,6 +171,7 @@ def getitem(x: NamedArray, idx) -> NamedArray:
         rest = {}
         for i, v in parsed.items():
             if isinstance(v, ds):
+                _check_ds(axes[i], v)
                 arr = lax.dynamic_slice_in_dim(arr, v.start, v.size, axis=i)
                 axes[i] = Axis(axes[i].name, v.size)
             else:
@@ -194,6 +208,7 @@ class _AtRef:
     def _update(self, method: str, values, **kwargs) -> NamedArray:
         x = self._x
         plan = _plan(x, self._idx)
+        axes_of(values)  # refuses a positional array with dimensions: wrap it with nm.named
         if isinstance(values, NamedArray):
             extra = [a for a in values.axes if a.name not in {b.name for b in plan.pre_axes}]
             if extra:
@@ -202,7 +217,7 @@ class _AtRef:
             v = jnp.broadcast_to(raw(values, plan.pre_axes), tuple(a.size for a in plan.pre_axes))
         else:
             v = values
-        xt = _transpose(x.array, plan.perm)
+        xt = _transpose(jnp.asarray(x.array), plan.perm)  # x may wrap a numpy array, which has no .at
         out = getattr(xt.at[plan.positional], method)(v, **kwargs)
         inverse = tuple(int(i) for i in np.argsort(plan.perm))
         return NamedArray._unchecked(_transpose(out, inverse), x.axes)

@@ -186,13 +186,23 @@ def prod(x, axis=None, *, where=None, dtype=None):
     return _reduce(jnp.prod, x, axis, where=where, dtype=dtype)
 
 
+def _lowest(dtype, highest: bool = False):
+    # The identity of max (min) in ``dtype``: what a fully masked-out max (min) returns.
+    if jnp.issubdtype(dtype, jnp.bool_):
+        return highest
+    if jnp.issubdtype(dtype, jnp.integer):
+        info = jnp.iinfo(dtype)
+        return info.max if highest else info.min
+    return jnp.inf if highest else -jnp.inf
+
+
 def max(x, axis=None, *, where=None):
-    kw = {} if where is None else {"initial": -jnp.inf}
+    kw = {} if where is None else {"initial": _lowest(x.dtype)}
     return _reduce(jnp.max, x, axis, where=where, **kw)
 
 
 def min(x, axis=None, *, where=None):
-    kw = {} if where is None else {"initial": jnp.inf}
+    kw = {} if where is None else {"initial": _lowest(x.dtype, highest=True)}
     return _reduce(jnp.min, x, axis, where=where, **kw)
 
 
@@ -238,7 +248,7 @@ def argmin(x, axis) -> NamedArray:
 def _along(fn: Callable, x: NamedArray, axis, **kwargs) -> NamedArray:
     sels = as_selectors(axis)
     if len(sels) != 1:
-        raise AxisError(f"{getattr(fn, '__name__', 'op')} needs exactly one axis name, got {axis!r}")
+        raise AxisError(f"{getattr(fn, '__name__', 'op')} needs exactly one axis name, got {axis!r}; the array has axes {format_axes(x.axes)}")
     i = index_of(x.axes, sels[0])
     return NamedArray._unchecked(fn(x.array, axis=i, **kwargs), x.axes)
 
@@ -264,13 +274,11 @@ def standardize(x, axis, *, epsilon: float = 1e-5) -> NamedArray:
 
 
 def cumsum(x, axis, *, reverse: bool = False) -> NamedArray:
-    i = index_of(x.axes, as_selectors(axis)[0])
-    return NamedArray._unchecked(lax.cumsum(x.array, axis=i, reverse=reverse), x.axes)
+    return _along(lax.cumsum, x, axis, reverse=reverse)
 
 
 def cumprod(x, axis, *, reverse: bool = False) -> NamedArray:
-    i = index_of(x.axes, as_selectors(axis)[0])
-    return NamedArray._unchecked(lax.cumprod(x.array, axis=i, reverse=reverse), x.axes)
+    return _along(lax.cumprod, x, axis, reverse=reverse)
 
 
 def sort(x, axis) -> NamedArray:

@@ -92,7 +92,8 @@ def _expand_order(x: NamedArray, order) -> tuple[int, ...]:
         raise AxisError("rearrange takes at most one '...'")
     named_idx = [index_of(x.axes, s) for s in sels if s is not Ellipsis]
     if len(set(named_idx)) != len(named_idx):
-        raise AxisError(f"rearrange: an axis is listed twice in {order!r}")
+        twice = sorted({x.axes[i].name for i in named_idx if named_idx.count(i) > 1})
+        raise AxisError(f"rearrange: axis {', '.join(map(repr, twice))} is listed twice in {order!r}")
     if Ellipsis not in sels:
         if len(named_idx) != x.ndim:
             missing = [a.name for i, a in enumerate(x.axes) if i not in named_idx]
@@ -154,6 +155,11 @@ def unflatten_axis(x: NamedArray, axis: AxisSelector, new_axes: Sequence[Axis]) 
 def split(x: NamedArray, axis: AxisSelector, new_axes: Sequence[Axis]) -> list[NamedArray]:
     """Split along ``axis`` into pieces with the given axes (their sizes must sum to the axis')."""
     i = index_of(x.axes, axis)
+    new_axes = tuple(new_axes)
+    for a in new_axes:
+        if not isinstance(a, Axis):
+            raise AxisError(f"split needs Axis objects with sizes for the pieces, got {a!r}")
+        check_unique(x.axes[:i] + (a,) + x.axes[i + 1 :], "a split piece's")
     sizes = [a.size for a in new_axes]
     if sum(sizes) != x.axes[i].size:
         raise AxisError(f"split: sizes {sizes} do not sum to the size {x.axes[i].size} of {x.axes[i].name!r}")
@@ -293,6 +299,8 @@ def top_k(x: NamedArray, axis: AxisSelector, k: int, new_axis: AxisSelector | No
     """The ``k`` largest values along ``axis`` and their indices; the axis becomes ``new_axis``
     (same name by default) of size k."""
     i = index_of(x.axes, axis)
+    if not 0 <= k <= x.axes[i].size:
+        raise AxisError(f"top_k: k={k} is not within [0, {x.axes[i].size}], the size of {x.axes[i].name!r}")
     moved = jnp.moveaxis(x.array, i, -1)
     vals, idx = lax.top_k(moved, k)
     new = Axis(name_of(new_axis) if new_axis is not None else x.axes[i].name, k)
