@@ -1,0 +1,70 @@
+"""What GPT-2 and Llama share: the KV cache, causal attention that reads and writes it, and
+per-layer dropout keys."""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+import named as nm
+from named import Axis, NamedArray, nn
+
+
+class KVCache(eqx.Module):
+    """Keys and values of every layer for the tokens decoded so far.
+
+    ``k`` and ``v`` have axes ``(layers, batch, key_position, heads | kv_heads, head_size)``;
+    ``key_position`` is the longest sequence the cache can hold. Entries past the current
+    position are garbage that the causal mask hides.
+    """
+
+    k: NamedArray
+    v: NamedArray
+
+    @staticmethod
+    def init(Layers: Axis, Batch: Axis, KeyPos: Axis, Heads: Axis, HeadSize: Axis, dtype=jnp.float32) -> KVCache:
+        if KeyPos.name != "key_position":
+            raise ValueError(f"the cache's length axis must be called 'key_position', got {KeyPos.name!r}")
+        zeros = nm.zeros((Layers, Batch, KeyPos, Heads, HeadSize), dtype)
+        return KVCache(zeros, zeros)
+
+
+def causal_attention(q: NamedArray, k: NamedArray, v: NamedArray, *, segment_ids=None, cache: KVCache | None = None,
+                     pos=None) -> tuple[NamedArray, KVCache | None]:
+    """Causal attention of ``q`` over ``k, v``, all three with a ``position`` axis.
+
+    Without a cache the keys are the queries' own positions (``segment_ids`` keep packed
+    documents apart). With one layer's ``cache``, ``k, v`` are first written into it at
+    ``pos`` and the queries, which stand at ``pos, pos + 1, ...``, attend to the whole cache.
+    Returns the output (the query's axes) and the updated cache (None without one).
+    """
+    k, v = k.rename({"position": "key_position"}), v.rename({"position": "key_position"})
+    if cache is None:
+        return nn.dot_product_attention(q, k, v, causal=True, segment_ids=segment_ids), None
+    if segment_ids is not None:
+        raise ValueError("decoding with a KV cache does not take segment_ids")
+    k = nm.updated_slice(cache.k, {"key_position": pos}, k)
+    v = nm.updated_slice(cache.v, {"key_position": pos}, v)
+    mask = nn.causal_mask(q.resolve_axis("position"), k.resolve_axis("key_position"), q_offset=pos)
+    return nn.dot_product_attention(q, k, v, mask=mask), KVCache(k, v)
+
+
+def split_key(key, n: int):
+    """``n`` typed keys from ``key``, a typed or raw (uint32) key; None gives None (no dropout)."""
+    if key is None:
+        return None
+    if not jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+        key = jax.random.wrap_key_data(key)
+    return jax.random.split(key, n)
+
+
+def layer_keys(key, Layers: Axis) -> NamedArray | None:
+    """One key per layer as a NamedArray over ``layers`` (Stacked slices it per block)."""
+    return None if key is None else nm.named(split_key(key, Layers.size), (Layers,))
+
+
+def check_sequence_length(input_ids: NamedArray, limit: int, what: str) -> None:
+    n = input_ids.axis_size("position")
+    if n > limit:
+        raise ValueError(f"input has {n} positions but the model supports at most {limit} ({what})")

@@ -1,0 +1,370 @@
+"""Hugging Face checkpoints: read and write ``config.json`` + safetensors folders.
+
+A folder holds ``config.json`` and either ``model.safetensors`` or shards listed by
+``model.safetensors.index.json``. Tensors are read with safetensors' numpy API (no torch,
+and never a pickle), one file at a time; each tensor goes to its device(s) as soon as it is
+read, laid out by the parameter mapping, so a model that only fits when sharded loads.
+
+Each model file names its tensors (``HF_KEYS``: our parameter path -> Hugging Face name,
+``{i}`` for the layer) and says how Hugging Face stores a Linear weight
+(``HF_LINEAR_LAYOUT``: GPT-2's Conv1D keeps ``[in, out]``, torch's nn.Linear ``[out, in]``).
+Our Linear weight has axes ``In + Out``; the Hugging Face tensor is that with each side
+flattened (and transposed for ``[out, in]``); a Linear bias is flattened; every other
+parameter has the same shape in both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from safetensors import SafetensorError, safe_open
+from safetensors.numpy import save_file
+
+import named as nm
+from named import NamedArray, nn
+
+from ._hf_config import Arch, CheckpointFormatError, arch_for, arch_for_hf, config_from_hf, read_json
+
+__all__ = ["CheckpointFormatError", "config_from_hf", "hf_state_dict", "load_pretrained", "save_pretrained"]
+
+# ---- our parameters <-> Hugging Face tensors ---------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Param:
+    """One of our parameters and the Hugging Face tensors (one per layer if stacked) it is made of."""
+
+    path: str
+    axes: tuple  # per tensor: without the layers axis
+    hf_names: tuple[str, ...]
+    stacked: bool
+    linear: tuple[int, int] | None  # (in, out) flat sizes of a Linear weight
+    bias: bool
+    transposed: bool
+
+    @property
+    def hf_shape(self) -> tuple[int, ...]:
+        if self.linear is not None:
+            return self.linear[::-1] if self.transposed else self.linear
+        if self.bias:
+            return (math.prod(a.size for a in self.axes),)
+        return tuple(a.size for a in self.axes)
+
+    def to_ours(self, t: np.ndarray) -> np.ndarray:
+        if self.transposed:
+            t = t.T
+        return t.reshape(tuple(a.size for a in self.axes))
+
+    def to_hf(self, x: np.ndarray) -> np.ndarray:
+        x = x.reshape(self.hf_shape[::-1] if self.transposed else self.hf_shape)
+        return np.ascontiguousarray(x.T if self.transposed else x)
+
+
+def _params(model, arch: Arch) -> tuple[list[_Param], list[NamedArray], Any]:
+    flat, treedef = jax.tree_util.tree_flatten_with_path(model, is_leaf=nm.is_named_array)
+    params, leaves = [], []
+    for keypath, leaf in flat:
+        path = jax.tree_util.keystr(keypath, simple=True, separator=".")
+        if not isinstance(leaf, NamedArray) or path not in arch.module.HF_KEYS:
+            raise AssertionError(f"{arch.model_type}: parameter {path!r} has no entry in HF_KEYS")
+        template = arch.module.HF_KEYS[path]
+        stacked = "{i}" in template
+        axes = leaf.axes[1:] if stacked else leaf.axes
+        if stacked and leaf.axes[0].name != "layers":
+            raise AssertionError(f"{path}: a per-layer parameter without a leading layers axis")
+        names = tuple(template.format(i=i) for i in range(leaf.axes[0].size)) if stacked else (template,)
+        owner = functools.reduce(getattr, path.split(".")[:-1], model)
+        attr = path.rsplit(".", 1)[-1]
+        linear = None
+        if isinstance(owner, nn.Linear) and attr == "weight":
+            linear = (math.prod(a.size for a in owner.In), math.prod(a.size for a in owner.Out))
+        params.append(_Param(path, axes, names, stacked, linear, isinstance(owner, nn.Linear) and attr == "bias",
+                             linear is not None and arch.module.HF_LINEAR_LAYOUT == "out_in"))
+        leaves.append(leaf)
+    return params, leaves, treedef
+
+
+def hf_state_dict(model) -> dict[str, np.ndarray]:
+    """The model's parameters as Hugging Face would name and shape them (numpy, on the host).
+
+    Works on any pytree shaped like a model, e.g. its gradients.
+    """
+    params, leaves, _ = _params(model, arch_for(model))
+    out = {}
+    for p, leaf in zip(params, leaves):
+        for i, name in enumerate(p.hf_names):
+            out[name] = p.to_hf(np.asarray(leaf.array[i] if p.stacked else leaf.array))
+    return out
+
+
+# ---- safetensors files ---------------------------------------------------------------------------
+
+_MAX_HEADER = 100_000_000  # safetensors' own limit
+_NUMPY_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32,
+                 "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
+_EXTRA_DTYPES = {"BF16": ml_dtypes.bfloat16, "F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2}
+
+
+
+
+def _read_header(path: Path) -> tuple[int, dict]:
+    """The header of a safetensors file, checked before anything of its size is allocated."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise CheckpointFormatError(f"{path}: {size} bytes is too short for a safetensors file")
+        n = int.from_bytes(head, "little")
+        if n > min(size - 8, _MAX_HEADER):
+            raise CheckpointFormatError(f"{path}: corrupted safetensors header: it claims {n} bytes in a file of {size}")
+        try:
+            header = json.loads(f.read(n))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise CheckpointFormatError(f"{path}: corrupted safetensors header ({e})") from None
+    if not isinstance(header, dict):
+        raise CheckpointFormatError(f"{path}: corrupted safetensors header (not a JSON object)")
+    data_size = size - 8 - n
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (begin, end) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
+        except (KeyError, TypeError, ValueError):
+            raise CheckpointFormatError(f"{path}: corrupted safetensors header entry for tensor {name!r}") from None
+        if not 0 <= begin <= end <= data_size:
+            raise CheckpointFormatError(f"{path}: tensor {name!r} lies outside the file "
+                                        f"(bytes {begin}..{end} of {data_size})")
+        if dtype not in _NUMPY_DTYPES and dtype not in _EXTRA_DTYPES:
+            raise CheckpointFormatError(f"{path}: tensor {name!r} has unsupported dtype {dtype}")
+        itemsize = np.dtype(_NUMPY_DTYPES.get(dtype) or _EXTRA_DTYPES[dtype]).itemsize
+        if end - begin != math.prod(shape) * itemsize:
+            raise CheckpointFormatError(f"{path}: tensor {name!r} of shape {list(shape)} {dtype} "
+                                        f"does not match its {end - begin} bytes")
+    return 8 + n, {k: v for k, v in header.items() if k != "__metadata__"}
+
+
+def _read_tensor(handle, path: Path, data_start: int, name: str, info: dict) -> np.ndarray:
+    if info["dtype"] in _NUMPY_DTYPES:
+        return handle.get_tensor(name)
+    # numpy has no bfloat16 / float8, so safetensors' numpy API cannot return them: read the bytes
+    begin, end = info["data_offsets"]
+    dtype = _EXTRA_DTYPES[info["dtype"]]
+    return np.fromfile(path, dtype=dtype, count=(end - begin) // np.dtype(dtype).itemsize,
+                       offset=data_start + begin).reshape(info["shape"])
+
+
+def _checkpoint_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise CheckpointFormatError(f"{index}: missing field 'weight_map'")
+        files = [folder / f for f in dict.fromkeys(weight_map.values())]
+    elif (folder / "model.safetensors").is_file():
+        files = [folder / "model.safetensors"]
+    else:
+        found = sorted(p.name for p in folder.glob("*.bin")) if folder.is_dir() else []
+        hint = f" (found {', '.join(found)}: pickles are never loaded; convert them to safetensors)" if found else ""
+        raise CheckpointFormatError(f"{folder}: no model.safetensors or model.safetensors.index.json{hint}")
+    for f in files:
+        if not f.is_file():
+            raise CheckpointFormatError(f"{f}: listed in model.safetensors.index.json but not found")
+    return files
+
+
+# ---- placement ---------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def _zeros(shape, dtype, sharding):
+    return jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=sharding)
+
+
+@functools.lru_cache(maxsize=None)
+def _write_layer(sharding):
+    # donating the stacked buffer: a stacked parameter is only ever held once (plus one layer)
+    return jax.jit(lambda buf, x, i: jax.lax.dynamic_update_index_in_dim(buf, x, i, 0),
+                   out_shardings=sharding, donate_argnums=0)
+
+
+class _Placer:
+    def __init__(self, mapping, mesh):
+        if mapping is not None and mesh is None:
+            mesh = nm.current_mesh()
+            if mesh is None:
+                raise ValueError("load_pretrained got a mapping but no mesh: pass mesh= (e.g. nm.make_mesh({'data': -1}))")
+        self.mapping, self.mesh = mapping or {}, mesh
+
+    def sharding(self, axes):
+        if self.mesh is None:
+            return jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        return nm.sharding_for(tuple(axes), self.mapping, self.mesh)
+
+    def put(self, buffer, p: _Param, layer: int, layers, value: np.ndarray):
+        if not p.stacked:
+            return jax.device_put(value, self.sharding(p.axes))
+        if buffer is None:
+            full = (layers,) + p.axes
+            buffer = _zeros(tuple(a.size for a in full), value.dtype, self.sharding(full))()
+        x = jax.device_put(value, self.sharding(p.axes))
+        return _write_layer(buffer.sharding)(buffer, x, jnp.int32(layer))
+
+
+# ---- load and save -----------------------------------------------------------------------------------
+
+
+def load_pretrained(folder: str | Path, *, mapping: Mapping | None = None, mesh=None, dtype=jnp.float32) -> tuple[Any, Any]:
+    """``(config, model)`` from a Hugging Face folder (``GPT2LMHeadModel`` or ``LlamaForCausalLM``).
+
+    Args:
+        folder: holds ``config.json`` and ``model.safetensors`` or a sharded
+            ``model.safetensors.index.json`` with its files.
+        mapping: the parameter mapping (``{"embed": "data"}``); every tensor is placed by it
+            on ``mesh`` as it is read. Without a mesh the model lands on the default device.
+        mesh: the device mesh (default: the current one when a mapping is given).
+        dtype: the parameters' dtype (default float32); None keeps the checkpoint's.
+
+    Raises:
+        CheckpointFormatError: naming the file, tensor or field that is missing, unexpected,
+            of the wrong shape, corrupted or unsupported. Nothing is read before the folder's
+            config and every tensor's name and shape have been checked.
+    """
+    folder = Path(folder)
+    where = folder / "config.json"
+    hf_config = read_json(where)
+    arch = arch_for_hf(hf_config, where)
+    config = arch.from_hf(hf_config, where)
+    abstract = eqx.filter_eval_shape(arch.model_cls.init, config, key=jax.random.key(0))
+    params, leaves, treedef = _params(abstract, arch)
+    wanted = {name: (k, i) for k, p in enumerate(params) for i, name in enumerate(p.hf_names)}
+    tied_head = "lm_head.weight" if config.tie_word_embeddings else None
+    ignored = [re.compile(r) for r in arch.module.HF_IGNORED]
+
+    def ours(name: str) -> str | None:
+        if name not in wanted and arch.module.HF_BASE_PREFIX + name in wanted:
+            name = arch.module.HF_BASE_PREFIX + name
+        if name == tied_head or any(r.search(name) for r in ignored):
+            return None  # a tied copy of the embedding, or a buffer that is no parameter
+        return name
+
+    # check every header against the model before reading a single tensor
+    files = _checkpoint_files(folder)
+    plan: list[tuple[Path, int, dict[str, tuple[str, dict]]]] = []
+    found: dict[str, Path] = {}
+    for path in files:
+        data_start, header = _read_header(path)
+        todo = {}
+        for name, info in header.items():
+            key = ours(name)
+            if key is None:
+                continue
+            if key not in wanted:
+                raise CheckpointFormatError(f"{path}: unexpected tensor {name!r}: {arch.architecture} with this "
+                                            "config.json has no such parameter")
+            if key in found:
+                raise CheckpointFormatError(f"{path}: tensor {name!r} appears again (also in {found[key]})")
+            p = params[wanted[key][0]]
+            if tuple(info["shape"]) != p.hf_shape:
+                raise CheckpointFormatError(f"{path}: tensor {name!r} has shape {list(info['shape'])}, "
+                                            f"expected {list(p.hf_shape)} from config.json")
+            found[key] = path
+            todo[name] = (key, info)
+        plan.append((path, data_start, todo))
+    missing = [n for n in wanted if n not in found]
+    if missing:
+        more = f" (and {len(missing) - 1} more: {', '.join(missing[1:4])}{', ...' if len(missing) > 4 else ''})"
+        raise CheckpointFormatError(f"{folder}: missing tensor {missing[0]!r}{more if len(missing) > 1 else ''}")
+
+    placer = _Placer(mapping, mesh)
+    arrays: list[Any] = [None] * len(params)
+    for path, data_start, todo in plan:
+        try:
+            with safe_open(path, framework="numpy") as handle:
+                for name, (key, info) in todo.items():
+                    k, layer = wanted[key]
+                    p = params[k]
+                    value = p.to_ours(_read_tensor(handle, path, data_start, name, info))
+                    if dtype is not None:
+                        value = value.astype(dtype)
+                    layers = leaves[k].axes[0] if p.stacked else None
+                    arrays[k] = placer.put(arrays[k], p, layer, layers, value)
+        except SafetensorError as e:
+            raise CheckpointFormatError(f"{path}: safetensors cannot read it ({e})") from None
+    model = jax.tree_util.tree_unflatten(treedef, [NamedArray(a, leaf.axes) for a, leaf in zip(arrays, leaves)])
+    return config, model
+
+
+def _parse_size(size: int | str) -> int:
+    if isinstance(size, int):
+        return size
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMG]i?B|B)?\s*", str(size), re.IGNORECASE)
+    if not m:
+        raise ValueError(f"max_shard_size={size!r}: use a number of bytes or e.g. '500MB', '2GiB'")
+    unit = (m.group(2) or "B").upper()
+    scale = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}[unit]
+    return int(float(m.group(1)) * scale)
+
+
+def save_pretrained(model, config, folder: str | Path, *, max_shard_size: int | str | None = None) -> None:
+    """Write ``model`` as a Hugging Face folder that ``transformers`` loads with ``from_pretrained``.
+
+    Writes ``config.json`` and ``model.safetensors``, or, when the tensors exceed
+    ``max_shard_size`` (bytes, or a string like ``"2GB"``), ``model-0000k-of-0000n.safetensors``
+    files and ``model.safetensors.index.json``. The files of an earlier save in ``folder``
+    are removed first. Tensors are fetched to the host one file's worth at a time.
+    """
+    arch = arch_for(config)
+    folder = Path(folder)
+    expected = eqx.filter_eval_shape(arch.model_cls.init, config, key=jax.random.key(0))
+    params, leaves, _ = _params(model, arch)
+    exp_params, exp_leaves, _ = _params(expected, arch)
+    if [p.path for p in params] != [p.path for p in exp_params]:
+        raise ValueError(f"the model's parameters {[p.path for p in params]} do not match {config}")
+    for p, leaf, e in zip(params, leaves, exp_leaves):
+        if leaf.axes != e.axes:
+            raise ValueError(f"parameter {p.path} has axes {leaf.axes}, but {config} gives {e.axes}")
+
+    entries = [(name, k, i) for k, p in enumerate(params) for i, name in enumerate(p.hf_names)]
+    nbytes = {name: math.prod(params[k].hf_shape) * leaves[k].dtype.itemsize for name, k, _ in entries}
+    limit = _parse_size(max_shard_size) if max_shard_size is not None else None
+    shards: list[list[tuple[str, int, int]]] = [[]]
+    size = 0
+    for entry in entries:
+        if limit is not None and shards[-1] and size + nbytes[entry[0]] > limit:
+            shards.append([])
+            size = 0
+        shards[-1].append(entry)
+        size += nbytes[entry[0]]
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.iterdir():  # a previous save's files, which the new index would not list
+        if re.fullmatch(r"model(-\d{5}-of-\d{5})?\.safetensors|model\.safetensors\.index\.json", old.name):
+            old.unlink()
+    n = len(shards)
+    weight_map = {}
+    for s, shard in enumerate(shards):
+        filename = "model.safetensors" if n == 1 else f"model-{s + 1:05d}-of-{n:05d}.safetensors"
+        tensors = {}
+        for name, k, i in shard:
+            leaf = leaves[k].array
+            tensors[name] = params[k].to_hf(np.asarray(leaf[i] if params[k].stacked else leaf))
+            weight_map[name] = filename
+        save_file(tensors, str(folder / filename), metadata={"format": "pt"})
+    if n > 1:
+        index = {"metadata": {"total_size": sum(nbytes.values())}, "weight_map": weight_map}
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    hf_config = arch.to_hf(config)
+    hf_config["dtype"] = str(np.dtype(leaves[0].dtype))
+    (folder / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
