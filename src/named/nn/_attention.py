@@ -14,26 +14,29 @@ import math
 import jax
 import jax.numpy as jnp
 
-from .._axis import Axis, AxisError, AxisSelector, format_axes, name_of
+from .._axis import Axis, AxisError, AxisSelector, NamedError, format_axes, name_of
 from .._core import NamedArray
-from .._einsum import dot
+from .._einsum import dot, einsum
 from .. import _ops as ops
+from ..partitioning import shard
 from .._shape import arange, broadcast_to, concatenate, flatten_axes, rename, unflatten_axis
 
 # ---- rotary embeddings --------------------------------------------------------------
 
 
 def positions_from_segments(segment_ids: NamedArray, Pos: AxisSelector = "position") -> NamedArray:
-    """Position of each token within its segment (restarting at 0 where the id changes)."""
+    """Position of each token within its segment (restarting at 0 where the id changes).
+
+    The result has the axes of ``segment_ids``, in the same order, with dtype int32.
+    """
     pos = name_of(Pos)
     n = segment_ids.axis_size(pos)
-    idx = arange(Axis(pos, n), dtype=jnp.int32)
-    prev = segment_ids.rearrange((..., pos)).array
+    ids = segment_ids.rearrange((..., pos))
+    prev = ids.array
     starts = jnp.concatenate([jnp.ones_like(prev[..., :1], bool), prev[..., 1:] != prev[..., :-1]], axis=-1)
-    start_idx = jnp.where(starts, jnp.arange(n, dtype=jnp.int32), 0)
-    start_idx = jax.lax.cummax(start_idx, axis=start_idx.ndim - 1)
-    other = tuple(a for a in segment_ids.axes if a.name != pos)
-    return idx - NamedArray(start_idx, other + (Axis(pos, n),))
+    idx = jnp.arange(n, dtype=jnp.int32)
+    start_idx = jax.lax.cummax(jnp.where(starts, idx, 0), axis=prev.ndim - 1)
+    return NamedArray._unchecked(idx - start_idx, ids.axes).rearrange(segment_ids.names)
 
 
 def rotary_embedding(x: NamedArray, positions: NamedArray, *, HeadSize: AxisSelector = "head_size",
@@ -70,14 +73,21 @@ def segment_mask(q_segments: NamedArray, k_segments: NamedArray) -> NamedArray:
 
 # ---- attention --------------------------------------------------------------------------
 
+_CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
 
-def _cudnn_ok(q: NamedArray, bias, segment_ids) -> bool:
-    return (
-        jax.default_backend() == "gpu"
-        and q.dtype in (jnp.bfloat16, jnp.float16)
-        and bias is None
-        and segment_ids is None
-    )
+
+def _cudnn_unmet(query: NamedArray, key: NamedArray, value: NamedArray, hs: str) -> list[str]:
+    """Why the cuDNN flash kernel cannot run these inputs (empty when it can)."""
+    why = []
+    if jax.default_backend() != "gpu":
+        why.append(f"the backend is {jax.default_backend()!r}, not 'gpu'")
+    dtypes = {query.dtype, key.dtype, value.dtype}
+    if len(dtypes) != 1 or query.dtype not in _CUDNN_DTYPES:
+        why.append(f"query/key/value dtypes are {sorted(str(d) for d in dtypes)}; cuDNN needs one of bfloat16, float16")
+    d = query.axis_size(hs)
+    if d % 8 or d > 128 or value.axis_size(hs) != d:
+        why.append(f"{hs!r} is {d} (query) and {value.axis_size(hs)} (value); cuDNN needs equal sizes, a multiple of 8, <= 128")
+    return why
 
 
 def dot_product_attention(
@@ -97,45 +107,67 @@ def dot_product_attention(
     scale: float | None = None,
     implementation: str = "auto",
 ) -> NamedArray:
-    """``softmax(q·k / sqrt(d) + bias, masked) · v`` with the softmax in float32.
+    """``softmax(q·k * scale + bias, masked) · v`` with the scores and softmax in float32.
 
     Args:
         query: axes include ``QPos``, ``HeadSize`` and (for GQA) ``Heads``.
         key, value: axes include ``KPos``, ``HeadSize`` and ``Heads`` or ``KVHeads``.
         causal: mask keys after the query position (query and key positions aligned at 0).
         mask: boolean NamedArray, True = attend; combined with causal and segments.
-        bias: added to the scores (e.g. ALiBi).
+        bias: added to the scores (e.g. ALiBi); may have ``Heads`` also under GQA.
         segment_ids: integer NamedArray with ``QPos`` (and batch axes): tokens attend only
             within their segment (packed sequences).
-        implementation: ``"auto"`` uses cuDNN flash attention on GPU when the inputs allow,
-            else the XLA reference below; ``"xla"`` forces the reference; ``"cudnn"`` requires cuDNN.
+        scale: multiplies the scores; default ``1 / sqrt(head_size)``.
+        implementation: ``"auto"`` uses cuDNN flash attention when the backend is GPU, the
+            inputs are bf16/f16 with a head size that is a multiple of 8 and <= 128, and there
+            is no mask, bias or segment_ids (only ``causal``); otherwise the XLA path below.
+            ``"xla"`` forces the XLA path; ``"cudnn"`` requires cuDNN and raises a NamedError
+            saying why when it cannot run (masks, bias and segments then become a dense bias).
 
     Returns:
-        the query's axes, with ``HeadSize`` taken from ``value``.
+        the query's axes, with ``HeadSize`` taken from ``value``; constrained to the current
+        compute mapping, like every activation a layer creates.
     """
+    if implementation not in ("auto", "xla", "cudnn"):
+        raise NamedError(f"unknown attention implementation {implementation!r}; use auto, xla or cudnn")
     qpos, kpos, hs = name_of(QPos), name_of(KPos), name_of(HeadSize)
-    for what, x, need in (("query", query, (qpos, hs)), ("key", key, (kpos, hs)), ("value", value, (kpos,))):
+    for what, x, need in (("query", query, (qpos, hs)), ("key", key, (kpos, hs)), ("value", value, (kpos, hs))):
         missing = [n for n in need if n not in x.names]
         if missing:
             raise AxisError(f"dot_product_attention: {what} lacks axes {missing}; it has {format_axes(x.axes)}")
     heads, kvheads = name_of(Heads), name_of(KVHeads)
     grouped = heads in query.names and kvheads in key.names and heads not in key.names
     if grouped:
+        # Query head h uses kv head h // (heads / kv_heads): split heads into (kv_heads, group),
+        # kv-major, which is Hugging Face's repeat_kv order. Bias and mask follow the query.
         H, KV = query.resolve_axis(heads), key.resolve_axis(kvheads)
         if H.size % KV.size:
             raise AxisError(f"grouped-query attention: {H.size} query heads is not a multiple of {KV.size} kv heads")
         group = Axis(f"{heads}_per_{kvheads}", H.size // KV.size)
         query = unflatten_axis(query, heads, (KV, group))
-    if implementation not in ("auto", "xla", "cudnn"):
-        raise AxisError(f"unknown attention implementation {implementation!r}; use auto, xla or cudnn")
-    use_cudnn = implementation == "cudnn" or (implementation == "auto" and _cudnn_ok(query, bias, segment_ids))
-    if use_cudnn:
-        out = _cudnn_attention(query, key, value, qpos, kpos, hs, causal, mask, scale)
+
+        def follow_query(m):
+            return unflatten_axis(m, heads, (KV, group)) if m is not None and heads in m.names else m
+
+        mask, bias = follow_query(mask), follow_query(bias)
+    if implementation == "cudnn":
+        why = _cudnn_unmet(query, key, value, hs)
+        if why:
+            raise NamedError("dot_product_attention(implementation='cudnn') cannot run here: " + "; ".join(why)
+                             + ". Use implementation='auto' (falls back to XLA) or 'xla'.")
+    use_fused = implementation == "cudnn" or (
+        implementation == "auto" and mask is None and bias is None and segment_ids is None
+        and not _cudnn_unmet(query, key, value, hs))
+    if use_fused:
+        if segment_ids is not None:
+            s = segment_mask(segment_ids, rename(segment_ids, {qpos: kpos}))
+            mask = s if mask is None else mask & s
+        out = _fused_attention(query, key, value, qpos, kpos, hs, causal, mask, bias, scale, "cudnn")
     else:
         out = _xla_attention(query, key, value, qpos, kpos, hs, causal, mask, bias, segment_ids, scale)
     if grouped:
         out = flatten_axes(out, (kvheads, group.name), heads)
-    return out
+    return shard(out)
 
 
 def _combined_mask(query, key, qpos, kpos, causal, mask, segment_ids):
@@ -150,41 +182,61 @@ def _combined_mask(query, key, qpos, kpos, causal, mask, segment_ids):
 
 
 def _xla_attention(query, key, value, qpos, kpos, hs, causal, mask, bias, segment_ids, scale):
-    d = query.axis_size(hs)
-    scale = 1.0 / jnp.sqrt(d) if scale is None else scale
-    scores = dot(query * jnp.asarray(scale, query.dtype), key, axis=hs, preferred_element_type=jnp.float32)
-    scores = scores.astype(jnp.float32)
+    scale = 1.0 / math.sqrt(query.axis_size(hs)) if scale is None else scale
+    # Scores in dot_general's own output order (shared axes such as batch and heads, then the
+    # query's, then the key's): any other order costs a transpose of the largest array here.
+    shared = [n for n in query.names if n in key.names and n != hs]
+    order = shared + [n for n in query.names if n not in shared and n != hs] + [n for n in key.names if n not in shared and n != hs]
+    scores = einsum(f"{' '.join(query.names)}, {' '.join(key.names)} -> {' '.join(order)}", query, key,
+                    preferred_element_type=jnp.float32)
+    # Scale the float32 scores, not the query: q * scale in bf16 would round (as jax.nn does).
+    scores = scores.astype(jnp.float32) * jnp.float32(scale)
+    m = _combined_mask(query, key, qpos, kpos, causal, mask, segment_ids)
+    for what, t in (("bias", bias), ("mask", m)):
+        extra = [] if t is None else [a for a in t.axes if a.name not in scores.names]
+        if extra:
+            raise AxisError(f"dot_product_attention: {what} axes {format_axes(extra)} are in neither query nor key")
     if bias is not None:
         scores = scores + bias.astype(jnp.float32)
-    m = _combined_mask(query, key, qpos, kpos, causal, mask, segment_ids)
     if m is not None:
-        scores = ops.where(m, scores, jnp.finfo(jnp.float32).min)
+        # where() lays its result out in first-seen axis order: bring the (small) mask to the
+        # scores' layout first, so that the big scores array is not transposed.
+        scores = ops.where(broadcast_to(m, scores.axes), scores, jnp.finfo(jnp.float32).min)
     weights = ops.softmax(scores, kpos).astype(value.dtype)
     out = dot(weights, value, axis=kpos)
     return out.rearrange(tuple(n for n in query.names if n in out.names) + tuple(n for n in out.names if n not in query.names))
 
 
-def _cudnn_attention(query, key, value, qpos, kpos, hs, causal, mask, scale):
-    # jax.nn.dot_product_attention wants [batch, seq, heads, head_dim]: fold every other axis
-    # of the query into batch/heads by name.
-    shared = [n for n in query.names if n in key.names and n not in (hs,)]
+def _fused_attention(query, key, value, qpos, kpos, hs, causal, mask, bias, scale, implementation):
+    """``jax.nn.dot_product_attention`` on ``[B, T, N, D]`` arrays folded from the named ones:
+    axes the query shares with the key (batch, kv heads) become B, query-only axes (heads, or
+    the GQA group) become N against a single kv head. ``implementation="xla"`` runs the same
+    layout code on any backend (that is how the tests check it on CPU)."""
+    batch_axes = [n for n in query.names if n in key.names and n not in (hs, kpos)]
     q_only = [n for n in query.names if n not in key.names and n not in (qpos, hs)]
-    batch_axes = [n for n in shared if n != kpos]
+    extra = [n for n in list(key.names) + list(value.names) if n not in query.names and n not in (kpos, hs)]
+    if extra:
+        raise AxisError(f"dot_product_attention: key/value axes {extra} are not in the query {format_axes(query.axes)}")
     q = query.rearrange(tuple(batch_axes) + (qpos,) + tuple(q_only) + (hs,))
     k = key.rearrange(tuple(batch_axes) + (kpos, hs))
     v = value.rearrange(tuple(batch_axes) + (kpos, hs))
     B = math.prod(q.axis_size(n) for n in batch_axes)
     G = math.prod(q.axis_size(n) for n in q_only)
     T, S, D = q.axis_size(qpos), k.axis_size(kpos), q.axis_size(hs)
-    qa = q.array.reshape(B, T, G, D)
-    ka = k.array.reshape(B, S, 1, D)
-    va = v.array.reshape(B, S, 1, v.axis_size(hs))
-    m = None
-    if mask is not None:  # broadcast_to refuses mask axes that are not batch/query/key positions
-        m = broadcast_to(mask, tuple(q.resolve_axis(n) for n in batch_axes) + (q.resolve_axis(qpos), k.resolve_axis(kpos)))
-    out = jax.nn.dot_product_attention(qa, ka, va, mask=None if m is None else m.array.reshape(B, 1, T, S),
-                                       scale=scale, is_causal=causal, implementation="cudnn")
+
+    def bnts(x):  # a mask or bias laid out [B or 1, N or 1, T, S]
+        if x is None:
+            return None
+        b = batch_axes if any(n in x.names for n in batch_axes) else []
+        g = q_only if any(n in x.names for n in q_only) else []
+        target = tuple(q.resolve_axis(n) for n in b + g) + (q.resolve_axis(qpos), k.resolve_axis(kpos))
+        arr = broadcast_to(x, target).array  # refuses axes that are not among these
+        return arr.reshape(math.prod(q.axis_size(n) for n in b), math.prod(q.axis_size(n) for n in g), T, S)
+
+    out = jax.nn.dot_product_attention(
+        q.array.reshape(B, T, G, D), k.array.reshape(B, S, 1, D), v.array.reshape(B, S, 1, v.axis_size(hs)),
+        bias=bnts(None if bias is None else bias.astype(query.dtype)), mask=bnts(mask), scale=scale, is_causal=causal, implementation=implementation)
     out_axes = tuple(q.resolve_axis(n) for n in batch_axes) + (q.resolve_axis(qpos),) + tuple(
         q.resolve_axis(n) for n in q_only) + (v.resolve_axis(hs),)
     res = NamedArray(out.reshape(tuple(a.size for a in out_axes)), out_axes)
-    return res.rearrange(tuple(n for n in query.names))
+    return res.rearrange(query.names)

@@ -15,6 +15,11 @@ from ..partitioning import shard
 from .._shape import zeros
 
 
+# std of a standard normal truncated to [-2, 2] (jax.random.truncated_normal's default bounds);
+# dividing by it makes the weights' std what init() says (as jax.nn.initializers.variance_scaling does).
+_TRUNCATED_NORMAL_STD = 0.87962566103423978
+
+
 def _axes(axes: AxisSelection, what: str) -> tuple[Axis, ...]:
     out = as_selectors(axes)
     for a in out:
@@ -37,13 +42,15 @@ class Linear(eqx.Module):
     @staticmethod
     def init(In: AxisSelection, Out: AxisSelection, *, key, use_bias: bool = True, init_scale: float = 1.0,
              dtype=jnp.float32) -> Linear:
-        """Weights ~ truncated normal with std ``init_scale / sqrt(fan_in)``; bias zero."""
+        """Weights ~ normal truncated at two standard deviations, with std ``init_scale / sqrt(fan_in)``
+        (fan_in = product of the In sizes); bias zero."""
         In, Out = _axes(In, "Linear In"), _axes(Out, "Linear Out")
         clash = {a.name for a in In} & {a.name for a in Out}
         if clash:
             raise AxisError(f"Linear: axes {sorted(clash)} are both input and output; rename the output axis")
         fan_in = math.prod(a.size for a in In)
-        w = nmr.truncated_normal(key, In + Out, dtype) * (init_scale / math.sqrt(fan_in))
+        std = init_scale / math.sqrt(fan_in) / _TRUNCATED_NORMAL_STD
+        w = nmr.truncated_normal(key, In + Out, dtype) * std
         b = zeros(Out, dtype) if use_bias else None
         return Linear(w.astype(dtype), b, In, Out)
 
@@ -51,6 +58,12 @@ class Linear(eqx.Module):
         missing = [a.name for a in self.In if a.name not in x.names]
         if missing:
             raise AxisError(f"Linear expects input axes {format_axes(self.In)}; {missing} missing from {format_axes(x.axes)}")
+        # An output name already on the input would be matched elementwise by the contraction
+        # (a silent wrong answer), not created.
+        taken = [a.name for a in self.Out if a.name in x.names]
+        if taken:
+            raise AxisError(f"Linear produces axes {format_axes(self.Out)} but the input {format_axes(x.axes)} already has "
+                            f"{taken}; rename that input axis first")
         y = dot(x, self.weight, axis=tuple(a.name for a in self.In))
         if self.bias is not None:
             y = y + self.bias

@@ -78,14 +78,19 @@ class Stacked(eqx.Module, Generic[M]):
         keys = jax.random.split(key, Layers.size)
         blocks = eqx.filter_vmap(lambda k: block_init(*args, key=k, **kwargs))(keys)
 
-        def add_layers(x):
+        def add_layers(path, x):
             if isinstance(x, NamedArray):
                 if Layers.name in x.names:
-                    raise AxisError(f"a block weight already has the layers axis {Layers.name!r}")
+                    raise AxisError(f"block weight {jax.tree_util.keystr(path)} already has the layers axis {Layers.name!r}")
                 return NamedArray._unchecked(x.array, (Layers,) + x.axes)
+            if eqx.is_array(x):
+                # fold/scan slice only NamedArrays along Layers: a plain array would reach
+                # every layer whole, with the stacking dimension still on it.
+                raise AxisError(f"block leaf {jax.tree_util.keystr(path)} is a plain array of shape {x.shape}; "
+                                "Stacked blocks hold their arrays as NamedArrays (wrap it with nm.named)")
             return x
 
-        return Stacked(jax.tree.map(add_layers, blocks, is_leaf=is_named_array), Layers, remat)
+        return Stacked(jax.tree_util.tree_map_with_path(add_layers, blocks, is_leaf=is_named_array), Layers, remat)
 
     def fold(self, x, *args, **kwargs):
         """``x = block(x, *args, **kwargs)`` for each layer in order. Arguments with the Layers

@@ -1,0 +1,254 @@
+"""Stacked: init by vmap, fold/scan against a Python loop, per-layer arguments, remat policies
+proven by the saved residuals and the remat eqn in the jaxpr, compile time independent of
+depth, and FSDP/TP mappings."""
+
+import contextlib
+import io
+import re
+import time
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _nn_util import MAPPINGS, assert_follows_mapping, close, jcall, run_sharded
+
+import named as nm
+from named import nn
+
+# distinct sizes, so that a residual's shape says which activation it is
+Batch, Embed, Mlp, Layers = nm.Axis("batch", 8), nm.Axis("embed", 16), nm.Axis("mlp", 24), nm.Axis("layers", 3)
+
+
+class Block(eqx.Module):
+    ln: nn.LayerNorm
+    up: nn.Linear
+    down: nn.Linear
+
+    @staticmethod
+    def init(Embed, Mlp, *, key):
+        k1, k2 = jax.random.split(key)
+        return Block(nn.LayerNorm.init(Embed), nn.Linear.init(Embed, Mlp, key=k1), nn.Linear.init(Mlp, Embed, key=k2))
+
+    def __call__(self, x, scale=None, *, key=None, with_aux=False):
+        h = nn.checkpoint_name(self.ln(x), "normed")  # [batch, embed]
+        h = nn.checkpoint_name(nm.tanh(self.up(h)), "hidden")  # [batch, mlp]
+        h = nn.Dropout(0.5)(h, key=key, inference=key is None)
+        y = self.down(h)
+        if scale is not None:
+            y = y * scale
+        out = x + y
+        return (out, nm.sum(h, "mlp")) if with_aux else out
+
+
+def make(remat="none", layers=Layers, seed=0):
+    return nn.Stacked.init(layers, Block.init, Embed, Mlp, key=jax.random.PRNGKey(seed), remat=remat)
+
+
+def x_input(seed=1):
+    v = np.random.default_rng(seed).standard_normal((Batch.size, Embed.size)).astype(np.float32)
+    return nm.named(jnp.asarray(v), (Batch, Embed))
+
+
+def leaves(tree):
+    return [np.asarray(x.array) for x in jax.tree.leaves(tree, is_leaf=nm.is_named_array) if isinstance(x, nm.NamedArray)]
+
+
+# ---- init, fold, scan ------------------------------------------------------------------------------
+
+
+def test_init_by_vmap_equals_block_init_with_the_split_keys():
+    s = make()
+    assert s.stacked.up.weight.axes == (Layers, Embed, Mlp)
+    assert s.stacked.ln.weight.axes == (Layers, Embed)
+    blocks = s.unstacked()
+    assert len(blocks) == Layers.size
+    for blk, k in zip(blocks, jax.random.split(jax.random.PRNGKey(0), Layers.size)):
+        want = Block.init(Embed, Mlp, key=k)
+        assert blk.up.weight.axes == want.up.weight.axes
+        for a, b in zip(leaves(blk), leaves(want)):
+            np.testing.assert_array_equal(a, b)
+    w = [np.asarray(b.up.weight.array) for b in blocks]
+    assert not np.allclose(w[0], w[1]) and not np.allclose(w[1], w[2])
+
+
+def test_fold_and_scan_equal_a_python_loop_over_unstacked():
+    s, x = make(), x_input()
+    want, aux = x, []
+    for blk in s.unstacked():
+        want, a = blk(want, with_aux=True)
+        aux.append(np.asarray(a.array))
+    out = jcall(lambda s, x: s.fold(x), s, x)
+    assert out.axes == x.axes
+    close(out.array, want.array)
+    out, ys = jcall(lambda s, x: s.scan(x, with_aux=True), s, x)
+    close(out.array, want.array)
+    assert ys.axes == (Layers, Batch)  # outputs stacked along layers
+    close(ys.array, np.stack(aux))
+
+
+def test_per_layer_arguments_are_sliced_along_layers():
+    s, x = make(), x_input()
+    scale = nm.named(jnp.asarray([0.5, -1.0, 2.0]), (Layers,))
+    keys = nm.named(jax.random.split(jax.random.key(3), Layers.size), (Layers,))  # per-layer dropout keys
+    out = jcall(lambda s, x, sc, k: s.fold(x, sc, key=k), s, x, scale, keys)
+    want = x
+    for i, blk in enumerate(s.unstacked()):
+        want = blk(want, scale["layers", i], key=keys.array[i])
+    close(out.array, want.array)
+    # a shared (not per-layer) argument goes whole to every layer
+    shared = jcall(lambda s, x: s.fold(x, nm.named(jnp.asarray(2.0), ())), s, x)
+    want = x
+    for blk in s.unstacked():
+        want = blk(want, 2.0)
+    close(shared.array, want.array)
+
+
+def test_stacked_errors():
+    with pytest.raises(nm.NamedError, match="unknown remat policy 'sometimes'"):
+        make(remat="sometimes")
+    with pytest.raises(nm.NamedError, match="save_names needs at least one name"):
+        make(remat="save_names:")
+    with pytest.raises(nm.NamedError, match="offload.*CPU backend has none"):
+        make(remat="offload")
+    with pytest.raises(nm.AxisError, match="needs a Layers Axis"):
+        nn.Stacked.init("layers", Block.init, Embed, Mlp, key=jax.random.PRNGKey(0))
+
+    class Plain(eqx.Module):
+        w: jax.Array
+
+    with pytest.raises(nm.AxisError, match=r"\.w is a plain array"):
+        nn.Stacked.init(Layers, lambda key: Plain(jax.random.normal(key, (2,))), key=jax.random.PRNGKey(0))
+
+    class HasLayers(eqx.Module):
+        w: nm.NamedArray
+
+    with pytest.raises(nm.AxisError, match="already has the layers axis"):
+        nn.Stacked.init(Layers, lambda key: HasLayers(nm.zeros(nm.Axis("layers", 2))), key=jax.random.PRNGKey(0))
+
+
+# ---- remat policies, read from the jaxpr --------------------------------------------------------------
+
+
+def saved_residuals(fn, *args) -> list[tuple[tuple[int, ...], str]]:
+    """(shape, description) of what the backward pass keeps, parameters excluded
+    (jax.ad_checkpoint.print_saved_residuals is the public view of this)."""
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        jax.ad_checkpoint.print_saved_residuals(fn, *args)
+    out = []
+    for line in buf.getvalue().splitlines():
+        m = re.match(r"\w+\[([\d,]*)\] (.*)", line.strip())
+        if m and "from the argument" not in m.group(2):
+            out.append((tuple(int(d) for d in m.group(1).split(",") if d), m.group(2)))
+    return out
+
+
+def stack_loss(s, x):
+    return s.fold(x).sum().scalar()
+
+
+def remat_eqns(jaxpr):
+    """The remat (jax.checkpoint) equations anywhere in a jaxpr."""
+    found = []
+    for e in jaxpr.eqns:
+        if e.primitive.name.startswith("remat") or e.primitive.name == "checkpoint":
+            found.append(e)
+        for v in e.params.values():
+            sub = v.jaxpr if isinstance(v, jax.extend.core.ClosedJaxpr) else v
+            if isinstance(sub, jax.extend.core.Jaxpr):
+                found.extend(remat_eqns(sub))
+    return found
+
+
+L, B, E, M = Layers.size, Batch.size, Embed.size, Mlp.size
+
+
+def test_remat_none_saves_the_most_and_full_saves_only_block_inputs():
+    x = x_input()
+    none = saved_residuals(stack_loss, make("none"), x)
+    full = saved_residuals(stack_loss, make("full"), x)
+    # full: the only activation kept is each layer's input, one [batch, embed] per layer
+    assert [shape for shape, _ in full] == [(L, B, E)], full
+    assert len(none) > 4 * len(full)
+    bytes_none = sum(np.prod(s) for s, _ in none) * 4
+    bytes_full = sum(np.prod(s) for s, _ in full) * 4
+    assert bytes_full / L == B * E * 4 and bytes_none > 4 * bytes_full
+    assert (L, B, M) in [s for s, _ in none]  # e.g. the hidden activation
+    assert remat_eqns(jax.make_jaxpr(stack_loss)(make("none"), x).jaxpr) == []
+    (eqn,) = remat_eqns(jax.make_jaxpr(stack_loss)(make("full"), x).jaxpr)
+    assert eqn.params["policy"] is None and eqn.params["prevent_cse"] is False  # inside scan CSE is no risk
+
+
+def test_remat_save_dots_saves_the_matmul_outputs():
+    x = x_input()
+    blk = make().unstacked()[0]
+    # one block: exactly the weight matmul the backward needs (up's output), nothing else
+    per_block = saved_residuals(jax.checkpoint(lambda b, x: b(x).sum().scalar(), policy=nn.remat_policy("save_dots")), blk, x)
+    assert [(s, d.split(" from ")[0]) for s, d in per_block] == [((B, M), "output of dot_general")], per_block
+    stacked = make("save_dots")
+    assert sorted(s for s, _ in saved_residuals(stack_loss, stacked, x)) == [(L, B, E), (L, B, M)]
+    (eqn,) = remat_eqns(jax.make_jaxpr(stack_loss)(stacked, x).jaxpr)
+    assert eqn.params["policy"] is jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+
+
+@pytest.mark.parametrize("remat", ["save_names:hidden", ("save_names", "hidden")])
+def test_remat_save_names_saves_exactly_the_tagged_values(remat):
+    x = x_input()
+    blk = make().unstacked()[0]
+    per_block = saved_residuals(jax.checkpoint(lambda b, x: b(x).sum().scalar(), policy=nn.remat_policy(remat)), blk, x)
+    assert [(s, d.split(" from ")[0]) for s, d in per_block] == [((B, M), "named 'hidden'")], per_block
+    both = saved_residuals(jax.checkpoint(lambda b, x: b(x).sum().scalar(), policy=nn.remat_policy("save_names:hidden,normed")), blk, x)
+    assert sorted(d.split(" from ")[0] for _, d in both) == ["named 'hidden'", "named 'normed'"]
+    # in the stack: the tagged [batch, mlp] per layer, plus the layer inputs
+    assert sorted(s for s, _ in saved_residuals(stack_loss, make(remat), x)) == [(L, B, E), (L, B, M)]
+
+
+def test_gradients_are_identical_across_policies():
+    x = x_input()
+    grads = {}
+    for remat in ["none", "full", "save_dots", "save_names:hidden"]:
+        g = jcall(lambda s, x: jax.grad(stack_loss, argnums=(0, 1))(s, x), make(remat), x)
+        grads[remat] = leaves(g)
+    for remat, g in grads.items():
+        for a, b in zip(g, grads["none"]):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6, err_msg=remat)
+
+
+def test_compile_time_does_not_grow_with_depth():
+    x = x_input()
+
+    stacks = {n: make("full", nm.Axis("layers", n)) for n in (2, 16)}
+
+    def compile_time(n):
+        fn = jax.jit(lambda s, x: jax.grad(stack_loss)(s, x))  # a fresh function: no cached executable
+        t = time.perf_counter()
+        fn.lower(stacks[n], x).compile()
+        return time.perf_counter() - t
+
+    times = {2: [], 16: []}
+    for _ in range(3):  # interleaved, and the min of each, against load from other processes
+        for n in times:
+            times[n].append(compile_time(n))
+    ratio = min(times[16]) / min(times[2])
+    print(f"compile time 2 layers {min(times[2]):.3f}s, 16 layers {min(times[16]):.3f}s, ratio {ratio:.2f}")
+    assert ratio < 2, times
+
+
+# ---- sharding ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mapping", sorted(MAPPINGS))
+def test_stacked_under_mappings(mapping):
+    s, x = make("full"), x_input()
+    want = jcall(lambda s, x: s.fold(x), s, x)
+    out, mesh, compute = run_sharded(lambda s, x: s.fold(x), s, x, mapping=mapping)
+    close(out.array, want.array)
+    assert_follows_mapping(out, mesh, compute)
+    _, param_map, _ = MAPPINGS[mapping]
+    sharded = nm.shard(s, param_map, mesh)
+    # the layers axis stays whole (scan slices it); embed (and mlp under TP) are split
+    assert tuple(sharded.stacked.up.weight.array.sharding.spec)[:2] == (None, "data")
+    g = nm.named_jit(jax.grad(stack_loss), axis_resources=compute, mesh=mesh)(sharded, x)
+    close(g.stacked.up.weight.array, jcall(jax.grad(stack_loss), s, x).stacked.up.weight.array)
