@@ -71,6 +71,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointWarning",
     "Checkpointer",
+    "check_restorable",
     "checkpoint_dir",
     "latest_checkpoint",
     "list_checkpoints",
@@ -309,6 +310,7 @@ def _write_checkpoint(
     final = ckdir / f"step_{step}"
     tmp.mkdir(parents=True, exist_ok=True)
     try:
+        _test_pause()
         arrays = [leaf for leaf in leaves if leaf.record["kind"] == "array"]
         with concurrent.futures.ThreadPoolExecutor(_IO_THREADS) as pool:
             def write(leaf: _Leaf) -> list[str]:
@@ -327,6 +329,7 @@ def _write_checkpoint(
                 d = d.parent
         for d in sorted(dirs, reverse=True):
             _fsync_dir(d)
+        _test_pause()
         if process_count > 1:
             if not primary:
                 _write_json(tmp / f"manifest.p{process_index}.json", files)
@@ -348,6 +351,7 @@ def _write_checkpoint(
             }
             _write_json(tmp / COMMIT_FILE, {**body, "commit_sha256": _self_digest(body)})
             _fsync_dir(tmp)
+            _test_pause()
             aside = None
             if final.exists():
                 # Re-saving a step (e.g. after a resume). os.rename cannot replace a non-empty
@@ -372,6 +376,16 @@ def _write_checkpoint(
             shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
+
+
+def _test_pause() -> None:
+    # Test hook, off unless set: NAMED_TEST_CHECKPOINT_WRITE_DELAY=<seconds> makes the
+    # background writer sleep that long at three points of a save (empty temp dir; chunks
+    # written but no commit.json; commit.json written but not renamed), so that
+    # tests/test_kill_resume.py can SIGKILL a run inside the write window on purpose.
+    delay = os.environ.get("NAMED_TEST_CHECKPOINT_WRITE_DELAY")
+    if delay:
+        time.sleep(float(delay))
 
 
 def _apply_retention(ckdir: Path, newest: int, keep_last: int | None, keep_every: int | None) -> None:
@@ -714,6 +728,35 @@ def _match(record: dict, path: str, target: Any, ckpt: Path) -> _Plan | Any:
     return _Plan(record, target, sharding, regions, axes)
 
 
+def _plan(ckpt: Path, commit: dict, target: Any) -> tuple[list, Any]:
+    flat, treedef = jax.tree_util.tree_flatten_with_path(target, is_leaf=is_named_array)
+    paths = [jax.tree_util.keystr(k) for k, _ in flat]
+    saved = {r["path"]: r for r in commit["leaves"]}
+    missing = [q for q in paths if q not in saved]
+    extra = [q for q in saved if q not in set(paths)]
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"target leaves not in the checkpoint: {', '.join(map(_show, missing[:8]))}")
+        if extra:
+            parts.append(f"checkpoint leaves not in the target: {', '.join(map(_show, extra[:8]))}")
+        raise CheckpointError(f"checkpoint {ckpt} does not match the target tree; " + "; ".join(parts))
+    return [_match(saved[q], q, leaf, ckpt) for q, (_, leaf) in zip(paths, flat)], treedef
+
+
+def check_restorable(path: str | os.PathLike, target: Any) -> dict:
+    """Check, reading no array, that ``path`` is a committed checkpoint whose tree matches
+    ``target`` (leaves, shapes, dtypes, axis names; ``jax.eval_shape`` output will do).
+
+    Returns the commit record; raises CheckpointError naming the file or leaf. A trainer
+    calls this before compiling anything, so a resume with a changed model fails at once.
+    """
+    path = Path(path)
+    commit = _read_commit(path)
+    _plan(path, commit, target)
+    return commit
+
+
 def restore(path_or_run_dir: str | os.PathLike, target: Any, *, subdir: str = "checkpoints") -> tuple[Any, dict]:
     """Read a checkpoint into the structure, shapes, dtypes and shardings of ``target``.
 
@@ -738,19 +781,7 @@ def restore(path_or_run_dir: str | os.PathLike, target: Any, *, subdir: str = "c
             raise CheckpointError(f"no committed checkpoint under {checkpoint_dir(p, subdir)}")
         (ckpt, commit), verified = found, True
 
-    flat, treedef = jax.tree_util.tree_flatten_with_path(target, is_leaf=is_named_array)
-    paths = [jax.tree_util.keystr(k) for k, _ in flat]
-    saved = {r["path"]: r for r in commit["leaves"]}
-    missing = [q for q in paths if q not in saved]
-    extra = [q for q in saved if q not in set(paths)]
-    if missing or extra:
-        parts = []
-        if missing:
-            parts.append(f"target leaves not in the checkpoint: {', '.join(map(_show, missing[:8]))}")
-        if extra:
-            parts.append(f"checkpoint leaves not in the target: {', '.join(map(_show, extra[:8]))}")
-        raise CheckpointError(f"checkpoint {ckpt} does not match the target tree; " + "; ".join(parts))
-    plans = [_match(saved[q], q, leaf, ckpt) for q, (_, leaf) in zip(paths, flat)]
+    plans, treedef = _plan(ckpt, commit, target)
 
     if not verified:  # hash exactly the files this process is about to read
         needed = set()

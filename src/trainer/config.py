@@ -12,14 +12,18 @@ Note (draccus): a dict given on the CLI is merged into the YAML dict, not substi
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import draccus
+import draccus.cfgparsing
+import yaml
 
 from models.gpt2 import Gpt2Config
 from models.llama import LlamaConfig
@@ -177,18 +181,74 @@ class TrainConfig:
 
 
 def load_config(config_path: str | os.PathLike | None, args: Sequence[str] = ()) -> TrainConfig:
-    """Parse YAML + CLI overrides into a TrainConfig; every failure is a ConfigError."""
-    if config_path is not None and not Path(config_path).is_file():
-        raise ConfigError(f"config file {str(config_path)!r} does not exist")
+    """Parse YAML + CLI overrides into a TrainConfig; every failure is a ConfigError (or the
+    DataError a ``data`` field raises), naming the file, key or flag."""
+    if config_path is not None:
+        _check_config_file(Path(config_path))
+    where = f" in {config_path}" if config_path else ""
     try:
         cfg = draccus.parse(TrainConfig, config_path, args=list(args), exit_on_error=False)
     except (DataError, ConfigError):
         raise
-    except (draccus.utils.DecodingError, draccus.utils.DraccusException, ValueError, TypeError) as e:
-        where = f" in {config_path}" if config_path else ""
+    except draccus.utils.ParsingError as e:
+        inner = None if isinstance(e, draccus.utils.DecodingError) else _raised_in_post_init(e)
+        if isinstance(inner, (DataError, ConfigError)):
+            raise inner from None  # a data field's own check: its message names the key
+        if inner is not None:
+            raise ConfigError(f"bad configuration{where}: {_section_of(e)}: {inner}") from None
+        raise ConfigError(f"bad configuration{where}: {e}") from None
+    except (draccus.utils.DecodingError, draccus.utils.DraccusException, argparse.ArgumentError, ValueError, TypeError) as e:
         raise ConfigError(f"bad configuration{where}: {e}") from None
     validate_static(cfg)
     return cfg
+
+
+def _check_config_file(path: Path) -> None:
+    """The file exists and holds a YAML mapping of sections (draccus' own messages for an
+    empty or malformed file do not say which file or where)."""
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    try:
+        with open(path, encoding="utf-8") as f:
+            content = draccus.cfgparsing.load_config(f, file=path)
+    except (yaml.YAMLError, draccus.utils.DraccusException) as e:
+        while not isinstance(e, yaml.YAMLError) and (e.__cause__ or e.__context__) is not None:
+            e = e.__cause__ or e.__context__  # draccus wraps the YAML error, which says where
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML{at}: {problem}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config file {str(path)!r} cannot be read: {e}") from None
+    if content is None:
+        raise ConfigError(f"config file {str(path)!r} is empty; it needs at least one section (trainer:, model:, ...)")
+    if not isinstance(content, dict):
+        raise ConfigError(
+            f"config file {str(path)!r} holds a {type(content).__name__}; it must be a mapping of sections "
+            f"({', '.join(f.name for f in dataclasses.fields(TrainConfig))})"
+        )
+    for section, value in content.items():
+        if not isinstance(value, dict):
+            raise ConfigError(f"config file {str(path)!r}: section {section!r} must be a mapping of keys, got {value!r}")
+
+
+def _raised_in_post_init(e: BaseException) -> BaseException | None:
+    """The error a config dataclass's ``__post_init__`` raised, which draccus wraps in a
+    ParsingError that only names the class."""
+    cause = e.__cause__ or e.__context__
+    while cause is not None and isinstance(cause, draccus.utils.DraccusException):
+        cause = cause.__cause__ or cause.__context__
+    return cause if isinstance(cause, (ValueError, TypeError)) else None
+
+
+def _section_of(e: BaseException) -> str:
+    m = re.search(r"class (\w+)", str(e))
+    name = m.group(1) if m else ""
+    for f in dataclasses.fields(TrainConfig):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else None  # type: ignore[misc]
+        if type(default).__name__ == name or (f.name == "model" and name.endswith("Section")):
+            return f.name
+    return name or "config"
 
 
 def _positive(value, key: str):
@@ -209,6 +269,14 @@ def validate_static(cfg: TrainConfig) -> None:
     for key in ("eval_interval", "sample_interval", "log_interval", "eval_batches"):
         if getattr(t, key) < 0:
             raise ConfigError(f"trainer.{key} must be >= 0, got {getattr(t, key)}")
+    for f in dataclasses.fields(cfg.model):
+        value = getattr(cfg.model, f.name)
+        if f.name == "vocab_size" and value in (None, 0, -1):
+            continue  # the tokenizer's vocabulary
+        if isinstance(value, int) and not isinstance(value, bool) and value <= 0:
+            raise ConfigError(f"model.{f.name} must be a positive integer, got {value}")
+        if f.name.endswith("dropout") and not 0 <= value < 1:
+            raise ConfigError(f"model.{f.name} must be in [0, 1), got {value}")
     if t.nan_policy not in ("stop", "skip"):
         raise ConfigError(f"trainer.nan_policy must be 'stop' or 'skip', got {t.nan_policy!r}")
     from named.nn.precision import get_policy

@@ -25,7 +25,7 @@ from named.nn.precision import cast_for_compute, get_policy
 
 from . import checkpoint as ckpt
 from .config import ConfigError, TrainConfig, data_parallel_size, dump_config, to_mapping
-from .data import Batch, TrainBatches, build_data, eval_batches
+from .data import Batch, TrainBatches, build_data, eval_batches, load_tokenizer
 from .optim import build_optimizer, schedule
 from .registry import flops_per_token, max_positions, model_class, model_type
 from .trackers import Trackers, log, setup_logging
@@ -71,6 +71,48 @@ def _check_against_mesh(cfg: TrainConfig, mesh, model_cfg, seq_len: int) -> None
     max_pos = max_positions(model_cfg)
     if seq_len > max_pos:
         raise ConfigError(f"data.seq_len={seq_len} is longer than the model's {max_pos} positions (model.n_positions / max_position_embeddings)")
+
+
+# Axes of activations that no parameter has; a mapping may name these and the parameters' axes.
+_ACTIVATION_AXES = ("batch", "position", "key_position")
+
+
+def _check_mappings(cfg: TrainConfig, shapes, mesh, compute, param, model_cfg) -> None:
+    """Both mappings name only axes the model has, and every axis they split divides evenly:
+    the parameters' axes under both mappings, and batch / position under the compute mapping.
+    Checked on ``jax.eval_shape`` output, so before anything is compiled."""
+    sizes: dict[str, set[int]] = {}
+    for x in jax.tree.leaves(shapes, is_leaf=nm.is_named_array):
+        for a in getattr(x, "axes", ()):
+            sizes.setdefault(a.name, set()).add(a.size)
+    micro = cfg.trainer.train_batch_size // cfg.trainer.microbatches
+    for name, n in zip(_ACTIVATION_AXES, (micro, cfg.data.seq_len, cfg.data.seq_len)):
+        sizes.setdefault(name, set()).add(n)
+    for key, mapping in (("mesh.param_mapping", param), ("mesh.compute_mapping", compute)):
+        for name in mapping:
+            if name not in sizes:
+                raise ConfigError(f"{key}.{name}: the {model_type(model_cfg)} model has no axis {name!r}; "
+                                  f"its axes are {', '.join(sorted(sizes))}")
+    try:
+        nm.check_sharding(shapes, param, mesh)  # every parameter's layout, leaf by leaf
+    except nm.ShardingError as e:
+        raise ConfigError(f"mesh.param_mapping: {e}") from None
+    for name in compute:
+        for n in sorted(sizes[name]):
+            try:
+                nm.pspec_for((nm.Axis(name, n),), compute, mesh)
+            except nm.ShardingError as e:
+                raise ConfigError(f"mesh.compute_mapping: {e}") from None
+
+
+def _check_sample_length(cfg: TrainConfig, tokenizer, model_cfg) -> None:
+    t = cfg.trainer
+    if not t.sample_interval:
+        return
+    n = len(tokenizer.encode(t.sample_prompt) or [tokenizer.eos_id]) + t.sample_tokens
+    if n > max_positions(model_cfg):
+        raise ConfigError(f"a sample of trainer.sample_tokens={t.sample_tokens} after the prompt trainer.sample_prompt "
+                          f"({n - t.sample_tokens} tokens) needs {n} positions; the model has {max_positions(model_cfg)}")
 
 
 def make_train_step(model_cls, optimizer, policy, cfg: TrainConfig, compute, param):
@@ -135,26 +177,40 @@ def device_batch(batch: Batch, mesh, compute, global_rows: int) -> dict[str, nm.
 
 
 def build_run(cfg: TrainConfig):
-    """Everything up to the first step: data, mesh, model and optimizer state (sharded init)."""
+    """Every check that bad input can fail, before anything is compiled or written: the
+    cheap ones first (tokenizer, model config, mesh, mappings against the parameters'
+    shapes, the checkpoint to resume from), then the data (which may tokenise) and the
+    batch order. ``train`` creates the run directory only after this returns."""
     t = cfg.trainer
     run_dir = Path(t.run_dir)
-    data = build_data(cfg.data)
-    vocab = data.tokenizer.vocab_size
+    tokenizer = load_tokenizer(cfg.data.tokenizer, cfg.data.eos_token)
+    vocab = tokenizer.vocab_size
     model_cfg = cfg.model.model_config(vocab_size=int(math.ceil(vocab / 128) * 128))
     if model_cfg.vocab_size < vocab:
         raise ConfigError(f"model.vocab_size={model_cfg.vocab_size} is smaller than the tokenizer's {vocab} tokens")
     mesh = nm.make_mesh(cfg.mesh.shape)
     compute, param = to_mapping(cfg.mesh.compute_mapping), to_mapping(cfg.mesh.param_mapping)
     _check_against_mesh(cfg, mesh, model_cfg, cfg.data.seq_len)
+    _check_sample_length(cfg, tokenizer, model_cfg)
     model_cls = model_class(model_cfg)
-    shapes = jax.eval_shape(lambda k: model_cls.init(model_cfg, key=k), jax.random.key(0))
-    nm.check_sharding(shapes, param, mesh)  # divisibility and mesh axes, before compiling
-    return data, model_cfg, model_cls, mesh, compute, param, run_dir
+    try:
+        shapes = jax.eval_shape(lambda: model_cls.init(model_cfg, key=jax.random.key(0)))
+    except (ValueError, nm.NamedError) as e:
+        raise ConfigError(f"model: {e}") from None
+    _check_mappings(cfg, shapes, mesh, compute, param, model_cfg)
+    restore_from = _checkpoint_to_load(t, run_dir)
+    if restore_from is not None:  # a resume with another model or optimizer fails here, not after init
+        opt_shapes = jax.eval_shape(build_optimizer(cfg.optimizer, t.num_train_steps).init, shapes)
+        ckpt.check_restorable(restore_from, (shapes, opt_shapes))
+    data = build_data(cfg.data, tokenizer)
+    train_batches = TrainBatches(data.train, batch_size=t.train_batch_size, seed=t.seed,
+                                 process_index=jax.process_index(), process_count=jax.process_count())
+    return data, train_batches, model_cfg, model_cls, mesh, compute, param, run_dir, restore_from
 
 
 def train(cfg: TrainConfig) -> TrainResult:
     t = cfg.trainer
-    data, model_cfg, model_cls, mesh, compute, param, run_dir = build_run(cfg)
+    data, train_batches, model_cfg, model_cls, mesh, compute, param, run_dir, restore_from = build_run(cfg)
     pid = jax.process_index()
     run_dir.mkdir(parents=True, exist_ok=True)
     setup_logging(run_dir, pid)
@@ -166,8 +222,6 @@ def train(cfg: TrainConfig) -> TrainResult:
     lr_at = schedule(cfg.optimizer, t.num_train_steps)
     trackers = Trackers(cfg.tracker, run_dir, pid, json.loads(json.dumps(dataclasses.asdict(cfg), default=str)))
     checkpointer = ckpt.Checkpointer(run_dir, keep_last=cfg.checkpoint.keep_last, keep_every=cfg.checkpoint.keep_every)
-    train_batches = TrainBatches(data.train, batch_size=t.train_batch_size, seed=t.seed,
-                                 process_index=pid, process_count=jax.process_count())
     key = jax.random.key(t.seed)
     init_key, data_key = jax.random.split(key)
 
@@ -175,7 +229,6 @@ def train(cfg: TrainConfig) -> TrainResult:
         model = nm.named_jit(model_cls.init, axis_resources=param)(model_cfg, key=init_key)
         opt_state = nm.named_jit(optimizer.init, axis_resources=param)(model)
         start = 0
-        restore_from = _checkpoint_to_load(t, run_dir)
         if restore_from is not None:
             (model, opt_state), meta = ckpt.restore(restore_from, (model, opt_state))
             start = int(meta["step"])
@@ -193,11 +246,7 @@ def train(cfg: TrainConfig) -> TrainResult:
             batch = device_batch(train_batches.batch_at(step), mesh, compute, t.train_batch_size)
             model, opt_state, metrics = train_step(model, opt_state, batch, jax.random.fold_in(data_key, step))
             loss = float(metrics["loss"])
-            if not bool(metrics["finite"]):
-                if t.nan_policy == "stop":
-                    raise TrainingError(f"non-finite loss or gradient at step {step} (loss={loss}); "
-                                        f"the last committed checkpoint is {ckpt.latest_checkpoint(run_dir)}")
-                log.warning(f"step {step}: non-finite loss or gradient; update skipped (nan_policy=skip)")
+            check_finite(step + 1, metrics, t.nan_policy, checkpointer.latest)
             losses.append(loss)
             window_tokens += float(metrics["tokens"])
             done = step + 1
@@ -230,6 +279,24 @@ def train(cfg: TrainConfig) -> TrainResult:
     return TrainResult(losses, t.num_train_steps, model, opt_state, run_dir)
 
 
+def check_finite(step: int, metrics: dict, nan_policy: str, last_checkpoint=None) -> bool:
+    """Whether step ``step`` (numbered as in the logs and checkpoints: the update that made
+    step_<step>) was finite. If not: ``stop`` raises TrainingError naming the step and
+    ``last_checkpoint()`` (which lets a save in flight commit first), ``skip`` warns (the
+    train step has already kept the old state) and returns False."""
+    if bool(metrics["finite"]):
+        return True
+    what = f"non-finite loss or gradient in step {step} (loss={float(metrics['loss'])}, grad_norm={float(metrics['grad_norm'])})"
+    if nan_policy == "stop":
+        try:
+            last = last_checkpoint() if last_checkpoint is not None else None
+        except ckpt.CheckpointError as e:  # the save in flight failed: report both
+            last = f"unknown ({e})"
+        raise TrainingError(f"{what}; stopped (trainer.nan_policy=stop); the last committed checkpoint is {last}")
+    log.warning(f"{what}; update skipped, parameters and optimizer state unchanged (trainer.nan_policy=skip)")
+    return False
+
+
 def _metadata(step: int, cfg: TrainConfig) -> dict:
     # The data position is the step: TrainBatches.batch_at(step) needs nothing else, and the
     # RNG is derived from (seed, step), so nothing else has to be saved to resume exactly.
@@ -240,9 +307,11 @@ def _checkpoint_to_load(t, run_dir: Path):
     if t.load_checkpoint is None:
         return None
     if t.load_checkpoint == "auto":
-        return ckpt.latest_checkpoint(run_dir)
+        return ckpt.latest_checkpoint(run_dir)  # verified; corrupted newer ones are skipped with a warning
     path = Path(t.load_checkpoint)
-    return path if path.is_absolute() else run_dir / path
+    path = path if path.is_absolute() else run_dir / path
+    ckpt.verify_checkpoint(path)  # an explicit checkpoint must be whole: CheckpointError names the bad file
+    return path
 
 
 def _evaluate(eval_step, model, validation, t, mesh, compute) -> float:
