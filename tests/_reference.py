@@ -53,9 +53,25 @@ def make(rng, names, size_of, kind="float"):
     return nm.named(arr, names), arr
 
 
-def union_names(*name_lists) -> tuple[str, ...]:
-    """The documented broadcasting rule, restated: first-seen order, left to right."""
+def first_seen_names(*name_lists) -> tuple[str, ...]:
+    """Names in first-seen order, left to right (the order nm.dot keeps its other axes in)."""
     out: list[str] = []
+    for names in name_lists:
+        for n in names:
+            if n not in out:
+                out.append(n)
+    return tuple(out)
+
+
+def union_names(*name_lists) -> tuple[str, ...]:
+    """The documented broadcasting rule, restated: the operand with the most axes (leftmost on
+    a tie) sets the order, then the names it lacks in first-seen order, left to right."""
+    name_lists = [tuple(n) for n in name_lists]
+    if not name_lists:
+        return ()
+    longest = max(len(n) for n in name_lists)
+    base = next(n for n in name_lists if len(n) == longest)
+    out: list[str] = list(base)
     for names in name_lists:
         for n in names:
             if n not in out:

@@ -7,7 +7,7 @@ import warnings
 
 import numpy as np
 import pytest
-from _reference import POOL, axis_subsets, expand, make, sizes, union_names
+from _reference import POOL, axis_subsets, expand, first_seen_names, make, sizes, union_names
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -209,7 +209,7 @@ def test_clip_bounds_broadcast_by_union(size_of, nx, nlo, nhi, seed):
 
 @FAST
 @given(data=st.data())
-def test_nary_union_is_first_seen_order(data):
+def test_chained_ops_apply_the_rule_pairwise(data):
     size_of = data.draw(sizes())
     groups = [data.draw(axis_subsets()) for _ in range(data.draw(st.integers(1, 4)))]
     rng = np.random.default_rng(0)
@@ -217,9 +217,21 @@ def test_nary_union_is_first_seen_order(data):
     out = arrays[0][0]
     for a, _ in arrays[1:]:
         out = out + a
-    want_names = union_names(*groups)
+    want_names = tuple(groups[0])
+    for g in groups[1:]:
+        want_names = union_names(want_names, g)
     want = sum(expand(an, g, want_names, size_of) for (_, an), g in zip(arrays, groups))
     _check(out, want, want_names, size_of, rtol=1e-5, atol=1e-5)
+
+
+def test_the_operand_with_most_axes_sets_the_order():
+    small = nm.named(np.ones((3,), np.float32), "embed")
+    big = nm.named(np.ones((2, 4, 3), np.float32), "batch position embed")
+    other = nm.named(np.ones((5,), np.float32), "heads")
+    assert (small + big).names == ("batch", "position", "embed")
+    assert nm.where(small > 0, big, other).names == ("batch", "position", "embed", "heads")
+    tie = nm.named(np.ones((4, 3), np.float32), "position embed")
+    assert (nm.named(np.ones((2, 3), np.float32), "batch embed") + tie).names == ("batch", "embed", "position")
 
 
 def test_two_sizes_for_one_name_is_an_error_naming_both():
@@ -373,7 +385,7 @@ def test_softmax_where_masks_entries():
 def test_dot_contracts_by_name(data):
     size_of = data.draw(sizes())
     groups = [data.draw(axis_subsets(min_size=0)) for _ in range(data.draw(st.integers(1, 3)))]
-    every = union_names(*groups)
+    every = first_seen_names(*groups)
     contract = data.draw(st.one_of(st.none(), axis_subsets(every) if every else st.just(())))
     rng = np.random.default_rng(data.draw(st.integers(0, 2**31)))
     arrays = [make(rng, g, size_of) for g in groups]

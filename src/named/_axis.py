@@ -138,6 +138,19 @@ def union(*axes_lists: Sequence[Axis]) -> tuple[Axis, ...]:
     return tuple(out.values())
 
 
+def broadcast_axes(*axes_lists: Sequence[Axis]) -> tuple[Axis, ...]:
+    """The broadcasting rule of every n-ary elementwise op: the union of the operands' axes,
+    ordered by the operand with the most axes (the leftmost one on a tie), then the names it
+    lacks in first-seen order, left to right; one size per name.
+
+    Broadcasting a small operand into a large one therefore never transposes the large one.
+    """
+    if not axes_lists:
+        return ()
+    base = max(range(len(axes_lists)), key=lambda i: (len(axes_lists[i]), -i))
+    return union(axes_lists[base], *(a for i, a in enumerate(axes_lists) if i != base))
+
+
 def without(axes: Sequence[Axis], remove: Iterable[AxisSelector]) -> tuple[Axis, ...]:
     drop = {name_of(r) for r in remove}
     return tuple(a for a in axes if a.name not in drop)

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._axis import Axis, AxisError, check_unique, format_axes, index_of, name_of, union
+from ._axis import Axis, AxisError, broadcast_axes, check_unique, format_axes, index_of, name_of, union
 from ._core import NamedArray, axes_of, raw
 
 
@@ -119,7 +119,7 @@ def _plan(x: NamedArray, idx) -> _Plan:
         ident = tuple(range(x.ndim))
         return _Plan(ident, positional, tuple(out_axes), tuple(range(len(out_axes))), tuple(out_axes))
 
-    idx_axes = union(*(g.axes for g in gathers.values()))
+    idx_axes = broadcast_axes(*(g.axes for g in gathers.values()))
     # Index axes the array also has, and which nothing indexes, are matched pointwise.
     shared = [index_of(x.axes, a.name) for a in idx_axes if a.name in x.names and index_of(x.axes, a.name) not in parsed]
     for i in shared:

@@ -1,8 +1,9 @@
 """Elementwise math and reductions by name.
 
 The broadcasting rule (docs/named_arrays.md): the result of an n-ary elementwise op has the
-*union* of its operands' axes, in first-seen order from left to right; a name must have one
-size in all operands. Python numbers and 0-d arrays broadcast against anything; a positional
+*union* of its operands' axes, in the order of the operand with the most axes (the leftmost on
+a tie), followed by the names it lacks in first-seen order; a name must have one size in all
+operands. Python numbers and 0-d arrays broadcast against anything; a positional
 array with dimensions is refused (wrap it with ``nm.named``).
 """
 
@@ -16,12 +17,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ._axis import AxisError, AxisSelection, as_selectors, format_axes, index_of, union
+from ._axis import AxisError, AxisSelection, as_selectors, broadcast_axes, format_axes, index_of, union
 from ._core import NamedArray, axes_of, raw
 
 
 def _elementwise(fn: Callable, *args, **kwargs):
-    axes = union(*(axes_of(a) for a in args))
+    axes = broadcast_axes(*(axes_of(a) for a in args))
     if not builtins.any(isinstance(a, NamedArray) for a in args):
         return NamedArray(fn(*args, **kwargs), ())  # scalars in, 0-d NamedArray out
     return NamedArray._unchecked(fn(*(raw(a, axes) for a in args), **kwargs), axes)
@@ -132,12 +133,14 @@ def where(condition, x, y):
 
 
 def clip(x, lower=None, upper=None):
-    """Clip to ``[lower, upper]`` (either may be None); bounds broadcast by the union rule."""
-    if lower is not None:
-        x = maximum(x, lower)
-    if upper is not None:
-        x = minimum(x, upper)
-    return x
+    """Clip to ``[lower, upper]`` (either may be None); one n-ary op under the broadcasting rule."""
+    if lower is None and upper is None:
+        return _elementwise(lambda a: a, x)
+    if lower is None:
+        return _elementwise(lambda a, hi: jnp.minimum(a, hi), x, upper)
+    if upper is None:
+        return _elementwise(lambda a, lo: jnp.maximum(a, lo), x, lower)
+    return _elementwise(lambda a, lo, hi: jnp.minimum(jnp.maximum(a, lo), hi), x, lower, upper)
 
 
 # ---- reductions ------------------------------------------------------------------
