@@ -3,7 +3,7 @@
 ``import named as nm`` is the whole public surface.
 """
 
-from . import inspect, nn, random
+from . import explicit, inspect, nn, random
 from ._axis import Axis, AxisError, AxisSelection, AxisSelector, NamedError
 from ._core import NamedArray, axes_of, is_named_array, named
 from ._einsum import dot, einsum
@@ -36,7 +36,22 @@ from ._shape import (
     zeros_like,
 )
 from ._transforms import fold, nmap, scan, vmap
-from .inspect import layout, param_report, parse_layout
+from .explicit import (
+    ShardedAxis,
+    Unreduced,
+    UnreducedError,
+    all_gather,
+    all_to_all,
+    axis_index,
+    einsum_unreduced,
+    pmax,
+    pmean,
+    psum,
+    psum_scatter,
+    shard_map,
+    with_layout,
+)
+from .inspect import compiled_report, layout, param_report, parse_layout
 from .partitioning import (
     ResourceMapping,
     ShardingCheck,

@@ -1,12 +1,23 @@
 """Where arrays live, for people: layout notation, parameter reports, compiled-program reports.
 
 Layout notation (after the seqax post): each axis of an array written as ``name`` when it is
-replicated, or ``name/mesh_axis`` (``name/a+b`` over several mesh axes) when it is split:
-``"batch/data position embed/model"``.
+replicated, or ``name/mesh_axis`` (``name/a+b`` over several mesh axes, major first) when it is
+split: ``"batch/data position embed/model"``. seqax's ``d_model/t/d`` reads the same as
+``d_model/t+d``. A block inside ``nm.shard_map`` that still owes a sum ends in ``{U: model}``.
+
+- :func:`layout` / :func:`parse_layout`: to the notation and back.
+- :func:`param_report`: every NamedArray of a pytree (a model, an optimizer state) under a
+  mapping on a mesh: path, axes, layout, dtype, global bytes and bytes per device, totals.
+- :func:`compiled_report`: for a compiled program, the collectives XLA put in it (kind, count,
+  bytes, mesh axes), memory per device and FLOPs.
+- :func:`device_bytes`: what each device really holds of a pytree of placed arrays.
+
+Every report prints as text and renders as an HTML table in Jupyter (``_repr_html_``).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import html
 import math
@@ -31,17 +42,27 @@ def _spec_entries(spec) -> list[tuple[str, ...]]:
     return out
 
 
+def _is_block(x) -> bool:
+    from ._local import ShardedAxis, Unreduced
+
+    return isinstance(x, Unreduced) or (isinstance(x, NamedArray) and any(isinstance(a, ShardedAxis) for a in x.axes))
+
+
 def layout(x: NamedArray | Any, mapping: ResourceMapping | None = None) -> str:
     """``"batch/data position embed/model"``: the array's axes and the mesh axes that split them.
 
-    With a mapping (or a current one) the layout is what the mapping asks for; without one,
-    a concrete sharded array reports where it actually lives.
+    ``x`` is a NamedArray or axes (names). With a mapping (or a current one) the layout is
+    what the mapping asks for; without one, a concrete sharded array reports where it actually
+    lives. A local block inside ``nm.shard_map`` reports its own layout.
     """
+    if _is_block(x):
+        from ._local import block_layout
+
+        return block_layout(x)
     axes = x.axes if isinstance(x, NamedArray) else as_selectors(x)
     mapping = mapping if mapping is not None else current_mapping()
     if mapping is None and isinstance(x, NamedArray) and hasattr(x.array, "sharding") and not isinstance(x.array, jax.core.Tracer):
-        sharding = x.array.sharding
-        spec = getattr(sharding, "spec", None)
+        spec = getattr(x.array.sharding, "spec", None)
         entries = _spec_entries(spec) + [()] * (len(axes) - len(spec)) if spec is not None else [()] * len(axes)
     else:
         entries = _spec_entries(pspec_for(axes, mapping or {}, mesh=None))
@@ -52,12 +73,20 @@ def layout(x: NamedArray | Any, mapping: ResourceMapping | None = None) -> str:
     return " ".join(parts)
 
 
-_TOKEN = re.compile(r"^([A-Za-z_][\w.\-]*)(?:/([A-Za-z_][\w\-]*(?:\+[A-Za-z_][\w\-]*)*))?$")
+_NAME = r"[A-Za-z_][\w.\-]*"
+_TOKEN = re.compile(rf"^({_NAME})(?:/({_NAME}(?:[+/]{_NAME})*))?$")
 
 
 def parse_layout(text: str) -> tuple[tuple[str, ...], dict[str, Any]]:
-    """Read ``"batch/data position embed/model+data"`` back: (axis names, mapping)."""
+    """Read ``"batch/data position embed/model+data"`` back: (axis names, mapping).
+
+    The mapping holds the split axes only: ``{"batch": "data", "embed": ("model", "data")}``.
+    ``embed/model/data`` (seqax) is read as ``embed/model+data``.
+    """
+    if not isinstance(text, str):
+        raise AxisError(f"a layout is a string like 'batch/data embed', got {text!r}")
     names, mapping = [], {}
+    used: dict[str, str] = {}
     for tok in text.split():
         m = _TOKEN.match(tok)
         if not m:
@@ -67,9 +96,49 @@ def parse_layout(text: str) -> tuple[tuple[str, ...], dict[str, Any]]:
             raise AxisError(f"axis {name!r} appears twice in layout {text!r}")
         names.append(name)
         if mesh_axes:
-            parts = tuple(mesh_axes.split("+"))
+            parts = tuple(re.split(r"[+/]", mesh_axes))
+            for p in parts:
+                if p in used:
+                    raise AxisError(f"mesh axis {p!r} splits both {used[p]!r} and {name!r} in layout {text!r}; "
+                                    "an array can use a mesh axis once")
+                used[p] = name
             mapping[name] = parts[0] if len(parts) == 1 else parts
     return tuple(names), mapping
+
+
+# ---- sizes -------------------------------------------------------------------------------------
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _table_html(head: tuple[str, ...], rows: list[tuple], numeric: set[int] = frozenset(), marked: list[bool] | None = None) -> str:
+    th = "".join(f"<th style='text-align:{'right' if i in numeric else 'left'}'>{html.escape(h)}</th>" for i, h in enumerate(head))
+    body = []
+    for k, r in enumerate(rows):
+        style = " style='background:#fff4e5'" if marked and marked[k] else ""
+        tds = "".join(
+            f"<td style='text-align:{'right' if i in numeric else 'left'}'>"
+            + (html.escape(str(c)) if i in numeric else f"<code>{html.escape(str(c))}</code>") + "</td>"
+            for i, c in enumerate(r)
+        )
+        body.append(f"<tr{style}>{tds}</tr>")
+    return f"<table><thead><tr>{th}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def _table_text(head: tuple[str, ...], rows: list[tuple], numeric: set[int] = frozenset()) -> list[str]:
+    cells = [tuple(str(c) for c in r) for r in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(head)]
+
+    def line(r):
+        return "  ".join(c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+
+    return [line(head)] + [line(r) for r in cells]
 
 
 # ---- parameter report ---------------------------------------------------------------------
@@ -86,10 +155,15 @@ class ParamRow:
 
     @property
     def replicated(self) -> bool:
+        """Whole on every device (no axis is split)."""
         return "/" not in self.layout
 
+    @property
+    def size(self) -> int:
+        return math.prod(a.size for a in self.axes)
 
-@dataclasses.dataclass
+
+@dataclasses.dataclass(repr=False)
 class ParamReport:
     """Every NamedArray of a pytree: path, axes, layout, dtype, global bytes, bytes per device."""
 
@@ -105,49 +179,44 @@ class ParamReport:
         return sum(r.bytes_per_device for r in self.rows)
 
     @property
+    def n_params(self) -> int:
+        return sum(r.size for r in self.rows)
+
+    @property
+    def replicated_bytes(self) -> int:
+        return sum(r.global_bytes for r in self.rows if r.replicated)
+
+    @property
     def replicated_fraction(self) -> float:
-        rep = sum(r.global_bytes for r in self.rows if r.replicated)
-        return rep / self.total_bytes if self.total_bytes else 0.0
+        """Share of the bytes that no mapping splits (each device holds all of them)."""
+        return self.replicated_bytes / self.total_bytes if self.total_bytes else 0.0
+
+    _HEAD = ("path", "axes", "layout", "dtype", "bytes", "bytes/device")
+
+    def _cells(self):
+        return [(r.path or "(root)", " ".join(f"{a.name}={a.size}" for a in r.axes), r.layout, r.dtype,
+                 _human(r.global_bytes), _human(r.bytes_per_device)) for r in self.rows]
+
+    def _summary(self) -> str:
+        return (f"{len(self.rows)} arrays, {self.n_params:,} elements, {_human(self.total_bytes)} in all over mesh "
+                f"{self.mesh_shape}: {_human(self.bytes_per_device)} per device, {self.replicated_fraction:.1%} of the "
+                f"bytes replicated")
 
     def __str__(self) -> str:
-        head = ("path", "axes", "layout", "dtype", "bytes", "bytes/device")
-        body = [
-            (r.path, " ".join(f"{a.name}={a.size}" for a in r.axes), r.layout, r.dtype, _human(r.global_bytes), _human(r.bytes_per_device))
-            for r in self.rows
-        ]
-        widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
-        lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths))]
-        lines += ["  ".join(c.ljust(w) for c, w in zip(b, widths)) for b in body]
-        lines.append(
-            f"total {_human(self.total_bytes)} over mesh {self.mesh_shape}: {_human(self.bytes_per_device)} per device, "
-            f"{self.replicated_fraction:.1%} replicated"
-        )
-        return "\n".join(lines)
+        return "\n".join(_table_text(self._HEAD, self._cells(), {4, 5}) + [self._summary()])
+
+    __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        head = "".join(f"<th>{h}</th>" for h in ("path", "axes", "layout", "dtype", "bytes", "bytes/device"))
-        rows = "".join(
-            "<tr>" + "".join(f"<td><code>{html.escape(str(c))}</code></td>" for c in (
-                r.path, " ".join(f"{a.name}={a.size}" for a in r.axes), r.layout, r.dtype, _human(r.global_bytes), _human(r.bytes_per_device))) + "</tr>"
-            for r in self.rows
-        )
-        foot = (f"<p>total {_human(self.total_bytes)}, {_human(self.bytes_per_device)} per device on mesh "
-                f"{html.escape(str(self.mesh_shape))}, {self.replicated_fraction:.1%} replicated</p>")
-        return f"<table><tr>{head}</tr>{rows}</table>{foot}"
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return str(n)
+        table = _table_html(self._HEAD, self._cells(), {4, 5}, [r.replicated for r in self.rows])
+        return f"{table}<p>{html.escape(self._summary())} (replicated rows shaded)</p>"
 
 
 def param_report(tree: Any, mapping: ResourceMapping | None, mesh=None) -> ParamReport:
     """The layout and memory of every NamedArray in ``tree`` under ``mapping`` on ``mesh``.
 
-    Works on abstract trees (``jax.eval_shape`` of an init): nothing is allocated.
+    Works on abstract trees (``jax.eval_shape`` of an init): nothing is allocated. Layouts are
+    checked against the mesh (divisibility, mesh axis names) as ``named_jit`` would.
     """
     mesh = mesh if mesh is not None else current_mesh()
     mesh_shape = dict(mesh.shape) if mesh is not None else {}
@@ -165,15 +234,268 @@ def param_report(tree: Any, mapping: ResourceMapping | None, mesh=None) -> Param
     return ParamReport(rows, mesh_shape)
 
 
+def device_bytes(tree: Any) -> dict[int, int]:
+    """Bytes of ``tree``'s placed arrays on each device (device id -> bytes), read from the shards
+    the arrays really have; replicated arrays count on every device that holds a copy."""
+    out: dict[int, int] = collections.Counter()
+    for leaf in jax.tree.leaves(tree):
+        arr = leaf.array if isinstance(leaf, NamedArray) else leaf
+        for shard in getattr(arr, "addressable_shards", ()):
+            out[shard.device.id] += shard.data.nbytes
+    return dict(sorted(out.items()))
+
+
 def named_array_html(x: NamedArray, mapping: Mapping | None = None) -> str:
     """Notebook view of a NamedArray: dtype, and one row per axis with its size and layout."""
     lay = layout(x, mapping).split()
     rows = "".join(
-        f"<tr><td><code>{html.escape(a.name)}</code></td><td>{a.size}</td><td><code>{html.escape(lay[i])}</code></td></tr>"
+        f"<tr><td><code>{html.escape(a.name)}</code></td><td style='text-align:right'>{a.size}</td>"
+        f"<td><code>{html.escape(lay[i])}</code></td></tr>"
         for i, a in enumerate(x.axes)
     )
     dtype = html.escape(str(getattr(x.array, "dtype", "?")))
+    nbytes = _human(x.size * np.dtype(x.array.dtype).itemsize) if hasattr(x.array, "dtype") else "?"
     return (
-        f"<div><b>NamedArray</b> <code>{dtype}</code> <code>{html.escape(' '.join(lay))}</code>"
-        f"<table><tr><th>axis</th><th>size</th><th>layout</th></tr>{rows}</table></div>"
+        f"<div><b>NamedArray</b> <code>{dtype}</code> <code>{html.escape(' '.join(lay))}</code> ({nbytes})"
+        f"<table><thead><tr><th>axis</th><th>size</th><th>layout</th></tr></thead><tbody>{rows}</tbody></table></div>"
     )
+
+
+# ---- compiled-program report ------------------------------------------------------------------
+
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
+                "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
+_KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute", "ragged-all-to-all",
+          "collective-broadcast")
+_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<shape>.+?)\s+(?P<op>" + "|".join(_KINDS)
+                    + r")(?P<start>-start)?\(")
+_ARRAY = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
+_IOTA = re.compile(r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?")
+_LIST = re.compile(r"replica_groups=\{((?:\{[\d,]*\},?)*)\}")
+_PAIRS = re.compile(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}")
+
+
+@dataclasses.dataclass
+class Collective:
+    """One collective instruction of an optimized HLO module.
+
+    ``bytes`` is the whole buffer on one device: the result of an all-gather, the operand of a
+    reduce-scatter, the operand (= result) of the others. ``sent_bytes`` estimates what one device
+    sends in a ring: ``bytes·(n-1)/n`` (all-gather, reduce-scatter, all-to-all), twice that for
+    an all-reduce, ``bytes`` for a permute. ``in_loop``: inside a while body (it runs once per
+    iteration; the count here is of instructions).
+    """
+
+    kind: str
+    mesh_axes: tuple[str, ...]
+    group_size: int
+    shape: str
+    bytes: int
+    sent_bytes: int
+    in_loop: bool
+    name: str
+
+
+@dataclasses.dataclass(repr=False)
+class CompiledReport:
+    """Collectives, memory per device and FLOPs of one compiled program."""
+
+    collectives: list[Collective]
+    memory: dict[str, int]
+    flops: float | None
+    bytes_accessed: float | None
+    mesh_shape: dict[str, int]
+    hlo: str = dataclasses.field(repr=False, default="")
+
+    def count(self, kind: str | None = None, mesh_axes: tuple[str, ...] | str | None = None) -> int:
+        """How many collective instructions of ``kind`` (e.g. ``"reduce-scatter"``) over ``mesh_axes``."""
+        return len(self._select(kind, mesh_axes))
+
+    def total_bytes(self, kind: str | None = None, mesh_axes: tuple[str, ...] | str | None = None) -> int:
+        return sum(c.bytes for c in self._select(kind, mesh_axes))
+
+    def _select(self, kind, mesh_axes):
+        if isinstance(mesh_axes, str):
+            mesh_axes = (mesh_axes,)
+        return [c for c in self.collectives if (kind is None or c.kind == kind)
+                and (mesh_axes is None or tuple(c.mesh_axes) == tuple(mesh_axes))]
+
+    @property
+    def peak_bytes(self) -> int:
+        """Arguments + outputs + temporaries - aliased (donated) bytes, per device: what the
+        program needs live at its worst, by XLA's buffer assignment."""
+        m = self.memory
+        return m.get("argument", 0) + m.get("output", 0) + m.get("temp", 0) - m.get("alias", 0)
+
+    def summary(self) -> list[tuple[str, str, int, int, int, bool]]:
+        """(kind, mesh axes, count, bytes, sent bytes, any in a loop) per kind and mesh axes."""
+        groups: dict[tuple[str, tuple[str, ...]], list[Collective]] = {}
+        for c in self.collectives:
+            groups.setdefault((c.kind, c.mesh_axes), []).append(c)
+        return [(k, "+".join(m) or "-", len(cs), sum(c.bytes for c in cs), sum(c.sent_bytes for c in cs),
+                 any(c.in_loop for c in cs)) for (k, m), cs in sorted(groups.items())]
+
+    _HEAD = ("collective", "mesh axes", "count", "bytes", "sent/device", "in loop")
+
+    def _cells(self):
+        return [(k, m, n, _human(b), _human(s), "yes" if loop else "") for k, m, n, b, s, loop in self.summary()]
+
+    def _footer(self) -> list[str]:
+        m = self.memory
+        lines = []
+        if m:
+            lines.append(f"memory per device: arguments {_human(m.get('argument', 0))}, outputs {_human(m.get('output', 0))}, "
+                         f"temporaries {_human(m.get('temp', 0))}, aliased {_human(m.get('alias', 0))}; "
+                         f"peak {_human(self.peak_bytes)}")
+        if self.flops is not None:
+            lines.append(f"FLOPs per device: {self.flops:,.0f}" + (
+                f"; bytes accessed: {_human(self.bytes_accessed)}" if self.bytes_accessed is not None else ""))
+        return lines
+
+    def __str__(self) -> str:
+        head = [f"mesh {self.mesh_shape}"]
+        body = _table_text(self._HEAD, self._cells(), {2, 3, 4}) if self.collectives else ["no collectives"]
+        return "\n".join(head + body + self._footer())
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        table = _table_html(self._HEAD, self._cells(), {2, 3, 4}) if self.collectives else "<p>no collectives</p>"
+        foot = "".join(f"<p>{html.escape(line)}</p>" for line in self._footer())
+        return f"<div><b>compiled program</b> on mesh <code>{html.escape(str(self.mesh_shape))}</code>{table}{foot}</div>"
+
+
+def _shape_bytes(shape_text: str, start: bool) -> tuple[int, str]:
+    arrays = _ARRAY.findall(shape_text)
+    if start and len(arrays) > 1:  # async start: (operands, results, ...); the result comes second
+        arrays = arrays[len(arrays) // 2: len(arrays) // 2 + 1] if len(arrays) % 2 == 0 else arrays[-1:]
+    total = 0
+    for dtype, dims in arrays:
+        n = math.prod(int(d) for d in dims.split(",") if d) if dims else 1
+        total += n * _DTYPE_BYTES.get(dtype, 1 if dtype.startswith("f8") or dtype.startswith("f4") else 4)
+    text = ", ".join(f"{d}[{s}]" for d, s in arrays)
+    return total, text
+
+
+def _groups(line: str, n_devices: int) -> list[list[int]]:
+    m = _IOTA.search(line)
+    if m:
+        shape = [int(v) for v in m.group(1).split(",")]
+        dims = [int(v) for v in m.group(2).split(",")]
+        ids = np.arange(math.prod(dims)).reshape(dims)
+        if m.group(3):
+            ids = ids.transpose([int(v) for v in m.group(3).split(",")])
+        return ids.reshape(shape).tolist()
+    m = _LIST.search(line)
+    if m and m.group(1):
+        return [[int(v) for v in g.split(",") if v] for g in re.findall(r"\{([\d,]*)\}", m.group(1))]
+    m = _PAIRS.search(line)
+    if m:
+        return [[int(a), int(b)] for a, b in re.findall(r"\{(\d+),(\d+)\}", m.group(1))]
+    return [list(range(n_devices))]
+
+
+def _mesh_axes_of(groups: list[list[int]], mesh) -> tuple[str, ...]:
+    if mesh is None:
+        return ()
+    shape = tuple(mesh.devices.shape) if hasattr(mesh, "devices") else tuple(mesh.shape.values())
+    names = tuple(mesh.axis_names)
+    varying = set()
+    for g in groups:
+        coords = np.array([np.unravel_index(d, shape) for d in g if d < math.prod(shape)])
+        if len(coords):
+            varying |= {names[i] for i in range(len(names)) if len(set(coords[:, i])) > 1}
+    return tuple(n for n in names if n in varying)
+
+
+def _while_bodies(hlo: str) -> set[str]:
+    return set(re.findall(r"\bbody=%?([\w.\-]+)", hlo))
+
+
+def parse_collectives(hlo: str, mesh=None) -> list[Collective]:
+    """The collective instructions of optimized HLO text, with the mesh axes they run over
+    (read from their replica groups: the mesh axes along which a group's devices differ)."""
+    n_devices = math.prod(mesh.shape.values()) if mesh is not None else 1
+    bodies = _while_bodies(hlo)
+    computation = ""
+    out = []
+    for line in hlo.splitlines():
+        head = re.match(r"^\s*(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$", line)
+        if head and "=" not in line.split("{")[0]:
+            computation = head.group(1)
+        m = _INSTR.match(line)
+        if not m:
+            continue
+        kind, start = m.group("op"), bool(m.group("start"))
+        nbytes, shape = _shape_bytes(m.group("shape"), start)
+        groups = _groups(line, n_devices)
+        n = max(len(groups[0]), 1) if groups else 1
+        if kind == "reduce-scatter":
+            nbytes *= n
+        if kind == "collective-permute":
+            sent = nbytes
+        elif kind == "all-reduce":
+            sent = 2 * nbytes * (n - 1) // n
+        else:
+            sent = nbytes * (n - 1) // n
+        out.append(Collective(kind, _mesh_axes_of(groups, mesh), n if kind != "collective-permute" else 2, shape,
+                              nbytes, sent, computation in bodies, m.group("name")))
+    return out
+
+
+def _compile(fn_or_stage, args, kwargs):
+    stage = fn_or_stage
+    if hasattr(stage, "lower") and not isinstance(stage, jax.stages.Lowered):
+        stage = stage.lower(*args, **kwargs)
+    elif args or kwargs:
+        raise TypeError("compiled_report: arguments are only for a function to lower (named_jit or jax.jit)")
+    if isinstance(stage, jax.stages.Lowered):
+        stage = stage.compile()
+    if not isinstance(stage, jax.stages.Compiled):
+        raise TypeError(f"compiled_report takes a named_jit / jax.jit function (with its arguments), a Lowered or a "
+                        f"Compiled, got {type(fn_or_stage).__name__}")
+    return stage
+
+
+def _mesh_of(compiled):
+    try:
+        shardings = jax.tree.leaves(compiled.input_shardings) + jax.tree.leaves(compiled.output_shardings)
+    except Exception:  # noqa: BLE001 - an executable without sharding info: no mesh axes to name
+        shardings = []
+    for s in shardings:
+        if isinstance(s, jax.sharding.NamedSharding):
+            return s.mesh
+    return None
+
+
+def compiled_report(fn_or_stage, *args, mesh=None, **kwargs) -> CompiledReport:
+    """The collectives, memory per device and FLOPs of a compiled program.
+
+    ``fn_or_stage`` is a ``named_jit`` (or ``jax.jit``) function, called as it would be with
+    ``*args, **kwargs`` (it is lowered and compiled, not run); or a ``Lowered`` / ``Compiled``.
+    The mesh (for naming the mesh axes of each collective) comes from the program's shardings,
+    else ``mesh=``, else the current mesh.
+    """
+    compiled = _compile(fn_or_stage, args, kwargs)
+    mesh = mesh if mesh is not None else (_mesh_of(compiled) or current_mesh())
+    hlo = compiled.as_text()
+    memory: dict[str, int] = {}
+    try:
+        ma = compiled.memory_analysis()
+    except Exception:  # noqa: BLE001 - some backends have no memory analysis
+        ma = None
+    if ma is not None:
+        for key in ("argument", "output", "temp", "alias", "generated_code"):
+            v = getattr(ma, f"{key}_size_in_bytes", None)
+            if v is not None:
+                memory[key] = int(v)
+    try:
+        cost = compiled.cost_analysis()
+    except Exception:  # noqa: BLE001
+        cost = None
+    if isinstance(cost, (list, tuple)):
+        cost = cost[0] if cost else None
+    flops = float(cost["flops"]) if cost and "flops" in cost else None
+    accessed = float(cost["bytes accessed"]) if cost and "bytes accessed" in cost else None
+    return CompiledReport(parse_collectives(hlo, mesh), memory, flops, accessed,
+                          dict(mesh.shape) if mesh is not None else {}, hlo)

@@ -1,10 +1,17 @@
-"""``named-plan``: what a config would do on this machine, without training or compiling."""
+"""``named-plan``: what a config would do on this machine, without training.
+
+By default nothing is compiled or allocated: the mesh, every parameter's layout and bytes per
+device, and the microbatch plan. ``compile=True`` (``python -m trainer.plan --compile``) also
+compiles the train step on abstract inputs and reports its collectives, memory per device and
+FLOPs (a few seconds for the small configs).
+"""
 
 from __future__ import annotations
 
-import math
+import sys
 
 import jax
+import jax.numpy as jnp
 
 import named as nm
 
@@ -12,21 +19,24 @@ from .config import TrainConfig, data_parallel_size, to_mapping
 from .registry import flops_per_token, model_class
 
 
-def plan_report(cfg: TrainConfig) -> str:
+def _model(cfg: TrainConfig):
     from .data import load_tokenizer
 
     tokenizer = load_tokenizer(cfg.data.tokenizer, cfg.data.eos_token)
     vocab = -(-tokenizer.vocab_size // 128) * 128
     model_cfg = cfg.model.model_config(vocab_size=vocab)
+    return model_cfg, model_class(model_cfg)
+
+
+def plan_report(cfg: TrainConfig, *, compile: bool = False) -> str:
+    model_cfg, cls = _model(cfg)
     mesh = nm.make_mesh(cfg.mesh.shape)
     compute, param = to_mapping(cfg.mesh.compute_mapping), to_mapping(cfg.mesh.param_mapping)
-    cls = model_class(model_cfg)
     shapes = jax.eval_shape(lambda k: cls.init(model_cfg, key=k), jax.random.key(0))
     params = nm.param_report(shapes, param, mesh)
     t = cfg.trainer
     dp = data_parallel_size(cfg, dict(mesh.shape))
     micro = t.train_batch_size // t.microbatches
-    n_params = sum(math.prod(a.size for a in r.axes) for r in params.rows)
     lines = [
         f"devices: {len(jax.devices())} x {jax.devices()[0].device_kind} in {jax.process_count()} process(es)",
         f"mesh: {dict(mesh.shape)}",
@@ -41,7 +51,68 @@ def plan_report(cfg: TrainConfig) -> str:
         "",
         f"batch: {t.train_batch_size} sequences x {cfg.data.seq_len} tokens = {t.train_batch_size * cfg.data.seq_len} tokens/step",
         f"microbatches: {t.microbatches} of {micro} sequences; {micro // max(dp, 1)} per data-parallel group of {dp} device(s)",
-        f"model: {type(model_cfg).__name__} with {n_params:,} parameters; "
+        f"model: {type(model_cfg).__name__} with {params.n_params:,} parameters; "
         f"{flops_per_token(model_cfg, cfg.data.seq_len) / 1e9:.3f} GFLOP per token (6N + 12·L·d·T)",
     ]
+    if compile:
+        lines += ["", "train step (compiled on abstract inputs):", str(train_step_report(cfg))]
     return "\n".join(lines)
+
+
+def train_step_report(cfg: TrainConfig) -> nm.inspect.CompiledReport:
+    """Compile the train step ``named-train`` would run, on abstract inputs laid out as the run
+    lays them out (parameters and optimizer state by the parameter mapping, the batch by the
+    compute mapping), and report its collectives, memory per device and FLOPs."""
+    from named.nn.precision import get_policy
+
+    from .optim import build_optimizer
+    from .train import make_train_step
+
+    model_cfg, cls = _model(cfg)
+    mesh = nm.make_mesh(cfg.mesh.shape)
+    compute, param = to_mapping(cfg.mesh.compute_mapping), to_mapping(cfg.mesh.param_mapping)
+    t = cfg.trainer
+    optimizer = build_optimizer(cfg.optimizer, t.num_train_steps)
+
+    def abstract(tree, mapping):
+        def leaf(x):
+            if isinstance(x, nm.NamedArray):
+                return nm.NamedArray(jax.ShapeDtypeStruct(x.array.shape, x.array.dtype,
+                                                         sharding=nm.sharding_for(x, mapping, mesh)), x.axes)
+            if isinstance(x, jax.ShapeDtypeStruct):
+                return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=jax.sharding.NamedSharding(mesh, jax.P()))
+            return x
+
+        return jax.tree.map(leaf, tree, is_leaf=nm.is_named_array)
+
+    model = jax.eval_shape(lambda k: cls.init(model_cfg, key=k), jax.random.key(0))
+    opt_state = jax.eval_shape(optimizer.init, model)
+    rows = (nm.Axis("batch", t.train_batch_size), nm.Axis("position", cfg.data.seq_len))
+    batch = {name: nm.NamedArray(jax.ShapeDtypeStruct((rows[0].size, rows[1].size), dtype), rows)
+             for name, dtype in (("input_ids", jnp.int32), ("segment_ids", jnp.int32), ("loss_mask", jnp.bool_))}
+    step = make_train_step(cls, optimizer, get_policy(t.precision), cfg, compute, param)
+    with nm.set_mesh(mesh):
+        lowered = step.lower(abstract(model, param), abstract(opt_state, param), abstract(batch, compute),
+                             jax.random.key(0))
+    return nm.compiled_report(lowered, mesh=mesh)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m trainer.plan --config_path config/gpt2_nano.yaml [--compile] [--section.key value ...]``"""
+    from .cli import _fail, _split_config_path
+    from .config import ConfigError, load_config
+    from .data import DataError
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    compile_step = "--compile" in argv
+    argv = [a for a in argv if a != "--compile"]
+    config_path, rest = _split_config_path(argv)
+    try:
+        print(plan_report(load_config(config_path, rest), compile=compile_step))
+    except (ConfigError, DataError, nm.NamedError) as e:
+        return _fail(e)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

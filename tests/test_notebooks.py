@@ -1,0 +1,48 @@
+"""The notebooks in docs/notebooks execute top to bottom (so they never rot).
+
+Each runs in a fresh kernel of this interpreter; the notebooks set XLA_FLAGS for 8 fake
+devices in their first cell, before importing jax.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import sys
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+
+NOTEBOOKS = sorted((pathlib.Path(__file__).resolve().parents[1] / "docs" / "notebooks").glob("*.ipynb"))
+
+
+def _kernel_name() -> str:
+    """The ``python3`` kernel, checked to run this interpreter (ipykernel installs that kernelspec
+    into the venv; jupyter_client runs a spec's ``python`` as ``sys.executable``)."""
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    try:
+        spec = KernelSpecManager().get_kernel_spec("python3")
+    except NoSuchKernel:
+        pytest.fail("no python3 kernelspec: `pip install ipykernel` in this environment (make install does)")
+    exe = spec.argv[0]
+    assert exe in ("python", "python3", sys.executable) or os.path.realpath(exe) == os.path.realpath(sys.executable), spec.argv
+    return "python3"
+
+
+def test_there_are_three_notebooks():
+    assert {p.stem for p in NOTEBOOKS} == {"named_arrays_tour", "sharding_explorer", "explicit_mode"}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_executes(path):
+    nb = nbformat.read(path, as_version=4)
+    assert "xla_force_host_platform_device_count=8" in nb.cells[1].source and "import jax" in nb.cells[1].source
+    env_before = os.environ.get("XLA_FLAGS")
+    client = nbclient.NotebookClient(nb, kernel_name=_kernel_name(), timeout=120, resources={"metadata": {"path": str(path.parent)}})
+    client.execute()
+    assert os.environ.get("XLA_FLAGS") == env_before
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
+    assert not errors
