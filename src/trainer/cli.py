@@ -31,9 +31,16 @@ def main_train(argv: list[str] | None = None) -> int:
         cfg = load_config(config_path, rest)
     except (ConfigError, DataError) as e:
         return _fail(e)
-    from .distributed import maybe_initialize
+    from .distributed import describe_failure, exit_now, maybe_initialize
 
-    maybe_initialize(cfg.distributed)
+    try:
+        multi = maybe_initialize(cfg.distributed)
+    except ConfigError as e:
+        return _fail(e)
+    except Exception as e:  # noqa: BLE001 - e.g. the coordinator unreachable, or the first collective failing
+        _fail(e)
+        exit_now(1)
+    import jax
     from named import NamedError
 
     from .checkpoint import CheckpointError
@@ -42,8 +49,18 @@ def main_train(argv: list[str] | None = None) -> int:
     try:
         result = train(cfg)
     except (ConfigError, DataError, NamedError, CheckpointError, TrainingError) as e:
+        if multi:
+            exit_now(_fail(RuntimeError(describe_failure(e))))
         return _fail(e)
-    if result.losses:
+    except BaseException as e:
+        if multi:  # a peer died, or a bug: report it, then don't wait for the others (see exit_now)
+            import traceback
+
+            traceback.print_exc()
+            _fail(RuntimeError(describe_failure(e)))
+            exit_now(130 if isinstance(e, KeyboardInterrupt) else 1)
+        raise
+    if result.losses and jax.process_index() == 0:
         print(f"done: {len(result.losses)} steps, loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f}; run dir {result.run_dir}")
     return 0
 

@@ -15,22 +15,33 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .config import TrackerConfig
+from .config import ConfigError, TrackerConfig
 
 log = logging.getLogger("named.trainer")
 
 
 def setup_logging(run_dir: Path, process_index: int) -> None:
-    """Console logging for process 0; a per-process log file for every process."""
+    """Console logging for process 0; a per-process log file for every process.
+
+    The log files take the level in NAMED_LOG_LEVEL (default INFO); at DEBUG they also record
+    the data rows each process reads at every step. The console stays at INFO.
+    """
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    level = os.environ.get("NAMED_LOG_LEVEL", "INFO").upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise ConfigError(f"NAMED_LOG_LEVEL={level!r}: use DEBUG, INFO, WARNING or ERROR")
+    for h in log.handlers:
+        h.close()
     log.handlers.clear()
-    log.setLevel(logging.INFO)
+    log.setLevel(min(logging.INFO, getattr(logging, level)))
     log.propagate = False
     fh = logging.FileHandler(run_dir / "logs" / f"process_{process_index}.log")
+    fh.setLevel(getattr(logging, level))
     fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     log.addHandler(fh)
     if process_index == 0:
         ch = logging.StreamHandler(sys.stdout)
+        ch.setLevel(logging.INFO)
         ch.setFormatter(logging.Formatter("%(message)s"))
         log.addHandler(ch)
 
@@ -63,11 +74,11 @@ class Trackers:
             )
 
     def log(self, step: int, metrics: dict[str, Any], *, prefix: str = "train") -> None:
+        if self.console or not self.active:  # processes > 0: into their own log file only
+            log.info(f"[{prefix} {step}] " + "  ".join(f"{k}={_fmt(v)}" for k, v in metrics.items()))
         if not self.active:
             return
         row = {"step": step, **{f"{prefix}/{k}": v for k, v in metrics.items()}}
-        if self.console:
-            log.info(f"[{prefix} {step}] " + "  ".join(f"{k}={_fmt(v)}" for k, v in metrics.items()))
         if self._jsonl is not None:
             self._jsonl.write(json.dumps(row) + "\n")
             self._jsonl.flush()

@@ -243,6 +243,7 @@ def train(cfg: TrainConfig) -> TrainResult:
         window_t, window_tokens = time.perf_counter(), 0.0
         step = start
         for step in range(start, t.num_train_steps):
+            log.debug("step %d: process %d reads data rows %s", step, pid, train_batches.indices(step).tolist())
             batch = device_batch(train_batches.batch_at(step), mesh, compute, t.train_batch_size)
             model, opt_state, metrics = train_step(model, opt_state, batch, jax.random.fold_in(data_key, step))
             loss = float(metrics["loss"])

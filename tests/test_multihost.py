@@ -1,0 +1,497 @@
+"""Multi-host training on jax.distributed, proven on one machine: 2 processes x 4 fake CPU
+devices (gloo collectives) against 1 process x 8 devices, FSDP over the 8 global devices.
+
+What is proven here (docs/multihost.md lists it too): equal losses; each process reads only
+its rows of every batch; only process 0 writes metrics and the console; checkpoints move both
+ways between 2 processes and 1; a killed or frozen process makes the others exit, with and
+without the launcher, and leaves the last committed checkpoint valid; the launcher's signal
+forwarding, exit codes and ``--`` parsing.
+"""
+
+import json
+import os
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from test_trainer import CORPUS, FSDP, tiny_args
+from trainer import checkpoint as ck
+from trainer.config import load_config
+from trainer.data import TrainBatches, build_data
+from trainer.distributed import settings
+from trainer.launch import child_env, free_port, parse_args
+from trainer.train import train
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = str(ROOT / "config" / "gpt2_nano.yaml")
+TRAIN = [sys.executable, "-c", "import sys; from trainer.cli import main_train; sys.exit(main_train())",
+         "--config_path", CONFIG]
+LAUNCH = [sys.executable, "-m", "trainer.launch"]
+# named-train whose process 1 reaches its first train step SKEW_S seconds after process 0:
+# longer than the 30 s gloo waits when it connects a group of devices (see connect_collectives).
+SKEW_S = 35
+TRAIN_SKEWED = [sys.executable, "-c", f"""
+import os, sys, time
+import trainer.train as tt
+make = tt.make_train_step
+def late(*a, **k):
+    if os.environ["NAMED_PROCESS_ID"] == "1":
+        time.sleep({SKEW_S})
+    return make(*a, **k)
+tt.make_train_step = late
+from trainer.cli import main_train
+sys.exit(main_train())
+""", "--config_path", CONFIG]
+STEPS, CKPT_EVERY = 20, 10
+# The same run in every comparison: log every step, checkpoint at 10 (and at the end), and at
+# the end an eval and a greedy sample (both run on the global mesh, so on every process).
+RUN = {**FSDP, "trainer.log_interval": 1, "checkpoint.interval": CKPT_EVERY, "checkpoint.keep_last": 5,
+       "trainer.eval_interval": STEPS, "trainer.sample_interval": STEPS, "trainer.sample_tokens": 8}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("corpus")
+    (d / "code.txt").write_text(CORPUS)
+    return d
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_core_dumps():
+    """A process that JAX aborts (heartbeat failure) must not leave a core file behind;
+    children inherit the limit (a preexec_fn would fork a multithreaded JAX process)."""
+    old = resource.getrlimit(resource.RLIMIT_CORE)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, old[1]))
+    yield
+    resource.setrlimit(resource.RLIMIT_CORE, old)
+
+
+_COMPILE_CACHE: dict[str, str] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compile_cache(tmp_path_factory):
+    """One persistent compilation cache for the processes this module starts: later runs of
+    the same program load it instead of compiling again (about 40 % of a short run's CPU).
+    The pytest process itself does not use it."""
+    _COMPILE_CACHE.update(JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("jax_cache")),
+                          JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+    yield
+    _COMPILE_CACHE.clear()
+
+
+def _base_env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS") and not k.startswith("NAMED_")}
+    env["NAMED_LOG_LEVEL"] = "DEBUG"  # the per-process log files record the data rows read at each step
+    env.update(_COMPILE_CACHE)
+    env.update(extra)
+    return env
+
+
+def start_two(args: list[str], out: Path, **extra_env) -> list[subprocess.Popen]:
+    """Two named-train processes x 4 CPU devices, wired by hand (no launcher); stdout and
+    stderr of each go to ``out/stdout_<i>.txt`` and ``out/stderr_<i>.txt``."""
+    out.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    procs = []
+    for i in range(2):
+        env = child_env(_base_env(**extra_env), i, 2, port, 4, cpu=True)
+        with open(out / f"stdout_{i}.txt", "w") as so, open(out / f"stderr_{i}.txt", "w") as se:
+            procs.append(subprocess.Popen(TRAIN + args, env=env, stdout=so, stderr=se, cwd=ROOT))
+    return procs
+
+
+def read(out: Path, name: str) -> str:
+    return (out / name).read_text()
+
+
+def finish(procs: list[subprocess.Popen], out: Path, timeout: float = 400) -> None:
+    try:
+        for p in procs:
+            p.wait(timeout=timeout)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    codes = [p.returncode for p in procs]
+    assert codes == [0] * len(procs), (codes, *(read(out, f"stderr_{i}.txt")[-3000:] for i in range(len(procs))))
+
+
+def metrics(run_dir: Path, key: str = "train/loss") -> dict:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    values = [(r["step"], r[key]) for r in rows if key in r]
+    assert len(values) == len(dict(values)), f"{key} logged twice for a step: more than one process wrote metrics"
+    return dict(values)
+
+
+def copy_checkpoint(src_run: Path, step: int, dst_run: Path) -> None:
+    shutil.copytree(src_run / "checkpoints" / f"step_{step}", dst_run / "checkpoints" / f"step_{step}")
+
+
+@pytest.fixture(scope="module")
+def one_process(corpus, tmp_path_factory):
+    """The reference: 1 process x 8 devices, in this process (conftest gives 8 CPU devices)."""
+    run_dir = tmp_path_factory.mktemp("one") / "run"
+    result = train(load_config(CONFIG, tiny_args(corpus, run_dir, **RUN)))
+    assert len(result.losses) == STEPS
+    return result
+
+
+@pytest.fixture(scope="module")
+def two_processes(corpus, tmp_path_factory):
+    """The same run on 2 processes x 4 devices; process 0's console on."""
+    base = tmp_path_factory.mktemp("two")
+    run_dir, out = base / "run", base / "out"
+    t0 = time.monotonic()
+    procs = start_two(tiny_args(corpus, run_dir, **RUN, **{"tracker.console": "true"}), out)
+    finish(procs, out)
+    print(f"2x4 run of {STEPS} steps: {time.monotonic() - t0:.1f} s")
+    return run_dir, out
+
+
+def test_two_processes_match_one_process(one_process, two_processes):
+    run_dir, _ = two_processes
+    two = metrics(run_dir)
+    assert sorted(two) == list(range(1, STEPS + 1))
+    diff = np.abs(np.array([two[s] for s in range(1, STEPS + 1)]) - np.array(one_process.losses))
+    print(f"max |loss(2x4) - loss(1x8)| over {STEPS} steps: {diff.max():.3g}")
+    assert diff.max() <= 1e-6, diff
+    one_dir = one_process.run_dir
+    assert abs(metrics(run_dir, "eval/loss")[STEPS] - metrics(one_dir, "eval/loss")[STEPS]) <= 1e-6
+    assert metrics(run_dir, "sample") == metrics(one_dir, "sample")  # the same weights (to 1e-6): the same text
+    assert np.mean(one_process.losses[-5:]) < np.mean(one_process.losses[:5]) - 0.5  # it did learn
+
+
+_ROWS = re.compile(r"step (\d+): process (\d) reads data rows \[([\d, ]*)\]")
+
+
+def test_each_process_reads_only_its_rows(corpus, two_processes):
+    run_dir, _ = two_processes
+    cfg = load_config(CONFIG, tiny_args(corpus, run_dir, **RUN))
+    sequences = build_data(cfg.data).train
+    batches = [TrainBatches(sequences, batch_size=16, seed=0, process_index=i, process_count=2) for i in range(2)]
+    read_rows = [{}, {}]
+    for i in range(2):
+        for m in _ROWS.finditer((run_dir / "logs" / f"process_{i}.log").read_text()):
+            assert int(m.group(2)) == i
+            read_rows[i][int(m.group(1))] = [int(x) for x in m.group(3).split(",")]
+    for step in range(STEPS):
+        mine, theirs = read_rows[0][step], read_rows[1][step]
+        assert len(mine) == len(theirs) == 8  # half of the global batch each
+        assert mine == batches[0].indices(step).tolist() and theirs == batches[1].indices(step).tolist()
+        assert not set(mine) & set(theirs)
+        assert mine + theirs == batches[0].global_indices(step).tolist()
+
+
+def test_only_process_zero_writes_console_and_trackers(two_processes):
+    run_dir, out = two_processes
+    stdout_0, stdout_1 = read(out, "stdout_0.txt"), read(out, "stdout_1.txt")
+    assert "[train 20]" in stdout_0 and "[eval 20]" in stdout_0 and "[sample 20]" in stdout_0 and "done: 20 steps" in stdout_0
+    assert "[train" not in stdout_1 and "[eval" not in stdout_1 and "[sample" not in stdout_1, stdout_1[-2000:]
+    assert "done:" not in stdout_1 and "loss" not in stdout_1, stdout_1[-2000:]
+    assert "[train" not in read(out, "stderr_1.txt")
+    log_1 = (run_dir / "logs" / "process_1.log").read_text()
+    assert "[train 20]" in log_1  # process 1 logs into its own file ...
+    assert len(metrics(run_dir)) == STEPS  # ... and metrics.jsonl has one row per step: process 0's
+
+
+def test_two_process_checkpoint_resumes_in_one_process(corpus, one_process, two_processes, tmp_path):
+    run_dir, _ = two_processes
+    commit = ck.verify_checkpoint(run_dir / "checkpoints" / f"step_{CKPT_EVERY}")
+    assert commit["process_count"] == 2
+    # FSDP over 8 devices: both processes wrote chunks of every embed-sharded weight.
+    assert sum(1 for f in commit["files"] if "/c/" in f) > len(commit["leaves"])
+    copy_checkpoint(run_dir, CKPT_EVERY, tmp_path / "run")
+    resumed = train(load_config(CONFIG, tiny_args(corpus, tmp_path / "run", **RUN, **{"trainer.load_checkpoint": "auto"})))
+    assert len(resumed.losses) == STEPS - CKPT_EVERY
+    np.testing.assert_allclose(resumed.losses, one_process.losses[CKPT_EVERY:], rtol=0, atol=1e-5)
+    for a, b in zip(jax.tree.leaves(resumed.model), jax.tree.leaves(one_process.model)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-4)
+
+
+def test_one_process_checkpoint_resumes_in_two_processes_under_the_launcher(corpus, one_process, tmp_path):
+    """Also: process 1 starts its first step SKEW_S seconds late, and nothing times out."""
+    copy_checkpoint(one_process.run_dir, CKPT_EVERY, tmp_path / "run")
+    args = tiny_args(corpus, tmp_path / "run", **RUN, **{"trainer.load_checkpoint": "auto"})
+    r = subprocess.run([*LAUNCH, "--nproc", "2", "--devices-per-process", "4", "--", *TRAIN_SKEWED, *args], cwd=ROOT,
+                       env=_base_env(), capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0, r.stderr[-3000:]
+    two = metrics(tmp_path / "run")
+    assert sorted(two) == list(range(CKPT_EVERY + 1, STEPS + 1))
+    np.testing.assert_allclose([two[s] for s in sorted(two)], one_process.losses[CKPT_EVERY:], rtol=0, atol=1e-5)
+    assert abs(metrics(tmp_path / "run", "eval/loss")[STEPS] - metrics(one_process.run_dir, "eval/loss")[STEPS]) <= 1e-5
+    for i in range(2):
+        assert f"resumed from {tmp_path / 'run' / 'checkpoints' / f'step_{CKPT_EVERY}'} at step {CKPT_EVERY}" in \
+            (tmp_path / "run" / "logs" / f"process_{i}.log").read_text()
+    assert ck.verify_checkpoint(tmp_path / "run" / "checkpoints" / f"step_{STEPS}")["process_count"] == 2
+
+
+# ---- a process dies ---------------------------------------------------------------------
+
+# Long enough never to finish in these tests; a checkpoint every 2 steps.
+ENDLESS = {**FSDP, "trainer.num_train_steps": 100000, "trainer.log_interval": 1, "checkpoint.interval": 2,
+           "checkpoint.keep_last": 2, "trainer.progress_bar": "false"}
+
+
+def wait_for_commit(run_dir: Path, procs, timeout: float = 300) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = ck.list_checkpoints(run_dir)
+        if found:
+            return found[-1][0]
+        assert all(p.poll() is None for p in procs), [p.poll() for p in procs]
+        time.sleep(0.2)
+    raise AssertionError(f"no checkpoint committed in {timeout} s")
+
+
+def children_by_process_id(launcher_pid: int) -> dict[int, int]:
+    """{NAMED_PROCESS_ID: os pid} of the launcher's children, from /proc."""
+    out = {}
+    for task in Path(f"/proc/{launcher_pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+            ids = [e.split(b"=", 1)[1] for e in environ if e.startswith(b"NAMED_PROCESS_ID=")]
+            if ids:
+                out[int(ids[0])] = int(child)
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_killed_process_stops_the_launch_and_the_last_checkpoint_stays_valid(corpus, tmp_path):
+    run_dir = tmp_path / "run"
+    with open(tmp_path / "out.txt", "w") as so, open(tmp_path / "err.txt", "w") as se:
+        launcher = subprocess.Popen([*LAUNCH, "--nproc", "2", "--devices-per-process", "4", "--", *TRAIN,
+                                     *tiny_args(corpus, run_dir, **ENDLESS)], cwd=ROOT, env=_base_env(),
+                                    stdout=so, stderr=se)
+    try:
+        committed = wait_for_commit(run_dir, [launcher])
+        kids = children_by_process_id(launcher.pid)
+        assert sorted(kids) == [0, 1]
+        t0 = time.monotonic()
+        os.kill(kids[1], signal.SIGKILL)
+        code = launcher.wait(timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    print(f"launcher exited {took:.1f} s after process 1 was killed")
+    err = (tmp_path / "err.txt").read_text()
+    assert code == 128 + signal.SIGKILL, err[-3000:]
+    assert f"process 1 of 2 (pid {kids[1]}) was killed by SIGKILL; stopping the others" in err
+    assert not alive(kids[0])
+    latest = ck.latest_checkpoint(run_dir)
+    assert latest is not None and int(latest.name.split("_")[1]) >= committed
+    assert ck.verify_checkpoint(latest)["process_count"] == 2
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGSTOP"])
+def test_survivor_exits_without_a_launcher(corpus, tmp_path, how):
+    """No launcher to stop it: a dead peer (SIGKILL) breaks the next collective; a frozen one
+    (SIGSTOP) stops sending heartbeats and JAX aborts the survivor after the heartbeat timeout."""
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    procs = start_two(tiny_args(corpus, run_dir, **ENDLESS), out, NAMED_HEARTBEAT_TIMEOUT="10")
+    try:
+        wait_for_commit(run_dir, procs)
+        t0 = time.monotonic()
+        procs[1].send_signal(getattr(signal, how))
+        code = procs[0].wait(timeout=120)
+        took = time.monotonic() - t0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    err = read(out, "stderr_0.txt")
+    print(f"{how} of process 1: process 0 exited with {code} after {took:.1f} s")
+    broken_collective = code == 1 and "error: process 0 of 2: a collective across processes failed" in err
+    heartbeat_abort = code == -signal.SIGABRT and "stopped sending heartbeats" in err
+    if how == "SIGKILL":  # usually the collective; the heartbeat if process 0 was not in one (checkpoint barrier)
+        assert broken_collective or heartbeat_abort, (code, err[-3000:])
+    else:
+        assert heartbeat_abort, (code, err[-3000:])
+    assert ck.verify_checkpoint(ck.latest_checkpoint(run_dir))["process_count"] == 2
+
+
+# ---- the launcher -----------------------------------------------------------------------
+
+CHILD = """
+import os, signal, sys, time
+i = int(os.environ["NAMED_PROCESS_ID"])
+out = sys.argv[1]
+if sys.argv[2] == "ignore-term":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+open(f"{out}/{i}.pid", "w").write(f"{os.getpid()} {os.environ['NAMED_COORDINATOR']} {os.environ['XLA_FLAGS']}")
+if sys.argv[2] == "fail" and i == 1:
+    time.sleep(0.5)
+    sys.exit(3)
+time.sleep(120)
+"""
+
+
+def launch_children(tmp_path: Path, mode: str, *launcher_args: str) -> tuple[subprocess.Popen, dict[int, int]]:
+    p = subprocess.Popen([*LAUNCH, "--nproc", "2", "--devices-per-process", "3", *launcher_args, "--",
+                          sys.executable, "-c", CHILD, str(tmp_path), mode], env=_base_env(),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not all((tmp_path / f"{i}.pid").exists() and (tmp_path / f"{i}.pid").read_text() for i in range(2)):
+        assert time.monotonic() < deadline and p.poll() is None, p.communicate()
+        time.sleep(0.05)
+    return p, {i: int((tmp_path / f"{i}.pid").read_text().split()[0]) for i in range(2)}
+
+
+def wait_gone(pids, timeout=10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(alive(p) for p in pids):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_launcher_sets_each_process_up(tmp_path):
+    p, pids = launch_children(tmp_path, "sleep")
+    try:
+        info = [(tmp_path / f"{i}.pid").read_text().split() for i in range(2)]
+        assert info[0][1] == info[1][1] and info[0][1].startswith("127.0.0.1:")  # one coordinator
+        assert info[0][2] == info[1][2] == "--xla_force_host_platform_device_count=3"
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=30)
+
+
+def test_launcher_environment_for_gpus():
+    env = child_env({"XLA_FLAGS": "--xla_cpu_foo"}, 1, 4, 1234, 2, cpu=False)
+    assert env["JAX_LOCAL_DEVICE_IDS"] == "2,3" and env["XLA_FLAGS"] == "--xla_cpu_foo"
+    assert "JAX_PLATFORMS" not in env and "NAMED_CPU_COLLECTIVES" not in env
+    assert (env["NAMED_COORDINATOR"], env["NAMED_NUM_PROCESSES"], env["NAMED_PROCESS_ID"]) == ("127.0.0.1:1234", "4", "1")
+
+
+def test_launcher_forwards_sigterm_and_exits_143(tmp_path):
+    p, pids = launch_children(tmp_path, "sleep")
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 128 + signal.SIGTERM
+    assert "got SIGTERM; forwarded it to all 2 processes" in err
+    assert wait_gone(pids.values())
+
+
+def test_launcher_kills_a_process_that_ignores_sigterm_after_the_grace(tmp_path):
+    p, pids = launch_children(tmp_path, "ignore-term", "--grace", "1")
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGINT)
+    p.communicate(timeout=30)
+    assert p.returncode == 128 + signal.SIGINT and time.monotonic() - t0 < 10
+    assert wait_gone(pids.values())
+
+
+def test_launcher_propagates_a_failure_and_stops_the_others(tmp_path):
+    p, pids = launch_children(tmp_path, "fail")
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 3
+    assert f"process 1 of 2 (pid {pids[1]}) exited with code 3; stopping the others" in err
+    assert wait_gone([pids[0]])
+
+
+def test_launcher_death_takes_its_children_along(tmp_path):
+    p, pids = launch_children(tmp_path, "sleep")
+    p.kill()
+    p.communicate(timeout=30)
+    assert wait_gone(pids.values())
+
+
+def test_launcher_exit_code_and_argument_parsing(tmp_path):
+    ok = subprocess.run([*LAUNCH, "--nproc", "3", "--", sys.executable, "-c",
+                         "import os, sys; sys.stdout.write(f\"{os.environ['NAMED_PROCESS_ID']} {sys.argv[1:]}\\n\")", "--", "--nproc", "9"],
+                        env=_base_env(), capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0, ok.stderr
+    # Everything after the first -- belongs to the command, later -- and --nproc included.
+    assert sorted(ok.stdout.splitlines()) == [f"{i} ['--', '--nproc', '9']" for i in range(3)]
+    bad = subprocess.run([*LAUNCH, "--nproc", "2", sys.executable, "-c", "pass"], env=_base_env(),
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "put the command after --" in bad.stderr
+    none = subprocess.run([*LAUNCH, "--nproc", "2", "--"], env=_base_env(), capture_output=True, text=True, timeout=60)
+    assert none.returncode == 2 and "give the command after --" in none.stderr
+    a, cmd = parse_args(["--nproc", "4", "--grace", "2", "--", "named-train", "--trainer.num_train_steps", "3"])
+    assert (a.nproc, a.grace, a.devices_per_process, a.gpu) == (4, 2.0, None, False)
+    assert cmd == ["named-train", "--trainer.num_train_steps", "3"]
+    missing = subprocess.run([*LAUNCH, "--nproc", "2", "--", str(tmp_path / "no-such-program")], env=_base_env(),
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 127 and "cannot start" in missing.stderr
+
+
+def test_free_port_is_bindable_and_outside_the_ephemeral_range():
+    import socket
+
+    port = free_port()
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    assert port < low
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+
+
+# ---- settings -----------------------------------------------------------------------------
+
+
+def test_distributed_settings(monkeypatch):
+    from trainer.config import ConfigError, DistributedConfig
+
+    for k in ("NAMED_COORDINATOR", "NAMED_NUM_PROCESSES", "NAMED_PROCESS_ID", "NAMED_HEARTBEAT_TIMEOUT"):
+        monkeypatch.delenv(k, raising=False)
+    assert settings(DistributedConfig()) is None  # one process
+    auto = settings(DistributedConfig(initialize=True))  # JAX's cluster auto-detection fills the rest
+    assert auto == {"initialization_timeout": 300, "heartbeat_timeout_seconds": 100}
+    monkeypatch.setenv("NAMED_COORDINATOR", "127.0.0.1:1234")
+    monkeypatch.setenv("NAMED_NUM_PROCESSES", "2")
+    monkeypatch.setenv("NAMED_PROCESS_ID", "1")
+    monkeypatch.setenv("NAMED_HEARTBEAT_TIMEOUT", "7")
+    kw = settings(DistributedConfig(local_device_ids=[0, 1]))
+    assert kw == {"coordinator_address": "127.0.0.1:1234", "num_processes": 2, "process_id": 1,
+                  "local_device_ids": [0, 1], "initialization_timeout": 300, "heartbeat_timeout_seconds": 7}
+    assert settings(DistributedConfig(process_id=0))["process_id"] == 0  # the config wins over the environment
+    monkeypatch.setenv("NAMED_HEARTBEAT_TIMEOUT", "soon")
+    with pytest.raises(ConfigError, match="NAMED_HEARTBEAT_TIMEOUT"):
+        settings(DistributedConfig())
+    monkeypatch.delenv("NAMED_HEARTBEAT_TIMEOUT")
+    monkeypatch.delenv("NAMED_PROCESS_ID")
+    with pytest.raises(ConfigError, match="distributed.process_id missing"):
+        settings(DistributedConfig())
+
+
+def test_named_train_initializes_distributed_before_any_backend():
+    """named-train reads its config, then calls jax.distributed.initialize: by then no JAX
+    backend may have started (initialize must come before any other JAX work)."""
+    code = f"""
+import sys, jax
+from jax._src import xla_bridge
+def initialize(**kw):
+    assert not xla_bridge._backends, f"backends started before jax.distributed.initialize: {{list(xla_bridge._backends)}}"
+    print("initialize", sorted(kw))
+    sys.exit(0)
+jax.distributed.initialize = initialize
+from trainer.cli import main_train
+main_train(["--config_path", {CONFIG!r}, "--trainer.num_train_steps", "50"])
+raise SystemExit("jax.distributed.initialize was not called")
+"""
+    env = child_env(_base_env(), 1, 2, 1234, 4, cpu=True)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "initialize ['coordinator_address', 'heartbeat_timeout_seconds', 'initialization_timeout', " \
+           "'num_processes', 'process_id']" in r.stdout
