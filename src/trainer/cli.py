@@ -92,24 +92,9 @@ def main_sample(argv: list[str] | None = None) -> int:
 
 
 def main_plan(argv: list[str] | None = None) -> int:
-    """``named-plan --config_path ...``: mesh, each parameter's layout, bytes per device and the
-    microbatch plan, without training (nothing is compiled or allocated)."""
-    argv = sys.argv[1:] if argv is None else argv
-    from .config import ConfigError, load_config
-    from .data import DataError
+    """``named-plan --config_path ... [--compile]``: mesh, each parameter's layout, bytes per device
+    and the microbatch plan, without training; ``--compile`` adds the compiled train step's
+    collectives, memory per device and FLOPs."""
+    from .plan import main
 
-    config_path, rest = _split_config_path(argv)
-    try:
-        cfg = load_config(config_path, rest)
-        from .plan import plan_report
-
-        print(plan_report(cfg))
-    except (ConfigError, DataError) as e:
-        return _fail(e)
-    except Exception as e:  # noqa: BLE001
-        from named import NamedError
-
-        if isinstance(e, NamedError):
-            return _fail(e)
-        raise
-    return 0
+    return main(argv)

@@ -6,9 +6,11 @@ accumulation, eval, samples, checkpoints and metrics.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -225,7 +227,7 @@ def train(cfg: TrainConfig) -> TrainResult:
     key = jax.random.key(t.seed)
     init_key, data_key = jax.random.split(key)
 
-    with nm.set_mesh(mesh):
+    with nm.set_mesh(mesh), contextlib.ExitStack() as stack:
         model = nm.named_jit(model_cls.init, axis_resources=param)(model_cfg, key=init_key)
         opt_state = nm.named_jit(optimizer.init, axis_resources=param)(model)
         start = 0
@@ -239,7 +241,7 @@ def train(cfg: TrainConfig) -> TrainResult:
         peak = peak_flops(cfg)
         n_dev = len(jax.devices())
         losses: list[float] = []
-        progress = _progress(t, start, pid)
+        progress = _progress(t, start, pid, stack)
         window_t, window_tokens = time.perf_counter(), 0.0
         step = start
         for step in range(start, t.num_train_steps):
@@ -267,15 +269,14 @@ def train(cfg: TrainConfig) -> TrainResult:
             if data.validation is not None and t.eval_interval and (done % t.eval_interval == 0 or done == t.num_train_steps):
                 trackers.log(done, {"loss": _evaluate(eval_step, model, data.validation, t, mesh, compute)}, prefix="eval")
             if t.sample_interval and (done % t.sample_interval == 0 or done == t.num_train_steps):
-                trackers.text(done, "sample", sample_text(model, data.tokenizer, t.sample_prompt, t.sample_tokens))
+                trackers.text(done, "sample", sample_text(model, data.tokenizer, t.sample_prompt, t.sample_tokens,
+                                                          temperature=0.8, top_k=40, key=jax.random.key(t.seed)))
             if cfg.checkpoint.interval and done % cfg.checkpoint.interval == 0 and done != t.num_train_steps:
                 checkpointer.save(done, (model, opt_state), _metadata(done, cfg))
         if cfg.checkpoint.save_at_end and t.num_train_steps > start:
             checkpointer.save(t.num_train_steps, (model, opt_state), _metadata(t.num_train_steps, cfg))
         checkpointer.wait()
         checkpointer.close()
-    if progress is not None:
-        progress.close()
     trackers.close()
     return TrainResult(losses, t.num_train_steps, model, opt_state, run_dir)
 
@@ -326,16 +327,23 @@ def _evaluate(eval_step, model, validation, t, mesh, compute) -> float:
     return total / max(count, 1.0)
 
 
-def sample_text(model, tokenizer, prompt: str, n_tokens: int, *, temperature: float = 0.0, key=None) -> str:
+def sample_text(model, tokenizer, prompt: str, n_tokens: int, *, temperature: float = 0.0, top_k: int | None = None,
+                key=None) -> str:
     ids = tokenizer.encode(prompt) or [tokenizer.eos_id]
     prompt_ids = nm.named(jnp.asarray([ids], jnp.int32), ("batch", Pos))
-    out = models.generate(model, prompt_ids, n_tokens, temperature=temperature, key=key)
+    out = models.generate(model, prompt_ids, n_tokens, temperature=temperature, top_k=top_k, key=key)
     return prompt + tokenizer.decode([int(i) for i in np.asarray(out.array)[0, len(ids):]])
 
 
-def _progress(t, start: int, pid: int):
-    if not t.progress_bar or pid != 0:
+def _progress(t, start: int, pid: int, stack: contextlib.ExitStack):
+    """A progress bar on process 0 when stderr is a terminal (in logs it would be noise); while
+    it is up, console log lines are written above it instead of through it."""
+    if not t.progress_bar or pid != 0 or not sys.stderr.isatty():
         return None
     from tqdm.auto import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
 
-    return tqdm(total=t.num_train_steps, initial=start, desc="train", unit="step", leave=False, dynamic_ncols=True)
+    bar = stack.enter_context(tqdm(total=t.num_train_steps, initial=start, desc="train", unit="step", leave=False,
+                                   dynamic_ncols=True))
+    stack.enter_context(logging_redirect_tqdm(loggers=[log]))
+    return bar
