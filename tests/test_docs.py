@@ -9,8 +9,9 @@ import re
 import pytest
 
 DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs"
-PAGES = ["named_arrays.md"]
 _BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+# The worked examples each page must keep (a page that loses them fails here).
+MIN_BLOCKS = {"named_arrays.md": 5, "partitioning.md": 8, "nn.md": 10, "models.md": 6, "explicit.md": 7}
 
 
 def python_blocks(path: pathlib.Path) -> list[tuple[int, str]]:
@@ -19,11 +20,15 @@ def python_blocks(path: pathlib.Path) -> list[tuple[int, str]]:
     return [(text.count("\n", 0, m.start()) + 2, m.group(1)) for m in _BLOCK.finditer(text)]
 
 
+PAGES = sorted(p.name for p in DOCS.glob("*.md") if python_blocks(p))
+
+
 @pytest.mark.parametrize("page", PAGES)
 def test_page_examples_run(page):
     path = DOCS / page
     blocks = python_blocks(path)
-    assert len(blocks) >= 5, f"{page}: expected runnable examples, found {len(blocks)} python blocks"
+    need = MIN_BLOCKS.get(page, 1)
+    assert len(blocks) >= need, f"{page}: expected {need} runnable examples, found {len(blocks)} python blocks"
     namespace: dict = {"__name__": f"docs.{page}"}
     for line, code in blocks:
         # Compile with the page's line numbers so a failure points at the markdown.
@@ -39,9 +44,5 @@ def test_readme_example_runs():
         exec(compile("\n" * (line - 1) + code, str(path), "exec"), namespace)
 
 
-def test_every_doc_page_with_python_is_tested():
-    """A page with python blocks is run here (PAGES) or named by another test file."""
-    tests = " ".join(p.read_text() for p in pathlib.Path(__file__).parent.glob("test_*.py") if p.name != "test_docs.py")
-    pages = {p.name for p in DOCS.glob("*.md") if python_blocks(p)}
-    missing = {p for p in pages - set(PAGES) if p not in tests}
-    assert not missing, f"add {sorted(missing)} to PAGES so their examples run"
+def test_the_main_pages_have_runnable_examples():
+    assert set(MIN_BLOCKS) <= set(PAGES), f"pages without python examples: {sorted(set(MIN_BLOCKS) - set(PAGES))}"

@@ -355,21 +355,3 @@ def test_save_checks_the_config(good_folder, tmp_path):
     _, model = models.load_pretrained(good_folder)
     with pytest.raises(ValueError, match="has axes"):
         models.save_pretrained(model, Gpt2Config(n_layer=2, n_head=2, n_embd=8, n_positions=8, vocab_size=12), tmp_path)
-
-
-# ---- docs/models.md ----------------------------------------------------------------------------------
-
-
-def test_docs_models_page_runs():
-    """Every ```python block of docs/models.md runs, in order, in one namespace."""
-    import pathlib
-    import re
-
-    path = pathlib.Path(__file__).resolve().parents[1] / "docs" / "models.md"
-    text = path.read_text()
-    found = re.finditer(r"^```python\n(.*?)^```", text, re.S | re.M)
-    blocks = [(text.count("\n", 0, m.start()) + 2, m.group(1)) for m in found]
-    assert len(blocks) >= 6
-    namespace: dict = {"__name__": "docs_models"}
-    for line, code in blocks:
-        exec(compile("\n" * (line - 1) + code, str(path), "exec"), namespace)
