@@ -1,6 +1,7 @@
 # Two commands set everything up on a fresh machine:
 #   make train   trains a small GPT-2 on the embedded corpus
 #   make test    runs the whole suite (8 fake CPU devices)
+#   make bench   runs the CPU benchmarks (docs/benchmarks.md)
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -21,6 +22,17 @@ test: $(STAMP)
 
 train: $(STAMP)
 	$(VENV)/bin/named-train --config_path config/gpt2_nano.yaml
+
+# CPU benchmarks (8 fake devices), ~10 minutes on an idle 2-core machine; JSON in bench/results/,
+# tables in docs/benchmarks.md. The peer (Haliax + Levanter) runs when bench/.venv-peer can be
+# built from PyPI (first time: several minutes more); otherwise its JSON says why it was skipped.
+bench: $(STAMP)
+	$(PY) bench/overhead.py
+	$(PY) bench/compile_depth.py
+	$(PY) bench/memory.py
+	$(PY) bench/data_ckpt.py
+	$(PY) bench/peer.py
+	$(PY) bench/report.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache build src/*.egg-info

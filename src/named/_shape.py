@@ -172,7 +172,11 @@ def unbind(x: NamedArray, axis: AxisSelector) -> list[NamedArray]:
     """The slices of ``x`` along ``axis``, each without that axis."""
     i = index_of(x.axes, axis)
     rest = x.axes[:i] + x.axes[i + 1 :]
-    return [NamedArray._unchecked(jnp.take(x.array, j, axis=i), rest) for j in range(x.axes[i].size)]
+    # One split, not n takes: jnp.take with an int is a gather plus an out-of-bounds select
+    # (a scatter-add in the gradient), and n static slices have n pads in the gradient; the
+    # gradient of a split is one concatenate.
+    parts = lax.split(x.array, (1,) * x.axes[i].size, axis=i)
+    return [NamedArray._unchecked(lax.squeeze(p, (i,)), rest) for p in parts]
 
 
 def stack(axis: AxisSelector, arrays: Sequence[NamedArray]) -> NamedArray:

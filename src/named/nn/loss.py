@@ -26,7 +26,7 @@ from .. import _ops as ops
 from .._einsum import dot
 from .._shape import arange, broadcast_to, full, roll, zeros
 from .._transforms import scan
-from ..partitioning import shard
+from ..partitioning import current_mapping, shard
 
 Reduction = Literal["mean", "sum", "none"]
 _REDUCTIONS = ("mean", "sum", "none")
@@ -276,7 +276,13 @@ def blockwise_cross_entropy_loss(
     n_blocks = V.size // block_size
     Block = Axis(f"{V.name}_block", n_blocks)
     Inner = V.resize(block_size)  # keeps the name, so the compute mapping of vocab applies to a block
-    w_blocks = shard(unembed_weight.unflatten_axis(V.name, (Inner, Block)))
+    w_blocks = unembed_weight.unflatten_axis(V.name, (Inner, Block))
+    if (current_mapping() or {}).get(V.name):
+        # Vocab-parallel: each block spread over the devices that hold its vocab entries. Under
+        # any other compute mapping a constraint would replicate the whole weight before the
+        # scan (e.g. all-gather an FSDP embed-sharded table, and hold its full gradient); left
+        # alone it keeps its parameter layout and each block is gathered inside the scan.
+        w_blocks = shard(w_blocks)
     id_blocks = shard(arange(V, dtype=targets.dtype).unflatten_axis(V.name, (Inner, Block)))
 
     def block(carry, w, ids):

@@ -1,0 +1,123 @@
+"""Data loader tokens/s from a pre-tokenised file, and checkpoint save / restore MB/s.
+
+    .venv/bin/python bench/data_ckpt.py
+    .venv/bin/python bench/data_ckpt.py --tiny
+
+Loader: a ``.bin`` file of uint16 token ids (random, with an eos every ~1000 tokens) is
+written to a temporary directory, then ``trainer.data.loader_throughput`` times making
+shuffled, packed train batches (input_ids, segment_ids, loss_mask) from the memory-mapped
+file, as training does, in this one process (one host). Goal: ≥ 5M tokens/s.
+
+Checkpoints: a tree of f32 NamedArrays laid out FSDP-style over 8 fake CPU devices is saved
+with ``trainer.checkpoint.save_checkpoint`` (synchronous: snapshot to host, write zarr v3
+chunks with tensorstore, sha256 + fsync every file, atomic commit) and read back with
+``restore`` onto the same layout (checks sizes and hashes). MB/s = tree bytes / wall time;
+saves and restores take turns. The temporary directory is on the machine's local disk.
+"""
+
+from __future__ import annotations
+
+import _common as C  # sets XLA_FLAGS before jax is imported
+
+import argparse
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import named as nm
+from trainer.checkpoint import restore, save_checkpoint
+from trainer.data import loader_throughput
+
+
+def write_tokens(path: Path, n_tokens: int, vocab: int = 50257, eos: int = 0) -> None:
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1, vocab, size=n_tokens, dtype=np.uint16)
+    ids[rng.random(n_tokens) < 1e-3] = eos
+    ids.tofile(path)
+
+
+def bench_loader(tmp: Path, n_tokens: int, cases, steps: int, repeats: int) -> list[dict]:
+    path = tmp / "tokens.bin"
+    write_tokens(path, n_tokens)
+    rows = []
+    for seq_len, batch in cases:
+        rates = [loader_throughput(path, seq_len=seq_len, batch_size=batch, steps=steps, bin_dtype="uint16", eos_id=0)
+                 for _ in range(repeats)]
+        rows.append({"seq_len": seq_len, "batch_size": batch, "steps": steps, "file_tokens": n_tokens,
+                     "tokens_per_s": C.summary(rates)})
+        print(f"loader seq {seq_len} batch {batch}: median {np.median(rates) / 1e6:.2f}M tokens/s", flush=True)
+    return rows
+
+
+def make_tree(total_mb: int, mesh) -> tuple[dict, int]:
+    """Four (vocab-like, embed) f32 arrays of about total_mb MiB together, embed over data."""
+    Embed = nm.Axis("embed", 1024)
+    rows = max(8, (total_mb * 2**20 // 4 // 4) // 1024)
+    Rows = nm.Axis("rows", rows)
+    mapping = {"embed": "data"}
+    keys = jax.random.split(jax.random.key(0), 4)
+    init = nm.named_jit(lambda k: nm.random.normal(k, (Rows, Embed)), axis_resources=mapping)
+    tree = {f"w{i}": init(k) for i, k in enumerate(keys)}
+    jax.block_until_ready(tree)
+    return tree, 4 * rows * 1024 * 4
+
+
+def bench_checkpoint(tmp: Path, total_mb: int, repeats: int, mesh) -> dict:
+    tree, nbytes = make_tree(total_mb, mesh)
+    target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
+    saves, restores = [], []
+    for r in range(repeats):
+        run = tmp / f"run{r}"
+        t0 = time.perf_counter()
+        path = save_checkpoint(run, r, tree)
+        saves.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        out, _ = restore(path, target)
+        jax.block_until_ready(out)
+        restores.append(time.perf_counter() - t0)
+        assert all(bool(jnp.array_equal(a.array, b.array)) for a, b in zip(jax.tree.leaves(tree, is_leaf=nm.is_named_array),
+                                                                        jax.tree.leaves(out, is_leaf=nm.is_named_array)))
+        shutil.rmtree(run)
+        print(f"checkpoint {nbytes / 2**20:.0f} MiB: save {saves[-1]:.2f}s ({nbytes / 1e6 / saves[-1]:.0f} MB/s), "
+              f"restore {restores[-1]:.2f}s ({nbytes / 1e6 / restores[-1]:.0f} MB/s)", flush=True)
+    return {"bytes": nbytes, "leaves": len(tree), "layout": "(rows, embed/data) f32 on 8 devices",
+            "save_s": C.summary(saves), "restore_s": C.summary(restores),
+            "save_MB_per_s": nbytes / 1e6 / C.summary(saves)["median_s"],
+            "restore_MB_per_s": nbytes / 1e6 / C.summary(restores)["median_s"]}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", type=int, default=100_000_000, help="tokens in the pre-tokenised file")
+    ap.add_argument("--steps", type=int, default=200, help="batches timed per loader measurement")
+    ap.add_argument("--ckpt-mb", type=int, default=512, help="size of the checkpointed tree (MiB)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--tmp", default=None, help="directory for the temporary files (default: the system's)")
+    ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    cases = [(1024, 8), (1024, 64), (2048, 256)]
+    if args.tiny:
+        args.tokens, args.steps, args.ckpt_mb, args.repeats = 1_000_000, 5, 4, 1
+        cases = [(128, 8)]
+    mesh = nm.make_mesh(C.MESH)
+    tmp = Path(tempfile.mkdtemp(prefix="named-bench-", dir=args.tmp))
+    try:
+        loader = bench_loader(tmp, args.tokens, cases, args.steps, args.repeats)
+        with jax.set_mesh(mesh):
+            ckpt = bench_checkpoint(tmp, args.ckpt_mb, args.repeats, mesh)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    result = {"benchmark": "data_ckpt", "command": C.command_line(), "machine": C.machine(), "tmp_dir": str(tmp.parent),
+              "loader": loader, "loader_goal": "tokens_per_s >= 5e6 per host", "checkpoint": ckpt}
+    C.write_result("data_ckpt" + ("_tiny" if args.tiny else ""), result, args.out)
+    return result
+
+
+if __name__ == "__main__":
+    main()

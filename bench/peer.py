@@ -1,0 +1,348 @@
+"""The peer: the same FSDP GPT-2 step on Haliax + Levanter (from PyPI), against `named`.
+
+    .venv/bin/python bench/peer.py                       # builds bench/.venv-peer on first use
+    .venv/bin/python bench/peer.py --remat full          # both sides with per-block checkpointing
+    .venv/bin/python bench/peer.py --tiny --repeats 1    # smoke test
+
+The peer runs in its own virtual environment (``bench/.venv-peer``, ignored by git), made
+here with ``python3 -m venv`` and ``pip install --pre levanter haliax``; if that fails (no
+registry, no wheel for this Python) the result says ``skipped`` and why.
+
+Each side runs in its own persistent subprocess (its own venv's Python). A worker builds its
+model with FSDP sharded init (parameters ``{"embed": "data"}``, activations
+``{"batch": "data"}``, 8 fake CPU devices), compiles, and then runs steps when the driver asks:
+the sides take turns of ``--per-round`` steps (named, peer, named, peer, ...), the idle one
+asleep on its stdin, for ``--rounds`` turns; ``--repeats`` fresh pairs of workers.
+
+Like for like: the Levanter ``Gpt2LMHeadModel`` is run through ``haliax.named_jit`` with
+``compute_next_token_loss``, ``optax.adamw`` and donation — the same step our side runs —
+with plain ("vanilla") attention and no gradient checkpointing unless ``--remat full``
+(Levanter's ``gradient_checkpointing=True``, the same policy as our ``remat="full"``).
+"""
+
+from __future__ import annotations
+
+import _common as C  # sets XLA_FLAGS before jax is imported
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PEER_VENV = HERE / ".venv-peer"
+PEER_PY = PEER_VENV / "bin" / "python"
+# The versions measured in docs/benchmarks.md (PyPI's newest dev builds on 2026-11; levanter
+# has no recent non-dev release). levanter imports git (GitPython) and chex without declaring them.
+PEER_PACKAGES = ["levanter==1.2.dev1644", "haliax==1.4.dev453", "GitPython", "chex"]
+PEER_IMPORTS = "import levanter, haliax, levanter.models.gpt2, levanter.models.lm_model, levanter.layers.attention"
+TINY = dict(n_layer=2, n_head=2, n_embd=64, n_positions=32, vocab_size=256)
+
+
+# ---- the peer venv ----------------------------------------------------------------------
+
+
+def _peer_imports() -> subprocess.CompletedProcess:
+    return subprocess.run([str(PEER_PY), "-c", PEER_IMPORTS], capture_output=True, text=True)
+
+
+def ensure_peer_venv() -> tuple[bool, str]:
+    """(ok, message). Builds the venv once (a later run reuses it) with pip from the registry."""
+    if PEER_PY.exists() and _peer_imports().returncode == 0:
+        return True, "reused"
+    try:
+        if not PEER_PY.exists():
+            subprocess.run([sys.executable, "-m", "venv", str(PEER_VENV)], check=True, capture_output=True, text=True)
+        pip = [str(PEER_PY), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+        subprocess.run(pip + ["--upgrade", "pip"], check=True, capture_output=True, text=True, timeout=600)
+        subprocess.run(pip + ["--pre", *PEER_PACKAGES], check=True, capture_output=True, text=True, timeout=1800)
+    except subprocess.CalledProcessError as e:
+        return False, f"building {PEER_VENV.name} failed: {' '.join(e.cmd)}: {(e.stderr or e.stdout or '').strip()[-800:]}"
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return False, f"building {PEER_VENV.name} failed: {e}"
+    check = _peer_imports()
+    if check.returncode != 0:
+        return False, f"{PEER_VENV.name} was built but the peer does not import: {check.stderr.strip()[-800:]}"
+    return True, "built"
+
+
+# ---- workers (run in a subprocess, one per side and repeat) ------------------------------------
+
+
+def serve(run, info: dict) -> dict:
+    """Answer the driver on stdin/stdout: after ``info`` (one JSON line), each ``run K`` line
+    runs K steps and replies with their times; ``quit`` ends. Between requests this process
+    sleeps on stdin, so the other side has the machine to itself."""
+    print(json.dumps({"ready": True, **info}), flush=True)
+    losses = []
+    for line in sys.stdin:
+        cmd = line.split()
+        if not cmd or cmd[0] == "quit":
+            break
+        times, cpu = [], []
+        for _ in range(int(cmd[1])):
+            t0, c0 = time.perf_counter(), time.process_time()
+            loss = run()
+            times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+        losses.append(float(loss))
+        print(json.dumps({"times": times, "cpu": cpu, "loss": losses[-1]}), flush=True)
+    return {"losses": losses}
+
+
+def worker_named(cfg, batch, seq, dtype, remat) -> dict:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+
+    import named as nm
+    from models import Gpt2Config, Gpt2LMHeadModel
+
+    config = Gpt2Config(**cfg, remat=remat)
+    mesh = nm.make_mesh(C.MESH)
+    optimizer = optax.adamw(C.LEARNING_RATE)
+    ids_np = np.random.default_rng(0).integers(0, cfg["vocab_size"], size=(batch, seq), dtype=np.int32)
+    with jax.set_mesh(mesh):
+        model = nm.named_jit(lambda k: Gpt2LMHeadModel.init(config, key=k), axis_resources=C.PARAM_MAPPING)(jax.random.key(0))
+        opt_state = nm.named_jit(optimizer.init, axis_resources=C.PARAM_MAPPING)(model)
+        axes = (nm.Axis("batch", batch), nm.Axis("position", seq))
+        ids = nm.shard(nm.named(jnp.asarray(ids_np), axes), C.COMPUTE_MAPPING, mesh)
+        step = C.named_train_step(config, optimizer, dtype=dtype)
+        state = {"model": model, "opt": opt_state}
+        t0 = time.perf_counter()
+        compiled = step.lower(model, opt_state, ids).compile()
+        compile_s = time.perf_counter() - t0
+        program = {"hlo": C.hlo_stats(compiled.as_text()), "memory": C.memory_stats(compiled)}
+        del compiled
+
+        def run():
+            loss, state["model"], state["opt"] = step(state["model"], state["opt"], ids)
+            return jax.block_until_ready(loss)
+
+        return serve(run, {"compile_s": compile_s, "params": C.count_params(model), **program})
+
+
+def worker_peer(cfg, batch, seq, dtype, remat) -> dict:
+    from importlib import metadata
+
+    import equinox as eqx
+    import haliax as hax
+    import jax
+    import jax.numpy as jnp
+    import jmp
+    import numpy as np
+    import optax
+    from jax.sharding import AxisType
+    from levanter.layers.attention import AttentionBackend, AttentionMask
+    from levanter.models.gpt2 import Gpt2Config
+    from levanter.models.lm_model import LmExample, compute_next_token_loss
+
+    if cfg["n_positions"] != seq:
+        raise SystemExit("the peer ties seq_len to the position table: n_positions must equal seq")
+    config = Gpt2Config(seq_len=seq, hidden_dim=cfg["n_embd"], num_layers=cfg["n_layer"], num_heads=cfg["n_head"],
+                        gradient_checkpointing=(remat == "full"), use_flash_attention=False,
+                        attn_backend=AttentionBackend.VANILLA)
+    Vocab = hax.Axis("vocab", cfg["vocab_size"])
+    Batch = hax.Axis("batch", batch)
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
+    param_map, compute_map = dict(C.PARAM_MAPPING), dict(C.COMPUTE_MAPPING)
+    optimizer = optax.adamw(C.LEARNING_RATE)
+    policy = jmp.get_policy("p=f32,c=bf16,o=f32" if dtype == "bf16" else "p=f32,c=f32,o=f32")
+    ids_np = np.random.default_rng(0).integers(0, cfg["vocab_size"], size=(batch, seq), dtype=np.int32)
+
+    def loss_fn(model, example):
+        model = policy.cast_to_compute(model)
+        # Levanter's default mean passes its float loss mask to jnp.mean(where=...), which jax
+        # 0.10 refuses (it wants a boolean where); take the per-token loss (already zero where
+        # masked) and divide by the B * (T - 1) counted tokens ourselves.
+        per_token = compute_next_token_loss(model, example, reduction=None)
+        return hax.sum(per_token).scalar() / (batch * (seq - 1))
+
+    def step(model, opt_state, example):
+        # Levanter modules hold non-array leaves (e.g. attention's `inference` flag); as its
+        # Trainer does, the optimizer sees only the floating-point arrays.
+        loss, grads = eqx.filter_value_and_grad(loss_fn)(model, example)
+        updates, opt_state = optimizer.update(grads, opt_state, eqx.filter(model, eqx.is_inexact_array))
+        return loss, eqx.apply_updates(model, updates), opt_state
+
+    with jax.set_mesh(mesh), hax.axis_mapping(compute_map):
+        init = hax.named_jit(lambda k: config.build(Vocab, key=k), axis_resources=param_map)
+        model = init(jax.random.PRNGKey(0))
+        opt_state = hax.named_jit(lambda m: optimizer.init(eqx.filter(m, eqx.is_inexact_array)),
+                                  axis_resources=param_map)(model)
+        Pos = config.Pos
+        tokens = hax.shard(hax.named(jnp.asarray(ids_np), (Batch, Pos)), compute_map)
+        loss_mask = hax.shard(hax.broadcast_to(LmExample.causal_loss_mask(Pos).astype(jnp.int32), (Batch, Pos)), compute_map)
+        example = LmExample(tokens=tokens, loss_mask=loss_mask, attn_mask=AttentionMask.causal())
+        jstep = hax.named_jit(step, axis_resources=compute_map, out_axis_resources=param_map,
+                              donate_args=(True, True, False))
+        state = {"model": model, "opt": opt_state}
+        t0 = time.perf_counter()
+        compiled = jstep.lower(model, opt_state, example).compile()
+        compile_s = time.perf_counter() - t0
+        program = {"hlo": C.hlo_stats(compiled.as_text()), "memory": C.memory_stats(compiled)}
+        del compiled
+
+        def run():
+            loss, state["model"], state["opt"] = jstep(state["model"], state["opt"], example)
+            return jax.block_until_ready(loss)
+
+        params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(eqx.filter(model, eqx.is_array)))
+        versions = {d: metadata.version(d) for d in ("levanter", "haliax", "jax", "jaxlib", "equinox", "optax")}
+        return serve(run, {"compile_s": compile_s, "params": params, "versions": versions, **program})
+
+
+# ---- the driver ----------------------------------------------------------------------------------
+
+
+class Worker:
+    """One side's persistent subprocess (its own venv's Python), driven line by line."""
+
+    def __init__(self, side: str, args, cfg, batch, seq, log_dir: Path):
+        python = str(PEER_PY) if side == "peer" else sys.executable
+        cmd = [python, str(Path(__file__).resolve()), "--worker", side, "--worker-config",
+               json.dumps({"cfg": cfg, "batch": batch, "seq": seq, "dtype": args.dtype, "remat": args.remat})]
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        self.side, self.log = side, log_dir / f"{side}-{time.monotonic_ns()}.log"
+        self._stderr = open(self.log, "w")
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, text=True, env=env)
+        self.info = self._reply()
+
+    def _reply(self) -> dict:
+        for line in self.proc.stdout:
+            if line.startswith("{"):
+                return json.loads(line)
+        self.proc.wait()
+        self._stderr.flush()
+        raise RuntimeError(f"{self.side} worker failed (exit {self.proc.returncode}):\n{self.log.read_text()[-3000:]}")
+
+    def run(self, steps: int) -> dict:
+        self.proc.stdin.write(f"run {steps}\n")
+        self.proc.stdin.flush()
+        return self._reply()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.close()
+                self.proc.wait(timeout=60)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+        self._stderr.close()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dtype", choices=("f32", "bf16"), default="f32")
+    ap.add_argument("--remat", choices=("none", "full"), default="none")
+    ap.add_argument("--repeats", type=int, default=2, help="pairs of fresh worker processes (one compile each)")
+    ap.add_argument("--rounds", type=int, default=8, help="turns per pair: named runs --per-round steps, then peer")
+    ap.add_argument("--per-round", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--no-build", action="store_true", help="skip (with a message) if the peer venv is missing")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--worker", choices=("named", "peer"), help=argparse.SUPPRESS)
+    ap.add_argument("--worker-config", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+
+    if args.worker:
+        w = json.loads(args.worker_config)
+        fn = worker_named if args.worker == "named" else worker_peer
+        return fn(w["cfg"], w["batch"], w["seq"], w["dtype"], w["remat"])
+
+    cfg, batch, seq = (dict(TINY), 8, 32) if args.tiny else (dict(C.SMALL_GPT2), C.BATCH, C.SEQ)
+    if args.tiny:
+        args.repeats, args.rounds, args.per_round, args.warmup = 1, 1, 1, 1
+    name = f"peer_{args.dtype}" + ("" if args.remat == "none" else f"_remat_{args.remat}") + ("_tiny" if args.tiny else "")
+    result = {"benchmark": "peer", "command": C.command_line(), "machine": C.machine(),
+              "config": {**cfg, "seq": seq, "batch": batch, "dtype": args.dtype, "remat": args.remat, "mesh": C.MESH,
+                         "param_mapping": C.PARAM_MAPPING, "compute_mapping": C.COMPUTE_MAPPING,
+                         "optimizer": f"optax.adamw({C.LEARNING_RATE})", "peer_attention": "vanilla"},
+              "protocol": f"{args.repeats} pairs of worker processes; per pair {args.warmup} warm-up steps each, then "
+                          f"{args.rounds} turns of {args.per_round} steps (named, peer, named, peer, ...)",
+              "goal": "step_ratio_named_over_peer <= 0.9"}
+    if args.no_build and not PEER_PY.exists():
+        ok, why = False, f"{PEER_VENV.name} does not exist and --no-build was given"
+    else:
+        ok, why = ensure_peer_venv()
+    if not ok:
+        result.update({"skipped": True, "reason": why})
+        print(f"peer skipped: {why}")
+        C.write_result(name, result, args.out)
+        return result
+    result["peer_venv"] = why
+
+    times = {"named": [], "peer": []}
+    cpu = {"named": [], "peer": []}
+    compile_s = {"named": [], "peer": []}
+    losses = {"named": [], "peer": []}
+    per_round, info = [], {}
+    log_dir = Path(tempfile.mkdtemp(prefix="named-peer-"))
+    for r in range(args.repeats):
+        workers = {}
+        try:
+            for side in ("named", "peer"):
+                workers[side] = Worker(side, args, cfg, batch, seq, log_dir)
+                info[side] = workers[side].info
+                compile_s[side].append(info[side]["compile_s"])
+            for side, w in workers.items():
+                losses[side].append([w.run(args.warmup)["loss"]])
+            for t in range(args.rounds):
+                med = {}
+                for side, w in workers.items():
+                    out = w.run(args.per_round)
+                    times[side] += out["times"]
+                    cpu[side] += out["cpu"]
+                    losses[side][-1].append(out["loss"])
+                    med[side] = statistics.median(out["times"])
+                per_round.append(med["named"] / med["peer"])
+                print(f"  pair {r + 1} turn {t + 1}: named {med['named']:.4f}s peer {med['peer']:.4f}s", flush=True)
+        except RuntimeError as e:  # recorded, so `make bench` still finishes and says why
+            result.update({"skipped": True, "reason": str(e)[-2000:]})
+            print(f"peer benchmark failed: {e}")
+            C.write_result(name, result, args.out)
+            return result
+        finally:
+            for w in workers.values():
+                w.close()
+    shutil.rmtree(log_dir, ignore_errors=True)
+    step = {k: C.summary(v) for k, v in times.items()}
+    comp = {k: C.summary(v) for k, v in compile_s.items()}
+    result.update({
+        "peer_versions": info["peer"].get("versions"),
+        "params": {k: v["params"] for k, v in info.items()},
+        "step": step,
+        "step_ratio_named_over_peer": step["named"]["median_s"] / step["peer"]["median_s"],
+        "step_ratio_min_named_over_peer": step["named"]["min_s"] / step["peer"]["min_s"],
+        "step_cpu": {k: C.summary(v) for k, v in cpu.items()},
+        "step_cpu_ratio_named_over_peer": statistics.median(cpu["named"]) / statistics.median(cpu["peer"]),
+        "step_ratio_per_round": [round(x, 4) for x in per_round],
+        "step_ratio_median_of_rounds": statistics.median(per_round),
+        "compile_s": comp,
+        "compile_ratio_named_over_peer": comp["named"]["median_s"] / comp["peer"]["median_s"],
+        "losses_first_and_last": {k: [v[0][0], v[0][-1]] for k, v in losses.items()},
+        "hlo": {k: {kk: vv for kk, vv in v["hlo"].items() if kk != "opcodes"} for k, v in info.items()},
+        "hlo_opcode_difference_named_minus_peer": {
+            op: info["named"]["hlo"]["opcodes"].get(op, 0) - info["peer"]["hlo"]["opcodes"].get(op, 0)
+            for op in sorted(set(info["named"]["hlo"]["opcodes"]) | set(info["peer"]["hlo"]["opcodes"]))
+            if info["named"]["hlo"]["opcodes"].get(op, 0) != info["peer"]["hlo"]["opcodes"].get(op, 0)},
+        "memory": {k: v["memory"] for k, v in info.items()},
+    })
+    print(f"step median: named {step['named']['median_s']:.4f}s peer {step['peer']['median_s']:.4f}s "
+          f"ratio {result['step_ratio_named_over_peer']:.3f} (median of turns {result['step_ratio_median_of_rounds']:.3f}, "
+          f"min {result['step_ratio_min_named_over_peer']:.3f}, CPU time {result['step_cpu_ratio_named_over_peer']:.3f})")
+    C.write_result(name, result, args.out)
+    return result
+
+
+if __name__ == "__main__":
+    main()

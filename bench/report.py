@@ -1,0 +1,226 @@
+"""Fill the tables of docs/benchmarks.md from bench/results/*.json.
+
+    .venv/bin/python bench/report.py          # rewrites the blocks between <!-- bench:NAME --> markers
+
+Only the marked blocks change; the prose around them is written by hand. A result file that
+is missing leaves its block saying so.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+DOC = ROOT / "docs" / "benchmarks.md"
+
+
+def load(name: str) -> dict | None:
+    path = RESULTS / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def ms(s: float) -> str:
+    return f"{s * 1e3:,.0f} ms" if s >= 0.1 else f"{s * 1e3:.1f} ms"
+
+
+def sec(s: float) -> str:
+    return f"{s:.2f} s"
+
+
+def mib(b: float) -> str:
+    return f"{b / 2**20:,.1f} MiB"
+
+
+def table(header: list[str], rows: list[list]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(out)
+
+
+def load_note(r: dict) -> str:
+    m = r["machine"]
+    a, b = m.get("load_average_at_start", ["?"])[0], m.get("load_average_at_end", ["?"])[0]
+    return f"1-minute load average {a} at the start, {b} at the end"
+
+
+def provenance(r: dict) -> str:
+    m = r["machine"]
+    dirty = m.get("dirty_src") or []
+    code = f"commit `{m.get('commit')}`" + (f" + uncommitted changes in {len(dirty)} src/ paths (others' work in progress)"
+                                            if dirty else "")
+    return f"Run {m.get('date_utc')}, {code}; {load_note(r)}.\n\n```\n{r['command']}\n```"
+
+
+def machine_block() -> str:
+    r = next((x for x in (load(n) for n in ("overhead_f32", "compile_depth", "memory", "data_ckpt")) if x), None)
+    if r is None:
+        return "_no results yet: run `make bench`_"
+    m = r["machine"]
+    v = m["versions"]
+    rows = [["CPU", f"{m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB"],
+            ["devices", f"{m['devices']} fake `{m['backend']}` devices (`--xla_force_host_platform_device_count=8`)"],
+            ["Python / JAX", f"{v['python']} / jax {v['jax']}, jaxlib {v.get('jaxlib')}"],
+            ["libraries", ", ".join(f"{k} {v[k]}" for k in ("equinox", "optax", "numpy", "tensorstore") if k in v)]]
+    peer = load("peer_f32")
+    if peer and peer.get("peer_versions"):
+        pv = peer["peer_versions"]
+        rows.append(["peer (bench/.venv-peer)", f"levanter {pv['levanter']}, haliax {pv['haliax']}, jax {pv['jax']}"])
+    return table(["", ""], rows)
+
+
+def overhead_block(name: str) -> str:
+    r = load(name)
+    if r is None:
+        return f"_not run: bench/results/{name}.json is missing_"
+    st, lc = r["step"], r["lower_plus_compile_s"]
+    cpu = r["step_cpu"]
+    rows = [[side, ms(st[side]["median_s"]), f"{ms(st[side]['min_s'])} – {ms(st[side]['max_s'])}", st[side]["n"],
+             ms(cpu[side]["median_s"]), sec(r["lower_s"][side]["median_s"]), sec(r["compile_s"][side]["median_s"]),
+             sec(lc[side]["median_s"])]
+            for side in ("named", "plain")]
+    rows.append(["**named / plain**", f"**{r['step_ratio_named_over_plain']:.3f}**", "", "",
+                 f"**{r['step_cpu_ratio_named_over_plain']:.3f}**",
+                 f"{r['lower_s']['named']['median_s'] / r['lower_s']['plain']['median_s']:.2f}",
+                 f"{r['compile_s']['named']['median_s'] / r['compile_s']['plain']['median_s']:.2f}",
+                 f"**{r['compile_ratio_named_over_plain']:.3f}**"])
+    t1 = table(["side", "step wall (median)", "wall range", "steps", "step CPU time (median)", "lower", "XLA compile",
+                "lower + compile"], rows)
+    per_round = ", ".join(f"{x:.3f}" for x in r["step_ratio_per_round"])
+    robust = (f"median of the per-turn ratios {r['step_ratio_median_of_rounds']:.3f}, ratio of the fastest steps "
+              f"{r['step_ratio_min_named_over_plain']:.3f}")
+    h = r["hlo"]
+    hrows = []
+    for side in ("named", "plain"):
+        c = h[side]["collectives"]
+        hrows.append([side, h[side]["total_instructions"], h[side]["fusions"]] +
+                     [f"{c[k]['count']} ({mib(c[k]['bytes'])})" if c[k]["count"] else "0"
+                      for k in ("all-gather", "reduce-scatter", "all-reduce", "all-to-all")] +
+                     [mib(r["memory"][side]["peak_bytes"])])
+    t2 = table(["side", "HLO instructions", "fusions", "all-gather", "reduce-scatter", "all-reduce", "all-to-all",
+                "peak memory/device"], hrows)
+    diff = ", ".join(f"{k} {v:+d}" for k, v in r["hlo_opcode_difference_named_minus_plain"].items())
+    cfg = r["config"]
+    return (f"{cfg['n_layer']} layers, embed {cfg['n_embd']}, {cfg['n_head']} heads, seq {cfg['seq']}, batch {cfg['batch']}, "
+            f"vocab {cfg['vocab_size']}, {cfg['dtype']}, FSDP on 8 devices, {r['params']['named']:,} parameters on each side.\n\n"
+            f"{t1}\n\nPer-turn step ratios (named / plain): {per_round}; {robust}.\n\nOptimized HLO of the two steps:\n\n{t2}\n\n"
+            f"Opcode counts, named minus plain: {diff or 'none'}.\n\n{provenance(r)}")
+
+
+def peer_block(name: str) -> str:
+    r = load(name)
+    if r is None:
+        return f"_not run: bench/results/{name}.json is missing_"
+    if r.get("skipped"):
+        return f"**Skipped**: {r['reason']}\n\n{provenance(r)}"
+    st, c = r["step"], r["compile_s"]
+    cpu = r["step_cpu"]
+    rows = [[side, ms(st[side]["median_s"]), f"{ms(st[side]['min_s'])} – {ms(st[side]['max_s'])}", st[side]["n"],
+             ms(cpu[side]["median_s"]), sec(c[side]["median_s"]),
+             f"{r['losses_first_and_last'][side][0]:.3f} → {r['losses_first_and_last'][side][1]:.3f}"]
+            for side in ("named", "peer")]
+    rows.append(["**named / peer**", f"**{r['step_ratio_named_over_peer']:.3f}**", "", "",
+                 f"**{r['step_cpu_ratio_named_over_peer']:.3f}**", f"{r['compile_ratio_named_over_peer']:.2f}", ""])
+    per = ", ".join(f"{x:.3f}" for x in r["step_ratio_per_round"])
+    robust = (f"median of the per-turn ratios {r['step_ratio_median_of_rounds']:.3f}, ratio of the fastest steps "
+              f"{r['step_ratio_min_named_over_peer']:.3f}")
+    cfg = r["config"]
+    return (f"{cfg['dtype']}, remat `{cfg['remat']}`; {r['params']['named']:,} parameters (named), {r['params']['peer']:,} (peer).\n\n"
+            + table(["side", "step wall (median)", "wall range", "steps", "step CPU time (median)", "compile (lower + compile)",
+                     "loss (first → last)"], rows)
+            + f"\n\nPer-turn step ratios (named / peer): {per}; {robust}. Protocol: {r['protocol']}.\n\n{provenance(r)}")
+
+
+def compile_block() -> str:
+    r = load("compile_depth")
+    if r is None:
+        return "_not run: bench/results/compile_depth.json is missing_"
+    base = r["reference_depth"]
+    rows = [[row["layers"], f"{row['params']:,}", sec(row["lower_s"]["median_s"]), sec(row["compile_s"]["median_s"]),
+             sec(row["lower_plus_compile_s"]["median_s"]),
+             f"{sec(row['lower_plus_compile_s']['min_s'])} – {sec(row['lower_plus_compile_s']['max_s'])}",
+             f"**{r['ratios_to_smallest_reference'][str(row['layers'])]:.2f}**",
+             f"{row['optimized_hlo']['instructions']:,} / {row['optimized_hlo']['while_loops']}"]
+            for row in r["rows"]]
+    return (table(["layers", "parameters", "lower", "XLA compile", "lower + compile (median)", "range",
+                   f"÷ {base} layers", "optimized HLO instructions / while loops"], rows)
+            + f"\n\n{provenance(r)}")
+
+
+def memory_block() -> str:
+    r = load("memory")
+    if r is None:
+        return "_not run: bench/results/memory.json is missing_"
+    rows = []
+    for name, row in r["rows"].items():
+        c, m = row["config"], row["memory"]
+        rows.append([f"`{name}`", f"{row['params']:,}", f"{c['batch']}×{c['seq']}", c["remat"], c["loss"],
+                     mib(m["argument_size_in_bytes"]), mib(m["output_size_in_bytes"]), mib(m["alias_size_in_bytes"]),
+                     mib(m["temp_size_in_bytes"]), mib(m["peak_bytes"]), mib(row["floor_16N_over_8_bytes"]),
+                     f"**{row['ratio_peak_over_floor']:.2f}**", f"{row['state_ratio']:.3f}"])
+    return (table(["config", "N", "batch×seq", "remat", "loss", "argument", "output", "alias", "temp", "peak",
+                   "16·N/8", "peak ÷ 16·N/8", "state ratio"], rows) + f"\n\n{provenance(r)}")
+
+
+def data_block() -> str:
+    r = load("data_ckpt")
+    if r is None:
+        return "_not run: bench/results/data_ckpt.json is missing_"
+    rows = [[row["seq_len"], row["batch_size"], row["steps"], f"{row['tokens_per_s']['median_s'] / 1e6:.1f} M",
+             f"{row['tokens_per_s']['min_s'] / 1e6:.1f} – {row['tokens_per_s']['max_s'] / 1e6:.1f} M"] for row in r["loader"]]
+    t1 = table(["seq_len", "batch", "batches timed", "tokens/s (median)", "range"], rows)
+    c = r["checkpoint"]
+    t2 = table(["tree", "save (median)", "save MB/s", "restore (median)", "restore MB/s"],
+               [[f"{c['bytes'] / 1e6:,.0f} MB, {c['leaves']} leaves, {c['layout']}", sec(c["save_s"]["median_s"]),
+                 f"{c['save_MB_per_s']:,.0f}", sec(c["restore_s"]["median_s"]), f"{c['restore_MB_per_s']:,.0f}"]])
+    return f"{t1}\n\n{t2}\n\n{provenance(r)}"
+
+
+def gpu_block() -> str:
+    rows = []
+    for model in ("gpt2", "llama"):
+        r = load(f"gpu_mfu_{model}")
+        if r is None or not r.get("best"):
+            continue
+        for run in r["runs"]:
+            if "error" in run:
+                rows.append([model, run["batch"], run["remat"], run["layers"], run["flags"], "error", "", ""])
+            else:
+                rows.append([model, run["batch"], run["remat"], run["layers"], run["flags"], f"{run['tokens_per_s']:,.0f}",
+                             f"{run['mfu']:.1%}", "yes" if run["cudnn_attention"] else "no"])
+    if not rows:
+        return "_No GPU was lent to this task: no GPU numbers yet._"
+    return table(["model", "batch", "remat", "layers", "XLA flags", "tokens/s", "MFU", "cuDNN attention"], rows)
+
+
+BLOCKS = {
+    "machine": machine_block,
+    "overhead_f32": lambda: overhead_block("overhead_f32"),
+    "overhead_bf16": lambda: overhead_block("overhead_bf16"),
+    "peer_f32": lambda: peer_block("peer_f32"),
+    "peer_f32_remat_full": lambda: peer_block("peer_f32_remat_full"),
+    "compile_depth": compile_block,
+    "memory": memory_block,
+    "data_ckpt": data_block,
+    "gpu": gpu_block,
+}
+
+
+def main() -> int:
+    text = DOC.read_text()
+    for name, render in BLOCKS.items():
+        pattern = re.compile(rf"(<!-- bench:{name} -->\n).*?(<!-- /bench:{name} -->)", re.S)
+        if not pattern.search(text):
+            continue
+        block = render()
+        text = pattern.sub(lambda m: m.group(1) + block + "\n" + m.group(2), text)
+    DOC.write_text(text)
+    print(f"updated {DOC.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
