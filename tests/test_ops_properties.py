@@ -172,7 +172,7 @@ def test_scalars_broadcast_on_either_side(size_of, na, nb, scalar, seed):
     np.testing.assert_allclose(np.asarray((a + scalar).array), an + np.float32(scalar), rtol=RTOL)
     np.testing.assert_allclose(np.asarray((scalar - a).array), np.float32(scalar) - an, rtol=RTOL, atol=ATOL)
     zero_d = np.float32(scalar)
-    np.testing.assert_allclose(np.asarray((a * np.asarray(zero_d)).array), an * zero_d, rtol=RTOL)
+    np.testing.assert_allclose(np.asarray((a * np.asarray(zero_d)).array), an * zero_d, rtol=RTOL, atol=ATOL)  # XLA:CPU flushes denormal products to zero
     assert (a + scalar).names == na
 
 
@@ -403,7 +403,7 @@ def test_dot_contracts_by_name(data):
 def test_einsum_random_specs(data):
     size_of = data.draw(sizes())
     groups = [data.draw(axis_subsets(min_size=0)) for _ in range(data.draw(st.integers(1, 3)))]
-    every = union_names(*groups)
+    every = first_seen_names(*groups)
     rng = np.random.default_rng(data.draw(st.integers(0, 2**31)))
     arrays = [make(rng, g, size_of) for g in groups]
     # Each input spec lists its names in a shuffled order (names, not positions), or hides

@@ -143,7 +143,9 @@ def launch(cmd: list[str], nproc: int, *, devices_per_process: int | None = None
                 break
             bad = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
             if bad:
-                i, code = bad[0]
+                # Report the root cause: a process killed by a signal brings its peers down with
+                # errors of their own (a failed collective), which may be seen in the same poll.
+                i, code = min(bad, key=lambda ic: (ic[1] > 0, ic[0]))
                 print(f"{PREFIX} process {i} of {nproc} (pid {procs[i].pid}) {describe(code)}; stopping the others",
                       file=sys.stderr, flush=True)
                 _stop(procs, grace_s)
