@@ -68,3 +68,10 @@ def check_sequence_length(input_ids: NamedArray, limit: int, what: str) -> None:
     n = input_ids.axis_size("position")
     if n > limit:
         raise ValueError(f"input has {n} positions but the model supports at most {limit} ({what})")
+
+
+def token_positions(input_ids: NamedArray, segment_ids: NamedArray | None = None) -> NamedArray:
+    """Each token's position: its index along ``position``, restarting in every packed segment."""
+    if segment_ids is not None:
+        return nn.positions_from_segments(segment_ids)
+    return nm.arange(input_ids.resolve_axis("position"))

@@ -26,7 +26,7 @@ import jax
 import named as nm
 from named import Axis, NamedArray, nn
 
-from ._common import KVCache, causal_attention, check_sequence_length, layer_keys, split_key
+from ._common import KVCache, causal_attention, check_sequence_length, layer_keys, split_key, token_positions
 
 Qkv = Axis("qkv", 3)
 
@@ -147,10 +147,7 @@ class Gpt2LMHeadModel(eqx.Module):
         deterministic (inference).
         """
         check_sequence_length(input_ids, self.config.n_positions, "n_positions")
-        if segment_ids is not None:
-            positions = nn.positions_from_segments(segment_ids)
-        else:
-            positions = nm.arange(input_ids.resolve_axis("position"))
+        positions = token_positions(input_ids, segment_ids)
         logits, _ = self._run(input_ids, positions, segment_ids=segment_ids, key=key)
         return logits
 

@@ -26,7 +26,7 @@ import jax
 import named as nm
 from named import Axis, NamedArray, nn
 
-from ._common import KVCache, causal_attention, check_sequence_length
+from ._common import KVCache, causal_attention, check_sequence_length, token_positions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,10 +141,7 @@ class LlamaLMHeadModel(eqx.Module):
         signature; Llama has no dropout.
         """
         check_sequence_length(input_ids, self.config.max_position_embeddings, "max_position_embeddings")
-        if segment_ids is not None:
-            positions = nn.positions_from_segments(segment_ids)
-        else:
-            positions = nm.arange(input_ids.resolve_axis("position"))
+        positions = token_positions(input_ids, segment_ids)
         logits, _ = self._run(input_ids, positions, segment_ids=segment_ids)
         return logits
 
