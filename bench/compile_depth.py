@@ -23,7 +23,7 @@ import jax
 import optax
 
 import named as nm
-from models import Gpt2Config, Gpt2LMHeadModel
+from named.models import Gpt2Config, Gpt2LMHeadModel
 
 
 def measure(depth: int, cfg: dict, mesh, batch: int, seq: int, optimizer, remat: str) -> tuple[float, float, int, dict]:

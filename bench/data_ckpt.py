@@ -30,8 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import named as nm
-from trainer.checkpoint import restore, save_checkpoint
-from trainer.data import loader_throughput
+from named.trainer.checkpoint import restore, save_checkpoint
+from named.trainer.data import loader_throughput
 
 
 def write_tokens(path: Path, n_tokens: int, vocab: int = 50257, eos: int = 0) -> None:

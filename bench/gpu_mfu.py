@@ -118,7 +118,7 @@ def worker(spec: dict) -> dict:
     import numpy as np
     import optax
 
-    import models
+    from named import models
     import named as nm
     from named.nn.loss import next_token_loss
     from named.nn.precision import cast_for_compute, get_policy

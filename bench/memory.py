@@ -29,7 +29,7 @@ import jax
 import optax
 
 import named as nm
-from models import Gpt2Config, Gpt2LMHeadModel
+from named.models import Gpt2Config, Gpt2LMHeadModel
 
 # name -> (model config, batch, seq, remat, loss)
 CONFIGS = {

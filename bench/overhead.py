@@ -33,7 +33,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import named as nm
 import reference_gpt2 as ref
-from models import Gpt2Config, Gpt2LMHeadModel
+from named.models import Gpt2Config, Gpt2LMHeadModel
 
 TINY = dict(n_layer=2, n_head=2, n_embd=64, n_positions=32, vocab_size=256)
 

@@ -103,7 +103,7 @@ def worker_named(cfg, batch, seq, dtype, remat) -> dict:
     import optax
 
     import named as nm
-    from models import Gpt2Config, Gpt2LMHeadModel
+    from named.models import Gpt2Config, Gpt2LMHeadModel
 
     config = Gpt2Config(**cfg, remat=remat)
     mesh = nm.make_mesh(C.MESH)

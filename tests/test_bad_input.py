@@ -26,14 +26,14 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-import models
+from named import models
 import named as nm
-from models import CheckpointFormatError, Gpt2Config, Gpt2LMHeadModel
-from trainer import checkpoint as ckpt
-from trainer.config import ConfigError, load_config
-from trainer.data import DataError
-from trainer.optim import build_optimizer
-from trainer.train import train
+from named.models import CheckpointFormatError, Gpt2Config, Gpt2LMHeadModel
+from named.trainer import checkpoint as ckpt
+from named.trainer.config import ConfigError, load_config
+from named.trainer.data import DataError
+from named.trainer.optim import build_optimizer
+from named.trainer.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
 NANO = ROOT / "config/gpt2_nano.yaml"
@@ -61,7 +61,7 @@ def no_compile():
 def _fails(exc_type, match: str, fn, *args, **kwargs):
     with pytest.raises(exc_type, match=match) as info:
         fn(*args, **kwargs)
-    assert type(info.value).__module__.split(".")[0] in ("trainer", "named", "models"), type(info.value)
+    assert type(info.value).__module__.split(".")[0] == "named", type(info.value)
     print(f"{type(info.value).__name__}: {info.value}")
     return info.value
 
@@ -467,7 +467,7 @@ def test_cli_exit_code_and_nothing_written(files, tmp_path, name):
     over, needle = CLI_SUBPROCESS[name]
     run_dir = tmp_path / "run"
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
-    r = subprocess.run([sys.executable, "-c", "import sys; from trainer.cli import main_train; sys.exit(main_train())",
+    r = subprocess.run([sys.executable, "-c", "import sys; from named.trainer.cli import main_train; sys.exit(main_train())",
                         "--config_path", str(NANO), *_args(files, run_dir, **{"trainer.train_batch_size": 2, **over})],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 2, r.stderr[-2000:]

@@ -69,7 +69,7 @@ def test_gpu_mfu_unrolled_forward_matches_scan():
     import gpu_mfu
 
     import named as nm
-    from models import Gpt2Config, Gpt2LMHeadModel, LlamaConfig, LlamaLMHeadModel
+    from named.models import Gpt2Config, Gpt2LMHeadModel, LlamaConfig, LlamaLMHeadModel
 
     ids = nm.named(np.random.default_rng(0).integers(0, 64, size=(2, 8), dtype=np.int32), ("batch", "position"))
     gpt2 = Gpt2LMHeadModel.init(Gpt2Config(n_layer=2, n_head=2, n_embd=16, n_positions=8, vocab_size=64), key=jax.random.key(0))

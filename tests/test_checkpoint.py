@@ -17,8 +17,8 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import named as nm
-from trainer import checkpoint as ck
-from trainer.checkpoint import CheckpointError, CheckpointWarning, Checkpointer
+from named.trainer import checkpoint as ck
+from named.trainer.checkpoint import CheckpointError, CheckpointWarning, Checkpointer
 
 
 class Block(eqx.Module):
@@ -454,7 +454,7 @@ _WORKER = textwrap.dedent(
     jax.distributed.initialize(coordinator_address=f"127.0.0.1:{sys.argv[2]}", num_processes=2, process_id=pid)
     import jax.numpy as jnp, numpy as np
     from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
-    from trainer.checkpoint import Checkpointer
+    from named.trainer.checkpoint import Checkpointer
     mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
     full = np.arange(64 * 3, dtype=np.float32).reshape(64, 3)
     w = jax.make_array_from_callback(full.shape, NamedSharding(mesh, P("data")), lambda idx: full[idx])

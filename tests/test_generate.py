@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import named as nm
-import models
-from models import Gpt2Config, Gpt2LMHeadModel, LlamaConfig, LlamaLMHeadModel
+from named import models
+from named.models import Gpt2Config, Gpt2LMHeadModel, LlamaConfig, LlamaLMHeadModel
 
 from _hf_models import build, random_ids, random_model
 

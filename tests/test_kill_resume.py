@@ -34,10 +34,10 @@ import jax
 import numpy as np
 import pytest
 
-from trainer import checkpoint as ckpt
-from trainer.config import load_config
-from trainer.optim import build_optimizer
-from trainer.registry import model_class
+from named.trainer import checkpoint as ckpt
+from named.trainer.config import load_config
+from named.trainer.optim import build_optimizer
+from named.trainer.registry import model_class
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 45
@@ -106,7 +106,7 @@ def _env(workdir: Path, write_delay: float | None = None) -> dict:
     return env
 
 
-_MAIN = "import sys; from trainer.cli import main_train; sys.exit(main_train())"
+_MAIN = "import sys; from named.trainer.cli import main_train; sys.exit(main_train())"
 
 
 def _start(workdir: Path, run_dir: Path, log: Path, write_delay: float | None = None, **over) -> subprocess.Popen:
@@ -127,16 +127,21 @@ def _run(workdir: Path, run_dir: Path, log: Path, **over) -> str:
 
 
 def test_runs_import_the_snapshot(workdir):
-    code = "import importlib.util as u; print(u.find_spec('trainer').origin, u.find_spec('named').origin)"
+    code = "import importlib.util as u; print(*(u.find_spec(m).origin for m in ('named.trainer', 'named.models', 'named')))"
     r = subprocess.run([sys.executable, "-c", code], env=_env(workdir), capture_output=True, text=True, check=True)
-    assert r.stdout.split() == [str(workdir / "src" / p / "__init__.py") for p in ("trainer", "named")]
+    assert r.stdout.split() == [str(workdir / "src" / "named" / p / "__init__.py") for p in ("trainer", "models", ".")]
 
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("kill")
     (d / "code.txt").write_text(CORPUS)
-    shutil.copytree(ROOT / "src", d / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    # The installed layout (pyproject's package-dir): src/models and src/trainer become
+    # named.models and named.trainer.
+    skip = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    shutil.copytree(ROOT / "src" / "named", d / "src" / "named", ignore=skip)
+    for sub in ("models", "trainer"):
+        shutil.copytree(ROOT / "src" / sub, d / "src" / "named" / sub, ignore=skip)
     shutil.copy(ROOT / "config/gpt2_nano.yaml", d / "gpt2_nano.yaml")
     return d
 

@@ -15,8 +15,8 @@ import torch
 from safetensors.numpy import load_file, save_file
 
 import named as nm
-import models
-from models import CheckpointFormatError, Gpt2Config, Gpt2LMHeadModel, LlamaConfig, LlamaLMHeadModel
+from named import models
+from named.models import CheckpointFormatError, Gpt2Config, Gpt2LMHeadModel, LlamaConfig, LlamaLMHeadModel
 
 from _hf_models import CONFIGS, GPT2, build, hf_logits, load_hf, random_ids, random_model
 

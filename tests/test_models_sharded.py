@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import named as nm
-import models
-from models import Gpt2Config, Gpt2LMHeadModel, LlamaConfig, LlamaLMHeadModel
+from named import models
+from named.models import Gpt2Config, Gpt2LMHeadModel, LlamaConfig, LlamaLMHeadModel
 
 from _hf_models import random_model
 

@@ -24,31 +24,31 @@ import numpy as np
 import pytest
 
 from test_trainer import CORPUS, FSDP, tiny_args
-from trainer import checkpoint as ck
-from trainer.config import load_config
-from trainer.data import TrainBatches, build_data
-from trainer.distributed import settings
-from trainer.launch import child_env, free_port, parse_args
-from trainer.train import train
+from named.trainer import checkpoint as ck
+from named.trainer.config import load_config
+from named.trainer.data import TrainBatches, build_data
+from named.trainer.distributed import settings
+from named.trainer.launch import child_env, free_port, parse_args
+from named.trainer.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "config" / "gpt2_nano.yaml")
-TRAIN = [sys.executable, "-c", "import sys; from trainer.cli import main_train; sys.exit(main_train())",
+TRAIN = [sys.executable, "-c", "import sys; from named.trainer.cli import main_train; sys.exit(main_train())",
          "--config_path", CONFIG]
-LAUNCH = [sys.executable, "-m", "trainer.launch"]
+LAUNCH = [sys.executable, "-m", "named.trainer.launch"]
 # named-train whose process 1 reaches its first train step SKEW_S seconds after process 0:
 # longer than the 30 s gloo waits when it connects a group of devices (see connect_collectives).
 SKEW_S = 35
 TRAIN_SKEWED = [sys.executable, "-c", f"""
 import os, sys, time
-import trainer.train as tt
+import named.trainer.train as tt
 make = tt.make_train_step
 def late(*a, **k):
     if os.environ["NAMED_PROCESS_ID"] == "1":
         time.sleep({SKEW_S})
     return make(*a, **k)
 tt.make_train_step = late
-from trainer.cli import main_train
+from named.trainer.cli import main_train
 sys.exit(main_train())
 """, "--config_path", CONFIG]
 STEPS, CKPT_EVERY = 20, 10
@@ -451,7 +451,7 @@ def test_free_port_is_bindable_and_outside_the_ephemeral_range():
 
 
 def test_distributed_settings(monkeypatch):
-    from trainer.config import ConfigError, DistributedConfig
+    from named.trainer.config import ConfigError, DistributedConfig
 
     for k in ("NAMED_COORDINATOR", "NAMED_NUM_PROCESSES", "NAMED_PROCESS_ID", "NAMED_HEARTBEAT_TIMEOUT"):
         monkeypatch.delenv(k, raising=False)
@@ -486,7 +486,7 @@ def initialize(**kw):
     print("initialize", sorted(kw))
     sys.exit(0)
 jax.distributed.initialize = initialize
-from trainer.cli import main_train
+from named.trainer.cli import main_train
 main_train(["--config_path", {CONFIG!r}, "--trainer.num_train_steps", "50"])
 raise SystemExit("jax.distributed.initialize was not called")
 """

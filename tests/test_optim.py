@@ -4,10 +4,10 @@ import jax
 import numpy as np
 import pytest
 
-import models
+from named import models
 import named as nm
-from trainer.config import OptimizerConfig
-from trainer.optim import decay_mask, schedule
+from named.trainer.config import OptimizerConfig
+from named.trainer.optim import decay_mask, schedule
 
 
 def _mask_by_path(model):

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 
-from trainer import plan
-from trainer.config import load_config
+from named.trainer import plan
+from named.trainer.config import load_config
 
 CONFIG = Path(__file__).parent.parent / "config" / "gpt2_nano_fsdp.yaml"
 SMALL = ["--model.n_layer", "1", "--data.seq_len", "32", "--trainer.train_batch_size", "8"]

@@ -1,6 +1,6 @@
 """models: GPT-2 and Llama built from ``named.nn``, Hugging Face import/export, and generation.
 
-    import models
+    from named import models
     config, model = models.load_pretrained("path/to/hf-folder")
     logits = model(input_ids)                      # (batch, position) -> (batch, position, vocab)
     tokens = models.generate(model, prompt, 20, temperature=0)

@@ -25,8 +25,8 @@ import draccus
 import draccus.cfgparsing
 import yaml
 
-from models.gpt2 import Gpt2Config
-from models.llama import LlamaConfig
+from named.models.gpt2 import Gpt2Config
+from named.models.llama import LlamaConfig
 
 from .data import DataConfig, DataError
 

@@ -1,7 +1,7 @@
 """``named-plan``: what a config would do on this machine, without training.
 
 By default nothing is compiled or allocated: the mesh, every parameter's layout and bytes per
-device, and the microbatch plan. ``compile=True`` (``python -m trainer.plan --compile``) also
+device, and the microbatch plan. ``compile=True`` (``python -m named.trainer.plan --compile``) also
 compiles the train step on abstract inputs and reports its collectives, memory per device and
 FLOPs (a few seconds for the small configs).
 """
@@ -98,7 +98,7 @@ def train_step_report(cfg: TrainConfig) -> nm.inspect.CompiledReport:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m trainer.plan --config_path config/gpt2_nano.yaml [--compile] [--section.key value ...]``"""
+    """``python -m named.trainer.plan --config_path config/gpt2_nano.yaml [--compile] [--section.key value ...]``"""
     from .cli import _fail, _split_config_path
     from .config import ConfigError, load_config
     from .data import DataError

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from models import gpt2, llama
+from named.models import gpt2, llama
 
 from .config import ConfigError
 

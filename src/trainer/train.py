@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import models
+from named import models
 import named as nm
 from named.nn.loss import next_token_loss
 from named.nn.precision import cast_for_compute, get_policy
