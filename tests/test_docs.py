@@ -46,3 +46,40 @@ def test_readme_example_runs():
 
 def test_the_main_pages_have_runnable_examples():
     assert set(MIN_BLOCKS) <= set(PAGES), f"pages without python examples: {sorted(set(MIN_BLOCKS) - set(PAGES))}"
+
+
+_CITED_TEST = re.compile(r"tests/(\w+\.py)((?:::\w+)?)")
+_CITED_MORE = re.compile(r"`::(\w+)`")
+
+
+def test_cited_tests_exist():
+    """Pages name the tests that back them; a renamed or deleted test must not leave a page
+    pointing at nothing. ``tests/x.py::name`` and a following ```::name``` both count."""
+    tests = DOCS.parent / "tests"
+    missing = []
+    for page in [DOCS.parent / "README.md", *sorted(DOCS.glob("*.md"))]:
+        for line in page.read_text().splitlines():
+            files = [(m.start(), tests / m.group(1), m.group(2)[2:]) for m in _CITED_TEST.finditer(line)]
+            for m in _CITED_MORE.finditer(line):  # `::name` belongs to the file cited just before it
+                before = [f for f in files if f[0] < m.start()]
+                if before:
+                    files.append((m.start(), before[-1][1], m.group(1)))
+            for _, path, name in files:
+                if not path.is_file() or (name and f"def {name}(" not in path.read_text()):
+                    missing.append(f"{page.name}: {path.name}{'::' + name if name else ''}")
+    assert not missing, "pages cite tests that do not exist:\n" + "\n".join(missing)
+
+
+def test_pages_cite_no_missing_documents():
+    """No page points at a document that is not in the repository (a design note outside it,
+    a machine path)."""
+    bad = []
+    for page in [DOCS.parent / "README.md", *sorted(DOCS.glob("*.md"))]:
+        text = page.read_text()
+        bad += [f"{page.name}: {m}" for m in re.findall(r"(?:/work/|/root/|/home/)\S+", text)]
+        for target in re.findall(r"\]\(([^)#]+?\.(?:md|ipynb|py|yaml))\)", text):
+            if not (page.parent / target).exists():
+                bad.append(f"{page.name}: link to {target}")
+        if "DESIGN.md" in text:
+            bad.append(f"{page.name}: cites DESIGN.md, which is not part of the repository")
+    assert not bad, "\n".join(bad)
