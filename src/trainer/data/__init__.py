@@ -10,13 +10,16 @@
 The pipeline, in the order data flows:
 
 - **Tokenizer** (``_tokenizer``): ``ByteTokenizer`` (UTF-8 bytes + eos, vocab 257) or an HF
-  ``tokenizer.json`` from a local path; both satisfy the ``Tokenizer`` protocol.
+  ``tokenizer.json`` from a local path; both satisfy the ``Tokenizer`` protocol. ``vocab_size``
+  is one more than the largest id the tokenizer can give (ids may be sparse), and every token
+  array is checked against it before it reaches a model.
 - **Sources** (``_sources``): paths, globs, ``"stdlib"`` (this Python's standard-library
   source, the offline default corpus); text files are one document each, JSONL has one per
   line (``text`` field), ``.npy``/``.bin`` are pre-tokenised and memory-mapped as they are.
 - **Cache** (``_cache``): text and JSONL are tokenised once into a flat token file (each
-  document followed by eos), named by a hash of the file list and the tokenizer, written
-  atomically and memory-mapped on every later run.
+  document followed by eos; uint16 or uint32 as the vocabulary needs, the dtype in the file
+  name), named by a hash of the file list and the tokenizer, written atomically, ids
+  range-checked as they are written, and memory-mapped on every later run.
 - **Packing** (``_packing``): concatenate-and-chunk. The stream is cut into rows of
   ``seq_len``; ``segment_ids`` restart the numbering in every row and step after each eos,
   so a segment-masked attention never crosses documents; ``loss_mask`` is False wherever

@@ -11,7 +11,7 @@ from ._cache import cached_tokens
 from ._errors import DataError
 from ._packing import Sequences, TokenStream
 from ._sources import BIN_DTYPES, STDLIB, SourceFile, check_token_ids, open_pretokenized, resolve_sources
-from ._tokenizer import Tokenizer, load_tokenizer
+from ._tokenizer import Tokenizer, check_tokenizer, load_tokenizer
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,10 @@ class DataConfig:
     stdlib_bytes: int = 8_000_000
 
     def __post_init__(self):
+        for key in ("train", "validation"):
+            for i, spec in enumerate(getattr(self, key)):
+                if not isinstance(spec, str) or not spec:
+                    raise DataError(f"data.{key}[{i}] must be a non-empty path, glob or 'stdlib', got {spec!r}")
         if self.seq_len < 2:
             raise DataError(f"data.seq_len must be at least 2 (a token and its target), got {self.seq_len}")
         if not 0.0 <= self.val_fraction < 1.0:
@@ -65,6 +69,8 @@ def build_data(cfg: DataConfig, tokenizer: Tokenizer | None = None) -> Data:
     Every check that needs no tokenising (tokenizer file, globs, pre-tokenised headers and
     ids, of train and validation sources alike) runs before any tokenising starts.
     """
+    if not cfg.train:  # checked here, not in DataConfig: token_stream takes a config for its settings alone
+        raise DataError("data.train is empty; list at least one file, glob or 'stdlib'")
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.tokenizer, cfg.eos_token)
     checked = [_checked_sources(specs, tokenizer, cfg) for specs in (cfg.train, cfg.validation) if specs]
     streams = [_token_stream(*c, tokenizer, cfg) for c in checked]
@@ -89,6 +95,7 @@ def token_stream(specs: Sequence[str], tokenizer: Tokenizer, cfg: DataConfig) ->
 
 
 def _checked_sources(specs: Sequence[str], tokenizer: Tokenizer, cfg: DataConfig):
+    check_tokenizer(tokenizer)
     files = resolve_sources(specs, stdlib_bytes=cfg.stdlib_bytes)
     pretokenized = [
         (f, open_pretokenized(f, bin_dtype=cfg.bin_dtype, vocab_size=None)) for f in files if f.pretokenized

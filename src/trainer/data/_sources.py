@@ -3,7 +3,9 @@
 A *source spec* is a string: a path, a glob (``data/**/*.txt``), or ``"stdlib"`` for the
 embedded default corpus. Each matched file's kind follows from its extension: ``.jsonl``
 (one JSON object per line with a ``text`` field), ``.npy`` and ``.bin`` (pre-tokenised,
-taken as they are), anything else is a text file holding one document.
+taken as they are), anything else is a text file holding one document. Text must be UTF-8:
+a file with a NUL byte or invalid UTF-8 is refused (naming the file and line) rather than
+trained on as replacement characters.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import sysconfig
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -25,6 +28,8 @@ STDLIB = "stdlib"
 BIN_DTYPES = ("uint16", "uint32")
 _SKIPPED_STDLIB_DIRS = {"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test"}
 _SCAN_CHUNK = 1 << 24  # tokens per chunk when checking ids of a pre-tokenised file
+# JSON escapes can produce lone surrogates, which no tokenizer can encode.
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 Kind = Literal["text", "jsonl", "npy", "bin"]
 
@@ -58,8 +63,10 @@ def resolve_sources(specs: Sequence[str], *, stdlib_bytes: int = 8_000_000) -> l
             if path.is_dir():
                 hint = f"{spec.rstrip('/')}/**/*.txt"
                 raise DataError(f"data source {spec!r} is a directory; give a glob such as {hint!r}")
-            if not path.is_file():
+            if not path.exists():
                 raise DataError(f"data source {spec!r} does not exist")
+            if not path.is_file():
+                raise DataError(f"data source {spec!r} is not a regular file")
             files.append(path)
     seen: set[Path] = set()
     out = []
@@ -97,11 +104,12 @@ def stdlib_files(max_bytes: int) -> list[Path]:
     return out
 
 
-def iter_documents(files: Sequence[SourceFile]) -> Iterator[str]:
-    """The documents of text and JSONL files, in order (pre-tokenised files are skipped)."""
+def iter_documents(files: Sequence[SourceFile]) -> Iterator[tuple[str, str]]:
+    """``(where, text)`` for each document of the text and JSONL files, in order
+    (pre-tokenised files are skipped); ``where`` is the file, or ``file:line`` in JSONL."""
     for src in files:
         if src.kind == "text":
-            yield _read_text(src.path)
+            yield str(src.path), _read_text(src.path)
         elif src.kind == "jsonl":
             yield from _read_jsonl(src.path)
 
@@ -120,13 +128,19 @@ def open_pretokenized(src: SourceFile, *, bin_dtype: str, vocab_size: int | None
 def check_token_ids(tokens: np.ndarray, vocab_size: int, path: Path) -> None:
     for start in range(0, len(tokens), _SCAN_CHUNK):
         chunk = tokens[start : start + _SCAN_CHUNK]
-        bad = (chunk >= vocab_size) | (chunk < 0) if chunk.dtype.kind == "i" else chunk >= vocab_size
-        if bad.any():
-            i = int(np.argmax(bad))
+        i = first_out_of_range(chunk, vocab_size)
+        if i is not None:
             raise DataError(
                 f"{str(path)!r}: token id {int(chunk[i])} at position {start + i} is outside the tokenizer's "
                 f"vocabulary of {vocab_size}; was the file made with another tokenizer?"
             )
+
+
+def first_out_of_range(ids: np.ndarray, vocab_size: int) -> int | None:
+    """Index of the first id outside ``[0, vocab_size)``, or None; a min and a max when all are in range."""
+    if ids.size == 0 or (int(ids.max()) < vocab_size and (ids.dtype.kind == "u" or int(ids.min()) >= 0)):
+        return None
+    return int(np.argmax((ids >= vocab_size) | (ids < 0)))
 
 
 def _kind(path: Path) -> Kind:
@@ -136,28 +150,65 @@ def _kind(path: Path) -> Kind:
 
 def _read_text(path: Path) -> str:
     try:
-        return path.read_bytes().decode("utf-8", errors="replace")
+        raw = path.read_bytes()
     except OSError as e:
         raise DataError(f"cannot read data file {str(path)!r}: {e.strerror}") from e
+    nul = raw.find(b"\0")
+    if nul >= 0:
+        raise DataError(
+            f"{path}:{_line_at(raw, nul)}: a NUL byte (at byte {nul}); this looks like a binary file, not UTF-8 "
+            "text; give text, .jsonl, .npy or .bin files"
+        )
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(
+            f"{path}:{_line_at(raw, e.start)}: not valid UTF-8 (at byte {e.start}); convert the file to UTF-8"
+        ) from e
 
 
-def _read_jsonl(path: Path) -> Iterator[str]:
+def _line_at(raw: bytes, offset: int) -> int:
+    return raw.count(b"\n", 0, offset) + 1
+
+
+def _read_jsonl(path: Path) -> Iterator[tuple[str, str]]:
     try:
         f = path.open("rb")
     except OSError as e:
         raise DataError(f"cannot read data file {str(path)!r}: {e.strerror}") from e
-    with f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError as e:
-                raise DataError(f"{path}:{lineno}: not valid JSON ({e})") from e
-            text = record.get("text") if isinstance(record, dict) else None
-            if not isinstance(text, str):
-                raise DataError(f"{path}:{lineno}: expected an object with a string 'text' field")
-            yield text
+    lineno = 0
+    try:
+        with f:
+            for lineno, line in enumerate(f, start=1):
+                if line.strip():
+                    yield f"{path}:{lineno}", _jsonl_text(line, path, lineno)
+    except OSError as e:
+        raise DataError(f"cannot read data file {str(path)!r} after line {lineno}: {e.strerror}") from e
+
+
+def _jsonl_text(line: bytes, path: Path, lineno: int) -> str:
+    try:
+        record = json.loads(line)
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}:{lineno}: not valid UTF-8 (at byte {e.start} of the line)") from e
+    except (ValueError, RecursionError) as e:  # RecursionError: nesting deeper than the parser's stack
+        raise DataError(f"{path}:{lineno}: not valid JSON ({type(e).__name__}: {e})") from e
+    if not isinstance(record, dict):
+        raise DataError(f"{path}:{lineno}: expected an object with a string 'text' field, got {_json_kind(record)}")
+    text = record.get("text")
+    if not isinstance(text, str):
+        got = "no 'text' field" if "text" not in record else f"'text' is {_json_kind(text)}"
+        raise DataError(f"{path}:{lineno}: expected an object with a string 'text' field; {got}")
+    if _SURROGATE.search(text):
+        raise DataError(f"{path}:{lineno}: the 'text' field holds a lone UTF-16 surrogate (\\ud800-\\udfff escape)")
+    return text
+
+
+def _json_kind(value) -> str:
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    kinds = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number"}
+    return kinds.get(type(value), type(value).__name__)
 
 
 def _map_npy(path: Path) -> np.ndarray:
@@ -177,14 +228,17 @@ def _map_npy(path: Path) -> np.ndarray:
         raise DataError(f"{str(path)!r} is truncated or corrupt: {actual} bytes, its header says {expected}")
     if shape[0] == 0:
         raise DataError(f"{str(path)!r} holds no tokens")
-    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape)
+    return memmap_tokens(path, dtype, offset=offset, shape=shape)
 
 
 def _map_bin(path: Path, dtype_name: str) -> np.ndarray:
     if dtype_name not in BIN_DTYPES:
         raise DataError(f"data.bin_dtype must be one of {BIN_DTYPES}, got {dtype_name!r}")
     dtype = np.dtype(dtype_name)
-    size = path.stat().st_size
+    try:
+        size = path.stat().st_size
+    except OSError as e:
+        raise DataError(f"cannot read data file {str(path)!r}: {e.strerror}") from e
     if size == 0:
         raise DataError(f"{str(path)!r} holds no tokens")
     if size % dtype.itemsize:
@@ -192,4 +246,11 @@ def _map_bin(path: Path, dtype_name: str) -> np.ndarray:
             f"{str(path)!r} is {size} bytes, not a multiple of {dtype.itemsize} (data.bin_dtype={dtype_name}); "
             "truncated, or written with another dtype?"
         )
-    return np.memmap(path, dtype=dtype, mode="r")
+    return memmap_tokens(path, dtype)
+
+
+def memmap_tokens(path: Path, dtype: np.dtype, **kw) -> np.memmap:
+    try:
+        return np.memmap(path, dtype=dtype, mode="r", **kw)
+    except (OSError, ValueError) as e:
+        raise DataError(f"cannot memory-map data file {str(path)!r}: {e}") from e

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from numbers import Integral
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -24,7 +25,9 @@ class Tokenizer(Protocol):
     """
 
     @property
-    def vocab_size(self) -> int: ...
+    def vocab_size(self) -> int:
+        """One more than the largest id ``encode`` can return (ids need not be dense)."""
+        ...
 
     @property
     def eos_id(self) -> int: ...
@@ -84,7 +87,7 @@ class HFTokenizer:
             raise DataError(f"tokenizer file {str(path)!r} cannot be read as a tokenizer.json: {e}") from e
         self._tok.encode_special_tokens = True
         self.path = path
-        self._vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        self._vocab_size = _id_bound(self._tok)
         self._eos_token = eos_token or _eos_from_config(path) or _first_known(self._tok)
         if self._eos_token is None:
             raise DataError(
@@ -123,6 +126,16 @@ class HFTokenizer:
         return f"HFTokenizer({str(self.path)!r}, vocab_size={self._vocab_size}, eos={self._eos_token!r})"
 
 
+def check_tokenizer(tokenizer: Tokenizer) -> None:
+    """The vocabulary and eos id every token array is checked against must themselves be sane:
+    eos ends every document and fills padding rows, so it must be a valid id too."""
+    vocab, eos = tokenizer.vocab_size, tokenizer.eos_id
+    if not isinstance(vocab, Integral) or vocab < 1:
+        raise DataError(f"tokenizer {tokenizer!r}: vocab_size must be a positive int, got {vocab!r}")
+    if not isinstance(eos, Integral) or not 0 <= eos < vocab:
+        raise DataError(f"tokenizer {tokenizer!r}: eos id {eos!r} is outside its vocabulary of {vocab}")
+
+
 def load_tokenizer(spec: str, eos_token: str | None = None) -> Tokenizer:
     """``"byte"`` for the built-in tokenizer, else a local ``tokenizer.json`` or a folder holding one."""
     if spec == "byte":
@@ -141,6 +154,16 @@ def _eos_from_config(path: Path) -> str | None:
     if isinstance(eos, dict):  # {"content": "</s>", ...} in older files
         eos = eos.get("content")
     return eos if isinstance(eos, str) else None
+
+
+def _id_bound(tok) -> int:
+    """One more than the largest id ``tok`` knows, added and special tokens included.
+
+    ``get_vocab_size`` counts entries, which undercounts when ids are sparse (an id of 1000
+    in a vocabulary of four): a model sized by it would index past its embedding.
+    """
+    ids = [*tok.get_vocab(with_added_tokens=True).values(), *tok.get_added_tokens_decoder()]
+    return max(max(ids, default=-1) + 1, tok.get_vocab_size(with_added_tokens=True))
 
 
 def _first_known(tok) -> str | None:
