@@ -35,7 +35,8 @@ from safetensors.numpy import save_file
 import named as nm
 from named import NamedArray, nn
 
-from ._hf_config import Arch, CheckpointFormatError, arch_for, arch_for_hf, config_from_hf, read_json
+from ._hf_config import (Arch, CheckpointFormatError, arch_for, config_from_hf, folder_file, read_config, read_json,
+                         reading, require_file)
 
 __all__ = ["CheckpointFormatError", "config_from_hf", "hf_state_dict", "load_pretrained", "save_pretrained"]
 
@@ -78,12 +79,12 @@ def _params(model, arch: Arch) -> tuple[list[_Param], list[NamedArray], Any]:
     for keypath, leaf in flat:
         path = jax.tree_util.keystr(keypath, simple=True, separator=".")
         if not isinstance(leaf, NamedArray) or path not in arch.module.HF_KEYS:
-            raise AssertionError(f"{arch.model_type}: parameter {path!r} has no entry in HF_KEYS")
+            raise CheckpointFormatError(f"{arch.model_type}: parameter {path!r} has no Hugging Face name (HF_KEYS)")
         template = arch.module.HF_KEYS[path]
         stacked = "{i}" in template
         axes = leaf.axes[1:] if stacked else leaf.axes
         if stacked and leaf.axes[0].name != "layers":
-            raise AssertionError(f"{path}: a per-layer parameter without a leading layers axis")
+            raise CheckpointFormatError(f"{path}: a per-layer parameter without a leading layers axis")
         names = tuple(template.format(i=i) for i in range(leaf.axes[0].size)) if stacked else (template,)
         owner = functools.reduce(getattr, path.split(".")[:-1], model)
         attr = path.rsplit(".", 1)[-1]
@@ -113,75 +114,139 @@ def hf_state_dict(model) -> dict[str, np.ndarray]:
 
 _MAX_HEADER = 100_000_000  # safetensors' own limit
 _NUMPY_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32,
-                 "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
+                 "I16": np.int16, "I8": np.int8, "U64": np.uint64, "U32": np.uint32, "U16": np.uint16, "U8": np.uint8,
+                 "BOOL": np.bool_}
 _EXTRA_DTYPES = {"BF16": ml_dtypes.bfloat16, "F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2}
+_DTYPES = {**_NUMPY_DTYPES, **_EXTRA_DTYPES}
 
 
+@dataclasses.dataclass(frozen=True)
+class _Tensor:
+    """One entry of a safetensors header, checked: ``begin, end`` are offsets into the data."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
 
 
-def _read_header(path: Path) -> tuple[int, dict]:
-    """The header of a safetensors file, checked before anything of its size is allocated."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            raise CheckpointFormatError(f"{path}: {size} bytes is too short for a safetensors file")
-        n = int.from_bytes(head, "little")
-        if n > min(size - 8, _MAX_HEADER):
-            raise CheckpointFormatError(f"{path}: corrupted safetensors header: it claims {n} bytes in a file of {size}")
-        try:
-            header = json.loads(f.read(n))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise CheckpointFormatError(f"{path}: corrupted safetensors header ({e})") from None
+def _is_count(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _tensor_entry(path: Path, name: str, info, data_size: int) -> _Tensor:
+    def bad(what: str) -> CheckpointFormatError:
+        return CheckpointFormatError(f"{path}: corrupted safetensors header: tensor {name!r}: {what}")
+
+    if not isinstance(info, dict):
+        raise bad(f"expected an object with dtype, shape and data_offsets, got {info!r}")
+    dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+    if not isinstance(dtype, str):
+        raise bad(f"field 'dtype' should be a string, got {dtype!r}")
+    if dtype not in _DTYPES:
+        raise CheckpointFormatError(f"{path}: tensor {name!r} has unsupported dtype {dtype}")
+    if not isinstance(shape, list) or not all(_is_count(n) for n in shape):
+        raise bad(f"field 'shape' should be a list of non-negative integers, got {shape!r}")
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_count(n) for n in offsets):
+        raise bad(f"field 'data_offsets' should be two non-negative integers, got {offsets!r}")
+    begin, end = offsets
+    if not begin <= end <= data_size:
+        raise CheckpointFormatError(f"{path}: tensor {name!r} lies outside the file "
+                                    f"(bytes {begin}..{end} of {data_size})")
+    nbytes = math.prod(shape) * np.dtype(_DTYPES[dtype]).itemsize
+    if end - begin != nbytes:
+        raise CheckpointFormatError(f"{path}: tensor {name!r} of shape {shape} {dtype} needs {nbytes} bytes, "
+                                    f"but its data_offsets give {end - begin}")
+    return _Tensor(dtype, tuple(shape), begin, end)
+
+
+def _check_layout(path: Path, tensors: dict[str, _Tensor], data_size: int) -> None:
+    """The safetensors rule: the tensors' bytes tile the data exactly, with no overlap, gap or tail."""
+    at, previous = 0, None
+    for name, t in sorted(tensors.items(), key=lambda kv: (kv[1].begin, kv[1].end)):
+        if t.begin != at:
+            what = f"overlaps tensor {previous!r}" if t.begin < at else f"leaves bytes {at}..{t.begin} unused"
+            raise CheckpointFormatError(f"{path}: corrupted safetensors file: tensor {name!r} {what}")
+        at, previous = t.end, name
+    if at != data_size:
+        raise CheckpointFormatError(f"{path}: corrupted safetensors file: {data_size - at} bytes after the last tensor")
+
+
+def _read_header(path: Path) -> tuple[int, dict[str, _Tensor]]:
+    """The checked header of a safetensors file, read before anything of its size is allocated.
+
+    Returns where the data starts and every tensor but ``__metadata__``. Every field is checked
+    by us, to name the tensor and field; safetensors then opens the file (reading no tensor) as
+    the format's own judge.
+    """
+    with reading(path):
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise CheckpointFormatError(f"{path}: {size} bytes is too short for a safetensors file")
+            n = int.from_bytes(head, "little")
+            if n > min(size - 8, _MAX_HEADER):
+                raise CheckpointFormatError(f"{path}: corrupted safetensors header: it claims {n} bytes "
+                                            f"in a file of {size}")
+            raw = f.read(n)
+    try:
+        header = json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        raise CheckpointFormatError(f"{path}: corrupted safetensors header ({e})") from None
     if not isinstance(header, dict):
         raise CheckpointFormatError(f"{path}: corrupted safetensors header (not a JSON object)")
+    metadata = header.pop("__metadata__", None)
+    if metadata is not None and not (isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())):
+        raise CheckpointFormatError(f"{path}: corrupted safetensors header: '__metadata__' should map names to "
+                                    f"strings, got {metadata!r}")
     data_size = size - 8 - n
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        try:
-            dtype, shape, (begin, end) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
-        except (KeyError, TypeError, ValueError):
-            raise CheckpointFormatError(f"{path}: corrupted safetensors header entry for tensor {name!r}") from None
-        if not 0 <= begin <= end <= data_size:
-            raise CheckpointFormatError(f"{path}: tensor {name!r} lies outside the file "
-                                        f"(bytes {begin}..{end} of {data_size})")
-        if dtype not in _NUMPY_DTYPES and dtype not in _EXTRA_DTYPES:
-            raise CheckpointFormatError(f"{path}: tensor {name!r} has unsupported dtype {dtype}")
-        itemsize = np.dtype(_NUMPY_DTYPES.get(dtype) or _EXTRA_DTYPES[dtype]).itemsize
-        if end - begin != math.prod(shape) * itemsize:
-            raise CheckpointFormatError(f"{path}: tensor {name!r} of shape {list(shape)} {dtype} "
-                                        f"does not match its {end - begin} bytes")
-    return 8 + n, {k: v for k, v in header.items() if k != "__metadata__"}
+    tensors = {name: _tensor_entry(path, name, info, data_size) for name, info in header.items()}
+    _check_layout(path, tensors, data_size)
+    try:
+        with reading(path), safe_open(path, framework="numpy"):
+            pass
+    except SafetensorError as e:
+        raise CheckpointFormatError(f"{path}: safetensors cannot read it ({e})") from None
+    return 8 + n, tensors
 
 
-def _read_tensor(handle, path: Path, data_start: int, name: str, info: dict) -> np.ndarray:
-    if info["dtype"] in _NUMPY_DTYPES:
+def _read_tensor(handle, path: Path, data_start: int, name: str, t: _Tensor) -> np.ndarray:
+    if t.dtype in _NUMPY_DTYPES:
         return handle.get_tensor(name)
     # numpy has no bfloat16 / float8, so safetensors' numpy API cannot return them: read the bytes
-    begin, end = info["data_offsets"]
-    dtype = _EXTRA_DTYPES[info["dtype"]]
-    return np.fromfile(path, dtype=dtype, count=(end - begin) // np.dtype(dtype).itemsize,
-                       offset=data_start + begin).reshape(info["shape"])
+    dtype = _EXTRA_DTYPES[t.dtype]
+    return np.fromfile(path, dtype=dtype, count=math.prod(t.shape), offset=data_start + t.begin).reshape(t.shape)
+
+
+def _index_files(folder: Path, index: Path) -> list[Path]:
+    """The shards ``index`` lists, each checked to lie inside ``folder`` before any is opened."""
+    weight_map = read_json(index).get("weight_map")
+    if not isinstance(weight_map, dict):
+        raise CheckpointFormatError(f"{index}: field 'weight_map' should map tensor names to file names, "
+                                    f"got {weight_map!r}")
+    files: dict[str, Path] = {}
+    for tensor, name in weight_map.items():
+        if not isinstance(name, str) or not name:
+            raise CheckpointFormatError(f"{index}: weight_map[{tensor!r}] should be a file name, got {name!r}")
+        if name not in files:
+            files[name] = folder_file(folder, name, named_by=f"{index}: weight_map[{tensor!r}]")
+    for path in files.values():
+        require_file(path, f"listed in {index.name} but not found")
+    return list(files.values())
 
 
 def _checkpoint_files(folder: Path) -> list[Path]:
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = read_json(index).get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise CheckpointFormatError(f"{index}: missing field 'weight_map'")
-        files = [folder / f for f in dict.fromkeys(weight_map.values())]
-    elif (folder / "model.safetensors").is_file():
-        files = [folder / "model.safetensors"]
-    else:
-        found = sorted(p.name for p in folder.glob("*.bin")) if folder.is_dir() else []
-        hint = f" (found {', '.join(found)}: pickles are never loaded; convert them to safetensors)" if found else ""
-        raise CheckpointFormatError(f"{folder}: no model.safetensors or model.safetensors.index.json{hint}")
-    for f in files:
-        if not f.is_file():
-            raise CheckpointFormatError(f"{f}: listed in model.safetensors.index.json but not found")
-    return files
+    index = folder_file(folder, "model.safetensors.index.json")
+    if index.exists():
+        return _index_files(folder, index)
+    single = folder_file(folder, "model.safetensors")
+    if single.exists():
+        require_file(single)
+        return [single]
+    found = sorted(p.name for p in folder.glob("*.bin"))
+    hint = f" (found {', '.join(found)}: pickles are never loaded; convert them to safetensors)" if found else ""
+    raise CheckpointFormatError(f"{folder}: no model.safetensors or model.safetensors.index.json{hint}")
 
 
 # ---- placement ---------------------------------------------------------------------------------------
@@ -238,16 +303,45 @@ def load_pretrained(folder: str | Path, *, mapping: Mapping | None = None, mesh=
 
     Raises:
         CheckpointFormatError: naming the file, tensor or field that is missing, unexpected,
-            of the wrong shape, corrupted or unsupported. Nothing is read before the folder's
-            config and every tensor's name and shape have been checked.
+            of the wrong shape or dtype, corrupted, unreadable or unsupported. No tensor is read
+            before the folder's config and every header (name, shape, dtype, byte range of each
+            tensor) have been checked, and no file is opened that lies outside ``folder`` once
+            symlinks are followed (an index naming one is refused before any shard is opened).
     """
     folder = Path(folder)
-    where = folder / "config.json"
-    hf_config = read_json(where)
-    arch = arch_for_hf(hf_config, where)
-    config = arch.from_hf(hf_config, where)
+    placer = _Placer(mapping, mesh)
+    arch, config, _ = read_config(folder)
     abstract = eqx.filter_eval_shape(arch.model_cls.init, config, key=jax.random.key(0))
     params, leaves, treedef = _params(abstract, arch)
+    arrays: list[Any] = [None] * len(params)
+    for path, data_start, todo in _plan(folder, arch, config, params, leaves, keep_dtype=dtype is None):
+        try:
+            with reading(path), safe_open(path, framework="numpy") as handle:
+                for name, (k, layer, t) in todo.items():
+                    p = params[k]
+                    value = p.to_ours(_read_tensor(handle, path, data_start, name, t))
+                    if dtype is not None:
+                        value = value.astype(dtype)
+                    layers = leaves[k].axes[0] if p.stacked else None
+                    arrays[k] = placer.put(arrays[k], p, layer, layers, value)
+        except SafetensorError as e:
+            raise CheckpointFormatError(f"{path}: safetensors cannot read it ({e})") from None
+    model = jax.tree_util.tree_unflatten(treedef, [NamedArray(a, leaf.axes) for a, leaf in zip(arrays, leaves)])
+    return config, model
+
+
+def _number_kind(dtype) -> str:
+    for kind, name in ((jnp.floating, "floating-point"), (jnp.integer, "integer"), (jnp.bool_, "boolean")):
+        if jnp.issubdtype(dtype, kind):
+            return name
+    return str(dtype)
+
+
+def _plan(folder: Path, arch: Arch, config, params: list[_Param], leaves: list, *, keep_dtype: bool):
+    """Every file's header checked against the model before a single tensor is read.
+
+    Returns, per file, where its data starts and ``{tensor name: (parameter index, layer, entry)}``.
+    """
     wanted = {name: (k, i) for k, p in enumerate(params) for i, name in enumerate(p.hf_names)}
     tied_head = "lm_head.weight" if config.tie_word_embeddings else None
     ignored = [re.compile(r) for r in arch.module.HF_IGNORED]
@@ -259,14 +353,13 @@ def load_pretrained(folder: str | Path, *, mapping: Mapping | None = None, mesh=
             return None  # a tied copy of the embedding, or a buffer that is no parameter
         return name
 
-    # check every header against the model before reading a single tensor
-    files = _checkpoint_files(folder)
-    plan: list[tuple[Path, int, dict[str, tuple[str, dict]]]] = []
+    plan: list[tuple[Path, int, dict[str, tuple[int, int, _Tensor]]]] = []
     found: dict[str, Path] = {}
-    for path in files:
+    dtypes: dict[int, tuple[str, str]] = {}
+    for path in _checkpoint_files(folder):
         data_start, header = _read_header(path)
         todo = {}
-        for name, info in header.items():
+        for name, t in header.items():
             key = ours(name)
             if key is None:
                 continue
@@ -275,35 +368,28 @@ def load_pretrained(folder: str | Path, *, mapping: Mapping | None = None, mesh=
                                             "config.json has no such parameter")
             if key in found:
                 raise CheckpointFormatError(f"{path}: tensor {name!r} appears again (also in {found[key]})")
-            p = params[wanted[key][0]]
-            if tuple(info["shape"]) != p.hf_shape:
-                raise CheckpointFormatError(f"{path}: tensor {name!r} has shape {list(info['shape'])}, "
+            k, layer = wanted[key]
+            p = params[k]
+            expected = _number_kind(leaves[k].dtype)
+            if _number_kind(_DTYPES[t.dtype]) != expected:
+                raise CheckpointFormatError(f"{path}: tensor {name!r} has dtype {t.dtype}, expected a {expected} "
+                                            f"dtype for parameter {p.path}")
+            if t.shape != p.hf_shape:
+                raise CheckpointFormatError(f"{path}: tensor {name!r} has shape {list(t.shape)}, "
                                             f"expected {list(p.hf_shape)} from config.json")
+            first_dtype, first = dtypes.setdefault(k, (t.dtype, name))
+            if keep_dtype and first_dtype != t.dtype:
+                # one stacked buffer holds every layer: with dtype=None there is no common dtype to convert to
+                raise CheckpointFormatError(f"{path}: tensor {name!r} has dtype {t.dtype}, but {first!r} of the same "
+                                            f"parameter has {first_dtype}; pass a dtype to convert them")
             found[key] = path
-            todo[name] = (key, info)
+            todo[name] = (k, layer, t)
         plan.append((path, data_start, todo))
     missing = [n for n in wanted if n not in found]
     if missing:
         more = f" (and {len(missing) - 1} more: {', '.join(missing[1:4])}{', ...' if len(missing) > 4 else ''})"
         raise CheckpointFormatError(f"{folder}: missing tensor {missing[0]!r}{more if len(missing) > 1 else ''}")
-
-    placer = _Placer(mapping, mesh)
-    arrays: list[Any] = [None] * len(params)
-    for path, data_start, todo in plan:
-        try:
-            with safe_open(path, framework="numpy") as handle:
-                for name, (key, info) in todo.items():
-                    k, layer = wanted[key]
-                    p = params[k]
-                    value = p.to_ours(_read_tensor(handle, path, data_start, name, info))
-                    if dtype is not None:
-                        value = value.astype(dtype)
-                    layers = leaves[k].axes[0] if p.stacked else None
-                    arrays[k] = placer.put(arrays[k], p, layer, layers, value)
-        except SafetensorError as e:
-            raise CheckpointFormatError(f"{path}: safetensors cannot read it ({e})") from None
-    model = jax.tree_util.tree_unflatten(treedef, [NamedArray(a, leaf.axes) for a, leaf in zip(arrays, leaves)])
-    return config, model
+    return plan
 
 
 def _parse_size(size: int | str) -> int:
@@ -311,7 +397,7 @@ def _parse_size(size: int | str) -> int:
         return size
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMG]i?B|B)?\s*", str(size), re.IGNORECASE)
     if not m:
-        raise ValueError(f"max_shard_size={size!r}: use a number of bytes or e.g. '500MB', '2GiB'")
+        raise CheckpointFormatError(f"max_shard_size={size!r}: use a number of bytes or e.g. '500MB', '2GiB'")
     unit = (m.group(2) or "B").upper()
     scale = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}[unit]
     return int(float(m.group(1)) * scale)
@@ -331,10 +417,10 @@ def save_pretrained(model, config, folder: str | Path, *, max_shard_size: int | 
     params, leaves, _ = _params(model, arch)
     exp_params, exp_leaves, _ = _params(expected, arch)
     if [p.path for p in params] != [p.path for p in exp_params]:
-        raise ValueError(f"the model's parameters {[p.path for p in params]} do not match {config}")
+        raise CheckpointFormatError(f"the model's parameters {[p.path for p in params]} do not match {config}")
     for p, leaf, e in zip(params, leaves, exp_leaves):
         if leaf.axes != e.axes:
-            raise ValueError(f"parameter {p.path} has axes {leaf.axes}, but {config} gives {e.axes}")
+            raise CheckpointFormatError(f"parameter {p.path} has axes {leaf.axes}, but {config} gives {e.axes}")
 
     entries = [(name, k, i) for k, p in enumerate(params) for i, name in enumerate(p.hf_names)]
     nbytes = {name: math.prod(params[k].hf_shape) * leaves[k].dtype.itemsize for name, k, _ in entries}
