@@ -201,6 +201,150 @@ ENTRY %main (p: f32[8]) -> f32[8] {
     assert got == [("ar", True), ("ar2", False)]
 
 
+# ---- loops: every iteration counted ------------------------------------------------------------------
+
+_NESTED_HLO = """
+HloModule m, entry_computation_layout={(f32[8,16]{1,0})->f32[8,4]{1,0}}
+
+%inner_body (p: (s32[], f32[8,16], f32[16,4])) -> (s32[], f32[8,16], f32[16,4]) {
+  %p = (s32[], f32[8,16]{1,0}, f32[16,4]{1,0}) parameter(0)
+  %x = f32[8,16]{1,0} get-tuple-element(%p), index=1
+  %w = f32[16,4]{1,0} get-tuple-element(%p), index=2
+  %d = f32[8,4]{1,0} dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %ar = f32[8,4]{1,0} all-reduce(%d), channel_id=1, replica_groups={{0,1},{2,3},{4,5},{6,7}}, to_apply=%add
+  ROOT %t = (s32[], f32[8,16]{1,0}, f32[16,4]{1,0}) tuple(%i, %x, %w)
+}
+
+%outer_body (q: (s32[], f32[8,16], /*index=2*/f32[16,4])) -> (s32[], f32[8,16], /*index=2*/f32[16,4]) {
+  %q = (s32[], f32[8,16]{1,0}, f32[16,4]{1,0}) parameter(0)
+  %inner = (s32[], f32[8,16]{1,0}, f32[16,4]{1,0}) while(%q), condition=%cond, body=%inner_body, backend_config={"known_trip_count":{"n":"4"},"known_init_step":{"init":"0","step":"1"}}
+  %ag = f32[16,16]{1,0} all-gather(%y), channel_id=2, replica_groups=[4,2]<=[8], dimensions={0}
+  ROOT %e = f32[8,16]{1,0} exponential(%z)
+}
+
+%mystery_body (r: (s32[], f32[8,16])) -> (s32[], f32[8,16]) {
+  %r = (s32[], f32[8,16]{1,0}) parameter(0)
+  %m = f32[8,16]{1,0} multiply(%a, %b)
+  ROOT %ag2 = f32[8,16]{1,0} all-gather(%c), channel_id=3, replica_groups=[4,2]<=[8], dimensions={0}
+}
+
+ENTRY %main (arg: f32[8,16]) -> f32[8,4] {
+  %arg = f32[8,16]{1,0} parameter(0)
+  %outer = (s32[], f32[8,16]{1,0}, f32[16,4]{1,0}) while(%t0), condition=%cond, body=%outer_body, /*index=5*/backend_config={"known_trip_count":{"n":"3"}}
+  %loop = (s32[], f32[8,16]{1,0}) while(%t1), condition=%cond2, body=%mystery_body
+  ROOT %top = f32[8,4]{1,0} all-reduce(%v), channel_id=4, replica_groups={{0,1,2,3,4,5,6,7}}, to_apply=%add
+}
+"""
+
+
+def test_nested_loops_multiply_trip_counts_and_unknown_trips_are_named():
+    from named import _hlo
+
+    cost = _hlo.analyze(_NESTED_HLO, nm.make_mesh({"data": 4, "model": 2}))
+    runs = {c.name: (c.runs, c.in_loop, c.runs_known, c.mesh_axes) for c in cost.collectives}
+    assert runs == {
+        "ar": (3 * 4, True, True, ("model",)),  # inner loop of 4 inside an outer loop of 3
+        "ag": (3, True, True, ("model",)),
+        "ag2": (1, True, False, ("model",)),  # a loop of unknown length: counted once, and flagged
+        "top": (1, False, True, ("data", "model")),
+    }
+    assert cost.matmul_flops == 3 * 4 * 2 * 8 * 4 * 16  # 2 * result elements * contracted size, per run
+    assert cost.transcendentals == 3 * 8 * 16
+    assert cost.flops == cost.matmul_flops + 8 * 16  # + the multiply in the loop of unknown length, once
+    assert [n for n, _ in cost.loops] == ["outer", "inner", "loop"]
+    assert dict(cost.loops) == {"outer": 3, "inner": 4, "loop": None} and cost.unknown_loops == ["loop"]
+
+
+def _gpt2_grad_step(n_layer: int, *, unrolled: bool = False):
+    """The weight gradient of a tiny GPT-2 under FSDP, compiled on abstract inputs. ``unrolled``
+    runs the same blocks in a Python loop (no while loop in the HLO): an independent program."""
+    from named.models import Gpt2Config, Gpt2LMHeadModel
+    from named.nn.loss import next_token_loss
+
+    cfg = Gpt2Config(n_layer=n_layer, n_head=2, n_embd=32, n_positions=64, vocab_size=128)
+    mesh = nm.make_mesh({"data": 8})
+
+    def abstract(tree, mapping):
+        return jax.tree.map(lambda x: nm.NamedArray(jax.ShapeDtypeStruct(x.array.shape, x.array.dtype,
+                                                                         sharding=nm.sharding_for(x, mapping, mesh)), x.axes)
+                            if isinstance(x, nm.NamedArray) else x, tree, is_leaf=nm.is_named_array)
+
+    model = abstract(jax.eval_shape(lambda k: Gpt2LMHeadModel.init(cfg, key=k), jax.random.key(0)), {"embed": "data"})
+    ids = abstract(nm.NamedArray(jax.ShapeDtypeStruct((16, 32), jnp.int32), (Batch, Axis("position", 32))), {"batch": "data"})
+
+    def logits(m, ids):
+        if not unrolled:
+            return m(ids)
+        x = m.wte(ids) + m.wpe(nm.arange(ids.resolve_axis("position")))
+        for block in m.blocks.unstacked():
+            x, _ = block(x)
+        return m.wte.unembed(m.ln_f(x))
+
+    grad = nm.named_jit(jax.grad(lambda m, ids: next_token_loss(logits(m, ids), ids).scalar()),
+                        axis_resources={"batch": "data"}, mesh=mesh)
+    return cfg, nm.compiled_report(grad, model, ids)
+
+
+@pytest.fixture(scope="module")
+def gpt2_reports():
+    return {key: _gpt2_grad_step(n, unrolled=u) for key, n, u in (("s2", 2, False), ("s8", 8, False), ("u2", 2, True))}
+
+
+def test_flops_of_a_stacked_model_grow_with_depth(gpt2_reports):
+    from named.models import flops_per_token
+
+    tokens_per_device = 16 * 32 // 8
+    for key in ("s2", "s8", "u2"):
+        cfg, rep = gpt2_reports[key]
+        want = flops_per_token(cfg, 32) * tokens_per_device  # 6N + 12·L·d·T, from the config alone
+        assert rep.matmul_flops == pytest.approx(want, rel=0.01), (key, rep.matmul_flops, want)
+        assert rep.flops == pytest.approx(want, rel=0.15)
+    (_, s2), (_, s8), (_, u2) = gpt2_reports["s2"], gpt2_reports["s8"], gpt2_reports["u2"]
+    assert [n for _, n in s2.loops] == [2, 2] and [n for _, n in s8.loops] == [8, 8]  # forward and backward scans
+    assert "while" not in u2.hlo and not u2.loops
+    # on a program without loops, our count agrees with XLA's own cost analysis
+    assert u2.flops == pytest.approx(u2.xla_flops, rel=0.02)
+    assert s2.matmul_flops == pytest.approx(u2.matmul_flops, rel=1e-6)  # the scan weighted by its trip count
+    # XLA's cost analysis counts a loop body once: depth hardly moves its figure
+    assert s8.xla_flops < 1.1 * s2.xla_flops and s8.flops > 3 * s2.flops
+
+
+def test_collectives_in_a_scan_are_counted_per_layer_and_marked(gpt2_reports):
+    (_, s2), (_, s8) = gpt2_reports["s2"], gpt2_reports["s8"]
+    looped = [c for c in s8.collectives if c.in_loop]
+    assert looped and all(c.runs == 8 and c.runs_known for c in looped)  # FSDP gathers each layer's weights in the scan
+    assert all(c.runs == 1 for c in s8.collectives if not c.in_loop)
+    for kind in ("all-gather", "all-reduce"):
+        per_layer = sum(1 for c in s2.collectives if c.in_loop and c.kind == kind)
+        assert s8.instructions(kind) == s2.instructions(kind)  # the same program text ...
+        assert s8.count(kind) - s2.count(kind) == 6 * per_layer  # ... run 6 more layers
+    assert s8.count("all-gather", "data") > 2 * 8  # at least a couple of gathers per layer
+    assert any(row[0] == "all-gather" and row[5] == "yes" for row in s8.summary())
+    text = str(s8)
+    assert "while loops (trip count):" in text and "x8" in text and "yes" in text
+
+
+def test_named_plan_compile_counts_microbatches_and_layers():
+    """named-plan --compile: the train step's FLOPs (nested loops: microbatches x layers) against
+    FLOPs/token x tokens / devices."""
+    from pathlib import Path
+
+    from named.models import Gpt2Config, flops_per_token
+    from named.trainer import plan
+    from named.trainer.config import load_config
+
+    config = Path(__file__).parent.parent / "config" / "gpt2_nano_fsdp.yaml"
+    cfg = load_config(config, ["--model.n_layer", "2", "--model.n_embd", "128", "--model.n_head", "4",
+                               "--model.vocab_size", "384", "--data.seq_len", "32", "--trainer.train_batch_size", "16",
+                               "--trainer.microbatches", "2"])
+    rep = plan.train_step_report(cfg)
+    model_cfg = Gpt2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=384)  # what FLOPs/token depends on
+    want = flops_per_token(model_cfg, 32) * 16 * 32 / 8
+    assert sorted(n for _, n in rep.loops) == [2, 2, 2]  # the microbatch fold around two layer scans
+    assert rep.matmul_flops == pytest.approx(want, rel=0.01)
+    assert rep.flops == pytest.approx(want, rel=0.10)
+
+
 # ---- notebook views ---------------------------------------------------------------------------------
 
 
