@@ -16,11 +16,9 @@ See docs/explicit.md.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import math
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -30,6 +28,7 @@ from jax import lax
 from jax.sharding import PartitionSpec
 
 from ._axis import Axis, AxisSelection, NamedError, as_selectors, name_of
+from ._context import FrozenMapping, body_context, current_body
 from ._core import NamedArray
 from ._einsum import einsum
 from ._local import (
@@ -47,7 +46,6 @@ from .partitioning import (
     ShardingError,
     _check_mapping_values,
     _mesh_axes,
-    axis_mapping,
     check_mapping,
     current_mapping,
     current_mesh,
@@ -75,35 +73,20 @@ __all__ = [
 # ---- the body context -------------------------------------------------------------------------
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class _Body:
+    """What collectives need to know in a body; a jit-key context value, hence frozen and hashable."""
+
     mesh: Any
-    mapping: dict[str, tuple[str, ...]]  # axis name -> mesh axes, for axis_index and psum_scatter of plain blocks
-    ambiguous: dict[str, list[tuple[str, ...]]]
-
-
-_state = threading.local()
+    mapping: FrozenMapping  # axis name -> mesh axes, for axis_index and psum_scatter of plain blocks
+    ambiguous: FrozenMapping  # axis name -> the different mesh axes the in mappings give it
 
 
 def _body(what: str) -> _Body:
-    stack = getattr(_state, "stack", None)
-    if not stack:
+    body = current_body()
+    if body is None:
         raise NamedError(f"nm.{what} is a collective: call it inside a function run by nm.shard_map")
-    return stack[-1]
-
-
-@contextlib.contextmanager
-def _enter(body: _Body):
-    stack = getattr(_state, "stack", None)
-    if stack is None:
-        stack = _state.stack = []
-    stack.append(body)
-    try:
-        # layers call nm.shard on their outputs; on a local block there is nothing to constrain
-        with axis_mapping(None):
-            yield
-    finally:
-        stack.pop()
+    return body
 
 
 def _size(body: _Body, mesh_axes: Sequence[str]) -> int:
@@ -210,7 +193,7 @@ class _ShardMapped:
             it = iter(arrays)
             local = [k.value if isinstance(k, _Static) else next(it) if k == "array" else NamedArray._unchecked(next(it), k)
                      for k in kinds]
-            with _enter(body):
+            with body_context(body):
                 out = self.fn(*jax.tree.unflatten(treedef, local))
             return self._outputs(out, record)
 
@@ -241,7 +224,7 @@ class _ShardMapped:
     def _active(self, in_res):
         """The mapping collectives fall back on when no block can say (axis_index, plain psum_scatter)."""
         if self.axis_res is not None:
-            return {k: _mesh_axes(v) for k, v in self.axis_res.items()}, {}
+            return FrozenMapping({k: _mesh_axes(v) for k, v in self.axis_res.items()}), FrozenMapping({})
         maps = [m for m in (in_res if isinstance(in_res, (tuple, list)) else [in_res]) if m is not None]
         merged: dict[str, tuple[str, ...]] = {}
         ambiguous: dict[str, list] = {}
@@ -251,7 +234,7 @@ class _ShardMapped:
                 if k in merged and merged[k] != v:
                     ambiguous.setdefault(k, [merged[k]]).append(v)
                 merged.setdefault(k, v)
-        return merged, ambiguous
+        return FrozenMapping(merged), FrozenMapping({k: tuple(v) for k, v in ambiguous.items()})
 
     def _outputs(self, out, record: list):
         flat, treedef = jax.tree_util.tree_flatten_with_path(out, is_leaf=_is_leaf)

@@ -12,9 +12,8 @@ import contextlib
 import dataclasses
 import functools
 import math
-import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Union
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -22,15 +21,17 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from ._axis import Axis, AxisSelection, NamedError, as_selectors, format_axes
+from ._context import (  # noqa: F401  (re-exported: this module is where users find them)
+    FrozenMapping,
+    MeshAxes,
+    ResourceMapping,
+    ShardingError,
+    _check_mapping_values,
+    axis_mapping,
+    current_mapping,
+    current_mesh,
+)
 from ._core import NamedArray, is_named_array
-
-MeshAxes = Union[str, tuple[str, ...], None]
-ResourceMapping = Mapping[str, MeshAxes]
-
-
-class ShardingError(NamedError, ValueError):
-    """A mapping does not fit the mesh or the array it is applied to."""
-
 
 # ---- meshes --------------------------------------------------------------------------
 
@@ -61,66 +62,12 @@ def make_mesh(shape: Mapping[str, int], *, devices: Sequence[Any] | None = None)
     return jax.make_mesh(tuple(sizes), names, axis_types=(AxisType.Auto,) * len(names), devices=devices)
 
 
-def current_mesh() -> Mesh | None:
-    """The mesh of the named_jit being traced, else the one set by ``jax.set_mesh``, or None.
-
-    Inside a plain ``jax.jit`` only the abstract mesh is known; it is returned then.
-    """
-    mesh = getattr(_state, "mesh", None)
-    if mesh is not None:
-        return mesh
-    try:
-        mesh = jax.sharding.get_mesh()
-    except ValueError:  # inside jax.jit: jax exposes only the abstract mesh
-        mesh = jax.sharding.get_abstract_mesh()
-    return None if mesh is None or mesh.empty else mesh
-
-
 def set_mesh(mesh: Mesh):
     """``with nm.set_mesh(mesh):`` (the same as ``jax.set_mesh``)."""
     return jax.set_mesh(mesh)
 
 
-# ---- the compute mapping context ---------------------------------------------------------
-
-_state = threading.local()
-
-
-def current_mapping() -> ResourceMapping | None:
-    """The compute mapping set by the innermost ``axis_mapping`` block, or None."""
-    stack = getattr(_state, "stack", None)
-    return stack[-1] if stack else None
-
-
-@contextlib.contextmanager
-def axis_mapping(mapping: ResourceMapping | None, *, merge: bool = False) -> Iterator[ResourceMapping | None]:
-    """Set the compute mapping for a region. ``merge=True`` overlays it on the enclosing one."""
-    if mapping is not None:
-        _check_mapping_values(mapping)
-        if merge and current_mapping() is not None:
-            mapping = {**current_mapping(), **mapping}
-        mapping = dict(mapping)
-    stack = getattr(_state, "stack", None)
-    if stack is None:
-        stack = _state.stack = []
-    stack.append(mapping)
-    try:
-        yield mapping
-    finally:
-        stack.pop()
-
-
-def _check_mapping_values(mapping: ResourceMapping) -> None:
-    if not isinstance(mapping, Mapping):
-        raise ShardingError(f"an axis mapping is a dict from axis name to mesh axis, got {mapping!r}")
-    for k, v in mapping.items():
-        if not isinstance(k, str):
-            raise ShardingError(f"axis mapping keys are axis names, got {k!r}")
-        if v is None or isinstance(v, str):
-            continue
-        if isinstance(v, (tuple, list)) and all(isinstance(m, str) for m in v):
-            continue
-        raise ShardingError(f"axis {k!r} is mapped to {v!r}; use a mesh axis name, a tuple of them, or None")
+# ---- mappings (the current one, axis_mapping and current_mesh live in _context) ---------------
 
 
 def _mesh_axes(v: MeshAxes) -> tuple[str, ...]:
@@ -228,7 +175,7 @@ def shard(tree: Any, mapping: ResourceMapping | None = None, mesh: Mesh | None =
         if not isinstance(x, NamedArray) or not hasattr(x.array, "shape"):
             return x
         sharding = NamedSharding(mesh, pspec_for(x, mapping, mesh))
-        if isinstance(x.array, jax.core.Tracer):
+        if isinstance(x.array, jax.core.Tracer) or not isinstance(mesh, Mesh):  # in a trace: abstract mesh
             arr = jax.lax.with_sharding_constraint(x.array, sharding)
         else:
             arr = jax.device_put(x.array, sharding)
@@ -238,166 +185,86 @@ def shard(tree: Any, mapping: ResourceMapping | None = None, mesh: Mesh | None =
 
 
 # ---- named_jit -----------------------------------------------------------------------------
+# jax.jit over the call split by hand, not eqx.filter_jit, which (equinox 0.13) donates only all
+# arguments or all but the first (we donate by pytree prefix), holds a jax.ShapeDtypeStruct
+# static (plans lower from shapes alone), returns its own Lowered, and blocks on every call
+# (a train loop would lose async dispatch). The mesh and the mapping are jit-key contexts, so
+# jax's cache sees them; named_jit only enters the ones it was given.
 
 
-class _Static:
-    """Hashable holder for the non-array part of a call (compared by value)."""
-
-    __slots__ = ("treedef", "leaves")
-
-    def __init__(self, treedef, leaves):
-        self.treedef, self.leaves = treedef, tuple(leaves)
-
-    def __hash__(self):
-        return hash((self.treedef, self.leaves))
-
-    def __eq__(self, other):
-        return isinstance(other, _Static) and self.treedef == other.treedef and self.leaves == other.leaves
-
-
+@jax.tree_util.register_static
 class _StaticOut:
-    """The non-array part of a result, carried out of ``jax.jit`` in the output treedef.
-
-    Keeping it in the treedef ties it to the trace that produced it: a result like
-    ``x.shape[0]`` changes with the input shapes, which the jit cache keys on and we don't.
-    It is its own aux data and compares by identity, because the value may hold NamedArray
-    nodes, whose ``==`` is elementwise.
-    """
-
-    __slots__ = ("value",)
+    """The non-array part of a result, carried in the output treedef, which ties it to the trace
+    that made it (``x.shape[0]`` changes with the input shapes). Compared by identity: it may
+    hold NamedArray nodes, whose ``==`` is elementwise."""
 
     def __init__(self, value):
         self.value = value
-
-
-jax.tree_util.register_pytree_node(_StaticOut, lambda s: ((), s), lambda s, _: s)
 
 
 def _is_dynamic(x) -> bool:
     return eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
 
 
-def _freeze(mapping: ResourceMapping | None):
-    if mapping is None:
-        return None
-    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in mapping.items()))
-
-
-def _donation_mask(args: tuple, kwargs: dict, donate_args, donate_kwargs) -> tuple[Any, Any]:
-    """Boolean pytrees (over args, kwargs) from prefixes: True donates that subtree's arrays."""
-
-    def expand(prefix, tree, what):
-        if prefix is None or prefix is False:
-            return jax.tree.map(lambda _: False, tree)
-        if prefix is True:
-            return jax.tree.map(lambda _: True, tree)
-        try:
-            return jax.tree.map(
-                lambda p, t: jax.tree.map(lambda _: bool(p), t),
-                prefix,
-                tree,
-                is_leaf=lambda p: p is None or isinstance(p, bool),
-            )
-        except ValueError as e:  # jax's message says where the structures part
-            raise NamedError(
-                f"{what} must be a bool, or a pytree prefix of the arguments with a bool (or None) "
-                f"for each subtree; it does not match the arguments:\n{e}"
-            ) from None
-
-    if donate_args is not None and not isinstance(donate_args, bool):
-        donate_args = tuple(False if d is None else d for d in donate_args)
-        if len(donate_args) > len(args):
-            raise NamedError(
-                f"donate_args has {len(donate_args)} entries but the function got {len(args)} positional arguments"
-            )
-        donate_args = donate_args + (False,) * (len(args) - len(donate_args))
-    return expand(donate_args, args, "donate_args"), expand(donate_kwargs, kwargs, "donate_kwargs")
-
-
-@dataclasses.dataclass
-class _Resources:
-    axis: ResourceMapping | None
-    inputs: ResourceMapping | None
-    outputs: ResourceMapping | None
+def _donated(prefix, tree, what: str) -> list[bool]:
+    """One bool per leaf of ``tree``, from a bool or a pytree prefix of bools (None: False)."""
+    prefix = jax.tree.map(bool, prefix, is_leaf=lambda p: p is None or isinstance(p, bool))
+    try:
+        return jax.tree.leaves(jax.tree.broadcast(prefix, tree))
+    except ValueError as e:  # jax's message says where the structures part
+        raise NamedError(f"{what} must be a bool, or a pytree prefix of the arguments with a bool (or None) "
+                         f"for each subtree; it does not match the arguments:\n{e}") from None
 
 
 class NamedJitWrapped:
     """A function compiled by ``named_jit``; call it, or ``.lower(*args)`` to inspect the program."""
 
-    def __init__(self, fn: Callable, resources: _Resources, donate_args, donate_kwargs, mesh: Mesh | None, jit_kwargs: dict):
-        self._fn = fn
-        self._res = resources
-        self._donate_args, self._donate_kwargs = donate_args, donate_kwargs
-        self._mesh = mesh
-
-        def traced(key, donated, kept, static):
-            return self._call_traced(key, donated, kept, static)
+    def __init__(self, fn: Callable, axis, inputs, outputs, donate: tuple, mesh: Mesh | None, jit_kwargs: dict):
+        def traced(donated, kept, static):
+            treedef, fixed = static
+            args, kwargs = jax.tree.unflatten(treedef, [d if d is not None else k if k is not None else s
+                                                        for d, k, s in zip(donated, kept, fixed)])
+            mesh = current_mesh()
+            for m in (current_mapping(), inputs, outputs) if mesh is not None else ():
+                if m is not None:
+                    check_mapping(m, mesh)
+            if inputs is not None:
+                args, kwargs = shard((args, kwargs), inputs)
+            dyn, stat = eqx.partition(shard(fn(*args, **kwargs), outputs), _is_dynamic)
+            return dyn, _StaticOut(stat)
 
         # the compiled module is then called jit_<fn name>, which is what HLO dumps and profiles show
         traced.__name__ = traced.__qualname__ = getattr(fn, "__name__", type(fn).__name__)
-        self._jitted = jax.jit(traced, static_argnums=(0, 3), donate_argnums=(1,), **jit_kwargs)
+        self._jitted = jax.jit(traced, donate_argnums=0, static_argnums=2, **jit_kwargs)
+        self._donate = donate
+        self._in_mesh = functools.partial(jax.set_mesh, mesh) if mesh is not None else contextlib.nullcontext
+        self._in_mapping = functools.partial(axis_mapping, axis) if axis is not None else contextlib.nullcontext
         functools.update_wrapper(self, fn)
 
-    def _mapping(self) -> ResourceMapping | None:
-        return self._res.axis if self._res.axis is not None else current_mapping()
-
-    def _call_traced(self, key, donated, kept, static: _Static):
-        _, mapping, in_mapping, out_mapping, mesh = key
-        mapping = dict(mapping) if mapping is not None else None
-        leaves = [d if d is not None else (k if k is not None else s) for d, k, s in zip(donated, kept, static.leaves)]
-        args, kwargs = jax.tree.unflatten(static.treedef, leaves)
-        prev_mesh, _state.mesh = getattr(_state, "mesh", None), mesh
-        with contextlib.ExitStack() as stack:
-            stack.callback(setattr, _state, "mesh", prev_mesh)
-            stack.enter_context(axis_mapping(mapping))
-            if in_mapping is not None:
-                args, kwargs = shard((args, kwargs), dict(in_mapping), mesh)
-            out = self._fn(*args, **kwargs)
-            if out_mapping is not None or mapping is not None:
-                out = shard(out, dict(out_mapping) if out_mapping is not None else None, mesh)
-        dyn, stat = eqx.partition(out, _is_dynamic)
-        return dyn, _StaticOut(stat)
-
-    def _prepare(self, args, kwargs):
-        mesh = self._mesh if self._mesh is not None else current_mesh()
-        mapping = self._mapping()
-        in_map = self._res.inputs
-        out_map = self._res.outputs if self._res.outputs is not None else mapping
-        if mesh is not None:
-            for m in (mapping, in_map, out_map):
-                if m is not None:
-                    check_mapping(m, mesh)
+    def _split(self, args: tuple, kwargs: dict):
+        """(donated arrays, kept arrays, (treedef, static leaves)); each list has None elsewhere."""
+        donate_args, donate_kwargs = self._donate
+        if isinstance(donate_args, (tuple, list)):
+            if len(donate_args) > len(args):
+                raise NamedError(f"donate_args has {len(donate_args)} entries but the function got "
+                                 f"{len(args)} positional arguments")
+            donate_args = tuple(donate_args) + (False,) * (len(args) - len(donate_args))
+        donate = _donated(donate_args, args, "donate_args") + _donated(donate_kwargs, kwargs, "donate_kwargs")
         leaves, treedef = jax.tree.flatten((args, kwargs))
-        dmask_a, dmask_k = _donation_mask(args, kwargs, self._donate_args, self._donate_kwargs)
-        dmask = jax.tree.leaves((dmask_a, dmask_k))
-        if len(dmask) != len(leaves):  # a prefix that did not cover the tree leaf for leaf
-            raise NamedError("donate_args must be a prefix of the arguments' pytree (bools)")
-        donated, kept, static = [], [], []
-        for leaf, d in zip(leaves, dmask):
-            if _is_dynamic(leaf):
-                donated.append(leaf if d else None)
-                kept.append(None if d else leaf)
-                static.append(None)
-            else:
-                donated.append(None)
-                kept.append(None)
-                static.append(leaf)
-        key = (None, _freeze(mapping), _freeze(in_map), _freeze(out_map), mesh)
-        return key, donated, kept, _Static(treedef, static), mesh
+        dyn = [_is_dynamic(x) for x in leaves]
+        return ([x if y and d else None for x, y, d in zip(leaves, dyn, donate)],
+                [x if y and not d else None for x, y, d in zip(leaves, dyn, donate)],
+                (treedef, tuple(None if y else x for x, y in zip(leaves, dyn))))
 
     def __call__(self, *args, **kwargs):
-        key, donated, kept, static, mesh = self._prepare(args, kwargs)
-        ctx = jax.set_mesh(mesh) if mesh is not None and self._mesh is not None else contextlib.nullcontext()
-        with ctx:
-            dyn, stat = self._jitted(key, donated, kept, static)
+        with self._in_mesh(), self._in_mapping():
+            dyn, stat = self._jitted(*self._split(args, kwargs))
         return eqx.combine(dyn, stat.value)
 
     def lower(self, *args, **kwargs):
         """``jax.stages.Lowered`` for these arguments (``.compile().as_text()`` for the HLO)."""
-        key, donated, kept, static, mesh = self._prepare(args, kwargs)
-        ctx = jax.set_mesh(mesh) if mesh is not None and self._mesh is not None else contextlib.nullcontext()
-        with ctx:
-            return self._jitted.lower(key, donated, kept, static)
+        with self._in_mesh(), self._in_mapping():
+            return self._jitted.lower(*self._split(args, kwargs))
 
     def __get__(self, instance, owner):
         if instance is None:
@@ -407,40 +274,27 @@ class NamedJitWrapped:
         return bound
 
 
-def named_jit(
-    fn: Callable | None = None,
-    *,
-    axis_resources: ResourceMapping | None = None,
-    in_axis_resources: ResourceMapping | None = None,
-    out_axis_resources: ResourceMapping | None = None,
-    donate_args: Any = None,
-    donate_kwargs: Any = None,
-    mesh: Mesh | None = None,
-    **jit_kwargs,
-):
-    """jit whose layouts come from axis names.
+def named_jit(fn: Callable | None = None, *, axis_resources: ResourceMapping | None = None,
+              in_axis_resources: ResourceMapping | None = None, out_axis_resources: ResourceMapping | None = None,
+              donate_args: Any = None, donate_kwargs: Any = None, mesh: Mesh | None = None, **jit_kwargs):
+    """jit whose layouts come from axis names; ``@named_jit`` or ``@named_jit(axis_resources=...)``.
 
-    - ``axis_resources``: the compute mapping while ``fn`` is traced (default: the mapping
-      current at call time); layers constrain their activations to it.
-    - ``in_axis_resources``: if given, NamedArray inputs are laid out by it; otherwise inputs
-      keep the layout they arrive in (parameters stay in their parameter layout).
-    - ``out_axis_resources``: layout of NamedArray outputs (default: ``axis_resources``).
-      A jitted ``init`` with ``axis_resources=param_mapping`` is *sharded init*.
+    - ``axis_resources``: the compute mapping while ``fn`` is traced (default: the current one).
+    - ``in_axis_resources``: lays out NamedArray inputs (default: they keep their layout).
+    - ``out_axis_resources``: lays out NamedArray results (default: ``axis_resources``).
     - ``donate_args`` / ``donate_kwargs``: a bool, or a pytree prefix of bools, per argument.
-    - Non-array leaves of the arguments (ints, strings, functions, static module fields) are
-      static: a new value compiles a new program. Compiled programs are cached.
-
-    Usable as ``@named_jit`` or ``@named_jit(axis_resources=...)``.
+    - Non-array leaves of the arguments are static: a new value compiles a new program.
+      Programs are cached, keyed also on the mesh and the compute mapping around the call.
     """
     for m in (axis_resources, in_axis_resources, out_axis_resources):
         if m is not None:
             _check_mapping_values(m)
             if mesh is not None:
                 check_mapping(m, mesh)
-    res = _Resources(axis_resources, in_axis_resources, out_axis_resources)
 
     def wrap(f):
-        return NamedJitWrapped(f, res, donate_args, donate_kwargs, mesh, jit_kwargs)
+        return NamedJitWrapped(f, axis_resources, in_axis_resources, out_axis_resources,
+                               (donate_args, donate_kwargs), mesh, jit_kwargs)
 
     return wrap if fn is None else wrap(fn)
 

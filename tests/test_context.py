@@ -1,0 +1,113 @@
+"""The compute mapping and the explicit-mode body are jit-key contexts: every jit sees them."""
+
+from __future__ import annotations
+
+import threading
+
+import equinox as eqx
+import jax
+import numpy as np
+import pytest
+
+import named as nm
+from named import Axis
+
+X = nm.random.normal(jax.random.key(0), (Axis("batch", 8), Axis("embed", 4)))
+BY_BATCH, BY_EMBED = {"batch": "data"}, {"embed": "model"}
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return nm.make_mesh({"data": 4, "model": 2})
+
+
+def spec_of(x: nm.NamedArray) -> tuple:
+    spec = tuple(x.array.sharding.spec)
+    return spec + (None,) * (x.ndim - len(spec))
+
+
+JITS = {"jax.jit": jax.jit, "eqx.filter_jit": eqx.filter_jit, "named_jit": nm.named_jit}
+
+
+@pytest.mark.parametrize("jit", JITS.values(), ids=JITS.keys())
+def test_a_jitted_function_follows_the_mapping_around_each_call(mesh, jit):
+    traces = []
+
+    def double(x):
+        traces.append(dict(nm.current_mapping()))
+        return nm.shard(x * 2)
+
+    f = jit(double)
+    with jax.set_mesh(mesh):
+        with nm.axis_mapping(BY_BATCH):
+            a = f(X)
+        with nm.axis_mapping(BY_EMBED):
+            b = f(X)
+        with nm.axis_mapping(BY_BATCH):
+            c = f(X)  # back to the first mapping: its program is still cached
+    assert spec_of(a) == ("data", None) == spec_of(c)
+    assert spec_of(b) == (None, "model")
+    assert traces == [BY_BATCH, BY_EMBED]
+    for y in (a, b, c):
+        np.testing.assert_allclose(np.asarray(y.array), 2 * np.asarray(X.array))
+
+
+def test_equal_mappings_share_a_program_whatever_their_order_or_container(mesh):
+    traces = []
+    f = jax.jit(lambda x: traces.append(1) or nm.shard(x + 1))
+    with jax.set_mesh(mesh):
+        for m in ({"batch": "data", "embed": "model"}, {"embed": "model", "batch": "data"},
+                  {"embed": ["model"], "batch": "data"}, {"embed": ("model",), "batch": "data"}):
+            with nm.axis_mapping(m):
+                f(X)
+    assert len(traces) == 2  # a one-element tuple is a different (if equivalent) mapping value
+    assert nm.current_mapping() is None
+
+
+def test_mappings_are_per_thread(mesh):
+    f = jax.jit(lambda x: nm.shard(x * 3))
+    both_inside = threading.Barrier(2, timeout=60)
+    seen: dict[str, tuple] = {}
+
+    def run(name, mapping):
+        with jax.set_mesh(mesh), nm.axis_mapping(mapping):
+            both_inside.wait()  # the other thread has entered its own mapping by now
+            for _ in range(3):
+                y = f(X)
+            seen[name] = (dict(nm.current_mapping()), spec_of(y))
+            both_inside.wait()
+
+    threads = [threading.Thread(target=run, args=a) for a in (("batch", BY_BATCH), ("embed", BY_EMBED))]
+    with nm.axis_mapping({"batch": "model"}):
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert nm.current_mapping() == {"batch": "model"}  # untouched by the threads
+    assert seen == {"batch": (BY_BATCH, ("data", None)), "embed": (BY_EMBED, (None, "model"))}
+
+
+def test_the_explicit_body_is_a_context_of_its_own(mesh):
+    inside = {}
+
+    def body(x):
+        inside["mapping"] = nm.current_mapping()
+        return nm.psum(x, "embed")
+
+    with nm.axis_mapping(BY_EMBED):
+        with pytest.raises(nm.NamedError, match="nm.psum is a collective"):
+            nm.psum(X, "embed")
+        y = nm.shard_map(body, mesh=mesh)(X)
+        with pytest.raises(nm.NamedError, match="nm.psum is a collective"):
+            nm.psum(X, "embed")  # the body context ended with the body
+        assert nm.current_mapping() == BY_EMBED
+    assert inside["mapping"] is None  # layers' nm.shard calls do nothing on a local block
+    np.testing.assert_allclose(np.asarray(y.array), np.asarray(X.array).sum(1), rtol=1e-5)
+
+
+def test_a_mapping_is_frozen_and_hashable():
+    with nm.axis_mapping({"mlp": ["data", "model"]}) as m:
+        assert nm.current_mapping() is m and m == {"mlp": ("data", "model")}
+        assert hash(m) == hash(nm.partitioning.FrozenMapping({"mlp": ("data", "model")}))
+        with pytest.raises(TypeError):
+            m["mlp"] = None  # type: ignore[index]
