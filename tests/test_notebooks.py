@@ -46,3 +46,17 @@ def test_notebook_executes(path):
     assert os.environ.get("XLA_FLAGS") == env_before
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
     assert not errors
+
+
+_KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_collective_shown_is_explained(path):
+    """A reader meets no collective in an output that the notebook's prose does not explain."""
+    nb = nbformat.read(path, as_version=4)
+    prose = " ".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    shown = " ".join(str(o.get("text", "")) + str(o.get("data", {}).get("text/plain", ""))
+                     for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    unexplained = [k for k in _KINDS if k in shown and k not in prose]
+    assert not unexplained, f"{path.name} shows {unexplained} without a word about them"

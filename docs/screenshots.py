@@ -1,0 +1,102 @@
+"""Pictures of the notebooks' HTML views (device grids, parameter and compiled reports) for docs/.
+
+    .venv/bin/python docs/screenshots.py                 # every notebook -> docs/images/
+    .venv/bin/python docs/screenshots.py --out /tmp/img sharding_explorer
+
+Reads the executed notebooks in docs/notebooks (their stored outputs; ``tests/test_notebooks.py``
+re-executes them), puts each rich HTML output in a page of its own with a notebook output
+area's plain white background, renders the page with headless Chromium from the OS
+packages (``chromium-headless-shell`` or ``chromium``) and crops the PNG to what was drawn.
+Images are named ``<notebook>-<cell>.png`` after the cell's number in the notebook
+(``<notebook>-<cell>-<k>.png`` where a cell shows several).
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+
+DOCS = pathlib.Path(__file__).resolve().parent
+BROWSERS = ("chromium-headless-shell", "chromium", "chromium-browser", "google-chrome")
+WIDTH, HEIGHT = 1400, 2400
+
+
+def browser() -> str | None:
+    return next((path for b in BROWSERS if (path := shutil.which(b))), None)
+
+
+def html_views(notebook: pathlib.Path) -> list[tuple[str, str]]:
+    """(name, HTML) of every output that carries text/html: ``<cell>`` after the cell's number,
+    ``<cell>-<k>`` for the k-th of several in one cell."""
+    import nbformat
+
+    nb = nbformat.read(notebook, as_version=4)
+    views = []
+    for i, cell in enumerate(nb.cells):
+        html = [o["data"]["text/html"] for o in cell.get("outputs", []) if "text/html" in o.get("data", {})]
+        views += [(f"{i}" if len(html) == 1 else f"{i}-{k}", h) for k, h in enumerate(html, 1)]
+    return views
+
+
+def _page(view: str) -> str:
+    # The page's own background is plain white, as in a notebook's output area: the views must
+    # carry their own colours (the report's replicated rows are hatched, not striped grey).
+    return ("<!doctype html><html><head><meta charset='utf-8'><style>"
+            "body{margin:8px;font-family:system-ui,sans-serif;font-size:13px;background:#fff;display:inline-block}"
+            "code{font-family:ui-monospace,monospace}</style></head><body>" + view + "</body></html>")
+
+
+def render(html_file: pathlib.Path, png: pathlib.Path, exe: str) -> subprocess.CompletedProcess:
+    """Chromium's screenshot of ``html_file``, then cropped to its non-white part."""
+    run = subprocess.run(
+        [exe, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--enable-logging=stderr",
+         f"--window-size={WIDTH},{HEIGHT}", f"--screenshot={png}", html_file.as_uri()],
+        capture_output=True, text=True, timeout=120,
+    )
+    if run.returncode != 0 or not png.exists():
+        raise RuntimeError(f"{exe} could not render {html_file}: {run.stderr[-2000:]}")
+    from PIL import Image, ImageChops
+
+    with Image.open(png) as img:
+        rgb = img.convert("RGB")
+    box = ImageChops.difference(rgb, Image.new("RGB", rgb.size, "white")).getbbox()
+    if box is not None:
+        rgb.crop((0, 0, min(box[2] + 8, rgb.width), min(box[3] + 8, rgb.height))).save(png)
+    return run
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("notebooks", nargs="*", help="notebook names (default: all in docs/notebooks)")
+    p.add_argument("--out", type=pathlib.Path, default=DOCS / "images")
+    a = p.parse_args(argv)
+    exe = browser()
+    if exe is None:
+        print(f"error: no headless Chromium found (tried {', '.join(BROWSERS)}); "
+              "apt-get install chromium-headless-shell", file=sys.stderr)
+        return 2
+    paths = sorted((DOCS / "notebooks").glob("*.ipynb"))
+    if a.notebooks:
+        paths = [q for q in paths if q.stem in a.notebooks]
+        if len(paths) != len(set(a.notebooks)):
+            print(f"error: unknown notebook in {a.notebooks}; known: {[q.stem for q in (DOCS / 'notebooks').glob('*.ipynb')]}",
+                  file=sys.stderr)
+            return 2
+    a.out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        for nb in paths:
+            for cell, view in html_views(nb):
+                page = pathlib.Path(tmp) / f"{nb.stem}-{cell}.html"
+                page.write_text(_page(view), encoding="utf-8")
+                png = a.out / f"{nb.stem}-{cell}.png"
+                render(page, png, exe)
+                print(png)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
