@@ -122,11 +122,6 @@ class NamedArray:
         head = f"{dtype}[{' '.join(f'{a.name}={a.size}' for a in self.axes)}]"
         return f"NamedArray({head}, {self.array!r})" if _is_concrete_shape(self.array) else f"NamedArray({head})"
 
-    def _repr_html_(self) -> str:
-        from .inspect import named_array_html
-
-        return named_array_html(self)
-
     def __bool__(self) -> bool:
         return bool(self.array)
 

@@ -23,6 +23,7 @@ from jax.sharding import NamedSharding
 
 from ._axis import Axis
 from ._core import NamedArray, is_named_array
+from ._layout import _format_layout, _spec_entries
 from .partitioning import ResourceMapping, current_mapping, sharding_for
 
 
@@ -223,8 +224,6 @@ def _number(raw) -> list[Cell]:
 def _placement(x: NamedArray, mapping, mesh) -> tuple[Any, list[tuple[str, ...]] | None, Any]:
     """(mesh, per-axis mesh axes, other sharding): a NamedSharding's mesh and spec, or a sharding
     of another kind to read through ``devices_indices_map``."""
-    from .inspect import _spec_entries
-
     arr = x.array
     sharding = None
     if mapping is None and not isinstance(arr, jax.core.Tracer):
@@ -248,8 +247,6 @@ def device_grid(x: Any, mapping: ResourceMapping | None = None, mesh=None, *, ti
     abstract: a ``ShapeDtypeStruct`` with a sharding) is drawn where it really lives; one without
     (axes, a plain abstract array) by the current mapping on the current mesh.
     """
-    from .inspect import _format_layout
-
     if isinstance(x, Axis) or (isinstance(x, (tuple, list)) and x and all(isinstance(a, Axis) for a in x)):
         axes = (x,) if isinstance(x, Axis) else tuple(x)
         shaped = jax.ShapeDtypeStruct(tuple(a.size for a in axes), np.float32)

@@ -14,6 +14,7 @@ import jax
 
 from ._axis import Axis, AxisError, NamedError, format_axes
 from ._core import NamedArray
+from ._layout import parse_layout
 from .partitioning import ResourceMapping, _check_mapping_values, _mesh_axes
 
 
@@ -64,8 +65,6 @@ def with_layout(x: NamedArray, layout: str | ResourceMapping) -> NamedArray:
     Nothing moves: this only labels the block.
     """
     if isinstance(layout, str):
-        from .inspect import parse_layout
-
         names, mapping = parse_layout(layout)
         unknown = [n for n in names if n not in x.names]
         if unknown:

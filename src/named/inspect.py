@@ -24,7 +24,6 @@ import collections
 import dataclasses
 import html
 import math
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,21 +35,14 @@ from ._axis import Axis, AxisError, as_selectors
 from ._core import NamedArray, is_named_array
 from ._grid import DeviceGrid, DeviceGrids, device_grid
 from ._hlo import Collective
+from ._layout import _format_layout, _spec_entries, parse_layout
+from ._local import ShardedAxis, Unreduced, block_layout
 from .partitioning import ResourceMapping, current_mapping, current_mesh, pspec_for
 
 # ---- layout notation ----------------------------------------------------------------------
 
 
-def _spec_entries(spec) -> list[tuple[str, ...]]:
-    out = []
-    for s in spec:
-        out.append(() if s is None else ((s,) if isinstance(s, str) else tuple(s)))
-    return out
-
-
 def _is_block(x) -> bool:
-    from ._local import ShardedAxis, Unreduced
-
     return isinstance(x, Unreduced) or (isinstance(x, NamedArray) and any(isinstance(a, ShardedAxis) for a in x.axes))
 
 
@@ -62,8 +54,6 @@ def layout(x: NamedArray | Any, mapping: ResourceMapping | None = None) -> str:
     lives. A local block inside ``nm.shard_map`` reports its own layout.
     """
     if _is_block(x):
-        from ._local import block_layout
-
         return block_layout(x)
     axes = x.axes if isinstance(x, NamedArray) else as_selectors(x)
     mapping = mapping if mapping is not None else current_mapping()
@@ -73,47 +63,6 @@ def layout(x: NamedArray | Any, mapping: ResourceMapping | None = None) -> str:
     else:
         entries = _spec_entries(pspec_for(axes, mapping or {}, mesh=None))
     return _format_layout(axes, entries)
-
-
-def _format_layout(axes, entries: list[tuple[str, ...]]) -> str:
-    parts = []
-    for a, e in zip(axes, entries):
-        name = a.name if isinstance(a, Axis) else a
-        parts.append(name if not e else f"{name}/{'+'.join(e)}")
-    return " ".join(parts)
-
-
-_NAME = r"[A-Za-z_][\w.\-]*"
-_TOKEN = re.compile(rf"^({_NAME})(?:/({_NAME}(?:[+/]{_NAME})*))?$")
-
-
-def parse_layout(text: str) -> tuple[tuple[str, ...], dict[str, Any]]:
-    """Read ``"batch/data position embed/model+data"`` back: (axis names, mapping).
-
-    The mapping holds the split axes only: ``{"batch": "data", "embed": ("model", "data")}``.
-    ``embed/model/data`` (seqax) is read as ``embed/model+data``.
-    """
-    if not isinstance(text, str):
-        raise AxisError(f"a layout is a string like 'batch/data embed', got {text!r}")
-    names, mapping = [], {}
-    used: dict[str, str] = {}
-    for tok in text.split():
-        m = _TOKEN.match(tok)
-        if not m:
-            raise AxisError(f"cannot read {tok!r} in layout {text!r}; write name or name/mesh_axis[+mesh_axis]")
-        name, mesh_axes = m.group(1), m.group(2)
-        if name in names:
-            raise AxisError(f"axis {name!r} appears twice in layout {text!r}")
-        names.append(name)
-        if mesh_axes:
-            parts = tuple(re.split(r"[+/]", mesh_axes))
-            for p in parts:
-                if p in used:
-                    raise AxisError(f"mesh axis {p!r} splits both {used[p]!r} and {name!r} in layout {text!r}; "
-                                    "an array can use a mesh axis once")
-                used[p] = name
-            mapping[name] = parts[0] if len(parts) == 1 else parts
-    return tuple(names), mapping
 
 
 # ---- sizes -------------------------------------------------------------------------------------
@@ -297,6 +246,11 @@ def named_array_html(x: NamedArray, mapping: Mapping | None = None) -> str:
         f"<table><thead><tr><th>axis</th><th>size</th><th>layout</th></tr></thead><tbody>{rows}</tbody></table>"
         f"{_grid_html(x, mapping)}</div>"
     )
+
+
+# The notebook view is attached here, not defined on NamedArray, so the core imports nothing of
+# the reports (``import named`` imports this module, so every NamedArray has it).
+NamedArray._repr_html_ = named_array_html
 
 
 def _grid_html(x: NamedArray, mapping) -> str:
