@@ -4,12 +4,11 @@
 """
 
 from . import explicit, inspect, nn, random
-from ._axis import Axis, AxisError, AxisSelection, AxisSelector, NamedError
+from ._axis import ArgumentError, ArgumentTypeError, Axis, AxisError, AxisSelection, AxisSelector, NamedError
 from ._core import NamedArray, axes_of, is_named_array, named
 from ._einsum import dot, einsum
 from ._index import ds, take, updated_slice
 from ._ops import *  # noqa: F403  (elementwise math and reductions, listed in _ops.__all__)
-from ._ops import __all__ as _ops_all
 from ._shape import (
     arange,
     broadcast_axis,

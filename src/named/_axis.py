@@ -16,6 +16,14 @@ class AxisError(NamedError, ValueError):
     """An axis name is unknown, repeated, or appears with two sizes."""
 
 
+class ArgumentError(NamedError, ValueError):
+    """An argument has a value the function does not accept (out of range, not understood)."""
+
+
+class ArgumentTypeError(NamedError, TypeError):
+    """An argument is of a kind the function does not take."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Axis:
     """A named dimension: ``Axis("embed", 768)``. Static (hashable) pytree metadata."""

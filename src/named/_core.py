@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._axis import (
+    ArgumentTypeError,
     Axis,
     AxisError,
     AxisSelection,
@@ -63,7 +64,7 @@ class NamedArray:
         return self
 
     def __setattr__(self, name, value):
-        raise AttributeError("NamedArray is immutable; use x.at[...] for functional updates")
+        raise AttributeError("NamedArray is immutable; use x.at[...] for functional updates")  # protocol: setattr
 
     # ---- metadata -------------------------------------------------------------------
     @property
@@ -126,10 +127,10 @@ class NamedArray:
         return bool(self.array)
 
     def __len__(self) -> int:
-        raise TypeError("len() is positional and NamedArray has no first axis; use x.shape[name] or x.axis_size(name)")
+        raise ArgumentTypeError("len() is positional and NamedArray has no first axis; use x.shape[name] or x.axis_size(name)")
 
     def __iter__(self):
-        raise TypeError("iteration is positional; use nm.unbind(x, axis) to split along a named axis")
+        raise ArgumentTypeError("iteration is positional; use nm.unbind(x, axis) to split along a named axis")
 
     # ---- conversions ---------------------------------------------------------------
     def astype(self, dtype) -> NamedArray:
@@ -247,7 +248,7 @@ class NamedArray:
         return _ops.power(o, self)
 
     def __matmul__(self, o):
-        raise TypeError("@ is positional; use nm.dot(a, b, axis=name) or nm.einsum")
+        raise ArgumentTypeError("@ is positional; use nm.dot(a, b, axis=name) or nm.einsum")
 
     def __neg__(self):
         return _ops.negative(self)
@@ -353,7 +354,7 @@ def axes_of(x: Any) -> tuple[Axis, ...]:
             f"a positional array of shape {tuple(x.shape)} was mixed with NamedArrays; "
             "wrap it with nm.named(array, axes) so its dimensions have names"
         )
-    raise TypeError(f"expected a NamedArray or a scalar, got {type(x).__name__}")
+    raise ArgumentTypeError(f"expected a NamedArray or a scalar, got {type(x).__name__}")
 
 
 def raw(x: Any, axes: Sequence[Axis]) -> Any:

@@ -14,7 +14,7 @@ import string
 
 import jax.numpy as jnp
 
-from ._axis import Axis, AxisError, AxisSelection, as_selectors, format_axes, name_of, union
+from ._axis import ArgumentTypeError, Axis, AxisError, AxisSelection, as_selectors, format_axes, name_of, union
 from ._core import NamedArray
 
 
@@ -42,7 +42,7 @@ def dot(*arrays: NamedArray, axis: AxisSelection | None, **kwargs) -> NamedArray
     """
     for x in arrays:
         if not isinstance(x, NamedArray):
-            raise TypeError(f"nm.dot takes NamedArrays, got {type(x).__name__}")
+            raise ArgumentTypeError(f"nm.dot takes NamedArrays, got {type(x).__name__}")
     all_axes = union(*(x.axes for x in arrays))
     if axis is None:
         contracted = {a.name for a in all_axes}
@@ -70,7 +70,7 @@ def einsum(equation: str, *arrays: NamedArray, **kwargs) -> NamedArray:
         raise AxisError(f"einsum {equation!r} has {len(in_specs)} input specs but {len(arrays)} arrays were given")
     for k, (spec, x) in enumerate(zip(in_specs, arrays)):
         if not isinstance(x, NamedArray):
-            raise TypeError(f"einsum operand {k} is a {type(x).__name__}, not a NamedArray")
+            raise ArgumentTypeError(f"einsum operand {k} is a {type(x).__name__}, not a NamedArray")
         names = [s for s in spec if s is not Ellipsis]
         if len(set(names)) != len(names):
             raise AxisError(f"einsum operand {k}: spec {' '.join(map(str, names))!r} repeats a name")

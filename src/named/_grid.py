@@ -21,7 +21,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding
 
-from ._axis import Axis
+from ._axis import ArgumentError, Axis
 from ._core import NamedArray, is_named_array
 from ._layout import _format_layout, _spec_entries
 from .partitioning import ResourceMapping, current_mapping, sharding_for
@@ -74,7 +74,7 @@ class DeviceGrid:
         for c in self.cells:
             if c.device == device:
                 return {a.name: b for a, b in zip(self.axes, c.blocks)}
-        raise KeyError(f"device {device} is not in this grid's mesh {dict(self.mesh_axes)}")
+        raise ArgumentError(f"device {device} is not in this grid's mesh {dict(self.mesh_axes)}")
 
     # ---- layout of the drawing ----
     def _rows(self) -> list[list[Cell]]:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import jax
 
-from ._axis import Axis, AxisError, NamedError, format_axes
+from ._axis import ArgumentTypeError, Axis, AxisError, NamedError, format_axes
 from ._core import NamedArray
 from ._layout import parse_layout
 from .partitioning import ResourceMapping, _check_mapping_values, _mesh_axes
@@ -100,7 +100,7 @@ class Unreduced:
 
     def __init__(self, value: NamedArray, over: Sequence[str]):
         if not isinstance(value, NamedArray):
-            raise TypeError(f"Unreduced wraps a NamedArray, got {type(value).__name__}")
+            raise ArgumentTypeError(f"Unreduced wraps a NamedArray, got {type(value).__name__}")
         over = tuple(over)
         if not over:
             raise NamedError("Unreduced needs the mesh axes the sum is owed over, e.g. over=('model',)")
@@ -108,7 +108,7 @@ class Unreduced:
         object.__setattr__(self, "over", over)
 
     def __setattr__(self, name, value):
-        raise AttributeError("Unreduced is immutable")
+        raise AttributeError("Unreduced is immutable")  # protocol: setattr
 
     def _refuse(self, what: str):
         return UnreducedError(
@@ -119,7 +119,7 @@ class Unreduced:
 
     def __getattr__(self, name):
         if name.startswith("_"):  # protocol probes (_repr_html_, __array__, ...) just find nothing
-            raise AttributeError(name)
+            raise AttributeError(name)  # protocol: getattr
         raise self._refuse(f"an op read .{name}")
 
     def __jax_array__(self):

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ._axis import AxisError, AxisSelection, as_selectors, broadcast_axes, format_axes, index_of, union
+from ._axis import ArgumentTypeError, AxisError, AxisSelection, as_selectors, broadcast_axes, format_axes, index_of, union
 from ._core import NamedArray, axes_of, raw
 
 
@@ -167,7 +167,7 @@ def _where_mask(x: NamedArray, where):
 
 def _reduce(fn: Callable, x: NamedArray, axis, *, where=None, **kwargs) -> NamedArray:
     if not isinstance(x, NamedArray):
-        raise TypeError(f"expected a NamedArray, got {type(x).__name__}")
+        raise ArgumentTypeError(f"expected a NamedArray, got {type(x).__name__}")
     dims = _reduction_axes(x, axis)
     if where is not None:
         kwargs["where"] = _where_mask(x, where)

@@ -27,7 +27,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec
 
-from ._axis import Axis, AxisSelection, NamedError, as_selectors, name_of
+from ._axis import ArgumentTypeError, Axis, AxisSelection, NamedError, as_selectors, name_of
 from ._context import FrozenMapping, body_context, current_body
 from ._core import NamedArray
 from ._einsum import einsum
@@ -351,7 +351,7 @@ def _check_named(x, what: str) -> NamedArray:
     if isinstance(x, Unreduced):
         raise x._refuse(f"nm.{what}")
     if not isinstance(x, NamedArray):
-        raise TypeError(f"nm.{what} takes a NamedArray, got {type(x).__name__}")
+        raise ArgumentTypeError(f"nm.{what} takes a NamedArray, got {type(x).__name__}")
     return x
 
 
@@ -562,7 +562,7 @@ def _merge_layouts(arrays: Sequence[NamedArray], what: str) -> dict[str, tuple[s
     claims: dict[str, tuple[str, ...]] = {}
     for k, x in enumerate(arrays):
         if not isinstance(x, NamedArray):
-            raise TypeError(f"nm.{what} operand {k} is a {type(x).__name__}, not a NamedArray")
+            raise ArgumentTypeError(f"nm.{what} operand {k} is a {type(x).__name__}, not a NamedArray")
         for a in x.axes:
             over = _split_over(a)
             if a.name in first:

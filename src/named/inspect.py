@@ -31,7 +31,7 @@ import jax
 import numpy as np
 
 from . import _hlo
-from ._axis import Axis, AxisError, as_selectors
+from ._axis import ArgumentTypeError, Axis, AxisError, as_selectors
 from ._core import NamedArray, is_named_array
 from ._grid import DeviceGrid, DeviceGrids, device_grid
 from ._hlo import Collective
@@ -401,11 +401,11 @@ def _compile(fn_or_stage, args, kwargs):
     if hasattr(stage, "lower") and not isinstance(stage, jax.stages.Lowered):
         stage = stage.lower(*args, **kwargs)
     elif args or kwargs:
-        raise TypeError("compiled_report: arguments are only for a function to lower (named_jit or jax.jit)")
+        raise ArgumentTypeError("compiled_report: arguments are only for a function to lower (named_jit or jax.jit)")
     if isinstance(stage, jax.stages.Lowered):
         stage = stage.compile()
     if not isinstance(stage, jax.stages.Compiled):
-        raise TypeError(f"compiled_report takes a named_jit / jax.jit function (with its arguments), a Lowered or a "
+        raise ArgumentTypeError(f"compiled_report takes a named_jit / jax.jit function (with its arguments), a Lowered or a "
                         f"Compiled, got {type(fn_or_stage).__name__}")
     return stage
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ._axis import AxisError, AxisSelection, AxisSelector, format_axes, index_of, union
+from ._axis import AxisError, NamedError, AxisSelection, AxisSelector, format_axes, index_of, union
 from ._core import NamedArray, axes_of, raw
 from ._shape import _axes_for_creation
 
 if not jax.config.jax_threefry_partitionable:  # pragma: no cover - guards a jax default
-    raise RuntimeError("named needs jax_threefry_partitionable=True for mesh-independent random init")
+    raise NamedError("named needs jax_threefry_partitionable=True for mesh-independent random init")
 
 
 def _key(key):

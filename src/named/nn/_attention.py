@@ -9,6 +9,7 @@ consecutive query heads (the Hugging Face ``repeat_kv`` order).
 
 from __future__ import annotations
 
+import logging
 import math
 
 import jax
@@ -20,6 +21,8 @@ from .._einsum import dot, einsum
 from .. import _ops as ops
 from ..partitioning import shard
 from .._shape import arange, broadcast_to, concatenate, flatten_axes, rename, unflatten_axis
+
+_LOG = logging.getLogger("named.nn")
 
 # ---- rotary embeddings --------------------------------------------------------------
 
@@ -40,18 +43,31 @@ def positions_from_segments(segment_ids: NamedArray, Pos: AxisSelector = "positi
 
 
 def rotary_embedding(x: NamedArray, positions: NamedArray, *, HeadSize: AxisSelector = "head_size",
-                     theta: float = 10000.0) -> NamedArray:
+                     theta: float = 10000.0, inv_freq: NamedArray | None = None, scale=1.0) -> NamedArray:
     """Rotate pairs (i, i + d/2) of ``HeadSize`` by ``position * theta^(-2i/d)`` (Llama's rotate-half
     layout). ``positions`` is an integer NamedArray whose axes ``x`` has (e.g. ``position`` or
-    ``(batch, position)``). Computed in float32, returned in ``x.dtype``."""
+    ``(batch, position)``). Computed in float32, returned in ``x.dtype``.
+
+    ``inv_freq`` (one axis of ``d/2`` entries, any name) replaces ``theta^(-2i/d)`` for the scaled
+    variants (Llama 3, YaRN, ...); ``scale`` (a number or a NamedArray without axes) multiplies
+    cos and sin, as YaRN's attention factor does. A model whose layers differ passes both as
+    per-layer data."""
     hs = x.resolve_axis(HeadSize)
     if hs.size % 2:
         raise AxisError(f"rotary_embedding needs an even {hs.name!r} size, got {hs.size}")
     half = Axis(hs.name, hs.size // 2)
-    inv_freq = 1.0 / (theta ** (arange(half, dtype=jnp.float32) * (2.0 / hs.size)))
+    if inv_freq is None:
+        inv_freq = 1.0 / (theta ** (arange(half, dtype=jnp.float32) * (2.0 / hs.size)))
+    elif inv_freq.ndim != 1 or inv_freq.size != half.size:
+        raise AxisError(f"rotary_embedding: inv_freq needs one axis of {half.size} entries, got {format_axes(inv_freq.axes)}")
+    else:
+        inv_freq = NamedArray(inv_freq.array.astype(jnp.float32), (half,))
     angles = positions.astype(jnp.float32) * inv_freq
     cos = concatenate(hs.name, [ops.cos(angles)] * 2)
     sin = concatenate(hs.name, [ops.sin(angles)] * 2)
+    if not (isinstance(scale, (int, float)) and scale == 1):
+        scale = scale.array if isinstance(scale, NamedArray) else scale
+        cos, sin = cos * scale, sin * scale
     x32 = x.astype(jnp.float32)
     x1, x2 = x32[hs.name, : half.size], x32[hs.name, half.size :]
     rotated = concatenate(hs.name, [-x2, x1])
@@ -61,9 +77,16 @@ def rotary_embedding(x: NamedArray, positions: NamedArray, *, HeadSize: AxisSele
 # ---- masks ------------------------------------------------------------------------------
 
 
-def causal_mask(QPos: Axis, KPos: Axis, *, q_offset=0) -> NamedArray:
-    """True where key position <= query position (+ ``q_offset``, for queries that continue a cache)."""
-    return arange(QPos, start=q_offset) >= arange(KPos)
+def causal_mask(QPos: Axis, KPos: Axis, *, q_offset=0, window=None) -> NamedArray:
+    """True where key position <= query position (+ ``q_offset``, for queries that continue a cache)
+    and, with a sliding ``window`` (an int, or a traced scalar such as a layer's entry of per-layer
+    windows), the key is one of the ``window`` latest: ``query - window < key <= query``."""
+    distance = arange(QPos, start=q_offset) - arange(KPos)
+    causal = distance >= 0
+    if window is None:
+        return causal
+    window = window.array if isinstance(window, NamedArray) else window
+    return causal & (distance < window)
 
 
 def segment_mask(q_segments: NamedArray, k_segments: NamedArray) -> NamedArray:
@@ -105,22 +128,34 @@ def dot_product_attention(
     bias: NamedArray | None = None,
     segment_ids: NamedArray | None = None,
     scale: float | None = None,
+    window=None,
+    softcap: float | None = None,
+    q_offset=0,
     implementation: str = "auto",
 ) -> NamedArray:
-    """``softmax(q·k * scale + bias, masked) · v`` with the scores and softmax in float32.
+    """``softmax(cap(q·k * scale) + bias, masked) · v`` with the scores and softmax in float32.
 
     Args:
         query: axes include ``QPos``, ``HeadSize`` and (for GQA) ``Heads``.
         key, value: axes include ``KPos``, ``HeadSize`` and ``Heads`` or ``KVHeads``.
-        causal: mask keys after the query position (query and key positions aligned at 0).
+        causal: mask keys after the query position (query and key positions aligned at 0, or
+            the queries at ``q_offset, q_offset + 1, ...`` when they continue a KV cache).
         mask: boolean NamedArray, True = attend; combined with causal and segments.
         bias: added to the scores (e.g. ALiBi); may have ``Heads`` also under GQA.
         segment_ids: integer NamedArray with ``QPos`` (and batch axes): tokens attend only
             within their segment (packed sequences).
         scale: multiplies the scores; default ``1 / sqrt(head_size)``.
+        window: with ``causal``, a sliding window: each query sees only its ``window`` latest
+            keys (itself included). An int, or a traced scalar (a layer's entry of per-layer
+            windows); it joins causal, ``mask`` and segments in one mask.
+        softcap: ``softcap * tanh(scores / softcap)`` on the scaled scores, before bias and mask
+            (Gemma 2's attention logit soft-capping).
+        q_offset: where the queries stand among the keys, for ``causal`` (an int or a traced one).
         implementation: ``"auto"`` uses cuDNN flash attention when the backend is GPU, the
             inputs are bf16/f16 with a head size that is a multiple of 8 and <= 128, and there
-            is no mask, bias or segment_ids (only ``causal``); otherwise the XLA path below.
+            is no mask, bias, segment_ids, softcap, traced window or offset (``causal`` and an int
+            ``window`` are fine); otherwise the XLA path below. The choice is logged (logger
+            ``named.nn``, INFO on GPU, DEBUG elsewhere) once per trace.
             ``"xla"`` forces the XLA path; ``"cudnn"`` requires cuDNN and raises a NamedError
             saying why when it cannot run (masks, bias and segments then become a dense bias).
 
@@ -150,30 +185,50 @@ def dot_product_attention(
             return unflatten_axis(m, heads, (KV, group)) if m is not None and heads in m.names else m
 
         mask, bias = follow_query(mask), follow_query(bias)
+    if window is not None and not causal:
+        raise NamedError("dot_product_attention: a sliding window needs causal=True")
     if implementation == "cudnn":
-        why = _cudnn_unmet(query, key, value, hs)
+        why = _cudnn_unmet(query, key, value, hs) + _fused_unmet(None, None, None, softcap, window, q_offset)
         if why:
             raise NamedError("dot_product_attention(implementation='cudnn') cannot run here: " + "; ".join(why)
                              + ". Use implementation='auto' (falls back to XLA) or 'xla'.")
-    use_fused = implementation == "cudnn" or (
-        implementation == "auto" and mask is None and bias is None and segment_ids is None
-        and not _cudnn_unmet(query, key, value, hs))
+    why_not = _cudnn_unmet(query, key, value, hs) + _fused_unmet(mask, bias, segment_ids, softcap, window, q_offset)
+    use_fused = implementation == "cudnn" or (implementation == "auto" and not why_not)
+    _log_choice("cudnn" if use_fused else "xla", implementation, why_not)
     if use_fused:
         if segment_ids is not None:
             s = segment_mask(segment_ids, rename(segment_ids, {qpos: kpos}))
             mask = s if mask is None else mask & s
-        out = _fused_attention(query, key, value, qpos, kpos, hs, causal, mask, bias, scale, "cudnn")
+        out = _fused_attention(query, key, value, qpos, kpos, hs, causal, mask, bias, scale, "cudnn", window)
     else:
-        out = _xla_attention(query, key, value, qpos, kpos, hs, causal, mask, bias, segment_ids, scale)
+        m = _combined_mask(query, key, qpos, kpos, causal, mask, segment_ids, q_offset, window)
+        out = _xla_attention(query, key, value, qpos, kpos, hs, m, bias, scale, softcap)
     if grouped:
         out = flatten_axes(out, (kvheads, group.name), heads)
     return shard(out)
 
 
-def _combined_mask(query, key, qpos, kpos, causal, mask, segment_ids):
+def _fused_unmet(mask, bias, segment_ids, softcap, window, q_offset) -> list[str]:
+    """Why the fused kernel cannot take these arguments (besides the inputs: ``_cudnn_unmet``)."""
+    why = [f"{what} is given" for what, x in (("mask", mask), ("bias", bias), ("segment_ids", segment_ids),
+                                              ("softcap", softcap)) if x is not None]
+    if window is not None and not isinstance(window, int):
+        why.append("the window is traced (per-layer data), not an int")
+    if not (isinstance(q_offset, int) and q_offset == 0):
+        why.append("the queries continue a cache (q_offset)")
+    return why
+
+
+def _log_choice(chosen: str, implementation: str, why_not: list[str]) -> None:
+    level = logging.INFO if jax.default_backend() == "gpu" else logging.DEBUG
+    reason = f"implementation={implementation!r}" if implementation != "auto" or not why_not else "; ".join(why_not)
+    _LOG.log(level, "dot_product_attention: %s path (%s)", chosen, reason)
+
+
+def _combined_mask(query, key, qpos, kpos, causal, mask, segment_ids, q_offset=0, window=None):
     m = mask
     if causal:
-        c = causal_mask(query.resolve_axis(qpos), key.resolve_axis(kpos))
+        c = causal_mask(query.resolve_axis(qpos), key.resolve_axis(kpos), q_offset=q_offset, window=window)
         m = c if m is None else m & c
     if segment_ids is not None:
         s = segment_mask(segment_ids, rename(segment_ids, {qpos: kpos}))
@@ -181,7 +236,7 @@ def _combined_mask(query, key, qpos, kpos, causal, mask, segment_ids):
     return m
 
 
-def _xla_attention(query, key, value, qpos, kpos, hs, causal, mask, bias, segment_ids, scale):
+def _xla_attention(query, key, value, qpos, kpos, hs, m, bias, scale, softcap):
     scale = 1.0 / math.sqrt(query.axis_size(hs)) if scale is None else scale
     # Scores in dot_general's own output order (shared axes such as batch and heads, then the
     # query's, then the key's): any other order costs a transpose of the largest array here.
@@ -191,7 +246,8 @@ def _xla_attention(query, key, value, qpos, kpos, hs, causal, mask, bias, segmen
                     preferred_element_type=jnp.float32)
     # Scale the float32 scores, not the query: q * scale in bf16 would round (as jax.nn does).
     scores = scores.astype(jnp.float32) * jnp.float32(scale)
-    m = _combined_mask(query, key, qpos, kpos, causal, mask, segment_ids)
+    if softcap is not None:
+        scores = ops.tanh(scores / jnp.float32(softcap)) * jnp.float32(softcap)
     for what, t in (("bias", bias), ("mask", m)):
         extra = [] if t is None else [a for a in t.axes if a.name not in scores.names]
         if extra:
@@ -207,7 +263,7 @@ def _xla_attention(query, key, value, qpos, kpos, hs, causal, mask, bias, segmen
     return out.rearrange(tuple(n for n in query.names if n in out.names) + tuple(n for n in out.names if n not in query.names))
 
 
-def _fused_attention(query, key, value, qpos, kpos, hs, causal, mask, bias, scale, implementation):
+def _fused_attention(query, key, value, qpos, kpos, hs, causal, mask, bias, scale, implementation, window=None):
     """``jax.nn.dot_product_attention`` on ``[B, T, N, D]`` arrays folded from the named ones:
     axes the query shares with the key (batch, kv heads) become B, query-only axes (heads, or
     the GQA group) become N against a single kv head. ``implementation="xla"`` runs the same
@@ -235,7 +291,8 @@ def _fused_attention(query, key, value, qpos, kpos, hs, causal, mask, bias, scal
 
     out = jax.nn.dot_product_attention(
         q.array.reshape(B, T, G, D), k.array.reshape(B, S, 1, D), v.array.reshape(B, S, 1, v.axis_size(hs)),
-        bias=bnts(None if bias is None else bias.astype(query.dtype)), mask=bnts(mask), scale=scale, is_causal=causal, implementation=implementation)
+        bias=bnts(None if bias is None else bias.astype(query.dtype)), mask=bnts(mask), scale=scale, is_causal=causal,
+        local_window_size=None if window is None else (window - 1, 0), implementation=implementation)
     out_axes = tuple(q.resolve_axis(n) for n in batch_axes) + (q.resolve_axis(qpos),) + tuple(
         q.resolve_axis(n) for n in q_only) + (v.resolve_axis(hs),)
     res = NamedArray(out.reshape(tuple(a.size for a in out_axes)), out_axes)

@@ -20,7 +20,7 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 
-from .._axis import Axis, AxisError, AxisSelector, format_axes
+from .._axis import ArgumentError, ArgumentTypeError, Axis, AxisError, AxisSelector, format_axes
 from .._core import NamedArray
 from .. import _ops as ops
 from .._einsum import dot
@@ -45,14 +45,14 @@ __all__ = [
 
 def _check_reduction(reduction: str) -> None:
     if reduction not in _REDUCTIONS:
-        raise ValueError(f"reduction={reduction!r}; use one of {', '.join(map(repr, _REDUCTIONS))}")
+        raise ArgumentError(f"reduction={reduction!r}; use one of {', '.join(map(repr, _REDUCTIONS))}")
 
 
 def _check_targets(targets: NamedArray, Vocab: Axis, loss_axes: tuple[Axis, ...]) -> None:
     if not isinstance(targets, NamedArray):
-        raise TypeError(f"targets must be an integer NamedArray, got {type(targets).__name__}")
+        raise ArgumentTypeError(f"targets must be an integer NamedArray, got {type(targets).__name__}")
     if not jnp.issubdtype(targets.dtype, jnp.integer):
-        raise TypeError(f"targets must hold integer token ids, got dtype {targets.dtype} {format_axes(targets.axes)}")
+        raise ArgumentTypeError(f"targets must hold integer token ids, got dtype {targets.dtype} {format_axes(targets.axes)}")
     if Vocab.name in targets.names:
         raise AxisError(
             f"targets {format_axes(targets.axes)} have the vocab axis {Vocab.name!r}; "
@@ -77,7 +77,7 @@ def _apply_reduction(loss: NamedArray, where, reduction: str) -> NamedArray:
     weight = None
     if where is not None:
         if not isinstance(where, NamedArray):
-            raise TypeError(f"where= must be a NamedArray mask over the targets' axes, got {type(where).__name__}")
+            raise ArgumentTypeError(f"where= must be a NamedArray mask over the targets' axes, got {type(where).__name__}")
         extra = [a for a in where.axes if a.name not in loss.names]
         if extra:
             raise AxisError(f"where= has axes {format_axes(extra)} that the per-token loss {format_axes(loss.axes)} lacks")
@@ -202,7 +202,7 @@ def next_token_loss(
 # ---- blockwise over the vocabulary -----------------------------------------------------------
 
 
-def _block_error(V: Axis, block_size) -> ValueError:
+def _block_error(V: Axis, block_size) -> ArgumentError:
     divisors = [d for d in range(1, V.size + 1) if V.size % d == 0]
     try:
         below = [d for d in divisors if d < block_size][-1:]
@@ -210,7 +210,7 @@ def _block_error(V: Axis, block_size) -> ValueError:
         hint = f"; try {' or '.join(map(str, below + above))}"
     except TypeError:
         hint = ""
-    return ValueError(
+    return ArgumentError(
         f"block_size={block_size!r} does not divide the size {V.size} of axis {V.name!r}{hint} "
         "(block_size must be a positive divisor of the vocab size; pad the vocabulary if it has none that suits)"
     )

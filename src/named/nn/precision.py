@@ -28,6 +28,8 @@ import jax.numpy as jnp
 import jmp
 import numpy as np
 
+from .._axis import ArgumentError, ArgumentTypeError
+
 __all__ = ["cast_for_compute", "cast_output", "cast_to_param", "get_policy", "keeps_full_precision"]
 
 _DTYPES: dict[str, Any] = {}
@@ -46,7 +48,7 @@ _KEYS = {"params": "params", "p": "params", "compute": "compute", "c": "compute"
 def _parse_dtype(text: str, part: str, spec: str):
     dtype = _DTYPES.get(text.strip().lower())
     if dtype is None:
-        raise ValueError(
+        raise ArgumentError(
             f"unknown dtype {text.strip()!r} in {part.strip()!r} of precision policy {spec!r}; "
             f"known: {', '.join(sorted(_DTYPES))}"
         )
@@ -76,20 +78,20 @@ def get_policy(spec: str | jmp.Policy) -> jmp.Policy:
     if isinstance(spec, jmp.Policy):
         return spec
     if not isinstance(spec, str):
-        raise TypeError(f"a precision policy is a string like 'params=float32,compute=bfloat16' or a jmp.Policy, got {spec!r}")
+        raise ArgumentTypeError(f"a precision policy is a string like 'params=float32,compute=bfloat16' or a jmp.Policy, got {spec!r}")
     if "=" not in spec:
         compute = _parse_dtype(spec, spec, spec)
         return jmp.Policy(param_dtype=jnp.float32, compute_dtype=compute, output_dtype=jnp.float32)
     chosen: dict[str, Any] = {}
     for part in spec.split(","):
         if "=" not in part:
-            raise ValueError(f"part {part.strip()!r} of precision policy {spec!r} is not key=dtype (keys: params, compute, output)")
+            raise ArgumentError(f"part {part.strip()!r} of precision policy {spec!r} is not key=dtype (keys: params, compute, output)")
         key, value = part.split("=", 1)
         canonical = _KEYS.get(key.strip().lower())
         if canonical is None:
-            raise ValueError(f"unknown key {key.strip()!r} in {part.strip()!r} of precision policy {spec!r}; use params, compute or output")
+            raise ArgumentError(f"unknown key {key.strip()!r} in {part.strip()!r} of precision policy {spec!r}; use params, compute or output")
         if canonical in chosen:
-            raise ValueError(f"precision policy {spec!r} sets {canonical!r} twice")
+            raise ArgumentError(f"precision policy {spec!r} sets {canonical!r} twice")
         chosen[canonical] = _parse_dtype(value, part, spec)
     params = chosen.get("params", jnp.float32)
     compute = chosen.get("compute", params)
