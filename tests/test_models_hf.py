@@ -274,7 +274,7 @@ def test_wrong_shape(good_folder, tmp_path):
 
 
 @pytest.mark.parametrize("field, value, expect", [
-    ("model_type", "mistral", "unsupported model_type 'mistral'"),
+    ("model_type", "mixtral", "unsupported model_type 'mixtral'"),
     ("architectures", ["GPT2ForSequenceClassification"], "unsupported architectures"),
     ("scale_attn_by_inverse_layer_idx", True, "unsupported scale_attn_by_inverse_layer_idx=True"),
     ("activation_function", "swiglu_v9", "unsupported activation_function='swiglu_v9'"),
@@ -298,7 +298,10 @@ def test_llama_config_fields(tmp_path):
     config = models.config_from_hf(tmp_path)
     assert config.rope_theta == 123.0 and config.num_key_value_heads == 2 and not config.tie_word_embeddings
     (tmp_path / "config.json").write_text(json.dumps({**base, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}))
-    with pytest.raises(CheckpointFormatError, match=r"unsupported rope_scaling.rope_type='llama3'"):
+    with pytest.raises(CheckpointFormatError, match=r"missing field 'rope_scaling.low_freq_factor'"):
+        models.config_from_hf(tmp_path)  # llama3 reads four fields, all required
+    (tmp_path / "config.json").write_text(json.dumps({**base, "rope_scaling": {"rope_type": "longrope", "factor": 8.0}}))
+    with pytest.raises(CheckpointFormatError, match=r"unsupported rope_scaling.rope_type='longrope'"):
         models.config_from_hf(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({**base, "mlp_bias": True}))
     with pytest.raises(CheckpointFormatError, match="unsupported mlp_bias=True"):

@@ -4,11 +4,14 @@ and optimizer state stay bitwise what they were.
 
 The NaN comes from real mechanisms, not a test hook: a weight set to inf (fed straight to
 ``make_train_step``), and a learning rate of 1e30 in a real run, whose first update makes
-the weights ~1e30 so that every later forward pass overflows.
+the weights ~1e30 so that every later forward pass overflows. And a finite loss and gradient
+with a non-finite update (a NaN learning rate, an optimizer whose state goes NaN): the check
+looks at the update, the new parameters and the new optimizer state too.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -20,6 +23,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import named as nm
@@ -131,3 +135,84 @@ def test_stop_from_the_cli_names_the_step_and_exits_2(corpus, tmp_path):
     assert f"the last committed checkpoint is {run_dir / 'checkpoints' / 'step_1'}" in r.stderr
     assert [s for s, _ in ckpt.list_checkpoints(run_dir)] == [1]
     ckpt.verify_checkpoint(run_dir / "checkpoints" / "step_1")
+
+
+# ---- a finite loss and gradient with a non-finite update -----------------------------------
+# Config validation refuses a NaN learning rate; these set it on the dataclass afterwards, to
+# test that the step itself never commits a non-finite update whatever lets one through.
+
+
+def _state_scaler(factor: float) -> optax.GradientTransformation:
+    """Keeps a scalar in the optimizer state, multiplied by ``factor`` at each update: a NaN
+    factor makes the optimizer state non-finite while the update stays finite."""
+    return optax.GradientTransformation(lambda params: jnp.ones(()), lambda u, state, params=None: (u, state * factor))
+
+
+def _optimizers(cfg, how: str):
+    """(a good optimizer, one whose step is non-finite in ``how``), with the same state structure."""
+    steps = cfg.trainer.num_train_steps
+    if how == "nan learning rate":
+        return (build_optimizer(cfg.optimizer, steps),
+                build_optimizer(dataclasses.replace(cfg.optimizer, learning_rate=float("nan")), steps))
+    return (optax.chain(build_optimizer(cfg.optimizer, steps), _state_scaler(1.0)),
+            optax.chain(build_optimizer(cfg.optimizer, steps), _state_scaler(float("nan"))))
+
+
+@pytest.mark.parametrize("how", ["nan learning rate", "nan optimizer state"])
+def test_skip_drops_a_non_finite_update_of_a_finite_step(corpus, tmp_path, how):
+    cfg = load_config(NANO, _args(corpus, tmp_path / "unused", **{"trainer.nan_policy": "skip"}))
+    model_cfg = cfg.model.model_config(vocab_size=384)
+    cls = model_class(model_cfg)
+    good, bad = _optimizers(cfg, how)
+    mesh, compute, param = nm.make_mesh({"data": -1}), {"batch": "data"}, {"embed": "data"}
+    tokens = np.random.default_rng(0).integers(0, 256, (8, 16))
+    policy = get_policy(cfg.trainer.precision)
+    with nm.set_mesh(mesh):
+        model = nm.named_jit(cls.init, axis_resources=param)(model_cfg, key=jax.random.key(0))
+        opt_state = nm.named_jit(good.init, axis_resources=param)(model)
+        batch = lambda: device_batch(pack(tokens, 256), mesh, compute, 8)  # noqa: E731 (donated each call)
+        model, opt_state, metrics = make_train_step(cls, good, policy, cfg, compute, param)(
+            model, opt_state, batch(), jax.random.key(1))
+        assert bool(metrics["finite"])  # real Adam moments to protect
+        before = [np.array(x) for x in jax.tree.leaves((model, opt_state))]
+        model, opt_state, metrics = make_train_step(cls, bad, policy, cfg, compute, param)(
+            model, opt_state, batch(), jax.random.key(2))
+        after = [np.asarray(x) for x in jax.tree.leaves((model, opt_state))]
+    # the loss and gradient were fine; the update was not, and it was dropped whole
+    assert math.isfinite(float(metrics["loss"])) and math.isfinite(float(metrics["grad_norm"]))
+    assert not bool(metrics["finite"])
+    assert len(after) == len(before) > 10 and all(np.isfinite(b).all() for b in before)
+    for a, b in zip(after, before):
+        np.testing.assert_array_equal(a, b, strict=True)
+    assert check_finite(2, metrics, "skip") is False
+    with pytest.raises(TrainingError, match=r"non-finite update in step 2: .*nan_policy=stop"):
+        check_finite(2, metrics, "stop")
+
+
+def _nan_lr_run(corpus: Path, run_dir: Path, policy: str):
+    cfg = load_config(NANO, _args(corpus, run_dir, **{"trainer.num_train_steps": 2, "optimizer.schedule": "constant",
+                                                      "trainer.nan_policy": policy}))
+    cfg.optimizer.learning_rate = float("nan")
+    return cfg
+
+
+def test_a_nan_learning_rate_under_skip_commits_only_finite_checkpoints(corpus, tmp_path):
+    run_dir = tmp_path / "run"
+    cfg = _nan_lr_run(corpus, run_dir, "skip")
+    result = train(cfg)
+    log = (run_dir / "logs" / "process_0.log").read_text()
+    assert all(f"non-finite update in step {s}: " in log for s in (1, 2)) and "update skipped" in log
+    model_cfg = cfg.model.model_config(vocab_size=384)
+    shapes = jax.eval_shape(lambda: model_class(model_cfg).init(model_cfg, key=jax.random.key(0)))
+    target = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype),
+                          (shapes, jax.eval_shape(build_optimizer(cfg.optimizer, 2).init, shapes)))
+    for s in (1, 2):
+        tree, _ = ckpt.restore(run_dir / "checkpoints" / f"step_{s}", target)
+        leaves = jax.tree.leaves(tree)
+        assert len(leaves) > 10 and all(np.isfinite(x).all() for x in leaves if np.issubdtype(x.dtype, np.floating))
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(result.model))
+
+
+def test_a_nan_learning_rate_under_stop_names_the_step(corpus, tmp_path):
+    with pytest.raises(TrainingError, match=r"non-finite update in step 1: .*stopped \(trainer.nan_policy=stop\)"):
+        train(_nan_lr_run(corpus, tmp_path / "run", "stop"))

@@ -1,52 +1,65 @@
-"""models: GPT-2 and Llama built from ``named.nn``, Hugging Face import/export, and generation.
+"""models: GPT-2 and the decoder family (Llama 2/3.x, Mistral, Qwen2/2.5, Qwen3, OLMo 2, Gemma 2/3)
+built from ``named.nn``, Hugging Face import/export, and generation.
 
     from named import models
     config, model = models.load_pretrained("path/to/hf-folder")
     logits = model(input_ids)                      # (batch, position) -> (batch, position, vocab)
     tokens = models.generate(model, prompt, 20, temperature=0)
     models.save_pretrained(model, config, "out/")  # loads in transformers' from_pretrained
+
+``models.FAMILIES`` (``registry.py``) is the one list of families.
 """
 
-from . import gpt2, llama
+from . import decoder, gpt2
 from ._common import KVCache
+from ._rope import RopeScaling
+from .decoder import DecoderConfig, DecoderLMHeadModel
+from .families import (Gemma2Config, Gemma3Config, LlamaConfig, MistralConfig, Olmo2Config, Qwen2Config,
+                       Qwen3Config)
 from .generate import generate, sample_token
 from .gpt2 import Gpt2Config, Gpt2LMHeadModel
-from .hf import CheckpointFormatError, config_from_hf, hf_state_dict, load_pretrained, save_pretrained
-from .llama import LlamaConfig, LlamaLMHeadModel
+from .hf import CheckpointFormatError, check_pretrained, config_from_hf, hf_state_dict, load_pretrained, save_pretrained
+from .registry import FAMILIES, Family, family_for
 
-_MODULES = {Gpt2Config: gpt2, LlamaConfig: llama}
-
-
-def _module_for(config):
-    try:
-        return _MODULES[type(config)]
-    except KeyError:
-        raise TypeError(f"expected a Gpt2Config or LlamaConfig, got {type(config).__name__}") from None
+LlamaLMHeadModel = DecoderLMHeadModel  # every decoder family runs on the one decoder
 
 
 def num_params(config) -> int:
-    """Every parameter of the model ``config`` describes (see ``gpt2.num_params``, ``llama.num_params``)."""
-    return _module_for(config).num_params(config)
+    """Every parameter of the model ``config`` describes (a tied embedding counted once)."""
+    return family_for(config).num_params(config)
 
 
 def flops_per_token(config, seq_len: int) -> float:
-    """Training FLOPs per token, ``6 N + 12 L d T`` (see ``gpt2.flops_per_token`` for the convention)."""
-    return _module_for(config).flops_per_token(config, seq_len)
+    """Training FLOPs per token, ``6 N + 12 d Σ T`` (see ``gpt2.flops_per_token``, ``decoder.flops_per_token``)."""
+    return family_for(config).flops_per_token(config, seq_len)
 
 
 __all__ = [
+    "FAMILIES",
     "CheckpointFormatError",
+    "DecoderConfig",
+    "DecoderLMHeadModel",
+    "Family",
+    "Gemma2Config",
+    "Gemma3Config",
     "Gpt2Config",
     "Gpt2LMHeadModel",
     "KVCache",
     "LlamaConfig",
     "LlamaLMHeadModel",
+    "MistralConfig",
+    "Olmo2Config",
+    "Qwen2Config",
+    "Qwen3Config",
+    "RopeScaling",
+    "check_pretrained",
     "config_from_hf",
+    "decoder",
+    "family_for",
     "flops_per_token",
     "generate",
     "gpt2",
     "hf_state_dict",
-    "llama",
     "load_pretrained",
     "num_params",
     "sample_token",

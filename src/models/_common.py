@@ -1,4 +1,4 @@
-"""What GPT-2 and Llama share: the KV cache, causal attention that reads and writes it, and
+"""What GPT-2 and the decoder family share: the KV cache, causal attention that reads and writes it, and
 per-layer dropout keys."""
 
 from __future__ import annotations
@@ -31,23 +31,26 @@ class KVCache(eqx.Module):
 
 
 def causal_attention(q: NamedArray, k: NamedArray, v: NamedArray, *, segment_ids=None, cache: KVCache | None = None,
-                     pos=None) -> tuple[NamedArray, KVCache | None]:
+                     pos=None, window=None, scale: float | None = None, softcap: float | None = None
+                     ) -> tuple[NamedArray, KVCache | None]:
     """Causal attention of ``q`` over ``k, v``, all three with a ``position`` axis.
 
     Without a cache the keys are the queries' own positions (``segment_ids`` keep packed
     documents apart). With one layer's ``cache``, ``k, v`` are first written into it at
     ``pos`` and the queries, which stand at ``pos, pos + 1, ...``, attend to the whole cache.
+    ``window`` (a sliding window), ``scale`` and ``softcap`` go to ``nn.dot_product_attention``,
+    which combines them with the causal mask and the segments.
     Returns the output (the query's axes) and the updated cache (None without one).
     """
     k, v = k.rename({"position": "key_position"}), v.rename({"position": "key_position"})
+    options = dict(causal=True, window=window, scale=scale, softcap=softcap)
     if cache is None:
-        return nn.dot_product_attention(q, k, v, causal=True, segment_ids=segment_ids), None
+        return nn.dot_product_attention(q, k, v, segment_ids=segment_ids, **options), None
     if segment_ids is not None:
         raise ValueError("decoding with a KV cache does not take segment_ids")
     k = nm.updated_slice(cache.k, {"key_position": pos}, k)
     v = nm.updated_slice(cache.v, {"key_position": pos}, v)
-    mask = nn.causal_mask(q.resolve_axis("position"), k.resolve_axis("key_position"), q_offset=pos)
-    return nn.dot_product_attention(q, k, v, mask=mask), KVCache(k, v)
+    return nn.dot_product_attention(q, k, v, q_offset=pos, **options), KVCache(k, v)
 
 
 def split_key(key, n: int):

@@ -1,5 +1,6 @@
-"""Hugging Face ``config.json`` <-> our model configs, the architectures we read and write, and
-the rule every file of a Hugging Face folder obeys (it lies inside the folder)."""
+"""The rule every file of a Hugging Face folder obeys (it lies inside the folder), checked
+``config.json`` fields, and GPT-2's ``config.json`` <-> ``Gpt2Config`` (the decoder families'
+is ``_hf_decoder.py``; which family a folder holds is ``registry.py``'s business)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Any
 
 from named import nn
 
-from . import gpt2, llama
+from . import gpt2
 
 
 class CheckpointFormatError(ValueError):
@@ -187,110 +188,3 @@ def _gpt2_to_hf(c: gpt2.Gpt2Config) -> dict:
         "embd_pdrop": c.dropout, "resid_pdrop": c.dropout, "attn_pdrop": 0.0,
         "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
     }
-
-
-_LLAMA = (
-    _Hf("hidden_size", ours="hidden_size"), _Hf("intermediate_size", ours="intermediate_size"),
-    _Hf("num_hidden_layers", ours="num_hidden_layers"), _Hf("num_attention_heads", ours="num_attention_heads"),
-    _Hf("num_key_value_heads", None, ours="num_key_value_heads"), _Hf("rope_theta", None, ours="rope_theta"),
-    _Hf("rms_norm_eps", 1e-6, ours="rms_norm_eps"), _Hf("max_position_embeddings", ours="max_position_embeddings"),
-    _Hf("tie_word_embeddings", False, ours="tie_word_embeddings"), _Hf("vocab_size", ours="vocab_size"),
-    _Hf("head_dim", None, ours="head_dim"),
-    _Hf("hidden_act", "silu", kind=str, allowed=("silu",), why="our Llama uses silu"),
-    _Hf("attention_bias", False, kind=bool, allowed=(False,), why="our Llama has no biases"),
-    _Hf("mlp_bias", False, kind=bool, allowed=(False,), why="our Llama has no biases"),
-)
-
-
-def _llama_rope(d: Mapping, where: Path) -> tuple[str, Mapping]:
-    """The rotary-embedding settings: ``rope_parameters`` (transformers 5) or ``rope_scaling``."""
-    for name in ("rope_parameters", "rope_scaling"):
-        rope = _checked(d, name, dict, {}, where=where)
-        if rope:
-            return name, rope
-    return "rope_parameters", {}
-
-
-def _llama_from_hf(d: Mapping, where: Path) -> llama.LlamaConfig:
-    kwargs = _read(d, llama.LlamaConfig, _LLAMA, where)
-    field, rope = _llama_rope(d, where)
-    rope_type = _checked(rope, "rope_type", str, None, where=where, prefix=f"{field}.")
-    rope_type = rope_type or _checked(rope, "type", str, "default", where=where, prefix=f"{field}.")
-    if rope_type != "default":
-        raise CheckpointFormatError(f"{where}: unsupported {field}.rope_type={rope_type!r} "
-                                    "(only the default rotary embedding is implemented)")
-    theta = _checked(rope, "rope_theta", float, None, where=where, prefix=f"{field}.")
-    kwargs["rope_theta"] = theta or kwargs["rope_theta"] or 10000.0
-    kwargs["num_key_value_heads"] = kwargs["num_key_value_heads"] or kwargs["num_attention_heads"]
-    return _build(llama.LlamaConfig, kwargs, where)
-
-
-def _llama_to_hf(c: llama.LlamaConfig) -> dict:
-    return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
-        "num_hidden_layers": c.num_hidden_layers, "num_attention_heads": c.num_attention_heads,
-        "num_key_value_heads": c.num_key_value_heads, "head_dim": c.HeadSize.size, "hidden_act": "silu",
-        "max_position_embeddings": c.max_position_embeddings, "rms_norm_eps": c.rms_norm_eps,
-        "rope_theta": c.rope_theta, "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_theta},
-        "tie_word_embeddings": c.tie_word_embeddings, "vocab_size": c.vocab_size,
-        "attention_bias": False, "mlp_bias": False,
-    }
-
-
-@dataclasses.dataclass(frozen=True)
-class Arch:
-    model_type: str
-    architecture: str
-    config_cls: type
-    model_cls: type
-    module: Any  # the model file, for HF_KEYS, HF_LINEAR_LAYOUT, HF_BASE_PREFIX, HF_IGNORED
-    from_hf: Callable[[Mapping, Path], Any]
-    to_hf: Callable[[Any], dict]
-
-
-_ARCHS = {
-    "gpt2": Arch("gpt2", "GPT2LMHeadModel", gpt2.Gpt2Config, gpt2.Gpt2LMHeadModel, gpt2, _gpt2_from_hf, _gpt2_to_hf),
-    "llama": Arch("llama", "LlamaForCausalLM", llama.LlamaConfig, llama.LlamaLMHeadModel, llama,
-                  _llama_from_hf, _llama_to_hf),
-}
-_SUPPORTED = ", ".join(f"{a.model_type} ({a.architecture})" for a in _ARCHS.values())
-
-
-def arch_for_hf(d: Mapping, where: Path) -> Arch:
-    if d.get("model_type") is None:
-        raise CheckpointFormatError(f"{where}: missing field 'model_type'; supported: {_SUPPORTED}")
-    model_type = _checked(d, "model_type", str, where=where)
-    arch = _ARCHS.get(model_type)
-    if arch is None:
-        raise CheckpointFormatError(f"{where}: unsupported model_type {model_type!r}; supported: {_SUPPORTED}")
-    archs = _checked(d, "architectures", list, [arch.architecture], where=where)
-    if not all(isinstance(a, str) for a in archs):
-        raise CheckpointFormatError(f"{where}: field 'architectures' should be a list of names, got {archs!r}")
-    if arch.architecture not in archs:
-        raise CheckpointFormatError(f"{where}: unsupported architectures {archs!r}; for model_type {model_type!r} "
-                                    f"we load {arch.architecture!r} (a causal LM with its head)")
-    return arch
-
-
-def arch_for(obj) -> Arch:
-    for arch in _ARCHS.values():
-        if isinstance(obj, (arch.config_cls, arch.model_cls)):
-            return arch
-    raise TypeError(f"no Hugging Face layout for {type(obj).__name__}; supported: {_SUPPORTED}")
-
-
-def read_config(folder: Path) -> tuple[Arch, Any, Path]:
-    """The architecture and our config for the ``config.json`` in ``folder``, and that file's path."""
-    if not folder.is_dir():
-        raise CheckpointFormatError(f"{folder}: {'not a directory' if folder.exists() else 'not found'}; "
-                                    "a Hugging Face model is a folder holding config.json and safetensors files")
-    where = folder_file(folder, "config.json")
-    d = read_json(where)
-    arch = arch_for_hf(d, where)
-    return arch, arch.from_hf(d, where), where
-
-
-def config_from_hf(folder: str | Path) -> Any:
-    """Our config for the ``config.json`` in ``folder``."""
-    return read_config(Path(folder))[1]

@@ -9,8 +9,8 @@ Each model file names its tensors (``HF_KEYS``: our parameter path -> Hugging Fa
 ``{i}`` for the layer) and says how Hugging Face stores a Linear weight
 (``HF_LINEAR_LAYOUT``: GPT-2's Conv1D keeps ``[in, out]``, torch's nn.Linear ``[out, in]``).
 Our Linear weight has axes ``In + Out``; the Hugging Face tensor is that with each side
-flattened (and transposed for ``[out, in]``); a Linear bias is flattened; every other
-parameter has the same shape in both.
+flattened (and transposed for ``[out, in]``); an embedding has the same shape in both; every
+other parameter (biases, norm weights, OLMo 2's q/k norm over ``(heads, head_size)``) is flat.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import logging
 import math
 import re
 from collections.abc import Mapping
@@ -35,10 +36,14 @@ from safetensors.numpy import save_file
 import named as nm
 from named import NamedArray, nn
 
-from ._hf_config import (Arch, CheckpointFormatError, arch_for, config_from_hf, folder_file, read_config, read_json,
-                         reading, require_file)
+from ._hf_config import CheckpointFormatError, folder_file, read_json, reading, require_file
+from ._parity import ParityReport, check_ids, our_logits, transformers_logits
+from .registry import Family, family_for, family_for_hf
 
-__all__ = ["CheckpointFormatError", "config_from_hf", "hf_state_dict", "load_pretrained", "save_pretrained"]
+_LOG = logging.getLogger("named.models")
+
+__all__ = ["CheckpointFormatError", "check_pretrained", "config_from_hf", "hf_state_dict", "load_pretrained",
+           "save_pretrained"]
 
 # ---- our parameters <-> Hugging Face tensors ---------------------------------------------------
 
@@ -52,14 +57,14 @@ class _Param:
     hf_names: tuple[str, ...]
     stacked: bool
     linear: tuple[int, int] | None  # (in, out) flat sizes of a Linear weight
-    bias: bool
+    flat: bool
     transposed: bool
 
     @property
     def hf_shape(self) -> tuple[int, ...]:
         if self.linear is not None:
             return self.linear[::-1] if self.transposed else self.linear
-        if self.bias:
+        if self.flat:
             return (math.prod(a.size for a in self.axes),)
         return tuple(a.size for a in self.axes)
 
@@ -73,7 +78,7 @@ class _Param:
         return np.ascontiguousarray(x.T if self.transposed else x)
 
 
-def _params(model, arch: Arch) -> tuple[list[_Param], list[NamedArray], Any]:
+def _params(model, arch: Family) -> tuple[list[_Param], list[NamedArray], Any]:
     flat, treedef = jax.tree_util.tree_flatten_with_path(model, is_leaf=nm.is_named_array)
     params, leaves = [], []
     for keypath, leaf in flat:
@@ -91,7 +96,8 @@ def _params(model, arch: Arch) -> tuple[list[_Param], list[NamedArray], Any]:
         linear = None
         if isinstance(owner, nn.Linear) and attr == "weight":
             linear = (math.prod(a.size for a in owner.In), math.prod(a.size for a in owner.Out))
-        params.append(_Param(path, axes, names, stacked, linear, isinstance(owner, nn.Linear) and attr == "bias",
+        flat = linear is None and not isinstance(owner, nn.Embedding)
+        params.append(_Param(path, axes, names, stacked, linear, flat,
                              linear is not None and arch.module.HF_LINEAR_LAYOUT == "out_in"))
         leaves.append(leaf)
     return params, leaves, treedef
@@ -102,7 +108,7 @@ def hf_state_dict(model) -> dict[str, np.ndarray]:
 
     Works on any pytree shaped like a model, e.g. its gradients.
     """
-    params, leaves, _ = _params(model, arch_for(model))
+    params, leaves, _ = _params(model, family_for(model))
     out = {}
     for p, leaf in zip(params, leaves):
         for i, name in enumerate(p.hf_names):
@@ -287,11 +293,42 @@ class _Placer:
         return _write_layer(buffer.sharding)(buffer, x, jnp.int32(layer))
 
 
+# ---- config.json -------------------------------------------------------------------------------------
+
+
+def read_config(folder: Path) -> tuple[Family, Any, Path]:
+    """The family and our config for the ``config.json`` in ``folder``, and that file's path."""
+    if not folder.is_dir():
+        raise CheckpointFormatError(f"{folder}: {'not a directory' if folder.exists() else 'not found'}; "
+                                    "a Hugging Face model is a folder holding config.json and safetensors files")
+    where = folder_file(folder, "config.json")
+    d = read_json(where)
+    family = family_for_hf(d, where)
+    return family, family.from_hf(d, where), where
+
+
+def config_from_hf(folder: str | Path) -> Any:
+    """Our config for the ``config.json`` in ``folder``."""
+    return read_config(Path(folder))[1]
+
+
+def _our_name(name: str, family: Family, wanted, config) -> str | None:
+    """The model's name for a tensor name of a folder (some omit the base prefix), or None for a
+    tensor that is no parameter: a tied copy of the embedding, or a buffer (``HF_IGNORED``)."""
+    module = family.module
+    if name not in wanted and module.HF_BASE_PREFIX + name in wanted:
+        name = module.HF_BASE_PREFIX + name
+    if (name == "lm_head.weight" and config.tie_word_embeddings) or any(re.search(r, name) for r in module.HF_IGNORED):
+        return None
+    return name
+
+
 # ---- load and save -----------------------------------------------------------------------------------
 
 
-def load_pretrained(folder: str | Path, *, mapping: Mapping | None = None, mesh=None, dtype=jnp.float32) -> tuple[Any, Any]:
-    """``(config, model)`` from a Hugging Face folder (``GPT2LMHeadModel`` or ``LlamaForCausalLM``).
+def load_pretrained(folder: str | Path, *, mapping: Mapping | None = None, mesh=None, dtype=jnp.float32,
+                    check: bool = False, tolerance: float = 1e-3) -> tuple[Any, Any]:
+    """``(config, model)`` from a Hugging Face folder of any family in ``models.FAMILIES``.
 
     Args:
         folder: holds ``config.json`` and ``model.safetensors`` or a sharded
@@ -300,6 +337,9 @@ def load_pretrained(folder: str | Path, *, mapping: Mapping | None = None, mesh=
             on ``mesh`` as it is read. Without a mesh the model lands on the default device.
         mesh: the device mesh (default: the current one when a mapping is given).
         dtype: the parameters' dtype (default float32); None keeps the checkpoint's.
+        check: run ``check_pretrained`` on the loaded model: log its report (logger
+            ``named.models``) and raise a CheckpointFormatError when our float32 logits differ
+            from ``transformers``' by more than ``tolerance``.
 
     Raises:
         CheckpointFormatError: naming the file, tensor or field that is missing, unexpected,
@@ -327,7 +367,36 @@ def load_pretrained(folder: str | Path, *, mapping: Mapping | None = None, mesh=
         except SafetensorError as e:
             raise CheckpointFormatError(f"{path}: safetensors cannot read it ({e})") from None
     model = jax.tree_util.tree_unflatten(treedef, [NamedArray(a, leaf.axes) for a, leaf in zip(arrays, leaves)])
+    if check:
+        report = check_pretrained(folder, model)
+        _LOG.info("load_pretrained check: %s", report)
+        if report.max_logit_diff is not None and not report.max_logit_diff <= tolerance:
+            raise CheckpointFormatError(f"{folder}: our logits differ from {report.reference}'s by "
+                                        f"{report.max_logit_diff:.2e} (> tolerance {tolerance:g})")
     return config, model
+
+
+def check_pretrained(folder: str | Path, model) -> ParityReport:
+    """Checks ``model`` (loaded from ``folder``) against the folder: every tensor of the folder
+    is a parameter of the model and every parameter is in the folder; a few tokens give finite
+    logits of the right shape; and, where ``transformers`` is installed, the max difference from
+    its float32 logits on the same folder (eager attention), our model run in float32.
+    """
+    folder = Path(folder)
+    family = family_for(model)
+    params, _, _ = _params(model, family)
+    wanted = {name for p in params for name in p.hf_names}
+    in_folder = {name for path in _checkpoint_files(folder) for name in _read_header(path)[1]}
+    saved = {_our_name(name, family, wanted, model.config) for name in in_folder} - {None}
+    if saved != wanted:
+        missing, extra = sorted(wanted - saved), sorted(saved - wanted)
+        raise CheckpointFormatError(f"{folder}: the folder's tensors and the model's parameters differ: missing "
+                                    f"{missing[:3]}, unexpected {extra[:3]}")
+    ids = check_ids(model.config.vocab_size, family.max_positions(model.config))
+    ours = our_logits(model, ids)
+    theirs, reference = transformers_logits(folder, ids)
+    diff = None if theirs is None else float(np.abs(ours - theirs).max())
+    return ParityReport(family.name, ids.shape, len(saved), diff, reference)
 
 
 def _number_kind(dtype) -> str:
@@ -337,21 +406,15 @@ def _number_kind(dtype) -> str:
     return str(dtype)
 
 
-def _plan(folder: Path, arch: Arch, config, params: list[_Param], leaves: list, *, keep_dtype: bool):
+def _plan(folder: Path, arch: Family, config, params: list[_Param], leaves: list, *, keep_dtype: bool):
     """Every file's header checked against the model before a single tensor is read.
 
     Returns, per file, where its data starts and ``{tensor name: (parameter index, layer, entry)}``.
     """
     wanted = {name: (k, i) for k, p in enumerate(params) for i, name in enumerate(p.hf_names)}
-    tied_head = "lm_head.weight" if config.tie_word_embeddings else None
-    ignored = [re.compile(r) for r in arch.module.HF_IGNORED]
 
     def ours(name: str) -> str | None:
-        if name not in wanted and arch.module.HF_BASE_PREFIX + name in wanted:
-            name = arch.module.HF_BASE_PREFIX + name
-        if name == tied_head or any(r.search(name) for r in ignored):
-            return None  # a tied copy of the embedding, or a buffer that is no parameter
-        return name
+        return _our_name(name, arch, wanted, config)
 
     plan: list[tuple[Path, int, dict[str, tuple[int, int, _Tensor]]]] = []
     found: dict[str, Path] = {}
@@ -411,7 +474,8 @@ def save_pretrained(model, config, folder: str | Path, *, max_shard_size: int | 
     files and ``model.safetensors.index.json``. The files of an earlier save in ``folder``
     are removed first. Tensors are fetched to the host one file's worth at a time.
     """
-    arch = arch_for(config)
+    arch = family_for(config)
+    hf_config = arch.to_hf(config)  # a config the family's format cannot hold fails before anything is written
     folder = Path(folder)
     expected = eqx.filter_eval_shape(arch.model_cls.init, config, key=jax.random.key(0))
     params, leaves, _ = _params(model, arch)
@@ -451,6 +515,5 @@ def save_pretrained(model, config, folder: str | Path, *, max_shard_size: int | 
     if n > 1:
         index = {"metadata": {"total_size": sum(nbytes.values())}, "weight_map": weight_map}
         (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
-    hf_config = arch.to_hf(config)
     hf_config["dtype"] = str(np.dtype(leaves[0].dtype))
     (folder / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")

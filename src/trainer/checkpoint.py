@@ -35,6 +35,11 @@ directory to ``step_<N>`` and fsyncs the parent, then applies retention. A crash
 point leaves either a ``.tmp-`` directory (ignored, removed by the next successful save)
 or a complete commit. Nothing is ever pickled.
 
+Retention looks only at checkpoints up to the step being saved: ``keep_last`` counts those,
+and a checkpoint of a later step is never counted nor deleted. Those can only be left by an
+earlier launch that got further (the trainer refuses to resume behind a good one, see
+``rundir``), and counting them would make a run prune its own newest checkpoints.
+
 Reading: ``latest_checkpoint`` (what ``load_checkpoint auto`` uses) verifies size and sha256
 of every file of the newest commit and falls back, with a CheckpointWarning naming the bad
 file, to the previous one. ``restore`` of an explicit ``step_<N>`` checks every file's size
@@ -75,6 +80,7 @@ __all__ = [
     "checkpoint_dir",
     "latest_checkpoint",
     "list_checkpoints",
+    "read_commit",
     "restore",
     "save_checkpoint",
     "verify_checkpoint",
@@ -389,7 +395,7 @@ def _test_pause() -> None:
 
 
 def _apply_retention(ckdir: Path, newest: int, keep_last: int | None, keep_every: int | None) -> None:
-    steps = [s for s, _ in list_checkpoints(ckdir.parent, subdir=ckdir.name)]
+    steps = [s for s, _ in list_checkpoints(ckdir.parent, subdir=ckdir.name) if s <= newest]
     keep = {newest}
     if keep_last is None:
         keep.update(steps)
@@ -416,7 +422,8 @@ class Checkpointer:
 
     Args:
         run_dir: the run directory; checkpoints go to ``<run_dir>/<subdir>/step_<N>``.
-        keep_last: keep the newest ``keep_last`` checkpoints (None keeps all).
+        keep_last: keep the newest ``keep_last`` checkpoints up to the step just saved (None
+            keeps all); checkpoints of later steps are left alone.
         keep_every: also keep every step divisible by ``keep_every`` (None: no such rule).
         subdir: relative path of the checkpoint directory inside ``run_dir``.
         barrier_timeout_s: with several processes, how long one waits for the others.
@@ -462,7 +469,10 @@ class Checkpointer:
         pid, nproc = jax.process_index(), jax.process_count()
         leaves = _snapshot(tree, pid)
         token = self._agree_token(pid, nproc)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise CheckpointError(f"cannot create the checkpoint directory {self.directory}: {e.strerror or e}") from None
 
         def run():
             try:
@@ -564,6 +574,11 @@ def list_checkpoints(run_dir: str | os.PathLike, *, subdir: str = "checkpoints")
         if m and not entry.is_symlink() and (entry / COMMIT_FILE).is_file():
             out.append((int(m.group(1)), entry))
     return sorted(out)
+
+
+def read_commit(path: str | os.PathLike) -> dict:
+    """The commit record of a checkpoint (its own sha256 checked; the files are not read)."""
+    return _read_commit(Path(path))
 
 
 def _read_commit(path: Path) -> dict:

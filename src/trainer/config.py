@@ -2,10 +2,12 @@
 
     named-train --config_path config/gpt2_nano.yaml --trainer.num_train_steps 50
 
-Every check that can be made without compiling runs in ``load_config`` / ``validate``: an
-unknown key, a bad value, a mesh that does not fit the devices, a mapping naming an unknown
-mesh axis, a batch that does not split over the data axes or the microbatches, a sequence
-longer than the model's positions. Each raises ``ConfigError`` naming the key.
+``load_config`` is the one validation layer for values: a YAML file must be safe YAML with no
+key given twice; every value is checked against its field's type annotation before draccus
+converts it (no ``true`` for an integer, no null where the annotation has no ``None``, no
+unknown key); then every value against ``RULES`` (ranges and names, declared once below) and
+the few rules that tie two keys together. Each failure raises ``ConfigError`` naming the key.
+The checks that need the devices, the tokenizer or the model's shapes are in ``checks.py``.
 
 Note (draccus): a dict given on the CLI is merged into the YAML dict, not substituted for it.
 """
@@ -14,19 +16,21 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
+import math
 import os
 import re
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import draccus
-import draccus.cfgparsing
+import draccus.parsers.decoding
 import yaml
 
-from named.models.gpt2 import Gpt2Config
-from named.models.llama import LlamaConfig
+from named.models.registry import FAMILIES
 
 from .data import DataConfig, DataError
 
@@ -43,7 +47,7 @@ class TrainerConfig:
     """Steps, batch and cadence.
 
     Args:
-        num_train_steps: optimizer steps.
+        num_train_steps: optimizer steps; 0 runs every check and trains (and writes) nothing.
         train_batch_size: sequences per optimizer step, over all processes.
         microbatches: the batch is split into this many microbatches whose gradients are
             accumulated (the step equals the full-batch step).
@@ -52,8 +56,13 @@ class TrainerConfig:
         sample_interval / sample_tokens / sample_prompt: print a greedy sample every N steps.
         log_interval: log every N steps.
         run_dir: where logs and checkpoints go.
-        load_checkpoint: ``auto`` (newest good checkpoint in run_dir, if any), a checkpoint
-            path inside run_dir, or null.
+        load_checkpoint: ``auto`` (default): resume the run that run_dir holds, from its
+            newest good checkpoint, when its config.yaml matches on every setting that
+            defines the trajectory, refuse (ConfigError listing them) when not, and start a
+            new run in an empty or absent run_dir. A checkpoint path inside run_dir: resume
+            from it, with the same check (refused if newer checkpoints exist). null: a new run
+            only, refused if run_dir already holds one. No value ever writes over an earlier
+            run (docs/trainer.md, "Run directories").
         precision: jmp policy, e.g. ``params=float32,compute=bfloat16,output=float32``.
         nan_policy: ``stop`` (raise, naming the step) or ``skip`` (drop the update).
         peak_flops_per_device: for MFU when the device is not in the built-in table.
@@ -70,7 +79,7 @@ class TrainerConfig:
     sample_prompt: str = "def "
     log_interval: int = 10
     run_dir: str = "runs/default"
-    load_checkpoint: str | None = None
+    load_checkpoint: str | None = "auto"
     precision: str = "params=float32,compute=float32,output=float32"
     nan_policy: str = "stop"
     peak_flops_per_device: float | None = None
@@ -153,7 +162,7 @@ def _as_choice(name: str, base_cfg: type):
 
         def model_config(self, vocab_size: int):
             values = {f.name: getattr(self, f.name) for f in dataclasses.fields(base_cfg)}
-            if values.get("vocab_size") in (None, 0, -1):
+            if values.get("vocab_size") is None:
                 values["vocab_size"] = vocab_size
             return base_cfg(**values)
 
@@ -161,8 +170,9 @@ def _as_choice(name: str, base_cfg: type):
     return Choice
 
 
-Gpt2Section = _as_choice("gpt2", Gpt2Config)
-LlamaSection = _as_choice("llama", LlamaConfig)
+# one YAML model.type per family of the models registry
+SECTIONS = {name: _as_choice(name, family.config_cls) for name, family in FAMILIES.items()}
+Gpt2Section, LlamaSection = SECTIONS["gpt2"], SECTIONS["llama"]
 
 
 @dataclass
@@ -177,17 +187,313 @@ class TrainConfig:
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
 
+# ---- rules: the values each key may take beyond its type -----------------------------------
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What a value may be beyond its type: a range (numbers), a set of names (strings), or
+    non-empty (strings, lists). A null, where the annotation allows one, always passes."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    names: tuple[str, ...] = ()
+    nonempty: bool = False
+
+    def allows(self, value) -> bool:
+        if self.names:
+            return value in self.names
+        if self.nonempty:
+            return len(value) > 0
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
+            return False
+        return self.high is None or value < self.high or (not self.high_open and value == self.high)
+
+    def check(self, value, key: str) -> None:
+        """Raise ConfigError naming ``key`` (a config key or a CLI flag) unless the rule allows ``value``."""
+        if value is not None and not self.allows(value):
+            raise ConfigError(f"{key} must be {self}, got {value!r}")
+
+    def __str__(self) -> str:
+        if self.names:
+            return "one of " + ", ".join(self.names)
+        if self.nonempty:
+            return "non-empty"
+        if self.high is None:
+            return f"{'>' if self.low_open else '>='} {_number(self.low)}"
+        return f"in {'(' if self.low_open else '['}{_number(self.low)}, {_number(self.high)}{')' if self.high_open else ']'}"
+
+
+def _number(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def at_least(n: float) -> Rule:
+    return Rule(low=n)
+
+
+def above(n: float) -> Rule:
+    return Rule(low=n, low_open=True)
+
+
+def between(low: float, high: float, *, low_open: bool = False, high_open: bool = False) -> Rule:
+    return Rule(low=low, high=high, low_open=low_open, high_open=high_open)
+
+
+def one_of(*names: str) -> Rule:
+    return Rule(names=names)
+
+
+NONEMPTY = Rule(nonempty=True)
+INT_LIMIT = 2**31 - 1  # every integer without a range of its own (JAX's default integer is int32)
+MODEL_INTEGERS = "model.<every integer>"  # layers, widths, heads, positions, vocab_size (null: the tokenizer's)
+
+# The allowed values of every key beyond its type, in one place: docs/trainer.md shows this
+# table (a test keeps the two equal). On top of it: every number must be finite, and the rules
+# that tie two keys together are in validate_static; the data section checks its own keys
+# (DataError), and the checks that need devices or the model's shapes are in checks.py.
+RULES: dict[str, Rule] = {
+    "trainer.num_train_steps": at_least(0),  # 0: every check runs, nothing is trained or written
+    "trainer.train_batch_size": at_least(1),
+    "trainer.microbatches": at_least(1),
+    "trainer.seed": between(0, 2**32 - 1),  # jax.random.key keeps 32 bits: 2**32 would be seed 0 again
+    "trainer.eval_interval": at_least(0),
+    "trainer.eval_batches": at_least(0),
+    "trainer.sample_interval": at_least(0),
+    "trainer.sample_tokens": at_least(0),
+    "trainer.log_interval": at_least(0),
+    "trainer.run_dir": NONEMPTY,
+    "trainer.nan_policy": one_of("stop", "skip"),
+    "trainer.peak_flops_per_device": above(0),
+    MODEL_INTEGERS: at_least(1),
+    "model.dropout": between(0, 1, high_open=True),
+    "model.layer_norm_epsilon": above(0),
+    "model.rms_norm_eps": above(0),
+    "model.rope_theta": above(0),
+    "optimizer.learning_rate": above(0),
+    "optimizer.weight_decay": at_least(0),
+    "optimizer.beta1": between(0, 1, high_open=True),
+    "optimizer.beta2": between(0, 1, high_open=True),
+    "optimizer.epsilon": above(0),
+    "optimizer.max_grad_norm": above(0),
+    "optimizer.schedule": one_of("cosine", "linear", "constant", "wsd"),
+    "optimizer.warmup_steps": at_least(0),
+    "optimizer.decay_fraction": between(0, 1, low_open=True),
+    "optimizer.min_lr_ratio": between(0, 1),
+    "data.train": NONEMPTY,
+    "checkpoint.interval": at_least(0),
+    "checkpoint.keep_last": at_least(1),
+    "checkpoint.keep_every": at_least(1),
+    "tracker.wandb_mode": one_of("disabled", "offline", "online"),
+    "distributed.num_processes": at_least(1),
+    "distributed.process_id": at_least(0),
+    "distributed.initialization_timeout_s": at_least(1),
+    "distributed.heartbeat_timeout_s": at_least(1),
+}
+
+
+def _rule(key: str, value) -> Rule | None:
+    if key in RULES:
+        return RULES[key]
+    if key.startswith("model.") and isinstance(value, int) and not isinstance(value, bool):
+        return RULES[MODEL_INTEGERS]
+    return None
+
+
+def rules_table() -> str:
+    """RULES as the markdown rows docs/trainer.md shows."""
+    return "\n".join(f"| `{key}` | {rule}{', or null' if _nullable(key) else ''} |" for key, rule in RULES.items())
+
+
+def _nullable(key: str) -> bool:
+    *sections, name = key.split(".")
+    cls: Any = TrainConfig
+    for section in sections:
+        cls = typing.get_type_hints(cls).get(section)
+    tp = typing.get_type_hints(cls).get(name) if _is_section(cls) else None
+    return tp is not None and _without_none(tp)[1]
+
+
+# ---- types: every value against its field's annotation ------------------------------------
+
+_KINDS = {bool: ("true or false", "booleans"), int: ("an integer", "integers"), float: ("a number", "numbers"),
+          str: ("a string", "strings")}
+
+
+def _without_none(tp) -> tuple[Any, bool]:
+    """The annotation with ``None`` taken out of it, and whether it was there."""
+    args = typing.get_args(tp)
+    if type(None) not in args:
+        return tp, False
+    rest = tuple(a for a in args if a is not type(None))
+    return (rest[0] if len(rest) == 1 else typing.Union[rest]), True
+
+
+def _describe(tp) -> str:
+    base, nullable = _without_none(tp)
+    args = typing.get_args(base)
+    if base in _KINDS:
+        text = _KINDS[base][0]
+    elif typing.get_origin(base) is list:
+        text = f"a list of {_KINDS.get(args[0], ('', 'values'))[1]}"
+    elif typing.get_origin(base) is dict:
+        text = f"a mapping of names to {_KINDS.get(args[1], ('', 'values'))[1]}"
+    else:
+        text = "a mapping of keys"
+    return text + (" or null" if nullable else "")
+
+
+def _show(value) -> str:
+    if value is None:
+        return "null (None)"
+    if isinstance(value, bool):
+        return f"{str(value).lower()} (a boolean)"
+    kind = {int: "an integer", float: "a number", str: "a string", list: "a list", dict: "a mapping"}
+    return f"{value!r} ({kind.get(type(value), type(value).__name__)})"
+
+
+def _is_number_text(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _has_type(base, value) -> bool:
+    if base is bool:
+        return isinstance(value, bool)
+    if isinstance(value, bool):  # YAML's true is a bool, never the integer 1
+        return False
+    if base is int:
+        return isinstance(value, int)
+    if base is float:  # YAML 1.1 reads 1e-3 (no dot) as a string; draccus converts it
+        return isinstance(value, (int, float)) or (isinstance(value, str) and _is_number_text(value))
+    if base is str:
+        return isinstance(value, str)
+    origin = typing.get_origin(base)
+    if origin in (list, dict):
+        return isinstance(value, origin)
+    return True
+
+
+def _flow_hint(key: str) -> str:
+    name = key.rsplit(".", 1)[-1]
+    if ":" not in name:
+        return ""
+    k, v = name.split(":", 1)
+    return f"; YAML reads {{{name}}} as the key {name!r} with no value: write {{{k}: {v}}}, with a space after the colon"
+
+
+def _check_value(tp, value, key: str) -> None:
+    """A value (from YAML and the CLI, or already decoded) against its annotation and RULES."""
+    base, nullable = _without_none(tp)
+    if value is None:
+        if nullable:
+            return
+        raise ConfigError(f"{key} must be {_describe(tp)}, got {_show(value)}{_flow_hint(key)}")
+    if base is Any:
+        return
+    if not _has_type(base, value):
+        raise ConfigError(f"{key} must be {_describe(tp)}, got {_show(value)}")
+    if typing.get_origin(base) is list:
+        for i, item in enumerate(value):
+            _check_value(typing.get_args(base)[0], item, f"{key}[{i}]")
+    elif typing.get_origin(base) is dict:
+        for k, item in value.items():
+            if not isinstance(k, str):
+                raise ConfigError(f"{key}: the key {k!r} must be a name (a string)")
+            _check_value(typing.get_args(base)[1], item, f"{key}.{k}")
+    elif base is float:
+        value = float(value)
+        if not math.isfinite(value):
+            raise ConfigError(f"{key} must be a finite number, got {value}")
+    rule = _rule(key, value)
+    if base is int and abs(value) > INT_LIMIT and (rule is None or rule.high is None):
+        raise ConfigError(f"{key} must be at most {INT_LIMIT} in size (JAX counts positions, steps and sizes in "
+                          f"int32), got {value}")
+    if rule is not None:
+        rule.check(value, key)
+
+
+def _is_section(tp) -> bool:
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+def _join(key: str, name) -> str:
+    return f"{key}.{name}" if key else str(name)
+
+
+def _model_section(value, key: str):
+    """The model's dataclass and its keys, from ``{type: ..., ...}`` or a decoded section."""
+    if not isinstance(value, dict):
+        return type(value), value
+    known = ModelChoice.get_known_choices()
+    name = value.get("type")
+    if name is None:
+        raise ConfigError(f"{key}.type missing; add `type: {next(iter(known))}` to the {key} section "
+                          f"(registered types: {', '.join(known)})")
+    if not isinstance(name, str) or name not in known:
+        raise ConfigError(f"{key}.type {name!r} is not a registered model type; registered: {', '.join(known)}")
+    return known[name], {k: v for k, v in value.items() if k != "type"}
+
+
+def _check_section(cls, value, key: str) -> None:
+    """A section (a dict from YAML and the CLI, or a dataclass) against its dataclass, key by key."""
+    if issubclass(cls, ModelChoice):
+        cls, value = _model_section(value, key)
+    if isinstance(value, dict):
+        names = [f.name for f in dataclasses.fields(cls)]
+        for name in value:
+            if name not in names:
+                near = difflib.get_close_matches(str(name), names, n=1)
+                hint = f"; did you mean {_join(key, near[0])}?" if near else ""
+                where = f"the {key} section" if key else "the config"
+                raise ConfigError(f"{_join(key, name)} is not a key of {where}{hint} (its keys: {', '.join(names)})")
+        items = list(value.items())
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        items = [(f.name, getattr(value, f.name)) for f in dataclasses.fields(value)]
+    else:
+        raise ConfigError(f"{key} must be a mapping of keys, got {_show(value)}")
+    hints = typing.get_type_hints(cls)
+    for name, item in items:
+        if _is_section(hints[name]):
+            _check_section(hints[name], item, _join(key, name))
+        else:
+            _check_value(hints[name], item, _join(key, name))
+
+
+def check_values(obj, key: str) -> None:
+    """A dataclass built elsewhere (a model config read back from a run directory) against its
+    annotations and RULES, its keys named under ``key``."""
+    _check_section(type(obj), obj, key)
+
+
+def _decode_train_config(raw, path=()):
+    # draccus' own conversion turns YAML's true into the integer 1 and lets null into any
+    # field, so the merged YAML + CLI values are checked against the annotations first.
+    _check_section(TrainConfig, raw, "")
+    return draccus.parsers.decoding.decode_dataclass(TrainConfig, raw, path)
+
+
+draccus.parsers.decoding.decode.register(TrainConfig, _decode_train_config)
+
+
 # ---- loading and validation -------------------------------------------------------------
 
 
 def load_config(config_path: str | os.PathLike | None, args: Sequence[str] = ()) -> TrainConfig:
     """Parse YAML + CLI overrides into a TrainConfig; every failure is a ConfigError (or the
     DataError a ``data`` field raises), naming the file, key or flag."""
-    if config_path is not None:
-        _check_config_file(Path(config_path))
+    args = list(args)
+    content = _check_config_file(Path(config_path)) if config_path is not None else {}
     where = f" in {config_path}" if config_path else ""
     try:
-        cfg = draccus.parse(TrainConfig, config_path, args=list(args), exit_on_error=False)
+        cfg = draccus.parse(TrainConfig, config_path, args=args, exit_on_error=False)
     except (DataError, ConfigError):
         raise
     except draccus.utils.ParsingError as e:
@@ -199,21 +505,62 @@ def load_config(config_path: str | os.PathLike | None, args: Sequence[str] = ())
         raise ConfigError(f"bad configuration{where}: {e}") from None
     except (draccus.utils.DecodingError, draccus.utils.DraccusException, argparse.ArgumentError, ValueError, TypeError) as e:
         raise ConfigError(f"bad configuration{where}: {e}") from None
+    except OSError as e:  # draccus opens a CLI value that starts with "include" as a file to include
+        raise ConfigError(f"bad configuration{where}: {e}") from None
     validate_static(cfg)
+    # Last, so that a snippet without a model still reports its own mistakes first.
+    if "model" not in content and not any(a == "--model" or a.startswith(("--model.", "--model=")) for a in args):
+        known = ", ".join(ModelChoice.get_known_choices())
+        raise ConfigError(f"model: missing{where}; add `model: {{type: gpt2, ...}}` with that model's fields "
+                          f"(registered types: {known})")
     return cfg
 
 
-def _check_config_file(path: Path) -> None:
-    """The file exists and holds a YAML mapping of sections (draccus' own messages for an
-    empty or malformed file do not say which file or where)."""
+class _ConfigLoader(yaml.SafeLoader):
+    """Safe YAML that refuses a key given twice in one mapping (PyYAML, and so draccus, keep
+    the last one silently). Being safe, it also refuses draccus' ``!include`` and Python tags."""
+
+    def construct_document(self, node):
+        _refuse_duplicates(node, "")
+        return super().construct_document(node)
+
+
+def _refuse_duplicates(node, key: str) -> None:
+    if isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _refuse_duplicates(item, f"{key}[{i}]")
+    if not isinstance(node, yaml.MappingNode):
+        return
+    seen: dict[Any, int] = {}
+    for k, v in node.value:
+        if k.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults` may repeat keys on purpose
+            continue
+        name = k.value if isinstance(k, yaml.ScalarNode) else None
+        if name is not None and name in seen:
+            what = "section" if not key else "key"
+            raise ConfigError(f"{what} {_join(key, name)} is given twice, at lines {seen[name]} and "
+                              f"{k.start_mark.line + 1}; YAML would keep only the last")
+        if name is not None:
+            seen[name] = k.start_mark.line + 1
+        _refuse_duplicates(v, _join(key, name) if name is not None else key)
+
+
+def _check_config_file(path: Path) -> dict:
+    """The file's content: it exists and holds safe YAML, a mapping of sections with no key given
+    twice (draccus' own messages for an empty or malformed file do not say which file or where)."""
     if not path.is_file():
-        raise ConfigError(f"config file {str(path)!r} does not exist")
+        what = "is a directory, not a file" if path.is_dir() else "does not exist"
+        raise ConfigError(f"config file {str(path)!r} {what}")
     try:
         with open(path, encoding="utf-8") as f:
-            content = draccus.cfgparsing.load_config(f, file=path)
-    except (yaml.YAMLError, draccus.utils.DraccusException) as e:
-        while not isinstance(e, yaml.YAMLError) and (e.__cause__ or e.__context__) is not None:
-            e = e.__cause__ or e.__context__  # draccus wraps the YAML error, which says where
+            loader = _ConfigLoader(f)
+            try:
+                content = loader.get_single_data()
+            finally:
+                loader.dispose()
+    except ConfigError as e:
+        raise ConfigError(f"config file {str(path)!r}: {e}") from None
+    except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e)
@@ -230,6 +577,7 @@ def _check_config_file(path: Path) -> None:
     for section, value in content.items():
         if not isinstance(value, dict):
             raise ConfigError(f"config file {str(path)!r}: section {section!r} must be a mapping of keys, got {value!r}")
+    return content
 
 
 def _raised_in_post_init(e: BaseException) -> BaseException | None:
@@ -251,56 +599,23 @@ def _section_of(e: BaseException) -> str:
     return name or "config"
 
 
-def _positive(value, key: str):
-    if not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"{key} must be a positive integer, got {value!r}")
-
-
 def validate_static(cfg: TrainConfig) -> None:
-    """Checks that need neither devices nor data."""
-    t = cfg.trainer
-    _positive(t.num_train_steps, "trainer.num_train_steps")
-    _positive(t.train_batch_size, "trainer.train_batch_size")
-    _positive(t.microbatches, "trainer.microbatches")
+    """Checks that need neither devices nor data: every value, defaults included, against its
+    annotation and RULES, then the rules that tie two keys together."""
+    _check_section(TrainConfig, cfg, "")
+    t, o = cfg.trainer, cfg.optimizer
     if t.train_batch_size % t.microbatches:
         raise ConfigError(
             f"trainer.train_batch_size={t.train_batch_size} is not divisible by trainer.microbatches={t.microbatches}"
         )
-    for key in ("eval_interval", "sample_interval", "log_interval", "eval_batches"):
-        if getattr(t, key) < 0:
-            raise ConfigError(f"trainer.{key} must be >= 0, got {getattr(t, key)}")
-    for f in dataclasses.fields(cfg.model):
-        value = getattr(cfg.model, f.name)
-        if f.name == "vocab_size" and value in (None, 0, -1):
-            continue  # the tokenizer's vocabulary
-        if isinstance(value, int) and not isinstance(value, bool) and value <= 0:
-            raise ConfigError(f"model.{f.name} must be a positive integer, got {value}")
-        if f.name.endswith("dropout") and not 0 <= value < 1:
-            raise ConfigError(f"model.{f.name} must be in [0, 1), got {value}")
-    if t.nan_policy not in ("stop", "skip"):
-        raise ConfigError(f"trainer.nan_policy must be 'stop' or 'skip', got {t.nan_policy!r}")
+    if t.num_train_steps and o.warmup_steps > t.num_train_steps:  # 0 steps: a check-only run
+        raise ConfigError(f"optimizer.warmup_steps={o.warmup_steps} must be in [0, trainer.num_train_steps={t.num_train_steps}]")
     from named.nn.precision import get_policy
 
     try:
         get_policy(t.precision)
     except Exception as e:  # noqa: BLE001 - reported with the key
         raise ConfigError(f"trainer.precision: {e}") from None
-    o = cfg.optimizer
-    if o.schedule not in ("cosine", "linear", "constant", "wsd"):
-        raise ConfigError(f"optimizer.schedule must be cosine, linear, constant or wsd, got {o.schedule!r}")
-    if o.learning_rate <= 0:
-        raise ConfigError(f"optimizer.learning_rate must be > 0, got {o.learning_rate}")
-    if not 0 <= o.warmup_steps <= t.num_train_steps:
-        raise ConfigError(f"optimizer.warmup_steps={o.warmup_steps} must be in [0, trainer.num_train_steps]")
-    if not 0 < o.decay_fraction <= 1:
-        raise ConfigError(f"optimizer.decay_fraction must be in (0, 1], got {o.decay_fraction}")
-    if o.max_grad_norm is not None and o.max_grad_norm <= 0:
-        raise ConfigError(f"optimizer.max_grad_norm must be > 0 or null, got {o.max_grad_norm}")
-    if cfg.tracker.wandb_mode not in ("disabled", "offline", "online"):
-        raise ConfigError(f"tracker.wandb_mode must be disabled, offline or online, got {cfg.tracker.wandb_mode!r}")
-    ck = cfg.checkpoint
-    if ck.interval < 0 or ck.keep_last < 1:
-        raise ConfigError("checkpoint.interval must be >= 0 and checkpoint.keep_last >= 1")
     for name, mapping in (("mesh.compute_mapping", cfg.mesh.compute_mapping), ("mesh.param_mapping", cfg.mesh.param_mapping)):
         for k, v in mapping.items():
             ok = v is None or isinstance(v, str) or (isinstance(v, (list, tuple)) and all(isinstance(m, str) for m in v))
@@ -312,8 +627,6 @@ def validate_static(cfg: TrainConfig) -> None:
                     raise ConfigError(
                         f"{name}.{k} names mesh axis {m!r}, which mesh.shape {dict(cfg.mesh.shape)} does not have"
                     )
-    if "batch" not in cfg.mesh.compute_mapping:
-        pass  # pure model parallelism is allowed: every device sees the whole batch
     run_dir = Path(t.run_dir)
     if t.load_checkpoint not in (None, "auto"):
         target = Path(t.load_checkpoint)

@@ -22,7 +22,7 @@ import os
 import sys
 from typing import NoReturn
 
-from .config import ConfigError, DistributedConfig
+from .config import RULES, ConfigError, DistributedConfig
 
 _ENV = {
     "coordinator_address": "NAMED_COORDINATOR",
@@ -48,16 +48,23 @@ def settings(cfg: DistributedConfig) -> dict | None:
     Open MPI, ...) fills them in. NAMED_HEARTBEAT_TIMEOUT (seconds) overrides
     ``distributed.heartbeat_timeout_s``.
     """
-    kw = {}
+    kw, where = {}, {}
     for field, env in _ENV.items():
-        value = getattr(cfg, field)
+        value, where[field] = getattr(cfg, field), f"distributed.{field}"
         if value is None and os.environ.get(env):
             value = os.environ[env] if field == "coordinator_address" else _env_int(env)
+            where[field] = env
         if value is not None:
             kw[field] = value
+    for field in ("num_processes", "process_id"):  # values from the environment meet the config's rules too
+        RULES[f"distributed.{field}"].check(kw.get(field), where[field])
+    if "process_id" in kw and "num_processes" in kw and kw["process_id"] >= kw["num_processes"]:
+        raise ConfigError(f"{where['process_id']}={kw['process_id']} must be below "
+                          f"{where['num_processes']}={kw['num_processes']} (process ids count from 0)")
+    if "coordinator_address" in kw:
+        _check_address(kw["coordinator_address"], where["coordinator_address"])
     heartbeat = _env_int(HEARTBEAT_ENV) if os.environ.get(HEARTBEAT_ENV) else cfg.heartbeat_timeout_s
-    if heartbeat < 1:
-        raise ConfigError(f"distributed.heartbeat_timeout_s (or {HEARTBEAT_ENV}) must be >= 1 second, got {heartbeat}")
+    RULES["distributed.heartbeat_timeout_s"].check(heartbeat, f"distributed.heartbeat_timeout_s (or {HEARTBEAT_ENV})")
     timeouts = {"initialization_timeout": cfg.initialization_timeout_s, "heartbeat_timeout_seconds": heartbeat}
     if cfg.local_device_ids is not None:
         kw["local_device_ids"] = list(cfg.local_device_ids)
@@ -70,18 +77,52 @@ def settings(cfg: DistributedConfig) -> dict | None:
     return {**kw, **timeouts}
 
 
+def checked_settings(cfg: DistributedConfig) -> dict | None:
+    """``settings``, refusing ``initialize: true`` without a coordinator where JAX would find none
+    (named-train and named-plan both call it, before anything starts)."""
+    kw = settings(cfg)
+    if kw is not None and "coordinator_address" not in kw and not os.environ.get("JAX_COORDINATOR_ADDRESS") \
+            and not _cluster_detected():
+        raise ConfigError(
+            "distributed.initialize is true, but distributed.coordinator_address is not set and JAX detects no cluster "
+            "(SLURM, Open MPI, Kubernetes, Cloud TPU) to take it from: set distributed.coordinator_address, "
+            "distributed.num_processes and distributed.process_id, or start the processes with named-launch")
+    return kw
+
+
+def _check_address(address: str, where: str) -> None:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{where} {address!r} must be host:port, e.g. 10.0.0.1:1234")
+
+
+def _cluster_detected() -> bool:
+    """Whether jax.distributed.initialize would find the coordinator itself (JAX's own test)."""
+    try:
+        from jax._src.clusters import ClusterEnv
+
+        envs = list(ClusterEnv._cluster_types)
+    except (ImportError, AttributeError):
+        return True  # cannot tell here: maybe_initialize reports jax's own refusal
+    return any(not env.opt_in_only_method and env.is_env_present() for env in envs)
+
+
 def maybe_initialize(cfg: DistributedConfig) -> bool:
     """Start jax.distributed when configured; on CPU use gloo collectives across processes.
 
     Returns whether it started (the caller then owes ``exit_now`` on failure)."""
-    kw = settings(cfg)
+    kw = checked_settings(cfg)
     if kw is None:
         return False
     import jax
 
     if os.environ.get("JAX_PLATFORMS", "").startswith("cpu") or os.environ.get("NAMED_CPU_COLLECTIVES"):
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(**kw)
+    try:
+        jax.distributed.initialize(**kw)
+    except (ValueError, TypeError) as e:  # jax checks its arguments before it connects to anything
+        raise ConfigError(f"distributed: jax.distributed.initialize refused the settings: {e} (distributed.coordinator_address, "
+                          "distributed.num_processes, distributed.process_id)") from None
     if jax.process_count() > 1:
         connect_collectives()
     return True

@@ -1,7 +1,9 @@
 """``named-plan``: what a config would do on this machine, without training.
 
-By default nothing is compiled or allocated: the mesh, every parameter's layout and bytes per
-device, and the microbatch plan. ``compile=True`` (``python -m named.trainer.plan --compile``) also
+It runs every check ``named-train`` runs short of the data and the run directory
+(``checks.check_against_devices``), so it refuses the configs train refuses. By default nothing
+is compiled or allocated: the mesh, every parameter's layout and bytes per device, and the
+microbatch plan. ``compile=True`` (``python -m named.trainer.plan --compile``) also
 compiles the train step on abstract inputs and reports its collectives, memory per device and
 FLOPs (a few seconds for the small configs).
 """
@@ -15,25 +17,15 @@ import jax.numpy as jnp
 
 import named as nm
 
-from .config import TrainConfig, data_parallel_size, to_mapping
-from .registry import flops_per_token, model_class
-
-
-def _model(cfg: TrainConfig):
-    from .data import load_tokenizer
-
-    tokenizer = load_tokenizer(cfg.data.tokenizer, cfg.data.eos_token)
-    vocab = -(-tokenizer.vocab_size // 128) * 128
-    model_cfg = cfg.model.model_config(vocab_size=vocab)
-    return model_cfg, model_class(model_cfg)
+from .checks import Setup, check_against_devices
+from .config import TrainConfig, data_parallel_size
+from .registry import flops_per_token
 
 
 def plan_report(cfg: TrainConfig, *, compile: bool = False) -> str:
-    model_cfg, cls = _model(cfg)
-    mesh = nm.make_mesh(cfg.mesh.shape)
-    compute, param = to_mapping(cfg.mesh.compute_mapping), to_mapping(cfg.mesh.param_mapping)
-    shapes = jax.eval_shape(lambda k: cls.init(model_cfg, key=k), jax.random.key(0))
-    params = nm.param_report(shapes, param, mesh)
+    s = check_against_devices(cfg)
+    model_cfg, mesh, compute, param = s.model_cfg, s.mesh, s.compute, s.param
+    params = nm.param_report(s.shapes, param, mesh)
     t = cfg.trainer
     dp = data_parallel_size(cfg, dict(mesh.shape))
     micro = t.train_batch_size // t.microbatches
@@ -55,22 +47,22 @@ def plan_report(cfg: TrainConfig, *, compile: bool = False) -> str:
         f"{flops_per_token(model_cfg, cfg.data.seq_len) / 1e9:.3f} GFLOP per token (6N + 12·L·d·T)",
     ]
     if compile:
-        lines += ["", "train step (compiled on abstract inputs):", str(train_step_report(cfg))]
+        lines += ["", "train step (compiled on abstract inputs):", str(train_step_report(cfg, s))]
     return "\n".join(lines)
 
 
-def train_step_report(cfg: TrainConfig) -> nm.inspect.CompiledReport:
+def train_step_report(cfg: TrainConfig, s: Setup | None = None) -> nm.inspect.CompiledReport:
     """Compile the train step ``named-train`` would run, on abstract inputs laid out as the run
     lays them out (parameters and optimizer state by the parameter mapping, the batch by the
-    compute mapping), and report its collectives, memory per device and FLOPs."""
+    compute mapping), and report its collectives, memory per device and FLOPs. ``s``: the result
+    of ``check_against_devices(cfg)``, when the caller has it."""
     from named.nn.precision import get_policy
 
     from .optim import build_optimizer
     from .train import make_train_step
 
-    model_cfg, cls = _model(cfg)
-    mesh = nm.make_mesh(cfg.mesh.shape)
-    compute, param = to_mapping(cfg.mesh.compute_mapping), to_mapping(cfg.mesh.param_mapping)
+    s = s if s is not None else check_against_devices(cfg)
+    mesh, compute, param = s.mesh, s.compute, s.param
     t = cfg.trainer
     optimizer = build_optimizer(cfg.optimizer, t.num_train_steps)
 
@@ -85,12 +77,12 @@ def train_step_report(cfg: TrainConfig) -> nm.inspect.CompiledReport:
 
         return jax.tree.map(leaf, tree, is_leaf=nm.is_named_array)
 
-    model = jax.eval_shape(lambda k: cls.init(model_cfg, key=k), jax.random.key(0))
+    model = s.shapes
     opt_state = jax.eval_shape(optimizer.init, model)
     rows = (nm.Axis("batch", t.train_batch_size), nm.Axis("position", cfg.data.seq_len))
     batch = {name: nm.NamedArray(jax.ShapeDtypeStruct((rows[0].size, rows[1].size), dtype), rows)
              for name, dtype in (("input_ids", jnp.int32), ("segment_ids", jnp.int32), ("loss_mask", jnp.bool_))}
-    step = make_train_step(cls, optimizer, get_policy(t.precision), cfg, compute, param)
+    step = make_train_step(s.model_cls, optimizer, get_policy(t.precision), cfg, compute, param)
     with nm.set_mesh(mesh):
         lowered = step.lower(abstract(model, param), abstract(opt_state, param), abstract(batch, compute),
                              jax.random.key(0))
@@ -106,11 +98,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     compile_step = "--compile" in argv
     argv = [a for a in argv if a != "--compile"]
-    config_path, rest = _split_config_path(argv)
     try:
-        print(plan_report(load_config(config_path, rest), compile=compile_step))
+        print(plan_report(load_config(*_split_config_path(argv)), compile=compile_step))
     except (ConfigError, DataError, nm.NamedError) as e:
         return _fail(e)
+    except OSError as e:  # the machine, not the input: no traceback, exit 1
+        return _fail(e, 1)
     return 0
 
 

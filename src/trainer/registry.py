@@ -1,48 +1,45 @@
-"""The models the trainer knows, by config type: class, positions, FLOPs, (de)serialised config."""
+"""The trainer's view of ``named.models.registry`` (the one list of families): a family's name,
+model class, FLOPs and positions for a model config, and a model config from a dict, with the
+trainer's ConfigError for an unknown one."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from named.models import gpt2, llama
+from named.models.registry import FAMILIES, family_for
 
 from .config import ConfigError
 
-_MODELS = {
-    "gpt2": (gpt2.Gpt2Config, gpt2.Gpt2LMHeadModel, gpt2.flops_per_token, lambda c: c.n_positions),
-    "llama": (llama.LlamaConfig, llama.LlamaLMHeadModel, llama.flops_per_token, lambda c: c.max_position_embeddings),
-}
 
-
-def _entry(model_cfg):
-    for name, entry in _MODELS.items():
-        if isinstance(model_cfg, entry[0]):
-            return name, entry
-    raise ConfigError(f"unknown model config {type(model_cfg).__name__}; known: {', '.join(_MODELS)}")
+def _family(model_cfg):
+    try:
+        return family_for(model_cfg)
+    except TypeError:
+        raise ConfigError(f"unknown model config {type(model_cfg).__name__}; known: {', '.join(FAMILIES)}") from None
 
 
 def model_type(model_cfg) -> str:
-    return _entry(model_cfg)[0]
+    return _family(model_cfg).name
 
 
 def model_class(model_cfg):
-    return _entry(model_cfg)[1][1]
+    return _family(model_cfg).model_cls
 
 
 def flops_per_token(model_cfg, seq_len: int) -> float:
-    return _entry(model_cfg)[1][2](model_cfg, seq_len)
+    return _family(model_cfg).flops_per_token(model_cfg, seq_len)
 
 
 def max_positions(model_cfg) -> int:
-    return _entry(model_cfg)[1][3](model_cfg)
+    return _family(model_cfg).max_positions(model_cfg)
 
 
 def model_config_from_dict(d: dict):
     d = dict(d)
     kind = d.pop("type", None)
-    if kind not in _MODELS:
-        raise ConfigError(f"model config type {kind!r} is not one of {', '.join(_MODELS)}")
-    cls = _MODELS[kind][0]
+    if kind not in FAMILIES:
+        raise ConfigError(f"model config type {kind!r} is not one of {', '.join(FAMILIES)}")
+    cls = FAMILIES[kind].config_cls
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = set(d) - names
     if unknown:

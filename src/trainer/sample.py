@@ -1,39 +1,80 @@
-"""``named-sample``: text from a checkpoint of a training run."""
+"""``named-sample``: text from a checkpoint of a training run.
+
+Every flag and path is checked before anything is restored or compiled: ``--checkpoint`` must be
+a run directory with a committed checkpoint or a checkpoint folder inside one
+(``<run_dir>/checkpoints/step_N``), and ``--tokens`` must fit the model's positions after the
+prompt. Bad input raises ConfigError (a flag) or CheckpointError (a path), naming it.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import jax
 
 from . import checkpoint as ckpt
-from .config import ConfigError, load_config
+from .config import RULES, ConfigError, check_values, load_config
 from .data import load_tokenizer
-from .registry import model_class, model_config_from_dict
+from .registry import max_positions, model_class, model_config_from_dict
+
+
+def check_flags(n_tokens: int, temperature: float, seed: int) -> None:
+    if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < 0:
+        raise ConfigError(f"--tokens must be an integer >= 0, got {n_tokens!r}")
+    if not math.isfinite(temperature) or temperature < 0:
+        raise ConfigError(f"--temperature must be a finite number >= 0 (0 decodes greedily), got {temperature}")
+    RULES["trainer.seed"].check(seed, "--seed")
 
 
 def _run_dir_and_checkpoint(path: Path) -> tuple[Path, Path]:
-    if (path / "commit.json").exists():
+    if not path.exists():
+        raise ckpt.CheckpointError(f"--checkpoint {path}: no such directory")
+    if not path.is_dir():
+        raise ckpt.CheckpointError(f"--checkpoint {path} is a file; give a run directory (its newest checkpoint is "
+                                   "used) or a checkpoint folder <run_dir>/checkpoints/step_N")
+    if (path / ckpt.COMMIT_FILE).exists():
+        # the run's config lies two levels up: read it only from where named-train puts it
+        if path.parent.name != "checkpoints":
+            raise ckpt.CheckpointError(f"--checkpoint {path} is a checkpoint outside a run directory; named-sample "
+                                       "needs <run_dir>/checkpoints/step_N (or the run directory) to find the run's config")
         return path.parent.parent, path
     latest = ckpt.latest_checkpoint(path)
     if latest is None:
-        raise FileNotFoundError(f"no committed checkpoint under {path}")
+        raise ckpt.CheckpointError(f"--checkpoint {path} holds no committed checkpoint; give a named-train run "
+                                   "directory or a checkpoint folder <run_dir>/checkpoints/step_N")
     return path, latest
 
 
+def _model_config(run_dir: Path):
+    path = run_dir / "model_config.json"
+    if not path.is_file():
+        raise ckpt.CheckpointError(f"{path} is missing: is {run_dir} a named-train run directory?")
+    try:
+        model_cfg = model_config_from_dict(json.loads(path.read_text()))
+        check_values(model_cfg, "model")
+        return model_cfg
+    except ConfigError as e:
+        raise ckpt.CheckpointError(f"{path}: {e}") from None
+    except (ValueError, TypeError, AttributeError) as e:  # not JSON, or fields of the wrong kind
+        raise ckpt.CheckpointError(f"{path} is not a model config written by named-train: {e}") from None
+
+
 def sample_from_checkpoint(path: Path, prompt: str, n_tokens: int, *, temperature: float = 0.0, seed: int = 0) -> str:
+    check_flags(n_tokens, temperature, seed)
     run_dir, checkpoint = _run_dir_and_checkpoint(Path(path))
-    cfg_file = run_dir / "model_config.json"
-    if not cfg_file.exists():
-        raise FileNotFoundError(f"{cfg_file} is missing: is {run_dir} a named-train run directory?")
-    model_cfg = model_config_from_dict(json.loads(cfg_file.read_text()))
-    cfg = load_config(run_dir / "config.yaml") if (run_dir / "config.yaml").exists() else None
-    if cfg is None:
-        raise ConfigError(f"{run_dir / 'config.yaml'} is missing")
+    model_cfg = _model_config(run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise ckpt.CheckpointError(f"{run_dir / 'config.yaml'} is missing: is {run_dir} a named-train run directory?")
+    cfg = load_config(run_dir / "config.yaml")
     tokenizer = load_tokenizer(cfg.data.tokenizer, cfg.data.eos_token)
+    n_prompt = len(tokenizer.encode(prompt) or [tokenizer.eos_id])
+    if n_prompt + n_tokens > max_positions(model_cfg):
+        raise ConfigError(f"--tokens {n_tokens} after the {n_prompt} tokens of --prompt needs {n_prompt + n_tokens} "
+                          f"positions; the model has {max_positions(model_cfg)}")
     cls = model_class(model_cfg)
-    target = jax.eval_shape(lambda k: cls.init(model_cfg, key=k), jax.random.key(0))
+    target = jax.eval_shape(lambda: cls.init(model_cfg, key=jax.random.key(0)))
     # The checkpoint holds (model, optimizer state); the optimizer's structure comes from the config.
     from .optim import build_optimizer
 

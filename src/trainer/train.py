@@ -26,10 +26,12 @@ from named.nn.loss import next_token_loss
 from named.nn.precision import cast_for_compute, get_policy
 
 from . import checkpoint as ckpt
-from .config import ConfigError, TrainConfig, data_parallel_size, dump_config, to_mapping
-from .data import Batch, TrainBatches, build_data, eval_batches, load_tokenizer
+from . import rundir
+from .checks import check_against_devices
+from .config import TrainConfig, dump_config
+from .data import Batch, TrainBatches, build_data, eval_batches
 from .optim import build_optimizer, schedule
-from .registry import flops_per_token, max_positions, model_class, model_type
+from .registry import flops_per_token, model_type
 from .trackers import Trackers, log, setup_logging
 
 Batch_, Pos, Microbatch = nm.Axis("batch", 1), "position", "microbatch"
@@ -47,9 +49,10 @@ class TrainingError(RuntimeError):
 class TrainResult:
     losses: list[float]
     final_step: int
-    model: Any
+    model: Any  # None when nothing was trained (then ``message`` says why)
     opt_state: Any
     run_dir: Path
+    message: str = ""
 
 
 def peak_flops(cfg: TrainConfig) -> float | None:
@@ -59,67 +62,16 @@ def peak_flops(cfg: TrainConfig) -> float | None:
     return next((v for k, v in PEAK_FLOPS.items() if k.lower() in kind.lower()), None)
 
 
-def _check_against_mesh(cfg: TrainConfig, mesh, model_cfg, seq_len: int) -> None:
-    shape = dict(mesh.shape)
-    dp = data_parallel_size(cfg, shape)
-    mb = cfg.trainer.train_batch_size // cfg.trainer.microbatches
-    if mb % dp:
-        raise ConfigError(
-            f"the microbatch of {mb} sequences (trainer.train_batch_size={cfg.trainer.train_batch_size} / "
-            f"trainer.microbatches={cfg.trainer.microbatches}) does not split over the {dp} devices of the batch mesh axes"
-        )
-    if cfg.trainer.train_batch_size % jax.process_count():
-        raise ConfigError(f"trainer.train_batch_size={cfg.trainer.train_batch_size} does not split over {jax.process_count()} processes")
-    max_pos = max_positions(model_cfg)
-    if seq_len > max_pos:
-        raise ConfigError(f"data.seq_len={seq_len} is longer than the model's {max_pos} positions (model.n_positions / max_position_embeddings)")
-
-
-# Axes of activations that no parameter has; a mapping may name these and the parameters' axes.
-_ACTIVATION_AXES = ("batch", "position", "key_position")
-
-
-def _check_mappings(cfg: TrainConfig, shapes, mesh, compute, param, model_cfg) -> None:
-    """Both mappings name only axes the model has, and every axis they split divides evenly:
-    the parameters' axes under both mappings, and batch / position under the compute mapping.
-    Checked on ``jax.eval_shape`` output, so before anything is compiled."""
-    sizes: dict[str, set[int]] = {}
-    for x in jax.tree.leaves(shapes, is_leaf=nm.is_named_array):
-        for a in getattr(x, "axes", ()):
-            sizes.setdefault(a.name, set()).add(a.size)
-    micro = cfg.trainer.train_batch_size // cfg.trainer.microbatches
-    for name, n in zip(_ACTIVATION_AXES, (micro, cfg.data.seq_len, cfg.data.seq_len)):
-        sizes.setdefault(name, set()).add(n)
-    for key, mapping in (("mesh.param_mapping", param), ("mesh.compute_mapping", compute)):
-        for name in mapping:
-            if name not in sizes:
-                raise ConfigError(f"{key}.{name}: the {model_type(model_cfg)} model has no axis {name!r}; "
-                                  f"its axes are {', '.join(sorted(sizes))}")
-    try:
-        nm.check_sharding(shapes, param, mesh)  # every parameter's layout, leaf by leaf
-    except nm.ShardingError as e:
-        raise ConfigError(f"mesh.param_mapping: {e}") from None
-    for name in compute:
-        for n in sorted(sizes[name]):
-            try:
-                nm.pspec_for((nm.Axis(name, n),), compute, mesh)
-            except nm.ShardingError as e:
-                raise ConfigError(f"mesh.compute_mapping: {e}") from None
-
-
-def _check_sample_length(cfg: TrainConfig, tokenizer, model_cfg) -> None:
-    t = cfg.trainer
-    if not t.sample_interval:
-        return
-    n = len(tokenizer.encode(t.sample_prompt) or [tokenizer.eos_id]) + t.sample_tokens
-    if n > max_positions(model_cfg):
-        raise ConfigError(f"a sample of trainer.sample_tokens={t.sample_tokens} after the prompt trainer.sample_prompt "
-                          f"({n - t.sample_tokens} tokens) needs {n} positions; the model has {max_positions(model_cfg)}")
+def _all_finite(tree) -> jax.Array:
+    leaves = jax.tree.leaves(eqx.filter(tree, eqx.is_inexact_array))
+    return jnp.all(jnp.stack([jnp.isfinite(x).all() for x in leaves])) if leaves else jnp.bool_(True)
 
 
 def make_train_step(model_cls, optimizer, policy, cfg: TrainConfig, compute, param):
     """The jitted step: microbatched loss and gradients (exactly the full-batch mean over
-    tokens), clipping and AdamW; a non-finite loss or gradient leaves the state untouched."""
+    tokens), clipping and AdamW. ``finite`` is false when the loss, the gradient, the update,
+    the new parameters or the new optimizer state is not finite; under ``nan_policy: skip``
+    such a step leaves the state untouched."""
     n_micro = cfg.trainer.microbatches
     skip_bad = cfg.trainer.nan_policy == "skip"
 
@@ -148,7 +100,9 @@ def make_train_step(model_cls, optimizer, policy, cfg: TrainConfig, compute, par
         grad_norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))
         updates, new_opt = optimizer.update(grads, opt_state, model)
         new_model = eqx.apply_updates(model, updates)
-        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        # A finite loss and gradient can still make a non-finite update (a NaN learning rate,
+        # an overflow in the optimizer), so the step's outputs are checked too.
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & _all_finite((updates, new_model, new_opt))
         if skip_bad:
             new_model, new_opt = jax.tree.map(lambda new, old: jnp.where(finite, new, old), (new_model, new_opt), (model, opt_state))
         return new_model, new_opt, {"loss": loss, "grad_norm": grad_norm, "finite": finite, "tokens": count}
@@ -181,48 +135,58 @@ def device_batch(batch: Batch, mesh, compute, global_rows: int) -> dict[str, nm.
 def build_run(cfg: TrainConfig):
     """Every check that bad input can fail, before anything is compiled or written: the
     cheap ones first (tokenizer, model config, mesh, mappings against the parameters'
-    shapes, the checkpoint to resume from), then the data (which may tokenise) and the
-    batch order. ``train`` creates the run directory only after this returns."""
+    shapes, the run directory and the checkpoint to resume from: ``rundir.plan_run``), then
+    the data (which may tokenise) and the batch order. ``train`` creates the run directory
+    only after this returns."""
     t = cfg.trainer
-    run_dir = Path(t.run_dir)
-    tokenizer = load_tokenizer(cfg.data.tokenizer, cfg.data.eos_token)
-    vocab = tokenizer.vocab_size
-    model_cfg = cfg.model.model_config(vocab_size=int(math.ceil(vocab / 128) * 128))
-    if model_cfg.vocab_size < vocab:
-        raise ConfigError(f"model.vocab_size={model_cfg.vocab_size} is smaller than the tokenizer's {vocab} tokens")
-    mesh = nm.make_mesh(cfg.mesh.shape)
-    compute, param = to_mapping(cfg.mesh.compute_mapping), to_mapping(cfg.mesh.param_mapping)
-    _check_against_mesh(cfg, mesh, model_cfg, cfg.data.seq_len)
-    _check_sample_length(cfg, tokenizer, model_cfg)
-    model_cls = model_class(model_cfg)
-    try:
-        shapes = jax.eval_shape(lambda: model_cls.init(model_cfg, key=jax.random.key(0)))
-    except (ValueError, nm.NamedError) as e:
-        raise ConfigError(f"model: {e}") from None
-    _check_mappings(cfg, shapes, mesh, compute, param, model_cfg)
-    restore_from = _checkpoint_to_load(t, run_dir)
-    if restore_from is not None:  # a resume with another model or optimizer fails here, not after init
+    s = check_against_devices(cfg)  # the checks named-plan runs too
+    tokenizer, model_cfg, model_cls, shapes = s.tokenizer, s.model_cfg, s.model_cls, s.shapes
+    mesh, compute, param = s.mesh, s.compute, s.param
+    plan = rundir.plan_run(cfg)  # resume, new run, or refused
+    if plan.restore_from is not None:  # a resume with another model or optimizer fails here, not after init
         opt_shapes = jax.eval_shape(build_optimizer(cfg.optimizer, t.num_train_steps).init, shapes)
-        ckpt.check_restorable(restore_from, (shapes, opt_shapes))
+        ckpt.check_restorable(plan.restore_from, (shapes, opt_shapes))
     data = build_data(cfg.data, tokenizer)
     train_batches = TrainBatches(data.train, batch_size=t.train_batch_size, seed=t.seed,
                                  process_index=jax.process_index(), process_count=jax.process_count())
-    return data, train_batches, model_cfg, model_cls, mesh, compute, param, run_dir, restore_from
+    return data, train_batches, model_cfg, model_cls, mesh, compute, param, plan
 
 
 def train(cfg: TrainConfig) -> TrainResult:
+    """Train in ``trainer.run_dir``: a new run, or the resumption of the one it holds (see
+    ``rundir``). With ``num_train_steps: 0``, or a run already at ``num_train_steps``, every
+    check runs and nothing is compiled or written; ``message`` says so."""
     t = cfg.trainer
-    data, train_batches, model_cfg, model_cls, mesh, compute, param, run_dir, restore_from = build_run(cfg)
-    pid = jax.process_index()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    setup_logging(run_dir, pid)
-    if pid == 0:
-        (run_dir / "config.yaml").write_text(dump_config(cfg))
-        (run_dir / "model_config.json").write_text(json.dumps({"type": model_type(model_cfg), **dataclasses.asdict(model_cfg)}, indent=1))
+    built = build_run(cfg)
+    data, model_cfg, plan = built[0], built[2], built[-1]
+    if t.num_train_steps == 0:
+        resume = f", resume from {plan.restore_from}" if plan.restore_from is not None else ""
+        return TrainResult([], plan.step, None, None, plan.run_dir, message=(
+            f"checked: config, tokenizer, model, mesh, mappings, run directory {plan.run_dir}{resume}, data "
+            f"({len(data.train)} training sequences); trainer.num_train_steps=0: nothing to train, nothing written"))
+    if plan.step >= t.num_train_steps:  # a step beyond it was refused by plan_run
+        return TrainResult([], plan.step, None, None, plan.run_dir, message=(
+            f"already at step {plan.step} ({plan.restore_from}), trainer.num_train_steps={t.num_train_steps}: "
+            "nothing to train, nothing written"))
+    files = {"config.yaml": dump_config(cfg),
+             "model_config.json": json.dumps({"type": model_type(model_cfg), **dataclasses.asdict(model_cfg)}, indent=1)}
+    with rundir.claim(plan, files):
+        return _train(cfg, *built)
+
+
+def _train(cfg: TrainConfig, data, train_batches, model_cfg, model_cls, mesh, compute, param, plan) -> TrainResult:
+    t = cfg.trainer
+    run_dir, restore_from, pid = plan.run_dir, plan.restore_from, jax.process_index()
+    try:
+        setup_logging(run_dir, pid)
+        trackers = Trackers(cfg.tracker, run_dir, pid, json.loads(json.dumps(dataclasses.asdict(cfg), default=str)))
+    except OSError as e:
+        raise rundir.os_error(run_dir, e) from None
+    for note in plan.notes:
+        log.info(note)
     policy = get_policy(t.precision)
     optimizer = build_optimizer(cfg.optimizer, t.num_train_steps)
     lr_at = schedule(cfg.optimizer, t.num_train_steps)
-    trackers = Trackers(cfg.tracker, run_dir, pid, json.loads(json.dumps(dataclasses.asdict(cfg), default=str)))
     checkpointer = ckpt.Checkpointer(run_dir, keep_last=cfg.checkpoint.keep_last, keep_every=cfg.checkpoint.keep_every)
     key = jax.random.key(t.seed)
     init_key, data_key = jax.random.split(key)
@@ -288,7 +252,12 @@ def check_finite(step: int, metrics: dict, nan_policy: str, last_checkpoint=None
     train step has already kept the old state) and returns False."""
     if bool(metrics["finite"]):
         return True
-    what = f"non-finite loss or gradient in step {step} (loss={float(metrics['loss'])}, grad_norm={float(metrics['grad_norm'])})"
+    loss, grad_norm = float(metrics["loss"]), float(metrics["grad_norm"])
+    if math.isfinite(loss) and math.isfinite(grad_norm):
+        what = (f"non-finite update in step {step}: the new parameters or optimizer state are not finite, although the "
+                f"loss ({loss}) and gradient norm ({grad_norm}) are (a non-finite learning rate, or an overflow in the optimizer)")
+    else:
+        what = f"non-finite loss or gradient in step {step} (loss={loss}, grad_norm={grad_norm})"
     if nan_policy == "stop":
         try:
             last = last_checkpoint() if last_checkpoint is not None else None
@@ -303,17 +272,6 @@ def _metadata(step: int, cfg: TrainConfig) -> dict:
     # The data position is the step: TrainBatches.batch_at(step) needs nothing else, and the
     # RNG is derived from (seed, step), so nothing else has to be saved to resume exactly.
     return {"step": step, "data_step": step, "seed": cfg.trainer.seed}
-
-
-def _checkpoint_to_load(t, run_dir: Path):
-    if t.load_checkpoint is None:
-        return None
-    if t.load_checkpoint == "auto":
-        return ckpt.latest_checkpoint(run_dir)  # verified; corrupted newer ones are skipped with a warning
-    path = Path(t.load_checkpoint)
-    path = path if path.is_absolute() else run_dir / path
-    ckpt.verify_checkpoint(path)  # an explicit checkpoint must be whole: CheckpointError names the bad file
-    return path
 
 
 def _evaluate(eval_step, model, validation, t, mesh, compute) -> float:

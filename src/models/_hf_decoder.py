@@ -1,0 +1,300 @@
+"""``config.json`` <-> ``DecoderConfig`` for the decoder families. One reader and one writer, driven
+by each family's ``HfDecoder`` (in ``registry.py``): which fields its ``config.json`` has and
+what they mean. Every field of the file is either read, accepted at the one value we implement,
+or known to change nothing in the model (token ids, init range, ...); any other is an error that
+names it, so a checkpoint option we do not implement is never silently dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ._hf_config import _REQUIRED, CheckpointFormatError, _build, _checked
+from ._rope import ROPE_TYPES, RopeScaling
+from .decoder import LAYER_TYPES
+
+# fields that change nothing in the model's numbers: generation and tokenizer ids, init, bookkeeping
+_NO_EFFECT = frozenset({"architectures", "model_type", "transformers_version", "torch_dtype", "dtype", "bos_token_id",
+                        "eos_token_id", "pad_token_id", "initializer_range", "use_cache", "_name_or_path",
+                        "output_attentions", "output_hidden_states", "return_dict"})
+_SIZES = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size",
+          "max_position_embeddings")
+# per rope_type, the rope_parameters keys besides rope_type / type / rope_theta, and whether required
+_ROPE_KEYS = {
+    "default": {}, "dynamic": {"factor": True}, "linear": {"factor": True},
+    "llama3": {"factor": True, "low_freq_factor": True, "high_freq_factor": True,
+               "original_max_position_embeddings": True},
+    "yarn": {"factor": True, "original_max_position_embeddings": False, "attention_factor": False,
+             "beta_fast": False, "beta_slow": False, "mscale": False, "mscale_all_dim": False, "truncate": False},
+}
+_ROPE_KINDS = {"original_max_position_embeddings": int, "truncate": bool}
+
+
+@dataclasses.dataclass(frozen=True)
+class HfDecoder:
+    """What one family's ``config.json`` holds beyond the sizes, eps, tying and RoPE every one has.
+
+    bias: ``attention_bias`` (one flag for q, k, v and o) or ``fixed`` (the family's own: Qwen2's
+        q/k/v biases, Mistral's none).
+    windows: ``none``; ``all`` (Mistral: ``sliding_window`` for every layer); ``qwen``
+        (``use_sliding_window``, ``sliding_window``, ``max_window_layers``, ``layer_types``);
+        ``layer_types`` (Gemma: ``sliding_window`` and ``layer_types``, or the pattern).
+    gemma: ``query_pre_attn_scalar``, ``final_logit_softcapping`` and (``attn_softcap``) the
+        attention soft-cap, which transformers' Gemma 3 does not apply (so neither do we).
+    nested_rope: RoPE settings per layer type (Gemma 3), with ``rope_local_base_freq``.
+    only: fields we implement at these values only (``mlp_bias: (False,)``).
+    no_effect: fields of this family that change nothing (legacy duplicates).
+    """
+
+    activation_field: str = "hidden_act"
+    bias: str = "attention_bias"
+    windows: str = "none"
+    gemma: bool = False
+    attn_softcap: bool = False
+    nested_rope: bool = False
+    pattern_fields: tuple[str, ...] = ()
+    only: Mapping[str, tuple] = dataclasses.field(default_factory=dict)
+    no_effect: frozenset = frozenset()
+
+
+class _Reader:
+    """Reads fields of one ``config.json``, remembering which it read."""
+
+    def __init__(self, d: Mapping, where: Path, defaults: Mapping[str, Any]):
+        self.d, self.where, self.defaults, self.seen = d, where, defaults, set()
+
+    def get(self, name: str, kind: type, default: Any = _REQUIRED, *, null_is_none: bool = False):
+        """``d[name]`` checked; ``default`` when missing (or null, unless ``null_is_none``)."""
+        self.seen.add(name)
+        if null_is_none and name in self.d and self.d[name] is None:
+            return None
+        return _checked(self.d, name, kind, default, where=self.where)
+
+    def field(self, name: str, kind: type, **kw):
+        """Our config field of the same name; missing means the family's default."""
+        return self.get(name, kind, self.defaults[name], **kw)
+
+    def only(self, name: str, kind: type, allowed: tuple, why: str):
+        value = self.get(name, kind, allowed[0])
+        if value not in allowed:
+            raise CheckpointFormatError(f"{self.where}: unsupported {name}={value!r} ({why})")
+
+    def error(self, msg: str) -> CheckpointFormatError:
+        return CheckpointFormatError(f"{self.where}: {msg}")
+
+
+def _rope_dict(r: _Reader, rope: Mapping, field: str, theta_default: float, max_positions: int
+               ) -> tuple[float, RopeScaling]:
+    """``(rope_theta, RopeScaling)`` from one flat ``rope_parameters`` / ``rope_scaling`` dict."""
+    kind = _checked(rope, "rope_type", str, None, where=r.where, prefix=f"{field}.")
+    kind = kind or _checked(rope, "type", str, "default", where=r.where, prefix=f"{field}.")
+    if kind not in ROPE_TYPES:
+        raise r.error(f"unsupported {field}.rope_type={kind!r} (implemented: {', '.join(ROPE_TYPES)})")
+    theta = _checked(rope, "rope_theta", float, None, where=r.where, prefix=f"{field}.") or theta_default
+    keys = _ROPE_KEYS[kind]
+    extra = sorted(set(rope) - set(keys) - {"rope_type", "type", "rope_theta"})
+    if extra:
+        raise r.error(f"unsupported {field}.{extra[0]} for rope_type={kind!r} (it reads "
+                      f"{', '.join(['rope_theta', *keys]) or 'rope_theta only'})")
+    values = {}
+    for key, required in keys.items():
+        value = _checked(rope, key, _ROPE_KINDS.get(key, float), _REQUIRED if required else None, where=r.where,
+                         prefix=f"{field}.")
+        if value is not None:
+            values[key] = value
+    if kind == "yarn":
+        values.setdefault("original_max_position_embeddings", max_positions)
+    try:
+        return theta, RopeScaling(rope_type=kind, **values)
+    except ValueError as e:
+        raise r.error(f"{field}: {e}") from None
+
+
+def _rope(r: _Reader, spec: HfDecoder, max_positions: int) -> dict:
+    """``rope_theta``, ``rope_scaling`` (and ``rope_local_base_freq``) from ``rope_parameters``
+    (transformers 5) or ``rope_scaling`` + ``rope_theta`` (earlier)."""
+    theta = r.get("rope_theta", float, r.defaults["rope_theta"])
+    field, rope = "rope_parameters", {}
+    for name in ("rope_parameters", "rope_scaling"):
+        value = r.get(name, dict, {})
+        if value and not rope:
+            field, rope = name, value
+    out = {}
+    if spec.nested_rope:
+        local = r.get("rope_local_base_freq", float, r.defaults["rope_local_base_freq"])
+        if set(rope) & set(LAYER_TYPES):
+            extra = sorted(set(rope) - set(LAYER_TYPES))
+            if extra:
+                raise r.error(f"unsupported {field}.{extra[0]} next to per-layer-type settings")
+            sliding = rope.get("sliding_attention") or {}
+            if not isinstance(sliding, dict):
+                raise r.error(f"field '{field}.sliding_attention' should be a dict (a JSON object), got {sliding!r}")
+            local_theta, local_scaling = _rope_dict(r, sliding, f"{field}.sliding_attention", local, max_positions)
+            if local_scaling.rope_type != "default":
+                raise r.error(f"unsupported {field}.sliding_attention.rope_type={local_scaling.rope_type!r} "
+                              "(the local layers use the default rotary embedding)")
+            local = local_theta
+            field, rope = f"{field}.full_attention", rope.get("full_attention") or {}
+            if not isinstance(rope, dict):
+                raise r.error(f"field '{field}' should be a dict (a JSON object), got {rope!r}")
+        out["rope_local_base_freq"] = local
+    out["rope_theta"], out["rope_scaling"] = _rope_dict(r, rope, field, theta, max_positions)
+    return out
+
+
+def _layer_types(r: _Reader, n_layers: int):
+    types = r.get("layer_types", list, None)
+    if types is None:
+        return None
+    if len(types) != n_layers or any(t not in LAYER_TYPES for t in types):
+        raise r.error(f"field 'layer_types' should list {n_layers} of {', '.join(LAYER_TYPES)}, got {types!r}")
+    return tuple(types)
+
+
+def _windows(r: _Reader, spec: HfDecoder, n_layers: int) -> dict:
+    if spec.windows == "none":
+        return {}
+    # Qwen's class default is a window of 4096 that use_sliding_window turns on; ours is None
+    window = r.get("sliding_window", int, 4096, null_is_none=True) if spec.windows == "qwen" else \
+        r.field("sliding_window", int, null_is_none=True)
+    if spec.windows == "all":
+        return {"sliding_window": window}
+    if spec.windows == "qwen":
+        if not r.get("use_sliding_window", bool, False):
+            window = None
+        first_local = r.get("max_window_layers", int, 28)
+        types = _layer_types(r, n_layers) or tuple(
+            "sliding_attention" if window is not None and i >= first_local else "full_attention" for i in range(n_layers))
+        if window is None:
+            if "sliding_attention" in types:
+                raise r.error("field 'layer_types' has sliding_attention layers but use_sliding_window is false "
+                              "or sliding_window is null")
+            return {"sliding_window": None}
+        return {"sliding_window": window, "layer_types": types}
+    out = {"sliding_window": window, "layer_types": _layer_types(r, n_layers)}
+    for name in spec.pattern_fields:  # the legacy way of saying layer_types
+        pattern = r.get(name, int, None)
+        if pattern is not None and out["layer_types"] is None:
+            out["sliding_window_pattern"] = pattern
+    return out
+
+
+def _gemma(r: _Reader, spec: HfDecoder) -> dict:
+    if not spec.gemma:
+        return {}
+    r.only("use_bidirectional_attention", bool, (False,), "we build causal language models")
+    out = {"query_pre_attn_scalar": r.field("query_pre_attn_scalar", float),
+           "final_logit_softcapping": r.field("final_logit_softcapping", float, null_is_none=True)}
+    cap = r.field("attn_logit_softcapping", float, null_is_none=True)
+    if spec.attn_softcap:
+        out["attn_logit_softcapping"] = cap
+    elif cap is not None:
+        raise r.error(f"unsupported attn_logit_softcapping={cap!r} (transformers' model for this model_type does "
+                      "not apply it, so a value here has no agreed meaning)")
+    return out
+
+
+def read(spec: HfDecoder, family, d: Mapping, where: Path):
+    """Our config for a ``config.json`` of ``family`` (a ``registry.Family`` whose ``hf`` is ``spec``)."""
+    cls = family.config_cls
+    r = _Reader(d, where, {f.name: f.default for f in dataclasses.fields(cls)})
+    kw: dict[str, Any] = {name: r.get(name, int) for name in _SIZES}
+    kw["num_key_value_heads"] = r.get("num_key_value_heads", int, None) or kw["num_attention_heads"]
+    kw["head_dim"] = r.field("head_dim", int, null_is_none=True)
+    if kw["head_dim"] == kw["hidden_size"] // kw["num_attention_heads"]:
+        kw["head_dim"] = None  # the derived size, as our configs say it (we always write it out)
+    kw["rms_norm_eps"] = r.field("rms_norm_eps", float)
+    kw["tie_word_embeddings"] = r.field("tie_word_embeddings", bool)
+    act = r.get(spec.activation_field, str, cls.hidden_act)
+    if act != cls.hidden_act:
+        raise r.error(f"unsupported {spec.activation_field}={act!r} (our {family.name} is tested with "
+                      f"{cls.hidden_act} only)")
+    if spec.bias == "attention_bias":
+        kw["qkv_bias"] = kw["o_bias"] = r.get("attention_bias", bool, False)
+    r.only("attention_dropout", float, (0.0,), "attention dropout is not implemented")
+    for name, allowed in spec.only.items():
+        r.only(name, type(allowed[0]), allowed, f"implemented: {name}={allowed[0]!r}")
+    kw.update(_rope(r, spec, kw["max_position_embeddings"]))
+    kw.update(_windows(r, spec, kw["num_hidden_layers"]))
+    kw.update(_gemma(r, spec))
+    unknown = sorted(set(d) - r.seen - _NO_EFFECT - spec.no_effect)
+    if unknown:
+        more = f" (and {', '.join(map(repr, unknown[1:]))})" if len(unknown) > 1 else ""
+        raise r.error(f"unsupported field {unknown[0]!r}{more}: our {family.name} does not implement it, and "
+                      "ignoring it could change the model")
+    return _build(cls, kw, where)
+
+
+# ---- writing -------------------------------------------------------------------------------------
+
+
+def _rope_out(theta: float, s: RopeScaling, max_positions: int) -> dict:
+    out: dict[str, Any] = {"rope_type": s.rope_type, "rope_theta": theta}
+    for key in _ROPE_KEYS[s.rope_type]:
+        value = getattr(s, key)
+        if key == "original_max_position_embeddings":
+            value = value or max_positions
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def _number(x: float) -> int | float:
+    return int(x) if float(x).is_integer() else x  # transformers declares some of these int
+
+
+def write(spec: HfDecoder, family, c) -> dict:
+    """``config.json`` for ``c``; refuses a config whose settings the family's format cannot hold."""
+    out: dict[str, Any] = {
+        "architectures": [family.architecture], "model_type": family.model_type,
+        **{name: getattr(c, name) for name in _SIZES},
+        "num_key_value_heads": c.num_key_value_heads, "head_dim": c.HeadSize.size, "rms_norm_eps": c.rms_norm_eps,
+        "tie_word_embeddings": c.tie_word_embeddings, spec.activation_field: c.hidden_act, "attention_dropout": 0.0,
+        **{name: allowed[0] for name, allowed in spec.only.items()},
+    }
+    held = {*_SIZES, "num_key_value_heads", "head_dim", "rms_norm_eps", "tie_word_embeddings", "hidden_act",
+            "rope_theta", "rope_scaling", "remat"}
+    if spec.bias == "attention_bias" and c.qkv_bias == c.o_bias:
+        out["attention_bias"] = c.qkv_bias
+        held |= {"qkv_bias", "o_bias"}
+    local = c.local_layers
+    types = ["sliding_attention" if x else "full_attention" for x in local]
+    window_fields = {"sliding_window", "sliding_window_pattern", "layer_types"}
+    if spec.windows == "all" and len(set(local)) == 1:
+        out["sliding_window"] = c.sliding_window if local[0] else None
+        held |= window_fields
+    elif spec.windows == "qwen":
+        leading = local.index(True) if any(local) else c.num_hidden_layers
+        out.update(use_sliding_window=any(local), sliding_window=c.sliding_window if any(local) else None,
+                   max_window_layers=leading, layer_types=types)
+        held |= window_fields
+    elif spec.windows == "layer_types":
+        out.update(sliding_window=c.sliding_window, layer_types=types)
+        held |= window_fields
+    if spec.gemma:
+        out.update(query_pre_attn_scalar=_number(c.query_pre_attn_scalar or c.HeadSize.size),
+                   final_logit_softcapping=c.final_logit_softcapping, attn_logit_softcapping=None)
+        held |= {"query_pre_attn_scalar", "final_logit_softcapping"}
+        if spec.attn_softcap:
+            out["attn_logit_softcapping"] = c.attn_logit_softcapping
+            held.add("attn_logit_softcapping")
+    rope = _rope_out(c.rope_theta, c.rope_scaling, c.max_position_embeddings)
+    out["rope_theta"] = c.rope_theta
+    if spec.nested_rope:
+        local_theta = c.rope_local_base_freq or c.rope_theta
+        local_rope = rope if c.rope_local_base_freq is None else {"rope_type": "default", "rope_theta": local_theta}
+        out["rope_parameters"] = {"full_attention": rope, "sliding_attention": local_rope}
+        held.add("rope_local_base_freq")
+    else:
+        out["rope_parameters"] = rope
+    defaults = {f.name: f.default for f in dataclasses.fields(family.config_cls)}
+    for name, default in defaults.items():
+        if name not in held and getattr(c, name) != default:
+            raise CheckpointFormatError(
+                f"{type(c).__name__}.{name}={getattr(c, name)!r}: {family.architecture} has no such setting "
+                f"({family.name} has {name}={default!r}); this model cannot be saved as model_type "
+                f"{family.model_type!r}")
+    return out

@@ -1,0 +1,423 @@
+"""The decoder family: Llama 2/3.x, Mistral, Qwen2/2.5, Qwen3, OLMo 2, Gemma 2 and Gemma 3 (text) as
+one model whose differences are configuration, not copied classes. Parameter names are Hugging
+Face's, so a family's key map is the identity under ``model.``.
+
+What the families change, and the field of ``DecoderConfig`` that says it:
+
+    RoPE variant (llama3, linear, yarn, ...)    rope_theta, rope_scaling
+    q/k/v and o biases (Qwen2: q/k/v only)      qkv_bias, o_bias
+    q/k RMSNorm per head (Qwen3, Gemma 3) or
+      over the whole projection (OLMo 2)        qk_norm = "head" | "projection"
+    where the norms sit (OLMo 2: after each
+      sublayer; Gemma: before and after)        norm_layout = "pre" | "post" | "sandwich"
+    (1 + w) norms, embeddings * sqrt(hidden)    norm_unit_offset, scale_embeddings (Gemma)
+    score scale, attention / logit soft-caps    query_pre_attn_scalar, attn_logit_softcapping,
+                                                final_logit_softcapping (Gemma 2)
+    sliding-window layers (Mistral: all; Qwen:  sliding_window with sliding_window_pattern or
+      from max_window_layers; Gemma: 1:1, 5:1)    layer_types; rope_local_base_freq (Gemma 3)
+
+Layers that differ (local and global) still share one set of stacked weights and one ``scan``:
+what differs per layer (its window, its rotary frequencies) is passed to the scan as data with
+a ``layers`` axis, and sliced per layer like the weights.
+
+Axes (every array below is laid out by these names, never by position):
+
+    batch         sequences in a batch
+    position      the tokens being computed (queries)
+    key_position  the tokens attended to (keys and values; the KV cache when decoding)
+    embed         the residual stream, ``hidden_size``
+    heads         query heads, ``num_attention_heads``
+    kv_heads      key/value heads, ``num_key_value_heads``; each serves ``heads / kv_heads``
+                  consecutive query heads
+    head_size     ``head_dim`` (default ``hidden_size // num_attention_heads``)
+    mlp           MLP hidden units, ``intermediate_size``
+    vocab         the vocabulary, ``vocab_size``
+    layers        the stacked decoder layers, ``num_hidden_layers``
+    rotary        ``head_size / 2`` rotary frequencies (a per-layer table, not a weight)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import ClassVar
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import named as nm
+from named import Axis, NamedArray, nn
+
+from ._common import KVCache, causal_attention, check_sequence_length, token_positions
+from ._rope import RopeScaling, rope_frequencies
+
+QK_NORMS = ("none", "head", "projection")
+LAYER_TYPES = ("full_attention", "sliding_attention")
+# The decoder-layer field that plays each role: (before attention, after attention, before the
+# MLP, after the MLP), by layout. Llama's pre-MLP norm is called post_attention_layernorm.
+NORM_ROLES = {
+    "pre": ("input_layernorm", None, "post_attention_layernorm", None),
+    "post": (None, "post_attention_layernorm", None, "post_feedforward_layernorm"),
+    "sandwich": ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                 "post_feedforward_layernorm"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderConfig:
+    """Decoder hyper-parameters (defaults: Llama-2 7B). Field names follow Hugging Face where it
+    has one; each family (``LlamaConfig``, ``Qwen3Config``, ...) is a subclass whose defaults are
+    that family's architecture."""
+
+    hidden_size: int = 4096
+    intermediate_size: int = 11008
+    num_hidden_layers: int = 32
+    num_attention_heads: int = 32
+    num_key_value_heads: int = 32
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    vocab_size: int = 32000
+    head_dim: int | None = None  # None means hidden_size // num_attention_heads
+    hidden_act: str = "silu"  # of the gated MLP: silu (SwiGLU) or gelu_pytorch_tanh (GeGLU)
+    rope_scaling: RopeScaling = RopeScaling()
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: str = "none"  # none | head | projection
+    norm_layout: str = "pre"  # pre | post | sandwich
+    norm_unit_offset: bool = False  # norms compute x̂ * (1 + w), their weights start at 0
+    scale_embeddings: bool = False  # embeddings * sqrt(hidden_size)
+    query_pre_attn_scalar: float | None = None  # scores * query_pre_attn_scalar**-0.5; None: head_size
+    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None
+    sliding_window: int | None = None  # the local layers' window: each token sees itself and window - 1 before
+    sliding_window_pattern: int | None = None  # None: every layer local; k: every k-th layer global
+    layer_types: tuple[str, ...] | None = None  # per layer, full_attention | sliding_attention; overrides the pattern
+    rope_local_base_freq: float | None = None  # the local layers' default-RoPE base (Gemma 3); None: as global
+    remat: str = "none"  # gradient checkpointing of each layer: an nn.Stacked policy ("full", "save_dots", ...)
+
+    def __post_init__(self):
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"num_attention_heads={self.num_attention_heads} is not a multiple of "
+                             f"num_key_value_heads={self.num_key_value_heads}")
+        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
+            raise ValueError(f"hidden_size={self.hidden_size} is not divisible by num_attention_heads="
+                             f"{self.num_attention_heads}; set head_dim")
+        if self.HeadSize.size % 2:
+            raise ValueError(f"head_dim={self.HeadSize.size} is odd; rotary embeddings need an even head size")
+        for name, allowed in (("qk_norm", QK_NORMS), ("norm_layout", tuple(NORM_ROLES))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
+        nn.activation(self.hidden_act)  # fails early on an unknown name
+        for name in ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
+                     "rope_local_base_freq"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite positive number or null, got {value!r}")
+        if isinstance(self.rope_scaling, Mapping):  # as JSON and Python users write it
+            try:
+                object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
+            except TypeError as e:
+                raise ValueError(f"rope_scaling: {e}") from None
+        if not isinstance(self.rope_scaling, RopeScaling):
+            raise ValueError(f"rope_scaling should be a RopeScaling or a mapping of its fields, got {self.rope_scaling!r}")
+        if self.layer_types is not None:
+            object.__setattr__(self, "layer_types", tuple(self.layer_types))  # a YAML list; hashable
+            if len(self.layer_types) != self.num_hidden_layers:
+                raise ValueError(f"layer_types has {len(self.layer_types)} entries for num_hidden_layers="
+                                 f"{self.num_hidden_layers}")
+            bad = [t for t in self.layer_types if t not in LAYER_TYPES]
+            if bad:
+                raise ValueError(f"layer_types: {bad[0]!r} is not one of {', '.join(LAYER_TYPES)}")
+            if "sliding_attention" in self.layer_types and self.sliding_window is None:
+                raise ValueError("layer_types has sliding_attention layers but sliding_window is null")
+
+    Embed = property(lambda self: Axis("embed", self.hidden_size))
+    Heads = property(lambda self: Axis("heads", self.num_attention_heads))
+    KVHeads = property(lambda self: Axis("kv_heads", self.num_key_value_heads))
+    HeadSize = property(lambda self: Axis("head_size", self.head_dim or self.hidden_size // self.num_attention_heads))
+    Mlp = property(lambda self: Axis("mlp", self.intermediate_size))
+    Vocab = property(lambda self: Axis("vocab", self.vocab_size))
+    Layers = property(lambda self: Axis("layers", self.num_hidden_layers))
+    Rotary = property(lambda self: Axis("rotary", self.HeadSize.size // 2))
+
+    @property
+    def local_layers(self) -> tuple[bool, ...]:
+        """Whether each layer is a sliding-window (local) layer."""
+        if self.sliding_window is None:
+            return (False,) * self.num_hidden_layers
+        if self.layer_types is not None:
+            return tuple(t == "sliding_attention" for t in self.layer_types)
+        k = self.sliding_window_pattern
+        return tuple(k is None or (i + 1) % k != 0 for i in range(self.num_hidden_layers))
+
+    @property
+    def layer_windows(self) -> tuple[int | None, ...]:
+        return tuple(self.sliding_window if local else None for local in self.local_layers)
+
+
+# ---- layers ------------------------------------------------------------------------------------
+
+
+class RMSNorm(eqx.Module):
+    """``x / sqrt(mean(x²) + eps) * w`` over ``axes`` (one, or OLMo 2's whole q/k projection),
+    or Gemma's ``* (1 + w)`` with ``unit_offset``; statistics and the product in float32."""
+
+    weight: NamedArray
+    axes: tuple[Axis, ...] = eqx.field(static=True)
+    eps: float = eqx.field(static=True)
+    unit_offset: bool = eqx.field(static=True, default=False)
+    keep_full_precision: ClassVar[bool] = True  # precision.cast_for_compute leaves it in float32
+
+    @staticmethod
+    def init(axes: Axis | tuple[Axis, ...], *, eps: float, unit_offset: bool = False) -> RMSNorm:
+        axes = (axes,) if isinstance(axes, Axis) else tuple(axes)
+        return RMSNorm(nm.zeros(axes) if unit_offset else nm.ones(axes), axes, eps, unit_offset)
+
+    def __call__(self, x: NamedArray) -> NamedArray:
+        x32 = x.astype(jnp.float32)
+        names = tuple(a.name for a in self.axes)
+        y = x32 * nm.rsqrt(nm.square(x32).mean(names) + self.eps)
+        w = self.weight.astype(jnp.float32)
+        return (y * (1.0 + w if self.unit_offset else w)).astype(x.dtype)
+
+
+def _norm(config: DecoderConfig, axes) -> RMSNorm:
+    return RMSNorm.init(axes, eps=config.rms_norm_eps, unit_offset=config.norm_unit_offset)
+
+
+class Attention(eqx.Module):
+    q_proj: nn.Linear  # embed -> (heads, head_size)
+    k_proj: nn.Linear  # embed -> (kv_heads, head_size)
+    v_proj: nn.Linear  # embed -> (kv_heads, head_size)
+    o_proj: nn.Linear  # (heads, head_size) -> embed
+    q_norm: RMSNorm | None  # over head_size ("head") or (heads, head_size) ("projection")
+    k_norm: RMSNorm | None
+
+    @staticmethod
+    def init(config: DecoderConfig, *, key) -> Attention:
+        c = config
+        kq, kk, kv, ko = jax.random.split(key, 4)
+        q_norm = k_norm = None
+        if c.qk_norm == "head":
+            q_norm, k_norm = _norm(c, c.HeadSize), _norm(c, c.HeadSize)
+        elif c.qk_norm == "projection":
+            q_norm, k_norm = _norm(c, (c.Heads, c.HeadSize)), _norm(c, (c.KVHeads, c.HeadSize))
+        return Attention(
+            nn.Linear.init(c.Embed, (c.Heads, c.HeadSize), key=kq, use_bias=c.qkv_bias),
+            nn.Linear.init(c.Embed, (c.KVHeads, c.HeadSize), key=kk, use_bias=c.qkv_bias),
+            nn.Linear.init(c.Embed, (c.KVHeads, c.HeadSize), key=kv, use_bias=c.qkv_bias),
+            nn.Linear.init((c.Heads, c.HeadSize), c.Embed, key=ko, use_bias=c.o_bias),
+            q_norm, k_norm,
+        )
+
+    def __call__(self, x: NamedArray, positions: NamedArray, *, inv_freq, rope_scale, window, scale, softcap,
+                 segment_ids=None, cache=None, pos=None):
+        q, k = self.q_proj(x), self.k_proj(x)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        # HF checkpoints already hold q/k in the rotate-half layout nn.rotary_embedding uses: no permutation.
+        q = nn.rotary_embedding(q, positions, inv_freq=inv_freq, scale=rope_scale)
+        k = nn.rotary_embedding(k, positions, inv_freq=inv_freq, scale=rope_scale)
+        out, cache = causal_attention(q, k, self.v_proj(x), segment_ids=segment_ids, cache=cache, pos=pos,
+                                      window=window, scale=scale, softcap=softcap)
+        return self.o_proj(out), cache
+
+
+def _apply(norm, x):
+    return x if norm is None else norm(x)
+
+
+class DecoderLayer(eqx.Module):
+    input_layernorm: RMSNorm | None
+    self_attn: Attention
+    post_attention_layernorm: RMSNorm | None
+    pre_feedforward_layernorm: RMSNorm | None
+    post_feedforward_layernorm: RMSNorm | None
+    mlp: nn.MLP  # down(act(gate(x)) * up(x))
+    norm_layout: str = eqx.field(static=True)
+
+    @staticmethod
+    def init(config: DecoderConfig, *, key) -> DecoderLayer:
+        k_attn, k_mlp = jax.random.split(key)
+        present = set(NORM_ROLES[config.norm_layout])
+        norms = {name: _norm(config, config.Embed) if name in present else None
+                 for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                              "post_feedforward_layernorm")}
+        mlp = nn.MLP.init(config.Embed, config.Mlp, key=k_mlp, activation=config.hidden_act, gated=True, use_bias=False)
+        return DecoderLayer(self_attn=Attention.init(config, key=k_attn), mlp=mlp, norm_layout=config.norm_layout,
+                            **norms)
+
+    def __call__(self, x: NamedArray, *, positions, inv_freq, rope_scale=1.0, window=None, scale=None, softcap=None,
+                 segment_ids=None, cache=None, pos=None):
+        before_attn, after_attn, before_mlp, after_mlp = (
+            None if name is None else getattr(self, name) for name in NORM_ROLES[self.norm_layout])
+        h, cache = self.self_attn(_apply(before_attn, x), positions, inv_freq=inv_freq, rope_scale=rope_scale,
+                                  window=window, scale=scale, softcap=softcap, segment_ids=segment_ids, cache=cache,
+                                  pos=pos)
+        x = x + _apply(after_attn, h)
+        x = x + _apply(after_mlp, self.mlp(_apply(before_mlp, x)))
+        return x, cache
+
+
+# ---- what the layers take from the config, at each call ------------------------------------------
+
+NO_WINDOW = 2**30  # a global layer's "window" when windows are per-layer data: longer than any sequence
+
+
+def layer_data(config: DecoderConfig) -> dict:
+    """The inputs of the scan besides the weights: rotary frequencies and their attention factor,
+    the window, the score scale and soft-cap. Read from the config at each call (the weights hold
+    none of it), so one fact lives in one place.
+
+    Where every layer agrees each is one value (an int window stays static, so the fused attention
+    kernel can take it); where layers differ it is an array over ``layers`` that the scan slices.
+    """
+    c = config
+    hs, L = c.HeadSize.size, c.Layers
+    tables = {}
+    for local in set(c.local_layers):
+        if local and c.rope_local_base_freq is not None:
+            tables[local] = rope_frequencies(hs, c.rope_local_base_freq, RopeScaling(), c.max_position_embeddings)
+        else:
+            tables[local] = rope_frequencies(hs, c.rope_theta, c.rope_scaling, c.max_position_embeddings)
+    per_layer = [tables[local] for local in c.local_layers]
+    inv = np.stack([t[0] for t in per_layer])
+    scales = [t[1] for t in per_layer]
+    windows = c.layer_windows
+    if (inv == inv[0]).all():
+        inv_freq = nm.named(jnp.asarray(inv[0]), (c.Rotary,))
+    else:
+        inv_freq = nm.named(jnp.asarray(inv), (L, c.Rotary))
+    rope_scale = scales[0] if len(set(scales)) == 1 else nm.named(jnp.asarray(scales, jnp.float32), (L,))
+    window = windows[0] if len(set(windows)) == 1 else nm.named(
+        jnp.asarray([NO_WINDOW if w is None else w for w in windows], jnp.int32), (L,))
+    return dict(inv_freq=inv_freq, rope_scale=rope_scale, window=window,
+                scale=(c.query_pre_attn_scalar or hs) ** -0.5, softcap=c.attn_logit_softcapping)
+
+
+# ---- the model -----------------------------------------------------------------------------------
+
+
+class DecoderLMHeadModel(eqx.Module):
+    embed_tokens: nn.Embedding  # (vocab, embed); also the output head when tied
+    layers: nn.Stacked[DecoderLayer]
+    norm: RMSNorm
+    lm_head: nn.Embedding | None  # (vocab, embed); None when tied to embed_tokens
+    config: DecoderConfig = eqx.field(static=True)
+
+    @staticmethod
+    def init(config: DecoderConfig, *, key) -> DecoderLMHeadModel:
+        k_embed, k_layers, k_head = jax.random.split(key, 3)
+        c = config
+        return DecoderLMHeadModel(
+            nn.Embedding.init(c.Vocab, c.Embed, key=k_embed),
+            nn.Stacked.init(c.Layers, DecoderLayer.init, c, key=k_layers, remat=c.remat),
+            _norm(c, c.Embed),
+            None if c.tie_word_embeddings else nn.Embedding.init(c.Vocab, c.Embed, key=k_head),
+            c,
+        )
+
+    def __call__(self, input_ids: NamedArray, *, segment_ids: NamedArray | None = None, key=None) -> NamedArray:
+        """Logits ``(batch, position, vocab)`` for token ids ``(batch, position)``.
+
+        ``segment_ids`` (same axes) pack several documents in one row: attention stays within
+        a segment (and within the window, for local layers) and rotary positions restart at each
+        one. ``key`` is accepted for a uniform signature; these models have no dropout.
+        """
+        check_sequence_length(input_ids, self.config.max_position_embeddings, "max_position_embeddings")
+        positions = token_positions(input_ids, segment_ids)
+        logits, _ = self._run(input_ids, positions, segment_ids=segment_ids)
+        return logits
+
+    def decode(self, input_ids: NamedArray, cache: KVCache, pos) -> tuple[NamedArray, KVCache]:
+        """Logits for ``input_ids`` standing at positions ``pos, pos + 1, ...`` of sequences whose
+        earlier keys and values are in ``cache``; returns them and the cache with these tokens added.
+        The cache keeps every position; a local layer's window masks the older ones."""
+        positions = nm.arange(input_ids.resolve_axis("position")) + pos
+        return self._run(input_ids, positions, cache=cache, pos=pos)
+
+    def init_cache(self, Batch: Axis, max_length: int) -> KVCache:
+        c = self.config
+        if max_length > c.max_position_embeddings:
+            raise ValueError(f"a cache of {max_length} positions exceeds "
+                             f"max_position_embeddings={c.max_position_embeddings}")
+        KeyPos = Axis("key_position", max_length)
+        return KVCache.init(c.Layers, Batch, KeyPos, c.KVHeads, c.HeadSize, self.embed_tokens.weight.dtype)
+
+    def _run(self, input_ids, positions, *, segment_ids=None, cache=None, pos=None):
+        c = self.config
+        x = self.embed_tokens(input_ids)
+        if c.scale_embeddings:
+            x = x * jnp.asarray(math.sqrt(c.hidden_size), x.dtype)  # rounded to the compute dtype, as Gemma does
+        x, cache = self.layers.scan(x, positions=positions, segment_ids=segment_ids, cache=cache, pos=pos,
+                                    **layer_data(c))
+        x = self.norm(x)
+        head = self.embed_tokens if self.lm_head is None else self.lm_head
+        logits = head.unembed(x)
+        if c.final_logit_softcapping is not None:
+            cap = c.final_logit_softcapping
+            logits = nm.tanh(logits / cap) * cap
+        return logits, cache
+
+
+# ---- size and cost --------------------------------------------------------------------
+
+
+def _matmul_params_per_layer(c: DecoderConfig) -> int:
+    D, H, KV, hd, M = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.HeadSize.size, c.intermediate_size
+    return D * H * hd + 2 * D * KV * hd + H * hd * D + 3 * D * M
+
+
+def num_params(config: DecoderConfig) -> int:
+    """Every parameter of the model (a tied embedding counted once)."""
+    c = config
+    D, V, L, H, KV, hd = c.hidden_size, c.vocab_size, c.num_hidden_layers, c.num_attention_heads, \
+        c.num_key_value_heads, c.HeadSize.size
+    biases = (H + 2 * KV) * hd * c.qkv_bias + D * c.o_bias
+    qk_norms = {"none": 0, "head": 2 * hd, "projection": (H + KV) * hd}[c.qk_norm]
+    norms = sum(name is not None for name in set(NORM_ROLES[c.norm_layout])) * D
+    head = 0 if c.tie_word_embeddings else V * D
+    return V * D + L * (_matmul_params_per_layer(c) + biases + qk_norms + norms) + D + head
+
+
+def flops_per_token(config: DecoderConfig, seq_len: int) -> float:
+    """Training FLOPs (forward + backward) per token: ``6 N + 12 d Σ_layers T_l``.
+
+    ``N`` counts the weights that take part in a matmul: q, k, v, o and the three MLP
+    projections of every layer and the output head (``V · hidden``, tied or not); not the
+    norms, biases or the embedding gather. The attention term (``q·k`` and ``weights·v``,
+    ``d = heads · head_size``) counts ``T_l = seq_len`` keys per query, or the window for a
+    local layer when it is shorter, with the causal mask *not* halving it (PaLM's convention).
+    """
+    c = config
+    d = c.num_attention_heads * c.HeadSize.size
+    n_matmul = c.num_hidden_layers * _matmul_params_per_layer(c) + c.hidden_size * c.vocab_size
+    keys = sum(seq_len if w is None else min(seq_len, w) for w in c.layer_windows)
+    return 6.0 * n_matmul + 12.0 * d * keys
+
+
+# ---- Hugging Face layout ------------------------------------------------------------------
+# Our parameter path -> the transformers tensor name; "{i}" is the layer. The names are theirs,
+# so the map is the identity under "model."; a model has the subset its config asks for. torch's
+# nn.Linear stores its weight [out, in]: the transpose of our Linear's (In, Out) with each side
+# flattened, e.g. q_proj [heads * head_size, embed]. OLMo 2's q/k norm weight over (heads,
+# head_size) is stored flat, [heads * head_size].
+
+HF_LINEAR_LAYOUT = "out_in"
+HF_BASE_PREFIX = "model."
+HF_IGNORED = (r"\.rotary_emb\.inv_freq$",)  # a buffer some older checkpoints saved
+_LAYER = ["input_layernorm.weight", "post_attention_layernorm.weight", "pre_feedforward_layernorm.weight",
+          "post_feedforward_layernorm.weight", "self_attn.q_norm.weight", "self_attn.k_norm.weight",
+          *(f"self_attn.{p}_proj.{w}" for p in "qkvo" for w in ("weight", "bias"))]
+HF_KEYS = {
+    "embed_tokens.weight": "model.embed_tokens.weight",
+    **{f"layers.stacked.{name}": f"model.layers.{{i}}.{name}" for name in _LAYER},
+    **{f"layers.stacked.mlp.{p}.weight": f"model.layers.{{i}}.mlp.{p}_proj.weight" for p in ("gate", "up", "down")},
+    "norm.weight": "model.norm.weight",
+    "lm_head.weight": "lm_head.weight",  # untied only
+}

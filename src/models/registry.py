@@ -1,0 +1,105 @@
+"""The one list of model families. Everything else finds a family here: the trainer (its YAML
+``model.type`` choices, model class, FLOPs, positions), ``named-plan``, and the Hugging Face
+import and export (``model_type``, ``architectures``, key map, ``config.json`` fields). Adding a
+family is an entry below and its own code (a config in ``families.py``, or a model file).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from . import decoder, families, gpt2
+from ._hf_config import CheckpointFormatError, _checked, _gpt2_from_hf, _gpt2_to_hf
+from ._hf_decoder import HfDecoder, read, write
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """One model family.
+
+    ``module`` is the model's file: its Hugging Face key map (``HF_KEYS``, ``HF_LINEAR_LAYOUT``,
+    ``HF_BASE_PREFIX``, ``HF_IGNORED``), ``num_params`` and ``flops_per_token``.
+    ``positions_field`` is the config field that bounds the sequence length. A decoder family
+    has ``hf`` (how its ``config.json`` reads); GPT-2 has its own ``from_hf`` / ``to_hf``.
+    """
+
+    name: str  # the YAML model.type
+    config_cls: type
+    model_cls: type
+    module: Any
+    model_type: str  # Hugging Face config.json model_type
+    architecture: str  # the transformers causal-LM class, in config.json's architectures
+    positions_field: str
+    hf: HfDecoder | None = None
+    hf_reader: Callable[[Mapping, Path], Any] | None = None
+    hf_writer: Callable[[Any], dict] | None = None
+
+    def from_hf(self, d: Mapping, where: Path):
+        return read(self.hf, self, d, where) if self.hf is not None else self.hf_reader(d, where)
+
+    def to_hf(self, config) -> dict:
+        return write(self.hf, self, config) if self.hf is not None else self.hf_writer(config)
+
+    def max_positions(self, config) -> int:
+        return getattr(config, self.positions_field)
+
+    def num_params(self, config) -> int:
+        return self.module.num_params(config)
+
+    def flops_per_token(self, config, seq_len: int) -> float:
+        return self.module.flops_per_token(config, seq_len)
+
+
+def _decoder(name, config_cls, model_type, architecture, **hf) -> Family:
+    return Family(name, config_cls, decoder.DecoderLMHeadModel, decoder, model_type, architecture,
+                  "max_position_embeddings", HfDecoder(**hf))
+
+
+_GEMMA = dict(activation_field="hidden_activation", windows="layer_types", gemma=True,
+              no_effect=frozenset({"hidden_act", "cache_implementation"}))  # transformers reads hidden_activation only
+
+FAMILIES: dict[str, Family] = {f.name: f for f in (
+    Family("gpt2", gpt2.Gpt2Config, gpt2.Gpt2LMHeadModel, gpt2, "gpt2", "GPT2LMHeadModel", "n_positions",
+           hf_reader=_gpt2_from_hf, hf_writer=_gpt2_to_hf),
+    _decoder("llama", families.LlamaConfig, "llama", "LlamaForCausalLM",
+             only={"mlp_bias": (False,), "pretraining_tp": (1,)}),
+    _decoder("mistral", families.MistralConfig, "mistral", "MistralForCausalLM", bias="fixed", windows="all"),
+    _decoder("qwen2", families.Qwen2Config, "qwen2", "Qwen2ForCausalLM", bias="fixed", windows="qwen"),
+    _decoder("qwen3", families.Qwen3Config, "qwen3", "Qwen3ForCausalLM", windows="qwen"),
+    _decoder("olmo2", families.Olmo2Config, "olmo2", "Olmo2ForCausalLM"),
+    _decoder("gemma2", families.Gemma2Config, "gemma2", "Gemma2ForCausalLM", attn_softcap=True, **_GEMMA),
+    _decoder("gemma3", families.Gemma3Config, "gemma3_text", "Gemma3ForCausalLM", nested_rope=True,
+             pattern_fields=("sliding_window_pattern", "_sliding_window_pattern"), **_GEMMA),
+)}
+_BY_MODEL_TYPE = {f.model_type: f for f in FAMILIES.values()}
+SUPPORTED = ", ".join(f"{f.model_type} ({f.architecture})" for f in FAMILIES.values())
+
+
+def family_for(obj) -> Family:
+    """The family of a config, of a model (by its config), or of a trainer section built on a config."""
+    config = getattr(obj, "config", obj)
+    by_class = {f.config_cls: f for f in FAMILIES.values()}
+    for cls in type(config).__mro__:
+        if cls in by_class:
+            return by_class[cls]
+    raise TypeError(f"{type(obj).__name__} is not a config or model of a known family; known: {', '.join(FAMILIES)}")
+
+
+def family_for_hf(d: Mapping, where: Path) -> Family:
+    """The family a ``config.json`` (already parsed, at ``where``) names."""
+    if d.get("model_type") is None:
+        raise CheckpointFormatError(f"{where}: missing field 'model_type'; supported: {SUPPORTED}")
+    model_type = _checked(d, "model_type", str, where=where)
+    family = _BY_MODEL_TYPE.get(model_type)
+    if family is None:
+        raise CheckpointFormatError(f"{where}: unsupported model_type {model_type!r}; supported: {SUPPORTED}")
+    archs = _checked(d, "architectures", list, [family.architecture], where=where)
+    if not all(isinstance(a, str) for a in archs):
+        raise CheckpointFormatError(f"{where}: field 'architectures' should be a list of names, got {archs!r}")
+    if family.architecture not in archs:
+        raise CheckpointFormatError(f"{where}: unsupported architectures {archs!r}; for model_type {model_type!r} "
+                                    f"we load {family.architecture!r} (a causal LM with its head)")
+    return family

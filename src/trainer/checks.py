@@ -1,0 +1,162 @@
+"""The checks that need the devices, the tokenizer or the model's shapes, in one place.
+
+``named-train`` (``train.build_run``) and ``named-plan`` both call ``check_against_devices``, so
+the two refuse the same configs (both read the config with ``config.load_config`` first, which
+runs the checks that need none of these). Everything here runs on abstract shapes (``jax.eval_shape``):
+nothing is compiled, allocated or written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+import named as nm
+from named.nn.loss import next_token_loss
+
+from .config import ConfigError, TrainConfig, data_parallel_size, to_mapping
+from .data import Tokenizer, load_tokenizer
+from .registry import max_positions, model_class, model_type
+
+# Axes of activations that no parameter has; a mapping may name these and the parameters' axes.
+_ACTIVATION_AXES = ("batch", "position", "key_position")
+# The vocabulary a null model.vocab_size takes: the tokenizer's, rounded up so that it splits
+# over the usual mesh sizes and fills whole vector lanes.
+VOCAB_MULTIPLE = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """What the checks built on the way, for the caller to use rather than build again."""
+
+    tokenizer: Tokenizer
+    model_cfg: Any
+    model_cls: type
+    shapes: Any  # the model's parameters as jax.ShapeDtypeStruct leaves
+    mesh: jax.sharding.Mesh
+    compute: dict
+    param: dict
+
+
+def check_against_devices(cfg: TrainConfig) -> Setup:
+    """Every check of a loaded config (``load_config`` ran the static layer) short of its data and
+    run directory, cheapest first: the distributed settings, the tokenizer and model config, the
+    mesh against the devices, batch and lengths, both mappings against the parameters' shapes,
+    and the compute mapping against every activation of the forward pass."""
+    from .distributed import checked_settings
+
+    checked_settings(cfg.distributed)
+    tokenizer = load_tokenizer(cfg.data.tokenizer, cfg.data.eos_token)
+    model_cfg, model_cls = model_config_for(cfg, tokenizer)
+    mesh = nm.make_mesh(cfg.mesh.shape)
+    compute, param = to_mapping(cfg.mesh.compute_mapping), to_mapping(cfg.mesh.param_mapping)
+    check_against_mesh(cfg, mesh, model_cfg)
+    check_sample_length(cfg, tokenizer, model_cfg)
+    shapes = model_shapes(model_cls, model_cfg)
+    check_mappings(cfg, shapes, mesh, compute, param, model_cfg)
+    check_activations(cfg, model_cfg, shapes, mesh, compute)
+    return Setup(tokenizer, model_cfg, model_cls, shapes, mesh, compute, param)
+
+
+def model_config_for(cfg: TrainConfig, tokenizer: Tokenizer | None = None):
+    """``(model config, model class)``; a null ``model.vocab_size`` takes the tokenizer's
+    vocabulary rounded up to a multiple of VOCAB_MULTIPLE, a given one must hold every token id."""
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.data.tokenizer, cfg.data.eos_token)
+    vocab = tokenizer.vocab_size
+    model_cfg = cfg.model.model_config(vocab_size=-(-vocab // VOCAB_MULTIPLE) * VOCAB_MULTIPLE)
+    if model_cfg.vocab_size < vocab:
+        raise ConfigError(f"model.vocab_size={model_cfg.vocab_size} is smaller than the tokenizer's {vocab} tokens")
+    return model_cfg, model_class(model_cfg)
+
+
+def model_shapes(model_cls, model_cfg):
+    """The parameters' shapes and dtypes, without allocating (or compiling) anything."""
+    try:
+        return jax.eval_shape(lambda: model_cls.init(model_cfg, key=jax.random.key(0)))
+    except (ValueError, nm.NamedError) as e:
+        raise ConfigError(f"model: {e}") from None
+
+
+def check_against_mesh(cfg: TrainConfig, mesh, model_cfg) -> None:
+    t, seq_len = cfg.trainer, cfg.data.seq_len
+    dp = data_parallel_size(cfg, dict(mesh.shape))
+    mb = t.train_batch_size // t.microbatches
+    if mb % dp:
+        raise ConfigError(
+            f"the microbatch of {mb} sequences (trainer.train_batch_size={t.train_batch_size} / "
+            f"trainer.microbatches={t.microbatches}) does not split over the {dp} devices of the batch mesh axes"
+        )
+    if t.train_batch_size % jax.process_count():
+        raise ConfigError(f"trainer.train_batch_size={t.train_batch_size} does not split over {jax.process_count()} processes")
+    max_pos = max_positions(model_cfg)
+    if seq_len > max_pos:
+        raise ConfigError(f"data.seq_len={seq_len} is longer than the model's {max_pos} positions (model.n_positions / max_position_embeddings)")
+
+
+def check_mappings(cfg: TrainConfig, shapes, mesh, compute, param, model_cfg) -> None:
+    """Both mappings name only axes the model has, and every axis they split divides evenly:
+    the parameters' axes under both mappings, and batch / position under the compute mapping."""
+    sizes: dict[str, set[int]] = {}
+    for x in jax.tree.leaves(shapes, is_leaf=nm.is_named_array):
+        for a in getattr(x, "axes", ()):
+            sizes.setdefault(a.name, set()).add(a.size)
+    micro = cfg.trainer.train_batch_size // cfg.trainer.microbatches
+    for name, n in zip(_ACTIVATION_AXES, (micro, cfg.data.seq_len, cfg.data.seq_len)):
+        sizes.setdefault(name, set()).add(n)
+    for key, mapping in (("mesh.param_mapping", param), ("mesh.compute_mapping", compute)):
+        for name in mapping:
+            if name not in sizes:
+                raise ConfigError(f"{key}.{name}: the {model_type(model_cfg)} model has no axis {name!r}; "
+                                  f"its axes are {', '.join(sorted(sizes))}")
+    try:
+        nm.check_sharding(shapes, param, mesh)  # every parameter's layout, leaf by leaf
+    except nm.ShardingError as e:
+        raise ConfigError(f"mesh.param_mapping: {e}") from None
+    for name in compute:
+        for n in sorted(sizes[name]):
+            try:
+                nm.pspec_for((nm.Axis(name, n),), compute, mesh)
+            except nm.ShardingError as e:
+                raise ConfigError(f"mesh.compute_mapping: {e}") from None
+
+
+_CLASH = re.compile(r"axes '(\w+)' and '(\w+)' of one array are both mapped to mesh axis '(\w+)'")
+
+
+def check_activations(cfg: TrainConfig, model_cfg, shapes, mesh, compute) -> None:
+    """The compute mapping fits every activation of the forward pass and the loss: no activation
+    may have two axes on one mesh axis (``embed: data`` beside ``batch: data``), which the
+    per-axis checks above cannot see. The forward is traced under the mapping on abstract inputs
+    (``jax.eval_shape``), so every ``nm.shard`` in the model runs and nothing is compiled."""
+    micro = cfg.trainer.train_batch_size // cfg.trainer.microbatches
+    axes = (nm.Axis("batch", micro), nm.Axis("position", cfg.data.seq_len))
+    ids = nm.NamedArray(jax.ShapeDtypeStruct((micro, cfg.data.seq_len), jnp.int32), axes)
+
+    def loss(model, ids):
+        logits = model(ids, segment_ids=ids, key=jax.random.key(0))  # the key: dropout's layouts too
+        return next_token_loss(logits, ids, reduction="none")
+
+    try:
+        with nm.set_mesh(mesh), nm.axis_mapping(compute):
+            jax.eval_shape(loss, shapes, ids)
+    except nm.ShardingError as e:
+        clash = _CLASH.search(str(e))
+        if clash is None:
+            raise ConfigError(f"mesh.compute_mapping: {e}") from None
+        a, b, m = clash.groups()
+        raise ConfigError(f"mesh.compute_mapping.{a} and mesh.compute_mapping.{b} both map to mesh axis {m!r}, but "
+                          f"the {model_type(model_cfg)} model has activations with both axes: {e}") from None
+
+
+def check_sample_length(cfg: TrainConfig, tokenizer: Tokenizer, model_cfg) -> None:
+    t = cfg.trainer
+    if not t.sample_interval:
+        return
+    n = len(tokenizer.encode(t.sample_prompt) or [tokenizer.eos_id]) + t.sample_tokens
+    if n > max_positions(model_cfg):
+        raise ConfigError(f"a sample of trainer.sample_tokens={t.sample_tokens} after the prompt trainer.sample_prompt "
+                          f"({n - t.sample_tokens} tokens) needs {n} positions; the model has {max_positions(model_cfg)}")

@@ -1,0 +1,167 @@
+"""``named-plan --search``: which layout to train a config with, on a mesh you may not have.
+
+Every layout that fits the device count is tried: data parallel, FSDP, FSDP + Megatron tensor
+parallel (2, 4, 8 ways, where the heads and MLP divide), pure tensor parallel, each with no
+gradient checkpointing and with full checkpointing of every block, and with 1, 2 or 4
+microbatches. Each is checked as ``named-train`` would check it and its train step compiled on
+abstract inputs (nothing is allocated), then ranked by a roofline estimate of one step::
+
+    time ≈ FLOPs / peak FLOP/s  +  HBM bytes / HBM bandwidth  +  collective bytes sent / link bandwidth
+
+all per device, from the compiled program (loop bodies counted once per iteration) and the
+device row of :mod:`named.trainer.hardware`. The three terms are added, not overlapped: the
+estimate is an upper bound that ranks layouts; it is no prediction of a measured step time.
+A layout whose compiled peak memory exceeds the budget is listed below the others, marked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator
+
+from .config import ConfigError, TrainConfig
+from .hardware import Device
+
+_TP_AXES = ("mlp", "heads", "kv_heads")
+
+
+@dataclasses.dataclass
+class Candidate:
+    name: str
+    mesh_shape: dict[str, int]
+    compute: dict
+    param: dict
+    remat: str
+    microbatches: int
+    flops: float = 0.0
+    hbm_bytes: float = 0.0
+    comm_bytes: float = 0.0
+    peak_bytes: int = 0
+    error: str | None = None
+
+    def seconds(self, dev: Device) -> tuple[float, float, float]:
+        return (self.flops / dev.peak_flops, self.hbm_bytes / dev.hbm_bandwidth,
+                self.comm_bytes / dev.link_bandwidth if self.comm_bytes else 0.0)
+
+
+def candidates(n_devices: int, param_axes: set[str], batch_size: int) -> Iterator[Candidate]:
+    tp_axes = [a for a in _TP_AXES if a in param_axes]
+    layouts = [("DP", {"data": n_devices}, {"batch": "data"}, {}),
+               ("FSDP", {"data": n_devices}, {"batch": "data"}, {"embed": "data"})]
+    for tp in (2, 4, 8):
+        if n_devices % tp == 0 and tp_axes and tp < n_devices:
+            tp_map = dict.fromkeys(tp_axes, "model")
+            layouts.append((f"FSDP+TP{tp}", {"data": n_devices // tp, "model": tp},
+                            {"batch": "data", **tp_map}, {"embed": "data", **tp_map}))
+    if tp_axes:
+        tp_map = dict.fromkeys(tp_axes, "model")
+        layouts.append(("TP", {"model": n_devices}, dict(tp_map), dict(tp_map)))
+    for name, shape, compute, param in layouts:
+        for remat in ("none", "full"):
+            for micro in (1, 2, 4):
+                if batch_size % micro == 0:
+                    yield Candidate(name, shape, compute, param, remat, micro)
+
+
+def _with(cfg: TrainConfig, c: Candidate) -> TrainConfig:
+    return dataclasses.replace(
+        cfg,
+        mesh=dataclasses.replace(cfg.mesh, shape=dict(c.mesh_shape), compute_mapping=dict(c.compute),
+                                 param_mapping=dict(c.param)),
+        trainer=dataclasses.replace(cfg.trainer, microbatches=c.microbatches),
+        model=dataclasses.replace(cfg.model, remat=c.remat),
+    )
+
+
+def search(cfg: TrainConfig, dev: Device, *, memory_budget: float, progress=None) -> list[Candidate]:
+    """Check, compile and measure every candidate; ranked: fitting ones by estimated step time,
+    then those over the memory budget, then those that cannot run (with the reason)."""
+    import jax
+
+    import named as nm
+
+    from .checks import check_against_devices
+    from .plan import train_step_report
+
+    if dev.hbm_bandwidth is None or dev.link_bandwidth is None:
+        raise ConfigError(f"--search needs the HBM and link bandwidth of {dev.name}, which the device table lacks")
+    out = []
+    for c in candidates(len(jax.devices()), _param_axes(cfg), cfg.trainer.train_batch_size):
+        trial = _with(cfg, c)
+        try:
+            check_against_devices(trial)
+            report = train_step_report(trial)
+        except (ConfigError, nm.NamedError) as e:
+            c.error = str(e).splitlines()[0]
+        else:
+            c.flops, c.hbm_bytes, c.peak_bytes = report.flops, report.bytes_accessed, report.peak_bytes
+            c.comm_bytes = sum(col.sent_bytes * col.count for col in report.collectives)
+        out.append(c)
+        if progress is not None:
+            progress(c)
+
+    def key(c: Candidate):
+        if c.error:
+            return (2, 0.0)
+        return (int(c.peak_bytes > memory_budget), sum(c.seconds(dev)))
+
+    return sorted(out, key=key)
+
+
+def _param_axes(cfg: TrainConfig) -> set[str]:
+    import jax
+
+    import named as nm
+
+    from .checks import model_config_for
+
+    model_cfg, cls = model_config_for(cfg)
+    shapes = jax.eval_shape(lambda k: cls.init(model_cfg, key=k), jax.random.key(0))
+    return {a.name for x in jax.tree.leaves(shapes, is_leaf=nm.is_named_array) for a in getattr(x, "axes", ())}
+
+
+def format_table(ranked: list[Candidate], dev: Device, memory_budget: float) -> str:
+    head = ("rank", "layout", "mesh", "remat", "micro", "est. ms/step", "compute", "HBM", "comm", "peak GiB/dev", "")
+    rows = []
+    for i, c in enumerate(ranked, 1):
+        mesh = "x".join(f"{k}{v}" for k, v in c.mesh_shape.items())
+        if c.error:
+            rows.append((str(i), c.name, mesh, c.remat, str(c.microbatches), "-", "-", "-", "-", "-", f"cannot run: {c.error}"))
+            continue
+        t = c.seconds(dev)
+        over = c.peak_bytes > memory_budget
+        rows.append((str(i), c.name, mesh, c.remat, str(c.microbatches), f"{sum(t) * 1e3:.1f}",
+                     *(f"{x * 1e3:.1f}" for x in t), f"{c.peak_bytes / 2**30:.2f}",
+                     f"over budget ({memory_budget / 2**30:.1f} GiB)" if over else ""))
+    widths = [max(len(r[j]) for r in (head, *rows)) for j in range(len(head))]
+    lines = ["  ".join(x.rjust(w) if j and j not in (1, 2, 3, 10) else x.ljust(w) for j, (x, w) in enumerate(zip(r, widths)))
+             .rstrip() for r in (head, *rows)]
+    note = (f"estimate per step on {dev.name}: FLOPs / {dev.peak_flops / 1e12:.0f} TFLOP/s + HBM bytes / "
+            f"{dev.hbm_bandwidth / 1e12:.2f} TB/s + collective bytes sent / {dev.link_bandwidth / 1e9:.0f} GB/s, "
+            "added without overlap (an upper bound for ranking); peak memory from XLA's CPU buffer assignment, "
+            "which can differ from a GPU's or TPU's.")
+    return "\n".join([*lines, "", note])
+
+
+def parse_bytes(text: str) -> float:
+    """``16GiB``, ``80GB``, ``512MiB``, or a plain number of bytes."""
+    units = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "b": 1}
+    t = text.strip().lower().replace(" ", "")
+    for u in sorted(units, key=len, reverse=True):
+        if t.endswith(u):
+            try:
+                value = float(t[: -len(u)]) * units[u]
+            except ValueError:
+                break
+            if math.isfinite(value) and value > 0:
+                return value
+            break
+    else:
+        try:
+            value = float(t)
+            if math.isfinite(value) and value > 0:
+                return value
+        except ValueError:
+            pass
+    raise ConfigError(f"--device-memory {text!r} is not a size like 16GiB, 80GB or 512MiB")

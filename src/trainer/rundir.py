@@ -1,0 +1,373 @@
+"""Run directories: one run owns its directory, and nothing ever writes over an earlier run.
+
+A run directory holds one training trajectory. Before anything is compiled or written,
+``plan_run`` decides what a new launch may do with ``trainer.run_dir``:
+
+- absent or empty (no ``config.yaml``, no committed checkpoint): a new run;
+- holding a run: resume it (``load_checkpoint: auto``, the default, or an explicit
+  checkpoint) when its ``config.yaml`` equals the new config on every setting that defines
+  the trajectory (everything except ``TRAJECTORY_FREE``), else refuse with a ConfigError
+  listing each differing key (old -> new); ``load_checkpoint: null`` refuses it outright;
+- ``num_train_steps`` equal to the checkpoint's step: nothing to train (the caller says so
+  and exits 0); below it: refused.
+
+``claim`` then creates the directory and holds an exclusive ``flock`` on ``<run_dir>/.lock``
+for the whole run (process 0 only; the kernel drops it when the process dies, so a killed
+run never blocks the next), and writes ``config.yaml`` / ``model_config.json`` only where
+they are absent: the first launch's config stays the run's record.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import fcntl
+import hashlib
+import itertools
+import json
+import math
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import jax
+import yaml
+
+from . import checkpoint as ckpt
+from .config import ConfigError, TrainConfig, dump_config
+
+__all__ = ["TRAJECTORY_FREE", "RunPlan", "check_writable", "claim", "os_error", "plan_run", "trajectory_changes"]
+
+CONFIG_FILE = "config.yaml"
+LOCK_FILE = ".lock"
+
+# Settings a resumed run may change: layout and performance knobs (a checkpoint restores onto
+# any mesh), cadence, bookkeeping and the length of the run. Everything else (model, data,
+# optimizer, precision, seed, batch size, microbatches, and any key added later) defines the
+# trajectory and must match the run's config.yaml.
+TRAJECTORY_FREE = (
+    "mesh", "checkpoint", "tracker", "distributed", "data.cache_dir", "model.remat",
+    "trainer.num_train_steps", "trainer.run_dir", "trainer.load_checkpoint", "trainer.progress_bar",
+    "trainer.log_interval", "trainer.eval_interval", "trainer.eval_batches", "trainer.sample_interval",
+    "trainer.sample_tokens", "trainer.sample_prompt", "trainer.nan_policy", "trainer.peak_flops_per_device",
+)
+
+# What the trainer writes in a run directory, and which kind each must be.
+_ENTRIES = {"checkpoints": "directory", "logs": "directory", CONFIG_FILE: "file", "model_config.json": "file",
+            "metrics.jsonl": "file", LOCK_FILE: "file"}
+
+# Process 0 decides for every process; how long the others wait for its decision (a dead
+# process 0 ends them sooner, through jax.distributed's heartbeat).
+_AGREE_TIMEOUT_MS = 1800 * 1000
+_PLANS = itertools.count()
+
+
+@dataclasses.dataclass
+class RunPlan:
+    """What this launch does with its run directory (decided by process 0)."""
+
+    run_dir: Path
+    restore_from: Path | None = None  # the checkpoint to resume from
+    step: int = 0  # its step (0: from scratch)
+    notes: list[str] = dataclasses.field(default_factory=list)  # logged once the run's log is open
+    fingerprint: tuple | None = None  # what process 0 saw; claim() checks it again under the lock
+
+
+# ---- comparing configs -------------------------------------------------------------------
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def _free(key: str) -> bool:
+    return any(key == p or key.startswith(p + ".") for p in TRAJECTORY_FREE)
+
+
+def _same(a: Any, b: Any) -> bool:
+    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
+
+
+_ABSENT = "(absent)"
+
+
+def _changes(saved: dict, new: dict) -> list[tuple[str, Any, Any]]:
+    old, cur = _flatten(saved), _flatten(new)
+    keys = sorted(set(old) | set(cur))
+    return [(k, old.get(k, _ABSENT), cur.get(k, _ABSENT)) for k in keys
+            if not _same(old.get(k, _ABSENT), cur.get(k, _ABSENT))]
+
+
+def trajectory_changes(saved: dict, new: dict) -> list[tuple[str, Any, Any]]:
+    """``(key, old, new)`` for every trajectory-defining setting that differs (dotted keys)."""
+    return [c for c in _changes(saved, new) if not _free(c[0])]
+
+
+def _show(changes: list[tuple[str, Any, Any]]) -> str:
+    def value(v: Any) -> str:
+        return v if v is _ABSENT else json.dumps(v, default=str)
+
+    return ", ".join(f"{k} {value(a)} -> {value(b)}" for k, a, b in changes)
+
+
+def _read_saved_config(path: Path) -> dict | None:
+    if not path.exists():
+        return None
+    try:
+        saved = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise ConfigError(f"trainer.run_dir: {path} cannot be read ({e}); it is not a config this trainer wrote. "
+                          "Choose another trainer.run_dir") from None
+    if not isinstance(saved, dict):
+        raise ConfigError(f"trainer.run_dir: {path} holds no mapping of config sections; choose another trainer.run_dir")
+    return saved
+
+
+# ---- the file system -----------------------------------------------------------------
+
+
+def os_error(run_dir: Path, e: OSError) -> ConfigError:
+    """An OSError met while creating or writing the run directory, as a ConfigError naming the path."""
+    where = e.filename or run_dir
+    return ConfigError(f"trainer.run_dir {run_dir}: cannot write {where}: {e.strerror or e}")
+
+
+def check_writable(run_dir: Path) -> None:
+    """The run directory is a writable directory, or can be created; what the trainer writes
+    in it is not in the way (a file where a directory goes, or the reverse)."""
+    if run_dir.exists() or run_dir.is_symlink():
+        if not run_dir.is_dir():
+            raise ConfigError(f"trainer.run_dir {run_dir} exists and is not a directory")
+        if not os.access(run_dir, os.W_OK | os.X_OK):
+            raise ConfigError(f"trainer.run_dir {run_dir} is not writable")
+        for name, kind in _ENTRIES.items():
+            entry = run_dir / name
+            if entry.exists() and entry.is_dir() != (kind == "directory"):
+                raise ConfigError(f"trainer.run_dir: {entry} is a {'directory' if entry.is_dir() else 'file'}; "
+                                  f"the trainer writes a {kind} there")
+        return
+    parent = run_dir.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"trainer.run_dir {run_dir} cannot be created: {parent} is a file, not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"trainer.run_dir {run_dir} cannot be created: {parent} is not writable")
+
+
+def _fingerprint(run_dir: Path) -> tuple:
+    cfg = run_dir / CONFIG_FILE
+    digest = hashlib.sha256(cfg.read_bytes()).hexdigest() if cfg.is_file() else None
+    return digest, tuple(s for s, _ in ckpt.list_checkpoints(run_dir))
+
+
+# ---- the lock ------------------------------------------------------------------------------
+
+
+def _holder(path: Path) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        text = ""
+    return text or "a process that has not written its name yet"
+
+
+def _in_use(run_dir: Path, holder: str) -> ConfigError:
+    return ConfigError(
+        f"trainer.run_dir {run_dir} is in use by another run ({holder}; lock {run_dir / LOCK_FILE}): two runs "
+        "in one directory would delete each other's checkpoints and mix their metrics. Wait for it to end, "
+        "stop it, or choose another trainer.run_dir")
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+    return True
+
+
+def _probe_lock(run_dir: Path) -> None:
+    """Fail now if a live run holds the lock. Reads only: a missing lock file is not created."""
+    path = run_dir / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise ConfigError(f"trainer.run_dir: cannot read the lock {path}: {e.strerror}") from None
+    try:
+        if not _try_lock(fd):
+            raise _in_use(run_dir, _holder(path))
+    finally:
+        os.close(fd)  # closing drops the probe's own lock
+
+
+class RunLock:
+    """An exclusive ``flock`` on ``<run_dir>/.lock`` naming its holder (pid, host, start time)."""
+
+    def __init__(self, run_dir: Path):
+        path = run_dir / LOCK_FILE
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        if not _try_lock(fd):
+            os.close(fd)
+            raise _in_use(run_dir, _holder(path))
+        os.ftruncate(fd, 0)
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
+        os.write(fd, f"pid {os.getpid()} on host {socket.gethostname()}, started {started}\n".encode())
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # the lock goes with the descriptor; the file stays, naming the last holder
+            self._fd = None
+
+
+# ---- deciding --------------------------------------------------------------------------------
+
+
+def _decide(cfg: TrainConfig) -> RunPlan:
+    t = cfg.trainer
+    run_dir = Path(t.run_dir)
+    plan = RunPlan(run_dir)
+    if run_dir.is_dir():
+        _probe_lock(run_dir)
+    saved = _read_saved_config(run_dir / CONFIG_FILE)
+    committed = ckpt.list_checkpoints(run_dir)
+    plan.fingerprint = _fingerprint(run_dir)
+    held = ([CONFIG_FILE] if saved is not None else []) + [f"checkpoints/step_{s}" for s, _ in committed]
+    if not held and t.load_checkpoint in (None, "auto"):
+        return plan  # a new run
+    if t.load_checkpoint is None:
+        raise ConfigError(
+            f"trainer.run_dir {run_dir} already holds a run ({', '.join(held)}) and trainer.load_checkpoint is null, "
+            "which starts new runs only and never writes over one. To resume it, set trainer.load_checkpoint auto; "
+            "to start a new run, choose another trainer.run_dir")
+    new = yaml.safe_load(dump_config(cfg))
+    if saved is not None:
+        changed = trajectory_changes(saved, new)
+        if changed:
+            raise ConfigError(
+                f"trainer.run_dir {run_dir} holds a run whose {CONFIG_FILE} differs from this config in settings that "
+                f"define the training trajectory: {_show(changed)}. To resume that run, restore these values; to start "
+                "a new run, choose another trainer.run_dir. Nothing was written")
+        free = [c for c in _changes(saved, new) if c[0] not in ("trainer.load_checkpoint",)]
+        if free:
+            plan.notes.append(f"settings changed since {run_dir / CONFIG_FILE} (which keeps the first launch's): {_show(free)}")
+    if t.load_checkpoint == "auto":
+        plan.restore_from = ckpt.latest_checkpoint(run_dir)  # verified; a corrupted newer one is skipped, warned
+        commit = ckpt.read_commit(plan.restore_from) if plan.restore_from is not None else None
+    else:
+        plan.restore_from = _explicit(t.load_checkpoint, run_dir)
+        commit = ckpt.verify_checkpoint(plan.restore_from)  # an explicit checkpoint must be whole
+        later = [f"step_{s}" for s, _ in committed if s > int(commit["step"])]
+        if later:
+            raise ConfigError(
+                f"trainer.load_checkpoint {t.load_checkpoint!r} is older than checkpoints {', '.join(later)} in "
+                f"{ckpt.checkpoint_dir(run_dir)}; resuming from it would fork the run inside one run directory. "
+                "Move the later ones out of it, or copy the checkpoint into another trainer.run_dir")
+    if commit is not None:
+        plan.step = int(commit["step"])
+        if saved is None:  # a run directory assembled by hand: the seed is all the checkpoint records
+            seed = commit.get("metadata", {}).get("seed")
+            if seed is not None and seed != t.seed:
+                raise ConfigError(f"trainer.seed: {plan.restore_from} was saved by a run with trainer.seed={seed}, this "
+                                  f"config has {t.seed}. To resume it, set trainer.seed {seed}; to start a new run, "
+                                  "choose another trainer.run_dir")
+            plan.notes.append(f"{run_dir} has no {CONFIG_FILE}: only the seed and the tensors' shapes of "
+                              f"{plan.restore_from} were checked against this config")
+    if t.num_train_steps and t.num_train_steps < plan.step:
+        raise ConfigError(
+            f"trainer.num_train_steps={t.num_train_steps}, but {plan.restore_from} in trainer.run_dir is at step "
+            f"{plan.step}. To train on, set trainer.num_train_steps above {plan.step}; to start a new run, choose "
+            "another trainer.run_dir")
+    return plan
+
+
+def _explicit(value: str, run_dir: Path) -> Path:
+    path = Path(value)
+    return path if path.is_absolute() else run_dir / path
+
+
+def _agree(decide: Callable[[], RunPlan]) -> RunPlan:
+    """Process 0 decides (it alone sees the lock, and writes config.yaml right after); the other
+    processes take its decision, or raise its error, instead of racing it on the file system."""
+    if jax.process_count() == 1:
+        return decide()
+    from jax._src import distributed  # the client checkpoint.py also uses
+
+    client = distributed.global_state.client
+    key = f"named_run_plan/{next(_PLANS)}"
+    if jax.process_index() == 0:
+        try:
+            plan = decide()
+        except Exception as e:
+            client.key_value_set(key, json.dumps({"error": type(e).__name__, "message": str(e)}))
+            raise
+        client.key_value_set(key, json.dumps({"restore_from": plan.restore_from and str(plan.restore_from),
+                                              "step": plan.step, "run_dir": str(plan.run_dir)}))
+        return plan
+    got = json.loads(client.blocking_key_value_get(key, _AGREE_TIMEOUT_MS))
+    if "error" in got:
+        kind = ckpt.CheckpointError if got["error"] == "CheckpointError" else ConfigError
+        raise kind(f"process 0 refused the run: {got['message']}")
+    return RunPlan(Path(got["run_dir"]), got["restore_from"] and Path(got["restore_from"]), got["step"])
+
+
+def plan_run(cfg: TrainConfig) -> RunPlan:
+    """Decide, reading only, whether this launch starts a new run, resumes the one in
+    ``trainer.run_dir`` (and from which checkpoint), or is refused (ConfigError or
+    CheckpointError naming the key, file or holder of the lock)."""
+    check_writable(Path(cfg.trainer.run_dir))
+    return _agree(lambda: _decide(cfg))
+
+
+@contextlib.contextmanager
+def claim(plan: RunPlan, files: dict[str, str]) -> Iterator[None]:
+    """Create the run directory and own it for the ``with`` block: process 0 holds the lock,
+    checks that nothing changed since ``plan_run`` looked, and writes each of ``files``
+    (name -> text) that is absent, atomically. Never replaces a file."""
+    run_dir = plan.run_dir
+    lock = None
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if jax.process_index() == 0:
+            lock = RunLock(run_dir)
+            if _fingerprint(run_dir) != plan.fingerprint:
+                raise ConfigError(f"trainer.run_dir {run_dir} changed while this run was starting (another run wrote "
+                                  "to it); nothing was written. Start again to resume it, or choose another trainer.run_dir")
+            for name, text in files.items():
+                _write_if_absent(run_dir / name, text)
+    except BaseException as e:
+        if lock is not None:
+            lock.release()
+        if isinstance(e, OSError):
+            raise os_error(run_dir, e) from None
+        raise
+    try:
+        yield
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _write_if_absent(path: Path, text: str) -> None:
+    if path.exists():
+        return
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(tmp, path)  # under the lock: nobody else creates it meanwhile

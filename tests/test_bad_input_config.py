@@ -1,0 +1,391 @@
+"""The configuration's one validation layer and the CLI boundary.
+
+Each bad value is refused with one of our exceptions naming the key (or flag, or path), before
+anything is compiled (the compile listener of test_bad_input counts zero) and with no run
+directory created. Types are checked against the dataclass annotations (``true`` is not an
+integer, null only where the annotation allows it), ranges against an independent table of
+what each key may be (below, written from the spec, not from ``config.RULES``), YAML files for
+keys given twice, and the checks that need the model's shapes (a compute mapping that puts two
+axes of one activation on one mesh axis) run in ``named-plan`` exactly as in ``named-train``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from named.trainer import cli
+from named.trainer import distributed as dist
+from named.trainer.checkpoint import CheckpointError
+from named.trainer.config import ConfigError, dump_config, load_config, rules_table
+from named.trainer.data import DataError
+
+from test_bad_input import NANO, _args, _fails, _save_run, files, no_compile  # noqa: F401 (fixtures)
+
+ROOT = Path(__file__).resolve().parents[1]
+LLAMA = ROOT / "config/llama_tiny.yaml"
+
+
+# ---- types: YAML files -----------------------------------------------------------------------
+
+YAML = {
+    "true for an integer": ("trainer:\n  num_train_steps: true\n", r"trainer\.num_train_steps must be an integer, got true"),
+    "false for a number": ("optimizer:\n  learning_rate: false\n", r"optimizer\.learning_rate must be a number, got false"),
+    "true for a model integer": ("model:\n  type: gpt2\n  n_layer: true\n", r"model\.n_layer must be an integer, got true"),
+    "integer for a boolean": ("trainer:\n  progress_bar: 1\n", r"trainer\.progress_bar must be true or false, got 1"),
+    "integer for a string": ("trainer:\n  sample_prompt: 5\n", r"trainer\.sample_prompt must be a string, got 5"),
+    "null for a string": ("trainer:\n  run_dir: null\n", r"trainer\.run_dir must be a string, got null"),
+    "empty value for a boolean": ("checkpoint:\n  save_at_end:\n", r"checkpoint\.save_at_end must be true or false, got null"),
+    "null for a mapping": ("mesh:\n  shape: null\n", r"mesh\.shape must be a mapping of names to integers, got null"),
+    "string for a list": ("data:\n  train: stdlib\n", r"data\.train must be a list of strings, got 'stdlib'"),
+    "integer in a list of strings": ("data:\n  train: [stdlib, 3]\n", r"data\.train\[1\] must be a string, got 3"),
+    "true in a list of integers": ("distributed:\n  local_device_ids: [0, true]\n", r"distributed\.local_device_ids\[1\]"),
+    "true for a mesh size": ("mesh:\n  shape: {data: true}\n", r"mesh\.shape\.data must be an integer, got true"),
+    "no space after the colon": ("mesh:\n  shape: {model:2}\n", r"mesh\.shape\.model:2 must be an integer, got null.*\{model: 2\}"),
+    "nan": ("optimizer:\n  learning_rate: .nan\n", r"optimizer\.learning_rate must be a finite number, got nan"),
+    "inf": ("optimizer:\n  epsilon: .inf\n", r"optimizer\.epsilon must be a finite number, got inf"),
+    "-inf": ("optimizer:\n  weight_decay: -.inf\n", r"optimizer\.weight_decay must be a finite number, got -inf"),
+    "nan in the model": ("model:\n  type: gpt2\n  dropout: .nan\n", r"model\.dropout must be a finite number"),
+    "empty run_dir": ("trainer:\n  run_dir: ''\n", r"trainer\.run_dir must be non-empty"),
+    "empty data.train": ("data:\n  train: []\n", r"data\.train must be non-empty"),
+    "an integer past int32": ("model:\n  type: gpt2\n  n_positions: 1000000000000\n",
+                              r"model\.n_positions must be at most 2147483647 in size.*1000000000000"),
+    "a negative integer past int32": ("trainer:\n  log_interval: -9223372036854775808\n", r"trainer\.log_interval must be at most"),
+    "seed past 32 bits": ("trainer:\n  seed: 4294967296\n", r"trainer\.seed must be in \[0, 4294967295\], got 4294967296"),
+    "duplicate key": ("trainer:\n  seed: 1\n  log_interval: 3\n  seed: 2\n",
+                      r"key trainer\.seed is given twice, at lines 2 and 4"),
+    "duplicate model key": ("model:\n  type: gpt2\n  n_layer: 2\n  n_layer: 3\n", r"key model\.n_layer is given twice, at lines 3 and 4"),
+    "duplicate section": ("trainer:\n  seed: 1\nmodel:\n  type: gpt2\ntrainer:\n  seed: 2\n",
+                          r"section trainer is given twice, at lines 1 and 5"),
+    "duplicate in a flow mapping": ("mesh:\n  shape: {data: 2, data: 4}\n", r"key mesh\.shape\.data is given twice"),
+    "no model section": ("trainer:\n  seed: 1\n", r"model: missing.*`model: \{type: gpt2, \.\.\.\}`.*registered types: gpt2, llama"),
+    "model without a type": ("model:\n  n_layer: 2\n", r"model\.type missing.*registered types: gpt2, llama"),
+    "unregistered model type": ("model:\n  type: [gpt2]\n", r"model\.type \['gpt2'\] is not a registered model type"),
+    "unknown key, with a suggestion": ("trainer:\n  num_train_step: 3\n",
+                                       r"trainer\.num_train_step is not a key of the trainer section; did you mean trainer\.num_train_steps\?"),
+    "unknown model key": ("model:\n  type: llama\n  n_layer: 2\n", r"model\.n_layer is not a key of the model section"),
+    "draccus' !include is not safe YAML": ("trainer: !include other.yaml\n", r"not valid YAML.*'!include'"),
+    "a Python tag": ("trainer:\n  seed: !!python/name:os.getcwd\n", r"not valid YAML"),
+}
+
+
+@pytest.mark.parametrize("name", list(YAML))
+def test_yaml_values(tmp_path, name):
+    text, match = YAML[name]
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    _fails(ConfigError, match, load_config, path)
+
+
+def test_duplicate_keys_name_the_file(tmp_path):
+    path = tmp_path / "dup.yaml"
+    path.write_text(NANO.read_text() + "trainer:\n  seed: 3\n")
+    err = _fails(ConfigError, r"section trainer is given twice", load_config, path)
+    assert str(path) in str(err)
+
+
+def test_a_yaml_anchor_merge_is_not_a_duplicate(tmp_path):
+    # `<<:` repeats keys by design; the later key wins over the merged one, as YAML says
+    path = tmp_path / "merge.yaml"
+    path.write_text(NANO.read_text().replace("optimizer:\n", "optimizer:\n  <<: {learning_rate: 0.5, beta1: 0.8}\n"))
+    cfg = load_config(path)
+    assert (cfg.optimizer.learning_rate, cfg.optimizer.beta1) == (0.002, 0.8)
+
+
+# ---- types: CLI overrides ------------------------------------------------------------------
+
+CLI = {
+    "true for an integer": (["--trainer.num_train_steps", "true"], r"trainer\.num_train_steps must be an integer, got true"),
+    "nan": (["--optimizer.learning_rate", "nan"], r"optimizer\.learning_rate must be a finite number, got nan"),
+    "inf": (["--optimizer.max_grad_norm", "inf"], r"optimizer\.max_grad_norm must be a finite number, got inf"),
+    "a mapping with a null value": (["--mesh.shape", "{model:2}"], r"mesh\.shape\.model"),
+    "null for an integer": (["--trainer.seed", "null"], r"trainer\.seed must be an integer, got null"),
+    "empty data.train": (["--data.train", "[]"], r"data\.train must be non-empty"),
+    "empty run_dir": (["--trainer.run_dir", ""], r"trainer\.run_dir must be non-empty"),
+    "num_processes 0": (["--distributed.num_processes", "0"], r"distributed\.num_processes must be >= 1, got 0"),
+    "a mapping key that is no name": (["--mesh.compute_mapping", "{1: data}"], r"mesh\.compute_mapping: the key 1"),
+    "draccus' include prefix": (["--trainer.sample_prompt", "include nothing-here.yaml"], r"nothing-here\.yaml"),
+}
+
+
+@pytest.mark.parametrize("name", list(CLI))
+def test_cli_values(name):
+    args, match = CLI[name]
+    _fails(ConfigError, match, load_config, NANO, args)
+
+
+# ---- ranges: an independent table of what each key may be ------------------------------------
+
+# key: (config, values refused, values accepted at or inside the edge)
+RANGES = {
+    "trainer.num_train_steps": (NANO, ["-1"], ["0", "30"]),  # 0: check only, even with warmup_steps 30
+    "trainer.train_batch_size": (NANO, ["0", "-16"], ["1"]),
+    "trainer.microbatches": (NANO, ["0"], ["1"]),
+    "trainer.seed": (NANO, ["-1", "4294967296"], ["0", "4294967295"]),
+    "trainer.eval_interval": (NANO, ["-1"], ["0"]),
+    "trainer.eval_batches": (NANO, ["-1"], ["0"]),
+    "trainer.sample_interval": (NANO, ["-1"], ["0"]),
+    "trainer.sample_tokens": (NANO, ["-1"], ["0"]),
+    "trainer.log_interval": (NANO, ["-1"], ["0"]),
+    "trainer.nan_policy": (NANO, ["ignore"], ["skip"]),
+    "trainer.peak_flops_per_device": (NANO, ["0", "-1e12", "inf"], ["null", "1e12"]),
+    "optimizer.learning_rate": (NANO, ["0", "-0.001", "inf"], ["1e-9"]),
+    "optimizer.weight_decay": (NANO, ["-0.1", "nan"], ["0"]),
+    "optimizer.beta1": (NANO, ["-0.1", "1", "1.5"], ["0", "0.999"]),
+    "optimizer.beta2": (NANO, ["-0.1", "1"], ["0", "0.999"]),
+    "optimizer.epsilon": (NANO, ["0", "-1e-8"], ["1e-12"]),
+    "optimizer.max_grad_norm": (NANO, ["0", "-1", "nan"], ["null", "0.5"]),
+    "optimizer.warmup_steps": (NANO, ["-1", "301"], ["0", "300"]),
+    "optimizer.decay_fraction": (NANO, ["0", "1.5"], ["1", "0.01"]),
+    "optimizer.min_lr_ratio": (NANO, ["-0.1", "1.01"], ["0", "1"]),
+    "optimizer.schedule": (NANO, ["sawtooth"], ["wsd"]),
+    "checkpoint.interval": (NANO, ["-1"], ["0"]),
+    "checkpoint.keep_last": (NANO, ["0"], ["1"]),
+    "checkpoint.keep_every": (NANO, ["0", "-3"], ["null", "1"]),
+    "tracker.wandb_mode": (NANO, ["loud"], ["offline"]),
+    "distributed.num_processes": (NANO, ["0", "-2"], ["null", "1"]),
+    "distributed.process_id": (NANO, ["-1"], ["null", "0"]),
+    "distributed.initialization_timeout_s": (NANO, ["0"], ["1"]),
+    "distributed.heartbeat_timeout_s": (NANO, ["0", "-5"], ["1"]),
+    "model.n_layer": (NANO, ["0", "-2"], ["1"]),
+    "model.n_positions": (NANO, ["0"], ["1"]),
+    "model.vocab_size": (NANO, ["0", "-1"], ["null", "512"]),
+    "model.dropout": (NANO, ["1", "-0.1", "nan"], ["0", "0.5"]),
+    "model.layer_norm_epsilon": (NANO, ["0", "-1e-5"], ["1e-6"]),
+    "model.rms_norm_eps": (LLAMA, ["0"], ["1e-6"]),
+    "model.rope_theta": (LLAMA, ["0", "-1", "inf"], ["10"]),
+    "model.num_key_value_heads": (LLAMA, ["0"], ["1"]),
+}
+
+
+def _get(cfg, key: str):
+    for part in key.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+@pytest.mark.parametrize("key", list(RANGES))
+def test_ranges(key):
+    config, bad, good = RANGES[key]
+    for value in bad:
+        _fails(ConfigError, "^" + re.escape(key) + "[= ]", load_config, config, [f"--{key}={value}"])
+    for value in good:
+        got = _get(load_config(config, [f"--{key}={value}"]), key)
+        want = None if value == "null" else type(got)(value)
+        assert got == want, (key, value, got)
+
+
+def test_every_rule_is_in_the_docs():
+    # docs/trainer.md shows config.RULES; the two must not drift apart
+    assert rules_table() in (ROOT / "docs/trainer.md").read_text()
+
+
+def test_every_range_of_the_docs_is_tested():
+    documented = {row.split("`")[1] for row in rules_table().splitlines()}
+    untested = documented - set(RANGES) - {"model.<every integer>", "trainer.run_dir", "data.train"}
+    assert untested == set(), untested
+
+
+# ---- distributed settings -------------------------------------------------------------------
+
+DIST = {
+    "initialize without a coordinator": ({"initialize": True}, {}, r"distributed\.coordinator_address is not set"),
+    "process_id past num_processes": ({"coordinator_address": "127.0.0.1:1234", "num_processes": 2, "process_id": 2}, {},
+                                      r"distributed\.process_id=2 must be below distributed\.num_processes=2"),
+    "a coordinator without a port": ({"coordinator_address": "127.0.0.1", "num_processes": 2, "process_id": 0}, {},
+                                     r"distributed\.coordinator_address '127\.0\.0\.1' must be host:port"),
+    "num_processes 0 from the environment": ({}, {"NAMED_NUM_PROCESSES": "0", "NAMED_PROCESS_ID": "0",
+                                                  "NAMED_COORDINATOR": "h:1"}, r"NAMED_NUM_PROCESSES must be >= 1"),
+    "process id from the environment past the count": ({"num_processes": 2}, {"NAMED_PROCESS_ID": "5", "NAMED_COORDINATOR": "h:1"},
+                                                        r"NAMED_PROCESS_ID=5 must be below distributed\.num_processes=2"),
+}
+
+
+@pytest.fixture
+def no_cluster(monkeypatch):
+    for name in ("JAX_COORDINATOR_ADDRESS", "SLURM_JOB_ID", "OMPI_MCA_orte_hnp_uri", "KUBERNETES_SERVICE_HOST",
+                 "NAMED_COORDINATOR", "NAMED_NUM_PROCESSES", "NAMED_PROCESS_ID", "NAMED_HEARTBEAT_TIMEOUT"):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+@pytest.mark.parametrize("name", list(DIST))
+def test_distributed_settings(no_cluster, name):
+    fields, env, match = DIST[name]
+    for k, v in env.items():
+        no_cluster.setenv(k, v)
+    cfg = load_config(NANO, [arg for k, v in fields.items() for arg in (f"--distributed.{k}", str(v).lower())])
+    _fails(ConfigError, match, dist.checked_settings, cfg.distributed)
+
+
+def test_distributed_settings_that_are_fine(no_cluster):
+    # the control: a full set from the config, and one from named-launch's variables
+    cfg = load_config(NANO, ["--distributed.coordinator_address", "127.0.0.1:1234", "--distributed.num_processes", "2",
+                             "--distributed.process_id", "1"])
+    assert dist.settings(cfg.distributed)["process_id"] == 1
+    for k, v in {"NAMED_COORDINATOR": "127.0.0.1:99", "NAMED_NUM_PROCESSES": "4", "NAMED_PROCESS_ID": "3"}.items():
+        no_cluster.setenv(k, v)
+    got = dist.settings(load_config(NANO).distributed)
+    assert (got["coordinator_address"], got["num_processes"], got["process_id"]) == ("127.0.0.1:99", 4, 3)
+
+
+# ---- the CLI boundary: named-train and named-plan refuse the same configs ----------------------
+
+SAME = {
+    "two axes of one activation on one mesh axis": ({"mesh.compute_mapping": "{batch: data, embed: data}"},
+                                                    r"mesh\.compute_mapping\.batch and mesh\.compute_mapping\.embed both map "
+                                                    r"to mesh axis 'data'"),
+    "heads and head_size on one mesh axis": ({"mesh.shape": "{data: 4, model: 2}",
+                                              "mesh.compute_mapping": "{batch: data, heads: model, head_size: model}"},
+                                             r"mesh\.compute_mapping\.heads and mesh\.compute_mapping\.head_size"),
+    "sequence longer than the positions": ({"data.seq_len": 128}, r"data\.seq_len=128 .* 64 positions"),
+    "batch that does not split": ({"trainer.train_batch_size": 6}, r"trainer\.train_batch_size=6"),
+    "vocabulary below the tokenizer's": ({"model.vocab_size": 100}, r"model\.vocab_size=100"),
+    "unknown axis in a mapping": ({"mesh.param_mapping": "{embd: data}"}, r"mesh\.param_mapping\.embd"),
+    "mesh larger than the devices": ({"mesh.shape": "{data: 16}"}, r"needs 16 devices but 8"),
+    "initialize without a coordinator": ({"distributed.initialize": "true"}, r"distributed\.coordinator_address"),
+    "a value draccus would take": ({"trainer.log_interval": "true"}, r"trainer\.log_interval must be an integer"),
+}
+
+
+def _run_main(main, args, capsys) -> tuple[int, str]:
+    code = main(args)
+    err = capsys.readouterr().err
+    return code, err
+
+
+@pytest.mark.parametrize("name", list(SAME))
+def test_plan_refuses_what_train_refuses(files, tmp_path, capsys, no_cluster, name):
+    over, match = SAME[name]
+    run_dir = tmp_path / "run"
+    args = ["--config_path", str(NANO), *_args(files, run_dir, **over)]
+    errors = []
+    for main, extra in ((cli.main_plan, []), (cli.main_train, ["--trainer.num_train_steps", "0"])):
+        code, err = _run_main(main, args + extra, capsys)
+        assert code == 2 and err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+        assert re.search(match, err), err
+        errors.append(err)
+    assert errors[0] == errors[1]
+    assert not run_dir.exists()
+
+
+def test_the_shipped_layouts_pass_the_activation_check(files, tmp_path, capsys):
+    # the control for the clash cases: TP over heads and mlp (and Llama's kv_heads) is fine
+    for config, over in ((NANO, {"mesh.shape": "{data: 4, model: 2}", "mesh.compute_mapping": "{batch: data, heads: model, mlp: model}"}),
+                         (ROOT / "config/llama_1b_fsdp_tp.yaml", {})):
+        code = cli.main_plan(["--config_path", str(config), "--trainer.run_dir", str(tmp_path / "run"), *[
+            a for k, v in over.items() for a in (f"--{k}", v)]])
+        assert code == 0, capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_train_runs_in_check_only_mode_with_warmup_longer_than_zero_steps(files, tmp_path, capsys):
+    # gpt2_nano has warmup_steps 30: with num_train_steps 0 that is no error
+    cfg = load_config(NANO, _args(files, tmp_path / "run", **{"trainer.num_train_steps": 0, "optimizer.warmup_steps": 30}))
+    assert cfg.trainer.num_train_steps == 0 and cfg.optimizer.warmup_steps == 30
+    assert cli.main_plan(["--config_path", str(NANO), *_args(files, tmp_path / "run", **{"trainer.num_train_steps": 0})]) == 0
+    assert not (tmp_path / "run").exists()
+
+
+def test_run_dir_that_is_a_file(files, tmp_path, capsys):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("not a run")
+    for run_dir in (blocker, blocker / "run"):
+        code, err = _run_main(cli.main_train, ["--config_path", str(NANO), *_args(files, run_dir)], capsys)
+        assert code == 2 and err.startswith("error: ") and str(blocker) in err and "Traceback" not in err, err
+    assert blocker.read_text() == "not a run"
+
+
+def test_bad_flags_of_the_cli_itself(capsys):
+    for main, args, needle in ((cli.main_train, ["--config_path"], "--config_path"),
+                               (cli.main_plan, ["--config_path", "/nonexistent/x.yaml"], "/nonexistent/x.yaml"),
+                               (cli.main_sample, [], "--checkpoint"),
+                               (cli.main_sample, ["--checkpoint", "x", "--tokens", "many"], "--tokens")):
+        code, err = _run_main(main, args, capsys)
+        assert code == 2 and err.startswith("error: ") and needle in err and "Traceback" not in err, (args, err)
+
+
+# ---- named-sample -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sample_run(files, tmp_path_factory) -> Path:
+    """A run directory as named-train leaves it, written from zeros (no compile)."""
+    run_dir = tmp_path_factory.mktemp("sample") / "run"
+    _save_run(files, run_dir)
+    cfg = load_config(NANO, _args(files, run_dir))
+    model_cfg = cfg.model.model_config(vocab_size=384)
+    (run_dir / "config.yaml").write_text(dump_config(cfg))
+    (run_dir / "model_config.json").write_text(json.dumps({"type": "gpt2", **model_cfg.__dict__}))
+    return run_dir
+
+
+SAMPLE = {
+    "negative --tokens": (["--tokens", "-3"], ConfigError, r"--tokens must be an integer >= 0, got -3"),
+    "--tokens past the positions": (["--tokens", "500"], ConfigError,
+                                    r"--tokens 500 after the 4 tokens of --prompt needs 504 positions; the model has 64"),
+    "negative --temperature": (["--temperature", "-1"], ConfigError, r"--temperature must be a finite number >= 0.*-1"),
+    "nan --temperature": (["--temperature", "nan"], ConfigError, r"--temperature .*nan"),
+    "--seed past 32 bits": (["--seed", "4294967296"], ConfigError, r"--seed must be in \[0, 4294967295\]"),
+}
+
+
+@pytest.mark.parametrize("name", list(SAMPLE))
+def test_sample_flags(sample_run, capsys, name):
+    flags, exc, match = SAMPLE[name]
+    args = ["--checkpoint", str(sample_run), "--prompt", "def ", *flags]
+    _fails(exc, match, lambda: _sample(args))
+    code, err = _run_main(cli.main_sample, args, capsys)
+    assert code == 2 and re.match("error: " + match, err), err
+
+
+def _sample(args):
+    from named.trainer.sample import sample_from_checkpoint
+
+    a = dict(zip(args[::2], args[1::2]))
+    return sample_from_checkpoint(Path(a["--checkpoint"]), a["--prompt"], int(a.get("--tokens", 10)),
+                                  temperature=float(a.get("--temperature", 0)), seed=int(a.get("--seed", 0)))
+
+
+def test_sample_paths(sample_run, tmp_path, capsys):
+    (tmp_path / "a_file").write_text("x")
+    (tmp_path / "empty").mkdir()
+    stray = tmp_path / "stray_step"
+    stray.mkdir()
+    (stray / "commit.json").write_text("{}")
+    for path, match in ((tmp_path / "nope", r"nope: no such directory"),
+                        (tmp_path / "a_file", r"a_file is a file"),
+                        (tmp_path / "empty", r"empty holds no committed checkpoint"),
+                        (stray, r"stray_step is a checkpoint outside a run directory")):
+        _fails(CheckpointError, match, _sample, ["--checkpoint", str(path), "--prompt", "x"])
+        code, err = _run_main(cli.main_sample, ["--checkpoint", str(path)], capsys)
+        assert code == 2 and err.startswith("error: ") and str(path) in err and "Traceback" not in err, err
+
+
+def test_sample_run_dir_with_a_broken_model_config(files, sample_run, tmp_path):
+    run_dir = tmp_path / "run"
+    _save_run(files, run_dir)  # a committed checkpoint, and nothing else
+    _fails(CheckpointError, r"model_config\.json is missing", _sample, ["--checkpoint", str(run_dir), "--prompt", "x"])
+    (run_dir / "model_config.json").write_text("{not json")
+    _fails(CheckpointError, r"model_config\.json is not a model config", _sample, ["--checkpoint", str(run_dir), "--prompt", "x"])
+    (run_dir / "model_config.json").write_text(json.dumps({"type": "gpt2", "n_layer": "two"}))
+    _fails(CheckpointError, r"model_config\.json: model\.n_layer must be an integer, got 'two'", _sample,
+           ["--checkpoint", str(run_dir), "--prompt", "x"])
+    (run_dir / "model_config.json").write_text(json.dumps({"type": "gpt2", "n_positions": 0}))
+    _fails(CheckpointError, r"model_config\.json: model\.n_positions must be >= 1, got 0", _sample,
+           ["--checkpoint", str(run_dir), "--prompt", "x"])
+    (run_dir / "model_config.json").write_text((sample_run / "model_config.json").read_text())
+    _fails(CheckpointError, r"config\.yaml is missing", _sample, ["--checkpoint", str(run_dir), "--prompt", "x"])
+
+
+def test_range_messages_say_the_range_and_the_value():
+    err = _fails(ConfigError, "beta1", load_config, NANO, ["--optimizer.beta1", "1.5"])
+    assert str(err) == "optimizer.beta1 must be in [0, 1), got 1.5"
+
+
+def test_data_errors_stay_the_data_sections(tmp_path):
+    # the data section checks its own keys (DataError); the config layer does not shadow them
+    _fails(DataError, r"data\.seq_len", load_config, NANO, ["--data.seq_len", "1"])

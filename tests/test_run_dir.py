@@ -1,0 +1,280 @@
+"""Run directories are owned, and never silently written over.
+
+A second launch on a run directory resumes the run it holds when the trajectory-defining
+settings match, and otherwise is refused with every differing key named, leaving the first
+run's files byte-identical (hashed). One run at a time holds ``<run_dir>/.lock``; a live
+holder is named, a SIGKILLed one blocks nothing. Retention never prunes a run's own
+checkpoints because of later ones. ``num_train_steps: 0`` checks everything and compiles and
+writes nothing. A run directory that cannot be written is named before anything compiles.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from test_bad_input import _COMPILES, _on_event
+from named.trainer import checkpoint as ckpt
+from named.trainer import rundir
+from named.trainer.config import ConfigError, load_config
+from named.trainer.train import train
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS = "\n".join(f"def h_{i}(a, b):\n    return a * {i} + b\n" for i in range(300))
+STEPS = 2
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("rundir")
+    (d / "code.txt").write_text(CORPUS)
+    return d
+
+
+def _args(corpus: Path, run_dir: Path, **over) -> list[str]:
+    # No YAML file: trainer.load_checkpoint is the dataclass default. A constant learning rate
+    # makes the trajectory independent of num_train_steps, so 2 + 2 steps equal 4.
+    args = {
+        "trainer.num_train_steps": STEPS, "trainer.train_batch_size": 8, "trainer.log_interval": 1,
+        "trainer.eval_interval": 0, "trainer.sample_interval": 0, "trainer.progress_bar": "false",
+        "trainer.run_dir": str(run_dir), "model.type": "gpt2", "model.n_layer": 1, "model.n_head": 2, "model.n_embd": 16,
+        "model.n_positions": 32, "data.train": f"[{corpus / 'code.txt'}]", "data.seq_len": 16,
+        "data.val_fraction": 0.0, "data.cache_dir": str(corpus / "cache"), "optimizer.warmup_steps": 0,
+        "optimizer.schedule": "constant", "optimizer.learning_rate": 0.003, "checkpoint.interval": 1,
+        "checkpoint.keep_last": 10, "tracker.console": "false",
+    }
+    args.update(over)
+    return [x for k, v in args.items() for x in (f"--{k}", str(v))]
+
+
+def _cfg(corpus: Path, run_dir: Path, **over):
+    return load_config(None, _args(corpus, run_dir, **over))
+
+
+def _hashes(d: Path) -> dict[str, str]:
+    return {str(p.relative_to(d)): (hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir")
+            for p in sorted(d.rglob("*"))}
+
+
+@contextlib.contextmanager
+def _no_compile():
+    jax.monitoring.register_event_duration_secs_listener(_on_event)
+    _COMPILES.clear()
+    try:
+        yield
+    finally:
+        jax.monitoring.unregister_event_duration_listener(_on_event)
+    assert _COMPILES == [], f"compiled {_COMPILES}"
+
+
+def _refused(exc, match: str, cfg, run_dir: Path) -> None:
+    """``train(cfg)`` raises ``exc`` matching ``match``, compiles nothing and changes no byte of run_dir."""
+    before = _hashes(run_dir) if run_dir.exists() else None
+    with _no_compile(), pytest.raises(exc, match=match):
+        train(cfg)
+    assert (_hashes(run_dir) if run_dir.exists() else None) == before
+
+
+@pytest.fixture(scope="module")
+def first(corpus, tmp_path_factory) -> Path:
+    """A finished 2-step run with checkpoints step_1 and step_2; tests copy it before touching it."""
+    run_dir = tmp_path_factory.mktemp("first") / "run"
+    result = train(_cfg(corpus, run_dir))
+    assert len(result.losses) == STEPS and [s for s, _ in ckpt.list_checkpoints(run_dir)] == [1, 2]
+    return run_dir
+
+
+def _copy(first: Path, tmp_path: Path) -> Path:
+    run_dir = tmp_path / "run"
+    shutil.copytree(first, run_dir)
+    return run_dir
+
+
+def test_second_run_with_the_default_config_resumes_and_replaces_nothing(corpus, first, tmp_path):
+    full = train(_cfg(corpus, tmp_path / "full", **{"trainer.num_train_steps": 4}))
+    run_dir = _copy(first, tmp_path)
+    kept = {k: v for k, v in _hashes(run_dir).items() if k.startswith("checkpoints/") or k == "config.yaml"}
+    resumed = train(_cfg(corpus, run_dir, **{"trainer.num_train_steps": 4}))
+    # the losses continue the first run's trajectory: those of an uninterrupted 4-step run
+    assert resumed.losses == full.losses[STEPS:]
+    assert f"resumed from {run_dir / 'checkpoints' / 'step_2'} at step 2" in (run_dir / "logs" / "process_0.log").read_text()
+    after = _hashes(run_dir)
+    assert {k: after[k] for k in kept} == kept  # step_1, step_2 and config.yaml: not a byte changed
+    assert [s for s, _ in ckpt.list_checkpoints(run_dir)] == [1, 2, 3, 4]
+    assert "trainer.num_train_steps 2 -> 4" in (run_dir / "logs" / "process_0.log").read_text()
+
+
+@pytest.mark.parametrize("over, keys", [
+    ({"trainer.seed": 1}, [r"trainer\.seed 0 -> 1"]),
+    ({"optimizer.learning_rate": 0.01, "model.n_embd": 32},
+     [r"model\.n_embd 16 -> 32", r"optimizer\.learning_rate 0\.003 -> 0\.01"]),
+])
+def test_second_run_with_another_trajectory_is_refused(corpus, first, tmp_path, over, keys):
+    run_dir = _copy(first, tmp_path)
+    _refused(ConfigError, f"{run_dir} holds a run whose config.yaml differs.*" + ".*".join(keys) +
+             ".*restore these values.*choose another trainer.run_dir", _cfg(corpus, run_dir, **over), run_dir)
+
+
+def test_null_starts_new_runs_only(corpus, first, tmp_path):
+    run_dir = _copy(first, tmp_path)
+    _refused(ConfigError, r"already holds a run \(config.yaml, checkpoints/step_1, checkpoints/step_2\).*"
+             r"load_checkpoint is null", _cfg(corpus, run_dir, **{"trainer.load_checkpoint": "null"}), run_dir)
+
+
+def test_shorter_second_run_is_refused_and_an_equal_one_has_nothing_to_do(corpus, first, tmp_path):
+    run_dir = _copy(first, tmp_path)
+    _refused(ConfigError, r"num_train_steps=1, but .*step_2 in trainer.run_dir is at step 2",
+             _cfg(corpus, run_dir, **{"trainer.num_train_steps": 1}), run_dir)
+    before = _hashes(run_dir)
+    with _no_compile():
+        result = train(_cfg(corpus, run_dir))
+    assert result.losses == [] and result.model is None and result.message.startswith("already at step 2 ")
+    assert _hashes(run_dir) == before
+
+
+def test_an_older_explicit_checkpoint_is_refused_when_later_ones_exist(corpus, first, tmp_path):
+    run_dir = _copy(first, tmp_path)
+    _refused(ConfigError, r"checkpoints/step_1'? is older than checkpoints step_2.*fork",
+             _cfg(corpus, run_dir, **{"trainer.load_checkpoint": "checkpoints/step_1", "trainer.num_train_steps": 3}),
+             run_dir)
+
+
+def test_retention_counts_only_checkpoints_up_to_the_one_saved(tmp_path):
+    tree = {"w": np.arange(4, dtype=np.float32)}
+    for s in (5, 6):  # left by an earlier launch that got further
+        ckpt.save_checkpoint(tmp_path, s, tree, keep_last=None)
+    saver = ckpt.Checkpointer(tmp_path, keep_last=2)
+    for s in (1, 2, 3):
+        saver.save(s, tree)
+        saver.wait()
+    # keep_last=2 keeps this run's 2 and 3; the later 5 and 6 are neither counted nor deleted
+    assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [2, 3, 5, 6]
+
+
+# ---- one run at a time -------------------------------------------------------------------
+
+_HOLDER = """
+import sys, time
+from pathlib import Path
+from named.trainer.rundir import RunLock
+lock = RunLock(Path(sys.argv[1]))
+print("locked", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_live_holder_is_named_and_a_killed_one_blocks_nothing(corpus, first, tmp_path):
+    run_dir = _copy(first, tmp_path)
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(run_dir)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        _refused(ConfigError, f"trainer.run_dir {run_dir} is in use by another run \\(pid {holder.pid} on host ",
+                 _cfg(corpus, run_dir, **{"trainer.num_train_steps": 3}), run_dir)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        assert holder.wait(timeout=60) == -signal.SIGKILL
+    # the kernel dropped the dead holder's lock: the next launch resumes
+    result = train(_cfg(corpus, run_dir, **{"trainer.num_train_steps": 3}))
+    assert len(result.losses) == 1 and [s for s, _ in ckpt.list_checkpoints(run_dir)] == [1, 2, 3]
+    assert f"pid {os.getpid()} on host " in (run_dir / ".lock").read_text()
+
+
+def test_a_second_lock_in_the_same_process_conflicts_and_release_frees_it(tmp_path):
+    lock = rundir.RunLock(tmp_path)
+    with pytest.raises(ConfigError, match=f"in use by another run \\(pid {os.getpid()} "):
+        rundir.RunLock(tmp_path)
+    lock.release()
+    rundir.RunLock(tmp_path).release()
+
+
+def test_a_run_that_appears_while_starting_is_not_written_over(corpus, tmp_path):
+    run_dir = tmp_path / "run"
+    plan = rundir.plan_run(_cfg(corpus, run_dir))  # a new run
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text("trainer: {seed: 5}\n")  # another run, faster
+    with pytest.raises(ConfigError, match=f"{run_dir} changed while this run was starting"):
+        with rundir.claim(plan, {"config.yaml": "x"}):
+            pass
+    assert (run_dir / "config.yaml").read_text() == "trainer: {seed: 5}\n"
+
+
+# ---- nothing to train --------------------------------------------------------------------
+
+
+def test_zero_steps_checks_everything_and_compiles_and_writes_nothing(corpus, first, tmp_path):
+    run_dir = tmp_path / "new"
+    with _no_compile():
+        result = train(_cfg(corpus, run_dir, **{"trainer.num_train_steps": 0}))
+    assert result.losses == [] and result.message.startswith("checked: ") and "nothing to train" in result.message
+    assert not run_dir.exists()
+    # on a run directory that holds a run, the resume is checked too, and refused the same way
+    old = _copy(first, tmp_path)
+    before = _hashes(old)
+    with _no_compile():
+        result = train(_cfg(corpus, old, **{"trainer.num_train_steps": 0}))
+    assert f"resume from {old / 'checkpoints' / 'step_2'}" in result.message
+    _refused(ConfigError, r"trainer\.seed 0 -> 3", _cfg(corpus, old, **{"trainer.num_train_steps": 0, "trainer.seed": 3}), old)
+    assert _hashes(old) == before
+
+
+def test_zero_steps_from_the_cli_prints_one_line_and_exits_0(corpus, tmp_path):
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+    r = subprocess.run([sys.executable, "-c", "import sys; from named.trainer.cli import main_train; sys.exit(main_train())",
+                        *_args(corpus, run_dir, **{"trainer.num_train_steps": 0})],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("checked: ") and "nothing to train" in lines[0], r.stdout
+    assert not run_dir.exists()
+
+
+# ---- a run directory that cannot be written ------------------------------------------------
+
+
+def test_a_run_dir_that_is_a_file_is_named_before_compiling(corpus, tmp_path):
+    f = tmp_path / "file"
+    f.write_text("not a directory")
+    _refused(ConfigError, f"trainer.run_dir {f} exists and is not a directory", _cfg(corpus, f), tmp_path)
+    _refused(ConfigError, f"trainer.run_dir {f / 'run'} cannot be created: {f} is a file", _cfg(corpus, f / "run"), tmp_path)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "checkpoints").write_text("")
+    _refused(ConfigError, f"{run_dir / 'checkpoints'} is a file; the trainer writes a directory there",
+             _cfg(corpus, run_dir), run_dir)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write into a read-only directory")
+def test_a_read_only_parent_is_named_before_compiling(corpus, tmp_path):
+    parent = tmp_path / "ro"
+    parent.mkdir()
+    parent.chmod(0o555)
+    try:
+        _refused(ConfigError, f"{parent / 'run'} cannot be created: {parent} is not writable",
+                 _cfg(corpus, parent / "run"), parent)
+    finally:
+        parent.chmod(0o755)
+
+
+def test_a_failing_mkdir_becomes_a_config_error_naming_the_path(tmp_path, monkeypatch):
+    # what the up-front checks cannot know (a full disk, a race): claim() still names the path
+    run_dir = tmp_path / "run"
+
+    def refuse(self, *a, **k):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "mkdir", refuse)
+    with pytest.raises(ConfigError, match=f"trainer.run_dir {run_dir}: cannot write {run_dir}: Permission denied"):
+        with rundir.claim(rundir.RunPlan(run_dir, fingerprint=(None, ())), {}):
+            pass
