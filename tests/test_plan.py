@@ -1,11 +1,14 @@
-"""named-plan's report: parameters by default (nothing compiled), the compiled train step on request."""
+"""named-plan: parameters and an activation estimate by default (nothing compiled), the compiled
+train step on request, a plan for devices this machine does not have, and the layout search."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+import pytest
 
-from named.trainer import plan
+from named.trainer import cli, plan
 from named.trainer.config import load_config
 
 CONFIG = Path(__file__).parent.parent / "config" / "gpt2_nano_fsdp.yaml"
@@ -20,13 +23,75 @@ def test_plan_report_lists_every_parameter_with_its_layout():
 
 
 def test_plan_main_with_compile_reports_the_train_step(capsys):
-    assert plan.main(["--config_path", str(CONFIG), "--compile", *SMALL]) == 0
+    assert cli.main_plan(["--config_path", str(CONFIG), "--compile", *SMALL]) == 0
     out = capsys.readouterr().out
     step = out.split("train step (compiled on abstract inputs):")[1]
     assert "all-gather" in step and "data" in step  # FSDP gathers the weights over data
     assert "memory per device:" in step and "FLOPs per device:" in step
+    assert "CPU buffer assignment" in step  # the caveat on compiled memory
 
 
 def test_plan_main_reports_config_errors(capsys):
-    assert plan.main(["--config_path", str(CONFIG), "--trainer.no_such_key", "1"]) == 2
+    assert cli.main_plan(["--config_path", str(CONFIG), "--trainer.no_such_key", "1"]) == 2
     assert "no_such_key" in capsys.readouterr().err
+
+
+def test_help_lists_the_plan_flags(capsys):
+    assert cli.main_plan(["--help"]) == 0
+    out = capsys.readouterr().out
+    for flag in ("--compile", "--devices", "--device-kind", "--device-memory", "--search", "--config NAME"):
+        assert flag in out, flag
+
+
+def test_activation_estimate_follows_the_formula():
+    # GPT-2 nano under FSDP+TP: 4 layers, width 128, 4 heads, seq 32; 8 sequences over 4 data
+    # devices = 2 per device; heads over model=2. Korthikanti et al. eq. 2, 16-bit, x2 for float32.
+    cfg = load_config(Path(CONFIG).parent / "gpt2_nano_fsdp_tp.yaml", ["--data.seq_len", "32", "--trainer.train_batch_size", "8"])
+    s, b, h, a, t, L = 32, 2, 128, 4, 2, 4
+    expected = L * s * b * h * (10 + 24 / t + 5 * a * s / (h * t)) * 4 / 2
+    text = plan.plan_report(cfg)
+    got = float(re.search(r"activations per device \(estimate, one microbatch, remat none\): ([\d.]+) MiB", text).group(1))
+    assert got == pytest.approx(expected / 2**20, abs=0.01)
+    full = plan.plan_report(load_config(Path(CONFIG).parent / "gpt2_nano_fsdp_tp.yaml",
+                                        ["--data.seq_len", "32", "--trainer.train_batch_size", "8", "--model.remat", "full"]))
+    got_full = float(re.search(r"remat full\): ([\d.]+) MiB", full).group(1))
+    assert got_full == pytest.approx((2 * s * b * h * L + expected / L / 2) * 2 / 2**20, abs=0.01)
+
+
+def test_plan_for_a_device_count_this_process_does_not_have(capsys):
+    # this process runs 8 devices; --devices 2 re-plans in a fresh process with 2 stand-ins
+    code = cli.main_plan(["--config", "gpt2_nano", "--devices", "2", "--device-kind", "H100", *SMALL])
+    assert code == 0
+    assert cli.main_plan(["--config", "gpt2_nano", "--devices", "8", "--device-kind", "H100", *SMALL]) == 0
+    out = capsys.readouterr().out
+    assert "mesh: {'data': 8}" in out and "planned for H100" in out and "of 74.5 GiB per device" in out
+
+
+def test_plan_refuses_unknown_devices_and_sizes(capsys):
+    assert cli.main_plan(["--config", "gpt2_nano", "--device-kind", "Z80", *SMALL]) == 2
+    assert "Z80" in capsys.readouterr().err
+    assert cli.main_plan(["--config", "gpt2_nano", "--device-memory", "lots", *SMALL]) == 2
+    assert "lots" in capsys.readouterr().err
+    assert cli.main_plan(["--config", "gpt2_nano", "--devices", "0", *SMALL]) == 2
+    assert cli.main_plan(["--config", "gpt2_nano", "--search", *SMALL]) == 2  # no device kind to rank by on a CPU
+    assert "--device-kind" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_search_ranks_the_layouts_that_fit(capsys):
+    tiny = ["--model.n_layer", "1", "--model.n_embd", "32", "--model.n_head", "2", "--data.seq_len", "32",
+            "--trainer.train_batch_size", "8"]
+    assert cli.main_plan(["--config", "gpt2_nano", "--device-kind", "H100", "--device-memory", "5MiB", "--search", *tiny]) == 0
+    table = capsys.readouterr().out.split("layouts for 8 x H100")[1]
+    rows = [r for r in table.splitlines() if re.match(r"\d+\s", r)]
+    ok = [r for r in rows if "cannot run" not in r and "over budget" not in r]
+    over = [r for r in rows if "over budget" in r]
+    blocked = [r for r in rows if "cannot run" in r]
+    assert {"DP", "FSDP", "FSDP+TP2"} <= {r.split()[1] for r in rows}
+    assert blocked and all("heads" in r or "does not split" in r for r in blocked)  # TP over 8 of 2 heads; 8/4 rows
+    estimates = [float(r.split()[5]) for r in ok]
+    assert estimates == sorted(estimates)  # ranked by the estimate
+    assert rows.index((ok or over)[0]) < rows.index(blocked[0])
+    for r in over:  # over budget sorts after every row that fits
+        assert all(rows.index(r) > rows.index(o) for o in ok)
+        assert float(r.split()[9]) * 2**30 > 5 * 2**20

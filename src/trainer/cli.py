@@ -4,13 +4,23 @@ The boundary: bad input (one of our exception types: ConfigError, DataError, Che
 TrainingError, a NamedError) prints ``error: ...`` and exits 2; an OSError the input did not
 cause (a full disk) prints ``error: ...`` and exits 1; anything else is a bug and keeps its
 traceback.
+
+A config is ``--config_path FILE`` or ``--config NAME``: a file, or one of the configs shipped
+with the package (``named-train --config gpt2_nano`` works from a pip install).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.resources
+import importlib.util
+import os
+import subprocess
 import sys
 from pathlib import Path
+
+# What the console scripts need beyond `pip install named-jax` (the [train] extra).
+_TRAIN_EXTRAS = ("draccus", "optax", "tensorstore")
 
 
 class _ArgumentParser(argparse.ArgumentParser):
@@ -22,11 +32,50 @@ class _ArgumentParser(argparse.ArgumentParser):
         raise ConfigError(message)
 
 
+def shipped_configs() -> list[str]:
+    return sorted(p.name[:-5] for p in importlib.resources.files("named.configs").iterdir() if p.name.endswith(".yaml"))
+
+
+def resolve_config(name: str) -> str:
+    """``--config NAME``: a YAML file at that path, else the shipped config of that name."""
+    from .config import ConfigError
+
+    if Path(name).is_file():
+        return name
+    stem = name[:-5] if name.endswith(".yaml") else name
+    if stem in shipped_configs():
+        return str(importlib.resources.files("named.configs") / f"{stem}.yaml")
+    raise ConfigError(f"--config {name!r} is neither a file nor a shipped config ({', '.join(shipped_configs())})")
+
+
+def _config_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config_path", metavar="FILE", help="a YAML config file")
+    p.add_argument("--config", metavar="NAME", help=f"a YAML file or a shipped config: {', '.join(shipped_configs())}")
+
+
+def _config_of(a: argparse.Namespace) -> str | None:
+    from .config import ConfigError
+
+    if a.config_path is not None and a.config is not None:
+        raise ConfigError("give --config_path FILE or --config NAME, not both")
+    return resolve_config(a.config) if a.config is not None else a.config_path
+
+
 def _split_config_path(argv: list[str]) -> tuple[str | None, list[str]]:
-    parser = _ArgumentParser(add_help=False)
-    parser.add_argument("--config_path", default=None)
+    parser = _ArgumentParser(add_help=False, allow_abbrev=False)
+    _config_flags(parser)
     known, rest = parser.parse_known_args(argv)
-    return known.config_path, rest
+    return _config_of(known), rest
+
+
+def _missing_extras(prog: str) -> int | None:
+    """Exit code 2 with the install line when the training extras are not installed."""
+    missing = [m for m in _TRAIN_EXTRAS if importlib.util.find_spec(m) is None]
+    if not missing:
+        return None
+    print(f"error: {prog} needs the training extras ({', '.join(missing)} not installed): "
+          "pip install 'named-jax[train]'", file=sys.stderr)
+    return 2
 
 
 def _fail(e: BaseException, code: int = 2) -> int:
@@ -37,6 +86,8 @@ def _fail(e: BaseException, code: int = 2) -> int:
 def main_train(argv: list[str] | None = None) -> int:
     """``named-train --config_path config/gpt2_nano.yaml [--section.key value ...]``"""
     argv = sys.argv[1:] if argv is None else argv
+    if (code := _missing_extras("named-train")) is not None:
+        return code
     from .config import ConfigError, load_config
     from .data import DataError
 
@@ -86,6 +137,8 @@ def main_train(argv: list[str] | None = None) -> int:
 
 def main_sample(argv: list[str] | None = None) -> int:
     """``named-sample --checkpoint RUN_DIR_OR_CHECKPOINT --prompt "def " [--tokens 100]``"""
+    if (code := _missing_extras("named-sample")) is not None:
+        return code
     p = _ArgumentParser(prog="named-sample")
     p.add_argument("--checkpoint", required=True, help="a run directory (newest checkpoint) or a checkpoint folder")
     p.add_argument("--prompt", default="")
@@ -111,9 +164,81 @@ def main_sample(argv: list[str] | None = None) -> int:
 
 
 def main_plan(argv: list[str] | None = None) -> int:
-    """``named-plan --config_path ... [--compile]``: mesh, each parameter's layout, bytes per device
-    and the microbatch plan, without training; ``--compile`` adds the compiled train step's
-    collectives, memory per device and FLOPs."""
-    from .plan import main
+    """``named-plan --config NAME [--devices N] [--compile] [--search] [--section.key value ...]``:
+    the mesh, every parameter's layout and bytes per device, an activation estimate and the
+    microbatch plan, without training; ``--compile`` adds the compiled train step's collectives,
+    memory and FLOPs per device; ``--search`` ranks the layouts that fit."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if (code := _missing_extras("named-plan")) is not None:
+        return code
+    from named import NamedError
 
-    return main(argv)
+    from .config import ConfigError, load_config
+    from .data import DataError
+
+    p = _ArgumentParser(prog="named-plan", allow_abbrev=False, description="What a config would do on a set of devices, without training: the mesh, every "
+                        "parameter's layout and bytes per device, an activation estimate and the microbatch plan.",
+                        epilog="Any config key can be overridden as in named-train: --section.key value.")
+    _config_flags(p)
+    p.add_argument("--devices", type=int, metavar="N",
+                   help="plan for N devices (stand-in CPU devices here; nothing to set up); default: this machine's")
+    p.add_argument("--device-kind", metavar="KIND", help="the accelerator to plan for (H100, H200, A100, L4, v5e, v5p, v6e, v4); "
+                   "default: this machine's, where known")
+    p.add_argument("--device-memory", metavar="SIZE", help="memory per device, e.g. 16GiB (default: the device kind's)")
+    p.add_argument("--compile", action="store_true",
+                   help="compile the train step on abstract inputs: collectives, memory and FLOPs per device")
+    p.add_argument("--search", action="store_true",
+                   help="compile every layout that fits the devices (DP, FSDP, FSDP+TP, TP x remat x microbatches) "
+                        "and rank them by a roofline estimate")
+    try:
+        a, rest = p.parse_known_args(argv)
+        if a.devices is not None and a.devices < 1:
+            raise ConfigError(f"--devices must be a positive integer, got {a.devices}")
+        if a.devices is not None and not _stand_in_devices(a.devices):
+            return _plan_in_child(argv, a.devices)
+        from .plan import Target, plan_report
+
+        cfg = load_config(_config_of(a), rest)
+        target = Target.of(a.device_kind, a.device_memory)
+        print(plan_report(cfg, compile=a.compile, target=target))
+        if a.search:
+            from .plan_search import search_report
+
+            print("\n" + search_report(cfg, target))
+    except SystemExit as e:  # --help
+        return int(e.code or 0)
+    except (ConfigError, DataError, NamedError) as e:
+        return _fail(e)
+    except OSError as e:  # the machine, not the input: no traceback, exit 1
+        return _fail(e, 1)
+    return 0
+
+
+def _stand_in_devices(n: int) -> bool:
+    """Make JAX see ``n`` CPU devices, unless this process already started its backends (then
+    False: the caller plans in a fresh process). The planned-for kind comes from --device-kind."""
+    import jax
+    from jax._src import xla_bridge  # no public way to ask whether the backends exist yet
+
+    if xla_bridge.backends_are_initialized():
+        return len(jax.devices()) == n
+    os.environ["XLA_FLAGS"] = _with_device_count(os.environ.get("XLA_FLAGS", ""), n)
+    jax.config.update("jax_platforms", "cpu")
+    return True
+
+
+def _with_device_count(flags: str, n: int) -> str:
+    kept = [f for f in flags.split() if not f.startswith("--xla_force_host_platform_device_count")]
+    return " ".join([*kept, f"--xla_force_host_platform_device_count={n}"])
+
+
+def _plan_in_child(argv: list[str], n: int) -> int:
+    env = {**os.environ, "XLA_FLAGS": _with_device_count(os.environ.get("XLA_FLAGS", ""), n), "JAX_PLATFORMS": "cpu"}
+    return subprocess.run([sys.executable, "-m", "named.trainer.cli", "plan", *argv], env=env).returncode
+
+
+if __name__ == "__main__":  # `python -m named.trainer.cli plan|train|sample ...`
+    _MAINS = {"plan": main_plan, "train": main_train, "sample": main_sample}
+    if len(sys.argv) < 2 or sys.argv[1] not in _MAINS:
+        sys.exit(f"usage: python -m named.trainer.cli {{{'|'.join(_MAINS)}}} ...")
+    sys.exit(_MAINS[sys.argv[1]](sys.argv[2:]))

@@ -9,12 +9,13 @@ unknown key); then every value against ``RULES`` (ranges and names, declared onc
 the few rules that tie two keys together. Each failure raises ``ConfigError`` naming the key.
 The checks that need the devices, the tokenizer or the model's shapes are in ``checks.py``.
 
-Note (draccus): a dict given on the CLI is merged into the YAML dict, not substituted for it.
+A mapping given on the CLI (``--mesh.param_mapping '{}'``) replaces the YAML's; draccus alone would merge them.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextvars
 import dataclasses
 import difflib
 import math
@@ -476,8 +477,41 @@ def check_values(obj, key: str) -> None:
 def _decode_train_config(raw, path=()):
     # draccus' own conversion turns YAML's true into the integer 1 and lets null into any
     # field, so the merged YAML + CLI values are checked against the annotations first.
+    for (section, name), value in _REPLACE.get().items():
+        if isinstance(raw, dict):
+            raw = {**raw, section: {**(raw.get(section) or {}), name: value}}
     _check_section(TrainConfig, raw, "")
     return draccus.parsers.decoding.decode_dataclass(TrainConfig, raw, path)
+
+
+# A mapping given on the command line replaces the YAML's (draccus would merge the two, so
+# `--mesh.param_mapping '{}'` would silently keep FSDP). load_config collects them here for the
+# decoder above; a ContextVar keeps concurrent loads apart.
+_REPLACE: contextvars.ContextVar[dict] = contextvars.ContextVar("named_config_replace", default={})
+_MAPPING_FIELDS = {(section, name) for section, cls in typing.get_type_hints(TrainConfig).items()
+                   if dataclasses.is_dataclass(cls)
+                   for name, tp in typing.get_type_hints(cls).items() if typing.get_origin(tp) is dict}
+
+
+def _mapping_overrides(args: list[str]) -> dict[tuple[str, str], Any]:
+    """``{(section, field): value}`` for every CLI override of a dict-valued field."""
+    out = {}
+    for i, a in enumerate(args):
+        key, eq, inline = a.partition("=")
+        if not key.startswith("--") or key[2:].count(".") != 1:
+            continue
+        section, name = key[2:].split(".")
+        if (section, name) not in _MAPPING_FIELDS:
+            continue
+        text = inline if eq else (args[i + 1] if i + 1 < len(args) else "")
+        try:
+            value = yaml.load(text, Loader=_ConfigLoader) if text.strip() else None
+        except (yaml.YAMLError, ConfigError) as e:
+            raise ConfigError(f"--{section}.{name}: {text!r} is not a YAML mapping ({e}); write e.g. '{{embed: data}}'") from None
+        if not isinstance(value, dict):
+            raise ConfigError(f"--{section}.{name} must be a mapping like '{{embed: data}}' ('{{}}' for none), got {text!r}")
+        out[(section, name)] = value
+    return out
 
 
 draccus.parsers.decoding.decode.register(TrainConfig, _decode_train_config)
@@ -492,6 +526,7 @@ def load_config(config_path: str | os.PathLike | None, args: Sequence[str] = ())
     args = list(args)
     content = _check_config_file(Path(config_path)) if config_path is not None else {}
     where = f" in {config_path}" if config_path else ""
+    token = _REPLACE.set(_mapping_overrides(args))
     try:
         cfg = draccus.parse(TrainConfig, config_path, args=args, exit_on_error=False)
     except (DataError, ConfigError):
@@ -507,6 +542,8 @@ def load_config(config_path: str | os.PathLike | None, args: Sequence[str] = ())
         raise ConfigError(f"bad configuration{where}: {e}") from None
     except OSError as e:  # draccus opens a CLI value that starts with "include" as a file to include
         raise ConfigError(f"bad configuration{where}: {e}") from None
+    finally:
+        _REPLACE.reset(token)
     validate_static(cfg)
     # Last, so that a snippet without a model still reports its own mistakes first.
     if "model" not in content and not any(a == "--model" or a.startswith(("--model.", "--model=")) for a in args):

@@ -9,6 +9,7 @@ direction). docs/trainer.md lists the sources. A kind is matched by substring of
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 
@@ -51,3 +52,15 @@ def find(kind: str) -> Device | None:
 
 def local() -> Device | None:
     return find(jax.devices()[0].device_kind)
+
+
+def parse_bytes(text: str) -> float | None:
+    """``16GiB``, ``80GB``, ``512MiB`` or a plain number of bytes; None if ``text`` is none of these."""
+    units = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "b": 1}
+    t = text.strip().lower().replace(" ", "")
+    unit = next((u for u in sorted(units, key=len, reverse=True) if t.endswith(u)), "")
+    try:
+        value = float(t[: len(t) - len(unit)]) * units.get(unit, 1)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value > 0 else None

@@ -1,36 +1,90 @@
-"""``named-plan``: what a config would do on this machine, without training.
+"""``named-plan``: what a config would do on a set of devices, without training.
 
 It runs every check ``named-train`` runs short of the data and the run directory
 (``checks.check_against_devices``), so it refuses the configs train refuses. By default nothing
-is compiled or allocated: the mesh, every parameter's layout and bytes per device, and the
-microbatch plan. ``compile=True`` (``python -m named.trainer.plan --compile``) also
+is compiled or allocated: the mesh, every parameter's layout and bytes per device, an estimate
+of the activations, and the microbatch plan. ``compile=True`` (``named-plan --compile``) also
 compiles the train step on abstract inputs and reports its collectives, memory per device and
-FLOPs (a few seconds for the small configs).
+FLOPs (a few seconds for the small configs); ``plan_search`` ranks every layout that fits. The command line (``cli.main_plan``) can plan for devices this machine does
+not have: ``--devices N`` stands N CPU devices in for them, ``--device-kind`` names the chip.
 """
 
 from __future__ import annotations
 
-import sys
+import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
 
 import named as nm
 
+from . import hardware
 from .checks import Setup, check_against_devices
-from .config import TrainConfig, data_parallel_size
+from .config import ConfigError, TrainConfig, data_parallel_size
 from .registry import flops_per_token
 
 
-def plan_report(cfg: TrainConfig, *, compile: bool = False) -> str:
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """The chip planned for (None: unknown, e.g. this machine's CPU) and the memory per device."""
+
+    device: hardware.Device | None
+    memory: float | None
+
+    @classmethod
+    def of(cls, kind: str | None, memory: str | None) -> Target:
+        device = hardware.find(kind) if kind is not None else hardware.local()
+        if kind is not None and device is None:
+            raise ConfigError(f"--device-kind {kind!r} is not in the device table ({', '.join(hardware.DEVICES)})")
+        budget = hardware.parse_bytes(memory) if memory is not None else (device.hbm_bytes if device is not None else None)
+        if memory is not None and budget is None:
+            raise ConfigError(f"--device-memory {memory!r} is not a size like 16GiB, 80GB or 512MiB")
+        return cls(device, budget)
+
+
+def activation_bytes(cfg: TrainConfig, s: Setup) -> float:
+    """Per device, the activations one microbatch keeps for the backward pass, after Korthikanti
+    et al. 2022 ("Reducing activation recomputation in large transformer models"), eq. 2 with
+    tensor parallelism: ``s·b·h·(10 + 24/t + 5·a·s/(h·t))`` bytes per layer at 16-bit, for
+    sequence length s, b sequences per device, width h, a heads and t-way tensor parallelism.
+    ``remat: full`` keeps only each layer's input (``2·s·b·h`` bytes) plus one layer's whole set
+    during its recomputation. Scaled by the compute dtype's size / 2. An estimate for a standard
+    decoder layer; ``--compile`` measures the real program."""
+    sizes: dict[str, int] = {}
+    for x in jax.tree.leaves(s.shapes, is_leaf=nm.is_named_array):
+        for a in getattr(x, "axes", ()):
+            sizes.setdefault(a.name, a.size)
+    layers, h, heads = sizes.get("layers", 1), sizes.get("embed", 0), sizes.get("heads", 1)
+    t = cfg.trainer
+    shape = dict(s.mesh.shape)
+    dp = data_parallel_size(cfg, shape)
+    tp_axes = s.compute.get("heads")
+    tp = math.prod(shape[m] for m in ([tp_axes] if isinstance(tp_axes, str) else (tp_axes or ())))
+    seq, b = cfg.data.seq_len, t.train_batch_size // t.microbatches / max(dp, 1)
+    per_layer = seq * b * h * (10 + 24 / tp + 5 * heads * seq / (h * tp))
+    remat = getattr(cfg.model, "remat", "none")
+    total = (2 * seq * b * h * layers + per_layer) if remat == "full" else per_layer * layers
+    from named.nn.precision import get_policy
+
+    return total * jnp.dtype(get_policy(t.precision).compute_dtype).itemsize / 2
+
+
+def plan_report(cfg: TrainConfig, *, compile: bool = False, target: Target | None = None) -> str:
+    target = target if target is not None else Target(hardware.local(), None)
     s = check_against_devices(cfg)
     model_cfg, mesh, compute, param = s.model_cfg, s.mesh, s.compute, s.param
     params = nm.param_report(s.shapes, param, mesh)
     t = cfg.trainer
     dp = data_parallel_size(cfg, dict(mesh.shape))
     micro = t.train_batch_size // t.microbatches
+    here = jax.devices()[0].device_kind
+    planned = (f"planned for {target.device.name}" if target.device is not None and target.device.name.lower() not in here.lower()
+               else "")
+    acts = activation_bytes(cfg, s)
+    state = 4 * params.bytes_per_device  # params, grads and two Adam moments, at the parameter dtype
     lines = [
-        f"devices: {len(jax.devices())} x {jax.devices()[0].device_kind} in {jax.process_count()} process(es)",
+        f"devices: {len(jax.devices())} x {here} in {jax.process_count()} process(es)" + (f"; {planned}" if planned else ""),
         f"mesh: {dict(mesh.shape)}",
         f"compute mapping: {compute}",
         f"parameter mapping: {param}",
@@ -45,9 +99,15 @@ def plan_report(cfg: TrainConfig, *, compile: bool = False) -> str:
         f"microbatches: {t.microbatches} of {micro} sequences; {micro // max(dp, 1)} per data-parallel group of {dp} device(s)",
         f"model: {type(model_cfg).__name__} with {params.n_params:,} parameters; "
         f"{flops_per_token(model_cfg, cfg.data.seq_len) / 1e9:.3f} GFLOP per token (6N + 12·L·d·T)",
+        f"activations per device (estimate, one microbatch, remat {getattr(cfg.model, 'remat', 'none')}): "
+        f"{acts / 2**20:.2f} MiB; with params + grads + moments: {(acts + state) / 2**20:.2f} MiB"
+        + (f" of {target.memory / 2**30:.1f} GiB per device" + (" (OVER BUDGET)" if acts + state > target.memory else "")
+           if target.memory else ""),
     ]
     if compile:
-        lines += ["", "train step (compiled on abstract inputs):", str(train_step_report(cfg, s))]
+        lines += ["", "train step (compiled on abstract inputs):", str(train_step_report(cfg, s)),
+                  "(memory from XLA's CPU buffer assignment: a GPU or TPU build fuses, lays out and overlaps "
+                  "differently, so treat it as an estimate of the same program)"]
     return "\n".join(lines)
 
 
@@ -87,25 +147,3 @@ def train_step_report(cfg: TrainConfig, s: Setup | None = None) -> nm.inspect.Co
         lowered = step.lower(abstract(model, param), abstract(opt_state, param), abstract(batch, compute),
                              jax.random.key(0))
     return nm.compiled_report(lowered, mesh=mesh)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m named.trainer.plan --config_path config/gpt2_nano.yaml [--compile] [--section.key value ...]``"""
-    from .cli import _fail, _split_config_path
-    from .config import ConfigError, load_config
-    from .data import DataError
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    compile_step = "--compile" in argv
-    argv = [a for a in argv if a != "--compile"]
-    try:
-        print(plan_report(load_config(*_split_config_path(argv)), compile=compile_step))
-    except (ConfigError, DataError, nm.NamedError) as e:
-        return _fail(e)
-    except OSError as e:  # the machine, not the input: no traceback, exit 1
-        return _fail(e, 1)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

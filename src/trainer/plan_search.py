@@ -22,6 +22,7 @@ from collections.abc import Iterator
 
 from .config import ConfigError, TrainConfig
 from .hardware import Device
+from .plan import Target, train_step_report
 
 _TP_AXES = ("mlp", "heads", "kv_heads")
 
@@ -82,7 +83,6 @@ def search(cfg: TrainConfig, dev: Device, *, memory_budget: float, progress=None
     import named as nm
 
     from .checks import check_against_devices
-    from .plan import train_step_report
 
     if dev.hbm_bandwidth is None or dev.link_bandwidth is None:
         raise ConfigError(f"--search needs the HBM and link bandwidth of {dev.name}, which the device table lacks")
@@ -90,13 +90,12 @@ def search(cfg: TrainConfig, dev: Device, *, memory_budget: float, progress=None
     for c in candidates(len(jax.devices()), _param_axes(cfg), cfg.trainer.train_batch_size):
         trial = _with(cfg, c)
         try:
-            check_against_devices(trial)
-            report = train_step_report(trial)
+            report = train_step_report(trial, check_against_devices(trial))
         except (ConfigError, nm.NamedError) as e:
             c.error = str(e).splitlines()[0]
         else:
             c.flops, c.hbm_bytes, c.peak_bytes = report.flops, report.bytes_accessed, report.peak_bytes
-            c.comm_bytes = sum(col.sent_bytes * col.count for col in report.collectives)
+            c.comm_bytes = sum(col.sent_bytes * col.runs for col in report.collectives)
         out.append(c)
         if progress is not None:
             progress(c)
@@ -131,8 +130,8 @@ def format_table(ranked: list[Candidate], dev: Device, memory_budget: float) -> 
             continue
         t = c.seconds(dev)
         over = c.peak_bytes > memory_budget
-        rows.append((str(i), c.name, mesh, c.remat, str(c.microbatches), f"{sum(t) * 1e3:.1f}",
-                     *(f"{x * 1e3:.1f}" for x in t), f"{c.peak_bytes / 2**30:.2f}",
+        rows.append((str(i), c.name, mesh, c.remat, str(c.microbatches), f"{sum(t) * 1e3:.3g}",
+                     *(f"{x * 1e3:.3g}" for x in t), f"{c.peak_bytes / 2**30:.3g}",
                      f"over budget ({memory_budget / 2**30:.1f} GiB)" if over else ""))
     widths = [max(len(r[j]) for r in (head, *rows)) for j in range(len(head))]
     lines = ["  ".join(x.rjust(w) if j and j not in (1, 2, 3, 10) else x.ljust(w) for j, (x, w) in enumerate(zip(r, widths)))
@@ -144,24 +143,13 @@ def format_table(ranked: list[Candidate], dev: Device, memory_budget: float) -> 
     return "\n".join([*lines, "", note])
 
 
-def parse_bytes(text: str) -> float:
-    """``16GiB``, ``80GB``, ``512MiB``, or a plain number of bytes."""
-    units = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "b": 1}
-    t = text.strip().lower().replace(" ", "")
-    for u in sorted(units, key=len, reverse=True):
-        if t.endswith(u):
-            try:
-                value = float(t[: -len(u)]) * units[u]
-            except ValueError:
-                break
-            if math.isfinite(value) and value > 0:
-                return value
-            break
-    else:
-        try:
-            value = float(t)
-            if math.isfinite(value) and value > 0:
-                return value
-        except ValueError:
-            pass
-    raise ConfigError(f"--device-memory {text!r} is not a size like 16GiB, 80GB or 512MiB")
+def search_report(cfg: TrainConfig, target: Target) -> str:
+    """The ranked table ``named-plan --search`` prints."""
+    import jax
+
+    if target.device is None:
+        raise ConfigError("--search ranks layouts by a device's speeds: name it with --device-kind (e.g. H100)")
+    budget = target.memory if target.memory is not None else float("inf")
+    ranked = search(cfg, target.device, memory_budget=budget)
+    return "\n".join([f"layouts for {len(jax.devices())} x {target.device.name} (each compiled on abstract inputs):",
+                      format_table(ranked, target.device, budget)])

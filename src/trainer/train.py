@@ -26,6 +26,7 @@ from named.nn.loss import next_token_loss
 from named.nn.precision import cast_for_compute, get_policy
 
 from . import checkpoint as ckpt
+from . import hardware
 from . import rundir
 from .checks import check_against_devices
 from .config import TrainConfig, dump_config
@@ -35,11 +36,6 @@ from .registry import flops_per_token, model_type
 from .trackers import Trackers, log, setup_logging
 
 Batch_, Pos, Microbatch = nm.Axis("batch", 1), "position", "microbatch"
-
-# bf16 dense peak per device (FLOP/s), for MFU. docs/benchmarks.md states the sources.
-PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "TPU v4": 275e12, "TPU v5 lite": 197e12,
-              "TPU v5p": 459e12, "TPU v6 lite": 918e12}
-
 
 class TrainingError(RuntimeError):
     """The run cannot go on (a NaN under nan_policy=stop, for example); the message says where."""
@@ -58,8 +54,8 @@ class TrainResult:
 def peak_flops(cfg: TrainConfig) -> float | None:
     if cfg.trainer.peak_flops_per_device:
         return cfg.trainer.peak_flops_per_device
-    kind = jax.devices()[0].device_kind
-    return next((v for k, v in PEAK_FLOPS.items() if k.lower() in kind.lower()), None)
+    device = hardware.local()  # bf16 dense peak from the device table
+    return device.peak_flops if device is not None else None
 
 
 def _all_finite(tree) -> jax.Array:

@@ -1,0 +1,77 @@
+"""The import graph of src/, read with ast: no two modules import each other (function-level
+imports included), imports point trainer -> models -> named, and ``import named`` loads no
+model or trainer code.
+
+The one allowed pair is NamedArray's method delegates: ``named._core`` defines the class and,
+at its end, imports ``_ops``/``_shape``/``_index``/``_einsum`` whose functions the one-line
+methods call, while those modules import NamedArray from ``_core``.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PACKAGES = {"named": ROOT / "src/named", "named.models": ROOT / "src/models", "named.trainer": ROOT / "src/trainer"}
+DELEGATES = {"named._ops", "named._shape", "named._index", "named._einsum"}
+
+
+def _module_name(path: pathlib.Path) -> str:
+    for pkg, folder in sorted(PACKAGES.items(), key=lambda kv: -len(str(kv[1]))):
+        if path.is_relative_to(folder):
+            parts = list(path.relative_to(folder).with_suffix("").parts)
+            return ".".join([pkg, *parts[:-1]] if parts[-1] == "__init__" else [pkg, *parts])
+    raise AssertionError(path)
+
+
+def _graph() -> dict[str, set[str]]:
+    files = {_module_name(f): f for folder in PACKAGES.values() for f in folder.rglob("*.py")}
+    graph = {}
+    for mod, path in files.items():
+        is_pkg = path.name == "__init__.py"
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names if a.name in files}
+            elif isinstance(node, ast.ImportFrom):
+                base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+                prefix = (".".join(base[: len(base) - node.level + 1] + ([node.module] if node.module else []))
+                          if node.level else node.module)
+                for a in node.names:  # `from pkg import module` depends on the module, not the package
+                    target = f"{prefix}.{a.name}" if f"{prefix}.{a.name}" in files else prefix
+                    if target in files:
+                        deps.add(target)
+        deps.discard(mod)
+        graph[mod] = deps
+    return graph
+
+
+def test_the_graph_is_read():
+    g = _graph()
+    assert "named.inspect" in g["named"] and "named._core" in g["named.inspect"]
+    assert "named.trainer.config" in g["named.trainer.train"]
+
+
+def test_no_two_modules_import_each_other():
+    g = _graph()
+    pairs = sorted({tuple(sorted((a, b))) for a in g for b in g[a] if a in g.get(b, ())})
+    allowed = {("named._core", d) for d in DELEGATES}
+    assert [p for p in pairs if p not in allowed] == []
+
+
+def test_imports_point_one_way():
+    g = _graph()
+    layer = {"named.trainer": 2, "named.models": 1}
+    rank = lambda m: next((v for k, v in layer.items() if m == k or m.startswith(k + ".")), 0)  # noqa: E731
+    upward = [(a, b) for a in g for b in g[a] if rank(b) > rank(a) and not (a == "named" and b in layer)]
+    assert upward == []
+
+
+def test_import_named_loads_no_model_or_trainer_code():
+    code = ("import sys, named\n"
+            "bad = sorted(m for m in sys.modules if m.startswith(('named.models', 'named.trainer')))\n"
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, env={"JAX_PLATFORMS": "cpu", "PATH": ""})
