@@ -17,7 +17,7 @@ from tokenizers import models, pre_tokenizers
 
 from named.trainer.config import ConfigError, load_config
 from named.trainer.data import DataConfig, DataError, HFTokenizer, build_data
-from named.trainer.data import _cache
+from named.trainer.data import _encode
 
 ROOT = Path(__file__).resolve().parents[1]
 NANO = ROOT / "config/gpt2_nano.yaml"
@@ -217,8 +217,8 @@ class _FullDiskOs:
 
 def test_full_disk_names_the_cache_file_and_leaves_nothing(tmp_path, monkeypatch):
     srcs = [write(tmp_path / f"{i}.txt", "some text " * 10) for i in range(3)]
-    monkeypatch.setattr(_cache, "_ENCODE_CHUNK_CHARS", 50)  # one write per document: the second fails
-    monkeypatch.setattr(_cache, "os", _FullDiskOs())
+    monkeypatch.setattr(_encode, "_ENCODE_CHUNK_CHARS", 50)  # one write per document: the second fails
+    monkeypatch.setattr(_encode, "os", _FullDiskOs())
     with pytest.raises(DataError, match=r"cannot write the token cache '.*tokens-\w+\.uint16\.bin'.*No space left"):
         build_data(cfg(tmp_path, srcs))
     assert cache_files(tmp_path) == []

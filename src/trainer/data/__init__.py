@@ -1,6 +1,8 @@
 """Data for training: tokenizers, sources, a token cache, packing, and batch order.
 
-    cfg = DataConfig(train=["stdlib"], seq_len=256)          # or paths, globs, .jsonl/.npy/.bin
+    cfg = DataConfig(train=["stdlib"], seq_len=256)          # or paths, globs, folders (formats below)
+    cfg = DataConfig(train=[{"name": "web", "paths": ["web/*.parquet"], "weight": 3},
+                            {"name": "code", "paths": ["code/"], "weight": 1, "text_field": "content"}])
     data = build_data(cfg)                                   # checks everything, then tokenises once
     batches = TrainBatches(data.train, batch_size=32, seed=0,
                            process_index=jax.process_index(), process_count=jax.process_count())
@@ -13,13 +15,19 @@ The pipeline, in the order data flows:
   ``tokenizer.json`` from a local path; both satisfy the ``Tokenizer`` protocol. ``vocab_size``
   is one more than the largest id the tokenizer can give (ids may be sparse), and every token
   array is checked against it before it reaches a model.
-- **Sources** (``_sources``): paths, globs, ``"stdlib"`` (this Python's standard-library
-  source, the offline default corpus); text files are one document each, JSONL has one per
-  line (``text`` field), ``.npy``/``.bin`` are pre-tokenised and memory-mapped as they are.
+- **Sources** (``_sources``): paths, globs, directories, ``"stdlib"`` (this Python's
+  standard-library source, the offline default corpus); text files are one document each,
+  JSONL has one per line (``text`` field unless the source names another), Parquet and Arrow
+  one per row of the text column (``_columnar``: row groups and record batches read lazily;
+  also ``datasets``' ``save_to_disk`` folders), ``.gz``/``.zst`` text and JSONL are
+  stream-decompressed (``_compressed``), ``.npy``/``.bin`` are pre-tokenised and
+  memory-mapped as they are.
 - **Cache** (``_cache``): text and JSONL are tokenised once into a flat token file (each
   document followed by eos; uint16 or uint32 as the vocabulary needs, the dtype in the file
   name), named by a hash of the file list and the tokenizer, written atomically, ids
-  range-checked as they are written, and memory-mapped on every later run.
+  range-checked as they are written, and memory-mapped on every later run. Large corpora
+  are tokenised per file by worker processes into shards that survive an interrupted build
+  (``_shards``).
 - **Packing** (``_packing``): concatenate-and-chunk. The stream is cut into rows of
   ``seq_len``; ``segment_ids`` restart the numbering in every row and step after each eos,
   so a segment-masked attention never crosses documents; ``loss_mask`` is False wherever
@@ -30,15 +38,20 @@ The pipeline, in the order data flows:
   separate validation sources are given. Train order is a per-epoch seeded permutation,
   computed from the step alone: resume by asking for the batch at the checkpointed step.
   Each process reads only its contiguous block of rows of every global batch.
+- **Mixtures** (``_mixture``): named sources, each with its own cache and rows, drawn by
+  weight in blocks whose makeup is exact and whose order follows from ``(seed, step)``; a
+  source that runs out starts a new epoch of itself.
 
 Every bad input raises ``DataError`` naming the file, pattern or key, before tokenising
 starts where it can be known then, and never leaves a partial file behind.
 """
 
 from ._build import Data, DataConfig, build_data, token_stream
-from ._cache import atomic_write, cached_tokens, token_dtype
+from ._cache import cached_tokens, token_dtype
+from ._encode import atomic_write
 from ._errors import DataError
 from ._loader import TrainBatches, eval_batches, loader_throughput, num_eval_batches
+from ._mixture import Mixture, SourceSpec
 from ._packing import PAD_SEGMENT, Batch, Sequences, TokenStream, pack
 from ._sources import STDLIB, SourceFile, open_pretokenized, resolve_sources, stdlib_files
 from ._tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer
@@ -52,8 +65,10 @@ __all__ = [
     "DataConfig",
     "DataError",
     "HFTokenizer",
+    "Mixture",
     "Sequences",
     "SourceFile",
+    "SourceSpec",
     "TokenStream",
     "Tokenizer",
     "TrainBatches",

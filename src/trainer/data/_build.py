@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any, Union
 
 import numpy as np
 
 from ._cache import cached_tokens
 from ._errors import DataError
+from ._mixture import Mixture, SourceSpec, parse_sources
 from ._packing import Sequences, TokenStream
 from ._sources import BIN_DTYPES, STDLIB, SourceFile, check_token_ids, open_pretokenized, resolve_sources
 from ._tokenizer import Tokenizer, check_tokenizer, load_tokenizer
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -19,9 +24,13 @@ class DataConfig:
     """Where the tokens come from and how they are cut.
 
     Args:
-        train: source specs: paths, globs, or ``"stdlib"`` (the embedded default corpus).
-        validation: separate validation sources; when empty, the last ``val_fraction`` of
-            the train sequences is held out instead.
+        train: source specs (paths, globs, directories, or ``"stdlib"``, the embedded default
+            corpus), or a weighted mixture of named sources, one mapping each:
+            ``{name, paths, weight, text_field}`` (``weight`` 1 and ``text_field`` ``text`` unless
+            given; a source of weight 0 is left out).
+        validation: separate validation sources, in either form (named ones without a weight
+            are evaluated one by one); when empty, the last ``val_fraction`` of the train
+            sequences (of each source of a mixture) is held out instead.
         val_fraction: share of sequences held out for validation (0 for none).
         tokenizer: ``"byte"`` or a local ``tokenizer.json`` (or a folder holding one).
         eos_token: end-of-document token of an HF tokenizer when it cannot be found.
@@ -31,8 +40,8 @@ class DataConfig:
         stdlib_bytes: how much of the standard library the ``"stdlib"`` corpus takes.
     """
 
-    train: list[str] = field(default_factory=lambda: [STDLIB])
-    validation: list[str] = field(default_factory=list)
+    train: list[Union[dict[str, Any], str]] = field(default_factory=lambda: [STDLIB])
+    validation: list[Union[dict[str, Any], str]] = field(default_factory=list)
     val_fraction: float = 0.05
     tokenizer: str = "byte"
     eos_token: str | None = None
@@ -42,10 +51,8 @@ class DataConfig:
     stdlib_bytes: int = 8_000_000
 
     def __post_init__(self):
-        for key in ("train", "validation"):
-            for i, spec in enumerate(getattr(self, key)):
-                if not isinstance(spec, str) or not spec:
-                    raise DataError(f"data.{key}[{i}] must be a non-empty path, glob or 'stdlib', got {spec!r}")
+        self.sources("train")
+        self.sources("validation")
         if self.seq_len < 2:
             raise DataError(f"data.seq_len must be at least 2 (a token and its target), got {self.seq_len}")
         if not 0.0 <= self.val_fraction < 1.0:
@@ -55,54 +62,107 @@ class DataConfig:
         if self.stdlib_bytes < 1:
             raise DataError(f"data.stdlib_bytes must be positive, got {self.stdlib_bytes}")
 
+    def sources(self, key: str) -> list[SourceSpec]:
+        """``data.train`` or ``data.validation`` as sources: one unnamed source for plain specs."""
+        return parse_sources(getattr(self, key), f"data.{key}", weighted=key == "train")
+
 
 @dataclass(frozen=True)
 class Data:
+    """The splits ``build_data`` gives. ``train`` is a ``Mixture`` when ``data.train`` names
+    several sources; ``validation`` is then every source's held-out rows together, and
+    ``validation_sources`` the same per source name (empty for a single source)."""
+
     tokenizer: Tokenizer
-    train: Sequences
+    train: Sequences | Mixture
     validation: Sequences | None
+    validation_sources: dict[str, Sequences] = field(default_factory=dict)
 
 
 def build_data(cfg: DataConfig, tokenizer: Tokenizer | None = None) -> Data:
     """Load the tokenizer, check every source, tokenise (or reuse the cache), and split.
 
-    Every check that needs no tokenising (tokenizer file, globs, pre-tokenised headers and
-    ids, of train and validation sources alike) runs before any tokenising starts.
+    Every check that needs no tokenising (tokenizer file, globs, Parquet and Arrow columns,
+    pre-tokenised headers and ids, of train and validation sources alike) runs before any
+    tokenising starts.
     """
     if not cfg.train:  # checked here, not in DataConfig: token_stream takes a config for its settings alone
         raise DataError("data.train is empty; list at least one file, glob or 'stdlib'")
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.tokenizer, cfg.eos_token)
-    checked = [_checked_sources(specs, tokenizer, cfg) for specs in (cfg.train, cfg.validation) if specs]
-    streams = [_token_stream(*c, tokenizer, cfg) for c in checked]
-    train = _nonempty(Sequences(streams[0], cfg.seq_len), "train")
-    if cfg.validation:
-        return Data(tokenizer, train, _nonempty(Sequences(streams[1], cfg.seq_len), "validation"))
-    rows = len(train)
-    n_val = max(1, round(rows * cfg.val_fraction)) if cfg.val_fraction > 0 else 0
+    train_specs = [s for s in cfg.sources("train") if s.weight > 0]
+    for s in cfg.sources("train"):
+        if s.weight == 0:
+            log.info("data.train: source %r has weight 0 and is left out", s.name)
+    val_specs = cfg.sources("validation")
+    checked = [(s, _checked_sources(s.paths, tokenizer, cfg, s.text_field, _label(s, "train")))
+               for s in train_specs]
+    val_checked = [(s, _checked_sources(s.paths, tokenizer, cfg, s.text_field, _label(s, "validation")))
+                   for s in val_specs]
+    train = [_sequences(s, c, tokenizer, cfg, "train") for s, c in checked]
+    validation = [_sequences(s, c, tokenizer, cfg, "validation") for s, c in val_checked]
+    if not validation and cfg.val_fraction > 0:
+        held = [_hold_out(seqs, cfg, s) for s, seqs in zip(train_specs, train)]
+        train, validation = [t for t, _ in held], [v for _, v in held]
+        val_specs = train_specs
+    if len(train) == 1:
+        mixture: Sequences | Mixture = train[0]
+    else:
+        mixture = Mixture([s.name for s in train_specs], train, [s.weight for s in train_specs])
+    val = (validation[0] if len(validation) == 1 else Sequences.concat(validation)) if validation else None
+    named = {s.name: v for s, v in zip(val_specs, validation) if s.name} if len(validation) > 1 else {}
+    return Data(tokenizer, mixture, val, named)
+
+
+def token_stream(specs: Sequence[str], tokenizer: Tokenizer, cfg: DataConfig, text_field: str = "text") -> TokenStream:
+    """All tokens of ``specs``: the documents of text, JSONL, Parquet and Arrow files first (one
+    cache file), then the pre-tokenised files in order."""
+    text, pretokenized, _ = _checked_sources(specs, tokenizer, cfg, text_field)
+    return _token_stream(text, pretokenized, tokenizer, cfg)
+
+
+def _label(spec: SourceSpec, split: str) -> str:
+    return f"data.{split} source {spec.name!r}: " if spec.name else ""
+
+
+def _checked_sources(specs: Sequence[str], tokenizer: Tokenizer, cfg: DataConfig, text_field: str = "text",
+                     label: str = ""):
+    check_tokenizer(tokenizer)
+    try:
+        files = resolve_sources(specs, stdlib_bytes=cfg.stdlib_bytes, text_field=text_field)
+        pretokenized = [
+            (f, open_pretokenized(f, bin_dtype=cfg.bin_dtype, vocab_size=None)) for f in files if f.pretokenized
+        ]
+        for f, tokens in pretokenized:  # headers and sizes of all files first: they are cheap
+            check_token_ids(tokens, tokenizer.vocab_size, f.path)
+    except DataError as e:
+        raise _named(e, label) from e.__cause__
+    return [f for f in files if not f.pretokenized], [tokens for _, tokens in pretokenized], label
+
+
+def _sequences(spec: SourceSpec, checked, tokenizer: Tokenizer, cfg: DataConfig, split: str) -> Sequences:
+    text, pretokenized, label = checked
+    try:
+        return _nonempty(Sequences(_token_stream(text, pretokenized, tokenizer, cfg), cfg.seq_len), split)
+    except DataError as e:
+        raise _named(e, label) from e.__cause__
+
+
+def _hold_out(seqs: Sequences, cfg: DataConfig, spec: SourceSpec) -> tuple[Sequences, Sequences]:
+    """The train rows and the last ``val_fraction`` of them, held out (contiguous, so few
+    documents straddle the two)."""
+    rows = len(seqs)
+    n_val = max(1, round(rows * cfg.val_fraction))
     if n_val >= rows:
         raise DataError(
-            f"the corpus gives only {rows} sequences of {cfg.seq_len} tokens: too few to hold out "
-            f"data.val_fraction={cfg.val_fraction} and still train; add data or lower data.seq_len"
+            f"{_label(spec, 'train')}the corpus gives only {rows} sequences of {cfg.seq_len} tokens: too few to hold "
+            f"out data.val_fraction={cfg.val_fraction} and still train; add data or lower data.seq_len"
         )
-    validation = Sequences(train.stream, cfg.seq_len, rows - n_val, n_val) if n_val else None
-    return Data(tokenizer, Sequences(train.stream, cfg.seq_len, 0, rows - n_val), validation)
+    keep = rows - n_val
+    return Sequences(seqs.stream, cfg.seq_len, 0, keep), Sequences(seqs.stream, cfg.seq_len, keep, n_val)
 
 
-def token_stream(specs: Sequence[str], tokenizer: Tokenizer, cfg: DataConfig) -> TokenStream:
-    """All tokens of ``specs``: text and JSONL documents first (one cache file), then the
-    pre-tokenised files in order."""
-    return _token_stream(*_checked_sources(specs, tokenizer, cfg), tokenizer, cfg)
-
-
-def _checked_sources(specs: Sequence[str], tokenizer: Tokenizer, cfg: DataConfig):
-    check_tokenizer(tokenizer)
-    files = resolve_sources(specs, stdlib_bytes=cfg.stdlib_bytes)
-    pretokenized = [
-        (f, open_pretokenized(f, bin_dtype=cfg.bin_dtype, vocab_size=None)) for f in files if f.pretokenized
-    ]
-    for f, tokens in pretokenized:  # headers and sizes of all files first: they are cheap
-        check_token_ids(tokens, tokenizer.vocab_size, f.path)
-    return [f for f in files if not f.pretokenized], [tokens for _, tokens in pretokenized]
+def _named(e: DataError, label: str) -> DataError:
+    return DataError(f"{label}{e}") if label else e
 
 
 def _token_stream(

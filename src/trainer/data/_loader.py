@@ -7,7 +7,8 @@ Step ``s`` therefore maps to ``(epoch, b) = divmod(s, batches_per_epoch)`` by ar
 resuming at any step reads exactly that step's batch and replays nothing, so the loader's
 whole state is the step number. With several processes the rows of each global batch are
 split contiguously: process ``p`` of ``P`` gets rows ``[p*B/P, (p+1)*B/P)`` and reads only
-their tokens.
+their tokens. A weighted mixture of sources (``_mixture``) has its own order, also computed
+from ``(seed, step)`` alone, and the same split between processes.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ._errors import DataError
+from ._mixture import Mixture, MixtureOrder
 from ._packing import Batch, Sequences, TokenStream, padding_rows
 from ._sources import open_pretokenized, resolve_sources
 
@@ -37,17 +39,25 @@ class TrainBatches:
     """The train batches of one process, in seeded shuffled order, for any step.
 
     Args:
-        sequences: the train split.
+        sequences: the train split, or a weighted mixture of named splits.
         batch_size: rows of the *global* batch (all processes together).
         seed: fixes the order; the same seed gives the same batches on every run.
         process_index, process_count: this process and how many share each global batch.
     """
 
     def __init__(
-        self, sequences: Sequences, *, batch_size: int, seed: int, process_index: int = 0, process_count: int = 1
+        self,
+        sequences: Sequences | Mixture,
+        *,
+        batch_size: int,
+        seed: int,
+        process_index: int = 0,
+        process_count: int = 1,
     ):
         self.local_batch_size = _check_processes(batch_size, process_index, process_count)
-        if len(sequences) < batch_size:
+        # A mixture's sources repeat by epochs of their own, so it needs no batch's worth of rows.
+        self._mixture = MixtureOrder(sequences, batch_size, seed) if isinstance(sequences, Mixture) else None
+        if self._mixture is None and len(sequences) < batch_size:
             raise DataError(
                 f"the train split has {len(sequences)} sequences of {sequences.seq_len} tokens, fewer than one "
                 f"batch of {batch_size}; add data or lower the batch size or data.seq_len"
@@ -55,17 +65,16 @@ class TrainBatches:
         self.sequences = sequences
         self.batch_size, self.seed = batch_size, seed
         self.process_index, self.process_count = process_index, process_count
-        self.batches_per_epoch = len(sequences) // batch_size
+        self.batches_per_epoch = max(len(sequences) // batch_size, 1)
         self._epoch: int | None = None
         self._perm: np.ndarray | None = None
-
-    def epoch_of(self, step: int) -> int:
-        return step // self.batches_per_epoch
 
     def global_indices(self, step: int) -> np.ndarray:
         """Row indices (into the split) of the whole global batch at ``step``."""
         if step < 0:
-            raise ValueError(f"step must be non-negative, got {step}")
+            raise DataError(f"step must be non-negative, got {step}")
+        if self._mixture is not None:
+            return self._mixture.global_indices(step)
         epoch, b = divmod(step, self.batches_per_epoch)
         return self._permutation(epoch)[b * self.batch_size : (b + 1) * self.batch_size]
 
@@ -77,6 +86,14 @@ class TrainBatches:
     def batch_at(self, step: int) -> Batch:
         """This process's rows of the global batch at ``step``: ``[local_batch_size, seq_len]``."""
         return self.sequences.rows(self.indices(step))
+
+    def tokens_by_source(self, step: int) -> dict[str, int]:
+        """Tokens each source of a mixture has given to the batches before ``step`` (all
+        processes together), keyed ``tokens/<name>`` for the trackers; empty for one source."""
+        if self._mixture is None:
+            return {}
+        rows = self._mixture.rows_before(step)
+        return {f"tokens/{name}": int(n) * self.sequences.seq_len for name, n in zip(self.sequences.names, rows)}
 
     def iter_from(self, step: int = 0) -> Iterator[Batch]:
         """Endless batches starting at ``step`` (resume by passing the checkpointed step)."""

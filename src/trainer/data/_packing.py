@@ -45,6 +45,15 @@ class TokenStream:
     def __len__(self) -> int:
         return int(self.offsets[-1])
 
+    def pieces(self, start: int, stop: int) -> list[np.ndarray]:
+        """Tokens ``[start, stop)`` as views of the underlying arrays, cut where files meet."""
+        out = []
+        for k, a in enumerate(self.arrays):
+            lo, hi = max(start - int(self.offsets[k]), 0), min(stop - int(self.offsets[k]), len(a))
+            if lo < hi:
+                out.append(a[lo:hi])
+        return out
+
     def windows(self, starts: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
         """Tokens ``[start, start + length)`` for each start, as int32 ``[len(starts), length]``,
         and a bool array of the same shape, True where a file begins."""
@@ -79,11 +88,18 @@ class Sequences:
     def num_tokens(self) -> int:
         return self.count * self.seq_len
 
+    @staticmethod
+    def concat(parts: Sequence[Sequences]) -> Sequences:
+        """The rows of several splits, one after another, as one split (no copy: views of the
+        same files). A cut between two parts falls at a row start, where a segment starts anyway."""
+        arrays = [a for p in parts for a in p.stream.pieces(p.first * p.seq_len, (p.first + p.count) * p.seq_len)]
+        return Sequences(TokenStream(arrays, parts[0].stream.eos_id), parts[0].seq_len)
+
     def rows(self, indices: Sequence[int] | np.ndarray) -> Batch:
         """The packed rows at ``indices`` (each in ``[0, len(self))``)."""
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         if idx.size and (idx.min() < 0 or idx.max() >= self.count):
-            raise IndexError(f"row index out of range [0, {self.count})")
+            raise DataError(f"row index out of range [0, {self.count})")
         tokens, file_start = self.stream.windows((self.first + idx) * self.seq_len, self.seq_len)
         return pack(tokens, self.stream.eos_id, file_start)
 

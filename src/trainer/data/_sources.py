@@ -1,9 +1,20 @@
-"""Where documents come from: text files, JSONL, pre-tokenised arrays, the stdlib corpus.
+"""Where documents come from: text, JSONL, Parquet, Arrow, pre-tokenised arrays, the stdlib corpus.
 
-A *source spec* is a string: a path, a glob (``data/**/*.txt``), or ``"stdlib"`` for the
-embedded default corpus. Each matched file's kind follows from its extension: ``.jsonl``
-(one JSON object per line with a ``text`` field), ``.npy`` and ``.bin`` (pre-tokenised,
-taken as they are), anything else is a text file holding one document. Text must be UTF-8:
+A *source spec* is a string: a path, a glob (``data/**/*.jsonl.zst``), a directory, or
+``"stdlib"`` for the embedded default corpus. Each file's kind follows from its extension:
+
+- ``.jsonl`` / ``.json`` (JSON Lines: one object per line; the document is its text field,
+  ``text`` unless the source names another), also compressed: ``.jsonl.gz``, ``.json.gz``,
+  ``.jsonl.zst``, ``.json.zst``, stream-decompressed (``_compressed``);
+- ``.parquet`` and ``.arrow`` (one document per row of the text column, read lazily;
+  ``_columnar``), and a folder written by ``datasets``' ``save_to_disk``;
+- ``.npy`` and ``.bin``: pre-tokenised, taken as they are;
+- ``.txt.gz`` / ``.txt.zst``, and any other file: a text file holding one document.
+
+An extension that names a format we do not read (``.bz2``, ``.xz``, ``.zip``, ``.csv``,
+``.pkl``, ...; or ``.gz``/``.zst`` around anything but ``.txt``/``.jsonl``/``.json``) is
+refused naming the file. A directory expands to the data files under it (the kinds above
+by extension, except plain ``.json``; hidden files and other names skipped), in sorted order. Text must be UTF-8:
 a file with a NUL byte or invalid UTF-8 is refused (naming the file and line) rather than
 trained on as replacement characters.
 """
@@ -22,6 +33,7 @@ from typing import Literal
 
 import numpy as np
 
+from . import _columnar, _compressed
 from ._errors import DataError
 
 STDLIB = "stdlib"
@@ -31,21 +43,40 @@ _SCAN_CHUNK = 1 << 24  # tokens per chunk when checking ids of a pre-tokenised f
 # JSON escapes can produce lone surrogates, which no tokenizer can encode.
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
-Kind = Literal["text", "jsonl", "npy", "bin"]
+Kind = Literal["text", "jsonl", "parquet", "arrow", "npy", "bin"]
+FIELD_KINDS = ("jsonl", "parquet", "arrow")  # the kinds whose documents are one field of a record
+_KINDS: dict[str, Kind] = {
+    ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".arrow": "arrow", ".npy": "npy", ".bin": "bin",
+    ".txt": "text",
+}
+_COMPRESSIBLE = {".jsonl": "jsonl", ".json": "jsonl", ".txt": "text"}
+# Formats a user may reasonably point at that we do not read: refused rather than read as text.
+_UNREAD = {
+    ".bz2", ".xz", ".lz4", ".lzma", ".br", ".snappy", ".zip", ".tar", ".tgz", ".7z", ".rar", ".csv", ".tsv",
+    ".feather", ".orc", ".avro", ".pkl", ".pickle", ".pt", ".pth", ".safetensors", ".h5", ".hdf5", ".tfrecord",
+    ".msgpack", ".sqlite", ".db", ".xlsx",
+}
+SUPPORTED = ".txt, .jsonl, .json, .jsonl.gz, .json.gz, .txt.gz, .jsonl.zst, .txt.zst, .parquet, .arrow, .npy, .bin"
 
 
 @dataclass(frozen=True)
 class SourceFile:
     path: Path
     kind: Kind
+    codec: str | None = None  # "gzip" or "zstd" for a compressed file
+    text_field: str = "text"  # the field holding the document, for the FIELD_KINDS
 
     @property
     def pretokenized(self) -> bool:
         return self.kind in ("npy", "bin")
 
 
-def resolve_sources(specs: Sequence[str], *, stdlib_bytes: int = 8_000_000) -> list[SourceFile]:
-    """Expand specs into an ordered, de-duplicated file list; fail on anything missing."""
+def resolve_sources(
+    specs: Sequence[str], *, stdlib_bytes: int = 8_000_000, text_field: str = "text"
+) -> list[SourceFile]:
+    """Expand specs into an ordered, de-duplicated file list; fail on anything missing or
+    unreadable: for Parquet and Arrow files the text column is checked here, before any
+    tokenising."""
     if not specs:
         raise DataError("no data sources given; list files, globs or 'stdlib' in data.train")
     files: list[Path] = []
@@ -61,8 +92,8 @@ def resolve_sources(specs: Sequence[str], *, stdlib_bytes: int = 8_000_000) -> l
         else:
             path = Path(spec).expanduser()
             if path.is_dir():
-                hint = f"{spec.rstrip('/')}/**/*.txt"
-                raise DataError(f"data source {spec!r} is a directory; give a glob such as {hint!r}")
+                files += _expand_dir(path, spec)
+                continue
             if not path.exists():
                 raise DataError(f"data source {spec!r} does not exist")
             if not path.is_file():
@@ -74,8 +105,39 @@ def resolve_sources(specs: Sequence[str], *, stdlib_bytes: int = 8_000_000) -> l
         p = p.resolve()
         if p not in seen:
             seen.add(p)
-            out.append(SourceFile(p, _kind(p)))
+            kind, codec = _kind(p)
+            src = SourceFile(p, kind, codec, text_field)
+            if kind in ("parquet", "arrow"):
+                _columnar.check_text_column(p, kind, text_field)
+            out.append(src)
     return out
+
+
+def _expand_dir(folder: Path, spec: str) -> list[Path]:
+    """The data files under ``folder``: its own files in sorted order, then each sub-folder's
+    (sorted); a ``save_to_disk`` folder gives its shards, in its own order."""
+    if _columnar.is_saved_dataset(folder):
+        return _columnar.saved_dataset_files(folder)
+    out = _walk(folder)
+    if not out:
+        hint = f"{spec.rstrip('/')}/**/*.md"
+        raise DataError(
+            f"data source {spec!r} is a directory holding no data files ({SUPPORTED}); for text files of "
+            f"another extension give a glob such as {hint!r}"
+        )
+    return out
+
+
+def _walk(folder: Path) -> list[Path]:
+    try:
+        entries = sorted((p for p in folder.iterdir() if not p.name.startswith(".")), key=lambda p: p.name)
+    except OSError as e:
+        raise DataError(f"cannot list the data folder {str(folder)!r}: {e.strerror}") from e
+    files = [p for p in entries if p.is_file() and _is_data_name(p.name)]
+    for d in entries:
+        if d.is_dir() and not d.is_symlink():  # a linked folder could lead back up: not followed
+            files += _columnar.saved_dataset_files(d) if _columnar.is_saved_dataset(d) else _walk(d)
+    return files
 
 
 def stdlib_files(max_bytes: int) -> list[Path]:
@@ -105,13 +167,19 @@ def stdlib_files(max_bytes: int) -> list[Path]:
 
 
 def iter_documents(files: Sequence[SourceFile]) -> Iterator[tuple[str, str]]:
-    """``(where, text)`` for each document of the text and JSONL files, in order
-    (pre-tokenised files are skipped); ``where`` is the file, or ``file:line`` in JSONL."""
+    """``(where, text)`` for each document of the files that are not pre-tokenised, in order;
+    ``where`` is the file, ``file:line`` in JSONL, or the row group (batch) and row in Parquet (Arrow)."""
     for src in files:
         if src.kind == "text":
-            yield str(src.path), _read_text(src.path)
+            raw = _compressed.read_all(src.path, src.codec) if src.codec else _read_bytes(src.path)
+            yield str(src.path), _decode_text(raw, src.path)
         elif src.kind == "jsonl":
-            yield from _read_jsonl(src.path)
+            lines = _compressed.lines(src.path, src.codec) if src.codec else _plain_lines(src.path)
+            for lineno, line in lines:
+                if line.strip():
+                    yield f"{src.path}:{lineno}", _jsonl_text(line, src.path, lineno, src.text_field)
+        elif src.kind in ("parquet", "arrow"):
+            yield from _columnar.documents(src.path, src.kind, src.text_field)
 
 
 def open_pretokenized(src: SourceFile, *, bin_dtype: str, vocab_size: int | None) -> np.ndarray:
@@ -143,16 +211,42 @@ def first_out_of_range(ids: np.ndarray, vocab_size: int) -> int | None:
     return int(np.argmax((ids >= vocab_size) | (ids < 0)))
 
 
-def _kind(path: Path) -> Kind:
-    suffix = path.suffix.lower()
-    return {".jsonl": "jsonl", ".npy": "npy", ".bin": "bin"}.get(suffix, "text")
+def _kind(path: Path) -> tuple[Kind, str | None]:
+    """The kind and the compression codec of a file, from its extension."""
+    suffixes = [s.lower() for s in path.suffixes]
+    last = suffixes[-1] if suffixes else ""
+    if last in _compressed.CODECS:
+        inner = suffixes[-2] if len(suffixes) > 1 else ""
+        if inner not in _COMPRESSIBLE:
+            raise DataError(
+                f"{str(path)!r}: a {last} file of {inner or 'unknown'} content; compressed sources must be "
+                f"text or JSON Lines ({SUPPORTED})"
+            )
+        return _COMPRESSIBLE[inner], _compressed.CODECS[last]
+    if last in _UNREAD:
+        raise DataError(f"{str(path)!r}: the extension {last} is not a data format we read; give one of {SUPPORTED}")
+    return _KINDS.get(last, "text"), None
 
 
-def _read_text(path: Path) -> str:
+def _is_data_name(name: str) -> bool:
+    """Whether a directory walk takes the file: plain ``.json`` only when named or globbed,
+    since folders of data often hold JSON metadata (``dataset_infos.json``) beside it."""
+    suffixes = [s.lower() for s in Path(name).suffixes]
+    if not suffixes:
+        return False
+    if suffixes[-1] in _compressed.CODECS:
+        return len(suffixes) > 1 and suffixes[-2] in _COMPRESSIBLE
+    return suffixes[-1] in _KINDS and suffixes[-1] != ".json"
+
+
+def _read_bytes(path: Path) -> bytes:
     try:
-        raw = path.read_bytes()
+        return path.read_bytes()
     except OSError as e:
         raise DataError(f"cannot read data file {str(path)!r}: {e.strerror}") from e
+
+
+def _decode_text(raw: bytes, path: Path) -> str:
     nul = raw.find(b"\0")
     if nul >= 0:
         raise DataError(
@@ -171,7 +265,7 @@ def _line_at(raw: bytes, offset: int) -> int:
     return raw.count(b"\n", 0, offset) + 1
 
 
-def _read_jsonl(path: Path) -> Iterator[tuple[str, str]]:
+def _plain_lines(path: Path) -> Iterator[tuple[int, bytes]]:
     try:
         f = path.open("rb")
     except OSError as e:
@@ -180,13 +274,12 @@ def _read_jsonl(path: Path) -> Iterator[tuple[str, str]]:
     try:
         with f:
             for lineno, line in enumerate(f, start=1):
-                if line.strip():
-                    yield f"{path}:{lineno}", _jsonl_text(line, path, lineno)
+                yield lineno, line
     except OSError as e:
         raise DataError(f"cannot read data file {str(path)!r} after line {lineno}: {e.strerror}") from e
 
 
-def _jsonl_text(line: bytes, path: Path, lineno: int) -> str:
+def _jsonl_text(line: bytes, path: Path, lineno: int, field: str = "text") -> str:
     try:
         record = json.loads(line)
     except UnicodeDecodeError as e:
@@ -194,13 +287,13 @@ def _jsonl_text(line: bytes, path: Path, lineno: int) -> str:
     except (ValueError, RecursionError) as e:  # RecursionError: nesting deeper than the parser's stack
         raise DataError(f"{path}:{lineno}: not valid JSON ({type(e).__name__}: {e})") from e
     if not isinstance(record, dict):
-        raise DataError(f"{path}:{lineno}: expected an object with a string 'text' field, got {_json_kind(record)}")
-    text = record.get("text")
+        raise DataError(f"{path}:{lineno}: expected an object with a string {field!r} field, got {_json_kind(record)}")
+    text = record.get(field)
     if not isinstance(text, str):
-        got = "no 'text' field" if "text" not in record else f"'text' is {_json_kind(text)}"
-        raise DataError(f"{path}:{lineno}: expected an object with a string 'text' field; {got}")
+        got = f"no {field!r} field" if field not in record else f"{field!r} is {_json_kind(text)}"
+        raise DataError(f"{path}:{lineno}: expected an object with a string {field!r} field; {got}")
     if _SURROGATE.search(text):
-        raise DataError(f"{path}:{lineno}: the 'text' field holds a lone UTF-16 surrogate (\\ud800-\\udfff escape)")
+        raise DataError(f"{path}:{lineno}: the {field!r} field holds a lone UTF-16 surrogate (\\ud800-\\udfff escape)")
     return text
 
 

@@ -51,6 +51,8 @@ class ByteTokenizer:
     eos_id = 256
     fingerprint = "byte-v1"
 
+    load_spec = ("byte", None)  # load_tokenizer(*load_spec) makes this tokenizer again (in a worker process)
+
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
 
@@ -99,6 +101,11 @@ class HFTokenizer:
             raise DataError(f"tokenizer {str(path)!r} has no token {self._eos_token!r} (asked for as eos)")
         self._eos_id = eos
         self._fingerprint = f"hf-{hashlib.sha256(raw).hexdigest()[:32]}-eos{eos}"
+
+    @property
+    def load_spec(self) -> tuple[str, str]:
+        """``load_tokenizer(*load_spec)`` makes this tokenizer again (in a worker process)."""
+        return str(self.path), self._eos_token
 
     @property
     def vocab_size(self) -> int:

@@ -1,0 +1,159 @@
+"""Columnar sources: Parquet files, Arrow IPC files, and folders written by ``datasets``' ``save_to_disk``.
+
+Each is read with ``pyarrow`` a piece at a time (a row group of a Parquet file, a record
+batch of an Arrow file, memory-mapped), never whole, and only the text column is decoded.
+
+A ``save_to_disk`` folder (``datasets`` 2.x and later) holds ``state.json``, whose
+``_data_files`` lists the shards in order (``[{"filename": "data-00000-of-00001.arrow"}]``),
+``dataset_info.json`` (the features), and the shards themselves: Arrow IPC *stream* files.
+It is read without importing ``datasets``. A ``DatasetDict`` folder (``dataset_dict.json``
+and one such folder per split) is refused with the split folders to choose from, rather than
+training on every split at once. Shard names come from ``state.json``, so each is checked
+to be a plain file name in the folder: nothing outside the folder the user named is read.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+from ._errors import DataError
+
+_ROWS_PER_READ = 4096  # rows decoded at once from a Parquet row group
+_ARROW_FILE_MAGIC = b"ARROW1"  # the random-access IPC format; the stream format has no magic
+
+
+def is_saved_dataset(folder: Path) -> bool:
+    has = (folder / "state.json").is_file() and (folder / "dataset_info.json").is_file()
+    return has or (folder / "dataset_dict.json").is_file()
+
+
+def saved_dataset_files(folder: Path) -> list[Path]:
+    """The Arrow shards of a ``save_to_disk`` folder, in the order ``state.json`` gives."""
+    if (folder / "dataset_dict.json").is_file():
+        splits = sorted(p.name for p in folder.iterdir() if (p / "state.json").is_file())
+        raise DataError(
+            f"{str(folder)!r} holds a DatasetDict (splits: {', '.join(splits) or 'none'}); "
+            f"name one split's folder, e.g. {str(folder / (splits[0] if splits else 'train'))!r}"
+        )
+    state = folder / "state.json"
+    try:
+        meta = json.loads(state.read_text("utf-8"))
+    except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
+        raise DataError(
+            f"{str(state)!r} cannot be read as JSON ({e}); is {str(folder)!r} a save_to_disk folder?"
+        ) from e
+    entries = meta.get("_data_files") if isinstance(meta, dict) else None
+    if not isinstance(entries, list) or not entries:
+        raise DataError(f"{str(state)!r} has no '_data_files' list: not a folder written by datasets' save_to_disk")
+    files = []
+    for i, entry in enumerate(entries):
+        name = entry.get("filename") if isinstance(entry, dict) else None
+        if not isinstance(name, str) or not name or Path(name).name != name or name in (".", ".."):
+            raise DataError(f"{str(state)!r}: _data_files[{i}] must name a file in the folder, got {entry!r}")
+        path = folder / name
+        if not path.is_file():
+            raise DataError(f"{str(state)!r} lists {name!r}, which is not a file in {str(folder)!r}")
+        files.append(path)
+    return files
+
+
+def check_text_column(path: Path, kind: str, field: str) -> None:
+    """The file opens and has a string column ``field``: cheap (a footer or a header), so it
+    runs for every file before any tokenising starts."""
+    schema = _schema(path, kind)
+    if field not in schema.names:
+        raise DataError(
+            f"{path}: no column {field!r} (its columns: {', '.join(schema.names) or 'none'}); "
+            "name the text column with the source's text_field"
+        )
+    kind_of = schema.field(field).type
+    if not _is_string(kind_of):
+        raise DataError(f"{path}: column {field!r} holds {kind_of}, not strings; name a text column with text_field")
+
+
+def documents(path: Path, kind: str, field: str) -> Iterator[tuple[str, str]]:
+    """``(where, text)`` for each row of the text column; ``where`` names the row group or
+    record batch and the row in it."""
+    pieces = _parquet_pieces(path, field) if kind == "parquet" else _arrow_pieces(path, field)
+    for where, first, column in pieces:
+        if column.null_count:
+            row = first + column.is_null().to_pylist().index(True)
+            raise DataError(f"{path}: {where}, row {row}: the {field!r} value is null")
+        try:
+            texts = column.to_pylist()
+        except UnicodeDecodeError as e:
+            raise DataError(f"{path}: {where}, rows {first}-{first + len(column) - 1}: column {field!r} holds "
+                            f"invalid UTF-8 ({e})") from e
+        for row, text in enumerate(texts, start=first):
+            yield f"{path}: {where}, row {row}", text
+
+
+def _parquet_pieces(path: Path, field: str):
+    import pyarrow as pa
+
+    pf = _open_parquet(path)
+    for group in range(pf.num_row_groups):
+        rows = 0
+        try:
+            for batch in pf.iter_batches(batch_size=_ROWS_PER_READ, row_groups=[group], columns=[field]):
+                yield f"row group {group}", rows, batch.column(0)
+                rows += batch.num_rows
+        except (pa.ArrowException, OSError) as e:
+            raise DataError(f"{path}: row group {group} of {pf.num_row_groups} cannot be read: {e}") from e
+
+
+def _arrow_pieces(path: Path, field: str):
+    import pyarrow as pa
+
+    reader = _open_arrow(path)
+    index = reader.schema.get_field_index(field)
+    i = 0
+    while True:
+        try:
+            if isinstance(reader, pa.ipc.RecordBatchFileReader):
+                if i == reader.num_record_batches:
+                    return
+                batch = reader.get_batch(i)
+            else:
+                batch = reader.read_next_batch()
+        except StopIteration:
+            return
+        except (pa.ArrowException, OSError) as e:
+            raise DataError(f"{path}: record batch {i} cannot be read: {e}") from e
+        yield f"record batch {i}", 0, batch.column(index)
+        i += 1
+
+
+def _schema(path: Path, kind: str):
+    return _open_parquet(path).schema_arrow if kind == "parquet" else _open_arrow(path).schema
+
+
+def _open_parquet(path: Path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(path, memory_map=True)
+    except (pa.ArrowException, OSError) as e:
+        raise DataError(f"{path}: not a readable Parquet file ({e})") from e
+
+
+def _open_arrow(path: Path):
+    import pyarrow as pa
+
+    try:
+        source = pa.memory_map(str(path))
+        magic = source.read(len(_ARROW_FILE_MAGIC))
+        source.seek(0)
+        return pa.ipc.open_file(source) if magic == _ARROW_FILE_MAGIC else pa.ipc.open_stream(source)
+    except (pa.ArrowException, OSError) as e:
+        raise DataError(f"{path}: not a readable Arrow IPC file ({e})") from e
+
+
+def _is_string(arrow_type) -> bool:
+    import pyarrow as pa
+
+    checks = (pa.types.is_string, pa.types.is_large_string, getattr(pa.types, "is_string_view", None))
+    return any(check is not None and check(arrow_type) for check in checks)

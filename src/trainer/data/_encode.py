@@ -1,0 +1,95 @@
+"""Writing a token cache file: documents tokenised in batches, every id checked against the
+vocabulary, into a file that appears under its final name only when complete. Used by the one-pass
+build (``_cache``) and by the per-file shards of a parallel build (``_shards``)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
+from itertools import chain
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+
+from ._errors import DataError
+from ._sources import SourceFile, first_out_of_range
+from ._tokenizer import Tokenizer
+
+CACHE_FORMAT = 2  # 2: ids range-checked when written; files of format 1 were not
+_ENCODE_CHUNK_CHARS = 4 << 20
+_TEMP_PREFIX = ".partial-"
+
+
+@contextmanager
+def atomic_write(path: Path) -> Iterator[BinaryIO]:
+    """Write ``path`` all-or-nothing: on any exception the temp file is removed, and
+    ``path`` is untouched."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_TEMP_PREFIX + path.name + ".")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+
+
+def encode_into(f: BinaryIO, docs: Iterator[tuple[str, str]], tokenizer: Tokenizer, dtype: np.dtype) -> int:
+    """Tokenise ``docs`` in batches into ``f`` (each document then eos), checking every id;
+    returns the number of tokens written."""
+    encode_batch = getattr(tokenizer, "encode_batch", None) or (lambda texts: [tokenizer.encode(t) for t in texts])
+    eos, vocab = tokenizer.eos_id, tokenizer.vocab_size
+    n = 0
+    for chunk in _chunked(docs):
+        encoded = encode_batch([text for _, text in chunk])
+        kept = [(where, doc) for (where, _), doc in zip(chunk, encoded) if len(doc)]
+        if not kept:
+            continue
+        ends = np.cumsum([len(doc) + 1 for _, doc in kept])
+        # int64 first: an id too large for ``dtype`` must reach the range check, not overflow
+        flat = np.fromiter(chain.from_iterable((*doc, eos) for _, doc in kept), dtype=np.int64, count=int(ends[-1]))
+        bad = first_out_of_range(flat, vocab)
+        if bad is not None:
+            where = kept[int(np.searchsorted(ends, bad, side="right"))][0]
+            raise DataError(
+                f"{where}: the tokenizer gave id {int(flat[bad])}, outside its vocabulary of {vocab} "
+                f"(tokenizer {tokenizer!r}); a model sized by that vocabulary cannot embed it"
+            )
+        f.write(flat.astype(dtype).tobytes())
+        n += flat.size
+    return n
+
+
+def empty_corpus(files: Sequence[SourceFile]) -> DataError:
+    names = ", ".join(str(f.path) for f in files[:3]) + (", ..." if len(files) > 3 else "")
+    return DataError(f"the corpus is empty: no text in {names}")
+
+
+def _chunked(docs: Iterator[tuple[str, str]]) -> Iterator[list[tuple[str, str]]]:
+    chunk, size = [], 0
+    for where, text in docs:
+        chunk.append((where, text))
+        size += len(text)
+        if size >= _ENCODE_CHUNK_CHARS:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
+
+
+def _fsync_dir(path: Path) -> None:
+    # Makes the rename itself durable; some filesystems refuse to open a folder.
+    with suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

@@ -1,0 +1,172 @@
+"""Sharded cache builds: worker processes give the single-pass cache byte for byte, and an
+interrupted build (an exception, or SIGKILL) resumes from its finished shards."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from named.trainer.data import ByteTokenizer, DataConfig, DataError, token_stream
+from named.trainer.data import _shards
+
+ROOT = Path(__file__).resolve().parents[1]
+N_FILES = 6
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("shards")
+    for i in range(N_FILES):
+        (d / f"f{i}.txt").write_text(f"file {i} é " + " ".join(str(i * 7919 % (j + 3)) for j in range(3000)))
+    return d
+
+
+@pytest.fixture(scope="module")
+def reference(corpus, tmp_path_factory) -> bytes:
+    """The cache a single pass writes (the corpus is far below the sharding threshold)."""
+    cache = tmp_path_factory.mktemp("single")
+    token_stream([str(corpus / "*.txt")], ByteTokenizer(), DataConfig(cache_dir=str(cache)))
+    [f] = cache.iterdir()
+    return f.name, f.read_bytes()
+
+
+def build(corpus: Path, cache: Path, tokenizer=None):
+    return token_stream([str(corpus / "*.txt")], tokenizer or ByteTokenizer(), DataConfig(cache_dir=str(cache)))
+
+
+@pytest.fixture
+def sharded(monkeypatch):
+    monkeypatch.setattr(_shards, "SHARDED_MIN_BYTES", 0)
+    monkeypatch.setattr(_shards, "WORKERS", 1)
+
+
+def cache_file(cache: Path) -> Path:
+    [f] = [p for p in cache.iterdir() if not p.name.startswith(".")]
+    return f
+
+
+def test_worker_processes_write_the_single_pass_cache(corpus, reference, sharded, monkeypatch, tmp_path):
+    monkeypatch.setattr(_shards, "WORKERS", 2)
+    build(corpus, tmp_path / "c")
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == [reference[0]]  # shard folder gone
+    assert cache_file(tmp_path / "c").read_bytes() == reference[1]
+
+
+class Interrupted(Exception):
+    pass
+
+
+class ByteCounting(ByteTokenizer):
+    """The byte tokenizer (same fingerprint, same cache key) that records which documents it
+    encodes, and can stop on one."""
+
+    def __init__(self, stop_at: str | None = None):
+        self.seen, self.stop_at = [], stop_at
+
+    def encode_batch(self, texts):
+        for t in texts:
+            if self.stop_at and t.startswith(self.stop_at):
+                raise Interrupted(self.stop_at)
+            self.seen.append(t.split(" ")[1])
+        return super().encode_batch(texts)
+
+
+def test_an_interrupted_build_resumes_from_its_shards(corpus, reference, sharded, tmp_path):
+    cache = tmp_path / "c"
+    with pytest.raises(Interrupted):
+        build(corpus, cache, ByteCounting(stop_at="file 3 "))
+    [folder] = [p for p in cache.iterdir() if p.name.startswith(".shards-")]
+    assert sorted(p.name for p in folder.iterdir()) == ["000000.bin", "000001.bin", "000002.bin", "manifest.json"]
+    again = ByteCounting()
+    build(corpus, cache, again)
+    assert again.seen == ["3", "4", "5"]  # only the files without a shard
+    assert sorted(p.name for p in cache.iterdir()) == [reference[0]]
+    assert cache_file(cache).read_bytes() == reference[1]
+
+
+def test_shards_of_other_inputs_are_not_reused(corpus, reference, sharded, tmp_path):
+    cache = tmp_path / "c"
+    folder = cache / f".shards-{reference[0]}"
+    folder.mkdir(parents=True)
+    (folder / "manifest.json").write_text('{"files": "from another corpus"}')
+    (folder / "000000.bin").write_bytes(b"\x01\x00" * 10)
+    build(corpus, cache)
+    assert cache_file(cache).read_bytes() == reference[1]
+
+
+def test_a_source_changed_during_the_build_is_refused(corpus, sharded, tmp_path):
+    class Touching(ByteTokenizer):
+        def encode_batch(self, texts):
+            os.utime(corpus / "f0.txt", ns=(1, 1))  # the first file changes after it was listed
+            return super().encode_batch(texts)
+
+    before = (corpus / "f0.txt").stat()
+    try:
+        with pytest.raises(DataError, match="changed while it was being tokenised"):
+            build(corpus, tmp_path / "c", Touching())
+    finally:
+        os.utime(corpus / "f0.txt", ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert list((tmp_path / "c").iterdir()) == []
+
+
+def test_a_build_overtaken_by_another_process_uses_its_cache(corpus, reference, sharded, tmp_path):
+    cache = tmp_path / "c"
+
+    class Overtaken(ByteTokenizer):
+        """Mid-shard, another builder of the same cache runs to the end and removes the shards."""
+
+        def encode_batch(self, texts):
+            if texts[0].startswith("file 2 "):
+                build(corpus, cache)
+            return super().encode_batch(texts)
+
+    stream = build(corpus, cache, Overtaken())
+    assert sorted(p.name for p in cache.iterdir()) == [reference[0]]
+    assert cache_file(cache).read_bytes() == reference[1] and len(stream) == len(reference[1]) // 2
+
+
+def test_bad_input_in_a_worker_is_named_and_leaves_nothing(sharded, monkeypatch, tmp_path):
+    monkeypatch.setattr(_shards, "WORKERS", 2)
+    for i in range(3):
+        (tmp_path / f"d{i}.txt").write_bytes(b"fine text " * 50 if i != 1 else b"bad \xff byte")
+    with pytest.raises(DataError, match=r"d1\.txt:1: not valid UTF-8"):
+        token_stream([str(tmp_path / "d*.txt")], ByteTokenizer(), DataConfig(cache_dir=str(tmp_path / "c")))
+    assert list((tmp_path / "c").iterdir()) == []
+
+
+_SLOW_BUILD = """
+import sys, time
+from named.trainer.data import ByteTokenizer, DataConfig, token_stream, _shards
+_shards.SHARDED_MIN_BYTES, _shards.WORKERS = 0, 1
+
+class Slow(ByteTokenizer):
+    def encode_batch(self, texts):
+        time.sleep(0.4)
+        return super().encode_batch(texts)
+
+token_stream([sys.argv[1]], Slow(), DataConfig(cache_dir=sys.argv[2]))
+"""
+
+
+def test_a_build_killed_with_sigkill_resumes_to_the_same_cache(corpus, reference, sharded, tmp_path):
+    cache = tmp_path / "c"
+    proc = subprocess.Popen([sys.executable, "-c", _SLOW_BUILD, str(corpus / "*.txt"), str(cache)])
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and len(list(cache.glob(".shards-*/0*.bin"))) < 2:
+            time.sleep(0.05)
+        assert proc.poll() is None, "the build ended before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait()
+    done = len(list(cache.glob(".shards-*/0*.bin")))
+    assert 2 <= done < N_FILES
+    again = ByteCounting()
+    build(corpus, cache, again)
+    assert len(again.seen) == N_FILES - done
+    assert cache_file(cache).read_bytes() == reference[1]
+    assert sorted(p.name for p in cache.iterdir()) == [reference[0]]  # the killed shard's temp file went with its folder
