@@ -9,6 +9,7 @@ from ._core import NamedArray, axes_of, is_named_array, named
 from ._einsum import dot, einsum
 from ._index import ds, take, updated_slice
 from ._ops import *  # noqa: F403  (elementwise math and reductions, listed in _ops.__all__)
+from ._numpy import *  # noqa: F403  (the rest of the numpy surface, generated from _numpy.SURFACE)
 from ._shape import (
     arange,
     broadcast_axis,

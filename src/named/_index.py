@@ -2,9 +2,10 @@
 ``x.at[...]`` functional updates, and dynamic slices.
 
 Index kinds, per axis:
-- an int (or a traced 0-d integer): the axis is dropped;
+- an int (or a traced 0-d integer, or a 0-d NamedArray such as an argmax): the axis is dropped;
 - a static slice: the axis keeps its name with the new size;
-- ``nm.ds(start, size)``: a slice of static size at a (possibly traced) start;
+- ``nm.ds(start, size)``: a slice of static size at a (possibly traced) start; a start that is
+  a NamedArray over other axes of the array (``batch``) gives each row its own window;
 - a NamedArray of integers: a gather. The indexed axis is replaced by the index's axes.
   Index axes that the array also has (and that are not themselves indexed) are matched
   element by element, like ``take_along_axis``: ``logits["vocab", targets]`` with
@@ -17,12 +18,36 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
 from ._axis import Axis, AxisError, broadcast_axes, check_unique, format_axes, index_of, name_of, union
 from ._core import NamedArray, axes_of, raw
+from ._transforms import vmap
+
+
+def as_offset(value, what: str = "offset"):
+    """An offset as lax takes it (an int or a 0-d integer array, possibly traced); a 0-d
+    NamedArray, which is what ``argmax`` and ``sum`` return, is unwrapped. Roll shifts,
+    ``nm.ds`` starts and ``updated_slice`` offsets all go through here."""
+    if isinstance(value, NamedArray):
+        if value.ndim:
+            raise AxisError(f"{what} must be a single integer, got a NamedArray with axes {format_axes(value.axes)}")
+        value = value.array
+    integer = isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+    if not integer and not (hasattr(value, "dtype") and np.ndim(value) == 0 and jnp.issubdtype(value.dtype, jnp.integer)):
+        raise AxisError(f"{what} must be an integer (an int, or a 0-d integer array or NamedArray), got {value!r}")
+    return value
+
+
+def _concrete(value) -> np.ndarray | None:
+    """The value when it is known before tracing (so it can be checked), else None."""
+    try:
+        return np.asarray(value.array if isinstance(value, NamedArray) else value)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,7 +55,9 @@ class ds:
     """A dynamic slice: ``size`` (static) elements from ``start`` (may be traced).
 
     As in ``lax.dynamic_slice``, a negative start counts from the end and the window is then
-    clamped to lie inside the axis; ``x[ds]`` and ``x.at[ds]`` place it the same way."""
+    clamped to lie inside the axis; ``x[ds]`` and ``x.at[ds]`` place it the same way. ``start``
+    may be a NamedArray over other axes of the indexed array (``batch``): each row then gets
+    its own window, as a gather (or a scatter under ``x.at``)."""
 
     start: Any
     size: int
@@ -81,6 +108,24 @@ def _int(value):
     return value.array if isinstance(value, NamedArray) else value
 
 
+def _per_row(v: ds) -> bool:
+    return isinstance(v.start, NamedArray) and v.start.ndim > 0
+
+
+def _window(a: Axis, v: ds) -> NamedArray:
+    """The indices ``x[a, v]`` reads, as a gather index over the start's axes + the window."""
+    if _per_row(v):
+        if not jnp.issubdtype(v.start.dtype, jnp.integer):
+            raise AxisError(f"nm.ds start for axis {a.name!r} must be integer, got dtype {v.start.dtype}")
+        start, start_axes = v.start.array, v.start.axes
+    else:
+        start, start_axes = jnp.asarray(as_offset(v.start, f"nm.ds start for axis {a.name!r}")), ()
+    # Place the window the way lax.dynamic_slice does (a negative start counts from the end,
+    # then the window is clamped into the axis), so x[ds] and x.at[ds] agree.
+    start = jnp.clip(jnp.where(start < 0, start + a.size, start), 0, a.size - v.size)
+    return NamedArray(start[..., None] + jnp.arange(v.size), start_axes + (Axis(a.name, v.size),))
+
+
 @dataclasses.dataclass
 class _Plan:
     """Indexing rewritten as: transpose by ``perm``, then index with ``positional``; the
@@ -101,13 +146,8 @@ def _plan(x: NamedArray, idx) -> _Plan:
         if kinds[i] == "gather":
             gathers[i] = v
         elif kinds[i] == "ds":
-            a = x.axes[i]
-            _check_ds(a, v)
-            # Place the window the way lax.dynamic_slice does (a negative start counts from the
-            # end, then the window is clamped into the axis), so x[ds] and x.at[ds] agree.
-            start = jnp.asarray(v.start)
-            start = jnp.clip(jnp.where(start < 0, start + a.size, start), 0, a.size - v.size)
-            gathers[i] = NamedArray(start + jnp.arange(v.size), (Axis(a.name, v.size),))
+            _check_ds(x.axes[i], v)
+            gathers[i] = _window(x.axes[i], v)
     if not gathers:
         positional = tuple(_int(parsed[i]) if i in parsed else slice(None) for i in range(x.ndim))
         out_axes = []
@@ -160,7 +200,8 @@ def _has_ds_only(x: NamedArray, idx) -> bool:
     except AxisError:
         return False
     return any(isinstance(v, ds) for v in parsed.values()) and all(
-        isinstance(v, ds) or _kind(v) in ("int", "slice") for v in parsed.values()
+        (isinstance(v, ds) and not _per_row(v)) or (not isinstance(v, ds) and _kind(v) in ("int", "slice"))
+        for v in parsed.values()
     )
 
 
@@ -172,7 +213,8 @@ def getitem(x: NamedArray, idx) -> NamedArray:
         for i, v in parsed.items():
             if isinstance(v, ds):
                 _check_ds(axes[i], v)
-                arr = lax.dynamic_slice_in_dim(arr, v.start, v.size, axis=i)
+                start = as_offset(v.start, f"nm.ds start for axis {axes[i].name!r}")
+                arr = lax.dynamic_slice_in_dim(arr, start, v.size, axis=i)
                 axes[i] = Axis(axes[i].name, v.size)
             else:
                 rest[axes[i].name] = v
@@ -239,18 +281,57 @@ class _AtRef:
 
 
 def updated_slice(x: NamedArray, start: Mapping, update: NamedArray) -> NamedArray:
-    """Write ``update`` into ``x`` at ``start`` (``{axis: offset}``, offsets may be traced), as one
-    ``dynamic_update_slice``: the KV-cache write. ``update`` has x's axes, smaller sizes allowed."""
+    """Write ``update`` into ``x`` at ``start`` (``{axis: offset}``): the KV-cache write, one
+    ``dynamic_update_slice``. ``update`` has x's axes, smaller sizes allowed (a missing axis
+    counts as size 1).
+
+    An offset is an int, a 0-d integer array or a 0-d NamedArray, possibly traced; or a
+    NamedArray over other axes of ``x`` (e.g. ``batch``), one offset per row: the ragged
+    write of a batch of sequences that each stand at their own position.
+
+    A static (known before tracing) offset whose window does not fit raises an AxisError. A
+    traced one cannot be checked and is placed as ``lax.dynamic_update_slice`` places it: a
+    negative offset counts from the end, then the window is clamped into the axis, so a write
+    that would run past the end lands earlier instead.
+    """
+    if not isinstance(update, NamedArray):
+        raise AxisError(f"updated_slice: the update must be a NamedArray, got {type(update).__name__}")
     missing = [a for a in update.names if a not in x.names]
     if missing:
         raise AxisError(f"updated_slice: update axes {missing} are not in the array {format_axes(x.axes)}")
-    offsets = [0] * x.ndim
-    for a, s in start.items():
-        offsets[index_of(x.axes, a)] = s
     up_axes = tuple(Axis(a.name, update.axis_size(a.name)) if a.name in update.names else Axis(a.name, 1) for a in x.axes)
     for a, b in zip(up_axes, x.axes):
         if a.size > b.size:
             raise AxisError(f"updated_slice: update axis {a.name!r} has size {a.size} > {b.size}")
+    offsets: dict[str, Any] = {}
+    for sel, s in start.items():
+        i = index_of(x.axes, sel)
+        a, n = x.axes[i], up_axes[i].size
+        if a.name in offsets:
+            raise AxisError(f"updated_slice: axis {a.name!r} is given two offsets")
+        if not (isinstance(s, NamedArray) and s.ndim):
+            s = as_offset(s, f"updated_slice offset for axis {a.name!r}")
+        elif not jnp.issubdtype(s.dtype, jnp.integer):
+            raise AxisError(f"updated_slice: offsets for axis {a.name!r} must be integer, got dtype {s.dtype}")
+        known = _concrete(s)
+        if known is not None:
+            at = np.where(known < 0, known + a.size, known)
+            if known.size and (at.min() < 0 or at.max() > a.size - n):
+                bad = known.flat[np.argmax((at < 0) | (at > a.size - n))]
+                raise AxisError(f"updated_slice: an update of size {n} at offset {int(bad)} does not fit in axis {a.name!r} "
+                                f"of size {a.size}; offsets must lie in [{-a.size}, {a.size - n}] (lax would clamp it "
+                                "and overwrite other entries)")
+        offsets[a.name] = s
+    rows = union(*(s.axes for s in offsets.values() if isinstance(s, NamedArray) and s.ndim))
+    if rows:
+        bad = [r.name for r in rows if r.name not in x.names or r.name in offsets]
+        if bad:
+            raise AxisError(f"updated_slice: per-row offsets have axes {bad} that are not other axes of the array "
+                            f"{format_axes(x.axes)}")
+        # One dynamic_update_slice per row; under vmap XLA emits a single scatter that clamps
+        # each row's window exactly as the unbatched write does.
+        out = vmap(updated_slice, tuple(x.resolve_axis(r.name) for r in rows))(x, offsets, update)
+        return out.rearrange(x.names)
     upd = raw(update, up_axes).reshape(tuple(a.size for a in up_axes)).astype(x.dtype)
-    offsets = [jnp.asarray(o, dtype=jnp.int32) for o in offsets]
-    return NamedArray._unchecked(lax.dynamic_update_slice(x.array, upd, offsets), x.axes)
+    starts = [jnp.asarray(_int(offsets.get(a.name, 0)), dtype=jnp.int32) for a in x.axes]
+    return NamedArray._unchecked(lax.dynamic_update_slice(x.array, upd, starts), x.axes)

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ._axis import ArgumentTypeError, AxisError, AxisSelection, as_selectors, broadcast_axes, format_axes, index_of, union
+from ._axis import ArgumentTypeError, Axis, AxisError, AxisSelection, as_selectors, broadcast_axes, format_axes, index_of, name_of, union
 from ._core import NamedArray, axes_of, raw
 
 
@@ -230,18 +230,22 @@ def logsumexp(x, axis=None, *, where=None):
 
 
 def _arg_reduce(fn, x: NamedArray, axis) -> NamedArray:
-    if axis is None or len(as_selectors(axis)) != 1:
-        raise AxisError(f"{fn.__name__} needs exactly one axis name; the array has axes {format_axes(x.axes)}")
+    if axis is None:  # numpy's flat index: row-major over the array's own axis order
+        return NamedArray._unchecked(fn(x.array, axis=None), ())
+    if len(as_selectors(axis)) != 1:
+        raise AxisError(f"{fn.__name__} needs exactly one axis name, or None for a flat index; the array has axes {format_axes(x.axes)}")
     (sel,) = as_selectors(axis)
     i = index_of(x.axes, sel)
     return NamedArray._unchecked(fn(x.array, axis=i), x.axes[:i] + x.axes[i + 1 :])
 
 
-def argmax(x, axis) -> NamedArray:
+def argmax(x, axis=None) -> NamedArray:
+    """The index of the largest entry along one axis; ``None``: the flat index over all axes
+    (row-major in the array's axis order, an index into ``nm.ravel(x, ...)``)."""
     return _arg_reduce(jnp.argmax, x, axis)
 
 
-def argmin(x, axis) -> NamedArray:
+def argmin(x, axis=None) -> NamedArray:
     return _arg_reduce(jnp.argmin, x, axis)
 
 
@@ -269,10 +273,11 @@ def log_softmax(x, axis, *, where=None) -> NamedArray:
     return _along(jax.nn.log_softmax, x, axis, where=_where_mask(x, where))
 
 
-def standardize(x, axis, *, epsilon: float = 1e-5) -> NamedArray:
-    """``(x - mean) / sqrt(var + eps)`` along ``axis`` (one or several names)."""
-    m = mean(x, axis)
-    v = var(x, axis)
+def standardize(x, axis, *, epsilon: float = 1e-5, where=None) -> NamedArray:
+    """``(x - mean) / sqrt(var + eps)`` along ``axis`` (one or several names); with ``where=``
+    the statistics count only the entries where it is True (every entry is still standardized)."""
+    m = mean(x, axis, where=where)
+    v = var(x, axis, where=where)
     return (x - m) * rsqrt(v + epsilon)
 
 
@@ -284,12 +289,24 @@ def cumprod(x, axis, *, reverse: bool = False) -> NamedArray:
     return _along(lax.cumprod, x, axis, reverse=reverse)
 
 
-def sort(x, axis) -> NamedArray:
-    return _along(jnp.sort, x, axis)
+def _sorting(fn, x: NamedArray, axis, new_axis, **kwargs) -> NamedArray:
+    if axis is not None:
+        return _along(fn, x, axis, **kwargs)
+    if new_axis is None:
+        raise AxisError(f"{fn.__name__}(axis=None) flattens {format_axes(x.axes)}: name the flat axis with new_axis=")
+    new = (Axis(name_of(new_axis), x.size),)
+    return NamedArray._unchecked(fn(x.array, axis=None, **kwargs), new)
 
 
-def argsort(x, axis) -> NamedArray:
-    return _along(jnp.argsort, x, axis)
+def sort(x, axis, *, descending: bool = False, new_axis=None) -> NamedArray:
+    """Sorted along ``axis``; ``axis=None`` sorts all entries along one new axis ``new_axis``."""
+    return _sorting(jnp.sort, x, axis, new_axis, descending=descending)
+
+
+def argsort(x, axis, *, stable: bool = True, descending: bool = False, new_axis=None) -> NamedArray:
+    """The indices that sort ``x`` along ``axis``; ``axis=None``: flat indices (into
+    ``nm.ravel(x, ...)``) along one new axis ``new_axis``."""
+    return _sorting(jnp.argsort, x, axis, new_axis, stable=stable, descending=descending)
 
 
 __all__ = [

@@ -11,6 +11,7 @@ import numpy as np
 from jax import lax
 
 from ._axis import (
+    ArgumentError,
     Axis,
     AxisError,
     AxisSelection,
@@ -24,6 +25,7 @@ from ._axis import (
     union,
 )
 from ._core import NamedArray, axes_of
+from . import _index  # roll's shift is an offset: _index.as_offset
 
 # ---- creation ----------------------------------------------------------------------
 
@@ -86,32 +88,42 @@ def rename(x: NamedArray, mapping: Mapping[AxisSelector, AxisSelector]) -> Named
     return NamedArray._unchecked(x.array, tuple(new))
 
 
-def _expand_order(x: NamedArray, order) -> tuple[int, ...]:
+def order_of(axes: tuple[Axis, ...], order, what: str = "rearrange") -> tuple[int, ...]:
+    """The permutation of ``axes`` that ``order`` asks for (names; one ``...`` for the rest)."""
     sels = as_selectors(order)
     if sels.count(Ellipsis) > 1:
-        raise AxisError("rearrange takes at most one '...'")
-    named_idx = [index_of(x.axes, s) for s in sels if s is not Ellipsis]
+        raise AxisError(f"{what} takes at most one '...' (the einops form, 'a ... -> ... a', takes one per side)")
+    named_idx = [index_of(axes, s) for s in sels if s is not Ellipsis]
     if len(set(named_idx)) != len(named_idx):
-        twice = sorted({x.axes[i].name for i in named_idx if named_idx.count(i) > 1})
-        raise AxisError(f"rearrange: axis {', '.join(map(repr, twice))} is listed twice in {order!r}")
+        twice = sorted({axes[i].name for i in named_idx if named_idx.count(i) > 1})
+        raise AxisError(f"{what}: axis {', '.join(map(repr, twice))} is listed twice in {order!r}")
     if Ellipsis not in sels:
-        if len(named_idx) != x.ndim:
-            missing = [a.name for i, a in enumerate(x.axes) if i not in named_idx]
-            raise AxisError(f"rearrange: {order!r} leaves out axes {missing} of {format_axes(x.axes)}; list them or use '...'")
+        if len(named_idx) != len(axes):
+            missing = [a.name for i, a in enumerate(axes) if i not in named_idx]
+            raise AxisError(f"{what}: {order!r} leaves out axes {missing} of {format_axes(axes)}; list them or use '...'")
         return tuple(named_idx)
-    rest = [i for i in range(x.ndim) if i not in named_idx]
+    rest = [i for i in range(len(axes)) if i not in named_idx]
     k = sels.index(Ellipsis)
     return tuple(named_idx[:k] + rest + named_idx[k:])
 
 
-def rearrange(x: NamedArray, order: AxisSelection) -> NamedArray:
-    """Transpose to ``order`` (names; ``...`` stands for the other axes in their order).
+def rearrange(x: NamedArray, order: AxisSelection, **sizes) -> NamedArray:
+    """Transpose to ``order`` (names; ``...`` stands for the other axes in their order), or
+    split, merge and transpose by an einops-style pattern with ``->``.
 
-    ``x.rearrange(("batch", ..., "embed"))`` or ``x.rearrange("batch ... embed")``.
+    ``x.rearrange(("batch", ..., "embed"))``, ``x.rearrange("batch ... embed")``,
+    ``nm.rearrange(x, "(embed: heads head_size) ... -> ... heads head_size", heads=4)``
+    (the pattern grammar is in ``named._rearrange``).
     """
+    if isinstance(order, str) and "->" in order:
+        from ._rearrange import rearrange_pattern
+
+        return rearrange_pattern(x, order, sizes)
+    if sizes:
+        raise ArgumentError(f"rearrange: sizes {sorted(sizes)} are for a pattern with '->'; {order!r} is an order of names")
     if isinstance(order, str):
         order = tuple(Ellipsis if t == "..." else t for t in order.split())
-    perm = _expand_order(x, order)
+    perm = order_of(x.axes, order)
     if perm == tuple(range(x.ndim)):
         return x
     return NamedArray._unchecked(jnp.transpose(x.array, perm), tuple(x.axes[i] for i in perm))
@@ -285,7 +297,8 @@ def roll(x: NamedArray, shift, axis: AxisSelection) -> NamedArray:
     sels = as_selectors(axis)
     dims = tuple(index_of(x.axes, s) for s in sels)
     shifts = shift if isinstance(shift, (tuple, list)) else (shift,) * len(dims)
-    return NamedArray._unchecked(jnp.roll(x.array, tuple(shifts), axis=dims), x.axes)
+    shifts = tuple(_index.as_offset(s, "roll shift") for s in shifts)  # a 0-d NamedArray (an argmax) too
+    return NamedArray._unchecked(jnp.roll(x.array, shifts, axis=dims), x.axes)
 
 
 def pad(x: NamedArray, pad_width: Mapping[AxisSelector, tuple[int, int]], *, mode: str = "constant", constant_values=0) -> NamedArray:

@@ -9,8 +9,22 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from ._axis import AxisError, NamedError, AxisSelection, AxisSelector, format_axes, index_of, union
+from ._axis import (
+    ArgumentError,
+    ArgumentTypeError,
+    Axis,
+    AxisError,
+    AxisSelection,
+    AxisSelector,
+    NamedError,
+    as_selectors,
+    check_unique,
+    format_axes,
+    index_of,
+    union,
+)
 from ._core import NamedArray, axes_of, raw
 from ._shape import _axes_for_creation
 
@@ -71,8 +85,160 @@ def randint(key, axes: AxisSelection, minval, maxval, dtype=jnp.int32) -> NamedA
     return NamedArray(jax.random.randint(_key(key), _shape(ax), lo, hi, dtype), ax)
 
 
-def categorical(key, logits: NamedArray, axis: AxisSelector) -> NamedArray:
-    """One index along ``axis`` per entry of the other axes, drawn with probabilities softmax(logits)."""
+def categorical(key, logits: NamedArray, axis: AxisSelector, axes: AxisSelection = ()) -> NamedArray:
+    """One index along ``axis`` per entry of the other axes, drawn with probabilities softmax(logits);
+    ``axes``: new sample axes, in front (that many draws per entry)."""
     i = index_of(logits.axes, axis)
     rest = logits.axes[:i] + logits.axes[i + 1 :]
-    return NamedArray(jax.random.categorical(_key(key), logits.array, axis=i), rest)
+    new = _axes_for_creation(axes) if as_selectors(axes) else ()
+    out_axes = new + rest
+    check_unique(out_axes, "the categorical draw's")
+    return NamedArray(jax.random.categorical(_key(key), logits.array, axis=i, shape=_shape(out_axes)), out_axes)
+
+
+# ---- keys ----------------------------------------------------------------------------------
+
+
+def split(key, num: int | Axis = 2):
+    """Split a key, keeping its names.
+
+    A jax key splits as ``jax.random.split`` does. A NamedArray of keys (e.g. one per layer,
+    ``nm.named(jax.random.split(k, n), "layers")``, or the 0-d slice a layer sees inside
+    ``Stacked``) splits each of its keys: ``num`` an int gives a tuple of ``num`` NamedArrays
+    with the key's axes; ``num`` an Axis gives one NamedArray with that axis added last.
+    Entry ``i`` along the new axis of key ``k`` is ``jax.random.split(k, n)[i]``.
+    """
+    if isinstance(num, Axis):
+        n = num.size
+    elif isinstance(num, bool) or not isinstance(num, int) or num < 0:
+        raise ArgumentError(f"nm.random.split: num must be an int >= 0 or an Axis, got {num!r}")
+    else:
+        n = num
+    if not isinstance(key, NamedArray):
+        keys = jax.random.split(key, n)
+        return NamedArray(keys, (num,)) if isinstance(num, Axis) else keys
+    if not jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+        raise ArgumentTypeError(f"nm.random.split: a NamedArray of keys must hold typed keys (jax.random.key), got dtype "
+                                f"{key.dtype}; convert raw keys with jax.random.wrap_key_data")
+    if isinstance(num, Axis) and num.name in key.names:
+        raise AxisError(f"nm.random.split: the new axis {num.name!r} is already an axis of the keys {format_axes(key.axes)}")
+    flat = key.array.reshape(-1)
+    keys = jax.vmap(lambda k: jax.random.split(k, n))(flat).reshape(key.array.shape + (n,))
+    if isinstance(num, Axis):
+        return NamedArray._unchecked(keys, key.axes + (num,))
+    return tuple(NamedArray._unchecked(keys[..., i], key.axes) for i in range(n))
+
+
+# ---- distributions that draw alike: fn(key, *params, shape, dtype) -------------------------
+
+# name -> (jax function, its parameters). Each parameter is a number or a NamedArray whose
+# axes are among the requested ones; the draw has exactly the requested axes.
+DRAWS: dict[str, tuple] = {
+    "gumbel": (jax.random.gumbel, ()),
+    "laplace": (jax.random.laplace, ()),
+    "logistic": (jax.random.logistic, ()),
+    "exponential": (jax.random.exponential, ()),
+    "cauchy": (jax.random.cauchy, ()),
+    "maxwell": (jax.random.maxwell, ()),
+    "rademacher": (jax.random.rademacher, ()),
+    "beta": (jax.random.beta, ("a", "b")),
+    "gamma": (jax.random.gamma, ("a",)),
+    "loggamma": (jax.random.loggamma, ("a",)),
+    "poisson": (jax.random.poisson, ("lam",)),
+    "t": (jax.random.t, ("df",)),
+    "chisquare": (jax.random.chisquare, ("df",)),
+    "pareto": (jax.random.pareto, ("b",)),
+    "geometric": (jax.random.geometric, ("p",)),
+    "weibull_min": (jax.random.weibull_min, ("scale", "concentration")),
+    "binomial": (jax.random.binomial, ("n", "p")),
+}
+
+
+def _draw(name: str, fn, params: tuple[str, ...]):
+    def draw(key, axes: AxisSelection, *args, dtype=None, **kwargs) -> NamedArray:
+        if len(args) > len(params):
+            raise ArgumentTypeError(f"nm.random.{name} takes {len(params)} parameters ({', '.join(params) or 'none'}) after the axes, "
+                                    f"got {len(args)}")
+        values = dict(zip(params, args))
+        for k, v in kwargs.items():
+            if k not in params or k in values:
+                raise ArgumentTypeError(f"nm.random.{name} got an unexpected or repeated keyword {k!r}; its parameters: "
+                                        f"{', '.join(params) or 'none'}")
+            values[k] = v
+        missing = [p for p in params if p not in values]
+        if missing:
+            raise ArgumentTypeError(f"nm.random.{name} needs the parameters {missing}")
+        ax = _axes_for_creation(axes)
+        raw_params = [_param(values[p], ax, p) for p in params]
+        return NamedArray(fn(_key(key), *raw_params, _shape(ax), dtype), ax)
+
+    draw.__name__ = draw.__qualname__ = name
+    draw.__doc__ = (f"``jax.random.{name}`` over named axes: ``nm.random.{name}(key, axes"
+                    + "".join(f", {p}" for p in params) + ", dtype=None)``.")
+    return draw
+
+
+globals().update({name: _draw(name, fn, params) for name, (fn, params) in DRAWS.items()})
+
+
+# ---- draws shaped by an array --------------------------------------------------------------
+
+
+def _one_axis(x: NamedArray, axis, what: str) -> int:
+    if axis is None:
+        if x.ndim != 1:
+            raise AxisError(f"nm.random.{what} needs axis= to pick one of {format_axes(x.axes)}")
+        return 0
+    return index_of(x.axes, axis)
+
+
+def permutation(key, x, axis: AxisSelector | None = None, *, independent: bool = False) -> NamedArray:
+    """A random order: of ``0 .. x.size - 1`` along ``x`` when it is an Axis, or of a NamedArray's
+    entries along ``axis`` (``independent=True``: a separate order per entry of the other axes)."""
+    if isinstance(x, Axis):
+        return NamedArray(jax.random.permutation(_key(key), x.size), (x,))
+    if not isinstance(x, NamedArray):
+        raise ArgumentTypeError(f"nm.random.permutation takes an Axis or a NamedArray, got {type(x).__name__}")
+    i = _one_axis(x, axis, "permutation")
+    return NamedArray._unchecked(jax.random.permutation(_key(key), x.array, axis=i, independent=independent), x.axes)
+
+
+def choice(key, a, axes: AxisSelection = (), *, axis: AxisSelector | None = None, replace: bool = True, p=None) -> NamedArray:
+    """Draw from ``0 .. a.size - 1`` (``a`` an Axis) or from a NamedArray's entries along ``axis``;
+    the draws have the new ``axes``, which take the chosen axis' place. ``p`` (a NamedArray
+    along the chosen axis) weights the choice."""
+    new = _axes_for_creation(axes) if as_selectors(axes) else ()
+    if isinstance(a, Axis):
+        pool, i, rest_before, rest_after = a.size, 0, (), ()
+        chosen = a
+    elif isinstance(a, NamedArray):
+        i = _one_axis(a, axis, "choice")
+        pool, chosen = a.array, a.axes[i]
+        rest_before, rest_after = a.axes[:i], a.axes[i + 1 :]
+    else:
+        raise ArgumentTypeError(f"nm.random.choice takes an Axis or a NamedArray to choose from, got {type(a).__name__}")
+    if p is not None:
+        if not isinstance(p, NamedArray) or p.axes != (chosen,):
+            raise AxisError(f"nm.random.choice: p must be a NamedArray along the chosen axis {format_axes((chosen,))}, got "
+                            f"{format_axes(p.axes) if isinstance(p, NamedArray) else type(p).__name__}")
+        p = p.array
+    out_axes = rest_before + new + rest_after
+    check_unique(out_axes, "the chosen")
+    if not replace and int(np.prod([n.size for n in new])) > chosen.size:
+        raise ArgumentError(f"nm.random.choice: {format_axes(new)} draws without replacement from {chosen.size} entries of {chosen.name!r}")
+    out = jax.random.choice(_key(key), pool, tuple(n.size for n in new), replace=replace, p=p, axis=i)
+    return NamedArray._unchecked(out, out_axes)
+
+
+def dirichlet(key, alpha: NamedArray, axis: AxisSelector, axes: AxisSelection = (), dtype=None) -> NamedArray:
+    """Draws from Dirichlet(``alpha``), the concentrations along ``axis`` (the event axis), one per
+    entry of alpha's other axes and of the new ``axes``. Axes: the new ones, alpha's others, then
+    the event axis."""
+    i = index_of(alpha.axes, axis)
+    event = alpha.axes[i]
+    batch = alpha.axes[:i] + alpha.axes[i + 1 :]
+    new = _axes_for_creation(axes) if as_selectors(axes) else ()
+    out_axes = new + batch + (event,)
+    check_unique(out_axes, "the dirichlet draw's")
+    moved = jnp.moveaxis(alpha.array, i, -1)
+    return NamedArray._unchecked(jax.random.dirichlet(_key(key), moved, _shape(new + batch), dtype), out_axes)

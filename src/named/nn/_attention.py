@@ -21,6 +21,7 @@ from .._einsum import dot, einsum
 from .. import _ops as ops
 from ..partitioning import shard
 from .._shape import arange, broadcast_to, concatenate, flatten_axes, rename, unflatten_axis
+from ._masks import causal_mask, segment_mask
 
 _LOG = logging.getLogger("named.nn")
 
@@ -74,26 +75,6 @@ def rotary_embedding(x: NamedArray, positions: NamedArray, *, HeadSize: AxisSele
     return (x32 * cos + rotated * sin).astype(x.dtype)
 
 
-# ---- masks ------------------------------------------------------------------------------
-
-
-def causal_mask(QPos: Axis, KPos: Axis, *, q_offset=0, window=None) -> NamedArray:
-    """True where key position <= query position (+ ``q_offset``, for queries that continue a cache)
-    and, with a sliding ``window`` (an int, or a traced scalar such as a layer's entry of per-layer
-    windows), the key is one of the ``window`` latest: ``query - window < key <= query``."""
-    distance = arange(QPos, start=q_offset) - arange(KPos)
-    causal = distance >= 0
-    if window is None:
-        return causal
-    window = window.array if isinstance(window, NamedArray) else window
-    return causal & (distance < window)
-
-
-def segment_mask(q_segments: NamedArray, k_segments: NamedArray) -> NamedArray:
-    """True where query and key belong to the same packed segment."""
-    return q_segments == k_segments
-
-
 # ---- attention --------------------------------------------------------------------------
 
 _CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
@@ -140,8 +121,11 @@ def dot_product_attention(
         key, value: axes include ``KPos``, ``HeadSize`` and ``Heads`` or ``KVHeads``.
         causal: mask keys after the query position (query and key positions aligned at 0, or
             the queries at ``q_offset, q_offset + 1, ...`` when they continue a KV cache).
-        mask: boolean NamedArray, True = attend; combined with causal and segments.
-        bias: added to the scores (e.g. ALiBi); may have ``Heads`` also under GQA.
+        mask: boolean NamedArray, True = attend; combined with causal and segments. It must
+            have ``KPos`` (``padding_mask`` builds one from lengths or per-token flags) and
+            may have ``QPos``, batch axes and ``Heads``; any other axis is an AxisError.
+        bias: added to the scores (e.g. ``alibi_bias``); the same axes rule as ``mask``; may
+            have ``Heads`` also under GQA.
         segment_ids: integer NamedArray with ``QPos`` (and batch axes): tokens attend only
             within their segment (packed sequences).
         scale: multiplies the scores; default ``1 / sqrt(head_size)``.
@@ -150,7 +134,8 @@ def dot_product_attention(
             windows); it joins causal, ``mask`` and segments in one mask.
         softcap: ``softcap * tanh(scores / softcap)`` on the scaled scores, before bias and mask
             (Gemma 2's attention logit soft-capping).
-        q_offset: where the queries stand among the keys, for ``causal`` (an int or a traced one).
+        q_offset: where the queries stand among the keys, for ``causal`` (an int, a traced one, or
+            a NamedArray over ``batch`` when each row continues its cache at its own position).
         implementation: ``"auto"`` uses cuDNN flash attention when the backend is GPU, the
             inputs are bf16/f16 with a head size that is a multiple of 8 and <= 128, and there
             is no mask, bias, segment_ids, softcap, traced window or offset (``causal`` and an int
@@ -170,6 +155,8 @@ def dot_product_attention(
         missing = [n for n in need if n not in x.names]
         if missing:
             raise AxisError(f"dot_product_attention: {what} lacks axes {missing}; it has {format_axes(x.axes)}")
+    for what, t in (("mask", mask), ("bias", bias)):
+        _check_scores_term(what, t, query, key, qpos, kpos)
     heads, kvheads = name_of(Heads), name_of(KVHeads)
     grouped = heads in query.names and kvheads in key.names and heads not in key.names
     if grouped:
@@ -206,6 +193,21 @@ def dot_product_attention(
     if grouped:
         out = flatten_axes(out, (kvheads, group.name), heads)
     return shard(out)
+
+
+def _check_scores_term(what: str, t, query, key, qpos: str, kpos: str) -> None:
+    """A mask or bias says, per query, something about each key: it must have the key axis
+    (one over the query axis alone is the classic renaming slip, and would broadcast to a
+    silently wrong answer), and no axis that neither query nor key has."""
+    if t is None:
+        return
+    if kpos not in t.names:
+        hint = (f"; it has the query axis {qpos!r}: a per-token mask is over keys, build it with "
+                f"nn.padding_mask(...) (or rename {qpos!r} to {kpos!r})") if qpos in t.names else ""
+        raise AxisError(f"dot_product_attention: the {what} {format_axes(t.axes)} lacks the key axis {kpos!r}{hint}")
+    extra = [a for a in t.axes if a.name not in query.names and a.name not in key.names]
+    if extra:
+        raise AxisError(f"dot_product_attention: {what} axes {format_axes(extra)} are in neither query nor key")
 
 
 def _fused_unmet(mask, bias, segment_ids, softcap, window, q_offset) -> list[str]:
@@ -248,10 +250,6 @@ def _xla_attention(query, key, value, qpos, kpos, hs, m, bias, scale, softcap):
     scores = scores.astype(jnp.float32) * jnp.float32(scale)
     if softcap is not None:
         scores = ops.tanh(scores / jnp.float32(softcap)) * jnp.float32(softcap)
-    for what, t in (("bias", bias), ("mask", m)):
-        extra = [] if t is None else [a for a in t.axes if a.name not in scores.names]
-        if extra:
-            raise AxisError(f"dot_product_attention: {what} axes {format_axes(extra)} are in neither query nor key")
     if bias is not None:
         scores = scores + bias.astype(jnp.float32)
     if m is not None:

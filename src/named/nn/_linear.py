@@ -5,9 +5,11 @@ from __future__ import annotations
 import math
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
+import numpy as np
 
-from .._axis import Axis, AxisError, AxisSelection, as_selectors, format_axes
+from .._axis import Axis, AxisError, AxisSelection, NamedError, as_selectors, format_axes
 from .._core import NamedArray
 from .._einsum import dot
 from .. import random as nmr
@@ -71,23 +73,54 @@ class Linear(eqx.Module):
 
 
 class Embedding(eqx.Module):
-    """Token embedding with axes ``(Vocab, Embed)``; ``unembed`` is the tied output head."""
+    """Token embedding with axes ``(Vocab, Embed)``; ``unembed`` is the tied output head.
+
+    An id outside ``[0, vocab)`` is not an error by default: like any XLA gather, the lookup
+    clamps it (ids >= vocab read the last row) and a negative id counts from the end, as in
+    numpy. ``check_ids=True`` (at init, or ``dataclasses.replace(emb, check_ids=True)`` on a
+    loaded model) checks every lookup instead: eagerly a NamedError naming the first bad id
+    and where it is; under jit an ``equinox.EquinoxRuntimeError`` when the program runs (a
+    check on device, so it costs a reduction over the ids per call).
+    """
 
     weight: NamedArray
     Vocab: Axis = eqx.field(static=True)
     Embed: Axis = eqx.field(static=True)
+    check_ids: bool = eqx.field(static=True, default=False)
 
     @staticmethod
-    def init(Vocab: Axis, Embed: Axis, *, key, init_scale: float = 0.02, dtype=jnp.float32) -> Embedding:
+    def init(Vocab: Axis, Embed: Axis, *, key, init_scale: float = 0.02, dtype=jnp.float32,
+             check_ids: bool = False) -> Embedding:
         w = nmr.normal(key, (Vocab, Embed), dtype) * init_scale
-        return Embedding(w, Vocab, Embed)
+        return Embedding(w, Vocab, Embed, check_ids)
 
     def __call__(self, ids: NamedArray) -> NamedArray:
         """Look up integer ``ids`` (any axes): the result has ``ids.axes + (Embed,)``."""
         if not jnp.issubdtype(ids.dtype, jnp.integer):
             raise AxisError(f"Embedding takes integer token ids, got dtype {ids.dtype}")
-        return shard(self.weight.take(self.Vocab.name, ids))
+        out = self.weight.take(self.Vocab.name, ids)
+        if self.check_ids:
+            out = _checked(out, ids, self.Vocab)
+        return shard(out)
 
     def unembed(self, x: NamedArray) -> NamedArray:
         """Logits over Vocab: ``x · Wᵀ`` contracting Embed."""
         return shard(dot(x, self.weight, axis=self.Embed.name))
+
+
+def _checked(out: NamedArray, ids: NamedArray, Vocab: Axis) -> NamedArray:
+    """``out``, after making sure every id is in ``[0, vocab)``."""
+    bad = (ids.array < 0) | (ids.array >= Vocab.size)
+    try:
+        known = np.asarray(bad)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        known = None
+    if known is None:
+        msg = f"Embedding: a token id is outside [0, {Vocab.size}) (vocab {Vocab.name!r}); it would have been clamped"
+        return NamedArray._unchecked(eqx.error_if(out.array, jnp.any(bad), msg), out.axes)
+    if known.any():
+        where = tuple(int(i) for i in np.argwhere(known)[0])
+        at = ", ".join(f"{a.name}={i}" for a, i in zip(ids.axes, where))
+        raise NamedError(f"Embedding: token id {int(np.asarray(ids.array)[where])} at ({at}) is outside "
+                         f"[0, {Vocab.size}) (vocab {Vocab.name!r}); {int(known.sum())} id(s) out of range in all")
+    return out

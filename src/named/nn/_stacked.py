@@ -1,65 +1,125 @@
 """Stacked: a homogeneous stack of blocks stored with a leading ``layers`` axis and run with scan,
-so compile time does not grow with depth; gradient checkpointing policies by name.
+so compile time does not grow with depth; gradient checkpointing by a ``Remat`` policy.
 
-Remat policies (``remat=``):
-- ``"none"``: keep every intermediate for the backward pass.
-- ``"full"``: keep only each block's input; recompute the block in the backward pass.
-- ``"save_dots"``: keep the results of weight matmuls (dots without batch dimensions),
-  recompute the rest (activations, norms, attention scores).
-- ``"save_names:a,b"`` or ``("save_names", "a", "b")``: keep only values tagged with
-  ``checkpoint_name(x, "a")`` inside the block.
-- ``"offload"``: like ``save_dots`` but the saved values go to pinned host memory; needs a
-  backend with host memory spaces (GPU/TPU), and raises on CPU.
+Every way of running the stack takes the same arguments: ``x`` (the carry), then ``*args`` and
+``**kwargs`` for each layer, where a NamedArray with the ``layers`` axis is sliced per layer
+(per-layer keys, windows, caches) and anything else goes whole to every layer. ``fold`` and
+``scan`` call the block; ``fold_via(fn)`` and ``scan_via(fn)`` call ``fn(block, x, ...)`` or a
+method by name instead (``stack.scan_via("decode")(x, cache)``). ``BlockSeq`` has the same
+interface for blocks that differ, run by a Python loop.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 import equinox as eqx
 import jax
-from jax.ad_checkpoint import checkpoint_name as _checkpoint_name
+import jax.numpy as jnp
 
-from .._axis import Axis, AxisError, NamedError
+from .._axis import Axis, AxisError, NamedError, format_axes, name_of
 from .._core import NamedArray, is_named_array
-from .._transforms import fold as nfold, scan as nscan
+from .._transforms import scan as nscan, vmap as nvmap
+from ._remat import Remat, remat_policy, with_remat
 
 M = TypeVar("M", bound=eqx.Module)
 
 
-def checkpoint_name(x: NamedArray, name: str) -> NamedArray:
-    """Tag an activation so that a ``save_names`` remat policy can keep it."""
-    return NamedArray._unchecked(_checkpoint_name(x.array, name), x.axes)
+# ---- helpers shared with BlockSeq -------------------------------------------------------------------
 
 
-def remat_policy(remat: str | tuple | None) -> Callable | None | bool:
-    """The jax checkpoint policy for a policy name; False means no remat at all."""
-    if remat is None or remat == "none":
-        return False
-    if isinstance(remat, str) and remat.startswith("save_names"):
-        _, _, names = remat.partition(":")
-        remat = ("save_names", *[n for n in names.split(",") if n])
-    if isinstance(remat, tuple) and remat and remat[0] == "save_names":
-        if len(remat) < 2:
-            raise NamedError("remat save_names needs at least one name: 'save_names:attn_out,mlp_out'")
-        return jax.checkpoint_policies.save_only_these_names(*remat[1:])
-    if remat == "full":
-        return None
-    if remat == "save_dots":
-        return jax.checkpoint_policies.dots_with_no_batch_dims_saveable
-    if remat == "offload":
-        if jax.default_backend() == "cpu":
-            raise NamedError("remat='offload' needs host memory spaces (GPU or TPU); the CPU backend has none")
-        return jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host")
-    raise NamedError(f"unknown remat policy {remat!r}; use none, full, save_dots, save_names:<names> or offload")
-
-
-def _with_remat(fn: Callable, remat) -> Callable:
-    policy = remat_policy(remat)
-    if policy is False:
+def as_method(fn: Callable | str, what: str) -> Callable:
+    """``fn(block, x, *args, **kwargs)``; a string names a method of the block."""
+    if callable(fn):
         return fn
-    return eqx.filter_checkpoint(fn, policy=policy, prevent_cse=False)
+    if not isinstance(fn, str):
+        raise NamedError(f"{what} takes a function fn(block, x, ...) or a method name, got {fn!r}")
+
+    def call(block, *args, **kwargs):
+        method = getattr(block, fn, None)
+        if not callable(method):
+            raise NamedError(f"{what}({fn!r}): the block {type(block).__name__} has no method {fn!r}")
+        return method(*args, **kwargs)
+
+    return call
+
+
+def _call(block, *args, **kwargs):
+    return block(*args, **kwargs)
+
+
+def layer_index(i: int, Layers: Axis) -> int:
+    if isinstance(i, bool) or not isinstance(i, int):
+        raise NamedError(f"a layer index is an int, got {i!r}")
+    if not -Layers.size <= i < Layers.size:
+        raise AxisError(f"layer {i} is out of range for {Layers.name!r} of size {Layers.size}")
+    return i % Layers.size
+
+
+def slice_layer(tree, Layers: Axis, i):
+    """Layer ``i`` of a pytree: NamedArray leaves with the Layers axis indexed, others whole."""
+    def leaf(x):
+        return x[Layers.name, i] if isinstance(x, NamedArray) and Layers.name in x.names else x
+
+    return jax.tree.map(leaf, tree, is_leaf=is_named_array)
+
+
+def _add_layers_axis(path, x, Layers: Axis):
+    """Check one leaf of a block and give it (already stacked) the Layers axis."""
+    if isinstance(x, NamedArray):
+        if Layers.name in x.names:
+            raise AxisError(f"block weight {jax.tree_util.keystr(path)} already has the layers axis {Layers.name!r}")
+        return NamedArray._unchecked(x.array, (Layers,) + x.axes)
+    if eqx.is_array(x):
+        # fold/scan slice only NamedArrays along Layers: a plain array would reach every
+        # layer whole, with the stacking dimension still on it.
+        raise AxisError(f"block leaf {jax.tree_util.keystr(path)} is a plain array of shape {x.shape}; "
+                        "Stacked blocks hold their arrays as NamedArrays (wrap it with nm.named)")
+    return x
+
+
+def stack_layers(trees: Sequence[Any], Layers: Axis, what: str):
+    """Pytrees of one structure, one per layer, stacked leaf by leaf along a new leading Layers
+    axis (plain arrays get a leading dimension; other leaves must be equal)."""
+    flat = [jax.tree_util.tree_flatten_with_path(t, is_leaf=is_named_array) for t in trees]
+    (first, treedef), out = flat[0], []
+    for i, (leaves, td) in enumerate(flat[1:], 1):
+        if td != treedef:
+            raise NamedError(f"{what}: layer {i} differs in structure from layer 0 (a different block type, or "
+                             "different static fields): use BlockSeq for blocks that differ")
+    for k, (path, leaf) in enumerate(first):
+        column = [leaves[k][1] for leaves, _ in flat]
+        if isinstance(leaf, NamedArray):
+            for i, x in enumerate(column):
+                if not isinstance(x, NamedArray) or x.axes != leaf.axes:
+                    got = format_axes(x.axes) if isinstance(x, NamedArray) else type(x).__name__
+                    raise AxisError(f"{what}: {jax.tree_util.keystr(path)} has axes {format_axes(leaf.axes)} in layer 0 "
+                                    f"but {got} in layer {i}")
+            out.append(_add_layers_axis(path, NamedArray._unchecked(jnp.stack([x.array for x in column]), leaf.axes), Layers))
+        elif eqx.is_array(leaf):
+            out.append(jnp.stack(column))
+        else:
+            out.append(leaf)
+    return jax.tree.unflatten(treedef, out)
+
+
+def layers_axis(Layers: Axis | str, n: int, what: str) -> Axis:
+    if isinstance(Layers, Axis) and Layers.size != n:
+        raise AxisError(f"{what}: {n} layers given but {Layers.name!r} has size {Layers.size}")
+    if n == 0:
+        raise NamedError(f"{what} needs at least one layer")
+    return Layers if isinstance(Layers, Axis) else Axis(name_of(Layers), n)
+
+
+def check_every(remat, Layers: Axis) -> None:
+    r = Remat.parse(remat)
+    if r is not None and Layers.size % r.every:
+        raise NamedError(f"remat every={r.every} groups layers {r.every} at a time, but {Layers.name!r} has "
+                         f"{Layers.size} layers: pick a divisor of {Layers.size}")
+
+
+# ---- Stacked -------------------------------------------------------------------------------------
 
 
 class Stacked(eqx.Module, Generic[M]):
@@ -69,55 +129,127 @@ class Stacked(eqx.Module, Generic[M]):
     Layers: Axis = eqx.field(static=True)
     remat: Any = eqx.field(static=True, default="none")
 
+    def __check_init__(self):
+        remat_policy(self.remat)  # an unknown policy fails here, before anything is traced
+        check_every(self.remat, self.Layers)
+
     @staticmethod
     def init(Layers: Axis, block_init: Callable[..., M], *args, key, remat="none", **kwargs) -> Stacked[M]:
         """``block_init(*args, key=k, **kwargs)`` for each layer, vmapped over split keys."""
         if not isinstance(Layers, Axis):
             raise AxisError(f"Stacked needs a Layers Axis with a size, got {Layers!r}")
-        remat_policy(remat)  # validate early
+        remat_policy(remat)  # validate before the (possibly large) init
+        check_every(remat, Layers)
         keys = jax.random.split(key, Layers.size)
         blocks = eqx.filter_vmap(lambda k: block_init(*args, key=k, **kwargs))(keys)
+        stacked = jax.tree_util.tree_map_with_path(lambda p, x: _add_layers_axis(p, x, Layers), blocks, is_leaf=is_named_array)
+        return Stacked(stacked, Layers, remat)
 
-        def add_layers(path, x):
-            if isinstance(x, NamedArray):
-                if Layers.name in x.names:
-                    raise AxisError(f"block weight {jax.tree_util.keystr(path)} already has the layers axis {Layers.name!r}")
-                return NamedArray._unchecked(x.array, (Layers,) + x.axes)
-            if eqx.is_array(x):
-                # fold/scan slice only NamedArrays along Layers: a plain array would reach
-                # every layer whole, with the stacking dimension still on it.
-                raise AxisError(f"block leaf {jax.tree_util.keystr(path)} is a plain array of shape {x.shape}; "
-                                "Stacked blocks hold their arrays as NamedArrays (wrap it with nm.named)")
-            return x
+    @staticmethod
+    def from_layers(blocks: Sequence[M], Layers: Axis | str = "layers", *, remat="none") -> Stacked[M]:
+        """The stack of ``blocks`` (of one type and shape), e.g. after editing ``unstacked()``."""
+        blocks = list(blocks)
+        Layers = layers_axis(Layers, len(blocks), "Stacked.from_layers")
+        for i, b in enumerate(blocks):
+            for path, x in jax.tree_util.tree_leaves_with_path(b, is_leaf=is_named_array):
+                if not isinstance(x, NamedArray) and eqx.is_array(x):
+                    _add_layers_axis(path, x, Layers)  # raises: plain arrays cannot be sliced per layer
+        return Stacked(stack_layers(blocks, Layers, "Stacked.from_layers"), Layers, remat)
 
-        return Stacked(jax.tree_util.tree_map_with_path(add_layers, blocks, is_leaf=is_named_array), Layers, remat)
+    # -- running the stack --
 
     def fold(self, x, *args, **kwargs):
         """``x = block(x, *args, **kwargs)`` for each layer in order. Arguments with the Layers
         axis (e.g. per-layer keys as ``nm.named(keys, "layers")``) are sliced per layer."""
-
-        def step(carry, block, *a, **kw):
-            return block(carry, *a, **kw)
-
-        return nfold(_with_remat(step, self.remat), self.Layers)(x, self.stacked, *args, **kwargs)
+        return self.fold_via(_call)(x, *args, **kwargs)
 
     def scan(self, x, *args, **kwargs):
         """Like ``fold`` but ``block`` returns ``(x, y)``; the ys are stacked along Layers."""
+        return self.scan_via(_call)(x, *args, **kwargs)
 
-        def step(carry, block, *a, **kw):
-            return block(carry, *a, **kw)
+    def vmap(self, x, *args, **kwargs):
+        """Every layer applied to the same ``x`` at once (an ``x`` with the Layers axis gives each
+        layer its own); the outputs are stacked along Layers."""
+        return self.vmap_via(_call)(x, *args, **kwargs)
 
-        return nscan(_with_remat(step, self.remat), self.Layers)(x, self.stacked, *args, **kwargs)
+    def fold_via(self, fn: Callable | str) -> Callable:
+        """``x = fn(block, x, *args, **kwargs)`` per layer; ``fn`` may name a method of the block."""
+        call = as_method(fn, "Stacked.fold_via")
+
+        def step(block, carry, *a, **kw):
+            return call(block, carry, *a, **kw), None
+
+        return lambda x, *args, **kwargs: self._run(step, x, args, kwargs)[0]
+
+    def scan_via(self, fn: Callable | str) -> Callable:
+        """``x, y = fn(block, x, *args, **kwargs)`` per layer; returns ``x`` and the stacked ys."""
+        call = as_method(fn, "Stacked.scan_via")
+        return lambda x, *args, **kwargs: self._run(call, x, args, kwargs)
+
+    def vmap_via(self, fn: Callable | str) -> Callable:
+        """``fn(block, x, *args, **kwargs)`` for all layers at once, stacked along Layers."""
+        call = as_method(fn, "Stacked.vmap_via")
+        return lambda x, *args, **kwargs: nvmap(call, self.Layers)(self.stacked, x, *args, **kwargs)
+
+    def _run(self, step, x, args, kwargs):
+        def body(carry, block, *a, **kw):
+            return step(block, carry, *a, **kw)
+
+        body = with_remat(body, self.remat)
+        r = Remat.parse(self.remat)
+        if r is None or r.every == 1:
+            return nscan(body, self.Layers)(x, self.stacked, *args, **kwargs)
+        return self._run_grouped(body, r.every, x, args, kwargs)
+
+    def _run_grouped(self, body, k: int, x, args, kwargs):
+        """Scan over groups of ``k`` layers, each group checkpointed whole (only its input is
+        kept) and scanning its layers inside with the per-layer policy."""
+        L = self.Layers
+        Groups, Inner = Axis(f"{L.name}_groups", L.size // k), Axis(L.name, k)
+
+        def group(leaf):
+            if isinstance(leaf, NamedArray) and L.name in leaf.names:
+                leaf = leaf.rearrange((L.name, ...))
+                return NamedArray._unchecked(leaf.array.reshape((Groups.size, k) + leaf.array.shape[1:]),
+                                             (Groups, Inner) + leaf.axes[1:])
+            return leaf
+
+        def ungroup(leaf):
+            if isinstance(leaf, NamedArray):
+                return NamedArray._unchecked(leaf.array.reshape((L.size,) + leaf.array.shape[2:]), (L,) + leaf.axes[2:])
+            return leaf.reshape((L.size,) + leaf.shape[2:]) if eqx.is_array(leaf) else leaf
+
+        def run_group(carry, blocks, a, kw):
+            return nscan(body, Inner)(carry, blocks, *a, **kw)
+
+        run_group = eqx.filter_checkpoint(run_group, policy=None, prevent_cse=False)
+        grouped = jax.tree.map(group, (self.stacked, args, kwargs), is_leaf=is_named_array)
+        carry, ys = nscan(run_group, Groups)(x, *grouped)
+        return carry, jax.tree.map(ungroup, ys, is_leaf=is_named_array)
+
+    # -- per-layer access --
+
+    def get_layer(self, i: int) -> M:
+        """Block ``i`` (negative counts from the end), for inspection or editing."""
+        return slice_layer(self.stacked, self.Layers, layer_index(i, self.Layers))
+
+    def set_layer(self, i: int, block: M) -> Stacked[M]:
+        """A copy of the stack with block ``i`` replaced (it must match the others' structure and axes)."""
+        i = layer_index(i, self.Layers)
+        old_leaves, treedef = jax.tree_util.tree_flatten_with_path(self.stacked, is_leaf=is_named_array)
+        new_leaves, new_def = jax.tree.flatten(block, is_leaf=is_named_array)
+        if new_def != jax.tree.structure(self.get_layer(0), is_leaf=is_named_array):
+            raise NamedError("Stacked.set_layer: the block differs in structure from the stacked ones")
+        out = []
+        for (path, old), new in zip(old_leaves, new_leaves):
+            if isinstance(old, NamedArray):
+                if not isinstance(new, NamedArray) or new.axes != old.axes[1:]:
+                    got = format_axes(new.axes) if isinstance(new, NamedArray) else type(new).__name__
+                    raise AxisError(f"Stacked.set_layer: {jax.tree_util.keystr(path)} needs axes {format_axes(old.axes[1:])}, got {got}")
+                old = old.at[self.Layers.name, i].set(new)
+            out.append(old)
+        return Stacked(jax.tree.unflatten(treedef, out), self.Layers, self.remat)
 
     def unstacked(self) -> list[M]:
-        """The blocks one by one (for per-layer access; not for running the stack)."""
-
-        def take(i):
-            def leaf(x):
-                if isinstance(x, NamedArray):
-                    return NamedArray._unchecked(x.array[i], x.axes[1:])
-                return x
-
-            return jax.tree.map(leaf, self.stacked, is_leaf=is_named_array)
-
-        return [take(i) for i in range(self.Layers.size)]
+        """The blocks one by one (for per-layer access and editing; ``from_layers`` puts them back)."""
+        return [self.get_layer(i) for i in range(self.Layers.size)]

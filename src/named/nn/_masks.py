@@ -1,0 +1,92 @@
+"""Masks and biases for ``dot_product_attention``, over ``(position, key_position)``: causal
+(with a sliding window), chunked, packed segments, padding, and ALiBi. Each takes the
+queries' place among the keys as ``q_offset``: an int, a traced scalar, or a NamedArray over
+``batch`` when every row continues its own cache."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from .._axis import Axis, AxisError, AxisSelector, format_axes, name_of
+from .._core import NamedArray
+from .._shape import arange, rename
+
+
+def _query_positions(QPos: Axis, q_offset) -> NamedArray:
+    """Where each query stands among the keys: ``q_offset + i``. A NamedArray offset (0-d, or
+    over ``batch`` for rows that each continue their own cache) broadcasts by name."""
+    return arange(QPos) + q_offset
+
+
+def causal_mask(QPos: Axis, KPos: Axis, *, q_offset=0, window=None) -> NamedArray:
+    """True where key position <= query position (+ ``q_offset``, for queries that continue a cache;
+    an int, a traced scalar, or a NamedArray over ``batch`` when each row stands at its own
+    position) and, with a sliding ``window`` (an int, or a traced scalar such as a layer's entry
+    of per-layer windows), the key is one of the ``window`` latest: ``query - window < key <= query``."""
+    distance = _query_positions(QPos, q_offset) - arange(KPos)
+    causal = distance >= 0
+    if window is None:
+        return causal
+    window = window.array if isinstance(window, NamedArray) else window
+    return causal & (distance < window)
+
+
+def chunked_mask(QPos: Axis, KPos: Axis, chunk: int, *, q_offset=0) -> NamedArray:
+    """True where query and key fall in the same block of ``chunk`` positions (Llama 4's chunked
+    attention: pass it as ``mask=`` together with ``causal=True``). Not causal by itself."""
+    if not isinstance(chunk, int) or chunk < 1:
+        raise AxisError(f"chunked_mask: chunk must be a positive int, got {chunk!r}")
+    return _query_positions(QPos, q_offset) // chunk == arange(KPos) // chunk
+
+
+def segment_mask(q_segments: NamedArray, k_segments: NamedArray) -> NamedArray:
+    """True where query and key belong to the same packed segment."""
+    return q_segments == k_segments
+
+
+def padding_mask(valid_or_lengths: NamedArray, KPos: AxisSelector = "key_position", *,
+                 Pos: AxisSelector = "position") -> NamedArray:
+    """A mask over the key axis that hides padding, for ``dot_product_attention(mask=...)``.
+
+    From integer lengths (e.g. over ``batch``, with ``KPos`` an Axis): True at key positions
+    below each length (right padding). From a boolean per token (True = a real token) over
+    ``Pos`` (or already over ``KPos``): the same values on the key axis, so nobody renames by
+    hand (and nobody passes a mask over queries by mistake)."""
+    x = valid_or_lengths
+    kpos, pos = name_of(KPos), name_of(Pos)
+    if jnp.issubdtype(x.dtype, jnp.integer):
+        if not isinstance(KPos, Axis):
+            raise AxisError(f"padding_mask from lengths needs KPos as an Axis with a size, got {KPos!r}")
+        if kpos in x.names:
+            raise AxisError(f"padding_mask: lengths already have the key axis {kpos!r} {format_axes(x.axes)}")
+        return x > arange(KPos)
+    if not jnp.issubdtype(x.dtype, jnp.bool_):
+        raise AxisError(f"padding_mask takes integer lengths or a boolean per token, got dtype {x.dtype}")
+    if kpos in x.names:
+        return x
+    if pos not in x.names:
+        raise AxisError(f"padding_mask: a per-token mask needs axis {pos!r} or {kpos!r}, got {format_axes(x.axes)}")
+    return rename(x, {pos: kpos})
+
+
+def alibi_slopes(Heads: Axis) -> NamedArray:
+    """ALiBi's per-head slopes (Press et al. 2022): for ``n`` heads, a power of two, the geometric
+    sequence ``2^(-8/n), 2^(-16/n), ...``; otherwise those of the largest power of two below
+    ``n``, then every other slope of twice that many."""
+    def geometric(m):
+        return [2.0 ** (-8.0 * i / m) for i in range(1, m + 1)]
+
+    n = Heads.size
+    p = 1 << (n.bit_length() - 1)
+    slopes = geometric(p) + geometric(2 * p)[0::2][: n - p]
+    return NamedArray(jnp.asarray(slopes, jnp.float32), (Heads,))
+
+
+def alibi_bias(Heads: Axis, QPos: Axis, KPos: Axis, *, q_offset=0, slopes: NamedArray | None = None) -> NamedArray:
+    """ALiBi's attention bias ``slope[head] * (key - query)`` over ``(heads, position,
+    key_position)``, float32, for ``dot_product_attention(bias=...)``; under grouped-query
+    attention the bias keeps the query's ``heads``. Use it with ``causal=True`` (the keys
+    after the query would get a positive bias). ``slopes`` replaces ``alibi_slopes(Heads)``."""
+    slopes = alibi_slopes(Heads) if slopes is None else slopes
+    bias = slopes * (arange(KPos) - _query_positions(QPos, q_offset)).astype(jnp.float32)
+    return bias.rearrange((name_of(Heads), ..., QPos.name, KPos.name))

@@ -1,0 +1,167 @@
+"""Gradient checkpointing of a stack of layers, as one object: ``Remat`` says what each layer's
+forward pass leaves for the backward pass (the rest is recomputed) and how often the carry
+between layers is kept.
+
+``Remat(save=..., offload=..., dots=..., every=...)``:
+- ``save``: names tagged with ``checkpoint_name(x, name)`` inside the block, kept on device;
+- ``offload``: tagged names kept in pinned host memory instead (GPU/TPU; the CPU backend has
+  no host memory space and raises);
+- ``dots``: the results of weight matmuls (dots without batch dimensions): ``"recompute"``
+  (default), ``"save"`` or ``"offload"``;
+- ``every``: keep the carry (a layer's input) only every ``every`` layers: the backward pass
+  re-runs each group of ``every`` layers from its input (sqrt-style nested checkpointing),
+  which divides the stored layer inputs by ``every`` at the cost of one more forward pass.
+
+``Remat()`` is full rematerialisation (only the layer inputs are kept); ``None`` or ``"none"``
+is no checkpointing. Strings, for config files: the shorthands ``"none"``, ``"full"``,
+``"save_dots"``, ``"offload"`` (the dots to host), ``"save_names:a,b"``, optionally followed by
+``key=value`` words: ``"full every=4"``, ``"save=attn_out offload=mlp_out dots=save"``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+from jax.ad_checkpoint import checkpoint_name as _checkpoint_name
+
+from .._axis import NamedError
+from .._core import NamedArray
+
+_DOTS = ("recompute", "save", "offload")
+_HOST = ("device", "pinned_host")
+
+
+def checkpoint_name(x: NamedArray, name: str) -> NamedArray:
+    """Tag an activation so that a ``Remat(save=...)`` or ``Remat(offload=...)`` policy can keep it."""
+    return NamedArray._unchecked(_checkpoint_name(x.array, name), x.axes)
+
+
+def _names(value, what: str) -> tuple[str, ...]:
+    names = (value,) if isinstance(value, str) else tuple(value)
+    bad = [n for n in names if not isinstance(n, str) or not n]
+    if bad:
+        raise NamedError(f"Remat {what} takes activation names (strings given to checkpoint_name), got {bad!r}")
+    return names
+
+
+@dataclasses.dataclass(frozen=True)
+class Remat:
+    """What the backward pass keeps from each layer (see the module docstring)."""
+
+    save: tuple[str, ...] = ()
+    offload: tuple[str, ...] = ()
+    dots: str = "recompute"
+    every: int = 1
+
+    def __post_init__(self):
+        object.__setattr__(self, "save", _names(self.save, "save"))
+        object.__setattr__(self, "offload", _names(self.offload, "offload"))
+        both = sorted(set(self.save) & set(self.offload))
+        if both:
+            raise NamedError(f"Remat: {both} are both saved and offloaded; give each name to one of them")
+        if self.dots not in _DOTS:
+            raise NamedError(f"Remat dots={self.dots!r}; use one of {', '.join(_DOTS)}")
+        if isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1:
+            raise NamedError(f"Remat every={self.every!r}; it must be a positive int (layers per checkpointed group)")
+
+    @property
+    def offloads(self) -> bool:
+        return bool(self.offload) or self.dots == "offload"
+
+    @staticmethod
+    def parse(remat: Remat | str | tuple | None) -> Remat | None:
+        """The policy a ``remat=`` argument stands for; None means no checkpointing."""
+        if remat is None or isinstance(remat, Remat):
+            return remat
+        if isinstance(remat, tuple):
+            if remat and remat[0] == "save_names":
+                if len(remat) < 2:
+                    raise NamedError("remat save_names needs at least one name: 'save_names:attn_out,mlp_out'")
+                return Remat(save=remat[1:])
+            raise NamedError(f"unknown remat policy {remat!r}; a tuple policy is ('save_names', name, ...)")
+        if not isinstance(remat, str):
+            raise NamedError(f"unknown remat policy {remat!r}; use a Remat, None or a string such as 'full'")
+        return _parse_string(remat)
+
+
+_SHORTHANDS: dict[str, dict[str, Any] | None] = {
+    "none": None,
+    "full": {},
+    "save_dots": {"dots": "save"},
+    "offload": {"dots": "offload"},
+}
+_KEYS = ("save", "offload", "dots", "every")
+
+
+def _parse_string(text: str) -> Remat | None:
+    words = text.split()
+    if not words:
+        raise NamedError("empty remat policy; use none, full, save_dots, save_names:<names> or offload")
+    fields: dict[str, Any] = {}
+    none = False
+    for i, word in enumerate(words):
+        key, eq, value = word.partition("=")
+        if word.startswith("save_names"):
+            names = [n for n in word.partition(":")[2].split(",") if n]
+            if not names:
+                raise NamedError("remat save_names needs at least one name: 'save_names:attn_out,mlp_out'")
+            fields["save"] = tuple(names)
+        elif word in _SHORTHANDS and i == 0:
+            shorthand = _SHORTHANDS[word]
+            none = shorthand is None
+            fields.update(shorthand or {})
+        elif eq and key in _KEYS:
+            fields[key] = int(value) if key == "every" and value.isdigit() else (
+                value if key in ("dots", "every") else tuple(n for n in value.split(",") if n))
+        else:
+            raise NamedError(f"unknown remat policy {text!r} (at {word!r}); use none, full, save_dots, "
+                             f"save_names:<names> or offload, optionally followed by {', '.join(k + '=' for k in _KEYS)}")
+    if none:
+        if len(words) > 1:
+            raise NamedError(f"remat policy {text!r}: 'none' takes no options")
+        return None
+    return Remat(**fields)
+
+
+def remat_policy(remat: Remat | str | tuple | None) -> Callable | None | bool:
+    """The jax checkpoint policy for one layer; False means no remat at all, None full remat.
+    Raises a NamedError for an unknown policy, or one that offloads on the CPU backend."""
+    r = Remat.parse(remat)
+    if r is None:
+        return False
+    if r.offloads and jax.default_backend() == "cpu":
+        raise NamedError(f"remat {remat!r} offloads to host memory, which needs host memory spaces (GPU or TPU); "
+                         "the CPU backend has none")
+    cp = jax.checkpoint_policies
+    if not r.save and not r.offload:
+        return {"recompute": None, "save": cp.dots_with_no_batch_dims_saveable,
+                "offload": cp.offload_dot_with_no_batch_dims(*_HOST)}[r.dots]
+    if not r.offload:
+        names = cp.save_only_these_names(*r.save)
+    else:
+        names = cp.save_and_offload_only_these_names(names_which_can_be_saved=r.save, names_which_can_be_offloaded=r.offload,
+                                                     offload_src=_HOST[0], offload_dst=_HOST[1])
+    if r.dots == "recompute":
+        return names
+    dots = cp.dots_with_no_batch_dims_saveable if r.dots == "save" else cp.offload_dot_with_no_batch_dims(*_HOST)
+
+    # jax's save_from_both_policies takes only yes/no policies; offloading answers with where to.
+    def policy(prim, *args, **params):
+        if cp.dots_with_no_batch_dims_saveable(prim, *args, **params):
+            return dots(prim, *args, **params)
+        return names(prim, *args, **params)
+
+    return policy
+
+
+def with_remat(fn: Callable, remat) -> Callable:
+    """``fn`` checkpointed with one layer's policy (``every`` is the stack's business)."""
+    policy = remat_policy(remat)
+    if policy is False:
+        return fn
+    # Inside scan (or a group of layers) CSE cannot merge the recomputation away.
+    return eqx.filter_checkpoint(fn, policy=policy, prevent_cse=False)
