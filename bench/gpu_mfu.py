@@ -98,9 +98,12 @@ def _forward_unrolled(model, ids, remat):
         x = model.wte(ids) + model.wpe(positions)
         blocks, call = model.blocks.unstacked(), (lambda b, x: b(x)[0])
         final, head = model.ln_f, model.wte if model.lm_head is None else model.lm_head
-    else:  # Llama
+    else:  # the decoder (Llama): the layers read their RoPE, window and scale from the config
+        from named.models.decoder import layer_data
+
         x = model.embed_tokens(ids)
-        blocks, call = model.layers.unstacked(), (lambda b, x: b(x, positions=positions)[0])
+        data = layer_data(model.config)  # one value per setting for a model whose layers agree
+        blocks, call = model.layers.unstacked(), (lambda b, x: b(x, positions=positions, **data)[0])
         final, head = model.norm, model.embed_tokens if model.lm_head is None else model.lm_head
     if policy is not False:
         call = eqx.filter_checkpoint(call, policy=policy, prevent_cse=False)
@@ -144,11 +147,11 @@ def worker(spec: dict) -> dict:
         return loss, eqx.apply_updates(model, updates), opt_state
 
     with jax.set_mesh(mesh):
-        model = nm.named_jit(lambda k: model_cls.init(config, key=k), axis_resources=param_map)(jax.random.key(0))
-        opt_state = nm.named_jit(optimizer.init, axis_resources=param_map)(model)
+        model = nm.named_jit(lambda k: model_cls.init(config, key=k), mapping=param_map)(jax.random.key(0))
+        opt_state = nm.named_jit(optimizer.init, mapping=param_map)(model)
         ids_np = np.random.default_rng(0).integers(0, config.vocab_size, size=(batch, seq), dtype=np.int32)
         ids = nm.shard(nm.named(jnp.asarray(ids_np), (nm.Axis("batch", batch), nm.Axis("position", seq))), compute_map)
-        jstep = nm.named_jit(step, axis_resources=compute_map, out_axis_resources=param_map, donate_args=(True, True, False))
+        jstep = nm.named_jit(step, mapping=compute_map, out_mapping=param_map, donate_args=(True, True, False))
         t0 = time.perf_counter()
         compiled = jstep.lower(model, opt_state, ids).compile()
         compile_s = time.perf_counter() - t0

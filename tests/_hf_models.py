@@ -128,3 +128,12 @@ def random_model(cls, config, seed: int = 0, scale: float = 0.2):
         return nm.NamedArray(jnp.asarray(value), x.axes)
 
     return jax.tree_util.tree_map_with_path(fill, abstract, is_leaf=nm.is_named_array)
+
+
+@eqx.filter_jit
+def forward(model, ids):
+    return model(ids).rearrange(("batch", "position", "vocab")).array
+
+
+def named_ids(ids: np.ndarray):
+    return nm.named(jnp.asarray(ids), ("batch", "position"))

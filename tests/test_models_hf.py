@@ -14,22 +14,12 @@ import pytest
 import torch
 from safetensors.numpy import load_file, save_file
 
-import named as nm
 from named import models
 from named.models import CheckpointFormatError, Gpt2Config, Gpt2LMHeadModel, LlamaConfig, LlamaLMHeadModel
 
-from _hf_models import CONFIGS, GPT2, build, hf_logits, load_hf, random_ids, random_model
+from _hf_models import CONFIGS, GPT2, build, forward, hf_logits, load_hf, named_ids, random_ids, random_model
 
 BATCH, SEQ = 2, 13
-
-
-@eqx.filter_jit
-def forward(model, ids):
-    return model(ids).rearrange(("batch", "position", "vocab")).array
-
-
-def named_ids(ids: np.ndarray):
-    return nm.named(jnp.asarray(ids), ("batch", "position"))
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ class KVCache(eqx.Module):
     @staticmethod
     def init(Layers: Axis, Batch: Axis, KeyPos: Axis, Heads: Axis, HeadSize: Axis, dtype=jnp.float32) -> KVCache:
         if KeyPos.name != "key_position":
-            raise ValueError(f"the cache's length axis must be called 'key_position', got {KeyPos.name!r}")
+            raise nm.ArgumentError(f"the cache's length axis must be called 'key_position', got {KeyPos.name!r}")
         zeros = nm.zeros((Layers, Batch, KeyPos, Heads, HeadSize), dtype)
         return KVCache(zeros, zeros)
 
@@ -47,7 +47,7 @@ def causal_attention(q: NamedArray, k: NamedArray, v: NamedArray, *, segment_ids
     if cache is None:
         return nn.dot_product_attention(q, k, v, segment_ids=segment_ids, **options), None
     if segment_ids is not None:
-        raise ValueError("decoding with a KV cache does not take segment_ids")
+        raise nm.ArgumentError("decoding with a KV cache does not take segment_ids")
     k = nm.updated_slice(cache.k, {"key_position": pos}, k)
     v = nm.updated_slice(cache.v, {"key_position": pos}, v)
     return nn.dot_product_attention(q, k, v, q_offset=pos, **options), KVCache(k, v)
@@ -70,7 +70,7 @@ def layer_keys(key, Layers: Axis) -> NamedArray | None:
 def check_sequence_length(input_ids: NamedArray, limit: int, what: str) -> None:
     n = input_ids.axis_size("position")
     if n > limit:
-        raise ValueError(f"input has {n} positions but the model supports at most {limit} ({what})")
+        raise nm.ArgumentError(f"input has {n} positions but the model supports at most {limit} ({what})")
 
 
 def token_positions(input_ids: NamedArray, segment_ids: NamedArray | None = None) -> NamedArray:

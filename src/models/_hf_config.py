@@ -10,16 +10,16 @@ import functools
 import json
 import math
 import typing
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from named import nn
+from named import NamedError, nn
 
 from . import gpt2
 
 
-class CheckpointFormatError(ValueError):
+class CheckpointFormatError(NamedError, ValueError):
     """A Hugging Face folder we cannot read or write; the message names the file, tensor or field."""
 
 

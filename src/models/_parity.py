@@ -50,9 +50,9 @@ def our_logits(model, ids: np.ndarray) -> np.ndarray:
     logits = np.asarray(_forward(model, nm.named(jnp.asarray(ids), ("batch", "position"))))
     vocab = model.config.vocab_size
     if logits.shape != ids.shape + (vocab,):
-        raise ValueError(f"logits have shape {logits.shape}, expected {ids.shape + (vocab,)}")
+        raise nm.ArgumentError(f"logits have shape {logits.shape}, expected {ids.shape + (vocab,)}")
     if not np.isfinite(logits).all():
-        raise ValueError("the logits are not all finite")
+        raise nm.ArgumentError("the logits are not all finite")
     return logits
 
 
@@ -63,7 +63,9 @@ def transformers_logits(folder: Path, ids: np.ndarray) -> tuple[np.ndarray | Non
     import torch
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager")
+    # safetensors only: transformers would otherwise fall back to a pickled pytorch_model.bin
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager",
+                                                              use_safetensors=True)
     with torch.no_grad():
         logits = model.eval()(torch.tensor(ids, dtype=torch.long)).logits.numpy()
     return logits, f"transformers {transformers.__version__} {type(model).__name__}"

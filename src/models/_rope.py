@@ -14,6 +14,8 @@ import math
 
 import numpy as np
 
+import named as nm
+
 ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
 
 
@@ -47,14 +49,14 @@ class RopeScaling:
 
     def __post_init__(self):
         if self.rope_type not in ROPE_TYPES:
-            raise ValueError(f"rope_scaling.rope_type={self.rope_type!r} is not one of {', '.join(ROPE_TYPES)}")
+            raise nm.ArgumentError(f"rope_scaling.rope_type={self.rope_type!r} is not one of {', '.join(ROPE_TYPES)}")
         for name in ("factor", "low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow", "attention_factor",
                      "mscale", "mscale_all_dim"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"rope_scaling.{name} must be a finite positive number, got {value!r}")
+                raise nm.ArgumentError(f"rope_scaling.{name} must be a finite positive number, got {value!r}")
         if self.rope_type == "llama3" and self.high_freq_factor <= self.low_freq_factor:
-            raise ValueError(f"rope_scaling.high_freq_factor={self.high_freq_factor} must exceed "
+            raise nm.ArgumentError(f"rope_scaling.high_freq_factor={self.high_freq_factor} must exceed "
                              f"low_freq_factor={self.low_freq_factor}")
 
 

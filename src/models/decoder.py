@@ -102,39 +102,40 @@ class DecoderConfig:
 
     def __post_init__(self):
         if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(f"num_attention_heads={self.num_attention_heads} is not a multiple of "
+            raise nm.ArgumentError(f"num_attention_heads={self.num_attention_heads} is not a multiple of "
                              f"num_key_value_heads={self.num_key_value_heads}")
         if self.head_dim is None and self.hidden_size % self.num_attention_heads:
-            raise ValueError(f"hidden_size={self.hidden_size} is not divisible by num_attention_heads="
+            raise nm.ArgumentError(f"hidden_size={self.hidden_size} is not divisible by num_attention_heads="
                              f"{self.num_attention_heads}; set head_dim")
         if self.HeadSize.size % 2:
-            raise ValueError(f"head_dim={self.HeadSize.size} is odd; rotary embeddings need an even head size")
+            raise nm.ArgumentError(f"head_dim={self.HeadSize.size} is odd; rotary embeddings need an even head size")
         for name, allowed in (("qk_norm", QK_NORMS), ("norm_layout", tuple(NORM_ROLES))):
             if getattr(self, name) not in allowed:
-                raise ValueError(f"{name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
-        nn.activation(self.hidden_act)  # fails early on an unknown name
+                raise nm.ArgumentError(f"{name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
+        if self.hidden_act not in nn.ACTIVATIONS:
+            raise nm.ArgumentError(f"hidden_act={self.hidden_act!r} is not one of {', '.join(sorted(nn.ACTIVATIONS))}")
         for name in ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
                      "rope_local_base_freq"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a finite positive number or null, got {value!r}")
+                raise nm.ArgumentError(f"{name} must be a finite positive number or null, got {value!r}")
         if isinstance(self.rope_scaling, Mapping):  # as JSON and Python users write it
             try:
                 object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
             except TypeError as e:
-                raise ValueError(f"rope_scaling: {e}") from None
+                raise nm.ArgumentError(f"rope_scaling: {e}") from None
         if not isinstance(self.rope_scaling, RopeScaling):
-            raise ValueError(f"rope_scaling should be a RopeScaling or a mapping of its fields, got {self.rope_scaling!r}")
+            raise nm.ArgumentError(f"rope_scaling should be a RopeScaling or a mapping of its fields, got {self.rope_scaling!r}")
         if self.layer_types is not None:
             object.__setattr__(self, "layer_types", tuple(self.layer_types))  # a YAML list; hashable
             if len(self.layer_types) != self.num_hidden_layers:
-                raise ValueError(f"layer_types has {len(self.layer_types)} entries for num_hidden_layers="
+                raise nm.ArgumentError(f"layer_types has {len(self.layer_types)} entries for num_hidden_layers="
                                  f"{self.num_hidden_layers}")
             bad = [t for t in self.layer_types if t not in LAYER_TYPES]
             if bad:
-                raise ValueError(f"layer_types: {bad[0]!r} is not one of {', '.join(LAYER_TYPES)}")
+                raise nm.ArgumentError(f"layer_types: {bad[0]!r} is not one of {', '.join(LAYER_TYPES)}")
             if "sliding_attention" in self.layer_types and self.sliding_window is None:
-                raise ValueError("layer_types has sliding_attention layers but sliding_window is null")
+                raise nm.ArgumentError("layer_types has sliding_attention layers but sliding_window is null")
 
     Embed = property(lambda self: Axis("embed", self.hidden_size))
     Heads = property(lambda self: Axis("heads", self.num_attention_heads))
@@ -344,7 +345,7 @@ class DecoderLMHeadModel(eqx.Module):
     def init_cache(self, Batch: Axis, max_length: int) -> KVCache:
         c = self.config
         if max_length > c.max_position_embeddings:
-            raise ValueError(f"a cache of {max_length} positions exceeds "
+            raise nm.ArgumentError(f"a cache of {max_length} positions exceeds "
                              f"max_position_embeddings={c.max_position_embeddings}")
         KeyPos = Axis("key_position", max_length)
         return KVCache.init(c.Layers, Batch, KeyPos, c.KVHeads, c.HeadSize, self.embed_tokens.weight.dtype)
@@ -395,9 +396,16 @@ def flops_per_token(config: DecoderConfig, seq_len: int) -> float:
     local layer when it is shorter, with the causal mask *not* halving it (PaLM's convention).
     """
     c = config
-    d = c.num_attention_heads * c.HeadSize.size
-    n_matmul = c.num_hidden_layers * _matmul_params_per_layer(c) + c.hidden_size * c.vocab_size
-    keys = sum(seq_len if w is None else min(seq_len, w) for w in c.layer_windows)
+    L, d = c.num_hidden_layers, c.num_attention_heads * c.HeadSize.size
+    n_matmul = L * _matmul_params_per_layer(c) + c.hidden_size * c.vocab_size
+    # counted without a loop over the layers: a plan may be asked for an absurd depth
+    if c.sliding_window is None:
+        local = 0
+    elif c.layer_types is not None:
+        local = c.layer_types.count("sliding_attention")
+    else:
+        local = L if c.sliding_window_pattern is None else L - L // c.sliding_window_pattern
+    keys = (L - local) * seq_len + local * min(seq_len, c.sliding_window or seq_len)
     return 6.0 * n_matmul + 12.0 * d * keys
 
 

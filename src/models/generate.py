@@ -1,4 +1,4 @@
-"""Sampling from GPT-2 or Llama with a KV cache over named axes.
+"""Sampling from GPT-2 or any decoder family with a KV cache over named axes.
 
 One compiled program per (model, prompt shape, settings): a prefill that runs the whole prompt
 through ``model.decode`` at position 0, then a ``lax.scan`` of one-token decode steps, each
@@ -23,7 +23,7 @@ def generate(model, prompt_ids: NamedArray, max_new_tokens: int, *, temperature:
     """Continue ``prompt_ids`` by ``max_new_tokens`` tokens.
 
     Args:
-        model: a ``Gpt2LMHeadModel`` or ``LlamaLMHeadModel`` (anything with ``init_cache``
+        model: a ``Gpt2LMHeadModel`` or ``DecoderLMHeadModel`` (anything with ``init_cache``
             and ``decode``).
         prompt_ids: integer ids with axes ``(batch, position)`` (or just ``position``); every
             row is a prompt of the same length (no padding).
@@ -39,15 +39,15 @@ def generate(model, prompt_ids: NamedArray, max_new_tokens: int, *, temperature:
         ``position = prompt length + max_new_tokens``.
     """
     if temperature < 0:
-        raise ValueError(f"temperature={temperature} must be >= 0 (0 is greedy)")
+        raise nm.ArgumentError(f"temperature={temperature} must be >= 0 (0 is greedy)")
     if temperature > 0 and key is None:
-        raise ValueError("sampling (temperature > 0) needs key=; temperature=0 decodes greedily")
+        raise nm.ArgumentError("sampling (temperature > 0) needs key=; temperature=0 decodes greedily")
     if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k={top_k} must be >= 1")
+        raise nm.ArgumentError(f"top_k={top_k} must be >= 1")
     if top_p is not None and not 0 < top_p <= 1:
-        raise ValueError(f"top_p={top_p} must be in (0, 1]")
+        raise nm.ArgumentError(f"top_p={top_p} must be in (0, 1]")
     if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 0")
+        raise nm.ArgumentError(f"max_new_tokens={max_new_tokens} must be >= 0")
     if max_new_tokens == 0:
         return prompt_ids
     unbatched = "batch" not in prompt_ids.names

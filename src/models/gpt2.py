@@ -49,7 +49,7 @@ class Gpt2Config:
 
     def __post_init__(self):
         if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
+            raise nm.ArgumentError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
         nn.activation(self.activation)  # fails early on an unknown name
 
     Embed = property(lambda self: Axis("embed", self.n_embd))
@@ -160,7 +160,7 @@ class Gpt2LMHeadModel(eqx.Module):
     def init_cache(self, Batch: Axis, max_length: int) -> KVCache:
         c = self.config
         if max_length > c.n_positions:
-            raise ValueError(f"a cache of {max_length} positions exceeds n_positions={c.n_positions}")
+            raise nm.ArgumentError(f"a cache of {max_length} positions exceeds n_positions={c.n_positions}")
         KeyPos = Axis("key_position", max_length)
         return KVCache.init(c.Layers, Batch, KeyPos, c.Heads, c.HeadSize, self.wte.weight.dtype)
 

@@ -275,7 +275,7 @@ class _Placer:
         if mapping is not None and mesh is None:
             mesh = nm.current_mesh()
             if mesh is None:
-                raise ValueError("load_pretrained got a mapping but no mesh: pass mesh= (e.g. nm.make_mesh({'data': -1}))")
+                raise nm.ArgumentError("load_pretrained got a mapping but no mesh: pass mesh= (e.g. nm.make_mesh({'data': -1}))")
         self.mapping, self.mesh = mapping or {}, mesh
 
     def sharding(self, axes):

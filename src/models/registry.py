@@ -11,6 +11,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import named as nm
+
 from . import decoder, families, gpt2
 from ._hf_config import CheckpointFormatError, _checked, _gpt2_from_hf, _gpt2_to_hf
 from ._hf_decoder import HfDecoder, read, write
@@ -85,7 +87,7 @@ def family_for(obj) -> Family:
     for cls in type(config).__mro__:
         if cls in by_class:
             return by_class[cls]
-    raise TypeError(f"{type(obj).__name__} is not a config or model of a known family; known: {', '.join(FAMILIES)}")
+    raise nm.ArgumentTypeError(f"{type(obj).__name__} is not a config or model of a known family; known: {', '.join(FAMILIES)}")
 
 
 def family_for_hf(d: Mapping, where: Path) -> Family:
