@@ -227,7 +227,7 @@ def named_train_step(config, optimizer, *, dtype: str = "f32", loss: str = "full
         updates, opt_state = optimizer.update(grads, opt_state, model)
         return value, eqx.apply_updates(model, updates), opt_state
 
-    return nm.named_jit(step, axis_resources=COMPUTE_MAPPING, out_axis_resources=PARAM_MAPPING,
+    return nm.named_jit(step, mapping=COMPUTE_MAPPING, out_mapping=PARAM_MAPPING,
                         donate_args=(True, True, False))
 
 

@@ -61,7 +61,7 @@ def make_tree(total_mb: int, mesh) -> tuple[dict, int]:
     Rows = nm.Axis("rows", rows)
     mapping = {"embed": "data"}
     keys = jax.random.split(jax.random.key(0), 4)
-    init = nm.named_jit(lambda k: nm.random.normal(k, (Rows, Embed)), axis_resources=mapping)
+    init = nm.named_jit(lambda k: nm.random.normal(k, (Rows, Embed)), mapping=mapping)
     tree = {f"w{i}": init(k) for i, k in enumerate(keys)}
     jax.block_until_ready(tree)
     return tree, 4 * rows * 1024 * 4

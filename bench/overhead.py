@@ -66,8 +66,8 @@ def token_ids(cfg: dict, batch: int, seq: int) -> np.ndarray:
 
 def build_named(cfg: dict, mesh, ids_np: np.ndarray, dtype: str, optimizer) -> Side:
     config = Gpt2Config(**cfg)
-    model = nm.named_jit(lambda k: Gpt2LMHeadModel.init(config, key=k), axis_resources=C.PARAM_MAPPING)(jax.random.key(0))
-    opt_state = nm.named_jit(optimizer.init, axis_resources=C.PARAM_MAPPING)(model)
+    model = nm.named_jit(lambda k: Gpt2LMHeadModel.init(config, key=k), mapping=C.PARAM_MAPPING)(jax.random.key(0))
+    opt_state = nm.named_jit(optimizer.init, mapping=C.PARAM_MAPPING)(model)
     axes = (nm.Axis("batch", ids_np.shape[0]), nm.Axis("position", ids_np.shape[1]))
     ids = nm.shard(nm.named(jnp.asarray(ids_np), axes), C.COMPUTE_MAPPING, mesh)
     return Side("named", C.named_train_step(config, optimizer, dtype=dtype), model, opt_state, ids)

@@ -110,8 +110,8 @@ def worker_named(cfg, batch, seq, dtype, remat) -> dict:
     optimizer = optax.adamw(C.LEARNING_RATE)
     ids_np = np.random.default_rng(0).integers(0, cfg["vocab_size"], size=(batch, seq), dtype=np.int32)
     with jax.set_mesh(mesh):
-        model = nm.named_jit(lambda k: Gpt2LMHeadModel.init(config, key=k), axis_resources=C.PARAM_MAPPING)(jax.random.key(0))
-        opt_state = nm.named_jit(optimizer.init, axis_resources=C.PARAM_MAPPING)(model)
+        model = nm.named_jit(lambda k: Gpt2LMHeadModel.init(config, key=k), mapping=C.PARAM_MAPPING)(jax.random.key(0))
+        opt_state = nm.named_jit(optimizer.init, mapping=C.PARAM_MAPPING)(model)
         axes = (nm.Axis("batch", batch), nm.Axis("position", seq))
         ids = nm.shard(nm.named(jnp.asarray(ids_np), axes), C.COMPUTE_MAPPING, mesh)
         step = C.named_train_step(config, optimizer, dtype=dtype)

@@ -56,7 +56,7 @@ def run_sharded(fn, params, *inputs, mapping: str):
     mesh_shape, param_map, compute = MAPPINGS[mapping]
     mesh = nm.make_mesh(mesh_shape)
     params = nm.shard(params, param_map, mesh)
-    out = nm.named_jit(fn, axis_resources=compute, mesh=mesh)(params, *inputs)
+    out = nm.named_jit(fn, mapping=compute, mesh=mesh)(params, *inputs)
     return out, mesh, compute
 
 

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "config").glob("*.yaml"))
 CPU_SIZED = {"gpt2_nano.yaml", "gpt2_nano_fsdp.yaml", "gpt2_nano_fsdp_tp.yaml", "llama_tiny.yaml"}
 KINDS = ("wrong type", "out of range", "not finite", "missing", "duplicate", "unknown key")
-CASES = 48  # the first 42 cover every (config, kind) pair once
+CASES = len(CONFIGS) * len(KINDS) + 6  # the first len(CONFIGS) * len(KINDS) cover every (config, kind) pair once
 CORPUS = "\n".join(f"def f_{i}(x):\n    return x * {i} + {i % 7}\n" for i in range(600))
 # Keys whose default would send a case elsewhere (the whole standard library, runs/default):
 # they are set per case and never deleted.
@@ -195,7 +195,12 @@ def test_the_unmutated_configs_pass(corpus, tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("script, case", [("named-plan", 28), ("named-train", 35)])
+# a duplicate-key case of gpt2_nano and an unknown-key case of llama_tiny (both CPU-sized)
+_NANO, _TINY = [c.name for c in CONFIGS].index("gpt2_nano.yaml"), [c.name for c in CONFIGS].index("llama_tiny.yaml")
+
+
+@pytest.mark.parametrize("script, case", [("named-plan", len(CONFIGS) * KINDS.index("duplicate") + _NANO),
+                                          ("named-train", len(CONFIGS) * KINDS.index("unknown key") + _TINY)])
 def test_console_scripts(corpus, tmp_path, script, case):
     # one duplicate-key case and one unknown-key case, through the installed console scripts
     rng = random.Random(case)

@@ -30,7 +30,7 @@ def test_named_wraps_and_reads_sizes_from_the_array():
     assert x.shape == {"batch": 2, "embed": 3}
     assert x.names == ("batch", "embed") and x.ndim == 2 and x.size == 6
     assert x.dtype == a.dtype and x.nbytes == 48
-    assert x.axis_size("embed") == 3 and x.axis_index("embed") == 1
+    assert x.axis_size("embed") == 3 and x.index_of("embed") == 1
     assert x.has_axis("embed") and x.has_axis(("batch", "embed")) and not x.has_axis("mlp")
     assert x.resolve_axis("embed") == Embed and x.resolve_axis(("embed", "batch")) == (Embed, Batch)
     assert nm.axes_of(x) == (Batch, Embed) and nm.axes_of(2.0) == () and nm.axes_of(jnp.float32(1)) == ()

@@ -164,14 +164,14 @@ def _value_and_grad(fn, mesh, compute):
         return (y * probe).sum().scalar(), y
 
     vg = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)
-    return nm.named_jit(vg, axis_resources=compute, out_axis_resources=PARAM, mesh=mesh)
+    return nm.named_jit(vg, mapping=compute, out_mapping=PARAM, mesh=mesh)
 
 
 @pytest.fixture(scope="module", params=["megatron", "seqax"])
 def block_run(request, mesh):
     compute, body = (COMPUTE, explicit_block) if request.param == "megatron" else (COMPUTE_SEQAX, explicit_block_seqax)
     args = _inputs(mesh, compute)
-    explicit = _value_and_grad(nm.shard_map(body, in_axis_resources=(PARAM, compute, compute)), mesh, compute)
+    explicit = _value_and_grad(nm.shard_map(body, in_mapping=(PARAM, compute, compute)), mesh, compute)
     gspmd = _value_and_grad(gspmd_block, mesh, compute)
     (_, ye), (gp_e, gx_e) = explicit(*args)
     (_, yg), (gp_g, gx_g) = gspmd(*args)
@@ -231,7 +231,7 @@ def test_blocks_keep_names_local_sizes_and_layouts(mesh):
         seen["wg"] = (wg.shape, nm.layout(wg))
         return nm.einsum("batch embed, embed mlp -> batch mlp", x, wg)
 
-    y = nm.shard_map(body, mesh=mesh, in_axis_resources=(PARAM, COMPUTE))(w, x)
+    y = nm.shard_map(body, mesh=mesh, in_mapping=(PARAM, COMPUTE))(w, x)
     assert seen["w"] == ({"embed": 16, "mlp": 16}, "embed/data mlp/model")
     assert seen["x"] == ({"batch": 4, "embed": 64}, "batch/data embed")
     assert seen["wg"] == ({"embed": 64, "mlp": 16}, "embed mlp/model")
@@ -243,7 +243,7 @@ def test_blocks_keep_names_local_sizes_and_layouts(mesh):
 def test_works_inside_named_jit_and_under_grad(mesh):
     w, x = _fsdp_pair(mesh)
     f = nm.shard_map(lambda w, x: nm.einsum("batch embed, embed mlp -> batch mlp", x, nm.all_gather(w, "embed")),
-                     in_axis_resources=(PARAM, COMPUTE))
+                     in_mapping=(PARAM, COMPUTE))
     g = nm.named_jit(jax.grad(lambda w, x: (f(w, x) ** 2).sum().scalar()), mesh=mesh)(w, x)
     ref = jax.grad(lambda w, x: jnp.sum((x @ w) ** 2))(np.asarray(w.array), np.asarray(x.array))
     np.testing.assert_allclose(g.array, ref, rtol=1e-5, atol=1e-4)
@@ -268,7 +268,7 @@ def test_psum_scatter_all_to_all_and_reductions_match_numpy(mesh):
         out["index"] = nm.with_layout(nm.named(nm.axis_index("batch", of=x) * jnp.ones((1,), jnp.int32), "one"), "one/data")
         return out
 
-    out = nm.shard_map(body, mesh=mesh, in_axis_resources={"batch": "data"})(x)
+    out = nm.shard_map(body, mesh=mesh, in_mapping={"batch": "data"})(x)
     np.testing.assert_allclose(out["sum_batch"].array, a.sum(0), rtol=1e-6)
     np.testing.assert_allclose(out["max_batch"].array, a.max(0))
     np.testing.assert_allclose(out["mean_batch"].array, a.mean(0), rtol=1e-6)
@@ -288,7 +288,7 @@ def test_all_gather_over_two_mesh_axes_keeps_the_order(mesh):
         assert nm.layout(x) == "embed/data+model" and x.axis_size("embed") == 4
         return nm.all_gather(x, "embed", invariant=True)
 
-    y = nm.shard_map(body, mesh=mesh, in_axis_resources={"embed": ("data", "model")})(x)
+    y = nm.shard_map(body, mesh=mesh, in_mapping={"embed": ("data", "model")})(x)
     np.testing.assert_array_equal(y.array, a)
     assert nm.layout(y) == "embed"
 
@@ -302,7 +302,7 @@ def test_with_layout_restores_a_dropped_layout(mesh):
         back = nm.with_layout(flat.unflatten_axis("hd", (Axis("heads", 2), Axis("d", 6))), "heads/model d")
         return nm.all_gather(back, "heads", invariant=True)
 
-    y = nm.shard_map(body, mesh=mesh, in_axis_resources={"heads": "model"})(x)
+    y = nm.shard_map(body, mesh=mesh, in_mapping={"heads": "model"})(x)
     np.testing.assert_allclose(y.array, x.array)
 
 
@@ -329,7 +329,7 @@ def test_unreduced_refuses_ops_and_says_how_to_fix(mesh):
         assert isinstance(v, nm.Unreduced)
         return nm.psum(v)
 
-    y = nm.shard_map(body, mesh=mesh, in_axis_resources=(PARAM, COMPUTE))(w, x)
+    y = nm.shard_map(body, mesh=mesh, in_mapping=(PARAM, COMPUTE))(w, x)
     wa, xa = np.asarray(w.array), np.asarray(x.array)
     np.testing.assert_allclose(y.array, 3 * (xa @ wa) @ wa.T, rtol=1e-4)
     for msg in errors:
@@ -343,14 +343,14 @@ def test_returning_an_unreduced_value_is_an_error(mesh):
         return nm.einsum_unreduced("batch embed, embed mlp -> batch mlp", x, w)  # embed/data contracted
 
     with pytest.raises(nm.UnreducedError, match=r"output .*'batch mlp/model \{U: data\}'"):
-        nm.shard_map(body, mesh=mesh, in_axis_resources=(PARAM, {"embed": "data"}))(w, x)
+        nm.shard_map(body, mesh=mesh, in_mapping=(PARAM, {"embed": "data"}))(w, x)
 
 
 def test_mismatched_blocks_name_the_axis_and_both_layouts(mesh):
     w, x = _fsdp_pair(mesh)
     with pytest.raises(nm.ShardingError) as e:
         nm.shard_map(lambda w, x: nm.psum(nm.einsum_unreduced("batch embed, embed mlp -> batch mlp", x, w)),
-                     mesh=mesh, in_axis_resources=(PARAM, COMPUTE))(w, x)
+                     mesh=mesh, in_mapping=(PARAM, COMPUTE))(w, x)
     msg = str(e.value)
     assert "'embed'" in msg and "embed/data mlp/model" in msg and "batch/data embed" in msg and "all_gather" in msg
 
@@ -358,29 +358,29 @@ def test_mismatched_blocks_name_the_axis_and_both_layouts(mesh):
 def test_gathering_a_whole_axis_is_an_error(mesh):
     w, x = _fsdp_pair(mesh)
     with pytest.raises(nm.ShardingError, match=r"axis 'embed' is whole in this block \(layout 'batch/data embed'\)"):
-        nm.shard_map(lambda w, x: nm.all_gather(x, "embed"), mesh=mesh, in_axis_resources=(PARAM, COMPUTE))(w, x)
+        nm.shard_map(lambda w, x: nm.all_gather(x, "embed"), mesh=mesh, in_mapping=(PARAM, COMPUTE))(w, x)
 
 
 def test_returning_a_gathered_value_whole_explains_check_vma(mesh):
     w, _ = _fsdp_pair(mesh)
     with pytest.raises(nm.ShardingError, match=r"may differ across mesh axes \['data'\].*invariant=True"):
-        nm.shard_map(lambda w: nm.all_gather(w, "embed"), mesh=mesh, in_axis_resources=PARAM)(w)
-    y = nm.shard_map(lambda w: nm.all_gather(w, "embed", invariant=True), mesh=mesh, in_axis_resources=PARAM)(w)
+        nm.shard_map(lambda w: nm.all_gather(w, "embed"), mesh=mesh, in_mapping=PARAM)(w)
+    y = nm.shard_map(lambda w: nm.all_gather(w, "embed", invariant=True), mesh=mesh, in_mapping=PARAM)(w)
     assert nm.layout(y) == "embed mlp/model"
     np.testing.assert_array_equal(y.array, w.array)
 
 
 def test_out_axis_resources_are_a_checked_contract(mesh):
     w, _ = _fsdp_pair(mesh)
-    y = nm.shard_map(lambda w: w * 2, mesh=mesh, in_axis_resources=PARAM, out_axis_resources=PARAM)(w)
+    y = nm.shard_map(lambda w: w * 2, mesh=mesh, in_mapping=PARAM, out_mapping=PARAM)(w)
     assert nm.layout(y) == "embed/data mlp/model"
     with pytest.raises(nm.ShardingError, match=r"says 'embed mlp/model': axis 'embed' is split over \('data',\), not whole"):
-        nm.shard_map(lambda w: w * 2, mesh=mesh, in_axis_resources=PARAM, out_axis_resources={"mlp": "model"})(w)
+        nm.shard_map(lambda w: w * 2, mesh=mesh, in_mapping=PARAM, out_mapping={"mlp": "model"})(w)
     with pytest.raises(nm.ShardingError, match=r"axis 'embed' is whole here.*with_layout"):
-        nm.shard_map(lambda w: nm.all_gather(w, "embed", invariant=True), mesh=mesh, in_axis_resources=PARAM,
-                     out_axis_resources=PARAM)(w)
+        nm.shard_map(lambda w: nm.all_gather(w, "embed", invariant=True), mesh=mesh, in_mapping=PARAM,
+                     out_mapping=PARAM)(w)
     with pytest.raises(nm.ShardingError, match=r"embed/data mlp/model.*'mlp' is split over \('model',\)"):
-        nm.shard_map(lambda w: w * 2, mesh=mesh, in_axis_resources=PARAM, out_axis_resources={"embed": "data"})(w)
+        nm.shard_map(lambda w: w * 2, mesh=mesh, in_mapping=PARAM, out_mapping={"embed": "data"})(w)
 
 
 def test_collectives_outside_shard_map_say_where_they_belong():
@@ -396,7 +396,7 @@ def test_axis_index_from_the_active_mapping(mesh):
         return x + start.astype(jnp.float32)
 
     x = nm.shard(nm.zeros((Axis("batch", 8),)), {"batch": ("data", "model")}, mesh)
-    y = nm.shard_map(body, mesh=mesh, in_axis_resources={"batch": ("data", "model")})(x)
+    y = nm.shard_map(body, mesh=mesh, in_mapping={"batch": ("data", "model")})(x)
     np.testing.assert_array_equal(y.array, np.arange(8))
 
 
@@ -418,7 +418,7 @@ def test_settling_part_of_a_sum_and_scattering_a_plain_partial_sum(mesh):
         scattered = nm.psum_scatter(mine, "batch", mesh_axes=("data", "model"))
         return whole, scattered
 
-    whole, scattered = nm.named_jit(nm.shard_map(body, in_axis_resources=split), mesh=mesh)(x, w)
+    whole, scattered = nm.named_jit(nm.shard_map(body, in_mapping=split), mesh=mesh)(x, w)
     np.testing.assert_allclose(whole.array, a @ b, rtol=1e-5)
     np.testing.assert_allclose(scattered.array, a @ b, rtol=1e-5)
     assert nm.layout(scattered) == "batch/data+model out"

@@ -123,7 +123,7 @@ def fsdp_matmul():
     mesh = nm.make_mesh({"data": 8})
     w = nm.shard(nm.random.normal(jax.random.key(0), (Embed, Axis("out", 32))), {"embed": "data"}, mesh)
     x = nm.shard(nm.random.normal(jax.random.key(1), (Batch, Embed)), {"batch": "data"}, mesh)
-    f = nm.named_jit(lambda w, x: nm.dot(x, w, axis="embed"), axis_resources={"batch": "data"}, mesh=mesh)
+    f = nm.named_jit(lambda w, x: nm.dot(x, w, axis="embed"), mapping={"batch": "data"}, mesh=mesh)
     return mesh, f, w, x
 
 
@@ -156,7 +156,7 @@ def test_compiled_report_takes_lowered_and_compiled_stages(fsdp_matmul):
 def test_explicit_fsdp_gradient_reports_a_reduce_scatter(fsdp_matmul):
     mesh, _, w, x = fsdp_matmul
     mm = nm.shard_map(lambda w, x: nm.einsum("batch embed, embed out -> batch out", x, nm.all_gather(w, "embed")),
-                      in_axis_resources=({"embed": "data"}, {"batch": "data"}))
+                      in_mapping=({"embed": "data"}, {"batch": "data"}))
     g = nm.named_jit(jax.grad(lambda w, x: (mm(w, x) ** 2).sum().scalar()), mesh=mesh)
     rep = nm.compiled_report(g, w, x)
     assert rep.count("reduce-scatter", "data") == 1 and rep.count("all-gather", "data") == 1
@@ -281,7 +281,7 @@ def _gpt2_grad_step(n_layer: int, *, unrolled: bool = False):
         return m.wte.unembed(m.ln_f(x))
 
     grad = nm.named_jit(jax.grad(lambda m, ids: next_token_loss(logits(m, ids), ids).scalar()),
-                        axis_resources={"batch": "data"}, mesh=mesh)
+                        mapping={"batch": "data"}, mesh=mesh)
     return cfg, nm.compiled_report(grad, model, ids)
 
 

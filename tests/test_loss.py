@@ -308,7 +308,7 @@ def test_vocab_parallel_equals_single_device(mesh_name, kind):
 
     want_value, want_gh, want_gw = jax.jit(step)(h, w, t, m)  # single device, no mapping
 
-    sharded = nm.named_jit(step, axis_resources=compute, mesh=mesh)
+    sharded = nm.named_jit(step, mapping=compute, mesh=mesh)
     hs, ts, ms = nm.shard((h, t, m), compute, mesh)
     ws = nm.shard(w, param, mesh)
     value, gh, gw = sharded(hs, ws, ts, ms)
@@ -334,7 +334,7 @@ def test_vocab_parallel_naive_logits_stay_sharded_in_the_hlo():
     mesh_shape, compute = MESHES["data2_model4"]
     mesh = nm.make_mesh(mesh_shape)
     h, w, t, m = _named(*_data(B, T, E, V, seed=3))
-    step = nm.named_jit(_value_and_grads(_losses(V)["naive"]), axis_resources=compute, mesh=mesh)
+    step = nm.named_jit(_value_and_grads(_losses(V)["naive"]), mapping=compute, mesh=mesh)
     args = (*nm.shard((h,), compute, mesh), nm.shard(w, {"vocab": "model"}, mesh), *nm.shard((t, m), compute, mesh))
     hlo = step.lower(*args).compile().as_text()
     shapes = set(_hlo_shapes(hlo))

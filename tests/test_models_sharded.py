@@ -55,7 +55,7 @@ def test_sharded_load_and_forward_match_single_device(saved, layout, tmp_path):
     assert len(some) >= 4  # not everything stayed replicated
 
     forward = nm.named_jit(lambda m, x: m(x).rearrange(("batch", "position", "vocab")),
-                           axis_resources=compute_map, mesh=mesh)
+                           mapping=compute_map, mesh=mesh)
     logits = forward(sharded, nm.shard(ids, compute_map, mesh))
     np.testing.assert_allclose(np.asarray(logits.array), expected, atol=1e-5, rtol=0)
     if "batch" in compute_map:

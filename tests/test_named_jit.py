@@ -117,7 +117,7 @@ def test_lower_gives_stablehlo_and_compiled_hlo():
     def scale_rows(x):
         return x.sum("embed")
 
-    f = nm.named_jit(scale_rows, axis_resources={"batch": "data"})
+    f = nm.named_jit(scale_rows, mapping={"batch": "data"})
     x = nm.shard(_x(), {"batch": "data"}, mesh)
     with jax.set_mesh(mesh):
         lowered = f.lower(x)
@@ -135,7 +135,7 @@ def test_decorator_with_and_without_arguments():
         """Doubles."""
         return x * 2
 
-    @nm.named_jit(axis_resources={"batch": "data"}, donate_args=(False,))
+    @nm.named_jit(mapping={"batch": "data"}, donate_args=(False,))
     def configured(x):
         return x * 3
 
@@ -242,7 +242,7 @@ def test_lower_from_shapes_alone():
     # lowering needs no data: NamedArrays of ShapeDtypeStructs (with shardings) are enough
     mesh = nm.make_mesh({"data": 8})
     spec = jax.ShapeDtypeStruct((Batch.size, Embed.size), jnp.float32, sharding=nm.sharding_for((Batch, Embed), {"batch": "data"}, mesh))
-    f = nm.named_jit(lambda x: x.sum("embed"), axis_resources={"batch": "data"})
+    f = nm.named_jit(lambda x: x.sum("embed"), mapping={"batch": "data"})
     with jax.set_mesh(mesh):
         compiled = f.lower(nm.NamedArray(spec, (Batch, Embed))).compile()
     assert "f32[2,8]" in compiled.as_text()  # one device's block of batch=16 over data=8
@@ -250,7 +250,7 @@ def test_lower_from_shapes_alone():
 
 def test_nested_named_jit():
     mesh = nm.make_mesh({"data": 8})
-    inner = nm.named_jit(lambda x: nm.shard(x * 2), axis_resources={"batch": "data"})
+    inner = nm.named_jit(lambda x: nm.shard(x * 2), mapping={"batch": "data"})
     outer = nm.named_jit(lambda x: inner(x) + 1)
     with jax.set_mesh(mesh):
         y = outer(_x())
@@ -264,9 +264,9 @@ def test_in_axis_resources_lays_out_inputs_and_out_defaults_to_axis_resources():
     mesh = nm.make_mesh({"data": 4, "model": 2})
     x = _x()  # on one device
     with jax.set_mesh(mesh):
-        f = nm.named_jit(lambda x: x + 1, in_axis_resources={"batch": "data", "embed": "model"})
-        g = nm.named_jit(lambda x: x + 1, axis_resources={"batch": "data"})
-        h = nm.named_jit(lambda x: x + 1, axis_resources={"batch": "data"}, out_axis_resources={"embed": "data"})
+        f = nm.named_jit(lambda x: x + 1, in_mapping={"batch": "data", "embed": "model"})
+        g = nm.named_jit(lambda x: x + 1, mapping={"batch": "data"})
+        h = nm.named_jit(lambda x: x + 1, mapping={"batch": "data"}, out_mapping={"embed": "data"})
         a, b, c = f(x), g(x), h(x)
     # no output mapping: the result follows the laid-out input
     assert spec_of(a) == ("data", "model")
@@ -281,7 +281,7 @@ def test_inputs_keep_their_layout_without_in_axis_resources():
     mesh = nm.make_mesh({"data": 8})
     w = nm.shard(nm.ones((Embed, Axis("mlp", 16))), {"mlp": "data"}, mesh)  # a parameter layout
     with jax.set_mesh(mesh):
-        f = nm.named_jit(lambda w: w * 2, axis_resources={"batch": "data"})
+        f = nm.named_jit(lambda w: w * 2, mapping={"batch": "data"})
         compiled = f.lower(w).compile()
         out = f(w)
     # the program reads the parameter in its own layout (no copy into the compute layout) ...
@@ -293,7 +293,7 @@ def test_inputs_keep_their_layout_without_in_axis_resources():
 
 def test_explicit_mesh_argument():
     mesh = nm.make_mesh({"data": 8})
-    f = nm.named_jit(lambda x: x * 2, axis_resources={"batch": "data"}, mesh=mesh)
+    f = nm.named_jit(lambda x: x * 2, mapping={"batch": "data"}, mesh=mesh)
     y = f(_x())  # no `with jax.set_mesh`
     assert y.array.sharding.mesh.shape == mesh.shape
     assert spec_of(y) == ("data", None)
@@ -310,7 +310,7 @@ def test_donated_buffers_are_deleted_and_kept_ones_are_not():
     mesh = nm.make_mesh({"data": 8})
     a, b = _placed(mesh, _x(seed=1), _x(seed=2))
     want = np.asarray(a.array) + np.asarray(b.array)
-    f = nm.named_jit(lambda a, b: (a + b, a * b), axis_resources={"batch": "data"}, donate_args=(True, False))
+    f = nm.named_jit(lambda a, b: (a + b, a * b), mapping={"batch": "data"}, donate_args=(True, False))
     with jax.set_mesh(mesh):
         s, _ = f(a, b)
     assert a.array.is_deleted()
@@ -327,7 +327,7 @@ def test_donate_a_pytree_prefix_and_kwargs():
         # (a donated buffer no output can alias is left alone, with a warning)
         return pair[0] + pair[1], r + k
 
-    g = nm.named_jit(f, axis_resources={"batch": "data"}, donate_args=((True, False), None), donate_kwargs={"k": True})
+    g = nm.named_jit(f, mapping={"batch": "data"}, donate_args=((True, False), None), donate_kwargs={"k": True})
     with jax.set_mesh(mesh):
         g((p, q), r, k=k)
     assert [x.array.is_deleted() for x in (p, q, r, k)] == [True, False, False, True]
@@ -343,7 +343,7 @@ def test_donate_everything_and_a_whole_train_state():
         return eqx.tree_at(lambda m: m.w, model, model.w * 0.5), x * 2
 
     with jax.set_mesh(mesh):
-        new, _ = nm.named_jit(step, out_axis_resources={"embed": "data"}, donate_args=True)(model, x)
+        new, _ = nm.named_jit(step, out_mapping={"embed": "data"}, donate_args=True)(model, x)
     assert model.w.array.is_deleted() and x.array.is_deleted()
     assert new.activation is model.activation and spec_of(new.w) == ("data", None)
 
@@ -358,3 +358,21 @@ def test_donate_args_must_be_a_prefix():
     h = nm.named_jit(lambda a, *, k: a + k, donate_kwargs={"j": True})
     with pytest.raises(nm.NamedError, match="donate_kwargs must be"):
         h(_x(), k=_x())
+
+
+def test_haliax_spellings_are_accepted_in_one_place():
+    """Code moving over from Haliax may keep axis_resources=/in_axis_resources=/out_axis_resources=."""
+    mesh = nm.make_mesh({"data": 8})
+    x = nm.zeros((nm.Axis("batch", 8), nm.Axis("embed", 4)))
+    ours = nm.named_jit(lambda v: v * 2, mapping={"batch": "data"}, out_mapping={"batch": "data"}, mesh=mesh)(x)
+    theirs = nm.named_jit(lambda v: v * 2, axis_resources={"batch": "data"}, out_axis_resources={"batch": "data"},
+                          mesh=mesh)(x)
+    assert ours.array.sharding.is_equivalent_to(theirs.array.sharding, 2)
+    assert nm.layout(theirs) == "batch/data embed"
+    with pytest.raises(nm.NamedError, match="not both"):
+        nm.named_jit(lambda v: v, mapping={}, axis_resources={})
+    blocks = nm.shard_map(lambda v: v, mesh=mesh, in_axis_resources={"batch": "data"}, out_axis_resources={"batch": "data"})
+    assert nm.layout(blocks(x)) == "batch/data embed"
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        nm.shard_map(lambda v: v, mesh=mesh, in_axis_resource={"batch": "data"})
+    assert set(nm.partitioning.HALIAX_SPELLINGS.values()) == {"mapping", "in_mapping", "out_mapping"}

@@ -83,8 +83,8 @@ def test_skip_leaves_parameters_and_optimizer_state_untouched(corpus, tmp_path):
     mesh, compute, param = nm.make_mesh({"data": -1}), {"batch": "data"}, {"embed": "data"}
     tokens = np.random.default_rng(0).integers(0, 256, (8, 16))
     with nm.set_mesh(mesh):
-        model = nm.named_jit(cls.init, axis_resources=param)(model_cfg, key=jax.random.key(0))
-        opt_state = nm.named_jit(optimizer.init, axis_resources=param)(model)
+        model = nm.named_jit(cls.init, mapping=param)(model_cfg, key=jax.random.key(0))
+        opt_state = nm.named_jit(optimizer.init, mapping=param)(model)
         step = make_train_step(cls, optimizer, get_policy(cfg.trainer.precision), cfg, compute, param)
         batch = lambda: device_batch(pack(tokens, 256), mesh, compute, 8)  # noqa: E731 (donated each call)
 
@@ -168,8 +168,8 @@ def test_skip_drops_a_non_finite_update_of_a_finite_step(corpus, tmp_path, how):
     tokens = np.random.default_rng(0).integers(0, 256, (8, 16))
     policy = get_policy(cfg.trainer.precision)
     with nm.set_mesh(mesh):
-        model = nm.named_jit(cls.init, axis_resources=param)(model_cfg, key=jax.random.key(0))
-        opt_state = nm.named_jit(good.init, axis_resources=param)(model)
+        model = nm.named_jit(cls.init, mapping=param)(model_cfg, key=jax.random.key(0))
+        opt_state = nm.named_jit(good.init, mapping=param)(model)
         batch = lambda: device_batch(pack(tokens, 256), mesh, compute, 8)  # noqa: E731 (donated each call)
         model, opt_state, metrics = make_train_step(cls, good, policy, cfg, compute, param)(
             model, opt_state, batch(), jax.random.key(1))

@@ -47,3 +47,11 @@ def test_schedules():
     assert float(wsd(90)) == pytest.approx(0.55, abs=1e-6) and float(wsd(n)) == pytest.approx(0.1, abs=1e-6)
     const = schedule(OptimizerConfig(schedule="constant", **{**base, "warmup_steps": 0}), n)
     assert np.allclose([float(const(s)) for s in (0, 50, 100)], 1.0)
+
+
+@pytest.mark.parametrize("n", [20, 300])
+def test_warmup_below_one_is_a_fraction_of_the_run(n):
+    frac = schedule(OptimizerConfig(schedule="constant", learning_rate=1.0, warmup_steps=0.1), n)
+    steps = schedule(OptimizerConfig(schedule="constant", learning_rate=1.0, warmup_steps=n // 10), n)
+    assert [float(frac(s)) for s in range(n // 10 + 2)] == [float(steps(s)) for s in range(n // 10 + 2)]
+    assert float(frac(n // 10 - 1)) < 1.0 == float(frac(n // 10))

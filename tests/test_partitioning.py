@@ -135,11 +135,11 @@ def run(name: str) -> Run:
     layout = LAYOUTS[name]
     mesh = nm.make_mesh(layout.mesh)
     with jax.set_mesh(mesh):
-        model = nm.named_jit(Net.init, axis_resources=layout.param)(jax.random.key(0))
-        opt_state = nm.named_jit(OPT.init, axis_resources=layout.param)(model)
+        model = nm.named_jit(Net.init, mapping=layout.param)(jax.random.key(0))
+        opt_state = nm.named_jit(OPT.init, mapping=layout.param)(model)
         x, y = nm.shard(_data(), layout.compute)
         step = nm.named_jit(
-            train_step, axis_resources=layout.compute, out_axis_resources=layout.param, donate_args=(True, True)
+            train_step, mapping=layout.compute, out_mapping=layout.param, donate_args=(True, True)
         )
         hlo = step.lower(model, opt_state, x, y).compile().as_text()
         losses = []
@@ -463,7 +463,7 @@ def test_shard_inside_named_jit_sets_the_layout():
         a, b = nm.named_jit(f)(x)
         hlo = nm.named_jit(f).lower(x).as_text()
         # an output mapping is the last word: {} replicates every NamedArray result
-        c, _ = nm.named_jit(f, out_axis_resources={})(x)
+        c, _ = nm.named_jit(f, out_mapping={})(x)
     assert spec_of(c) == (None, None)
     assert spec_of(a) == ("model", "data")
     assert {s.data.shape for s in a.array.addressable_shards} == {(8, 2)}
@@ -497,7 +497,7 @@ def test_shard_constrains_activations_so_the_output_follows_the_compute_mapping(
     x = nm.ones(X_AXES)
     with jax.set_mesh(mesh):
         # the weight's mlp/data would propagate to the output; the constraint wins
-        y = nm.named_jit(f, axis_resources={"batch": "data"})(w, x)
+        y = nm.named_jit(f, mapping={"batch": "data"})(w, x)
     assert spec_of(y) == ("data", None)
 
 
@@ -590,7 +590,7 @@ def test_sharded_init_values_do_not_depend_on_the_mesh(name):
     shape, mapping = INIT_LAYOUTS[name]
     mesh = nm.make_mesh(shape)
     with jax.set_mesh(mesh):
-        got = nm.named_jit(Big.init, axis_resources=mapping)(jax.random.key(42))
+        got = nm.named_jit(Big.init, mapping=mapping)(jax.random.key(42))
     for (path, a), (_, b) in zip(named_leaves(_init_reference()), named_leaves(got)):
         assert spec_of(b) == padded(nm.pspec_for(b, mapping, mesh), b.ndim), path
         np.testing.assert_array_equal(np.asarray(b.array), np.asarray(a.array), err_msg=path)  # bitwise
@@ -602,9 +602,9 @@ def test_sharded_init_never_builds_a_whole_parameter(name):
     shape, mapping = INIT_LAYOUTS[name]
     mesh = nm.make_mesh(shape)
     with jax.set_mesh(mesh):
-        compiled = nm.named_jit(Big.init, axis_resources=mapping).lower(jax.random.key(42)).compile()
+        compiled = nm.named_jit(Big.init, mapping=mapping).lower(jax.random.key(42)).compile()
         # the control: the same init, replicated, does build them (so the scan below can see them)
-        replicated = nm.named_jit(Big.init, axis_resources={}).lower(jax.random.key(42)).compile()
+        replicated = nm.named_jit(Big.init, mapping={}).lower(jax.random.key(42)).compile()
     assert _full_shape_instructions(replicated.as_text())
     assert _full_shape_instructions(compiled.as_text()) == []
     # scratch memory: less than one whole weight, and about 1/8 of what the replicated init needs
@@ -628,10 +628,10 @@ def test_non_divisible_axis_is_named_with_its_size_and_mesh_axes():
     with pytest.raises(nm.ShardingError, match=pattern):
         nm.sharding_for(x, mapping, mesh)
     with pytest.raises(nm.ShardingError, match=pattern):
-        nm.named_jit(lambda x: x * 2, axis_resources=mapping, mesh=mesh)(x)
+        nm.named_jit(lambda x: x * 2, mapping=mapping, mesh=mesh)(x)
     # inside a traced function it still fails in Python, before XLA sees anything
     with jax.set_mesh(mesh), pytest.raises(nm.ShardingError, match="'batch' of size 6"):
-        nm.named_jit(lambda x: nm.shard(x + 1), axis_resources={"batch": "data"})(x)
+        nm.named_jit(lambda x: nm.shard(x + 1), mapping={"batch": "data"})(x)
 
 
 def test_non_divisible_message_for_heads():
@@ -649,9 +649,9 @@ def test_mapping_to_an_unknown_mesh_axis():
     with pytest.raises(nm.ShardingError, match=pattern):
         nm.shard(x, {"batch": "dta"}, mesh)
     with pytest.raises(nm.ShardingError, match=pattern):
-        nm.named_jit(lambda x: x, axis_resources={"batch": "dta"}, mesh=mesh)
+        nm.named_jit(lambda x: x, mapping={"batch": "dta"}, mesh=mesh)
     with jax.set_mesh(mesh), pytest.raises(nm.ShardingError, match=pattern):
-        nm.named_jit(lambda x: x, axis_resources={"batch": "dta"})(x)
+        nm.named_jit(lambda x: x, mapping={"batch": "dta"})(x)
     with pytest.raises(nm.ShardingError, match=pattern):
         nm.check_sharding(x, {"batch": "dta"}, mesh)
 

@@ -250,5 +250,5 @@ def test_stacked_under_mappings(mapping):
     sharded = nm.shard(s, param_map, mesh)
     # the layers axis stays whole (scan slices it); embed (and mlp under TP) are split
     assert tuple(sharded.stacked.up.weight.array.sharding.spec)[:2] == (None, "data")
-    g = nm.named_jit(jax.grad(stack_loss), axis_resources=compute, mesh=mesh)(sharded, x)
+    g = nm.named_jit(jax.grad(stack_loss), mapping=compute, mesh=mesh)(sharded, x)
     close(g.stacked.up.weight.array, jcall(jax.grad(stack_loss), s, x).stacked.up.weight.array)

@@ -105,7 +105,9 @@ class NamedArray:
             return resolve(self.axes, axis)
         return tuple(resolve(self.axes, a) for a in as_selectors(axis))
 
-    def axis_index(self, axis: AxisSelector) -> int:
+    def index_of(self, axis: AxisSelector) -> int:
+        """Where ``axis`` sits among this array's axes (0-based). Not ``nm.axis_index``, which is a
+        device's index along a mesh axis inside ``nm.shard_map``."""
         return index_of(self.axes, axis)
 
     def item(self):
@@ -139,8 +141,8 @@ class NamedArray:
     def rename(self, mapping: dict[AxisSelector, AxisSelector]) -> NamedArray:
         return _shape.rename(self, mapping)
 
-    def rearrange(self, axes) -> NamedArray:
-        return _shape.rearrange(self, axes)
+    def rearrange(self, axes, **sizes) -> NamedArray:
+        return _shape.rearrange(self, axes, **sizes)
 
     def broadcast_axis(self, axes) -> NamedArray:
         return _shape.broadcast_axis(self, axes)

@@ -110,7 +110,7 @@ class Unreduced:
     def __setattr__(self, name, value):
         raise AttributeError("Unreduced is immutable")  # protocol: setattr
 
-    def _refuse(self, what: str):
+    def _refuse(self, what: str) -> UnreducedError:
         return UnreducedError(
             f"{what}: the value is an unreduced partial sum, layout {block_layout(self)!r}: each device holds "
             f"only its share of a sum over mesh axes {self.over}. Reduce it first: nm.psum(u) (every device gets "

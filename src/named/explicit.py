@@ -49,6 +49,7 @@ from .partitioning import (
     check_mapping,
     current_mapping,
     current_mesh,
+    haliax_spellings,
     pspec_for,
 )
 
@@ -170,7 +171,7 @@ class _ShardMapped:
             if m is not None:
                 check_mapping(m, mesh)
         leaves, treedef = jax.tree.flatten(args, is_leaf=_is_leaf)
-        mappings = _prefix_mappings(in_res, args, "in_axis_resources")
+        mappings = _prefix_mappings(in_res, args, "in_mapping")
         body = _Body(mesh, *self._active(in_res))
 
         dyn, specs, kinds = [], [], []  # kinds: local axes of a NamedArray, "array", or _Static
@@ -240,7 +241,7 @@ class _ShardMapped:
         flat, treedef = jax.tree_util.tree_flatten_with_path(out, is_leaf=_is_leaf)
         if isinstance(self.out_res, (tuple, list)):
             outs = out if isinstance(out, tuple) else (out,)
-            out_maps = _prefix_mappings(self.out_res, outs, "out_axis_resources")
+            out_maps = _prefix_mappings(self.out_res, outs, "out_mapping")
         else:
             out_maps = [self.out_res] * len(flat)
         arrays, specs, kinds = [], [], []
@@ -277,9 +278,9 @@ def _out_spec(x: NamedArray, mapping, where: str) -> PartitionSpec:
 
             state = f"split over {have}" if have else "whole here"
             raise ShardingError(
-                f"{where} is laid out {block_layout(x)!r} in the body, but out_axis_resources says "
+                f"{where} is laid out {block_layout(x)!r} in the body, but out_mapping says "
                 f"{layout(x.names, mapping)!r}: axis {a.name!r} is {state}, not {'split over ' + str(want) if want else 'whole'}. "
-                f"Gather or scatter it in the body, fix out_axis_resources, or (if an op dropped the axis' layout) "
+                f"Gather or scatter it in the body, fix out_mapping, or (if an op dropped the axis' layout) "
                 f"say where it is with nm.with_layout."
             )
     return spec
@@ -300,10 +301,11 @@ def shard_map(
     fn: Callable | None = None,
     *,
     mesh=None,
-    in_axis_resources: ResourceMapping | Sequence[ResourceMapping | None] | None = None,
-    out_axis_resources: ResourceMapping | Sequence[ResourceMapping | None] | None = None,
-    axis_resources: ResourceMapping | None = None,
+    in_mapping: ResourceMapping | Sequence[ResourceMapping | None] | None = None,
+    out_mapping: ResourceMapping | Sequence[ResourceMapping | None] | None = None,
+    mapping: ResourceMapping | None = None,
     check_vma: bool = True,
+    **haliax_names,
 ):
     """Run ``fn`` on every device's local blocks; collectives inside take axis names.
 
@@ -313,13 +315,13 @@ def shard_map(
             :class:`ShardedAxis` that remembers those mesh axes. Plain arrays come in
             replicated; other leaves (numbers, strings, static module fields) as they are.
         mesh: default: the current mesh (``named_jit``'s, or ``jax.set_mesh``'s).
-        in_axis_resources: how the inputs are split: one mapping for all arguments, or a tuple
+        in_mapping: how the inputs are split: one mapping for all arguments, or a tuple
             with one mapping (None: replicated) per positional argument, e.g.
             ``(param_mapping, compute_mapping)``. Default: the current compute mapping.
-        out_axis_resources: how the results are laid out: a mapping, or a tuple of them (one per
+        out_mapping: how the results are laid out: a mapping, or a tuple of them (one per
             element of a tuple result). Default: as the blocks say, each result split where
             its block's axes are split. A mapping that contradicts a block's layout is an error.
-        axis_resources: the mapping collectives fall back on when no block can answer
+        mapping: the mapping collectives fall back on when no block can answer
             (``axis_index(name)``, ``psum_scatter`` of a plain NamedArray). Default: the union
             of the in mappings (an axis they map differently then needs ``mesh_axes=``).
         check_vma: jax's check that a value it knows to vary across a mesh axis is not returned
@@ -332,12 +334,16 @@ def shard_map(
     ``fn`` is traced twice per call (jax needs the out_specs before the trace that uses them,
     and they depend on what ``fn`` returns); under ``jit`` that is once per compilation.
     """
-    for m in (axis_resources,) + (tuple(in_axis_resources) if isinstance(in_axis_resources, (tuple, list)) else (in_axis_resources,)):
+    mapping, in_mapping, out_mapping = haliax_spellings("shard_map", haliax_names, mapping=mapping,
+                                                        in_mapping=in_mapping, out_mapping=out_mapping)
+    if haliax_names:
+        raise ArgumentTypeError(f"shard_map got unexpected keyword arguments {sorted(haliax_names)}")
+    for m in (mapping,) + (tuple(in_mapping) if isinstance(in_mapping, (tuple, list)) else (in_mapping,)):
         if m is not None:
             _check_mapping_values(m)
 
     def wrap(f):
-        wrapped = _ShardMapped(f, mesh, in_axis_resources, out_axis_resources, axis_resources, check_vma)
+        wrapped = _ShardMapped(f, mesh, in_mapping, out_mapping, mapping, check_vma)
         functools.update_wrapper(wrapped, f, updated=())
         return wrapped
 
@@ -369,7 +375,7 @@ def all_gather(x: NamedArray, axis: AxisSelection, *, invariant: bool = False) -
     body = _body("all_gather")
     arr, axes = x.array, list(x.axes)
     for sel in as_selectors(axis):
-        i = x.axis_index(sel)
+        i = x.index_of(sel)
         a = axes[i]
         over = _split_over(a)
         if not over:
@@ -406,7 +412,7 @@ def psum_scatter(x: NamedArray | Unreduced, axis: str | Axis, *, mesh_axes: str 
                 f"nm.psum_scatter: no mesh axes to reduce over for axis {name!r} of a block laid out "
                 f"{block_layout(value)!r}: pass an Unreduced value (from nm.einsum_unreduced) or mesh_axes="
             )
-    i = value.axis_index(name)
+    i = value.index_of(name)
     a = value.axes[i]
     n = _size(body, over)
     if a.size % n:
@@ -422,7 +428,7 @@ def psum_scatter(x: NamedArray | Unreduced, axis: str | Axis, *, mesh_axes: str 
 
 
 def _reduce(x, axis, mesh_axes, what: str, local_fn, collective):
-    body = _body(what)
+    _body(what)  # refuses a collective outside a shard_map body
     if isinstance(x, Unreduced):
         if what != "psum":
             raise x._refuse(f"nm.{what}")
@@ -494,7 +500,7 @@ def all_to_all(x: NamedArray, *, split: str | Axis, concat: str | Axis,
     """
     x = _check_named(x, "all_to_all")
     body = _body("all_to_all")
-    si, ci = x.axis_index(split), x.axis_index(concat)
+    si, ci = x.index_of(split), x.index_of(concat)
     s, c = x.axes[si], x.axes[ci]
     over = tuple(_mesh_axes(mesh_axes)) if mesh_axes is not None else _split_over(c)
     if not over:

@@ -35,7 +35,7 @@ from ._axis import ArgumentTypeError, Axis, AxisError, as_selectors
 from ._core import NamedArray, is_named_array
 from ._grid import DeviceGrid, DeviceGrids, device_grid
 from ._hlo import Collective
-from ._layout import _format_layout, _spec_entries, parse_layout
+from ._layout import _format_layout, _spec_entries, parse_layout  # noqa: F401  (parse_layout: public here)
 from ._local import ShardedAxis, Unreduced, block_layout
 from .partitioning import ResourceMapping, current_mapping, current_mesh, pspec_for
 

@@ -20,7 +20,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from ._axis import Axis, AxisSelection, NamedError, as_selectors, format_axes
+from ._axis import ArgumentTypeError, Axis, AxisSelection, NamedError, as_selectors, format_axes
 from ._context import (  # noqa: F401  (re-exported: this module is where users find them)
     FrozenMapping,
     MeshAxes,
@@ -274,26 +274,45 @@ class NamedJitWrapped:
         return bound
 
 
-def named_jit(fn: Callable | None = None, *, axis_resources: ResourceMapping | None = None,
-              in_axis_resources: ResourceMapping | None = None, out_axis_resources: ResourceMapping | None = None,
-              donate_args: Any = None, donate_kwargs: Any = None, mesh: Mesh | None = None, **jit_kwargs):
-    """jit whose layouts come from axis names; ``@named_jit`` or ``@named_jit(axis_resources=...)``.
+# Haliax's spellings of the three mapping arguments, accepted from code moving over (see
+# docs/from_haliax.md) and translated here, the one place that knows them.
+HALIAX_SPELLINGS = {"axis_resources": "mapping", "in_axis_resources": "in_mapping", "out_axis_resources": "out_mapping"}
 
-    - ``axis_resources``: the compute mapping while ``fn`` is traced (default: the current one).
-    - ``in_axis_resources``: lays out NamedArray inputs (default: they keep their layout).
-    - ``out_axis_resources``: lays out NamedArray results (default: ``axis_resources``).
+
+def haliax_spellings(fn_name: str, extra: dict, **given) -> tuple:
+    """``given`` (mapping=..., in_mapping=..., out_mapping=...) with any Haliax spelling in ``extra``
+    moved over (and removed from ``extra``); both spellings of one argument is an error."""
+    for old, new in HALIAX_SPELLINGS.items():
+        if old in extra:
+            if given[new] is not None:
+                raise ArgumentTypeError(f"{fn_name}: give {new}= or its Haliax spelling {old}=, not both")
+            given[new] = extra.pop(old)
+    return tuple(given.values())
+
+
+def named_jit(fn: Callable | None = None, *, mapping: ResourceMapping | None = None,
+              in_mapping: ResourceMapping | None = None, out_mapping: ResourceMapping | None = None,
+              donate_args: Any = None, donate_kwargs: Any = None, mesh: Mesh | None = None, **jit_kwargs):
+    """jit whose layouts come from axis names; ``@named_jit`` or ``@named_jit(mapping=...)``.
+
+    - ``mapping``: the compute mapping while ``fn`` is traced (default: the current one).
+    - ``in_mapping``: lays out NamedArray inputs (default: they keep their layout).
+    - ``out_mapping``: lays out NamedArray results (default: ``mapping``).
     - ``donate_args`` / ``donate_kwargs``: a bool, or a pytree prefix of bools, per argument.
     - Non-array leaves of the arguments are static: a new value compiles a new program.
       Programs are cached, keyed also on the mesh and the compute mapping around the call.
+    - Haliax's ``axis_resources=``/``in_axis_resources=``/``out_axis_resources=`` are accepted.
     """
-    for m in (axis_resources, in_axis_resources, out_axis_resources):
+    mapping, in_mapping, out_mapping = haliax_spellings("named_jit", jit_kwargs, mapping=mapping,
+                                                        in_mapping=in_mapping, out_mapping=out_mapping)
+    for m in (mapping, in_mapping, out_mapping):
         if m is not None:
             _check_mapping_values(m)
             if mesh is not None:
                 check_mapping(m, mesh)
 
     def wrap(f):
-        return NamedJitWrapped(f, axis_resources, in_axis_resources, out_axis_resources,
+        return NamedJitWrapped(f, mapping, in_mapping, out_mapping,
                                (donate_args, donate_kwargs), mesh, jit_kwargs)
 
     return wrap if fn is None else wrap(fn)

@@ -70,7 +70,7 @@ import numpy as np
 import tensorstore as ts
 from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
-from named import NamedArray, is_named_array
+from named import NamedArray, NamedError, is_named_array
 
 __all__ = [
     "CheckpointError",
@@ -94,7 +94,7 @@ _SCALAR_TYPES = {"bool": bool, "int": int, "float": float, "str": str}
 _IO_THREADS = min(16, (os.cpu_count() or 4))
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(NamedError, RuntimeError):
     """A checkpoint cannot be written, found, verified or matched to the target tree."""
 
 
@@ -556,7 +556,8 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, tree: Any, metadata: 
     ckpt = Checkpointer(run_dir, **kwargs)
     ckpt.save(step, tree, metadata)
     path = ckpt.wait()
-    assert path is not None
+    if path is None:  # wait() names a failed save itself; None means nothing was saved
+        raise CheckpointError(f"no checkpoint of step {step} was committed under {run_dir}")
     return path
 
 

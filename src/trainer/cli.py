@@ -88,12 +88,13 @@ def main_train(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if (code := _missing_extras("named-train")) is not None:
         return code
+    from named import NamedError
+
     from .config import ConfigError, load_config
-    from .data import DataError
 
     try:
         cfg = load_config(*_split_config_path(argv))
-    except (ConfigError, DataError) as e:
+    except NamedError as e:
         return _fail(e)
     from .distributed import describe_failure, exit_now, maybe_initialize
 
@@ -105,14 +106,12 @@ def main_train(argv: list[str] | None = None) -> int:
         _fail(e)
         exit_now(1)
     import jax
-    from named import NamedError
 
-    from .checkpoint import CheckpointError
-    from .train import TrainingError, train
+    from .train import train
 
     try:
         result = train(cfg)
-    except (ConfigError, DataError, NamedError, CheckpointError, TrainingError) as e:
+    except NamedError as e:  # every error of ours: ConfigError, DataError, CheckpointError, TrainingError, ...
         if multi:
             exit_now(_fail(RuntimeError(describe_failure(e))))
         return _fail(e)
@@ -147,15 +146,12 @@ def main_sample(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     from named import NamedError
 
-    from .checkpoint import CheckpointError
-    from .config import ConfigError
-    from .data import DataError
     from .sample import sample_from_checkpoint
 
     try:
         a = p.parse_args(sys.argv[1:] if argv is None else argv)
         text = sample_from_checkpoint(Path(a.checkpoint), a.prompt, a.tokens, temperature=a.temperature, seed=a.seed)
-    except (NamedError, CheckpointError, ConfigError, DataError) as e:
+    except NamedError as e:
         return _fail(e)
     except OSError as e:  # the machine, not the input: no traceback, exit 1
         return _fail(e, 1)
@@ -174,7 +170,6 @@ def main_plan(argv: list[str] | None = None) -> int:
     from named import NamedError
 
     from .config import ConfigError, load_config
-    from .data import DataError
 
     p = _ArgumentParser(prog="named-plan", allow_abbrev=False, description="What a config would do on a set of devices, without training: the mesh, every "
                         "parameter's layout and bytes per device, an activation estimate and the microbatch plan.",
@@ -207,7 +202,7 @@ def main_plan(argv: list[str] | None = None) -> int:
             print("\n" + search_report(cfg, target))
     except SystemExit as e:  # --help
         return int(e.code or 0)
-    except (ConfigError, DataError, NamedError) as e:
+    except NamedError as e:
         return _fail(e)
     except OSError as e:  # the machine, not the input: no traceback, exit 1
         return _fail(e, 1)

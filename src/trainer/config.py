@@ -31,12 +31,13 @@ import draccus
 import draccus.parsers.decoding
 import yaml
 
+from named import NamedError
 from named.models.registry import FAMILIES
 
 from .data import DataConfig, DataError
 
 
-class ConfigError(ValueError):
+class ConfigError(NamedError, ValueError):
     """A configuration key is unknown, missing or has a bad value; the message names it."""
 
 
@@ -107,9 +108,15 @@ class OptimizerConfig:
     epsilon: float = 1e-8
     max_grad_norm: float | None = 1.0
     schedule: str = "cosine"  # cosine | linear | constant | wsd
-    warmup_steps: int = 0
+    warmup_steps: float = 0  # steps of linear warmup; below 1: that fraction of trainer.num_train_steps
     decay_fraction: float = 0.2  # wsd: share of steps in the final decay
     min_lr_ratio: float = 0.1
+
+    def warmup(self, num_steps: int) -> int:
+        """Warmup in steps: ``warmup_steps``, or that fraction of ``num_steps`` when it is below 1
+        (so a shorter run, ``--trainer.num_train_steps 20``, keeps a proportionate warmup)."""
+        w = self.warmup_steps
+        return round(w * num_steps) if 0 < w < 1 else int(w)
 
 
 @dataclass
@@ -144,7 +151,7 @@ class DistributedConfig:
 
 @dataclass(frozen=True)
 class ModelChoice(draccus.ChoiceRegistry):
-    """``model: {type: gpt2 | llama, ...fields of that model's config}``."""
+    """``model: {type: <a family of named.models.registry.FAMILIES>, ...fields of that family's config}``."""
 
     def model_config(self, vocab_size: int):
         raise NotImplementedError
@@ -339,6 +346,11 @@ def _describe(tp) -> str:
     args = typing.get_args(base)
     if base in _KINDS:
         text = _KINDS[base][0]
+    elif typing.get_origin(base) is typing.Union:  # data.train: a path (string) or a named source (mapping)
+        text = " or ".join(_describe(a) for a in sorted(args, key=lambda a: a is not str))
+    elif typing.get_origin(base) is list and typing.get_origin(args[0]) is typing.Union:
+        text = "a list of " + " or ".join(_KINDS[a][1] if a in _KINDS else "mappings"
+                                          for a in sorted(typing.get_args(args[0]), key=lambda a: a is not str))
     elif typing.get_origin(base) is list:
         text = f"a list of {_KINDS.get(args[0], ('', 'values'))[1]}"
     elif typing.get_origin(base) is dict:
@@ -377,6 +389,8 @@ def _has_type(base, value) -> bool:
     if base is str:
         return isinstance(value, str)
     origin = typing.get_origin(base)
+    if origin is typing.Union:
+        return any(_has_type(a, value) for a in typing.get_args(base))
     if origin in (list, dict):
         return isinstance(value, origin)
     return True
@@ -505,7 +519,11 @@ def _mapping_overrides(args: list[str]) -> dict[tuple[str, str], Any]:
             continue
         text = inline if eq else (args[i + 1] if i + 1 < len(args) else "")
         try:
-            value = yaml.load(text, Loader=_ConfigLoader) if text.strip() else None
+            loader = _ConfigLoader(text)
+            try:
+                value = loader.get_single_data() if text.strip() else None
+            finally:
+                loader.dispose()
         except (yaml.YAMLError, ConfigError) as e:
             raise ConfigError(f"--{section}.{name}: {text!r} is not a YAML mapping ({e}); write e.g. '{{embed: data}}'") from None
         if not isinstance(value, dict):
@@ -645,8 +663,13 @@ def validate_static(cfg: TrainConfig) -> None:
         raise ConfigError(
             f"trainer.train_batch_size={t.train_batch_size} is not divisible by trainer.microbatches={t.microbatches}"
         )
-    if t.num_train_steps and o.warmup_steps > t.num_train_steps:  # 0 steps: a check-only run
-        raise ConfigError(f"optimizer.warmup_steps={o.warmup_steps} must be in [0, trainer.num_train_steps={t.num_train_steps}]")
+    if o.warmup_steps >= 1 and o.warmup_steps != int(o.warmup_steps):
+        raise ConfigError(f"optimizer.warmup_steps={o.warmup_steps} must be a whole number of steps, or a fraction "
+                          "of the run below 1 (0.1: a tenth of trainer.num_train_steps)")
+    if t.num_train_steps and o.warmup(t.num_train_steps) > t.num_train_steps:  # 0 steps: a check-only run
+        raise ConfigError(f"optimizer.warmup_steps={o.warmup_steps:g} is longer than trainer.num_train_steps="
+                          f"{t.num_train_steps}: lower it (--optimizer.warmup_steps {max(t.num_train_steps // 10, 1)}) "
+                          "or give a fraction of the run (--optimizer.warmup_steps 0.1)")
     from named.nn.precision import get_policy
 
     try:

@@ -22,7 +22,13 @@ import os
 import sys
 from typing import NoReturn
 
+from named import NamedError
+
 from .config import RULES, ConfigError, DistributedConfig
+
+
+class DistributedError(NamedError, RuntimeError):
+    """jax.distributed started, but the processes cannot compute together (a collective failed)."""
 
 _ENV = {
     "coordinator_address": "NAMED_COORDINATOR",
@@ -148,10 +154,10 @@ def connect_collectives() -> None:
     try:
         total = float(jax.jit(lambda v: v.sum(), out_shardings=NamedSharding(mesh, PartitionSpec()))(x))
     except Exception as e:  # noqa: BLE001 - re-raised with what it means
-        raise RuntimeError(f"jax.distributed started, but a collective across the {jax.process_count()} processes "
+        raise DistributedError(f"jax.distributed started, but a collective across the {jax.process_count()} processes "
                            f"failed: {e}") from e
     if total != len(jax.devices()):
-        raise RuntimeError(f"a sum over all {len(jax.devices())} devices of {jax.process_count()} processes gave {total}")
+        raise DistributedError(f"a sum over all {len(jax.devices())} devices of {jax.process_count()} processes gave {total}")
 
 
 def exit_now(code: int) -> NoReturn:

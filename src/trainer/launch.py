@@ -112,9 +112,9 @@ def launch(cmd: list[str], nproc: int, *, devices_per_process: int | None = None
            grace_s: float = 10.0, env: dict | None = None, port: int | None = None) -> int:
     """Run ``cmd`` as ``nproc`` processes; return 0, or the first failure's exit code."""
     if nproc < 1:
-        raise SystemExit(f"{PREFIX} --nproc must be >= 1, got {nproc}")
+        raise SystemExit(f"{PREFIX} --nproc must be >= 1, got {nproc}")  # protocol: a CLI exits with its message, as argparse does
     if not cmd:
-        raise SystemExit(f"{PREFIX} give the command after --, e.g. named-launch --nproc 2 -- named-train ...")
+        raise SystemExit(f"{PREFIX} give the command after --, e.g. named-launch --nproc 2 -- named-train ...")  # protocol: as argparse
     port = port or free_port()
     base = dict(os.environ if env is None else env)
     received: list[int] = []

@@ -11,10 +11,10 @@ import named as nm
 from .config import OptimizerConfig
 
 def schedule(cfg: OptimizerConfig, num_steps: int) -> optax.Schedule:
-    """Learning rate by step: linear warmup to ``learning_rate``, then the chosen shape down to
+    """Learning rate by step: linear warmup (``cfg.warmup``) to ``learning_rate``, then the chosen shape down to
     ``min_lr_ratio * learning_rate`` at ``num_steps`` (wsd: flat, then a linear decay over the
     last ``decay_fraction`` of the steps)."""
-    lr, warm = cfg.learning_rate, cfg.warmup_steps
+    lr, warm = cfg.learning_rate, cfg.warmup(num_steps)
     end = lr * cfg.min_lr_ratio
     rest = max(num_steps - warm, 1)
     if cfg.schedule == "cosine":

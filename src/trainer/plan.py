@@ -49,8 +49,9 @@ def activation_bytes(cfg: TrainConfig, s: Setup) -> float:
     tensor parallelism: ``s·b·h·(10 + 24/t + 5·a·s/(h·t))`` bytes per layer at 16-bit, for
     sequence length s, b sequences per device, width h, a heads and t-way tensor parallelism.
     ``remat: full`` keeps only each layer's input (``2·s·b·h`` bytes) plus one layer's whole set
-    during its recomputation. Scaled by the compute dtype's size / 2. An estimate for a standard
-    decoder layer; ``--compile`` measures the real program."""
+    during its recomputation; other policies are counted as no checkpointing (an upper bound).
+    Scaled by the compute dtype's size / 2. An estimate for a standard decoder layer;
+    ``--compile`` measures the real program."""
     sizes: dict[str, int] = {}
     for x in jax.tree.leaves(s.shapes, is_leaf=nm.is_named_array):
         for a in getattr(x, "axes", ()):
@@ -63,8 +64,10 @@ def activation_bytes(cfg: TrainConfig, s: Setup) -> float:
     tp = math.prod(shape[m] for m in ([tp_axes] if isinstance(tp_axes, str) else (tp_axes or ())))
     seq, b = cfg.data.seq_len, t.train_batch_size // t.microbatches / max(dp, 1)
     per_layer = seq * b * h * (10 + 24 / tp + 5 * heads * seq / (h * tp))
-    remat = getattr(cfg.model, "remat", "none")
-    total = (2 * seq * b * h * layers + per_layer) if remat == "full" else per_layer * layers
+    remat = str(getattr(cfg.model, "remat", "none")).split()
+    # Only full checkpointing of every layer changes the estimate; any other policy (save_dots,
+    # save_names, every=k) keeps part of each layer, which the estimate counts as all of it.
+    total = (2 * seq * b * h * layers + per_layer) if remat == ["full"] else per_layer * layers
     from named.nn.precision import get_policy
 
     return total * jnp.dtype(get_policy(t.precision).compute_dtype).itemsize / 2

@@ -17,7 +17,6 @@ A layout whose compiled peak memory exceeds the budget is listed below the other
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Iterator
 
 from .config import ConfigError, TrainConfig

@@ -320,8 +320,9 @@ def _agree(decide: Callable[[], RunPlan]) -> RunPlan:
         return plan
     got = json.loads(client.blocking_key_value_get(key, _AGREE_TIMEOUT_MS))
     if "error" in got:
-        kind = ckpt.CheckpointError if got["error"] == "CheckpointError" else ConfigError
-        raise kind(f"process 0 refused the run: {got['message']}")
+        if got["error"] == "CheckpointError":
+            raise ckpt.CheckpointError(f"process 0 refused the run: {got['message']}")
+        raise ConfigError(f"process 0 refused the run: {got['message']}")
     return RunPlan(Path(got["run_dir"]), got["restore_from"] and Path(got["restore_from"]), got["step"])
 
 

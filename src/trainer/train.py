@@ -35,9 +35,9 @@ from .optim import build_optimizer, schedule
 from .registry import flops_per_token, model_type
 from .trackers import Trackers, log, setup_logging
 
-Batch_, Pos, Microbatch = nm.Axis("batch", 1), "position", "microbatch"
+Pos, Microbatch = "position", "microbatch"
 
-class TrainingError(RuntimeError):
+class TrainingError(nm.NamedError, RuntimeError):
     """The run cannot go on (a NaN under nan_policy=stop, for example); the message says where."""
 
 
@@ -103,7 +103,7 @@ def make_train_step(model_cls, optimizer, policy, cfg: TrainConfig, compute, par
             new_model, new_opt = jax.tree.map(lambda new, old: jnp.where(finite, new, old), (new_model, new_opt), (model, opt_state))
         return new_model, new_opt, {"loss": loss, "grad_norm": grad_norm, "finite": finite, "tokens": count}
 
-    return nm.named_jit(step, axis_resources=compute, out_axis_resources=param, donate_args=(True, True, False, False))
+    return nm.named_jit(step, mapping=compute, out_mapping=param, donate_args=(True, True, False, False))
 
 
 def make_eval_step(policy, compute):
@@ -113,7 +113,7 @@ def make_eval_step(policy, compute):
         per_token = next_token_loss(logits, batch["input_ids"], loss_mask=batch["loss_mask"], reduction="none")
         return per_token.sum().scalar(), batch["loss_mask"][Pos, :-1].astype(jnp.float32).sum().scalar()
 
-    return nm.named_jit(eval_step, axis_resources=compute)
+    return nm.named_jit(eval_step, mapping=compute)
 
 
 def device_batch(batch: Batch, mesh, compute, global_rows: int) -> dict[str, nm.NamedArray]:
@@ -188,8 +188,8 @@ def _train(cfg: TrainConfig, data, train_batches, model_cfg, model_cls, mesh, co
     init_key, data_key = jax.random.split(key)
 
     with nm.set_mesh(mesh), contextlib.ExitStack() as stack:
-        model = nm.named_jit(model_cls.init, axis_resources=param)(model_cfg, key=init_key)
-        opt_state = nm.named_jit(optimizer.init, axis_resources=param)(model)
+        model = nm.named_jit(model_cls.init, mapping=param)(model_cfg, key=init_key)
+        opt_state = nm.named_jit(optimizer.init, mapping=param)(model)
         start = 0
         if restore_from is not None:
             (model, opt_state), meta = ckpt.restore(restore_from, (model, opt_state))
@@ -224,10 +224,14 @@ def _train(cfg: TrainConfig, data, train_batches, model_cfg, model_cls, mesh, co
                        "tokens_per_s": tok_s, "step_time_s": elapsed / steps_in_window}
                 if peak:
                     row["mfu"] = tok_s * flops_tok / (peak * n_dev)
+                row.update(train_batches.tokens_by_source(done))  # a mixture's tokens per source so far
                 trackers.log(done, row)
                 window_t, window_tokens = time.perf_counter(), 0.0
             if data.validation is not None and t.eval_interval and (done % t.eval_interval == 0 or done == t.num_train_steps):
-                trackers.log(done, {"loss": _evaluate(eval_step, model, data.validation, t, mesh, compute)}, prefix="eval")
+                evals = {"loss": _evaluate(eval_step, model, data.validation, t, mesh, compute)}
+                for name, rows in data.validation_sources.items():  # a mixture's sources, one by one
+                    evals[f"{name}/loss"] = _evaluate(eval_step, model, rows, t, mesh, compute)
+                trackers.log(done, evals, prefix="eval")
             if t.sample_interval and (done % t.sample_interval == 0 or done == t.num_train_steps):
                 trackers.text(done, "sample", sample_text(model, data.tokenizer, t.sample_prompt, t.sample_tokens,
                                                           temperature=0.8, top_k=40, key=jax.random.key(t.seed)))

@@ -1,0 +1,78 @@
+"""Every shell command in README.md and docs/*.md runs, as written.
+
+The commands of each page (its ```bash blocks, continuation lines joined, in page order) run
+one after another with bash in a scratch folder laid out like a checkout (`.venv`, `config/`,
+`Makefile` and `pyproject.toml` linked from the repository), so `runs/` and every file a
+command writes stay out of the repository, and a later command of the page finds what an
+earlier one wrote (`named-sample` reads the run `make train` made). They see one CPU device, as
+on a reader's machine: the test's own fake-device flags are removed from their environment.
+
+Two commands are not run, each for a reason that this file states (the table below); cluster
+templates (SLURM, TPU pods) are fenced as ```text on their pages and are not commands here.
+Each command must exit 0 with no traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+NOT_RUN = {
+    "make test": "it is this test suite; CI runs it",
+    "make bench": "about ten minutes of timing runs; tests/test_bench_smoke.py runs each script at toy sizes",
+}
+_BLOCK = re.compile(r"^```(?:bash|sh|shell)\n(.*?)^```", re.S | re.M)
+
+
+def commands(page: Path) -> list[str]:
+    out = []
+    for block in _BLOCK.findall(page.read_text()):
+        for line in block.replace("\\\n", " ").splitlines():
+            words = shlex.split(line, comments=True)
+            if words:
+                out.append(shlex.join(words))
+    return out
+
+
+RUN = {p.name: [c for c in commands(p) if c not in NOT_RUN] for p in PAGES}
+RUN = {name: cmds for name, cmds in RUN.items() if cmds}
+
+
+def test_the_commands_are_found():
+    assert "make train" in RUN["README.md"] and any("named-plan" in c for c in RUN["trainer.md"])
+    assert set(NOT_RUN) <= set(commands(ROOT / "README.md"))  # every exception is still on the page
+    for page in PAGES:  # nothing a reader cannot run slips into a bash block
+        assert not [c for c in commands(page) if c.split()[0] in ("srun", "sbatch", "gcloud", "ssh")], page.name
+
+
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory) -> Path:
+    # `make train` must find the environment installed: in the scratch folder its install rule
+    # would install the scratch folder, not the project.
+    stale = subprocess.run(["make", "-q", ".venv/.installed"], cwd=ROOT, capture_output=True).returncode
+    assert stale == 0, "the .venv is older than pyproject.toml: run `make install` first"
+    d = tmp_path_factory.mktemp("checkout")
+    for name in (".venv", "config", "Makefile", "pyproject.toml"):
+        (d / name).symlink_to(ROOT / name)
+    return d
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", sorted(RUN))
+def test_page_commands_run_as_written(page, checkout):
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    env["PYTHONUNBUFFERED"] = "1"
+    for command in RUN[page]:
+        done = subprocess.run(["bash", "-c", command], cwd=checkout, env=env, capture_output=True, text=True,
+                              timeout=900)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, (
+            f"{page}: `{command}` exited {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
