@@ -137,3 +137,26 @@ def forward(model, ids):
 
 def named_ids(ids: np.ndarray):
     return nm.named(jnp.asarray(ids), ("batch", "position"))
+
+
+def _next_token_loss(model, ids):
+    # written out in jax (not named's loss) so that the gradient tests check only the model
+    logits = model(ids).rearrange(("batch", "position", "vocab")).array
+    logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
+    return -jnp.take_along_axis(logp, ids.array[:, 1:, None], axis=-1).mean()
+
+
+def gradient_errors(hf, model, ids: np.ndarray) -> tuple[float, dict[str, float]]:
+    """|our next-token loss - torch's| and, per Hugging Face parameter name, the largest gradient
+    difference relative to the largest torch gradient entry."""
+    from named import models
+
+    hf.zero_grad()
+    loss = hf(torch.tensor(ids, dtype=torch.long), labels=torch.tensor(ids, dtype=torch.long)).loss
+    loss.backward()
+    ours_loss, grads = eqx.filter_jit(eqx.filter_value_and_grad(_next_token_loss))(model, named_ids(ids))
+    ours = models.hf_state_dict(grads)
+    theirs = {n: p.grad.numpy() for n, p in hf.named_parameters()}
+    assert set(ours) == set(theirs)
+    return abs(float(ours_loss) - loss.item()), {n: float(np.abs(ours[n] - ref).max() / np.abs(ref).max())
+                                                 for n, ref in theirs.items()}
