@@ -399,6 +399,18 @@ def check_pretrained(folder: str | Path, model) -> ParityReport:
     return ParityReport(family.name, ids.shape, len(saved), diff, reference)
 
 
+def check_folder(folder: str | Path) -> tuple[Family, Any]:
+    """``(family, config)`` of a Hugging Face folder after every check ``load_pretrained`` makes
+    short of reading tensors: config.json, and each safetensors header against the model it
+    describes (every parameter present once, shapes, kinds of dtype). Nothing is allocated."""
+    folder = Path(folder)
+    arch, config, _ = read_config(folder)
+    abstract = eqx.filter_eval_shape(arch.model_cls.init, config, key=jax.random.key(0))
+    params, leaves, _ = _params(abstract, arch)
+    _plan(folder, arch, config, params, leaves, keep_dtype=False)
+    return arch, config
+
+
 def _number_kind(dtype) -> str:
     for kind, name in ((jnp.floating, "floating-point"), (jnp.integer, "integer"), (jnp.bool_, "boolean")):
         if jnp.issubdtype(dtype, kind):

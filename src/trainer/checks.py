@@ -16,10 +16,12 @@ import jax
 import jax.numpy as jnp
 
 import named as nm
+from named.models.hf import CheckpointFormatError, check_folder
 from named.nn.loss import next_token_loss
 
 from .config import ConfigError, TrainConfig, data_parallel_size, to_mapping
 from .data import Tokenizer, load_tokenizer
+from .model_init import model_shapes
 from .registry import max_positions, model_class, model_type
 
 # Axes of activations that no parameter has; a mapping may name these and the parameters' axes.
@@ -56,7 +58,12 @@ def check_against_devices(cfg: TrainConfig) -> Setup:
     compute, param = to_mapping(cfg.mesh.compute_mapping), to_mapping(cfg.mesh.param_mapping)
     check_against_mesh(cfg, mesh, model_cfg)
     check_sample_length(cfg, tokenizer, model_cfg)
-    shapes = model_shapes(model_cls, model_cfg)
+    if cfg.model.init_from_hf is not None:  # every header against the model before anything is compiled
+        try:
+            check_folder(cfg.model.init_from_hf)
+        except CheckpointFormatError as e:
+            raise ConfigError(f"model.init_from_hf: {e}") from None
+    shapes = model_shapes(cfg, model_cls, model_cfg)
     check_mappings(cfg, shapes, mesh, compute, param, model_cfg)
     check_activations(cfg, model_cfg, shapes, mesh, compute)
     return Setup(tokenizer, model_cfg, model_cls, shapes, mesh, compute, param)
@@ -69,16 +76,12 @@ def model_config_for(cfg: TrainConfig, tokenizer: Tokenizer | None = None):
     vocab = tokenizer.vocab_size
     model_cfg = cfg.model.model_config(vocab_size=-(-vocab // VOCAB_MULTIPLE) * VOCAB_MULTIPLE)
     if model_cfg.vocab_size < vocab:
-        raise ConfigError(f"model.vocab_size={model_cfg.vocab_size} is smaller than the tokenizer's {vocab} tokens")
+        source = f" of {cfg.model.init_from_hf} (model.init_from_hf)" if cfg.model.init_from_hf else ""
+        raise ConfigError(f"model.vocab_size={model_cfg.vocab_size}{source} is smaller than the tokenizer's {vocab} "
+                          f"tokens (data.tokenizer={cfg.data.tokenizer!r}): the tokenizer is not this model's")
     return model_cfg, model_class(model_cfg)
 
 
-def model_shapes(model_cls, model_cfg):
-    """The parameters' shapes and dtypes, without allocating (or compiling) anything."""
-    try:
-        return jax.eval_shape(lambda: model_cls.init(model_cfg, key=jax.random.key(0)))
-    except (ValueError, nm.NamedError) as e:
-        raise ConfigError(f"model: {e}") from None
 
 
 def check_against_mesh(cfg: TrainConfig, mesh, model_cfg) -> None:

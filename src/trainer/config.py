@@ -33,6 +33,7 @@ import yaml
 
 from named.models.registry import FAMILIES
 
+from . import pretrained
 from ._rules import INT_LIMIT, RULES, ConfigError, _rule  # ConfigError and RULES: also this module's public face
 from .data import DataConfig, DataError
 
@@ -163,6 +164,7 @@ def _as_choice(name: str, base_cfg: type):
     @dataclass(frozen=frozen)
     class Choice(ModelChoice, base_cfg):  # type: ignore[misc, valid-type]
         vocab_size: int | None = None  # null: the tokenizer's vocabulary, rounded up to a multiple of 128
+        init_from_hf: str | None = None  # a Hugging Face folder: its config and weights (see finetune.resolve)
 
         def model_config(self, vocab_size: int):
             values = {f.name: getattr(self, f.name) for f in dataclasses.fields(base_cfg)}
@@ -373,6 +375,8 @@ def _decode_train_config(raw, path=()):
     for (section, name), value in _REPLACE.get().items():
         if isinstance(raw, dict):
             raw = {**raw, section: {**(raw.get(section) or {}), name: value}}
+    if isinstance(raw, dict):
+        raw = pretrained.resolve(raw)  # model.init_from_hf: the folder's architecture and tokenizer
     _check_section(TrainConfig, raw, "")
     return draccus.parsers.decoding.decode_dataclass(TrainConfig, raw, path)
 

@@ -31,6 +31,7 @@ from . import rundir
 from .checks import check_against_devices
 from .config import TrainConfig, dump_config
 from .data import Batch, TrainBatches, build_data, eval_batches
+from .model_init import init_model
 from .optim import build_optimizer, schedule
 from .registry import flops_per_token, model_type
 from .trackers import Trackers, log, setup_logging
@@ -188,7 +189,9 @@ def _train(cfg: TrainConfig, data, train_batches, model_cfg, model_cls, mesh, co
     init_key, data_key = jax.random.split(key)
 
     with nm.set_mesh(mesh), contextlib.ExitStack() as stack:
-        model = nm.named_jit(model_cls.init, mapping=param)(model_cfg, key=init_key)
+        # A resume restores every weight from our checkpoint: the pretrained folder is not read again.
+        model = init_model(cfg, model_cls, model_cfg, param=param, mesh=mesh, key=init_key,
+                           pretrained=restore_from is None, dtype=policy.param_dtype)
         opt_state = nm.named_jit(optimizer.init, mapping=param)(model)
         start = 0
         if restore_from is not None:
