@@ -2,7 +2,7 @@
 
 The commands of each page (its ```bash blocks, continuation lines joined, in page order) run
 one after another with bash in a scratch folder laid out like a checkout (`.venv`, `config/`,
-`Makefile` and `pyproject.toml` linked from the repository), so `runs/` and every file a
+`examples/`, `Makefile` and `pyproject.toml` linked from the repository), so `runs/` and every file a
 command writes stay out of the repository, and a later command of the page finds what an
 earlier one wrote (`named-sample` reads the run `make train` made). They see one CPU device, as
 on a reader's machine: the test's own fake-device flags are removed from their environment.
@@ -60,7 +60,7 @@ def checkout(tmp_path_factory) -> Path:
     stale = subprocess.run(["make", "-q", ".venv/.installed"], cwd=ROOT, capture_output=True).returncode
     assert stale == 0, "the .venv is older than pyproject.toml: run `make install` first"
     d = tmp_path_factory.mktemp("checkout")
-    for name in (".venv", "config", "Makefile", "pyproject.toml"):
+    for name in (".venv", "config", "examples", "Makefile", "pyproject.toml"):
         (d / name).symlink_to(ROOT / name)
     return d
 
