@@ -57,6 +57,25 @@ def test_greedy_equals_transformers(pairs, name):
     assert len(np.unique(ours[:, 5:])) > 4, "degenerate continuation: the comparison would prove little"
 
 
+def test_stop_ids_end_each_row_where_transformers_stops(pairs):
+    hf, model, prompt = pairs("llama-gqa4/2-untied")
+    greedy = _greedy(model, prompt)
+    # a stop id that each row reaches at a different step: the third new token of row 0
+    stop = int(greedy[0, 5 + 2])
+    ours = np.asarray(models.generate(model, _named(prompt), NEW, temperature=0, stop_ids=[stop]).array)
+    hf.generation_config.pad_token_id = stop
+    with torch.no_grad():  # transformers pads a finished row with pad_token_id: here the stop id itself
+        ref = hf.generate(torch.tensor(prompt, dtype=torch.long), attention_mask=torch.ones(prompt.shape, dtype=torch.long),
+                          max_new_tokens=NEW, do_sample=False, eos_token_id=stop).numpy()
+    for row in range(2):
+        hits = np.flatnonzero(greedy[row, 5:] == stop)
+        cut = 5 + (hits[0] + 1 if len(hits) else NEW)
+        np.testing.assert_array_equal(ours[row, :cut], greedy[row, :cut])  # identical up to the stop
+        assert (ours[row, cut:] == stop).all()  # then the stop id repeated
+        np.testing.assert_array_equal(ours[row, :ref.shape[1]][:cut], ref[row, :cut])
+    assert ours[0, 5 + 3:].tolist() == [stop] * (NEW - 3)
+
+
 def test_top_k_1_and_tiny_top_p_are_greedy(pairs):
     _, model, prompt = pairs("llama-gqa4/2-untied")  # one model: each setting compiles a program
     greedy = _greedy(model, prompt)

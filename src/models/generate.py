@@ -8,6 +8,8 @@ at the current position.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -19,7 +21,8 @@ from ._common import split_key
 
 
 def generate(model, prompt_ids: NamedArray, max_new_tokens: int, *, temperature: float = 1.0,
-             top_k: int | None = None, top_p: float | None = None, key=None) -> NamedArray:
+             top_k: int | None = None, top_p: float | None = None, key=None,
+             stop_ids: Sequence[int] = ()) -> NamedArray:
     """Continue ``prompt_ids`` by ``max_new_tokens`` tokens.
 
     Args:
@@ -33,6 +36,10 @@ def generate(model, prompt_ids: NamedArray, max_new_tokens: int, *, temperature:
         top_p: sample only from the smallest set of most likely tokens whose probability
             reaches ``top_p`` (nucleus sampling).
         key: a PRNG key; required when sampling. The same key gives the same tokens.
+        stop_ids: token ids that end a row (an eos, a chat template's end-of-turn token): once
+            a row has given one, its later positions repeat it. The scan still runs all
+            ``max_new_tokens`` steps (one compiled loop for every row); callers cut each row
+            at its first stop id.
 
     Returns:
         The prompt followed by the new tokens: axes ``(batch, position)`` with
@@ -55,25 +62,31 @@ def generate(model, prompt_ids: NamedArray, max_new_tokens: int, *, temperature:
     prompt = prompt.rearrange(("batch", "position"))
     cache = model.init_cache(prompt.resolve_axis("batch"), prompt.axis_size("position") + max_new_tokens)
     key = jax.random.key(0) if key is None else key
-    new = _generate(model, prompt, cache, key, max_new_tokens, float(temperature), top_k, top_p)
+    stops = tuple(sorted({int(i) for i in stop_ids}))
+    new = _generate(model, prompt, cache, key, max_new_tokens, float(temperature), top_k, top_p, stops)
     out = nm.concatenate("position", [prompt, new.astype(prompt.dtype)])
     return out["batch", 0] if unbatched else out
 
 
 @eqx.filter_jit
-def _generate(model, prompt: NamedArray, cache, key, n: int, temperature: float, top_k, top_p) -> NamedArray:
+def _generate(model, prompt: NamedArray, cache, key, n: int, temperature: float, top_k, top_p,
+              stops: tuple[int, ...]) -> NamedArray:
     P = prompt.axis_size("position")
     keys = split_key(key, n)
     logits, cache = model.decode(prompt, cache, 0)
     first = sample_token(logits["position", P - 1], keys[0], temperature=temperature, top_k=top_k, top_p=top_p)
 
-    def step(carry, k):
-        cache, token, pos = carry
-        logits, cache = model.decode(token.broadcast_axis(Axis("position", 1)), cache, pos)
-        token = sample_token(logits["position", 0], k, temperature=temperature, top_k=top_k, top_p=top_p)
-        return (cache, token, pos + 1), token.array
+    def stopped(token: NamedArray) -> jax.Array:
+        return jnp.isin(token.array, jnp.asarray(stops, jnp.int32)) if stops else jnp.zeros(token.array.shape, bool)
 
-    _, rest = jax.lax.scan(step, (cache, first, jnp.int32(P)), keys[1:])
+    def step(carry, k):
+        cache, token, pos, done = carry
+        logits, cache = model.decode(token.broadcast_axis(Axis("position", 1)), cache, pos)
+        new = sample_token(logits["position", 0], k, temperature=temperature, top_k=top_k, top_p=top_p)
+        new = NamedArray(jnp.where(done, token.array, new.array), new.axes)  # a finished row repeats its stop id
+        return (cache, new, pos + 1, done | stopped(new)), new.array
+
+    _, rest = jax.lax.scan(step, (cache, first, jnp.int32(P), stopped(first)), keys[1:])
     tokens = jnp.concatenate([first.array[None], rest], axis=0)  # [new, batch]
     return NamedArray(tokens.T, (first.resolve_axis("batch"), Axis("position", n)))
 

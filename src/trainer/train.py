@@ -289,11 +289,14 @@ def _evaluate(eval_step, model, validation, t, mesh, compute) -> float:
 
 
 def sample_text(model, tokenizer, prompt: str, n_tokens: int, *, temperature: float = 0.0, top_k: int | None = None,
-                key=None) -> str:
+                key=None, stop_ids: tuple[int, ...] = ()) -> str:
+    """``prompt`` and its continuation, cut before the first of ``stop_ids`` (which is not shown)."""
     ids = tokenizer.encode(prompt) or [tokenizer.eos_id]
     prompt_ids = nm.named(jnp.asarray([ids], jnp.int32), ("batch", Pos))
-    out = models.generate(model, prompt_ids, n_tokens, temperature=temperature, top_k=top_k, key=key)
-    return prompt + tokenizer.decode([int(i) for i in np.asarray(out.array)[0, len(ids):]])
+    out = models.generate(model, prompt_ids, n_tokens, temperature=temperature, top_k=top_k, key=key, stop_ids=stop_ids)
+    new = [int(i) for i in np.asarray(out.array)[0, len(ids):]]
+    ends = [k for k, i in enumerate(new) if i in stop_ids]
+    return prompt + tokenizer.decode(new[:ends[0]] if ends else new)
 
 
 def _progress(t, start: int, pid: int, stack: contextlib.ExitStack):
