@@ -7,7 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test train bench clean
+.PHONY: install test train bench bench-gpu clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,17 @@ bench: $(STAMP)
 	$(PY) bench/data_ckpt.py
 	$(PY) bench/peer.py
 	$(PY) bench/report.py
+
+# One GPU (docs/benchmarks.md §6), from a clean checkout: needs only the machine's jax (with its CUDA
+# plugin), equinox and optax, and the wheels bench/fetch_wheels.py put in .whl/ (gpu_mfu.py installs
+# them and this tree without an index when `named` does not import). Both models, each within
+# GPU_BUDGET_S seconds; JSON in GPU_OUT, then the table. Not part of `make bench`.
+GPU_PY       ?= python3
+GPU_OUT      ?= bench/results
+GPU_BUDGET_S ?= 250
+bench-gpu:
+	$(GPU_PY) bench/gpu_mfu.py --model gpt2 --budget-s $(GPU_BUDGET_S) --out $(GPU_OUT)
+	$(GPU_PY) bench/gpu_mfu.py --model llama --budget-s $(GPU_BUDGET_S) --out $(GPU_OUT)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build src/*.egg-info

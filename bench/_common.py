@@ -84,7 +84,9 @@ def machine() -> dict:
 
 def command_line() -> str:
     rel = os.path.relpath(sys.argv[0], ROOT)
-    return " ".join([".venv/bin/python", rel, *sys.argv[1:]])
+    # the project's venv as the docs write it; any other interpreter (a GPU image's) by its name
+    python = ".venv/bin/python" if Path(sys.executable).parent == ROOT / ".venv" / "bin" else Path(sys.executable).name
+    return " ".join([python, rel, *sys.argv[1:]])
 
 
 def write_result(name: str, result: dict, out_dir: str | os.PathLike | None = None) -> Path:

@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/data_ckpt.py
     .venv/bin/python bench/data_ckpt.py --tiny
+    .venv/bin/python bench/data_ckpt.py --s3      # checkpoints only: local disk beside a local S3 server
 
 Loader: a ``.bin`` file of uint16 token ids (random, with an eos every ~1000 tokens) is
 written to a temporary directory, then ``trainer.data.loader_throughput`` times making
@@ -13,6 +14,12 @@ with ``trainer.checkpoint.save_checkpoint`` (synchronous: snapshot to host, writ
 chunks with tensorstore, sha256 + fsync every file, atomic commit) and read back with
 ``restore`` onto the same layout (checks sizes and hashes). MB/s = tree bytes / wall time;
 saves and restores take turns. The temporary directory is on the machine's local disk.
+
+``--s3``: the same tree saved to and restored from the local disk and from ``s3://`` on moto's
+standalone S3 server on 127.0.0.1 (started as a subprocess, as tests/test_s3_checkpoints.py
+does), taking turns; written to ``bench/results/data_ckpt_s3.json``. On the store a save
+encodes every chunk in memory, hashes and uploads it and writes the commit record last; a
+restore fetches each needed object once, checks its sha256 and decodes it from memory.
 """
 
 from __future__ import annotations
@@ -67,12 +74,17 @@ def make_tree(total_mb: int, mesh) -> tuple[dict, int]:
     return tree, 4 * rows * 1024 * 4
 
 
-def bench_checkpoint(tmp: Path, total_mb: int, repeats: int, mesh) -> dict:
-    tree, nbytes = make_tree(total_mb, mesh)
+def bench_checkpoint(tmp, total_mb: int, repeats: int, mesh, tree=None) -> dict:
+    """Save and restore ``tree`` (default: make_tree) ``repeats`` times under ``tmp``: a local
+    directory or an ``s3://`` URL."""
+    if tree is None:
+        tree, nbytes = make_tree(total_mb, mesh)
+    else:
+        nbytes = sum(x.array.nbytes for x in jax.tree.leaves(tree, is_leaf=nm.is_named_array))
     target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
     saves, restores = [], []
     for r in range(repeats):
-        run = tmp / f"run{r}"
+        run = f"{tmp}/run{r}" if isinstance(tmp, str) else tmp / f"run{r}"
         t0 = time.perf_counter()
         path = save_checkpoint(run, r, tree)
         saves.append(time.perf_counter() - t0)
@@ -82,8 +94,13 @@ def bench_checkpoint(tmp: Path, total_mb: int, repeats: int, mesh) -> dict:
         restores.append(time.perf_counter() - t0)
         assert all(bool(jnp.array_equal(a.array, b.array)) for a, b in zip(jax.tree.leaves(tree, is_leaf=nm.is_named_array),
                                                                         jax.tree.leaves(out, is_leaf=nm.is_named_array)))
-        shutil.rmtree(run)
-        print(f"checkpoint {nbytes / 2**20:.0f} MiB: save {saves[-1]:.2f}s ({nbytes / 1e6 / saves[-1]:.0f} MB/s), "
+        if isinstance(run, str):
+            from named.trainer import checkpoint_store
+
+            checkpoint_store.delete_prefix(checkpoint_store.location(run))
+        else:
+            shutil.rmtree(run)
+        print(f"checkpoint {run if isinstance(run, str) else 'local'} {nbytes / 2**20:.0f} MiB: save {saves[-1]:.2f}s ({nbytes / 1e6 / saves[-1]:.0f} MB/s), "
               f"restore {restores[-1]:.2f}s ({nbytes / 1e6 / restores[-1]:.0f} MB/s)", flush=True)
     return {"bytes": nbytes, "leaves": len(tree), "layout": "(rows, embed/data) f32 on 8 devices",
             "save_s": C.summary(saves), "restore_s": C.summary(restores),
@@ -100,7 +117,10 @@ def main(argv=None):
     ap.add_argument("--tmp", default=None, help="directory for the temporary files (default: the system's)")
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--s3", action="store_true", help="checkpoints only: local disk and a local S3 server, taking turns")
     args = ap.parse_args(argv)
+    if args.s3:
+        return main_s3(args)
     cases = [(1024, 8), (1024, 64), (2048, 256)]
     if args.tiny:
         args.tokens, args.steps, args.ckpt_mb, args.repeats = 1_000_000, 5, 4, 1
@@ -116,6 +136,49 @@ def main(argv=None):
     result = {"benchmark": "data_ckpt", "command": C.command_line(), "machine": C.machine(), "tmp_dir": str(tmp.parent),
               "loader": loader, "loader_goal": "tokens_per_s >= 5e6 per host", "checkpoint": ckpt}
     C.write_result("data_ckpt" + ("_tiny" if args.tiny else ""), result, args.out)
+    return result
+
+
+def main_s3(args) -> dict:
+    """Checkpoint save / restore to the local disk and to moto's S3 server, rounds taking turns."""
+    import os
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from test_s3_checkpoints import MotoServer, s3_env  # the server the tests use
+
+    if args.tiny:
+        args.ckpt_mb, args.repeats = 4, 1
+    server = MotoServer()
+    server.create_bucket("bench")
+    os.environ.update(s3_env(server.url))
+    mesh = nm.make_mesh(C.MESH)
+    tmp = Path(tempfile.mkdtemp(prefix="named-bench-", dir=args.tmp))
+    local, s3 = [], []
+    try:
+        with jax.set_mesh(mesh):
+            tree, _ = make_tree(args.ckpt_mb, mesh)
+            for r in range(args.repeats):  # one save + restore on each side per round
+                local.append(bench_checkpoint(tmp / f"round{r}", args.ckpt_mb, 1, mesh, tree))
+                s3.append(bench_checkpoint(f"s3://bench/round{r}", args.ckpt_mb, 1, mesh, tree))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        server.stop()
+
+    def merged(rows):
+        saves = [t for row in rows for t in row["save_s"]["all_s"]]
+        restores = [t for row in rows for t in row["restore_s"]["all_s"]]
+        nbytes = rows[0]["bytes"]
+        return {**{k: rows[0][k] for k in ("bytes", "leaves", "layout")}, "save_s": C.summary(saves),
+                "restore_s": C.summary(restores), "save_MB_per_s": nbytes / 1e6 / C.summary(saves)["median_s"],
+                "restore_MB_per_s": nbytes / 1e6 / C.summary(restores)["median_s"]}
+
+    import moto
+
+    result = {"benchmark": "data_ckpt_s3", "command": C.command_line(), "machine": C.machine(),
+              "s3_server": f"moto {moto.__version__} standalone server on 127.0.0.1 (in-memory)",
+              "local": merged(local), "s3": merged(s3)}
+    C.write_result("data_ckpt_s3" + ("_tiny" if args.tiny else ""), result, args.out)
     return result
 
 

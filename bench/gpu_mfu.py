@@ -1,10 +1,16 @@
 """Training throughput and MFU on one GPU: GPT-2 124M at seq 1024 and a Llama of about 1B.
 
-Not run by ``make bench`` (it needs a GPU). On an H200 lent by the device tool, with the
-project's tree as the working directory (docs/benchmarks.md has the exact calls)::
+Not run by ``make bench`` (it needs a GPU). On a GPU machine, from a clean checkout whose
+``.whl/`` holds the wheels of ``bench/fetch_wheels.py`` (docs/benchmarks.md §6 has the device
+call)::
 
-    python3 bench/gpu_mfu.py --model gpt2  --budget-s 540 --out $OUT
-    python3 bench/gpu_mfu.py --model llama --budget-s 540 --out $OUT
+    make bench-gpu GPU_OUT=$OUT                              # both models, then the table
+    python3 bench/gpu_mfu.py --model gpt2 --budget-s 250 --out $OUT
+
+If this Python cannot import ``named`` (nothing installed but the machine's jax, equinox and
+optax), the script first installs the carried wheels and this tree into a private folder,
+with no package index and no dependency resolution, and puts it on the workers' PYTHONPATH.
+At the end it prints the table of every run in ``--out`` (both models when both are there).
 
 What one measurement is: a worker subprocess (so XLA_FLAGS can differ per run and an
 out-of-memory run only loses itself) builds the model (f32 parameters, bf16 compute through
@@ -48,13 +54,19 @@ The best run per model is recorded as ``best``.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SITE = Path(tempfile.gettempdir()) / "named-gpu-site"  # where a machine without `named` gets it
 
 PEAK_FLOPS = 989e12  # H100/H200 SXM dense bf16, NVIDIA datasheet
 TUNED_FLAGS = [
@@ -123,6 +135,7 @@ def worker(spec: dict) -> dict:
 
     from named import models
     import named as nm
+    from named._compat import cudnn_version
     from named.nn.loss import next_token_loss
     from named.nn.precision import cast_for_compute, get_policy
 
@@ -178,7 +191,8 @@ def worker(spec: dict) -> dict:
     return {**spec, "seq": seq, "params": models.num_params(config), "flops_per_token": fpt, "compile_s": compile_s,
             "step_s": C_summary(times), "tokens_per_s": tokens_s, "mfu": fpt * tokens_s / PEAK_FLOPS,
             "cudnn_attention": cudnn, "losses": losses, "peak_bytes_in_use": mem.get("peak_bytes_in_use"),
-            "device_kind": jax.devices()[0].device_kind, "jax": jax.__version__}
+            "device_kind": jax.devices()[0].device_kind, "jax": jax.__version__, "cudnn": cudnn_version(),
+            "xla_flags": os.environ["XLA_FLAGS"]}
 
 
 def C_summary(times):
@@ -191,6 +205,53 @@ def C_summary(times):
 # The driver never touches the GPU (a JAX backend there would take most of its memory away
 # from the workers); workers get the environment without these.
 _DRIVER_ENV = {"JAX_PLATFORMS": "cpu"}
+
+
+def _fingerprint() -> str:
+    """What an install in SITE was made from: this tree's package sources and pyproject.toml."""
+    h = hashlib.sha256()
+    for f in sorted([ROOT / "pyproject.toml", *ROOT.glob("src/**/*.py"), *ROOT.glob("config/*.yaml")]):
+        h.update(f.relative_to(ROOT).as_posix().encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
+def _imports(pythonpath: str | None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update({"JAX_PLATFORMS": "cpu", **({"PYTHONPATH": pythonpath} if pythonpath else {})})
+    return subprocess.run([sys.executable, "-c", "import named.models, jmp, optax, equinox"], capture_output=True,
+                          text=True, env=env)
+
+
+def ensure_importable(wheels: Path) -> str:
+    """Make ``named`` importable by the workers; says how. Already importable (an installed
+    checkout): nothing to do. Otherwise install ``wheels`` (jmp, draccus and what they need) and
+    this tree into SITE, with no index and no dependency resolution (jax, equinox and optax are
+    the machine's), and put SITE on PYTHONPATH; a SITE made from this same tree is reused."""
+    here = _imports(os.environ.get("PYTHONPATH"))
+    if here.returncode == 0:
+        return "named was importable"
+    if "ModuleNotFoundError" not in here.stderr:  # present but broken: installing it again would not help
+        raise SystemExit(f"named does not import:\n{here.stderr[-2000:]}")
+    stamp = SITE / ".named-fingerprint"
+    if not (stamp.exists() and stamp.read_text() == _fingerprint() and _imports(str(SITE)).returncode == 0):
+        files = sorted(wheels.glob("*.whl"))
+        if not files:
+            raise SystemExit(f"named does not import here and {wheels} holds no wheels: run bench/fetch_wheels.py "
+                             f"where there is a package index, and bring {wheels.name}/ along")
+        shutil.rmtree(SITE, ignore_errors=True)
+        pip = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-index",
+               "--no-deps", "--target", str(SITE)]
+        subprocess.run(pip + [str(f) for f in files], check=True)
+        # built with the carried setuptools (on PYTHONPATH), not in an isolated build environment
+        # (that would need an index for the backend's own dependencies)
+        subprocess.run(pip + ["--no-build-isolation", "--upgrade", str(ROOT)], check=True,
+                       env={**os.environ, "PYTHONPATH": str(SITE)})
+        stamp.write_text(_fingerprint())
+        check = _imports(str(SITE))
+        if check.returncode != 0:
+            raise SystemExit(f"installed into {SITE}, but named still does not import:\n{check.stderr[-2000:]}")
+    os.environ["PYTHONPATH"] = str(SITE)
+    return f"installed from {wheels.name}/ into {SITE}"
 
 
 def run_one(spec: dict, timeout_s: float) -> dict:
@@ -216,6 +277,7 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--batches", type=int, nargs="+", default=None, help="stage-1 batch sizes (default per model)")
     ap.add_argument("--out", default=None, help="directory for gpu_mfu_<model>.json (default bench/results)")
+    ap.add_argument("--wheels", default=str(ROOT / ".whl"), help="carried wheels, used when named does not import")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.model == "tiny":
@@ -226,9 +288,11 @@ def main(argv=None):
     if not args.model:
         ap.error("--model is required")
 
+    installed = ensure_importable(Path(args.wheels))
     os.environ.update(_DRIVER_ENV)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import _common as C
+    import report
 
     start = time.perf_counter()
     m = MODELS[args.model]
@@ -236,7 +300,7 @@ def main(argv=None):
     result = {"benchmark": "gpu_mfu", "command": C.command_line(), "model": args.model, "model_config": m["config"],
               "seq": m["seq"], "peak_flops": PEAK_FLOPS, "mfu_formula": "(6N + 12 L d T) * tokens/s / 989e12",
               "precision": "params=float32,compute=bfloat16,output=float32", "tuned_xla_flags": TUNED_FLAGS,
-              "runs": runs}
+              "install": installed, "runs": runs}
     try:
         result["machine"] = C.machine()
     except Exception as e:  # noqa: BLE001 - a record, not a reason to stop
@@ -287,6 +351,7 @@ def main(argv=None):
     if b:
         print(f"best {args.model}: batch {b['batch']} remat {b['remat']} {b['layers']} flags {b['flags']}: "
               f"{b['tokens_per_s']:,.0f} tokens/s, MFU {b['mfu']:.1%}")
+    print(report.gpu_block(Path(args.out) if args.out else C.RESULTS))
 
 
 if __name__ == "__main__":

@@ -1,12 +1,16 @@
-"""The peer: the same FSDP GPT-2 step on Haliax + Levanter (from PyPI), against `named`.
+"""The peer: the same FSDP GPT-2 or Llama step on Haliax + Levanter (from PyPI), against `named`.
 
-    .venv/bin/python bench/peer.py                       # builds bench/.venv-peer on first use
+    .venv/bin/python bench/peer.py                       # GPT-2; builds bench/.venv-peer on first use
+    .venv/bin/python bench/peer.py --model llama         # the Llama
     .venv/bin/python bench/peer.py --remat full          # both sides with per-block checkpointing
+    .venv/bin/python bench/peer.py --peer-loss levanter  # the peer's own default loss (fused, blockwise)
     .venv/bin/python bench/peer.py --tiny --repeats 1    # smoke test
 
 The peer runs in its own virtual environment (``bench/.venv-peer``, ignored by git), made
-here with ``python3 -m venv`` and ``pip install --pre levanter haliax``; if that fails (no
-registry, no wheel for this Python) the result says ``skipped`` and why.
+here with ``python3 -m venv`` and ``pip install --pre`` of the current Levanter release,
+``marin-levanter`` / ``marin-haliax`` (with GitPython and chex, which it imports without
+declaring them); if that fails (no registry, no wheel for this Python) the result says
+``skipped`` and why.
 
 Each side runs in its own persistent subprocess (its own venv's Python). A worker builds its
 model with FSDP sharded init (parameters ``{"embed": "data"}``, activations
@@ -14,10 +18,13 @@ model with FSDP sharded init (parameters ``{"embed": "data"}``, activations
 the sides take turns of ``--per-round`` steps (named, peer, named, peer, ...), the idle one
 asleep on its stdin, for ``--rounds`` turns; ``--repeats`` fresh pairs of workers.
 
-Like for like: the Levanter ``Gpt2LMHeadModel`` is run through ``haliax.named_jit`` with
-``compute_next_token_loss``, ``optax.adamw`` and donation — the same step our side runs —
-with plain ("vanilla") attention and no gradient checkpointing unless ``--remat full``
-(Levanter's ``gradient_checkpointing=True``, the same policy as our ``remat="full"``).
+Like for like (the default): Levanter's ``Gpt2LMHeadModel`` or ``LlamaLMHeadModel`` is run
+through ``haliax.named_jit``: its logits, then ``levanter.models.loss.next_token_loss`` (the
+mean over the predicted tokens of the full-vocabulary cross-entropy, the computation our
+``next_token_loss`` does), ``optax.adamw`` and donation, with plain ("vanilla") attention and
+no gradient checkpointing unless ``--remat full`` (Levanter's ``gradient_checkpointing=True``,
+the same policy as our ``remat="full"``). ``--peer-loss levanter`` gives the peer its own
+default instead, ``model.compute_next_token_loss`` (a fused, vocabulary-blockwise loss).
 """
 
 from __future__ import annotations
@@ -38,11 +45,23 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 PEER_VENV = HERE / ".venv-peer"
 PEER_PY = PEER_VENV / "bin" / "python"
-# The versions measured in docs/benchmarks.md (PyPI's newest dev builds on 2026-11; levanter
-# has no recent non-dev release). levanter imports git (GitPython) and chex without declaring them.
-PEER_PACKAGES = ["levanter==1.2.dev1644", "haliax==1.4.dev453", "GitPython", "chex"]
-PEER_IMPORTS = "import levanter, haliax, levanter.models.gpt2, levanter.models.lm_model, levanter.layers.attention"
-TINY = dict(n_layer=2, n_head=2, n_embd=64, n_positions=32, vocab_size=256)
+# The versions measured in docs/benchmarks.md: the current Levanter, published as marin-levanter
+# and marin-haliax (dev builds only). It imports git (GitPython) and chex without declaring them.
+PEER_PACKAGES = ["marin-levanter==0.2.20.dev202606180959", "marin-haliax==0.2.20.dev202606180959", "GitPython", "chex"]
+PEER_DISTS = ("marin-levanter", "marin-haliax", "jax", "jaxlib", "equinox", "optax")
+PEER_IMPORTS = ("import levanter, haliax, levanter.models.gpt2, levanter.models.llama, levanter.models.loss, "
+                "levanter.layers.attention")
+# The Llama next to C.SMALL_GPT2: 4 layers, hidden 256, 4 query heads over 2 key/value heads
+# (GQA), SwiGLU 1024, untied head, vocab 8192.
+SMALL_LLAMA = dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4,
+                   num_key_value_heads=2, rope_theta=10000.0, rms_norm_eps=1e-5, max_position_embeddings=256,
+                   tie_word_embeddings=False, vocab_size=8192)
+MODELS = {  # (the config, its tiny version for the smoke test)
+    "gpt2": (C.SMALL_GPT2, dict(n_layer=2, n_head=2, n_embd=64, n_positions=32, vocab_size=256)),
+    "llama": (SMALL_LLAMA, dict(SMALL_LLAMA, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,
+                                vocab_size=256)),
+}
 
 
 # ---- the peer venv ----------------------------------------------------------------------
@@ -96,21 +115,23 @@ def serve(run, info: dict) -> dict:
     return {"losses": losses}
 
 
-def worker_named(cfg, batch, seq, dtype, remat) -> dict:
+def worker_named(model_type, cfg, batch, seq, dtype, remat, peer_loss) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
     import optax
 
     import named as nm
-    from named.models import Gpt2Config, Gpt2LMHeadModel
+    from named import models
 
-    config = Gpt2Config(**cfg, remat=remat)
+    config_cls, model_cls = ((models.Gpt2Config, models.Gpt2LMHeadModel) if model_type == "gpt2"
+                             else (models.LlamaConfig, models.LlamaLMHeadModel))
+    config = config_cls(**cfg, remat=remat)
     mesh = nm.make_mesh(C.MESH)
     optimizer = optax.adamw(C.LEARNING_RATE)
     ids_np = np.random.default_rng(0).integers(0, cfg["vocab_size"], size=(batch, seq), dtype=np.int32)
     with jax.set_mesh(mesh):
-        model = nm.named_jit(lambda k: Gpt2LMHeadModel.init(config, key=k), mapping=C.PARAM_MAPPING)(jax.random.key(0))
+        model = nm.named_jit(lambda k: model_cls.init(config, key=k), mapping=C.PARAM_MAPPING)(jax.random.key(0))
         opt_state = nm.named_jit(optimizer.init, mapping=C.PARAM_MAPPING)(model)
         axes = (nm.Axis("batch", batch), nm.Axis("position", seq))
         ids = nm.shard(nm.named(jnp.asarray(ids_np), axes), C.COMPUTE_MAPPING, mesh)
@@ -129,7 +150,29 @@ def worker_named(cfg, batch, seq, dtype, remat) -> dict:
         return serve(run, {"compile_s": compile_s, "params": C.count_params(model), **program})
 
 
-def worker_peer(cfg, batch, seq, dtype, remat) -> dict:
+def _levanter_config(model_type: str, cfg: dict, seq: int, remat: str):
+    """Levanter's config for the model our ``cfg`` describes (its field names differ)."""
+    from levanter.layers.attention import AttentionBackend
+
+    common = dict(max_seq_len=seq, gradient_checkpointing=(remat == "full"), attn_backend=AttentionBackend.VANILLA)
+    if model_type == "gpt2":
+        from levanter.models.gpt2 import Gpt2Config
+
+        if cfg["n_positions"] != seq:
+            raise SystemExit("the peer ties max_seq_len to the position table: n_positions must equal seq")
+        return Gpt2Config(hidden_dim=cfg["n_embd"], num_layers=cfg["n_layer"], num_heads=cfg["n_head"],
+                          use_flash_attention=False, **common)
+    from levanter.layers.rotary import DefaultRotaryEmbeddingsConfig
+    from levanter.models.llama import LlamaConfig
+
+    return LlamaConfig(hidden_dim=cfg["hidden_size"], intermediate_dim=cfg["intermediate_size"],
+                       num_layers=cfg["num_hidden_layers"], num_heads=cfg["num_attention_heads"],
+                       num_kv_heads=cfg["num_key_value_heads"], layer_norm_epsilon=cfg["rms_norm_eps"],
+                       tie_word_embeddings=cfg["tie_word_embeddings"],
+                       rope=DefaultRotaryEmbeddingsConfig(theta=cfg["rope_theta"]), **common)
+
+
+def worker_peer(model_type, cfg, batch, seq, dtype, remat, peer_loss) -> dict:
     from importlib import metadata
 
     import equinox as eqx
@@ -140,15 +183,11 @@ def worker_peer(cfg, batch, seq, dtype, remat) -> dict:
     import numpy as np
     import optax
     from jax.sharding import AxisType
-    from levanter.layers.attention import AttentionBackend, AttentionMask
-    from levanter.models.gpt2 import Gpt2Config
-    from levanter.models.lm_model import LmExample, compute_next_token_loss
+    from levanter.layers.attention import AttentionMask
+    from levanter.models.lm_model import LmExample
+    from levanter.models.loss import next_token_loss
 
-    if cfg["n_positions"] != seq:
-        raise SystemExit("the peer ties seq_len to the position table: n_positions must equal seq")
-    config = Gpt2Config(seq_len=seq, hidden_dim=cfg["n_embd"], num_layers=cfg["n_layer"], num_heads=cfg["n_head"],
-                        gradient_checkpointing=(remat == "full"), use_flash_attention=False,
-                        attn_backend=AttentionBackend.VANILLA)
+    config = _levanter_config(model_type, cfg, seq, remat)
     Vocab = hax.Axis("vocab", cfg["vocab_size"])
     Batch = hax.Axis("batch", batch)
     mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
@@ -159,11 +198,11 @@ def worker_peer(cfg, batch, seq, dtype, remat) -> dict:
 
     def loss_fn(model, example):
         model = policy.cast_to_compute(model)
-        # Levanter's default mean passes its float loss mask to jnp.mean(where=...), which jax
-        # 0.10 refuses (it wants a boolean where); take the per-token loss (already zero where
-        # masked) and divide by the B * (T - 1) counted tokens ourselves.
-        per_token = compute_next_token_loss(model, example, reduction=None)
-        return hax.sum(per_token).scalar() / (batch * (seq - 1))
+        if peer_loss == "levanter":  # the peer's own default: fused, blockwise over the vocabulary
+            return model.compute_next_token_loss(example).scalar()
+        # the mean over the B * (T - 1) predicted tokens (loss_weight) of the full-logits loss
+        logits = model(example.tokens, example.attn_mask)
+        return next_token_loss(model.Pos, model.Vocab, logits, example.tokens, loss_weight=example.loss_weight).scalar()
 
     def step(model, opt_state, example):
         # Levanter modules hold non-array leaves (e.g. attention's `inference` flag); as its
@@ -177,10 +216,11 @@ def worker_peer(cfg, batch, seq, dtype, remat) -> dict:
         model = init(jax.random.PRNGKey(0))
         opt_state = hax.named_jit(lambda m: optimizer.init(eqx.filter(m, eqx.is_inexact_array)),
                                   axis_resources=param_map)(model)
-        Pos = config.Pos
+        Pos = config.max_Pos
         tokens = hax.shard(hax.named(jnp.asarray(ids_np), (Batch, Pos)), compute_map)
-        loss_mask = hax.shard(hax.broadcast_to(LmExample.causal_loss_mask(Pos).astype(jnp.int32), (Batch, Pos)), compute_map)
-        example = LmExample(tokens=tokens, loss_mask=loss_mask, attn_mask=AttentionMask.causal())
+        weight = hax.shard(hax.broadcast_to(LmExample.causal_loss_mask(Pos).astype(jnp.float32), (Batch, Pos)),
+                           compute_map)
+        example = LmExample(tokens=tokens, loss_weight=weight, attn_mask=AttentionMask.causal())
         jstep = hax.named_jit(step, axis_resources=compute_map, out_axis_resources=param_map,
                               donate_args=(True, True, False))
         state = {"model": model, "opt": opt_state}
@@ -195,7 +235,7 @@ def worker_peer(cfg, batch, seq, dtype, remat) -> dict:
             return jax.block_until_ready(loss)
 
         params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(eqx.filter(model, eqx.is_array)))
-        versions = {d: metadata.version(d) for d in ("levanter", "haliax", "jax", "jaxlib", "equinox", "optax")}
+        versions = {d: metadata.version(d) for d in PEER_DISTS}
         return serve(run, {"compile_s": compile_s, "params": params, "versions": versions, **program})
 
 
@@ -208,7 +248,8 @@ class Worker:
     def __init__(self, side: str, args, cfg, batch, seq, log_dir: Path):
         python = str(PEER_PY) if side == "peer" else sys.executable
         cmd = [python, str(Path(__file__).resolve()), "--worker", side, "--worker-config",
-               json.dumps({"cfg": cfg, "batch": batch, "seq": seq, "dtype": args.dtype, "remat": args.remat})]
+               json.dumps({"model_type": args.model, "cfg": cfg, "batch": batch, "seq": seq, "dtype": args.dtype,
+                           "remat": args.remat, "peer_loss": args.peer_loss})]
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
         self.side, self.log = side, log_dir / f"{side}-{time.monotonic_ns()}.log"
         self._stderr = open(self.log, "w")
@@ -241,6 +282,9 @@ class Worker:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", choices=tuple(MODELS), default="gpt2")
+    ap.add_argument("--peer-loss", choices=("full", "levanter"), default="full",
+                    help="the peer's loss: the same full-logits loss as ours, or its own default (fused, blockwise)")
     ap.add_argument("--dtype", choices=("f32", "bf16"), default="f32")
     ap.add_argument("--remat", choices=("none", "full"), default="none")
     ap.add_argument("--repeats", type=int, default=2, help="pairs of fresh worker processes (one compile each)")
@@ -257,16 +301,21 @@ def main(argv=None):
     if args.worker:
         w = json.loads(args.worker_config)
         fn = worker_named if args.worker == "named" else worker_peer
-        return fn(w["cfg"], w["batch"], w["seq"], w["dtype"], w["remat"])
+        return fn(w["model_type"], w["cfg"], w["batch"], w["seq"], w["dtype"], w["remat"], w["peer_loss"])
 
-    cfg, batch, seq = (dict(TINY), 8, 32) if args.tiny else (dict(C.SMALL_GPT2), C.BATCH, C.SEQ)
+    full, tiny = MODELS[args.model]
+    cfg, batch, seq = (dict(tiny), 8, 32) if args.tiny else (dict(full), C.BATCH, C.SEQ)
     if args.tiny:
         args.repeats, args.rounds, args.per_round, args.warmup = 1, 1, 1, 1
-    name = f"peer_{args.dtype}" + ("" if args.remat == "none" else f"_remat_{args.remat}") + ("_tiny" if args.tiny else "")
+    name = ("peer" + ("" if args.model == "gpt2" else f"_{args.model}") + f"_{args.dtype}"
+            + ("" if args.remat == "none" else f"_remat_{args.remat}")
+            + ("" if args.peer_loss == "full" else f"_peerloss_{args.peer_loss}") + ("_tiny" if args.tiny else ""))
     result = {"benchmark": "peer", "command": C.command_line(), "machine": C.machine(),
-              "config": {**cfg, "seq": seq, "batch": batch, "dtype": args.dtype, "remat": args.remat, "mesh": C.MESH,
-                         "param_mapping": C.PARAM_MAPPING, "compute_mapping": C.COMPUTE_MAPPING,
-                         "optimizer": f"optax.adamw({C.LEARNING_RATE})", "peer_attention": "vanilla"},
+              "config": {"model": args.model, **cfg, "seq": seq, "batch": batch, "dtype": args.dtype, "remat": args.remat,
+                         "mesh": C.MESH, "param_mapping": C.PARAM_MAPPING, "compute_mapping": C.COMPUTE_MAPPING,
+                         "optimizer": f"optax.adamw({C.LEARNING_RATE})", "peer_attention": "vanilla",
+                         "peer_loss": {"full": "levanter.models.loss.next_token_loss on the logits (like ours)",
+                                       "levanter": "model.compute_next_token_loss (fused, blockwise)"}[args.peer_loss]},
               "protocol": f"{args.repeats} pairs of worker processes; per pair {args.warmup} warm-up steps each, then "
                           f"{args.rounds} turns of {args.per_round} steps (named, peer, named, peer, ...)",
               "goal": "step_ratio_named_over_peer <= 0.9"}

@@ -18,8 +18,8 @@ RESULTS = ROOT / "bench" / "results"
 DOC = ROOT / "docs" / "benchmarks.md"
 
 
-def load(name: str) -> dict | None:
-    path = RESULTS / f"{name}.json"
+def load(name: str, results: Path = RESULTS) -> dict | None:
+    path = results / f"{name}.json"
     return json.loads(path.read_text()) if path.exists() else None
 
 
@@ -68,7 +68,8 @@ def machine_block() -> str:
     peer = load("peer_f32")
     if peer and peer.get("peer_versions"):
         pv = peer["peer_versions"]
-        rows.append(["peer (bench/.venv-peer)", f"levanter {pv['levanter']}, haliax {pv['haliax']}, jax {pv['jax']}"])
+        lev, hal = pv.get("marin-levanter") or pv.get("levanter"), pv.get("marin-haliax") or pv.get("haliax")
+        rows.append(["peer (bench/.venv-peer)", f"levanter {lev}, haliax {hal}, jax {pv['jax']}"])
     return table(["", ""], rows)
 
 
@@ -128,7 +129,9 @@ def peer_block(name: str) -> str:
     robust = (f"median of the per-turn ratios {r['step_ratio_median_of_rounds']:.3f}, ratio of the fastest steps "
               f"{r['step_ratio_min_named_over_peer']:.3f}")
     cfg = r["config"]
-    return (f"{cfg['dtype']}, remat `{cfg['remat']}`; {r['params']['named']:,} parameters (named), {r['params']['peer']:,} (peer).\n\n"
+    loss = f"; peer loss: {cfg['peer_loss']}" if "peer_loss" in cfg else ""
+    return (f"{cfg.get('model', 'gpt2')}, {cfg['dtype']}, remat `{cfg['remat']}`{loss}; {r['params']['named']:,} parameters "
+            f"(named), {r['params']['peer']:,} (peer).\n\n"
             + table(["side", "step wall (median)", "wall range", "steps", "step CPU time (median)", "compile (lower + compile)",
                      "loss (first → last)"], rows)
             + f"\n\nPer-turn step ratios (named / peer): {per}; {robust}. Protocol: {r['protocol']}.\n\n{provenance(r)}")
@@ -179,12 +182,18 @@ def data_block() -> str:
     return f"{t1}\n\n{t2}\n\n{provenance(r)}"
 
 
-def gpu_block() -> str:
-    rows = []
-    for model in ("gpt2", "llama"):
-        r = load(f"gpu_mfu_{model}")
+def gpu_block(results: Path = RESULTS) -> str:
+    """The GPU sweep's runs (bench/gpu_mfu.py prints this table too, from its --out folder)."""
+    rows, notes = [], []
+    found = [f.stem.removeprefix("gpu_mfu_") for f in sorted(results.glob("gpu_mfu_*.json"))]
+    for model in sorted(found, key=lambda m: (m not in ("gpt2", "llama"), m)):  # the issue's two first
+        r = load(f"gpu_mfu_{model}", results)
         if r is None or not r.get("best"):
             continue
+        b, m = r["best"], r["machine"]
+        notes.append(f"**{model}**: {m.get('gpu') or b['device_kind']} (name, driver, memory, max SM clock); "
+                     f"jax {b['jax']}, jaxlib {m.get('versions', {}).get('jaxlib')}, cuDNN {b.get('cudnn')}; "
+                     f"XLA flags of the tuned runs `{' '.join(r['tuned_xla_flags'])}`. {provenance(r)}")
         for run in r["runs"]:
             if "error" in run:
                 rows.append([model, run["batch"], run["remat"], run["layers"], run["flags"], "error", "", ""])
@@ -193,7 +202,8 @@ def gpu_block() -> str:
                              f"{run['mfu']:.1%}", "yes" if run["cudnn_attention"] else "no"])
     if not rows:
         return "_No GPU was lent to this task: no GPU numbers yet._"
-    return table(["model", "batch", "remat", "layers", "XLA flags", "tokens/s", "MFU", "cuDNN attention"], rows)
+    return "\n\n".join([table(["model", "batch", "remat", "layers", "XLA flags", "tokens/s", "MFU", "cuDNN attention"],
+                                rows), *notes])
 
 
 BLOCKS = {
@@ -202,6 +212,7 @@ BLOCKS = {
     "overhead_bf16": lambda: overhead_block("overhead_bf16"),
     "peer_f32": lambda: peer_block("peer_f32"),
     "peer_f32_remat_full": lambda: peer_block("peer_f32_remat_full"),
+    "peer_llama_f32": lambda: peer_block("peer_llama_f32"),
     "compile_depth": compile_block,
     "memory": memory_block,
     "data_ckpt": data_block,

@@ -145,6 +145,8 @@ RANGES = {
     "checkpoint.interval": (NANO, ["-1"], ["0"]),
     "checkpoint.keep_last": (NANO, ["0"], ["1"]),
     "checkpoint.keep_every": (NANO, ["0", "-3"], ["null", "1"]),
+    "checkpoint.every_minutes": (NANO, ["0", "-1", "nan"], ["null", "0.5"]),
+    "checkpoint.base": (NANO, ['""', "ftp://host/x", "s3://UPPER/x"], ["null", "s3://my-bucket/runs/a"]),
     "tracker.wandb_mode": (NANO, ["loud"], ["offline"]),
     "distributed.num_processes": (NANO, ["0", "-2"], ["null", "1"]),
     "distributed.process_id": (NANO, ["-1"], ["null", "0"]),
@@ -158,6 +160,14 @@ RANGES = {
     "model.rms_norm_eps": (LLAMA, ["0"], ["1e-6"]),
     "model.rope_theta": (LLAMA, ["0", "-1", "inf"], ["10"]),
     "model.num_key_value_heads": (LLAMA, ["0"], ["1"]),
+    "quantization.kind": (NANO, ["fp16", "int8_weight"], ["none", "fp8", "int8"]),  # int8_weight: inference only
+    "quantization.targets": (NANO, ["[]"], ["null"]),
+    "quantization.amax_history": (NANO, ["0", "-1"], ["1", "16"]),
+    "lora.rank": (NANO, ["0", "-4"], ["1", "16"]),  # at most a targeted layer's smaller side: test_lora.py
+    "lora.alpha": (NANO, ["0", "-1", "inf"], ["0.5", "32"]),
+    "lora.dropout": (NANO, ["1", "-0.1", "nan"], ["0", "0.5"]),
+    "lora.targets": (NANO, ["[]"], []),  # names the family has: test_lora.py
+    "lora.base_dtype": (NANO, ["float16", "fp8"], ["bfloat16", "float32"]),
 }
 
 
@@ -185,7 +195,8 @@ def test_every_rule_is_in_the_docs():
 
 def test_every_range_of_the_docs_is_tested():
     documented = {row.split("`")[1] for row in rules_table().splitlines()}
-    untested = documented - set(RANGES) - {"model.<every integer>", "trainer.run_dir", "data.train"}
+    untested = documented - set(RANGES) - {"model.<every integer>", "trainer.run_dir", "data.train",
+                                           "trainer.stop_signals"}  # a list: tests/test_preemption.py
     assert untested == set(), untested
 
 

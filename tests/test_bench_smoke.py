@@ -80,3 +80,24 @@ def test_gpu_mfu_unrolled_forward_matches_scan():
         want = eqx.filter_jit(lambda m, x: m(x))(model, ids)
         got = eqx.filter_jit(lambda m, x: gpu_mfu._forward_unrolled(m, x, "full"))(model, ids)
         np.testing.assert_allclose(got.rearrange(want.names).array, want.array, rtol=1e-5, atol=1e-5)
+
+
+def test_gpu_mfu_driver_runs_a_sweep_and_prints_the_table(tmp_path, capsys):
+    """The GPU sweep end to end at toy size on CPU: a worker subprocess, the JSON (with the
+    jax version, cuDNN version and XLA flags beside the numbers) and the printed table."""
+    import gpu_mfu
+
+    gpu_mfu.main(["--model", "tiny", "--budget-s", "75", "--steps", "2", "--out", str(tmp_path)])
+    r = _load(tmp_path, "gpu_mfu_tiny")
+    best = r["best"]
+    assert r["install"] == "named was importable" and best["tokens_per_s"] > 0 and 0 < best["mfu"] < 1
+    assert best["jax"] == jax.__version__ and "cudnn" in best and "xla_gpu_enable_latency_hiding_scheduler" in best["xla_flags"]
+    assert f"| tiny | {best['batch']} | none | scan | tuned |" in capsys.readouterr().out
+
+
+def test_fetch_wheels_asks_for_what_pyproject_pins():
+    import fetch_wheels
+
+    reqs = fetch_wheels.requirements(with_tests=False)
+    assert {r.split(">")[0].split("=")[0] for r in reqs} == {"jmp", "draccus", "setuptools", "wheel"}
+    assert "pytest>=8" in fetch_wheels.requirements(with_tests=True)

@@ -249,7 +249,7 @@ def test_wrong_shape(good_folder, tmp_path):
 
 
 @pytest.mark.parametrize("field, value, expect", [
-    ("model_type", "mixtral", "unsupported model_type 'mixtral'"),
+    ("model_type", "deepseek_v3", "unsupported model_type 'deepseek_v3'"),
     ("architectures", ["GPT2ForSequenceClassification"], "unsupported architectures"),
     ("scale_attn_by_inverse_layer_idx", True, "unsupported scale_attn_by_inverse_layer_idx=True"),
     ("activation_function", "swiglu_v9", "unsupported activation_function='swiglu_v9'"),

@@ -249,7 +249,7 @@ REFERENCE_ACTIVATIONS["swish"] = REFERENCE_ACTIVATIONS["silu"]
 
 
 def test_every_activation_matches_its_formula():
-    assert set(nn.ACTIVATIONS) == set(REFERENCE_ACTIVATIONS)
+    assert set(REFERENCE_ACTIVATIONS) <= set(nn.ACTIVATIONS)  # the others: tests/test_nn_layers_more.py
     x = randn((Batch, Embed)) * 3
     v = np.asarray(x.array, np.float64)
     ours = jcall(lambda a: {name: nn.activation(name)(a) for name in REFERENCE_ACTIVATIONS}, x)

@@ -1,5 +1,5 @@
-"""models: GPT-2 and the decoder family (Llama 2/3.x, Mistral, Qwen2/2.5, Qwen3, OLMo 2, Gemma 2/3)
-built from ``named.nn``, Hugging Face import/export, and generation.
+"""models: GPT-2 and the decoder family (Llama 2/3.x, Mistral, Qwen2/2.5, Qwen3, OLMo 2, Gemma 2/3, and the
+mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE) built from ``named.nn``, Hugging Face import/export, and generation.
 
     from named import models
     config, model = models.load_pretrained("path/to/hf-folder")
@@ -14,11 +14,12 @@ from . import decoder, gpt2
 from ._common import KVCache
 from ._rope import RopeScaling
 from .decoder import DecoderConfig, DecoderLMHeadModel
-from .families import (Gemma2Config, Gemma3Config, LlamaConfig, MistralConfig, Olmo2Config, Qwen2Config,
-                       Qwen3Config)
+from .families import (Gemma2Config, Gemma3Config, LlamaConfig, MistralConfig, MixtralConfig, Olmo2Config,
+                       Qwen2Config, Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig)
 from .generate import generate, sample_token
 from .gpt2 import Gpt2Config, Gpt2LMHeadModel
 from .hf import CheckpointFormatError, check_pretrained, config_from_hf, hf_state_dict, load_pretrained, save_pretrained
+from .moe import forward_with_aux
 from .registry import FAMILIES, Family, family_for
 
 LlamaLMHeadModel = DecoderLMHeadModel  # every decoder family runs on the one decoder
@@ -48,15 +49,19 @@ __all__ = [
     "LlamaConfig",
     "LlamaLMHeadModel",
     "MistralConfig",
+    "MixtralConfig",
     "Olmo2Config",
     "Qwen2Config",
+    "Qwen2MoeConfig",
     "Qwen3Config",
+    "Qwen3MoeConfig",
     "RopeScaling",
     "check_pretrained",
     "config_from_hf",
     "decoder",
     "family_for",
     "flops_per_token",
+    "forward_with_aux",
     "generate",
     "gpt2",
     "hf_state_dict",

@@ -47,6 +47,9 @@ class HfDecoder:
     nested_rope: RoPE settings per layer type (Gemma 3), with ``rope_local_base_freq``.
     only: fields we implement at these values only (``mlp_bias: (False,)``).
     no_effect: fields of this family that change nothing (legacy duplicates).
+    moe: the mixture of experts every layer has: ``none``; ``mixtral`` (``num_local_experts``,
+        weights always renormalised); ``qwen3`` (``num_experts``, ``moe_intermediate_size``,
+        ``norm_topk_prob``); ``qwen2`` (``qwen3``'s and a gated shared expert).
     """
 
     activation_field: str = "hidden_act"
@@ -58,6 +61,12 @@ class HfDecoder:
     pattern_fields: tuple[str, ...] = ()
     only: Mapping[str, tuple] = dataclasses.field(default_factory=dict)
     no_effect: frozenset = frozenset()
+    moe: str = "none"
+
+
+# What the MoE fields of a config.json say that changes nothing in the logits: whether the model
+# returns its router logits (the training loss reads router_aux_loss_coef, which we read).
+_MOE_NO_EFFECT = frozenset({"output_router_logits"})
 
 
 class _Reader:
@@ -158,8 +167,13 @@ def _windows(r: _Reader, spec: HfDecoder, n_layers: int) -> dict:
     if spec.windows == "none":
         return {}
     # Qwen's class default is a window of 4096 that use_sliding_window turns on; ours is None
-    window = r.get("sliding_window", int, 4096, null_is_none=True) if spec.windows == "qwen" else \
-        r.field("sliding_window", int, null_is_none=True)
+    if spec.windows == "qwen" and r.d.get("sliding_window") == 0 and r.d.get("use_sliding_window") is not True:
+        r.seen.add("sliding_window")  # Qwen2-MoE's way of saying no window
+        window = None
+    elif spec.windows == "qwen":
+        window = r.get("sliding_window", int, 4096, null_is_none=True)
+    else:
+        window = r.field("sliding_window", int, null_is_none=True)
     if spec.windows == "all":
         return {"sliding_window": window}
     if spec.windows == "qwen":
@@ -197,6 +211,39 @@ def _gemma(r: _Reader, spec: HfDecoder) -> dict:
     return out
 
 
+def _coefficient(r: _Reader, name: str, default: float) -> float:
+    """A float field that may also be 0 (off), which the positive-float rule of ``_checked`` refuses."""
+    value = r.d.get(name)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0:
+        r.seen.add(name)
+        return 0.0
+    return r.get(name, float, default)
+
+
+def _moe(r: _Reader, spec: HfDecoder) -> dict:
+    if spec.moe == "none":
+        return {}
+    out = {"num_experts_per_tok": r.field("num_experts_per_tok", int),
+           "router_aux_loss_coef": _coefficient(r, "router_aux_loss_coef", r.defaults["router_aux_loss_coef"])}
+    if spec.moe == "mixtral":
+        out["num_experts"] = r.get("num_local_experts", int, r.defaults["num_experts"])
+        if _coefficient(r, "router_jitter_noise", 0.0):
+            raise r.error(f"unsupported router_jitter_noise={r.d['router_jitter_noise']!r} (router jitter noise is "
+                          "not implemented)")
+        return out
+    # transformers 5 writes num_local_experts, earlier versions num_experts
+    named = [n for n in ("num_experts", "num_local_experts") if n in r.d]
+    out["num_experts"] = r.get(named[0] if named else "num_experts", int, r.defaults["num_experts"])
+    r.seen.update(named)
+    out["moe_intermediate_size"] = r.field("moe_intermediate_size", int)
+    out["norm_topk_prob"] = r.field("norm_topk_prob", bool)
+    r.only("decoder_sparse_step", int, (1,), "every layer is a mixture of experts")
+    r.only("mlp_only_layers", list, ([],), "every layer is a mixture of experts")
+    if spec.moe == "qwen2":
+        out["shared_expert_intermediate_size"] = r.field("shared_expert_intermediate_size", int)
+    return out
+
+
 def read(spec: HfDecoder, family, d: Mapping, where: Path):
     """Our config for a ``config.json`` of ``family`` (a ``registry.Family`` whose ``hf`` is ``spec``)."""
     cls = family.config_cls
@@ -220,7 +267,8 @@ def read(spec: HfDecoder, family, d: Mapping, where: Path):
     kw.update(_rope(r, spec, kw["max_position_embeddings"]))
     kw.update(_windows(r, spec, kw["num_hidden_layers"]))
     kw.update(_gemma(r, spec))
-    unknown = sorted(set(d) - r.seen - _NO_EFFECT - spec.no_effect)
+    kw.update(_moe(r, spec))
+    unknown = sorted(set(d) - r.seen - _NO_EFFECT - spec.no_effect - (_MOE_NO_EFFECT if spec.moe != "none" else set()))
     if unknown:
         more = f" (and {', '.join(map(repr, unknown[1:]))})" if len(unknown) > 1 else ""
         raise r.error(f"unsupported field {unknown[0]!r}{more}: our {family.name} does not implement it, and "
@@ -244,6 +292,32 @@ def _rope_out(theta: float, s: RopeScaling, max_positions: int) -> dict:
 
 def _number(x: float) -> int | float:
     return int(x) if float(x).is_integer() else x  # transformers declares some of these int
+
+
+# How the MoE layer runs and what it adds to the training loss beyond transformers' aux loss:
+# no field of config.json, no change to the logits.
+_MOE_OURS = {"moe_dispatch", "expert_parallel", "router_z_loss_coef"}
+
+
+def _moe_out(spec: HfDecoder, c, out: dict) -> set[str]:
+    """Writes the MoE fields of ``c`` into ``out``; returns the config fields they hold."""
+    if spec.moe == "none":
+        return set()
+    out.update(num_experts_per_tok=c.num_experts_per_tok, router_aux_loss_coef=c.router_aux_loss_coef,
+               output_router_logits=False)
+    held = {"num_experts", "num_experts_per_tok", "router_aux_loss_coef", *_MOE_OURS}
+    if c.router_softmax == "after_topk" and c.norm_topk_prob:
+        held.add("router_softmax")  # top-k then softmax is softmax then renormalised top-k
+    if spec.moe == "mixtral":
+        out.update(num_local_experts=c.num_experts, router_jitter_noise=0.0)
+        return held
+    out.update(num_experts=c.num_experts, moe_intermediate_size=c.ExpertMlp.size, norm_topk_prob=c.norm_topk_prob,
+               decoder_sparse_step=1, mlp_only_layers=[])
+    held |= {"moe_intermediate_size", "norm_topk_prob"}
+    if spec.moe == "qwen2":
+        out["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size
+        held.add("shared_expert_intermediate_size")
+    return held
 
 
 def write(spec: HfDecoder, family, c) -> dict:
@@ -281,6 +355,7 @@ def write(spec: HfDecoder, family, c) -> dict:
         if spec.attn_softcap:
             out["attn_logit_softcapping"] = c.attn_logit_softcapping
             held.add("attn_logit_softcapping")
+    held |= _moe_out(spec, c, out)
     rope = _rope_out(c.rope_theta, c.rope_scaling, c.max_position_embeddings)
     out["rope_theta"] = c.rope_theta
     if spec.nested_rope:

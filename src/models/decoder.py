@@ -15,6 +15,8 @@ What the families change, and the field of ``DecoderConfig`` that says it:
                                                 final_logit_softcapping (Gemma 2)
     sliding-window layers (Mistral: all; Qwen:  sliding_window with sliding_window_pattern or
       from max_window_layers; Gemma: 1:1, 5:1)    layer_types; rope_local_base_freq (Gemma 3)
+    a mixture of experts in place of the MLP    num_experts, num_experts_per_tok, moe_intermediate_size,
+      (Mixtral, Qwen2/3-MoE)                      norm_topk_prob, shared_expert_intermediate_size, ...
 
 Layers that differ (local and global) still share one set of stacked weights and one ``scan``:
 what differs per layer (its window, its rotary frequencies) is passed to the scan as data with
@@ -30,7 +32,8 @@ Axes (every array below is laid out by these names, never by position):
     kv_heads      key/value heads, ``num_key_value_heads``; each serves ``heads / kv_heads``
                   consecutive query heads
     head_size     ``head_dim`` (default ``hidden_size // num_attention_heads``)
-    mlp           MLP hidden units, ``intermediate_size``
+    mlp           MLP hidden units, ``intermediate_size`` (an expert's: ``moe_intermediate_size``)
+    experts       the routed experts of an MoE layer, ``num_experts``; ``topk`` the chosen ones
     vocab         the vocabulary, ``vocab_size``
     layers        the stacked decoder layers, ``num_hidden_layers``
     rotary        ``head_size / 2`` rotary frequencies (a per-layer table, not a weight)
@@ -99,6 +102,18 @@ class DecoderConfig:
     layer_types: tuple[str, ...] | None = None  # per layer, full_attention | sliding_attention; overrides the pattern
     rope_local_base_freq: float | None = None  # the local layers' default-RoPE base (Gemma 3); None: as global
     remat: str = "none"  # gradient checkpointing of each layer: an nn.Stacked policy ("full", "save_dots", ...)
+    # Mixture of experts (every layer): null num_experts is a dense MLP. See nn.MoE.
+    num_experts: int | None = None  # routed experts per layer
+    num_experts_per_tok: int = 2  # k: experts each token goes through
+    moe_intermediate_size: int | None = None  # an expert's hidden size; None: intermediate_size
+    norm_topk_prob: bool = True  # the k routing weights renormalised to sum to 1
+    router_softmax: str = "before_topk"  # before_topk: softmax over all experts; after_topk: over the k chosen
+    shared_expert_intermediate_size: int | None = None  # an always-on shared expert (Qwen2-MoE); None: none
+    shared_expert_gate: bool = False  # the shared expert scaled by sigmoid(Linear(embed -> ())) (Qwen2-MoE)
+    router_aux_loss_coef: float = 0.0  # weight of the load-balancing loss in the training loss
+    router_z_loss_coef: float = 0.0  # weight of the router z-loss in the training loss
+    moe_dispatch: str = "dropless"  # dropless (ragged_dot over sorted tokens) | dense (every expert, reference)
+    expert_parallel: str = "auto"  # with experts split by the mapping: auto (GSPMD) | explicit (shard_map)
 
     def __post_init__(self):
         if self.num_attention_heads % self.num_key_value_heads:
@@ -126,6 +141,7 @@ class DecoderConfig:
                 raise nm.ArgumentError(f"rope_scaling: {e}") from None
         if not isinstance(self.rope_scaling, RopeScaling):
             raise nm.ArgumentError(f"rope_scaling should be a RopeScaling or a mapping of its fields, got {self.rope_scaling!r}")
+        _check_moe(self)
         if self.layer_types is not None:
             object.__setattr__(self, "layer_types", tuple(self.layer_types))  # a YAML list; hashable
             if len(self.layer_types) != self.num_hidden_layers:
@@ -145,6 +161,8 @@ class DecoderConfig:
     Vocab = property(lambda self: Axis("vocab", self.vocab_size))
     Layers = property(lambda self: Axis("layers", self.num_hidden_layers))
     Rotary = property(lambda self: Axis("rotary", self.HeadSize.size // 2))
+    Experts = property(lambda self: Axis("experts", self.num_experts or 0))
+    ExpertMlp = property(lambda self: Axis("mlp", self.moe_intermediate_size or self.intermediate_size))
 
     @property
     def local_layers(self) -> tuple[bool, ...]:
@@ -159,6 +177,27 @@ class DecoderConfig:
     @property
     def layer_windows(self) -> tuple[int | None, ...]:
         return tuple(self.sliding_window if local else None for local in self.local_layers)
+
+
+MOE_CHOICES = {"router_softmax": ("before_topk", "after_topk"), "moe_dispatch": nn.MoE.DISPATCHES,
+               "expert_parallel": nn.MoE.PARALLEL}
+
+
+def _check_moe(c: DecoderConfig) -> None:
+    for name, allowed in MOE_CHOICES.items():
+        if getattr(c, name) not in allowed:
+            raise nm.ArgumentError(f"{name}={getattr(c, name)!r} is not one of {', '.join(allowed)}")
+    for name in ("router_aux_loss_coef", "router_z_loss_coef"):
+        value = getattr(c, name)
+        if not (math.isfinite(value) and value >= 0):
+            raise nm.ArgumentError(f"{name} must be a finite number >= 0, got {value!r}")
+    if c.num_experts is not None and not 1 <= c.num_experts_per_tok <= c.num_experts:
+        raise nm.ArgumentError(f"num_experts_per_tok={c.num_experts_per_tok} must be in [1, num_experts="
+                               f"{c.num_experts}]")
+    if c.num_experts is None and c.shared_expert_intermediate_size is not None:
+        raise nm.ArgumentError("shared_expert_intermediate_size needs num_experts (a shared expert sits beside routed ones)")
+    if c.shared_expert_gate and c.shared_expert_intermediate_size is None:
+        raise nm.ArgumentError("shared_expert_gate needs shared_expert_intermediate_size (the expert it gates)")
 
 
 # ---- layers ------------------------------------------------------------------------------------
@@ -239,7 +278,7 @@ class DecoderLayer(eqx.Module):
     post_attention_layernorm: RMSNorm | None
     pre_feedforward_layernorm: RMSNorm | None
     post_feedforward_layernorm: RMSNorm | None
-    mlp: nn.MLP  # down(act(gate(x)) * up(x))
+    mlp: nn.MLP | nn.MoE  # down(act(gate(x)) * up(x)), or num_experts of them behind a router
     norm_layout: str = eqx.field(static=True)
 
     @staticmethod
@@ -249,20 +288,49 @@ class DecoderLayer(eqx.Module):
         norms = {name: _norm(config, config.Embed) if name in present else None
                  for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                               "post_feedforward_layernorm")}
-        mlp = nn.MLP.init(config.Embed, config.Mlp, key=k_mlp, activation=config.hidden_act, gated=True, use_bias=False)
+        if config.num_experts is None:
+            mlp = nn.MLP.init(config.Embed, config.Mlp, key=k_mlp, activation=config.hidden_act, gated=True,
+                              use_bias=False)
+        else:
+            mlp = _moe(config, k_mlp)
         return DecoderLayer(self_attn=Attention.init(config, key=k_attn), mlp=mlp, norm_layout=config.norm_layout,
                             **norms)
 
-    def __call__(self, x: NamedArray, *, positions, inv_freq, rope_scale=1.0, window=None, scale=None, softcap=None,
-                 segment_ids=None, cache=None, pos=None):
+    def __call__(self, x: NamedArray, **kwargs):
+        x, (cache, _) = self.forward_with_aux(x, **kwargs)
+        return x, cache
+
+    def forward_with_aux(self, x: NamedArray, *, positions, inv_freq, rope_scale=1.0, window=None, scale=None,
+                         softcap=None, segment_ids=None, cache=None, pos=None):
+        """``(x, (cache, losses))``: the layer and its MoE router's losses (none for a dense MLP)."""
         before_attn, after_attn, before_mlp, after_mlp = (
             None if name is None else getattr(self, name) for name in NORM_ROLES[self.norm_layout])
         h, cache = self.self_attn(_apply(before_attn, x), positions, inv_freq=inv_freq, rope_scale=rope_scale,
                                   window=window, scale=scale, softcap=softcap, segment_ids=segment_ids, cache=cache,
                                   pos=pos)
         x = x + _apply(after_attn, h)
-        x = x + _apply(after_mlp, self.mlp(_apply(before_mlp, x)))
-        return x, cache
+        h, losses = self.mlp(_apply(before_mlp, x)), {}
+        if isinstance(self.mlp, nn.MoE):
+            h, losses = h
+        x = x + _apply(after_mlp, h)
+        return x, (cache, losses)
+
+
+def _moe(c: DecoderConfig, key) -> nn.MoE:
+    shared = None if c.shared_expert_intermediate_size is None else Axis("mlp", c.shared_expert_intermediate_size)
+    return nn.MoE.init(c.Embed, c.ExpertMlp, c.Experts, c.num_experts_per_tok, key=key, activation=c.hidden_act,
+                       routing="softmax_topk" if c.router_softmax == "before_topk" else "topk_softmax",
+                       normalize=c.norm_topk_prob, shared_mlp=shared, shared_gate=c.shared_expert_gate,
+                       dispatch=c.moe_dispatch, parallel=c.expert_parallel)
+
+
+def aux_losses(config: DecoderConfig, per_layer: dict) -> dict[str, tuple[float, jax.Array]]:
+    """The auxiliary training losses, ``{name: (weight, value)}``: each MoE router loss averaged
+    over the layers (``per_layer``: the scan's stacked losses), with its coefficient."""
+    if config.num_experts is None:
+        return {}
+    return {"moe_load_balancing": (config.router_aux_loss_coef, per_layer["load_balancing"].mean()),
+            "moe_router_z": (config.router_z_loss_coef, per_layer["router_z"].mean())}
 
 
 # ---- what the layers take from the config, at each call ------------------------------------------
@@ -330,17 +398,24 @@ class DecoderLMHeadModel(eqx.Module):
         a segment (and within the window, for local layers) and rotary positions restart at each
         one. ``key`` is accepted for a uniform signature; these models have no dropout.
         """
+        return self.forward_with_aux(input_ids, segment_ids=segment_ids, key=key)[0]
+
+    def forward_with_aux(self, input_ids: NamedArray, *, segment_ids: NamedArray | None = None, key=None
+                         ) -> tuple[NamedArray, dict[str, tuple[float, jax.Array]]]:
+        """The logits and the auxiliary training losses ``{name: (weight, value)}`` (the MoE
+        router's, see ``aux_losses``; none for a dense model): the protocol ``models.forward_with_aux``
+        reads, through which the trainer adds ``weight * value`` to the loss and reports ``value``."""
         check_sequence_length(input_ids, self.config.max_position_embeddings, "max_position_embeddings")
         positions = token_positions(input_ids, segment_ids)
-        logits, _ = self._run(input_ids, positions, segment_ids=segment_ids)
-        return logits
+        logits, _, losses = self._run(input_ids, positions, segment_ids=segment_ids)
+        return logits, aux_losses(self.config, losses)
 
     def decode(self, input_ids: NamedArray, cache: KVCache, pos) -> tuple[NamedArray, KVCache]:
         """Logits for ``input_ids`` standing at positions ``pos, pos + 1, ...`` of sequences whose
         earlier keys and values are in ``cache``; returns them and the cache with these tokens added.
         The cache keeps every position; a local layer's window masks the older ones."""
         positions = nm.arange(input_ids.resolve_axis("position")) + pos
-        return self._run(input_ids, positions, cache=cache, pos=pos)
+        return self._run(input_ids, positions, cache=cache, pos=pos)[:2]
 
     def init_cache(self, Batch: Axis, max_length: int) -> KVCache:
         c = self.config
@@ -355,23 +430,30 @@ class DecoderLMHeadModel(eqx.Module):
         x = self.embed_tokens(input_ids)
         if c.scale_embeddings:
             x = x * jnp.asarray(math.sqrt(c.hidden_size), x.dtype)  # rounded to the compute dtype, as Gemma does
-        x, cache = self.layers.scan(x, positions=positions, segment_ids=segment_ids, cache=cache, pos=pos,
-                                    **layer_data(c))
+        x, (cache, losses) = self.layers.scan_via("forward_with_aux")(
+            x, positions=positions, segment_ids=segment_ids, cache=cache, pos=pos, **layer_data(c))
         x = self.norm(x)
         head = self.embed_tokens if self.lm_head is None else self.lm_head
         logits = head.unembed(x)
         if c.final_logit_softcapping is not None:
             cap = c.final_logit_softcapping
             logits = nm.tanh(logits / cap) * cap
-        return logits, cache
+        return logits, cache, losses
 
 
 # ---- size and cost --------------------------------------------------------------------
 
 
-def _matmul_params_per_layer(c: DecoderConfig) -> int:
+def _matmul_params_per_layer(c: DecoderConfig, *, active: bool = False) -> int:
+    """The matmul weights of one layer; with ``active`` only those a token goes through (its
+    ``num_experts_per_tok`` experts of an MoE layer, not all ``num_experts``)."""
     D, H, KV, hd, M = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.HeadSize.size, c.intermediate_size
-    return D * H * hd + 2 * D * KV * hd + H * hd * D + 3 * D * M
+    attention = D * H * hd + 2 * D * KV * hd + H * hd * D
+    if c.num_experts is None:
+        return attention + 3 * D * M
+    experts = c.num_experts_per_tok if active else c.num_experts
+    shared = 3 * D * (c.shared_expert_intermediate_size or 0) + D * c.shared_expert_gate
+    return attention + D * c.num_experts + experts * 3 * D * c.ExpertMlp.size + shared
 
 
 def num_params(config: DecoderConfig) -> int:
@@ -391,13 +473,15 @@ def flops_per_token(config: DecoderConfig, seq_len: int) -> float:
 
     ``N`` counts the weights that take part in a matmul: q, k, v, o and the three MLP
     projections of every layer and the output head (``V · hidden``, tied or not); not the
-    norms, biases or the embedding gather. The attention term (``q·k`` and ``weights·v``,
+    norms, biases or the embedding gather. In an MoE layer it counts the router, the shared
+    expert and the ``num_experts_per_tok`` experts a token goes through, not the idle ones, so
+    the MFU built on it is the work done. The attention term (``q·k`` and ``weights·v``,
     ``d = heads · head_size``) counts ``T_l = seq_len`` keys per query, or the window for a
     local layer when it is shorter, with the causal mask *not* halving it (PaLM's convention).
     """
     c = config
     L, d = c.num_hidden_layers, c.num_attention_heads * c.HeadSize.size
-    n_matmul = L * _matmul_params_per_layer(c) + c.hidden_size * c.vocab_size
+    n_matmul = L * _matmul_params_per_layer(c, active=True) + c.hidden_size * c.vocab_size
     # counted without a loop over the layers: a plan may be asked for an absurd depth
     if c.sliding_window is None:
         local = 0
@@ -410,8 +494,9 @@ def flops_per_token(config: DecoderConfig, seq_len: int) -> float:
 
 
 # ---- Hugging Face layout ------------------------------------------------------------------
-# Our parameter path -> the transformers tensor name; "{i}" is the layer. The names are theirs,
-# so the map is the identity under "model."; a model has the subset its config asks for. torch's
+# Our parameter path -> the transformers tensor name; "{i}" is the layer, "{j}" an MoE layer's
+# expert. The names are theirs, so the map is the identity under "model." (but for the router,
+# which transformers calls "gate"); a model has the subset its config asks for. torch's
 # nn.Linear stores its weight [out, in]: the transpose of our Linear's (In, Out) with each side
 # flattened, e.g. q_proj [heads * head_size, embed]. OLMo 2's q/k norm weight over (heads,
 # head_size) is stored flat, [heads * head_size].
@@ -422,10 +507,26 @@ HF_IGNORED = (r"\.rotary_emb\.inv_freq$",)  # a buffer some older checkpoints sa
 _LAYER = ["input_layernorm.weight", "post_attention_layernorm.weight", "pre_feedforward_layernorm.weight",
           "post_feedforward_layernorm.weight", "self_attn.q_norm.weight", "self_attn.k_norm.weight",
           *(f"self_attn.{p}_proj.{w}" for p in "qkvo" for w in ("weight", "bias"))]
+
+
+def moe_hf_keys(block: str, experts: dict[str, str]) -> dict[str, str]:
+    """An MoE layer's tensors, in the module ``block`` of a transformers layer: its router
+    (``gate``), each expert ``{j}`` (``experts`` names our gate/up/down there) and the shared expert."""
+    return {
+        "layers.stacked.mlp.router.weight": f"model.layers.{{i}}.{block}.gate.weight",
+        **{f"layers.stacked.mlp.experts.stacked.{p}.weight": f"model.layers.{{i}}.{block}.experts.{{j}}.{name}.weight"
+           for p, name in experts.items()},
+        **{f"layers.stacked.mlp.shared_expert.{p}.weight": f"model.layers.{{i}}.{block}.shared_expert.{p}_proj.weight"
+           for p in ("gate", "up", "down")},
+        "layers.stacked.mlp.shared_expert_gate.weight": f"model.layers.{{i}}.{block}.shared_expert_gate.weight",
+    }
+
+
 HF_KEYS = {
     "embed_tokens.weight": "model.embed_tokens.weight",
     **{f"layers.stacked.{name}": f"model.layers.{{i}}.{name}" for name in _LAYER},
     **{f"layers.stacked.mlp.{p}.weight": f"model.layers.{{i}}.mlp.{p}_proj.weight" for p in ("gate", "up", "down")},
+    **moe_hf_keys("mlp", {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}),  # Qwen2/3-MoE's names
     "norm.weight": "model.norm.weight",
     "lm_head.weight": "lm_head.weight",  # untied only
 }

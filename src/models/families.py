@@ -1,4 +1,5 @@
-"""The decoder families as data: each is ``DecoderConfig`` with that architecture's defaults (the
+"""The decoder families as data (the dense ones and the mixtures of experts: Mixtral, Qwen2/3-MoE):
+each is ``DecoderConfig`` with that architecture's defaults (the
 ``transformers`` class defaults for the fields a ``config.json`` may leave out). The model code
 is ``decoder.py``, shared by all; ``registry.py`` lists the families with their Hugging Face
 names. A YAML ``model: {type: qwen3, ...}`` starts from these defaults.
@@ -85,3 +86,46 @@ class Gemma3Config(DecoderConfig):
     query_pre_attn_scalar: float | None = 256.0
     sliding_window: int | None = 4096
     sliding_window_pattern: int | None = 6
+
+
+@_family
+class MixtralConfig(DecoderConfig):
+    """Mixtral: Mistral with a mixture of experts in place of every MLP, two of eight experts per
+    token, their weights renormalised (defaults: Mixtral 8x7B)."""
+
+    intermediate_size: int = 14336
+    num_key_value_heads: int = 8
+    rope_theta: float = 1_000_000.0
+    rms_norm_eps: float = 1e-5
+    max_position_embeddings: int = 4096 * 32
+    sliding_window: int | None = None
+    num_experts: int | None = 8
+    num_experts_per_tok: int = 2
+    router_aux_loss_coef: float = 0.001
+
+
+@_family
+class Qwen3MoeConfig(Qwen3Config):
+    """Qwen3-MoE: Qwen3 with a mixture of experts in every layer, eight of 128 experts per token
+    (defaults: transformers' ``Qwen3MoeConfig``)."""
+
+    head_dim: int | None = None
+    num_experts: int | None = 128
+    num_experts_per_tok: int = 8
+    moe_intermediate_size: int | None = 768
+    norm_topk_prob: bool = False
+    router_aux_loss_coef: float = 0.001
+
+
+@_family
+class Qwen2MoeConfig(Qwen2Config):
+    """Qwen2-MoE: Qwen2 with a mixture of experts in every layer and a shared expert beside them,
+    scaled by a sigmoid gate (defaults: transformers' ``Qwen2MoeConfig``)."""
+
+    num_experts: int | None = 60
+    num_experts_per_tok: int = 4
+    moe_intermediate_size: int | None = 1408
+    norm_topk_prob: bool = False
+    shared_expert_intermediate_size: int | None = 5632
+    shared_expert_gate: bool = True
+    router_aux_loss_coef: float = 0.001

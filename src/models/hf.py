@@ -50,15 +50,24 @@ __all__ = ["CheckpointFormatError", "check_pretrained", "config_from_hf", "hf_st
 
 @dataclasses.dataclass(frozen=True)
 class _Param:
-    """One of our parameters and the Hugging Face tensors (one per layer if stacked) it is made of."""
+    """One of our parameters and the Hugging Face tensors (one per layer, and per expert of an
+    MoE layer, if stacked) it is made of."""
 
     path: str
-    axes: tuple  # per tensor: without the layers axis
+    axes: tuple  # per tensor: without the stacked axes
     hf_names: tuple[str, ...]
-    stacked: bool
+    stacks: tuple[int, ...]  # the sizes of the stacked axes (layers, experts) the tensors are cut along
     linear: tuple[int, int] | None  # (in, out) flat sizes of a Linear weight
     flat: bool
     transposed: bool
+
+    @property
+    def stacked(self) -> bool:
+        return bool(self.stacks)
+
+    def index(self, k: int) -> tuple[int, ...]:
+        """Where the ``k``-th of ``hf_names`` lies along the stacked axes."""
+        return tuple(int(i) for i in np.unravel_index(k, self.stacks))
 
     @property
     def hf_shape(self) -> tuple[int, ...]:
@@ -79,28 +88,27 @@ class _Param:
 
 
 def _params(model, arch: Family) -> tuple[list[_Param], list[NamedArray], Any]:
-    flat, treedef = jax.tree_util.tree_flatten_with_path(model, is_leaf=nm.is_named_array)
     params, leaves = [], []
-    for keypath, leaf in flat:
-        path = jax.tree_util.keystr(keypath, simple=True, separator=".")
+    for entry in nm.state_dict_entries(model):  # nm.state_dict's flattening: paths and Stacked layers
+        path, leaf = entry.path, entry.leaf
         if not isinstance(leaf, NamedArray) or path not in arch.module.HF_KEYS:
             raise CheckpointFormatError(f"{arch.model_type}: parameter {path!r} has no Hugging Face name (HF_KEYS)")
         template = arch.module.HF_KEYS[path]
-        stacked = "{i}" in template
-        axes = leaf.axes[1:] if stacked else leaf.axes
-        if stacked and leaf.axes[0].name != "layers":
+        n = len(entry.stacks) if "{i}" in template else 0  # "{i}" the layer, "{j}" an MoE layer's expert
+        axes = leaf.axes[n:]
+        if n and entry.stacks != leaf.axes[:n]:
             raise CheckpointFormatError(f"{path}: a per-layer parameter without a leading layers axis")
-        names = tuple(template.format(i=i) for i in range(leaf.axes[0].size)) if stacked else (template,)
+        names = tuple(template.format(**dict(zip("ij", idx))) for idx in entry.layer_indices()) if n else (template,)
         owner = functools.reduce(getattr, path.split(".")[:-1], model)
         attr = path.rsplit(".", 1)[-1]
         linear = None
         if isinstance(owner, nn.Linear) and attr == "weight":
             linear = (math.prod(a.size for a in owner.In), math.prod(a.size for a in owner.Out))
         flat = linear is None and not isinstance(owner, nn.Embedding)
-        params.append(_Param(path, axes, names, stacked, linear, flat,
+        params.append(_Param(path, axes, names, tuple(a.size for a in leaf.axes[:n]), linear, flat,
                              linear is not None and arch.module.HF_LINEAR_LAYOUT == "out_in"))
         leaves.append(leaf)
-    return params, leaves, treedef
+    return params, leaves, jax.tree.structure(model, is_leaf=nm.is_named_array)
 
 
 def hf_state_dict(model) -> dict[str, np.ndarray]:
@@ -112,7 +120,7 @@ def hf_state_dict(model) -> dict[str, np.ndarray]:
     out = {}
     for p, leaf in zip(params, leaves):
         for i, name in enumerate(p.hf_names):
-            out[name] = p.to_hf(np.asarray(leaf.array[i] if p.stacked else leaf.array))
+            out[name] = p.to_hf(np.asarray(leaf.array[p.index(i)]))
     return out
 
 
@@ -266,8 +274,11 @@ def _zeros(shape, dtype, sharding):
 @functools.lru_cache(maxsize=None)
 def _write_layer(sharding):
     # donating the stacked buffer: a stacked parameter is only ever held once (plus one layer)
-    return jax.jit(lambda buf, x, i: jax.lax.dynamic_update_index_in_dim(buf, x, i, 0),
-                   out_shardings=sharding, donate_argnums=0)
+    def write(buf, x, index):  # index: the tensor's place along the stacked axes (layer, expert)
+        n = index.shape[0]
+        return jax.lax.dynamic_update_slice(buf, x.reshape((1,) * n + x.shape), (*index, *(jnp.int32(0),) * x.ndim))
+
+    return jax.jit(write, out_shardings=sharding, donate_argnums=0)
 
 
 class _Placer:
@@ -283,14 +294,15 @@ class _Placer:
             return jax.sharding.SingleDeviceSharding(jax.devices()[0])
         return nm.sharding_for(tuple(axes), self.mapping, self.mesh)
 
-    def put(self, buffer, p: _Param, layer: int, layers, value: np.ndarray):
+    def put(self, buffer, p: _Param, k: int, stacks, value: np.ndarray):
+        """``value``, the ``k``-th tensor of ``p``, placed (into ``buffer`` along ``stacks``, if stacked)."""
         if not p.stacked:
             return jax.device_put(value, self.sharding(p.axes))
         if buffer is None:
-            full = (layers,) + p.axes
+            full = tuple(stacks) + p.axes
             buffer = _zeros(tuple(a.size for a in full), value.dtype, self.sharding(full))()
         x = jax.device_put(value, self.sharding(p.axes))
-        return _write_layer(buffer.sharding)(buffer, x, jnp.int32(layer))
+        return _write_layer(buffer.sharding)(buffer, x, jnp.asarray(p.index(k), jnp.int32))
 
 
 # ---- config.json -------------------------------------------------------------------------------------
@@ -362,7 +374,7 @@ def load_pretrained(folder: str | Path, *, mapping: Mapping | None = None, mesh=
                     value = p.to_ours(_read_tensor(handle, path, data_start, name, t))
                     if dtype is not None:
                         value = value.astype(dtype)
-                    layers = leaves[k].axes[0] if p.stacked else None
+                    layers = leaves[k].axes[:len(p.stacks)]
                     arrays[k] = placer.put(arrays[k], p, layer, layers, value)
         except SafetensorError as e:
             raise CheckpointFormatError(f"{path}: safetensors cannot read it ({e})") from None
@@ -521,7 +533,7 @@ def save_pretrained(model, config, folder: str | Path, *, max_shard_size: int | 
         tensors = {}
         for name, k, i in shard:
             leaf = leaves[k].array
-            tensors[name] = params[k].to_hf(np.asarray(leaf[i] if params[k].stacked else leaf))
+            tensors[name] = params[k].to_hf(np.asarray(leaf[params[k].index(i)]))
             weight_map[name] = filename
         save_file(tensors, str(folder / filename), metadata={"format": "pt"})
     if n > 1:

@@ -13,7 +13,7 @@ from typing import Any
 
 import named as nm
 
-from . import decoder, families, gpt2
+from . import decoder, families, gpt2, moe
 from ._hf_config import CheckpointFormatError, _checked, _gpt2_from_hf, _gpt2_to_hf
 from ._hf_decoder import HfDecoder, read, write
 
@@ -55,8 +55,8 @@ class Family:
         return self.module.flops_per_token(config, seq_len)
 
 
-def _decoder(name, config_cls, model_type, architecture, **hf) -> Family:
-    return Family(name, config_cls, decoder.DecoderLMHeadModel, decoder, model_type, architecture,
+def _decoder(name, config_cls, model_type, architecture, module=decoder, **hf) -> Family:
+    return Family(name, config_cls, decoder.DecoderLMHeadModel, module, model_type, architecture,
                   "max_position_embeddings", HfDecoder(**hf))
 
 
@@ -75,6 +75,13 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     _decoder("gemma2", families.Gemma2Config, "gemma2", "Gemma2ForCausalLM", attn_softcap=True, **_GEMMA),
     _decoder("gemma3", families.Gemma3Config, "gemma3_text", "Gemma3ForCausalLM", nested_rope=True,
              pattern_fields=("sliding_window_pattern", "_sliding_window_pattern"), **_GEMMA),
+    # mixtures of experts: the decoder with nn.MoE in place of the MLP
+    _decoder("mixtral", families.MixtralConfig, "mixtral", "MixtralForCausalLM", module=moe.MIXTRAL, bias="fixed",
+             windows="all", moe="mixtral"),
+    _decoder("qwen3_moe", families.Qwen3MoeConfig, "qwen3_moe", "Qwen3MoeForCausalLM", moe="qwen3",
+             only={"use_sliding_window": (False,)}, no_effect=frozenset({"sliding_window", "max_window_layers"})),
+    _decoder("qwen2_moe", families.Qwen2MoeConfig, "qwen2_moe", "Qwen2MoeForCausalLM", bias="fixed", windows="qwen",
+             moe="qwen2", only={"qkv_bias": (True,)}),
 )}
 _BY_MODEL_TYPE = {f.model_type: f for f in FAMILIES.values()}
 SUPPORTED = ", ".join(f"{f.model_type} ({f.architecture})" for f in FAMILIES.values())

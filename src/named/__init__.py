@@ -36,6 +36,17 @@ from ._shape import (
     zeros_like,
 )
 from ._transforms import fold, nmap, scan, vmap
+from ._state_dict import (
+    StateDictEntry,
+    StateDictError,
+    load_state_dict,
+    load_state_dict_file,
+    save_state_dict,
+    state_dict,
+    state_dict_entries,
+)
+from ._tree import resize_axis, tree_map_layers
+from ._typing import Bool, Float, Int, Named, bf16, f16, f32, f64, i8, i16, i32, i64, typecheck, u8, u16, u32, u64
 from .explicit import (
     ShardedAxis,
     Unreduced,

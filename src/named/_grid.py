@@ -22,6 +22,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from ._axis import ArgumentError, Axis
+from ._compat import is_tracer
 from ._core import NamedArray, is_named_array
 from ._layout import _format_layout, _spec_entries
 from .partitioning import ResourceMapping, current_mapping, sharding_for
@@ -226,7 +227,7 @@ def _placement(x: NamedArray, mapping, mesh) -> tuple[Any, list[tuple[str, ...]]
     of another kind to read through ``devices_indices_map``."""
     arr = x.array
     sharding = None
-    if mapping is None and not isinstance(arr, jax.core.Tracer):
+    if mapping is None and not is_tracer(arr):
         sharding = getattr(arr, "sharding", None)
     if sharding is None:
         mapping = mapping if mapping is not None else (current_mapping() or {})

@@ -27,6 +27,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec
 
+from . import _compat
 from ._axis import ArgumentTypeError, Axis, AxisSelection, NamedError, as_selectors, name_of
 from ._context import FrozenMapping, body_context, current_body
 from ._core import NamedArray
@@ -202,13 +203,13 @@ class _ShardMapped:
         # (its blocks' layouts, or the out mapping applied to its names): read them off a first,
         # abstract trace.
         probe: list = []
-        jax.eval_shape(jax.shard_map(functools.partial(run, probe), mesh=mesh, in_specs=tuple(specs),
-                                     out_specs=PartitionSpec(), check_vma=False), *dyn)
+        jax.eval_shape(_compat.shard_map(functools.partial(run, probe), mesh=mesh, in_specs=tuple(specs),
+                                         out_specs=PartitionSpec(), check_vma=False), *dyn)
         record: list = []
         final = functools.partial(run, record)
         functools.update_wrapper(final, self.fn)
-        outs = jax.shard_map(final, mesh=mesh, in_specs=tuple(specs), out_specs=tuple(probe[0]["specs"]),
-                             check_vma=self.check_vma)(*dyn)
+        outs = _compat.shard_map(final, mesh=mesh, in_specs=tuple(specs), out_specs=tuple(probe[0]["specs"]),
+                                 check_vma=self.check_vma)(*dyn)
         meta = record[-1]
         it = iter(outs)
         result = []
@@ -256,7 +257,7 @@ class _ShardMapped:
                 arrays.append(leaf.array)
                 specs.append(spec)
                 kinds.append(leaf.axes)
-            elif _is_dynamic_leaf(leaf) or isinstance(leaf, jax.core.Tracer):
+            elif _is_dynamic_leaf(leaf) or _compat.is_tracer(leaf):
                 arrays.append(leaf)
                 specs.append(PartitionSpec())
                 kinds.append("array")

@@ -31,6 +31,7 @@ import jax
 import numpy as np
 
 from . import _hlo
+from ._compat import is_tracer
 from ._axis import ArgumentTypeError, Axis, AxisError, as_selectors
 from ._core import NamedArray, is_named_array
 from ._grid import DeviceGrid, DeviceGrids, device_grid
@@ -57,7 +58,7 @@ def layout(x: NamedArray | Any, mapping: ResourceMapping | None = None) -> str:
         return block_layout(x)
     axes = x.axes if isinstance(x, NamedArray) else as_selectors(x)
     mapping = mapping if mapping is not None else current_mapping()
-    if mapping is None and isinstance(x, NamedArray) and hasattr(x.array, "sharding") and not isinstance(x.array, jax.core.Tracer):
+    if mapping is None and isinstance(x, NamedArray) and hasattr(x.array, "sharding") and not is_tracer(x.array):
         spec = getattr(x.array.sharding, "spec", None)
         entries = _spec_entries(spec) + [()] * (len(axes) - len(spec)) if spec is not None else [()] * len(axes)
     else:
@@ -254,7 +255,7 @@ NamedArray._repr_html_ = named_array_html
 
 
 def _grid_html(x: NamedArray, mapping) -> str:
-    if isinstance(x.array, jax.core.Tracer):
+    if is_tracer(x.array):
         return ""
     if mapping is None and not isinstance(getattr(x.array, "sharding", None), jax.sharding.NamedSharding):
         return ""  # not laid out on a mesh (one device, or a tracer): nothing to draw

@@ -21,6 +21,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from ._axis import ArgumentTypeError, Axis, AxisSelection, NamedError, as_selectors, format_axes
+from ._compat import is_tracer
 from ._context import (  # noqa: F401  (re-exported: this module is where users find them)
     FrozenMapping,
     MeshAxes,
@@ -175,7 +176,7 @@ def shard(tree: Any, mapping: ResourceMapping | None = None, mesh: Mesh | None =
         if not isinstance(x, NamedArray) or not hasattr(x.array, "shape"):
             return x
         sharding = NamedSharding(mesh, pspec_for(x, mapping, mesh))
-        if isinstance(x.array, jax.core.Tracer) or not isinstance(mesh, Mesh):  # in a trace: abstract mesh
+        if is_tracer(x.array) or not isinstance(mesh, Mesh):  # in a trace: abstract mesh
             arr = jax.lax.with_sharding_constraint(x.array, sharding)
         else:
             arr = jax.device_put(x.array, sharding)

@@ -25,10 +25,11 @@ from ._axis import (
     index_of,
     union,
 )
+from ._compat import threefry_partitionable
 from ._core import NamedArray, axes_of, raw
 from ._shape import _axes_for_creation
 
-if not jax.config.jax_threefry_partitionable:  # pragma: no cover - guards a jax default
+if not threefry_partitionable():  # pragma: no cover - guards a jax default
     raise NamedError("named needs jax_threefry_partitionable=True for mesh-independent random init")
 
 

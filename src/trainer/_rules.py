@@ -27,8 +27,8 @@ class Rule:
     nonempty: bool = False
 
     def allows(self, value) -> bool:
-        if self.names:
-            return value in self.names
+        if self.names:  # a list (trainer.stop_signals): each of its items
+            return all(v in self.names for v in value) if isinstance(value, list) else value in self.names
         if self.nonempty:
             return len(value) > 0
         if isinstance(value, float) and not math.isfinite(value):
@@ -93,6 +93,7 @@ RULES: dict[str, Rule] = {
     "trainer.run_dir": NONEMPTY,
     "trainer.nan_policy": one_of("stop", "skip"),
     "trainer.peak_flops_per_device": above(0),
+    "trainer.stop_signals": one_of("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP"),
     MODEL_INTEGERS: at_least(1),
     "model.dropout": between(0, 1, high_open=True),
     "model.layer_norm_epsilon": above(0),
@@ -112,11 +113,21 @@ RULES: dict[str, Rule] = {
     "checkpoint.interval": at_least(0),
     "checkpoint.keep_last": at_least(1),
     "checkpoint.keep_every": at_least(1),
+    "checkpoint.every_minutes": above(0),
+    "checkpoint.base": NONEMPTY,
     "tracker.wandb_mode": one_of("disabled", "offline", "online"),
     "distributed.num_processes": at_least(1),
     "distributed.process_id": at_least(0),
     "distributed.initialization_timeout_s": at_least(1),
     "distributed.heartbeat_timeout_s": at_least(1),
+    "quantization.kind": one_of("none", "fp8", "int8"),
+    "quantization.targets": NONEMPTY,  # null: every Linear
+    "quantization.amax_history": at_least(1),
+    "lora.rank": at_least(1),  # and at most every targeted layer's smaller side (model_init)
+    "lora.alpha": above(0),
+    "lora.dropout": between(0, 1, high_open=True),
+    "lora.targets": NONEMPTY,
+    "lora.base_dtype": one_of("float32", "bfloat16"),
 }
 
 

@@ -1,4 +1,4 @@
-"""Console scripts: ``named-train``, ``named-sample``, ``named-plan``.
+"""Console scripts: ``named-train``, ``named-sample``, ``named-plan``, ``named-export``.
 
 The boundary: bad input (one of our exception types: ConfigError, DataError, CheckpointError,
 TrainingError, a NamedError) prints ``error: ...`` and exits 2; an OSError the input did not
@@ -127,6 +127,10 @@ def main_train(argv: list[str] | None = None) -> int:
             _fail(RuntimeError(describe_failure(e)))
             exit_now(130 if isinstance(e, KeyboardInterrupt) else 1)
         raise
+    if result.stopped_by:  # a stop signal: checkpoint committed, resumable (trainer.stop_signals)
+        from .stop import exit_code
+
+        return exit_code(result.stopped_by)
     if result.losses and jax.process_index() == 0:
         print(f"done: {len(result.losses)} steps, loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f}; run dir {result.run_dir}")
     elif result.message and jax.process_index() == 0:
@@ -156,6 +160,41 @@ def main_sample(argv: list[str] | None = None) -> int:
     except OSError as e:  # the machine, not the input: no traceback, exit 1
         return _fail(e, 1)
     print(text)
+    return 0
+
+
+def main_export(argv: list[str] | None = None) -> int:
+    """``named-export --checkpoint RUN_DIR [--step N] --out FOLDER [--merge | --adapters-only]
+    [--max-shard-size 2GB] [--overwrite]``: a checkpoint as a Hugging Face folder (see ``export``)."""
+    if (code := _missing_extras("named-export")) is not None:
+        return code
+    p = _ArgumentParser(prog="named-export", allow_abbrev=False,
+                        description="Write a checkpoint of a named-train run as a Hugging Face folder that "
+                                    "transformers (or, with --adapters-only, peft) loads.")
+    p.add_argument("--checkpoint", required=True, metavar="RUN_DIR",
+                   help="a run directory (its newest checkpoint, or --step) or a checkpoint folder <run_dir>/checkpoints/step_N")
+    p.add_argument("--step", type=int, metavar="N", help="the step of the checkpoint to export (default: the newest)")
+    p.add_argument("--out", required=True, metavar="FOLDER", help="the folder to write (written whole, then renamed into place)")
+    lora = p.add_mutually_exclusive_group()
+    lora.add_argument("--merge", action="store_true", help="a LoRA run: fold the adapters into the weights")
+    lora.add_argument("--adapters-only", action="store_true", help="a LoRA run: write a PEFT adapter folder")
+    p.add_argument("--max-shard-size", metavar="SIZE", help="split the safetensors into files of at most SIZE (e.g. 2GB)")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    from named import NamedError
+
+    from .export import export
+
+    try:
+        a = p.parse_args(sys.argv[1:] if argv is None else argv)
+        result = export(Path(a.checkpoint), Path(a.out), step=a.step, merge=a.merge, adapters_only=a.adapters_only,
+                        max_shard_size=a.max_shard_size, overwrite=a.overwrite)
+    except SystemExit as e:  # --help
+        return int(e.code or 0)
+    except NamedError as e:
+        return _fail(e)
+    except OSError as e:  # the machine, not the input: no traceback, exit 1
+        return _fail(e, 1)
+    print(result)
     return 0
 
 
@@ -213,9 +252,9 @@ def _stand_in_devices(n: int) -> bool:
     """Make JAX see ``n`` CPU devices, unless this process already started its backends (then
     False: the caller plans in a fresh process). The planned-for kind comes from --device-kind."""
     import jax
-    from jax._src import xla_bridge  # no public way to ask whether the backends exist yet
+    from named._compat import backends_initialized
 
-    if xla_bridge.backends_are_initialized():
+    if backends_initialized():
         return len(jax.devices()) == n
     os.environ["XLA_FLAGS"] = _with_device_count(os.environ.get("XLA_FLAGS", ""), n)
     jax.config.update("jax_platforms", "cpu")
@@ -233,7 +272,7 @@ def _plan_in_child(argv: list[str], n: int) -> int:
 
 
 if __name__ == "__main__":  # `python -m named.trainer.cli plan|train|sample ...`
-    _MAINS = {"plan": main_plan, "train": main_train, "sample": main_sample}
+    _MAINS = {"plan": main_plan, "train": main_train, "sample": main_sample, "export": main_export}
     if len(sys.argv) < 2 or sys.argv[1] not in _MAINS:
         sys.exit(f"usage: python -m named.trainer.cli {{{'|'.join(_MAINS)}}} ...")
     sys.exit(_MAINS[sys.argv[1]](sys.argv[2:]))

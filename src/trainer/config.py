@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import draccus
+import draccus.cfgparsing
 import draccus.parsers.decoding
 import yaml
 
@@ -83,6 +84,7 @@ class TrainerConfig:
     nan_policy: str = "stop"
     peak_flops_per_device: float | None = None
     progress_bar: bool = True
+    stop_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGINT", "SIGUSR1"])  # save, exit 128+signal
 
 
 @dataclass
@@ -122,6 +124,8 @@ class CheckpointConfig:
     keep_last: int = 2
     keep_every: int | None = None
     save_at_end: bool = True
+    every_minutes: float | None = None  # also a temporary checkpoint this often (deleted by the next one)
+    base: str | None = None  # checkpoints in <base>/checkpoints (a path, s3:// or gs://); null: in trainer.run_dir
 
 
 @dataclass
@@ -182,6 +186,49 @@ Gpt2Section, LlamaSection = SECTIONS["gpt2"], SECTIONS["llama"]
 
 
 @dataclass
+class LoraConfig:
+    """LoRA adapters on the model's linear layers, the base weights frozen (``lora:`` absent or
+    null: every weight trains). See ``model_init`` and ``named.nn.lora``.
+
+    Args:
+        rank: the adapters' rank r (at most the smaller side of every targeted layer).
+        alpha: the update is scaled by alpha / r (PEFT's lora_alpha).
+        dropout: dropout on the adapters' input during training (PEFT's lora_dropout).
+        targets: the linear modules to adapt, by the family's Hugging Face module names
+            (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; GPT-2: c_attn,
+            c_proj, c_fc), as PEFT's target_modules.
+        base_dtype: the frozen weights' dtype (bfloat16 halves their memory; norms stay float32).
+    """
+
+    rank: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    targets: list[str] = field(default_factory=lambda: ["q_proj", "v_proj"])
+    base_dtype: str = "float32"
+
+
+@dataclass
+class QuantizationConfig:
+    """Low-precision Linears (docs/nn.md, "Low precision"): after init (and after LoRA, whose
+    adapted layers keep their own), every ``nn.Linear`` that ``targets`` names is swapped by
+    ``nn.quantize``; the model's code is unchanged.
+
+    Args:
+        kind: ``none``; ``fp8`` (e4m3 forward, e5m2 gradients, delayed scaling: the scales are
+            learned from an amax history the optimizer overwrites, never decays); or ``int8``
+            (dynamic: input per token, weight per channel, float gradients). Int8 weight-only
+            storage is for inference (``nn.quantize(model, "int8_weight")``): it cannot be trained.
+        targets: regular expressions searched in each Linear's dotted path (``blocks.stacked.mlp.up``,
+            ``layers.stacked.self_attn.q_proj``); null: every Linear.
+        amax_history: fp8: the steps of amax the delayed scaling remembers.
+    """
+
+    kind: str = "none"
+    targets: list[str] | None = None
+    amax_history: int = 16
+
+
+@dataclass
 class TrainConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     model: ModelChoice = field(default_factory=Gpt2Section)
@@ -191,6 +238,8 @@ class TrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     tracker: TrackerConfig = field(default_factory=TrackerConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    lora: LoraConfig | None = None
+    quantization: QuantizationConfig = field(default_factory=QuantizationConfig)
 
 
 def rules_table() -> str:
@@ -202,7 +251,7 @@ def _nullable(key: str) -> bool:
     *sections, name = key.split(".")
     cls: Any = TrainConfig
     for section in sections:
-        cls = typing.get_type_hints(cls).get(section)
+        cls = _without_none(typing.get_type_hints(cls).get(section))[0]
     tp = typing.get_type_hints(cls).get(name) if _is_section(cls) else None
     return tp is not None and _without_none(tp)[1]
 
@@ -357,8 +406,9 @@ def _check_section(cls, value, key: str) -> None:
         raise ConfigError(f"{key} must be a mapping of keys, got {_show(value)}")
     hints = typing.get_type_hints(cls)
     for name, item in items:
-        if _is_section(hints[name]):
-            _check_section(hints[name], item, _join(key, name))
+        section = _without_none(hints[name])[0]  # an optional section (lora) is checked when given
+        if _is_section(section) and item is not None:
+            _check_section(section, item, _join(key, name))
         else:
             _check_value(hints[name], item, _join(key, name))
 
@@ -570,12 +620,15 @@ def validate_static(cfg: TrainConfig) -> None:
                     raise ConfigError(
                         f"{name}.{k} names mesh axis {m!r}, which mesh.shape {dict(cfg.mesh.shape)} does not have"
                     )
-    run_dir = Path(t.run_dir)
-    if t.load_checkpoint not in (None, "auto"):
-        target = Path(t.load_checkpoint)
-        resolved = (run_dir / target).resolve() if not target.is_absolute() else target.resolve()
-        if not resolved.is_relative_to(run_dir.resolve()):
-            raise ConfigError(f"trainer.load_checkpoint {t.load_checkpoint!r} is outside trainer.run_dir {t.run_dir!r}")
+    from .checkpoint_store import CheckpointError, inside, location
+
+    try:  # checkpoints live under checkpoint.base when it is set, else under trainer.run_dir
+        root = location(cfg.checkpoint.base) if cfg.checkpoint.base else Path(t.run_dir)
+    except CheckpointError as e:
+        raise ConfigError(f"checkpoint.base {e}") from None
+    where = f"checkpoint.base {cfg.checkpoint.base!r}" if cfg.checkpoint.base else f"trainer.run_dir {t.run_dir!r}"
+    if t.load_checkpoint not in (None, "auto") and inside(root, t.load_checkpoint) is None:
+        raise ConfigError(f"trainer.load_checkpoint {t.load_checkpoint!r} is outside {where}")
 
 
 def data_parallel_size(cfg: TrainConfig, mesh_shape: dict[str, int]) -> int:
@@ -593,4 +646,7 @@ def to_mapping(m: dict[str, Any]) -> dict[str, Any]:
 
 
 def dump_config(cfg: TrainConfig) -> str:
-    return draccus.dump(cfg)
+    # An optional section that is off (lora: null) is left out: load_config reads every section as
+    # a mapping, and a run directory written before the section existed still compares equal.
+    encoded = {k: v for k, v in draccus.encode(cfg).items() if v is not None}
+    return draccus.cfgparsing.save_config(encoded)

@@ -104,13 +104,9 @@ def _check_address(address: str, where: str) -> None:
 
 def _cluster_detected() -> bool:
     """Whether jax.distributed.initialize would find the coordinator itself (JAX's own test)."""
-    try:
-        from jax._src.clusters import ClusterEnv
+    from named._compat import cluster_detected
 
-        envs = list(ClusterEnv._cluster_types)
-    except (ImportError, AttributeError):
-        return True  # cannot tell here: maybe_initialize reports jax's own refusal
-    return any(not env.opt_in_only_method and env.is_env_present() for env in envs)
+    return cluster_detected()
 
 
 def maybe_initialize(cfg: DistributedConfig) -> bool:

@@ -6,7 +6,9 @@ coordinator port on 127.0.0.1, NAMED_COORDINATOR / NAMED_NUM_PROCESSES / NAMED_P
 devices each; with ``--gpu``, D GPUs each (JAX_LOCAL_DEVICE_IDS). Everything after the first
 ``--`` is the command, untouched.
 
-- SIGINT and SIGTERM are forwarded to every process; a second one kills them (SIGKILL).
+- SIGINT, SIGTERM, SIGUSR1, SIGUSR2 and SIGHUP are forwarded to every process; a second one kills
+  them (SIGKILL). named-train saves a checkpoint on such a signal (``trainer.stop_signals``) and
+  exits with 128 + the signal; the launcher waits up to ``--grace`` seconds (120) for that.
 - When one process fails (non-zero exit, or killed by a signal), the launcher says which one
   and how, stops the others (SIGTERM, then SIGKILL after ``--grace`` seconds) and exits with
   that process's code (128 + signal number for a signal).
@@ -26,6 +28,9 @@ import sys
 import time
 
 PREFIX = "named-launch:"
+# Forwarded to every process: the stop signals named-train may be told to save on.
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
+GRACE_S = 120.0  # long enough for a stop checkpoint of a small run; --grace for larger ones
 
 
 def _port_free(port: int) -> bool:
@@ -109,7 +114,7 @@ def _signal_group(p: subprocess.Popen, sig: int) -> None:
 
 
 def launch(cmd: list[str], nproc: int, *, devices_per_process: int | None = None, cpu: bool = True,
-           grace_s: float = 10.0, env: dict | None = None, port: int | None = None) -> int:
+           grace_s: float = GRACE_S, env: dict | None = None, port: int | None = None) -> int:
     """Run ``cmd`` as ``nproc`` processes; return 0, or the first failure's exit code."""
     if nproc < 1:
         raise SystemExit(f"{PREFIX} --nproc must be >= 1, got {nproc}")  # protocol: a CLI exits with its message, as argparse does
@@ -126,7 +131,7 @@ def launch(cmd: list[str], nproc: int, *, devices_per_process: int | None = None
         for p in procs:
             _signal_group(p, sig)
 
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    old = {s: signal.signal(s, on_signal) for s in FORWARDED}
     preexec = _die_with(os.getpid())
     try:
         for i in range(nproc):
@@ -188,7 +193,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--devices-per-process", type=int, default=None,
                    help="CPU: fake devices per process; with --gpu: GPUs per process (process i gets i*D .. i*D+D-1)")
     p.add_argument("--gpu", action="store_true", help="the machine's accelerators: no CPU platform, no gloo")
-    p.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL")
+    p.add_argument("--grace", type=float, default=GRACE_S,
+                   help="seconds between a forwarded signal (or SIGTERM) and SIGKILL: time for a stop checkpoint")
     p.add_argument("--port", type=int, default=None, help="coordinator port (default: a free one)")
     a, extra = p.parse_known_args(own)
     if extra:

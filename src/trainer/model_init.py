@@ -14,6 +14,8 @@ transform freezes the base weights).
 
 from __future__ import annotations
 
+import functools
+import math
 from pathlib import Path
 
 import equinox as eqx
@@ -21,22 +23,115 @@ import jax
 import jax.numpy as jnp
 
 import named as nm
+from named import nn
 from named.models.hf import load_pretrained
+from named.models.registry import family_for
+from named.nn.precision import get_policy, keeps_full_precision
 
 from .config import ConfigError, TrainConfig
 
 
 def adapt(cfg: TrainConfig, model, key):
-    """The config's transforms applied to a base model (an identity when none is configured).
-    Runs under ``jax.eval_shape`` as well as for real: it may only build arrays from ``key``."""
-    del cfg, key
+    """The config's transforms applied to a base model, in order (an identity when none is
+    configured). Runs under ``jax.eval_shape`` as well as for real: it may only build arrays
+    from ``key``, and raises ConfigError naming the key a transform cannot take."""
+    model = with_lora(cfg, model, key)
+    model = with_quantization(cfg, model)
     return model
 
 
 def trainable(cfg: TrainConfig, model):
-    """A pytree of bools over ``model``'s leaves: True where the optimizer updates the leaf."""
-    del cfg
-    return jax.tree.map(eqx.is_array, model, is_leaf=nm.is_named_array)
+    """A pytree of bools over ``model`` (NamedArrays as leaves): True where the optimizer updates
+    the leaf. With ``lora`` only the adapters; the base gets neither gradients nor optimizer state."""
+    if cfg.lora is not None:
+        return nn.lora.trainable(model)
+    return jax.tree.map(lambda x: isinstance(x, nm.NamedArray) or eqx.is_array(x), model, is_leaf=nm.is_named_array)
+
+
+# ---- LoRA ------------------------------------------------------------------------------------------
+
+
+def hf_linears(model) -> dict[str, str]:
+    """Every Linear of ``model`` (a base or an adapted one): our dotted path -> its Hugging Face
+    module path, ``{i}`` for the layer (``layers.stacked.mlp.gate`` -> ``model.layers.{i}.mlp.gate_proj``)."""
+    keys = family_for(model).module.HF_KEYS
+    flat = jax.tree_util.tree_flatten_with_path(model, is_leaf=lambda x: isinstance(x, (nn.Linear, nn.LoraLinear)))[0]
+    out = {}
+    for keypath, x in flat:
+        if isinstance(x, (nn.Linear, nn.LoraLinear)):
+            path = jax.tree_util.keystr(keypath, simple=True, separator=".")
+            out[path] = keys[f"{path}.weight"].removesuffix(".weight")
+    return out
+
+
+def with_lora(cfg: TrainConfig, model, key):
+    """``model`` with adapters on the Linears ``lora.targets`` names (Hugging Face module names,
+    matched as PEFT's target_modules match them: the last part of the module path), the frozen
+    weights in ``lora.base_dtype``."""
+    lora = cfg.lora
+    if lora is None:
+        return model
+    linears = hf_linears(model)
+    order = [k.removesuffix(".weight") for k in family_for(model).module.HF_KEYS.values()]  # Hugging Face's order
+    names = list(dict.fromkeys(hf.rsplit(".", 1)[-1] for hf in sorted(linears.values(), key=order.index)))
+    unknown = [t for t in lora.targets if t not in names]
+    if unknown:
+        raise ConfigError(f"lora.targets: {', '.join(map(repr, unknown))} {'is' if len(unknown) == 1 else 'are'} not a "
+                          f"linear module of the {family_for(model).name} model; its linear modules: {', '.join(names)}")
+    chosen = [p for p, hf in linears.items() if hf.rsplit(".", 1)[-1] in lora.targets]
+    for path in chosen:
+        layer = _get(model, path)
+        sides = (math.prod(a.size for a in layer.In), math.prod(a.size for a in layer.Out))
+        if lora.rank > min(sides):
+            raise ConfigError(f"lora.rank={lora.rank} is larger than {linears[path].rsplit('.', 1)[-1]} ({path}: in "
+                              f"{sides[0]}, out {sides[1]}); a rank is at most the smaller side of every targeted layer")
+    param_dtype = get_policy(cfg.trainer.precision).param_dtype
+    model = nn.lora.apply(model, lambda path, _: path in chosen, rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout,
+                          key=key, dtype=param_dtype)
+    if lora.base_dtype != "float32":
+        model = _frozen_in(model, jnp.dtype(lora.base_dtype))
+    return model
+
+
+def _get(model, path: str):
+    return functools.reduce(getattr, path.split("."), model)
+
+
+def _frozen_in(model, dtype):
+    """``model`` with its frozen floating weights in ``dtype``: not the adapters, and not the
+    modules that keep full precision (norms: small, and the statistics they scale want float32)."""
+    def cast(tree):
+        return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+
+    def node(x):
+        if keeps_full_precision(x):
+            return x
+        if isinstance(x, nn.LoraLinear):
+            return eqx.tree_at(lambda m: m.linear, x, cast(x.linear))
+        return cast(x)
+
+    return jax.tree.map(node, model, is_leaf=lambda x: keeps_full_precision(x) or isinstance(x, nn.LoraLinear))
+
+
+# ---- low precision ---------------------------------------------------------------------------------
+
+
+def with_quantization(cfg: TrainConfig, model):
+    """``model`` with the Linears ``quantization.targets`` names swapped for low-precision ones
+    (``nn.quantize``); those LoRA adapted keep their float base. fp8 with LoRA is refused: its
+    scales are learned through gradients, and LoRA gives the base Linears none."""
+    q = cfg.quantization
+    if q.kind == "none":
+        return model
+    if q.kind == "fp8" and cfg.lora is not None:
+        raise ConfigError("quantization.kind=fp8 with lora: fp8 learns its scales from the gradients of the layers it "
+                          "quantizes, and LoRA freezes them (they get no gradients); use quantization.kind=int8, "
+                          "which needs no state, or train without lora")
+    try:
+        config = nn.QuantConfig(q.kind, tuple(q.targets) if q.targets is not None else None, q.amax_history)
+        return nn.quantize(model, config)
+    except nm.NamedError as e:
+        raise ConfigError(f"quantization.targets: {e}") from None
 
 
 def model_shapes(cfg: TrainConfig, model_cls, model_cfg):
@@ -47,6 +142,8 @@ def model_shapes(cfg: TrainConfig, model_cls, model_cfg):
 
     try:
         return jax.eval_shape(build)
+    except ConfigError:  # adapt's own, naming its key
+        raise
     except (ValueError, nm.NamedError) as e:
         raise ConfigError(f"model: {e}") from None
 

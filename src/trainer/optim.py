@@ -1,14 +1,18 @@
 """AdamW with warmup + cosine / linear / constant / warmup-stable-decay schedules, gradient
-clipping, and a weight-decay mask that skips norms and biases."""
+clipping, and a weight-decay mask that skips norms and biases; fp8 scaling state is set from its
+gradient, outside all of these (``with_overwrites``)."""
 
 from __future__ import annotations
 
+import equinox as eqx
 import jax
 import optax
 
 import named as nm
+from named import nn
 
-from .config import OptimizerConfig
+from .config import OptimizerConfig, TrainConfig
+from .model_init import trainable
 
 def schedule(cfg: OptimizerConfig, num_steps: int) -> optax.Schedule:
     """Learning rate by step: linear warmup (``cfg.warmup``) to ``learning_rate``, then the chosen shape down to
@@ -58,4 +62,36 @@ def build_optimizer(cfg: OptimizerConfig, num_steps: int) -> optax.GradientTrans
         optax.adamw(schedule(cfg, num_steps), b1=cfg.beta1, b2=cfg.beta2, eps=cfg.epsilon,
                     weight_decay=cfg.weight_decay, mask=decay_mask)
     )
-    return optax.chain(*parts)
+    return with_overwrites(optax.chain(*parts))
+
+
+def with_overwrites(inner: optax.GradientTransformation) -> optax.GradientTransformation:
+    """``inner`` for every leaf but the state an fp8 Linear learns through its gradient
+    (``nn.Fp8State``): ``inner`` never sees it (no clipping, moments or weight decay), and its
+    update sets it to the value its gradient carries (``nn.overwrite_updates``). A model without
+    such state gets ``inner`` unchanged, optimizer state included."""
+
+    def init(params):
+        return inner.init(nn.without_overwrites(params))
+
+    def update(updates, state, params=None):
+        inner_updates, state = inner.update(nn.without_overwrites(updates), state, nn.without_overwrites(params))
+        return nn.overwrite_updates(inner_updates, updates, params), state
+
+    return optax.GradientTransformation(init, update)
+
+
+# ---- the optimizer state of a run: one helper for every place that builds or restores it ----------
+
+
+def trainable_part(cfg: TrainConfig, model):
+    """The leaves of ``model`` the optimizer updates (``model_init.trainable``), None elsewhere:
+    what gradients are taken of and optimizer state is kept for."""
+    return eqx.filter(model, trainable(cfg, model), is_leaf=nm.is_named_array)
+
+
+def init_opt_state(cfg: TrainConfig, model, optimizer: optax.GradientTransformation | None = None):
+    """The run's optimizer state for ``model`` (real, or ``jax.eval_shape`` leaves for the shapes
+    a resume checks and the plan counts): state for the trainable leaves only."""
+    optimizer = optimizer if optimizer is not None else build_optimizer(cfg.optimizer, cfg.trainer.num_train_steps)
+    return optimizer.init(trainable_part(cfg, model))

@@ -85,7 +85,12 @@ def plan_report(cfg: TrainConfig, *, compile: bool = False, target: Target | Non
     planned = (f"planned for {target.device.name}" if target.device is not None and target.device.name.lower() not in here.lower()
                else "")
     acts = activation_bytes(cfg, s)
-    state = 4 * params.bytes_per_device  # params, grads and two Adam moments, at the parameter dtype
+    # Gradients and the optimizer state exist for the trainable parameters only (LoRA: the adapters).
+    from .optim import init_opt_state, trainable_part
+
+    trained = nm.param_report(trainable_part(cfg, s.shapes), param, mesh)
+    moments = nm.param_report(jax.eval_shape(lambda m: init_opt_state(cfg, m), s.shapes), param, mesh)
+    state = params.bytes_per_device + trained.bytes_per_device + moments.bytes_per_device
     lines = [
         f"devices: {len(jax.devices())} x {here} in {jax.process_count()} process(es)" + (f"; {planned}" if planned else ""),
         f"mesh: {dict(mesh.shape)}",
@@ -95,8 +100,10 @@ def plan_report(cfg: TrainConfig, *, compile: bool = False, target: Target | Non
         "parameters:",
         str(params),
         "",
-        f"adam state (2 moments, float32) per device: {2 * params.bytes_per_device / 2**20:.2f} MiB; "
-        f"params + grads + moments: {4 * params.bytes_per_device / 2**20:.2f} MiB per device",
+        f"adam state (2 moments) per device: {moments.bytes_per_device / 2**20:.2f} MiB"
+        + (f" for the {trained.n_params:,} trainable parameters (lora rank {cfg.lora.rank}; "
+           f"{moments.total_bytes / 2**20:.2f} MiB in all)" if cfg.lora is not None else "")
+        + f"; params + grads + moments: {state / 2**20:.2f} MiB per device",
         "",
         f"batch: {t.train_batch_size} sequences x {cfg.data.seq_len} tokens = {t.train_batch_size * cfg.data.seq_len} tokens/step",
         f"microbatches: {t.microbatches} of {micro} sequences; {micro // max(dp, 1)} per data-parallel group of {dp} device(s)",
@@ -121,7 +128,7 @@ def train_step_report(cfg: TrainConfig, s: Setup | None = None) -> nm.inspect.Co
     of ``check_against_devices(cfg)``, when the caller has it."""
     from named.nn.precision import get_policy
 
-    from .optim import build_optimizer
+    from .optim import build_optimizer, init_opt_state
     from .train import make_train_step
 
     s = s if s is not None else check_against_devices(cfg)
@@ -141,7 +148,7 @@ def train_step_report(cfg: TrainConfig, s: Setup | None = None) -> nm.inspect.Co
         return jax.tree.map(leaf, tree, is_leaf=nm.is_named_array)
 
     model = s.shapes
-    opt_state = jax.eval_shape(optimizer.init, model)
+    opt_state = jax.eval_shape(lambda m: init_opt_state(cfg, m, optimizer), model)
     rows = (nm.Axis("batch", t.train_batch_size), nm.Axis("position", cfg.data.seq_len))
     batch = {name: nm.NamedArray(jax.ShapeDtypeStruct((rows[0].size, rows[1].size), dtype), rows)
              for name, dtype in (("input_ids", jnp.int32), ("segment_ids", jnp.int32), ("loss_mask", jnp.bool_))}

@@ -15,6 +15,12 @@ A run directory holds one training trajectory. Before anything is compiled or wr
 for the whole run (process 0 only; the kernel drops it when the process dies, so a killed
 run never blocks the next), and writes ``config.yaml`` / ``model_config.json`` only where
 they are absent: the first launch's config stays the run's record.
+
+Checkpoints live in ``<root>/checkpoints``, where the root is ``checkpoint.base`` when it is set
+(a local path, ``s3://bucket/prefix`` or ``gs://bucket/prefix``) and ``trainer.run_dir`` when not
+(``checkpoint_root``: the one rule). The run directory itself (lock, config.yaml, logs,
+metrics) is always local. A bucket that is missing or refuses listing fails ``plan_run``, and
+one that refuses a write fails ``claim``, both naming the URL, before anything is compiled.
 """
 
 from __future__ import annotations
@@ -40,7 +46,8 @@ import yaml
 from . import checkpoint as ckpt
 from .config import ConfigError, TrainConfig, dump_config
 
-__all__ = ["TRAJECTORY_FREE", "RunPlan", "check_writable", "claim", "os_error", "plan_run", "trajectory_changes"]
+__all__ = ["TRAJECTORY_FREE", "RunPlan", "check_writable", "checkpoint_root", "claim", "os_error", "plan_run",
+           "trajectory_changes"]
 
 CONFIG_FILE = "config.yaml"
 LOCK_FILE = ".lock"
@@ -71,10 +78,27 @@ class RunPlan:
     """What this launch does with its run directory (decided by process 0)."""
 
     run_dir: Path
-    restore_from: Path | None = None  # the checkpoint to resume from
+    restore_from: ckpt.Location | None = None  # the checkpoint to resume from
     step: int = 0  # its step (0: from scratch)
     notes: list[str] = dataclasses.field(default_factory=list)  # logged once the run's log is open
     fingerprint: tuple | None = None  # what process 0 saw; claim() checks it again under the lock
+    checkpoints: ckpt.Location | None = None  # the checkpoint root (checkpoint_root); None: run_dir
+
+    @property
+    def root(self) -> ckpt.Location:
+        return self.run_dir if self.checkpoints is None else self.checkpoints
+
+
+def checkpoint_root(cfg: TrainConfig) -> ckpt.Location:
+    """Where this run's checkpoints live: ``<root>/checkpoints``, the root being ``checkpoint.base``
+    (a path or an ``s3://`` / ``gs://`` URL) when set, else ``trainer.run_dir``."""
+    base = cfg.checkpoint.base
+    if not base:
+        return Path(cfg.trainer.run_dir)
+    try:
+        return ckpt.location(base)
+    except ckpt.CheckpointError as e:
+        raise ConfigError(f"checkpoint.base {e}") from None
 
 
 # ---- comparing configs -------------------------------------------------------------------
@@ -164,10 +188,10 @@ def check_writable(run_dir: Path) -> None:
         raise ConfigError(f"trainer.run_dir {run_dir} cannot be created: {parent} is not writable")
 
 
-def _fingerprint(run_dir: Path) -> tuple:
+def _fingerprint(run_dir: Path, root: ckpt.Location) -> tuple:
     cfg = run_dir / CONFIG_FILE
     digest = hashlib.sha256(cfg.read_bytes()).hexdigest() if cfg.is_file() else None
-    return digest, tuple(s for s, _ in ckpt.list_checkpoints(run_dir))
+    return digest, tuple(s for s, _ in ckpt.list_checkpoints(root))
 
 
 # ---- the lock ------------------------------------------------------------------------------
@@ -239,13 +263,13 @@ class RunLock:
 
 def _decide(cfg: TrainConfig) -> RunPlan:
     t = cfg.trainer
-    run_dir = Path(t.run_dir)
-    plan = RunPlan(run_dir)
+    run_dir, root = Path(t.run_dir), checkpoint_root(cfg)
+    plan = RunPlan(run_dir, checkpoints=root)
     if run_dir.is_dir():
         _probe_lock(run_dir)
     saved = _read_saved_config(run_dir / CONFIG_FILE)
-    committed = ckpt.list_checkpoints(run_dir)
-    plan.fingerprint = _fingerprint(run_dir)
+    committed = ckpt.list_checkpoints(root)
+    plan.fingerprint = _fingerprint(run_dir, root)
     held = ([CONFIG_FILE] if saved is not None else []) + [f"checkpoints/step_{s}" for s, _ in committed]
     if not held and t.load_checkpoint in (None, "auto"):
         return plan  # a new run
@@ -266,16 +290,16 @@ def _decide(cfg: TrainConfig) -> RunPlan:
         if free:
             plan.notes.append(f"settings changed since {run_dir / CONFIG_FILE} (which keeps the first launch's): {_show(free)}")
     if t.load_checkpoint == "auto":
-        plan.restore_from = ckpt.latest_checkpoint(run_dir)  # verified; a corrupted newer one is skipped, warned
+        plan.restore_from = ckpt.latest_checkpoint(root)  # verified; a corrupted newer one is skipped, warned
         commit = ckpt.read_commit(plan.restore_from) if plan.restore_from is not None else None
     else:
-        plan.restore_from = _explicit(t.load_checkpoint, run_dir)
+        plan.restore_from = _explicit(t.load_checkpoint, root)
         commit = ckpt.verify_checkpoint(plan.restore_from)  # an explicit checkpoint must be whole
         later = [f"step_{s}" for s, _ in committed if s > int(commit["step"])]
         if later:
             raise ConfigError(
                 f"trainer.load_checkpoint {t.load_checkpoint!r} is older than checkpoints {', '.join(later)} in "
-                f"{ckpt.checkpoint_dir(run_dir)}; resuming from it would fork the run inside one run directory. "
+                f"{ckpt.checkpoint_dir(root)}; resuming from it would fork the run inside one run directory. "
                 "Move the later ones out of it, or copy the checkpoint into another trainer.run_dir")
     if commit is not None:
         plan.step = int(commit["step"])
@@ -295,9 +319,11 @@ def _decide(cfg: TrainConfig) -> RunPlan:
     return plan
 
 
-def _explicit(value: str, run_dir: Path) -> Path:
-    path = Path(value)
-    return path if path.is_absolute() else run_dir / path
+def _explicit(value: str, root: ckpt.Location) -> ckpt.Location:
+    path = ckpt.inside(root, value)
+    if path is None:  # validate_static refuses it first; kept here for callers that skip it
+        raise ConfigError(f"trainer.load_checkpoint {value!r} is outside {root}")
+    return path
 
 
 def _agree(decide: Callable[[], RunPlan]) -> RunPlan:
@@ -305,9 +331,9 @@ def _agree(decide: Callable[[], RunPlan]) -> RunPlan:
     processes take its decision, or raise its error, instead of racing it on the file system."""
     if jax.process_count() == 1:
         return decide()
-    from jax._src import distributed  # the client checkpoint.py also uses
+    from named._compat import distributed_client  # the client checkpoint.py also uses
 
-    client = distributed.global_state.client
+    client = distributed_client()
     key = f"named_run_plan/{next(_PLANS)}"
     if jax.process_index() == 0:
         try:
@@ -316,14 +342,16 @@ def _agree(decide: Callable[[], RunPlan]) -> RunPlan:
             client.key_value_set(key, json.dumps({"error": type(e).__name__, "message": str(e)}))
             raise
         client.key_value_set(key, json.dumps({"restore_from": plan.restore_from and str(plan.restore_from),
-                                              "step": plan.step, "run_dir": str(plan.run_dir)}))
+                                              "step": plan.step, "run_dir": str(plan.run_dir),
+                                              "checkpoints": str(plan.root)}))
         return plan
     got = json.loads(client.blocking_key_value_get(key, _AGREE_TIMEOUT_MS))
     if "error" in got:
         if got["error"] == "CheckpointError":
             raise ckpt.CheckpointError(f"process 0 refused the run: {got['message']}")
         raise ConfigError(f"process 0 refused the run: {got['message']}")
-    return RunPlan(Path(got["run_dir"]), got["restore_from"] and Path(got["restore_from"]), got["step"])
+    return RunPlan(Path(got["run_dir"]), got["restore_from"] and ckpt.location(got["restore_from"]), got["step"],
+                   checkpoints=ckpt.location(got["checkpoints"]))
 
 
 def plan_run(cfg: TrainConfig) -> RunPlan:
@@ -331,6 +359,9 @@ def plan_run(cfg: TrainConfig) -> RunPlan:
     ``trainer.run_dir`` (and from which checkpoint), or is refused (ConfigError or
     CheckpointError naming the key, file or holder of the lock)."""
     check_writable(Path(cfg.trainer.run_dir))
+    root = checkpoint_root(cfg)
+    if ckpt.is_remote(root) and jax.process_index() == 0:
+        ckpt.check_access(ckpt.checkpoint_dir(root), write=False)  # a missing bucket or refused listing, named
     return _agree(lambda: _decide(cfg))
 
 
@@ -345,9 +376,11 @@ def claim(plan: RunPlan, files: dict[str, str]) -> Iterator[None]:
         run_dir.mkdir(parents=True, exist_ok=True)
         if jax.process_index() == 0:
             lock = RunLock(run_dir)
-            if _fingerprint(run_dir) != plan.fingerprint:
+            if _fingerprint(run_dir, plan.root) != plan.fingerprint:
                 raise ConfigError(f"trainer.run_dir {run_dir} changed while this run was starting (another run wrote "
                                   "to it); nothing was written. Start again to resume it, or choose another trainer.run_dir")
+            if ckpt.is_remote(plan.root):  # credentials that may read but not write fail here, not at the first save
+                ckpt.check_access(ckpt.checkpoint_dir(plan.root), write=True)
             for name, text in files.items():
                 _write_if_absent(run_dir / name, text)
     except BaseException as e:

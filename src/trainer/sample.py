@@ -17,6 +17,7 @@ import jax
 from . import checkpoint as ckpt
 from .config import RULES, ConfigError, check_values, load_config
 from .data import load_tokenizer
+from .model_init import model_shapes
 from .registry import max_positions, model_class, model_config_from_dict
 
 
@@ -73,13 +74,9 @@ def sample_from_checkpoint(path: Path, prompt: str, n_tokens: int, *, temperatur
     if n_prompt + n_tokens > max_positions(model_cfg):
         raise ConfigError(f"--tokens {n_tokens} after the {n_prompt} tokens of --prompt needs {n_prompt + n_tokens} "
                           f"positions; the model has {max_positions(model_cfg)}")
-    cls = model_class(model_cfg)
-    target = jax.eval_shape(lambda: cls.init(model_cfg, key=jax.random.key(0)))
-    # The checkpoint holds (model, optimizer state); the optimizer's structure comes from the config.
-    from .optim import build_optimizer
-
-    opt_target = jax.eval_shape(build_optimizer(cfg.optimizer, cfg.trainer.num_train_steps).init, target)
-    (model, _), _ = ckpt.restore(checkpoint, (target, opt_target))
+    # The checkpoint holds (model, optimizer state): the model alone is read, built as the run built it.
+    target = model_shapes(cfg, model_class(model_cfg), model_cfg)
+    (model, _), _ = ckpt.restore(checkpoint, (target, None), partial=True)
     from .train import sample_text
 
     return sample_text(model, tokenizer, prompt, n_tokens, temperature=temperature, key=jax.random.key(seed))

@@ -2,7 +2,8 @@
 
 Only process 0 writes to trackers and the console; other processes log to
 ``<run_dir>/logs/process_<i>.log``. wandb runs offline unless told otherwise and never
-waits on the network.
+waits on the network; it is an optional dependency (``pip install 'named-jax[wandb]'``),
+imported only when ``tracker.wandb_mode`` is not ``disabled``.
 """
 
 from __future__ import annotations
@@ -44,6 +45,18 @@ def setup_logging(run_dir: Path, process_index: int) -> None:
         ch.setLevel(logging.INFO)
         ch.setFormatter(logging.Formatter("%(message)s"))
         log.addHandler(ch)
+
+
+def check_trackers(cfg: TrackerConfig) -> None:
+    """Refuse a tracker whose package is missing: part of the checks that run before anything
+    is compiled or written (every process runs them, so none is left waiting for another)."""
+    if cfg.wandb_mode == "disabled":
+        return
+    try:
+        import wandb  # noqa: F401
+    except ImportError as e:
+        raise ConfigError(f"tracker.wandb_mode={cfg.wandb_mode!r} needs the wandb package, which does not import "
+                          f"({e}): pip install 'named-jax[wandb]', or set tracker.wandb_mode: disabled") from None
 
 
 def _fmt(v: Any) -> str:

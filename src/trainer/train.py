@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import signal
 import sys
 import time
 from pathlib import Path
@@ -20,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from named import models
+from named import models, nn
 import named as nm
 from named.nn.loss import next_token_loss
 from named.nn.precision import cast_for_compute, get_policy
@@ -31,10 +32,11 @@ from . import rundir
 from .checks import check_against_devices
 from .config import TrainConfig, dump_config
 from .data import Batch, TrainBatches, build_data, eval_batches
-from .model_init import init_model
-from .optim import build_optimizer, schedule
+from .model_init import init_model, trainable
+from .optim import build_optimizer, init_opt_state, schedule
 from .registry import flops_per_token, model_type
-from .trackers import Trackers, log, setup_logging
+from .stop import StopRequests
+from .trackers import Trackers, check_trackers, log, setup_logging
 
 Pos, Microbatch = "position", "microbatch"
 
@@ -50,6 +52,7 @@ class TrainResult:
     opt_state: Any
     run_dir: Path
     message: str = ""
+    stopped_by: int = 0  # the signal that stopped the run after a committed checkpoint (0: it ran to the end)
 
 
 def peak_flops(cfg: TrainConfig) -> float | None:
@@ -71,38 +74,49 @@ def make_train_step(model_cls, optimizer, policy, cfg: TrainConfig, compute, par
     such a step leaves the state untouched."""
     n_micro = cfg.trainer.microbatches
     skip_bad = cfg.trainer.nan_policy == "skip"
+    lora_dropout = cfg.lora is not None and cfg.lora.dropout > 0
 
-    def loss_sum(model, batch, key):
-        m = cast_for_compute(model, policy)
-        logits = m(batch["input_ids"], segment_ids=batch["segment_ids"], key=key)
+    def loss_sum(params, frozen, batch, key):
+        m = cast_for_compute(eqx.combine(params, frozen, is_leaf=nm.is_named_array), policy)
+        if lora_dropout:  # the models call their linears without keys: the adapters hold theirs for this pass
+            m = nn.lora.with_dropout_keys(m, jax.random.fold_in(key, 1))
+        logits, aux = models.forward_with_aux(m, batch["input_ids"], segment_ids=batch["segment_ids"], key=key)
         per_token = next_token_loss(logits, batch["input_ids"], loss_mask=batch["loss_mask"], reduction="none")
-        return per_token.sum().scalar(), batch["loss_mask"][Pos, :-1].astype(jnp.float32).sum().scalar()
+        count = batch["loss_mask"][Pos, :-1].astype(jnp.float32).sum().scalar()
+        total = per_token.sum().scalar()
+        if aux:  # auxiliary losses (an MoE router's) are per-token means: weighted by the tokens, like the loss
+            total = total + count * sum(w * v for w, v in aux.values())
+        return total, (count, {name: v * count for name, (_, v) in aux.items()})
 
     grad_fn = eqx.filter_value_and_grad(loss_sum, has_aux=True)
 
     def step(model, opt_state, batch, key):
+        # Gradients, their accumulators and the update exist for the trainable leaves only
+        # (all of them, or LoRA's adapters); the frozen rest passes through the step unchanged.
+        params, frozen = eqx.partition(model, trainable(cfg, model), is_leaf=nm.is_named_array)
         split = {k: v.unflatten_axis("batch", (nm.Axis(Microbatch, n_micro), nm.Axis("batch", v.axis_size("batch") // n_micro)))
                  for k, v in batch.items()}
         keys = nm.named(jax.random.split(key, n_micro), (Microbatch,))
 
         def accumulate(acc, mb, k):
-            (s, c), g = grad_fn(model, nm.shard(mb), k.array)
-            return jax.tree.map(jnp.add, acc, (s, c, g))
+            (s, (c, a)), g = grad_fn(params, frozen, nm.shard(mb), k.array)
+            return jax.tree.map(jnp.add, acc, (s, c, g)), a
 
-        zero = (jnp.zeros(()), jnp.zeros(()), jax.tree.map(jnp.zeros_like, eqx.filter(model, eqx.is_array)))
-        total, count, grads = nm.fold(accumulate, Microbatch)(zero, split, keys)
+        zero = (jnp.zeros(()), jnp.zeros(()), jax.tree.map(jnp.zeros_like, params))
+        (total, count, grads), aux = nm.scan(accumulate, Microbatch)(zero, split, keys)
         count = jnp.maximum(count, 1.0)
         loss = total / count
         grads = jax.tree.map(lambda g: g / count, grads)
         grad_norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))
-        updates, new_opt = optimizer.update(grads, opt_state, model)
-        new_model = eqx.apply_updates(model, updates)
+        updates, new_opt = optimizer.update(grads, opt_state, params)
+        new_model = eqx.combine(eqx.apply_updates(params, updates), frozen, is_leaf=nm.is_named_array)
         # A finite loss and gradient can still make a non-finite update (a NaN learning rate,
         # an overflow in the optimizer), so the step's outputs are checked too.
         finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & _all_finite((updates, new_model, new_opt))
         if skip_bad:
             new_model, new_opt = jax.tree.map(lambda new, old: jnp.where(finite, new, old), (new_model, new_opt), (model, opt_state))
-        return new_model, new_opt, {"loss": loss, "grad_norm": grad_norm, "finite": finite, "tokens": count}
+        return new_model, new_opt, {"loss": loss, "grad_norm": grad_norm, "finite": finite, "tokens": count,
+                                    **{f"aux/{name}": v.sum() / count for name, v in aux.items()}}
 
     return nm.named_jit(step, mapping=compute, out_mapping=param, donate_args=(True, True, False, False))
 
@@ -136,12 +150,13 @@ def build_run(cfg: TrainConfig):
     the data (which may tokenise) and the batch order. ``train`` creates the run directory
     only after this returns."""
     t = cfg.trainer
+    check_trackers(cfg.tracker)
     s = check_against_devices(cfg)  # the checks named-plan runs too
     tokenizer, model_cfg, model_cls, shapes = s.tokenizer, s.model_cfg, s.model_cls, s.shapes
     mesh, compute, param = s.mesh, s.compute, s.param
     plan = rundir.plan_run(cfg)  # resume, new run, or refused
     if plan.restore_from is not None:  # a resume with another model or optimizer fails here, not after init
-        opt_shapes = jax.eval_shape(build_optimizer(cfg.optimizer, t.num_train_steps).init, shapes)
+        opt_shapes = jax.eval_shape(lambda m: init_opt_state(cfg, m), shapes)
         ckpt.check_restorable(plan.restore_from, (shapes, opt_shapes))
     data = build_data(cfg.data, tokenizer)
     train_batches = TrainBatches(data.train, batch_size=t.train_batch_size, seed=t.seed,
@@ -184,15 +199,18 @@ def _train(cfg: TrainConfig, data, train_batches, model_cfg, model_cls, mesh, co
     policy = get_policy(t.precision)
     optimizer = build_optimizer(cfg.optimizer, t.num_train_steps)
     lr_at = schedule(cfg.optimizer, t.num_train_steps)
-    checkpointer = ckpt.Checkpointer(run_dir, keep_last=cfg.checkpoint.keep_last, keep_every=cfg.checkpoint.keep_every)
+    checkpointer = ckpt.Checkpointer(plan.root, keep_last=cfg.checkpoint.keep_last, keep_every=cfg.checkpoint.keep_every)
     key = jax.random.key(t.seed)
     init_key, data_key = jax.random.split(key)
 
     with nm.set_mesh(mesh), contextlib.ExitStack() as stack:
+        # Installed before init and compilation: a signal during them stops the run after its first step.
+        stop = stack.enter_context(StopRequests(t.stop_signals, cfg.checkpoint.every_minutes, mesh))
+        stopped = 0
         # A resume restores every weight from our checkpoint: the pretrained folder is not read again.
         model = init_model(cfg, model_cls, model_cfg, param=param, mesh=mesh, key=init_key,
                            pretrained=restore_from is None, dtype=policy.param_dtype)
-        opt_state = nm.named_jit(optimizer.init, mapping=param)(model)
+        opt_state = nm.named_jit(lambda m: init_opt_state(cfg, m, optimizer), mapping=param)(model)
         start = 0
         if restore_from is not None:
             (model, opt_state), meta = ckpt.restore(restore_from, (model, opt_state))
@@ -205,47 +223,132 @@ def _train(cfg: TrainConfig, data, train_batches, model_cfg, model_cls, mesh, co
         n_dev = len(jax.devices())
         losses: list[float] = []
         progress = _progress(t, start, pid, stack)
-        window_t, window_tokens = time.perf_counter(), 0.0
-        step = start
-        for step in range(start, t.num_train_steps):
+        window = _Window()
+        pending: list[tuple[int, dict]] = []  # (step, its metrics still on the device), oldest first
+
+        def batch_for(step: int) -> dict[str, nm.NamedArray]:
             log.debug("step %d: process %d reads data rows %s", step, pid, train_batches.indices(step).tolist())
-            batch = device_batch(train_batches.batch_at(step), mesh, compute, t.train_batch_size)
+            return device_batch(train_batches.batch_at(step), mesh, compute, t.train_batch_size)
+
+        batch = batch_for(start)
+        for step in range(start, t.num_train_steps):
+            # The step is dispatched, not waited for: nothing below reads the device until the
+            # next read point, so the host prepares the next batch while this step runs.
             model, opt_state, metrics = train_step(model, opt_state, batch, jax.random.fold_in(data_key, step))
-            loss = float(metrics["loss"])
-            check_finite(step + 1, metrics, t.nan_policy, checkpointer.latest)
-            losses.append(loss)
-            window_tokens += float(metrics["tokens"])
             done = step + 1
+            pending.append((done, metrics))
             if progress is not None:
                 progress.update(1)
-                progress.set_postfix(loss=f"{loss:.3f}")
-            if t.log_interval and (done % t.log_interval == 0 or done == t.num_train_steps):
-                elapsed = time.perf_counter() - window_t
-                steps_in_window = (done - start) % t.log_interval or t.log_interval
-                tok_s = window_tokens / elapsed
-                row = {"loss": loss, "lr": float(lr_at(step)), "grad_norm": float(metrics["grad_norm"]),
-                       "tokens_per_s": tok_s, "step_time_s": elapsed / steps_in_window}
-                if peak:
-                    row["mfu"] = tok_s * flops_tok / (peak * n_dev)
+            if done < t.num_train_steps:
+                batch = batch_for(done)
+            # What this step ends with is decided here and only here (a new reason to stop or save goes into _due).
+            signum, timed = stop.poll(done)  # the same on every process (see stop.py)
+            due = _due(done, cfg, data.validation is not None, len(pending), stop=bool(signum), timed=timed)
+            if not due.read:
+                continue
+            rows = read_metrics(pending, t.nan_policy, checkpointer.latest)
+            losses += [float(r["loss"]) for r in rows]
+            window.add(rows)
+            if progress is not None:
+                progress.set_postfix(loss=f"{losses[-1]:.3f}")
+            if due.log:
+                row = {"loss": losses[-1], "lr": float(lr_at(step)), "grad_norm": float(rows[-1]["grad_norm"]),
+                       **window.rates(flops_tok, peak, n_dev)}
+                row.update({k: float(v) for k, v in rows[-1].items() if k.startswith("aux/")})  # models.forward_with_aux
                 row.update(train_batches.tokens_by_source(done))  # a mixture's tokens per source so far
                 trackers.log(done, row)
-                window_t, window_tokens = time.perf_counter(), 0.0
-            if data.validation is not None and t.eval_interval and (done % t.eval_interval == 0 or done == t.num_train_steps):
+                window = _Window()
+            if due.eval:
                 evals = {"loss": _evaluate(eval_step, model, data.validation, t, mesh, compute)}
-                for name, rows in data.validation_sources.items():  # a mixture's sources, one by one
-                    evals[f"{name}/loss"] = _evaluate(eval_step, model, rows, t, mesh, compute)
+                for name, val_rows in data.validation_sources.items():  # a mixture's sources, one by one
+                    evals[f"{name}/loss"] = _evaluate(eval_step, model, val_rows, t, mesh, compute)
                 trackers.log(done, evals, prefix="eval")
-            if t.sample_interval and (done % t.sample_interval == 0 or done == t.num_train_steps):
+            if due.sample:
                 trackers.text(done, "sample", sample_text(model, data.tokenizer, t.sample_prompt, t.sample_tokens,
                                                           temperature=0.8, top_k=40, key=jax.random.key(t.seed)))
-            if cfg.checkpoint.interval and done % cfg.checkpoint.interval == 0 and done != t.num_train_steps:
-                checkpointer.save(done, (model, opt_state), _metadata(done, cfg))
-        if cfg.checkpoint.save_at_end and t.num_train_steps > start:
+            if due.checkpoint:
+                checkpointer.save(done, (model, opt_state), _metadata(done, cfg), temporary=due.temporary)
+                stop.saved()
+            if due.stop:
+                checkpointer.wait()  # committed before the exit code says "resumable"
+                log.warning(f"stopped by {signal.Signals(signum).name} after step {done}; checkpoint step_{done} is "
+                            f"committed; trainer.load_checkpoint auto resumes from it")
+                stopped = signum
+                break
+        if cfg.checkpoint.save_at_end and t.num_train_steps > start and not stopped:
             checkpointer.save(t.num_train_steps, (model, opt_state), _metadata(t.num_train_steps, cfg))
         checkpointer.wait()
         checkpointer.close()
     trackers.close()
-    return TrainResult(losses, t.num_train_steps, model, opt_state, run_dir)
+    return TrainResult(losses, done if stopped else t.num_train_steps, model, opt_state, run_dir, stopped_by=stopped)
+
+
+# Without logging, eval, samples or checkpoints, the metrics are still read this often, so that a
+# non-finite step under nan_policy=stop ends the run within this many steps.
+MAX_UNREAD_STEPS = 100
+
+
+@dataclasses.dataclass(frozen=True)
+class Due:
+    """What happens after step ``done`` (numbered as in the logs). Each of these waits for the
+    device, so each first reads the metrics of the steps since the last read (``read``);
+    every other step only dispatches."""
+
+    log: bool
+    eval: bool
+    sample: bool
+    checkpoint: bool
+    read: bool
+    temporary: bool = False  # the checkpoint is time-based or a stop's (checkpoint_retention)
+    stop: bool = False  # a stop signal: save, wait for the commit, end the run
+
+
+def _due(done: int, cfg: TrainConfig, has_validation: bool, unread: int, stop: bool = False,
+         timed: bool = False) -> Due:
+    t = cfg.trainer
+    end = done == t.num_train_steps
+    stop = stop and not end  # at the end the run finishes as usual
+
+    def every(n: int) -> bool:
+        return bool(n) and (done % n == 0 or end)
+
+    log_, eval_, sample = every(t.log_interval), has_validation and every(t.eval_interval), every(t.sample_interval)
+    if stop:  # time is short: no eval or sample before the save
+        eval_ = sample = False
+    regular = bool(cfg.checkpoint.interval) and done % cfg.checkpoint.interval == 0 and not end  # the end: save_at_end
+    checkpoint = regular or ((stop or timed) and not end)
+    read = log_ or eval_ or sample or checkpoint or end or unread >= MAX_UNREAD_STEPS
+    return Due(log=log_, eval=eval_, sample=sample, checkpoint=checkpoint, read=read,
+               temporary=checkpoint and not regular, stop=stop)
+
+
+def read_metrics(pending: list[tuple[int, dict]], nan_policy: str, last_checkpoint=None) -> list[dict]:
+    """The metrics of the steps in ``pending`` on the host, in one transfer, with the NaN policy
+    applied to each step in order (``stop`` names the first non-finite one); ``pending`` is
+    emptied."""
+    rows = jax.device_get([m for _, m in pending])
+    for (step, _), row in zip(pending, rows):
+        check_finite(step, row, nan_policy, last_checkpoint)
+    pending.clear()
+    return rows
+
+
+class _Window:
+    """Tokens and wall time since the last log line (read points in between add their steps)."""
+
+    def __init__(self):
+        self.start, self.tokens, self.steps = time.perf_counter(), 0.0, 0
+
+    def add(self, rows: list[dict]) -> None:
+        self.tokens += sum(float(r["tokens"]) for r in rows)
+        self.steps += len(rows)
+
+    def rates(self, flops_tok: float, peak: float | None, n_dev: int) -> dict:
+        elapsed = time.perf_counter() - self.start
+        out = {"tokens_per_s": self.tokens / elapsed, "step_time_s": elapsed / self.steps}
+        if peak:
+            out["mfu"] = out["tokens_per_s"] * flops_tok / (peak * n_dev)
+        return out
 
 
 def check_finite(step: int, metrics: dict, nan_policy: str, last_checkpoint=None) -> bool:

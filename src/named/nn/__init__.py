@@ -10,12 +10,53 @@ from ._masks import (
     segment_mask,
 )
 from ._basic import ACTIVATIONS, MLP, Dropout, activation
+from ._basic import (  # activations by function; nn.activation(name) finds each by name
+    celu,
+    elu,
+    gelu,
+    glu,
+    hard_sigmoid,
+    hard_silu,
+    hard_swish,
+    hard_tanh,
+    leaky_relu,
+    log_sigmoid,
+    mish,
+    quick_gelu,
+    relu,
+    relu6,
+    relu_squared,
+    selu,
+    sigmoid,
+    silu,
+    soft_sign,
+    softplus,
+    swish,
+)
+from ._conv import Conv, ConvTranspose
+from ._pool import max_pool, mean_pool, min_pool
 from ._linear import Embedding, Linear
+from . import _lora as lora  # nn.lora.apply / merge / trainable
+from ._lora import LoraLinear
 from ._norm import LayerNorm, RMSNorm
+from . import _mup as mup  # nn.mup.rescale_init / scale_updates / roles
+from ._quant import (  # low-precision Linears: nn.quantize(model, "fp8")
+    Fp8Linear,
+    Fp8State,
+    Int8Linear,
+    Int8WeightLinear,
+    QuantConfig,
+    is_overwrite_state,
+    overwrite_updates,
+    quantize,
+    without_overwrites,
+)
 from ._blockseq import BlockSeq
 from ._remat import Remat, checkpoint_name, remat_policy
 from ._stacked import Stacked
+from ._moe import MoE, load_balancing_loss, route, router_z_loss
 from .loss import (
+    binary_cross_entropy_loss,
     blockwise_cross_entropy_loss,
     blockwise_next_token_loss,
     cross_entropy_loss,

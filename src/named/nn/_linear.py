@@ -57,19 +57,25 @@ class Linear(eqx.Module):
         return Linear(w.astype(dtype), b, In, Out)
 
     def __call__(self, x: NamedArray, *, key=None) -> NamedArray:
-        missing = [a.name for a in self.In if a.name not in x.names]
-        if missing:
-            raise AxisError(f"Linear expects input axes {format_axes(self.In)}; {missing} missing from {format_axes(x.axes)}")
-        # An output name already on the input would be matched elementwise by the contraction
-        # (a silent wrong answer), not created.
-        taken = [a.name for a in self.Out if a.name in x.names]
-        if taken:
-            raise AxisError(f"Linear produces axes {format_axes(self.Out)} but the input {format_axes(x.axes)} already has "
-                            f"{taken}; rename that input axis first")
+        check_input(self, x)
         y = dot(x, self.weight, axis=tuple(a.name for a in self.In))
         if self.bias is not None:
             y = y + self.bias
         return shard(y)
+
+
+def check_input(layer, x: NamedArray) -> None:
+    """``x`` has every ``In`` axis of ``layer`` (a Linear or a quantized one) and none of its ``Out`` axes."""
+    what = type(layer).__name__
+    missing = [a.name for a in layer.In if a.name not in x.names]
+    if missing:
+        raise AxisError(f"{what} expects input axes {format_axes(layer.In)}; {missing} missing from {format_axes(x.axes)}")
+    # An output name already on the input would be matched elementwise by the contraction
+    # (a silent wrong answer), not created.
+    taken = [a.name for a in layer.Out if a.name in x.names]
+    if taken:
+        raise AxisError(f"{what} produces axes {format_axes(layer.Out)} but the input {format_axes(x.axes)} already has "
+                        f"{taken}; rename that input axis first")
 
 
 class Embedding(eqx.Module):

@@ -1,4 +1,5 @@
-"""Cross-entropy losses over named axes: per-token, next-token, and blockwise over the vocabulary.
+"""Cross-entropy losses over named axes: per-token (ids or probabilities), next-token, blockwise
+over the vocabulary, and binary (per-entry sigmoid).
 
 Every loss is computed in float32 whatever the dtype of the logits (or of the hidden states and
 weights for the blockwise loss): the log-sum-exp of a bf16 row of 50k logits is not worth
@@ -32,6 +33,7 @@ Reduction = Literal["mean", "sum", "none"]
 _REDUCTIONS = ("mean", "sum", "none")
 
 __all__ = [
+    "binary_cross_entropy_loss",
     "blockwise_cross_entropy_loss",
     "blockwise_next_token_loss",
     "cross_entropy_loss",
@@ -51,6 +53,11 @@ def _check_reduction(reduction: str) -> None:
 def _check_targets(targets: NamedArray, Vocab: Axis, loss_axes: tuple[Axis, ...]) -> None:
     if not isinstance(targets, NamedArray):
         raise ArgumentTypeError(f"targets must be an integer NamedArray, got {type(targets).__name__}")
+    if jnp.issubdtype(targets.dtype, jnp.floating) and Vocab.name not in targets.names:
+        raise ArgumentTypeError(
+            f"targets must hold integer token ids, or float probabilities over the vocab axis {Vocab.name!r}; "
+            f"got dtype {targets.dtype} {format_axes(targets.axes)}"
+        )
     if not jnp.issubdtype(targets.dtype, jnp.integer):
         raise ArgumentTypeError(f"targets must hold integer token ids, got dtype {targets.dtype} {format_axes(targets.axes)}")
     if Vocab.name in targets.names:
@@ -70,6 +77,19 @@ def _target_logit(logits: NamedArray, Vocab: Axis, targets: NamedArray, vocab_id
     # outside the vocab (a padding id such as -100) picks 0 instead of reading out of bounds.
     picked = ops.where(targets == vocab_ids, logits, 0.0)
     return picked.sum(Vocab.name)
+
+
+def _check_within(x: NamedArray, axes: tuple[Axis, ...], what: str, of: str) -> None:
+    """Every axis of ``x`` is one of ``axes``, at the same size."""
+    known = {a.name: a.size for a in axes}
+    for a in x.axes:
+        if known.get(a.name) != a.size:
+            raise AxisError(f"{what} axis {a.name}={a.size} is not among the {of} axes {format_axes(axes)}")
+
+
+def _check_smoothing(label_smoothing) -> None:
+    if not isinstance(label_smoothing, (int, float)) or not 0.0 <= label_smoothing <= 1.0:
+        raise ArgumentError(f"label_smoothing={label_smoothing!r}; it must be a number in [0, 1]")
 
 
 def _apply_reduction(loss: NamedArray, where, reduction: str) -> NamedArray:
@@ -98,7 +118,10 @@ def _apply_reduction(loss: NamedArray, where, reduction: str) -> NamedArray:
 
 
 def _loss_from_parts(lse: NamedArray, target_logit: NamedArray, z_loss_weight: float) -> NamedArray:
-    loss = lse - target_logit
+    return _plus_z_loss(lse - target_logit, lse, z_loss_weight)
+
+
+def _plus_z_loss(loss: NamedArray, lse: NamedArray, z_loss_weight: float) -> NamedArray:
     if z_loss_weight:
         # PaLM's auxiliary z-loss keeps the softmax normaliser log Z near 0.
         loss = loss + z_loss_weight * ops.square(lse)
@@ -116,33 +139,101 @@ def cross_entropy_loss(
     where: NamedArray | None = None,
     reduction: Reduction = "mean",
     z_loss_weight: float = 0.0,
+    label_smoothing: float = 0.0,
 ) -> NamedArray:
-    """Softmax cross-entropy of integer ``targets`` under ``logits``, in float32.
+    """Softmax cross-entropy of ``targets`` under ``logits``, in float32.
 
-    Per token: ``logsumexp(logits) - logits[target] + z_loss_weight * logsumexp(logits)**2``.
+    Per token, for integer targets: ``logsumexp(logits) - logits[target] + z_loss_weight *
+    logsumexp(logits)**2``; for probability targets ``p``: ``-sum(p * log_softmax(logits))`` plus
+    the same z-loss (``torch.nn.functional.cross_entropy`` with class probabilities; ``p`` is used
+    as given, not renormalised).
 
     Args:
         logits: scores with the vocab axis and any token axes (``batch``, ``position``, ...).
-        targets: integer ids with (some of) the logits' axes except the vocab axis. A target
-            outside ``[0, vocab)`` picks a logit of 0; mask such tokens out with ``where``.
-        axis: the vocab axis of ``logits``.
+        targets: integer ids with (some of) the logits' axes except the vocab axis (a target
+            outside ``[0, vocab)`` picks a logit of 0; mask such tokens out with ``where``); or
+            float probabilities with the vocab axis and (some of) the token axes.
+        axis: the vocab (class) axis of ``logits``.
         where: a bool or 0/1 (or weight) mask over the targets' axes; masked tokens contribute
             nothing and are not counted by the mean.
         reduction: ``"mean"`` (masked mean over every remaining axis), ``"sum"``, or ``"none"``
             (the per-token loss, zero where masked).
         z_loss_weight: weight of the z-loss term (PaLM uses 1e-4); 0 turns it off.
+        label_smoothing: ``ε`` in ``[0, 1]``: the targets become ``(1 - ε) * targets + ε / vocab``
+            (torch's ``label_smoothing``).
 
     Returns:
         A float32 NamedArray: 0-d for ``"mean"``/``"sum"``, the token axes for ``"none"``.
     """
     _check_reduction(reduction)
+    _check_smoothing(label_smoothing)
     Vocab = logits.resolve_axis(axis)
     token_axes = tuple(a for a in logits.axes if a.name != Vocab.name)
-    _check_targets(targets, Vocab, token_axes)
     logits32 = logits.astype(jnp.float32)
     lse = ops.logsumexp(logits32, Vocab.name)
-    picked = _target_logit(logits32, Vocab, targets, arange(Vocab, dtype=targets.dtype))
-    loss = _loss_from_parts(lse, picked, z_loss_weight).rearrange(token_axes)
+    if isinstance(targets, NamedArray) and jnp.issubdtype(targets.dtype, jnp.floating) and Vocab.name in targets.names:
+        _check_within(targets, logits.axes, "targets", "logits'")
+        probs = targets.astype(jnp.float32)
+        if label_smoothing:
+            probs = (1.0 - label_smoothing) * probs + label_smoothing / Vocab.size
+        loss = _plus_z_loss((probs * (lse - logits32)).sum(Vocab.name), lse, z_loss_weight)
+    else:
+        _check_targets(targets, Vocab, token_axes)
+        picked = _target_logit(logits32, Vocab, targets, arange(Vocab, dtype=targets.dtype))
+        if label_smoothing:
+            # the smoothed target's expected logit: a mean over vocab, so vocab-parallel stays reductions only
+            picked = (1.0 - label_smoothing) * picked + label_smoothing * logits32.mean(Vocab.name)
+        loss = _loss_from_parts(lse, picked, z_loss_weight)
+    return _apply_reduction(loss.rearrange(token_axes), where, reduction)
+
+
+# ---- binary: one sigmoid per entry ---------------------------------------------------------------
+
+
+def binary_cross_entropy_loss(
+    logits: NamedArray,
+    targets: NamedArray,
+    *,
+    pos_weight: NamedArray | float | None = None,
+    where: NamedArray | None = None,
+    reduction: Reduction = "mean",
+) -> NamedArray:
+    """Sigmoid cross-entropy of ``targets`` in ``[0, 1]`` under ``logits``, entry by entry, in float32
+    (``torch.nn.functional.binary_cross_entropy_with_logits``).
+
+    Per entry: ``-(pos_weight * t * log(sigmoid(x)) + (1 - t) * log(1 - sigmoid(x)))``, computed
+    from the logits without forming ``sigmoid(x)``, so large logits neither overflow nor round to 0.
+
+    Args:
+        logits: scores with any axes (e.g. ``batch`` and a ``label`` axis for multi-label data).
+        targets: probabilities (or 0/1 labels) with exactly the logits' axes, in any order.
+        pos_weight: weight of the positive term: a number, or a NamedArray over some of the
+            logits' axes (one per class, as torch's ``pos_weight``).
+        where: a bool or 0/1 (or weight) mask over some of the logits' axes; masked entries
+            contribute nothing and are not counted by the mean.
+        reduction: ``"mean"`` (over every entry that counts), ``"sum"`` or ``"none"``.
+
+    Returns:
+        A float32 NamedArray: 0-d for ``"mean"``/``"sum"``, the logits' axes for ``"none"``.
+    """
+    _check_reduction(reduction)
+    for what, v in (("logits", logits), ("targets", targets)):
+        if not isinstance(v, NamedArray):
+            raise ArgumentTypeError(f"binary_cross_entropy_loss: {what} must be a NamedArray, got {type(v).__name__}")
+    if set(targets.names) != set(logits.names):
+        odd = sorted(set(targets.names) ^ set(logits.names))
+        raise AxisError(f"binary_cross_entropy_loss: targets {format_axes(targets.axes)} and logits "
+                        f"{format_axes(logits.axes)} must have the same axes; {odd[0]!r} is in only one")
+    _check_within(targets, logits.axes, "targets", "logits'")
+    x, t = logits.astype(jnp.float32), targets.astype(jnp.float32)
+    softplus_neg = ops.softplus(-x)  # -log(sigmoid(x)); -log(1 - sigmoid(x)) is x + softplus(-x)
+    if pos_weight is None:
+        positive = softplus_neg
+    else:
+        if isinstance(pos_weight, NamedArray):
+            _check_within(pos_weight, logits.axes, "pos_weight", "logits'")
+        positive = pos_weight * softplus_neg
+    loss = (t * positive + (1.0 - t) * (x + softplus_neg)).rearrange(logits.axes)
     return _apply_reduction(loss, where, reduction)
 
 
@@ -188,6 +279,7 @@ def next_token_loss(
     loss_mask: NamedArray | None = None,
     reduction: Reduction = "mean",
     z_loss_weight: float = 0.0,
+    label_smoothing: float = 0.0,
 ) -> NamedArray:
     """Language-model loss: the logits at position ``t`` predict ``input_ids`` at ``t + 1``.
 
@@ -196,7 +288,8 @@ def next_token_loss(
     over the tokens that count. Other arguments are those of :func:`cross_entropy_loss`.
     """
     targets, mask = next_token_targets(input_ids, Pos=Pos, loss_mask=loss_mask)
-    return cross_entropy_loss(logits, targets, axis=axis, where=mask, reduction=reduction, z_loss_weight=z_loss_weight)
+    return cross_entropy_loss(logits, targets, axis=axis, where=mask, reduction=reduction, z_loss_weight=z_loss_weight,
+                              label_smoothing=label_smoothing)
 
 
 # ---- blockwise over the vocabulary -----------------------------------------------------------

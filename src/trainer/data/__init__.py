@@ -41,6 +41,11 @@ The pipeline, in the order data flows:
 - **Mixtures** (``_mixture``): named sources, each with its own cache and rows, drawn by
   weight in blocks whose makeup is exact and whose order follows from ``(seed, step)``; a
   source that runs out starts a new epoch of itself.
+- **Chat** (``_chat``, ``chat``): a named source with ``format: chat`` reads JSONL conversations
+  (``messages``) or ``prompt``/``completion`` pairs, renders them with the tokenizer folder's
+  chat template (or ``data.chat_template``) as ``transformers`` does, and caches a flag byte
+  beside every token (it carries loss; it starts a document). Packing then starts documents at
+  those flags instead of after eos and masks every target that is not the assistant's.
 
 Every bad input raises ``DataError`` naming the file, pattern or key, before tokenising
 starts where it can be known then, and never leaves a partial file behind.

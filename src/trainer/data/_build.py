@@ -9,12 +9,13 @@ from typing import Any, Union
 
 import numpy as np
 
-from ._cache import cached_tokens
+from ._cache import cached_chat, cached_tokens
 from ._errors import DataError
 from ._mixture import Mixture, SourceSpec, parse_sources
 from ._packing import Sequences, TokenStream
 from ._sources import BIN_DTYPES, STDLIB, SourceFile, check_token_ids, open_pretokenized, resolve_sources
 from ._tokenizer import Tokenizer, check_tokenizer, load_tokenizer
+from .chat import ChatFormat
 
 log = logging.getLogger(__name__)
 
@@ -26,13 +27,17 @@ class DataConfig:
     Args:
         train: source specs (paths, globs, directories, or ``"stdlib"``, the embedded default
             corpus), or a weighted mixture of named sources, one mapping each:
-            ``{name, paths, weight, text_field}`` (``weight`` 1 and ``text_field`` ``text`` unless
-            given; a source of weight 0 is left out).
+            ``{name, paths, weight, text_field, format}`` (``weight`` 1, ``text_field`` ``text``
+            and ``format`` ``text`` unless given; a source of weight 0 is left out).
+            ``format: chat`` reads JSONL chat records (``messages`` or ``prompt``/``completion``)
+            whose assistant tokens alone carry loss (``_chat``).
         validation: separate validation sources, in either form (named ones without a weight
             are evaluated one by one); when empty, the last ``val_fraction`` of the train
             sequences (of each source of a mixture) is held out instead.
         val_fraction: share of sequences held out for validation (0 for none).
         tokenizer: ``"byte"`` or a local ``tokenizer.json`` (or a folder holding one).
+        chat_template: a Jinja chat template file for chat sources, instead of the one beside
+            the tokenizer (``chat_template.jinja`` or ``tokenizer_config.json``'s).
         eos_token: end-of-document token of an HF tokenizer when it cannot be found.
         seq_len: tokens per packed sequence.
         bin_dtype: token dtype of ``.bin`` files (``.npy`` files say their own).
@@ -44,6 +49,7 @@ class DataConfig:
     validation: list[Union[dict[str, Any], str]] = field(default_factory=list)
     val_fraction: float = 0.05
     tokenizer: str = "byte"
+    chat_template: str | None = None
     eos_token: str | None = None
     seq_len: int = 256
     bin_dtype: str = "uint16"
@@ -61,6 +67,8 @@ class DataConfig:
             raise DataError(f"data.bin_dtype must be one of {BIN_DTYPES}, got {self.bin_dtype!r}")
         if self.stdlib_bytes < 1:
             raise DataError(f"data.stdlib_bytes must be positive, got {self.stdlib_bytes}")
+        if self.chat_template is not None and not self.chat_template.strip():
+            raise DataError("data.chat_template must be a path to a Jinja template file, or null, got ''")
 
     def sources(self, key: str) -> list[SourceSpec]:
         """``data.train`` or ``data.validation`` as sources: one unnamed source for plain specs."""
@@ -94,12 +102,13 @@ def build_data(cfg: DataConfig, tokenizer: Tokenizer | None = None) -> Data:
         if s.weight == 0:
             log.info("data.train: source %r has weight 0 and is left out", s.name)
     val_specs = cfg.sources("validation")
-    checked = [(s, _checked_sources(s.paths, tokenizer, cfg, s.text_field, _label(s, "train")))
+    chat = _chat_format(cfg, tokenizer, [*train_specs, *val_specs])
+    checked = [(s, _checked_sources(s.paths, tokenizer, cfg, s.text_field, _label(s, "train"), s.format))
                for s in train_specs]
-    val_checked = [(s, _checked_sources(s.paths, tokenizer, cfg, s.text_field, _label(s, "validation")))
+    val_checked = [(s, _checked_sources(s.paths, tokenizer, cfg, s.text_field, _label(s, "validation"), s.format))
                    for s in val_specs]
-    train = [_sequences(s, c, tokenizer, cfg, "train") for s, c in checked]
-    validation = [_sequences(s, c, tokenizer, cfg, "validation") for s, c in val_checked]
+    train = [_sequences(s, c, tokenizer, cfg, "train", chat) for s, c in checked]
+    validation = [_sequences(s, c, tokenizer, cfg, "validation", chat) for s, c in val_checked]
     if not validation and cfg.val_fraction > 0:
         held = [_hold_out(seqs, cfg, s) for s, seqs in zip(train_specs, train)]
         train, validation = [t for t, _ in held], [v for _, v in held]
@@ -124,11 +133,24 @@ def _label(spec: SourceSpec, split: str) -> str:
     return f"data.{split} source {spec.name!r}: " if spec.name else ""
 
 
+def _chat_format(cfg: DataConfig, tokenizer: Tokenizer, specs: Sequence[SourceSpec]) -> ChatFormat | None:
+    """The template and its encoder for the chat sources (found, read and compiled before any
+    tokenising), or None without chat sources."""
+    if not any(s.format == "chat" for s in specs):
+        return None
+    fmt = ChatFormat.load(tokenizer, cfg.chat_template)
+    if fmt.template is not None:
+        fmt.template.compiled()
+    return fmt
+
+
 def _checked_sources(specs: Sequence[str], tokenizer: Tokenizer, cfg: DataConfig, text_field: str = "text",
-                     label: str = ""):
+                     label: str = "", fmt: str = "text"):
     check_tokenizer(tokenizer)
     try:
         files = resolve_sources(specs, stdlib_bytes=cfg.stdlib_bytes, text_field=text_field)
+        if fmt == "chat":
+            _check_chat_files(files)
         pretokenized = [
             (f, open_pretokenized(f, bin_dtype=cfg.bin_dtype, vocab_size=None)) for f in files if f.pretokenized
         ]
@@ -139,10 +161,23 @@ def _checked_sources(specs: Sequence[str], tokenizer: Tokenizer, cfg: DataConfig
     return [f for f in files if not f.pretokenized], [tokens for _, tokens in pretokenized], label
 
 
-def _sequences(spec: SourceSpec, checked, tokenizer: Tokenizer, cfg: DataConfig, split: str) -> Sequences:
+def _check_chat_files(files: Sequence[SourceFile]) -> None:
+    for f in files:
+        if f.kind != "jsonl":
+            raise DataError(f"{str(f.path)!r} is a {f.kind} file; a chat source reads JSON Lines records "
+                            "(.jsonl, .json, .jsonl.gz, .jsonl.zst)")
+
+
+def _sequences(spec: SourceSpec, checked, tokenizer: Tokenizer, cfg: DataConfig, split: str,
+               chat: ChatFormat | None = None) -> Sequences:
     text, pretokenized, label = checked
     try:
-        return _nonempty(Sequences(_token_stream(text, pretokenized, tokenizer, cfg), cfg.seq_len), split)
+        if spec.format == "chat":
+            tokens, flags = cached_chat(text, chat, cfg.cache_dir)
+            stream = TokenStream([tokens], tokenizer.eos_id, [flags])
+        else:
+            stream = _token_stream(text, pretokenized, tokenizer, cfg)
+        return _nonempty(Sequences(stream, cfg.seq_len), split)
     except DataError as e:
         raise _named(e, label) from e.__cause__
 

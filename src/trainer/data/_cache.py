@@ -11,6 +11,10 @@ Files appear only complete: they are written under a temporary name in the same 
 fsynced, then renamed (``os.replace`` is atomic), so readers never see a partial file and
 processes building the same cache at once just race to an identical result. A corpus of
 64 MB or more is built from per-file shards by worker processes, resumably (``_shards``).
+
+A chat source (``_chat``) is cached as a pair: its token file and a flag file of one byte per
+token (``flags-<key>.uint8.bin``: which tokens carry loss, where documents start), keyed also
+by the template and the stop tokens. Chat caches are built in one pass, never from shards.
 """
 
 from __future__ import annotations
@@ -25,11 +29,13 @@ from pathlib import Path
 
 import numpy as np
 
+from ._chat import CHAT_FORMAT, encode_chat_into
 from ._errors import DataError
-from ._sources import FIELD_KINDS, SourceFile, iter_documents, memmap_tokens
+from ._sources import FIELD_KINDS, SourceFile, iter_documents, iter_records, memmap_tokens
 from ._encode import _TEMP_PREFIX, CACHE_FORMAT, atomic_write, empty_corpus, encode_into
 from ._shards import build_sharded, use_shards
 from ._tokenizer import Tokenizer, check_tokenizer
+from .chat import ChatFormat
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +46,7 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.uint32)
 
 
-def cache_key(files: Sequence[SourceFile], tokenizer: Tokenizer) -> str:
+def cache_key(files: Sequence[SourceFile], tokenizer: Tokenizer, chat: str | None = None) -> str:
     listing = []
     for f in files:
         try:
@@ -50,6 +56,8 @@ def cache_key(files: Sequence[SourceFile], tokenizer: Tokenizer) -> str:
         field = [f.text_field] if f.kind in FIELD_KINDS else []  # another column of the same file: other tokens
         listing.append([str(f.path), f.kind, st.st_size, st.st_mtime_ns, *field])
     key = {"format": CACHE_FORMAT, "tokenizer": tokenizer.fingerprint, "vocab": int(tokenizer.vocab_size)}
+    if chat is not None:  # only then: the keys (and files) of text caches stay what they were
+        key["chat"] = [CHAT_FORMAT, chat]
     blob = json.dumps({**key, "files": listing})
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
@@ -67,23 +75,51 @@ def cached_tokens(files: Sequence[SourceFile], tokenizer: Tokenizer, cache_dir: 
     cache_dir = Path(cache_dir).expanduser()
     path = cache_dir / f"tokens-{cache_key(files, tokenizer)}.{dtype.name}.bin"
     if not path.is_file():
-        try:
-            cache_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise DataError(
-                f"cannot create the data cache folder {str(cache_dir)!r} (data.cache_dir): {e.strerror}"
-            ) from e
-        _remove_stale_temps(cache_dir)
-        t0 = time.perf_counter()
-        try:
-            n = _tokenize_into(path, files, tokenizer, dtype)
-        except OSError as e:  # reading sources raises DataError; an OSError here is the cache write
-            raise DataError(
-                f"cannot write the token cache {str(path)!r} (data.cache_dir): {e.strerror or e}; "
-                "free some space or point data.cache_dir at a writable folder"
-            ) from e
-        log.info("tokenised %d files into %d tokens in %.1fs -> %s", len(files), n, time.perf_counter() - t0, path)
+        _write_cache(path, files, lambda: _tokenize_into(path, files, tokenizer, dtype))
     return _open_cache(path)
+
+
+def cached_chat(files: Sequence[SourceFile], fmt: ChatFormat, cache_dir: str | Path) -> tuple[np.memmap, np.memmap]:
+    """Tokens of the chat records of ``files`` (``_chat``) and their flags (one byte per token:
+    ``LOSS``, ``START``), from the cache or tokenised into it.
+
+    The flags are a second file, ``flags-<key>.uint8.bin``, written with the tokens: both appear
+    only complete (the flags first, so a token file whose flags are missing is rebuilt), and a
+    pair whose lengths differ is refused as corrupt.
+    """
+    tokenizer = fmt.tokenizer
+    check_tokenizer(tokenizer)
+    dtype = token_dtype(tokenizer.vocab_size)
+    cache_dir = Path(cache_dir).expanduser()
+    key = cache_key(files, tokenizer, chat=fmt.fingerprint)
+    path, flags_path = cache_dir / f"tokens-{key}.{dtype.name}.bin", cache_dir / f"flags-{key}.uint8.bin"
+    if not (path.is_file() and flags_path.is_file()):
+        _write_cache(path, files, lambda: _chat_into(path, flags_path, files, fmt, dtype))
+    tokens, flags = _open_cache(path), _open_cache(flags_path)
+    if len(tokens) != len(flags):
+        raise DataError(f"the token cache {str(path)!r} holds {len(tokens)} tokens but its flags {str(flags_path)!r} "
+                        f"{len(flags)}; delete both to rebuild")
+    return tokens, flags
+
+
+def _write_cache(path: Path, files: Sequence[SourceFile], tokenize) -> None:
+    cache_dir = path.parent
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DataError(
+            f"cannot create the data cache folder {str(cache_dir)!r} (data.cache_dir): {e.strerror}"
+        ) from e
+    _remove_stale_temps(cache_dir)
+    t0 = time.perf_counter()
+    try:
+        n = tokenize()
+    except OSError as e:  # reading sources raises DataError; an OSError here is the cache write
+        raise DataError(
+            f"cannot write the token cache {str(path)!r} (data.cache_dir): {e.strerror or e}; "
+            "free some space or point data.cache_dir at a writable folder"
+        ) from e
+    log.info("tokenised %d files into %d tokens in %.1fs -> %s", len(files), n, time.perf_counter() - t0, path)
 
 
 def _open_cache(path: Path) -> np.memmap:
@@ -99,6 +135,15 @@ def _tokenize_into(path: Path, files: Sequence[SourceFile], tokenizer: Tokenizer
         return build_sharded(path, files, tokenizer, dtype)
     with atomic_write(path) as f:
         n = encode_into(f, iter_documents(files), tokenizer, dtype)
+        if n == 0:
+            raise empty_corpus(files)
+    return n
+
+
+def _chat_into(path: Path, flags_path: Path, files: Sequence[SourceFile], fmt: ChatFormat, dtype: np.dtype) -> int:
+    # Chat corpora are built in one pass (no worker shards): a worker would need the template too.
+    with atomic_write(path) as tokens_f, atomic_write(flags_path) as flags_f:  # the inner one, flags, lands first
+        n = encode_chat_into(tokens_f, flags_f, iter_records(files), fmt, dtype)
         if n == 0:
             raise empty_corpus(files)
     return n

@@ -46,9 +46,9 @@ def encode_into(f: BinaryIO, docs: Iterator[tuple[str, str]], tokenizer: Tokeniz
     """Tokenise ``docs`` in batches into ``f`` (each document then eos), checking every id;
     returns the number of tokens written."""
     encode_batch = getattr(tokenizer, "encode_batch", None) or (lambda texts: [tokenizer.encode(t) for t in texts])
-    eos, vocab = tokenizer.eos_id, tokenizer.vocab_size
+    eos = tokenizer.eos_id
     n = 0
-    for chunk in _chunked(docs):
+    for chunk in chunked(docs):
         encoded = encode_batch([text for _, text in chunk])
         kept = [(where, doc) for (where, _), doc in zip(chunk, encoded) if len(doc)]
         if not kept:
@@ -56,16 +56,23 @@ def encode_into(f: BinaryIO, docs: Iterator[tuple[str, str]], tokenizer: Tokeniz
         ends = np.cumsum([len(doc) + 1 for _, doc in kept])
         # int64 first: an id too large for ``dtype`` must reach the range check, not overflow
         flat = np.fromiter(chain.from_iterable((*doc, eos) for _, doc in kept), dtype=np.int64, count=int(ends[-1]))
-        bad = first_out_of_range(flat, vocab)
-        if bad is not None:
-            where = kept[int(np.searchsorted(ends, bad, side="right"))][0]
-            raise DataError(
-                f"{where}: the tokenizer gave id {int(flat[bad])}, outside its vocabulary of {vocab} "
-                f"(tokenizer {tokenizer!r}); a model sized by that vocabulary cannot embed it"
-            )
+        check_ids(flat, ends, [where for where, _ in kept], tokenizer)
         f.write(flat.astype(dtype).tobytes())
         n += flat.size
     return n
+
+
+def check_ids(flat: np.ndarray, ends: np.ndarray, wheres: Sequence[str], tokenizer: Tokenizer) -> None:
+    """Raise DataError naming the document (``wheres[k]`` ends at ``ends[k]`` in ``flat``) of the
+    first id outside the tokenizer's vocabulary."""
+    vocab = tokenizer.vocab_size
+    bad = first_out_of_range(flat, vocab)
+    if bad is not None:
+        where = wheres[int(np.searchsorted(ends, bad, side="right"))]
+        raise DataError(
+            f"{where}: the tokenizer gave id {int(flat[bad])}, outside its vocabulary of {vocab} "
+            f"(tokenizer {tokenizer!r}); a model sized by that vocabulary cannot embed it"
+        )
 
 
 def empty_corpus(files: Sequence[SourceFile]) -> DataError:
@@ -73,11 +80,12 @@ def empty_corpus(files: Sequence[SourceFile]) -> DataError:
     return DataError(f"the corpus is empty: no text in {names}")
 
 
-def _chunked(docs: Iterator[tuple[str, str]]) -> Iterator[list[tuple[str, str]]]:
+def chunked(docs: Iterator[tuple]) -> Iterator[list[tuple]]:
+    """``(where, text, ...)`` items in lists of about ``_ENCODE_CHUNK_CHARS`` characters of text."""
     chunk, size = [], 0
-    for where, text in docs:
-        chunk.append((where, text))
-        size += len(text)
+    for item in docs:
+        chunk.append(item)
+        size += len(item[1])
         if size >= _ENCODE_CHUNK_CHARS:
             yield chunk
             chunk, size = [], 0

@@ -5,6 +5,7 @@
     train:
       - {name: web, paths: [fineweb/*.parquet], weight: 3}
       - {name: code, paths: [stack/**/*.jsonl.zst], weight: 1, text_field: content}
+      - {name: sft, paths: [chats.jsonl], weight: 1, format: chat}   # chat records (_chat)
 
 Each source is tokenised into its own cache file and packed into its own rows. The batch
 order is a function of ``(seed, step)`` alone, so resuming at a step replays nothing and every
@@ -36,19 +37,21 @@ from ._packing import Batch, Sequences
 
 BLOCK_ROWS = 4096  # the finest share a weight can get is one row in a block of at least this many
 _MIX_TAG, _SOURCE_TAG = 0x6D6978, 0x737263  # keep the block and source generators apart from the epoch order's
-_KEYS = ("name", "paths", "weight", "text_field")
+_KEYS = ("name", "paths", "weight", "text_field", "format")
+FORMATS = ("text", "chat")  # a source's documents: text (by file kind) or chat records (_chat)
 
 
 @dataclass(frozen=True)
 class SourceSpec:
-    """One source of ``data.train`` / ``data.validation``: its files, share and text field.
+    """One source of ``data.train`` / ``data.validation``: its files, share, text field and format.
 
-    Plain specs (strings) form a single unnamed source (``name == ""``)."""
+    Plain specs (strings) form a single unnamed source (``name == ""``) of text."""
 
     name: str
     paths: tuple[str, ...]
     weight: float = 1.0
     text_field: str = "text"
+    format: str = "text"
 
 
 def parse_sources(entries: Sequence[Any], key: str, *, weighted: bool) -> list[SourceSpec]:
@@ -98,7 +101,13 @@ def _parse_one(entry: dict, key: str, weighted: bool) -> SourceSpec:
     field = entry.get("text_field", "text")
     if not isinstance(field, str) or not field:
         raise DataError(f"{key}.text_field must be a non-empty column or field name, got {field!r}")
-    return SourceSpec(name, tuple(paths), float(weight), field)
+    fmt = entry.get("format", "text")
+    if fmt not in FORMATS:
+        raise DataError(f"{key}.format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    if fmt == "chat" and "text_field" in entry:
+        raise DataError(f"{key}.text_field: a chat source reads whole records ('messages', or 'prompt' and "
+                        "'completion'), not one field; leave text_field out")
+    return SourceSpec(name, tuple(paths), float(weight), field, fmt)
 
 
 class Mixture:

@@ -174,10 +174,8 @@ def iter_documents(files: Sequence[SourceFile]) -> Iterator[tuple[str, str]]:
             raw = _compressed.read_all(src.path, src.codec) if src.codec else _read_bytes(src.path)
             yield str(src.path), _decode_text(raw, src.path)
         elif src.kind == "jsonl":
-            lines = _compressed.lines(src.path, src.codec) if src.codec else _plain_lines(src.path)
-            for lineno, line in lines:
-                if line.strip():
-                    yield f"{src.path}:{lineno}", _jsonl_text(line, src.path, lineno, src.text_field)
+            for where, record in iter_records([src]):
+                yield where, _record_text(record, where, src.text_field)
         elif src.kind in ("parquet", "arrow"):
             yield from _columnar.documents(src.path, src.kind, src.text_field)
 
@@ -279,25 +277,41 @@ def _plain_lines(path: Path) -> Iterator[tuple[int, bytes]]:
         raise DataError(f"cannot read data file {str(path)!r} after line {lineno}: {e.strerror}") from e
 
 
-def _jsonl_text(line: bytes, path: Path, lineno: int, field: str = "text") -> str:
+def iter_records(files: Sequence[SourceFile]) -> Iterator[tuple[str, object]]:
+    """``(file:line, value)`` for each non-blank line of JSONL files (chat sources read whole records)."""
+    for src in files:
+        lines = _compressed.lines(src.path, src.codec) if src.codec else _plain_lines(src.path)
+        for lineno, line in lines:
+            if line.strip():
+                yield f"{src.path}:{lineno}", _json_line(line, src.path, lineno)
+
+
+def _json_line(line: bytes, path: Path, lineno: int):
     try:
-        record = json.loads(line)
+        return json.loads(line)
     except UnicodeDecodeError as e:
         raise DataError(f"{path}:{lineno}: not valid UTF-8 (at byte {e.start} of the line)") from e
     except (ValueError, RecursionError) as e:  # RecursionError: nesting deeper than the parser's stack
         raise DataError(f"{path}:{lineno}: not valid JSON ({type(e).__name__}: {e})") from e
+
+
+def has_surrogate(text: str) -> bool:
+    return _SURROGATE.search(text) is not None
+
+
+def _record_text(record, where: str, field: str) -> str:
     if not isinstance(record, dict):
-        raise DataError(f"{path}:{lineno}: expected an object with a string {field!r} field, got {_json_kind(record)}")
+        raise DataError(f"{where}: expected an object with a string {field!r} field, got {json_kind(record)}")
     text = record.get(field)
     if not isinstance(text, str):
-        got = f"no {field!r} field" if field not in record else f"{field!r} is {_json_kind(text)}"
-        raise DataError(f"{path}:{lineno}: expected an object with a string {field!r} field; {got}")
-    if _SURROGATE.search(text):
-        raise DataError(f"{path}:{lineno}: the {field!r} field holds a lone UTF-16 surrogate (\\ud800-\\udfff escape)")
+        got = f"no {field!r} field" if field not in record else f"{field!r} is {json_kind(text)}"
+        raise DataError(f"{where}: expected an object with a string {field!r} field; {got}")
+    if has_surrogate(text):
+        raise DataError(f"{where}: the {field!r} field holds a lone UTF-16 surrogate (\\ud800-\\udfff escape)")
     return text
 
 
-def _json_kind(value) -> str:
+def json_kind(value) -> str:
     if value is None or isinstance(value, bool):
         return json.dumps(value)
     kinds = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number"}

@@ -1,0 +1,97 @@
+"""Every place where named depends on something JAX may change between the versions it
+supports (``jax>=0.10,<0.13``): version checks, JAX internals, and APIs outside JAX's
+compatibility policy (``jax.core``, ``jax._src``, config flags). The rest of the code imports
+these names and never branches on a JAX version or reaches into ``jax._src`` itself
+(``tests/test_compat.py`` checks that, and that each shim works on the installed JAX).
+
+What was checked against the 0.11 and 0.12 release notes, and is used directly elsewhere
+because it is the same on 0.10, 0.11 and 0.12: ``jax.tree``/``jax.tree_util`` (the legacy
+``jax.tree_*`` aliases are not used), ``jax.shard_map`` with ``check_vma`` (not
+``jax.experimental.shard_map``/``check_rep``), ``jax.set_mesh`` (no ``with mesh:``),
+``jax.sharding`` (``Mesh``, ``NamedSharding``, ``PartitionSpec``, ``AxisType``,
+``get_abstract_mesh``), ``jax.checkpoint_policies`` by attribute (a module from 0.11),
+``jax.ad_checkpoint.checkpoint_name``, ``jax.random.key``/``key_data``/``wrap_key_data``,
+``jax.make_array_from_process_local_data``. Not used at all: ``pjit``,
+``jax.experimental.mesh_utils``, ``jax.lib.xla_bridge``, ``device_put_replicated``/``_sharded``,
+``lax.pvary``, ``jax.lax.axis_size``, ``AbstractMesh`` constructors.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import jax
+
+# (major, minor, patch) of the running jax, for the few differences that need it.
+JAX_VERSION: tuple[int, ...] = tuple(int(p) for p in re.findall(r"\d+", jax.__version__)[:3])
+SUPPORTED = ((0, 10), (0, 13))  # [low, high): pyproject's jax>=0.10,<0.13
+
+# pip enforces the range, but a tree put on PYTHONPATH beside another JAX (a borrowed GPU
+# image, say) is not checked by anyone else.
+if not SUPPORTED[0] <= JAX_VERSION[:2] < SUPPORTED[1]:
+    warnings.warn(f"named is tested with jax>={SUPPORTED[0][0]}.{SUPPORTED[0][1]},<{SUPPORTED[1][0]}.{SUPPORTED[1][1]}; "
+                  f"this is jax {jax.__version__}", stacklevel=2)
+
+# ``jax.core`` is outside JAX's API policy (0.10 deprecated most of it in favour of
+# ``jax.extend.core``); ``Tracer`` is the one name named takes from it.
+Tracer = jax.core.Tracer
+
+
+def is_tracer(x) -> bool:
+    """Whether ``x`` is a value being traced (inside jit, grad, vmap...), not a concrete array."""
+    return isinstance(x, Tracer)
+
+
+def threefry_partitionable() -> bool:
+    """Whether random bits are independent of the sharding (the default since jax 0.5). JAX drops
+    a flag once its new behaviour is the only one, so a missing flag means it is on."""
+    return bool(getattr(jax.config, "jax_threefry_partitionable", True))
+
+
+def backends_initialized() -> bool:
+    """Whether this process has started its JAX backends (after which device flags no longer
+    apply). JAX has no public way to ask."""
+    from jax._src import xla_bridge
+
+    return xla_bridge.backends_are_initialized()
+
+
+def distributed_client():
+    """The coordination-service client of ``jax.distributed.initialize`` (key-value store and
+    barriers, the one JAX's own array serialization uses), or None before it started."""
+    from jax._src import distributed
+
+    return distributed.global_state.client
+
+
+def cluster_detected() -> bool:
+    """Whether ``jax.distributed.initialize()`` would find its coordinator from the environment
+    (SLURM, Kubernetes, a TPU pod...), by JAX's own test. True when it cannot be told here:
+    then ``initialize`` reports JAX's own refusal."""
+    try:
+        from jax._src.clusters import ClusterEnv
+
+        envs = list(ClusterEnv._cluster_types)
+    except (ImportError, AttributeError):
+        return True
+    return any(not env.opt_in_only_method and env.is_env_present() for env in envs)
+
+
+def cudnn_version() -> int | None:
+    """The cuDNN version JAX loaded (e.g. 91200 for 9.12.0), or None without CUDA: recorded beside
+    GPU benchmark numbers. JAX has no public way to ask."""
+    try:
+        from jax._src.lib import cuda_versions
+    except ImportError:
+        return None
+    try:
+        return int(cuda_versions.cudnn_get_version()) if cuda_versions is not None else None
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def shard_map(f, *, mesh, in_specs, out_specs, check_vma: bool):
+    """``jax.shard_map`` (the stable entry point since 0.8; ``check_vma`` is the check that was
+    ``check_rep`` in ``jax.experimental.shard_map``)."""
+    return jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=check_vma)

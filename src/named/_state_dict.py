@@ -1,0 +1,329 @@
+"""State dicts: any module as a flat ``{dotted key: array}`` dict and back, and as a safetensors file.
+
+Keys join attribute names, sequence indices and dict keys with ".", as torch's ``state_dict``
+does for the same nesting. A ``Stacked`` or a ``BlockSeq`` adds one level per layer
+(``layers.0.mlp.up.weight``, not ``layers.stacked.…``): stacked arrays are split along their
+layers axis on the way out and stacked again on the way in, so a file does not depend on which
+of the two holds the blocks. Values are plain arrays, in the axis order of the module's
+NamedArray with the layers axis removed; on load the template module gives the names back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._axis import Axis, NamedError
+from ._core import NamedArray, is_named_array
+from ._shape import unbind
+from .nn._blockseq import BlockSeq
+from .nn._stacked import Stacked
+from .partitioning import sharding_for
+
+__all__ = ["StateDictEntry", "StateDictError", "load_state_dict", "load_state_dict_file", "save_state_dict",
+           "state_dict", "state_dict_entries"]
+
+
+class StateDictError(NamedError, ValueError):
+    """A state dict (or its file) does not fit the module: a missing, unexpected or misshapen key."""
+
+
+# ---- the one flattening ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class StateDictEntry:
+    """One leaf of a pytree as state dicts see it.
+
+    ``path`` is the pytree path (``jax.tree_util.keystr`` with "." separators, e.g.
+    ``layers.stacked.mlp.up.weight``); ``parts`` are the parts of its state-dict key, with the
+    layers Axis of each enclosing ``Stacked`` where that stack is split per layer.
+    """
+
+    path: str
+    parts: tuple[str | Axis, ...]
+    leaf: Any
+
+    @property
+    def stacks(self) -> tuple[Axis, ...]:
+        """The layers axes the leaf is split along, outermost first."""
+        return tuple(p for p in self.parts if isinstance(p, Axis))
+
+    def key(self, *layers: int) -> str:
+        """The state-dict key of this leaf's slice at ``layers`` (one index per stack)."""
+        it = iter(layers)
+        return ".".join(str(next(it)) if isinstance(p, Axis) else p for p in self.parts)
+
+    def layer_indices(self) -> list[tuple[int, ...]]:
+        """Every combination of layer indices, in key order (``[()]`` outside any stack)."""
+        return list(itertools.product(*(range(a.size) for a in self.stacks)))
+
+
+def _is_node(x) -> bool:
+    return is_named_array(x) or isinstance(x, (Stacked, BlockSeq))
+
+
+def _part(k) -> str:
+    return jax.tree_util.keystr((k,), simple=True, separator=".")
+
+
+def state_dict_entries(tree) -> list[StateDictEntry]:
+    """Every leaf of ``tree`` (NamedArrays as leaves), in ``jax.tree.leaves(tree,
+    is_leaf=nm.is_named_array)`` order, with its pytree path and its state-dict key parts."""
+    out: list[StateDictEntry] = []
+    _walk(tree, (), (), out)
+    return out
+
+
+def _walk(tree, keypath: tuple, parts: tuple, out: list) -> None:
+    for path, x in jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_node)[0]:
+        full, here = keypath + path, parts + tuple(_part(k) for k in path)
+        if isinstance(x, Stacked):
+            _walk(x.stacked, full + (jax.tree_util.GetAttrKey("stacked"),), here + (x.Layers,), out)
+        elif isinstance(x, BlockSeq):
+            # the tuple's own indices become the layer part of the key
+            _walk(x.blocks, full + (jax.tree_util.GetAttrKey("blocks"),), here, out)
+        else:
+            out.append(StateDictEntry(jax.tree_util.keystr(full, simple=True, separator="."), here, x))
+
+
+def _is_array(x) -> bool:
+    return isinstance(x, NamedArray) or eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
+
+
+def _raw(x):
+    return x.array if isinstance(x, NamedArray) else x
+
+
+def _slices(e: StateDictEntry) -> list[tuple[str, Any]]:
+    """``(key, array)`` for each layer slice of an array leaf."""
+    if not e.stacks:
+        return [(e.key(), _raw(e.leaf))]
+    if not isinstance(e.leaf, NamedArray):
+        raise StateDictError(f"{e.path}: a plain array inside a Stacked has no layers axis to split it by")
+    slices = [e.leaf]
+    for axis in e.stacks:
+        slices = [s for x in slices for s in unbind(x, axis.name)]
+    return [(e.key(*idx), x.array) for idx, x in zip(e.layer_indices(), slices)]
+
+
+def state_dict(tree) -> dict[str, jax.Array]:
+    """The arrays of ``tree`` (a module, or any pytree) under flat dotted keys.
+
+    Non-array leaves are left out. Each value is the NamedArray's array, in its axis order;
+    the arrays of a ``Stacked`` come one per layer (``layers.0.…``), without the layers axis.
+    """
+    out: dict[str, Any] = {}
+    for e in state_dict_entries(tree):
+        if not _is_array(e.leaf):
+            continue
+        for key, value in _slices(e):
+            if key in out:
+                raise StateDictError(f"two leaves of the tree have the state-dict key {key!r} (the second at {e.path})")
+            out[key] = value
+    return out
+
+
+# ---- loading -----------------------------------------------------------------------------------------
+
+_KINDS = ((jnp.floating, "floating-point"), (jnp.complexfloating, "complex"), (jnp.integer, "integer"),
+          (jnp.bool_, "boolean"))
+
+
+def _kind(dtype) -> str:
+    # by issubdtype, not numpy's kind letter, which is "V" for bfloat16 and the float8s
+    return next((name for kind, name in _KINDS if jnp.issubdtype(dtype, kind)), str(dtype))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Found:
+    """What a source says about one key before any of its data is read."""
+
+    shape: tuple[int, ...]
+    kind: str
+
+
+def _expected_shape(e: StateDictEntry) -> tuple[int, ...]:
+    if isinstance(e.leaf, NamedArray):
+        stacked = {a.name for a in e.stacks}
+        return tuple(a.size for a in e.leaf.axes if a.name not in stacked)
+    return tuple(e.leaf.shape)
+
+
+def _missing_text(keys: list[str]) -> str:
+    more = f" (and {len(keys) - 1} more: {', '.join(keys[1:4])}{', ...' if len(keys) > 4 else ''})"
+    return f"{keys[0]!r}{more if len(keys) > 1 else ''}"
+
+
+def _check(entries: list[StateDictEntry], found: Mapping[str, _Found], strict: bool, where: str) -> None:
+    """Every key, shape and dtype kind checked against the template before any value is used."""
+    wanted = {}
+    for e in entries:
+        if _is_array(e.leaf):
+            for idx in e.layer_indices():
+                wanted[e.key(*idx)] = e
+    unexpected = [k for k in found if k not in wanted]
+    if strict and unexpected:
+        raise StateDictError(f"{where}: unexpected key {_missing_text(unexpected)}: the module has no such parameter "
+                             "(pass strict=False to ignore it)")
+    missing = [k for k in wanted if k not in found]
+    if missing and strict:
+        raise StateDictError(f"{where}: missing key {_missing_text(missing)} (pass strict=False to keep the "
+                             "template's values)")
+    for key, e in wanted.items():
+        if key not in found:
+            if not eqx.is_array(_raw(e.leaf)):
+                raise StateDictError(f"{where}: missing key {key!r}, and the template is abstract: it has no value "
+                                     "to keep")
+            continue
+        f, shape = found[key], _expected_shape(e)
+        if f.shape != shape:
+            axes = ""
+            if isinstance(e.leaf, NamedArray):
+                axes = " (" + " ".join(a.name for a in e.leaf.axes if a not in e.stacks) + ")"
+            raise StateDictError(f"{where}: key {key!r} has shape {list(f.shape)}, expected {list(shape)}{axes}")
+        if f.kind != _kind(e.leaf.dtype):
+            raise StateDictError(f"{where}: key {key!r} holds {f.kind} values, but parameter {e.path} is "
+                                 f"{e.leaf.dtype}")
+
+
+def _placement(leaf, mapping, mesh):
+    axes = leaf.axes if isinstance(leaf, NamedArray) else None
+    if (mapping is not None or mesh is not None) and axes is not None:
+        return sharding_for(axes, mapping, mesh)
+    sharding = getattr(_raw(leaf), "sharding", None)
+    return sharding if isinstance(sharding, jax.sharding.Sharding) else None
+
+
+def _join(e: StateDictEntry, get: Callable[[str], Any], mapping, mesh):
+    """The leaf rebuilt from its per-layer values, cast to the template's dtype and placed."""
+    dtype = e.leaf.dtype
+    values = [get(e.key(*idx)) for idx in e.layer_indices()]
+    xp = jnp if any(isinstance(v, jax.Array) for v in values) else np
+    values = [xp.asarray(v).astype(dtype) for v in values]
+    if e.stacks:
+        full = xp.stack(values).reshape(tuple(a.size for a in e.stacks) + values[0].shape)
+        order = [a.name for a in e.stacks] + [a.name for a in e.leaf.axes if a not in e.stacks]
+        value = xp.transpose(full, [order.index(a.name) for a in e.leaf.axes])
+    else:
+        value = values[0]
+    sharding = _placement(e.leaf, mapping, mesh)
+    value = jax.device_put(value, sharding) if sharding is not None else jnp.asarray(value)
+    return NamedArray(value, e.leaf.axes) if isinstance(e.leaf, NamedArray) else value
+
+
+def _rebuild(template, entries, found, get, strict, mapping, mesh, where):
+    _check(entries, found, strict, where)
+    template_values = {}  # non-strict: a key the source lacks keeps the template's slice
+
+    def value(key: str, e: StateDictEntry):
+        if key in found:
+            return get(key)
+        if e.path not in template_values:
+            template_values[e.path] = dict(_slices(e))
+        return template_values[e.path][key]
+
+    leaves = [_join(e, lambda k, e=e: value(k, e), mapping, mesh) if _is_array(e.leaf) else e.leaf for e in entries]
+    return jax.tree.unflatten(jax.tree.structure(template, is_leaf=is_named_array), leaves)
+
+
+def _as_array(key, v):
+    if isinstance(v, NamedArray):
+        raise StateDictError(f"state dict key {key!r} holds a NamedArray; state dicts hold plain arrays (pass "
+                             "x.array, in the template's axis order)")
+    if isinstance(v, (np.ndarray, jax.Array)):
+        return v
+    try:  # a CPU torch tensor, a list, ...
+        v = np.asarray(v)
+    except Exception as e:
+        raise StateDictError(f"state dict key {key!r} holds a {type(v).__name__} that is not an array ({e})") from None
+    if v.dtype == object:
+        raise StateDictError(f"state dict key {key!r} holds a {type(v).__name__}, not an array")
+    return v
+
+
+def load_state_dict(template, state_dict: Mapping[str, Any], *, strict: bool = True, mapping=None, mesh=None):
+    """A copy of ``template`` with its arrays taken from ``state_dict`` (as ``nm.state_dict`` makes).
+
+    Args:
+        template: a module (or any pytree) that supplies structure, axes and dtypes; it may be
+            abstract (``eqx.filter_eval_shape(Model.init, ...)``).
+        state_dict: flat dotted keys to arrays (numpy, jax, or anything with shape and dtype).
+            Values are cast to the template's dtypes.
+        strict: when False, keys the module lacks are ignored and keys the dict lacks keep the
+            template's values.
+        mapping, mesh: place every array by this parameter mapping on this mesh. Without them an
+            array goes where the template's array is (its sharding), or to the default device.
+
+    Raises:
+        StateDictError: naming the missing, unexpected or misshapen key, before anything is placed.
+    """
+    if not isinstance(state_dict, Mapping):
+        raise StateDictError(f"load_state_dict takes a mapping of keys to arrays, got {type(state_dict).__name__}")
+    for k in state_dict:
+        if not isinstance(k, str):
+            raise StateDictError(f"state dict keys are strings, got {k!r}")
+    arrays = {k: _as_array(k, v) for k, v in state_dict.items()}
+    found = {k: _Found(tuple(v.shape), _kind(v.dtype)) for k, v in arrays.items()}
+    return _rebuild(template, state_dict_entries(template), found, arrays.__getitem__, strict, mapping, mesh,
+                    "load_state_dict")
+
+
+# ---- safetensors files ----------------------------------------------------------------------------
+
+def _safetensors_kind(dtype: str) -> str:
+    if dtype == "BOOL":
+        return "boolean"
+    kinds = {"F": "floating-point", "B": "floating-point", "I": "integer", "U": "integer", "C": "complex"}  # B: BF16
+    return kinds.get(dtype[:1], dtype)
+
+
+def save_state_dict(tree, path: str | os.PathLike, *, metadata: Mapping[str, str] | None = None) -> None:
+    """Write ``nm.state_dict(tree)`` to ``path`` as safetensors.
+
+    The file is written beside ``path`` and renamed into place, so a failed save leaves no
+    partial file and any earlier file at ``path`` whole.
+    """
+    from safetensors.numpy import save_file
+
+    path = Path(path)
+    if path.is_dir():
+        raise StateDictError(f"{path}: is a directory; save_state_dict writes one file (e.g. model.safetensors)")
+    arrays = {k: np.ascontiguousarray(np.asarray(v)) for k, v in state_dict(tree).items()}
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        save_file(arrays, str(tmp), metadata=dict(metadata) if metadata else None)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def load_state_dict_file(template, path: str | os.PathLike, *, strict: bool = True, mapping=None, mesh=None):
+    """``load_state_dict(template, <the safetensors file at path>)``: every key, shape and dtype
+    in the file's header is checked against ``template`` before a tensor is read, and each
+    tensor goes to its device(s) as it is read. Never unpickles anything."""
+    from safetensors import SafetensorError, safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise StateDictError(f"{path}: {'not a file' if path.exists() else 'not found'}")
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            found = {}
+            for k in f.keys():
+                s = f.get_slice(k)
+                found[k] = _Found(tuple(s.get_shape()), _safetensors_kind(s.get_dtype()))
+            return _rebuild(template, state_dict_entries(template), found, f.get_tensor, strict, mapping, mesh,
+                            str(path))
+    except SafetensorError as e:
+        raise StateDictError(f"{path}: safetensors cannot read it ({e})") from None

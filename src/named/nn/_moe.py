@@ -1,0 +1,436 @@
+"""MoE: a sparse mixture of experts. A router scores every expert for each token and keeps the
+top ``k``; each token's output is the weighted sum of its ``k`` experts (gated MLPs) plus, where
+the family has one, a shared expert that every token goes through.
+
+Axes (names; the token axes are every axis of the input but ``embed``, e.g. batch and position):
+
+    experts   the experts; every expert weight carries it (``gate``, ``up``: experts embed mlp,
+              ``down``: experts mlp embed), a Stacked of gated MLPs
+    topk      the ``k`` experts chosen for a token (routing weights and expert ids)
+    embed     the model width; ``mlp`` each expert's hidden units
+
+Dispatch is dropless: a block of tokens is sorted by expert and run through grouped matmuls
+(``jax.lax.ragged_dot``), so every token reaches every expert it chose and there is no capacity
+factor. ``dispatch="dense"`` runs every expert on every token instead (the reference).
+
+Expert parallelism is one line of the mapping: ``experts: <mesh axes>`` splits the experts over
+those devices. Each block of tokens (one device's tokens) then sends each expert's rows to the
+device holding it and receives the results back, two exchanges of a buffer ``(devices,
+capacity, embed)``, where capacity is the block's ``tokens · k`` rows (the worst case: nothing is
+dropped even if every token picks one device's experts). In explicit mode (``parallel="explicit"``)
+the block code runs under ``nm.shard_map`` and the exchange is ``nm.all_to_all``; in auto mode
+the same block code is vmapped over the blocks and the exchange is a change of sharding
+constraint that GSPMD lowers to an all-to-all. Both give the numbers of one device.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import ClassVar
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
+
+from .._axis import ArgumentError, Axis, AxisError, format_axes
+from .._context import current_body, current_mapping, current_mesh
+from .._core import NamedArray
+from .._einsum import dot
+from .. import _ops as ops
+from .._shape import one_hot, top_k as _top_k
+from .._local import ShardedAxis, _split_over
+from ..explicit import all_gather, all_to_all, axis_index, psum, shard_map
+from ..partitioning import _mesh_axes, shard
+from ._basic import MLP, activation as _activation
+from ._linear import Linear
+from ._stacked import Stacked
+
+EXPERTS, TOPK = "experts", "topk"
+ROUTINGS = ("softmax_topk", "topk_softmax")
+DISPATCHES = ("dropless", "dense")
+PARALLEL = ("auto", "explicit")
+
+
+# ---- routing and its losses ---------------------------------------------------------------------
+
+
+def route(logits: NamedArray, k: int, *, routing: str = "softmax_topk", normalize: bool = True):
+    """``(weights, ids, probs)``: the top ``k`` experts of each token (``ids``, axis ``topk``),
+    their weights, and every expert's softmax probability (axis ``experts``), all float32.
+
+    ``softmax_topk`` (Mixtral, Qwen-MoE): softmax over all experts, then the ``k`` largest,
+    renormalised to sum to 1 when ``normalize``. ``topk_softmax``: the ``k`` largest logits,
+    softmax over those (the same numbers as ``softmax_topk`` with ``normalize``).
+    """
+    if routing not in ROUTINGS:
+        raise ArgumentError(f"routing={routing!r} is not one of {', '.join(ROUTINGS)}")
+    logits = logits.astype(jnp.float32)  # routing decisions in full precision: bf16 ties flip experts
+    probs = ops.softmax(logits, EXPERTS)
+    if routing == "topk_softmax":
+        top, ids = _top_k(logits, EXPERTS, k, new_axis=TOPK)
+        return ops.softmax(top, TOPK), ids, probs
+    weights, ids = _top_k(probs, EXPERTS, k, new_axis=TOPK)
+    if normalize:
+        weights = weights / weights.sum(TOPK)
+    return weights, ids, probs
+
+
+def load_balancing_loss(probs: NamedArray, ids: NamedArray) -> jax.Array:
+    """Switch Transformer's auxiliary loss, ``E · Σ_e f_e · P_e``: ``f_e`` the tokens sent to
+    expert ``e`` over the number of tokens (so ``Σ f = k``), ``P_e`` its mean router probability.
+    ``k`` when the load is even, larger as it gathers on few experts (Hugging Face's
+    ``load_balancing_loss_func`` for one layer)."""
+    Experts = probs.resolve_axis(EXPERTS)
+    tokens = tuple(n for n in probs.names if n != EXPERTS)
+    n_tokens = math.prod(probs.axis_size(n) for n in tokens)
+    f = one_hot(ids, Experts).sum((TOPK, *tokens)) / n_tokens
+    p = probs.mean(tokens)
+    return Experts.size * (f * p).sum().scalar()
+
+
+def router_z_loss(logits: NamedArray) -> jax.Array:
+    """ST-MoE's router z-loss: the mean over tokens of ``logsumexp(logits)²`` (keeps the logits small)."""
+    lse = ops.logsumexp(logits.astype(jnp.float32), EXPERTS)
+    return ops.square(lse).mean().scalar()
+
+
+# ---- the layer ------------------------------------------------------------------------------------
+
+
+class MoE(eqx.Module):
+    """A mixture of gated-MLP experts with a top-k router; ``__call__`` returns ``(y, losses)``.
+
+    ``losses`` holds this layer's ``load_balancing`` and ``router_z`` losses (unweighted
+    scalars); a model weights them and adds them to its training loss.
+    """
+
+    router: Linear  # embed -> experts (Hugging Face's "gate")
+    experts: Stacked[MLP]  # over experts: down(act(gate(x)) * up(x)), embed -> mlp -> embed
+    shared_expert: MLP | None  # every token, beside its routed experts
+    shared_expert_gate: Linear | None  # embed -> (): sigmoid of it scales the shared expert (Qwen2-MoE)
+    top_k: int = eqx.field(static=True)
+    routing: str = eqx.field(static=True, default="softmax_topk")
+    normalize: bool = eqx.field(static=True, default=True)
+    dispatch: str = eqx.field(static=True, default="dropless")
+    parallel: str = eqx.field(static=True, default="auto")
+    ROUTINGS: ClassVar[tuple[str, ...]] = ROUTINGS
+    DISPATCHES: ClassVar[tuple[str, ...]] = DISPATCHES
+    PARALLEL: ClassVar[tuple[str, ...]] = PARALLEL
+
+    def __check_init__(self):
+        if self.routing not in ROUTINGS:
+            raise ArgumentError(f"MoE: routing={self.routing!r} is not one of {', '.join(ROUTINGS)}")
+        if self.dispatch not in DISPATCHES:
+            raise ArgumentError(f"MoE: dispatch={self.dispatch!r} is not one of {', '.join(DISPATCHES)}")
+        if self.parallel not in PARALLEL:
+            raise ArgumentError(f"MoE: parallel={self.parallel!r} is not one of {', '.join(PARALLEL)}")
+        n = self.experts.Layers.size
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or not 1 <= self.top_k <= n:
+            raise ArgumentError(f"MoE: top_k={self.top_k!r} must be an int in [1, {n}] (the number of experts)")
+
+    @staticmethod
+    def init(Embed: Axis, Mlp: Axis, Experts: Axis, top_k: int, *, key, activation: str = "silu",
+             routing: str = "softmax_topk", normalize: bool = True, shared_mlp: Axis | None = None,
+             shared_gate: bool = False, dispatch: str = "dropless", parallel: str = "auto",
+             dtype=jnp.float32) -> MoE:
+        """``Experts.size`` gated MLPs ``Embed -> Mlp -> Embed`` and a router ``Embed -> Experts``.
+
+        Args:
+            top_k: experts per token.
+            routing, normalize: see :func:`route`.
+            shared_mlp: the hidden axis of a shared expert (Qwen2-MoE, DeepSeek); None: none.
+            shared_gate: scale the shared expert by ``sigmoid(Linear(embed -> ()))`` (Qwen2-MoE).
+            dispatch: ``dropless`` (sorted tokens, grouped matmuls) or ``dense`` (every expert on
+                every token: the reference; the same numbers).
+            parallel: how experts split over devices travel: ``auto`` (GSPMD) or ``explicit``
+                (``nm.shard_map`` with ``nm.all_to_all``).
+        """
+        if Experts.name != EXPERTS:
+            raise AxisError(f"MoE: the experts axis must be called {EXPERTS!r}, got {Experts.name!r}")
+        _activation(activation)
+        k_router, k_experts, k_shared, k_gate = jax.random.split(key, 4)
+        router = Linear.init(Embed, Experts, key=k_router, use_bias=False, dtype=dtype)
+        experts = Stacked.init(Experts, MLP.init, Embed, Mlp, key=k_experts, activation=activation, gated=True,
+                               use_bias=False, dtype=dtype)
+        shared = gate = None
+        if shared_mlp is not None:
+            shared = MLP.init(Embed, shared_mlp, key=k_shared, activation=activation, gated=True, use_bias=False,
+                              dtype=dtype)
+            if shared_gate:
+                gate = Linear.init(Embed, (), key=k_gate, use_bias=False, dtype=dtype)
+        elif shared_gate:
+            raise ArgumentError("MoE: shared_gate=True needs a shared expert (shared_mlp=)")
+        return MoE(router, experts, shared, gate, top_k, routing, normalize, dispatch, parallel)
+
+    @property
+    def Experts(self) -> Axis:
+        return self.experts.Layers
+
+    def __call__(self, x: NamedArray, *, key=None) -> tuple[NamedArray, dict[str, jax.Array]]:
+        # not self.router(x): its output constraint would fail under expert parallelism, where
+        # the compute mapping gives batch and experts one mesh axis (tokens and experts both split)
+        logits = dot(x, self.router.weight, axis=tuple(a.name for a in self.router.In))
+        weights, ids, probs = route(logits, self.top_k, routing=self.routing, normalize=self.normalize)
+        losses = {"load_balancing": load_balancing_loss(probs, ids), "router_z": router_z_loss(logits)}
+        y = self.dense(x, ids, weights) if self.dispatch == "dense" else self.dropless(x, ids, weights)
+        if self.shared_expert is not None:
+            s = self.shared_expert(x)
+            if self.shared_expert_gate is not None:
+                s = s * ops.sigmoid(self.shared_expert_gate(x))
+            y = y + s
+        return shard(y), losses
+
+    # -- the two dispatches --------------------------------------------------------------------------
+
+    def dense(self, x: NamedArray, ids: NamedArray, weights: NamedArray) -> NamedArray:
+        """Every expert on every token, summed with the routing weights (zero for experts not chosen)."""
+        every = self.experts.vmap(x)  # (experts, *tokens, embed)
+        combine = (one_hot(ids, self.Experts) * weights).sum(TOPK)
+        return dot(combine, every.astype(jnp.float32), axis=EXPERTS).astype(x.dtype)
+
+    def dropless(self, x: NamedArray, ids: NamedArray, weights: NamedArray) -> NamedArray:
+        """Each token through exactly its ``k`` experts: sorted by expert, grouped matmuls, and
+        all-to-alls where the mapping splits ``experts`` over devices."""
+        e = self.experts.stacked
+        Embed = e.down.Out[0]
+        ws = (e.gate.weight, e.up.weight, e.down.weight)
+        names = _Names(Embed.name, e.up.Out[0].name, tuple(a.name for a in x.axes if a.name != Embed.name))
+        block = functools.partial(_block, names=names, n_experts=self.Experts.size, act=self.experts.stacked.act)
+        if current_body() is not None:  # already per device (a caller's nm.shard_map): the blocks say the split
+            return block(x, ids, weights, *ws)
+        mapping, mesh = current_mapping(), current_mesh()
+        if not mapping or mesh is None:
+            return block(x, ids, weights, *ws)
+        if self.parallel == "explicit":
+            return shard_map(block, in_mapping=mapping)(x, ids, weights, *ws)
+        return _auto(x, ids, weights, ws, names, self.Experts.size, self.experts.stacked.act, mapping, mesh)
+
+
+# ---- one block of tokens: pack, exchange, compute, exchange back, combine ------------------------------
+# Raw arrays inside: ``x`` (T, D) the block's tokens, ``ids`` / ``w`` (T, k). ``n_dst`` devices
+# hold ``E_l`` experts each (expert e lives on device e // E_l). The buffers are (n_dst, C, ...)
+# with C = T * k rows per device: the worst case, so nothing is ever dropped.
+
+
+class _Names:
+    def __init__(self, embed: str, mlp: str, tokens: tuple[str, ...]):
+        self.embed, self.mlp, self.tokens = embed, mlp, tokens
+
+
+def _pack(x, ids, n_dst: int, E_l: int):
+    """Each device's rows, sorted by expert: ``send`` (n_dst, C, D), their local expert ids
+    ``send_ids`` (n_dst, C) with ``E_l`` marking padding, and where each assignment went."""
+    T, k = ids.shape
+    C = T * k
+    flat = ids.reshape(-1)
+    order = jnp.argsort(flat, stable=True)
+    rank = jnp.zeros_like(order).at[order].set(jnp.arange(C, dtype=order.dtype), unique_indices=True)
+    dst = flat // E_l  # each assignment's device
+    counts = jnp.zeros((n_dst,), jnp.int32).at[dst].add(1)
+    starts = jnp.cumsum(counts) - counts
+    slot = jnp.arange(C)
+    src = jnp.clip(starts[:, None] + slot[None, :], 0, C - 1)  # sorted position of each buffer slot
+    valid = slot[None, :] < counts[:, None]
+    assignment = order[src]  # the (token, choice) in each slot
+    send = jnp.where(valid[..., None], x[assignment // k], 0)
+    send_ids = jnp.where(valid, flat[assignment] % E_l, E_l)
+    pos = rank - starts[dst]  # each assignment's slot in its device's buffer
+    return send, send_ids, (dst, pos)
+
+
+def _grouped_mlp(rows, ids, gate, up, down, act, *, presorted: bool):
+    """``down(act(rows · gate) * (rows · up))`` with each row's expert by ``ids`` (``E_l`` = none),
+    as three ``ragged_dot`` over the rows sorted by expert; rows in their given order."""
+    E_l = gate.shape[0]
+    if presorted:  # one device, every slot real: already sorted, no padding
+        order = None
+        xs = rows
+    else:
+        order = jnp.argsort(ids, stable=True)
+        xs = rows[order]
+    sizes = jnp.zeros((E_l + 1,), jnp.int32).at[ids].add(1)[:E_l]
+    # rows past the last group (padding) are left out of every group; ragged_dot need not zero them
+    live = (jnp.arange(xs.shape[0]) < sizes.sum())[:, None]
+    g = jnp.where(live, jax.lax.ragged_dot(xs, gate, sizes), 0)
+    u = jnp.where(live, jax.lax.ragged_dot(xs, up, sizes), 0)
+    h = _activation(act)(NamedArray._unchecked(g, (Axis("rows", g.shape[0]), Axis("mlp", g.shape[1])))).array * u
+    out = jnp.where(live, jax.lax.ragged_dot(h.astype(rows.dtype), down, sizes), 0)
+    if order is None:
+        return out
+    inverse = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype), unique_indices=True)
+    return out[inverse]
+
+
+def _combine(back, w, dst, pos):
+    """Each token's ``Σ_k w_k · out_k`` from the returned buffers ``back`` (n_dst, C, D)."""
+    T, k = w.shape
+    out = back[dst, pos].reshape(T, k, -1)
+    return jnp.einsum("tk,tkd->td", w, out.astype(jnp.float32)).astype(back.dtype)
+
+
+def _block(x: NamedArray, ids: NamedArray, w: NamedArray, gate: NamedArray, up: NamedArray, down: NamedArray, *,
+           names: _Names, n_experts: int, act) -> NamedArray:
+    """One block of tokens through their experts. Outside ``nm.shard_map`` the block is every
+    token and every expert; inside, the experts axis of the weight blocks says which mesh axes
+    split it (then rows travel by ``nm.all_to_all``), and a split ``mlp`` (TP) is summed by ``psum``."""
+    D = x.axis_size(names.embed)
+    xa = x.rearrange((*names.tokens, names.embed)).array.reshape(-1, D)
+    ida = ids.rearrange((*names.tokens, TOPK)).array.reshape(xa.shape[0], -1)
+    wa = w.rearrange((*names.tokens, TOPK)).array.reshape(xa.shape[0], -1)
+    g = gate.rearrange((EXPERTS, names.embed, names.mlp))
+    E_l = g.axis_size(EXPERTS)
+    over = _split_over(g.resolve_axis(EXPERTS))
+    n_dst = n_experts // E_l
+    # Tokens that are whole across some expert mesh axes (the same on each of those devices):
+    # each device takes its share of them, and the results are gathered at the end.
+    split_tokens = {m for n in names.tokens for m in _split_over(x.resolve_axis(n))}
+    copies = tuple(m for m in over if m not in split_tokens)
+    T = xa.shape[0]
+    if copies:
+        n = math.prod(current_body().mesh.shape[m] for m in copies)
+        if T % n:
+            raise ArgumentError(f"MoE: a block of {T} tokens ({format_axes(x.axes)}) does not split over mesh axes "
+                                f"{copies} ({n} devices) of the experts that split no token axis")
+        start = axis_index(mesh_axes=copies) * (T // n)
+        xa, ida, wa = (jax.lax.dynamic_slice_in_dim(a, start, T // n) for a in (xa, ida, wa))
+    send, send_ids, (dst, pos) = _pack(xa, ida, n_dst, E_l)
+    weights = (g.array, up.rearrange((EXPERTS, names.embed, names.mlp)).array,
+               down.rearrange((EXPERTS, names.mlp, names.embed)).array)
+    if n_dst == 1:
+        out = _grouped_mlp(send[0], send_ids[0], *weights, act, presorted=True)[None]
+    else:
+        exchange = functools.partial(_all_to_all, over=over)
+        recv, recv_ids = exchange(send), exchange(send_ids)
+        out = _grouped_mlp(recv.reshape(-1, D), recv_ids.reshape(-1), *weights, act, presorted=False)
+        out = exchange(out.reshape(recv.shape))
+    tp = _split_over(down.resolve_axis(names.mlp))
+    if tp:  # each device holds a slice of every expert's mlp: its down projection is a partial sum
+        out = psum(NamedArray._unchecked(out, _raw_axes(out.shape)), mesh_axes=tp).array
+    y = _combine(out, wa, dst, pos)
+    if copies:
+        rows = ShardedAxis("moe_rows", y.shape[0], copies)
+        y = all_gather(NamedArray._unchecked(y, (rows, Axis("moe_embed", D))), "moe_rows", invariant=True).array
+    y = y.reshape(tuple(x.axis_size(n) for n in names.tokens) + (D,))
+    return NamedArray._unchecked(y, tuple(x.resolve_axis(n) for n in (*names.tokens, names.embed))).rearrange(x.axes)
+
+
+def _raw_axes(shape) -> tuple[Axis, ...]:
+    return tuple(Axis(f"moe_dim{i}", n) for i, n in enumerate(shape))
+
+
+def _all_to_all(a, *, over):
+    """Slice ``d`` of ``a`` (n, ...) to device ``d`` along ``over``; slice ``s`` of the result came from device ``s``."""
+    n = a.shape[0]
+    named = NamedArray._unchecked(a[None], (Axis("moe_src", 1), Axis("moe_dst", n)) + _raw_axes(a.shape[1:]))
+    return all_to_all(named, split="moe_dst", concat="moe_src", mesh_axes=over).array[:, 0]
+
+
+# ---- auto mode: the blocks as an array axis, the exchange as a change of layout -----------------------
+
+
+def _auto(x, ids, w, weights, names: _Names, n_experts: int, act, mapping, mesh) -> NamedArray:
+    """The block code vmapped over every device's block of tokens. A token axis split over mesh
+    axes ``(m1, m2)`` is cut into ``(|m1|, |m2|, rest)``; those pieces (and the expert mesh axes
+    that split no token axis, as copies) make the block axis, laid out over the same mesh axes,
+    so every step of a block stays on its device; the exchanges are GSPMD's all-to-alls."""
+    expert_axes = _mesh_axes(mapping.get(EXPERTS))
+    token_axes = [(x.resolve_axis(n), _mesh_axes(mapping.get(n))) for n in names.tokens]
+    split_tokens = [m for _, ms in token_axes for m in ms]
+    copies = [m for m in expert_axes if m not in split_tokens]
+    canon = split_tokens + copies
+    size = dict(mesh.shape)
+    n_blocks = math.prod(size[m] for m in canon)
+    n_dst = math.prod(size[m] for m in expert_axes)
+    E_l = n_experts // n_dst
+    blocks_spec = tuple(canon) if canon else None
+
+    def constrain(a, *spec):
+        return jax.lax.with_sharding_constraint(a, NamedSharding(mesh, PartitionSpec(*spec)))
+
+    def to_blocks(arr_named: NamedArray, last: str):
+        """(*tokens, last) -> (blocks, tokens per block, last)."""
+        arr = arr_named.rearrange((*names.tokens, last)).array
+        shape, block_dims, local_dims = [], [], []
+        for a, ms in token_axes:
+            for m in ms:
+                block_dims.append(len(shape))
+                shape.append(size[m])
+            local_dims.append(len(shape))
+            shape.append(a.size // math.prod(size[m] for m in ms))
+        arr = arr.reshape(*shape, arr.shape[-1]).transpose(*block_dims, *local_dims, len(shape))
+        lead = math.prod(size[m] for m in split_tokens)
+        arr = arr.reshape(lead, 1, -1, arr.shape[-1])
+        arr = jnp.broadcast_to(arr, (lead, n_blocks // lead) + arr.shape[2:]).reshape(n_blocks, -1, arr.shape[-1])
+        return constrain(arr, blocks_spec)
+
+    def from_blocks(arr, template: NamedArray):
+        lead = math.prod(size[m] for m in split_tokens)
+        arr = arr.reshape(lead, n_blocks // lead, *arr.shape[1:])[:, 0]  # the copies are equal: keep one
+        shape, block_dims, local_dims = [], [], []
+        for a, ms in token_axes:
+            for m in ms:
+                block_dims.append(len(shape))
+                shape.append(size[m])
+            local_dims.append(len(shape))
+            shape.append(a.size // math.prod(size[m] for m in ms))
+        order = block_dims + local_dims
+        arr = arr.reshape(*(shape[i] for i in order), arr.shape[-1])
+        arr = arr.transpose(*(order.index(i) for i in range(len(shape))), len(shape))
+        arr = arr.reshape(*(a.size for a, _ in token_axes), arr.shape[-1])
+        axes = tuple(template.resolve_axis(n) for n in names.tokens) + (template.resolve_axis(names.embed),)
+        return NamedArray._unchecked(arr, axes).rearrange(template.axes)
+
+    def exchange(a):
+        """(blocks, n_dst, ...): the expert mesh axes move from the blocks (sources) to n_dst."""
+        if n_dst == 1:
+            return a
+        rest = a.shape[2:]
+        a = a.reshape(*(size[m] for m in canon), *(size[m] for m in expert_axes), *rest)
+        src_spec = list(canon) + [None] * (len(expert_axes) + len(rest))
+        dst_spec = [None if m in expert_axes else m for m in canon] + list(expert_axes) + [None] * len(rest)
+        a = constrain(constrain(a, *src_spec), *dst_spec)  # GSPMD's all-to-all
+        perm = list(range(a.ndim))
+        for j, m in enumerate(expert_axes):
+            i, d = canon.index(m), len(canon) + j
+            perm[i], perm[d] = perm[d], perm[i]
+        a = a.transpose(perm)
+        return constrain(a.reshape(n_blocks, n_dst, *rest), blocks_spec)
+
+    def expert_blocks(weight: NamedArray, order: tuple[str, str, str]):
+        """Each block's experts: device d's ``E_l`` experts for the blocks on d, copied along the rest."""
+        arr = weight.rearrange(order).array
+        arr = arr.reshape(*(size[m] for m in expert_axes), E_l, *arr.shape[1:])
+        # the expert mesh axes in canonical order, size-1 axes for the others, then broadcast
+        arr = arr.transpose(*sorted(range(len(expert_axes)), key=lambda j: canon.index(expert_axes[j])),
+                            *range(len(expert_axes), arr.ndim))
+        shape = [size[m] if m in expert_axes else 1 for m in canon]
+        arr = arr.reshape(*shape, *arr.shape[len(expert_axes):])
+        arr = jnp.broadcast_to(arr, tuple(size[m] for m in canon) + arr.shape[len(canon):])
+        arr = arr.reshape(n_blocks, *arr.shape[len(canon):])
+        inner = [_free(mapping.get(n), canon) for n in order[1:]]
+        return constrain(arr, blocks_spec, None, *inner)
+
+    gate, up, down = weights
+    xb, ib, wb = to_blocks(x, names.embed), to_blocks(ids, TOPK), to_blocks(w, TOPK)
+    send, send_ids, (dst, pos) = jax.vmap(lambda a, b: _pack(a, b, n_dst, E_l))(xb, ib)
+    g = expert_blocks(gate, (EXPERTS, names.embed, names.mlp))
+    u = expert_blocks(up, (EXPERTS, names.embed, names.mlp))
+    d = expert_blocks(down, (EXPERTS, names.mlp, names.embed))
+    recv, recv_ids = exchange(send), exchange(send_ids)
+    D = recv.shape[-1]
+    mlp = jax.vmap(lambda r, i, a, b, c: _grouped_mlp(r.reshape(-1, D), i.reshape(-1), a, b, c, act,
+                                                      presorted=n_dst == 1).reshape(r.shape))
+    out = exchange(mlp(recv, recv_ids, g, u, d))
+    y = jax.vmap(_combine)(out, wb, dst, pos)
+    return shard(from_blocks(y, x), mapping, mesh)
+
+
+def _free(entry, taken) -> str | tuple[str, ...] | None:
+    """A weight axis' mesh axes under the mapping, less those the blocks already use."""
+    left = tuple(m for m in _mesh_axes(entry) if m not in taken)
+    return left if left else None
+
+
+__all__ = ["MoE", "load_balancing_loss", "route", "router_z_loss"]

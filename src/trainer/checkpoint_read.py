@@ -1,0 +1,408 @@
+"""Finding, verifying and reading checkpoints, from a local directory or an object store.
+
+``latest_checkpoint`` (what ``load_checkpoint auto`` uses) verifies size and sha256 of every
+file of the newest commit and falls back, with a CheckpointWarning naming the bad file, to the
+previous one; on an object store it also warns about step prefixes that hold objects but no
+commit record (a save that never committed: never trusted). ``restore`` of an explicit
+``step_<N>`` checks every file's size and hashes the files this process reads, and raises
+CheckpointError naming a bad one. The target tree gives each leaf's shape, dtype and sharding;
+every process reads only the regions its own devices hold, so a checkpoint saved on 8 devices
+restores onto a 4x2 mesh, one device, or another number of processes.
+
+On an object store each file this process needs is fetched once, its size and sha256 checked,
+and decoded from memory: the bytes checked are the bytes used.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import tensorstore as ts
+from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
+
+from named import NamedArray, is_named_array
+
+from .checkpoint_store import (COMMIT_FILE, FORMAT, IO_THREADS, STEP_DIR, CheckpointError, CheckpointWarning, Location,
+                               ObjectPath, checkpoint_dir, hash_file, kvstore_spec, list_objects, location, read_object,
+                               read_objects, safe_relpath, self_digest, show, zarr_spec)
+
+_SCALAR_TYPES = {"bool": bool, "int": int, "float": float, "str": str}
+_COMMIT_KEY = re.compile(r"^step_(\d+)/" + re.escape(COMMIT_FILE) + "$")
+_STEP_KEY = re.compile(r"^(step_\d+)/")
+
+
+# ---- finding ------------------------------------------------------------------------------
+
+
+def list_checkpoints(run_dir: str | os.PathLike | ObjectPath, *, subdir: str = "checkpoints") -> list[tuple[int, Location]]:
+    """``(step, path)`` of every checkpoint with a commit record, oldest first; not verified."""
+    ckdir = checkpoint_dir(run_dir, subdir)
+    if isinstance(ckdir, ObjectPath):
+        keys = list_objects(ckdir)
+        return sorted((int(m.group(1)), ckdir / f"step_{m.group(1)}") for k in keys if (m := _COMMIT_KEY.match(k)))
+    if not ckdir.is_dir():
+        return []
+    out = []
+    for entry in ckdir.iterdir():
+        m = STEP_DIR.match(entry.name)
+        if m and not entry.is_symlink() and (entry / COMMIT_FILE).is_file():
+            out.append((int(m.group(1)), entry))
+    return sorted(out)
+
+
+def uncommitted_steps(ckdir: ObjectPath) -> list[str]:
+    """``step_<N>`` prefixes of an object store that hold objects but no commit record: saves
+    that never committed (or a retention that deleted the record and stopped)."""
+    keys = list_objects(ckdir)
+    committed = {f"step_{m.group(1)}" for k in keys if (m := _COMMIT_KEY.match(k))}
+    return sorted({m.group(1) for k in keys if (m := _STEP_KEY.match(k))} - committed)
+
+
+def read_commit(path: str | os.PathLike | ObjectPath) -> dict:
+    """The commit record of a checkpoint (its own sha256 checked; the files are not read)."""
+    return _read_commit(location(path))
+
+
+def _read_commit(path: Location) -> dict:
+    commit_path = path / COMMIT_FILE
+    if isinstance(path, ObjectPath):
+        raw = read_object(path, COMMIT_FILE)
+    else:
+        raw = commit_path.read_bytes() if commit_path.is_file() else None
+    if raw is None:
+        raise CheckpointError(f"{path} has no {COMMIT_FILE}: it is not a committed checkpoint")
+    try:
+        commit = json.loads(raw)
+        body = {k: v for k, v in commit.items() if k != "commit_sha256"}
+        ok = commit.get("commit_sha256") == self_digest(body)
+    except (ValueError, AttributeError) as e:
+        raise CheckpointError(f"{commit_path} is not valid JSON ({e}): the checkpoint is corrupted") from None
+    if not ok:
+        raise CheckpointError(f"{commit_path}: content does not match its commit_sha256: the checkpoint is corrupted")
+    if commit.get("format") != FORMAT:
+        raise CheckpointError(f"{commit_path}: unknown format {commit.get('format')!r}, expected {FORMAT!r}")
+    return commit
+
+
+# ---- verifying ----------------------------------------------------------------------------
+
+
+def _check_bytes(path: Location, rel: str, data: bytes | None, info: dict) -> None:
+    full = path / rel
+    if data is None:
+        raise CheckpointError(f"checkpoint {path}: file {full} is missing")
+    if len(data) != info["size"]:
+        raise CheckpointError(
+            f"checkpoint {path}: file {full} has {len(data)} bytes, the commit says {info['size']} (truncated?)")
+    if hashlib.sha256(data).hexdigest() != info["sha256"]:
+        raise CheckpointError(f"checkpoint {path}: checksum mismatch in file {full} (corrupted)")
+
+
+def fetch_verified(path: ObjectPath, commit: dict, rels) -> dict[str, bytes]:
+    """The bytes of ``rels`` from an object store, each checked against the commit record."""
+    files = commit["files"]
+    out = {}
+    for rel in rels:
+        safe_relpath(rel, path)
+        if rel not in files:
+            raise CheckpointError(f"checkpoint {path}: {rel} is not listed in its {COMMIT_FILE}")
+    for rel, data in read_objects(path, rels):
+        _check_bytes(path, rel, data, files[rel])
+        out[rel] = data
+    return out
+
+
+def _verify_files(path: Location, commit: dict, hash_only: set[str] | None = None) -> None:
+    """Every listed file exists with its size; hashes all of them, or only ``hash_only``."""
+    files = commit["files"]
+    if isinstance(path, ObjectPath):  # reading an object is the only way to learn its size
+        for rel in files:
+            safe_relpath(rel, path)
+        for rel, data in read_objects(path, sorted(files)):
+            _check_bytes(path, rel, data, files[rel])
+        return
+    to_hash = []
+    for rel, info in files.items():
+        full = safe_relpath(rel, path)
+        try:
+            size = full.stat().st_size
+        except FileNotFoundError:
+            raise CheckpointError(f"checkpoint {path}: file {full} is missing") from None
+        if size != info["size"]:
+            raise CheckpointError(
+                f"checkpoint {path}: file {full} has {size} bytes, the commit says {info['size']} (truncated?)"
+            )
+        if hash_only is None or rel in hash_only:
+            to_hash.append(rel)
+    with concurrent.futures.ThreadPoolExecutor(IO_THREADS) as pool:
+        for rel, (digest, _) in zip(to_hash, pool.map(lambda r: hash_file(path / r), to_hash)):
+            if digest != files[rel]["sha256"]:
+                raise CheckpointError(f"checkpoint {path}: checksum mismatch in file {path / rel} (corrupted)")
+
+
+def verify_checkpoint(path: str | os.PathLike | ObjectPath) -> dict:
+    """Check commit.json and the size and sha256 of every file; return the commit record."""
+    path = location(path)
+    commit = _read_commit(path)
+    _verify_files(path, commit)
+    return commit
+
+
+def _latest(root: Location, subdir: str) -> tuple[Location, dict] | None:
+    skipped = []
+    ckdir = checkpoint_dir(root, subdir)
+    found = list_checkpoints(root, subdir=subdir)
+    if isinstance(ckdir, ObjectPath):
+        newest = found[-1][0] if found else -1
+        partial = [name for name in uncommitted_steps(ckdir) if int(name[5:]) > newest]
+        skipped += [f"{ckdir / name} holds objects but no {COMMIT_FILE} (a save that never committed)" for name in partial]
+    for _, path in reversed(found):
+        try:
+            commit = verify_checkpoint(path)
+        except CheckpointError as e:
+            skipped.append(str(e))
+            continue
+        if skipped:
+            warnings.warn(f"skipped unusable checkpoint(s): {'; '.join(skipped)}; using {path}", CheckpointWarning, 3)
+        return path, commit
+    if skipped:
+        warnings.warn(f"skipped unusable checkpoint(s): {'; '.join(skipped)}; none is left", CheckpointWarning, 3)
+    return None
+
+
+def latest_checkpoint(run_dir: str | os.PathLike | ObjectPath, *, subdir: str = "checkpoints") -> Location | None:
+    """The newest committed checkpoint whose files all verify; None when there is none.
+
+    A newer checkpoint that fails verification is skipped with a CheckpointWarning naming
+    the bad file and the checkpoint used instead.
+    """
+    found = _latest(location(run_dir), subdir)
+    return None if found is None else found[0]
+
+
+# ---- restoring ----------------------------------------------------------------------
+
+
+def _default_sharding() -> jax.sharding.Sharding:
+    return SingleDeviceSharding(jax.local_devices()[0])
+
+
+def _key_data_sharding(sharding: jax.sharding.Sharding, ndim: int, path: str) -> jax.sharding.Sharding:
+    if isinstance(sharding, SingleDeviceSharding):
+        return sharding
+    if isinstance(sharding, NamedSharding):
+        spec = tuple(sharding.spec) + (None,) * (ndim - len(sharding.spec) + 1)
+        return NamedSharding(sharding.mesh, PartitionSpec(*spec))
+    raise CheckpointError(f"leaf {show(path)}: restoring a PRNG key needs a NamedSharding or single-device target")
+
+
+@dataclasses.dataclass
+class _Plan:
+    """How one array leaf of the target is read: which regions go to which devices."""
+
+    record: dict
+    target: Any
+    sharding: jax.sharding.Sharding | None  # None: a numpy result
+    regions: dict[tuple, list]  # ((start, stop), ...) -> devices (or [None] for numpy)
+    axes: tuple | None  # the target NamedArray's axes
+
+    def files(self) -> set[str]:
+        """The files this process reads for this leaf: its zarr.json and the chunks of its regions."""
+        out = {f"{self.record['dir']}/zarr.json"}
+        for region in self.regions:
+            out |= _chunk_files(self.record, region)
+        return out
+
+
+def _region(index: tuple, shape: list[int]) -> tuple[tuple[int, int], ...]:
+    return tuple(tuple(s.indices(n)[:2]) for s, n in zip(index, shape))
+
+
+def _chunk_files(record: dict, region: tuple[tuple[int, int], ...]) -> set[str]:
+    if any(stop <= start for start, stop in region):
+        return set()
+    ranges = [range(start // c, (stop - 1) // c + 1) for (start, stop), c in zip(region, record["chunk"])]
+    keys = {"c"}
+    for r in ranges:
+        keys = {f"{k}/{i}" for k in keys for i in r}
+    return {f"{record['dir']}/{k}" for k in keys}
+
+
+def _match(record: dict, path: str, target: Any, ckpt: Location) -> _Plan | Any:
+    """Check one target leaf against its saved record; return a read plan or the value itself."""
+    where = f"leaf {show(path)}"
+    kind = record["kind"]
+    if kind == "opaque":
+        if isinstance(target, (jax.Array, np.ndarray, jax.ShapeDtypeStruct, NamedArray)):
+            raise CheckpointError(f"{where}: the checkpoint has a {record['type']} (not saved), the target an array")
+        return target
+    if kind == "scalar":
+        if isinstance(target, (jax.Array, np.ndarray, jax.ShapeDtypeStruct, NamedArray)):
+            raise CheckpointError(f"{where}: the checkpoint has a Python {record['type']}, the target an array")
+        if type(target).__name__ != record["type"]:
+            raise CheckpointError(
+                f"{where}: the checkpoint has a Python {record['type']}, the target a {type(target).__name__}"
+            )
+        return _SCALAR_TYPES[record["type"]](record["value"])
+    names = axes = None
+    if isinstance(target, NamedArray):
+        names, axes = list(target.names), target.axes
+        target = target.array
+    if names != record["axes"]:
+        raise CheckpointError(
+            f"{where}: axes {record['axes']} in the checkpoint ({ckpt}), {names} in the target "
+            "(None means a positional array)"
+        )
+    if isinstance(target, (jax.Array, jax.ShapeDtypeStruct)):
+        sharding = getattr(target, "sharding", None) or _default_sharding()
+    elif isinstance(target, (np.ndarray, np.generic)):
+        sharding = None
+    else:
+        raise CheckpointError(f"{where}: the checkpoint has an array, the target a {type(target).__name__}")
+    if list(target.shape) != record["shape"] or str(target.dtype) != record["dtype"]:
+        raise CheckpointError(
+            f"{where}: the checkpoint has {record['dtype']}{record['shape']}, "
+            f"the target {target.dtype}{list(target.shape)}"
+        )
+    store_shape = record["store_shape"]
+    regions: dict[tuple, list] = {}
+    if sharding is None:
+        regions[tuple((0, n) for n in store_shape)] = [None]
+    else:
+        if "key_impl" in record:
+            sharding = _key_data_sharding(sharding, len(record["shape"]), path)
+        for device, index in sharding.addressable_devices_indices_map(tuple(store_shape)).items():
+            regions.setdefault(_region(index, store_shape), []).append(device)
+    return _Plan(record, target, sharding, regions, axes)
+
+
+def _plan(ckpt: Location, commit: dict, target: Any, partial: bool = False) -> tuple[list, Any]:
+    flat, treedef = jax.tree_util.tree_flatten_with_path(target, is_leaf=is_named_array)
+    paths = [jax.tree_util.keystr(k) for k, _ in flat]
+    saved = {r["path"]: r for r in commit["leaves"]}
+    missing = [q for q in paths if q not in saved]
+    extra = [] if partial else [q for q in saved if q not in set(paths)]
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"target leaves not in the checkpoint: {', '.join(map(show, missing[:8]))}")
+        if extra:
+            parts.append(f"checkpoint leaves not in the target: {', '.join(map(show, extra[:8]))}")
+        raise CheckpointError(f"checkpoint {ckpt} does not match the target tree; " + "; ".join(parts))
+    return [_match(saved[q], q, leaf, ckpt) for q, (_, leaf) in zip(paths, flat)], treedef
+
+
+def check_restorable(path: str | os.PathLike | ObjectPath, target: Any) -> dict:
+    """Check, reading no array, that ``path`` is a committed checkpoint whose tree matches
+    ``target`` (leaves, shapes, dtypes, axis names; ``jax.eval_shape`` output will do).
+
+    Returns the commit record; raises CheckpointError naming the file or leaf. A trainer
+    calls this before compiling anything, so a resume with a changed model fails at once.
+    """
+    path = location(path)
+    commit = _read_commit(path)
+    _plan(path, commit, target)
+    return commit
+
+
+def _is_checkpoint(p: Location) -> bool:
+    if STEP_DIR.match(p.name):
+        return True
+    if isinstance(p, ObjectPath):
+        return read_object(p, COMMIT_FILE) is not None
+    return (p / COMMIT_FILE).exists()
+
+
+def restore(path_or_run_dir: str | os.PathLike | ObjectPath, target: Any, *, subdir: str = "checkpoints",
+            partial: bool = False) -> tuple[Any, dict]:
+    """Read a checkpoint into the structure, shapes, dtypes and shardings of ``target``.
+
+    Args:
+        path_or_run_dir: a ``step_<N>`` directory (restored as is, or a CheckpointError
+            naming the corrupted file), or a run directory (its newest verified checkpoint);
+            either may be an object-store URL (``s3://``, ``gs://``).
+        target: a pytree of the saved structure whose array leaves are jax.Arrays or
+            jax.ShapeDtypeStructs (their ``.sharding`` is the layout of the result; none
+            means the first local device), numpy arrays (read to host) or NamedArrays of
+            those (axis names must match). Other leaves are checked and passed through.
+        partial: the target may leave out parts of the saved tree (None in their place, e.g.
+            ``(model, None)`` for the model of a ``(model, opt_state)`` checkpoint): those are not read.
+
+    Returns:
+        ``(tree, metadata)``. Each process reads only the regions its devices hold.
+    """
+    p = location(path_or_run_dir)
+    if _is_checkpoint(p):
+        ckpt, commit = p, _read_commit(p)
+        verified = False
+    else:
+        found = _latest(p, subdir)
+        if found is None:
+            raise CheckpointError(f"no committed checkpoint under {checkpoint_dir(p, subdir)}")
+        (ckpt, commit), verified = found, True
+
+    plans, treedef = _plan(ckpt, commit, target, partial)
+
+    if not verified and isinstance(ckpt, Path):  # hash exactly the files this process is about to read
+        needed = set()
+        for plan in plans:
+            if isinstance(plan, _Plan):
+                needed |= plan.files()
+        _verify_files(ckpt, commit, hash_only=needed)
+
+    with concurrent.futures.ThreadPoolExecutor(IO_THREADS) as pool:
+        out = list(pool.map(lambda plan: _read(plan, ckpt, commit) if isinstance(plan, _Plan) else plan, plans))
+    return jax.tree_util.tree_unflatten(treedef, out), commit["metadata"]
+
+
+def _open_leaf(plan: _Plan, ckpt: Location, commit: dict):
+    rec = plan.record
+    if isinstance(ckpt, Path):
+        return ts.open(zarr_spec(kvstore_spec(ckpt / rec["dir"])), open=True, read=True).result()
+    # An object store: fetch and check this leaf's files, then decode them from memory.
+    data = fetch_verified(ckpt, commit, sorted(plan.files()))
+    context = ts.Context()  # a memory kvstore of its own
+    memory = ts.KvStore.open({"driver": "memory"}, context=context).result()
+    prefix = rec["dir"] + "/"
+    for f in [memory.write(rel[len(prefix):], blob) for rel, blob in data.items()]:
+        f.result()
+    return ts.open(zarr_spec({"driver": "memory"}), context=context, open=True, read=True).result()
+
+
+def _read(plan: _Plan, ckpt: Location, commit: dict) -> Any:
+    rec = plan.record
+    where = f"leaf {show(rec['path'])} ({ckpt / rec['dir']})"
+    try:
+        arr = _open_leaf(plan, ckpt, commit)
+    except CheckpointError:
+        raise
+    except Exception as e:
+        raise CheckpointError(f"{where}: cannot open: {e}") from None
+    if list(arr.shape) != rec["store_shape"] or np.dtype(arr.dtype.numpy_dtype).name != rec["store_dtype"]:
+        raise CheckpointError(
+            f"{where}: zarr.json says {arr.dtype}{list(arr.shape)}, commit.json {rec['store_dtype']}{rec['store_shape']}"
+        )
+    futures = {region: arr[tuple(slice(a, b) for a, b in region)].read() for region in plan.regions}
+    try:
+        host = {region: f.result() for region, f in futures.items()}
+    except Exception as e:
+        raise CheckpointError(f"{where}: read failed: {e}") from None
+    if plan.sharding is None:
+        (value,) = host.values()
+        result = value[()] if isinstance(plan.target, np.generic) else value
+    else:
+        buffers = [jax.device_put(host[r], device) for r, devices in plan.regions.items() for device in devices]
+        result = jax.make_array_from_single_device_arrays(tuple(rec["store_shape"]), plan.sharding, buffers)
+        if "key_impl" in rec:
+            result = jax.random.wrap_key_data(result, impl=rec["key_impl"])
+    return result if plan.axes is None else NamedArray(result, plan.axes)

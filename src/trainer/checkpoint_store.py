@@ -1,0 +1,323 @@
+"""Where checkpoints live: a local directory or a prefix in an object store (``s3://``, ``gs://``).
+
+``location`` is the one rule that turns a configured value into a place: a string starting with
+``s3://`` or ``gs://`` is an ``ObjectPath`` (bucket and key prefix), any other ``scheme://`` is
+refused, everything else is a local ``Path``. Object stores are read and written through
+tensorstore's own kvstore drivers (``s3``, ``gcs``), never by HTTP code of ours:
+
+- ``s3://``: credentials as the AWS CLI finds them (``AWS_ACCESS_KEY_ID`` /
+  ``AWS_SECRET_ACCESS_KEY`` / ``AWS_SESSION_TOKEN``, ``~/.aws/credentials`` and ``AWS_PROFILE``,
+  the instance metadata service); the endpoint of an S3-compatible server from
+  ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` and its region from ``AWS_REGION`` or
+  ``AWS_DEFAULT_REGION`` (tensorstore does not read these two itself, so they are passed on here).
+- ``gs://``: Google's application-default credentials (``GOOGLE_APPLICATION_CREDENTIALS``, the
+  metadata server), as tensorstore's ``gcs`` driver finds them.
+
+Objects have no atomic rename, so the commit protocol on a store differs from the local one
+(``checkpoint_write``): the error types and the small file-level helpers both use are here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import threading
+from pathlib import Path
+from typing import Iterable
+
+import tensorstore as ts
+
+from named import NamedError
+
+FORMAT = "named-checkpoint/1"
+COMMIT_FILE = "commit.json"
+STEP_DIR = re.compile(r"^step_(\d+)$")
+SCHEMES = ("s3", "gs")
+IO_THREADS = min(16, (os.cpu_count() or 4))
+
+# Transient errors (throttling, a dropped connection) are retried with exponential backoff, up
+# to about a minute in all; a server that stays away fails the save (tensorstore's own default
+# waits a quarter of an hour). Tests shorten this.
+RETRIES = {"max_retries": 8, "initial_delay": "0.5s", "max_delay": "16s"}
+
+
+class CheckpointError(NamedError, RuntimeError):
+    """A checkpoint cannot be written, found, verified or matched to the target tree."""
+
+
+class CheckpointWarning(UserWarning):
+    """A checkpoint was skipped (corrupted, truncated or never committed) and an older one is used instead."""
+
+
+# ---- the one rule: a value to a place ------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectPath:
+    """A key prefix in an object-store bucket, e.g. ``s3://bucket/runs/exp1``."""
+
+    scheme: str
+    bucket: str
+    key: str = ""  # no leading or trailing '/'; "" is the bucket's root
+
+    def __str__(self) -> str:
+        return f"{self.scheme}://{self.bucket}" + (f"/{self.key}" if self.key else "")
+
+    def __truediv__(self, rel: str) -> ObjectPath:
+        parts = [p for p in str(rel).split("/") if p not in ("", ".")]
+        if ".." in parts:
+            raise CheckpointError(f"{self}: refuses the relative path {rel!r}, which leaves it ('..')")
+        return ObjectPath(self.scheme, self.bucket, "/".join([self.key, *parts] if self.key else parts))
+
+    @property
+    def name(self) -> str:
+        return self.key.rsplit("/", 1)[-1]
+
+    @property
+    def parent(self) -> ObjectPath:
+        return ObjectPath(self.scheme, self.bucket, self.key.rsplit("/", 1)[0] if "/" in self.key else "")
+
+    def is_relative_to(self, other: ObjectPath) -> bool:
+        return (self.scheme, self.bucket) == (other.scheme, other.bucket) and (
+            not other.key or self.key == other.key or self.key.startswith(other.key + "/"))
+
+
+Location = Path | ObjectPath
+
+
+def location(value: str | os.PathLike | ObjectPath) -> Location:
+    """``s3://bucket/prefix`` or ``gs://bucket/prefix`` -> ObjectPath; another ``scheme://`` ->
+    CheckpointError naming it; anything else -> a local Path."""
+    if isinstance(value, (Path, ObjectPath)):
+        return value
+    text = os.fspath(value)
+    m = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$", text)
+    if m is None:
+        return Path(text)
+    scheme, rest = m.group(1).lower(), m.group(2)
+    if scheme not in SCHEMES:
+        raise CheckpointError(f"{text}: unsupported storage scheme {scheme}://; checkpoints go to a local path, "
+                              "s3://bucket/prefix or gs://bucket/prefix")
+    bucket, _, key = rest.partition("/")
+    if not re.fullmatch(r"[a-z0-9][a-z0-9._-]{1,221}[a-z0-9]", bucket):
+        raise CheckpointError(f"{text}: {bucket!r} is not a bucket name (3 or more lower-case letters, digits, '.', '-', '_')")
+    parts = [p for p in key.split("/") if p]
+    if any(p in (".", "..") for p in parts):
+        raise CheckpointError(f"{text}: the key prefix may not contain '.' or '..' parts")
+    return ObjectPath(scheme, bucket, "/".join(parts))
+
+
+def is_remote(loc: Location) -> bool:
+    return isinstance(loc, ObjectPath)
+
+
+def checkpoint_dir(root: str | os.PathLike | ObjectPath, subdir: str = "checkpoints") -> Location:
+    """``<root>/<subdir>``, refusing a ``subdir`` that is absolute, has ``..`` or leads (through
+    a symlink) outside ``root``; ``root`` is a run directory or an object-store prefix."""
+    sub = Path(subdir)
+    if sub.is_absolute() or ".." in sub.parts or not sub.parts:
+        raise CheckpointError(
+            f"checkpoint subdir {subdir!r} must be a relative path inside the run directory, without '..'"
+        )
+    run = location(root)
+    if isinstance(run, ObjectPath):
+        return run / sub.as_posix()
+    out = run / sub
+    if not out.resolve().is_relative_to(run.resolve()):
+        raise CheckpointError(
+            f"checkpoint dir {out} resolves to {out.resolve()}, outside the run directory {run.resolve()}"
+        )
+    return out
+
+
+def inside(root: Location, value: str) -> Location | None:
+    """``value`` (relative to ``root``, or absolute / a URL) as a place, or None if it is outside ``root``."""
+    root = location(root)
+    target = location(value) if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", value) else None
+    if isinstance(root, ObjectPath):
+        target = target if target is not None else root / value
+        return target if isinstance(target, ObjectPath) and target.is_relative_to(root) else None
+    if target is not None:
+        return None
+    path = Path(value)
+    path = path if path.is_absolute() else root / path
+    return path if path.resolve().is_relative_to(root.resolve()) else None
+
+
+# ---- small shared helpers ----------------------------------------------------------------
+
+
+def show(path: str) -> str:
+    """A leaf's key path for messages."""
+    return repr(path) if path else "(the root)"
+
+
+def self_digest(body: dict) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def safe_relpath(rel: str, root: Location) -> Location:
+    # File names come from commit.json, which is data: never let it point outside.
+    p = Path(rel)
+    if p.is_absolute() or ".." in p.parts or not p.parts:
+        raise CheckpointError(f"{root / COMMIT_FILE}: refuses file path {rel!r} that leaves the checkpoint directory")
+    return root / (p.as_posix() if isinstance(root, ObjectPath) else p)
+
+
+def hash_file(path: Path, fsync: bool = False) -> tuple[str, int]:
+    with open(path, "rb", buffering=0) as f:
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+        size = f.tell()
+        if fsync:
+            os.fsync(f.fileno())
+    return digest, size
+
+
+# ---- object stores through tensorstore's kvstore drivers -------------------------------------
+
+_CONTEXTS: dict[str, ts.Context] = {}
+_LOCK = threading.Lock()
+
+
+def _context(scheme: str) -> ts.Context:
+    # One context per driver and process: its connection pool and request limits are shared.
+    key = f"{scheme}:{json.dumps(RETRIES, sort_keys=True)}:{bool(os.environ.get('AWS_ACCESS_KEY_ID'))}"
+    with _LOCK:
+        if key not in _CONTEXTS:
+            retries = {"s3": "s3_request_retries", "gs": "gcs_request_retries"}[scheme]
+            spec = {retries: dict(RETRIES)}
+            if scheme == "s3" and os.environ.get("AWS_ACCESS_KEY_ID"):
+                # the keys are in the environment: the default chain would first look for
+                # ~/.aws files and log an error for each one that is missing
+                spec["aws_credentials"] = {"type": "environment"}
+            _CONTEXTS[key] = ts.Context(spec)
+        return _CONTEXTS[key]
+
+
+def kvstore_spec(loc: Location) -> dict:
+    """The tensorstore kvstore spec of a directory (``file``) or prefix (``s3`` / ``gcs``)."""
+    if isinstance(loc, Path):
+        return {"driver": "file", "path": str(loc)}
+    path = loc.key + "/" if loc.key else ""
+    if loc.scheme == "gs":
+        return {"driver": "gcs", "bucket": loc.bucket, "path": path}
+    spec = {"driver": "s3", "bucket": loc.bucket, "path": path}
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        spec["endpoint"] = endpoint
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if region:
+        spec["aws_region"] = region
+    elif endpoint:
+        spec["aws_region"] = "us-east-1"  # S3-compatible servers sign with some region; this is the usual one
+    return spec
+
+
+def context_for(loc: Location) -> ts.Context | None:
+    return _context(loc.scheme) if isinstance(loc, ObjectPath) else None
+
+
+def _reason(e: BaseException) -> str:
+    # tensorstore appends the HTTP response body and headers in brackets: the status is enough.
+    text = str(e).split(" [", 1)[0].strip()
+    return text or type(e).__name__
+
+
+def store_error(loc: Location, what: str, e: BaseException) -> CheckpointError:
+    return CheckpointError(f"{loc}: cannot {what}: {_reason(e)}")
+
+
+def open_store(loc: ObjectPath) -> ts.KvStore:
+    try:
+        return ts.KvStore.open(kvstore_spec(loc), context=_context(loc.scheme)).result()
+    except Exception as e:  # noqa: BLE001 - reported with the URL
+        raise store_error(loc, "open the object store", e) from None
+
+
+def read_object(loc: ObjectPath, rel: str) -> bytes | None:
+    """The bytes of ``<loc>/<rel>``, None when there is no such object."""
+    try:
+        r = open_store(loc).read(rel).result()
+    except Exception as e:  # noqa: BLE001
+        raise store_error(loc / rel, "read", e) from None
+    return r.value if r.state == "value" else None
+
+
+def read_objects(loc: ObjectPath, rels: Iterable[str], window: int = 64):
+    """``(rel, bytes or None)`` for each of ``rels``, at most ``window`` reads in flight (memory stays bounded)."""
+    kv, rels = open_store(loc), list(rels)
+    for i in range(0, len(rels), window):
+        batch = rels[i:i + window]
+        futures = [kv.read(r) for r in batch]
+        for rel, f in zip(batch, futures):
+            try:
+                r = f.result()
+            except Exception as e:  # noqa: BLE001
+                raise store_error(loc / rel, "read", e) from None
+            yield rel, (r.value if r.state == "value" else None)
+
+
+def write_objects(loc: ObjectPath, items: dict[str, bytes]) -> None:
+    """Write every ``rel -> bytes`` under ``loc`` (each PUT is atomic on its own); raise on the first failure."""
+    kv = open_store(loc)
+    futures = {rel: kv.write(rel, data) for rel, data in items.items()}
+    for rel, f in futures.items():
+        try:
+            f.result()
+        except Exception as e:  # noqa: BLE001
+            raise store_error(loc / rel, "write", e) from None
+
+
+def list_objects(loc: ObjectPath) -> list[str]:
+    """Every key under ``loc``, relative to it, sorted (a missing bucket or a refused listing raises)."""
+    try:
+        keys = open_store(loc).list().result()
+    except Exception as e:  # noqa: BLE001
+        raise store_error(loc, "list objects", e) from None
+    return sorted(k.decode() for k in keys)
+
+
+def delete_objects(loc: ObjectPath, rels: Iterable[str]) -> None:
+    kv = open_store(loc)
+    futures = {rel: kv.write(rel, None) for rel in rels}  # writing None deletes the key
+    for rel, f in futures.items():
+        try:
+            f.result()
+        except Exception as e:  # noqa: BLE001
+            raise store_error(loc / rel, "delete", e) from None
+
+
+def delete_prefix(loc: ObjectPath) -> None:
+    """Delete every object under ``loc``."""
+    try:
+        open_store(loc).delete_range(ts.KvStore.KeyRange()).result()
+    except Exception as e:  # noqa: BLE001
+        raise store_error(loc, "delete objects", e) from None
+
+
+def check_access(loc: ObjectPath, write: bool) -> None:
+    """Raise CheckpointError naming ``loc`` when its bucket is missing or refuses listing (and,
+    with ``write``, writing and deleting a probe object)."""
+    list_objects(loc)
+    if write:
+        probe = f".write-probe-{os.getpid()}-{threading.get_ident()}"
+        write_objects(loc, {probe: b"named-train write probe\n"})
+        delete_objects(loc, [probe])
+
+
+def zarr_spec(kvstore: dict, record: dict | None = None) -> dict:
+    """The zarr v3 spec of one saved array over ``kvstore``; with ``record``, the metadata to create it."""
+    spec: dict = {"driver": "zarr3", "kvstore": kvstore}
+    if record is not None:
+        spec["metadata"] = {
+            "shape": record["store_shape"],
+            "data_type": record["store_dtype"],
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": record["chunk"]}},
+        }
+        # Without this, chunks equal to the fill value (all-zero moments) are not written,
+        # and "every listed file exists" could not be the integrity rule.
+        spec["store_data_equal_to_fill_value"] = True
+    return spec

@@ -1,0 +1,308 @@
+"""``named-export``: a checkpoint of a training run as a Hugging Face folder.
+
+    named-export --checkpoint RUN_DIR [--step N] --out FOLDER [--merge | --adapters-only]
+                 [--max-shard-size 2GB] [--overwrite]
+
+The run's ``config.yaml`` and ``model_config.json`` say what was trained; the checkpoint's model
+(not its optimizer state) is read onto the run's mesh when this machine can build it, else onto
+one device (a checkpoint restores onto any mesh). The folder gets ``config.json``, safetensors
+(sharded past ``--max-shard-size``, each file fetched to the host on its own) and the tokenizer
+files of the run (``data.tokenizer``, else ``model.init_from_hf``): tokenizer.json,
+tokenizer_config.json, special_tokens_map.json, generation_config.json, where they exist.
+
+A LoRA run (a ``lora`` section) is exported one of two ways, chosen explicitly:
+
+- ``--merge``: the adapters folded into the weights (``W + alpha/r · A · B``), a plain folder
+  (every tensor in one dtype: the widest of the model's, so a bfloat16 base merged with float32
+  adapters is written in float32);
+- ``--adapters-only``: a PEFT folder, ``adapter_config.json`` + ``adapter_model.safetensors``
+  (``base_model.model.<module>.lora_A.weight`` ``[r, in]`` and ``lora_B.weight`` ``[out, r]``),
+  for the base folder ``model.init_from_hf`` names.
+
+Every input is checked before anything is read or written. The folder is written next to
+``--out`` under a temporary name and renamed into place when complete: a failed export leaves
+no half-written folder, and an existing non-empty ``--out`` is replaced only with ``--overwrite``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import uuid
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from safetensors.numpy import save_file
+
+import named as nm
+from named import nn
+from named.models.hf import CheckpointFormatError, save_pretrained
+from named.models._hf_config import folder_file
+from named.models.registry import family_for
+
+from . import checkpoint as ckpt
+from .config import ConfigError, TrainConfig, load_config, to_mapping
+from .model_init import hf_linears, model_shapes
+from .registry import model_class
+from .rundir import checkpoint_root
+from .sample import _model_config
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
+
+
+@dataclasses.dataclass
+class ExportResult:
+    out: Path
+    step: int
+    kind: str  # "model", "merged" or "adapters"
+    files: list[str]
+    notes: list[str]
+
+    def __str__(self) -> str:
+        what = {"model": "Hugging Face folder", "merged": "Hugging Face folder (LoRA merged)",
+                "adapters": "PEFT adapter folder"}[self.kind]
+        return "\n".join([f"wrote {what} {self.out} from step {self.step}: {', '.join(self.files)}", *self.notes])
+
+
+def export(checkpoint: str | Path, out: str | Path, *, step: int | None = None, merge: bool = False,
+           adapters_only: bool = False, max_shard_size: int | str | None = None,
+           overwrite: bool = False) -> ExportResult:
+    """Write the checkpoint ``checkpoint`` (a run directory, or ``<run_dir>/checkpoints/step_N``)
+    as a Hugging Face folder ``out``; see the module docstring. Bad input raises ConfigError (a
+    flag) or CheckpointError (a path) naming it, before anything is read or written."""
+    if merge and adapters_only:
+        raise ConfigError("give --merge or --adapters-only, not both")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+        raise ConfigError(f"--step must be a checkpoint's step (an integer >= 0), got {step!r}")
+    run_dir, path = _locate(Path(checkpoint), step)
+    model_cfg = _model_config(run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise ckpt.CheckpointError(f"{run_dir / 'config.yaml'} is missing: is {run_dir} a named-train run directory?")
+    cfg = load_config(run_dir / "config.yaml")
+    if path is None:
+        path = _checkpoint_of(run_dir, checkpoint_root(cfg), step)
+    kind = _kind(cfg, run_dir, merge, adapters_only)
+    out = _check_out(Path(out), run_dir, overwrite)
+    if max_shard_size is not None:
+        from named.models.hf import _parse_size  # the one parser of sizes like 2GB
+
+        try:
+            _parse_size(max_shard_size)
+        except CheckpointFormatError as e:
+            raise ConfigError(f"--max-shard-size: {e}") from None
+    model, metadata = _restore(cfg, model_cfg, path)
+    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        tmp.mkdir(parents=True)
+        if kind == "adapters":
+            _write_adapters(model, cfg, tmp)
+        else:
+            if kind == "merged":
+                model = _one_dtype(nn.lora.merge(model))
+            save_pretrained(model, model_cfg, tmp, max_shard_size=max_shard_size)
+        notes = _copy_tokenizer(cfg, tmp)
+        files = sorted(p.name for p in tmp.iterdir())
+        _move_into_place(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return ExportResult(out, int(metadata["step"]), kind, files, notes)
+
+
+# ---- checks ------------------------------------------------------------------------------------------
+
+
+def _locate(path: Path, step: int | None) -> tuple[Path, Path | None]:
+    """``(run_dir, checkpoint)`` for ``--checkpoint``: a checkpoint folder names both; a run
+    directory names no checkpoint yet (its config says where they live)."""
+    if not path.exists():
+        raise ckpt.CheckpointError(f"--checkpoint {path}: no such directory")
+    if not path.is_dir():
+        raise ckpt.CheckpointError(f"--checkpoint {path} is a file; give a run directory or a checkpoint folder "
+                                   "<run_dir>/checkpoints/step_N")
+    if not (path / ckpt.COMMIT_FILE).exists():
+        return path, None
+    if path.parent.name != "checkpoints":  # the run's config lies two levels up: read it only from there
+        raise ckpt.CheckpointError(f"--checkpoint {path} is a checkpoint outside a run directory; give "
+                                   "<run_dir>/checkpoints/step_N or the run directory")
+    if step is not None and path.name != f"step_{step}":
+        raise ConfigError(f"--step {step} with --checkpoint {path}, a checkpoint of another step; give the run "
+                          "directory with --step, or the checkpoint folder alone")
+    return path.parent.parent, path
+
+
+def _checkpoint_of(run_dir: Path, root, step: int | None):
+    """The newest good checkpoint of the run (kept under ``root``), or the one of ``step``."""
+    if step is None:
+        found = ckpt.latest_checkpoint(root)
+        if found is None:
+            raise ckpt.CheckpointError(f"--checkpoint {run_dir}: no committed checkpoint under "
+                                       f"{ckpt.checkpoint_dir(root)}")
+        return found
+    saved = ckpt.list_checkpoints(root)
+    for n, found in saved:
+        if n == step:
+            return found
+    have = ", ".join(str(n) for n, _ in saved) or "none"
+    raise ckpt.CheckpointError(f"--step {step}: {run_dir} has no committed checkpoint of step {step}; its checkpoints: "
+                               f"steps {have}")
+
+
+def _kind(cfg: TrainConfig, run_dir: Path, merge: bool, adapters_only: bool) -> str:
+    if cfg.lora is None:
+        if merge or adapters_only:
+            flag = "--merge" if merge else "--adapters-only"
+            raise ConfigError(f"{flag}: the run in {run_dir} has no LoRA adapters (its config.yaml has no lora section); "
+                              "export it without the flag to write its weights as they are")
+        return "model"
+    if not (merge or adapters_only):
+        raise ConfigError(f"the run in {run_dir} trained LoRA adapters (lora.rank={cfg.lora.rank}, targets "
+                          f"{cfg.lora.targets}): give --merge (a plain Hugging Face folder, the adapters folded into "
+                          "the weights) or --adapters-only (a PEFT adapter folder for the base model)")
+    if adapters_only and cfg.model.init_from_hf is None:
+        raise ConfigError(f"--adapters-only: the run in {run_dir} started from random weights (no model.init_from_hf), "
+                          "so there is no base folder for the adapters; export it with --merge")
+    return "adapters" if adapters_only else "merged"
+
+
+def _check_out(out: Path, run_dir: Path, overwrite: bool) -> Path:
+    out = out.absolute()
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file; give a folder")
+    if out == run_dir.absolute() or out in run_dir.absolute().parents:
+        raise ConfigError(f"--out {out} holds the run directory {run_dir}; give a folder outside it")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise ConfigError(f"--out {out} exists and is not empty; give another folder, or --overwrite to replace it")
+    return out
+
+
+# ---- reading the checkpoint ----------------------------------------------------------------------------
+
+
+def _restore(cfg: TrainConfig, model_cfg, path):
+    """The checkpoint's model and metadata, on the run's mesh and parameter mapping when these devices can
+    hold it, else on one device."""
+    shapes = model_shapes(cfg, model_class(model_cfg), model_cfg)
+    param = to_mapping(cfg.mesh.param_mapping)
+    try:
+        mesh = nm.make_mesh(cfg.mesh.shape)
+        nm.check_sharding(shapes, param, mesh)
+    except (nm.NamedError, ValueError):
+        mesh = None  # another machine than the run's: one device
+
+    def leaf(x):
+        if isinstance(x, nm.NamedArray) and mesh is not None:
+            sharding = nm.sharding_for(x, param, mesh)
+            return nm.NamedArray(jax.ShapeDtypeStruct(x.array.shape, x.array.dtype, sharding=sharding), x.axes)
+        return x
+
+    target = jax.tree.map(leaf, shapes, is_leaf=nm.is_named_array)
+    (model, _), metadata = ckpt.restore(path, (target, None), partial=True)
+    return model, metadata
+
+
+def _one_dtype(model):
+    """Every floating array of ``model`` in the widest floating dtype among them."""
+    floats = [x.dtype for x in jax.tree.leaves(model) if jnp.issubdtype(x.dtype, jnp.floating)]
+    dtype = jnp.result_type(*floats)
+    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, model)
+
+
+# ---- writing -------------------------------------------------------------------------------------------
+
+
+def peft_tensors(model) -> dict[str, np.ndarray]:
+    """The adapters of a LoRA model as PEFT names and lays them out: for each adapted module of
+    each layer, ``base_model.model.<module>.lora_A.weight`` ``[r, in]`` and ``lora_B.weight``
+    ``[out, r]`` (in and out flattened as the Hugging Face weight flattens them)."""
+    modules = hf_linears(model)
+    flat = jax.tree_util.tree_flatten_with_path(model, is_leaf=lambda x: isinstance(x, nn.LoraLinear))[0]
+    out = {}
+    for keypath, layer in flat:
+        if not isinstance(layer, nn.LoraLinear):
+            continue
+        module = modules[jax.tree_util.keystr(keypath, simple=True, separator=".")]
+        own = [a.name for a in layer.In] + [nn.lora.RANK] + [a.name for a in layer.Out]
+        extra = [a for a in layer.lora_a.axes if a.name not in own]
+        if len(extra) != ("{i}" in module):
+            raise CheckpointFormatError(f"{module}: adapters with axes {layer.lora_a.axes} do not match its Hugging Face "
+                                        "name (one per layer, or one)")
+        a = np.asarray(layer.lora_a.rearrange((*[e.name for e in extra], *[x.name for x in layer.In], nn.lora.RANK)).array)
+        b = np.asarray(layer.lora_b.rearrange((*[e.name for e in extra], nn.lora.RANK, *[x.name for x in layer.Out])).array)
+        r = layer.rank
+        per_layer = [(module.format(i=i), a[i], b[i]) for i in range(a.shape[0])] if extra else [(module, a, b)]
+        for name, ai, bi in per_layer:
+            out[f"base_model.model.{name}.lora_A.weight"] = np.ascontiguousarray(ai.reshape(-1, r).T)
+            out[f"base_model.model.{name}.lora_B.weight"] = np.ascontiguousarray(bi.reshape(r, -1).T)
+    return out
+
+
+def peft_config(cfg: TrainConfig, model) -> dict:
+    """``adapter_config.json`` for the run's adapters (PEFT's LoraConfig fields)."""
+    lora = cfg.lora
+    return {
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": cfg.model.init_from_hf,
+        "r": lora.rank, "lora_alpha": lora.alpha, "lora_dropout": lora.dropout, "target_modules": list(lora.targets),
+        "bias": "none", "inference_mode": True, "init_lora_weights": True, "use_rslora": False, "use_dora": False,
+        "modules_to_save": None, "layers_to_transform": None, "layers_pattern": None, "rank_pattern": {},
+        "alpha_pattern": {},
+        # GPT-2's Conv1D stores its weight [in, out]; PEFT needs to know to merge into it
+        "fan_in_fan_out": family_for(model).module.HF_LINEAR_LAYOUT == "in_out",
+    }
+
+
+def _write_adapters(model, cfg: TrainConfig, folder: Path) -> None:
+    save_file(peft_tensors(model), str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
+    (folder / "adapter_config.json").write_text(json.dumps(peft_config(cfg, model), indent=2, sort_keys=True) + "\n")
+
+
+def _tokenizer_sources(cfg: TrainConfig) -> list[tuple[Path, tuple[str, ...]]]:
+    """Where each tokenizer file may come from, first choice first: the run's tokenizer (a folder,
+    or a tokenizer.json file), then the folder the run started from."""
+    sources = []
+    spec = cfg.data.tokenizer
+    if spec != "byte":
+        p = Path(spec)
+        sources.append((p, TOKENIZER_FILES) if p.is_dir() else (p.parent, (p.name,)))
+    if cfg.model.init_from_hf is not None:
+        sources.append((Path(cfg.model.init_from_hf), TOKENIZER_FILES))
+    return sources
+
+
+def _copy_tokenizer(cfg: TrainConfig, folder: Path) -> list[str]:
+    done: set[str] = set()
+    for root, names in _tokenizer_sources(cfg):
+        for name in names:
+            target = "tokenizer.json" if name not in TOKENIZER_FILES else name  # a tokenizer file of another name
+            if target in done or not (root / name).is_file():
+                continue
+            try:
+                source = folder_file(root, name)  # never a file outside the folder, through a symlink
+            except CheckpointFormatError:
+                continue
+            shutil.copyfile(source, folder / target)
+            done.add(target)
+    if "tokenizer.json" not in done:
+        what = "the built-in byte tokenizer" if cfg.data.tokenizer == "byte" else f"{cfg.data.tokenizer} (not found now)"
+        return [f"note: no tokenizer.json written: the run's tokenizer is {what}"]
+    return []
+
+
+def _move_into_place(tmp: Path, out: Path) -> None:
+    """``tmp`` renamed to ``out``; an existing ``out`` is moved aside first and removed after, so
+    ``out`` is always either the old folder or the whole new one."""
+    old = None
+    if out.exists():
+        old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+        out.rename(old)
+    try:
+        tmp.rename(out)
+    except OSError:
+        if old is not None:
+            old.rename(out)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,191 @@
+"""``named-export``: our checkpoints as Hugging Face folders that ``transformers`` (and, for LoRA
+adapters, ``peft``) load with the logits we compute.
+
+Two tiny runs on 8 devices under FSDP start from a Llama saved by ``transformers``
+(tests/_chat_folder.py): a full fine-tune whose first step has learning rate 0 (warmup), so its
+step-1 checkpoint must export the folder's tensors bitwise, and a LoRA run on every linear
+module. Bad input is refused before anything is written; a failed export leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import load_file
+
+import named as nm
+from named.trainer import checkpoint as ckpt
+from named.trainer import export as export_module
+from named.trainer.cli import main_export
+from named.trainer.config import load_config
+from named.trainer.model_init import model_shapes
+from named.trainer.registry import model_class
+from named.trainer.sample import _model_config
+from named.trainer.train import train
+
+from _chat_folder import hf_logits, make_chat_folder
+
+ALL_LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+RANK = 4
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    return make_chat_folder(tmp_path_factory.mktemp("hf") / "tiny-llama")
+
+
+def _config(folder, root: Path, name: str, **more):
+    (root / "text.txt").write_text("The quick brown fox jumps over the lazy dog. Paris is the capital of France.\n" * 60)
+    over = {"model.init_from_hf": str(folder), "trainer.num_train_steps": 3, "trainer.train_batch_size": 8,
+            "trainer.log_interval": 1, "trainer.eval_interval": 0, "trainer.progress_bar": "false",
+            "trainer.run_dir": str(root / name), "optimizer.learning_rate": 1e-2, "optimizer.warmup_steps": 1,
+            "data.train": f"[{root / 'text.txt'}]", "data.seq_len": 32, "data.val_fraction": 0,
+            "data.cache_dir": str(root / "cache"), "mesh.shape": "{data: 8}", "mesh.param_mapping": "{embed: data}",
+            "checkpoint.interval": 1, "checkpoint.keep_last": 3, "tracker.console": "false", **more}
+    return load_config(None, [x for k, v in over.items() for x in (f"--{k}", str(v))])
+
+
+@pytest.fixture(scope="module")
+def full_run(folder, tmp_path_factory) -> Path:
+    """Every weight trains; step 1 ran at learning rate 0 (the first warmup step)."""
+    return train(_config(folder, tmp_path_factory.mktemp("full"), "run")).run_dir
+
+
+@pytest.fixture(scope="module")
+def lora_run(folder, tmp_path_factory) -> Path:
+    more = {"lora": f"{{rank: {RANK}, alpha: 8, targets: [{', '.join(ALL_LINEARS)}]}}", "optimizer.warmup_steps": 0}
+    return train(_config(folder, tmp_path_factory.mktemp("lora"), "run", **more)).run_dir
+
+
+def _ours(run_dir: Path, ids: np.ndarray, step: int | None = None) -> np.ndarray:
+    """Our logits for ``ids`` from the run's checkpoint (the model alone, read as named-sample reads it)."""
+    cfg, model_cfg = load_config(run_dir / "config.yaml"), _model_config(run_dir)
+    shapes = model_shapes(cfg, model_class(model_cfg), model_cfg)
+    path = run_dir if step is None else run_dir / "checkpoints" / f"step_{step}"
+    (model, _), _ = ckpt.restore(path, (shapes, None), partial=True)
+    logits = model(nm.named(jnp.asarray(ids, jnp.int32), ("batch", "position")))
+    return np.asarray(logits.rearrange(("batch", "position", "vocab")).array)
+
+
+IDS = np.random.default_rng(0).integers(0, 300, (2, 16))
+
+
+def _export(*args) -> int:
+    return main_export([str(a) for a in args])
+
+
+# ---- full fine-tunes ------------------------------------------------------------------------------
+
+
+def test_init_from_hf_and_an_unchanged_step_export_the_folder_bitwise(full_run, folder, tmp_path):
+    out = tmp_path / "step1"
+    assert _export("--checkpoint", full_run, "--step", 1, "--out", out) == 0
+    theirs, ours = load_file(folder / "model.safetensors"), load_file(out / "model.safetensors")
+    assert sorted(ours) == sorted(theirs)
+    for name, value in theirs.items():
+        assert ours[name].dtype == value.dtype
+        np.testing.assert_array_equal(ours[name], value, err_msg=name)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"):
+        assert (out / name).read_bytes() == (folder / name).read_bytes(), name
+
+
+def test_a_full_fine_tune_exports_a_sharded_folder_transformers_loads_with_our_logits(full_run, folder, tmp_path, capsys):
+    out = tmp_path / "final"
+    assert _export("--checkpoint", full_run, "--out", out, "--max-shard-size", "40KB") == 0
+    assert "from step 3" in capsys.readouterr().out
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    theirs = hf_logits(out, IDS)
+    np.testing.assert_allclose(_ours(full_run, IDS), theirs, atol=1e-4, rtol=0)
+    assert np.abs(theirs - hf_logits(folder, IDS)).max() > 1e-2  # the trained weights, not the folder's
+
+
+# ---- LoRA runs ------------------------------------------------------------------------------------
+
+
+def test_a_merged_lora_export_gives_the_lora_runs_logits(lora_run, folder, tmp_path):
+    out = tmp_path / "merged"
+    assert _export("--checkpoint", lora_run, "--out", out, "--merge") == 0
+    assert not (out / "adapter_config.json").exists()
+    theirs = hf_logits(out, IDS)
+    np.testing.assert_allclose(_ours(lora_run, IDS), theirs, atol=1e-4, rtol=0)
+    assert np.abs(theirs - hf_logits(folder, IDS)).max() > 1e-2  # the adapters changed the function
+
+
+def test_the_peft_adapter_folder_loads_in_peft_with_the_lora_runs_logits(lora_run, folder, tmp_path):
+    import peft
+    import transformers
+
+    out = tmp_path / "adapters"
+    assert _export("--checkpoint", lora_run, "--out", out, "--adapters-only") == 0
+    config = json.loads((out / "adapter_config.json").read_text())
+    assert (config["peft_type"], config["task_type"], config["r"], config["lora_alpha"]) == ("LORA", "CAUSAL_LM", RANK, 8)
+    assert sorted(config["target_modules"]) == sorted(ALL_LINEARS) and config["base_model_name_or_path"] == str(folder)
+    tensors, base = load_file(out / "adapter_model.safetensors"), load_file(folder / "model.safetensors")
+    layers = json.loads((folder / "config.json").read_text())["num_hidden_layers"]
+    assert len(tensors) == 2 * layers * len(ALL_LINEARS)
+    for name, w in base.items():  # [out, in] weights: A is [r, in], B is [out, r]
+        if name.removesuffix(".weight").rsplit(".", 1)[-1] in ALL_LINEARS:
+            module = "base_model.model." + name.removesuffix(".weight")
+            assert tensors[f"{module}.lora_A.weight"].shape == (RANK, w.shape[1])
+            assert tensors[f"{module}.lora_B.weight"].shape == (w.shape[0], RANK)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager", dtype=torch.float32)
+    model = peft.PeftModel.from_pretrained(model, out).eval()
+    with torch.no_grad():
+        theirs = model(torch.tensor(IDS, dtype=torch.long)).logits.numpy()
+    np.testing.assert_allclose(_ours(lora_run, IDS), theirs, atol=1e-4, rtol=0)
+    assert np.abs(theirs - hf_logits(folder, IDS)).max() > 1e-2
+
+
+# ---- bad input and atomic writes --------------------------------------------------------------------
+
+
+def _refused(capsys, out: Path, match: str, *args) -> None:
+    before = sorted(p.name for p in out.iterdir()) if out.exists() else None
+    assert _export(*args, "--out", out) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and match in err, err
+    assert (sorted(p.name for p in out.iterdir()) if out.exists() else None) == before  # nothing written
+    assert not list(out.parent.glob(f".{out.name}.*"))  # nor left half-written beside it
+
+
+def test_bad_input_is_refused_naming_it_before_anything_is_written(full_run, lora_run, tmp_path, capsys):
+    out = tmp_path / "out"
+    _refused(capsys, out, "--merge: the run in", "--checkpoint", full_run, "--merge")
+    _refused(capsys, out, "has no LoRA adapters", "--checkpoint", full_run, "--adapters-only")
+    _refused(capsys, out, "give --merge (a plain Hugging Face folder", "--checkpoint", lora_run)
+    _refused(capsys, out, "not allowed with argument", "--checkpoint", lora_run, "--merge", "--adapters-only")
+    _refused(capsys, out, f"--checkpoint {tmp_path / 'nowhere'}: no such directory", "--checkpoint", tmp_path / "nowhere")
+    _refused(capsys, out, "has no committed checkpoint of step 7; its checkpoints: steps 1, 2, 3",
+             "--checkpoint", full_run, "--step", 7)
+    _refused(capsys, out, "--max-shard-size", "--checkpoint", full_run, "--max-shard-size", "lots")
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    _refused(capsys, out, "exists and is not empty; give another folder, or --overwrite", "--checkpoint", full_run)
+    assert (out / "keep.txt").read_text() == "mine"
+    _refused(capsys, full_run, "holds the run directory", "--checkpoint", full_run, "--overwrite")
+
+
+def test_an_export_replaces_a_folder_whole_or_not_at_all(full_run, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+
+    def broken(model, config, folder, **kwargs):
+        (Path(folder) / "model.safetensors").write_bytes(b"half")
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(export_module, "save_pretrained", broken)
+        assert _export("--checkpoint", full_run, "--out", out, "--overwrite") == 1
+    assert "No space left" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == ["old.txt"]  # the old folder, untouched
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary folder left beside it
+    assert _export("--checkpoint", full_run, "--out", out, "--overwrite") == 0
+    assert not (out / "old.txt").exists() and (out / "model.safetensors").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
