@@ -25,6 +25,7 @@ import yaml
 
 from named.trainer import cli
 
+from _chat_folder import make_chat_folder
 from test_bad_input import no_compile  # noqa: F401 (autouse: nothing compiles)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,6 +43,7 @@ PINNED = {("trainer", "run_dir"), ("data", "train"), ("data", "cache_dir")}
 def corpus(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("fuzz-corpus")
     (d / "code.txt").write_text(CORPUS)
+    make_chat_folder(d / "tiny-llama")  # the folder the fine-tuning configs start from
     return d
 
 
@@ -49,6 +51,9 @@ def _base(path: Path, corpus: Path, run_dir: Path) -> dict:
     d = yaml.safe_load(path.read_text())
     d["trainer"].update(run_dir=str(run_dir), progress_bar=False)
     d["data"].update(train=[str(corpus / "code.txt")], cache_dir=str(corpus / "cache"))
+    if "init_from_hf" in d["model"]:
+        d["model"]["init_from_hf"] = str(corpus / "tiny-llama")
+        d["data"]["seq_len"] = 32  # the tiny model's 64 positions
     return d
 
 

@@ -417,7 +417,8 @@ def check_folder(folder: str | Path) -> tuple[Family, Any]:
     describes (every parameter present once, shapes, kinds of dtype). Nothing is allocated."""
     folder = Path(folder)
     arch, config, _ = read_config(folder)
-    abstract = eqx.filter_eval_shape(arch.model_cls.init, config, key=jax.random.key(0))
+    # the key too is made under eval_shape: a check compiles nothing
+    abstract = eqx.filter_eval_shape(lambda: arch.model_cls.init(config, key=jax.random.key(0)))
     params, leaves, _ = _params(abstract, arch)
     _plan(folder, arch, config, params, leaves, keep_dtype=False)
     return arch, config

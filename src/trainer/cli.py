@@ -139,12 +139,14 @@ def main_train(argv: list[str] | None = None) -> int:
 
 
 def main_sample(argv: list[str] | None = None) -> int:
-    """``named-sample --checkpoint RUN_DIR_OR_CHECKPOINT --prompt "def " [--tokens 100]``"""
+    """``named-sample --checkpoint RUN_DIR_OR_CHECKPOINT (--prompt "def " | --chat "a user message") [--tokens 100]``"""
     if (code := _missing_extras("named-sample")) is not None:
         return code
     p = _ArgumentParser(prog="named-sample")
     p.add_argument("--checkpoint", required=True, help="a run directory (newest checkpoint) or a checkpoint folder")
     p.add_argument("--prompt", default="")
+    p.add_argument("--chat", metavar="MESSAGE", help="a user message, rendered with the run's chat template; prints "
+                   "the reply, which ends at the tokenizer's eos or end-of-turn token")
     p.add_argument("--tokens", type=int, default=100)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
@@ -154,7 +156,8 @@ def main_sample(argv: list[str] | None = None) -> int:
 
     try:
         a = p.parse_args(sys.argv[1:] if argv is None else argv)
-        text = sample_from_checkpoint(Path(a.checkpoint), a.prompt, a.tokens, temperature=a.temperature, seed=a.seed)
+        text = sample_from_checkpoint(Path(a.checkpoint), a.prompt, a.tokens, temperature=a.temperature, seed=a.seed,
+                                      chat=a.chat)
     except NamedError as e:
         return _fail(e)
     except OSError as e:  # the machine, not the input: no traceback, exit 1

@@ -17,6 +17,8 @@ import jax
 from . import checkpoint as ckpt
 from .config import RULES, ConfigError, check_values, load_config
 from .data import load_tokenizer
+from .data.chat import prompt_ids as chat_ids
+from .data.chat import stop_token_ids
 from .model_init import model_shapes
 from .registry import max_positions, model_class, model_config_from_dict
 
@@ -62,21 +64,36 @@ def _model_config(run_dir: Path):
         raise ckpt.CheckpointError(f"{path} is not a model config written by named-train: {e}") from None
 
 
-def sample_from_checkpoint(path: Path, prompt: str, n_tokens: int, *, temperature: float = 0.0, seed: int = 0) -> str:
+def sample_from_checkpoint(path: Path, prompt: str, n_tokens: int, *, temperature: float = 0.0, seed: int = 0,
+                           chat: str | None = None) -> str:
+    """``prompt`` and its continuation; with ``chat``, the assistant's reply to that user message
+    alone: the message is rendered with the run's chat template (``data.chat_template`` or the
+    tokenizer folder's) and the reply ends at eos or the template's end-of-turn token."""
     check_flags(n_tokens, temperature, seed)
+    if chat is not None and prompt:
+        raise ConfigError("give --prompt or --chat, not both: --chat renders its message with the chat template")
     run_dir, checkpoint = _run_dir_and_checkpoint(Path(path))
     model_cfg = _model_config(run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise ckpt.CheckpointError(f"{run_dir / 'config.yaml'} is missing: is {run_dir} a named-train run directory?")
     cfg = load_config(run_dir / "config.yaml")
     tokenizer = load_tokenizer(cfg.data.tokenizer, cfg.data.eos_token)
-    n_prompt = len(tokenizer.encode(prompt) or [tokenizer.eos_id])
-    if n_prompt + n_tokens > max_positions(model_cfg):
-        raise ConfigError(f"--tokens {n_tokens} after the {n_prompt} tokens of --prompt needs {n_prompt + n_tokens} "
+    if chat is not None:
+        if not chat.strip():
+            raise ConfigError("--chat: the user message is empty")
+        messages = [{"role": "user", "content": chat}]
+        ids = chat_ids(tokenizer, messages, chat_template=cfg.data.chat_template)
+        stops = tuple(stop_token_ids(tokenizer, chat_template=cfg.data.chat_template))
+        flag = "--chat (with the chat template)"
+    else:
+        ids, stops, flag = tokenizer.encode(prompt) or [tokenizer.eos_id], (), "--prompt"
+    if len(ids) + n_tokens > max_positions(model_cfg):
+        raise ConfigError(f"--tokens {n_tokens} after the {len(ids)} tokens of {flag} needs {len(ids) + n_tokens} "
                           f"positions; the model has {max_positions(model_cfg)}")
     # The checkpoint holds (model, optimizer state): the model alone is read, built as the run built it.
     target = model_shapes(cfg, model_class(model_cfg), model_cfg)
     (model, _), _ = ckpt.restore(checkpoint, (target, None), partial=True)
-    from .train import sample_text
+    from .train import continue_ids
 
-    return sample_text(model, tokenizer, prompt, n_tokens, temperature=temperature, key=jax.random.key(seed))
+    new = continue_ids(model, ids, n_tokens, temperature=temperature, key=jax.random.key(seed), stop_ids=stops)
+    return tokenizer.decode(new) if chat is not None else prompt + tokenizer.decode(new)
