@@ -100,6 +100,11 @@ def test_sft_from_a_folder_then_export_loads_in_transformers_with_our_logits(dem
     assert main_sample(["--checkpoint", str(run), "--chat", QUESTION, "--tokens", "12"]) == 0
     ours_reply = capsys.readouterr().out.strip()
     assert ours_reply == "Four."  # learned from the data; the reply stops at <|im_end|>
+    for bad, culprit in ((["--chat", QUESTION, "--prompt", "x"], "--prompt or --chat, not both"),
+                         (["--chat", "  "], "--chat: the user message is empty"),
+                         (["--chat", QUESTION, "--tokens", "60"], "--tokens 60 after the")):
+        assert main_sample(["--checkpoint", str(run), *bad]) == 2
+        assert culprit in capsys.readouterr().err
 
     out = demo / "sft-hf"
     assert main_export(["--checkpoint", str(run), "--out", str(out)]) == 0
