@@ -2,8 +2,6 @@
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 import threading
 from pathlib import Path
@@ -19,6 +17,8 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 import named as nm
 from named.trainer import checkpoint as ck
 from named.trainer.checkpoint import CheckpointError, CheckpointWarning, Checkpointer
+
+from _procs import run_workers
 
 
 class Block(eqx.Module):
@@ -476,21 +476,8 @@ def test_two_processes_write_one_checkpoint_restored_by_one(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
     src = str(Path(ck.__file__).parents[1])
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    cmd = [sys.executable, "-c", _WORKER, "PID", str(port), str(tmp_path)]
-    procs = [
-        subprocess.Popen(
-            [str(i) if c == "PID" else c for c in cmd], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-        for i in range(2)
-    ]
-    try:
-        outs = [p.communicate(timeout=120)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    assert [p.returncode for p in procs] == [0, 0], outs
+    codes, outs = run_workers([["-c", _WORKER, str(i), str(port), str(tmp_path)] for i in range(2)], env, timeout=120)
+    assert codes == [0, 0], outs
     path = tmp_path / "checkpoints" / "step_7"
     commit = ck.verify_checkpoint(path)
     assert commit["process_count"] == 2 and not list(path.glob("manifest*"))

@@ -30,6 +30,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 from named.trainer import checkpoint as ck
 from named.trainer import checkpoint_store, checkpoint_write
+from _procs import run_workers
 from test_checkpoint import abstract, assert_bitwise_equal, fsdp_state, train_state
 
 BUCKET = "named-ckpt"
@@ -344,16 +345,8 @@ with Checkpointer(sys.argv[3]) as ckpt:
 def test_two_processes_write_one_checkpoint_to_the_bucket(url):
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-    procs = [subprocess.Popen([sys.executable, "-c", _WORKER, str(i), str(port), url], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
-    try:
-        outs = [p.communicate(timeout=180)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    assert [p.returncode for p in procs] == [0, 0], outs
+    codes, outs = run_workers([["-c", _WORKER, str(i), str(port), url] for i in range(2)], env, timeout=180)
+    assert codes == [0, 0], outs
     path = ck.latest_checkpoint(url)
     commit = ck.verify_checkpoint(path)
     assert commit["process_count"] == 2 and not [k for k in objects(path) if "manifest" in k]

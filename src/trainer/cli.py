@@ -83,6 +83,21 @@ def _fail(e: BaseException, code: int = 2) -> int:
     return code
 
 
+def _guarded(body) -> int:
+    """``body()``'s exit code, with our errors as one line on stderr and exit 2, the machine's
+    (OSError) as exit 1, and ``--help`` as argparse's code: never a traceback for either."""
+    from named import NamedError
+
+    try:
+        return body()
+    except SystemExit as e:  # --help
+        return int(e.code or 0)
+    except NamedError as e:
+        return _fail(e)
+    except OSError as e:  # the machine, not the input: no traceback, exit 1
+        return _fail(e, 1)
+
+
 def main_train(argv: list[str] | None = None) -> int:
     """``named-train --config_path config/gpt2_nano.yaml [--section.key value ...]``"""
     argv = sys.argv[1:] if argv is None else argv
@@ -150,20 +165,15 @@ def main_sample(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=100)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
-    from named import NamedError
-
     from .sample import sample_from_checkpoint
 
-    try:
+    def body() -> int:
         a = p.parse_args(sys.argv[1:] if argv is None else argv)
-        text = sample_from_checkpoint(Path(a.checkpoint), a.prompt, a.tokens, temperature=a.temperature, seed=a.seed,
-                                      chat=a.chat)
-    except NamedError as e:
-        return _fail(e)
-    except OSError as e:  # the machine, not the input: no traceback, exit 1
-        return _fail(e, 1)
-    print(text)
-    return 0
+        print(sample_from_checkpoint(Path(a.checkpoint), a.prompt, a.tokens, temperature=a.temperature, seed=a.seed,
+                                     chat=a.chat))
+        return 0
+
+    return _guarded(body)
 
 
 def main_export(argv: list[str] | None = None) -> int:
@@ -183,22 +193,15 @@ def main_export(argv: list[str] | None = None) -> int:
     lora.add_argument("--adapters-only", action="store_true", help="a LoRA run: write a PEFT adapter folder")
     p.add_argument("--max-shard-size", metavar="SIZE", help="split the safetensors into files of at most SIZE (e.g. 2GB)")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
-    from named import NamedError
-
     from .export import export
 
-    try:
+    def body() -> int:
         a = p.parse_args(sys.argv[1:] if argv is None else argv)
-        result = export(Path(a.checkpoint), Path(a.out), step=a.step, merge=a.merge, adapters_only=a.adapters_only,
-                        max_shard_size=a.max_shard_size, overwrite=a.overwrite)
-    except SystemExit as e:  # --help
-        return int(e.code or 0)
-    except NamedError as e:
-        return _fail(e)
-    except OSError as e:  # the machine, not the input: no traceback, exit 1
-        return _fail(e, 1)
-    print(result)
-    return 0
+        print(export(Path(a.checkpoint), Path(a.out), step=a.step, merge=a.merge, adapters_only=a.adapters_only,
+                     max_shard_size=a.max_shard_size, overwrite=a.overwrite))
+        return 0
+
+    return _guarded(body)
 
 
 def main_plan(argv: list[str] | None = None) -> int:
@@ -209,8 +212,6 @@ def main_plan(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if (code := _missing_extras("named-plan")) is not None:
         return code
-    from named import NamedError
-
     from .config import ConfigError, load_config
 
     p = _ArgumentParser(prog="named-plan", allow_abbrev=False, description="What a config would do on a set of devices, without training: the mesh, every "
@@ -227,7 +228,7 @@ def main_plan(argv: list[str] | None = None) -> int:
     p.add_argument("--search", action="store_true",
                    help="compile every layout that fits the devices (DP, FSDP, FSDP+TP, TP x remat x microbatches) "
                         "and rank them by a roofline estimate")
-    try:
+    def body() -> int:
         a, rest = p.parse_known_args(argv)
         if a.devices is not None and a.devices < 1:
             raise ConfigError(f"--devices must be a positive integer, got {a.devices}")
@@ -242,13 +243,9 @@ def main_plan(argv: list[str] | None = None) -> int:
             from .plan_search import search_report
 
             print("\n" + search_report(cfg, target))
-    except SystemExit as e:  # --help
-        return int(e.code or 0)
-    except NamedError as e:
-        return _fail(e)
-    except OSError as e:  # the machine, not the input: no traceback, exit 1
-        return _fail(e, 1)
-    return 0
+        return 0
+
+    return _guarded(body)
 
 
 def _stand_in_devices(n: int) -> bool:

@@ -120,6 +120,17 @@ def _check_groups(groups, In: Axis, Out: Axis, what: str) -> int:
     return int(groups)
 
 
+def _geometry(what: str, Spatial, In: Axis, Out: Axis, groups, kernel_size, stride, dilation):
+    """The checked spatial names, groups, and per-axis kernel size, stride and dilation of a conv layer."""
+    names = spatial_names(Spatial, what)
+    _channel_axes(In, Out, what)
+    if set(names) & {In.name, Out.name}:
+        raise AxisError(f"{what}: the channel axes {In.name!r}/{Out.name!r} cannot also be spatial axes {names}")
+    groups = _check_groups(groups, In, Out, what)
+    return (names, groups, per_axis(kernel_size, names, f"{what} kernel_size"), per_axis(stride, names, f"{what} stride"),
+            per_axis(dilation, names, f"{what} dilation"))
+
+
 def _layout(x: NamedArray, spatial: tuple[str, ...], In: Axis, what: str):
     """Check ``x`` and fold its batch axes into one; returns (folded x, its batch axes)."""
     if not isinstance(x, NamedArray):
@@ -211,14 +222,8 @@ class Conv(eqx.Module):
 
         Weights and bias are uniform in ``±1/sqrt(fan_in)``, ``fan_in = In.size / groups * prod(kernel_size)``.
         """
-        names = spatial_names(Spatial, "Conv")
-        _channel_axes(In, Out, "Conv")
-        if set(names) & {In.name, Out.name}:
-            raise AxisError(f"Conv: the channel axes {In.name!r}/{Out.name!r} cannot also be spatial axes {names}")
-        groups = _check_groups(groups, In, Out, "Conv")
-        kernel_size = per_axis(kernel_size, names, "Conv kernel_size")
-        stride = per_axis(stride, names, "Conv stride")
-        dilation = per_axis(dilation, names, "Conv dilation")
+        names, groups, kernel_size, stride, dilation = _geometry("Conv", Spatial, In, Out, groups, kernel_size, stride,
+                                                                 dilation)
         padding = padding_spec(padding, names, "Conv")
         kernel_in = _kernel_axis(In, Out, groups, "_in")
         axes = (Out, kernel_in, *(Axis(n, k) for n, k in zip(names, kernel_size)))
@@ -268,14 +273,8 @@ class ConvTranspose(eqx.Module):
         """Arguments as :meth:`Conv.init`, plus ``output_padding`` (per axis, as ``stride``): extra
         entries at the high end of each spatial axis, smaller than that axis's stride or dilation
         (it picks among the input sizes a strided Conv maps to the same output size)."""
-        names = spatial_names(Spatial, "ConvTranspose")
-        _channel_axes(In, Out, "ConvTranspose")
-        if set(names) & {In.name, Out.name}:
-            raise AxisError(f"ConvTranspose: the channel axes {In.name!r}/{Out.name!r} cannot also be spatial axes {names}")
-        groups = _check_groups(groups, In, Out, "ConvTranspose")
-        kernel_size = per_axis(kernel_size, names, "ConvTranspose kernel_size")
-        stride = per_axis(stride, names, "ConvTranspose stride")
-        dilation = per_axis(dilation, names, "ConvTranspose dilation")
+        names, groups, kernel_size, stride, dilation = _geometry("ConvTranspose", Spatial, In, Out, groups, kernel_size,
+                                                                 stride, dilation)
         output_padding = per_axis(output_padding, names, "ConvTranspose output_padding", minimum=0)
         for n, op, s, d in zip(names, output_padding, stride, dilation):
             if op >= max(s, d):
