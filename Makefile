@@ -32,6 +32,7 @@ bench: $(STAMP)
 	$(PY) bench/memory.py
 	$(PY) bench/data_ckpt.py
 	$(PY) bench/peer.py
+	$(PY) bench/peer.py --model llama
 	$(PY) bench/report.py
 
 # One GPU (docs/benchmarks.md §6), from a clean checkout: needs only the machine's jax (with its CUDA

@@ -5,7 +5,7 @@
 "Before" is ``src/trainer/train.py`` at ``--before-rev`` (read with ``git show``, loaded as a
 module of this tree's ``named.trainer``, so everything but the file itself is the same code);
 "after" is the working tree's. Both train the same model on the same data with
-``named.trainer.train``, taking turns (before, after, before, ...), for ``--repeats`` pairs.
+``named.trainer.train``, taking turns (before-after, then after-before, ...), for ``--repeats`` pairs.
 A run's step time is the median of the ``step_time_s`` its log lines report (the wall time of a
 log window over its steps), leaving out the first window, which holds the compile. No eval,
 samples or checkpoints, so the windows hold training steps only.
@@ -81,13 +81,16 @@ def main(argv=None):
     result = {"benchmark": "loop_overlap", "command": C.command_line(), "machine": C.machine(),
               "before_rev": subprocess.run(["git", "-C", str(C.ROOT), "rev-parse", "--short=12", args.before_rev],
                                            capture_output=True, text=True).stdout.strip(),
-              "protocol": f"{args.repeats} pairs of runs per size (before, after, ...), {args.steps} steps each, "
+              "protocol": f"{args.repeats} pairs of runs per size (before-after, after-before, ...), {args.steps} steps each, "
                           f"log every {args.log_interval}; a run's step time is the median of its log windows but the first",
               "sizes": {}}
     for size in args.sizes:
         runs = {"before": [], "after": []}
         for r in range(args.repeats):
-            for side, module in sides.items():
+            # before/after, then after/before: a drift over the process's life (its caches grow
+            # with every run) must not favour one side
+            for side in (("before", "after") if r % 2 == 0 else ("after", "before")):
+                module = sides[side]
                 run_dir = work / f"{size}-{side}-{r}"
                 module.train(_cfg(size, args.steps, args.log_interval, run_dir, work / "cache"))
                 runs[side].append(statistics.median(_step_times(run_dir)))

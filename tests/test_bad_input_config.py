@@ -148,6 +148,7 @@ RANGES = {
     "checkpoint.every_minutes": (NANO, ["0", "-1", "nan"], ["null", "0.5"]),
     "checkpoint.base": (NANO, ['""', "ftp://host/x", "s3://UPPER/x"], ["null", "s3://my-bucket/runs/a"]),
     "tracker.wandb_mode": (NANO, ["loud"], ["offline"]),
+    "mesh.mode": (NANO, ["manual", "Explicit"], ["explicit", "auto"]),
     "distributed.num_processes": (NANO, ["0", "-2"], ["null", "1"]),
     "distributed.process_id": (NANO, ["-1"], ["null", "0"]),
     "distributed.initialization_timeout_s": (NANO, ["0"], ["1"]),

@@ -55,6 +55,16 @@ def test_memory_tiny(tmp_path):
     assert m["alias_size_in_bytes"] > 0  # the donated state aliases the outputs
 
 
+def test_moe_tiny(tmp_path):
+    import moe
+
+    moe.main(["--tiny", "--out", str(tmp_path)])
+    r = _load(tmp_path, "moe_tiny")["comparisons"]
+    assert set(r["dispatch"]) == {"dropless", "dense"}
+    assert "all-to-all" not in r["placement"]["replicated experts"]["collectives"]
+    assert r["placement"]["EP auto"]["collectives"]["all-to-all"] > 0  # the tokens travel to their experts
+    assert r["placement"]["EP explicit"]["collectives"]["all-to-all"] > 0
+
 def test_data_ckpt_tiny(tmp_path):
     import data_ckpt
 

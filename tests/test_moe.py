@@ -193,14 +193,20 @@ def test_expert_parallel_layer_equals_one_device(one_device, parallel, layout):
 
 @pytest.mark.parametrize("parallel", ["auto", "explicit"])
 def test_the_hlo_holds_the_expected_all_to_alls(one_device, parallel):
-    # forward: the rows out, their expert ids out, the results back; backward: the transposes of
-    # the two float exchanges. Auto mode's are GSPMD's lowering of the sharding constraints.
+    # forward: the rows out, their expert ids out, the results back; the gradient of the layer's
+    # weights adds the transpose of the way back (the way out carries no weight). Auto mode's are
+    # GSPMD's lowering of the sharding constraints. Each is a tuple of 4 pieces, one per device of
+    # the expert axis (compiled_report names auto mode's groups by the whole mesh: it does not read
+    # the "mesh[...] {'axis_2'}" form of replica groups, so the pieces are what is checked there).
     moe, x, _, _ = one_device
     m, mesh, fwd, grad = _sharded(moe, x, parallel, "ep4 + fsdp")
     with nm.set_mesh(mesh):
-        for fn, n in ((fwd, 3), (grad, 5)):
+        for fn, n in ((fwd, 3), (grad, 4)):
             a2a = [c for c in nm.compiled_report(fn, m, x).collectives if c.kind == "all-to-all"]
-            assert len(a2a) == n and all(c.mesh_axes == ("expert",) and c.group_size == 4 for c in a2a), a2a
+            assert len(a2a) == n, a2a
+            assert all(len(re.findall(r"\w+\[[\d,]*\]", c.shape)) == 4 for c in a2a), a2a
+            if parallel == "explicit":
+                assert all(c.mesh_axes == ("expert",) for c in a2a), a2a
     # without experts in the mapping there is none: each device's tokens go through whole experts
     compute = {"batch": ("data", "expert")}
     with nm.set_mesh(mesh), nm.axis_mapping(compute):
@@ -284,7 +290,7 @@ def _loss(model, ids):
 @pytest.mark.parametrize("name", NAMES)
 def test_logits_and_gradients_match_transformers(pairs, name):
     hf, _, config, model = pairs(name)
-    assert type(config).__name__ == type(hf.config).__name__ and config.num_experts == hf.config.num_local_experts
+    assert type(config).__name__ == type(hf.config).__name__ and config.num_experts == hf.config.num_experts
     ids = random_ids(config.vocab_size, (2, 13))
     ours = np.asarray(forward(model, named_ids(ids)))
     diff = np.abs(ours - hf_logits(hf, ids)).max()
@@ -340,6 +346,7 @@ def test_greedy_decoding_equals_transformers(pairs):
     ("mixtral-window5-mqa5/1", "router_jitter_noise", 0.1, "unsupported router_jitter_noise=0.1"),
     ("mixtral-window5-mqa5/1", "num_local_experts", 0, "field 'num_local_experts' should be a positive int"),
     ("qwen2moe-shared-gated", "qkv_bias", False, "unsupported qkv_bias=False"),
+    ("qwen3moe-qknorm-normtopk", "num_experts", 7, "'num_experts' (7) and 'num_local_experts' (8) disagree"),
 ])
 def test_config_fields_we_do_not_implement_are_named(pairs, tmp_path, name, field, value, expect):
     d = {**json.loads((pairs(name)[1] / "config.json").read_text()), field: value}

@@ -52,7 +52,8 @@ def _cfg(corpus: Path, run_dir: Path, **over):
 
 class _Tripwire:
     """A step's metric that records every read of its value (what ``float``, ``bool`` and
-    ``jax.device_get`` do) with the step it belongs to."""
+    ``jax.device_get`` do) with the step it belongs to, and every wait for it (which reads
+    nothing)."""
 
     def __init__(self, value, step: int, events: list):
         self.value, self.step, self.events = value, step, events
@@ -70,6 +71,11 @@ class _Tripwire:
 
     def __bool__(self):
         return bool(self._read())
+
+    def block_until_ready(self):
+        self.events.append(("wait", self.step))
+        jax.block_until_ready(self.value)
+        return self
 
 
 @pytest.fixture
@@ -101,10 +107,10 @@ def observed(monkeypatch):
 
 
 def _collapsed(events: list) -> list:
-    """The events with each run of reads of one step (one per metric) written once."""
+    """The events with each run of reads or waits of one step (one per metric) written once."""
     out = []
     for e in events:
-        if not (e[0] == "read" and out and out[-1] == e):
+        if not (e[0] in ("read", "wait") and out and out[-1] == e):
             out.append(e)
     return out
 
@@ -113,11 +119,14 @@ def test_steps_are_dispatched_ahead_and_read_only_at_read_points(corpus, tmp_pat
     events, step_losses = observed
     result = train(_cfg(corpus, tmp_path / "run"))
     # log_interval 3 over 7 steps: reads after steps 3, 6 and 7 (the end), nowhere else; the
-    # batch of step k+1 is built after step k is dispatched and before anything is read.
-    expected = [("batch", 1), ("dispatch", 1), ("batch", 2), ("dispatch", 2), ("batch", 3), ("dispatch", 3),
-                ("batch", 4), ("read", 1), ("read", 2), ("read", 3),
-                ("dispatch", 4), ("batch", 5), ("dispatch", 5), ("batch", 6), ("dispatch", 6),
-                ("batch", 7), ("read", 4), ("read", 5), ("read", 6),
+    # batch of step k+1 is built after step k is dispatched and before anything is read; before
+    # dispatching step k+1 the host waits (reading nothing) only for step k-1 (MAX_IN_FLIGHT 2),
+    # so step k+1 is queued while step k may still run.
+    assert train_mod.MAX_IN_FLIGHT == 2
+    expected = [("batch", 1), ("dispatch", 1), ("batch", 2), ("dispatch", 2), ("batch", 3), ("wait", 1),
+                ("dispatch", 3), ("batch", 4), ("wait", 2), ("read", 1), ("read", 2), ("read", 3),
+                ("dispatch", 4), ("batch", 5), ("dispatch", 5), ("batch", 6), ("wait", 4), ("dispatch", 6),
+                ("batch", 7), ("wait", 5), ("read", 4), ("read", 5), ("read", 6),
                 ("dispatch", 7), ("read", 7)]
     assert _collapsed(events) == expected
     # every step's loss is in the result, as the step computed it
@@ -135,8 +144,8 @@ def test_a_checkpoint_is_a_read_point(corpus, tmp_path, observed):
     # no log lines: the checkpoint after step 2 and the end are the only read points; step 2's
     # NaN check is done before its checkpoint is written
     assert _collapsed(events) == [("batch", 1), ("dispatch", 1), ("batch", 2), ("dispatch", 2), ("batch", 3),
-                                  ("read", 1), ("read", 2), ("dispatch", 3), ("batch", 4), ("dispatch", 4),
-                                  ("read", 3), ("read", 4)]
+                                  ("wait", 1), ("read", 1), ("read", 2), ("dispatch", 3), ("batch", 4),
+                                  ("dispatch", 4), ("wait", 3), ("read", 3), ("read", 4)]
 
 
 def test_stop_names_the_first_bad_step_when_read_later(corpus, tmp_path):

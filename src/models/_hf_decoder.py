@@ -232,9 +232,11 @@ def _moe(r: _Reader, spec: HfDecoder) -> dict:
                           "not implemented)")
         return out
     # transformers 5 writes num_local_experts, earlier versions num_experts
-    named = [n for n in ("num_experts", "num_local_experts") if n in r.d]
-    out["num_experts"] = r.get(named[0] if named else "num_experts", int, r.defaults["num_experts"])
-    r.seen.update(named)
+    counts = {n: r.get(n, int, None) for n in ("num_experts", "num_local_experts") if n in r.d}
+    if len(set(counts.values())) > 1:
+        raise r.error(f"fields 'num_experts' ({counts['num_experts']}) and 'num_local_experts' "
+                      f"({counts['num_local_experts']}) disagree")
+    out["num_experts"] = next(iter(counts.values()), None) or r.defaults["num_experts"]
     out["moe_intermediate_size"] = r.field("moe_intermediate_size", int)
     out["norm_topk_prob"] = r.field("norm_topk_prob", bool)
     r.only("decoder_sparse_step", int, (1,), "every layer is a mixture of experts")

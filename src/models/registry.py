@@ -23,7 +23,8 @@ class Family:
     """One model family.
 
     ``module`` is the model's file: its Hugging Face key map (``HF_KEYS``, ``HF_LINEAR_LAYOUT``,
-    ``HF_BASE_PREFIX``, ``HF_IGNORED``), ``num_params`` and ``flops_per_token``.
+    ``HF_BASE_PREFIX``, ``HF_IGNORED``), ``num_params`` and ``flops_per_token`` (Mixtral's is
+    ``moe.MIXTRAL``: the decoder's, with Mixtral's names for the expert tensors).
     ``positions_field`` is the config field that bounds the sequence length. A decoder family
     has ``hf`` (how its ``config.json`` reads); GPT-2 has its own ``from_hf`` / ``to_hf``.
     """

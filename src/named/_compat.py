@@ -4,8 +4,9 @@ compatibility policy (``jax.core``, ``jax._src``, config flags). The rest of the
 these names and never branches on a JAX version or reaches into ``jax._src`` itself
 (``tests/test_compat.py`` checks that, and that each shim works on the installed JAX).
 
-What was checked against the 0.11 and 0.12 release notes, and is used directly elsewhere
-because it is the same on 0.10, 0.11 and 0.12: ``jax.tree``/``jax.tree_util`` (the legacy
+Checked against the jax 0.11.0 release notes and the deprecations jax 0.10.2 itself announces
+for removal (its ``_deprecations`` tables, scheduled for 0.11 and later), and used directly
+elsewhere because it is the same on 0.10, 0.11 and 0.12: ``jax.tree``/``jax.tree_util`` (the legacy
 ``jax.tree_*`` aliases are not used), ``jax.shard_map`` with ``check_vma`` (not
 ``jax.experimental.shard_map``/``check_rep``), ``jax.set_mesh`` (no ``with mesh:``),
 ``jax.sharding`` (``Mesh``, ``NamedSharding``, ``PartitionSpec``, ``AxisType``,

@@ -116,6 +116,7 @@ RULES: dict[str, Rule] = {
     "checkpoint.every_minutes": above(0),
     "checkpoint.base": NONEMPTY,
     "tracker.wandb_mode": one_of("disabled", "offline", "online"),
+    "mesh.mode": one_of("auto", "explicit"),
     "distributed.num_processes": at_least(1),
     "distributed.process_id": at_least(0),
     "distributed.initialization_timeout_s": at_least(1),

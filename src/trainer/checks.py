@@ -17,11 +17,12 @@ import jax.numpy as jnp
 
 import named as nm
 from named.models.hf import CheckpointFormatError, check_folder
+from named import nn
 from named.nn.loss import next_token_loss
 
 from .config import ConfigError, TrainConfig, data_parallel_size, to_mapping
 from .data import Tokenizer, load_tokenizer
-from .model_init import model_shapes
+from .model_init import layer_driver, model_shapes
 from .registry import max_positions, model_class, model_type
 
 # Axes of activations that no parameter has; a mapping may name these and the parameters' axes.
@@ -65,7 +66,7 @@ def check_against_devices(cfg: TrainConfig) -> Setup:
             raise ConfigError(f"model.init_from_hf: {e}") from None
     shapes = model_shapes(cfg, model_cls, model_cfg)
     check_mappings(cfg, shapes, mesh, compute, param, model_cfg)
-    check_activations(cfg, model_cfg, shapes, mesh, compute)
+    check_activations(cfg, model_cfg, shapes, mesh, compute, param)
     return Setup(tokenizer, model_cfg, model_cls, shapes, mesh, compute, param)
 
 
@@ -130,7 +131,7 @@ def check_mappings(cfg: TrainConfig, shapes, mesh, compute, param, model_cfg) ->
 _CLASH = re.compile(r"axes '(\w+)' and '(\w+)' of one array are both mapped to mesh axis '(\w+)'")
 
 
-def check_activations(cfg: TrainConfig, model_cfg, shapes, mesh, compute) -> None:
+def check_activations(cfg: TrainConfig, model_cfg, shapes, mesh, compute, param=None) -> None:
     """The compute mapping fits every activation of the forward pass and the loss: no activation
     may have two axes on one mesh axis (``embed: data`` beside ``batch: data``), which the
     per-axis checks above cannot see. The forward is traced under the mapping on abstract inputs
@@ -153,6 +154,21 @@ def check_activations(cfg: TrainConfig, model_cfg, shapes, mesh, compute) -> Non
         a, b, m = clash.groups()
         raise ConfigError(f"mesh.compute_mapping.{a} and mesh.compute_mapping.{b} both map to mesh axis {m!r}, but "
                           f"the {model_type(model_cfg)} model has activations with both axes: {e}") from None
+    driver = layer_driver(cfg, compute, param)
+    if driver is not None and getattr(model_cfg, "dropout", 0):
+        # the layers' keys reach every device whole: each would draw the same mask for its own rows
+        raise ConfigError(f"mesh.mode: explicit does not support model.dropout={model_cfg.dropout}: every device "
+                          "would draw the same dropout mask for its rows; use mode auto or dropout 0")
+    if driver is not None:  # the layer stack traced per device too, as the train step will run it
+        def explicit_loss(model, ids):  # a function of its own: jax caches traces by function
+            with nn.explicit_layers(driver):
+                return loss(model, ids)
+
+        try:
+            with nm.set_mesh(mesh), nm.axis_mapping(compute):
+                jax.eval_shape(explicit_loss, shapes, ids)
+        except nm.NamedError as e:
+            raise ConfigError(f"mesh.mode: explicit: {e}") from None
 
 
 def check_sample_length(cfg: TrainConfig, tokenizer: Tokenizer, model_cfg) -> None:

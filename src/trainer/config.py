@@ -94,6 +94,7 @@ class MeshConfig:
     shape: dict[str, int] = field(default_factory=lambda: {"data": -1})
     compute_mapping: dict[str, Any] = field(default_factory=lambda: {"batch": "data"})
     param_mapping: dict[str, Any] = field(default_factory=dict)
+    mode: str = "auto"  # auto: GSPMD places the collectives; explicit: the layer stack runs per device (docs/explicit.md)
 
 
 @dataclass

@@ -134,6 +134,12 @@ def with_quantization(cfg: TrainConfig, model):
         raise ConfigError(f"quantization.targets: {e}") from None
 
 
+def layer_driver(cfg: TrainConfig, compute, param) -> nn.ExplicitStack | None:
+    """How the model's layer stack runs: None (``mesh.mode: auto``, GSPMD) or, for
+    ``explicit``, per device inside ``nm.shard_map`` with each layer's weights gathered there."""
+    return nn.ExplicitStack(param, compute) if cfg.mesh.mode == "explicit" else None
+
+
 def model_shapes(cfg: TrainConfig, model_cls, model_cfg):
     """The run's parameters as ``jax.ShapeDtypeStruct`` leaves, without allocating or compiling."""
     def build():

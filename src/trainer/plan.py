@@ -115,10 +115,35 @@ def plan_report(cfg: TrainConfig, *, compile: bool = False, target: Target | Non
            if target.memory else ""),
     ]
     if compile:
-        lines += ["", "train step (compiled on abstract inputs):", str(train_step_report(cfg, s)),
+        report = train_step_report(cfg, s)
+        lines += ["", "train step (compiled on abstract inputs):", str(report),
                   "(memory from XLA's CPU buffer assignment: a GPU or TPU build fuses, lays out and overlaps "
                   "differently, so treat it as an estimate of the same program)"]
+        if cfg.mesh.mode != "auto":  # what the mode buys: the same step compiled in auto mode beside it
+            auto = dataclasses.replace(cfg, mesh=dataclasses.replace(cfg.mesh, mode="auto"))
+            lines += ["", f"mesh.mode {cfg.mesh.mode} beside auto (the same train step, per device and execution):",
+                      *mode_table({cfg.mesh.mode: report, "auto": train_step_report(auto, s)})]
     return "\n".join(lines)
+
+
+def mode_table(reports: dict[str, nm.inspect.CompiledReport]) -> list[str]:
+    """One row per collective kind and mesh axes, count and bytes under each mode, then the
+    peak memory per device: compiled reports of one step side by side."""
+    cells: dict[tuple[str, str], dict[str, tuple[int, int]]] = {}
+    for mode, rep in reports.items():
+        for kind, axes, count, nbytes, _, _ in rep.summary():
+            cells.setdefault((kind, axes), {})[mode] = (count, nbytes)
+    head = ["collective", "mesh axes"] + [f"{m} {what}" for m in reports for what in ("count", "bytes")]
+    rows = [head]
+    for (kind, axes), by_mode in sorted(cells.items()):
+        row = [kind, axes]
+        for m in reports:
+            count, nbytes = by_mode.get(m, (0, 0))
+            row += [str(count), f"{nbytes / 2**20:.2f} MiB"]
+        rows.append(row)
+    rows.append(["peak memory", "-"] + [c for rep in reports.values() for c in ("", f"{rep.peak_bytes / 2**20:.2f} MiB")])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
 
 
 def train_step_report(cfg: TrainConfig, s: Setup | None = None) -> nm.inspect.CompiledReport:

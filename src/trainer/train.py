@@ -32,7 +32,7 @@ from . import rundir
 from .checks import check_against_devices
 from .config import TrainConfig, dump_config
 from .data import Batch, TrainBatches, build_data, eval_batches
-from .model_init import init_model, trainable
+from .model_init import init_model, layer_driver, trainable
 from .optim import build_optimizer, init_opt_state, schedule
 from .registry import flops_per_token, model_type
 from .stop import StopRequests
@@ -75,12 +75,14 @@ def make_train_step(model_cls, optimizer, policy, cfg: TrainConfig, compute, par
     n_micro = cfg.trainer.microbatches
     skip_bad = cfg.trainer.nan_policy == "skip"
     lora_dropout = cfg.lora is not None and cfg.lora.dropout > 0
+    driver = layer_driver(cfg, compute, param)  # None unless mesh.mode is explicit
 
     def loss_sum(params, frozen, batch, key):
         m = cast_for_compute(eqx.combine(params, frozen, is_leaf=nm.is_named_array), policy)
         if lora_dropout:  # the models call their linears without keys: the adapters hold theirs for this pass
             m = nn.lora.with_dropout_keys(m, jax.random.fold_in(key, 1))
-        logits, aux = models.forward_with_aux(m, batch["input_ids"], segment_ids=batch["segment_ids"], key=key)
+        with nn.explicit_layers(driver):
+            logits, aux = models.forward_with_aux(m, batch["input_ids"], segment_ids=batch["segment_ids"], key=key)
         per_token = next_token_loss(logits, batch["input_ids"], loss_mask=batch["loss_mask"], reduction="none")
         count = batch["loss_mask"][Pos, :-1].astype(jnp.float32).sum().scalar()
         total = per_token.sum().scalar()
@@ -241,6 +243,8 @@ def _train(cfg: TrainConfig, data, train_batches, model_cfg, model_cls, mesh, co
                 progress.update(1)
             if done < t.num_train_steps:
                 batch = batch_for(done)
+            if len(pending) >= MAX_IN_FLIGHT:  # wait, reading nothing, for the step before this one
+                jax.block_until_ready(pending[-MAX_IN_FLIGHT][1])
             # What this step ends with is decided here and only here (a new reason to stop or save goes into _due).
             signum, timed = stop.poll(done)  # the same on every process (see stop.py)
             due = _due(done, cfg, data.validation is not None, len(pending), stop=bool(signum), timed=timed)
@@ -286,6 +290,10 @@ def _train(cfg: TrainConfig, data, train_batches, model_cfg, model_cls, mesh, co
 # Without logging, eval, samples or checkpoints, the metrics are still read this often, so that a
 # non-finite step under nan_policy=stop ends the run within this many steps.
 MAX_UNREAD_STEPS = 100
+# Steps dispatched but maybe unfinished: two keep the device busy (one runs, the next is queued)
+# while the host prepares the batch after them. Running further ahead gains nothing and queues a
+# batch per step; on the 2-core CPU it was slower (docs/benchmarks.md, the loop section).
+MAX_IN_FLIGHT = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -395,11 +403,18 @@ def sample_text(model, tokenizer, prompt: str, n_tokens: int, *, temperature: fl
                 key=None, stop_ids: tuple[int, ...] = ()) -> str:
     """``prompt`` and its continuation, cut before the first of ``stop_ids`` (which is not shown)."""
     ids = tokenizer.encode(prompt) or [tokenizer.eos_id]
+    return prompt + tokenizer.decode(continue_ids(model, ids, n_tokens, temperature=temperature, top_k=top_k, key=key,
+                                                  stop_ids=stop_ids))
+
+
+def continue_ids(model, ids: list[int], n_tokens: int, *, temperature: float = 0.0, top_k: int | None = None,
+                 key=None, stop_ids: tuple[int, ...] = ()) -> list[int]:
+    """Up to ``n_tokens`` new ids after ``ids``, ending before the first of ``stop_ids``."""
     prompt_ids = nm.named(jnp.asarray([ids], jnp.int32), ("batch", Pos))
     out = models.generate(model, prompt_ids, n_tokens, temperature=temperature, top_k=top_k, key=key, stop_ids=stop_ids)
     new = [int(i) for i in np.asarray(out.array)[0, len(ids):]]
     ends = [k for k, i in enumerate(new) if i in stop_ids]
-    return prompt + tokenizer.decode(new[:ends[0]] if ends else new)
+    return new[:ends[0]] if ends else new
 
 
 def _progress(t, start: int, pid: int, stack: contextlib.ExitStack):

@@ -54,6 +54,7 @@ from ._quant import (  # low-precision Linears: nn.quantize(model, "fp8")
 from ._blockseq import BlockSeq
 from ._remat import Remat, checkpoint_name, remat_policy
 from ._stacked import Stacked
+from ._explicit_stack import ExplicitStack, explicit_layers
 from ._moe import MoE, load_balancing_loss, route, router_z_loss
 from .loss import (
     binary_cross_entropy_loss,

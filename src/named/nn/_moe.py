@@ -39,7 +39,7 @@ from .._context import current_body, current_mapping, current_mesh
 from .._core import NamedArray
 from .._einsum import dot
 from .. import _ops as ops
-from .._shape import one_hot, top_k as _top_k
+from .._shape import one_hot
 from .._local import ShardedAxis, _split_over
 from ..explicit import all_gather, all_to_all, axis_index, psum, shard_map
 from ..partitioning import _mesh_axes, shard
@@ -69,12 +69,22 @@ def route(logits: NamedArray, k: int, *, routing: str = "softmax_topk", normaliz
     logits = logits.astype(jnp.float32)  # routing decisions in full precision: bf16 ties flip experts
     probs = ops.softmax(logits, EXPERTS)
     if routing == "topk_softmax":
-        top, ids = _top_k(logits, EXPERTS, k, new_axis=TOPK)
+        top, ids = _top_k(logits, k)
         return ops.softmax(top, TOPK), ids, probs
-    weights, ids = _top_k(probs, EXPERTS, k, new_axis=TOPK)
+    weights, ids = _top_k(probs, k)
     if normalize:
         weights = weights / weights.sum(TOPK)
     return weights, ids, probs
+
+
+def _top_k(x: NamedArray, k: int) -> tuple[NamedArray, NamedArray]:
+    """The ``k`` largest along ``experts`` (the lower index first among equals, as ``lax.top_k``),
+    by a stable sort: XLA does not split ``lax.top_k`` over the token axes, and GSPMD would
+    gather every device's router logits for it."""
+    arr = x.rearrange((..., EXPERTS)).array
+    ids = jnp.argsort(-arr, axis=-1, stable=True)[..., :k]
+    axes = x.rearrange((..., EXPERTS)).axes[:-1] + (Axis(TOPK, k),)
+    return NamedArray._unchecked(jnp.take_along_axis(arr, ids, -1), axes), NamedArray._unchecked(ids, axes)
 
 
 def load_balancing_loss(probs: NamedArray, ids: NamedArray) -> jax.Array:
@@ -345,6 +355,16 @@ def _auto(x, ids, w, weights, names: _Names, n_experts: int, act, mapping, mesh)
     n_dst = math.prod(size[m] for m in expert_axes)
     E_l = n_experts // n_dst
     blocks_spec = tuple(canon) if canon else None
+    lead = math.prod(size[m] for m in split_tokens)  # blocks of distinct tokens; the rest are copies
+    # the token axes cut into their mesh pieces and the rest: where each piece lies in that shape
+    shape, block_dims, local_dims = [], [], []
+    for a, ms in token_axes:
+        for m in ms:
+            block_dims.append(len(shape))
+            shape.append(size[m])
+        local_dims.append(len(shape))
+        shape.append(a.size // math.prod(size[m] for m in ms))
+    order = block_dims + local_dims
 
     def constrain(a, *spec):
         return jax.lax.with_sharding_constraint(a, NamedSharding(mesh, PartitionSpec(*spec)))
@@ -352,30 +372,13 @@ def _auto(x, ids, w, weights, names: _Names, n_experts: int, act, mapping, mesh)
     def to_blocks(arr_named: NamedArray, last: str):
         """(*tokens, last) -> (blocks, tokens per block, last)."""
         arr = arr_named.rearrange((*names.tokens, last)).array
-        shape, block_dims, local_dims = [], [], []
-        for a, ms in token_axes:
-            for m in ms:
-                block_dims.append(len(shape))
-                shape.append(size[m])
-            local_dims.append(len(shape))
-            shape.append(a.size // math.prod(size[m] for m in ms))
-        arr = arr.reshape(*shape, arr.shape[-1]).transpose(*block_dims, *local_dims, len(shape))
-        lead = math.prod(size[m] for m in split_tokens)
+        arr = arr.reshape(*shape, arr.shape[-1]).transpose(*order, len(shape))
         arr = arr.reshape(lead, 1, -1, arr.shape[-1])
         arr = jnp.broadcast_to(arr, (lead, n_blocks // lead) + arr.shape[2:]).reshape(n_blocks, -1, arr.shape[-1])
         return constrain(arr, blocks_spec)
 
     def from_blocks(arr, template: NamedArray):
-        lead = math.prod(size[m] for m in split_tokens)
         arr = arr.reshape(lead, n_blocks // lead, *arr.shape[1:])[:, 0]  # the copies are equal: keep one
-        shape, block_dims, local_dims = [], [], []
-        for a, ms in token_axes:
-            for m in ms:
-                block_dims.append(len(shape))
-                shape.append(size[m])
-            local_dims.append(len(shape))
-            shape.append(a.size // math.prod(size[m] for m in ms))
-        order = block_dims + local_dims
         arr = arr.reshape(*(shape[i] for i in order), arr.shape[-1])
         arr = arr.transpose(*(order.index(i) for i in range(len(shape))), len(shape))
         arr = arr.reshape(*(a.size for a, _ in token_axes), arr.shape[-1])

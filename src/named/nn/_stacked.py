@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from .._axis import Axis, AxisError, NamedError, format_axes, name_of
 from .._core import NamedArray, is_named_array
 from .._transforms import scan as nscan, vmap as nvmap
+from ._explicit_stack import active as _explicit_driver
 from ._remat import Remat, remat_policy, with_remat
 
 M = TypeVar("M", bound=eqx.Module)
@@ -192,6 +193,12 @@ class Stacked(eqx.Module, Generic[M]):
         return lambda x, *args, **kwargs: nvmap(call, self.Layers)(self.stacked, x, *args, **kwargs)
 
     def _run(self, step, x, args, kwargs):
+        driver = _explicit_driver()  # set by nn.explicit_layers: run the scan per device
+        if driver is not None:
+            return driver.run(self, step, x, args, kwargs)
+        return self._run_local(step, x, args, kwargs)
+
+    def _run_local(self, step, x, args, kwargs):
         def body(carry, block, *a, **kw):
             return step(block, carry, *a, **kw)
 

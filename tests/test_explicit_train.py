@@ -1,0 +1,214 @@
+"""``mesh.mode: explicit``: the same models train with their layer stack run per device
+(``nm.shard_map``, FSDP weights gathered per layer, gradients reduce-scattered per layer) and
+give the losses and parameters of the default GSPMD mode, with and without remat, with
+microbatches, and across a resume from a checkpoint written in the other mode."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import numpy as np
+import pytest
+
+import named as nm
+from named import nn
+from named.models.gpt2 import Gpt2Config, Gpt2LMHeadModel
+from named.trainer.config import ConfigError, load_config
+from named.trainer.train import train
+
+ROOT = Path(__file__).resolve().parents[1]
+FSDP = {"mesh.shape": "{data: 8}", "mesh.param_mapping": "{embed: data}", "mesh.compute_mapping": "{batch: data}"}
+CASES = {
+    "plain": {},
+    "remat+microbatches": {"model.remat": "full", "trainer.microbatches": 2},
+    "2-D mesh": {"mesh.shape": "{data: 4, replica: 2}", "mesh.param_mapping": "{embed: [data, replica]}",
+                 "mesh.compute_mapping": "{batch: [data, replica]}", "model.remat": "save_dots"},
+}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("corpus")
+    (d / "code.txt").write_text("\n".join(f"def g_{i}(a, b):\n    return a * {i} - b // {i % 5 + 1}\n" for i in range(300)))
+    return d
+
+
+def _run(corpus: Path, run_dir: Path, config: str = "gpt2_nano.yaml", **over):
+    args = {
+        "trainer.num_train_steps": 20, "trainer.train_batch_size": 16, "trainer.log_interval": 1,
+        "trainer.eval_interval": 0, "trainer.sample_interval": 0, "trainer.progress_bar": "false",
+        "trainer.run_dir": str(run_dir), "trainer.load_checkpoint": "null", "optimizer.warmup_steps": 2,
+        "optimizer.learning_rate": 0.003,
+        # GPT-2's key bias has a gradient of zero in exact arithmetic (softmax ignores a shift of a
+        # query's logits), so it is pure rounding, which differs with the order of the sums; Adam
+        # with its default epsilon (1e-8) turns that rounding into steps of learning-rate size. A
+        # larger epsilon keeps the comparison about the model, not about that rounding.
+        "optimizer.epsilon": 1e-4, "data.train": f"[{corpus / 'code.txt'}]", "data.seq_len": 32,
+        "data.val_fraction": 0.05, "data.cache_dir": str(corpus / "cache"), "checkpoint.interval": 10,
+        "checkpoint.save_at_end": "false", "tracker.console": "false", **FSDP,
+    }
+    if config == "gpt2_nano.yaml":
+        args.update({"model.n_layer": 2, "model.n_head": 2, "model.n_embd": 32, "model.n_positions": 64})
+    else:
+        args.update({"model.hidden_size": 32, "model.intermediate_size": 48, "model.num_hidden_layers": 2,
+                     "model.max_position_embeddings": 64})
+    if config == "gemma3_tiny.yaml":  # a local and a global layer: windows and rope differ per layer
+        args.update({"model.sliding_window": 8, "model.sliding_window_pattern": 2})
+    args.update(over)
+    return train(load_config(ROOT / "config" / config, [x for k, v in args.items() for x in (f"--{k}", str(v))]))
+
+
+@pytest.fixture(scope="module")
+def runs(corpus, tmp_path_factory):
+    """Each case trained in both modes, lazily (a case's runs are made by the first test that asks)."""
+    cache: dict = {}
+    base = tmp_path_factory.mktemp("runs")
+
+    def get(case: str, mode: str, config: str = "gpt2_nano.yaml"):
+        if (case, mode, config) not in cache:
+            over = CASES.get(case, {})
+            cache[case, mode, config] = _run(corpus, base / f"{config}-{case}-{mode}", config,
+                                             **{**over, "mesh.mode": mode})
+        return cache[case, mode, config]
+
+    return get
+
+
+def _assert_same(a, b, what: str):
+    assert len(a.losses) == len(b.losses) > 0
+    np.testing.assert_allclose(a.losses, b.losses, rtol=1e-5, atol=0, err_msg=f"{what}: losses")
+    wa = jax.tree.leaves(a.model, is_leaf=nm.is_named_array)
+    wb = jax.tree.leaves(b.model, is_leaf=nm.is_named_array)
+    assert len(wa) == len(wb)
+    for x, y in zip(wa, wb):
+        x, y = (v.array if isinstance(v, nm.NamedArray) else v for v in (x, y))
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=0, atol=1e-5, err_msg=f"{what}: parameters")
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_gpt2_explicit_trains_like_auto(case, runs):
+    auto, explicit = runs(case, "auto"), runs(case, "explicit")
+    assert auto.losses[-1] < auto.losses[0]  # it trains, so equal losses are not two flat lines
+    _assert_same(explicit, auto, case)
+    # The explicit run's parameters stay stored as FSDP blocks: 1/8 of every embed weight per device
+    # (over data, or over data and replica on the 2-D mesh).
+    for x in jax.tree.leaves(explicit.model, is_leaf=nm.is_named_array):
+        if isinstance(x, nm.NamedArray) and "embed" in x.names:
+            assert x.array.addressable_shards[0].data.size * 8 == x.array.size
+
+
+@pytest.mark.parametrize("config", ["llama3_tiny.yaml", "gemma3_tiny.yaml"])  # gemma3: per-layer windows and rope
+def test_decoder_explicit_trains_like_auto(config, runs):
+    _assert_same(runs("plain", "explicit", config), runs("plain", "auto", config), config)
+
+
+@pytest.mark.parametrize("written, resumed", [("auto", "explicit"), ("explicit", "auto")])
+def test_resume_from_a_checkpoint_of_the_other_mode(written, resumed, runs, corpus, tmp_path):
+    full = runs("plain", written)  # 20 steps, a checkpoint at step 10 only
+    run_dir = tmp_path / "run"
+    shutil.copytree(full.run_dir, run_dir)
+    shutil.rmtree(run_dir / "checkpoints" / "step_20", ignore_errors=True)
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_10"]
+    more = _run(corpus, run_dir, **{"mesh.mode": resumed, "trainer.load_checkpoint": "auto"})
+    assert len(more.losses) == 10
+    np.testing.assert_allclose(more.losses, full.losses[10:], rtol=1e-5, atol=0)
+    for x, y in zip(jax.tree.leaves(more.model), jax.tree.leaves(full.model)):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=0, atol=1e-5)
+
+
+def test_bad_mode_and_tensor_parallel_are_refused(corpus, tmp_path):
+    with pytest.raises(ConfigError, match="mesh.mode must be one of auto, explicit"):
+        load_config(ROOT / "config" / "gpt2_nano.yaml", ["--mesh.mode", "manual"])
+    tp = {"mesh.shape": "{data: 4, model: 2}", "mesh.param_mapping": "{embed: data, mlp: model}",
+          "mesh.compute_mapping": "{batch: data, mlp: model}"}
+    with pytest.raises(ConfigError, match=r"mesh.mode: explicit: .*splits \['mlp'\]"):
+        _run(corpus, tmp_path / "run", **{**tp, "mesh.mode": "explicit"})
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+    with pytest.raises(ConfigError, match=r"mesh.mode: explicit: .*plain arrays .*load_balancing"):
+        _run(corpus, tmp_path / "moe", "mixtral_tiny.yaml", **{"mesh.mode": "explicit"})
+    assert not (tmp_path / "moe").exists()
+    with pytest.raises(ConfigError, match=r"mesh.mode: explicit does not support model.dropout=0.1"):
+        _run(corpus, tmp_path / "dropout", **{"mesh.mode": "explicit", "model.dropout": 0.1})
+
+
+# ---- the collectives of one explicit gradient ---------------------------------------------------
+
+
+def test_one_gather_and_one_reduce_scatter_per_layer_weight():
+    """In the compiled gradient, every FSDP-split weight of a layer is gathered once per layer in
+    the forward scan, each split matrix once more in the backward scan (its gathered copy is
+    not kept for all layers), and its gradient is reduce-scattered once per layer; the weights
+    that stay replicated are all-reduced. GSPMD on CPU forms no reduce-scatter at all."""
+    mesh = nm.make_mesh({"data": 8})
+    param, compute = {"embed": "data"}, {"batch": "data"}
+    cfg = Gpt2Config(n_embd=32, n_layer=3, n_head=4, vocab_size=128, n_positions=32)
+    model = nm.shard(Gpt2LMHeadModel.init(cfg, key=jax.random.key(0)), param, mesh)
+    ids = nm.shard(nm.named(jax.random.randint(jax.random.key(1), (8, 16), 0, 128), ("batch", "position")), compute, mesh)
+    layer = [w for w in jax.tree.leaves(model.blocks.stacked, is_leaf=nm.is_named_array) if isinstance(w, nm.NamedArray)]
+    split = [w for w in layer if "embed" in w.names]
+    matrices = [w for w in split if w.ndim > 2]  # layers axis + at least two more
+    replicated = [w for w in layer if "embed" not in w.names]
+    assert len(split) == 10 and len(matrices) == 4 and len(replicated) == 2
+
+    def report(driver):
+        def loss(m, ids):
+            with nn.explicit_layers(driver):
+                return (m(ids).array ** 2).mean()
+
+        return nm.compiled_report(nm.named_jit(eqx.filter_grad(loss), mapping=compute, out_mapping=param, mesh=mesh),
+                                  model, ids)
+
+    rep = report(nn.ExplicitStack(param, compute))
+    in_loop = [c for c in rep.collectives if c.in_loop]
+    gathers = [c for c in in_loop if c.kind == "all-gather"]
+    scatters = [c for c in in_loop if c.kind == "reduce-scatter"]
+    assert len(gathers) == len(split) + len(matrices)
+    assert len(scatters) == len(split)
+    assert all(c.runs == cfg.n_layer and c.mesh_axes == ("data",) for c in gathers + scatters)
+    # each reduce-scatter sends one layer's gradient of one split weight: its bytes are one layer's weight
+    assert sorted(c.bytes for c in scatters) == sorted(w.array.nbytes // cfg.n_layer for w in split)
+    # no stacked (all layers) weight is gathered whole anywhere
+    assert not [c for c in rep.collectives if c.kind == "all-gather" and c.shape.startswith(f"f32[{cfg.n_layer},")]
+    reduced = sum(c.bytes for c in in_loop if c.kind == "all-reduce")
+    assert reduced == sum(w.array.nbytes // cfg.n_layer for w in replicated)
+    assert report(None).count("reduce-scatter") == 0
+
+
+# ---- reports ---------------------------------------------------------------------------------------
+
+
+def test_plan_compile_puts_the_modes_side_by_side(capsys):
+    from named.trainer import cli
+
+    small = ["--model.n_layer", "1", "--data.seq_len", "32", "--trainer.train_batch_size", "8"]
+    config = str(ROOT / "config" / "gpt2_nano_fsdp.yaml")
+    assert cli.main_plan(["--config_path", config, "--compile", *small, "--mesh.mode", "explicit"]) == 0
+    table = capsys.readouterr().out.split("mesh.mode explicit beside auto")[1].splitlines()[1:]
+    head, rows = table[0].split(), {tuple(r.split()[:2]): r.split()[2:] for r in table[1:]}
+    assert head[:6] == ["collective", "mesh", "axes", "explicit", "count", "explicit"]
+    # explicit mode reduce-scatters its FSDP gradients; GSPMD on CPU forms no reduce-scatter
+    explicit_count, _, _, auto_count, _, _ = rows["reduce-scatter", "data"]
+    assert int(explicit_count) > 0 and int(auto_count) == 0
+    assert ("peak", "memory") in rows
+    # auto mode (the default) prints no comparison
+    assert cli.main_plan(["--config_path", config, "--compile", *small]) == 0
+    assert "beside auto" not in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_explicit_memory_bench_tiny(tmp_path):
+    import json
+    import sys
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import explicit_memory
+
+    explicit_memory.main(["--tiny", "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "explicit_memory_tiny.json").read_text())["rows"]
+    for row in rows.values():
+        assert row["explicit_over_auto"] == row["explicit"]["peak_bytes"] / row["auto"]["peak_bytes"]
+        kinds = {c["kind"] for c in row["explicit"]["collectives"]}
+        assert "reduce-scatter" in kinds
