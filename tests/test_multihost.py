@@ -323,8 +323,11 @@ def test_survivor_exits_without_a_launcher(corpus, tmp_path, how):
     print(f"{how} of process 1: process 0 exited with {code} after {took:.1f} s")
     broken_collective = code == 1 and "error: process 0 of 2: a collective across processes failed" in err
     heartbeat_abort = code == -signal.SIGABRT and "stopped sending heartbeats" in err
+    # killed in the middle of sending, the peer leaves a short message that gloo's transport
+    # refuses by aborting the survivor at once (seen once under heavy load, 0.1 s after the kill)
+    gloo_abort = code == -signal.SIGABRT and "Received data size doesn't match expected size" in err and took < 10
     if how == "SIGKILL":  # usually the collective; the heartbeat if process 0 was not in one (checkpoint barrier)
-        assert broken_collective or heartbeat_abort, (code, err[-3000:])
+        assert broken_collective or heartbeat_abort or gloo_abort, (code, err[-3000:])
     else:
         assert heartbeat_abort, (code, err[-3000:])
     assert ck.verify_checkpoint(ck.latest_checkpoint(run_dir))["process_count"] == 2
