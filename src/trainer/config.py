@@ -5,9 +5,11 @@
 ``load_config`` is the one validation layer for values: a YAML file must be safe YAML with no
 key given twice; every value is checked against its field's type annotation before draccus
 converts it (no ``true`` for an integer, no null where the annotation has no ``None``, no
-unknown key); then every value against ``RULES`` (ranges and names, declared once below) and
-the few rules that tie two keys together. Each failure raises ``ConfigError`` naming the key.
-The checks that need the devices, the tokenizer or the model's shapes are in ``checks.py``.
+unknown key); then every value against ``RULES`` (ranges and names, declared once in ``_rules``)
+and the few rules that tie two keys together. Each failure raises ``ConfigError`` naming the key.
+The per-value checks are in ``config_check``, the ``lora`` and ``quantization`` sections in
+``config_adapt`` (both re-exported here); the checks that need the devices, the tokenizer or the
+model's shapes are in ``checks.py``.
 
 A mapping given on the CLI (``--mesh.param_mapping '{}'``) replaces the YAML's; draccus alone would merge them.
 """
@@ -17,8 +19,6 @@ from __future__ import annotations
 import argparse
 import contextvars
 import dataclasses
-import difflib
-import math
 import os
 import re
 import typing
@@ -35,7 +35,9 @@ import yaml
 from named.models.registry import FAMILIES
 
 from . import pretrained
-from ._rules import INT_LIMIT, RULES, ConfigError, _rule  # ConfigError and RULES: also this module's public face
+from ._rules import RULES, ConfigError  # ConfigError and RULES: also this module's public face
+from .config_adapt import LoraConfig, QuantizationConfig  # re-exported: sections of TrainConfig
+from .config_check import _check_section, _join, _nullable, check_values  # noqa: F401  (check_values: re-exported)
 from .data import DataConfig, DataError
 
 
@@ -187,49 +189,6 @@ Gpt2Section, LlamaSection = SECTIONS["gpt2"], SECTIONS["llama"]
 
 
 @dataclass
-class LoraConfig:
-    """LoRA adapters on the model's linear layers, the base weights frozen (``lora:`` absent or
-    null: every weight trains). See ``model_init`` and ``named.nn.lora``.
-
-    Args:
-        rank: the adapters' rank r (at most the smaller side of every targeted layer).
-        alpha: the update is scaled by alpha / r (PEFT's lora_alpha).
-        dropout: dropout on the adapters' input during training (PEFT's lora_dropout).
-        targets: the linear modules to adapt, by the family's Hugging Face module names
-            (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; GPT-2: c_attn,
-            c_proj, c_fc), as PEFT's target_modules.
-        base_dtype: the frozen weights' dtype (bfloat16 halves their memory; norms stay float32).
-    """
-
-    rank: int = 8
-    alpha: float = 16.0
-    dropout: float = 0.0
-    targets: list[str] = field(default_factory=lambda: ["q_proj", "v_proj"])
-    base_dtype: str = "float32"
-
-
-@dataclass
-class QuantizationConfig:
-    """Low-precision Linears (docs/nn.md, "Low precision"): after init (and after LoRA, whose
-    adapted layers keep their own), every ``nn.Linear`` that ``targets`` names is swapped by
-    ``nn.quantize``; the model's code is unchanged.
-
-    Args:
-        kind: ``none``; ``fp8`` (e4m3 forward, e5m2 gradients, delayed scaling: the scales are
-            learned from an amax history the optimizer overwrites, never decays); or ``int8``
-            (dynamic: input per token, weight per channel, float gradients). Int8 weight-only
-            storage is for inference (``nn.quantize(model, "int8_weight")``): it cannot be trained.
-        targets: regular expressions searched in each Linear's dotted path (``blocks.stacked.mlp.up``,
-            ``layers.stacked.self_attn.q_proj``); null: every Linear.
-        amax_history: fp8: the steps of amax the delayed scaling remembers.
-    """
-
-    kind: str = "none"
-    targets: list[str] | None = None
-    amax_history: int = 16
-
-
-@dataclass
 class TrainConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     model: ModelChoice = field(default_factory=Gpt2Section)
@@ -245,179 +204,8 @@ class TrainConfig:
 
 def rules_table() -> str:
     """RULES as the markdown rows docs/trainer.md shows."""
-    return "\n".join(f"| `{key}` | {rule}{', or null' if _nullable(key) else ''} |" for key, rule in RULES.items())
-
-
-def _nullable(key: str) -> bool:
-    *sections, name = key.split(".")
-    cls: Any = TrainConfig
-    for section in sections:
-        cls = _without_none(typing.get_type_hints(cls).get(section))[0]
-    tp = typing.get_type_hints(cls).get(name) if _is_section(cls) else None
-    return tp is not None and _without_none(tp)[1]
-
-
-# ---- types: every value against its field's annotation ------------------------------------
-
-_KINDS = {bool: ("true or false", "booleans"), int: ("an integer", "integers"), float: ("a number", "numbers"),
-          str: ("a string", "strings")}
-
-
-def _without_none(tp) -> tuple[Any, bool]:
-    """The annotation with ``None`` taken out of it, and whether it was there."""
-    args = typing.get_args(tp)
-    if type(None) not in args:
-        return tp, False
-    rest = tuple(a for a in args if a is not type(None))
-    return (rest[0] if len(rest) == 1 else typing.Union[rest]), True
-
-
-def _describe(tp) -> str:
-    base, nullable = _without_none(tp)
-    args = typing.get_args(base)
-    if base in _KINDS:
-        text = _KINDS[base][0]
-    elif typing.get_origin(base) is typing.Union:  # data.train: a path (string) or a named source (mapping)
-        text = " or ".join(_describe(a) for a in sorted(args, key=lambda a: a is not str))
-    elif typing.get_origin(base) is list and typing.get_origin(args[0]) is typing.Union:
-        text = "a list of " + " or ".join(_KINDS[a][1] if a in _KINDS else "mappings"
-                                          for a in sorted(typing.get_args(args[0]), key=lambda a: a is not str))
-    elif typing.get_origin(base) is list:
-        text = f"a list of {_KINDS.get(args[0], ('', 'values'))[1]}"
-    elif typing.get_origin(base) is dict:
-        text = f"a mapping of names to {_KINDS.get(args[1], ('', 'values'))[1]}"
-    else:
-        text = "a mapping of keys"
-    return text + (" or null" if nullable else "")
-
-
-def _show(value) -> str:
-    if value is None:
-        return "null (None)"
-    if isinstance(value, bool):
-        return f"{str(value).lower()} (a boolean)"
-    kind = {int: "an integer", float: "a number", str: "a string", list: "a list", dict: "a mapping"}
-    return f"{value!r} ({kind.get(type(value), type(value).__name__)})"
-
-
-def _is_number_text(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
-def _has_type(base, value) -> bool:
-    if base is bool:
-        return isinstance(value, bool)
-    if isinstance(value, bool):  # YAML's true is a bool, never the integer 1
-        return False
-    if base is int:
-        return isinstance(value, int)
-    if base is float:  # YAML 1.1 reads 1e-3 (no dot) as a string; draccus converts it
-        return isinstance(value, (int, float)) or (isinstance(value, str) and _is_number_text(value))
-    if base is str:
-        return isinstance(value, str)
-    origin = typing.get_origin(base)
-    if origin is typing.Union:
-        return any(_has_type(a, value) for a in typing.get_args(base))
-    if origin in (list, dict):
-        return isinstance(value, origin)
-    return True
-
-
-def _flow_hint(key: str) -> str:
-    name = key.rsplit(".", 1)[-1]
-    if ":" not in name:
-        return ""
-    k, v = name.split(":", 1)
-    return f"; YAML reads {{{name}}} as the key {name!r} with no value: write {{{k}: {v}}}, with a space after the colon"
-
-
-def _check_value(tp, value, key: str) -> None:
-    """A value (from YAML and the CLI, or already decoded) against its annotation and RULES."""
-    base, nullable = _without_none(tp)
-    if value is None:
-        if nullable:
-            return
-        raise ConfigError(f"{key} must be {_describe(tp)}, got {_show(value)}{_flow_hint(key)}")
-    if base is Any:
-        return
-    if not _has_type(base, value):
-        raise ConfigError(f"{key} must be {_describe(tp)}, got {_show(value)}")
-    if typing.get_origin(base) is list:
-        for i, item in enumerate(value):
-            _check_value(typing.get_args(base)[0], item, f"{key}[{i}]")
-    elif typing.get_origin(base) is dict:
-        for k, item in value.items():
-            if not isinstance(k, str):
-                raise ConfigError(f"{key}: the key {k!r} must be a name (a string)")
-            _check_value(typing.get_args(base)[1], item, f"{key}.{k}")
-    elif base is float:
-        value = float(value)
-        if not math.isfinite(value):
-            raise ConfigError(f"{key} must be a finite number, got {value}")
-    rule = _rule(key, value)
-    if base is int and abs(value) > INT_LIMIT and (rule is None or rule.high is None):
-        raise ConfigError(f"{key} must be at most {INT_LIMIT} in size (JAX counts positions, steps and sizes in "
-                          f"int32), got {value}")
-    if rule is not None:
-        rule.check(value, key)
-
-
-def _is_section(tp) -> bool:
-    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
-
-
-def _join(key: str, name) -> str:
-    return f"{key}.{name}" if key else str(name)
-
-
-def _model_section(value, key: str):
-    """The model's dataclass and its keys, from ``{type: ..., ...}`` or a decoded section."""
-    if not isinstance(value, dict):
-        return type(value), value
-    known = ModelChoice.get_known_choices()
-    name = value.get("type")
-    if name is None:
-        raise ConfigError(f"{key}.type missing; add `type: {next(iter(known))}` to the {key} section "
-                          f"(registered types: {', '.join(known)})")
-    if not isinstance(name, str) or name not in known:
-        raise ConfigError(f"{key}.type {name!r} is not a registered model type; registered: {', '.join(known)}")
-    return known[name], {k: v for k, v in value.items() if k != "type"}
-
-
-def _check_section(cls, value, key: str) -> None:
-    """A section (a dict from YAML and the CLI, or a dataclass) against its dataclass, key by key."""
-    if issubclass(cls, ModelChoice):
-        cls, value = _model_section(value, key)
-    if isinstance(value, dict):
-        names = [f.name for f in dataclasses.fields(cls)]
-        for name in value:
-            if name not in names:
-                near = difflib.get_close_matches(str(name), names, n=1)
-                hint = f"; did you mean {_join(key, near[0])}?" if near else ""
-                where = f"the {key} section" if key else "the config"
-                raise ConfigError(f"{_join(key, name)} is not a key of {where}{hint} (its keys: {', '.join(names)})")
-        items = list(value.items())
-    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        items = [(f.name, getattr(value, f.name)) for f in dataclasses.fields(value)]
-    else:
-        raise ConfigError(f"{key} must be a mapping of keys, got {_show(value)}")
-    hints = typing.get_type_hints(cls)
-    for name, item in items:
-        section = _without_none(hints[name])[0]  # an optional section (lora) is checked when given
-        if _is_section(section) and item is not None:
-            _check_section(section, item, _join(key, name))
-        else:
-            _check_value(hints[name], item, _join(key, name))
-
-
-def check_values(obj, key: str) -> None:
-    """A dataclass built elsewhere (a model config read back from a run directory) against its
-    annotations and RULES, its keys named under ``key``."""
-    _check_section(type(obj), obj, key)
+    return "\n".join(f"| `{key}` | {rule}{', or null' if _nullable(TrainConfig, key) else ''} |"
+                     for key, rule in RULES.items())
 
 
 def _decode_train_config(raw, path=()):
