@@ -200,6 +200,17 @@ def test_the_unmutated_configs_pass(corpus, tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "run").exists()
 
 
+def test_every_config_passes_the_explicit_mode_checks(corpus, tmp_path, capsys, monkeypatch):
+    # named-plan traces the model's loss and its gradient with the layer stack run per device
+    # (checks.check_activations), on abstract shapes: every shipped layout (FSDP, FSDP+TP, expert
+    # parallel, LoRA) is one explicit mode drives, at the config's real size
+    for config in CONFIGS:
+        path = tmp_path / config.name
+        path.write_text(yaml.safe_dump(_base(config, corpus, tmp_path / "run"), sort_keys=False))
+        code, out = _run(cli.main_plan, ["--config_path", str(path), "--mesh.mode", "explicit"], capsys, monkeypatch)[:2]
+        assert code == 0, (config, out)
+
+
 # a duplicate-key case of gpt2_nano and an unknown-key case of llama_tiny (both CPU-sized)
 _NANO, _TINY = [c.name for c in CONFIGS].index("gpt2_nano.yaml"), [c.name for c in CONFIGS].index("llama_tiny.yaml")
 

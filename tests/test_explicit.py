@@ -413,13 +413,17 @@ def test_settling_part_of_a_sum_and_scattering_a_plain_partial_sum(mesh):
         half = nm.psum(u, mesh_axes="model")  # settle model; data is still owed
         assert isinstance(half, nm.Unreduced) and half.over == ("data",)
         whole = nm.psum(half)
-        # a partial sum made by hand (each device: its slice of embed), scattered over batch
-        mine = nm.einsum("batch embed, embed out -> batch out", x, w)
+        # a plain block of partial sums (each device: its slice of embed), scattered over batch
+        mine = u.value
         scattered = nm.psum_scatter(mine, "batch", mesh_axes=("data", "model"))
         return whole, scattered
 
     whole, scattered = nm.named_jit(nm.shard_map(body, in_mapping=split), mesh=mesh)(x, w)
     np.testing.assert_allclose(whole.array, a @ b, rtol=1e-5)
+    # nm.einsum on the same blocks owes nothing: it sums over the mesh axes that split embed itself
+    settled = nm.named_jit(nm.shard_map(lambda x, w: nm.einsum("batch embed, embed out -> batch out", x, w),
+                                        in_mapping=split), mesh=mesh)(x, w)
+    np.testing.assert_allclose(settled.array, a @ b, rtol=1e-5)
     np.testing.assert_allclose(scattered.array, a @ b, rtol=1e-5)
     assert nm.layout(scattered) == "batch/data+model out"
 

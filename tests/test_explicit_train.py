@@ -21,12 +21,23 @@ from named.trainer.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
 FSDP = {"mesh.shape": "{data: 8}", "mesh.param_mapping": "{embed: data}", "mesh.compute_mapping": "{batch: data}"}
+TP = {"mesh.shape": "{data: 4, model: 2}", "mesh.param_mapping": "{embed: data, mlp: model, heads: model}",
+      "mesh.compute_mapping": "{batch: data, mlp: model, heads: model}"}
 CASES = {
     "plain": {},
     "remat+microbatches": {"model.remat": "full", "trainer.microbatches": 2},
     "2-D mesh": {"mesh.shape": "{data: 4, replica: 2}", "mesh.param_mapping": "{embed: [data, replica]}",
                  "mesh.compute_mapping": "{batch: [data, replica]}", "model.remat": "save_dots"},
+    # tensor parallelism: mlp and heads stay split over model; the blocks' contractions over them are psum'd
+    "fsdp+tp+dropout": {**TP, "model.dropout": 0.1},
+    "fsdp+tp (gqa)": {"mesh.shape": "{data: 4, model: 2}",
+                      "mesh.param_mapping": "{embed: data, mlp: model, heads: model, kv_heads: model}",
+                      "mesh.compute_mapping": "{batch: data, mlp: model, heads: model, kv_heads: model}"},
+    # expert parallelism: each device holds 2 of the 4 experts; tokens travel by all-to-all
+    "experts over 2": {"mesh.shape": "{data: 4, expert: 2}", "mesh.param_mapping": "{embed: data, experts: expert}",
+                       "mesh.compute_mapping": "{batch: [data, expert], experts: expert}"},
 }
+GPT2_CASES = ["plain", "remat+microbatches", "2-D mesh", "fsdp+tp+dropout"]
 
 
 @pytest.fixture(scope="module")
@@ -88,21 +99,27 @@ def _assert_same(a, b, what: str):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=0, atol=1e-5, err_msg=f"{what}: parameters")
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", GPT2_CASES)
 def test_gpt2_explicit_trains_like_auto(case, runs):
     auto, explicit = runs(case, "auto"), runs(case, "explicit")
     assert auto.losses[-1] < auto.losses[0]  # it trains, so equal losses are not two flat lines
     _assert_same(explicit, auto, case)
     # The explicit run's parameters stay stored as FSDP blocks: 1/8 of every embed weight per device
     # (over data, or over data and replica on the 2-D mesh).
+    split = 4 if "model" in CASES[case].get("mesh.shape", "") else 8  # over data (and replica) only
     for x in jax.tree.leaves(explicit.model, is_leaf=nm.is_named_array):
-        if isinstance(x, nm.NamedArray) and "embed" in x.names:
-            assert x.array.addressable_shards[0].data.size * 8 == x.array.size
+        if isinstance(x, nm.NamedArray) and "embed" in x.names and not {"mlp", "heads"} & set(x.names):
+            assert x.array.addressable_shards[0].data.size * split == x.array.size
 
 
-@pytest.mark.parametrize("config", ["llama3_tiny.yaml", "gemma3_tiny.yaml"])  # gemma3: per-layer windows and rope
-def test_decoder_explicit_trains_like_auto(config, runs):
-    _assert_same(runs("plain", "explicit", config), runs("plain", "auto", config), config)
+@pytest.mark.parametrize("config, case", [
+    ("llama3_tiny.yaml", "plain"),
+    ("gemma3_tiny.yaml", "plain"),  # per-layer windows and rope
+    ("llama3_tiny.yaml", "fsdp+tp (gqa)"),
+    ("mixtral_tiny.yaml", "experts over 2"),  # the router losses are the whole batch's in both modes
+])
+def test_decoder_explicit_trains_like_auto(config, case, runs):
+    _assert_same(runs(case, "explicit", config), runs(case, "auto", config), f"{config} {case}")
 
 
 @pytest.mark.parametrize("written, resumed", [("auto", "explicit"), ("explicit", "auto")])
@@ -119,34 +136,38 @@ def test_resume_from_a_checkpoint_of_the_other_mode(written, resumed, runs, corp
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=0, atol=1e-5)
 
 
-def test_bad_mode_and_tensor_parallel_are_refused(corpus, tmp_path):
+def test_bad_modes_and_layouts_are_refused(corpus, tmp_path):
     with pytest.raises(ConfigError, match="mesh.mode must be one of auto, explicit"):
         load_config(ROOT / "config" / "gpt2_nano.yaml", ["--mesh.mode", "manual"])
-    tp = {"mesh.shape": "{data: 4, model: 2}", "mesh.param_mapping": "{embed: data, mlp: model}",
-          "mesh.compute_mapping": "{batch: data, mlp: model}"}
-    with pytest.raises(ConfigError, match=r"mesh.mode: explicit: .*splits \['mlp'\]"):
-        _run(corpus, tmp_path / "run", **{**tp, "mesh.mode": "explicit"})
+    # activations split over mlp while the weights keep it whole: the blocks would contract halves
+    odd = {"mesh.shape": "{data: 4, model: 2}", "mesh.param_mapping": "{embed: data}",
+           "mesh.compute_mapping": "{batch: data, mlp: model}"}
+    with pytest.raises(ConfigError, match=r"mesh.mode: explicit: .*splits 'mlp' over \['model'\] but the parameter "
+                                          r"mapping keeps it whole"):
+        _run(corpus, tmp_path / "run", **{**odd, "mesh.mode": "explicit"})
     assert not (tmp_path / "run").exists()  # refused before anything was written
-    with pytest.raises(ConfigError, match=r"mesh.mode: explicit: .*plain arrays .*load_balancing"):
-        _run(corpus, tmp_path / "moe", "mixtral_tiny.yaml", **{"mesh.mode": "explicit"})
-    assert not (tmp_path / "moe").exists()
-    with pytest.raises(ConfigError, match=r"mesh.mode: explicit does not support model.dropout=0.1"):
-        _run(corpus, tmp_path / "dropout", **{"mesh.mode": "explicit", "model.dropout": 0.1})
+    # positions split: attention mixes them
+    seq = {"mesh.shape": "{data: 4, seq: 2}", "mesh.compute_mapping": "{batch: data, position: seq}"}
+    with pytest.raises(ConfigError, match=r"mesh.mode: explicit: .*splits 'position', an axis the layers mix"):
+        _run(corpus, tmp_path / "seq", **{**seq, "mesh.mode": "explicit"})
+    assert not (tmp_path / "seq").exists()
 
 
 # ---- the collectives of one explicit gradient ---------------------------------------------------
 
 
-def test_one_gather_and_one_reduce_scatter_per_layer_weight():
-    """In the compiled gradient, every FSDP-split weight of a layer is gathered once per layer in
-    the forward scan, each split matrix once more in the backward scan (its gathered copy is
-    not kept for all layers), and its gradient is reduce-scattered once per layer; the weights
-    that stay replicated are all-reduced. GSPMD on CPU forms no reduce-scatter at all."""
+def test_prefetched_gathers_and_one_reduce_scatter_per_layer_weight():
+    """In the compiled gradient: every FSDP-split weight of a layer is gathered once per layer in
+    the forward loop and each split matrix once more in the backward loop (gathered copies are
+    never kept for all layers); the first layer's block is gathered before the forward loop and
+    the last layer's before the backward loop, because each iteration gathers the next layer's
+    (the prefetch); each layer's gradient of each split weight is reduce-scattered in the loop;
+    the weights that stay replicated are all-reduced. GSPMD on CPU forms no reduce-scatter."""
     mesh = nm.make_mesh({"data": 8})
     param, compute = {"embed": "data"}, {"batch": "data"}
-    cfg = Gpt2Config(n_embd=32, n_layer=3, n_head=4, vocab_size=128, n_positions=32)
+    cfg = Gpt2Config(n_embd=32, n_layer=3, n_head=4, vocab_size=96, n_positions=32)
     model = nm.shard(Gpt2LMHeadModel.init(cfg, key=jax.random.key(0)), param, mesh)
-    ids = nm.shard(nm.named(jax.random.randint(jax.random.key(1), (8, 16), 0, 128), ("batch", "position")), compute, mesh)
+    ids = nm.shard(nm.named(jax.random.randint(jax.random.key(1), (8, 16), 0, 96), ("batch", "position")), compute, mesh)
     layer = [w for w in jax.tree.leaves(model.blocks.stacked, is_leaf=nm.is_named_array) if isinstance(w, nm.NamedArray)]
     split = [w for w in layer if "embed" in w.names]
     matrices = [w for w in split if w.ndim > 2]  # layers axis + at least two more
@@ -165,9 +186,12 @@ def test_one_gather_and_one_reduce_scatter_per_layer_weight():
     in_loop = [c for c in rep.collectives if c.in_loop]
     gathers = [c for c in in_loop if c.kind == "all-gather"]
     scatters = [c for c in in_loop if c.kind == "reduce-scatter"]
-    assert len(gathers) == len(split) + len(matrices)
+    assert len(split) + len(matrices) <= len(gathers) <= 2 * len(split)
     assert len(scatters) == len(split)
     assert all(c.runs == cfg.n_layer and c.mesh_axes == ("data",) for c in gathers + scatters)
+    for w in matrices:  # one layer's block, gathered whole, outside the loops: once before each
+        shape = f"f32[{','.join(map(str, w.array.shape[1:]))}]"
+        assert [c.in_loop for c in rep.collectives if c.kind == "all-gather" and c.shape == shape].count(False) == 2
     # each reduce-scatter sends one layer's gradient of one split weight: its bytes are one layer's weight
     assert sorted(c.bytes for c in scatters) == sorted(w.array.nbytes // cfg.n_layer for w in split)
     # no stacked (all layers) weight is gathered whole anywhere

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import string
 
+import jax
 import jax.numpy as jnp
 
 from ._axis import ArgumentTypeError, Axis, AxisError, AxisSelection, as_selectors, format_axes, name_of, union
+from ._context import current_body
 from ._core import NamedArray
 
 # What jnp.einsum takes besides the equation and operands; anything else is a caller's typo.
@@ -40,13 +42,29 @@ def _options(what: str, kwargs: dict, takes: str) -> dict:
     return kwargs
 
 
-def _contract(arrays: tuple[NamedArray, ...], out_axes: tuple[Axis, ...], options: dict) -> NamedArray:
+def _contract(arrays: tuple[NamedArray, ...], out_axes: tuple[Axis, ...], options: dict, settle: bool = True) -> NamedArray:
     all_axes = union(*(a.axes for a in arrays))
     letters = _letters([a.name for a in all_axes])
     ins = ",".join("".join(letters[a.name] for a in x.axes) for x in arrays)
     out = "".join(letters[a.name] for a in out_axes)
     result = jnp.einsum(f"{ins}->{out}", *(x.array for x in arrays), **options)
+    owed = _owed(arrays, out_axes) if settle and current_body() is not None else ()
+    if owed:
+        # On local blocks (nm.shard_map) a contraction over a split axis gives this device's share:
+        # the sum over the devices makes it the value it has outside (Megatron's row-parallel sum).
+        result = jax.lax.psum(result, owed[0] if len(owed) == 1 else owed)
     return NamedArray._unchecked(result, out_axes)
+
+
+def _owed(arrays: tuple[NamedArray, ...], out_axes: tuple[Axis, ...]) -> tuple[str, ...]:
+    """The mesh axes that split some contracted axis (local blocks only have split axes)."""
+    kept = {a.name for a in out_axes}
+    owed: list[str] = []
+    for x in arrays:
+        for a in x.axes:
+            if a.name not in kept:
+                owed += [m for m in getattr(a, "mesh_axes", ()) if m not in owed]
+    return tuple(owed)
 
 
 def dot(*arrays: NamedArray, axis: AxisSelection | None, out_axes: AxisSelection | None = None, **kwargs) -> NamedArray:
@@ -95,7 +113,15 @@ def _shared_spec(lhs: str) -> list | None:
 
 
 def einsum(equation: str, *arrays: NamedArray, **kwargs) -> NamedArray:
-    """Named einsum: ``nm.einsum("batch seq embed, embed mlp -> batch seq mlp", x, w)``."""
+    """Named einsum: ``nm.einsum("batch seq embed, embed mlp -> batch seq mlp", x, w)``.
+
+    Inside ``nm.shard_map``, contracting an axis that is split over mesh axes sums the local
+    results over them (``psum``), so the result is the one the same call gives outside;
+    ``nm.einsum_unreduced`` leaves that sum owed instead."""
+    return local_einsum(equation, *arrays, settle=True, **kwargs)
+
+
+def local_einsum(equation: str, *arrays: NamedArray, settle: bool, **kwargs) -> NamedArray:
     options = _options("nm.einsum", kwargs, "")
     if "->" not in equation:
         raise AxisError(f"einsum {equation!r} needs '->' and an output spec (there is no implicit mode)")
@@ -153,4 +179,4 @@ def einsum(equation: str, *arrays: NamedArray, **kwargs) -> NamedArray:
         dropped = [a.name for a in all_axes if a.name not in explicit and a.name not in listed]
         if dropped:
             raise AxisError(f"einsum: axes {dropped} come in through '...' but the output has no '...' for them")
-    return _contract(arrays, tuple(by_name[n] for n in out_names), options)
+    return _contract(arrays, tuple(by_name[n] for n in out_names), options, settle)

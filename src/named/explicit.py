@@ -31,7 +31,7 @@ from . import _compat
 from ._axis import ArgumentTypeError, Axis, AxisSelection, NamedError, as_selectors, name_of
 from ._context import FrozenMapping, body_context, current_body
 from ._core import NamedArray
-from ._einsum import einsum
+from ._einsum import local_einsum
 from ._local import (
     ShardedAxis,
     Unreduced,
@@ -258,6 +258,11 @@ class _ShardMapped:
                 specs.append(spec)
                 kinds.append(leaf.axes)
             elif _is_dynamic_leaf(leaf) or _compat.is_tracer(leaf):
+                if self.check_vma and _varying(leaf):
+                    raise ShardingError(
+                        f"{where} is a plain array, returned replicated, but it may differ across mesh axes "
+                        f"{sorted(_varying(leaf))} (a statistic of this device's rows only?): reduce it over them "
+                        f"(jax.lax.psum / pmean) or return it as a NamedArray split along an axis")
                 arrays.append(leaf)
                 specs.append(PartitionSpec())
                 kinds.append("array")
@@ -554,7 +559,7 @@ def einsum_unreduced(equation: str, *arrays: NamedArray, **kwargs) -> NamedArray
         if isinstance(x, Unreduced):
             raise x._refuse(f"nm.einsum_unreduced operand {k}")
     claims = _merge_layouts(arrays, "einsum_unreduced")
-    out = einsum(equation, *arrays, **kwargs)
+    out = local_einsum(equation, *arrays, settle=False, **kwargs)
     contracted = {a.name for x in arrays for a in x.axes} - set(out.names)
     over: list[str] = []
     for n in sorted(contracted, key=lambda n: [a.name for x in arrays for a in x.axes].index(n)):

@@ -7,6 +7,8 @@ parameter mapping never builds a whole parameter on one device.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -26,6 +28,8 @@ from ._axis import (
     union,
 )
 from ._compat import threefry_partitionable
+from ._context import current_body
+from ._local import _split_over
 from ._core import NamedArray, axes_of, raw
 from ._shape import _axes_for_creation
 
@@ -44,6 +48,21 @@ def _key(key):
 
 def _shape(axes):
     return tuple(a.size for a in axes)
+
+
+def block_draw(draw, axes):
+    """``draw(shape)`` for ``axes``. On local blocks (inside ``nm.shard_map``), whose split axes
+    hold only this device's part, the whole array is drawn and this device's block of it kept,
+    so every device gets its own part of the values the same key gives outside (the draw is
+    mesh-independent: ``jax_threefry_partitionable``), at the cost of drawing all of it."""
+    split = [_split_over(a) for a in axes]
+    if not any(split):
+        return draw(_shape(axes))
+    body = current_body()
+    sizes = [a.size * math.prod(body.mesh.shape[m] for m in over) for a, over in zip(axes, split)]
+    starts = [jax.lax.axis_index(over if len(over) > 1 else over[0]) * a.size if over else 0
+              for a, over in zip(axes, split)]
+    return jax.lax.dynamic_slice(draw(tuple(sizes)), starts, _shape(axes))
 
 
 def _param(value, axes, what: str):

@@ -12,6 +12,7 @@ import dataclasses
 import re
 from typing import Any
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 
@@ -155,18 +156,14 @@ def check_activations(cfg: TrainConfig, model_cfg, shapes, mesh, compute, param=
         raise ConfigError(f"mesh.compute_mapping.{a} and mesh.compute_mapping.{b} both map to mesh axis {m!r}, but "
                           f"the {model_type(model_cfg)} model has activations with both axes: {e}") from None
     driver = layer_driver(cfg, compute, param)
-    if driver is not None and getattr(model_cfg, "dropout", 0):
-        # the layers' keys reach every device whole: each would draw the same mask for its own rows
-        raise ConfigError(f"mesh.mode: explicit does not support model.dropout={model_cfg.dropout}: every device "
-                          "would draw the same dropout mask for its rows; use mode auto or dropout 0")
-    if driver is not None:  # the layer stack traced per device too, as the train step will run it
+    if driver is not None:  # the layer stack traced per device, forward and backward, as the train step runs it
         def explicit_loss(model, ids):  # a function of its own: jax caches traces by function
             with nn.explicit_layers(driver):
-                return loss(model, ids)
+                return loss(model, ids).array.astype(jnp.float32).mean()
 
         try:
             with nm.set_mesh(mesh), nm.axis_mapping(compute):
-                jax.eval_shape(explicit_loss, shapes, ids)
+                jax.eval_shape(eqx.filter_grad(explicit_loss), shapes, ids)
         except nm.NamedError as e:
             raise ConfigError(f"mesh.mode: explicit: {e}") from None
 

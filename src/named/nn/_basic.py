@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from .._axis import (ArgumentError, ArgumentTypeError, Axis, AxisError, AxisSelection, AxisSelector, NamedError,
                      format_axes, names_of)
 from .._core import NamedArray
-from .. import _ops as ops
+from .. import _ops as ops, random as nm_random
 from .._ops import elu, gelu, leaky_relu, log_sigmoid, relu, relu6, sigmoid, silu, softplus, swish  # noqa: F401  (nn.relu, ...)
 from .._shape import split
 from ._linear import Linear
@@ -122,7 +122,7 @@ class Dropout(eqx.Module):
             key = key.array
         if self.pdrop == 1.0:  # x / 0 would put NaN into the gradient
             return NamedArray._unchecked(jnp.zeros_like(x.array), x.axes)
-        keep = jax.random.bernoulli(key, 1.0 - self.pdrop, x.array.shape)
+        keep = nm_random.block_draw(lambda shape: jax.random.bernoulli(key, 1.0 - self.pdrop, shape), x.axes)
         return NamedArray._unchecked(jnp.where(keep, x.array / (1.0 - self.pdrop), 0).astype(x.dtype), x.axes)
 
 

@@ -1,22 +1,25 @@
-"""Explicit mode for a layer stack: the same ``Stacked`` blocks, driven per device.
+"""Explicit mode for a layer stack: the same ``Stacked`` blocks, driven per device on a schedule.
 
 Under ``with nn.explicit_layers(nn.ExplicitStack(param, compute)):`` every ``Stacked`` that
 runs (``fold``, ``scan``, ``fold_via``, ``scan_via``) runs its whole scan inside
 ``nm.shard_map``: the stacked weights come in as their stored blocks (laid out by ``param``),
-the carry and per-layer arguments as activation blocks (laid out by ``compute``). Per layer,
-the body gathers the weight axes the parameter mapping splits (FSDP's ``embed/data`` ->
-``embed``), calls the unchanged block, and moves on. Autodiff turns each gather into a
-reduce-scatter of that layer's weight gradient inside the backward scan, so weight
-gradients are made split and never whole for all layers.
+the carry and per-layer arguments as activation blocks (laid out by ``compute``). The blocks
+are unchanged; what the driver owns is where the collectives go:
 
-What the backward pass keeps: the gathered weights are tagged and never saved (the backward
-scan gathers each layer again, right before its gradient is made), whatever the stack's
-remat policy keeps of the rest.
+- forward: layer ``i+1``'s weights are all-gathered (FSDP's ``embed/data`` -> ``embed``) in
+  iteration ``i``, before layer ``i`` computes, into a second buffer of the scan carry; so the
+  gather has layer ``i``'s compute to hide behind, and two layers' gathered weights are live.
+- what is kept: each layer's input only (the carry), never a gathered weight.
+- backward, a custom VJP over the whole scan, layers in reverse: layer ``i-1``'s weights are
+  gathered while layer ``i`` is recomputed from its input and differentiated; layer ``i``'s
+  weight gradient is reduce-scattered (the transpose of its gather) as soon as it is made, so
+  the stack's gradient is only ever held split.
 
-Supported layouts: data parallel and FSDP, i.e. a compute mapping that splits only axes no
-weight has (``batch``), with any parameter mapping; activations must not be split along an
-axis a layer contracts or mixes (tensor parallelism needs blocks that owe their sums, which
-these blocks do not say). ``check`` refuses the rest before anything is traced.
+Layouts: the compute mapping may split ``batch`` (data parallelism; FSDP when the parameter
+mapping splits weight axes the activations keep whole, which are gathered per layer) and weight
+axes stored split the same way (tensor parallelism: ``mlp``/``heads`` over ``model``; expert
+parallelism: ``experts``), which stay split: the blocks' contractions over them are summed by
+``nm.einsum``'s ``psum`` on local blocks. ``check`` refuses other layouts before anything is traced.
 """
 
 from __future__ import annotations
@@ -27,16 +30,19 @@ import dataclasses
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import equinox as eqx
 import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
 
-from .._axis import NamedError
+from .._axis import Axis, NamedError
+from .._context import body_context, current_body
 from .._core import NamedArray, is_named_array
 from .._local import _split_over
+from .._transforms import _Outputs, _Split
 from ..explicit import all_gather, shard_map
-from ..partitioning import ShardingError
-from ._remat import checkpoint_name, remat_policy
-
-_GATHERED = "explicit_gathered_weight"  # the tag that keeps gathered weights out of the saved residuals
+from ..partitioning import ShardingError, _mesh_axes
 
 _active: contextvars.ContextVar = contextvars.ContextVar("named_explicit_stack", default=None)
 
@@ -49,81 +55,216 @@ class ExplicitStack:
     param_mapping: Mapping[str, Any]
     compute_mapping: Mapping[str, Any]
     mesh: Any = None  # default: the current mesh
+    independent: tuple[str, ...] = ("batch",)  # activation axes the layers never mix
 
     def __post_init__(self):
         object.__setattr__(self, "param_mapping", dict(self.param_mapping or {}))
         object.__setattr__(self, "compute_mapping", dict(self.compute_mapping or {}))
 
-    def check(self, weight_axes: set[str]) -> None:
-        """Refuse a compute mapping that splits an axis the weights have (tensor parallelism)."""
-        split = sorted(n for n, v in self.compute_mapping.items() if v and n in weight_axes)
-        if split:
-            raise ShardingError(
-                f"explicit mode drives the layer stack for data parallelism and FSDP: the compute mapping "
-                f"splits {split}, which the layers' weights have (tensor parallelism); unmap them in the "
-                f"compute mapping or use mode auto")
+    def split(self, mapping: Mapping[str, Any], name: str) -> tuple[str, ...]:
+        return tuple(_mesh_axes(mapping.get(name)))
+
+    def check(self, weight_axes: set[str], carried_axes: set[str]) -> None:
+        """Refuse layouts the unchanged blocks cannot compute per device: an activation axis
+        split that a layer mixes (anything but ``independent`` axes and the weights' own axes),
+        and a weight axis the compute mapping splits other than its stored layout does."""
+        for n in sorted(n for n in self.compute_mapping if self.split(self.compute_mapping, n)):
+            c, p = self.split(self.compute_mapping, n), self.split(self.param_mapping, n)
+            if n in weight_axes and c != p:
+                raise ShardingError(
+                    f"explicit mode: the compute mapping splits {n!r} over {list(c)} but the parameter mapping "
+                    f"{'over ' + str(list(p)) if p else 'keeps it whole'}; a weight axis that activations split "
+                    f"(tensor or expert parallelism) must be stored split the same way")
+            if n not in weight_axes and n in carried_axes and n not in self.independent:
+                raise ShardingError(
+                    f"explicit mode: the compute mapping splits {n!r}, an axis the layers mix (attention over "
+                    f"positions, norms over features); only {list(self.independent)} and the weights' own "
+                    f"axes may be split in the layer stack")
+
+    def keeps_split(self, a: Axis) -> bool:
+        """A stored weight axis the layers use split as it is (tensor/expert parallelism)."""
+        return _split_over(a) == self.split(self.compute_mapping, a.name)
 
     def run(self, stacked, step, x, args, kwargs):
-        """``stacked._run_local(step, ...)`` on every device's blocks, each layer's weights gathered."""
-        self.check({n for w in jax.tree.leaves(stacked.stacked, is_leaf=is_named_array)
-                    if isinstance(w, NamedArray) for n in w.names if n != stacked.Layers.name})
-        keep_gathered_out = remat_policy(stacked.remat) is False
+        """``step(block, x, *args, **kwargs) -> (x, y)`` over the layers of ``stacked``, per device."""
+        def names(tree):
+            return {n for w in jax.tree.leaves(tree, is_leaf=is_named_array) if isinstance(w, NamedArray) for n in w.names}
 
-        def gathered_step(block, carry, *a, **kw):
-            return step(gather_block(block), carry, *a, **kw)
-
-        if keep_gathered_out:
-            # No remat: save everything the block makes except the gathered weights, which the
-            # backward scan gathers again (a layer's shards, not all layers' whole weights, stay live).
-            gathered_step = jax.checkpoint(gathered_step, policy=_not_gathered, prevent_cse=False)
+        self.check(names(stacked.stacked) - {stacked.Layers.name}, names((x, args, kwargs)))
 
         def body(weights, carry, a, kw):
-            token = _active.set(None)  # a Stacked inside the body runs locally
-            try:
-                carry, ys = type(stacked)(weights, stacked.Layers, stacked.remat)._run_local(gathered_step, carry, a, kw)
-            finally:
-                _active.reset(token)
-            _refuse_plain_outputs(ys)
-            return carry, ys
+            return _PrefetchedScan(self, step, stacked.Layers, weights, a, kw)(carry)
 
         c = self.compute_mapping
         run = shard_map(body, mesh=self.mesh, in_mapping=(self.param_mapping, c, c, c))
         return run(stacked.stacked, x, tuple(args), dict(kwargs))
 
 
-def _refuse_plain_outputs(ys) -> None:
-    """A plain array a layer returns (an MoE router's loss) is this device's value only, and its
-    global value is not a sum or mean of those in general: refused, rather than returned wrong."""
-    plain = [jax.tree_util.keystr(p) for p, y in jax.tree_util.tree_leaves_with_path(ys, is_leaf=is_named_array)
-             if not isinstance(y, NamedArray) and isinstance(y, jax.Array)]
-    if plain:
-        raise ShardingError(
-            f"explicit mode runs the layer stack per device, but the layers also return plain arrays {plain} "
-            f"(such as an MoE router's losses) whose value over the whole batch one device cannot know; "
-            f"use mode auto for this model")
+class _PrefetchedScan:
+    """The layer scan of one body: the forward pass with a one-layer gather prefetch, and its
+    custom VJP (recompute each layer from its input, reduce-scatter its weight gradient).
+
+    Everything is kept as flat lists of raw arrays, because that is what ``lax.scan`` carries
+    and ``jax.custom_vjp`` differentiates; ``_Split`` knows how to put the NamedArrays back.
+    """
+
+    def __init__(self, driver: ExplicitStack, step, Layers: Axis, weights, args, kwargs):
+        # jax traces the backward pass later, outside shard_map's trace of the body: it
+        # re-enters the body's context for its collectives.
+        self.step, self.L, self.body = step, Layers.size, current_body()
+        self.split = _Split((weights, args, kwargs), Layers, "the explicit layer scan")
+        n_weights = len(jax.tree.leaves(weights, is_leaf=is_named_array))
+        self.weights = [j for j, k in enumerate(self.split.mapped) if k < n_weights]  # positions among mapped
+        self.layered = self.split.mapped_arrays(front=True)  # weights and per-layer arguments, layers in front
+        self.shared = [k for k, leaf in enumerate(self.split.leaves)
+                       if k not in self.split.positions and eqx.is_array(leaf if not isinstance(leaf, NamedArray) else leaf.array)]
+        # The gather of each weight: the axes its stored layout splits, and the axes once whole.
+        self.gather_axes: dict[int, list[str]] = {}
+        for j in self.weights:
+            k = self.split.mapped[j]
+            self.gather_axes[j] = [a.name for a in self.split.inner_axes[k] if _split_over(a) and not driver.keeps_split(a)]
+
+    # -- pieces of one layer --
+
+    def _gather(self, j: int, raw):
+        """One layer's block of weight ``j`` (raw) gathered whole where its layout splits it."""
+        names = self.gather_axes[j]
+        if not names:
+            return raw
+        k = self.split.mapped[j]
+        return all_gather(NamedArray._unchecked(raw, self.split.inner_axes[k]), names).array
+
+    def _gathered_layer(self, layered, i):
+        return [self._gather(j, lax.dynamic_index_in_dim(layered[j], i, keepdims=False)) for j in self.weights]
+
+    def _call(self, gathered, carry, layer_args, shared):
+        """Layer ``step`` on raw pieces: the gathered weights, the carry, this layer's slice of
+        each per-layer argument and the shared arguments. Returns (carry, raw ys)."""
+        leaves = list(self.split.leaves)
+        it_g, it_a = iter(gathered), iter(layer_args)
+        for j, k in enumerate(self.split.mapped):
+            axes = self.split.inner_axes[k]
+            if j in self.gather_axes:
+                raw = next(it_g)
+                axes = tuple(a if a.name not in self.gather_axes[j] else Axis(a.name, n) for a, n in zip(axes, raw.shape))
+                leaves[k] = NamedArray._unchecked(raw, axes)
+            else:
+                leaves[k] = NamedArray._unchecked(next(it_a), axes)
+        for k, v in zip(self.shared, shared):
+            leaves[k] = NamedArray._unchecked(v, leaves[k].axes) if isinstance(leaves[k], NamedArray) else v
+        block, a, kw = jax.tree.unflatten(self.split.treedef, leaves)
+        token = _active.set(None)  # a Stacked inside a layer runs locally
+        try:
+            carry, y = self.step(block, carry, *a, **kw)
+        finally:
+            _active.reset(token)
+        return carry, self.outs.strip(y)
+
+    def _args_at(self, layered, i):
+        return [lax.dynamic_index_in_dim(layered[j], i, keepdims=False)
+                for j in range(len(self.split.mapped)) if j not in self.gather_axes]
+
+    # -- the scan --
+
+    def __call__(self, carry):
+        self.outs = _Outputs()
+        shared = [self.split.leaves[k].array if isinstance(self.split.leaves[k], NamedArray) else self.split.leaves[k]
+                  for k in self.shared]
+        carry_out, ys = self._scan(self.layered, carry, shared)
+        return carry_out, self.outs.restore(ys, Axis(self.split.name, self.L))
+
+    def _forward(self, layered, carry, shared, keep_inputs: bool):
+        L = self.L
+
+        def body(c, i):
+            x, gathered = c
+            # Issued before this layer computes and independent of it: the next layer's gather.
+            prefetched = self._gathered_layer(layered, jnp.minimum(i + 1, L - 1))
+            x_next, y = self._call(gathered, x, self._args_at(layered, i), shared)
+            return (x_next, prefetched), (y, x if keep_inputs else None)
+
+        first = self._gathered_layer(layered, 0)
+        (carry, _), (ys, inputs) = lax.scan(body, (carry, first), jnp.arange(L))
+        return carry, ys, inputs
+
+    def _scan(self, layered, carry, shared):
+        @jax.custom_vjp
+        def scan(layered, carry, shared):
+            carry, ys, _ = self._forward(layered, carry, shared, keep_inputs=False)
+            return carry, ys
+
+        def fwd(layered, carry, shared):
+            carry_out, ys, inputs = self._forward(layered, carry, shared, keep_inputs=True)
+            return (carry_out, ys), (layered, inputs, shared)
+
+        scan.defvjp(fwd, self._backward)
+        return scan(layered, carry, shared)
+
+    def _backward(self, saved, cotangents):
+        with body_context(self.body):
+            return self._backward_in_body(saved, cotangents)
+
+    def _backward_in_body(self, saved, cotangents):
+        layered, inputs, shared = saved
+        ct_carry, ct_ys = cotangents
+        L = self.L
+        args_j = [j for j in range(len(layered)) if j not in self.gather_axes]
+        diff, diff_args = _inexact(shared), _inexact([layered[j] for j in args_j])
+
+        def body(c, xs):
+            ct_x, gathered, ct_shared = c
+            i, x, ct_y = xs
+            prefetched = self._gathered_layer(layered, jnp.maximum(i - 1, 0))
+            layer_args = self._args_at(layered, i)
+
+            def layer(gathered, x, args_diff, shared_diff):
+                return self._call(gathered, x, _merge(layer_args, args_diff, diff_args), _merge(shared, shared_diff, diff))
+
+            _, vjp = jax.vjp(layer, gathered, x, _only(layer_args, diff_args), _only(shared, diff))
+            ct_g, ct_x, ct_args, ct_sh = vjp((ct_x, ct_y))
+            # The transpose of this layer's gathers: each weight's gradient reduce-scattered now.
+            ct_w = [self._scatter(j, lax.dynamic_index_in_dim(layered[j], i, keepdims=False), g)
+                    for j, g in zip(self.weights, ct_g)]
+            ct_shared = jax.tree.map(jnp.add, ct_shared, ct_sh)
+            return (ct_x, prefetched, ct_shared), (ct_w, ct_args)
+
+        last = self._gathered_layer(layered, L - 1)
+        zero_shared = [jnp.zeros_like(v) for v in _only(shared, diff)]
+        (ct_carry, _, ct_sh), (ct_w, ct_args) = lax.scan(
+            body, (ct_carry, last, zero_shared), (jnp.arange(L), inputs, ct_ys), reverse=True)
+        ct_layered = [None] * len(layered)
+        for j, g in zip(self.weights, ct_w):
+            ct_layered[j] = g
+        for j, g in zip(args_j, _merge(args_j, ct_args, diff_args, fill=None)):
+            ct_layered[j] = g
+        return (_float0_for(layered, ct_layered), ct_carry, _float0_for(shared, _merge(shared, ct_sh, diff, fill=None)))
+
+    def _scatter(self, j: int, shard, ct_gathered):
+        if not self.gather_axes[j]:
+            return ct_gathered
+        _, transpose = jax.vjp(lambda s: self._gather(j, s), shard)  # the gather itself is dead code here
+        return transpose(ct_gathered)[0]
 
 
-def _not_gathered(prim, *_, **params) -> bool:
-    """Save every value of a layer except its gathered weights (the gather's own result and
-    the tagged copy of it)."""
-    if prim.name.startswith("all_gather"):
-        return False
-    return not (prim.name == "name" and params.get("name") == _GATHERED)
+def _inexact(values) -> list[bool]:
+    return [eqx.is_inexact_array(v) for v in values]
 
 
-def gather_block(block):
-    """The block with every weight axis that is split in this body gathered whole, each
-    gathered weight tagged so that no remat policy saves it."""
-    def leaf(w):
-        if not isinstance(w, NamedArray):
-            return w
-        split = [a.name for a in w.axes if _split_over(a)]
-        if not split:
-            return w
-        g = all_gather(w, split)
-        return checkpoint_name(g, _GATHERED)
+def _only(values, keep: list[bool]) -> list:
+    return [v for v, k in zip(values, keep) if k]
 
-    return jax.tree.map(leaf, block, is_leaf=is_named_array)
+
+def _merge(values, chosen, keep: list[bool], fill: Any = ...) -> list:
+    """``values`` with the entries ``keep`` marks replaced, in order, by ``chosen`` (the
+    others by ``fill`` unless it is left out)."""
+    it = iter(chosen)
+    return [next(it) if k else (v if fill is ... else fill) for v, k in zip(values, keep)]
+
+
+def _float0_for(primals, cotangents) -> list:
+    """Cotangents for a custom VJP: the float0 zeros jax wants for integer and key inputs."""
+    return [ct if eqx.is_inexact_array(p) else np.zeros(np.shape(p), jax.dtypes.float0)
+            for p, ct in zip(primals, cotangents)]
 
 
 def active() -> ExplicitStack | None:

@@ -94,16 +94,25 @@ def load_balancing_loss(probs: NamedArray, ids: NamedArray) -> jax.Array:
     ``load_balancing_loss_func`` for one layer)."""
     Experts = probs.resolve_axis(EXPERTS)
     tokens = tuple(n for n in probs.names if n != EXPERTS)
-    n_tokens = math.prod(probs.axis_size(n) for n in tokens)
-    f = one_hot(ids, Experts).sum((TOPK, *tokens)) / n_tokens
-    p = probs.mean(tokens)
+    f = _token_mean(one_hot(ids, Experts).sum(TOPK), tokens)
+    p = _token_mean(probs, tokens)
     return Experts.size * (f * p).sum().scalar()
 
 
 def router_z_loss(logits: NamedArray) -> jax.Array:
     """ST-MoE's router z-loss: the mean over tokens of ``logsumexp(logits)²`` (keeps the logits small)."""
     lse = ops.logsumexp(logits.astype(jnp.float32), EXPERTS)
-    return ops.square(lse).mean().scalar()
+    return _token_mean(ops.square(lse), lse.names).scalar()
+
+
+def _token_mean(x: NamedArray, tokens: tuple[str, ...]) -> NamedArray:
+    """The mean over ``tokens``; on local blocks (explicit mode) over every device's tokens, so a
+    router's statistics, and the losses made of them, are the whole batch's as in auto mode."""
+    m = x.mean(tokens)
+    over = tuple(dict.fromkeys(a for n in tokens for a in _split_over(x.resolve_axis(n))))
+    if not over:
+        return m
+    return NamedArray._unchecked(jax.lax.pmean(m.array, over[0] if len(over) == 1 else over), m.axes)
 
 
 # ---- the layer ------------------------------------------------------------------------------------
@@ -181,7 +190,10 @@ class MoE(eqx.Module):
     def __call__(self, x: NamedArray, *, key=None) -> tuple[NamedArray, dict[str, jax.Array]]:
         # not self.router(x): its output constraint would fail under expert parallelism, where
         # the compute mapping gives batch and experts one mesh axis (tokens and experts both split)
-        logits = dot(x, self.router.weight, axis=tuple(a.name for a in self.router.In))
+        router = self.router.weight
+        if _split_over(router.resolve_axis(EXPERTS)):  # on local blocks: every token scores every expert
+            router = all_gather(router, EXPERTS)
+        logits = dot(x, router, axis=tuple(a.name for a in self.router.In))
         weights, ids, probs = route(logits, self.top_k, routing=self.routing, normalize=self.normalize)
         losses = {"load_balancing": load_balancing_loss(probs, ids), "router_z": router_z_loss(logits)}
         y = self.dense(x, ids, weights) if self.dispatch == "dense" else self.dropless(x, ids, weights)
