@@ -236,3 +236,41 @@ def test_explicit_memory_bench_tiny(tmp_path):
         assert row["explicit_over_auto"] == row["explicit"]["peak_bytes"] / row["auto"]["peak_bytes"]
         kinds = {c["kind"] for c in row["explicit"]["collectives"]}
         assert "reduce-scatter" in kinds
+
+
+def test_lora_adapters_alone_are_differentiated_and_reduce_scattered():
+    """With LoRA the caller differentiates the adapters only: explicit mode's backward gives their
+    gradients (those of auto mode) and reduce-scatters only theirs; the frozen base weights are
+    gathered for the forward pass but get no weight gradient and no reduce-scatter."""
+    mesh = nm.make_mesh({"data": 8})
+    param, compute = {"embed": "data"}, {"batch": "data"}
+    cfg = Gpt2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=96, n_positions=32)
+    base = Gpt2LMHeadModel.init(cfg, key=jax.random.key(0))
+    model = nn.lora.apply(base, lambda path, _: path.endswith(("c_attn", "up")), rank=4, key=jax.random.key(2))
+    # non-zero B, so that A's gradient is not zero either
+    model = jax.tree.map(lambda x: x + 0.1 if isinstance(x, nm.NamedArray) and "lora_rank" in x.names else x,
+                         model, is_leaf=nm.is_named_array)
+    model = nm.shard(model, param, mesh)
+    ids = nm.shard(nm.named(jax.random.randint(jax.random.key(1), (8, 16), 0, 96), ("batch", "position")), compute, mesh)
+    adapters, frozen = eqx.partition(model, nn.lora.trainable(model), is_leaf=nm.is_named_array)
+
+    def grad_of(driver):
+        def loss(adapters, frozen, ids):
+            with nn.explicit_layers(driver):
+                return (eqx.combine(adapters, frozen, is_leaf=nm.is_named_array)(ids).array ** 2).mean()
+
+        return nm.named_jit(jax.grad(loss), mapping=compute, out_mapping=param, mesh=mesh)
+
+    explicit = grad_of(nn.ExplicitStack(param, compute))
+    got, want = explicit(adapters, frozen, ids), grad_of(None)(adapters, frozen, ids)
+    leaves = [(a, b) for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want))]
+    assert len(leaves) == 4 and all(  # A and B of c_attn and up, each stacked over the layers
+        np.abs(np.asarray(b)).max() > 0 for _, b in leaves)
+    for a, b in leaves:
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
+    rep = nm.compiled_report(explicit, adapters, frozen, ids)
+    split_adapters = [x for x in jax.tree.leaves(adapters.blocks, is_leaf=nm.is_named_array)
+                      if isinstance(x, nm.NamedArray) and "embed" in x.names]
+    assert len(split_adapters) == 2  # c_attn's and up's A: (layers, embed, lora_rank); their Bs have no embed
+    # per step: each split adapter's gradient, once per layer (the base's ten split weights would add 20)
+    assert rep.count("reduce-scatter", "data") == len(split_adapters) * cfg.n_layer

@@ -33,8 +33,8 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
+from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
 from .._axis import Axis, NamedError
 from .._context import body_context, current_body
@@ -194,13 +194,18 @@ class _PrefetchedScan:
             return carry, ys
 
         def fwd(layered, carry, shared):
+            # Which inputs the caller differentiates: a frozen weight (LoRA's base) gets no
+            # gradient and no reduce-scatter in the backward pass.
+            self.wanted = [p.perturbed and eqx.is_inexact_array(p.value) for p in layered + shared]
+            layered, carry, shared = jax.tree.map(lambda p: p.value, (layered, carry, shared), is_leaf=_is_primal)
             carry_out, ys, inputs = self._forward(layered, carry, shared, keep_inputs=True)
             return (carry_out, ys), (layered, inputs, shared)
 
-        scan.defvjp(fwd, self._backward)
+        scan.defvjp(fwd, self._backward, symbolic_zeros=True)
         return scan(layered, carry, shared)
 
     def _backward(self, saved, cotangents):
+        cotangents = jax.tree.map(_instantiate, cotangents, is_leaf=_is_symbolic_zero)
         with body_context(self.body):
             return self._backward_in_body(saved, cotangents)
 
@@ -208,8 +213,10 @@ class _PrefetchedScan:
         layered, inputs, shared = saved
         ct_carry, ct_ys = cotangents
         L = self.L
+        want_layered, want_shared = self.wanted[:len(layered)], self.wanted[len(layered):]
+        want_w = [want_layered[j] for j in self.weights]
         args_j = [j for j in range(len(layered)) if j not in self.gather_axes]
-        diff, diff_args = _inexact(shared), _inexact([layered[j] for j in args_j])
+        want_args = [want_layered[j] for j in args_j]
 
         def body(c, xs):
             ct_x, gathered, ct_shared = c
@@ -217,37 +224,34 @@ class _PrefetchedScan:
             prefetched = self._gathered_layer(layered, jnp.maximum(i - 1, 0))
             layer_args = self._args_at(layered, i)
 
-            def layer(gathered, x, args_diff, shared_diff):
-                return self._call(gathered, x, _merge(layer_args, args_diff, diff_args), _merge(shared, shared_diff, diff))
+            def layer(w_diff, x, args_diff, shared_diff):
+                return self._call(_merge(gathered, w_diff, want_w), x, _merge(layer_args, args_diff, want_args),
+                                  _merge(shared, shared_diff, want_shared))
 
-            _, vjp = jax.vjp(layer, gathered, x, _only(layer_args, diff_args), _only(shared, diff))
+            _, vjp = jax.vjp(layer, _only(gathered, want_w), x, _only(layer_args, want_args), _only(shared, want_shared))
             ct_g, ct_x, ct_args, ct_sh = vjp((ct_x, ct_y))
             # The transpose of this layer's gathers: each weight's gradient reduce-scattered now.
             ct_w = [self._scatter(j, lax.dynamic_index_in_dim(layered[j], i, keepdims=False), g)
-                    for j, g in zip(self.weights, ct_g)]
+                    for j, g in zip(_only(self.weights, want_w), ct_g)]
             ct_shared = jax.tree.map(jnp.add, ct_shared, ct_sh)
             return (ct_x, prefetched, ct_shared), (ct_w, ct_args)
 
         last = self._gathered_layer(layered, L - 1)
-        zero_shared = [jnp.zeros_like(v) for v in _only(shared, diff)]
+        zero_shared = [jnp.zeros_like(v) for v in _only(shared, want_shared)]
         (ct_carry, _, ct_sh), (ct_w, ct_args) = lax.scan(
             body, (ct_carry, last, zero_shared), (jnp.arange(L), inputs, ct_ys), reverse=True)
-        ct_layered = [None] * len(layered)
-        for j, g in zip(self.weights, ct_w):
+        ct_layered = [None] * len(layered)  # None: no gradient (frozen, integer or key inputs)
+        for j, g in zip(_only(self.weights, want_w), ct_w):
             ct_layered[j] = g
-        for j, g in zip(args_j, _merge(args_j, ct_args, diff_args, fill=None)):
+        for j, g in zip(_only(args_j, want_args), ct_args):
             ct_layered[j] = g
-        return (_float0_for(layered, ct_layered), ct_carry, _float0_for(shared, _merge(shared, ct_sh, diff, fill=None)))
+        return ct_layered, ct_carry, _merge(shared, ct_sh, want_shared, fill=None)
 
     def _scatter(self, j: int, shard, ct_gathered):
         if not self.gather_axes[j]:
             return ct_gathered
         _, transpose = jax.vjp(lambda s: self._gather(j, s), shard)  # the gather itself is dead code here
         return transpose(ct_gathered)[0]
-
-
-def _inexact(values) -> list[bool]:
-    return [eqx.is_inexact_array(v) for v in values]
 
 
 def _only(values, keep: list[bool]) -> list:
@@ -261,10 +265,16 @@ def _merge(values, chosen, keep: list[bool], fill: Any = ...) -> list:
     return [next(it) if k else (v if fill is ... else fill) for v, k in zip(values, keep)]
 
 
-def _float0_for(primals, cotangents) -> list:
-    """Cotangents for a custom VJP: the float0 zeros jax wants for integer and key inputs."""
-    return [ct if eqx.is_inexact_array(p) else np.zeros(np.shape(p), jax.dtypes.float0)
-            for p, ct in zip(primals, cotangents)]
+def _is_primal(x) -> bool:
+    return isinstance(x, CustomVJPPrimal)
+
+
+def _is_symbolic_zero(x) -> bool:
+    return isinstance(x, SymbolicZero)
+
+
+def _instantiate(ct):
+    return jnp.zeros(ct.shape, ct.dtype) if isinstance(ct, SymbolicZero) else ct
 
 
 def active() -> ExplicitStack | None:
