@@ -415,8 +415,6 @@ def test_published_configs_count_parameters_and_active_flops_as_transformers(tmp
 
 LAYOUTS = {
     "one device": {"mesh.shape": "{data: 8}", "mesh.param_mapping": "{}", "mesh.compute_mapping": "{}"},
-    "ep4 auto": {"mesh.shape": "{data: 2, expert: 4}", "mesh.param_mapping": "{experts: expert}",
-                 "mesh.compute_mapping": "{batch: [data, expert], experts: expert}"},
     "ep4 + fsdp auto": {"mesh.shape": "{data: 2, expert: 4}", "mesh.param_mapping": "{embed: data, experts: expert}",
                         "mesh.compute_mapping": "{batch: [data, expert], experts: expert}"},
     "ep4 + fsdp explicit": {"mesh.shape": "{data: 2, expert: 4}", "mesh.param_mapping": "{embed: data, experts: expert}",

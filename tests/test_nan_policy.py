@@ -33,6 +33,7 @@ from named.trainer.config import load_config
 from named.trainer.data import pack
 from named.trainer.optim import build_optimizer
 from named.trainer.registry import model_class
+from named.trainer.stop import StopRequests
 from named.trainer.train import TrainingError, check_finite, device_batch, make_train_step, train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,16 +88,17 @@ def test_skip_leaves_parameters_and_optimizer_state_untouched(corpus, tmp_path):
         opt_state = nm.named_jit(optimizer.init, mapping=param)(model)
         step = make_train_step(cls, optimizer, get_policy(cfg.trainer.precision), cfg, compute, param)
         batch = lambda: device_batch(pack(tokens, 256), mesh, compute, 8)  # noqa: E731 (donated each call)
+        flags = StopRequests([], None, mesh).flags()  # no signal, no time-based checkpoint
 
         # one finite step first: its optimizer state has non-zero moments worth protecting
-        model, opt_state, metrics = step(model, opt_state, batch(), jax.random.key(1))
+        model, opt_state, metrics = step(model, opt_state, batch(), jax.random.key(1), flags)
         assert bool(metrics["finite"])
         w = model.wte.weight
         poisoned = nm.NamedArray(w.array.at[3, 5].set(jnp.inf), w.axes)  # token 3 is in the batch
         model = eqx.tree_at(lambda m: m.wte.weight, model, poisoned)
         before = [np.array(x) for x in jax.tree.leaves((model, opt_state))]
         assert any(np.isinf(b).any() for b in before)
-        model, opt_state, metrics = step(model, opt_state, batch(), jax.random.key(2))
+        model, opt_state, metrics = step(model, opt_state, batch(), jax.random.key(2), flags)
         after = [np.asarray(x) for x in jax.tree.leaves((model, opt_state))]
     assert not bool(metrics["finite"]) and not math.isfinite(float(metrics["loss"]))
     assert len(after) == len(before) > 10
@@ -171,12 +173,13 @@ def test_skip_drops_a_non_finite_update_of_a_finite_step(corpus, tmp_path, how):
         model = nm.named_jit(cls.init, mapping=param)(model_cfg, key=jax.random.key(0))
         opt_state = nm.named_jit(good.init, mapping=param)(model)
         batch = lambda: device_batch(pack(tokens, 256), mesh, compute, 8)  # noqa: E731 (donated each call)
+        flags = StopRequests([], None, mesh).flags()  # no signal, no time-based checkpoint
         model, opt_state, metrics = make_train_step(cls, good, policy, cfg, compute, param)(
-            model, opt_state, batch(), jax.random.key(1))
+            model, opt_state, batch(), jax.random.key(1), flags)
         assert bool(metrics["finite"])  # real Adam moments to protect
         before = [np.array(x) for x in jax.tree.leaves((model, opt_state))]
         model, opt_state, metrics = make_train_step(cls, bad, policy, cfg, compute, param)(
-            model, opt_state, batch(), jax.random.key(2))
+            model, opt_state, batch(), jax.random.key(2), flags)
         after = [np.asarray(x) for x in jax.tree.leaves((model, opt_state))]
     # the loss and gradient were fine; the update was not, and it was dropped whole
     assert math.isfinite(float(metrics["loss"])) and math.isfinite(float(metrics["grad_norm"]))

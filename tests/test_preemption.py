@@ -4,7 +4,8 @@ uninterrupted one. SIGTERM is sent at seeded random moments, during steps and in
 window of an asynchronous save (the same tiny GPT-2 on 2 CPU devices as test_kill_resume, whose
 compilation cache makes each process cheap); a second signal stops at once; with 2 processes x
 4 devices a SIGTERM to one process stops both at the same step. Also: time-based temporary
-checkpoints, and the per-step decisions (``_due``, ``StopRequests``) in process.
+checkpoints, the per-step decisions (``_due``, ``StopRequests``) in process, and that the flags
+are agreed inside the train step itself (its output decides, over every device's row).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 import pytest
 
 from named.trainer import checkpoint as ckpt
+from named.trainer import train as train_mod
 from named.trainer.config import ConfigError, load_config
 from named.trainer.stop import StopRequests, exit_code
 from named.trainer.train import _due, train
@@ -28,7 +30,7 @@ from test_kill_resume import (INTERVAL, STEPS, WRITE_DELAY_S, _committed, _files
 from test_multihost import CONFIG, compile_cache, corpus, finish, no_core_dumps, start_two  # noqa: F401 - fixtures
 from test_trainer import FSDP, tiny_args
 
-N_TRIALS = 10
+N_TRIALS = 6
 SEED = 20251125
 SIGTERM_EXIT = exit_code(signal.SIGTERM)
 
@@ -60,19 +62,75 @@ def test_due_saves_a_temporary_checkpoint_and_stops_before_the_end():
     assert not (end.checkpoint or end.stop)  # the end: save_at_end, and the run finishes as usual
 
 
+def _step(stop: StopRequests) -> np.ndarray:
+    """What a train step hands back from ``stop.flags()``, computed here with numpy: the max over rows."""
+    return np.asarray(stop.flags()).max(axis=0)
+
+
 def test_stop_requests_catch_a_signal_and_count_time_periods():
-    mesh = jax.make_mesh((8,), ("data",))
+    mesh = jax.make_mesh((4, 2), ("data", "model"))
     before = signal.getsignal(signal.SIGUSR1)
-    with StopRequests(["SIGUSR1"], every_minutes=0.002, mesh=mesh) as stop:  # a period of 0.12 s
-        assert stop.poll(1) == (0, False)
+    with StopRequests(["SIGUSR1"], every_minutes=0.005, mesh=mesh) as stop:  # a period of 0.3 s
+        quiet = stop.flags()
+        assert quiet.shape == (8, 2) and not np.asarray(quiet).any()
+        assert {d.id for d in quiet.devices()} == {d.id for d in mesh.devices.flat}  # a row on every device
+        assert stop.poll(_step(stop)) == (0, False)  # a launch's first step: nothing agreed before it
+        assert stop.flags() is quiet  # unchanged flags: no new array, no transfer
         os.kill(os.getpid(), signal.SIGUSR1)
-        time.sleep(0.15)
-        assert stop.poll(2) == (signal.SIGUSR1, True)
+        time.sleep(0.35)
+        assert (np.asarray(stop.flags()) == [signal.SIGUSR1, 1]).all()  # in every row of this process
+        assert stop.poll(_step(stop)) == (0, False)  # decided by the step before: quiet then
+        assert stop.poll(_step(stop)) == (signal.SIGUSR1, True)
         stop.saved()
-        assert stop.poll(3)[1] is False  # saved: the next period has not passed yet
-        time.sleep(0.13)
-        assert stop.poll(4)[1] is True
+        assert stop.poll(_step(stop))[1] is False  # saved: the next period has not passed yet
+        time.sleep(0.3)
+        assert stop.poll(_step(stop))[1] is False  # that step's flags were made before the sleep
+        assert stop.poll(_step(stop))[1] is True
     assert signal.getsignal(signal.SIGUSR1) is before  # handlers restored
+
+
+def test_the_train_steps_own_output_decides_over_every_devices_row(corpus, tmp_path, monkeypatch):
+    """No signal is sent and no period passes on this host: the real train step gets flags with one
+    device's row set (a period at step 2, SIGUSR1 at step 5) and its ``stop_flags`` output alone
+    makes the loop save after step 3 and stop after step 6, one step later, as with several
+    processes. A loop that read the host's flags, or a step that did not reduce over every row,
+    would run to the end."""
+    real_make, saves, outputs = train_mod.make_train_step, [], []
+
+    def make_train_step(*args, **kwargs):
+        real = real_make(*args, **kwargs)
+
+        def step(model, opt_state, batch, key, flags):
+            k = len(outputs) + 1
+            rows = np.zeros(flags.shape, np.int32)
+            if k in (2, 5):  # one device's row (the last, then the fourth), as if its process alone saw it
+                rows[-1 if k == 2 else 3] = (0, 1) if k == 2 else (signal.SIGUSR1, 0)
+            model, opt_state, metrics = real(model, opt_state, batch, key, jax.device_put(rows, flags.sharding))
+            outputs.append((rows.max(axis=0), metrics["stop_flags"]))
+            return model, opt_state, metrics
+
+        return step
+
+    real_save = ckpt.Checkpointer.save
+
+    def record(self, step, tree, metadata=None, *, temporary=False):
+        saves.append((step, temporary))
+        return real_save(self, step, tree, metadata, temporary=temporary)
+
+    monkeypatch.setattr(train_mod, "make_train_step", make_train_step)
+    monkeypatch.setattr(ckpt.Checkpointer, "save", record)
+    mesh = {"mesh.shape": "{data: 4, model: 2}", "mesh.param_mapping": "{embed: data}",
+            "mesh.compute_mapping": "{batch: data}"}
+    result = train(load_config(CONFIG, tiny_args(corpus, tmp_path / "run", **mesh, **{
+        "trainer.num_train_steps": 10, "trainer.log_interval": 0, "trainer.train_batch_size": 8,
+        "model.n_layer": 1})))
+    assert (result.stopped_by, result.final_step) == (signal.SIGUSR1, 6)
+    assert saves == [(3, True), (6, True)]  # the time-based one, then the stop's
+    assert _committed(tmp_path / "run") == [6]  # the temporary step_3 went when step_6 committed
+    assert len(outputs) == 6
+    for want, got in outputs:  # each step's output: the max over every device's row, on every device
+        assert got.sharding.is_fully_replicated
+        np.testing.assert_array_equal(np.asarray(got), want)
 
 
 def test_time_based_checkpoints_are_temporary(corpus, tmp_path, monkeypatch):

@@ -7,6 +7,8 @@ sample, a checkpoint, the end). The NaN policy stays exact: it looks at every st
 The loop's reads are observed from outside: the real train step runs, but the metrics it
 hands back are wrapped in a tripwire that records each read (any conversion to a host value)
 with its step number, next to the dispatch of each step and the preparation of each batch.
+The one read between read points is a step's agreed stop flags (``stop_flags``, recorded as
+"flags"), once per step, after the loop has waited for that step anyway.
 """
 
 from __future__ import annotations
@@ -55,11 +57,11 @@ class _Tripwire:
     ``jax.device_get`` do) with the step it belongs to, and every wait for it (which reads
     nothing)."""
 
-    def __init__(self, value, step: int, events: list):
-        self.value, self.step, self.events = value, step, events
+    def __init__(self, value, step: int, events: list, what: str = "read"):
+        self.value, self.step, self.events, self.what = value, step, events, what
 
     def _read(self):
-        self.events.append(("read", self.step))
+        self.events.append((self.what, self.step))
         return np.asarray(self.value)
 
     def __array__(self, dtype=None, copy=None):
@@ -88,12 +90,13 @@ def observed(monkeypatch):
     def make_train_step(*args, **kwargs):
         step_fn = real_make(*args, **kwargs)
 
-        def step(model, opt_state, batch, key):
+        def step(*args):
             k = sum(e[0] == "dispatch" for e in events) + 1
             events.append(("dispatch", k))
-            model, opt_state, metrics = step_fn(model, opt_state, batch, key)
+            model, opt_state, metrics = step_fn(*args)
             losses.append(metrics["loss"])
-            return model, opt_state, {name: _Tripwire(v, k, events) for name, v in metrics.items()}
+            return model, opt_state, {name: _Tripwire(v, k, events, "flags" if name == "stop_flags" else "read")
+                                      for name, v in metrics.items()}
 
         return step
 
@@ -120,14 +123,15 @@ def test_steps_are_dispatched_ahead_and_read_only_at_read_points(corpus, tmp_pat
     result = train(_cfg(corpus, tmp_path / "run"))
     # log_interval 3 over 7 steps: reads after steps 3, 6 and 7 (the end), nowhere else; the
     # batch of step k+1 is built after step k is dispatched and before anything is read; before
-    # dispatching step k+1 the host waits (reading nothing) only for step k-1 (MAX_IN_FLIGHT 2),
-    # so step k+1 is queued while step k may still run.
+    # dispatching step k+1 the host waits only for step k-1 (MAX_IN_FLIGHT 2), so step k+1 is
+    # queued while step k may still run, and then reads nothing but step k-1's stop flags (after
+    # a read point, step k-1 has finished: no wait).
     assert train_mod.MAX_IN_FLIGHT == 2
     expected = [("batch", 1), ("dispatch", 1), ("batch", 2), ("dispatch", 2), ("batch", 3), ("wait", 1),
-                ("dispatch", 3), ("batch", 4), ("wait", 2), ("read", 1), ("read", 2), ("read", 3),
-                ("dispatch", 4), ("batch", 5), ("dispatch", 5), ("batch", 6), ("wait", 4), ("dispatch", 6),
-                ("batch", 7), ("wait", 5), ("read", 4), ("read", 5), ("read", 6),
-                ("dispatch", 7), ("read", 7)]
+                ("flags", 1), ("dispatch", 3), ("batch", 4), ("wait", 2), ("flags", 2), ("read", 1), ("read", 2),
+                ("read", 3), ("dispatch", 4), ("batch", 5), ("flags", 3), ("dispatch", 5), ("batch", 6), ("wait", 4),
+                ("flags", 4), ("dispatch", 6), ("batch", 7), ("wait", 5), ("flags", 5), ("read", 4), ("read", 5),
+                ("read", 6), ("dispatch", 7), ("flags", 6), ("read", 7)]
     assert _collapsed(events) == expected
     # every step's loss is in the result, as the step computed it
     assert result.losses == [float(np.asarray(x)) for x in step_losses] and len(result.losses) == 7
@@ -144,8 +148,8 @@ def test_a_checkpoint_is_a_read_point(corpus, tmp_path, observed):
     # no log lines: the checkpoint after step 2 and the end are the only read points; step 2's
     # NaN check is done before its checkpoint is written
     assert _collapsed(events) == [("batch", 1), ("dispatch", 1), ("batch", 2), ("dispatch", 2), ("batch", 3),
-                                  ("wait", 1), ("read", 1), ("read", 2), ("dispatch", 3), ("batch", 4),
-                                  ("dispatch", 4), ("wait", 3), ("read", 3), ("read", 4)]
+                                  ("wait", 1), ("flags", 1), ("read", 1), ("read", 2), ("dispatch", 3), ("batch", 4),
+                                  ("flags", 2), ("dispatch", 4), ("wait", 3), ("flags", 3), ("read", 3), ("read", 4)]
 
 
 def test_stop_names_the_first_bad_step_when_read_later(corpus, tmp_path):

@@ -154,6 +154,7 @@ def train_step_report(cfg: TrainConfig, s: Setup | None = None) -> nm.inspect.Co
     from named.nn.precision import get_policy
 
     from .optim import build_optimizer, init_opt_state
+    from .stop import flags_layout
     from .train import make_train_step
 
     s = s if s is not None else check_against_devices(cfg)
@@ -180,5 +181,5 @@ def train_step_report(cfg: TrainConfig, s: Setup | None = None) -> nm.inspect.Co
     step = make_train_step(s.model_cls, optimizer, get_policy(t.precision), cfg, compute, param)
     with nm.set_mesh(mesh):
         lowered = step.lower(abstract(model, param), abstract(opt_state, param), abstract(batch, compute),
-                             jax.random.key(0))
+                             jax.random.key(0), flags_layout(mesh))
     return nm.compiled_report(lowered, mesh=mesh)

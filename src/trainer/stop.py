@@ -7,14 +7,17 @@ resumable" (``trainer.load_checkpoint: auto`` resumes it). A second signal ends 
 once with the same code; the commit protocol guarantees that the newest committed checkpoint is
 whole whatever is cut short.
 
-Agreement without a per-step blocking sync: in a run of several processes, each step every
-process contributes two small integers (the signal it caught, or 0; and, on process 0 alone,
-how many ``checkpoint.every_minutes`` periods have passed) to a max over all devices, a tiny
-collective dispatched right after the train step. Its result is read one step later, when it
-is normally ready (the host then waits for step k while step k+1 is already queued on the
-device), so every process sees the same value for step k at the same point of its loop, and
-all stop or save at the same step. One process catching the signal is enough. In a run of one
-process the flags are read directly, with no device work at all.
+Agreement without a per-step blocking sync and without a program of its own: each step every
+process puts two small integers (the signal it caught, or 0; and, on process 0 alone, how many
+``checkpoint.every_minutes`` periods have passed) in its devices' rows of the train step's
+``flags`` input, and the step returns their max over all devices, replicated, with its metrics
+(``agree``). The loop reads step k's flags after dispatching step k+1, when it has waited for
+step k anyway (two steps in flight), so every process sees the same value for step k at the
+same point of its loop, and all stop or save after the same step. One process catching the
+signal is enough. The flags ride in the one program per step that every process dispatches
+anyway: no second collective per step, and nothing else to interleave with the step's. A run of
+one process goes the same way (its flags array is made again only when the flags change), so
+the path a cluster relies on is the one every test runs.
 """
 
 from __future__ import annotations
@@ -25,17 +28,31 @@ import time
 from collections import deque
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from .trackers import log
 
-__all__ = ["StopRequests", "exit_code"]
+__all__ = ["StopRequests", "agree", "exit_code", "flags_layout"]
 
 
 def exit_code(signum: int) -> int:
     """The exit status of a run stopped by ``signum``: ``128 + signum``, as a shell reports a signal."""
     return 128 + int(signum)
+
+
+def flags_layout(mesh) -> jax.ShapeDtypeStruct:
+    """The train step's ``flags`` input on ``mesh``: one int32 row (signal, periods) per device,
+    sharded over every mesh axis, so each process fills the rows of its own devices."""
+    sharding = NamedSharding(mesh, PartitionSpec(mesh.axis_names))
+    return jax.ShapeDtypeStruct((mesh.devices.size, 2), jnp.int32, sharding=sharding)
+
+
+def agree(flags: jax.Array) -> jax.Array:
+    """Inside the train step: the max of ``flags`` over every device's row, replicated so that
+    each process reads the whole value from its own devices."""
+    return jax.lax.with_sharding_constraint(flags.max(axis=0), PartitionSpec())
 
 
 class StopRequests:
@@ -44,8 +61,7 @@ class StopRequests:
     Args:
         names: signal names to handle (``trainer.stop_signals``).
         every_minutes: time-based checkpoint period, or None.
-        mesh: the run's mesh (all global devices): the flags are reduced over it when
-            ``jax.process_count() > 1``.
+        mesh: the run's mesh (all global devices), over which the train step agrees the flags.
     """
 
     def __init__(self, names: list[str], every_minutes: float | None, mesh):
@@ -55,13 +71,10 @@ class StopRequests:
         self._t0 = time.monotonic()
         self._periods_saved = self._periods_seen = 0
         self._old: dict = {}
-        self._multi = jax.process_count() > 1
-        self._pending: deque = deque()
-        if self._multi:
-            self._sharding = NamedSharding(mesh, PartitionSpec(mesh.axis_names))
-            self._rows = len(self._sharding.addressable_devices)
-            self._global = (mesh.devices.size, 2)
-            self._reduce = jax.jit(lambda x: x.max(axis=0), out_shardings=NamedSharding(mesh, PartitionSpec()))
+        self._layout = flags_layout(mesh)
+        self._rows = len(self._layout.sharding.addressable_devices)
+        self._made: tuple[tuple[int, int], jax.Array] | None = None  # the last flags array, and its values
+        self._agreed: deque = deque()  # the steps' agreed flags, not yet read
 
     def __enter__(self) -> StopRequests:
         for s in self.signals:
@@ -89,18 +102,24 @@ class StopRequests:
             periods = int((time.monotonic() - self._t0) // self.period_s)
         return self.caught, periods
 
-    def poll(self, done: int) -> tuple[int, bool]:
-        """After dispatching the step that ends at ``done``: ``(signal, timed)``, the signal to stop
-        on (0: go on) and whether a time-based checkpoint is due, the same on every process."""
-        if not self._multi:
-            signum, periods = self._local()
-        else:
-            local = np.tile(np.asarray(self._local(), np.int32), (self._rows, 1))
-            flags = jax.make_array_from_process_local_data(self._sharding, local, self._global)
-            self._pending.append(self._reduce(flags))
-            if len(self._pending) < 2:  # the flags of the previous step decide; none yet
-                return 0, False
-            signum, periods = (int(v) for v in np.asarray(jax.device_get(self._pending.popleft())))
+    def flags(self) -> jax.Array:
+        """The next train step's ``flags`` input: this process's (signal, periods) in its devices'
+        rows. The flags change rarely, so the array is made again (a transfer) only when they do."""
+        local = self._local()
+        if self._made is None or self._made[0] != local:
+            rows = np.tile(np.asarray(local, np.int32), (self._rows, 1))
+            self._made = local, jax.make_array_from_process_local_data(self._layout.sharding, rows, self._layout.shape)
+        return self._made[1]
+
+    def poll(self, agreed: jax.Array) -> tuple[int, bool]:
+        """After dispatching a step, with its agreed flags (its ``stop_flags`` output): ``(signal,
+        timed)`` from the step before it, the signal to stop on (0: go on) and whether a time-based
+        checkpoint is due, the same on every process; ``(0, False)`` after the first step of a
+        launch. The step before has finished (the loop waited for it), so this read does not wait."""
+        self._agreed.append(agreed)
+        if len(self._agreed) < 2:
+            return 0, False
+        signum, periods = (int(v) for v in np.asarray(self._agreed.popleft()))
         self._periods_seen = periods
         return signum, periods > self._periods_saved
 

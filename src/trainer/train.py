@@ -35,7 +35,7 @@ from .data import Batch, TrainBatches, build_data, eval_batches
 from .model_init import init_model, layer_driver, trainable
 from .optim import build_optimizer, init_opt_state, schedule
 from .registry import flops_per_token, model_type
-from .stop import StopRequests
+from .stop import StopRequests, agree
 from .trackers import Trackers, check_trackers, log, setup_logging
 
 Pos, Microbatch = "position", "microbatch"
@@ -71,7 +71,8 @@ def make_train_step(model_cls, optimizer, policy, cfg: TrainConfig, compute, par
     """The jitted step: microbatched loss and gradients (exactly the full-batch mean over
     tokens), clipping and AdamW. ``finite`` is false when the loss, the gradient, the update,
     the new parameters or the new optimizer state is not finite; under ``nan_policy: skip``
-    such a step leaves the state untouched."""
+    such a step leaves the state untouched. ``flags`` (``stop.flags_layout``) come back agreed
+    over every device as ``stop_flags``: the stop and save decisions ride in this one program."""
     n_micro = cfg.trainer.microbatches
     skip_bad = cfg.trainer.nan_policy == "skip"
     lora_dropout = cfg.lora is not None and cfg.lora.dropout > 0
@@ -92,7 +93,7 @@ def make_train_step(model_cls, optimizer, policy, cfg: TrainConfig, compute, par
 
     grad_fn = eqx.filter_value_and_grad(loss_sum, has_aux=True)
 
-    def step(model, opt_state, batch, key):
+    def step(model, opt_state, batch, key, flags):
         # Gradients, their accumulators and the update exist for the trainable leaves only
         # (all of them, or LoRA's adapters); the frozen rest passes through the step unchanged.
         params, frozen = eqx.partition(model, trainable(cfg, model), is_leaf=nm.is_named_array)
@@ -118,9 +119,10 @@ def make_train_step(model_cls, optimizer, policy, cfg: TrainConfig, compute, par
         if skip_bad:
             new_model, new_opt = jax.tree.map(lambda new, old: jnp.where(finite, new, old), (new_model, new_opt), (model, opt_state))
         return new_model, new_opt, {"loss": loss, "grad_norm": grad_norm, "finite": finite, "tokens": count,
+                                    "stop_flags": agree(flags),
                                     **{f"aux/{name}": v.sum() / count for name, v in aux.items()}}
 
-    return nm.named_jit(step, mapping=compute, out_mapping=param, donate_args=(True, True, False, False))
+    return nm.named_jit(step, mapping=compute, out_mapping=param, donate_args=(True, True, False, False, False))
 
 
 def make_eval_step(policy, compute):
@@ -234,9 +236,12 @@ def _train(cfg: TrainConfig, data, train_batches, model_cfg, model_cls, mesh, co
 
         batch = batch_for(start)
         for step in range(start, t.num_train_steps):
-            # The step is dispatched, not waited for: nothing below reads the device until the
-            # next read point, so the host prepares the next batch while this step runs.
-            model, opt_state, metrics = train_step(model, opt_state, batch, jax.random.fold_in(data_key, step))
+            # The step is dispatched, not waited for: until the next read point nothing below reads
+            # the device but the previous step's two stop flags, once that step has finished, so the
+            # host prepares the next batch while this step runs.
+            model, opt_state, metrics = train_step(model, opt_state, batch, jax.random.fold_in(data_key, step),
+                                                   stop.flags())
+            agreed = metrics.pop("stop_flags")  # the loop's own, not a metric to track
             done = step + 1
             pending.append((done, metrics))
             if progress is not None:
@@ -246,7 +251,7 @@ def _train(cfg: TrainConfig, data, train_batches, model_cfg, model_cls, mesh, co
             if len(pending) >= MAX_IN_FLIGHT:  # wait, reading nothing, for the step before this one
                 jax.block_until_ready(pending[-MAX_IN_FLIGHT][1])
             # What this step ends with is decided here and only here (a new reason to stop or save goes into _due).
-            signum, timed = stop.poll(done)  # the same on every process (see stop.py)
+            signum, timed = stop.poll(agreed)  # the same on every process (see stop.py)
             due = _due(done, cfg, data.validation is not None, len(pending), stop=bool(signum), timed=timed)
             if not due.read:
                 continue
