@@ -1,12 +1,25 @@
-"""Every test runs on 8 fake CPU devices, so 1-D (8,) and 2-D (4, 2) meshes are real."""
+"""Every test runs on 8 fake CPU devices, so 1-D (8,) and 2-D (4, 2) meshes are real.
+
+One persistent XLA compilation cache serves the whole session: the pytest workers and every
+process a test starts (named-train restarted after a kill, the launcher's workers, the docs'
+commands) compile each program once. It lives in a temporary folder that the process which
+made it removes at the end. A maximum size turns on jax's file lock, so concurrent processes
+never read an entry that another is still writing."""
 
 import os
+import shutil
+import tempfile
 
 # Must happen before jax is imported anywhere (pytest imports conftest first).
 _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
     os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="named-tests-jax-cache-")
+    os.environ["NAMED_TESTS_JAX_CACHE_OWNER"] = str(os.getpid())
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 << 30))
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
@@ -16,3 +29,8 @@ def pytest_sessionstart(session):
     n = len(jax.devices())
     if n != 8:
         raise pytest.UsageError(f"tests need 8 fake CPU devices, jax sees {n}; was jax imported before conftest?")
+
+
+def pytest_unconfigure(config):
+    if os.environ.get("NAMED_TESTS_JAX_CACHE_OWNER") == str(os.getpid()):
+        shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)

@@ -51,7 +51,7 @@ _COMPILES: list[str] = []
 
 
 def _on_compile(event: str, duration: float, **kw) -> None:
-    if event.endswith("backend_compile_duration"):
+    if event.endswith(("backend_compile_duration", "cache_retrieval_time_sec")):  # compiled, or taken from the cache
         _COMPILES.append(str(kw.get("fun_name")))
 
 

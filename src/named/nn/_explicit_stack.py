@@ -118,7 +118,7 @@ class _PrefetchedScan:
         self.layered = self.split.mapped_arrays(front=True)  # weights and per-layer arguments, layers in front
         self.shared = [k for k, leaf in enumerate(self.split.leaves)
                        if k not in self.split.positions and eqx.is_array(leaf if not isinstance(leaf, NamedArray) else leaf.array)]
-        # The gather of each weight: the axes its stored layout splits, and the axes once whole.
+        # What each weight's gather makes whole: the axes its stored layout splits and the layers do not.
         self.gather_axes: dict[int, list[str]] = {}
         for j in self.weights:
             k = self.split.mapped[j]
