@@ -78,12 +78,13 @@ def runs(corpus, tmp_path_factory):
     cache: dict = {}
     base = tmp_path_factory.mktemp("runs")
 
-    def get(case: str, mode: str, config: str = "gpt2_nano.yaml"):
-        if (case, mode, config) not in cache:
+    def get(case: str, mode: str, config: str = "gpt2_nano.yaml", batch_split: int = 1):
+        if (case, mode, config, batch_split) not in cache:
             over = CASES.get(case, {})
-            cache[case, mode, config] = _run(corpus, base / f"{config}-{case}-{mode}", config,
-                                             **{**over, "mesh.mode": mode})
-        return cache[case, mode, config]
+            cache[case, mode, config, batch_split] = _run(
+                corpus, base / f"{config}-{case}-{mode}-{batch_split}", config,
+                **{**over, "mesh.mode": mode, "mesh.batch_split": batch_split})
+        return cache[case, mode, config, batch_split]
 
     return get
 
@@ -122,6 +123,14 @@ def test_decoder_explicit_trains_like_auto(config, case, runs):
     _assert_same(runs(case, "explicit", config), runs(case, "auto", config), f"{config} {case}")
 
 
+@pytest.mark.parametrize("config, case", [
+    ("gpt2_nano.yaml", "fsdp+tp+dropout"),  # dropout: each half draws its part of the whole batch's mask
+    ("mixtral_tiny.yaml", "experts over 2"),  # router statistics averaged over the halves: the whole batch's losses
+])
+def test_batch_split_trains_like_auto(config, case, runs):
+    _assert_same(runs(case, "explicit", config, batch_split=2), runs(case, "auto", config), f"{config} {case} split")
+
+
 @pytest.mark.parametrize("written, resumed", [("auto", "explicit"), ("explicit", "auto")])
 def test_resume_from_a_checkpoint_of_the_other_mode(written, resumed, runs, corpus, tmp_path):
     full = runs("plain", written)  # 20 steps, a checkpoint at step 10 only
@@ -151,6 +160,14 @@ def test_bad_modes_and_layouts_are_refused(corpus, tmp_path):
     with pytest.raises(ConfigError, match=r"mesh.mode: explicit: .*splits 'position', an axis the layers mix"):
         _run(corpus, tmp_path / "seq", **{**seq, "mesh.mode": "explicit"})
     assert not (tmp_path / "seq").exists()
+    # the batch split is explicit mode's, and cuts each device's sequences (16 / 8 devices = 2) evenly
+    with pytest.raises(ConfigError, match="mesh.batch_split=2 needs mesh.mode: explicit"):
+        load_config(ROOT / "config" / "gpt2_nano.yaml", ["--mesh.batch_split", "2"])
+    with pytest.raises(ConfigError, match=r"mesh.batch_split must be >= 1, got 0"):
+        load_config(ROOT / "config" / "gpt2_nano.yaml", ["--mesh.batch_split", "0", "--mesh.mode", "explicit"])
+    with pytest.raises(ConfigError, match=r"mesh.batch_split=4 does not divide each device's 2 sequences"):
+        _run(corpus, tmp_path / "split", **{"mesh.mode": "explicit", "mesh.batch_split": 4})
+    assert not (tmp_path / "split").exists()
 
 
 # ---- the collectives of one explicit gradient ---------------------------------------------------
@@ -199,6 +216,53 @@ def test_prefetched_gathers_and_one_reduce_scatter_per_layer_weight():
     reduced = sum(c.bytes for c in in_loop if c.kind == "all-reduce")
     assert reduced == sum(w.array.nbytes // cfg.n_layer for w in replicated)
     assert report(None).count("reduce-scatter") == 0
+
+
+def test_batch_split_runs_each_layer_on_two_halves():
+    """With ``batch_split=2`` each layer runs on two halves of every device's sequences. The halves
+    do not depend on each other, except that the program orders their collectives: the second
+    half's k-th collective waits for the first half's k-th (an optimization barrier in the program
+    jax lowers; XLA:CPU expands barriers before its combiner, so its compiled program may merge the
+    halves' all-reduces again). The tensor-parallel all-reduces over ``model`` send the same bytes
+    in all; the weights' gathers and gradient reduce-scatters, which both halves share, are not
+    repeated."""
+    mesh = nm.make_mesh({"data": 4, "model": 2})
+    param = {"embed": "data", "mlp": "model", "heads": "model"}
+    compute = {"batch": "data", "mlp": "model", "heads": "model"}
+    cfg = Gpt2Config(n_embd=32, n_layer=3, n_head=4, vocab_size=96, n_positions=32)
+    model = nm.shard(Gpt2LMHeadModel.init(cfg, key=jax.random.key(0)), param, mesh)
+    ids = nm.shard(nm.named(jax.random.randint(jax.random.key(1), (8, 16), 0, 96), ("batch", "position")), compute, mesh)
+
+    def grad_fn(split):
+        def loss(m, ids):
+            with nn.explicit_layers(nn.ExplicitStack(param, compute, batch_split=split)):
+                return (m(ids).array ** 2).mean()
+
+        return nm.named_jit(eqx.filter_grad(loss), mapping=compute, out_mapping=param, mesh=mesh)
+
+    reports = {n: nm.compiled_report(grad_fn(n), model, ids) for n in (1, 2)}
+    tp = {n: [c for c in r.collectives if c.in_loop and c.kind == "all-reduce" and c.mesh_axes == ("model",)]
+          for n, r in reports.items()}
+    assert len(tp[1]) > 0 and sum(c.bytes * c.runs for c in tp[2]) == sum(c.bytes * c.runs for c in tp[1])
+    # each half's all-reduce holds half a layer's activations (XLA:CPU may put two in one instruction)
+    assert {s for c in tp[2] for s in c.shape.split(", ")} == {"f32[1,16,32]"}
+    assert {c.shape for c in tp[1]} == {"f32[2,16,32]"}
+    for kind in ("all-gather", "reduce-scatter"):
+        assert reports[2].count(kind, "data") == reports[1].count(kind, "data") > 0, kind
+    # the replicated weights' (biases', norms') gradients are summed over data once, not per half
+    assert reports[2].total_bytes("all-reduce", "data") == reports[1].total_bytes("all-reduce", "data") > 0
+
+    def barriers(split):
+        return grad_fn(split).lower(model, ids).as_text().count("stablehlo.optimization_barrier")
+
+    # the second half's two all-reduces (attention's and the MLP's) wait for the first's, in the
+    # forward loop and again in the backward loop's recomputation; the input gradients' sums too
+    assert barriers(1) == 0 and barriers(2) >= 2 * 2 + 1
+    g1, g2 = grad_fn(1)(model, ids), grad_fn(2)(model, ids)
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
+    with pytest.raises(nm.NamedError, match="batch_split=0 must be a positive int"):
+        nn.ExplicitStack(param, compute, batch_split=0)
 
 
 # ---- reports ---------------------------------------------------------------------------------------

@@ -302,18 +302,20 @@ class DecoderLayer(eqx.Module):
 
     def forward_with_aux(self, x: NamedArray, *, positions, inv_freq, rope_scale=1.0, window=None, scale=None,
                          softcap=None, segment_ids=None, cache=None, pos=None):
-        """``(x, (cache, losses))``: the layer and its MoE router's losses (none for a dense MLP)."""
+        """``(x, (cache, stats))``: the layer and its MoE router's statistics (``nn.router_stats``;
+        none for a dense MLP), from which ``aux_losses`` makes the losses after the stack."""
         before_attn, after_attn, before_mlp, after_mlp = (
             None if name is None else getattr(self, name) for name in NORM_ROLES[self.norm_layout])
         h, cache = self.self_attn(_apply(before_attn, x), positions, inv_freq=inv_freq, rope_scale=rope_scale,
                                   window=window, scale=scale, softcap=softcap, segment_ids=segment_ids, cache=cache,
                                   pos=pos)
         x = x + _apply(after_attn, h)
-        h, losses = self.mlp(_apply(before_mlp, x)), {}
         if isinstance(self.mlp, nn.MoE):
-            h, losses = h
+            h, stats = self.mlp.with_stats(_apply(before_mlp, x))
+        else:
+            h, stats = self.mlp(_apply(before_mlp, x)), {}
         x = x + _apply(after_mlp, h)
-        return x, (cache, losses)
+        return x, (cache, stats)
 
 
 def _moe(c: DecoderConfig, key) -> nn.MoE:
@@ -326,11 +328,12 @@ def _moe(c: DecoderConfig, key) -> nn.MoE:
 
 def aux_losses(config: DecoderConfig, per_layer: dict) -> dict[str, tuple[float, jax.Array]]:
     """The auxiliary training losses, ``{name: (weight, value)}``: each MoE router loss averaged
-    over the layers (``per_layer``: the scan's stacked losses), with its coefficient."""
+    over the layers (``per_layer``: the scan's stacked ``nn.router_stats``), with its coefficient."""
     if config.num_experts is None:
         return {}
-    return {"moe_load_balancing": (config.router_aux_loss_coef, per_layer["load_balancing"].mean()),
-            "moe_router_z": (config.router_z_loss_coef, per_layer["router_z"].mean())}
+    losses = nn.router_losses(per_layer)  # one value per layer
+    return {"moe_load_balancing": (config.router_aux_loss_coef, losses["load_balancing"].mean()),
+            "moe_router_z": (config.router_z_loss_coef, losses["router_z"].mean())}
 
 
 # ---- what the layers take from the config, at each call ------------------------------------------
@@ -407,8 +410,8 @@ class DecoderLMHeadModel(eqx.Module):
         reads, through which the trainer adds ``weight * value`` to the loss and reports ``value``."""
         check_sequence_length(input_ids, self.config.max_position_embeddings, "max_position_embeddings")
         positions = token_positions(input_ids, segment_ids)
-        logits, _, losses = self._run(input_ids, positions, segment_ids=segment_ids)
-        return logits, aux_losses(self.config, losses)
+        logits, _, stats = self._run(input_ids, positions, segment_ids=segment_ids)
+        return logits, aux_losses(self.config, stats)
 
     def decode(self, input_ids: NamedArray, cache: KVCache, pos) -> tuple[NamedArray, KVCache]:
         """Logits for ``input_ids`` standing at positions ``pos, pos + 1, ...`` of sequences whose
@@ -430,7 +433,7 @@ class DecoderLMHeadModel(eqx.Module):
         x = self.embed_tokens(input_ids)
         if c.scale_embeddings:
             x = x * jnp.asarray(math.sqrt(c.hidden_size), x.dtype)  # rounded to the compute dtype, as Gemma does
-        x, (cache, losses) = self.layers.scan_via("forward_with_aux")(
+        x, (cache, stats) = self.layers.scan_via("forward_with_aux")(
             x, positions=positions, segment_ids=segment_ids, cache=cache, pos=pos, **layer_data(c))
         x = self.norm(x)
         head = self.embed_tokens if self.lm_head is None else self.lm_head
@@ -438,7 +441,7 @@ class DecoderLMHeadModel(eqx.Module):
         if c.final_logit_softcapping is not None:
             cap = c.final_logit_softcapping
             logits = nm.tanh(logits / cap) * cap
-        return logits, cache, losses
+        return logits, cache, stats
 
 
 # ---- size and cost --------------------------------------------------------------------

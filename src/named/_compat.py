@@ -96,3 +96,13 @@ def shard_map(f, *, mesh, in_specs, out_specs, check_vma: bool):
     """``jax.shard_map`` (the stable entry point since 0.8; ``check_vma`` is the check that was
     ``check_rep`` in ``jax.experimental.shard_map``)."""
     return jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=check_vma)
+
+
+def varying_axes(x) -> frozenset:
+    """The mesh axes a value inside ``shard_map`` varies over (jax's "vma" type): ``aval.vma`` in
+    the releases that named it so, ``aval.manual_axis_type.varying`` in jax 0.10."""
+    aval = jax.typeof(x)
+    vma = getattr(aval, "vma", None)
+    if vma is None:
+        vma = getattr(getattr(aval, "manual_axis_type", None), "varying", ())
+    return frozenset(vma or ())

@@ -19,9 +19,11 @@ import string
 import jax
 import jax.numpy as jnp
 
+from . import _compat
 from ._axis import ArgumentTypeError, Axis, AxisError, AxisSelection, as_selectors, format_axes, name_of, union
 from ._context import current_body
 from ._core import NamedArray
+from ._local import in_order, issue, vary
 
 # What jnp.einsum takes besides the equation and operands; anything else is a caller's typo.
 _EINSUM_OPTIONS = ("precision", "preferred_element_type", "optimize")
@@ -47,12 +49,17 @@ def _contract(arrays: tuple[NamedArray, ...], out_axes: tuple[Axis, ...], option
     letters = _letters([a.name for a in all_axes])
     ins = ",".join("".join(letters[a.name] for a in x.axes) for x in arrays)
     out = "".join(letters[a.name] for a in out_axes)
-    result = jnp.einsum(f"{ins}->{out}", *(x.array for x in arrays), **options)
+    raw = [x.array for x in arrays]
+    if in_order():  # explicit mode's batch split: the backward sums of jax's implicit vary marks, ordered
+        varies = [_compat.varying_axes(r) for r in raw]
+        every = frozenset().union(*varies)
+        raw = [vary(r, every - v) for r, v in zip(raw, varies)]
+    result = jnp.einsum(f"{ins}->{out}", *raw, **options)
     owed = _owed(arrays, out_axes) if settle and current_body() is not None else ()
     if owed:
         # On local blocks (nm.shard_map) a contraction over a split axis gives this device's share:
         # the sum over the devices makes it the value it has outside (Megatron's row-parallel sum).
-        result = jax.lax.psum(result, owed[0] if len(owed) == 1 else owed)
+        result = issue(jax.lax.psum, result, owed[0] if len(owed) == 1 else owed)
     return NamedArray._unchecked(result, out_axes)
 
 

@@ -7,11 +7,16 @@ sum across devices; :class:`Unreduced` carries that debt in the type until it is
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import jax
+import jax.numpy as jnp
 
+from . import _compat
 from ._axis import ArgumentTypeError, Axis, AxisError, NamedError, format_axes
 from ._core import NamedArray
 from ._layout import parse_layout
@@ -42,6 +47,171 @@ def _split_over(a: Axis) -> tuple[str, ...]:
 
 def _with_split(a: Axis, size: int, mesh_axes: tuple[str, ...]) -> Axis:
     return ShardedAxis(a.name, size, tuple(mesh_axes)) if mesh_axes else Axis(a.name, size)
+
+
+# ---- parts of a block (explicit mode's batch split) ------------------------------------------------
+
+# {axis name: (part, parts)}: the code being traced computes part ``part`` of ``parts`` equal parts
+# of this device's block along that axis. Set while tracing one part; read by what must know
+# where a block sits in the global array (``random.block_draw``).
+_parts: contextvars.ContextVar = contextvars.ContextVar("named_block_parts", default={})
+
+
+def block_parts() -> dict[str, tuple[int, int]]:
+    return _parts.get()
+
+
+@contextlib.contextmanager
+def part_of_block(name: str, part: int, parts: int) -> Iterator[None]:
+    """Trace code that sees part ``part`` of ``parts`` of this device's block along ``name``."""
+    token = _parts.set({**_parts.get(), name: (part, parts)})
+    try:
+        yield
+    finally:
+        _parts.reset(token)
+
+
+def split_block(x: NamedArray, name: str, parts: int) -> list[NamedArray]:
+    """``x``'s block cut into ``parts`` equal pieces along ``name``; each keeps the layout."""
+    i = x.names.index(name)
+    a = x.axes[i]
+    if a.size % parts:
+        raise AxisError(f"cannot split this device's block of axis {name!r} (size {a.size}) into {parts} equal parts")
+    n = a.size // parts
+    piece = _with_split(a, n, _split_over(a))
+    return [NamedArray._unchecked(jax.lax.slice_in_dim(x.array, k * n, (k + 1) * n, axis=i),
+                                  x.axes[:i] + (piece,) + x.axes[i + 1:]) for k in range(parts)]
+
+
+def join_blocks(pieces: Sequence[NamedArray], name: str) -> NamedArray:
+    """The inverse of :func:`split_block`: the pieces concatenated along ``name``."""
+    i = pieces[0].names.index(name)
+    a = pieces[0].axes[i]
+    whole = _with_split(a, sum(p.axes[i].size for p in pieces), _split_over(a))
+    return NamedArray._unchecked(jnp.concatenate([p.array for p in pieces], axis=i),
+                                 pieces[0].axes[:i] + (whole,) + pieces[0].axes[i + 1:])
+
+
+# Explicit mode's batch split traces a layer once per piece of the batch. The pieces do not depend
+# on each other, so XLA may merge the k-th collective of one with the k-th of the next (one
+# all-reduce for both) and then neither piece's compute can run while it is in flight. The order
+# below makes piece p's k-th collective wait for piece p-1's k-th in the forward pass, and piece
+# p-1's wait for piece p's in the backward pass: never merged, and each piece's collective has
+# the neighbouring piece's compute beside it (the seed's staggered batch split).
+_order: contextvars.ContextVar = contextvars.ContextVar("named_collective_order", default=None)
+
+
+class CollectiveOrder:
+    """Orders the collectives of the pieces traced one after another under :meth:`piece`: those
+    issued through :func:`issue`, and the all-reduces that autodiff makes of the ``vary`` marks
+    :func:`vary` puts on a contraction's replicated operands (tensor parallelism's input
+    gradients)."""
+
+    def __init__(self):
+        self.prev: list = []
+        self.cur: list = []
+        self.n_vary = 0
+        self.vary_sums: dict[int, Any] = {}  # k -> the backward all-reduce of a piece's k-th vary mark
+
+    @contextlib.contextmanager
+    def piece(self) -> Iterator[None]:
+        token = _order.set(self)
+        try:
+            yield
+        finally:
+            _order.reset(token)
+            self.prev, self.cur, self.n_vary = self.cur, [], 0
+
+    def issue(self, collective, arr, *args, **kwargs):
+        k = len(self.cur)
+        if k < len(self.prev) and _is_float(arr) and _is_float(self.prev[k]):
+            arr = _after(arr, self.prev[k])
+        out = collective(arr, *args, **kwargs)
+        self.cur.append(out)
+        return out
+
+    def vary(self, x, axes: tuple[str, ...]):
+        k, self.n_vary = self.n_vary, self.n_vary + 1
+        sums = self.vary_sums
+
+        @jax.custom_vjp
+        def mark(x):
+            return jax.lax.pcast(x, axes, to="varying")
+
+        def fwd(x):
+            return mark(x), None
+
+        def bwd(_, ct):
+            # autodiff makes this sum; the first piece whose backward pass reaches it goes
+            # first, the other piece's waits for it
+            if k in sums and _is_float(ct):
+                ct = _after(ct, sums[k])
+            out = jax.lax.psum(ct, axes)
+            sums[k] = out
+            return (out,)
+
+        mark.defvjp(fwd, bwd)
+        return mark(x)
+
+
+def issue(collective, arr, *args, **kwargs):
+    """``collective(arr, ...)``; every collective of named's explicit mode is issued through here,
+    so that a :class:`CollectiveOrder` being traced can order it."""
+    order = _order.get()
+    return collective(arr, *args, **kwargs) if order is None else order.issue(collective, arr, *args, **kwargs)
+
+
+def vary(x, axes) -> Any:
+    """``x`` marked varying over mesh axes ``axes`` (what jax does by itself where a replicated
+    value meets a split one); under a :class:`CollectiveOrder` the all-reduce it costs in the
+    backward pass is ordered between the pieces."""
+    order = _order.get()
+    if order is None or not axes:
+        return x
+    return order.vary(x, tuple(sorted(axes)))
+
+
+def in_order() -> bool:
+    """Whether a :class:`CollectiveOrder` piece is being traced."""
+    return _order.get() is not None
+
+
+def _is_float(x) -> bool:
+    return hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.inexact)
+
+
+def _vma(x) -> frozenset:
+    return _compat.varying_axes(x)
+
+
+def _after(x, prev):
+    """``x``, available only once ``prev`` is; in the backward pass, where the two vary over the
+    same mesh axes, ``prev``'s cotangent gets a zero available only once ``x``'s cotangent is (the
+    reverse order). An optimization barrier types all its operands alike, so ``prev`` is first
+    marked varying where ``x`` varies (a relabelling: no data moves); ``x``'s type never changes."""
+    vx, vp = _vma(x), _vma(prev)
+    if not vp <= vx:  # ordering would make x vary over more mesh axes: leave it alone
+        return x
+    shape, dtype = prev.shape, prev.dtype
+
+    @jax.custom_vjp
+    def after(x, prev):
+        if vx - vp:
+            prev = jax.lax.pcast(prev, tuple(sorted(vx - vp)), to="varying")
+        return jax.lax.optimization_barrier((x, prev))[0]
+
+    def fwd(x, prev):
+        return after(x, prev), None
+
+    def bwd(_, ct):
+        zero = jnp.zeros(shape, dtype)
+        if vp:  # a cotangent has its primal's type
+            zero = jax.lax.pcast(zero, tuple(sorted(vp)), to="varying")
+        # (a cotangent may vary over more mesh axes than its primal: then the order is left out)
+        return jax.lax.optimization_barrier((ct, zero)) if _vma(ct) == vp else (ct, zero)
+
+    after.defvjp(fwd, bwd)
+    return after(x, prev)
 
 
 def block_layout(x: NamedArray | Unreduced) -> str:

@@ -40,6 +40,7 @@ from ._local import (
     _split_over,
     _with_split,
     block_layout,
+    issue,
     with_layout,
 )
 from .partitioning import (
@@ -390,7 +391,7 @@ def all_gather(x: NamedArray, axis: AxisSelection, *, invariant: bool = False) -
                 f"nothing to gather. If an op dropped its layout, restore it with nm.with_layout(x, ...)."
             )
         n = _size(body, over)
-        arr = lax.all_gather(arr, _group(over), axis=i, tiled=True, to="invarying" if invariant else "varying")
+        arr = issue(lax.all_gather, arr, _group(over), axis=i, tiled=True, to="invarying" if invariant else "varying")
         axes[i] = Axis(a.name, a.size * n)
     return NamedArray._unchecked(arr, tuple(axes))
 
@@ -427,7 +428,7 @@ def psum_scatter(x: NamedArray | Unreduced, axis: str | Axis, *, mesh_axes: str 
     clash = [b.name for b in value.axes if set(_split_over(b)) & set(over)]
     if clash:
         raise ShardingError(f"nm.psum_scatter: axes {clash} of {block_layout(value)!r} are already split over {over}")
-    arr = lax.psum_scatter(value.array, _group(over), scatter_dimension=i, tiled=True)
+    arr = issue(lax.psum_scatter, value.array, _group(over), scatter_dimension=i, tiled=True)
     axes = list(value.axes)
     axes[i] = _with_split(a, a.size // n, _split_over(a) + tuple(over))
     return NamedArray._unchecked(arr, tuple(axes))
@@ -445,7 +446,7 @@ def _reduce(x, axis, mesh_axes, what: str, local_fn, collective):
         extra = [m for m in over if m not in x.over]
         if extra:
             raise ShardingError(f"nm.psum: the value is owed a sum over {x.over}, not over {extra}")
-        out = NamedArray._unchecked(lax.psum(x.value.array, _group(over)), x.value.axes)
+        out = NamedArray._unchecked(issue(lax.psum, x.value.array, _group(over)), x.value.axes)
         rest = tuple(m for m in x.over if m not in over)
         return Unreduced(out, rest) if rest else out
     x = _check_named(x, what)
@@ -460,7 +461,7 @@ def _reduce(x, axis, mesh_axes, what: str, local_fn, collective):
         over += [m for m in _mesh_axes(mesh_axes) if m not in over]
     out = local_fn(x, tuple(names)) if names else x
     if over:
-        out = NamedArray._unchecked(collective(out.array, _group(tuple(over))), out.axes)
+        out = NamedArray._unchecked(issue(collective, out.array, _group(tuple(over))), out.axes)
     return out
 
 
@@ -517,7 +518,7 @@ def all_to_all(x: NamedArray, *, split: str | Axis, concat: str | Axis,
     n = _size(body, over)
     if s.size % n:
         raise ShardingError(f"nm.all_to_all: axis {s.name!r} (local size {s.size}) does not split over {over} ({n} devices)")
-    arr = lax.all_to_all(x.array, _group(over), split_axis=si, concat_axis=ci, tiled=True)
+    arr = issue(lax.all_to_all, x.array, _group(over), split_axis=si, concat_axis=ci, tiled=True)
     axes = list(x.axes)
     axes[si] = _with_split(s, s.size // n, _split_over(s) + over)
     c_rest = _split_over(c)[: len(_split_over(c)) - len(over)]

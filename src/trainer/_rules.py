@@ -117,6 +117,7 @@ RULES: dict[str, Rule] = {
     "checkpoint.base": NONEMPTY,
     "tracker.wandb_mode": one_of("disabled", "offline", "online"),
     "mesh.mode": one_of("auto", "explicit"),
+    "mesh.batch_split": at_least(1),
     "distributed.num_processes": at_least(1),
     "distributed.process_id": at_least(0),
     "distributed.initialization_timeout_s": at_least(1),

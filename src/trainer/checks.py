@@ -95,6 +95,10 @@ def check_against_mesh(cfg: TrainConfig, mesh, model_cfg) -> None:
             f"the microbatch of {mb} sequences (trainer.train_batch_size={t.train_batch_size} / "
             f"trainer.microbatches={t.microbatches}) does not split over the {dp} devices of the batch mesh axes"
         )
+    if (mb // dp) % cfg.mesh.batch_split:
+        raise ConfigError(
+            f"mesh.batch_split={cfg.mesh.batch_split} does not divide each device's {mb // dp} sequences of a microbatch "
+            f"(trainer.train_batch_size={t.train_batch_size} / trainer.microbatches={t.microbatches} / {dp} devices)")
     if t.train_batch_size % jax.process_count():
         raise ConfigError(f"trainer.train_batch_size={t.train_batch_size} does not split over {jax.process_count()} processes")
     max_pos = max_positions(model_cfg)

@@ -97,6 +97,7 @@ class MeshConfig:
     compute_mapping: dict[str, Any] = field(default_factory=lambda: {"batch": "data"})
     param_mapping: dict[str, Any] = field(default_factory=dict)
     mode: str = "auto"  # auto: GSPMD places the collectives; explicit: the layer stack runs per device (docs/explicit.md)
+    batch_split: int = 1  # explicit mode: each layer runs on this many equal parts of each device's microbatch
 
 
 @dataclass
@@ -385,6 +386,9 @@ def validate_static(cfg: TrainConfig) -> None:
         raise ConfigError(
             f"trainer.train_batch_size={t.train_batch_size} is not divisible by trainer.microbatches={t.microbatches}"
         )
+    if cfg.mesh.batch_split > 1 and cfg.mesh.mode != "explicit":
+        raise ConfigError(f"mesh.batch_split={cfg.mesh.batch_split} needs mesh.mode: explicit (auto mode leaves the "
+                          f"schedule to XLA); set --mesh.mode explicit or mesh.batch_split: 1")
     if o.warmup_steps >= 1 and o.warmup_steps != int(o.warmup_steps):
         raise ConfigError(f"optimizer.warmup_steps={o.warmup_steps} must be a whole number of steps, or a fraction "
                           "of the run below 1 (0.1: a tenth of trainer.num_train_steps)")

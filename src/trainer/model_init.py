@@ -137,7 +137,9 @@ def with_quantization(cfg: TrainConfig, model):
 def layer_driver(cfg: TrainConfig, compute, param) -> nn.ExplicitStack | None:
     """How the model's layer stack runs: None (``mesh.mode: auto``, GSPMD) or, for
     ``explicit``, per device inside ``nm.shard_map`` with each layer's weights gathered there."""
-    return nn.ExplicitStack(param, compute) if cfg.mesh.mode == "explicit" else None
+    if cfg.mesh.mode != "explicit":
+        return None
+    return nn.ExplicitStack(param, compute, batch_split=cfg.mesh.batch_split)
 
 
 def model_shapes(cfg: TrainConfig, model_cls, model_cfg):

@@ -55,7 +55,7 @@ from ._blockseq import BlockSeq
 from ._remat import Remat, checkpoint_name, remat_policy
 from ._stacked import Stacked
 from ._explicit_stack import ExplicitStack, explicit_layers
-from ._moe import MoE, load_balancing_loss, route, router_z_loss
+from ._moe import MoE, load_balancing_loss, route, router_losses, router_stats, router_z_loss
 from .loss import (
     binary_cross_entropy_loss,
     blockwise_cross_entropy_loss,

@@ -14,6 +14,9 @@ are unchanged; what the driver owns is where the collectives go:
   gathered while layer ``i`` is recomputed from its input and differentiated; layer ``i``'s
   weight gradient is reduce-scattered (the transpose of its gather) as soon as it is made, so
   the stack's gradient is only ever held split.
+- batch split (``batch_split=n``): each layer runs on ``n`` equal pieces of the device's batch,
+  one after another, with the pieces' collectives ordered (``_local.CollectiveOrder``) so that
+  XLA does not merge them: one piece's collective has the other's compute beside it.
 
 Layouts: the compute mapping may split ``batch`` (data parallelism; FSDP when the parameter
 mapping splits weight axes the activations keep whole, which are gathered per layer) and weight
@@ -36,10 +39,11 @@ import jax.numpy as jnp
 from jax import lax
 from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
+from .. import _compat
 from .._axis import Axis, NamedError
 from .._context import body_context, current_body
 from .._core import NamedArray, is_named_array
-from .._local import _split_over
+from .._local import CollectiveOrder, _split_over, join_blocks, part_of_block, split_block
 from .._transforms import _Outputs, _Split
 from ..explicit import all_gather, shard_map
 from ..partitioning import ShardingError, _mesh_axes
@@ -56,10 +60,13 @@ class ExplicitStack:
     compute_mapping: Mapping[str, Any]
     mesh: Any = None  # default: the current mesh
     independent: tuple[str, ...] = ("batch",)  # activation axes the layers never mix
+    batch_split: int = 1  # each layer runs on this many equal parts of the device's batch (the seed's batch split)
 
     def __post_init__(self):
         object.__setattr__(self, "param_mapping", dict(self.param_mapping or {}))
         object.__setattr__(self, "compute_mapping", dict(self.compute_mapping or {}))
+        if isinstance(self.batch_split, bool) or not isinstance(self.batch_split, int) or self.batch_split < 1:
+            raise NamedError(f"ExplicitStack: batch_split={self.batch_split!r} must be a positive int (1: no split)")
 
     def split(self, mapping: Mapping[str, Any], name: str) -> tuple[str, ...]:
         return tuple(_mesh_axes(mapping.get(name)))
@@ -91,6 +98,14 @@ class ExplicitStack:
             return {n for w in jax.tree.leaves(tree, is_leaf=is_named_array) if isinstance(w, NamedArray) for n in w.names}
 
         self.check(names(stacked.stacked) - {stacked.Layers.name}, names((x, args, kwargs)))
+        if self.batch_split > 1:
+            cut = self.independent[0]
+            whole = [w for w in jax.tree.leaves(x, is_leaf=is_named_array) if not (isinstance(w, NamedArray) and cut in w.names)]
+            if whole:
+                raise ShardingError(
+                    f"explicit mode: batch_split={self.batch_split} cuts the layers' carry along {cut!r}, but a carried "
+                    f"value {'has axes ' + str(whole[0].axes) if isinstance(whole[0], NamedArray) else 'is not a NamedArray'} "
+                    f"without it")
 
         def body(weights, carry, a, kw):
             return _PrefetchedScan(self, step, stacked.Layers, weights, a, kw)(carry)
@@ -112,6 +127,7 @@ class _PrefetchedScan:
         # jax traces the backward pass later, outside shard_map's trace of the body: it
         # re-enters the body's context for its collectives.
         self.step, self.L, self.body = step, Layers.size, current_body()
+        self.parts, self.cut = driver.batch_split, driver.independent[0]
         self.split = _Split((weights, args, kwargs), Layers, "the explicit layer scan")
         n_weights = len(jax.tree.leaves(weights, is_leaf=is_named_array))
         self.weights = [j for j, k in enumerate(self.split.mapped) if k < n_weights]  # positions among mapped
@@ -155,10 +171,40 @@ class _PrefetchedScan:
         block, a, kw = jax.tree.unflatten(self.split.treedef, leaves)
         token = _active.set(None)  # a Stacked inside a layer runs locally
         try:
-            carry, y = self.step(block, carry, *a, **kw)
+            carry, y = self.step(block, carry, *a, **kw) if self.parts == 1 else self._in_parts(block, carry, a, kw)
         finally:
             _active.reset(token)
         return carry, self.outs.strip(y)
+
+    def _in_parts(self, block, carry, args, kwargs):
+        """The layer on each of ``parts`` equal pieces of the batch, one after another in the
+        program: the pieces do not depend on each other, so a scheduler is free to run one
+        piece's collectives while it computes the other's (the seed's batch split). The carries
+        and batched outputs are joined again; an output without the batch axis is a mean over
+        the batch's tokens (an MoE router's statistics) and is averaged over the equal pieces."""
+        cut, n = self.cut, self.parts
+
+        def pieces(tree):
+            leaves, treedef = jax.tree.flatten(tree, is_leaf=is_named_array)
+            cols = [split_block(v, cut, n) if isinstance(v, NamedArray) and cut in v.names else [v] * n for v in leaves]
+            return [jax.tree.unflatten(treedef, [c[k] for c in cols]) for k in range(n)]
+
+        # A replicated weight that a piece uses is marked varying by jax, and autodiff sums its
+        # gradient across devices per mark: marked once for all pieces, it is summed once.
+        carried = frozenset().union(*(_compat.varying_axes(v) for v in jax.tree.leaves(carry)))
+
+        def mark(w):
+            missing = carried - _compat.varying_axes(w) if eqx.is_inexact_array(w) else ()
+            return jax.lax.pcast(w, tuple(sorted(missing)), to="varying") if missing else w
+
+        block = jax.tree.map(mark, block)
+        outs, order = [], CollectiveOrder()
+        for k, (c, a, kw) in enumerate(zip(pieces(carry), pieces(args), pieces(kwargs))):
+            # piece k's collectives wait for piece k-1's (never merged); dropout draws this
+            # piece's part of the whole batch's mask
+            with part_of_block(cut, k, n), order.piece():
+                outs.append(self.step(block, c, *a, **kw))
+        return _join([o[0] for o in outs], cut), _join([o[1] for o in outs], cut)
 
     def _args_at(self, layered, i):
         return [lax.dynamic_index_in_dim(layered[j], i, keepdims=False)
@@ -252,6 +298,27 @@ class _PrefetchedScan:
             return ct_gathered
         _, transpose = jax.vjp(lambda s: self._gather(j, s), shard)  # the gather itself is dead code here
         return transpose(ct_gathered)[0]
+
+
+def _join(outs: list, cut: str):
+    """Per-piece outputs of one layer made whole: concatenated along ``cut`` where they have it,
+    averaged where they are float values without it; anything else must not differ by piece."""
+    flat = [jax.tree.flatten(o, is_leaf=is_named_array) for o in outs]
+    joined = []
+    for col in zip(*(leaves for leaves, _ in flat)):
+        v = col[0]
+        raw = v.array if isinstance(v, NamedArray) else v
+        if isinstance(v, NamedArray) and cut in v.names:
+            joined.append(join_blocks(col, cut))
+        elif eqx.is_inexact_array(raw):
+            mean = sum((c.array if isinstance(c, NamedArray) else c) for c in col) / len(col)
+            joined.append(NamedArray._unchecked(mean, v.axes) if isinstance(v, NamedArray) else mean)
+        elif eqx.is_array(raw):
+            raise NamedError(f"explicit mode's batch split: a layer output of dtype {raw.dtype} without axis {cut!r} "
+                             f"cannot be put together from the pieces of the batch; give it the {cut!r} axis")
+        else:
+            joined.append(v)
+    return jax.tree.unflatten(flat[0][1], joined)
 
 
 def _only(values, keep: list[bool]) -> list:

@@ -40,7 +40,7 @@ from .._core import NamedArray
 from .._einsum import dot
 from .. import _ops as ops
 from .._shape import one_hot
-from .._local import ShardedAxis, _split_over
+from .._local import ShardedAxis, _split_over, issue
 from ..explicit import all_gather, all_to_all, axis_index, psum, shard_map
 from ..partitioning import _mesh_axes, shard
 from ._basic import MLP, activation as _activation
@@ -87,6 +87,33 @@ def _top_k(x: NamedArray, k: int) -> tuple[NamedArray, NamedArray]:
     return NamedArray._unchecked(jnp.take_along_axis(arr, ids, -1), axes), NamedArray._unchecked(ids, axes)
 
 
+def router_stats(logits: NamedArray, probs: NamedArray, ids: NamedArray) -> dict[str, NamedArray]:
+    """A router's statistics over the tokens, each a mean over them (and, on local blocks, over
+    every device's tokens): ``expert_share`` (``experts``: the tokens sent to each expert over
+    the number of tokens, so it sums to ``k``), ``expert_probability`` (``experts``: the mean
+    router probability) and ``router_z`` (the mean of ``logsumexp(logits)²``).
+
+    The losses are functions of these means (:func:`router_losses`). Kept apart, the statistics
+    of equal parts of a batch average to the whole batch's, which the losses do not: explicit
+    mode's batch split relies on it."""
+    Experts = probs.resolve_axis(EXPERTS)
+    tokens = tuple(n for n in probs.names if n != EXPERTS)
+    lse = ops.logsumexp(logits.astype(jnp.float32), EXPERTS)
+    return {"expert_share": _token_mean(one_hot(ids, Experts).sum(TOPK), tokens),
+            "expert_probability": _token_mean(probs, tokens),
+            "router_z": _token_mean(ops.square(lse), lse.names)}
+
+
+def router_losses(stats: dict[str, NamedArray]) -> dict[str, jax.Array]:
+    """``load_balancing`` (Switch Transformer's ``E · Σ_e f_e · P_e``; ``k`` when the load is even,
+    larger as it gathers on few experts; Hugging Face's ``load_balancing_loss_func`` for one layer)
+    and ``router_z`` (ST-MoE's z-loss) from :func:`router_stats`, as raw arrays. Statistics stacked
+    over layers give one value per layer."""
+    f, p = stats["expert_share"], stats["expert_probability"]
+    return {"load_balancing": (f.resolve_axis(EXPERTS).size * (f * p).sum(EXPERTS)).array,
+            "router_z": stats["router_z"].array}
+
+
 def load_balancing_loss(probs: NamedArray, ids: NamedArray) -> jax.Array:
     """Switch Transformer's auxiliary loss, ``E · Σ_e f_e · P_e``: ``f_e`` the tokens sent to
     expert ``e`` over the number of tokens (so ``Σ f = k``), ``P_e`` its mean router probability.
@@ -112,7 +139,7 @@ def _token_mean(x: NamedArray, tokens: tuple[str, ...]) -> NamedArray:
     over = tuple(dict.fromkeys(a for n in tokens for a in _split_over(x.resolve_axis(n))))
     if not over:
         return m
-    return NamedArray._unchecked(jax.lax.pmean(m.array, over[0] if len(over) == 1 else over), m.axes)
+    return NamedArray._unchecked(issue(jax.lax.pmean, m.array, over[0] if len(over) == 1 else over), m.axes)
 
 
 # ---- the layer ------------------------------------------------------------------------------------
@@ -188,6 +215,13 @@ class MoE(eqx.Module):
         return self.experts.Layers
 
     def __call__(self, x: NamedArray, *, key=None) -> tuple[NamedArray, dict[str, jax.Array]]:
+        y, stats = self.with_stats(x, key=key)
+        return y, router_losses(stats)
+
+    def with_stats(self, x: NamedArray, *, key=None) -> tuple[NamedArray, dict[str, NamedArray]]:
+        """``(y, stats)``: the output and the router's :func:`router_stats`, from which
+        :func:`router_losses` makes the losses ``__call__`` returns (a model that stacks layers
+        can return the statistics per layer and make the losses after the stack)."""
         # not self.router(x): its output constraint would fail under expert parallelism, where
         # the compute mapping gives batch and experts one mesh axis (tokens and experts both split)
         router = self.router.weight
@@ -195,14 +229,14 @@ class MoE(eqx.Module):
             router = all_gather(router, EXPERTS)
         logits = dot(x, router, axis=tuple(a.name for a in self.router.In))
         weights, ids, probs = route(logits, self.top_k, routing=self.routing, normalize=self.normalize)
-        losses = {"load_balancing": load_balancing_loss(probs, ids), "router_z": router_z_loss(logits)}
+        stats = router_stats(logits, probs, ids)
         y = self.dense(x, ids, weights) if self.dispatch == "dense" else self.dropless(x, ids, weights)
         if self.shared_expert is not None:
             s = self.shared_expert(x)
             if self.shared_expert_gate is not None:
                 s = s * ops.sigmoid(self.shared_expert_gate(x))
             y = y + s
-        return shard(y), losses
+        return shard(y), stats
 
     # -- the two dispatches --------------------------------------------------------------------------
 
@@ -448,4 +482,4 @@ def _free(entry, taken) -> str | tuple[str, ...] | None:
     return left if left else None
 
 
-__all__ = ["MoE", "load_balancing_loss", "route", "router_z_loss"]
+__all__ = ["MoE", "load_balancing_loss", "route", "router_losses", "router_stats", "router_z_loss"]
