@@ -132,6 +132,7 @@ RANGES = {
     "trainer.log_interval": (NANO, ["-1"], ["0"]),
     "trainer.nan_policy": (NANO, ["ignore"], ["skip"]),
     "trainer.peak_flops_per_device": (NANO, ["0", "-1e12", "inf"], ["null", "1e12"]),
+    "trainer.loss_block_size": (NANO, ["0", "-128"], ["null", "1", "128"]),  # a divisor of the vocab: SAME below
     "optimizer.learning_rate": (NANO, ["0", "-0.001", "inf"], ["1e-9"]),
     "optimizer.weight_decay": (NANO, ["-0.1", "nan"], ["0"]),
     "optimizer.beta1": (NANO, ["-0.1", "1", "1.5"], ["0", "0.999"]),
@@ -260,6 +261,12 @@ SAME = {
     "mesh larger than the devices": ({"mesh.shape": "{data: 16}"}, r"needs 16 devices but 8"),
     "initialize without a coordinator": ({"distributed.initialize": "true"}, r"distributed\.coordinator_address"),
     "a value draccus would take": ({"trainer.log_interval": "true"}, r"trainer\.log_interval must be an integer"),
+    "a loss block that does not divide the vocabulary": (
+        {"trainer.loss_block_size": 100},
+        r"trainer\.loss_block_size: block_size=100 does not divide the size 384 of axis 'vocab'; try 96 or 128"),
+    "a loss block that does not split like the vocabulary": (
+        {"trainer.loss_block_size": 3, "mesh.shape": "{data: 4, model: 2}", "mesh.compute_mapping": "{batch: data, vocab: model}"},
+        r"trainer\.loss_block_size=3: a block of the vocab must split like the vocab .*3 is not divisible by 2"),
 }
 
 

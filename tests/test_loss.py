@@ -210,6 +210,28 @@ def test_blockwise_with_tied_embedding_layout_and_next_token():
     np.testing.assert_allclose(got.array, want, **TOL)
 
 
+def test_blockwise_softcap_equals_the_capped_reference():
+    # Gemma 2's final_logit_softcapping: each logit x is tanh(x / cap) * cap before the loss
+    hidden, w, targets, mask = _data()
+    nh, nw, nt, nmask = _named(hidden, w, targets, mask)
+    cap = 1.5  # below the largest logits (|x| up to ~4), so the cap changes the loss
+
+    def blockwise(h, w_):
+        return blockwise_cross_entropy_loss(h, w_, nt, where=nmask, block_size=6, softcap=cap).array
+
+    def reference(h, w_):
+        return ref_loss(jnp.tanh(jnp.einsum("bte,ev->btv", h, w_) / cap) * cap, targets, mask)
+
+    value, (gh, gw) = jax.value_and_grad(blockwise, argnums=(0, 1))(nh, nw)
+    ref_value, (rh, rw) = jax.value_and_grad(reference, argnums=(0, 1))(hidden, w)
+    np.testing.assert_allclose(value, ref_value, **TOL)
+    np.testing.assert_allclose(gh.array, rh, **TOL)
+    np.testing.assert_allclose(gw.array, rw, **TOL)
+    assert abs(value - ref_loss(hidden @ w, targets, mask)) > 1e-2  # the cap mattered
+    with pytest.raises(nm.ArgumentError, match=r"softcap=0; it must be a positive number"):
+        blockwise_cross_entropy_loss(nh, nw, nt, block_size=6, softcap=0)
+
+
 def _all_avals(jaxpr):
     for eqn in jaxpr.eqns:
         for v in eqn.outvars:

@@ -11,7 +11,7 @@ mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE) built from ``named.nn``, Hugg
 """
 
 from . import decoder, gpt2
-from ._common import KVCache
+from ._common import Head, KVCache
 from ._rope import RopeScaling
 from .decoder import DecoderConfig, DecoderLMHeadModel
 from .families import (Gemma2Config, Gemma3Config, LlamaConfig, MistralConfig, MixtralConfig, Olmo2Config,
@@ -19,7 +19,7 @@ from .families import (Gemma2Config, Gemma3Config, LlamaConfig, MistralConfig, M
 from .generate import generate, sample_token
 from .gpt2 import Gpt2Config, Gpt2LMHeadModel
 from .hf import CheckpointFormatError, check_pretrained, config_from_hf, hf_state_dict, load_pretrained, save_pretrained
-from .moe import forward_with_aux
+from .moe import forward_with_aux, hidden_with_aux
 from .registry import FAMILIES, Family, family_for
 
 LlamaLMHeadModel = DecoderLMHeadModel  # every decoder family runs on the one decoder
@@ -45,6 +45,7 @@ __all__ = [
     "Gemma3Config",
     "Gpt2Config",
     "Gpt2LMHeadModel",
+    "Head",
     "KVCache",
     "LlamaConfig",
     "LlamaLMHeadModel",
@@ -65,6 +66,7 @@ __all__ = [
     "generate",
     "gpt2",
     "hf_state_dict",
+    "hidden_with_aux",
     "load_pretrained",
     "num_params",
     "sample_token",

@@ -1,7 +1,9 @@
-"""What GPT-2 and the decoder family share: the KV cache, causal attention that reads and writes it, and
-per-layer dropout keys."""
+"""What GPT-2 and the decoder family share: the KV cache, causal attention that reads and writes it,
+per-layer dropout keys, and the output head."""
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import equinox as eqx
 import jax
@@ -28,6 +30,24 @@ class KVCache(eqx.Module):
             raise nm.ArgumentError(f"the cache's length axis must be called 'key_position', got {KeyPos.name!r}")
         zeros = nm.zeros((Layers, Batch, KeyPos, Heads, HeadSize), dtype)
         return KVCache(zeros, zeros)
+
+
+class Head(NamedTuple):
+    """A model's output head: the logits are ``table.unembed(hidden)``, then
+    ``tanh(logits / softcap) * softcap`` where ``softcap`` is set (Gemma 2's ``final_logit_softcapping``).
+    A model hands it out beside its final hidden states (``models.hidden_with_aux``), so a loss can
+    make the logits a vocab block at a time instead (``nn.blockwise_next_token_loss``)."""
+
+    table: nn.Embedding  # (vocab, embed): the untied lm_head, or the input embedding when tied
+    softcap: float | None = None
+
+    @property
+    def weight(self) -> NamedArray:
+        return self.table.weight
+
+    def logits(self, hidden: NamedArray) -> NamedArray:
+        logits = self.table.unembed(hidden)
+        return logits if self.softcap is None else nm.tanh(logits / self.softcap) * self.softcap
 
 
 def causal_attention(q: NamedArray, k: NamedArray, v: NamedArray, *, segment_ids=None, cache: KVCache | None = None,

@@ -54,7 +54,7 @@ import numpy as np
 import named as nm
 from named import Axis, NamedArray, nn
 
-from ._common import KVCache, causal_attention, check_sequence_length, token_positions
+from ._common import Head, KVCache, causal_attention, check_sequence_length, token_positions
 from ._rope import RopeScaling, rope_frequencies
 
 QK_NORMS = ("none", "head", "projection")
@@ -408,17 +408,30 @@ class DecoderLMHeadModel(eqx.Module):
         """The logits and the auxiliary training losses ``{name: (weight, value)}`` (the MoE
         router's, see ``aux_losses``; none for a dense model): the protocol ``models.forward_with_aux``
         reads, through which the trainer adds ``weight * value`` to the loss and reports ``value``."""
+        hidden, head, aux = self.hidden_with_aux(input_ids, segment_ids=segment_ids, key=key)
+        return head.logits(hidden), aux
+
+    def hidden_with_aux(self, input_ids: NamedArray, *, segment_ids: NamedArray | None = None, key=None
+                        ) -> tuple[NamedArray, Head, dict[str, tuple[float, jax.Array]]]:
+        """``forward_with_aux`` short of the logits: the final hidden states ``(batch, position, embed)``,
+        the head that makes the logits of them (with Gemma 2's soft-cap), and the auxiliary losses
+        (``models.hidden_with_aux``)."""
         check_sequence_length(input_ids, self.config.max_position_embeddings, "max_position_embeddings")
         positions = token_positions(input_ids, segment_ids)
-        logits, _, stats = self._run(input_ids, positions, segment_ids=segment_ids)
-        return logits, aux_losses(self.config, stats)
+        hidden, _, stats = self._run(input_ids, positions, segment_ids=segment_ids)
+        return hidden, self.head, aux_losses(self.config, stats)
 
     def decode(self, input_ids: NamedArray, cache: KVCache, pos) -> tuple[NamedArray, KVCache]:
         """Logits for ``input_ids`` standing at positions ``pos, pos + 1, ...`` of sequences whose
         earlier keys and values are in ``cache``; returns them and the cache with these tokens added.
         The cache keeps every position; a local layer's window masks the older ones."""
         positions = nm.arange(input_ids.resolve_axis("position")) + pos
-        return self._run(input_ids, positions, cache=cache, pos=pos)[:2]
+        hidden, cache, _ = self._run(input_ids, positions, cache=cache, pos=pos)
+        return self.head.logits(hidden), cache
+
+    @property
+    def head(self) -> Head:
+        return Head(self.embed_tokens if self.lm_head is None else self.lm_head, self.config.final_logit_softcapping)
 
     def init_cache(self, Batch: Axis, max_length: int) -> KVCache:
         c = self.config
@@ -435,13 +448,7 @@ class DecoderLMHeadModel(eqx.Module):
             x = x * jnp.asarray(math.sqrt(c.hidden_size), x.dtype)  # rounded to the compute dtype, as Gemma does
         x, (cache, stats) = self.layers.scan_via("forward_with_aux")(
             x, positions=positions, segment_ids=segment_ids, cache=cache, pos=pos, **layer_data(c))
-        x = self.norm(x)
-        head = self.embed_tokens if self.lm_head is None else self.lm_head
-        logits = head.unembed(x)
-        if c.final_logit_softcapping is not None:
-            cap = c.final_logit_softcapping
-            logits = nm.tanh(logits / cap) * cap
-        return logits, cache, stats
+        return self.norm(x), cache, stats
 
 
 # ---- size and cost --------------------------------------------------------------------

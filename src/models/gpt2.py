@@ -26,7 +26,7 @@ import jax
 import named as nm
 from named import Axis, NamedArray, nn
 
-from ._common import KVCache, causal_attention, check_sequence_length, layer_keys, split_key, token_positions
+from ._common import Head, KVCache, causal_attention, check_sequence_length, layer_keys, split_key, token_positions
 
 Qkv = Axis("qkv", 3)
 
@@ -146,16 +146,28 @@ class Gpt2LMHeadModel(eqx.Module):
         documents would separately. ``key`` turns dropout on; without it the model is
         deterministic (inference).
         """
+        hidden, head, _ = self.hidden_with_aux(input_ids, segment_ids=segment_ids, key=key)
+        return head.logits(hidden)
+
+    def hidden_with_aux(self, input_ids: NamedArray, *, segment_ids: NamedArray | None = None, key=None
+                        ) -> tuple[NamedArray, Head, dict]:
+        """The call short of its logits: the final hidden states ``(batch, position, embed)``, the
+        head that makes the logits of them, and no auxiliary losses (``models.hidden_with_aux``)."""
         check_sequence_length(input_ids, self.config.n_positions, "n_positions")
         positions = token_positions(input_ids, segment_ids)
-        logits, _ = self._run(input_ids, positions, segment_ids=segment_ids, key=key)
-        return logits
+        hidden, _ = self._run(input_ids, positions, segment_ids=segment_ids, key=key)
+        return hidden, self.head, {}
 
     def decode(self, input_ids: NamedArray, cache: KVCache, pos) -> tuple[NamedArray, KVCache]:
         """Logits for ``input_ids`` standing at positions ``pos, pos + 1, ...`` of sequences whose
         earlier keys and values are in ``cache``; returns them and the cache with these tokens added."""
         positions = nm.arange(input_ids.resolve_axis("position")) + pos
-        return self._run(input_ids, positions, cache=cache, pos=pos)
+        hidden, cache = self._run(input_ids, positions, cache=cache, pos=pos)
+        return self.head.logits(hidden), cache
+
+    @property
+    def head(self) -> Head:
+        return Head(self.wte if self.lm_head is None else self.lm_head)
 
     def init_cache(self, Batch: Axis, max_length: int) -> KVCache:
         c = self.config
@@ -170,9 +182,7 @@ class Gpt2LMHeadModel(eqx.Module):
         x = self.dropout(x, key=k_embed, inference=key is None)
         x, cache = self.blocks.scan(x, segment_ids=segment_ids, cache=cache, pos=pos,
                                     key=layer_keys(k_layers, self.config.Layers))
-        x = self.ln_f(x)
-        head = self.wte if self.lm_head is None else self.lm_head
-        return head.unembed(x), cache
+        return self.ln_f(x), cache
 
 
 # ---- size and cost --------------------------------------------------------------------

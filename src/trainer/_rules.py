@@ -93,6 +93,7 @@ RULES: dict[str, Rule] = {
     "trainer.run_dir": NONEMPTY,
     "trainer.nan_policy": one_of("stop", "skip"),
     "trainer.peak_flops_per_device": above(0),
+    "trainer.loss_block_size": at_least(1),  # and a divisor of the vocab size (checks.check_loss_block)
     "trainer.stop_signals": one_of("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP"),
     MODEL_INTEGERS: at_least(1),
     "model.dropout": between(0, 1, high_open=True),

@@ -19,10 +19,11 @@ import jax.numpy as jnp
 import named as nm
 from named.models.hf import CheckpointFormatError, check_folder
 from named import nn
-from named.nn.loss import next_token_loss
+from named.nn.loss import _block_error  # the blockwise loss's own message, with the nearest divisors
 
 from .config import ConfigError, TrainConfig, data_parallel_size, to_mapping
 from .data import Tokenizer, load_tokenizer
+from .loss import token_losses
 from .model_init import layer_driver, model_shapes
 from .registry import max_positions, model_class, model_type
 
@@ -60,6 +61,7 @@ def check_against_devices(cfg: TrainConfig) -> Setup:
     compute, param = to_mapping(cfg.mesh.compute_mapping), to_mapping(cfg.mesh.param_mapping)
     check_against_mesh(cfg, mesh, model_cfg)
     check_sample_length(cfg, tokenizer, model_cfg)
+    check_loss_block(cfg, model_cfg, mesh, compute)
     if cfg.model.init_from_hf is not None:  # every header against the model before anything is compiled
         try:
             check_folder(cfg.model.init_from_hf)
@@ -145,9 +147,9 @@ def check_activations(cfg: TrainConfig, model_cfg, shapes, mesh, compute, param=
     axes = (nm.Axis("batch", micro), nm.Axis("position", cfg.data.seq_len))
     ids = nm.NamedArray(jax.ShapeDtypeStruct((micro, cfg.data.seq_len), jnp.int32), axes)
 
-    def loss(model, ids):
-        logits = model(ids, segment_ids=ids, key=jax.random.key(0))  # the key: dropout's layouts too
-        return next_token_loss(logits, ids, reduction="none")
+    def loss(model, ids):  # the key: dropout's layouts too
+        batch = {"input_ids": ids, "segment_ids": ids}
+        return token_losses(model, batch, key=jax.random.key(0), block_size=cfg.trainer.loss_block_size)[0]
 
     try:
         with nm.set_mesh(mesh), nm.axis_mapping(compute):
@@ -170,6 +172,21 @@ def check_activations(cfg: TrainConfig, model_cfg, shapes, mesh, compute, param=
                 jax.eval_shape(eqx.filter_grad(explicit_loss), shapes, ids)
         except nm.NamedError as e:
             raise ConfigError(f"mesh.mode: explicit: {e}") from None
+
+
+def check_loss_block(cfg: TrainConfig, model_cfg, mesh, compute) -> None:
+    """``trainer.loss_block_size`` divides the vocab size, and each block of the vocab splits
+    evenly over the devices a vocab-parallel compute mapping spreads it over."""
+    size = cfg.trainer.loss_block_size
+    if size is None:
+        return
+    if model_cfg.vocab_size % size:
+        raise ConfigError(f"trainer.loss_block_size: {_block_error(nm.Axis('vocab', model_cfg.vocab_size), size)}")
+    try:
+        nm.pspec_for((nm.Axis("vocab", size),), compute, mesh)
+    except nm.ShardingError as e:
+        raise ConfigError(f"trainer.loss_block_size={size}: a block of the vocab must split like the vocab "
+                          f"(mesh.compute_mapping.vocab): {e}") from None
 
 
 def check_sample_length(cfg: TrainConfig, tokenizer: Tokenizer, model_cfg) -> None:

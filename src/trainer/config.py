@@ -68,6 +68,10 @@ class TrainerConfig:
         precision: jmp policy, e.g. ``params=float32,compute=bfloat16,output=float32``.
         nan_policy: ``stop`` (raise, naming the step) or ``skip`` (drop the update).
         peak_flops_per_device: for MFU when the device is not in the built-in table.
+        loss_block_size: null (default): the loss reads the model's full logits. A divisor of the
+            vocab size: the loss makes the logits this many vocab entries at a time from the final
+            hidden states (``nn.blockwise_next_token_loss``), so the ``[batch, position, vocab]``
+            logits and their gradient never exist; the same loss, less memory.
     """
 
     num_train_steps: int = 100
@@ -85,6 +89,7 @@ class TrainerConfig:
     precision: str = "params=float32,compute=float32,output=float32"
     nan_policy: str = "stop"
     peak_flops_per_device: float | None = None
+    loss_block_size: int | None = None
     progress_bar: bool = True
     stop_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGINT", "SIGUSR1"])  # save, exit 128+signal
 

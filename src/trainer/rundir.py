@@ -61,6 +61,7 @@ TRAJECTORY_FREE = (
     "trainer.num_train_steps", "trainer.run_dir", "trainer.load_checkpoint", "trainer.progress_bar",
     "trainer.log_interval", "trainer.eval_interval", "trainer.eval_batches", "trainer.sample_interval",
     "trainer.sample_tokens", "trainer.sample_prompt", "trainer.nan_policy", "trainer.peak_flops_per_device",
+    "trainer.loss_block_size",  # the same loss, a vocab block at a time: a memory knob, like model.remat
 )
 
 # What the trainer writes in a run directory, and which kind each must be.

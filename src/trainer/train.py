@@ -23,7 +23,6 @@ import numpy as np
 
 from named import models, nn
 import named as nm
-from named.nn.loss import next_token_loss
 from named.nn.precision import cast_for_compute, get_policy
 
 from . import checkpoint as ckpt
@@ -32,6 +31,7 @@ from . import rundir
 from .checks import check_against_devices
 from .config import TrainConfig, dump_config
 from .data import Batch, TrainBatches, build_data, eval_batches
+from .loss import token_losses
 from .model_init import init_model, layer_driver, trainable
 from .optim import build_optimizer, init_opt_state, schedule
 from .registry import flops_per_token, model_type
@@ -83,8 +83,7 @@ def make_train_step(model_cls, optimizer, policy, cfg: TrainConfig, compute, par
         if lora_dropout:  # the models call their linears without keys: the adapters hold theirs for this pass
             m = nn.lora.with_dropout_keys(m, jax.random.fold_in(key, 1))
         with nn.explicit_layers(driver):
-            logits, aux = models.forward_with_aux(m, batch["input_ids"], segment_ids=batch["segment_ids"], key=key)
-        per_token = next_token_loss(logits, batch["input_ids"], loss_mask=batch["loss_mask"], reduction="none")
+            per_token, aux = token_losses(m, batch, key=key, block_size=cfg.trainer.loss_block_size)
         count = batch["loss_mask"][Pos, :-1].astype(jnp.float32).sum().scalar()
         total = per_token.sum().scalar()
         if aux:  # auxiliary losses (an MoE router's) are per-token means: weighted by the tokens, like the loss
@@ -125,11 +124,9 @@ def make_train_step(model_cls, optimizer, policy, cfg: TrainConfig, compute, par
     return nm.named_jit(step, mapping=compute, out_mapping=param, donate_args=(True, True, False, False, False))
 
 
-def make_eval_step(policy, compute):
+def make_eval_step(policy, compute, block_size: int | None = None):
     def eval_step(model, batch):
-        m = cast_for_compute(model, policy)
-        logits = m(batch["input_ids"], segment_ids=batch["segment_ids"])
-        per_token = next_token_loss(logits, batch["input_ids"], loss_mask=batch["loss_mask"], reduction="none")
+        per_token, _ = token_losses(cast_for_compute(model, policy), batch, block_size=block_size)
         return per_token.sum().scalar(), batch["loss_mask"][Pos, :-1].astype(jnp.float32).sum().scalar()
 
     return nm.named_jit(eval_step, mapping=compute)
@@ -221,7 +218,7 @@ def _train(cfg: TrainConfig, data, train_batches, model_cfg, model_cls, mesh, co
             start = int(meta["step"])
             log.info(f"resumed from {restore_from} at step {start}")
         train_step = make_train_step(model_cls, optimizer, policy, cfg, compute, param)
-        eval_step = make_eval_step(policy, compute)
+        eval_step = make_eval_step(policy, compute, t.loss_block_size)
         flops_tok = flops_per_token(model_cfg, cfg.data.seq_len)
         peak = peak_flops(cfg)
         n_dev = len(jax.devices())

@@ -320,6 +320,7 @@ def blockwise_cross_entropy_loss(
     where: NamedArray | None = None,
     reduction: Reduction = "mean",
     z_loss_weight: float = 0.0,
+    softcap: float | None = None,
 ) -> NamedArray:
     """:func:`cross_entropy_loss` of ``hidden · unembed_weight`` without ever holding all the logits.
 
@@ -346,11 +347,15 @@ def blockwise_cross_entropy_loss(
         Vocab: the vocab axis of ``unembed_weight``.
         block_size: vocab entries per block; must divide the vocab size.
         where, reduction, z_loss_weight: as in :func:`cross_entropy_loss`.
+        softcap: when set, each logit ``x`` becomes ``tanh(x / softcap) * softcap`` before the loss
+            (Gemma 2's ``final_logit_softcapping``, which its model applies to the full logits).
 
     Returns:
         A float32 NamedArray: 0-d for ``"mean"``/``"sum"``, the token axes for ``"none"``.
     """
     _check_reduction(reduction)
+    if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not softcap > 0):
+        raise ArgumentError(f"softcap={softcap!r}; it must be a positive number, or None for no cap")
     Embed = hidden.resolve_axis(Embed)
     V = unembed_weight.resolve_axis(Vocab)
     if set(unembed_weight.names) != {Embed.name, V.name}:
@@ -381,6 +386,8 @@ def blockwise_cross_entropy_loss(
     def block(carry, w, ids):
         running_max, sum_exp, picked = carry
         logits = dot(hidden, w, axis=Embed.name, preferred_element_type=jnp.float32).astype(jnp.float32)
+        if softcap is not None:
+            logits = ops.tanh(logits / softcap) * softcap
         logits = shard(logits)
         # The max only shifts the exponent; stopping its gradient is exact (as in
         # jax.nn.logsumexp) and keeps the backward pass free of max bookkeeping.
@@ -408,6 +415,7 @@ def blockwise_next_token_loss(
     loss_mask: NamedArray | None = None,
     reduction: Reduction = "mean",
     z_loss_weight: float = 0.0,
+    softcap: float | None = None,
 ) -> NamedArray:
     """:func:`next_token_loss` computed by :func:`blockwise_cross_entropy_loss` (no full logits)."""
     targets, mask = next_token_targets(input_ids, Pos=Pos, loss_mask=loss_mask)
@@ -421,4 +429,5 @@ def blockwise_next_token_loss(
         where=mask,
         reduction=reduction,
         z_loss_weight=z_loss_weight,
+        softcap=softcap,
     )
