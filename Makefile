@@ -20,8 +20,10 @@ install: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -n 2 --dist loadfile -q tests
 
+# TRAIN_ARGS: overrides for the run, e.g. TRAIN_ARGS="--trainer.num_train_steps 30"
+TRAIN_ARGS ?=
 train: $(STAMP)
-	$(VENV)/bin/named-train --config_path config/gpt2_nano.yaml
+	$(VENV)/bin/named-train --config_path config/gpt2_nano.yaml $(TRAIN_ARGS)
 
 # CPU benchmarks (8 fake devices), ~10 minutes on an idle 2-core machine; JSON in bench/results/,
 # tables in docs/benchmarks.md. The peer (Haliax + Levanter) runs when bench/.venv-peer can be

@@ -13,7 +13,13 @@ import tempfile
 # Must happen before jax is imported anywhere (pytest imports conftest first).
 _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
-    os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()
+    _flags += " --xla_force_host_platform_device_count=8"
+# The tests' models are tiny, so LLVM's optimisation of the code XLA:CPU generates costs more than
+# it saves: without it the suite takes about 30 % less CPU time (measured on test_moe and
+# test_families_sharded). XLA's own HLO passes, which the collective and memory tests read, still run.
+if "xla_backend_optimization_level" not in _flags:
+    _flags += " --xla_backend_optimization_level=0"
+os.environ["XLA_FLAGS"] = _flags.strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="named-tests-jax-cache-")

@@ -24,6 +24,8 @@ import equinox as eqx
 import jax
 import numpy as np
 import pytest
+
+from _procs import xla_flags
 from safetensors.numpy import load_file, save_file
 
 from named import models
@@ -466,7 +468,7 @@ CLI_SUBPROCESS = {
 def test_cli_exit_code_and_nothing_written(files, tmp_path, name):
     over, needle = CLI_SUBPROCESS[name]
     run_dir = tmp_path / "run"
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+    env = {**os.environ, "XLA_FLAGS": xla_flags(2), "JAX_PLATFORMS": "cpu"}
     r = subprocess.run([sys.executable, "-c", "import sys; from named.trainer.cli import main_train; sys.exit(main_train())",
                         "--config_path", str(NANO), *_args(files, run_dir, **{"trainer.train_batch_size": 2, **over})],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)

@@ -150,6 +150,7 @@ RANGES = {
     "checkpoint.base": (NANO, ['""', "ftp://host/x", "s3://UPPER/x"], ["null", "s3://my-bucket/runs/a"]),
     "tracker.wandb_mode": (NANO, ["loud"], ["offline"]),
     "mesh.mode": (NANO, ["manual", "Explicit"], ["explicit", "auto"]),
+    "mesh.batch_split": (NANO, ["0", "-2"], ["1"]),  # more than 1 needs mesh.mode: explicit
     "distributed.num_processes": (NANO, ["0", "-2"], ["null", "1"]),
     "distributed.process_id": (NANO, ["-1"], ["null", "0"]),
     "distributed.initialization_timeout_s": (NANO, ["0"], ["1"]),

@@ -447,7 +447,7 @@ def test_no_pickle_in_checkpoint_module():
 _WORKER = textwrap.dedent(
     """
     import os, sys
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0"
     os.environ["JAX_PLATFORMS"] = "cpu"
     import jax
     jax.config.update("jax_cpu_collectives_implementation", "gloo")

@@ -9,6 +9,9 @@ on a reader's machine: the test's own fake-device flags are removed from their e
 
 Two commands are not run, each for a reason that this file states (the table below); cluster
 templates (SLURM, TPU pods) are fenced as ```text on their pages and are not commands here.
+`make train` runs 30 of its 300 steps (``TRAIN_ARGS``, read by the Makefile): the whole run takes
+about four minutes, and what follows it on the page needs only a finished run. A command that an
+earlier page of this session already ran, word for word, is not run twice.
 Each command must exit 0 with no traceback.
 """
 
@@ -22,6 +25,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from _procs import xla_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -65,13 +70,21 @@ def checkout(tmp_path_factory) -> Path:
     return d
 
 
+_ran: set[str] = set()  # the commands this session ran, in the shared scratch checkout
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("page", sorted(RUN))
 def test_page_commands_run_as_written(page, checkout):
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["XLA_FLAGS"] = xla_flags()  # one device
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
     env["PYTHONUNBUFFERED"] = "1"
+    env["TRAIN_ARGS"] = "--trainer.num_train_steps 30"  # make train: 30 of its 300 steps (warmup: 3)
     for command in RUN[page]:
+        if command in _ran:
+            continue
+        _ran.add(command)
         done = subprocess.run(["bash", "-c", command], cwd=checkout, env=env, capture_output=True, text=True,
                               timeout=900)
         assert done.returncode == 0 and "Traceback" not in done.stderr, (

@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from _procs import xla_flags
 import yaml
 
 from named.trainer import cli
@@ -227,7 +229,7 @@ def test_console_scripts(corpus, tmp_path, script, case):
     text, expect = mutate(_base(config, corpus, run_dir), kind, rng)
     path = tmp_path / config.name
     path.write_text(text)
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    env = {**os.environ, "XLA_FLAGS": xla_flags(8), "JAX_PLATFORMS": "cpu"}
     extra = ["--trainer.num_train_steps", "0"] if script == "named-train" else []
     r = subprocess.run([str(Path(sys.executable).parent / script), "--config_path", str(path), *extra], cwd=tmp_path,
                        env=env, capture_output=True, text=True, timeout=300)

@@ -34,6 +34,8 @@ import jax
 import numpy as np
 import pytest
 
+from _procs import xla_flags
+
 from named.trainer import checkpoint as ckpt
 from named.trainer.config import load_config
 from named.trainer.optim import build_optimizer
@@ -90,7 +92,7 @@ def _env(workdir: Path, write_delay: float | None = None) -> dict:
     env = dict(os.environ)
     env.pop("NAMED_TEST_CHECKPOINT_WRITE_DELAY", None)
     env.update({
-        "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+        "XLA_FLAGS": xla_flags(2),
         "JAX_PLATFORMS": "cpu",
         # The persistent compilation cache works on CPU in jax 0.10; the thresholds make it
         # keep every program, so only the reference run compiles.

@@ -26,6 +26,8 @@ import numpy as np
 import optax
 import pytest
 
+from _procs import xla_flags
+
 import named as nm
 from named.nn.precision import get_policy
 from named.trainer import checkpoint as ckpt
@@ -126,7 +128,7 @@ def test_skip_in_a_real_run_keeps_the_state_of_the_last_finite_step(corpus, tmp_
 
 def test_stop_from_the_cli_names_the_step_and_exits_2(corpus, tmp_path):
     run_dir = tmp_path / "run"
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+    env = {**os.environ, "XLA_FLAGS": xla_flags(2), "JAX_PLATFORMS": "cpu"}
     r = subprocess.run([sys.executable, "-c", "import sys; from named.trainer.cli import main_train; sys.exit(main_train())",
                         "--config_path", str(NANO), *_args(corpus, run_dir, **EXPLODE, **{"trainer.nan_policy": "stop"})],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

@@ -23,6 +23,8 @@ import jax
 import numpy as np
 import pytest
 
+from _procs import xla_flags
+
 from test_bad_input import _COMPILES, _on_event
 from named.trainer import checkpoint as ckpt
 from named.trainer import rundir
@@ -230,7 +232,7 @@ def test_zero_steps_checks_everything_and_compiles_and_writes_nothing(corpus, fi
 
 def test_zero_steps_from_the_cli_prints_one_line_and_exits_0(corpus, tmp_path):
     run_dir = tmp_path / "run"
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+    env = {**os.environ, "XLA_FLAGS": xla_flags(2), "JAX_PLATFORMS": "cpu"}
     r = subprocess.run([sys.executable, "-c", "import sys; from named.trainer.cli import main_train; sys.exit(main_train())",
                         *_args(corpus, run_dir, **{"trainer.num_train_steps": 0})],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)

@@ -326,7 +326,7 @@ def test_missing_bucket_and_refused_credentials_are_named(s3):
 
 _WORKER = """
 import os, sys
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0"
 os.environ["JAX_PLATFORMS"] = "cpu"
 import jax
 jax.config.update("jax_cpu_collectives_implementation", "gloo")

@@ -11,6 +11,8 @@ import jax
 import numpy as np
 import pytest
 
+from _procs import xla_flags
+
 import named as nm
 
 from named.trainer import checkpoint as ckpt
@@ -130,7 +132,7 @@ def test_gradient_accumulation_equals_full_batch(corpus, tmp_path):
 
 def _cli(args, cwd=ROOT, env_extra=None, timeout=600):
     env = dict(os.environ)
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    env["XLA_FLAGS"] = xla_flags(2)
     env.update(env_extra or {})
     return subprocess.run([sys.executable, "-c", "import sys; from named.trainer.cli import main_train; sys.exit(main_train())", *args],
                           cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
