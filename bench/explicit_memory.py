@@ -6,7 +6,8 @@ explicit against auto, on 8 CPU devices.
 
 Memory: the step ``named-train`` runs (``plan.train_step_report``: forward, backward, AdamW,
 state donated), compiled on abstract inputs and never run, for GPT-2 124M and for a 48-layer,
-512-wide GPT-2; the peak is XLA's buffer assignment (``arguments + outputs + temporaries -
+512-wide GPT-2, with the full-vocabulary loss and with ``trainer.loss_block_size`` (no full
+logits); the peak is XLA's buffer assignment (``arguments + outputs + temporaries -
 aliased``). ``16·N/8`` is the f32 training state (parameters, gradients, two Adam moments)
 split over the 8 devices: the FSDP ideal before activations and gathered weights. ``layer`` is
 one layer's working set in explicit mode: two layers' gathered f32 weights (the prefetch) and
@@ -29,6 +30,8 @@ from named.trainer.config import load_config
 
 GPT2_124M = {"model.n_layer": 12, "model.n_head": 12, "model.n_embd": 768, "model.n_positions": 1024,
              "model.vocab_size": 50304, "data.seq_len": 1024}
+# trainer.loss_block_size for the rows without full logits: 16 blocks of GPT-2's vocabulary
+LOSS_BLOCK = {50304: 3144, 384: 96}
 # 48 layers at GPT-2's vocabulary and sequence; width 512 keeps each compile to a couple of minutes
 # on 2 cores (the scan compiles one layer whatever the depth; the width sets the buffer sizes).
 DEEP_48 = {**GPT2_124M, "model.n_layer": 48, "model.n_head": 8, "model.n_embd": 512}
@@ -41,18 +44,19 @@ BATCH = 8
 MODES = ("auto", "explicit")
 
 
-def config(model: dict, remat: str, mode: str):
+def config(model: dict, remat: str, mode: str, loss_block: int | None = None):
     over = {**model, "model.remat": remat, "mesh.mode": mode, "mesh.shape": "{data: 8}",
+            "trainer.loss_block_size": "null" if loss_block is None else loss_block,
             "mesh.param_mapping": "{embed: data}", "mesh.compute_mapping": "{batch: data}",
             "trainer.train_batch_size": BATCH, "trainer.microbatches": 1, "trainer.sample_interval": 0,
             "trainer.precision": "params=float32,compute=float32,output=float32"}
     return load_config(C.ROOT / "config" / "gpt2_small.yaml", [x for k, v in over.items() for x in (f"--{k}", str(v))])
 
 
-def measure(model: dict, remat: str, mode: str) -> dict:
+def measure(model: dict, remat: str, mode: str, loss_block: int | None) -> dict:
     from named.trainer.plan import train_step_report
 
-    rep = train_step_report(config(model, remat, mode))
+    rep = train_step_report(config(model, remat, mode, loss_block))
     return {"peak_bytes": rep.peak_bytes, "memory": rep.memory,
             "collectives": [dict(zip(("kind", "mesh_axes", "count", "bytes", "sent", "in_loop"), row)) for row in rep.summary()]}
 
@@ -68,13 +72,14 @@ def memory_table(model: dict) -> dict:
     ideal = 16 * n / 8
     layer = 2 * 4 * C.count_params(s.shapes.blocks) / layers + activation_bytes(cfg, s) / layers
     rows = {}
-    for remat in ("none", "full"):
-        by_mode = {mode: measure(model, remat, mode) for mode in MODES}
+    for block, remat in [(b, r) for b in (None, LOSS_BLOCK[model["model.vocab_size"]]) for r in ("none", "full")]:
+        by_mode = {mode: measure(model, remat, mode, block) for mode in MODES}
         peak = {mode: by_mode[mode]["peak_bytes"] for mode in MODES}
-        rows[f"remat_{remat}"] = {**by_mode, "explicit_over_auto": peak["explicit"] / peak["auto"],
-                                  "explicit_over_ideal": peak["explicit"] / ideal, "auto_over_ideal": peak["auto"] / ideal,
-                                  "explicit_over_ideal_plus_layer": peak["explicit"] / (ideal + layer)}
-        print(f"{layers} layers, remat {remat}: peak per device auto {peak['auto'] / 2**20:.1f} MiB, explicit "
+        rows[f"remat_{remat}" + ("" if block is None else "_loss_blocks")] = {
+            **by_mode, "loss_block_size": block, "explicit_over_auto": peak["explicit"] / peak["auto"],
+            "explicit_over_ideal": peak["explicit"] / ideal, "auto_over_ideal": peak["auto"] / ideal,
+            "explicit_over_ideal_plus_layer": peak["explicit"] / (ideal + layer)}
+        print(f"{layers} layers, remat {remat}, loss_block_size {block}: peak per device auto {peak['auto'] / 2**20:.1f} MiB, explicit "
               f"{peak['explicit'] / 2**20:.1f} MiB (explicit/auto {peak['explicit'] / peak['auto']:.3f}); "
               f"16N/8 = {ideal / 2**20:.1f} MiB, + one layer {(ideal + layer) / 2**20:.1f} MiB", flush=True)
     return {"params": n, "ideal_bytes": ideal, "layer_bytes": layer, "seq": model["data.seq_len"], "rows": rows}

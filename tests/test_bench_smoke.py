@@ -111,3 +111,12 @@ def test_fetch_wheels_asks_for_what_pyproject_pins():
     reqs = fetch_wheels.requirements(with_tests=False)
     assert {r.split(">")[0].split("=")[0] for r in reqs} == {"jmp", "draccus", "setuptools", "wheel"}
     assert "pytest>=8" in fetch_wheels.requirements(with_tests=True)
+
+
+def test_explicit_configs_one_config(tmp_path):
+    import explicit_configs
+
+    explicit_configs.main(["--configs", "gpt2_nano_fsdp_tp", "--out", str(tmp_path)])
+    row = _load(tmp_path, "explicit_configs")["rows"]["gpt2_nano_fsdp_tp"]
+    assert len(row["losses"]["explicit"]) == len(row["losses"]["auto"]) == 3
+    assert row["max_relative_difference"] < 1e-5
