@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -44,13 +43,12 @@ from .. import _compat
 from .._axis import Axis, NamedError
 from .._context import body_context, current_body
 from .._core import NamedArray, is_named_array
-from .._local import CollectiveOrder, ShardedAxis, _split_over, join_blocks, part_of_block, split_block
+from .._local import CollectiveOrder, _split_over, join_blocks, part_of_block, split_block
 from .._transforms import _Outputs, _Split
 from ..explicit import all_gather, shard_map
 from ..partitioning import ShardingError, _mesh_axes
 
 _active: contextvars.ContextVar = contextvars.ContextVar("named_explicit_stack", default=None)
-_BUCKET = "fsdp_bucket"  # the axis of a group's gathered blocks, one row per device
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,20 +139,6 @@ class _PrefetchedScan:
         for j in self.weights:
             k = self.split.mapped[j]
             self.gather_axes[j] = [a.name for a in self.split.inner_axes[k] if _split_over(a) and not driver.keeps_split(a)]
-        # Weights gathered along one axis over the same mesh axes, of one dtype and split alike
-        # otherwise (a bucket's blocks vary over the same mesh axes), travel together: one all-gather
-        # per group and layer, and one reduce-scatter for their gradients (FSDP's flat buckets),
-        # instead of one collective per weight.
-        groups: dict[tuple, list[int]] = {}
-        for j in self.weights:
-            if len(self.gather_axes[j]) == 1:
-                k = self.split.mapped[j]
-                axes = self.split.inner_axes[k]
-                a = next(a for a in axes if a.name == self.gather_axes[j][0])
-                varies = frozenset(m for b in axes for m in _split_over(b))
-                groups.setdefault((_split_over(a), varies, jnp.dtype(self.split.leaves[k].dtype)), []).append(j)
-        self.groups = [js for js in groups.values() if len(js) > 1]
-        self.alone = [j for j in self.weights if not any(j in g for g in self.groups)]
 
     # -- pieces of one layer --
 
@@ -166,45 +150,8 @@ class _PrefetchedScan:
         k = self.split.mapped[j]
         return all_gather(NamedArray._unchecked(raw, self.split.inner_axes[k]), names).array
 
-    def _gather_group(self, js: list[int], raws: list) -> list:
-        """The weights ``js`` (this layer's raw blocks ``raws``) gathered in one all-gather: each
-        block flattened with its split axis in front, all of them side by side, gathered as a
-        ``(devices, elements)`` array, and each device's piece of each weight put back in place."""
-        flats, places = [], []
-        for j, raw in zip(js, raws):
-            axes = self.split.inner_axes[self.split.mapped[j]]
-            at = [a.name for a in axes].index(self.gather_axes[j][0])
-            front = jnp.moveaxis(raw, at, 0)
-            flats.append(front.reshape(-1))
-            places.append((at, front.shape))
-        over = _split_over(self.split.inner_axes[self.split.mapped[js[0]]][places[0][0]])
-        bucket = NamedArray._unchecked(jnp.concatenate(flats)[None], (ShardedAxis(_BUCKET, 1, over), Axis("flat", sum(f.size for f in flats))))
-        whole = all_gather(bucket, _BUCKET).array  # (devices, elements)
-        out, start = [], 0
-        for at, shape in places:
-            n = math.prod(shape)
-            piece = whole[:, start:start + n].reshape((whole.shape[0] * shape[0],) + shape[1:])
-            out.append(jnp.moveaxis(piece, 0, at))
-            start += n
-        return out
-
-    def _gather_weights(self, js: list[int], raws: list) -> list:
-        """Weights ``js`` of one layer (their raw blocks) gathered, grouped where they can be."""
-        got = dict(zip(js, raws))
-        for group in self.groups:
-            members = [j for j in group if j in got]
-            if len(members) > 1:
-                got.update(zip(members, self._gather_group(members, [got[j] for j in members])))
-            elif members:
-                got[members[0]] = self._gather(members[0], got[members[0]])
-        for j in js:
-            if j in self.alone:
-                got[j] = self._gather(j, got[j])
-        return [got[j] for j in js]
-
     def _gathered_layer(self, layered, i):
-        return self._gather_weights(self.weights, [lax.dynamic_index_in_dim(layered[j], i, keepdims=False)
-                                                   for j in self.weights])
+        return [self._gather(j, lax.dynamic_index_in_dim(layered[j], i, keepdims=False)) for j in self.weights]
 
     def _call(self, gathered, carry, layer_args, shared):
         """Layer ``step`` on raw pieces: the gathered weights, the carry, this layer's slice of
@@ -330,9 +277,8 @@ class _PrefetchedScan:
             _, vjp = jax.vjp(layer, _only(gathered, want_w), x, _only(layer_args, want_args), _only(shared, want_shared))
             ct_g, ct_x, ct_args, ct_sh = vjp((ct_x, ct_y))
             # The transpose of this layer's gathers: each weight's gradient reduce-scattered now.
-            ct_w = self._scatter(_only(self.weights, want_w),
-                                 [lax.dynamic_index_in_dim(layered[j], i, keepdims=False) for j in _only(self.weights, want_w)],
-                                 ct_g)
+            ct_w = [self._scatter(j, lax.dynamic_index_in_dim(layered[j], i, keepdims=False), g)
+                    for j, g in zip(_only(self.weights, want_w), ct_g)]
             ct_shared = jax.tree.map(jnp.add, ct_shared, ct_sh)
             return (ct_x, prefetched, ct_shared), (ct_w, ct_args)
 
@@ -347,11 +293,11 @@ class _PrefetchedScan:
             ct_layered[j] = g
         return ct_layered, ct_carry, _merge(shared, ct_sh, want_shared, fill=None)
 
-    def _scatter(self, js: list[int], shards: list, cts: list) -> list:
-        """The gradients of gathered weights ``js`` taken back to their blocks: the transpose of
-        their gathers (grouped as the gathers are), i.e. reduce-scatters."""
-        _, transpose = jax.vjp(lambda s: self._gather_weights(js, s), shards)  # the gathers are dead code here
-        return list(transpose(cts)[0])
+    def _scatter(self, j: int, shard, ct_gathered):
+        if not self.gather_axes[j]:
+            return ct_gathered
+        _, transpose = jax.vjp(lambda s: self._gather(j, s), shard)  # the gather itself is dead code here
+        return transpose(ct_gathered)[0]
 
 
 def _join(outs: list, cut: str):
