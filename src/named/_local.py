@@ -180,16 +180,12 @@ def _is_float(x) -> bool:
     return hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.inexact)
 
 
-def _vma(x) -> frozenset:
-    return _compat.varying_axes(x)
-
-
 def _after(x, prev):
     """``x``, available only once ``prev`` is; in the backward pass, where the two vary over the
     same mesh axes, ``prev``'s cotangent gets a zero available only once ``x``'s cotangent is (the
     reverse order). An optimization barrier types all its operands alike, so ``prev`` is first
     marked varying where ``x`` varies (a relabelling: no data moves); ``x``'s type never changes."""
-    vx, vp = _vma(x), _vma(prev)
+    vx, vp = _compat.varying_axes(x), _compat.varying_axes(prev)
     if not vp <= vx:  # ordering would make x vary over more mesh axes: leave it alone
         return x
     shape, dtype = prev.shape, prev.dtype
@@ -208,7 +204,7 @@ def _after(x, prev):
         if vp:  # a cotangent has its primal's type
             zero = jax.lax.pcast(zero, tuple(sorted(vp)), to="varying")
         # (a cotangent may vary over more mesh axes than its primal: then the order is left out)
-        return jax.lax.optimization_barrier((ct, zero)) if _vma(ct) == vp else (ct, zero)
+        return jax.lax.optimization_barrier((ct, zero)) if _compat.varying_axes(ct) == vp else (ct, zero)
 
     after.defvjp(fwd, bwd)
     return after(x, prev)

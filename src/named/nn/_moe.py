@@ -96,21 +96,14 @@ def router_stats(logits: NamedArray, probs: NamedArray, ids: NamedArray) -> dict
     The losses are functions of these means (:func:`router_losses`). Kept apart, the statistics
     of equal parts of a batch average to the whole batch's, which the losses do not: explicit
     mode's batch split relies on it."""
-    Experts = probs.resolve_axis(EXPERTS)
-    tokens = tuple(n for n in probs.names if n != EXPERTS)
-    lse = ops.logsumexp(logits.astype(jnp.float32), EXPERTS)
-    return {"expert_share": _token_mean(one_hot(ids, Experts).sum(TOPK), tokens),
-            "expert_probability": _token_mean(probs, tokens),
-            "router_z": _token_mean(ops.square(lse), lse.names)}
+    share, probability = _load(probs, ids)
+    return {"expert_share": share, "expert_probability": probability, "router_z": _mean_z(logits)}
 
 
 def router_losses(stats: dict[str, NamedArray]) -> dict[str, jax.Array]:
-    """``load_balancing`` (Switch Transformer's ``E · Σ_e f_e · P_e``; ``k`` when the load is even,
-    larger as it gathers on few experts; Hugging Face's ``load_balancing_loss_func`` for one layer)
-    and ``router_z`` (ST-MoE's z-loss) from :func:`router_stats`, as raw arrays. Statistics stacked
-    over layers give one value per layer."""
-    f, p = stats["expert_share"], stats["expert_probability"]
-    return {"load_balancing": (f.resolve_axis(EXPERTS).size * (f * p).sum(EXPERTS)).array,
+    """``load_balancing`` (:func:`load_balancing_loss`) and ``router_z`` (:func:`router_z_loss`)
+    from :func:`router_stats`, as raw arrays. Statistics stacked over layers give one value per layer."""
+    return {"load_balancing": _balance(stats["expert_share"], stats["expert_probability"]).array,
             "router_z": stats["router_z"].array}
 
 
@@ -119,17 +112,28 @@ def load_balancing_loss(probs: NamedArray, ids: NamedArray) -> jax.Array:
     expert ``e`` over the number of tokens (so ``Σ f = k``), ``P_e`` its mean router probability.
     ``k`` when the load is even, larger as it gathers on few experts (Hugging Face's
     ``load_balancing_loss_func`` for one layer)."""
-    Experts = probs.resolve_axis(EXPERTS)
-    tokens = tuple(n for n in probs.names if n != EXPERTS)
-    f = _token_mean(one_hot(ids, Experts).sum(TOPK), tokens)
-    p = _token_mean(probs, tokens)
-    return Experts.size * (f * p).sum().scalar()
+    return _balance(*_load(probs, ids)).scalar()
 
 
 def router_z_loss(logits: NamedArray) -> jax.Array:
     """ST-MoE's router z-loss: the mean over tokens of ``logsumexp(logits)²`` (keeps the logits small)."""
+    return _mean_z(logits).scalar()
+
+
+def _load(probs: NamedArray, ids: NamedArray) -> tuple[NamedArray, NamedArray]:
+    """``(f, P)`` over ``experts``: the share of tokens each expert gets and its mean probability."""
+    Experts = probs.resolve_axis(EXPERTS)
+    tokens = tuple(n for n in probs.names if n != EXPERTS)
+    return _token_mean(one_hot(ids, Experts).sum(TOPK), tokens), _token_mean(probs, tokens)
+
+
+def _balance(f: NamedArray, p: NamedArray) -> NamedArray:
+    return f.resolve_axis(EXPERTS).size * (f * p).sum(EXPERTS)
+
+
+def _mean_z(logits: NamedArray) -> NamedArray:
     lse = ops.logsumexp(logits.astype(jnp.float32), EXPERTS)
-    return _token_mean(ops.square(lse), lse.names).scalar()
+    return _token_mean(ops.square(lse), lse.names)
 
 
 def _token_mean(x: NamedArray, tokens: tuple[str, ...]) -> NamedArray:
