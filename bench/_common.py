@@ -266,3 +266,60 @@ def count_params(tree) -> int:
     import numpy as np
 
     return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(tree) if hasattr(x, "shape"))
+
+
+# ---- the step named-train runs ----------------------------------------------------------------
+
+
+class TrainerStep:
+    """The trainer's compiled step (``train.make_train_step``: microbatched loss and gradient,
+    clipping, AdamW, the finite checks, donated state) and the state it trains, built from a
+    loaded config on fixed token rows ``ids`` (``[batch, seq]`` int32). Every benchmark that
+    times "a train step" times this one, not a copy of it."""
+
+    def __init__(self, cfg, ids):
+        import jax
+        import numpy as np
+
+        import named as nm
+        from named.nn.precision import get_policy
+        from named.trainer.checks import check_against_devices
+        from named.trainer.data import Batch
+        from named.trainer.model_init import init_model
+        from named.trainer.optim import build_optimizer, init_opt_state
+        from named.trainer.stop import flags_layout
+        from named.trainer.train import device_batch, make_train_step
+
+        s = check_against_devices(cfg)
+        t = cfg.trainer
+        optimizer = build_optimizer(cfg.optimizer, t.num_train_steps)
+        self.setup, self.mesh = s, s.mesh
+        with nm.set_mesh(s.mesh):
+            self.model = init_model(cfg, s.model_cls, s.model_cfg, param=s.param, mesh=s.mesh, key=jax.random.key(0))
+            self.opt_state = nm.named_jit(lambda m: init_opt_state(cfg, m, optimizer), mapping=s.param)(self.model)
+        rows = Batch(ids, np.zeros_like(ids), np.ones_like(ids, dtype=bool))
+        self.batch = device_batch(rows, s.mesh, s.compute, t.train_batch_size)
+        layout = flags_layout(s.mesh)
+        self.flags = jax.device_put(np.zeros(layout.shape, np.int32), layout.sharding)
+        self.step = make_train_step(s.model_cls, optimizer, get_policy(t.precision), cfg, s.compute, s.param)
+        self.key = jax.random.key(1)
+        self.losses: list[float] = []
+
+    def compile(self):
+        """The step's compiled program for the current state (what the first ``run`` then uses)."""
+        import named as nm
+
+        with nm.set_mesh(self.mesh):
+            return self.step.lower(self.model, self.opt_state, self.batch, self.key, self.flags).compile()
+
+    def run(self, wait: bool = True):
+        """One step; ``wait``: block until it is done and record its loss (as the loop's
+        logging would), else return its metrics unread (steps then queue up back to back)."""
+        import named as nm
+
+        with nm.set_mesh(self.mesh):
+            self.model, self.opt_state, metrics = self.step(self.model, self.opt_state, self.batch, self.key, self.flags)
+        if wait:
+            block((self.model, self.opt_state, metrics))
+            self.losses.append(float(metrics["loss"]))
+        return metrics

@@ -85,42 +85,6 @@ def memory_table(model: dict) -> dict:
     return {"params": n, "ideal_bytes": ideal, "layer_bytes": layer, "seq": model["data.seq_len"], "rows": rows}
 
 
-class Side:
-    """One mode's compiled train step and the state it trains, on real (random) tokens."""
-
-    def __init__(self, cfg, ids: np.ndarray):
-        import jax
-
-        from named.trainer.checks import check_against_devices
-        from named.trainer.data import Batch
-        from named.trainer.model_init import init_model
-        from named.trainer.optim import build_optimizer, init_opt_state
-        from named.trainer.stop import flags_layout
-        from named.trainer.train import device_batch, make_train_step
-        from named.nn.precision import get_policy
-        import named as nm
-
-        s = check_against_devices(cfg)
-        t = cfg.trainer
-        optimizer = build_optimizer(cfg.optimizer, t.num_train_steps)
-        self.mesh = s.mesh
-        with nm.set_mesh(s.mesh):
-            self.model = init_model(cfg, s.model_cls, s.model_cfg, param=s.param, mesh=s.mesh, key=jax.random.key(0))
-            self.opt_state = nm.named_jit(lambda m: init_opt_state(cfg, m, optimizer), mapping=s.param)(self.model)
-        rows = Batch(ids, np.zeros_like(ids), np.ones_like(ids, dtype=bool))
-        self.batch = device_batch(rows, s.mesh, s.compute, t.train_batch_size)
-        layout = flags_layout(s.mesh)
-        self.flags = jax.device_put(np.zeros(layout.shape, np.int32), layout.sharding)
-        self.step = make_train_step(s.model_cls, optimizer, get_policy(t.precision), cfg, s.compute, s.param)
-        self.key = jax.random.key(1)
-        self.losses: list[float] = []
-
-    def run(self) -> None:
-        self.model, self.opt_state, metrics = self.step(self.model, self.opt_state, self.batch, self.key, self.flags)
-        C.block((self.model, self.opt_state, metrics))
-        self.losses.append(float(metrics["loss"]))
-
-
 def step_times(model: dict, rounds: int, per_round: int, warmup: int) -> dict:
     import jax
 
@@ -129,7 +93,7 @@ def step_times(model: dict, rounds: int, per_round: int, warmup: int) -> dict:
     ids = np.random.default_rng(0).integers(0, model["model.vocab_size"], (BATCH, model["data.seq_len"]), dtype=np.int32)
     out = {}
     for remat in ("full", "none"):
-        sides = {mode: Side(config(model, remat, mode), ids) for mode in ("explicit", "auto")}
+        sides = {mode: C.TrainerStep(config(model, remat, mode), ids) for mode in ("explicit", "auto")}
         with nm.set_mesh(sides["auto"].mesh):
             for side in sides.values():
                 for _ in range(warmup):  # the first call compiles

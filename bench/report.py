@@ -182,28 +182,49 @@ def data_block() -> str:
     return f"{t1}\n\n{t2}\n\n{provenance(r)}"
 
 
-def gpu_block(results: Path = RESULTS) -> str:
-    """The GPU sweep's runs (bench/gpu_mfu.py prints this table too, from its --out folder)."""
-    rows, notes = [], []
-    found = [f.stem.removeprefix("gpu_mfu_") for f in sorted(results.glob("gpu_mfu_*.json"))]
-    for model in sorted(found, key=lambda m: (m not in ("gpt2", "llama"), m)):  # the issue's two first
-        r = load(f"gpu_mfu_{model}", results)
-        if r is None or not r.get("best"):
-            continue
-        b, m = r["best"], r["machine"]
-        notes.append(f"**{model}**: {m.get('gpu') or b['device_kind']} (name, driver, memory, max SM clock); "
-                     f"jax {b['jax']}, jaxlib {m.get('versions', {}).get('jaxlib')}, cuDNN {b.get('cudnn')}; "
-                     f"XLA flags of the tuned runs `{' '.join(r['tuned_xla_flags'])}`. {provenance(r)}")
-        for run in r["runs"]:
-            if "error" in run:
-                rows.append([model, run["batch"], run["remat"], run["layers"], run["flags"], "error", "", ""])
-            else:
-                rows.append([model, run["batch"], run["remat"], run["layers"], run["flags"], f"{run['tokens_per_s']:,.0f}",
-                             f"{run['mfu']:.1%}", "yes" if run["cudnn_attention"] else "no"])
-    if not rows:
+def gpu_block(results: Path = RESULTS, name: str = "gpu_mfu") -> str:
+    """bench/gpu_mfu.py's runs (it prints this too, from its --out folder): the training runs,
+    then attention alone, then where and with what they ran."""
+    r = load(name, results)
+    runs = (r or {}).get("runs", [])
+    train = [x for x in runs if x.get("model") != "attention"]
+    if not train:
         return "_No GPU was lent to this task: no GPU numbers yet._"
-    return "\n\n".join([table(["model", "batch", "remat", "layers", "XLA flags", "tokens/s", "MFU", "cuDNN attention"],
-                                rows), *notes])
+    rows = []
+    for x in train:
+        head = [x["model"], x["batch"], x.get("loss_block") or "", x["remat"], x["attention"], x["mode"], x["flags"]]
+        if "error" in x:
+            last = next((ln.strip() for ln in reversed(x["error"].splitlines()) if ln.strip()), "")
+            rows.append(head + ["error: " + last[:120].replace("|", "/"), "", "", "", "", ""])
+            continue
+        peak = x.get("peak_bytes_in_use")
+        rows.append(head + [f"{x['step_s']['median_s'] * 1e3:,.1f} ms", f"{x['tokens_per_s']:,.0f}",
+                            "n/a" if x["mfu"] is None else f"{x['mfu']:.1%}", "yes" if x["cudnn_attention"] else "no",
+                            "" if peak is None else f"{peak / 2**30:,.1f} GiB", f"{x['compile_s']:.0f} s"])
+    out = [table(["model", "batch", "loss block", "remat", "attention", "mode", "XLA flags", "step", "tokens/s", "MFU",
+                  "cuDNN fMHA in program", "peak memory", "compile"], rows)]
+    att = [x for x in runs if x.get("model") == "attention" and "error" not in x]
+    arows = []
+    for row in (att[0]["rows"] if att else []):
+        cells = [row["shape"], f"{row['batch']} × {row['seq']}, heads {row['heads']}/{row['kv_heads']}, d {row['head_size']}"]
+        for impl in ("cudnn", "xla"):
+            v = row.get(impl, {})
+            cells.append("unavailable" if "error" in v else f"{v['median_s'] * 1e3:.2f} ms ({v['tflop_per_s']:.0f} TFLOP/s)")
+        cells.append(f"{row['xla_over_cudnn']:.2f}" if "xla_over_cudnn" in row else "")
+        err = row.get("cudnn", {}).get("relative_error_vs_f32")
+        cells.append(", ".join(f"{k} {v:.1e}" for k, v in err.items()) if err else "")
+        arows.append(cells)
+    if arows:
+        out.append(table(["attention alone (fwd + bwd, causal)", "shape", "cuDNN", "XLA", "XLA / cuDNN",
+                          "cuDNN vs f32 (relative L2)"], arows))
+    m = r["machine"]
+    ok = [x for x in train if "error" not in x]
+    b = ok[0] if ok else train[0]
+    out.append(f"{m.get('gpu') or b.get('device_kind')} (name, driver, memory, max SM clock); jax {b.get('jax')}, "
+               f"jaxlib {m.get('versions', {}).get('jaxlib')}, cuDNN {b.get('cudnn')}; tuned XLA flags "
+               f"`{' '.join(r['tuned_xla_flags'])}`" + (f" (dropped as unknown to this XLA: `{' '.join(r['dropped_xla_flags'])}`)"
+                                                      if r.get("dropped_xla_flags") else "") + f". {provenance(r)}")
+    return "\n\n".join(out)
 
 
 BLOCKS = {

@@ -253,6 +253,27 @@ def test_cudnn_on_cpu_raises_a_named_error_and_auto_falls_back():
     assert jcall(nn.dot_product_attention, q, k, v, causal=True).dtype == jnp.bfloat16
 
 
+def test_attention_implementation_scope_sets_what_auto_means():
+    """nn.attention_implementation(...) changes the default calls traced inside and nothing
+    else: on CPU, "cudnn" makes them raise cuDNN's error, a call naming "xla" keeps its path,
+    and leaving the scope restores the automatic choice."""
+    q, k, v = qkv(dtype=jnp.bfloat16)
+    want = jcall(nn.dot_product_attention, q, k, v, causal=True)
+    with nn.attention_implementation("cudnn"):
+        with pytest.raises(nm.NamedError, match=r"implementation='cudnn'.*backend is 'cpu'"):
+            jax.eval_shape(lambda q, k, v: nn.dot_product_attention(q, k, v, causal=True), q, k, v)
+        named_xla = jax.jit(lambda q, k, v: nn.dot_product_attention(q, k, v, causal=True, implementation="xla"))(q, k, v)
+    with nn.attention_implementation("xla"):
+        scoped = jax.jit(lambda q, k, v: nn.dot_product_attention(q, k, v, causal=True))(q, k, v)
+    np.testing.assert_array_equal(np.asarray(scoped.array, np.float32), np.asarray(want.array, np.float32))
+    np.testing.assert_array_equal(np.asarray(named_xla.array, np.float32), np.asarray(want.array, np.float32))
+    after = jax.jit(lambda q, k, v: nn.dot_product_attention(q, k, v, causal=True))(q, k, v)  # a fresh trace
+    assert after.axes == want.axes
+    with pytest.raises(nm.NamedError, match="unknown attention implementation 'flash'"):
+        with nn.attention_implementation("flash"):
+            pass
+
+
 def _softmax_dtypes(fn, *args):
     jaxpr = jax.make_jaxpr(fn)(*args)
     return {str(e.outvars[0].aval.dtype) for e in jaxpr.jaxpr.eqns if e.primitive.name in ("exp", "reduce_max")}

@@ -74,35 +74,29 @@ def test_data_ckpt_tiny(tmp_path):
     assert r["checkpoint"]["save_MB_per_s"] > 0
 
 
-def test_gpu_mfu_unrolled_forward_matches_scan():
-    """The unrolled layers of bench/gpu_mfu.py compute what the model's scan computes."""
+def test_gpu_mfu_driver_runs_the_plan_and_prints_the_table(tmp_path, capsys):
+    """The GPU plan end to end at toy size on CPU: worker subprocesses running the trainer's
+    step, the JSON (jax version, cuDNN version and XLA flags beside the numbers), the table,
+    the runs that cannot run on a CPU recorded with the reason, and the same losses from the
+    same tokens whichever attention path or layer mode ran them."""
     import gpu_mfu
 
-    import named as nm
-    from named.models import Gpt2Config, Gpt2LMHeadModel, LlamaConfig, LlamaLMHeadModel
-
-    ids = nm.named(np.random.default_rng(0).integers(0, 64, size=(2, 8), dtype=np.int32), ("batch", "position"))
-    gpt2 = Gpt2LMHeadModel.init(Gpt2Config(n_layer=2, n_head=2, n_embd=16, n_positions=8, vocab_size=64), key=jax.random.key(0))
-    llama = LlamaLMHeadModel.init(LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                              num_key_value_heads=1, vocab_size=64, max_position_embeddings=8),
-                                  key=jax.random.key(1))
-    for model in (gpt2, llama):
-        want = eqx.filter_jit(lambda m, x: m(x))(model, ids)
-        got = eqx.filter_jit(lambda m, x: gpu_mfu._forward_unrolled(m, x, "full"))(model, ids)
-        np.testing.assert_allclose(got.rearrange(want.names).array, want.array, rtol=1e-5, atol=1e-5)
-
-
-def test_gpu_mfu_driver_runs_a_sweep_and_prints_the_table(tmp_path, capsys):
-    """The GPU sweep end to end at toy size on CPU: a worker subprocess, the JSON (with the
-    jax version, cuDNN version and XLA flags beside the numbers) and the printed table."""
-    import gpu_mfu
-
-    gpu_mfu.main(["--model", "tiny", "--budget-s", "75", "--steps", "2", "--out", str(tmp_path)])
+    gpu_mfu.main(["--tiny", "--budget-s", "150", "--steps", "2", "--out", str(tmp_path)])
     r = _load(tmp_path, "gpu_mfu_tiny")
-    best = r["best"]
-    assert r["install"] == "named was importable" and best["tokens_per_s"] > 0 and 0 < best["mfu"] < 1
+    best = r["best"]["tiny"]
+    assert r["install"] == "named was importable" and best["tokens_per_s"] > 0 and best["mfu"] is None  # no CPU peak
     assert best["jax"] == jax.__version__ and "cudnn" in best and "xla_gpu_enable_latency_hiding_scheduler" in best["xla_flags"]
-    assert f"| tiny | {best['batch']} | none | scan | tuned |" in capsys.readouterr().out
+    runs = {(x["model"], x.get("loss_block"), x.get("remat"), x.get("attention"), x.get("mode")): x for x in r["runs"]}
+    assert "host memory" in runs["tiny", None, "offload", "auto", "auto"]["error"]
+    auto, xla, explicit = (runs["tiny", None, "none", a, m] for a, m in (("auto", "auto"), ("xla", "auto"), ("auto", "explicit")))
+    assert xla["attention_paths"] == ["xla"] and not xla["cudnn_attention"]
+    np.testing.assert_allclose(xla["losses"], auto["losses"], rtol=1e-5)
+    np.testing.assert_allclose(explicit["losses"], auto["losses"], rtol=2e-3)
+    assert runs["tiny", 96, "none", "auto", "auto"]["compiled_memory"]["peak_bytes"] > 0
+    attention = runs["attention", None, None, None, None]["rows"][0]
+    assert "backend is 'cpu'" in attention["cudnn"]["error"] and attention["xla"]["relative_error_vs_f32"]["out"] < 2e-2
+    out = capsys.readouterr().out
+    assert f"| tiny | 8 |  | none | xla | auto | tuned | {xla['step_s']['median_s'] * 1e3:,.1f} ms |" in out
 
 
 def test_fetch_wheels_asks_for_what_pyproject_pins():

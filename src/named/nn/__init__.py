@@ -1,6 +1,6 @@
 """named.nn: Equinox modules over NamedArrays."""
 
-from ._attention import dot_product_attention, positions_from_segments, rotary_embedding
+from ._attention import attention_implementation, dot_product_attention, positions_from_segments, rotary_embedding
 from ._masks import (
     alibi_bias,
     alibi_slopes,

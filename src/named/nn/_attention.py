@@ -9,8 +9,11 @@ consecutive query heads (the Hugging Face ``repeat_kv`` order).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import math
+from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -78,6 +81,25 @@ def rotary_embedding(x: NamedArray, positions: NamedArray, *, HeadSize: AxisSele
 # ---- attention --------------------------------------------------------------------------
 
 _CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
+_IMPLEMENTATIONS = ("auto", "xla", "cudnn")
+# What ``implementation="auto"`` means while traced inside ``attention_implementation(...)``.
+_scoped = contextvars.ContextVar("named_attention_implementation", default="auto")
+
+
+@contextlib.contextmanager
+def attention_implementation(implementation: str) -> Iterator[None]:
+    """Make every ``dot_product_attention(implementation="auto")`` traced inside take
+    ``implementation`` ("xla" or "cudnn"; "auto" restores the automatic choice). Calls that name
+    an implementation keep theirs. This is how a model whose layers call attention with the
+    default is run on the XLA path on a GPU (to compare it with cuDNN's kernel, or to rule the
+    kernel out): it acts when the function is traced, so wrap the first call of a jitted step."""
+    if implementation not in _IMPLEMENTATIONS:
+        raise NamedError(f"unknown attention implementation {implementation!r}; use {', '.join(_IMPLEMENTATIONS)}")
+    token = _scoped.set(implementation)
+    try:
+        yield
+    finally:
+        _scoped.reset(token)
 
 
 def _cudnn_unmet(query: NamedArray, key: NamedArray, value: NamedArray, hs: str) -> list[str]:
@@ -143,13 +165,16 @@ def dot_product_attention(
             ``named.nn``, INFO on GPU, DEBUG elsewhere) once per trace.
             ``"xla"`` forces the XLA path; ``"cudnn"`` requires cuDNN and raises a NamedError
             saying why when it cannot run (masks, bias and segments then become a dense bias).
+            Inside ``nn.attention_implementation(...)``, ``"auto"`` means what that names.
 
     Returns:
         the query's axes, with ``HeadSize`` taken from ``value``; constrained to the current
         compute mapping, like every activation a layer creates.
     """
-    if implementation not in ("auto", "xla", "cudnn"):
-        raise NamedError(f"unknown attention implementation {implementation!r}; use auto, xla or cudnn")
+    if implementation not in _IMPLEMENTATIONS:
+        raise NamedError(f"unknown attention implementation {implementation!r}; use {', '.join(_IMPLEMENTATIONS)}")
+    if implementation == "auto":
+        implementation = _scoped.get()
     qpos, kpos, hs = name_of(QPos), name_of(KPos), name_of(HeadSize)
     for what, x, need in (("query", query, (qpos, hs)), ("key", key, (kpos, hs)), ("value", value, (kpos, hs))):
         missing = [n for n in need if n not in x.names]
