@@ -274,10 +274,12 @@ def count_params(tree) -> int:
 class TrainerStep:
     """The trainer's compiled step (``train.make_train_step``: microbatched loss and gradient,
     clipping, AdamW, the finite checks, donated state) and the state it trains, built from a
-    loaded config on fixed token rows ``ids`` (``[batch, seq]`` int32). Every benchmark that
-    times "a train step" times this one, not a copy of it."""
+    loaded config on fixed token rows ``ids`` (``[batch, seq]`` int32), each row one document.
+    Every benchmark that times "a train step" times this one, not a copy of it.
+    ``segments=False`` leaves ``segment_ids`` out of the batch (then attention has no segment mask).
+    """
 
-    def __init__(self, cfg, ids):
+    def __init__(self, cfg, ids, segments: bool = True):
         import jax
         import numpy as np
 
@@ -299,6 +301,8 @@ class TrainerStep:
             self.opt_state = nm.named_jit(lambda m: init_opt_state(cfg, m, optimizer), mapping=s.param)(self.model)
         rows = Batch(ids, np.zeros_like(ids), np.ones_like(ids, dtype=bool))
         self.batch = device_batch(rows, s.mesh, s.compute, t.train_batch_size)
+        if not segments:
+            del self.batch["segment_ids"]
         layout = flags_layout(s.mesh)
         self.flags = jax.device_put(np.zeros(layout.shape, np.int32), layout.sharding)
         self.step = make_train_step(s.model_cls, optimizer, get_policy(t.precision), cfg, s.compute, s.param)

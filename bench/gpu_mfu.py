@@ -107,6 +107,17 @@ PLAN = [
     ("gpt2", {"flags": "none"}),
     ("llama", {"flags": "none"}),
 ]
+# Packed rows against rows without segment ids (cuDNN's causal kernel takes no segments: the
+# trainer's batches, which carry them, otherwise run attention on the XLA path or, forced,
+# on cuDNN with the segment mask as a dense bias).
+SEGMENTS_PLAN = [
+    ("gpt2", {"batch": 32, "segments": "none"}),
+    ("llama", {"batch": 8, "segments": "none"}),
+    ("gpt2", {"batch": 32, "attention": "cudnn"}),
+    ("llama", {"batch": 8, "attention": "cudnn"}),
+    ("gpt2", {"batch": 64, "segments": "none"}),
+    ("llama", {"batch": 8, "segments": "none", "mode": "explicit"}),
+]
 TINY_PLAN = [("attention", {}), ("tiny", {"batch": 8}), ("tiny", {"batch": 8, "loss_block": 96}),
              ("tiny", {"attention": "xla"}), ("tiny", {"remat": "offload"}), ("tiny", {"mode": "explicit"})]
 # Attention alone: (name, batch, seq, heads, kv heads, head size); the first two are the models'.
@@ -148,7 +159,7 @@ def train_worker(spec: dict) -> dict:
     # Everything inside: the choice acts while the step is traced, and a second trace must not escape it.
     with nn.attention_implementation(spec["attention"]):
         t0 = time.perf_counter()
-        step = C.TrainerStep(cfg, ids)
+        step = C.TrainerStep(cfg, ids, segments=spec["segments"] == "packed")
         build_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         compiled = step.compile()
@@ -378,14 +389,15 @@ def _brief(r: dict) -> dict:
         return {"attention": [{k: (v if not isinstance(v, dict) else {kk: v[kk] for kk in ("median_s", "tflop_per_s", "error")
                                                                      if kk in v}) for k, v in row.items()
                                if k in ("shape", "cudnn", "xla", "xla_over_cudnn")} for row in r.get("rows", [])]}
-    keys = ("model", "batch", "loss_block", "remat", "attention", "mode", "flags", "tokens_per_s", "mfu", "compile_s",
+    keys = ("model", "batch", "loss_block", "remat", "attention", "mode", "flags", "segments", "tokens_per_s", "mfu", "compile_s",
             "cudnn_attention")
-    return {k: r.get(k) for k in keys} if "error" not in r else {**{k: r.get(k) for k in keys[:7]}, "error": r["error"][-400:]}
+    return {k: r.get(k) for k in keys} if "error" not in r else {**{k: r.get(k) for k in keys[:8]}, "error": r["error"][-400:]}
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tiny", action="store_true", help="the plan at toy size (what the CPU smoke test runs)")
+    ap.add_argument("--plan", choices=("main", "segments"), default="main", help="PLAN or SEGMENTS_PLAN")
     ap.add_argument("--models", nargs="+", default=None, help="only these models' runs (and the attention one)")
     ap.add_argument("--budget-s", type=float, default=540.0, help="stop starting new runs after this many seconds")
     ap.add_argument("--steps", type=int, default=10)
@@ -407,11 +419,11 @@ def main(argv=None):
     tuned, dropped, backend = usable_flags(TUNED_FLAGS)
     if backend != "gpu" and not args.tiny:
         raise SystemExit(f"jax's backend here is {backend!r}: the GPU plan would take hours (--tiny runs it at toy size)")
-    plan = TINY_PLAN if args.tiny else PLAN
+    plan = TINY_PLAN if args.tiny else SEGMENTS_PLAN if args.plan == "segments" else PLAN
     if args.models:
         plan = [(m, s) for m, s in plan if m == "attention" or m in args.models]
     runs: list[dict] = []
-    name = "gpu_mfu_tiny" if args.tiny else "gpu_mfu"
+    name = "gpu_mfu_tiny" if args.tiny else "gpu_mfu" if args.plan == "main" else f"gpu_mfu_{args.plan}"
     result = {"benchmark": "gpu_mfu", "command": C.command_line(), "models": {k: MODELS[k] for k in {m for m, _ in plan}
                                                                               if k in MODELS},
               "mfu_formula": "(6N + 12 L d T) * tokens/s / peak (trainer/hardware.py's dense bf16 peak)",
@@ -444,7 +456,7 @@ def main(argv=None):
             spec.update(batch=settings.get("batch") or inherit["batch"],
                         loss_block=settings.get("loss_block") if "batch" in settings else inherit.get("loss_block"),
                         remat=settings.get("remat", "none"), attention=settings.get("attention", default_attention),
-                        mode=settings.get("mode", "auto"), steps=args.steps)
+                        mode=settings.get("mode", "auto"), segments=settings.get("segments", "packed"), steps=args.steps)
         r = run_one(spec, left())
         runs.append(r)
         print(json.dumps(_brief(r)), flush=True)
