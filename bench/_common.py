@@ -64,7 +64,7 @@ def machine() -> dict:
             versions[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             pass
-    dirty = [line.strip() for line in _git("status", "--porcelain", "--", "src").splitlines()]
+    dirty = [] if os.environ.get("BENCH_COMMIT") else [line.strip() for line in _git("status", "--porcelain", "--", "src").splitlines()]
     return {
         "cpu": _cpu_model(),
         "cores": os.cpu_count(),
@@ -75,7 +75,8 @@ def machine() -> dict:
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "versions": versions,
         # A copy of the tree without .git (the GPU machine's) takes the commit from BENCH_COMMIT.
-        "commit": _git("rev-parse", "--short=12", "HEAD") or os.environ.get("BENCH_COMMIT", ""),
+        # (its copy may carry a stale .git: BENCH_COMMIT, when set, wins)
+        "commit": os.environ.get("BENCH_COMMIT") or _git("rev-parse", "--short=12", "HEAD"),
         "dirty_src": dirty,
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
         "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
