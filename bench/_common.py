@@ -87,7 +87,9 @@ def command_line() -> str:
     rel = os.path.relpath(sys.argv[0], ROOT)
     # the project's venv as the docs write it; any other interpreter (a GPU image's) by its name
     python = ".venv/bin/python" if Path(sys.executable).parent == ROOT / ".venv" / "bin" else Path(sys.executable).name
-    return " ".join([python, rel, *sys.argv[1:]])
+    # the device tool's output folder as the docs write it, not as this machine spells it
+    out = os.environ.get("OUT")
+    return " ".join([python, rel, *(a.replace(out, "$OUT") if out else a for a in sys.argv[1:]])])
 
 
 def write_result(name: str, result: dict, out_dir: str | os.PathLike | None = None) -> Path:

@@ -192,7 +192,8 @@ def gpu_block(results: Path = RESULTS, name: str = "gpu_mfu") -> str:
         return "_No GPU was lent to this task: no GPU numbers yet._"
     rows = []
     for x in train:
-        head = [x["model"], x["batch"], x.get("loss_block") or "", x["remat"], x["attention"], x["mode"], x["flags"]]
+        head = [x["model"], x["batch"], x.get("loss_block") or "", x["remat"], x["attention"], x["mode"], x["flags"],
+                x.get("segments", "packed")]
         if "error" in x:
             last = next((ln.strip() for ln in reversed(x["error"].splitlines()) if ln.strip()), "")
             rows.append(head + ["error: " + last[:120].replace("|", "/"), "", "", "", "", ""])
@@ -201,7 +202,7 @@ def gpu_block(results: Path = RESULTS, name: str = "gpu_mfu") -> str:
         rows.append(head + [f"{x['step_s']['median_s'] * 1e3:,.1f} ms", f"{x['tokens_per_s']:,.0f}",
                             "n/a" if x["mfu"] is None else f"{x['mfu']:.1%}", "yes" if x["cudnn_attention"] else "no",
                             "" if peak is None else f"{peak / 2**30:,.1f} GiB", f"{x['compile_s']:.0f} s"])
-    out = [table(["model", "batch", "loss block", "remat", "attention", "mode", "XLA flags", "step", "tokens/s", "MFU",
+    out = [table(["model", "batch", "loss block", "remat", "attention", "mode", "XLA flags", "segment ids", "step", "tokens/s", "MFU",
                   "cuDNN fMHA in program", "peak memory", "compile"], rows)]
     att = [x for x in runs if x.get("model") == "attention" and "error" not in x]
     arows = []
@@ -238,6 +239,7 @@ BLOCKS = {
     "memory": memory_block,
     "data_ckpt": data_block,
     "gpu": gpu_block,
+    "gpu_segments": lambda: gpu_block(RESULTS, "gpu_mfu_segments"),
 }
 
 

@@ -128,3 +128,22 @@ def test_the_path_choice_is_logged(caplog):
         nn.dot_product_attention(q, k, v, window=3)
     with pytest.raises(nm.NamedError, match="softcap is given"):
         nn.dot_product_attention(q, k, v, causal=True, softcap=5.0, implementation="cudnn")
+
+
+def test_segments_and_masks_leave_auto_on_cudnn(caplog):
+    """Packed rows (segment ids) and boolean masks do not turn the automatic choice away from
+    cuDNN (they reach it as a dense bias): on CPU the backend is the only reason logged; an
+    additive bias is still one."""
+    q, k, v = (x.astype(jnp.bfloat16) for x in qkv())
+    T = q.axis_size("position")
+    seg = nm.named(jnp.asarray(np.repeat([[0] * 3 + [1] * (T - 3)], q.axis_size("batch"), 0)), ("batch", "position"))
+    keep = nm.named(jnp.ones((q.axis_size("batch"), k.axis_size("key_position")), bool), ("batch", "key_position"))
+    with caplog.at_level(logging.DEBUG, logger="named.nn"):
+        jax.jit(lambda q, k, v: nn.dot_product_attention(q, k, v, causal=True, segment_ids=seg, mask=keep))(q, k, v)
+    reasons = [r.getMessage() for r in caplog.records if "dot_product_attention" in r.getMessage()]
+    assert reasons == ["dot_product_attention: xla path (the backend is 'cpu', not 'gpu')"]
+    caplog.clear()
+    bias = nm.named(jnp.zeros((q.axis_size("position"), k.axis_size("key_position"))), ("position", "key_position"))
+    with caplog.at_level(logging.DEBUG, logger="named.nn"):
+        jax.jit(lambda q, k, v: nn.dot_product_attention(q, k, v, causal=True, bias=bias))(q, k, v)
+    assert "bias is given" in caplog.text
