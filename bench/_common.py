@@ -89,7 +89,7 @@ def command_line() -> str:
     python = ".venv/bin/python" if Path(sys.executable).parent == ROOT / ".venv" / "bin" else Path(sys.executable).name
     # the device tool's output folder as the docs write it, not as this machine spells it
     out = os.environ.get("OUT")
-    return " ".join([python, rel, *(a.replace(out, "$OUT") if out else a for a in sys.argv[1:]])])
+    return " ".join([python, rel, *(a.replace(out, "$OUT") if out else a for a in sys.argv[1:])])
 
 
 def write_result(name: str, result: dict, out_dir: str | os.PathLike | None = None) -> Path:

@@ -96,7 +96,7 @@ def test_gpu_mfu_driver_runs_the_plan_and_prints_the_table(tmp_path, capsys):
     attention = runs["attention", None, None, None, None]["rows"][0]
     assert "backend is 'cpu'" in attention["cudnn"]["error"] and attention["xla"]["relative_error_vs_f32"]["out"] < 2e-2
     out = capsys.readouterr().out
-    assert f"| tiny | 8 |  | none | xla | auto | tuned | {xla['step_s']['median_s'] * 1e3:,.1f} ms |" in out
+    assert f"| tiny | 8 |  | none | xla | auto | tuned | packed | {xla['step_s']['median_s'] * 1e3:,.1f} ms |" in out
 
 
 def test_fetch_wheels_asks_for_what_pyproject_pins():

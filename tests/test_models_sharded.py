@@ -57,7 +57,7 @@ def test_sharded_load_and_forward_match_single_device(saved, layout, tmp_path):
     forward = nm.named_jit(lambda m, x: m(x).rearrange(("batch", "position", "vocab")),
                            mapping=compute_map, mesh=mesh)
     logits = forward(sharded, nm.shard(ids, compute_map, mesh))
-    np.testing.assert_allclose(np.asarray(logits.array), expected, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(np.asarray(logits.array), expected, atol=1e-5, rtol=1e-5)  # f32 sums in another order: ~5e-6 relative seen
     if "batch" in compute_map:
         assert logits.array.sharding.spec[0] == "data"
 
