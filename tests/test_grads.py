@@ -258,7 +258,8 @@ def numpy_shapes():
 
 
 @case("nm.rename", "nm.rearrange", "nm.flatten_axes", "nm.unflatten_axis", "nm.split", "nm.unbind", "nm.stack",
-      "nm.concatenate", "nm.broadcast_axis", "nm.broadcast_to", "nm.pad", "nm.roll", "nm.tril", "nm.triu", "nm.named")
+      "nm.concatenate", "nm.broadcast_axis", "nm.broadcast_to", "nm.pad", "nm.roll", "nm.tril", "nm.triu", "nm.named",
+      "nm.full", "nm.full_like")
 def shapes():
     def f(p):
         x, y = p  # (a, b) and (c, b)
@@ -269,7 +270,8 @@ def shapes():
                 "broadcast": nm.broadcast_axis(y, A) + nm.broadcast_to(nm.unbind(y, "c")[0], (A, B)),
                 "pad": nm.pad(x, {"b": (1, 2)}, constant_values=0.5), "reflect": nm.pad(x, {"a": (1, 1)}, mode="reflect"),
                 "roll": nm.roll(x, 2, "b"), "tril": nm.tril(x, "a", "b", k=1), "triu": nm.triu(x, "a", "b"),
-                "named": nm.named(x.array * 2.0, ("a", "b"))}
+                "named": nm.named(x.array * 2.0, ("a", "b")),
+                "full": nm.full((A, C), y["b", 1, "c", 0].array) + nm.full_like(x, x["a", 0, "b", 2].array)}
 
     fd_check(f, (grid((A, B), 1), grid((C, B), 2)))
 
@@ -371,6 +373,21 @@ def tree_map_layers():
     fd_check(f, params)
 
 
+@case("nm.resize_axis")
+def resize_axis():
+    """Shrinking keeps entries; growing with a key draws new ones at the old entries' standard deviation."""
+    fd_check(lambda p: {"shrink": nm.resize_axis(p, "b", 2), "grow": nm.resize_axis(p, "b", 6, key=key(1))},
+             {"x": grid((A, B), 1), "y": grid((B, C), 2)}, **F32)  # the new entries are drawn in float32
+
+
+@case("nm.random.permutation", "nm.random.choice")
+def random_gathers():
+    """Draws of a NamedArray's entries carry those entries' gradients."""
+    p = nm.named(jnp.asarray([0.1, 0.2, 0.3, 0.4]), (B,))
+    fd_check(lambda x: {"permutation": nm.random.permutation(key(1), x, "b", independent=True),
+                        "choice": nm.random.choice(key(2), x, (Axis("draw", 5),), axis="b", p=p)}, grid((A, B), 1))
+
+
 @case("nm.random.normal", "nm.random.uniform", "nm.random.truncated_normal", "nm.random.pareto",
       "nm.random.weibull_min")
 def reparameterised_draws():
@@ -451,9 +468,368 @@ def pools():
              grid((Batch, H, W), 1))
 
 
+
+# ---- named.nn: attention -------------------------------------------------------------------------------
+
+
+def qkv(kv_heads: Axis | None = None, k_len: int = KPos.size):
+    """Query (batch, position, heads, head_size), key and value over key_position (and kv_heads for GQA)."""
+    Kv, K = kv_heads or Axis("heads", 2), KPos.resize(k_len)
+    Q = Heads if kv_heads else Axis("heads", 2)
+    return (randn((Batch, Pos, Q, HeadSize), 1), randn((Batch, K, Kv, HeadSize), 2), randn((Batch, K, Kv, HeadSize), 3))
+
+
+def attention_check(params=None, **kwargs):
+    params = qkv() if params is None else params
+    fd_check(lambda p: nn.dot_product_attention(*p, **kwargs), params, **F32)
+
+
+ATTENTION = {  # case name -> (dot_product_attention's arguments, the inputs)
+    "attention": ({}, None),
+    "attention_causal": ({"causal": True, "scale": 0.3}, None),
+    "attention_mask": ({"mask": "padding"}, None),
+    "attention_segments": ({"segment_ids": "segments", "causal": True}, None),
+    "attention_window": ({"causal": True, "window": 2}, None),
+    "attention_softcap": ({"softcap": 2.0}, None),
+    "attention_gqa": ({"causal": True}, "gqa"),
+    "attention_offset": ({"causal": True, "q_offset": 2}, "longer"),
+    "attention_traced": ({"causal": True, "window": "traced", "q_offset": "per_row"}, "longer"),
+}
+
+
+def _attention(name):
+    def check():
+        kw, inputs = ATTENTION[name]
+        kw = dict(kw)
+        if kw.get("mask") == "padding":
+            kw["mask"] = nn.padding_mask(nm.named(jnp.asarray([3, 4]), (Batch,)), KPos)
+        if kw.get("window") == "traced":  # a jax array, as a layer's entry of per-layer windows is
+            kw["window"] = jnp.asarray(3)
+        if kw.get("q_offset") == "per_row":  # each row continues its own cache
+            kw["q_offset"] = nm.named(jnp.asarray([2, 1]), (Batch,))
+        if kw.get("segment_ids") == "segments":
+            kw["segment_ids"] = nm.named(jnp.asarray([[0, 0, 1, 1], [0, 1, 1, 1]]), (Batch, Pos))
+        params = {"gqa": qkv(KVHeads), "longer": qkv(k_len=6), None: None}[inputs]
+        attention_check(params, **kw)
+
+    return check
+
+
+for _name in ATTENTION:
+    case("nn.dot_product_attention", name=_name)(_attention(_name))
+
+
+@case("nn.alibi_bias", "nn.dot_product_attention")
+def attention_bias():
+    """ALiBi with learned slopes under GQA, and a chunked mask beside it."""
+    def f(p):
+        q, k, v, slopes = p
+        bias = nn.alibi_bias(Heads, Pos, KPos, slopes=slopes)
+        return nn.dot_product_attention(q, k, v, causal=True, bias=bias, mask=nn.chunked_mask(Pos, KPos, 2))
+
+    fd_check(f, (*qkv(KVHeads), positive((Heads,), 4)), **F32)
+
+
+@case("nn.rotary_embedding")
+def rotary():
+    positions = nm.named(jnp.asarray([[0, 1, 2, 3], [5, 6, 7, 8]]), (Batch, Pos))
+    fd_check(lambda p: {"theta": nn.rotary_embedding(p[0], positions),
+                        "scaled": nn.rotary_embedding(p[0], positions, inv_freq=p[1], scale=p[2])},
+             (randn((Batch, Pos, Heads, HeadSize), 1), positive((Axis("freq", 2),), 2), nm.named(jnp.asarray(1.3), ())), **F32)
+
+
+# ---- named.nn: mixture of experts ----------------------------------------------------------------------
+
+
+def _moe(name, **kwargs):
+    def check():
+        moe = nn.MoE.init(Embed, Mlp, Experts, 2, key=key(1), **kwargs)
+        layer_check(moe, randn((Batch, Pos, Embed), 2), **F32)
+
+    case("nn.MoE", name=name)(check)
+
+
+_moe("moe_dropless")
+_moe("moe_dense", dispatch="dense", routing="topk_softmax")
+_moe("moe_shared_expert", shared_mlp=Axis("shared", 3), shared_gate=True, normalize=False)
+
+
+@case("nn.route", "nn.router_stats", "nn.router_losses", "nn.load_balancing_loss", "nn.router_z_loss")
+def routing():
+    def f(logits):
+        weights, chosen, probs = nn.route(logits, 2)
+        top_weights = nn.route(logits, 2, routing="topk_softmax")[0]
+        stats = nn.router_stats(logits, probs, chosen)
+        return {"weights": weights, "topk_softmax": top_weights, "probs": probs, "stats": stats,
+                "losses": nn.router_losses(stats), "balance": nn.load_balancing_loss(probs, chosen),
+                "z": nn.router_z_loss(logits)}
+
+    fd_check(f, grid((Batch, Pos, Experts), 1), **F32)
+
+
+# ---- named.nn: losses ----------------------------------------------------------------------------------
+
+
+@case("nn.cross_entropy_loss", "nn.next_token_loss", "nn.next_token_targets", "nn.binary_cross_entropy_loss")
+def losses():
+    tokens = ids((Batch, Pos), Vocab.size, 1)
+    weights = nm.named(jnp.asarray([[1.0, 0.5, 0.0, 2.0], [1.0, 1.0, 1.0, 0.0]]), (Batch, Pos))
+
+    def f(p):
+        logits, probs, labels = p
+        return {"targets_mask": nn.next_token_targets(tokens, loss_mask=nm.exp(labels["vocab", 0]))[1],
+                "ids": nn.cross_entropy_loss(logits, tokens, where=weights, z_loss_weight=1e-2, label_smoothing=0.1),
+                "sum": nn.cross_entropy_loss(logits, tokens, reduction="none"),
+                "probs": nn.cross_entropy_loss(logits, nm.softmax(probs, "vocab")),
+                "next": nn.next_token_loss(logits, tokens, loss_mask=weights, reduction="sum"),
+                "binary": nn.binary_cross_entropy_loss(logits, nm.sigmoid(labels), pos_weight=nm.exp(probs["batch", 0, "position", 0]))}
+
+    fd_check(f, (randn((Batch, Pos, Vocab), 1), randn((Batch, Pos, Vocab), 2), randn((Batch, Pos, Vocab), 3)), **F32)
+
+
+@case("nn.blockwise_cross_entropy_loss", "nn.blockwise_next_token_loss")
+def blockwise_losses():
+    tokens = ids((Batch, Pos), Vocab.size, 1)
+
+    def f(p):
+        hidden, w = p
+        return {"ce": nn.blockwise_cross_entropy_loss(hidden, w, tokens, block_size=2, z_loss_weight=1e-2, softcap=3.0),
+                "next": nn.blockwise_next_token_loss(hidden, w, tokens, block_size=4, reduction="none")}
+
+    fd_check(f, (randn((Batch, Pos, Embed), 2), randn((Vocab, Embed), 3)), **F32)
+
+
+
+# ---- named.nn: quantized Linears, LoRA, mixed precision -----------------------------------------------
+
+
+def powers_of_two(axes, seed: int) -> nm.NamedArray:
+    """``±2^-k`` (k in 0..4), the first entry 1: values fp8 holds exactly once scaled by their amax
+    (e4m3 and e5m2 both hold ``1.75 · 2^e``, which is what ``2^-k · fp8 max`` is)."""
+    rng = np.random.default_rng(seed)
+    shape = [a.size for a in axes]
+    v = rng.choice([-1.0, 1.0], shape) * 2.0 ** -rng.integers(0, 5, shape)
+    v.flat[0] = 1.0
+    return nm.named(jnp.asarray(v), tuple(axes))
+
+
+@case("nn.Fp8Linear", "nn.Fp8State", "nn.quantize")
+def fp8_straight_through():
+    """fp8's backward is straight-through: on values fp8 holds exactly, rounding changes nothing
+    and its gradients are the float Linear's; the state's gradient carries the new amax history."""
+    lin = eqx.tree_at(lambda m: (m.weight, m.bias), nn.Linear.init(Embed, Mlp, key=key(0)),
+                      (powers_of_two((Embed, Mlp), 1), powers_of_two((Mlp,), 2)))
+    params, rebuild = split(lin)
+    x, ct = powers_of_two((Batch, Embed), 3), powers_of_two((Batch, Mlp), 4)
+    # to 1e-6: the scales are float32 (amax / fp8 max), as the state is
+    same_vjp(lambda p: nn.quantize(rebuild(p[0]), "fp8")(p[1]), lambda p: rebuild(p[0])(p[1]), (params, x), ct, tol=1e-6)
+    state = jax.jit(jax.grad(lambda m: (m(x) * ct).sum().scalar()))(nn.quantize(lin, nn.QuantConfig("fp8", history=3))).fp8
+    for got, amax in ((state.x, 1.0), (state.w, 1.0), (state.g, 1.0)):
+        np.testing.assert_array_equal(got.array, np.asarray([amax, 0.0, 0.0]) * 2.0**-16)
+    assert float(state.probe.array) == 2.0**-16
+    fd_check(lambda p: rebuild(p[0])(p[1]), (params, x))
+
+
+@case("nn.Int8Linear", "nn.Int8WeightLinear")
+def int8():
+    """int8's backward is the float gradient (the rounding is not differentiated); int8_weight
+    differentiates in its float scale, bias and input (its int8 weight takes no gradient)."""
+    params, rebuild = split(f64(nn.Linear.init((Embed, C), Mlp, key=key(1))))
+    x = randn((Batch, C, Embed), 2)
+    same_vjp(lambda p: nn.quantize(rebuild(p[0]), "int8")(p[1]), lambda p: rebuild(p[0])(p[1]), (params, x),
+             randn((Batch, Mlp), 3), tol=1e-10)
+    layer_check(nn.quantize(rebuild(params), "int8_weight"), x)
+
+
+@case("nn.LoraLinear", "nn.lora.apply", "nn.lora.merge", "nn.lora.with_dropout_keys")
+def lora():
+    model = nn.lora.apply(nn.MLP.init(Embed, Mlp, key=key(1), dtype=jnp.float64), ("up", "down"), rank=2, key=key(2),
+                          alpha=4.0, dropout=0.25)
+    model = eqx.tree_at(lambda m: (m.up.lora_b, m.down.lora_b), model, (randn((Axis("lora_rank", 2), Mlp), 3),
+                                                                        randn((Axis("lora_rank", 2), Embed), 4)))
+    layer_check(model, randn((Batch, Embed), 5),
+                lambda m, v: {"dropout": nn.lora.with_dropout_keys(m, key(6))(v), "merged": nn.lora.merge(m)(v)})
+
+
+@case("nn.cast_for_compute", "nn.cast_output", "nn.cast_to_param")
+def mixed_precision():
+    policy = "params=float64,compute=float32,output=float64"
+    block = (nn.MLP.init(Embed, Mlp, key=key(1), dtype=jnp.float64), nn.LayerNorm.init(Embed))
+
+    def call(m, v):
+        half = nn.cast_for_compute(m, policy)
+        y = nn.cast_output(half[1](half[0](v.astype(jnp.float32))), policy)
+        return {"y": y, "params": nn.cast_to_param(half[0].up.weight, policy)}
+
+    layer_check(block, randn((Batch, Embed), 2), call, **F32)
+
+
+# ---- named.nn: stacks of layers and gradient checkpointing --------------------------------------------
+
+
+class Block(eqx.Module):
+    """A residual MLP block with a dropout and a tagged activation, for the stacks' cases."""
+
+    up: nn.Linear
+    down: nn.Linear
+    drop: nn.Dropout
+
+    @staticmethod
+    def init(E: Axis = Embed, M: Axis = Mlp, *, key):
+        k1, k2 = jax.random.split(key)
+        return Block(nn.Linear.init(E, M, key=k1, dtype=jnp.float64), nn.Linear.init(M, E, key=k2, dtype=jnp.float64),
+                     nn.Dropout(0.25))
+
+    def __call__(self, x, key=None):
+        h = nn.checkpoint_name(nm.tanh(self.up(x)), "hidden")
+        return x + self.down(self.drop(h, key=key, inference=key is None))
+
+
+# every policy that runs on CPU; "offload" needs host memory spaces (GPU/TPU) and is refused here
+REMATS = {"none": "none", "full": "full", "save_dots": "save_dots", "save_names": "save_names:hidden",
+          "every2": "full every=2", "save_and_dots": nn.Remat(save=("hidden",), dots="save")}
+
+
+def _stack(kind, policy):
+    def check():
+        stack = (nn.Stacked if kind == "stacked" else nn.BlockSeq).init(Layers, Block.init, key=key(1), remat=REMATS[policy])
+        keys = nm.named(jax.random.split(key(2), Layers.size), (Layers,))
+
+        def call(s, v):
+            carry, ys = s.scan_via(lambda b, x: (b(x), x.sum("embed")))(v)
+            return {"fold": s.fold(v, keys), "scan": carry, "ys": ys, **({"vmap": s.vmap(v)} if policy == "none" else {})}
+
+        layer_check(stack, randn((Batch, Embed), 3), call)
+
+    covers = ("nn.Stacked", "nn.BlockSeq")[kind == "blockseq":][:1] + (("nn.Remat", "nn.checkpoint_name") if policy == "save_and_dots" else ())
+    case(*covers, name=f"{kind}_{policy}")(check)
+
+
+for _kind in ("stacked", "blockseq"):
+    for _policy in REMATS:
+        _stack(_kind, _policy)
+
+
+@case("nn.ExplicitStack", "nn.explicit_layers")
+def explicit_stack():
+    """The explicit driver's own backward (a custom VJP over the scan, gathers and reduce-scatters)."""
+    Rows, Wide = Axis("batch", 8), Axis("embed", 8)
+    stack = nn.Stacked.init(Layers, Block.init, Wide, Mlp, key=key(1))
+    param, compute = {"embed": "data"}, {"batch": "data"}
+    params, rebuild = split(stack)
+
+    def f(p):
+        with nn.explicit_layers(nn.ExplicitStack(param, compute)):
+            return rebuild(p[0]).fold(p[1])
+
+    _mesh_case(f, (params, randn((Rows, Wide), 2)), compute)
+
+
 # ---- the tests -----------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_gradient_under_jit_matches_finite_differences(name):
     CASES[name][1]()
+
+
+WALKED = {"nm": nm, "nn": nn, "nn.lora": nn.lora, "nn.mup": nn.mup, "nn.loss": nn.loss, "nn.precision": nn.precision,
+          "nm.explicit": nm.explicit, "nm.random": nm.random}
+
+
+def public_surface() -> dict[str, object]:
+    """Every public function and class of the walked namespaces, by its first name in WALKED
+    (``nn.relu`` is ``nm.relu``: one entry). Modules and plain values (tables, constants) are not
+    listed; a namespace module must be walked or excluded. ``nm.random`` lists only what it defines."""
+    out, seen = {}, set()
+    for prefix, module in WALKED.items():
+        names = getattr(module, "__all__", None) or [n for n in dir(module) if not n.startswith("_")]
+        for n in names:
+            obj = getattr(module, n)
+            if module is nm.random and getattr(obj, "__module__", None) != nm.random.__name__:
+                continue
+            if inspect.ismodule(obj):
+                if obj in WALKED.values():
+                    continue
+            elif not callable(obj) or id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            out[f"{prefix}.{n}"] = obj
+    return out
+
+
+def test_the_checks_fail_on_a_wrong_gradient():
+    @jax.custom_vjp
+    def cube(x):
+        return x**3
+
+    cube.defvjp(lambda x: (x**3, x), lambda x, ct: (3.03 * x**2 * ct,))  # 1 % off
+    x = grid((A, B), 1)
+    with pytest.raises(AssertionError, match="cotangent projection"):
+        fd_check(lambda v: nm.named(cube(v.array), v.axes), x)
+    with pytest.raises(AssertionError):
+        same_vjp(lambda v: nm.named(cube(v.array), v.axes), lambda v: v**3, x, x, tol=1e-3)
+    fd_check(lambda v: v**3, x)
+
+
+def test_every_public_name_has_a_gradient_case():
+    surface = public_surface()
+    covered = {n for covers, _ in CASES.values() for n in covers}
+    missing = sorted(set(surface) - covered - set(EXCLUDED))
+    assert not missing, f"public names without a gradient case or a reason in EXCLUDED: {missing}"
+    stale = sorted((covered | set(EXCLUDED)) - set(surface))
+    assert not stale, f"names in CASES or EXCLUDED that are not public (any more): {stale}"
+    both = sorted(covered & set(EXCLUDED))
+    assert not both, f"names both covered and excluded: {both}"
+
+
+_NOT_AN_OP = "a type, an error or an annotation"
+_DISCRETE = "boolean or integer results: nothing to differentiate"
+_CONSTANT = "builds an array from axes (and a dtype) alone: no float input"
+_LAYOUT = "mesh, mapping and layout machinery: no array computation of its own"
+_NO_PARAMETER = "a draw that depends on the key alone: no parameter to differentiate"
+_IMPLICIT = ("jax.random's implicit reparameterisation gradient: right in distribution, not equal to "
+             "the finite differences of one draw (the sampler is a rejection loop)")
+_MASK = "a boolean mask for dot_product_attention (the attention cases use them): nothing to differentiate"
+EXCLUDED: dict[str, str] = {
+    **dict.fromkeys(["nm.ArgumentError", "nm.ArgumentTypeError", "nm.Axis", "nm.AxisError", "nm.AxisSelection",
+                     "nm.AxisSelector", "nm.NamedError", "nm.ResourceMapping", "nm.ShardedAxis", "nm.ShardingCheck",
+                     "nm.ShardingError", "nm.StateDictEntry", "nm.StateDictError", "nm.UnreducedError"], _NOT_AN_OP),
+    **dict.fromkeys(["nm.all", "nm.any", "nm.allclose", "nm.array_equal", "nm.argmax", "nm.argmin", "nm.argsort",
+                     "nm.nanargmax", "nm.nanargmin", "nm.count_nonzero", "nm.nonzero", "nm.searchsorted", "nm.equal",
+                     "nm.not_equal", "nm.greater", "nm.greater_equal", "nm.less", "nm.less_equal", "nm.isclose",
+                     "nm.isfinite", "nm.isinf", "nm.isnan", "nm.signbit", "nm.logical_and", "nm.logical_not",
+                     "nm.logical_or", "nm.logical_xor", "nm.invert", "nm.bitwise_and", "nm.bitwise_or", "nm.bitwise_xor",
+                     "nm.bitwise_not", "nm.bitwise_count", "nm.left_shift", "nm.right_shift", "nm.gcd", "nm.lcm",
+                     "nm.axis_index", "nn.positions_from_segments"], _DISCRETE),
+    **dict.fromkeys(["nm.arange", "nm.zeros", "nm.ones", "nm.zeros_like", "nm.ones_like", "nm.one_hot", "nm.fftfreq",
+                     "nn.alibi_slopes"], _CONSTANT),
+    **dict.fromkeys(["nm.axes_of", "nm.is_named_array", "nm.axis_mapping", "nm.current_mapping", "nm.current_mesh",
+                     "nm.make_mesh", "nm.set_mesh", "nm.check_mapping", "nm.check_sharding", "nm.infer_shardings",
+                     "nm.pspec_for", "nm.sharding_for", "nm.layout", "nm.parse_layout", "nm.explicit.block_layout",
+                     "nm.typecheck"], _LAYOUT),
+    **dict.fromkeys(["nm.compiled_report", "nm.param_report"], "reports on a compiled program or a model's layout"),
+    **dict.fromkeys(["nm.state_dict", "nm.state_dict_entries", "nm.load_state_dict", "nm.load_state_dict_file",
+                     "nm.save_state_dict"], "moves a model's arrays to and from files and flat dicts"),
+    "nm.inspect": "reports (its public functions are covered or excluded at the top: nm.layout, nm.compiled_report, ...)",
+    "nm.partitioning": "mesh and mapping machinery; its differentiable parts, nm.shard and nm.named_jit, are covered at the top",
+    **dict.fromkeys(["nm.random.gumbel", "nm.random.laplace", "nm.random.logistic", "nm.random.exponential",
+                     "nm.random.cauchy", "nm.random.maxwell", "nm.random.block_draw"], _NO_PARAMETER),
+    **dict.fromkeys(["nm.random.gamma", "nm.random.beta", "nm.random.loggamma", "nm.random.chisquare", "nm.random.t",
+                     "nm.random.dirichlet"], _IMPLICIT),
+    **dict.fromkeys(["nm.random.bernoulli", "nm.random.binomial", "nm.random.poisson", "nm.random.geometric",
+                     "nm.random.rademacher", "nm.random.randint", "nm.random.categorical", "nm.random.split"], _DISCRETE),
+    **dict.fromkeys(["nn.causal_mask", "nn.chunked_mask", "nn.padding_mask", "nn.segment_mask"], _MASK),
+    "nn.attention_implementation": ("a trace-time switch; on CPU every implementation it may name but 'cudnn' (refused "
+                                    "without a GPU) is the XLA path that the attention cases differentiate"),
+    "nn.QuantConfig": "a configuration for nn.quantize",
+    "nn.remat_policy": "jax's checkpoint policy for a Remat; the stack cases differentiate every policy through a stack",
+    "nn.get_policy": "parses a precision policy",
+    "nn.keeps_full_precision": "says whether a module keeps float32 parameters under a policy",
+    **dict.fromkeys(["nn.is_overwrite_state", "nn.without_overwrites", "nn.overwrite_updates"],
+                    "the optimizer's side of fp8's state: tree surgery on gradients, not a differentiated function"),
+    "nn.lora.linear_paths": "lists a model's Linears by path",
+    "nn.lora.trainable": "a boolean tree that marks the adapters (for eqx.partition)",
+    **dict.fromkeys(["nn.mup.rescale_init", "nn.mup.scale_updates", "nn.mup.roles"],
+                    "muP's scaling of an init and of optimizer updates, applied outside the differentiated function"),
+}
