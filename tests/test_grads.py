@@ -170,16 +170,16 @@ REDUCTIONS = {
 }
 # along one name, the shape kept
 ALONG = {
-    "nm.softmax": lambda x: nm.softmax(x, "b", where=MASK()),
-    "nm.log_softmax": lambda x: nm.log_softmax(x, "b", where=MASK()),
-    "nm.standardize": lambda x: nm.standardize(x, "b", where=MASK()), "nm.cumsum": lambda x: nm.cumsum(x, "b"),
+    "nm.softmax": lambda x: nm.softmax(x, "b", where=mask()),
+    "nm.log_softmax": lambda x: nm.log_softmax(x, "b", where=mask()),
+    "nm.standardize": lambda x: nm.standardize(x, "b", where=mask()), "nm.cumsum": lambda x: nm.cumsum(x, "b"),
     "nm.cumprod": lambda x: nm.cumprod(x, "b", reverse=True), "nm.nancumsum": lambda x: nm.nancumsum(x, "b"),
     "nm.nancumprod": lambda x: nm.nancumprod(x, "b"), "nm.sort": lambda x: nm.sort(x, "b", descending=True),
     "nm.fftshift": lambda x: nm.fftshift(x, "b"), "nm.ifftshift": lambda x: nm.ifftshift(x, ("a", "b")),
 }
 
 
-def MASK():
+def mask():
     return nm.named(np.arange(12).reshape(3, 4) % 3 != 1, (A, B))
 
 
@@ -198,9 +198,9 @@ def _unary(name, domain):
 def _binary(name, domains):
     def check():
         op = _fn(name)
-        if domains == "mod":  # x = y (k + f) with f in [0.3, 0.7]: x / y stays 0.3 from the integers
+        if domains == "mod":  # x = y (k + f), f between 0.3 and 0.45: x / y stays 0.3 from the integers
             y = positive((A, B), 1) * nm.sign(grid((A, B), 2))
-            x = y * (nm.floor(grid((A, B), 3)) + 0.3 + 0.4 * (positive((A, B), 4) - 0.4) / 3.5)
+            x = y * (nm.floor(grid((A, B), 3)) + 0.3 + 0.1 * nm.abs(grid((A, B), 4)))
         else:  # y over (c, b): the result has both operands' axes; y's grid never ties with x's
             x, y = domains[0]((A, B), 1), domains[1]((C, B), 2, offset=0.2)
         fd_check(lambda p: op(*p), (x, y))
@@ -221,13 +221,13 @@ def _reduction(name, takes_where, skips_nan):
         op = _fn(name)
         x = grid((A, B), 1)
         if skips_nan:
-            # where MASK keeps it, so that where= and NaN-skipping both act; every row keeps two other entries
-            # under MASK (the std of a single entry has an infinite derivative)
+            # where mask() keeps it, so that where= and NaN-skipping both act; every row keeps two other entries
+            # under mask() (the std of a single entry has an infinite derivative)
             x = nm.where(nm.named(np.arange(12).reshape(3, 4) == 0, (A, B)), jnp.nan, x)
 
         def f(v):
             out = {"a": op(v, "a"), "all": op(v)}
-            return {**out, "where": op(v, "b", where=MASK())} if takes_where else out
+            return {**out, "where": op(v, "b", where=mask())} if takes_where else out
 
         fd_check(f, x)
 
