@@ -280,6 +280,20 @@ def test_psum_scatter_all_to_all_and_reductions_match_numpy(mesh):
     np.testing.assert_array_equal(out["index"].array, [0, 1, 2, 3])
 
 
+
+def test_pmax_has_jnp_max_gradient_under_jit(mesh):
+    """nm.pmax differentiates like jnp.max over the whole axis: the gradient goes to the entries
+    that hold the maximum, split equally among ties (lax.pmax alone has no differentiation rule)."""
+    a = np.random.default_rng(0).standard_normal((16, 8)).astype(np.float32)
+    a[13, 2] = a[2, 2] = a[:, 2].max() + 1.0  # a tie across two devices (rows 2 and 13 sit on data 0 and 3)
+    r = np.random.default_rng(1).standard_normal(8).astype(np.float32)
+    x = nm.shard(nm.named(a, "batch feat"), {"batch": "data"}, mesh)
+    pmax = nm.shard_map(lambda v: nm.pmax(v, "batch"), mesh=mesh, in_mapping={"batch": "data"})
+    got = jax.jit(jax.grad(lambda v: (pmax(v).array * r).sum()))(x)
+    want = jax.grad(lambda v: (jnp.max(v, axis=0) * r).sum())(a)
+    np.testing.assert_allclose(got.array, want, rtol=1e-6)
+    assert got.array[2, 2] == got.array[13, 2] == r[2] / 2
+
 def test_all_gather_over_two_mesh_axes_keeps_the_order(mesh):
     a = np.arange(32, dtype=np.float32)
     x = nm.shard(nm.named(a, "embed"), {"embed": ("data", "model")}, mesh)

@@ -68,6 +68,27 @@ def test_pools_match_torch(n, window, stride, padding, use_ceil):
         np.testing.assert_allclose(_ours(got, n), want.numpy(), atol=1e-6)
 
 
+
+@pytest.mark.parametrize("n,window,stride,padding,use_ceil", POOL_CASES[:2] + POOL_CASES[3:4])
+def test_pool_gradients_under_jit_match_torch(n, window, stride, padding, use_ceil):
+    """``jax.jit(jax.grad(...))`` of each pool, against torch's backward (it once failed to linearize)."""
+    x = _input(n, seed=n + 10)
+    win = dict(zip(SPATIAL[n], window if isinstance(window, tuple) else (window,) * n))
+    ct = randn(nn.max_pool(x, win, stride, padding, use_ceil).axes, seed=n + 20)  # the output's cotangent
+    pools = {
+        "max": (lambda v: nn.max_pool(v, win, stride, padding, use_ceil),
+                lambda t: TORCH_MAX[n](t, window, stride, padding, ceil_mode=use_ceil)),
+        "min": (lambda v: nn.min_pool(v, win, stride, padding, use_ceil),
+                lambda t: -TORCH_MAX[n](-t, window, stride, padding, ceil_mode=use_ceil)),
+        "mean": (lambda v: nn.mean_pool(v, win, stride, padding, use_ceil, count_include_pad=False),
+                 lambda t: TORCH_AVG[n](t, window, stride, padding, ceil_mode=use_ceil, count_include_pad=False)),
+    }
+    for name, (ours, theirs) in pools.items():
+        got = jax.jit(jax.grad(lambda v: (ours(v) * ct).sum().scalar()))(x)
+        xt = _torch(x, n).requires_grad_(True)
+        (theirs(xt) * _torch(ct, n)).sum().backward()
+        np.testing.assert_allclose(_ours(got, n), xt.grad.numpy(), atol=1e-6, err_msg=name)
+
 def _numpy_pool(v, window, stride, pads, fill, reduce):
     """Sliding windows over the last two axes of ``v`` in numpy; ``count`` averages over the real entries."""
     padded = np.pad(v, [(0, 0)] * (v.ndim - 2) + list(pads), constant_values=fill)

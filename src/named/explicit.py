@@ -479,10 +479,26 @@ def psum(x: NamedArray | Unreduced, axis: AxisSelection | None = None, *,
     return _reduce(x, axis, mesh_axes, "psum", lambda v, n: v.sum(n), lax.psum)
 
 
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def _pmax(arr, axis_name):
+    return lax.pmax(arr, axis_name)
+
+
+@_pmax.defjvp
+def _pmax_jvp(axis_name, primals, tangents):
+    # lax.pmax has no differentiation rule. This is jnp.max's, across devices: the tangent of
+    # the entries that hold the maximum, shared equally among ties.
+    (arr,), (t,) = primals, tangents
+    out = lax.pmax(arr, axis_name)
+    at_max = (arr == out).astype(t.dtype)
+    return out, lax.psum(t * at_max, axis_name) / lax.psum(at_max, axis_name)
+
+
 def pmax(x: NamedArray, axis: AxisSelection | None = None, *, mesh_axes: str | Sequence[str] | None = None) -> NamedArray:
     """The maximum over the whole named ``axis`` (the block's, then across the mesh axes that split it),
-    or elementwise across ``mesh_axes``."""
-    return _reduce(x, axis, mesh_axes, "pmax", lambda v, n: v.max(n), lax.pmax)
+    or elementwise across ``mesh_axes``. Its gradient goes to the entries that hold the maximum
+    (split equally among ties), as ``jnp.max``'s does."""
+    return _reduce(x, axis, mesh_axes, "pmax", lambda v, n: v.max(n), _pmax)
 
 
 def pmean(x: NamedArray, axis: AxisSelection | None = None, *, mesh_axes: str | Sequence[str] | None = None) -> NamedArray:

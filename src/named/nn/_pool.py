@@ -55,7 +55,10 @@ def _pool(what, x, window, stride, padding, use_ceil, init, combine, weights: bo
             extra.append(0)
     by_name = {n: (w, s, (lo, hi + e)) for n, w, s, (lo, hi), e in zip(names, sizes.values(), strides, pads, extra)}
     dims, st, pd = zip(*(by_name.get(a.name, (1, 1, (0, 0))) for a in x.axes))
-    pooled = jax.lax.reduce_window(x.array, jnp.asarray(init(x.dtype), x.dtype), combine, dims, st, pd)
+    # A numpy initial value, never a jax one: reduce_window recognises max, min and add (which have
+    # gradients) only from a constant it can read; under jit a jnp value is traced, and the generic
+    # reduce_window it then falls back on cannot be differentiated.
+    pooled = jax.lax.reduce_window(x.array, np.asarray(init(x.dtype), x.dtype), combine, dims, st, pd)
     out_axes = tuple(a.resize(pooled.shape[i]) for i, a in enumerate(x.axes))
     divisor = None
     if weights is not None:
@@ -99,6 +102,6 @@ def mean_pool(x: NamedArray, window, stride=None, padding="VALID", use_ceil: boo
     """
     if isinstance(x, NamedArray) and not jnp.issubdtype(x.dtype, jnp.inexact):
         x = x.astype(jnp.float32)
-    total, count = _pool("mean_pool", x, window, stride, padding, use_ceil, lambda d: jnp.zeros((), d), jax.lax.add,
+    total, count = _pool("mean_pool", x, window, stride, padding, use_ceil, lambda d: 0, jax.lax.add,
                          weights=count_include_pad)
     return (total / count).astype(x.dtype)
