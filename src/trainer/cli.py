@@ -92,8 +92,8 @@ def _guarded(body) -> int:
         return body()
     except SystemExit as e:  # --help
         return int(e.code or 0)
-    except NamedError as e:
-        return _fail(e)
+    except NamedError as e:  # ours; one that is an OSError too (FileWriteError) is the machine's: exit 1
+        return _fail(e, 1 if isinstance(e, OSError) else 2)
     except OSError as e:  # the machine, not the input: no traceback, exit 1
         return _fail(e, 1)
 

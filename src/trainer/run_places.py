@@ -7,8 +7,8 @@ retention would one day delete it with everything in it), and ``named-export`` r
 ``--out`` that is, lies inside or holds any of them. The marks are what the trainer itself
 writes, so a place is recognised whichever run made it:
 
-- a *run directory* holds the lock ``.lock`` or the identity ``run.json`` (both written when a
-  run claims it), or ``config.yaml`` beside ``model_config.json``;
+- a *run directory* holds the identity ``run.json``, or ``config.yaml`` beside ``model_config.json``
+  or the lock ``.lock`` (all written when a run claims it; runs older than ``run.json`` have the others);
 - a *checkpoint folder* is ``<run_dir>/checkpoints``, or any folder holding a committed
   ``step_<N>`` (a ``checkpoint.base``'s ``checkpoints``);
 - a *checkpoint* holds ``commit.json``, or is a ``step_<N>`` (or a save's or deletion's
@@ -25,15 +25,15 @@ from .checkpoint_store import COMMIT_FILE, STEP_DIR
 
 CONFIG_FILE = "config.yaml"
 LOCK_FILE = ".lock"
-RUN_FILE = "run.json"  # the run's identity (rundir.RunIdentity)
+RUN_FILE = "run.json"  # the run's identity (see rundir)
 
 RUN_DIR, CHECKPOINT_FOLDER, CHECKPOINT = "run directory", "checkpoint folder", "checkpoint"
 KINDS = (CHECKPOINT, CHECKPOINT_FOLDER, RUN_DIR)  # innermost first: a checkpoint lies in a folder, in a run
 
 
 def is_run_dir(p: Path) -> bool:
-    return ((p / LOCK_FILE).is_file() or (p / RUN_FILE).is_file()
-            or ((p / CONFIG_FILE).is_file() and (p / "model_config.json").is_file()))
+    return (p / RUN_FILE).is_file() or (
+        (p / CONFIG_FILE).is_file() and ((p / "model_config.json").is_file() or (p / LOCK_FILE).is_file()))
 
 
 def is_checkpoint_folder(p: Path) -> bool:
