@@ -376,3 +376,21 @@ def test_a_checkpoint_copied_into_a_new_run_dir_is_that_run_dirs(corpus, first, 
         assert train(_cfg(corpus, run_dir)).message.startswith("already at step 2 ")
     plan = rundir.plan_run(_cfg(corpus, run_dir, **{"trainer.num_train_steps": 3}))
     assert plan.restore_from == run_dir / "checkpoints" / "step_2" and plan.run_id == _run_id(first)
+
+
+def test_a_failing_checkpoint_base_mkdir_names_the_key(tmp_path, monkeypatch):
+    # what the up-front checks cannot know (a full disk, a race): claim() names checkpoint.base
+    run_dir, base = tmp_path / "run", tmp_path / "base"
+    mkdir = Path.mkdir
+
+    def refuse(self, *a, **k):
+        if self == base / "checkpoints":
+            raise PermissionError(13, "Permission denied", str(self))
+        return mkdir(self, *a, **k)
+
+    monkeypatch.setattr(Path, "mkdir", refuse)
+    plan = rundir.RunPlan(run_dir, fingerprint=(None, ()), checkpoints=base, run_id="0" * 32)
+    with pytest.raises(ConfigError, match=f"checkpoint.base {base}: cannot create {base / 'checkpoints'}: Permission denied"):
+        with rundir.claim(plan, {}):
+            pass
+    assert not (run_dir / "run.json").exists()
