@@ -230,6 +230,10 @@ def _local_base(cfg: TrainConfig, root: ckpt.Location) -> Path | None:
 # ---- the run's identity --------------------------------------------------------------------
 
 
+def _is_run_id(value: Any) -> bool:
+    return isinstance(value, str) and re.fullmatch(r"[0-9a-f]{32}", value) is not None
+
+
 def _read_run_id(run_dir: Path) -> str | None:
     """This run directory's id (``run.json``), None when it has none yet."""
     path = run_dir / RUN_FILE
@@ -241,7 +245,7 @@ def _read_run_id(run_dir: Path) -> str | None:
         raise ConfigError(f"trainer.run_dir: {path} cannot be read ({e}); it is not a file this trainer wrote. "
                           "Choose another trainer.run_dir") from None
     run_id = data.get("id") if isinstance(data, dict) else None
-    if not isinstance(run_id, str) or not re.fullmatch(r"[0-9a-f]{32}", run_id):
+    if not _is_run_id(run_id):
         raise ConfigError(f"trainer.run_dir: {path} holds no run id (32 hex digits under \"id\"); it is not a file "
                           "this trainer wrote. Choose another trainer.run_dir")
     return run_id
@@ -252,8 +256,8 @@ def _owner_check(cfg: TrainConfig, plan: RunPlan, commit: dict, mine: str | None
     return the id this run directory takes from it, if it takes one."""
     owner = commit.get("metadata", {}).get("run")
     theirs = owner.get("id") if isinstance(owner, dict) else None
-    if not isinstance(theirs, str) or theirs == mine:
-        return None  # saved before runs had an identity, or by this run
+    if not _is_run_id(theirs) or theirs == mine:
+        return None  # saved before runs had an identity (or by hand), or by this run
     owner_dir = str(owner.get("run_dir"))
     here = plan.run_dir.absolute()
     inside = not ckpt.is_remote(plan.root) and plan.root.absolute() == here  # the run directory's own checkpoints
