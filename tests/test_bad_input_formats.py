@@ -137,6 +137,7 @@ def _named(tmp_path, *weights, **kw):
         (lambda t: _named(t, 0, 0), r"data\.train: the weights of the sources sum to 0"),
         (lambda t: _named(t, 1, -0.5), r"data\.train\[1\]\.weight must be a finite number >= 0, got -0\.5"),
         (lambda t: _named(t, 1, float("nan")), r"data\.train\[1\]\.weight must be a finite number"),
+        (lambda t: _named(t, 1e308, 1e308), r"data\.train: the weights of the sources sum to inf .*scale them down"),
         (lambda t: _named(t, 1, "2"), r"data\.train\[1\]\.weight .* got '2'"),
         (lambda t: [_named(t, 1)[0], str(t / "a.jsonl")], r"data\.train\[1\] is .* other entries are named sources"),
         (lambda t: _named(t, 1, 1)[:1] * 2, r"data\.train\[1\]\.name 's0' is also the name of data\.train\[0\]"),

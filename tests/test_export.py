@@ -10,6 +10,8 @@ module. Bad input is refused before anything is written; a failed export leaves 
 from __future__ import annotations
 
 import json
+import resource
+import shutil
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -168,7 +170,7 @@ def test_bad_input_is_refused_naming_it_before_anything_is_written(full_run, lor
     (out / "keep.txt").write_text("mine")
     _refused(capsys, out, "exists and is not empty; give another folder, or --overwrite", "--checkpoint", full_run)
     assert (out / "keep.txt").read_text() == "mine"
-    _refused(capsys, full_run, "holds the run directory", "--checkpoint", full_run, "--overwrite")
+    _refused(capsys, full_run, f"is the run directory {full_run}", "--checkpoint", full_run, "--overwrite")
 
 
 def test_an_export_replaces_a_folder_whole_or_not_at_all(full_run, tmp_path, monkeypatch, capsys):
@@ -189,3 +191,46 @@ def test_an_export_replaces_a_folder_whole_or_not_at_all(full_run, tmp_path, mon
     assert _export("--checkpoint", full_run, "--out", out, "--overwrite") == 0
     assert not (out / "old.txt").exists() and (out / "model.safetensors").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_an_out_in_or_over_what_a_run_keeps_is_refused(full_run, tmp_path, capsys):
+    # --overwrite used to delete every checkpoint of the run (--out RUN/checkpoints) and exit 0
+    ckdir = full_run / "checkpoints"
+    kept = [s for s, _ in ckpt.list_checkpoints(full_run)]
+    _refused(capsys, ckdir, f"--out {ckdir} is the checkpoint folder {ckdir}; an export never writes into",
+             "--checkpoint", full_run, "--overwrite")
+    _refused(capsys, ckdir / "step_2", f"is the checkpoint {ckdir / 'step_2'}", "--checkpoint", full_run, "--overwrite")
+    _refused(capsys, full_run / "hf", f"lies inside the run directory {full_run}", "--checkpoint", full_run)
+    # the parent of the run, spelled with '..' or reached through a link, holds it
+    _refused(capsys, full_run / "..", f"holds the run directory {full_run}, which --overwrite would delete",
+             "--checkpoint", full_run, "--overwrite")
+    link = tmp_path / "link"
+    link.symlink_to(full_run)
+    _refused(capsys, link, f"--out {link} (a link to {full_run}) is the run directory", "--checkpoint", full_run,
+             "--overwrite")
+    assert link.is_symlink() and sorted(p.name for p in tmp_path.iterdir()) == ["link"]  # no .link.old-* left
+    # a checkpoint folder of any run (a checkpoint.base's holds committed step_N)
+    base = tmp_path / "base" / "checkpoints"
+    shutil.copytree(ckdir / "step_1", base / "step_1")
+    _refused(capsys, base / "hf", f"lies inside the checkpoint folder {base}", "--checkpoint", full_run)
+    assert [s for s, _ in ckpt.list_checkpoints(full_run)] == kept
+    for _, path in ckpt.list_checkpoints(full_run):
+        ckpt.verify_checkpoint(path)
+
+
+def test_a_failed_safetensors_write_names_the_file_and_leaves_nothing(full_run, tmp_path, capsys):
+    # a real file-size limit (Python ignores SIGXFSZ, so the write fails with EFBIG): safetensors
+    # raises its own error, which used to escape the CLI as a traceback
+    out = tmp_path / "out"
+    limit = 64 << 10  # above config.json, below the weights
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        code = _export("--checkpoint", full_run, "--out", out)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert err == f"error: cannot write {out / 'model.safetensors'}: File too large; --out is unchanged (an export " \
+                  "is renamed into place whole, or not at all)\n"
+    assert list(tmp_path.iterdir()) == []  # neither --out nor a temporary folder

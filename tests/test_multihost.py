@@ -303,6 +303,7 @@ def test_killed_process_stops_the_launch_and_the_last_checkpoint_stays_valid(cor
     err = (tmp_path / "err.txt").read_text()
     assert code == 128 + signal.SIGKILL, err[-3000:]
     assert f"process 1 of 2 (pid {kids[1]}) was killed by SIGKILL; stopping the others" in err
+    assert "Traceback" not in err, err[-3000:]  # the survivor's broken collective is one line
     assert not alive(kids[0])
     latest = ck.latest_checkpoint(run_dir)
     assert latest is not None and int(latest.name.split("_")[1]) >= committed
@@ -335,6 +336,7 @@ def test_survivor_exits_without_a_launcher(corpus, tmp_path, how):
     gloo_abort = code == -signal.SIGABRT and "Received data size doesn't match expected size" in err and took < 10
     if how == "SIGKILL":  # usually the collective; the heartbeat if process 0 was not in one (checkpoint barrier)
         assert broken_collective or heartbeat_abort or gloo_abort, (code, err[-3000:])
+        assert "Traceback" not in err, err[-3000:]  # the peer's death is one line, not a trace through jax
     else:
         assert heartbeat_abort, (code, err[-3000:])
     assert ck.verify_checkpoint(ck.latest_checkpoint(run_dir))["process_count"] == 2
@@ -505,3 +507,34 @@ raise SystemExit("jax.distributed.initialize was not called")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "initialize ['coordinator_address', 'heartbeat_timeout_seconds', 'initialization_timeout', " \
            "'num_processes', 'process_id']" in r.stdout
+
+
+@pytest.mark.parametrize("raised, traceback_kept", [
+    (jax.errors.JaxRuntimeError("INTERNAL: Gloo all-reduce failed: [127.0.0.1]:40000: Connection closed by peer"), False),
+    (ZeroDivisionError("a bug of this process"), True),
+])
+def test_a_survivor_of_a_dead_peer_prints_one_line_and_a_bug_its_traceback(monkeypatch, capsys, raised, traceback_kept):
+    """In-process: named-train of a 2-process run whose train() raises what a killed peer leaves
+    its survivor (gloo's broken connection), or a bug. The first is one ``error:`` line naming the
+    likely cause (its traceback lies inside jax and says nothing more); the second keeps it."""
+    import named.trainer.distributed as distributed
+    import named.trainer.train as train_module
+    from named.trainer.cli import main_train
+
+    def fail(cfg):
+        raise raised
+
+    def leave(code):
+        raise SystemExit(code)
+
+    monkeypatch.setattr(distributed, "maybe_initialize", lambda cfg: True)
+    monkeypatch.setattr(distributed, "exit_now", leave)
+    monkeypatch.setattr(train_module, "train", fail)
+    with pytest.raises(SystemExit) as left:
+        main_train(["--config_path", CONFIG])
+    err = capsys.readouterr().err
+    assert left.value.code == 1
+    assert ("Traceback (most recent call last)" in err) == traceback_kept, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: process 0 of 1: ") and type(raised).__name__ in last, err
+    assert ("another process has most likely died" in last) != traceback_kept

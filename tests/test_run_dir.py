@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -280,3 +281,116 @@ def test_a_failing_mkdir_becomes_a_config_error_naming_the_path(tmp_path, monkey
     with pytest.raises(ConfigError, match=f"trainer.run_dir {run_dir}: cannot write {run_dir}: Permission denied"):
         with rundir.claim(rundir.RunPlan(run_dir, fingerprint=(None, ())), {}):
             pass
+
+
+# ---- places of other runs, and runs sharing a checkpoint base --------------------------------
+
+
+def test_a_run_dir_or_base_inside_a_checkpoint_folder_is_refused(corpus, first, tmp_path):
+    # the outer run's retention deletes step_<N> with everything in it; nothing inside its folder is safe
+    outer = _copy(first, tmp_path)
+    folder, step = outer / "checkpoints", outer / "checkpoints" / "step_1"
+    _refused(ConfigError, f"trainer.run_dir {folder / 'inner'} lies inside the checkpoint folder {folder}: "
+             "the retention of the run that owns it", _cfg(corpus, folder / "inner"), outer)
+    _refused(ConfigError, f"trainer.run_dir {step / 'inner'} lies inside the checkpoint {step}:",
+             _cfg(corpus, step / "inner"), outer)
+    _refused(ConfigError, f"trainer.run_dir {folder} lies inside the checkpoint folder {folder}:",
+             _cfg(corpus, folder), outer)
+    _refused(ConfigError, f"checkpoint.base {step} lies inside the checkpoint {step}: .*Choose a checkpoint.base outside",
+             _cfg(corpus, tmp_path / "new", **{"checkpoint.base": str(step)}), outer)
+    assert not (tmp_path / "new").exists()
+
+
+def test_an_unwritable_local_checkpoint_base_is_named_before_compiling(corpus, tmp_path):
+    # with checkpoint.interval 0 the first save comes after every step was trained: found only then, all is lost
+    f = tmp_path / "file"
+    f.write_text("not a directory")
+    run_dir = tmp_path / "run"
+    bare = {"checkpoint.interval": 0}
+    _refused(ConfigError, f"checkpoint.base {f} exists and is not a directory",
+             _cfg(corpus, run_dir, **bare, **{"checkpoint.base": str(f)}), tmp_path)
+    _refused(ConfigError, f"checkpoint.base {f / 'b'} cannot be created: {f} is a file",
+             _cfg(corpus, run_dir, **bare, **{"checkpoint.base": str(f / "b")}), tmp_path)
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "checkpoints").write_text("")
+    _refused(ConfigError, f"checkpoint.base: {base / 'checkpoints'} is a file; the trainer writes a directory there",
+             _cfg(corpus, run_dir, **bare, **{"checkpoint.base": str(base)}), tmp_path)
+    assert not run_dir.exists()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write into a read-only directory")
+def test_a_read_only_checkpoint_base_is_named_before_compiling(corpus, tmp_path):
+    base = tmp_path / "base"
+    base.mkdir()
+    base.chmod(0o555)
+    try:
+        _refused(ConfigError, f"checkpoint.base {base} is not writable",
+                 _cfg(corpus, tmp_path / "run", **{"checkpoint.base": str(base)}), tmp_path)
+    finally:
+        base.chmod(0o755)
+
+
+def _run_id(run_dir: Path) -> str:
+    return json.loads((run_dir / "run.json").read_text())["id"]
+
+
+def test_two_runs_sharing_a_checkpoint_base_never_resume_each_other(corpus, tmp_path):
+    base, a, b = tmp_path / "base", tmp_path / "a", tmp_path / "b"
+    shared = {"checkpoint.base": str(base)}
+    train(_cfg(corpus, a, **shared))
+    # a second run on the same base: refused, naming both runs and the keys, writing nothing
+    before = _hashes(base)
+    _refused(ConfigError, f"checkpoint.base {base}: the checkpoint {base / 'checkpoints' / 'step_2'} was saved by "
+             f"another run \\(trainer.run_dir {a}, run id [0-9a-f]{{32}}\\), not by this one \\(trainer.run_dir {b}, "
+             f"a new run\\).*checkpoint.base of its own \\(e.g. {base}/b\\).*trainer.run_dir {a}.*"
+             "trainer.load_checkpoint checkpoints/step_2. Nothing was written", _cfg(corpus, b, **shared), b)
+    assert _hashes(base) == before
+    ida = _run_id(a)
+    saved = ckpt.read_commit(base / "checkpoints" / "step_2")["metadata"]["run"]
+    assert saved == {"id": ida, "run_dir": str(a)}  # every checkpoint names the run that saved it
+    # its own run resumes (and a run directory whose run.json was lost is still that run)
+    with _no_compile():
+        assert train(_cfg(corpus, a, **shared)).message.startswith("already at step 2 ")
+        (a / "run.json").unlink()
+        assert train(_cfg(corpus, a, **shared)).message.startswith("already at step 2 ")
+    (a / "run.json").write_text(json.dumps({"id": ida}))
+    # naming the checkpoint is the one way to continue another run's checkpoint on purpose
+    explicit = train(_cfg(corpus, b, **shared, **{"trainer.load_checkpoint": "checkpoints/step_2",
+                                                  "trainer.num_train_steps": 3}))
+    assert len(explicit.losses) == 1
+    assert "a checkpoint of another run" in (b / "logs" / "process_0.log").read_text()
+    idb = _run_id(b)
+    assert idb != ida and ckpt.read_commit(base / "checkpoints" / "step_3")["metadata"]["run"]["id"] == idb
+    # and the first run no longer resumes from what the second saved there
+    _refused(ConfigError, f"the checkpoint {base / 'checkpoints' / 'step_3'} was saved by another run "
+             f"\\(trainer.run_dir {b}, run id {idb}\\), not by this one \\(trainer.run_dir {a}, run id {ida}\\)",
+             _cfg(corpus, a, **shared, **{"trainer.num_train_steps": 4}), a)
+
+
+def test_a_checkpoint_copied_into_a_new_run_dir_is_that_run_dirs(corpus, first, tmp_path):
+    # the documented way to branch a run: copy a checkpoint into another run directory
+    run_dir = tmp_path / "branch"
+    shutil.copytree(first / "checkpoints" / "step_2", run_dir / "checkpoints" / "step_2")
+    with _no_compile():
+        assert train(_cfg(corpus, run_dir)).message.startswith("already at step 2 ")
+    plan = rundir.plan_run(_cfg(corpus, run_dir, **{"trainer.num_train_steps": 3}))
+    assert plan.restore_from == run_dir / "checkpoints" / "step_2" and plan.run_id == _run_id(first)
+
+
+def test_a_failing_checkpoint_base_mkdir_names_the_key(tmp_path, monkeypatch):
+    # what the up-front checks cannot know (a full disk, a race): claim() names checkpoint.base
+    run_dir, base = tmp_path / "run", tmp_path / "base"
+    mkdir = Path.mkdir
+
+    def refuse(self, *a, **k):
+        if self == base / "checkpoints":
+            raise PermissionError(13, "Permission denied", str(self))
+        return mkdir(self, *a, **k)
+
+    monkeypatch.setattr(Path, "mkdir", refuse)
+    plan = rundir.RunPlan(run_dir, fingerprint=(None, ()), checkpoints=base, run_id="0" * 32)
+    with pytest.raises(ConfigError, match=f"checkpoint.base {base}: cannot create {base / 'checkpoints'}: Permission denied"):
+        with rundir.claim(plan, {}):
+            pass
+    assert not (run_dir / "run.json").exists()

@@ -31,7 +31,6 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 from safetensors import SafetensorError, safe_open
-from safetensors.numpy import save_file
 
 import named as nm
 from named import NamedArray, nn
@@ -536,7 +535,7 @@ def save_pretrained(model, config, folder: str | Path, *, max_shard_size: int | 
             leaf = leaves[k].array
             tensors[name] = params[k].to_hf(np.asarray(leaf[params[k].index(i)]))
             weight_map[name] = filename
-        save_file(tensors, str(folder / filename), metadata={"format": "pt"})
+        nm.save_safetensors(tensors, folder / filename, metadata={"format": "pt"})
     if n > 1:
         index = {"metadata": {"total_size": sum(nbytes.values())}, "weight_map": weight_map}
         (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")

@@ -37,10 +37,12 @@ from ._shape import (
 )
 from ._transforms import fold, nmap, scan, vmap
 from ._state_dict import (
+    FileWriteError,
     StateDictEntry,
     StateDictError,
     load_state_dict,
     load_state_dict_file,
+    save_safetensors,
     save_state_dict,
     state_dict,
     state_dict_entries,

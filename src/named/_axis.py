@@ -126,6 +126,19 @@ def index_of(axes: Sequence[Axis], axis: AxisSelector) -> int:
     )
 
 
+def indices_of(axes: Sequence[Axis], selection: AxisSelection, what: str) -> tuple[int, ...]:
+    """Positions of several selectors in ``axes`` (``index_of`` each), for an op over several axes
+    at once (a reduction, a flatten, an n-dimensional transform): a name given twice is refused,
+    naming it, where jax would raise its own positional error (or repeat the axis)."""
+    sels = as_selectors(selection)
+    names = [name_of(s) for s in sels]
+    for i, name in enumerate(names):
+        if names.index(name) != i:
+            raise AxisError(f"{what}: axis {name!r} is given twice in {selection!r}; name each axis once "
+                            f"(the array has axes {format_axes(axes)})")
+    return tuple(index_of(axes, s) for s in sels)
+
+
 def resolve(axes: Sequence[Axis], axis: AxisSelector) -> Axis:
     return axes[index_of(axes, axis)]
 

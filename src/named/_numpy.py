@@ -22,10 +22,10 @@ from ._axis import (
     AxisError,
     AxisSelection,
     AxisSelector,
-    as_selectors,
     check_unique,
     format_axes,
     index_of,
+    indices_of,
     name_of,
 )
 from ._core import NamedArray, axes_of
@@ -112,7 +112,7 @@ def _fft(name: str, fn1: Callable, fnn: Callable | None, rule: str) -> Callable:
     def op(x, axis: AxisSelection, *, n: int | None = None, norm: str | None = None, new_axis: AxisSelector | None = None):
         if not isinstance(x, NamedArray):
             raise ArgumentTypeError(f"nm.{name} takes a NamedArray, got {type(x).__name__}")
-        dims = [index_of(x.axes, s) for s in as_selectors(axis)]
+        dims = list(indices_of(x.axes, axis, f"nm.{name}"))
         if not dims:
             raise AxisError(f"nm.{name} needs an axis name; the array has axes {format_axes(x.axes)}")
         axes = list(x.axes)
@@ -163,7 +163,7 @@ def _make(name: str, row: tuple) -> Callable:
         op, how = _fft(name, fn, row[2], row[3]), "along one name (n=, new_axis=) or several"
     else:
         def op(x, axis: AxisSelection | None = None):
-            dims = tuple(range(x.ndim)) if axis is None else tuple(index_of(x.axes, a) for a in as_selectors(axis))
+            dims = tuple(range(x.ndim)) if axis is None else indices_of(x.axes, axis, f"nm.{name}")
             return NamedArray._unchecked(fn(x.array, axes=dims), x.axes)
 
         how = "over names (None: all axes), the shape kept"
@@ -247,9 +247,7 @@ def bincount(x: NamedArray, length: Axis, *, weights: NamedArray | None = None, 
     axes), per entry of the other axes, along the new axis ``length``; values outside are
     dropped. ``weights`` (x's axes) sums weights instead of counting."""
     length = _sized(length, "bincount")
-    counted = x.names if axis is None else tuple(name_of(a) for a in as_selectors(axis))
-    for a in counted:
-        index_of(x.axes, a)
+    counted = x.names if axis is None else tuple(x.axes[i].name for i in indices_of(x.axes, axis, "nm.bincount"))
     if weights is not None and set(axes_of(weights)) != set(x.axes):
         raise AxisError(f"nm.bincount: weights {format_axes(axes_of(weights))} must have the axes of x {format_axes(x.axes)}")
 

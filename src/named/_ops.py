@@ -17,7 +17,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ._axis import ArgumentTypeError, Axis, AxisError, AxisSelection, as_selectors, broadcast_axes, format_axes, index_of, name_of, union
+from ._axis import (ArgumentTypeError, Axis, AxisError, AxisSelection, as_selectors, broadcast_axes, format_axes, index_of,
+                    indices_of, name_of, union)
 from ._core import NamedArray, axes_of, raw
 
 
@@ -146,10 +147,10 @@ def clip(x, lower=None, upper=None):
 # ---- reductions ------------------------------------------------------------------
 
 
-def _reduction_axes(x: NamedArray, axis: AxisSelection | None) -> tuple[int, ...]:
+def _reduction_axes(x: NamedArray, axis: AxisSelection | None, what: str = "a reduction") -> tuple[int, ...]:
     if axis is None:
         return tuple(range(x.ndim))
-    return tuple(index_of(x.axes, a) for a in as_selectors(axis))
+    return indices_of(x.axes, axis, what)
 
 
 def _where_mask(x: NamedArray, where):
@@ -168,7 +169,7 @@ def _where_mask(x: NamedArray, where):
 def _reduce(fn: Callable, x: NamedArray, axis, *, where=None, **kwargs) -> NamedArray:
     if not isinstance(x, NamedArray):
         raise ArgumentTypeError(f"expected a NamedArray, got {type(x).__name__}")
-    dims = _reduction_axes(x, axis)
+    dims = _reduction_axes(x, axis, f"nm.{getattr(fn, '__name__', 'reduce')}")
     if where is not None:
         kwargs["where"] = _where_mask(x, where)
     out = fn(x.array, axis=dims, **kwargs)

@@ -20,6 +20,7 @@ from ._axis import (
     check_unique,
     format_axes,
     index_of,
+    indices_of,
     name_of,
     resolve,
     union,
@@ -134,7 +135,7 @@ def flatten_axes(x: NamedArray, axes: AxisSelection, new_axis: AxisSelector) -> 
     sels = as_selectors(axes)
     if not sels:
         raise AxisError("flatten_axes needs at least one axis")
-    idx = [index_of(x.axes, s) for s in sels]
+    idx = list(indices_of(x.axes, sels, "flatten_axes"))
     first = min(idx)
     rest = [i for i in range(x.ndim) if i not in idx]
     before = [i for i in rest if i < first]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -29,12 +30,35 @@ from .nn._blockseq import BlockSeq
 from .nn._stacked import Stacked
 from .partitioning import sharding_for
 
-__all__ = ["StateDictEntry", "StateDictError", "load_state_dict", "load_state_dict_file", "save_state_dict",
-           "state_dict", "state_dict_entries"]
+__all__ = ["FileWriteError", "StateDictEntry", "StateDictError", "load_state_dict", "load_state_dict_file",
+           "save_safetensors", "save_state_dict", "state_dict", "state_dict_entries"]
 
 
 class StateDictError(NamedError, ValueError):
     """A state dict (or its file) does not fit the module: a missing, unexpected or misshapen key."""
+
+
+class FileWriteError(NamedError, OSError):
+    """A file could not be written (a full disk, a file-size limit); ``filename`` names it. Also an
+    OSError: the machine failed, not the input (the console scripts exit 1 for it, as for any OSError)."""
+
+    def __str__(self) -> str:
+        return f"cannot write {self.filename}: {self.strerror}"
+
+
+def save_safetensors(arrays: Mapping[str, np.ndarray], path: str | os.PathLike,
+                     metadata: Mapping[str, str] | None = None) -> None:
+    """safetensors' ``save_file``, whose I/O failures (a ``SafetensorError``, which is no OSError,
+    carrying the OS error's number in its text) become a FileWriteError naming ``path``."""
+    from safetensors import SafetensorError
+    from safetensors.numpy import save_file
+
+    try:
+        save_file(dict(arrays), str(path), metadata=dict(metadata) if metadata else None)
+    except SafetensorError as e:
+        m = re.search(r"\(os error (\d+)\)", str(e))
+        code = int(m.group(1)) if m else 0
+        raise FileWriteError(code, os.strerror(code) if code else str(e), str(path)) from None
 
 
 # ---- the one flattening ----------------------------------------------------------------------------
@@ -293,16 +317,16 @@ def save_state_dict(tree, path: str | os.PathLike, *, metadata: Mapping[str, str
     The file is written beside ``path`` and renamed into place, so a failed save leaves no
     partial file and any earlier file at ``path`` whole.
     """
-    from safetensors.numpy import save_file
-
     path = Path(path)
     if path.is_dir():
         raise StateDictError(f"{path}: is a directory; save_state_dict writes one file (e.g. model.safetensors)")
     arrays = {k: np.ascontiguousarray(np.asarray(v)) for k, v in state_dict(tree).items()}
     tmp = path.with_name(path.name + ".tmp")
     try:
-        save_file(arrays, str(tmp), metadata=dict(metadata) if metadata else None)
+        save_safetensors(arrays, tmp, metadata)
         os.replace(tmp, path)
+    except FileWriteError as e:  # name the file asked for, not its temporary neighbour
+        raise FileWriteError(e.errno, e.strerror, str(path)) from None
     finally:
         if tmp.exists():
             tmp.unlink()

@@ -92,8 +92,8 @@ def _guarded(body) -> int:
         return body()
     except SystemExit as e:  # --help
         return int(e.code or 0)
-    except NamedError as e:
-        return _fail(e)
+    except NamedError as e:  # ours; one that is an OSError too (FileWriteError) is the machine's: exit 1
+        return _fail(e, 1 if isinstance(e, OSError) else 2)
     except OSError as e:  # the machine, not the input: no traceback, exit 1
         return _fail(e, 1)
 
@@ -111,7 +111,7 @@ def main_train(argv: list[str] | None = None) -> int:
         cfg = load_config(*_split_config_path(argv))
     except NamedError as e:
         return _fail(e)
-    from .distributed import describe_failure, exit_now, maybe_initialize
+    from .distributed import describe_failure, exit_now, maybe_initialize, peer_failed
 
     try:
         multi = maybe_initialize(cfg.distributed)
@@ -136,9 +136,10 @@ def main_train(argv: list[str] | None = None) -> int:
         return _fail(e, 1)
     except BaseException as e:
         if multi:  # a peer died, or a bug: report it, then don't wait for the others (see exit_now)
-            import traceback
+            if not peer_failed(e):  # a bug keeps its traceback; a dead peer's broken collective is one line
+                import traceback
 
-            traceback.print_exc()
+                traceback.print_exc()
             _fail(RuntimeError(describe_failure(e)))
             exit_now(130 if isinstance(e, KeyboardInterrupt) else 1)
         raise

@@ -61,8 +61,10 @@ class TrainerConfig:
         load_checkpoint: ``auto`` (default): resume the run that run_dir holds, from its
             newest good checkpoint, when its config.yaml matches on every setting that
             defines the trajectory, refuse (ConfigError listing them) when not, and start a
-            new run in an empty or absent run_dir. A checkpoint path inside run_dir: resume
-            from it, with the same check (refused if newer checkpoints exist). null: a new run
+            new run in an empty or absent run_dir; a checkpoint another run saved (a shared
+            checkpoint.base) is refused. A checkpoint path inside the checkpoint root: resume
+            from it, with the same check (refused if newer checkpoints exist), even when another
+            run saved it (the way to continue one on purpose). null: a new run
             only, refused if run_dir already holds one. No value ever writes over an earlier
             run (docs/trainer.md, "Run directories").
         precision: jmp policy, e.g. ``params=float32,compute=bfloat16,output=float32``.

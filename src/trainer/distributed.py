@@ -173,13 +173,21 @@ def exit_now(code: int) -> NoReturn:
     os._exit(code)
 
 
+def peer_failed(e: BaseException) -> bool:
+    """Whether ``e`` is what this process sees when another one died or was stopped: a collective
+    whose connection broke (gloo), or the coordination service's error. Not a bug of this process:
+    its traceback (all inside jax) says nothing that the one-line error does not."""
+    text = f"{type(e).__name__}: {e}".lower()
+    return "gloo" in text or "coordination service" in text or "connection" in text
+
+
 def describe_failure(e: BaseException) -> str:
     """A one-paragraph error for a failure in a multi-process run, naming this process."""
     import jax
 
     where = f"process {jax.process_index()} of {jax.process_count()}"
     text = f"{type(e).__name__}: {e}".strip()
-    if "gloo" in text.lower() or "coordination service" in text.lower() or "connection" in text.lower():
+    if peer_failed(e):
         return (f"{where}: a collective across processes failed; another process has most likely died or "
                 f"been stopped (see its output, or <run_dir>/logs/process_<i>.log). {text}")
     return f"{where}: {text}"

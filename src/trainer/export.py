@@ -19,9 +19,13 @@ A LoRA run (a ``lora`` section) is exported one of two ways, chosen explicitly:
   (``base_model.model.<module>.lora_A.weight`` ``[r, in]`` and ``lora_B.weight`` ``[out, r]``),
   for the base folder ``model.init_from_hf`` names.
 
-Every input is checked before anything is read or written. The folder is written next to
-``--out`` under a temporary name and renamed into place when complete: a failed export leaves
-no half-written folder, and an existing non-empty ``--out`` is replaced only with ``--overwrite``.
+Every input is checked before anything is read or written. ``--out`` is taken with its symlinks
+resolved (the folder written is the one a link points to), and is refused when it is, lies inside
+or holds a run directory, a checkpoint folder or a checkpoint of any run (``run_places``): an
+export would write into what a run keeps, and ``--overwrite`` would delete it. The folder is
+written next to ``--out`` under a temporary name and renamed into place when complete: a failed
+export (a full disk, a file-size limit: ``FileWriteError`` naming the file) leaves no
+half-written folder, and an existing non-empty ``--out`` is replaced only with ``--overwrite``.
 """
 
 from __future__ import annotations
@@ -35,8 +39,6 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-from safetensors.numpy import save_file
-
 import named as nm
 from named import nn
 from named.models.hf import CheckpointFormatError, save_pretrained
@@ -44,6 +46,7 @@ from named.models._hf_config import folder_file
 from named.models.registry import family_for
 
 from . import checkpoint as ckpt
+from . import run_places
 from .config import ConfigError, TrainConfig, load_config, to_mapping
 from .model_init import hf_linears, model_shapes
 from .registry import model_class
@@ -85,7 +88,7 @@ def export(checkpoint: str | Path, out: str | Path, *, step: int | None = None, 
     if path is None:
         path = _checkpoint_of(run_dir, checkpoint_root(cfg), step)
     kind = _kind(cfg, run_dir, merge, adapters_only)
-    out = _check_out(Path(out), run_dir, overwrite)
+    out = _check_out(Path(out), overwrite)
     if max_shard_size is not None:
         from named.models.hf import _parse_size  # the one parser of sizes like 2GB
 
@@ -106,6 +109,10 @@ def export(checkpoint: str | Path, out: str | Path, *, step: int | None = None, 
         notes = _copy_tokenizer(cfg, tmp)
         files = sorted(p.name for p in tmp.iterdir())
         _move_into_place(tmp, out)
+    except OSError as e:  # the machine (a full disk, a size limit): named as the file of --out it was writing
+        name = Path(e.filename).name if e.filename and Path(e.filename).parent == tmp else None
+        raise nm.FileWriteError(e.errno or 0, f"{e.strerror or e}; --out is unchanged (an export is renamed into "
+                                "place whole, or not at all)", str(out / name if name else out)) from None
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -168,14 +175,25 @@ def _kind(cfg: TrainConfig, run_dir: Path, merge: bool, adapters_only: bool) -> 
     return "adapters" if adapters_only else "merged"
 
 
-def _check_out(out: Path, run_dir: Path, overwrite: bool) -> Path:
-    out = out.absolute()
+def _check_out(given: Path, overwrite: bool) -> Path:
+    """``--out`` with its symlinks resolved, where nothing a run keeps is written into or over."""
+    out = given.resolve()
+    shown = f"--out {given}" + (f" (a link to {out})" if out != given.absolute() else "")
     if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} is a file; give a folder")
-    if out == run_dir.absolute() or out in run_dir.absolute().parents:
-        raise ConfigError(f"--out {out} holds the run directory {run_dir}; give a folder outside it")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise ConfigError(f"--out {out} exists and is not empty; give another folder, or --overwrite to replace it")
+        raise ConfigError(f"{shown} is a file; give a folder")
+    inside = run_places.enclosing(out)
+    if inside is not None:
+        kind, place = inside
+        where = "is" if place == out else "lies inside"
+        raise ConfigError(f"{shown} {where} the {kind} {place}; an export never writes into what a run keeps: give a "
+                          "folder outside it")
+    if out.is_dir() and any(out.iterdir()):
+        held = run_places.held_below(out)
+        if held is not None:
+            kind, place = held
+            raise ConfigError(f"{shown} holds the {kind} {place}, which --overwrite would delete; give a folder outside it")
+        if not overwrite:
+            raise ConfigError(f"{shown} exists and is not empty; give another folder, or --overwrite to replace it")
     return out
 
 
@@ -255,7 +273,7 @@ def peft_config(cfg: TrainConfig, model) -> dict:
 
 
 def _write_adapters(model, cfg: TrainConfig, folder: Path) -> None:
-    save_file(peft_tensors(model), str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
+    nm.save_safetensors(peft_tensors(model), folder / "adapter_model.safetensors", metadata={"format": "pt"})
     (folder / "adapter_config.json").write_text(json.dumps(peft_config(cfg, model), indent=2, sort_keys=True) + "\n")
 
 

@@ -16,11 +16,23 @@ for the whole run (process 0 only; the kernel drops it when the process dies, so
 run never blocks the next), and writes ``config.yaml`` / ``model_config.json`` only where
 they are absent: the first launch's config stays the run's record.
 
+Every run has an identity: a random id in ``<run_dir>/run.json``, made by its first launch, which
+every checkpoint it saves records (metadata ``run``: the id and the run directory). A resume is
+refused when the checkpoint it would continue was saved by another run, which is what two runs
+sharing one ``checkpoint.base`` would otherwise do to each other, naming both runs. Accepted: a
+checkpoint saved before runs had ids; a run directory without ``run.json`` continuing a
+checkpoint that lies inside it (copied there by hand) or that records this very run directory
+(``run.json`` lost, or a new machine over the same object-store prefix), which takes that
+checkpoint's id; and a checkpoint of another run named explicitly by ``trainer.load_checkpoint``.
+
 Checkpoints live in ``<root>/checkpoints``, where the root is ``checkpoint.base`` when it is set
 (a local path, ``s3://bucket/prefix`` or ``gs://bucket/prefix``) and ``trainer.run_dir`` when not
 (``checkpoint_root``: the one rule). The run directory itself (lock, config.yaml, logs,
 metrics) is always local. A bucket that is missing or refuses listing fails ``plan_run``, and
-one that refuses a write fails ``claim``, both naming the URL, before anything is compiled.
+one that refuses a write fails ``claim``, both naming the URL, before anything is compiled; a
+local base that is a file, lies under one or is not writable fails ``plan_run`` naming
+``checkpoint.base``. Neither the run directory nor a local base may lie inside a checkpoint
+folder or a checkpoint (``run_places``): that run's retention would delete it.
 """
 
 from __future__ import annotations
@@ -34,8 +46,10 @@ import itertools
 import json
 import math
 import os
+import re
 import socket
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -45,12 +59,10 @@ import yaml
 
 from . import checkpoint as ckpt
 from .config import ConfigError, TrainConfig, dump_config
+from .run_places import CHECKPOINT, CHECKPOINT_FOLDER, CONFIG_FILE, LOCK_FILE, RUN_FILE, enclosing
 
-__all__ = ["TRAJECTORY_FREE", "RunPlan", "check_writable", "checkpoint_root", "claim", "os_error", "plan_run",
-           "trajectory_changes"]
-
-CONFIG_FILE = "config.yaml"
-LOCK_FILE = ".lock"
+__all__ = ["TRAJECTORY_FREE", "RunPlan", "check_outside_checkpoints", "check_writable", "checkpoint_root", "claim",
+           "os_error", "plan_run", "trajectory_changes"]
 
 # Settings a resumed run may change: layout and performance knobs (a checkpoint restores onto
 # any mesh), cadence, bookkeeping and the length of the run. Everything else (model, data,
@@ -66,7 +78,7 @@ TRAJECTORY_FREE = (
 
 # What the trainer writes in a run directory, and which kind each must be.
 _ENTRIES = {"checkpoints": "directory", "logs": "directory", CONFIG_FILE: "file", "model_config.json": "file",
-            "metrics.jsonl": "file", LOCK_FILE: "file"}
+            "metrics.jsonl": "file", LOCK_FILE: "file", RUN_FILE: "file"}
 
 # Process 0 decides for every process; how long the others wait for its decision (a dead
 # process 0 ends them sooner, through jax.distributed's heartbeat).
@@ -84,10 +96,16 @@ class RunPlan:
     notes: list[str] = dataclasses.field(default_factory=list)  # logged once the run's log is open
     fingerprint: tuple | None = None  # what process 0 saw; claim() checks it again under the lock
     checkpoints: ckpt.Location | None = None  # the checkpoint root (checkpoint_root); None: run_dir
+    run_id: str | None = None  # this run's identity (run.json; decided by plan_run)
 
     @property
     def root(self) -> ckpt.Location:
         return self.run_dir if self.checkpoints is None else self.checkpoints
+
+    @property
+    def identity(self) -> dict:
+        """What each checkpoint of this run records as its ``run`` metadata."""
+        return {"id": self.run_id, "run_dir": str(self.run_dir.absolute())}
 
 
 def checkpoint_root(cfg: TrainConfig) -> ckpt.Location:
@@ -166,27 +184,101 @@ def os_error(run_dir: Path, e: OSError) -> ConfigError:
     return ConfigError(f"trainer.run_dir {run_dir}: cannot write {where}: {e.strerror or e}")
 
 
-def check_writable(run_dir: Path) -> None:
-    """The run directory is a writable directory, or can be created; what the trainer writes
-    in it is not in the way (a file where a directory goes, or the reverse)."""
+def check_writable(run_dir: Path, key: str = "trainer.run_dir", entries: dict[str, str] = _ENTRIES) -> None:
+    """The run directory (or the local checkpoint base, ``key``) is a writable directory, or can
+    be created; what the trainer writes in it (``entries``) is not in the way (a file where a
+    directory goes, or the reverse)."""
     if run_dir.exists() or run_dir.is_symlink():
         if not run_dir.is_dir():
-            raise ConfigError(f"trainer.run_dir {run_dir} exists and is not a directory")
+            raise ConfigError(f"{key} {run_dir} exists and is not a directory")
         if not os.access(run_dir, os.W_OK | os.X_OK):
-            raise ConfigError(f"trainer.run_dir {run_dir} is not writable")
-        for name, kind in _ENTRIES.items():
+            raise ConfigError(f"{key} {run_dir} is not writable")
+        for name, kind in entries.items():
             entry = run_dir / name
             if entry.exists() and entry.is_dir() != (kind == "directory"):
-                raise ConfigError(f"trainer.run_dir: {entry} is a {'directory' if entry.is_dir() else 'file'}; "
+                raise ConfigError(f"{key}: {entry} is a {'directory' if entry.is_dir() else 'file'}; "
                                   f"the trainer writes a {kind} there")
+            if kind == "directory" and entry.is_dir() and not os.access(entry, os.W_OK | os.X_OK):
+                raise ConfigError(f"{key}: {entry} is not writable")
         return
     parent = run_dir.absolute().parent
     while not parent.exists():
         parent = parent.parent
     if not parent.is_dir():
-        raise ConfigError(f"trainer.run_dir {run_dir} cannot be created: {parent} is a file, not a directory")
+        raise ConfigError(f"{key} {run_dir} cannot be created: {parent} is a file, not a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"trainer.run_dir {run_dir} cannot be created: {parent} is not writable")
+        raise ConfigError(f"{key} {run_dir} cannot be created: {parent} is not writable")
+
+
+def check_outside_checkpoints(path: Path, key: str) -> None:
+    """``path`` lies in no checkpoint folder and no checkpoint (of this run or another): the
+    retention of the run that owns it would delete it with everything in it."""
+    found = enclosing(path, (CHECKPOINT, CHECKPOINT_FOLDER))
+    if found is not None:
+        kind, place = found
+        raise ConfigError(f"{key} {path} lies inside the {kind} {place}: the retention of the run that owns it "
+                          f"deletes checkpoints with everything in them. Choose a {key} outside it")
+
+
+def _local_base(cfg: TrainConfig, root: ckpt.Location) -> Path | None:
+    """``checkpoint.base`` when it is a local folder other than the run directory."""
+    if ckpt.is_remote(root) or not cfg.checkpoint.base:
+        return None
+    return None if root.absolute() == Path(cfg.trainer.run_dir).absolute() else root
+
+
+# ---- the run's identity --------------------------------------------------------------------
+
+
+def _is_run_id(value: Any) -> bool:
+    return isinstance(value, str) and re.fullmatch(r"[0-9a-f]{32}", value) is not None
+
+
+def _read_run_id(run_dir: Path) -> str | None:
+    """This run directory's id (``run.json``), None when it has none yet."""
+    path = run_dir / RUN_FILE
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ConfigError(f"trainer.run_dir: {path} cannot be read ({e}); it is not a file this trainer wrote. "
+                          "Choose another trainer.run_dir") from None
+    run_id = data.get("id") if isinstance(data, dict) else None
+    if not _is_run_id(run_id):
+        raise ConfigError(f"trainer.run_dir: {path} holds no run id (32 hex digits under \"id\"); it is not a file "
+                          "this trainer wrote. Choose another trainer.run_dir")
+    return run_id
+
+
+def _owner_check(cfg: TrainConfig, plan: RunPlan, commit: dict, mine: str | None) -> str | None:
+    """Refuse to resume ``plan.restore_from`` when another run saved it (see the module docstring);
+    return the id this run directory takes from it, if it takes one."""
+    owner = commit.get("metadata", {}).get("run")
+    theirs = owner.get("id") if isinstance(owner, dict) else None
+    if not _is_run_id(theirs) or theirs == mine:
+        return None  # saved before runs had an identity (or by hand), or by this run
+    owner_dir = str(owner.get("run_dir"))
+    here = plan.run_dir.absolute()
+    inside = not ckpt.is_remote(plan.root) and plan.root.absolute() == here  # the run directory's own checkpoints
+    if mine is None and (owner_dir == str(here) or inside):
+        return theirs
+    t = cfg.trainer
+    if t.load_checkpoint not in (None, "auto"):  # named on purpose: the user's choice
+        plan.notes.append(f"resuming from {plan.restore_from}, a checkpoint of another run (trainer.run_dir {owner_dir}), "
+                          "because trainer.load_checkpoint names it")
+        return None
+    where = f"checkpoint.base {cfg.checkpoint.base}" if cfg.checkpoint.base else f"trainer.run_dir {plan.run_dir}"
+    this = f"run id {mine}" if mine else "a new run"
+    rel = f"checkpoints/{Path(str(plan.restore_from)).name}"
+    fix = (f"give this run a checkpoint.base of its own (e.g. {cfg.checkpoint.base.rstrip('/')}/{here.name})"
+           if cfg.checkpoint.base else "give the other run a checkpoint.base of its own")
+    raise ConfigError(
+        f"{where}: the checkpoint {plan.restore_from} was saved by another run (trainer.run_dir {owner_dir}, run id "
+        f"{theirs}), not by this one (trainer.run_dir {plan.run_dir}, {this}). Runs that share a checkpoint folder "
+        f"resume from and delete each other's checkpoints: {fix}. To continue the other run, launch it with "
+        f"trainer.run_dir {owner_dir}; to start this one from that checkpoint on purpose, name it: "
+        f"trainer.load_checkpoint {rel}. Nothing was written")
 
 
 def _fingerprint(run_dir: Path, root: ckpt.Location) -> tuple:
@@ -269,10 +361,12 @@ def _decide(cfg: TrainConfig) -> RunPlan:
     if run_dir.is_dir():
         _probe_lock(run_dir)
     saved = _read_saved_config(run_dir / CONFIG_FILE)
+    mine = _read_run_id(run_dir)
     committed = ckpt.list_checkpoints(root)
     plan.fingerprint = _fingerprint(run_dir, root)
     held = ([CONFIG_FILE] if saved is not None else []) + [f"checkpoints/step_{s}" for s, _ in committed]
     if not held and t.load_checkpoint in (None, "auto"):
+        plan.run_id = mine or uuid.uuid4().hex
         return plan  # a new run
     if t.load_checkpoint is None:
         raise ConfigError(
@@ -302,6 +396,8 @@ def _decide(cfg: TrainConfig) -> RunPlan:
                 f"trainer.load_checkpoint {t.load_checkpoint!r} is older than checkpoints {', '.join(later)} in "
                 f"{ckpt.checkpoint_dir(root)}; resuming from it would fork the run inside one run directory. "
                 "Move the later ones out of it, or copy the checkpoint into another trainer.run_dir")
+    adopted = _owner_check(cfg, plan, commit, mine) if commit is not None else None
+    plan.run_id = mine or adopted or uuid.uuid4().hex
     if commit is not None:
         plan.step = int(commit["step"])
         if saved is None:  # a run directory assembled by hand: the seed is all the checkpoint records
@@ -344,7 +440,7 @@ def _agree(decide: Callable[[], RunPlan]) -> RunPlan:
             raise
         client.key_value_set(key, json.dumps({"restore_from": plan.restore_from and str(plan.restore_from),
                                               "step": plan.step, "run_dir": str(plan.run_dir),
-                                              "checkpoints": str(plan.root)}))
+                                              "checkpoints": str(plan.root), "run_id": plan.run_id}))
         return plan
     got = json.loads(client.blocking_key_value_get(key, _AGREE_TIMEOUT_MS))
     if "error" in got:
@@ -352,15 +448,21 @@ def _agree(decide: Callable[[], RunPlan]) -> RunPlan:
             raise ckpt.CheckpointError(f"process 0 refused the run: {got['message']}")
         raise ConfigError(f"process 0 refused the run: {got['message']}")
     return RunPlan(Path(got["run_dir"]), got["restore_from"] and ckpt.location(got["restore_from"]), got["step"],
-                   checkpoints=ckpt.location(got["checkpoints"]))
+                   checkpoints=ckpt.location(got["checkpoints"]), run_id=got["run_id"])
 
 
 def plan_run(cfg: TrainConfig) -> RunPlan:
     """Decide, reading only, whether this launch starts a new run, resumes the one in
     ``trainer.run_dir`` (and from which checkpoint), or is refused (ConfigError or
     CheckpointError naming the key, file or holder of the lock)."""
-    check_writable(Path(cfg.trainer.run_dir))
+    run_dir = Path(cfg.trainer.run_dir)
+    check_writable(run_dir)
+    check_outside_checkpoints(run_dir, "trainer.run_dir")
     root = checkpoint_root(cfg)
+    base = _local_base(cfg, root)
+    if base is not None:  # found now, not at the first save (with checkpoint.interval 0: after the whole run)
+        check_writable(base, "checkpoint.base", {"checkpoints": "directory"})
+        check_outside_checkpoints(base, "checkpoint.base")
     if ckpt.is_remote(root) and jax.process_index() == 0:
         ckpt.check_access(ckpt.checkpoint_dir(root), write=False)  # a missing bucket or refused listing, named
     return _agree(lambda: _decide(cfg))
@@ -382,7 +484,10 @@ def claim(plan: RunPlan, files: dict[str, str]) -> Iterator[None]:
                                   "to it); nothing was written. Start again to resume it, or choose another trainer.run_dir")
             if ckpt.is_remote(plan.root):  # credentials that may read but not write fail here, not at the first save
                 ckpt.check_access(ckpt.checkpoint_dir(plan.root), write=True)
-            for name, text in files.items():
+            elif plan.root != run_dir:  # a local checkpoint.base: what plan_run's checks could not know fails here
+                _make_checkpoint_dir(plan.root)
+            identity = {RUN_FILE: json.dumps({"id": plan.run_id}) + "\n"} if plan.run_id else {}
+            for name, text in {**files, **identity}.items():
                 _write_if_absent(run_dir / name, text)
     except BaseException as e:
         if lock is not None:
@@ -395,6 +500,13 @@ def claim(plan: RunPlan, files: dict[str, str]) -> Iterator[None]:
     finally:
         if lock is not None:
             lock.release()
+
+
+def _make_checkpoint_dir(base: Path) -> None:
+    try:
+        ckpt.checkpoint_dir(base).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"checkpoint.base {base}: cannot create {e.filename or base}: {e.strerror or e}") from None
 
 
 def _write_if_absent(path: Path, text: str) -> None:

@@ -273,7 +273,7 @@ def _train(cfg: TrainConfig, data, train_batches, model_cfg, model_cls, mesh, co
                 trackers.text(done, "sample", sample_text(model, data.tokenizer, t.sample_prompt, t.sample_tokens,
                                                           temperature=0.8, top_k=40, key=jax.random.key(t.seed)))
             if due.checkpoint:
-                checkpointer.save(done, (model, opt_state), _metadata(done, cfg), temporary=due.temporary)
+                checkpointer.save(done, (model, opt_state), _metadata(done, cfg, plan), temporary=due.temporary)
                 stop.saved()
             if due.stop:
                 checkpointer.wait()  # committed before the exit code says "resumable"
@@ -282,7 +282,7 @@ def _train(cfg: TrainConfig, data, train_batches, model_cfg, model_cls, mesh, co
                 stopped = signum
                 break
         if cfg.checkpoint.save_at_end and t.num_train_steps > start and not stopped:
-            checkpointer.save(t.num_train_steps, (model, opt_state), _metadata(t.num_train_steps, cfg))
+            checkpointer.save(t.num_train_steps, (model, opt_state), _metadata(t.num_train_steps, cfg, plan))
         checkpointer.wait()
         checkpointer.close()
     trackers.close()
@@ -384,10 +384,11 @@ def check_finite(step: int, metrics: dict, nan_policy: str, last_checkpoint=None
     return False
 
 
-def _metadata(step: int, cfg: TrainConfig) -> dict:
+def _metadata(step: int, cfg: TrainConfig, plan: rundir.RunPlan) -> dict:
     # The data position is the step: TrainBatches.batch_at(step) needs nothing else, and the
     # RNG is derived from (seed, step), so nothing else has to be saved to resume exactly.
-    return {"step": step, "data_step": step, "seed": cfg.trainer.seed}
+    # ``run`` says which run saved it (rundir: a resume never continues another run's checkpoint).
+    return {"step": step, "data_step": step, "seed": cfg.trainer.seed, "run": plan.identity}
 
 
 def _evaluate(eval_step, model, validation, t, mesh, compute) -> float:

@@ -72,8 +72,12 @@ def parse_sources(entries: Sequence[Any], key: str, *, weighted: bool) -> list[S
         if names.index(name) != i:
             first = names.index(name)
             raise DataError(f"{key}[{i}].name {name!r} is also the name of {key}[{first}]; names must differ")
-    if weighted and not sum(s.weight for s in out) > 0:
+    total = sum(s.weight for s in out)
+    if weighted and not total > 0:
         raise DataError(f"{key}: the weights of the sources sum to 0; give at least one source a positive weight")
+    if weighted and not math.isfinite(total):  # each is finite, their sum overflows: every share would be 0 or NaN
+        raise DataError(f"{key}: the weights of the sources sum to {total} (past the largest float); only their ratios "
+                        "count, so scale them down (e.g. 3 and 1)")
     return out
 
 
