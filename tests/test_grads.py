@@ -826,7 +826,7 @@ _IMPLICIT = ("jax.random's implicit reparameterisation gradient: right in distri
              "the finite differences of one draw (the sampler is a rejection loop)")
 _MASK = "a boolean mask for dot_product_attention (the attention cases use them): nothing to differentiate"
 EXCLUDED: dict[str, str] = {
-    **dict.fromkeys(["nm.ArgumentError", "nm.ArgumentTypeError", "nm.Axis", "nm.AxisError", "nm.AxisSelection",
+    **dict.fromkeys(["nm.ArgumentError", "nm.FileWriteError", "nm.ArgumentTypeError", "nm.Axis", "nm.AxisError", "nm.AxisSelection",
                      "nm.AxisSelector", "nm.NamedError", "nm.ResourceMapping", "nm.ShardedAxis", "nm.ShardingCheck",
                      "nm.ShardingError", "nm.StateDictEntry", "nm.StateDictError", "nm.UnreducedError"], _NOT_AN_OP),
     **dict.fromkeys(["nm.all", "nm.any", "nm.allclose", "nm.array_equal", "nm.argmax", "nm.argmin", "nm.argsort",
@@ -844,7 +844,7 @@ EXCLUDED: dict[str, str] = {
                      "nm.typecheck"], _LAYOUT),
     **dict.fromkeys(["nm.compiled_report", "nm.param_report"], "reports on a compiled program or a model's layout"),
     **dict.fromkeys(["nm.state_dict", "nm.state_dict_entries", "nm.load_state_dict", "nm.load_state_dict_file",
-                     "nm.save_state_dict"], "moves a model's arrays to and from files and flat dicts"),
+                     "nm.save_state_dict", "nm.save_safetensors"], "moves a model's arrays to and from files and flat dicts"),
     "nm.inspect": "reports; its public functions are re-exported at the top (nm.layout, nm.compiled_report, ...)",
     "nm.partitioning": "mesh and mapping machinery; its differentiable parts (nm.shard, nm.named_jit) are at the top",
     **dict.fromkeys(["nm.random.gumbel", "nm.random.laplace", "nm.random.logistic", "nm.random.exponential",
