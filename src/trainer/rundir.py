@@ -45,6 +45,7 @@ import yaml
 
 from . import checkpoint as ckpt
 from .config import ConfigError, TrainConfig, dump_config
+from .trackers import METRICS_FILE
 
 __all__ = ["TRAJECTORY_FREE", "RunPlan", "check_writable", "checkpoint_root", "claim", "os_error", "plan_run",
            "trajectory_changes"]
@@ -66,7 +67,7 @@ TRAJECTORY_FREE = (
 
 # What the trainer writes in a run directory, and which kind each must be.
 _ENTRIES = {"checkpoints": "directory", "logs": "directory", CONFIG_FILE: "file", "model_config.json": "file",
-            "metrics.jsonl": "file", LOCK_FILE: "file"}
+            METRICS_FILE: "file", LOCK_FILE: "file"}
 
 # Process 0 decides for every process; how long the others wait for its decision (a dead
 # process 0 ends them sooner, through jax.distributed's heartbeat).

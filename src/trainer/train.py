@@ -192,7 +192,8 @@ def _train(cfg: TrainConfig, data, train_batches, model_cfg, model_cls, mesh, co
     run_dir, restore_from, pid = plan.run_dir, plan.restore_from, jax.process_index()
     try:
         setup_logging(run_dir, pid)
-        trackers = Trackers(cfg.tracker, run_dir, pid, json.loads(json.dumps(dataclasses.asdict(cfg), default=str)))
+        trackers = Trackers(cfg.tracker, run_dir, pid, json.loads(json.dumps(dataclasses.asdict(cfg), default=str)),
+                            start_step=plan.step)
     except OSError as e:
         raise rundir.os_error(run_dir, e) from None
     for note in plan.notes:
