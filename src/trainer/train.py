@@ -56,10 +56,12 @@ class TrainResult:
 
 
 def peak_flops(cfg: TrainConfig) -> float | None:
+    """The FLOP/s MFU is measured against: ``trainer.peak_flops_per_device``, else this device's
+    dense matmul peak for the run's compute dtype (``hardware.Device.matmul_peak``)."""
     if cfg.trainer.peak_flops_per_device:
         return cfg.trainer.peak_flops_per_device
-    device = hardware.local()  # bf16 dense peak from the device table
-    return device.peak_flops if device is not None else None
+    device = hardware.local()
+    return device.matmul_peak(get_policy(cfg.trainer.precision).compute_dtype)[0] if device is not None else None
 
 
 def _all_finite(tree) -> jax.Array:
