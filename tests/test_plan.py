@@ -161,3 +161,7 @@ def test_search_ranks_the_layouts_that_fit(capsys):
     for r in over:  # over budget sorts after every row that fits
         assert all(rows.index(r) > rows.index(o) for o in ok)
         assert float(r.split()[9]) * 2**30 > 5 * 2**20
+    fits = {(r.split()[1], r.split()[4], r.split()[3]): i for i, r in enumerate(ok)}  # (layout, microbatches, remat)
+    pairs = [(n, m) for n, m, remat in fits if remat == "full" and (n, m, "none") in fits]
+    assert pairs and all(fits[(n, m, "none")] < fits[(n, m, "full")] for n, m in pairs)  # no needless recompute
+    assert "est. ms/step compute ms HBM ms comm ms peak GiB/device" in " ".join(table.split("\n", 2)[1].split())

@@ -54,7 +54,8 @@ class TrainerConfig:
         microbatches: the batch is split into this many microbatches whose gradients are
             accumulated (the step equals the full-batch step).
         seed: one seed for init, data order and dropout.
-        eval_interval / eval_batches: evaluate every N steps (0: never) on this many batches.
+        eval_interval / eval_batches: evaluate every N steps (0: never) on this many batches (of each
+            source of a mixture; 0: all of them).
         sample_interval / sample_tokens / sample_prompt: print a greedy sample every N steps.
         log_interval: log every N steps.
         run_dir: where logs and checkpoints go.
@@ -284,7 +285,7 @@ def load_config(config_path: str | os.PathLike | None, args: Sequence[str] = ())
     content = _check_config_file(Path(config_path)) if config_path is not None else {}
     flags = _cli_flags(args)
     for key, _ in flags:  # before argparse, whose "unrecognized arguments" would blame the file
-        if key not in _DRACCUS_FLAGS:
+        if key and key not in _DRACCUS_FLAGS:
             check_flag_keys(TrainConfig, key, lambda section: _chosen_type(section, flags, content))
     where = _origin("", flags, config_path)
     token = _REPLACE.set(_mapping_overrides(flags))
@@ -301,7 +302,8 @@ def load_config(config_path: str | os.PathLike | None, args: Sequence[str] = ())
             raise ConfigError(f"bad configuration{_origin(section, flags, config_path)}: {section}: {inner}") from None
         raise ConfigError(f"bad configuration{where}: {e}") from None
     except (draccus.utils.DecodingError, draccus.utils.DraccusException, argparse.ArgumentError, ValueError, TypeError) as e:
-        raise ConfigError(f"bad configuration{where}: {e}") from None
+        argv = isinstance(e, argparse.ArgumentError) or str(e).startswith("unrecognized arguments")  # argparse's
+        raise ConfigError(f"bad configuration{' on the command line' if argv else where}: {e}") from None
     except OSError as e:  # draccus opens a CLI value that starts with "include" as a file to include
         raise ConfigError(f"bad configuration{where}: {e}") from None
     finally:
@@ -333,7 +335,7 @@ def _origin(section: str, flags: list[tuple[str, str]], config_path) -> str:
     """Where the values of ``section`` (all of them for "") came from, for a message that cannot
     name one key: the command line's flags of that section, and the file for the rest."""
     given = [f"--{k} {v}".rstrip() for k, v in flags
-             if k not in _DRACCUS_FLAGS and (not section or k == section or k.startswith(section + "."))]
+             if k and k not in _DRACCUS_FLAGS and (not section or k == section or k.startswith(section + "."))]
     if not given:
         return f" in {config_path}" if config_path else ""
     rest = f", the rest{f' of {section}' if section else ''} from {config_path}" if config_path else ""
