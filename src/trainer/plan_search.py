@@ -13,9 +13,10 @@ device row of :mod:`named.trainer.hardware`; the peak is the one of the config's
 (``Device.matmul_peak``: a float32 run on an H100 runs its matmuls as TF32, at half the bf16
 peak). The three terms are added, not overlapped: the estimate is an upper bound that ranks
 layouts; it is no prediction of a measured step time. Recomputation moves at least the bytes of
-computing once, so a layout with ``remat: full`` is charged at least the HBM bytes of the same
-layout without it (XLA:CPU's count for the recomputing program comes out lower, which would rank
-recomputation first even when memory is plentiful). A layout whose compiled peak memory exceeds
+computing once, but XLA:CPU counts the program that keeps its activations higher (three times
+higher for GPT-2 medium), which ranked recomputation first even when memory was plentiful; so a
+layout with ``remat: full`` and the same layout without it are both charged the smaller of their
+two counts, and recomputation costs its extra FLOPs. A layout whose compiled peak memory exceeds
 the budget is listed below the others, marked.
 """
 
@@ -44,11 +45,12 @@ class Candidate:
     comm_bytes: float = 0.0
     peak_bytes: int = 0
     error: str | None = None
-    hbm_floor: float = 0.0  # the HBM bytes of the same layout without recomputation (rank sets it)
+    hbm_charged: float | None = None  # the HBM bytes the estimate uses, when not hbm_bytes (rank sets it)
 
     def seconds(self, roof: Roofline) -> tuple[float, float, float]:
         """Compute, HBM and communication time of one step, in seconds."""
-        return (self.flops / roof.peak_flops, max(self.hbm_bytes, self.hbm_floor) / roof.device.hbm_bandwidth,
+        hbm = self.hbm_bytes if self.hbm_charged is None else self.hbm_charged
+        return (self.flops / roof.peak_flops, hbm / roof.device.hbm_bandwidth,
                 self.comm_bytes / roof.device.link_bandwidth if self.comm_bytes else 0.0)
 
 
@@ -124,13 +126,14 @@ def search(cfg: TrainConfig, roof: Roofline, *, memory_budget: float, progress=N
 
 def rank(found: list[Candidate], roof: Roofline, memory_budget: float) -> list[Candidate]:
     """Those that fit ``memory_budget`` by estimated step time, then those over it, then those that
-    cannot run. A ``remat: full`` candidate is first given the HBM bytes of its twin without
-    recomputation as a floor (the module docstring says why), so it ranks after a twin that fits."""
-    twins = {(c.name, c.microbatches): c for c in found if c.remat == "none" and not c.error}
+    cannot run. A layout with and without recomputation (same mesh, mappings and microbatches)
+    are both charged the smaller of their HBM counts (the module docstring says why), so the one
+    that recomputes ranks after the other whenever that one fits."""
+    plain = {(c.name, c.microbatches): c for c in found if c.remat == "none" and not c.error}
     for c in found:
-        twin = twins.get((c.name, c.microbatches))
-        if c.remat != "none" and twin is not None:
-            c.hbm_floor = twin.hbm_bytes
+        twin = plain.get((c.name, c.microbatches))
+        if c.remat != "none" and not c.error and twin is not None:
+            c.hbm_charged = twin.hbm_charged = min(c.hbm_bytes, twin.hbm_bytes)
 
     def key(c: Candidate):
         if c.error:
@@ -171,7 +174,7 @@ def format_table(ranked: list[Candidate], roof: Roofline, memory_budget: float) 
              .rstrip() for r in (head, *rows)]
     dev = roof.device
     note = (f"estimate per step on {dev.name}: FLOPs / {roof.peak_flops / 1e12:.3g} TFLOP/s ({roof.peak_kind} matmuls) "
-            f"+ HBM bytes / {dev.hbm_bandwidth / 1e12:.3g} TB/s (with remat: at least those without it) + collective "
+            f"+ HBM bytes / {dev.hbm_bandwidth / 1e12:.3g} TB/s (a layout with and without remat: the smaller count) + collective "
             f"bytes sent / {dev.link_bandwidth / 1e9:.3g} GB/s, added without overlap (an upper bound for ranking); "
             "peak memory from XLA's CPU buffer assignment, which can differ from a GPU's or TPU's.")
     return "\n".join([*lines, "", note])
