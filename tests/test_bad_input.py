@@ -200,9 +200,10 @@ def test_missing_config_file(tmp_path):
 CLI_CASES = {
     "unknown flag": (["--trainer.bogus", "3"], ConfigError, r"--trainer\.bogus"),
     "unknown section flag": (["--trainr.seed", "3"], ConfigError, r"--trainr\.seed"),
-    "stray positional": (["bare"], ConfigError, "unrecognized arguments: bare"),
+    "stray positional": (["bare"], ConfigError, "on the command line: unrecognized arguments: bare"),
     "bad int": (["--trainer.num_train_steps", "abc"], ConfigError, r"trainer\.num_train_steps.*abc"),
-    "flag without value": (["--trainer.num_train_steps"], ConfigError, r"--trainer\.num_train_steps.*expected one argument"),
+    "flag without value": (["--trainer.num_train_steps"], ConfigError,
+                           r"on the command line: .*--trainer\.num_train_steps.*expected one argument"),
     "bad choice": (["--model.type", "gpt3"], ConfigError, r"--model\.type.*gpt3"),
     "negative lr": (["--optimizer.learning_rate", "-1"], ConfigError, r"optimizer\.learning_rate"),
     "bad dict": (["--mesh.shape", "{data: x}"], ConfigError, r"mesh\.shape\.data"),

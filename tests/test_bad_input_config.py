@@ -117,6 +117,62 @@ def test_cli_values(name):
     _fails(ConfigError, match, load_config, NANO, args)
 
 
+# A key typo gets one message and one suggestion, from the file and from the command line alike
+# (argparse alone said "unrecognized arguments" and blamed the file).
+TYPOS = {  # the file's YAML, the same on the command line, the message for each
+    "trainer key": ("trainer:\n  num_train_step: 3\n", ["--trainer.num_train_step", "3"],
+                    "{0}trainer.num_train_step is not a key of the trainer section; did you mean {0}trainer.num_train_steps?"),
+    "model key": ("model:\n  type: gpt2\n  n_headd: 2\n", ["--model.n_headd", "2"],
+                  "{0}model.n_headd is not a key of the model section; did you mean {0}model.n_head?"),
+    "lora key": ("lora:\n  rnak: 4\n", ["--lora.rnak", "4"],
+                 "{0}lora.rnak is not a key of the lora section; did you mean {0}lora.rank?"),
+    "section": ("modle:\n  n_head: 2\n", ["--modle.n_head", "2"],  # a flag is shown whole, and corrected whole
+                "{0}modle{1} is not a key of the config; did you mean {0}model{1}?"),
+}
+
+
+@pytest.mark.parametrize("name", list(TYPOS))
+def test_a_key_typo_gets_the_same_suggestion_in_the_file_and_on_the_command_line(tmp_path, capsys, name):
+    text, flags, message = TYPOS[name]
+    path = tmp_path / "typo.yaml"
+    path.write_text(text)
+    _fails(ConfigError, "^" + re.escape(message.format("", "")), load_config, path)
+    rest = flags[0].partition(".")[2] if name == "section" else ""
+    err = _fails(ConfigError, "^" + re.escape(message.format("--", "." + rest if rest else "")), load_config, NANO, flags)
+    assert "unrecognized" not in str(err) and str(NANO) not in str(err)
+    assert cli.main_train(["--config_path", str(NANO), *flags]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {err}"
+
+
+def test_a_flag_under_a_single_value_is_named():
+    _fails(ConfigError, r"^--mesh\.shape\.data is not a key: mesh\.shape takes one value .*--mesh\.shape VALUE",
+           load_config, NANO, ["--mesh.shape.data", "4"])
+
+
+# A value that only its section's own check refuses (the model config's __post_init__) is blamed on
+# where it came from: the command line's flags, or the file.
+FROM_THE_CLI = {
+    "heads that do not divide the width": (NANO, ["--model.n_head", "3"], "n_embd=128 is not divisible by n_head=3"),
+    "top-k above the experts": (ROOT / "config/mixtral_tiny.yaml", ["--model.num_experts_per_tok=9"],
+                                r"num_experts_per_tok=9 must be in \[1, num_experts=8\]"),
+}
+
+
+@pytest.mark.parametrize("name", list(FROM_THE_CLI))
+def test_a_bad_value_from_the_command_line_is_blamed_on_it(tmp_path, name):
+    config, flags, problem = FROM_THE_CLI[name]
+    flag = flags[0].partition("=")[0]
+    value = flags[-1].rpartition("=")[2]
+    err = _fails(ConfigError, re.escape(f"({flag} {value} on the command line, the rest of model from {config}): model: ")
+                 + problem, load_config, config, flags)
+    assert f"in {config}" not in str(err)
+    # the same value written in a file is blamed on the file
+    path = tmp_path / "bad.yaml"
+    field = flag.split(".")[-1]
+    path.write_text(re.sub(rf"^  {field}: .*$", f"  {field}: {value}", config.read_text(), count=1, flags=re.M))
+    _fails(ConfigError, re.escape(f"bad configuration in {path}: model: ") + problem, load_config, path)
+
+
 # ---- ranges: an independent table of what each key may be ------------------------------------
 
 # key: (config, values refused, values accepted at or inside the edge)

@@ -396,6 +396,9 @@ BAD = {
     "messages not a list": ({"messages": "hi"}, r"'messages' must be a non-empty list .* got a string"),
     "unknown role": ({"messages": [{"role": "bot", "content": "x"}]}, r"messages\[0\]: unknown role 'bot'; roles: "
                                                                      r"system, user, assistant$"),
+    "no role": ({"messages": [{"content": "x"}]}, r"messages\[0\] has no 'role' field; give each message a role: "
+                                                 r"system, user, assistant$"),
+    "null role": ({"messages": [{"role": None, "content": "x"}]}, r"messages\[0\] has a null 'role'; give each "),
     "tool role without tools": ({"messages": [{"role": "tool", "content": "x"}]},
                                 r"messages\[0\]: unknown role 'tool' \(the chat template .* has no tool messages\)"),
     "message not an object": ({"messages": ["hi"]}, r"messages\[0\] must be an object with 'role' and 'content'"),

@@ -9,18 +9,22 @@ module. Bad input is refused before anything is written; a failed export leaves 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import resource
 import shutil
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+import transformers
 from safetensors.numpy import load_file
 
 import named as nm
+from named.models.hf import save_pretrained
 from named.trainer import checkpoint as ckpt
 from named.trainer import export as export_module
 from named.trainer.cli import main_export
@@ -32,6 +36,7 @@ from named.trainer.train import train
 
 from _chat_folder import hf_logits, make_chat_folder
 
+TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 ALL_LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 RANK = 4
 
@@ -94,6 +99,37 @@ def test_init_from_hf_and_an_unchanged_step_export_the_folder_bitwise(full_run, 
         np.testing.assert_array_equal(ours[name], value, err_msg=name)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"):
         assert (out / name).read_bytes() == (folder / name).read_bytes(), name
+    # config.json names the special tokens as the folder's does (transformers and vLLM read them there)
+    written, base = json.loads((out / "config.json").read_text()), json.loads((folder / "config.json").read_text())
+    assert {k: written[k] for k in TOKEN_IDS} == {k: base.get(k) for k in TOKEN_IDS}
+    assert written["eos_token_id"] is not None and written["pad_token_id"] is not None
+    theirs, ours = transformers.AutoConfig.from_pretrained(folder), transformers.AutoConfig.from_pretrained(out)
+    assert [getattr(ours, k) for k in TOKEN_IDS] == [getattr(theirs, k) for k in TOKEN_IDS]
+
+
+def test_config_json_names_the_run_tokenizers_special_tokens(folder, tmp_path):
+    """Without a pretrained folder the ids come from the run's tokenizer; a token it does not have is
+    null, never transformers' class default (GPT-2's 50256, outside a byte model's vocabulary)."""
+    cfg = load_config(Path(__file__).resolve().parents[1] / "config/gpt2_nano.yaml")
+    model_cfg = cfg.model.model_config(vocab_size=384)
+    out = tmp_path / "gpt2"
+    save_pretrained(model_class(model_cfg).init(model_cfg, key=jax.random.key(0)), model_cfg, out)
+    assert export_module._write_token_ids(cfg, 384, out) == []
+    assert {k: json.loads((out / "config.json").read_text())[k] for k in TOKEN_IDS} == {
+        "bos_token_id": None, "eos_token_id": 256, "pad_token_id": None}
+    read = transformers.AutoConfig.from_pretrained(out)
+    assert (read.bos_token_id, read.eos_token_id, read.pad_token_id) == (None, 256, None)
+    # a tokenizer folder: eos as the run read it, pad as its tokenizer_config.json names it
+    tok_dir = tmp_path / "tokenizer"
+    tok_dir.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tok_dir / name).write_bytes((folder / name).read_bytes())
+    hf = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, tokenizer=str(tok_dir)))
+    ids, notes = export_module.token_ids(hf, 384, tmp_path / "empty")
+    vocab = json.loads((folder / "tokenizer.json").read_text())["added_tokens"]
+    special = {t["content"]: t["id"] for t in vocab}
+    assert notes == [] and ids == {"bos_token_id": None, "eos_token_id": special["<|im_end|>"],
+                                   "pad_token_id": special["<|endoftext|>"]}
 
 
 def test_a_full_fine_tune_exports_a_sharded_folder_transformers_loads_with_our_logits(full_run, folder, tmp_path, capsys):

@@ -392,4 +392,5 @@ def test_a_killed_mixture_run_resumes_with_the_same_batches(workdir):
     start = _resumed_step(resumed)
     assert start is not None and INTERVAL <= start <= target, resumed[-2000:]
     assert dict(_losses(run_dir)) == ref_losses  # every step, before and after the kill
+    assert [s for s, _ in _losses(run_dir)] == sorted(ref_losses)  # ... once each: the replayed ones were dropped
     assert _files(run_dir / "checkpoints" / f"step_{STEPS}") == _files(reference / "checkpoints" / f"step_{STEPS}")

@@ -125,6 +125,44 @@ def test_a_weight_too_small_for_a_block_is_refused():
         TrainBatches(mixture(weights=[1e-5, 1.0, 1.0]), batch_size=B, seed=0)
 
 
+def _row_values(batch) -> tuple[float, float]:
+    """A stand-in for the trainer's eval step: each loss token "costs" its input id."""
+    mask = batch.loss_mask.astype(np.float64)
+    return float((batch.input_ids * mask).sum()), float(mask.sum())
+
+
+def _validation(sources: dict[str, Sequences]):
+    from named.trainer.data import Data
+
+    return Data(ByteTokenizer(), labelled(0, 8), Sequences.concat(list(sources.values())), sources)
+
+
+def _exact(sources: dict[str, Sequences]) -> float:
+    """The mean over every loss token of every validation row, read off the rows themselves."""
+    parts = [_row_values(s.rows(np.arange(len(s)))) for s in sources.values()]
+    return sum(t for t, _ in parts) / sum(c for _, c in parts)
+
+
+def test_eval_loss_of_a_mixture_stands_for_every_source():
+    """The overall eval loss with a few batches per source estimates the loss over all of them:
+    sources whose rows are all alike give it exactly, where the sources' rows one after another
+    would give the first source's (issue 30)."""
+    from types import SimpleNamespace
+
+    from named.trainer.train import eval_losses
+
+    flat = {"small": Sequences(TokenStream([np.full(7 * SEQ, 10, np.uint32)], EOS), SEQ),
+            "large": Sequences(TokenStream([np.full(60 * SEQ, 20, np.uint32)], EOS), SEQ)}
+    for eval_batches in (1, 2, 0):
+        got = eval_losses(_row_values, _validation(flat), SimpleNamespace(eval_batches=eval_batches, train_batch_size=4))
+        assert got == {"loss": pytest.approx(_exact(flat), rel=1e-12), "small/loss": 10.0, "large/loss": 20.0}
+    # Rows that differ: with every batch evaluated, the overall loss is the loss over all rows.
+    varied = {"a": labelled(1, 9), "b": labelled(2, 30)}
+    got = eval_losses(_row_values, _validation(varied), SimpleNamespace(eval_batches=0, train_batch_size=4))
+    assert got["loss"] == pytest.approx(_exact(varied), rel=1e-12)
+    assert got["a/loss"] == pytest.approx(_exact({"a": varied["a"]}), rel=1e-12)
+
+
 # --- through the config and build_data -------------------------------------------------------
 
 
@@ -195,3 +233,5 @@ def test_trainer_logs_tokens_and_eval_loss_per_source(tmp_path):
         assert sum(v for k, v in r.items() if k.startswith("train/tokens/")) == r["step"] * 8 * 16
     evals = [r for r in rows if "eval/loss" in r]
     assert evals and all(np.isfinite(r["eval/web/loss"]) and np.isfinite(r["eval/code/loss"]) for r in evals)
+    for r in evals:  # both sources count in the overall loss, not the first one alone
+        assert min(r["eval/web/loss"], r["eval/code/loss"]) < r["eval/loss"] < max(r["eval/web/loss"], r["eval/code/loss"])

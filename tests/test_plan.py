@@ -77,6 +77,72 @@ def test_plan_refuses_unknown_devices_and_sizes(capsys):
     assert "--device-kind" in capsys.readouterr().err
 
 
+def test_absurd_device_counts_and_device_free_refusals_come_before_any_stand_in(monkeypatch, capsys):
+    """--devices 2^31 used to abort in XLA's flag parser, 100000 to crash after 83 s, and 10000 to
+    take minutes to reach a refusal that needs no devices (issue 30)."""
+    def never(*args):
+        raise AssertionError("devices were stood in for a plan that needs none")
+
+    monkeypatch.setattr(cli, "_stand_in_devices", never)
+    monkeypatch.setattr(cli, "_plan_in_child", never)
+    for n in ("2147483648", "100000", "0"):
+        assert cli.main_plan(["--config", "gpt2_nano", "--devices", n]) == 2
+        assert f"--devices must be in [1, {cli.MAX_STAND_INS}], got {n}" in capsys.readouterr().err
+    refusals = {  # flags: what the one error line says
+        ("--devices", "10000"): "the microbatch of 16 sequences (trainer.train_batch_size=16 / trainer.microbatches=1) "
+                                "does not split over the 10000 devices of the batch mesh axes",
+        ("--devices", "9", "--mesh.shape", "{data: -1, model: 2}"): "9 is not divisible by 2",
+        ("--devices", "16", "--search"): "--search ranks layouts by a device's speeds: name it with --device-kind",
+        ("--devices", "16", "--device-kind", "Z80"): "--device-kind 'Z80' is not in the device table",
+        ("--devices", "16", "--model.n_headd", "2"): "--model.n_headd is not a key of the model section",
+    }
+    for flags, message in refusals.items():
+        assert cli.main_plan(["--config", "gpt2_nano", *flags]) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_the_roofline_uses_the_peak_of_the_compute_dtype():
+    from named.trainer import hardware
+    from named.trainer.plan_search import Roofline
+
+    h100, v5e = hardware.find("H100"), hardware.find("v5e")
+    f32 = load_config(CONFIG)  # compute=float32
+    bf16 = load_config(CONFIG, ["--trainer.precision", "params=float32,compute=bfloat16,output=float32"])
+    assert (Roofline.of(f32, h100).peak_flops, Roofline.of(f32, h100).peak_kind) == (494e12, "TF32")
+    assert (Roofline.of(bf16, h100).peak_flops, Roofline.of(bf16, h100).peak_kind) == (989e12, "bf16")
+    # exact float32 runs on the CUDA cores; a TPU computes float32 as bf16 passes (one by default)
+    assert h100.matmul_peak("float32", "highest") == (67e12, "float32")
+    assert v5e.matmul_peak("float32") == (197e12, "bf16")
+    assert v5e.matmul_peak("float32", "highest") == (197e12 / 6, "bf16 x6 passes")
+
+
+def test_recomputation_ranks_after_the_same_layout_without_it_when_that_fits():
+    from named.trainer import hardware
+    from named.trainer.plan_search import Candidate, Roofline, format_table, rank
+
+    roof = Roofline(hardware.find("H100"), 494e12, "TF32")
+    gib = 2**30
+
+    def layout(name, remat, flops, hbm, peak):  # XLA:CPU counts fewer HBM bytes for the recomputing program
+        return Candidate(name, {"data": 8}, {"batch": "data"}, {}, remat, 1, flops=flops, hbm_bytes=hbm,
+                         comm_bytes=1e9 if name == "FSDP" else 1e6, peak_bytes=peak)
+
+    found = [layout("FSDP", "full", 1.3e12, 1e9, 1 * gib), layout("FSDP", "none", 1e12, 2e9, 2 * gib),
+             layout("DP", "full", 1.3e12, 1e9, 9 * gib), layout("DP", "none", 1e12, 2e9, 20 * gib)]
+    ranked = rank(found, roof, memory_budget=10 * gib)
+    # DP without recomputation is over the budget, so DP with it is the best layout; FSDP fits without it
+    assert [(c.name, c.remat) for c in ranked] == [("DP", "full"), ("FSDP", "none"), ("FSDP", "full"), ("DP", "none")]
+    assert ranked[1].seconds(roof)[1] == ranked[2].seconds(roof)[1] == 1e9 / roof.device.hbm_bandwidth  # the smaller
+    # plenty of memory for all: each layout ranks before itself with recomputation, the best has none
+    plenty = [(c.name, c.remat) for c in rank(found, roof, memory_budget=80 * gib)]
+    assert plenty[0] == ("DP", "none")
+    assert all(plenty.index((name, "none")) < plenty.index((name, "full")) for name in ("DP", "FSDP"))
+    header = format_table(ranked, roof, 10 * gib).splitlines()[0].split("  ")
+    assert [h.strip() for h in header if h.strip()][4:] == ["microbatches", "est. ms/step", "compute ms", "HBM ms",
+                                                            "comm ms", "peak GiB/device"]
+
+
 @pytest.mark.slow
 def test_search_ranks_the_layouts_that_fit(capsys):
     tiny = ["--model.n_layer", "1", "--model.n_embd", "32", "--model.n_head", "2", "--data.seq_len", "32",
@@ -95,3 +161,7 @@ def test_search_ranks_the_layouts_that_fit(capsys):
     for r in over:  # over budget sorts after every row that fits
         assert all(rows.index(r) > rows.index(o) for o in ok)
         assert float(r.split()[9]) * 2**30 > 5 * 2**20
+    fits = {(r.split()[1], r.split()[4], r.split()[3]): i for i, r in enumerate(ok)}  # (layout, microbatches, remat)
+    pairs = [(n, m) for n, m, remat in fits if remat == "full" and (n, m, "none") in fits]
+    assert pairs and all(fits[(n, m, "none")] < fits[(n, m, "full")] for n, m in pairs)  # no needless recompute
+    assert "est. ms/step compute ms HBM ms comm ms peak GiB/device" in " ".join(table.split("\n", 2)[1].split())

@@ -95,9 +95,16 @@ def test_resume_reproduces_uninterrupted_run(corpus, tmp_path):
     # Pretend the first run died after step 10: drop everything after the step-10 checkpoint.
     ck = tmp_path / "split" / "checkpoints"
     assert sorted(p.name for p in ck.iterdir()) == ["step_10"]
+    metrics = tmp_path / "split" / "metrics.jsonl"
+    with open(metrics, "a") as f:  # it logged steps 15 and 20 past its checkpoint, and died writing a line
+        f.write('{"step": 21, "train/lo')
     resumed = run(corpus, tmp_path / "split", **{**FSDP, "trainer.load_checkpoint": "auto"})
     assert first.losses[:10] == full.losses[:10]
     assert resumed.losses == full.losses[10:]
+    # metrics.jsonl holds each step once: the rows past step 10 are the resumed run's
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [(r["step"], r["train/loss"]) for r in rows] == [(5, first.losses[4]), (10, first.losses[9]),
+                                                          (15, resumed.losses[4]), (20, resumed.losses[9])]
     for a, b in zip(jax.tree.leaves(resumed.model), jax.tree.leaves(full.model)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 

@@ -76,6 +76,7 @@ from .partitioning import (
     current_mesh,
     infer_shardings,
     make_mesh,
+    mesh_sizes,
     named_jit,
     pspec_for,
     set_mesh,

@@ -43,7 +43,14 @@ def make_mesh(shape: Mapping[str, int], *, devices: Sequence[Any] | None = None)
     Axes are ``AxisType.Auto`` (GSPMD): sharding constraints set layouts rather than check them.
     """
     devices = list(devices) if devices is not None else jax.devices()
-    n = len(devices)
+    sizes = mesh_sizes(shape, len(devices))
+    return jax.make_mesh(tuple(sizes.values()), tuple(sizes), axis_types=(AxisType.Auto,) * len(sizes),
+                         devices=devices)
+
+
+def mesh_sizes(shape: Mapping[str, int], n: int) -> dict[str, int]:
+    """The size of each axis of ``shape`` (one ``-1``: the devices left over) on ``n`` devices,
+    or a ShardingError naming the shape: what ``make_mesh`` builds, decided without devices."""
     names = tuple(shape)
     sizes = [int(s) for s in shape.values()]
     if not names:
@@ -60,7 +67,7 @@ def make_mesh(shape: Mapping[str, int], *, devices: Sequence[Any] | None = None)
         sizes[wild[0]] = n // known
     if math.prod(sizes) != n:
         raise ShardingError(f"mesh shape {dict(shape)} needs {math.prod(sizes)} devices but {n} are available")
-    return jax.make_mesh(tuple(sizes), names, axis_types=(AxisType.Auto,) * len(names), devices=devices)
+    return dict(zip(names, sizes))
 
 
 def set_mesh(mesh: Mesh):

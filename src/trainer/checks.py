@@ -57,9 +57,9 @@ def check_against_devices(cfg: TrainConfig) -> Setup:
     checked_settings(cfg.distributed)
     tokenizer = load_tokenizer(cfg.data.tokenizer, cfg.data.eos_token)
     model_cfg, model_cls = model_config_for(cfg, tokenizer)
-    mesh = nm.make_mesh(cfg.mesh.shape)
+    mesh = nm.make_mesh(check_device_count(cfg, len(jax.devices()), jax.process_count()))
     compute, param = to_mapping(cfg.mesh.compute_mapping), to_mapping(cfg.mesh.param_mapping)
-    check_against_mesh(cfg, mesh, model_cfg)
+    check_positions(cfg, model_cfg)
     check_sample_length(cfg, tokenizer, model_cfg)
     check_loss_block(cfg, model_cfg, mesh, compute)
     if cfg.model.init_from_hf is not None:  # every header against the model before anything is compiled
@@ -86,11 +86,13 @@ def model_config_for(cfg: TrainConfig, tokenizer: Tokenizer | None = None):
     return model_cfg, model_class(model_cfg)
 
 
-
-
-def check_against_mesh(cfg: TrainConfig, mesh, model_cfg) -> None:
-    t, seq_len = cfg.trainer, cfg.data.seq_len
-    dp = data_parallel_size(cfg, dict(mesh.shape))
+def check_device_count(cfg: TrainConfig, n_devices: int, n_processes: int) -> dict[str, int]:
+    """The checks that need only the number of devices and processes: ``mesh.shape`` on the devices,
+    and the batch over that mesh and the processes. ``named-plan --devices N`` runs them before it
+    stands N devices in (asking JAX would start it). Returns the mesh's axis sizes."""
+    sizes = nm.mesh_sizes(cfg.mesh.shape, n_devices)
+    t = cfg.trainer
+    dp = data_parallel_size(cfg, sizes)
     mb = t.train_batch_size // t.microbatches
     if mb % dp:
         raise ConfigError(
@@ -101,8 +103,13 @@ def check_against_mesh(cfg: TrainConfig, mesh, model_cfg) -> None:
         raise ConfigError(
             f"mesh.batch_split={cfg.mesh.batch_split} does not divide each device's {mb // dp} sequences of a microbatch "
             f"(trainer.train_batch_size={t.train_batch_size} / trainer.microbatches={t.microbatches} / {dp} devices)")
-    if t.train_batch_size % jax.process_count():
-        raise ConfigError(f"trainer.train_batch_size={t.train_batch_size} does not split over {jax.process_count()} processes")
+    if t.train_batch_size % n_processes:
+        raise ConfigError(f"trainer.train_batch_size={t.train_batch_size} does not split over {n_processes} processes")
+    return sizes
+
+
+def check_positions(cfg: TrainConfig, model_cfg) -> None:
+    seq_len = cfg.data.seq_len
     max_pos = max_positions(model_cfg)
     if seq_len > max_pos:
         raise ConfigError(f"data.seq_len={seq_len} is longer than the model's {max_pos} positions (model.n_positions / max_position_embeddings)")

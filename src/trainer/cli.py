@@ -231,22 +231,36 @@ def main_plan(argv: list[str] | None = None) -> int:
                         "and rank them by a roofline estimate")
     def body() -> int:
         a, rest = p.parse_known_args(argv)
-        if a.devices is not None and a.devices < 1:
-            raise ConfigError(f"--devices must be a positive integer, got {a.devices}")
-        if a.devices is not None and not _stand_in_devices(a.devices):
-            return _plan_in_child(argv, a.devices)
+        if a.devices is not None and not 1 <= a.devices <= MAX_STAND_INS:
+            raise ConfigError(f"--devices must be in [1, {MAX_STAND_INS}], got {a.devices}: {_STAND_IN_LIMIT}")
         from .plan import Target, plan_report
+        from .plan_search import roofline, search_report
 
+        # What needs no devices comes first: standing many in takes minutes, and a refusal needs none.
         cfg = load_config(_config_of(a), rest)
-        target = Target.of(a.device_kind, a.device_memory)
+        target = Target.of(a.device_kind, a.device_memory, stand_ins=a.devices is not None)
+        if a.search:
+            roofline(cfg, target)
+        if a.devices is not None:
+            from .checks import check_device_count
+
+            check_device_count(cfg, a.devices, 1)
+            if not _stand_in_devices(a.devices):
+                return _plan_in_child(argv, a.devices)
         print(plan_report(cfg, compile=a.compile, target=target))
         if a.search:
-            from .plan_search import search_report
-
             print("\n" + search_report(cfg, target))
         return 0
 
     return _guarded(body)
+
+
+# How many CPU devices named-plan stands in, at most. Each costs host memory and start-up time (8192
+# took 16 s and 1 GB to plan here; 100000 crashed XLA), and XLA's flag parser aborts on a count past
+# int32. The largest single slices people train on (a TPU v5p pod, 8960 chips) fit under it.
+MAX_STAND_INS = 16384
+_STAND_IN_LIMIT = ("each planned device is a CPU device standing in on this machine; plan a slice of a larger "
+                   "cluster (its layout repeats across slices)")
 
 
 def _stand_in_devices(n: int) -> bool:

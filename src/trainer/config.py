@@ -37,7 +37,7 @@ from named.models.registry import FAMILIES
 from . import pretrained
 from ._rules import RULES, ConfigError  # ConfigError and RULES: also this module's public face
 from .config_adapt import LoraConfig, QuantizationConfig  # re-exported: sections of TrainConfig
-from .config_check import _check_section, _join, _nullable, check_values  # noqa: F401  (check_values: re-exported)
+from .config_check import _check_section, _join, _nullable, check_flag_keys, check_values  # noqa: F401  (check_values: re-exported)
 from .data import DataConfig, DataError
 
 
@@ -54,7 +54,8 @@ class TrainerConfig:
         microbatches: the batch is split into this many microbatches whose gradients are
             accumulated (the step equals the full-batch step).
         seed: one seed for init, data order and dropout.
-        eval_interval / eval_batches: evaluate every N steps (0: never) on this many batches.
+        eval_interval / eval_batches: evaluate every N steps (0: never) on this many batches (of each
+            source of a mixture; 0: all of them).
         sample_interval / sample_tokens / sample_prompt: print a greedy sample every N steps.
         log_interval: log every N steps.
         run_dir: where logs and checkpoints go.
@@ -237,17 +238,28 @@ _MAPPING_FIELDS = {(section, name) for section, cls in typing.get_type_hints(Tra
                    for name, tp in typing.get_type_hints(cls).items() if typing.get_origin(tp) is dict}
 
 
-def _mapping_overrides(args: list[str]) -> dict[tuple[str, str], Any]:
+def _cli_flags(args: list[str]) -> list[tuple[str, str]]:
+    """``(key, value text)`` for every ``--key value`` and ``--key=value`` in ``args``, the key
+    without its dashes (``trainer.num_train_steps``)."""
+    out = []
+    for i, a in enumerate(args):
+        if not a.startswith("--"):
+            continue
+        key, eq, inline = a[2:].partition("=")
+        nxt = args[i + 1] if i + 1 < len(args) else ""
+        out.append((key, inline if eq else ("" if nxt.startswith("--") else nxt)))
+    return out
+
+
+def _mapping_overrides(flags: list[tuple[str, str]]) -> dict[tuple[str, str], Any]:
     """``{(section, field): value}`` for every CLI override of a dict-valued field."""
     out = {}
-    for i, a in enumerate(args):
-        key, eq, inline = a.partition("=")
-        if not key.startswith("--") or key[2:].count(".") != 1:
+    for key, text in flags:
+        if key.count(".") != 1:
             continue
-        section, name = key[2:].split(".")
+        section, name = key.split(".")
         if (section, name) not in _MAPPING_FIELDS:
             continue
-        text = inline if eq else (args[i + 1] if i + 1 < len(args) else "")
         try:
             loader = _ConfigLoader(text)
             try:
@@ -273,8 +285,12 @@ def load_config(config_path: str | os.PathLike | None, args: Sequence[str] = ())
     DataError a ``data`` field raises), naming the file, key or flag."""
     args = list(args)
     content = _check_config_file(Path(config_path)) if config_path is not None else {}
-    where = f" in {config_path}" if config_path else ""
-    token = _REPLACE.set(_mapping_overrides(args))
+    flags = _cli_flags(args)
+    for key, _ in flags:  # before argparse, whose "unrecognized arguments" would blame the file
+        if key and key not in _DRACCUS_FLAGS:
+            check_flag_keys(TrainConfig, key, lambda section: _chosen_type(section, flags, content))
+    where = _origin("", flags, config_path)
+    token = _REPLACE.set(_mapping_overrides(flags))
     try:
         cfg = draccus.parse(TrainConfig, config_path, args=args, exit_on_error=False)
     except (DataError, ConfigError):
@@ -284,10 +300,12 @@ def load_config(config_path: str | os.PathLike | None, args: Sequence[str] = ())
         if isinstance(inner, (DataError, ConfigError)):
             raise inner from None  # a data field's own check: its message names the key
         if inner is not None:
-            raise ConfigError(f"bad configuration{where}: {_section_of(e)}: {inner}") from None
+            section = _section_of(e)
+            raise ConfigError(f"bad configuration{_origin(section, flags, config_path)}: {section}: {inner}") from None
         raise ConfigError(f"bad configuration{where}: {e}") from None
     except (draccus.utils.DecodingError, draccus.utils.DraccusException, argparse.ArgumentError, ValueError, TypeError) as e:
-        raise ConfigError(f"bad configuration{where}: {e}") from None
+        argv = isinstance(e, argparse.ArgumentError) or str(e).startswith("unrecognized arguments")  # argparse's
+        raise ConfigError(f"bad configuration{' on the command line' if argv else where}: {e}") from None
     except OSError as e:  # draccus opens a CLI value that starts with "include" as a file to include
         raise ConfigError(f"bad configuration{where}: {e}") from None
     finally:
@@ -299,6 +317,31 @@ def load_config(config_path: str | os.PathLike | None, args: Sequence[str] = ())
         raise ConfigError(f"model: missing{where}; add `model: {{type: gpt2, ...}}` with that model's fields "
                           f"(registered types: {known})")
     return cfg
+
+
+_DRACCUS_FLAGS = ("config_path", "help")  # draccus' own flags, not config keys
+
+
+def _chosen_type(section: str, flags: list[tuple[str, str]], content: dict) -> str | None:
+    """The ``type`` of the choice section ``section`` (``model``): the command line's, else the file's."""
+    given = [v for k, v in flags if k == f"{section}.type"]
+    if given:
+        return given[-1]
+    value: Any = content
+    for name in section.split("."):
+        value = value.get(name) if isinstance(value, dict) else None
+    return value.get("type") if isinstance(value, dict) else None
+
+
+def _origin(section: str, flags: list[tuple[str, str]], config_path) -> str:
+    """Where the values of ``section`` (all of them for "") came from, for a message that cannot
+    name one key: the command line's flags of that section, and the file for the rest."""
+    given = [f"--{k} {v}".rstrip() for k, v in flags
+             if k and k not in _DRACCUS_FLAGS and (not section or k == section or k.startswith(section + "."))]
+    if not given:
+        return f" in {config_path}" if config_path else ""
+    rest = f", the rest{f' of {section}' if section else ''} from {config_path}" if config_path else ""
+    return f" ({', '.join(given)} on the command line{rest})"
 
 
 class _ConfigLoader(yaml.SafeLoader):

@@ -149,6 +149,48 @@ def _choice_section(cls, value, key: str):
     return known[name], {k: v for k, v in value.items() if k != "type"}
 
 
+def unknown_key(names: list[str], name, key: str, flag: str | None = None) -> ConfigError:
+    """The one message for a key that is not among ``names``, the keys of section ``key``, with the
+    nearest one suggested. ``flag``: the command-line flag it came from (``trainr.seed`` for
+    ``trainr``), shown, and corrected, whole."""
+    def show(k: str) -> str:
+        return f"--{k}{flag[len(_join(key, name)):]}" if flag is not None else k
+
+    near = difflib.get_close_matches(str(name), names, n=1)
+    hint = f"; did you mean {show(_join(key, near[0]))}?" if near else ""
+    where = f"the {key} section" if key else "the config"
+    return ConfigError(f"{show(_join(key, name))} is not a key of {where}{hint} (its keys: {', '.join(names)})")
+
+
+def check_flag_keys(root, key: str, chosen_type) -> None:
+    """The dotted ``key`` of a command-line flag (``trainer.num_train_steps``) against the sections
+    under the dataclass ``root``, refused as a YAML key would be (``unknown_key``).
+    ``chosen_type(section_key)`` is the ``type`` given for a choice section (``model``), or None."""
+    cls, at = root, ""
+    parts = key.split(".")
+    for i, name in enumerate(parts):
+        if isinstance(cls, type) and issubclass(cls, draccus.ChoiceRegistry):
+            known = cls.get_known_choices()
+            if name == "type":
+                return
+            if chosen_type(at) not in known:  # any family's key, until the type is known
+                names = sorted({f.name for c in known.values() for f in dataclasses.fields(c)} | {"type"})
+                if name not in names:
+                    raise unknown_key(names, name, at, flag=key)
+                return
+            cls = known[chosen_type(at)]
+            names = ["type", *(f.name for f in dataclasses.fields(cls))]
+        else:
+            names = [f.name for f in dataclasses.fields(cls)]
+        if name not in names:
+            raise unknown_key(names, name, at, flag=key)
+        at = _join(at, name)
+        tp = _without_none(typing.get_type_hints(cls)[name])[0]
+        if not _is_section(tp) and i + 1 < len(parts):
+            raise ConfigError(f"--{key} is not a key: {at} takes one value ({_describe(tp)}); give it whole: --{at} VALUE")
+        cls = tp
+
+
 def _check_section(cls, value, key: str) -> None:
     """A section (a dict from YAML and the CLI, or a dataclass) against its dataclass, key by key."""
     if issubclass(cls, draccus.ChoiceRegistry):
@@ -157,10 +199,7 @@ def _check_section(cls, value, key: str) -> None:
         names = [f.name for f in dataclasses.fields(cls)]
         for name in value:
             if name not in names:
-                near = difflib.get_close_matches(str(name), names, n=1)
-                hint = f"; did you mean {_join(key, near[0])}?" if near else ""
-                where = f"the {key} section" if key else "the config"
-                raise ConfigError(f"{_join(key, name)} is not a key of {where}{hint} (its keys: {', '.join(names)})")
+                raise unknown_key(names, name, key)
         items = list(value.items())
     elif dataclasses.is_dataclass(value) and not isinstance(value, type):
         items = [(f.name, getattr(value, f.name)) for f in dataclasses.fields(value)]

@@ -5,7 +5,8 @@
 
 The run's ``config.yaml`` and ``model_config.json`` say what was trained; the checkpoint's model
 (not its optimizer state) is read onto the run's mesh when this machine can build it, else onto
-one device (a checkpoint restores onto any mesh). The folder gets ``config.json``, safetensors
+one device (a checkpoint restores onto any mesh). The folder gets ``config.json`` (with the ids of the
+special tokens, which transformers and vLLM read there: ``token_ids``), safetensors
 (sharded past ``--max-shard-size``, each file fetched to the host on its own) and the tokenizer
 files of the run (``data.tokenizer``, else ``model.init_from_hf``): tokenizer.json,
 tokenizer_config.json, special_tokens_map.json, generation_config.json, where they exist.
@@ -48,12 +49,16 @@ from named.models.registry import family_for
 from . import checkpoint as ckpt
 from . import run_places
 from .config import ConfigError, TrainConfig, load_config, to_mapping
+from .data import DataError, load_tokenizer
 from .model_init import hf_linears, model_shapes
 from .registry import model_class
 from .rundir import checkpoint_root
 from .sample import _model_config
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
+# The special tokens' ids, which transformers and vLLM read from config.json (generation_config.json
+# only guides generate()); token_ids says where each comes from.
+TOKEN_ID_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 
 @dataclasses.dataclass
@@ -107,6 +112,8 @@ def export(checkpoint: str | Path, out: str | Path, *, step: int | None = None, 
                 model = _one_dtype(nn.lora.merge(model))
             save_pretrained(model, model_cfg, tmp, max_shard_size=max_shard_size)
         notes = _copy_tokenizer(cfg, tmp)
+        if kind != "adapters":
+            notes += _write_token_ids(cfg, model_cfg.vocab_size, tmp)
         files = sorted(p.name for p in tmp.iterdir())
         _move_into_place(tmp, out)
     except OSError as e:  # the machine (a full disk, a size limit): named as the file of --out it was writing
@@ -307,6 +314,53 @@ def _copy_tokenizer(cfg: TrainConfig, folder: Path) -> list[str]:
         what = "the built-in byte tokenizer" if cfg.data.tokenizer == "byte" else f"{cfg.data.tokenizer} (not found now)"
         return [f"note: no tokenizer.json written: the run's tokenizer is {what}"]
     return []
+
+
+def token_ids(cfg: TrainConfig, vocab_size: int, folder: Path) -> tuple[dict, list[str]]:
+    """The ``bos``/``eos``/``pad`` ids for the ``config.json`` of the export being written in
+    ``folder``, and notes on files that could not be read. Each id comes from the first source
+    that gives one inside the vocabulary: the ``config.json`` of ``model.init_from_hf`` (the ids
+    the model was pretrained with), the ``generation_config.json`` copied into ``folder``, then
+    the run's tokenizer (eos: the end of document it trained on; bos and pad as its
+    ``tokenizer_config.json`` names them). None (null) where none does: left out of the file,
+    transformers would fill in its class defaults (GPT-2's 50256 for a 257-token byte model)."""
+    notes: list[str] = []
+    sources = []
+    if cfg.model.init_from_hf is not None:
+        sources.append(_ids_in(Path(cfg.model.init_from_hf), "config.json", notes))
+    sources.append(_ids_in(folder, "generation_config.json", notes))
+    try:
+        tokenizer = load_tokenizer(cfg.data.tokenizer, cfg.data.eos_token)
+        sources.append({f"{kind}_token_id": tokenizer.special_id(kind) for kind in ("bos", "eos", "pad")})
+    except DataError as e:  # the tokenizer is gone since the run
+        notes.append(f"note: the run's tokenizer gave no token ids: {e}")
+    ids = {name: next((s[name] for s in sources if _in_vocab(s.get(name), vocab_size)), None)
+           for name in TOKEN_ID_FIELDS}
+    return ids, notes
+
+
+def _ids_in(folder: Path, name: str, notes: list[str]) -> dict:
+    try:
+        path = folder_file(folder, name)
+        content = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except (CheckpointFormatError, OSError, UnicodeDecodeError, ValueError) as e:
+        notes.append(f"note: token ids not read from {folder / name}: {e}")
+        return {}
+    return content if isinstance(content, dict) else {}
+
+
+def _in_vocab(value, vocab_size: int) -> bool:
+    """An id (or a list of ids, as Llama 3's eos) of the vocabulary."""
+    values = value if isinstance(value, list) and value else [value]
+    return all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < vocab_size for v in values)
+
+
+def _write_token_ids(cfg: TrainConfig, vocab_size: int, folder: Path) -> list[str]:
+    ids, notes = token_ids(cfg, vocab_size, folder)
+    path = folder / "config.json"
+    hf_config = json.loads(path.read_text(encoding="utf-8"))
+    path.write_text(json.dumps({**hf_config, **ids}, indent=2, sort_keys=True) + "\n")
+    return notes
 
 
 def _move_into_place(tmp: Path, out: Path) -> None:

@@ -33,8 +33,10 @@ class Target:
     memory: float | None
 
     @classmethod
-    def of(cls, kind: str | None, memory: str | None) -> Target:
-        device = hardware.find(kind) if kind is not None else hardware.local()
+    def of(cls, kind: str | None, memory: str | None, *, stand_ins: bool = False) -> Target:
+        """``kind`` (else this machine's device; none for ``stand_ins``, CPU devices standing in,
+        which JAX is not asked about: asking would start it) and ``memory`` (else the kind's)."""
+        device = hardware.find(kind) if kind is not None else None if stand_ins else hardware.local()
         if kind is not None and device is None:
             raise ConfigError(f"--device-kind {kind!r} is not in the device table ({', '.join(hardware.DEVICES)})")
         budget = hardware.parse_bytes(memory) if memory is not None else (device.hbm_bytes if device is not None else None)

@@ -9,9 +9,15 @@ abstract inputs (nothing is allocated), then ranked by a roofline estimate of on
     time ≈ FLOPs / peak FLOP/s  +  HBM bytes / HBM bandwidth  +  collective bytes sent / link bandwidth
 
 all per device, from the compiled program (loop bodies counted once per iteration) and the
-device row of :mod:`named.trainer.hardware`. The three terms are added, not overlapped: the
-estimate is an upper bound that ranks layouts; it is no prediction of a measured step time.
-A layout whose compiled peak memory exceeds the budget is listed below the others, marked.
+device row of :mod:`named.trainer.hardware`; the peak is the one of the config's compute dtype
+(``Device.matmul_peak``: a float32 run on an H100 runs its matmuls as TF32, at half the bf16
+peak). The three terms are added, not overlapped: the estimate is an upper bound that ranks
+layouts; it is no prediction of a measured step time. Recomputation moves at least the bytes of
+computing once, but XLA:CPU counts the program that keeps its activations higher (three times
+higher for GPT-2 medium), which ranked recomputation first even when memory was plentiful; so a
+layout with ``remat: full`` and the same layout without it are both charged the smaller of their
+two counts, and recomputation costs its extra FLOPs. A layout whose compiled peak memory exceeds
+the budget is listed below the others, marked.
 """
 
 from __future__ import annotations
@@ -39,10 +45,30 @@ class Candidate:
     comm_bytes: float = 0.0
     peak_bytes: int = 0
     error: str | None = None
+    hbm_charged: float | None = None  # the HBM bytes the estimate uses, when not hbm_bytes (rank sets it)
 
-    def seconds(self, dev: Device) -> tuple[float, float, float]:
-        return (self.flops / dev.peak_flops, self.hbm_bytes / dev.hbm_bandwidth,
-                self.comm_bytes / dev.link_bandwidth if self.comm_bytes else 0.0)
+    def seconds(self, roof: Roofline) -> tuple[float, float, float]:
+        """Compute, HBM and communication time of one step, in seconds."""
+        hbm = self.hbm_bytes if self.hbm_charged is None else self.hbm_charged
+        return (self.flops / roof.peak_flops, hbm / roof.device.hbm_bandwidth,
+                self.comm_bytes / roof.device.link_bandwidth if self.comm_bytes else 0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Roofline:
+    """The speeds a step is estimated with: the device's row, and the matmul peak of the compute dtype."""
+
+    device: Device
+    peak_flops: float
+    peak_kind: str  # bf16, TF32, ...
+
+    @classmethod
+    def of(cls, cfg: TrainConfig, dev: Device) -> Roofline:
+        from named.nn.precision import get_policy
+
+        if dev.hbm_bandwidth is None or dev.link_bandwidth is None:
+            raise ConfigError(f"--search needs the HBM and link bandwidth of {dev.name}, which the device table lacks")
+        return cls(dev, *dev.matmul_peak(get_policy(cfg.trainer.precision).compute_dtype))
 
 
 def candidates(n_devices: int, param_axes: set[str], batch_size: int) -> Iterator[Candidate]:
@@ -74,17 +100,14 @@ def _with(cfg: TrainConfig, c: Candidate) -> TrainConfig:
     )
 
 
-def search(cfg: TrainConfig, dev: Device, *, memory_budget: float, progress=None) -> list[Candidate]:
-    """Check, compile and measure every candidate; ranked: fitting ones by estimated step time,
-    then those over the memory budget, then those that cannot run (with the reason)."""
+def search(cfg: TrainConfig, roof: Roofline, *, memory_budget: float, progress=None) -> list[Candidate]:
+    """Check, compile and measure every candidate; ranked (``rank``)."""
     import jax
 
     import named as nm
 
     from .checks import check_against_devices
 
-    if dev.hbm_bandwidth is None or dev.link_bandwidth is None:
-        raise ConfigError(f"--search needs the HBM and link bandwidth of {dev.name}, which the device table lacks")
     out = []
     for c in candidates(len(jax.devices()), _param_axes(cfg), cfg.trainer.train_batch_size):
         trial = _with(cfg, c)
@@ -98,13 +121,26 @@ def search(cfg: TrainConfig, dev: Device, *, memory_budget: float, progress=None
         out.append(c)
         if progress is not None:
             progress(c)
+    return rank(out, roof, memory_budget)
+
+
+def rank(found: list[Candidate], roof: Roofline, memory_budget: float) -> list[Candidate]:
+    """Those that fit ``memory_budget`` by estimated step time, then those over it, then those that
+    cannot run. A layout with and without recomputation (same mesh, mappings and microbatches)
+    are both charged the smaller of their HBM counts (the module docstring says why), so the one
+    that recomputes ranks after the other whenever that one fits."""
+    plain = {(c.name, c.microbatches): c for c in found if c.remat == "none" and not c.error}
+    for c in found:
+        twin = plain.get((c.name, c.microbatches))
+        if c.remat != "none" and not c.error and twin is not None:
+            c.hbm_charged = twin.hbm_charged = min(c.hbm_bytes, twin.hbm_bytes)
 
     def key(c: Candidate):
         if c.error:
             return (2, 0.0)
-        return (int(c.peak_bytes > memory_budget), sum(c.seconds(dev)))
+        return (int(c.peak_bytes > memory_budget), sum(c.seconds(roof)))
 
-    return sorted(out, key=key)
+    return sorted(found, key=key)
 
 
 def _param_axes(cfg: TrainConfig) -> set[str]:
@@ -119,15 +155,16 @@ def _param_axes(cfg: TrainConfig) -> set[str]:
     return {a.name for x in jax.tree.leaves(shapes, is_leaf=nm.is_named_array) for a in getattr(x, "axes", ())}
 
 
-def format_table(ranked: list[Candidate], dev: Device, memory_budget: float) -> str:
-    head = ("rank", "layout", "mesh", "remat", "micro", "est. ms/step", "compute", "HBM", "comm", "peak GiB/dev", "")
+def format_table(ranked: list[Candidate], roof: Roofline, memory_budget: float) -> str:
+    head = ("rank", "layout", "mesh", "remat", "microbatches", "est. ms/step", "compute ms", "HBM ms", "comm ms",
+            "peak GiB/device", "")
     rows = []
     for i, c in enumerate(ranked, 1):
         mesh = "x".join(f"{k}{v}" for k, v in c.mesh_shape.items())
         if c.error:
             rows.append((str(i), c.name, mesh, c.remat, str(c.microbatches), "-", "-", "-", "-", "-", f"cannot run: {c.error}"))
             continue
-        t = c.seconds(dev)
+        t = c.seconds(roof)
         over = c.peak_bytes > memory_budget
         rows.append((str(i), c.name, mesh, c.remat, str(c.microbatches), f"{sum(t) * 1e3:.3g}",
                      *(f"{x * 1e3:.3g}" for x in t), f"{c.peak_bytes / 2**30:.3g}",
@@ -135,10 +172,11 @@ def format_table(ranked: list[Candidate], dev: Device, memory_budget: float) -> 
     widths = [max(len(r[j]) for r in (head, *rows)) for j in range(len(head))]
     lines = ["  ".join(x.rjust(w) if j and j not in (1, 2, 3, 10) else x.ljust(w) for j, (x, w) in enumerate(zip(r, widths)))
              .rstrip() for r in (head, *rows)]
-    note = (f"estimate per step on {dev.name}: FLOPs / {dev.peak_flops / 1e12:.0f} TFLOP/s + HBM bytes / "
-            f"{dev.hbm_bandwidth / 1e12:.2f} TB/s + collective bytes sent / {dev.link_bandwidth / 1e9:.0f} GB/s, "
-            "added without overlap (an upper bound for ranking); peak memory from XLA's CPU buffer assignment, "
-            "which can differ from a GPU's or TPU's.")
+    dev = roof.device
+    note = (f"estimate per step on {dev.name}: FLOPs / {roof.peak_flops / 1e12:.3g} TFLOP/s ({roof.peak_kind} matmuls) "
+            f"+ HBM bytes / {dev.hbm_bandwidth / 1e12:.3g} TB/s (a layout with and without remat: the smaller count) + collective "
+            f"bytes sent / {dev.link_bandwidth / 1e9:.3g} GB/s, added without overlap (an upper bound for ranking); "
+            "peak memory from XLA's CPU buffer assignment, which can differ from a GPU's or TPU's.")
     return "\n".join([*lines, "", note])
 
 
@@ -146,9 +184,16 @@ def search_report(cfg: TrainConfig, target: Target) -> str:
     """The ranked table ``named-plan --search`` prints."""
     import jax
 
+    roof = roofline(cfg, target)
+    budget = target.memory if target.memory is not None else float("inf")
+    ranked = search(cfg, roof, memory_budget=budget)
+    return "\n".join([f"layouts for {len(jax.devices())} x {target.device.name} (each compiled on abstract inputs):",
+                      format_table(ranked, roof, budget)])
+
+
+def roofline(cfg: TrainConfig, target: Target) -> Roofline:
+    """The speeds ``--search`` ranks by; refused (ConfigError) without a device that has them.
+    Needs no devices, so ``named-plan`` asks for it before it stands any in."""
     if target.device is None:
         raise ConfigError("--search ranks layouts by a device's speeds: name it with --device-kind (e.g. H100)")
-    budget = target.memory if target.memory is not None else float("inf")
-    ranked = search(cfg, target.device, memory_budget=budget)
-    return "\n".join([f"layouts for {len(jax.devices())} x {target.device.name} (each compiled on abstract inputs):",
-                      format_table(ranked, target.device, budget)])
+    return Roofline.of(cfg, target.device)

@@ -60,6 +60,7 @@ import yaml
 from . import checkpoint as ckpt
 from .config import ConfigError, TrainConfig, dump_config
 from .run_places import CHECKPOINT, CHECKPOINT_FOLDER, CONFIG_FILE, LOCK_FILE, RUN_FILE, enclosing
+from .trackers import METRICS_FILE
 
 __all__ = ["TRAJECTORY_FREE", "RunPlan", "check_outside_checkpoints", "check_writable", "checkpoint_root", "claim",
            "os_error", "plan_run", "trajectory_changes"]
@@ -78,7 +79,7 @@ TRAJECTORY_FREE = (
 
 # What the trainer writes in a run directory, and which kind each must be.
 _ENTRIES = {"checkpoints": "directory", "logs": "directory", CONFIG_FILE: "file", "model_config.json": "file",
-            "metrics.jsonl": "file", LOCK_FILE: "file", RUN_FILE: "file"}
+            METRICS_FILE: "file", LOCK_FILE: "file", RUN_FILE: "file"}
 
 # Process 0 decides for every process; how long the others wait for its decision (a dead
 # process 0 ends them sooner, through jax.distributed's heartbeat).

@@ -17,8 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from .config import ConfigError, TrackerConfig
+from .data import atomic_write
 
 log = logging.getLogger("named.trainer")
+
+METRICS_FILE = "metrics.jsonl"  # one JSON object per line, each with the "step" it describes
 
 
 def setup_logging(run_dir: Path, process_index: int) -> None:
@@ -67,16 +70,56 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def drop_rows_after(path: Path, step: int) -> int:
+    """Rewrite the per-step JSONL file ``path`` without its rows of steps after ``step``, and
+    without a last line cut short, in one rename (``atomic_write``); returns how many lines went.
+
+    A run resumed from the checkpoint of ``step`` logs every later step again; the rows its
+    killed predecessor logged for them would otherwise stand beside the new ones, two values per
+    step. Lines that are not such rows are kept as they are."""
+    if not path.is_file():
+        return 0
+    kept, dropped = [], 0
+    with open(path, "rb") as f:
+        for line in f:
+            if not line.endswith(b"\n") or _step_of(line) > step:  # a partial last line: the kill cut it
+                dropped += 1
+            else:
+                kept.append(line)
+    if dropped:
+        with atomic_write(path) as f:
+            f.writelines(kept)
+    return dropped
+
+
+def _step_of(line: bytes) -> float:
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return -math.inf
+    value = row.get("step") if isinstance(row, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else -math.inf
+
+
 class Trackers:
-    def __init__(self, cfg: TrackerConfig, run_dir: Path, process_index: int, config_dict: dict | None = None):
+    """Where the loop's metrics go. ``start_step``: the step the run starts from (a resume's
+    checkpoint); rows ``metrics.jsonl`` holds for later steps are dropped first
+    (``drop_rows_after``), so that each step appears once."""
+
+    def __init__(self, cfg: TrackerConfig, run_dir: Path, process_index: int, config_dict: dict | None = None,
+                 start_step: int = 0):
         self.active = process_index == 0
         self.console = cfg.console
         self._jsonl = None
         self._wandb = None
         if not self.active:
             return
+        dropped = drop_rows_after(run_dir / METRICS_FILE, start_step)
+        if dropped:
+            log.info(f"{run_dir / METRICS_FILE}: dropped {dropped} line(s) past step {start_step}, written by a run "
+                     "that ended before its next checkpoint; this run logs those steps again")
         if cfg.jsonl:
-            self._jsonl = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")
+            self._jsonl = open(run_dir / METRICS_FILE, "a", encoding="utf-8")
         if cfg.wandb_mode != "disabled":
             import wandb
 

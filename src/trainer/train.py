@@ -30,7 +30,7 @@ from . import hardware
 from . import rundir
 from .checks import check_against_devices
 from .config import TrainConfig, dump_config
-from .data import Batch, TrainBatches, build_data, eval_batches
+from .data import Batch, Data, Sequences, TrainBatches, build_data, eval_batches, num_eval_batches
 from .loss import token_losses
 from .model_init import init_model, layer_driver, trainable
 from .optim import build_optimizer, init_opt_state, schedule
@@ -56,10 +56,12 @@ class TrainResult:
 
 
 def peak_flops(cfg: TrainConfig) -> float | None:
+    """The FLOP/s MFU is measured against: ``trainer.peak_flops_per_device``, else this device's
+    dense matmul peak for the run's compute dtype (``hardware.Device.matmul_peak``)."""
     if cfg.trainer.peak_flops_per_device:
         return cfg.trainer.peak_flops_per_device
-    device = hardware.local()  # bf16 dense peak from the device table
-    return device.peak_flops if device is not None else None
+    device = hardware.local()
+    return device.matmul_peak(get_policy(cfg.trainer.precision).compute_dtype)[0] if device is not None else None
 
 
 def _all_finite(tree) -> jax.Array:
@@ -192,7 +194,8 @@ def _train(cfg: TrainConfig, data, train_batches, model_cfg, model_cls, mesh, co
     run_dir, restore_from, pid = plan.run_dir, plan.restore_from, jax.process_index()
     try:
         setup_logging(run_dir, pid)
-        trackers = Trackers(cfg.tracker, run_dir, pid, json.loads(json.dumps(dataclasses.asdict(cfg), default=str)))
+        trackers = Trackers(cfg.tracker, run_dir, pid, json.loads(json.dumps(dataclasses.asdict(cfg), default=str)),
+                            start_step=plan.step)
     except OSError as e:
         raise rundir.os_error(run_dir, e) from None
     for note in plan.notes:
@@ -265,9 +268,8 @@ def _train(cfg: TrainConfig, data, train_batches, model_cfg, model_cls, mesh, co
                 trackers.log(done, row)
                 window = _Window()
             if due.eval:
-                evals = {"loss": _evaluate(eval_step, model, data.validation, t, mesh, compute)}
-                for name, val_rows in data.validation_sources.items():  # a mixture's sources, one by one
-                    evals[f"{name}/loss"] = _evaluate(eval_step, model, val_rows, t, mesh, compute)
+                evals = eval_losses(lambda b: eval_step(model, device_batch(b, mesh, compute, t.train_batch_size)),
+                                    data, t)
                 trackers.log(done, evals, prefix="eval")
             if due.sample:
                 trackers.text(done, "sample", sample_text(model, data.tokenizer, t.sample_prompt, t.sample_tokens,
@@ -391,15 +393,39 @@ def _metadata(step: int, cfg: TrainConfig, plan: rundir.RunPlan) -> dict:
     return {"step": step, "data_step": step, "seed": cfg.trainer.seed, "run": plan.identity}
 
 
-def _evaluate(eval_step, model, validation, t, mesh, compute) -> float:
+def eval_losses(loss_sum, data: Data, t) -> dict[str, float]:
+    """``loss`` over the validation rows and, for several named sources, ``<name>/loss`` per
+    source. ``loss_sum(batch)`` gives a batch's summed token loss and its count of loss tokens.
+
+    Each source is evaluated on its first ``trainer.eval_batches`` batches (0: all of them), and
+    its rows count in the overall ``loss`` as many times as they stand for its validation rows:
+    the overall loss estimates the loss over every validation token, and equals it when every
+    batch is evaluated. (Evaluating the sources' rows one after another instead would make the
+    first ``eval_batches`` batches, and so the overall loss, the first source's alone.)"""
+    if not data.validation_sources:
+        total, count, _ = _eval_sums(loss_sum, data.validation, t)
+        return {"loss": total / max(count, 1.0)}
+    per_source, total, count = {}, 0.0, 0.0
+    for name, rows in data.validation_sources.items():
+        s, c, seen = _eval_sums(loss_sum, rows, t)
+        per_source[f"{name}/loss"] = s / max(c, 1.0)
+        stands_for = len(rows) / seen  # validation rows of this source per evaluated row
+        total, count = total + stands_for * s, count + stands_for * c
+    return {"loss": total / max(count, 1.0), **per_source}
+
+
+def _eval_sums(loss_sum, rows: Sequences, t) -> tuple[float, float, int]:
+    """The summed loss and loss tokens of the first ``trainer.eval_batches`` batches of ``rows``
+    (all of them for 0), and how many of its rows these batches hold."""
+    limit = t.eval_batches or num_eval_batches(rows, t.train_batch_size)
     total = count = 0.0
-    for i, b in enumerate(eval_batches(validation, batch_size=t.train_batch_size,
+    for i, b in enumerate(eval_batches(rows, batch_size=t.train_batch_size,
                                        process_index=jax.process_index(), process_count=jax.process_count())):
-        if t.eval_batches and i >= t.eval_batches:
+        if i >= limit:
             break
-        s, c = eval_step(model, device_batch(b, mesh, compute, t.train_batch_size))
+        s, c = loss_sum(b)
         total, count = total + float(s), count + float(c)
-    return total / max(count, 1.0)
+    return total, count, min(limit * t.train_batch_size, len(rows))
 
 
 def sample_text(model, tokenizer, prompt: str, n_tokens: int, *, temperature: float = 0.0, top_k: int | None = None,

@@ -140,6 +140,9 @@ def _conversation(where: str, record: dict, template: ChatTemplate) -> tuple[lis
         if not isinstance(m, dict):
             raise DataError(f"{at} must be an object with 'role' and 'content', got {json_kind(m)}")
         role, content = m.get("role"), m.get("content")
+        if role is None:
+            what = "has no 'role' field" if "role" not in m else "has a null 'role'"
+            raise DataError(f"{at} {what}; give each message a role: {', '.join(roles)}")
         if role not in roles:
             why = "" if role != "tool" else f" (the chat template {template.source} has no tool messages)"
             raise DataError(f"{at}: unknown role {role!r}{why}; roles: {', '.join(roles)}")

@@ -62,6 +62,10 @@ class ByteTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return bytes(int(i) for i in ids if 0 <= int(i) < 256).decode("utf-8", errors="replace")
 
+    def special_id(self, kind: str) -> int | None:
+        """The ``eos`` id; bytes have no ``bos`` or ``pad`` token (None)."""
+        return self.eos_id if kind == "eos" else None
+
     def __repr__(self) -> str:
         return "ByteTokenizer(vocab_size=257, eos_id=256)"
 
@@ -90,7 +94,7 @@ class HFTokenizer:
         self._tok.encode_special_tokens = True
         self.path = path
         self._vocab_size = _id_bound(self._tok)
-        self._eos_token = eos_token or _eos_from_config(path) or _first_known(self._tok)
+        self._eos_token = eos_token or _token_from_config(path, "eos_token") or _first_known(self._tok)
         if self._eos_token is None:
             raise DataError(
                 f"tokenizer {str(path)!r} has none of the usual end-of-document tokens {_EOS_CANDIDATES}; "
@@ -129,6 +133,14 @@ class HFTokenizer:
         # tokenizers raises on negative ids and silently skips large ones; make both skip.
         return self._tok.decode([int(i) for i in ids if 0 <= int(i) < self._vocab_size], skip_special_tokens=True)
 
+    def special_id(self, kind: str) -> int | None:
+        """The id of the ``eos`` token (the end of document this tokenizer was loaded with), or of the
+        ``bos`` / ``pad`` token that a ``tokenizer_config.json`` beside it names; None when there is none."""
+        if kind == "eos":
+            return self._eos_id
+        token = _token_from_config(self.path, f"{kind}_token")
+        return self._tok.token_to_id(token) if token is not None else None
+
     def __repr__(self) -> str:
         return f"HFTokenizer({str(self.path)!r}, vocab_size={self._vocab_size}, eos={self._eos_token!r})"
 
@@ -150,17 +162,18 @@ def load_tokenizer(spec: str, eos_token: str | None = None) -> Tokenizer:
     return HFTokenizer(spec, eos_token=eos_token)
 
 
-def _eos_from_config(path: Path) -> str | None:
+def _token_from_config(path: Path, key: str) -> str | None:
+    """The special token ``key`` (``eos_token``, ...) that the tokenizer_config.json beside ``path`` names."""
     cfg = path.parent / "tokenizer_config.json"
     if not cfg.is_file():
         return None
     try:
-        eos = json.loads(cfg.read_text("utf-8")).get("eos_token")
+        token = json.loads(cfg.read_text("utf-8")).get(key)
     except (OSError, ValueError, AttributeError) as e:
         raise DataError(f"{str(cfg)!r} is not a readable JSON object: {e}") from e
-    if isinstance(eos, dict):  # {"content": "</s>", ...} in older files
-        eos = eos.get("content")
-    return eos if isinstance(eos, str) else None
+    if isinstance(token, dict):  # {"content": "</s>", ...} in older files
+        token = token.get("content")
+    return token if isinstance(token, str) else None
 
 
 def _id_bound(tok) -> int:
