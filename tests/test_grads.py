@@ -783,7 +783,9 @@ def public_surface() -> dict[str, object]:
             if module is nm.random and getattr(obj, "__module__", None) != nm.random.__name__:
                 continue
             if inspect.ismodule(obj):
-                if obj in WALKED.values():
+                # the models and the trainer install under named's name but are not the library
+                if obj in WALKED.values() or obj.__name__.split(".")[:2] in (["named", "models"], ["named", "trainer"],
+                                                                             ["named", "configs"]):
                     continue
             elif not callable(obj) or id(obj) in seen:
                 continue
@@ -839,7 +841,7 @@ EXCLUDED: dict[str, str] = {
     **dict.fromkeys(["nm.arange", "nm.zeros", "nm.ones", "nm.zeros_like", "nm.ones_like", "nm.one_hot", "nm.fftfreq",
                      "nn.alibi_slopes"], _CONSTANT),
     **dict.fromkeys(["nm.axes_of", "nm.is_named_array", "nm.axis_mapping", "nm.current_mapping", "nm.current_mesh",
-                     "nm.make_mesh", "nm.set_mesh", "nm.check_mapping", "nm.check_sharding", "nm.infer_shardings",
+                     "nm.make_mesh", "nm.mesh_sizes", "nm.set_mesh", "nm.check_mapping", "nm.check_sharding", "nm.infer_shardings",
                      "nm.pspec_for", "nm.sharding_for", "nm.layout", "nm.parse_layout", "nm.explicit.block_layout",
                      "nm.typecheck"], _LAYOUT),
     **dict.fromkeys(["nm.compiled_report", "nm.param_report"], "reports on a compiled program or a model's layout"),
