@@ -35,6 +35,7 @@ from ._shape import (
     zeros,
     zeros_like,
 )
+from ._remat import ScanCheckpointPolicy
 from ._transforms import fold, nmap, scan, vmap
 from ._state_dict import (
     StateDictEntry,

@@ -52,7 +52,7 @@ from ._quant import (  # low-precision Linears: nn.quantize(model, "fp8")
     without_overwrites,
 )
 from ._blockseq import BlockSeq
-from ._remat import Remat, checkpoint_name, remat_policy
+from .._remat import Remat, ScanCheckpointPolicy, checkpoint_name, remat_policy
 from ._stacked import Stacked
 from ._explicit_stack import ExplicitStack, explicit_layers
 from ._moe import MoE, load_balancing_loss, route, router_losses, router_stats, router_z_loss
