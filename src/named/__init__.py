@@ -4,7 +4,16 @@
 """
 
 from . import explicit, inspect, nn, random
-from ._axis import ArgumentError, ArgumentTypeError, Axis, AxisError, AxisSelection, AxisSelector, NamedError
+from ._axis import (
+    ArgumentError,
+    ArgumentTypeError,
+    Axis,
+    AxisError,
+    AxisSelection,
+    AxisSelector,
+    NamedError,
+    axis_spec_to_tuple,
+)
 from ._core import NamedArray, axes_of, is_named_array, named
 from ._einsum import dot, einsum
 from ._index import ds, take, updated_slice
