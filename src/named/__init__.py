@@ -44,6 +44,7 @@ from ._shape import (
     zeros,
     zeros_like,
 )
+from ._ref import NamedRef, freeze, get, new_ref, swap
 from ._remat import ScanCheckpointPolicy
 from ._transforms import fold, nmap, scan, vmap
 from ._state_dict import (

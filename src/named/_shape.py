@@ -3,6 +3,7 @@ masks, roll, pad, top_k; and array creation."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import jax
@@ -66,11 +67,15 @@ def full_like(x: NamedArray, fill_value, dtype=None) -> NamedArray:
     return NamedArray(jnp.full_like(x.array, fill_value, dtype), x.axes)
 
 
-def arange(axis: Axis, *, start=0, step=1, dtype=None) -> NamedArray:
-    """``start, start + step, ...`` along ``axis`` (axis.size values)."""
-    if not isinstance(axis, Axis):
-        raise AxisError(f"arange needs an Axis with a size, got {axis!r}")
-    return NamedArray(start + jnp.arange(axis.size, dtype=dtype) * step, (axis,))
+def arange(axis: AxisSelection, *, start=0, step=1, dtype=None) -> NamedArray:
+    """``start, start + step, ...`` along ``axis`` (axis.size values). Several axes (Haliax's
+    ``arange((X, Y))``) count row-major over them: the arange of the product of their sizes,
+    reshaped. ``start`` may be traced."""
+    if isinstance(axis, str) or (not isinstance(axis, Axis) and not as_selectors(axis)):
+        raise AxisError(f"arange needs an Axis with a size (or several), got {axis!r}")
+    ax = _axes_for_creation(axis)
+    n = math.prod(a.size for a in ax)
+    return NamedArray((start + jnp.arange(n, dtype=dtype) * step).reshape(tuple(a.size for a in ax)), ax)
 
 
 # ---- renaming and reordering ---------------------------------------------------------
