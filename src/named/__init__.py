@@ -3,7 +3,7 @@
 ``import named as nm`` is the whole public surface.
 """
 
-from . import explicit, inspect, nn, random
+from . import debug, explicit, inspect, nn, random
 from ._axis import (
     ArgumentError,
     ArgumentTypeError,

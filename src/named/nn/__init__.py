@@ -1,11 +1,18 @@
 """named.nn: Equinox modules over NamedArrays."""
 
-from ._attention import attention_implementation, dot_product_attention, positions_from_segments, rotary_embedding
+from ._attention import (
+    attention_implementation,
+    dot_product_attention,
+    dot_product_attention_weights,
+    positions_from_segments,
+    rotary_embedding,
+)
 from ._masks import (
     alibi_bias,
     alibi_slopes,
     causal_mask,
     chunked_mask,
+    forgetful_causal_mask,
     padding_mask,
     segment_mask,
 )
