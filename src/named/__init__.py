@@ -19,6 +19,7 @@ from ._einsum import dot, einsum
 from ._index import ds, take, updated_slice
 from ._ops import *  # noqa: F403  (elementwise math and reductions, listed in _ops.__all__)
 from ._numpy import *  # noqa: F403  (the rest of the numpy surface, generated from _numpy.SURFACE)
+from ._poly import *  # noqa: F403  (the polynomial family: poly, polyadd, ..., polyfit, roots, vander)
 from ._shape import (
     arange,
     broadcast_axis,
@@ -50,11 +51,13 @@ from ._transforms import fold, nmap, scan, vmap
 from ._state_dict import (
     StateDictEntry,
     StateDictError,
+    flatten_modules_for_export,
     load_state_dict,
     load_state_dict_file,
     save_state_dict,
     state_dict,
     state_dict_entries,
+    unflatten_modules_from_export,
 )
 from ._tree import resize_axis, tree_map_layers
 from ._typing import Bool, Float, Int, Named, bf16, f16, f32, f64, i8, i16, i32, i64, typecheck, u8, u16, u32, u64
@@ -83,6 +86,7 @@ from .partitioning import (
     check_sharding,
     current_mapping,
     current_mesh,
+    field,
     infer_shardings,
     make_mesh,
     named_jit,

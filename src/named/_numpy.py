@@ -405,8 +405,11 @@ def polyval(coeffs, x, axis: AxisSelector | None = None) -> NamedArray:
     """The polynomial with ``coeffs`` (highest degree first, as ``np.polyval``) at ``x``.
 
     ``coeffs`` is a sequence of numbers, or a NamedArray whose ``axis`` holds the coefficients
-    and whose other axes broadcast with ``x``'s by name (one polynomial per entry)."""
+    (its only axis when it has one) and whose other axes broadcast with ``x``'s by name (one
+    polynomial per entry). The rest of the polynomial family is in ``named._poly``."""
     if isinstance(coeffs, NamedArray):
+        if axis is None and coeffs.ndim == 1:
+            axis = coeffs.axes[0]  # one axis: it holds the coefficients (nm.polyfit's result, Haliax's form)
         if axis is None:
             raise AxisError(f"nm.polyval needs axis= to say which of {format_axes(coeffs.axes)} holds the coefficients")
         terms = unbind(coeffs, axis)

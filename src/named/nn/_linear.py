@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import equinox as eqx
@@ -89,6 +90,53 @@ class Linear(eqx.Module):
         if self.bias is not None:
             y = y + self.bias
         return shard(y)
+
+
+    # -- torch's layout, for state dicts with flatten=True (Haliax's flatten_for_export) --
+
+    def flatten_for_export(self) -> Linear:
+        """This layer with its weight laid out as torch's ``nn.Linear`` holds it: ``[out, in]``,
+        each side one axis (several In or Out axes merged, row-major, into ``__IN__``/``__OUT__``),
+        the bias ``[out]``. Axes beyond In and Out (a stack's layers) stay in front. It computes
+        what this layer computes; ``unflatten_from_export(template)`` restores the template's axes."""
+        ins, outs = as_selectors(self.In), as_selectors(self.Out)
+        In, Out = _flat_axis(ins, "__IN__"), _flat_axis(outs, "__OUT__")
+        extra = tuple(a.name for a in self.weight.axes if a not in ins + outs)
+        w = self.weight.rearrange(extra + tuple(a.name for a in outs + ins))
+        w = _merge(_merge(w, outs, Out), ins, In)
+        b = None if self.bias is None else _merge(self.bias.rearrange(
+            tuple(a.name for a in self.bias.axes if a not in outs) + tuple(a.name for a in outs)), outs, Out)
+        return dataclasses.replace(self, weight=w, bias=b, In=In, Out=Out)
+
+    def unflatten_from_export(self, template: Linear) -> Linear:
+        """This flattened layer back in ``template``'s axes and axis order (the inverse of
+        ``template.flatten_for_export()``)."""
+        ins, outs = as_selectors(template.In), as_selectors(template.Out)
+        w = _split(_split(self.weight, _flat_axis(outs, "__OUT__"), outs), _flat_axis(ins, "__IN__"), ins)
+        b = None if self.bias is None else _split(self.bias, _flat_axis(outs, "__OUT__"), outs)
+        return dataclasses.replace(template, weight=w.rearrange(template.weight.names),
+                                   bias=None if b is None else b.rearrange(template.bias.names))
+
+
+def _flat_axis(axes: tuple[Axis, ...], name: str) -> Axis:
+    return axes[0] if len(axes) == 1 else Axis(name, math.prod(a.size for a in axes))
+
+
+def _merge(x: NamedArray, axes: tuple[Axis, ...], into: Axis) -> NamedArray:
+    """``axes`` (adjacent in ``x``, in order) merged into one, on the array or its shape alone."""
+    if len(axes) == 1:
+        return x
+    i = x.index_of(axes[0])
+    new = x.axes[:i] + (into,) + x.axes[i + len(axes):]
+    return NamedArray._unchecked(x.array.reshape(tuple(a.size for a in new)), new)
+
+
+def _split(x: NamedArray, flat: Axis, axes: tuple[Axis, ...]) -> NamedArray:
+    if len(axes) == 1:
+        return x
+    i = x.index_of(flat)
+    new = x.axes[:i] + axes + x.axes[i + 1:]
+    return NamedArray._unchecked(x.array.reshape(tuple(a.size for a in new)), new)
 
 
 def check_input(layer, x: NamedArray) -> None:
