@@ -94,10 +94,10 @@ def rename(x: NamedArray, mapping: Mapping[AxisSelector, AxisSelector]) -> Named
 
 
 def order_of(axes: tuple[Axis, ...], order, what: str = "rearrange") -> tuple[int, ...]:
-    """The permutation of ``axes`` that ``order`` asks for (names; one ``...`` for the rest)."""
+    """The permutation of ``axes`` that ``order`` asks for: names, and ``...`` for the rest in
+    their order. Several ``...`` (Haliax's partial order, ``(..., "embed", ...)``) each take
+    the unlisted axes that follow, in ``axes``, the listed ones before them."""
     sels = as_selectors(order)
-    if sels.count(Ellipsis) > 1:
-        raise AxisError(f"{what} takes at most one '...' (the einops form, 'a ... -> ... a', takes one per side)")
     named_idx = [index_of(axes, s) for s in sels if s is not Ellipsis]
     if len(set(named_idx)) != len(named_idx):
         twice = sorted({axes[i].name for i in named_idx if named_idx.count(i) > 1})
@@ -107,9 +107,33 @@ def order_of(axes: tuple[Axis, ...], order, what: str = "rearrange") -> tuple[in
             missing = [a.name for i, a in enumerate(axes) if i not in named_idx]
             raise AxisError(f"{what}: {order!r} leaves out axes {missing} of {format_axes(axes)}; list them or use '...'")
         return tuple(named_idx)
-    rest = [i for i in range(len(axes)) if i not in named_idx]
-    k = sels.index(Ellipsis)
-    return tuple(named_idx[:k] + rest + named_idx[k:])
+    if sels.count(Ellipsis) == 1:
+        rest = [i for i in range(len(axes)) if i not in named_idx]
+        k = sels.index(Ellipsis)
+        return tuple(named_idx[:k] + rest + named_idx[k:])
+    return _partial_order(sels, named_idx, len(axes))
+
+
+def _partial_order(sels, named_idx: list[int], n: int) -> tuple[int, ...]:
+    """Several ``...``: the listed axes keep their listed order; an unlisted axis goes to the
+    first ``...`` after every listed axis that comes before it in the array (or stays in the
+    current one when no ``...`` follows), so the array's own order is kept where it can be."""
+    slots: list[list[int]] = []
+    where: dict[int, int] = {}  # a listed axis -> its slot
+    it = iter(named_idx)
+    for s in sels:
+        slots.append([] if s is Ellipsis else [next(it)])
+        if s is not Ellipsis:
+            where[slots[-1][0]] = len(slots) - 1
+    free = [k for k, s in enumerate(sels) if s is Ellipsis]
+    target = free[0]
+    for i in range(n):
+        if i in where:
+            later = [k for k in free if k > where[i] and k >= target]
+            target = later[0] if later else target
+        else:
+            slots[target].append(i)
+    return tuple(i for slot in slots for i in slot)
 
 
 def rearrange(x: NamedArray, order: AxisSelection, **sizes) -> NamedArray:
