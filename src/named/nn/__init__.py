@@ -63,6 +63,7 @@ from .._remat import Remat, ScanCheckpointPolicy, checkpoint_name, remat_policy
 from ._stacked import Stacked
 from ._explicit_stack import ExplicitStack, explicit_layers
 from ._moe import MoE, load_balancing_loss, route, router_losses, router_stats, router_z_loss
+from ._moe_linear import MoELinear
 from .loss import (
     binary_cross_entropy_loss,
     blockwise_cross_entropy_loss,
