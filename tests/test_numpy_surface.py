@@ -50,10 +50,26 @@ ELEMENTWISE = {
     "rad2deg": (("float",), np.rad2deg),
     "sinc": (("float",), np.sinc),
     "angle": (("float",), np.angle),
+    "absolute": (("float",), np.absolute),
+    "fabs": (("float",), np.fabs),
+    "positive": (("float",), np.positive),
+    "rint": (("float",), np.rint),
+    "degrees": (("float",), np.degrees),
+    "radians": (("float",), np.radians),
+    "conjugate": (("float",), np.conjugate),
+    "i0": (("unit",), np.i0),
+    "isneginf": (("float",), np.isneginf),
+    "isposinf": (("float",), np.isposinf),
+    "isreal": (("float",), np.isreal),
+    "iscomplex": (("float",), np.iscomplex),
+    "nextafter": (("float", "float"), np.nextafter),
+    "bitwise_invert": (("int",), np.bitwise_not),
+    "bitwise_left_shift": (("int", "small"), np.left_shift),
+    "bitwise_right_shift": (("int", "small"), np.right_shift),
 }
 REDUCE = {
     "nansum": np.nansum, "nanmean": np.nanmean, "nanprod": np.nanprod, "nanstd": np.nanstd, "nanvar": np.nanvar,
-    "nanmax": np.nanmax, "nanmin": np.nanmin,
+    "nanmax": np.nanmax, "nanmin": np.nanmin, "amax": np.amax, "amin": np.amin,
 }
 REDUCE_PLAIN = {"median": np.median, "nanmedian": np.nanmedian, "ptp": np.ptp, "count_nonzero": np.count_nonzero}
 ARG = {"nanargmax": np.nanargmax, "nanargmin": np.nanargmin}
@@ -117,8 +133,8 @@ def test_reduction_rows_match_numpy(name, data):
         where, wn = make(rng, wnames, size_of, "bool")
         kwargs["where"] = where
         ref_kwargs["where"] = expand(wn, wnames, names, size_of)
-        if name in ("nanmax", "nanmin"):
-            ref_kwargs["initial"] = -np.inf if name == "nanmax" else np.inf
+        if name in ("nanmax", "nanmin", "amax", "amin"):
+            ref_kwargs["initial"] = -np.inf if name in ("nanmax", "amax") else np.inf
     ref = REDUCE.get(name) or REDUCE_PLAIN[name]
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)

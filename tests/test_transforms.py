@@ -201,3 +201,18 @@ def test_scan_remat_and_unroll_keep_the_numbers():
                                    rtol=1e-5, atol=1e-6)
     with pytest.raises(nm.NamedError, match="every=3 groups steps 3 at a time, but 'step' has 4"):
         loss(ws, "full every=3", 1)
+
+
+def test_map_linspace_family_and_tree_checkpoint_name_match_numpy():
+    xs = nm.random.normal(jax.random.key(5), (Layers, Batch, Embed))
+    norms = nm.map(lambda v: nm.sqrt((v * v).sum()), "layers")(xs)  # one slice at a time (lax.map)
+    np.testing.assert_allclose(np.asarray(norms.array), np.linalg.norm(np.asarray(xs.array).reshape(2, -1), axis=1), rtol=1e-5)
+    X = Axis("x", 7)
+    np.testing.assert_allclose(np.asarray(nm.linspace(X, start=-1.0, stop=2.0).array), np.linspace(-1, 2, 7), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(nm.logspace(X, start=0.0, stop=2.0, base=2.0).array), np.logspace(0, 2, 7, base=2.0), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(nm.geomspace(X, start=1.0, stop=64.0, endpoint=False).array),
+                               np.geomspace(1, 64, 7, endpoint=False), rtol=1e-5)
+    assert nm.linspace("s", start=0.0, stop=1.0).shape == {"s": 50}  # numpy's default count for a bare name
+    tagged = nm.tree_checkpoint_name({"a": xs, "b": jnp.ones(2)}, "saved")
+    jaxpr = str(jax.make_jaxpr(lambda t: nm.tree_checkpoint_name(t, "saved"))({"a": xs, "b": jnp.ones(2)}))
+    assert jaxpr.count("name=saved") == 2 and isinstance(tagged["a"], nm.NamedArray)

@@ -28,6 +28,9 @@ from ._shape import (
     flatten_axes,
     full,
     full_like,
+    geomspace,
+    linspace,
+    logspace,
     one_hot,
     ones,
     ones_like,
@@ -46,8 +49,8 @@ from ._shape import (
     zeros_like,
 )
 from ._ref import NamedRef, freeze, get, new_ref, swap
-from ._remat import ScanCheckpointPolicy
-from ._transforms import fold, nmap, scan, vmap
+from ._remat import ScanCheckpointPolicy, tree_checkpoint_name
+from ._transforms import fold, map, nmap, scan, vmap
 from ._state_dict import (
     StateDictEntry,
     StateDictError,

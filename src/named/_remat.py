@@ -44,6 +44,16 @@ def checkpoint_name(x: NamedArray, name: str) -> NamedArray:
     return NamedArray._unchecked(_checkpoint_name(x.array, name), x.axes)
 
 
+def tree_checkpoint_name(tree, name: str):
+    """``checkpoint_name`` on every array of a pytree (NamedArrays and plain arrays; Haliax's)."""
+    def leaf(x):
+        if isinstance(x, NamedArray):
+            return checkpoint_name(x, name)
+        return _checkpoint_name(x, name) if eqx.is_array(x) else x
+
+    return jax.tree.map(leaf, tree, is_leaf=lambda x: isinstance(x, NamedArray))
+
+
 def _names(value, what: str) -> tuple[str, ...]:
     names = (value,) if isinstance(value, str) else tuple(value)
     bad = [n for n in names if not isinstance(n, str) or not n]

@@ -78,6 +78,29 @@ def arange(axis: AxisSelection, *, start=0, step=1, dtype=None) -> NamedArray:
     return NamedArray((start + jnp.arange(n, dtype=dtype) * step).reshape(tuple(a.size for a in ax)), ax)
 
 
+def _spaced(fn, axis, start, stop, what: str, **kwargs) -> NamedArray:
+    if isinstance(axis, str):
+        axis = Axis(axis, 50)  # numpy's default number of samples, as Haliax does for a bare name
+    if not isinstance(axis, Axis):
+        raise AxisError(f"{what} needs an Axis (or a name, for numpy's 50 samples), got {axis!r}")
+    return NamedArray(fn(start, stop, axis.size, **kwargs), (axis,))
+
+
+def linspace(axis: AxisSelector, *, start, stop, endpoint: bool = True, dtype=None) -> NamedArray:
+    """``axis.size`` evenly spaced values from ``start`` to ``stop`` (``jnp.linspace``) along ``axis``."""
+    return _spaced(jnp.linspace, axis, start, stop, "nm.linspace", endpoint=endpoint, dtype=dtype)
+
+
+def logspace(axis: AxisSelector, *, start, stop, endpoint: bool = True, base: float = 10.0, dtype=None) -> NamedArray:
+    """``base ** linspace(start, stop)`` along ``axis`` (``jnp.logspace``)."""
+    return _spaced(jnp.logspace, axis, start, stop, "nm.logspace", endpoint=endpoint, base=base, dtype=dtype)
+
+
+def geomspace(axis: AxisSelector, *, start, stop, endpoint: bool = True, dtype=None) -> NamedArray:
+    """A geometric progression from ``start`` to ``stop`` along ``axis`` (``jnp.geomspace``)."""
+    return _spaced(jnp.geomspace, axis, start, stop, "nm.geomspace", endpoint=endpoint, dtype=dtype)
+
+
 # ---- renaming and reordering ---------------------------------------------------------
 
 

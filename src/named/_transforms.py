@@ -253,6 +253,21 @@ def fold(fn: Callable, axis: AxisSelector, *, remat=None, reverse: bool = False,
     return wrapped
 
 
+def map(fn: Callable, axis: AxisSelector, *, remat=None, reverse: bool = False, unroll: int | bool | None = 1,
+        is_mapped: bool | Callable[[Any], bool] = is_named_or_shaped_array_like) -> Callable:
+    """``map(f, axis)(*xs)``: ``f`` applied to each slice along ``axis`` one after another (a
+    scan without a carry, as ``jax.lax.map``; Haliax's ``hax.map``), to bound the memory that
+    ``vmap`` would use at once. The results are stacked along ``axis``."""
+    scanned = scan(lambda _, *a, **kw: (None, fn(*a, **kw)), axis, remat=remat, reverse=reverse, unroll=unroll,
+                   is_scanned=is_mapped)
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        return scanned(None, *args, **kwargs)[1]
+
+    return wrapped
+
+
 def nmap(fn: Callable, *, consume: AxisSelection = (), produce: AxisSelection | None = None) -> Callable:
     """Run a positional function over named arrays.
 
