@@ -72,7 +72,7 @@ def arange(axis: AxisSelection, *, start=0, step=1, dtype=None) -> NamedArray:
     ``arange((X, Y))``) count row-major over them: the arange of the product of their sizes,
     reshaped. ``start`` may be traced."""
     if isinstance(axis, str) or (not isinstance(axis, Axis) and not as_selectors(axis)):
-        raise AxisError(f"arange needs an Axis with a size (or several), got {axis!r}")
+        raise AxisError(f"arange needs an Axis with a size, got {axis!r} (or several Axes, counted row-major)")
     ax = _axes_for_creation(axis)
     n = math.prod(a.size for a in ax)
     return NamedArray((start + jnp.arange(n, dtype=dtype) * step).reshape(tuple(a.size for a in ax)), ax)
