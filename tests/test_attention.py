@@ -345,3 +345,61 @@ def test_xla_path_never_transposes_the_scores(kv):
     float_transposes = [e.invars[0].aval.size for e in jaxpr.jaxpr.eqns
                         if e.primitive.name == "transpose" and jnp.issubdtype(e.invars[0].aval.dtype, jnp.floating)]
     assert float_transposes == [q.size], float_transposes
+
+
+# ---- Haliax's forms: weights, a query without positions, the forgetful mask ----------------------
+
+
+def ref_weights(q, k, *, mask=None, bias=None):
+    """The softmax weights of ref_attention: [b, h, t, s]."""
+    h, kv = q.shape[2], k.shape[2]
+    s = np.einsum("bthd,bshd->bhts", q, np.repeat(k, h // kv, axis=2)) / np.sqrt(q.shape[-1])
+    s = s + (0 if bias is None else bias)
+    s = np.where(mask, s, -np.inf) if mask is not None else s
+    w = np.exp(s - s.max(-1, keepdims=True))
+    return w / w.sum(-1, keepdims=True)
+
+
+def test_attention_weights_and_a_query_without_positions_match_numpy():
+    q, k, v = qkv()
+    bias = randn((Heads, KPos), 7)
+    w = jcall(lambda q, k, b: nn.dot_product_attention_weights(q, k, causal=True, bias=b), q, k, bias)
+    assert w.axes == (Batch, Pos, Heads, KPos) and w.dtype == q.dtype
+    causal = np.tril(np.ones((8, 8), bool))[None, None]
+    want = ref_weights(np64(q, QN), np64(k, KN), mask=causal, bias=np.asarray(bias.array)[None, :, None, :])
+    close(w.rearrange(("batch", "heads", "position", "key_position")).array, want)
+    # one query per row (no position axis), standing at key position 5 of a cache
+    q5 = q["position", 5]
+    out = jcall(lambda q, k, v: nn.dot_product_attention(q, k, v, causal=True, q_offset=5), q5, k, v)
+    assert out.axes == (Batch, Heads, HeadSize)
+    sees = (np.arange(8) <= 5)[None, None, None, :]
+    close(out.array, ref_attention(np64(q5, ("batch", "heads", "head_size"))[:, None], np64(k, KN), np64(v, KN),
+                                   mask=sees)[:, 0])
+    w5 = nn.dot_product_attention_weights(q5, k, causal=True, q_offset=5)
+    assert w5.axes == (Batch, Heads, KPos)
+    close(w5.array, ref_weights(np64(q5, ("batch", "heads", "head_size"))[:, None], np64(k, KN), mask=sees)[:, :, 0])
+    with pytest.raises(nm.ArgumentTypeError, match=r"Haliax's order, dot_product_attention\(KPos, Key, query"):
+        nn.dot_product_attention(KPos, HeadSize, q, k, v)
+    with pytest.raises(nm.AxisError, match="segment_ids are per query position"):
+        nn.dot_product_attention(q5, k, v, segment_ids=nm.zeros((Batch, Pos), jnp.int32))
+
+
+def test_forgetful_causal_mask_drops_keys_as_jax_random_draws_them():
+    Long = nm.Axis("key_position", 4000)
+    key = jax.random.key(11)
+    m = nn.forgetful_causal_mask(Long, 0.3, sample_prob=False, key=key)
+    assert m.axes == (Long,) and m.dtype == jnp.bool_
+    want = np.array(jax.random.bernoulli(key, 0.7, (4000,)))
+    want[0] = True  # the first position is always kept
+    np.testing.assert_array_equal(np.asarray(m.array), want)
+    assert abs(np.asarray(m.array).mean() - 0.7) < 0.03
+    sub_key, draw_key = jax.random.split(key)[1], jax.random.split(key)[0]
+    p = float(jax.random.uniform(sub_key, (), minval=0.0, maxval=0.3))
+    sampled = nn.forgetful_causal_mask(Long, 0.3, key=key)
+    want = np.array(jax.random.bernoulli(draw_key, 1.0 - p, (4000,)))
+    want[0] = True
+    np.testing.assert_array_equal(np.asarray(sampled.array), want)
+    assert np.asarray(nn.forgetful_causal_mask(Long, 0.0, key=key).array).all()
+    assert np.asarray(nn.forgetful_causal_mask(Long, 1.0, sample_prob=False, key=key).array).sum() == 1
+    with pytest.raises(nm.ArgumentError, match=r"mask_prob must be in \[0, 1\]"):
+        nn.forgetful_causal_mask(Long, 1.5, key=key)

@@ -178,3 +178,14 @@ def test_random_values_depend_on_key_and_axes_only():
     jitted = jax.jit(lambda k: nm.random.normal(k, (Batch, Mlp)))(key)
     np.testing.assert_array_equal(np.asarray(eager.array), np.asarray(jitted.array))
     np.testing.assert_array_equal(np.asarray(eager.array), np.asarray(jax.random.normal(key, (2, 4))))
+
+
+def test_arange_over_several_axes_counts_row_major_like_numpy():
+    X, Y, Z = nm.Axis("x", 2), nm.Axis("y", 3), nm.Axis("z", 4)
+    out = nm.arange((X, Y, Z), start=5, step=3)
+    assert out.axes == (X, Y, Z)
+    np.testing.assert_array_equal(np.asarray(out.array), (5 + 3 * np.arange(24)).reshape(2, 3, 4))
+    traced = jax.jit(lambda s: nm.arange((Y, Z), start=s))(jnp.int32(7))  # a traced start (Haliax's promise)
+    np.testing.assert_array_equal(np.asarray(traced.array), np.arange(7, 19).reshape(3, 4))
+    with pytest.raises(nm.AxisError, match="arange needs an Axis with a size"):
+        nm.arange("x")

@@ -338,3 +338,15 @@ def test_lora_adapters_alone_are_differentiated_and_reduce_scattered():
     assert len(split_adapters) == 2  # c_attn's and up's A: (layers, embed, lora_rank); their Bs have no embed
     # per step: each split adapter's gradient, once per layer (the base's ten split weights would add 20)
     assert rep.count("reduce-scatter", "data") == len(split_adapters) * cfg.n_layer
+
+
+def test_explicit_mode_refuses_plain_per_layer_arguments():
+    # the local scan slices per-layer arguments by name; a plain one (Haliax's split keys) is refused
+    # rather than handed to every layer whole
+    mesh = nm.make_mesh({"data": 8})
+    Embed, Mlp, Layers = nm.Axis("embed", 16), nm.Axis("mlp", 32), nm.Axis("layers", 2)
+    stack = nm.shard(nn.Stacked.init(Layers, nn.MLP.init, Embed, Mlp, key=jax.random.key(0)), {"embed": "data"}, mesh)
+    x = nm.zeros((nm.Axis("batch", 8), Embed))
+    with jax.set_mesh(mesh), nn.explicit_layers(nn.ExplicitStack({"embed": "data"}, {"batch": "data"})):
+        with pytest.raises(nm.ShardingError, match=r"layer argument args\[0\] is a plain array of shape \(2,\)"):
+            stack.fold_via(lambda block, h, k: block(h))(x, jax.random.split(jax.random.key(1), 2))

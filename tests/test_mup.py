@@ -100,3 +100,35 @@ def test_coordinate_check():
 def test_errors_name_the_culprit(call, match):
     with pytest.raises(nm.NamedError, match=match):
         call(mlp(64))
+
+
+# ---- Haliax's absolute form: Linear.init(reparam_cls=...) -------------------------------------------
+
+
+@pytest.mark.parametrize("out_first", [False, True])
+def test_reparam_cls_scales_init_output_and_learning_rate(out_first):
+    I, J, O = Axis("i", 3), Axis("j", 2), Axis("o", 5)
+    key = jax.random.key(3)
+    std = nn.Linear.init((I, J), O, key=key, use_bias=False, out_first=out_first)
+    assert std.weight.axes == ((O, I, J) if out_first else (I, J, O)) and std.reparam.lr_scale == 1
+    # the same draw, scaled: standard and hidden 1/sqrt(fan_in), input and output 1
+    for cls, factor in [(nn.mup.HiddenLinearMup, 1.0), (nn.mup.InputLinearMup, np.sqrt(6)), (nn.mup.OutputLinearMup, np.sqrt(6))]:
+        w = nn.Linear.init((I, J), O, key=key, use_bias=False, out_first=out_first, reparam_cls=cls).weight
+        np.testing.assert_allclose(np.asarray(w.array), np.asarray(std.weight.array) * factor, rtol=1e-5)
+    head = nn.Linear.init((I, J), O, key=key, reparam_cls=nn.mup.OutputLinearMup, out_first=out_first)
+    head = eqx.tree_at(lambda l: l.bias, head, nm.full(O, 0.25))
+    x = nm.random.normal(jax.random.key(4), (Batch.resize(2), I, J))
+    w = np.asarray(head.weight.rearrange((I, J, O)).array).reshape(6, 5)
+    want = np.asarray(x.array).reshape(2, 6) @ w / 6 + 0.25  # numpy: the readout's output times 1/fan_in
+    np.testing.assert_allclose(np.asarray(head(x).array), want, rtol=1e-5, atol=1e-6)
+    # the learning-rate column: hidden weights' updates times 1/fan_in, the rest untouched
+    model = [nn.Linear.init(I, O, key=key, reparam_cls=nn.mup.HiddenLinearMup), head]
+    updates = jax.tree.map(lambda v: v * 0 + 1.0, model)
+    scaled = nn.mup.scale_reparam_updates(updates, model)
+    np.testing.assert_allclose(np.asarray(scaled[0].weight.array), 1 / 3)
+    np.testing.assert_allclose(np.asarray(scaled[0].bias.array), 1.0)
+    np.testing.assert_allclose(np.asarray(scaled[1].weight.array), 1.0)
+    with pytest.raises(nm.ArgumentError, match="reparam_cls must be a class from nn.mup"):
+        nn.Linear.init(I, O, key=key, reparam_cls="mup")
+    with pytest.raises(nm.ArgumentError, match=r"quantize: 1 scale their output"):
+        nn.quantize(model, "int8")

@@ -98,6 +98,18 @@ def test_linear_errors_name_the_axes():
         nn.Linear.init("embed", Mlp, key=keys(1)[0])
 
 
+def test_linear_in_and_out_keep_the_callers_spelling():
+    # Haliax's layer.Out.size: one Axis stays an Axis, several a tuple; the numbers do not change
+    one = nn.Linear.init(Embed, Mlp, key=keys(1)[0])
+    assert one.In == Embed and one.Out == Mlp and one.Out.size == 24
+    many = nn.Linear(one.weight, one.bias, (Embed,), (Mlp,))
+    assert many.Out == (Mlp,) and nm.axis_spec_to_tuple(one.Out) == many.Out
+    x = randn((Batch, Embed))
+    want = np.asarray(x.array) @ np.asarray(one.weight.array) + np.asarray(one.bias.array)
+    close(one(x).array, want)
+    close(many(x).array, want)
+
+
 # ---- Embedding -------------------------------------------------------------------------------
 
 

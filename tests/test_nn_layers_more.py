@@ -150,7 +150,7 @@ In, Out = Axis("features", 5), Axis("classes", 3)
 @pytest.mark.parametrize("depth", [0, 1, 3])
 def test_deep_mlp_matches_equinox(depth):
     m = nn.MLP.init(In, Out, 8, depth, "relu", key=jax.random.key(depth), use_final_bias=False)
-    hidden = [l.Out[0].name for l in m.layers[:-1]]
+    hidden = [nm.axis_spec_to_tuple(l.Out)[0].name for l in m.layers[:-1]]
     assert hidden == ["mlp", "mlp2", "mlp"][:depth]  # alternating, so no Linear maps an axis to itself
     assert len(m.layers) == depth + 1 and m.layers[-1].bias is None
     ref = eqx.nn.MLP(In.size, Out.size, 8, depth, activation=jax.nn.relu, use_final_bias=False, key=jax.random.key(0))

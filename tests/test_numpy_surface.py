@@ -50,10 +50,26 @@ ELEMENTWISE = {
     "rad2deg": (("float",), np.rad2deg),
     "sinc": (("float",), np.sinc),
     "angle": (("float",), np.angle),
+    "absolute": (("float",), np.absolute),
+    "fabs": (("float",), np.fabs),
+    "positive": (("float",), np.positive),
+    "rint": (("float",), np.rint),
+    "degrees": (("float",), np.degrees),
+    "radians": (("float",), np.radians),
+    "conjugate": (("float",), np.conjugate),
+    "i0": (("unit",), np.i0),
+    "isneginf": (("float",), np.isneginf),
+    "isposinf": (("float",), np.isposinf),
+    "isreal": (("float",), np.isreal),
+    "iscomplex": (("float",), np.iscomplex),
+    "nextafter": (("float", "float"), np.nextafter),
+    "bitwise_invert": (("int",), np.bitwise_not),
+    "bitwise_left_shift": (("int", "small"), np.left_shift),
+    "bitwise_right_shift": (("int", "small"), np.right_shift),
 }
 REDUCE = {
     "nansum": np.nansum, "nanmean": np.nanmean, "nanprod": np.nanprod, "nanstd": np.nanstd, "nanvar": np.nanvar,
-    "nanmax": np.nanmax, "nanmin": np.nanmin,
+    "nanmax": np.nanmax, "nanmin": np.nanmin, "amax": np.amax, "amin": np.amin,
 }
 REDUCE_PLAIN = {"median": np.median, "nanmedian": np.nanmedian, "ptp": np.ptp, "count_nonzero": np.count_nonzero}
 ARG = {"nanargmax": np.nanargmax, "nanargmin": np.nanargmin}
@@ -117,8 +133,8 @@ def test_reduction_rows_match_numpy(name, data):
         where, wn = make(rng, wnames, size_of, "bool")
         kwargs["where"] = where
         ref_kwargs["where"] = expand(wn, wnames, names, size_of)
-        if name in ("nanmax", "nanmin"):
-            ref_kwargs["initial"] = -np.inf if name == "nanmax" else np.inf
+        if name in ("nanmax", "nanmin", "amax", "amin"):
+            ref_kwargs["initial"] = -np.inf if name in ("nanmax", "amax") else np.inf
     ref = REDUCE.get(name) or REDUCE_PLAIN[name]
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -331,3 +347,68 @@ def test_the_new_functions_work_under_jit():
     np.testing.assert_array_equal(np.asarray(hits.array)[: int((a > 0).sum())], np.nonzero(a > 0)[1])
     np.testing.assert_allclose(np.asarray(spec.array), np.fft.rfft(a, axis=1), rtol=1e-4, atol=1e-4)
     assert top.item() == pytest.approx(np.nanmax(a))
+
+
+# ---- Haliax's options and plain arrays ----------------------------------------------------------
+
+
+def test_reductions_and_predicates_take_plain_arrays_whole():
+    a = np.random.default_rng(9).standard_normal((3, 4)).astype(np.float32)
+    for name, ref in [("sum", np.sum), ("mean", np.mean), ("max", np.max), ("min", np.min), ("std", np.std),
+                      ("argmax", np.argmax), ("nansum", np.nansum), ("median", np.median)]:
+        out = getattr(nm, name)(jax.numpy.asarray(a))
+        assert isinstance(out, nm.NamedArray) and out.axes == ()
+        np.testing.assert_allclose(np.asarray(out.array), ref(a), rtol=1e-5, err_msg=name)
+    assert bool(nm.all(jax.numpy.asarray(a) == a)) and not bool(nm.any(jax.numpy.asarray(a) > 10))
+    assert nm.sum(a, where=a > 0).item() == pytest.approx(a[a > 0].sum(), rel=1e-5)
+    assert nm.allclose(a, a + 1e-7).item() and not nm.array_equal(a, a[:2]).item()
+    with pytest.raises(nm.ArgumentTypeError, match=r"nm.sum\(x, axis=0\) on a plain array of shape \(3, 4\)"):
+        nm.sum(a, 0)
+
+
+def test_array_equiv_unique_along_an_axis_and_packbits_match_numpy():
+    x, a = make(np.random.default_rng(10), ("a", "b"), {"a": 2, "b": 3})
+    assert nm.array_equiv(x, x["a", 0:1]).item() is np.array_equiv(a, a[0:1])  # both False: values differ
+    row = nm.named(a[0], "b")
+    assert nm.array_equiv(nm.broadcast_to(row, x.axes), row).item() and np.array_equiv(np.broadcast_to(a[0], a.shape), a[0])
+    assert not nm.array_equiv(x, nm.zeros(Axis("b", 5))).item()  # a name with two sizes: False, not an error
+    rows = np.array([[1, 2], [3, 4], [1, 2], [0, 9]], np.int32)
+    r = nm.named(rows, "row col").rearrange("col row")  # the axis is found by name, not position
+    U = Axis("distinct", 4)
+    vals, idx, inv, counts = nm.unique_all(r, U, axis="row", fill_value=-1)
+    wv, wi, winv, wc = np.unique(rows, axis=0, return_index=True, return_inverse=True, return_counts=True)
+    assert vals.names == ("col", "distinct") and inv.axes == (Axis("row", 4),)
+    np.testing.assert_array_equal(np.asarray(vals.array).T[:3], wv)
+    np.testing.assert_array_equal(np.asarray(idx.array)[:3], wi)
+    np.testing.assert_array_equal(np.asarray(inv.array), winv.ravel())
+    np.testing.assert_array_equal(np.asarray(counts.array)[:3], wc)
+    bits = np.random.default_rng(11).random((3, 11)) < 0.5
+    packed = nm.packbits(nm.named(bits, "r bit"), "bit", bitorder="little")
+    np.testing.assert_array_equal(np.asarray(packed.array), np.packbits(bits, axis=1, bitorder="little"))
+    back = nm.unpackbits(packed, "bit", count=11, bitorder="little")
+    np.testing.assert_array_equal(np.asarray(back.array), np.unpackbits(np.packbits(bits, axis=1, bitorder="little"), axis=1,
+                                                                         count=11, bitorder="little"))
+
+
+def test_repeat_by_array_tile_onto_new_axes_searchsorted_sorter_standardize_stats():
+    x, a = make(np.random.default_rng(12), ("a", "b"), {"a": 2, "b": 3})
+    counts = np.array([2, 0, 3])
+    np.testing.assert_array_equal(np.asarray(nm.repeat(x, jax.numpy.asarray(counts), "b").array), np.repeat(a, counts, axis=1))
+    assert nm.repeat(x, nm.named(counts, "b"), "b").shape == {"a": 2, "b": 5}
+    padded = jax.jit(lambda v, c: nm.repeat(v, c, "b", total_repeat_length=6))(x, jax.numpy.asarray(counts))
+    np.testing.assert_array_equal(np.asarray(padded.array), np.asarray(jax.numpy.repeat(a, counts, axis=1, total_repeat_length=6)))
+    with pytest.raises(nm.ArgumentError, match="traced per-entry repeats need total_repeat_length"):
+        jax.jit(lambda v, c: nm.repeat(v, c, "b"))(x, jax.numpy.asarray(counts))
+    tiled = nm.tile(x, {"copy": 2, "a": 2})
+    assert tiled.shape == {"copy": 2, "a": 4, "b": 3}
+    np.testing.assert_array_equal(np.asarray(tiled.array), np.tile(a, (2, 2, 1)))
+    unsorted = np.array([3.0, 1.0, 2.0, 0.5], np.float32)
+    s = nm.named(unsorted, "bins")
+    v = nm.named(np.array([0.7, 2.5, 9.0], np.float32), "query")
+    for sorter in (nm.argsort(s, "bins"), np.argsort(unsorted)):
+        got = nm.searchsorted(s, v, "bins", side="right", sorter=sorter)
+        np.testing.assert_array_equal(np.asarray(got.array), np.searchsorted(unsorted, v.array, side="right",
+                                                                              sorter=np.argsort(unsorted)))
+    mean, var = nm.named(np.array([0.5, -1.0], np.float32), "a"), 4.0
+    out = nm.standardize(x, "b", mean=mean, variance=var, epsilon=0.0)
+    np.testing.assert_allclose(as_numpy(out, ("a", "b")), (a - np.array([[0.5], [-1.0]])) / 2.0, rtol=1e-5)

@@ -710,3 +710,32 @@ def test_check_sharding_reports_replicated_params():
     # plain data parallel replicates everything, which a tolerance catches
     with pytest.raises(nm.ShardingError, match=r"100\.0% .* replicated[\s\S]*\.w_up[\s\S]*max_replicated_fraction=0\.1"):
         nm.check_sharding(model, {"batch": "data"}, mesh, max_replicated_fraction=0.1)
+
+
+# ---- Haliax's pytree pspec_for and field-level axis names ---------------------------------------
+
+
+class WithBuffer(eqx.Module):
+    w: nm.NamedArray
+    buf: jax.Array = nm.field(axis_names=("batch", "embed"))  # a plain array whose dimensions have names
+    other: jax.Array = eqx.field(default=None)
+
+
+def test_pspec_for_a_pytree_and_plain_fields_with_axis_names():
+    mesh = nm.make_mesh({"data": 4, "model": 2})
+    mapping = {"batch": "data", "mlp": "model"}
+    rows = np.arange(32, dtype=np.float32).reshape(8, 4)
+    m = WithBuffer(nm.zeros((Axis("embed", 4), Axis("mlp", 8))), jnp.asarray(rows), jnp.ones(3))
+    specs = nm.pspec_for(m, mapping, mesh)
+    assert (specs.w, specs.buf, specs.other) == (PartitionSpec(None, "model"), PartitionSpec("data", None), PartitionSpec())
+    assert nm.pspec_for(("batch", "mlp"), mapping) == PartitionSpec("data", "model")  # axes still give one spec
+    for placed in (nm.shard(m, mapping, mesh), nm.named_jit(lambda v: v, out_mapping=mapping, mesh=mesh)(m)):
+        assert isinstance(placed.buf, jax.Array)
+        for shard in placed.buf.addressable_shards:  # each device holds its rows of the buffer, by name
+            i = mesh.devices.ravel().tolist().index(shard.device) // 2
+            np.testing.assert_array_equal(np.asarray(shard.data), rows[2 * i:2 * i + 2])
+        assert placed.other.sharding.is_fully_replicated
+    with pytest.raises(nm.AxisError, match=r"field \.buf declares axis_names \('batch', 'embed'\) but holds an array of shape \(3,\)"):
+        nm.shard(WithBuffer(m.w, jnp.ones(3)), mapping, mesh)
+    with pytest.raises(nm.ArgumentError, match="a static field holds no array"):
+        nm.field(axis_names="batch", static=True)

@@ -256,3 +256,57 @@ def test_stacked_under_mappings(mapping):
     assert tuple(sharded.stacked.up.weight.array.sharding.spec)[:2] == (None, "data")
     g = nm.named_jit(jax.grad(stack_loss), mapping=compute, mesh=mesh)(sharded, x)
     close(g.stacked.up.weight.array, jcall(jax.grad(stack_loss), s, x).stacked.up.weight.array)
+
+
+# ---- Haliax's spellings ---------------------------------------------------------------------------
+
+
+class Noisy(eqx.Module):
+    """A Haliax-style block: built by a static init from per-layer arguments, called with a key."""
+
+    w: nm.NamedArray
+    bias: float = eqx.field(static=True)
+
+    @staticmethod
+    def init(w, *, bias, key):
+        return Noisy(w + nm.random.normal(key, w.axes), bias)
+
+    def __call__(self, x, *, key):
+        return nm.tanh(x * self.w + self.bias) + 0.1 * nm.random.normal(key, x.axes)
+
+
+def test_haliax_curried_init_and_plain_per_layer_keys_match_a_loop():
+    w = nm.random.normal(jax.random.key(0), (Layers, Embed))
+    init_keys = jax.random.split(jax.random.key(1), Layers.size)
+    s = nn.Stacked.init(Layers, Noisy, gradient_checkpointing=True)(w, bias=0.5, key=init_keys)
+    assert s.Block == Layers and s.stacked.w.axes == (Layers, Embed) and nn.Remat.parse(s.remat) == nn.Remat()
+    x = x_input()
+    call_keys = jax.random.split(jax.random.key(2), Layers.size)
+    want, ref_w = np.asarray(x.array), np.asarray(w.array)
+    for i in range(Layers.size):  # the reference: numpy, with the layer's own draws from jax.random
+        wi = ref_w[i] + np.asarray(jax.random.normal(init_keys[i], (Embed.size,)))
+        np.testing.assert_allclose(np.asarray(s.get_layer(i).w.array), wi, rtol=1e-6)
+        want = np.tanh(want * wi + 0.5) + 0.1 * np.asarray(jax.random.normal(call_keys[i], (Batch.size, Embed.size)))
+    for unroll in (None, 2, True):
+        close(jcall(lambda s, x, k: s.fold(x, key=k, unroll=unroll), s, x, call_keys).array, want)
+    seq = nn.BlockSeq.init(Layers, Noisy)(w, bias=0.5, key=init_keys)
+    close(jcall(lambda s, x, k: s.fold(x, key=k, unroll=2), seq, x, call_keys).array, want)
+    with pytest.raises(nm.AxisError, match=r"has size 2 in the plain array at kwargs\['key'\]"):
+        s.fold(x, key=call_keys[:2])
+    with pytest.raises(nm.NamedError, match="Haliax's curried form"):
+        nn.Stacked.init(Layers, Noisy, w)
+    with pytest.raises(nm.NamedError, match="offloading a layer's carry"):
+        nn.Stacked.init(Layers, Noisy, gradient_checkpointing="offload")
+
+
+@pytest.mark.parametrize("policy, remat", [
+    (False, None), (True, nn.Remat()), ("recompute", nn.Remat()), ("save_all", None),
+    ("nested", nn.Remat(every=Layers.size)),  # 3 layers: the largest divisor up to sqrt(3) is 1 group
+    (nn.ScanCheckpointPolicy(save_block_internals=["hidden"], offload_block_internals=()), nn.Remat(save=("hidden",))),
+])
+def test_scan_checkpoint_policy_reads_as_a_remat(policy, remat):
+    s = nn.Stacked.init(Layers, Block.init, Embed, Mlp, key=jax.random.key(0), gradient_checkpointing=policy)
+    assert nn.Remat.parse(s.remat, Layers.size) == remat
+    # and the saved residuals are those of the Remat it reads as
+    x = x_input()
+    assert saved_residuals(stack_loss, s, x) == saved_residuals(stack_loss, make("none" if remat is None else remat), x)

@@ -312,3 +312,36 @@ def test_hf_export_is_our_state_dict_renamed(llama):
             n_in = config.hidden_size if not re.search(r"o_proj|down", k) else v.size // config.hidden_size
             v = v.reshape(n_in, -1).T
         np.testing.assert_array_equal(hf[hf_name(k)], v.reshape(hf[hf_name(k)].shape))
+
+
+def test_flatten_exports_torch_layouts_that_torch_computes_with(tmp_path):
+    # a multi-axis Linear (embed -> heads x head_size) inside a stack, exported in torch's layout
+    Heads, HeadSize = Axis("heads", 2), Axis("head_size", 3)
+
+    class Proj(eqx.Module):
+        qkv: nn.Linear
+
+        @staticmethod
+        def init(*, key):
+            return Proj(nn.Linear.init(Embed, (Heads, HeadSize), key=key))
+
+    stack = _perturbed(nn.Stacked.init(Layers, Proj.init, key=jax.random.key(2)), jax.random.key(3))
+    sd = nm.state_dict(stack, flatten=True)
+    assert set(sd) == {f"{i}.qkv.{w}" for i in range(3) for w in ("weight", "bias")}
+    assert sd["1.qkv.weight"].shape == (6, 4) and sd["1.qkv.bias"].shape == (6,)  # torch: [out, in], [out]
+    torch_layer = torch.nn.Linear(4, 6)
+    torch_layer.load_state_dict({k.split(".", 2)[2]: torch.tensor(np.asarray(v)) for k, v in sd.items() if k.startswith("1.")})
+    x = nm.random.normal(jax.random.key(4), (Axis("batch", 5), Embed))
+    want = torch_layer(torch.tensor(np.asarray(x.array))).detach().numpy().reshape(5, 2, 3)
+    got = stack.get_layer(1).qkv(x)
+    np.testing.assert_allclose(np.asarray(got.rearrange(("batch", "heads", "head_size")).array), want, rtol=1e-5, atol=1e-6)
+    # and back: the template's axes and order return, from a dict and from a file
+    template = nn.Stacked.init(Layers, Proj.init, key=jax.random.key(9))
+    for loaded in (nm.load_state_dict(template, sd, flatten=True),
+                   (nm.save_state_dict(stack, tmp_path / "flat.safetensors", flatten=True),
+                    nm.load_state_dict_file(eqx.filter_eval_shape(lambda: template), tmp_path / "flat.safetensors",
+                                            flatten=True))[1]):
+        assert loaded.stacked.qkv.weight.axes == stack.stacked.qkv.weight.axes
+        _same(loaded, stack)
+    with pytest.raises(nm.StateDictError, match=r"key '0.qkv.weight' has shape \[4, 2, 3\], expected \[6, 4\]"):
+        nm.load_state_dict(template, nm.state_dict(stack), flatten=True)

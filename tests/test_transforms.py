@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from _reference import axis_subsets, make, sizes
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -148,3 +149,70 @@ def test_nmap_broadcasts_arguments_by_union(data):
     spec = f"{''.join(na)}d,{''.join(nb)}d->{''.join(batch)}"  # names are single letters
     want = np.einsum(spec, an, bn) * 2.0
     np.testing.assert_allclose(np.asarray(out.array), want, rtol=1e-5, atol=1e-5)
+
+
+# ---- Haliax's rule for plain arrays, remat=, unroll= -----------------------------------------------
+
+
+def test_plain_arrays_are_scanned_along_their_first_dimension():
+    # Haliax's rule: jax.random.split(key, n) gives each step its own key; 0-d values go whole
+    xs = np.arange(6.0, dtype=np.float32).reshape(3, 2)
+    carry, ys = nm.scan(lambda c, row, k: (c + row.sum() * k, row * 2), Axis("step", 3))(0.0, jnp.asarray(xs), jnp.float32(10))
+    np.testing.assert_allclose(float(carry), xs.sum() * 10)
+    assert ys.shape == (3, 2)  # a plain output gets a leading dimension
+    np.testing.assert_allclose(np.asarray(ys), xs * 2)
+    keys = jax.random.split(jax.random.key(0), 3)
+    drawn = nm.fold(lambda c, k: c + jax.random.normal(k, ()), "step")(jnp.float32(0), keys)
+    np.testing.assert_allclose(float(drawn), sum(float(jax.random.normal(k, ())) for k in keys), rtol=1e-6)
+    # vmap follows the same rule, against a loop
+    w = nm.random.normal(jax.random.key(1), (Batch, Embed))
+    out = nm.vmap(lambda row, v: row * v.sum(), "batch")(w, jnp.asarray(xs))
+    np.testing.assert_allclose(np.asarray(out.array), np.asarray(w.array) * xs.sum(axis=1)[:, None], rtol=1e-6)
+    # is_scanned=False for plain leaves passes them whole; a mismatched plain array is named
+    whole = nm.fold(lambda c, w_, v: c + v.sum(), "batch", is_scanned=nm.is_named_array)(0.0, w, jnp.asarray(xs))
+    np.testing.assert_allclose(float(whole), 3 * xs.sum(), rtol=1e-6)
+    try:
+        nm.fold(lambda c, w_, v: c, "batch")(0.0, w, jnp.ones((4, 2)))
+    except nm.AxisError as e:
+        assert "has size 4 in the plain array at args[1]" in str(e) and "nm.named" in str(e)
+    else:
+        raise AssertionError("a plain array of the wrong length must be refused")
+
+
+def test_scan_remat_and_unroll_keep_the_numbers():
+    Steps = Axis("step", 4)
+    ws = nm.random.normal(jax.random.key(2), (Steps, Embed, Axis("out", 5))) * 0.3
+    x = nm.random.normal(jax.random.key(3), (Batch, Embed))
+
+    def layer(h, w):
+        return nm.tanh(nm.dot(h, w, axis="embed")).rename({"out": "embed"})
+
+    def loss(ws, remat, unroll):
+        return nm.fold(layer, "step", remat=remat, unroll=unroll)(x, ws).sum().scalar()
+
+    h, wa = np.asarray(x.array), np.asarray(ws.array)
+    for i in range(4):
+        h = np.tanh(h @ wa[i])
+    want = jax.grad(loss)(ws, None, 1)
+    for remat, unroll in [(True, 2), ("full every=2", None), (nm.ScanCheckpointPolicy(nested=2), True),
+                          (nm.ScanCheckpointPolicy(save_block_internals=["x"]), 1)]:
+        np.testing.assert_allclose(float(loss(ws, remat, unroll)), h.sum(), rtol=1e-5)
+        np.testing.assert_allclose(np.asarray(jax.grad(loss)(ws, remat, unroll).array), np.asarray(want.array),
+                                   rtol=1e-5, atol=1e-6)
+    with pytest.raises(nm.NamedError, match="every=3 groups steps 3 at a time, but 'step' has 4"):
+        loss(ws, "full every=3", 1)
+
+
+def test_map_linspace_family_and_tree_checkpoint_name_match_numpy():
+    xs = nm.random.normal(jax.random.key(5), (Layers, Batch, Embed))
+    norms = nm.map(lambda v: nm.sqrt((v * v).sum()), "layers")(xs)  # one slice at a time (lax.map)
+    np.testing.assert_allclose(np.asarray(norms.array), np.linalg.norm(np.asarray(xs.array).reshape(2, -1), axis=1), rtol=1e-5)
+    X = Axis("x", 7)
+    np.testing.assert_allclose(np.asarray(nm.linspace(X, start=-1.0, stop=2.0).array), np.linspace(-1, 2, 7), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(nm.logspace(X, start=0.0, stop=2.0, base=2.0).array), np.logspace(0, 2, 7, base=2.0), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(nm.geomspace(X, start=1.0, stop=64.0, endpoint=False).array),
+                               np.geomspace(1, 64, 7, endpoint=False), rtol=1e-5)
+    assert nm.linspace("s", start=0.0, stop=1.0).shape == {"s": 50}  # numpy's default count for a bare name
+    tagged = nm.tree_checkpoint_name({"a": xs, "b": jnp.ones(2)}, "saved")
+    jaxpr = str(jax.make_jaxpr(lambda t: nm.tree_checkpoint_name(t, "saved"))({"a": xs, "b": jnp.ones(2)}))
+    assert jaxpr.count("name=saved") == 2 and isinstance(tagged["a"], nm.NamedArray)

@@ -41,7 +41,7 @@ def test_grow_with_zeros_keeps_the_old_rows(lm):
     np.testing.assert_array_equal(_np(big.head.weight), head)
     np.testing.assert_array_equal(_np(big.head.bias), np.concatenate([_np(lm.head.bias), np.zeros(4, np.float32)]))
     # the modules' static axes follow, so the grown model runs and sees the new ids
-    assert big.tokens.Vocab == Axis("vocab", 9) and big.head.Out == (Axis("vocab", 9),)
+    assert big.tokens.Vocab == Axis("vocab", 9) and big.head.Out == Axis("vocab", 9)
     ids = nm.named(jnp.array([0, 8]), "batch")
     np.testing.assert_array_equal(_np(big.tokens(ids)), want[[0, 8]])
     assert big.head(big.tokens(ids)).axes == (Axis("batch", 2), Axis("vocab", 9))
@@ -74,7 +74,7 @@ def test_custom_init_and_shrink(lm):
     np.testing.assert_array_equal(_np(short.positions), _np(lm.positions)[:, :3])
     narrow = nm.resize_axis(lm, "embed", 2)
     np.testing.assert_array_equal(_np(narrow.head.weight), _np(lm.head.weight)[:2])
-    assert narrow.head.In == (Axis("embed", 2),) and narrow.tokens.Embed == Axis("embed", 2)
+    assert narrow.head.In == Axis("embed", 2) and narrow.tokens.Embed == Axis("embed", 2)
 
 
 def test_grow_the_layers_of_a_stack():

@@ -102,7 +102,7 @@ def _params(model, arch: Family) -> tuple[list[_Param], list[NamedArray], Any]:
         attr = path.rsplit(".", 1)[-1]
         linear = None
         if isinstance(owner, nn.Linear) and attr == "weight":
-            linear = (math.prod(a.size for a in owner.In), math.prod(a.size for a in owner.Out))
+            linear = (math.prod(a.size for a in nm.axis_spec_to_tuple(owner.In)), math.prod(a.size for a in nm.axis_spec_to_tuple(owner.Out)))
         flat = linear is None and not isinstance(owner, nn.Embedding)
         params.append(_Param(path, axes, names, tuple(a.size for a in leaf.axes[:n]), linear, flat,
                              linear is not None and arch.module.HF_LINEAR_LAYOUT == "out_in"))

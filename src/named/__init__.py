@@ -3,13 +3,23 @@
 ``import named as nm`` is the whole public surface.
 """
 
-from . import explicit, inspect, nn, random
-from ._axis import ArgumentError, ArgumentTypeError, Axis, AxisError, AxisSelection, AxisSelector, NamedError
+from . import debug, explicit, inspect, nn, random
+from ._axis import (
+    ArgumentError,
+    ArgumentTypeError,
+    Axis,
+    AxisError,
+    AxisSelection,
+    AxisSelector,
+    NamedError,
+    axis_spec_to_tuple,
+)
 from ._core import NamedArray, axes_of, is_named_array, named
 from ._einsum import dot, einsum
 from ._index import ds, take, updated_slice
 from ._ops import *  # noqa: F403  (elementwise math and reductions, listed in _ops.__all__)
 from ._numpy import *  # noqa: F403  (the rest of the numpy surface, generated from _numpy.SURFACE)
+from ._poly import *  # noqa: F403  (the polynomial family: poly, polyadd, ..., polyfit, roots, vander)
 from ._shape import (
     arange,
     broadcast_axis,
@@ -18,6 +28,9 @@ from ._shape import (
     flatten_axes,
     full,
     full_like,
+    geomspace,
+    linspace,
+    logspace,
     one_hot,
     ones,
     ones_like,
@@ -35,17 +48,21 @@ from ._shape import (
     zeros,
     zeros_like,
 )
-from ._transforms import fold, nmap, scan, vmap
+from ._ref import NamedRef, freeze, get, new_ref, swap
+from ._remat import ScanCheckpointPolicy, tree_checkpoint_name
+from ._transforms import fold, map, nmap, scan, vmap
 from ._state_dict import (
     FileWriteError,
     StateDictEntry,
     StateDictError,
+    flatten_modules_for_export,
     load_state_dict,
     load_state_dict_file,
     save_safetensors,
     save_state_dict,
     state_dict,
     state_dict_entries,
+    unflatten_modules_from_export,
 )
 from ._tree import resize_axis, tree_map_layers
 from ._typing import Bool, Float, Int, Named, bf16, f16, f32, f64, i8, i16, i32, i64, typecheck, u8, u16, u32, u64
@@ -74,6 +91,7 @@ from .partitioning import (
     check_sharding,
     current_mapping,
     current_mesh,
+    field,
     infer_shardings,
     make_mesh,
     mesh_sizes,

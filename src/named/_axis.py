@@ -92,6 +92,12 @@ def as_selectors(axes: AxisSelection | None) -> tuple[AxisSelector, ...]:
     raise AxisError(f"expected an axis, a name or a sequence of them, got {axes!r}")
 
 
+def axis_spec_to_tuple(axes: AxisSelection | None) -> tuple[AxisSelector, ...]:
+    """One Axis (or name), a sequence of them, or ``"a b c"`` as a tuple: how to iterate a
+    module's ``In``/``Out``, which keep the spelling they were given (Haliax's name)."""
+    return as_selectors(axes)
+
+
 def names_of(axes: AxisSelection | None) -> tuple[str, ...]:
     return tuple(name_of(a) for a in as_selectors(axes))
 

@@ -14,6 +14,7 @@ einsum grammar: ``"in1, in2, ... -> out"``. Each side lists axis names separated
 
 from __future__ import annotations
 
+import re
 import string
 
 import jax
@@ -122,10 +123,43 @@ def _shared_spec(lhs: str) -> list | None:
 def einsum(equation: str, *arrays: NamedArray, **kwargs) -> NamedArray:
     """Named einsum: ``nm.einsum("batch seq embed, embed mlp -> batch seq mlp", x, w)``.
 
+    Keyword arguments other than jnp.einsum's options are axis aliases (Haliax's): a name used
+    in the equation stands for an axis, ``nm.einsum("{x y} -> y", a, b, x=H, y="width")``, so
+    generic code can be written once. An alias given as an Axis has its size checked; every
+    alias must be used.
+
     Inside ``nm.shard_map``, contracting an axis that is split over mesh axes sums the local
     results over them (``psum``), so the result is the one the same call gives outside;
     ``nm.einsum_unreduced`` leaves that sum owed instead."""
+    aliases = {k: v for k, v in kwargs.items() if k not in _EINSUM_OPTIONS}
+    if aliases:
+        equation = _dealias(equation, aliases, arrays)
+        kwargs = {k: v for k, v in kwargs.items() if k in _EINSUM_OPTIONS}
     return local_einsum(equation, *arrays, settle=True, **kwargs)
+
+
+_TOKEN = re.compile(r"(\s+|,|->|[{}()])")
+
+
+def _dealias(equation: str, aliases: dict, arrays) -> str:
+    """``equation`` with each alias token replaced by its axis' name (sizes of Axis aliases checked)."""
+    for key, target in aliases.items():
+        if not isinstance(target, (Axis, str)):
+            raise ArgumentTypeError(f"nm.einsum got {key}={target!r}; a keyword is an einsum option "
+                                    f"({', '.join(_EINSUM_OPTIONS)}) or an axis alias (an Axis or a name)")
+        if isinstance(target, Axis):
+            for k, x in enumerate(arrays):
+                if isinstance(x, NamedArray) and target.name in x.names and x.axis_size(target.name) != target.size:
+                    raise AxisError(f"nm.einsum alias {key}={target!r}: operand {k} has {target.name!r} of size "
+                                    f"{x.axis_size(target.name)}")
+    parts = _TOKEN.split(equation)
+    used = {p for p in parts if p in aliases}
+    unused = sorted(set(aliases) - used)
+    if unused:
+        raise ArgumentTypeError(f"nm.einsum got unexpected keyword arguments {unused}: not einsum options "
+                                f"({', '.join(o + '=' for o in _EINSUM_OPTIONS)}), and as axis aliases they do not "
+                                f"occur in {equation!r}")
+    return "".join(name_of(aliases[p]) if p in aliases else p for p in parts)
 
 
 def local_einsum(equation: str, *arrays: NamedArray, settle: bool, **kwargs) -> NamedArray:

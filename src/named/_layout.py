@@ -26,6 +26,13 @@ def _format_layout(axes, entries: list[tuple[str, ...]]) -> str:
     return " ".join(parts)
 
 
+def sharding_layout(axes, sharding) -> str:
+    """The layout notation of ``axes`` placed by ``sharding`` (one without a spec: replicated)."""
+    spec = getattr(sharding, "spec", None)
+    entries = _spec_entries(spec) if spec is not None else []
+    return _format_layout(axes, entries + [()] * (len(axes) - len(entries)))
+
+
 _NAME = r"[A-Za-z_][\w.\-]*"
 _TOKEN = re.compile(rf"^({_NAME})(?:/({_NAME}(?:[+/]{_NAME})*))?$")
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 from . import _ops
 from ._axis import (
@@ -70,6 +72,23 @@ SURFACE: dict[str, tuple] = {
     "rad2deg": ("elementwise", jnp.rad2deg),
     "sinc": ("elementwise", jnp.sinc),
     "angle": ("elementwise", jnp.angle),
+    # numpy's other spellings, which Haliax code uses
+    "absolute": ("elementwise", jnp.absolute),
+    "fabs": ("elementwise", jnp.fabs),
+    "positive": ("elementwise", jnp.positive),
+    "rint": ("elementwise", jnp.rint),
+    "degrees": ("elementwise", jnp.degrees),
+    "radians": ("elementwise", jnp.radians),
+    "conjugate": ("elementwise", jnp.conjugate),
+    "i0": ("elementwise", jnp.i0),
+    "isneginf": ("elementwise", jnp.isneginf),
+    "isposinf": ("elementwise", jnp.isposinf),
+    "isreal": ("elementwise", jnp.isreal),
+    "iscomplex": ("elementwise", jnp.iscomplex),
+    "nextafter": ("elementwise", jnp.nextafter),
+    "bitwise_invert": ("elementwise", jnp.bitwise_invert),
+    "bitwise_left_shift": ("elementwise", jnp.bitwise_left_shift),
+    "bitwise_right_shift": ("elementwise", jnp.bitwise_right_shift),
     # reductions that skip NaN
     "nansum": ("reduce", jnp.nansum),
     "nanmean": ("reduce", jnp.nanmean),
@@ -78,6 +97,8 @@ SURFACE: dict[str, tuple] = {
     "nanvar": ("reduce", jnp.nanvar),
     "nanmax": ("reduce_max", jnp.nanmax),
     "nanmin": ("reduce_min", jnp.nanmin),
+    "amax": ("reduce_max", jnp.amax),
+    "amin": ("reduce_min", jnp.amin),
     "nanargmax": ("arg", jnp.nanargmax),
     "nanargmin": ("arg", jnp.nanargmin),
     "nancumsum": ("along", jnp.nancumsum),
@@ -193,24 +214,57 @@ def ravel(x: NamedArray, new_axis: AxisSelector) -> NamedArray:
 
 
 def unique(x: NamedArray, size: Axis, *, fill_value=None, return_index: bool = False, return_inverse: bool = False,
-           return_counts: bool = False):
+           return_counts: bool = False, axis: AxisSelector | None = None):
     """The sorted distinct values of ``x`` (all axes) along ``size``, padded with ``fill_value``
     (default: the smallest value). ``return_index``: flat indices into ``nm.ravel(x, ...)``;
-    ``return_inverse``: over x's axes; ``return_counts``: along ``size``. A tuple when any is set."""
+    ``return_inverse``: over x's axes; ``return_counts``: along ``size``. A tuple when any is set.
+
+    With ``axis=`` (Haliax's), the distinct slices along ``axis``: the result has x's axes with
+    ``axis`` replaced by ``size``; the index and counts are along ``size``, the inverse along
+    ``axis`` (which slice of the result each of x's slices is)."""
     size = _sized(size, "unique")
-    out = jnp.unique(x.array, return_index=return_index, return_inverse=return_inverse, return_counts=return_counts,
-                     size=size.size, fill_value=fill_value)
+    kw = dict(return_index=return_index, return_inverse=return_inverse, return_counts=return_counts, size=size.size,
+              fill_value=fill_value)
+    if axis is None:
+        out = jnp.unique(x.array, **kw)
+        value_axes, inverse_axes = (size,), x.axes
+    else:
+        i = index_of(x.axes, axis)
+        if size.name in x.names and size.name != x.axes[i].name:
+            raise AxisError(f"nm.unique: the result axis {size.name!r} is already another axis of {format_axes(x.axes)}")
+        out = jnp.unique(x.array, axis=i, **kw)
+        value_axes, inverse_axes = x.axes[:i] + (size,) + x.axes[i + 1 :], (x.axes[i],)
     if not (return_index or return_inverse or return_counts):
-        return NamedArray._unchecked(out, (size,))
+        return NamedArray._unchecked(out, value_axes)
     out = list(out)
-    result = [NamedArray._unchecked(out.pop(0), (size,))]
+    result = [NamedArray._unchecked(out.pop(0), value_axes)]
     if return_index:
         result.append(NamedArray._unchecked(out.pop(0), (size,)))
     if return_inverse:
-        result.append(NamedArray._unchecked(out.pop(0).reshape(x.array.shape), x.axes))
+        result.append(NamedArray._unchecked(out.pop(0).reshape(tuple(a.size for a in inverse_axes)), inverse_axes))
     if return_counts:
         result.append(NamedArray._unchecked(out.pop(0), (size,)))
     return tuple(result)
+
+
+def unique_values(x: NamedArray, size: Axis, *, axis: AxisSelector | None = None, fill_value=None) -> NamedArray:
+    """``unique`` without the extras (numpy's ``unique_values``)."""
+    return unique(x, size, axis=axis, fill_value=fill_value)
+
+
+def unique_counts(x: NamedArray, size: Axis, *, axis: AxisSelector | None = None, fill_value=None):
+    """``(values, counts)`` of ``unique``."""
+    return unique(x, size, axis=axis, fill_value=fill_value, return_counts=True)
+
+
+def unique_inverse(x: NamedArray, size: Axis, *, axis: AxisSelector | None = None, fill_value=None):
+    """``(values, inverse)`` of ``unique``."""
+    return unique(x, size, axis=axis, fill_value=fill_value, return_inverse=True)
+
+
+def unique_all(x: NamedArray, size: Axis, *, axis: AxisSelector | None = None, fill_value=None):
+    """``(values, index, inverse, counts)`` of ``unique``."""
+    return unique(x, size, axis=axis, fill_value=fill_value, return_index=True, return_inverse=True, return_counts=True)
 
 
 def nonzero(x: NamedArray, size: Axis, *, fill_value=None) -> dict[str, NamedArray]:
@@ -224,9 +278,12 @@ def nonzero(x: NamedArray, size: Axis, *, fill_value=None) -> dict[str, NamedArr
     return {a.name: NamedArray._unchecked(i, (size,)) for a, i in zip(x.axes, idx)}
 
 
-def searchsorted(sorted_x: NamedArray, values, axis: AxisSelector | None = None, *, side: str = "left", method: str = "scan") -> NamedArray:
+def searchsorted(sorted_x: NamedArray, values, axis: AxisSelector | None = None, *, side: str = "left",
+                 sorter=None, method: str = "scan") -> NamedArray:
     """Where ``values`` would go along ``axis`` of ``sorted_x`` to keep it sorted. Other axes of
-    ``sorted_x`` are batch axes, matched with ``values``' by name."""
+    ``sorted_x`` are batch axes, matched with ``values``' by name. ``sorter`` (numpy's) holds the
+    indices that sort an unsorted ``sorted_x`` along ``axis``: a NamedArray with its axes (or a
+    plain 1-d array when it has one axis), e.g. ``nm.argsort(x, axis)``."""
     if not isinstance(sorted_x, NamedArray):
         raise ArgumentTypeError(f"nm.searchsorted takes a NamedArray to search, got {type(sorted_x).__name__}")
     if axis is None:
@@ -239,7 +296,21 @@ def searchsorted(sorted_x: NamedArray, values, axis: AxisSelector | None = None,
         values = NamedArray(jnp.asarray(values), ())
     if a in values.names:
         raise AxisError(f"nm.searchsorted: the values {format_axes(values.axes)} have the searched axis {a!r}; rename it")
-    return nmap(functools.partial(jnp.searchsorted, side=side, method=method), consume=a, produce=())(sorted_x, values)
+    if sorter is None:
+        return nmap(functools.partial(jnp.searchsorted, side=side, method=method), consume=a, produce=())(sorted_x, values)
+    if not isinstance(sorter, NamedArray):
+        if sorted_x.ndim != 1:
+            raise AxisError(f"nm.searchsorted: a plain sorter fits a 1-d array; give one over {format_axes(sorted_x.axes)} "
+                            "as a NamedArray (nm.argsort(x, axis))")
+        sorter = NamedArray(jnp.asarray(sorter), sorted_x.axes)
+    if set(sorter.axes) != set(sorted_x.axes) or not jnp.issubdtype(sorter.dtype, jnp.integer):
+        raise AxisError(f"nm.searchsorted: sorter {format_axes(sorter.axes)} ({sorter.dtype}) must be integer indices with "
+                        f"the axes of the searched array {format_axes(sorted_x.axes)}")
+
+    def search(s, v, order):
+        return jnp.searchsorted(s, v, side=side, sorter=order, method=method)
+
+    return nmap(search, consume=a, produce=())(sorted_x, values, sorter)
 
 
 def bincount(x: NamedArray, length: Axis, *, weights: NamedArray | None = None, axis: AxisSelection | None = None) -> NamedArray:
@@ -257,24 +328,85 @@ def bincount(x: NamedArray, length: Axis, *, weights: NamedArray | None = None, 
     return nmap(count, consume=counted, produce=length.name)(x, weights)
 
 
-def repeat(x: NamedArray, repeats: int, axis: AxisSelector) -> NamedArray:
-    """Each entry repeated ``repeats`` times along ``axis`` (which grows by that factor)."""
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 0:
-        raise ArgumentError(f"nm.repeat: repeats must be an int >= 0, got {repeats!r}")
+def repeat(x: NamedArray, repeats, axis: AxisSelector, total_repeat_length: int | None = None) -> NamedArray:
+    """Each entry repeated along ``axis``: ``repeats`` times (an int), or ``repeats[i]`` times for
+    entry ``i`` (a 1-d array, or a NamedArray along ``axis``). The new size must be known before
+    tracing: the sum of concrete counts, or ``total_repeat_length`` (numpy's; traced counts need
+    it, and it pads with the last entry or truncates)."""
     i = index_of(x.axes, axis)
-    new = x.axes[i].resize(x.axes[i].size * repeats)
-    return NamedArray._unchecked(jnp.repeat(x.array, repeats, axis=i), x.axes[:i] + (new,) + x.axes[i + 1 :])
+    a = x.axes[i]
+    if isinstance(repeats, NamedArray):
+        if repeats.names not in ((), (a.name,)):
+            raise AxisError(f"nm.repeat: per-entry repeats {format_axes(repeats.axes)} must be along {a.name!r} only")
+        repeats = repeats.array
+    if isinstance(repeats, bool) or not (isinstance(repeats, int) or hasattr(repeats, "shape") or isinstance(repeats, (list, tuple))):
+        raise ArgumentError(f"nm.repeat: repeats must be an int >= 0 or one count per entry of {a.name!r}, got {repeats!r}")
+    if isinstance(repeats, int):
+        if repeats < 0:
+            raise ArgumentError(f"nm.repeat: repeats must be an int >= 0, got {repeats!r}")
+        n = a.size * repeats
+    else:
+        repeats = jnp.asarray(repeats)
+        if repeats.ndim == 1 and repeats.shape[0] != a.size:
+            raise AxisError(f"nm.repeat: {repeats.shape[0]} counts for axis {a.name!r} of size {a.size}")
+        if repeats.ndim > 1 or not jnp.issubdtype(repeats.dtype, jnp.integer):
+            raise ArgumentError(f"nm.repeat: per-entry repeats must be a 1-d integer array, got shape {repeats.shape} "
+                                f"{repeats.dtype}")
+        known = _concrete(repeats)
+        if known is not None and (known < 0).any():
+            raise ArgumentError(f"nm.repeat: repeats must be >= 0, got {known.tolist()}")
+        if total_repeat_length is None:
+            if known is None:
+                raise ArgumentError("nm.repeat: traced per-entry repeats need total_repeat_length= (the result's size "
+                                    "must be known before tracing)")
+            n = int(known.sum()) if known.ndim else a.size * int(known)
+        else:
+            n = total_repeat_length
+    if total_repeat_length is not None:
+        n = total_repeat_length
+    out = jnp.repeat(x.array, repeats, axis=i, total_repeat_length=n)
+    return NamedArray._unchecked(out, x.axes[:i] + (a.resize(n),) + x.axes[i + 1 :])
+
+
+def _concrete(value):
+    try:
+        return np.asarray(value)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        return None
 
 
 def tile(x: NamedArray, reps: Mapping[AxisSelector, int]) -> NamedArray:
-    """The whole array repeated along named axes: ``nm.tile(x, {"position": 3})``."""
+    """The whole array repeated along named axes: ``nm.tile(x, {"position": 3})``. A name ``x``
+    lacks is a new axis of that size, put in front (Haliax's and numpy's rule)."""
     counts = [1] * x.ndim
+    new: list[Axis] = []
     for a, r in reps.items():
         if isinstance(r, bool) or not isinstance(r, int) or r < 0:
             raise ArgumentError(f"nm.tile: the repeat count for {name_of(a)!r} must be an int >= 0, got {r!r}")
-        counts[index_of(x.axes, a)] = r
-    axes = tuple(a.resize(a.size * r) for a, r in zip(x.axes, counts))
-    return NamedArray._unchecked(jnp.tile(x.array, counts), axes)
+        if name_of(a) in x.names:
+            counts[index_of(x.axes, a)] = r
+        else:
+            new.append(Axis(name_of(a), r))
+    axes = tuple(new) + tuple(a.resize(a.size * r) for a, r in zip(x.axes, counts))
+    return NamedArray._unchecked(jnp.tile(x.array, [a.size for a in new] + counts), axes)
+
+
+def packbits(x: NamedArray, axis: AxisSelector, *, bitorder: str = "big") -> NamedArray:
+    """``jnp.packbits`` along ``axis``: eight booleans (or 0/1 integers) per uint8, so the axis
+    shrinks to ``ceil(size / 8)`` (zero-padded at the end)."""
+    i = index_of(x.axes, axis)
+    a = x.axes[i]
+    return NamedArray._unchecked(jnp.packbits(x.array, axis=i, bitorder=bitorder),
+                                 x.axes[:i] + (a.resize((a.size + 7) // 8),) + x.axes[i + 1 :])
+
+
+def unpackbits(x: NamedArray, axis: AxisSelector, *, count: int | None = None, bitorder: str = "big") -> NamedArray:
+    """``jnp.unpackbits`` along ``axis`` of a uint8 array: the axis grows eightfold (or to ``count``)."""
+    i = index_of(x.axes, axis)
+    a = x.axes[i]
+    n = a.size * 8 if count is None else count
+    return NamedArray._unchecked(jnp.unpackbits(x.array, axis=i, count=count, bitorder=bitorder),
+                                 x.axes[:i] + (a.resize(n),) + x.axes[i + 1 :])
 
 
 def trace(x: NamedArray, axis1: AxisSelector, axis2: AxisSelector, *, offset: int = 0, dtype=None) -> NamedArray:
@@ -290,8 +422,11 @@ def polyval(coeffs, x, axis: AxisSelector | None = None) -> NamedArray:
     """The polynomial with ``coeffs`` (highest degree first, as ``np.polyval``) at ``x``.
 
     ``coeffs`` is a sequence of numbers, or a NamedArray whose ``axis`` holds the coefficients
-    and whose other axes broadcast with ``x``'s by name (one polynomial per entry)."""
+    (its only axis when it has one) and whose other axes broadcast with ``x``'s by name (one
+    polynomial per entry). The rest of the polynomial family is in ``named._poly``."""
     if isinstance(coeffs, NamedArray):
+        if axis is None and coeffs.ndim == 1:
+            axis = coeffs.axes[0]  # one axis: it holds the coefficients (nm.polyfit's result, Haliax's form)
         if axis is None:
             raise AxisError(f"nm.polyval needs axis= to say which of {format_axes(coeffs.axes)} holds the coefficients")
         terms = unbind(coeffs, axis)
@@ -304,19 +439,42 @@ def polyval(coeffs, x, axis: AxisSelector | None = None) -> NamedArray:
     return acc
 
 
+def _both_positional(a, b) -> bool:
+    """Neither is a NamedArray: the predicate is numpy's, on positional arrays (as Haliax allows)."""
+    return not isinstance(a, NamedArray) and not isinstance(b, NamedArray)
+
+
 def allclose(a, b, *, rtol: float = 1e-5, atol: float = 1e-8, equal_nan: bool = False) -> NamedArray:
-    """Whether all entries are close, with ``a`` and ``b`` broadcast by name (a 0-d bool NamedArray)."""
+    """Whether all entries are close, with ``a`` and ``b`` broadcast by name (a 0-d bool NamedArray).
+    Two plain arrays are compared positionally, as ``jnp.allclose`` does."""
+    if _both_positional(a, b):
+        return NamedArray(jnp.allclose(a, b, rtol=rtol, atol=atol, equal_nan=equal_nan), ())
     return _ops.isclose(a, b, rtol=rtol, atol=atol, equal_nan=equal_nan).all()
 
 
 def array_equal(a, b, *, equal_nan: bool = False) -> NamedArray:
-    """Whether ``a`` and ``b`` have the same axes (names and sizes, in any order) and entries."""
+    """Whether ``a`` and ``b`` have the same axes (names and sizes, in any order) and entries.
+    Two plain arrays are compared positionally, as ``jnp.array_equal`` does."""
+    if _both_positional(a, b):
+        return NamedArray(jnp.array_equal(a, b, equal_nan=equal_nan), ())
     aa, ba = axes_of(a), axes_of(b)
     if set(aa) != set(ba):
         return NamedArray(jnp.asarray(False), ())
     eq = _ops.equal(a, b)
     if equal_nan:
         eq = _ops.logical_or(eq, _ops.logical_and(_ops.isnan(a), _ops.isnan(b)))
+    return eq.all()
+
+
+def array_equiv(a, b) -> NamedArray:
+    """Whether ``a`` and ``b`` are equal wherever they broadcast by name (``np.array_equiv`` by
+    name): False, not an error, when a shared name has two sizes. Two plain arrays: ``jnp.array_equiv``."""
+    if _both_positional(a, b):
+        return NamedArray(jnp.array_equiv(a, b), ())
+    try:
+        eq = _ops.equal(a, b)
+    except AxisError:
+        return NamedArray(jnp.asarray(False), ())
     return eq.all()
 
 
@@ -329,5 +487,6 @@ def fftfreq(axis: Axis, d: float = 1.0, *, rfft: bool = False, new_axis: AxisSel
     return NamedArray._unchecked(out, (Axis(name_of(new_axis) if new_axis is not None else axis.name, out.shape[0]),))
 
 
-__all__ = [*SURFACE, "ravel", "unique", "nonzero", "searchsorted", "bincount", "repeat", "tile", "trace", "polyval",
-           "allclose", "array_equal", "fftfreq"]
+__all__ = [*SURFACE, "ravel", "unique", "unique_values", "unique_counts", "unique_inverse", "unique_all", "nonzero",
+           "searchsorted", "bincount", "repeat", "tile", "packbits", "unpackbits", "trace", "polyval", "allclose",
+           "array_equal", "array_equiv", "fftfreq"]

@@ -166,9 +166,27 @@ def _where_mask(x: NamedArray, where):
     return mask.astype(bool) if mask.dtype != bool else mask
 
 
+def _positional(fn: Callable, x, axis, what: str, **kwargs) -> NamedArray:
+    """A reduction of a plain array (Haliax's ``hax.all(x == y)``) over all of it: a 0-d NamedArray.
+    Names cannot address its dimensions, so an ``axis`` is refused."""
+    if not (_is_positional(x) or isinstance(x, (int, float, complex, bool))):
+        raise ArgumentTypeError(f"{what} takes a NamedArray (or a plain array, reduced whole), got {type(x).__name__}")
+    if axis is not None:
+        raise ArgumentTypeError(f"{what}(x, axis={axis!r}) on a plain array of shape {tuple(jnp.shape(x))}: axes are "
+                                "names, and a plain array has none; wrap it with nm.named(x, names), or give axis=None "
+                                "to reduce all of it")
+    return NamedArray(fn(jnp.asarray(x), axis=None, **kwargs), ())
+
+
+def _is_positional(x) -> bool:
+    return not isinstance(x, NamedArray) and hasattr(x, "shape") and hasattr(x, "dtype")
+
+
 def _reduce(fn: Callable, x: NamedArray, axis, *, where=None, **kwargs) -> NamedArray:
     if not isinstance(x, NamedArray):
-        raise ArgumentTypeError(f"expected a NamedArray, got {type(x).__name__}")
+        if where is not None:
+            kwargs["where"] = jnp.asarray(where.array if isinstance(where, NamedArray) else where, bool)
+        return _positional(fn, x, axis, f"nm.{getattr(fn, '__name__', 'reduction')}", **kwargs)
     dims = _reduction_axes(x, axis, f"nm.{getattr(fn, '__name__', 'reduce')}")
     if where is not None:
         kwargs["where"] = _where_mask(x, where)
@@ -184,6 +202,9 @@ def sum(x, axis=None, *, where=None, dtype=None):
 
 def mean(x, axis=None, *, where=None, dtype=None):
     return _reduce(jnp.mean, x, axis, where=where, dtype=dtype)
+
+
+_mean = mean  # for standardize, whose mean= argument hides the function
 
 
 def prod(x, axis=None, *, where=None, dtype=None):
@@ -231,6 +252,8 @@ def logsumexp(x, axis=None, *, where=None):
 
 
 def _arg_reduce(fn, x: NamedArray, axis) -> NamedArray:
+    if not isinstance(x, NamedArray):
+        return _positional(fn, x, axis, f"nm.{fn.__name__}")
     if axis is None:  # numpy's flat index: row-major over the array's own axis order
         return NamedArray._unchecked(fn(x.array, axis=None), ())
     if len(as_selectors(axis)) != 1:
@@ -274,11 +297,13 @@ def log_softmax(x, axis, *, where=None) -> NamedArray:
     return _along(jax.nn.log_softmax, x, axis, where=_where_mask(x, where))
 
 
-def standardize(x, axis, *, epsilon: float = 1e-5, where=None) -> NamedArray:
-    """``(x - mean) / sqrt(var + eps)`` along ``axis`` (one or several names); with ``where=``
-    the statistics count only the entries where it is True (every entry is still standardized)."""
-    m = mean(x, axis, where=where)
-    v = var(x, axis, where=where)
+def standardize(x, axis, *, mean=None, variance=None, epsilon: float = 1e-5, where=None) -> NamedArray:
+    """``(x - mean) / sqrt(variance + eps)`` along ``axis`` (one or several names); with ``where=``
+    the statistics count only the entries where it is True (every entry is still standardized).
+    ``mean`` and ``variance`` (Haliax's) replace the computed statistics, e.g. running ones; each
+    is a number or a NamedArray that broadcasts with ``x`` by name."""
+    m = _mean(x, axis, where=where) if mean is None else mean
+    v = var(x, axis, where=where) if variance is None else variance
     return (x - m) * rsqrt(v + epsilon)
 
 

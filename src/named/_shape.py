@@ -3,6 +3,7 @@ masks, roll, pad, top_k; and array creation."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import jax
@@ -67,11 +68,38 @@ def full_like(x: NamedArray, fill_value, dtype=None) -> NamedArray:
     return NamedArray(jnp.full_like(x.array, fill_value, dtype), x.axes)
 
 
-def arange(axis: Axis, *, start=0, step=1, dtype=None) -> NamedArray:
-    """``start, start + step, ...`` along ``axis`` (axis.size values)."""
+def arange(axis: AxisSelection, *, start=0, step=1, dtype=None) -> NamedArray:
+    """``start, start + step, ...`` along ``axis`` (axis.size values). Several axes (Haliax's
+    ``arange((X, Y))``) count row-major over them: the arange of the product of their sizes,
+    reshaped. ``start`` may be traced."""
+    if isinstance(axis, str) or (not isinstance(axis, Axis) and not as_selectors(axis)):
+        raise AxisError(f"arange needs an Axis with a size, got {axis!r} (or several Axes, counted row-major)")
+    ax = _axes_for_creation(axis)
+    n = math.prod(a.size for a in ax)
+    return NamedArray((start + jnp.arange(n, dtype=dtype) * step).reshape(tuple(a.size for a in ax)), ax)
+
+
+def _spaced(fn, axis, start, stop, what: str, **kwargs) -> NamedArray:
+    if isinstance(axis, str):
+        axis = Axis(axis, 50)  # numpy's default number of samples, as Haliax does for a bare name
     if not isinstance(axis, Axis):
-        raise AxisError(f"arange needs an Axis with a size, got {axis!r}")
-    return NamedArray(start + jnp.arange(axis.size, dtype=dtype) * step, (axis,))
+        raise AxisError(f"{what} needs an Axis (or a name, for numpy's 50 samples), got {axis!r}")
+    return NamedArray(fn(start, stop, axis.size, **kwargs), (axis,))
+
+
+def linspace(axis: AxisSelector, *, start, stop, endpoint: bool = True, dtype=None) -> NamedArray:
+    """``axis.size`` evenly spaced values from ``start`` to ``stop`` (``jnp.linspace``) along ``axis``."""
+    return _spaced(jnp.linspace, axis, start, stop, "nm.linspace", endpoint=endpoint, dtype=dtype)
+
+
+def logspace(axis: AxisSelector, *, start, stop, endpoint: bool = True, base: float = 10.0, dtype=None) -> NamedArray:
+    """``base ** linspace(start, stop)`` along ``axis`` (``jnp.logspace``)."""
+    return _spaced(jnp.logspace, axis, start, stop, "nm.logspace", endpoint=endpoint, base=base, dtype=dtype)
+
+
+def geomspace(axis: AxisSelector, *, start, stop, endpoint: bool = True, dtype=None) -> NamedArray:
+    """A geometric progression from ``start`` to ``stop`` along ``axis`` (``jnp.geomspace``)."""
+    return _spaced(jnp.geomspace, axis, start, stop, "nm.geomspace", endpoint=endpoint, dtype=dtype)
 
 
 # ---- renaming and reordering ---------------------------------------------------------
@@ -90,10 +118,10 @@ def rename(x: NamedArray, mapping: Mapping[AxisSelector, AxisSelector]) -> Named
 
 
 def order_of(axes: tuple[Axis, ...], order, what: str = "rearrange") -> tuple[int, ...]:
-    """The permutation of ``axes`` that ``order`` asks for (names; one ``...`` for the rest)."""
+    """The permutation of ``axes`` that ``order`` asks for: names, and ``...`` for the rest in
+    their order. Several ``...`` (Haliax's partial order, ``(..., "embed", ...)``) each take
+    the unlisted axes that follow, in ``axes``, the listed ones before them."""
     sels = as_selectors(order)
-    if sels.count(Ellipsis) > 1:
-        raise AxisError(f"{what} takes at most one '...' (the einops form, 'a ... -> ... a', takes one per side)")
     named_idx = [index_of(axes, s) for s in sels if s is not Ellipsis]
     if len(set(named_idx)) != len(named_idx):
         twice = sorted({axes[i].name for i in named_idx if named_idx.count(i) > 1})
@@ -103,9 +131,33 @@ def order_of(axes: tuple[Axis, ...], order, what: str = "rearrange") -> tuple[in
             missing = [a.name for i, a in enumerate(axes) if i not in named_idx]
             raise AxisError(f"{what}: {order!r} leaves out axes {missing} of {format_axes(axes)}; list them or use '...'")
         return tuple(named_idx)
-    rest = [i for i in range(len(axes)) if i not in named_idx]
-    k = sels.index(Ellipsis)
-    return tuple(named_idx[:k] + rest + named_idx[k:])
+    if sels.count(Ellipsis) == 1:
+        rest = [i for i in range(len(axes)) if i not in named_idx]
+        k = sels.index(Ellipsis)
+        return tuple(named_idx[:k] + rest + named_idx[k:])
+    return _partial_order(sels, named_idx, len(axes))
+
+
+def _partial_order(sels, named_idx: list[int], n: int) -> tuple[int, ...]:
+    """Several ``...``: the listed axes keep their listed order; an unlisted axis goes to the
+    first ``...`` after every listed axis that comes before it in the array (or stays in the
+    current one when no ``...`` follows), so the array's own order is kept where it can be."""
+    slots: list[list[int]] = []
+    where: dict[int, int] = {}  # a listed axis -> its slot
+    it = iter(named_idx)
+    for s in sels:
+        slots.append([] if s is Ellipsis else [next(it)])
+        if s is not Ellipsis:
+            where[slots[-1][0]] = len(slots) - 1
+    free = [k for k, s in enumerate(sels) if s is Ellipsis]
+    target = free[0]
+    for i in range(n):
+        if i in where:
+            later = [k for k in free if k > where[i] and k >= target]
+            target = later[0] if later else target
+        else:
+            slots[target].append(i)
+    return tuple(i for slot in slots for i in slot)
 
 
 def rearrange(x: NamedArray, order: AxisSelection, **sizes) -> NamedArray:

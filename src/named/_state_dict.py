@@ -6,6 +6,10 @@ does for the same nesting. A ``Stacked`` or a ``BlockSeq`` adds one level per la
 layers axis on the way out and stacked again on the way in, so a file does not depend on which
 of the two holds the blocks. Values are plain arrays, in the axis order of the module's
 NamedArray with the layers axis removed; on load the template module gives the names back.
+
+``flatten=True`` (Haliax's ``to_torch_compatible_state_dict``) first lays every module that can
+out as torch holds it (``flatten_for_export``: a Linear's weight ``[out, in]``, several In or Out
+axes merged into one), and on load puts the template's axes back (``unflatten_from_export``).
 """
 
 from __future__ import annotations
@@ -30,8 +34,9 @@ from .nn._blockseq import BlockSeq
 from .nn._stacked import Stacked
 from .partitioning import sharding_for
 
-__all__ = ["FileWriteError", "StateDictEntry", "StateDictError", "load_state_dict", "load_state_dict_file",
-           "save_safetensors", "save_state_dict", "state_dict", "state_dict_entries"]
+__all__ = ["FileWriteError", "StateDictEntry", "StateDictError", "flatten_modules_for_export", "load_state_dict",
+           "load_state_dict_file", "save_safetensors", "save_state_dict", "state_dict", "state_dict_entries",
+           "unflatten_modules_from_export"]
 
 
 class StateDictError(NamedError, ValueError):
@@ -140,12 +145,36 @@ def _slices(e: StateDictEntry) -> list[tuple[str, Any]]:
     return [(e.key(*idx), x.array) for idx, x in zip(e.layer_indices(), slices)]
 
 
-def state_dict(tree) -> dict[str, jax.Array]:
+def _exports(x) -> bool:
+    return isinstance(x, eqx.Module) and callable(getattr(type(x), "flatten_for_export", None))
+
+
+def flatten_modules_for_export(tree):
+    """``tree`` with every module that has a torch layout (a Linear) in it: ``flatten_for_export``.
+    An abstract tree (``eqx.filter_eval_shape``) gives an abstract result."""
+    def flatten(t):
+        return jax.tree.map(lambda m: m.flatten_for_export() if _exports(m) else m, t, is_leaf=_exports)
+
+    if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(tree)):
+        return eqx.filter_eval_shape(flatten, tree)
+    return flatten(tree)
+
+
+def unflatten_modules_from_export(flat, template):
+    """The inverse of ``flatten_modules_for_export``: each flattened module back in the axes of
+    the module at its place in ``template``."""
+    return jax.tree.map(lambda f, t: f.unflatten_from_export(t) if _exports(t) else f, flat, template, is_leaf=_exports)
+
+
+def state_dict(tree, *, flatten: bool = False) -> dict[str, jax.Array]:
     """The arrays of ``tree`` (a module, or any pytree) under flat dotted keys.
 
     Non-array leaves are left out. Each value is the NamedArray's array, in its axis order;
     the arrays of a ``Stacked`` come one per layer (``layers.0.…``), without the layers axis.
+    ``flatten=True``: torch's layouts (a Linear's weight ``[out, in]``, its bias ``[out]``).
     """
+    if flatten:
+        tree = flatten_modules_for_export(tree)
     out: dict[str, Any] = {}
     for e in state_dict_entries(tree):
         if not _is_array(e.leaf):
@@ -245,7 +274,23 @@ def _join(e: StateDictEntry, get: Callable[[str], Any], mapping, mesh):
     return NamedArray(value, e.leaf.axes) if isinstance(e.leaf, NamedArray) else value
 
 
-def _rebuild(template, entries, found, get, strict, mapping, mesh, where):
+def _rebuild(template, found, get, strict, mapping, mesh, where, flatten: bool):
+    if not flatten:
+        return _rebuild_flat(template, state_dict_entries(template), found, get, strict, mapping, mesh, where)
+    flat = flatten_modules_for_export(template)
+    loaded = unflatten_modules_from_export(
+        _rebuild_flat(flat, state_dict_entries(flat), found, get, strict, None, None, where), template)
+
+    def place(value, t):  # where the template (or mapping) puts it, now that its axes are back
+        if not isinstance(value, NamedArray):
+            return value
+        sharding = _placement(t, mapping, mesh)
+        return NamedArray(jax.device_put(value.array, sharding) if sharding is not None else value.array, t.axes)
+
+    return jax.tree.map(place, loaded, template, is_leaf=is_named_array)
+
+
+def _rebuild_flat(template, entries, found, get, strict, mapping, mesh, where):
     _check(entries, found, strict, where)
     template_values = {}  # non-strict: a key the source lacks keeps the template's slice
 
@@ -275,7 +320,8 @@ def _as_array(key, v):
     return v
 
 
-def load_state_dict(template, state_dict: Mapping[str, Any], *, strict: bool = True, mapping=None, mesh=None):
+def load_state_dict(template, state_dict: Mapping[str, Any], *, strict: bool = True, mapping=None, mesh=None,
+                    flatten: bool = False):
     """A copy of ``template`` with its arrays taken from ``state_dict`` (as ``nm.state_dict`` makes).
 
     Args:
@@ -287,6 +333,8 @@ def load_state_dict(template, state_dict: Mapping[str, Any], *, strict: bool = T
             template's values.
         mapping, mesh: place every array by this parameter mapping on this mesh. Without them an
             array goes where the template's array is (its sharding), or to the default device.
+        flatten: the dict holds torch's layouts (``nm.state_dict(m, flatten=True)``); the
+            template's axes are put back.
 
     Raises:
         StateDictError: naming the missing, unexpected or misshapen key, before anything is placed.
@@ -298,8 +346,7 @@ def load_state_dict(template, state_dict: Mapping[str, Any], *, strict: bool = T
             raise StateDictError(f"state dict keys are strings, got {k!r}")
     arrays = {k: _as_array(k, v) for k, v in state_dict.items()}
     found = {k: _Found(tuple(v.shape), _kind(v.dtype)) for k, v in arrays.items()}
-    return _rebuild(template, state_dict_entries(template), found, arrays.__getitem__, strict, mapping, mesh,
-                    "load_state_dict")
+    return _rebuild(template, found, arrays.__getitem__, strict, mapping, mesh, "load_state_dict", flatten)
 
 
 # ---- safetensors files ----------------------------------------------------------------------------
@@ -311,8 +358,9 @@ def _safetensors_kind(dtype: str) -> str:
     return kinds.get(dtype[:1], dtype)
 
 
-def save_state_dict(tree, path: str | os.PathLike, *, metadata: Mapping[str, str] | None = None) -> None:
-    """Write ``nm.state_dict(tree)`` to ``path`` as safetensors.
+def save_state_dict(tree, path: str | os.PathLike, *, metadata: Mapping[str, str] | None = None,
+                    flatten: bool = False) -> None:
+    """Write ``nm.state_dict(tree, flatten=flatten)`` to ``path`` as safetensors.
 
     The file is written beside ``path`` and renamed into place, so a failed save leaves no
     partial file and any earlier file at ``path`` whole.
@@ -320,7 +368,7 @@ def save_state_dict(tree, path: str | os.PathLike, *, metadata: Mapping[str, str
     path = Path(path)
     if path.is_dir():
         raise StateDictError(f"{path}: is a directory; save_state_dict writes one file (e.g. model.safetensors)")
-    arrays = {k: np.ascontiguousarray(np.asarray(v)) for k, v in state_dict(tree).items()}
+    arrays = {k: np.ascontiguousarray(np.asarray(v)) for k, v in state_dict(tree, flatten=flatten).items()}
     tmp = path.with_name(path.name + ".tmp")
     try:
         save_safetensors(arrays, tmp, metadata)
@@ -332,7 +380,8 @@ def save_state_dict(tree, path: str | os.PathLike, *, metadata: Mapping[str, str
             tmp.unlink()
 
 
-def load_state_dict_file(template, path: str | os.PathLike, *, strict: bool = True, mapping=None, mesh=None):
+def load_state_dict_file(template, path: str | os.PathLike, *, strict: bool = True, mapping=None, mesh=None,
+                         flatten: bool = False):
     """``load_state_dict(template, <the safetensors file at path>)``: every key, shape and dtype
     in the file's header is checked against ``template`` before a tensor is read, and each
     tensor goes to its device(s) as it is read. Never unpickles anything."""
@@ -347,7 +396,6 @@ def load_state_dict_file(template, path: str | os.PathLike, *, strict: bool = Tr
             for k in f.keys():
                 s = f.get_slice(k)
                 found[k] = _Found(tuple(s.get_shape()), _safetensors_kind(s.get_dtype()))
-            return _rebuild(template, state_dict_entries(template), found, f.get_tensor, strict, mapping, mesh,
-                            str(path))
+            return _rebuild(template, found, f.get_tensor, strict, mapping, mesh, str(path), flatten)
     except SafetensorError as e:
         raise StateDictError(f"{path}: safetensors cannot read it ({e})") from None

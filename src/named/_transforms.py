@@ -1,9 +1,12 @@
 """Transforms over named axes: vmap, scan, fold, and nmap (the positional escape hatch).
 
-Rule shared by all of them: a NamedArray leaf that has the mapped/scanned axis is mapped
-over it and, inside, has that axis removed; any other leaf (NamedArrays without the axis,
-plain arrays, static Python values) is passed whole to every step. NamedArray outputs get
-the axis back in front; plain-array outputs get a leading dimension.
+Rule shared by vmap, scan and fold (Haliax's): a NamedArray leaf that has the mapped/scanned
+axis is mapped over it and, inside, has that axis removed; a plain array with at least one
+dimension is mapped over its first dimension (whose size must be the axis'), so that
+``jax.random.split(key, n)`` gives each step its own key; any other leaf (NamedArrays without
+the axis, 0-d arrays, static Python values) is passed whole to every step. ``scan``'s
+``is_scanned=`` changes which leaves are scanned. NamedArray outputs get the axis back in
+front; plain-array outputs get a leading dimension.
 """
 
 from __future__ import annotations
@@ -12,55 +15,98 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ._axis import Axis, AxisError, AxisSelection, AxisSelector, as_selectors, format_axes, name_of, union
+from ._axis import ArgumentError, Axis, AxisError, AxisSelection, AxisSelector, NamedError, as_selectors, format_axes, name_of, union
 from ._core import NamedArray, is_named_array
+from ._remat import Remat, with_remat
 
 
 def _is_array(x) -> bool:
     return isinstance(x, (jax.Array, jnp.ndarray)) or (hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, NamedArray))
 
 
-class _Split:
-    """The leaves of a pytree split into those mapped over ``axis`` and the rest."""
+def is_named_or_shaped_array_like(x) -> bool:
+    """The default of ``scan(is_scanned=)``: NamedArrays (those with the axis), and plain arrays
+    with at least one dimension (along their first)."""
+    return isinstance(x, NamedArray) or (_is_array(x) and len(x.shape) >= 1)
 
-    def __init__(self, tree, axis: AxisSelector, what: str):
-        self.leaves, self.treedef = jax.tree.flatten(tree, is_leaf=is_named_array)
+
+def _predicate(is_scanned) -> Callable[[Any], bool]:
+    if isinstance(is_scanned, bool):
+        return lambda _: is_scanned
+    if not callable(is_scanned):
+        raise ArgumentError(f"is_scanned takes a bool or a function of a leaf, got {is_scanned!r}")
+    return is_scanned
+
+
+class _Split:
+    """The leaves of a pytree split into those mapped over ``axis`` and the rest. ``is_scanned``
+    (None: NamedArrays only, as the explicit layer scan wants) picks the mapped leaves."""
+
+    def __init__(self, tree, axis: AxisSelector, what: str, is_scanned: Callable[[Any], bool] | None = None):
+        flat, self.treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_named_array)
+        self.leaves = [leaf for _, leaf in flat]
         name = name_of(axis)
         self.name = name
         self.size = axis.size if isinstance(axis, Axis) else None
         self.mapped: list[int] = []
-        self.inner_axes: dict[int, tuple[Axis, ...]] = {}
+        self.inner_axes: dict[int, tuple[Axis, ...] | None] = {}  # None: a plain array
         self.positions: dict[int, int] = {}
+        sizes: list[tuple[int, str]] = []
         for k, leaf in enumerate(self.leaves):
-            if isinstance(leaf, NamedArray) and name in leaf.names:
+            if isinstance(leaf, NamedArray):
+                if name not in leaf.names or (is_scanned is not None and not is_scanned(leaf)):
+                    continue
                 i = leaf.names.index(name)
-                n = leaf.axes[i].size
-                if self.size is None:
-                    self.size = n
-                elif n != self.size:
-                    raise AxisError(f"{what}: axis {name!r} has size {n} in one input {format_axes(leaf.axes)} but {self.size} elsewhere")
-                self.mapped.append(k)
-                self.positions[k] = i
                 self.inner_axes[k] = leaf.axes[:i] + leaf.axes[i + 1 :]
+                sizes.append((leaf.axes[i].size, f"one input {format_axes(leaf.axes)}"))
+            elif is_scanned is not None and _is_array(leaf) and is_scanned(leaf):
+                if not leaf.shape:
+                    raise AxisError(f"{what}: the plain array at {_where(flat[k][0])} has no dimension to map over "
+                                    f"{name!r}; pass it whole (is_scanned=) or give it a leading dimension")
+                i = 0
+                self.inner_axes[k] = None
+                sizes.append((leaf.shape[0], f"the plain array at {_where(flat[k][0])} (its first dimension)"))
+            else:
+                continue
+            self.mapped.append(k)
+            self.positions[k] = i
+        for n, where in sizes:
+            if self.size is None:
+                self.size = n
+            elif n != self.size:
+                hint = ("; a plain array is mapped along its first dimension: wrap one that every step shares with "
+                        "nm.named(...), or close over it") if "plain" in where else ""
+                raise AxisError(f"{what}: axis {name!r} has size {n} in {where} but {self.size} elsewhere{hint}")
         if self.size is None:
             raise AxisError(f"{what}: no input has axis {name!r}; pass an Axis with a size to map over a new axis")
 
     def mapped_arrays(self, front: bool) -> list:
         out = []
         for k in self.mapped:
-            arr = self.leaves[k].array
+            leaf = self.leaves[k]
+            arr = leaf.array if isinstance(leaf, NamedArray) else leaf
             out.append(jnp.moveaxis(arr, self.positions[k], 0) if front else arr)
         return out
 
     def rebuild(self, mapped_values: Sequence) -> Any:
         leaves = list(self.leaves)
         for k, v in zip(self.mapped, mapped_values):
-            leaves[k] = NamedArray._unchecked(v, self.inner_axes[k])
+            axes = self.inner_axes[k]
+            leaves[k] = v if axes is None else NamedArray._unchecked(v, axes)
         return jax.tree.unflatten(self.treedef, leaves)
+
+
+def _where(path) -> str:
+    """A leaf's place in ``(args, kwargs)``: ``args[1]``, ``kwargs['key']``, ``args[0].w``."""
+    if len(path) >= 2 and isinstance(path[0], jax.tree_util.SequenceKey):
+        head = "args" if path[0].idx == 0 else "kwargs"
+        return head + jax.tree_util.keystr(path[1:])
+    return jax.tree_util.keystr(path) or "the input"
 
 
 class _Outputs:
@@ -105,8 +151,9 @@ class _Outputs:
 def vmap(fn: Callable, axis: AxisSelection) -> Callable:
     """Vectorise ``fn`` over named ``axis`` (or several, outermost first).
 
-    Inputs with the axis are mapped (and lose it inside ``fn``); everything else is shared.
-    The axis name is also the collective axis name inside (``lax.axis_index(name)``).
+    Inputs with the axis are mapped (and lose it inside ``fn``), plain arrays along their first
+    dimension; everything else is shared. The axis name is also the collective axis name
+    inside (``lax.axis_index(name)``).
     """
     sels = as_selectors(axis)
     if len(sels) != 1:
@@ -118,7 +165,7 @@ def vmap(fn: Callable, axis: AxisSelection) -> Callable:
 
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
-        split = _Split((args, kwargs), sel, f"vmap over {name_of(sel)!r}")
+        split = _Split((args, kwargs), sel, f"vmap over {name_of(sel)!r}", is_named_or_shaped_array_like)
         outs = _Outputs()
 
         def body(*mapped):
@@ -132,40 +179,91 @@ def vmap(fn: Callable, axis: AxisSelection) -> Callable:
     return wrapped
 
 
-def scan(fn: Callable, axis: AxisSelector, *, reverse: bool = False, unroll: int | bool = 1) -> Callable:
+def scan(fn: Callable, axis: AxisSelector, *, remat=None, reverse: bool = False, unroll: int | bool | None = 1,
+         is_scanned: bool | Callable[[Any], bool] = is_named_or_shaped_array_like) -> Callable:
     """``scan(f, axis)(init, *xs)``: ``f(carry, *x_slices) -> (carry, y)`` over ``axis``.
 
-    Inputs with ``axis`` are sliced along it; others are passed whole to every step. The
-    stacked ``y`` gets ``axis`` in front.
+    Inputs with ``axis`` are sliced along it, plain arrays along their first dimension;
+    others are passed whole to every step (``is_scanned``, a bool or a function of a leaf,
+    narrows which leaves are scanned). The stacked ``y`` gets ``axis`` in front.
+
+    ``remat`` checkpoints each step with a ``Remat`` policy (a string, ``True``, or Haliax's
+    ``ScanCheckpointPolicy``); ``Remat(every=k)`` scans groups of ``k`` steps, each group
+    checkpointed whole. ``unroll`` is ``lax.scan``'s (``None`` is 1).
     """
+    scanned = _predicate(is_scanned)
+    unroll = _unroll(unroll)
 
     @functools.wraps(fn)
     def wrapped(init, *args, **kwargs):
-        split = _Split((args, kwargs), axis, f"scan over {name_of(axis)!r}")
+        split = _Split((args, kwargs), axis, f"scan over {name_of(axis)!r}", scanned)
         outs = _Outputs()
+        policy = Remat.parse(remat, split.size)
 
         def body(carry, mapped):
             a, kw = split.rebuild(mapped)
             carry, y = fn(carry, *a, **kw)
             return carry, outs.strip(y)
 
-        carry, ys = lax.scan(body, init, split.mapped_arrays(front=True), length=split.size, reverse=reverse, unroll=unroll)
-        return carry, outs.restore(ys, Axis(split.name, split.size))
+        step = with_remat(body, policy)
+        xs, n = split.mapped_arrays(front=True), split.size
+        k = 1 if policy is None else policy.every
+        if k == 1:
+            carry, ys = lax.scan(step, init, xs, length=n, reverse=reverse, unroll=unroll)
+        else:
+            if n % k:
+                raise NamedError(f"remat every={k} groups steps {k} at a time, but {split.name!r} has {n}: pick a divisor of {n}")
+
+            def group(carry, chunk):  # k steps, checkpointed whole: only the group's input is kept
+                return lax.scan(step, carry, chunk, length=k, reverse=reverse, unroll=unroll)
+
+            group = eqx.filter_checkpoint(group, policy=None, prevent_cse=False)
+            chunks = [x.reshape((n // k, k) + x.shape[1:]) for x in xs]
+            carry, ys = lax.scan(group, init, chunks, length=n // k, reverse=reverse)
+            ys = [y.reshape((n,) + y.shape[2:]) for y in ys]
+        return carry, outs.restore(ys, Axis(split.name, n))
 
     return wrapped
 
 
-def fold(fn: Callable, axis: AxisSelector, *, reverse: bool = False, unroll: int | bool = 1) -> Callable:
-    """``fold(f, axis)(init, *xs)``: ``f(carry, *x_slices) -> carry`` over ``axis``; returns the carry."""
+def _unroll(unroll):
+    if unroll is None:
+        return 1
+    if isinstance(unroll, bool):
+        return unroll
+    if not isinstance(unroll, int) or unroll < 1:
+        raise ArgumentError(f"unroll must be an int >= 1 or a bool, got {unroll!r}")
+    return unroll
+
+
+def fold(fn: Callable, axis: AxisSelector, *, remat=None, reverse: bool = False, unroll: int | bool | None = 1,
+         is_scanned: bool | Callable[[Any], bool] = is_named_or_shaped_array_like) -> Callable:
+    """``fold(f, axis)(init, *xs)``: ``f(carry, *x_slices) -> carry`` over ``axis``; returns the
+    carry. The arguments are ``scan``'s."""
 
     def step(carry, *a, **kw):
         return fn(carry, *a, **kw), None
 
-    scanned = scan(step, axis, reverse=reverse, unroll=unroll)
+    scanned = scan(step, axis, remat=remat, reverse=reverse, unroll=unroll, is_scanned=is_scanned)
 
     @functools.wraps(fn)
     def wrapped(init, *args, **kwargs):
         return scanned(init, *args, **kwargs)[0]
+
+    return wrapped
+
+
+def map(fn: Callable, axis: AxisSelector, *, remat=None, reverse: bool = False, unroll: int | bool | None = 1,
+        is_mapped: bool | Callable[[Any], bool] = is_named_or_shaped_array_like) -> Callable:
+    """``map(f, axis)(*xs)``: ``f`` applied to each slice along ``axis`` one after another (a
+    scan without a carry, as ``jax.lax.map``; Haliax's ``hax.map``), to bound the memory that
+    ``vmap`` would use at once. The results are stacked along ``axis``."""
+    scanned = scan(lambda _, *a, **kw: (None, fn(*a, **kw)), axis, remat=remat, reverse=reverse, unroll=unroll,
+                   is_scanned=is_mapped)
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        return scanned(None, *args, **kwargs)[1]
 
     return wrapped
 

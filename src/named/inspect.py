@@ -36,7 +36,7 @@ from ._axis import ArgumentTypeError, Axis, AxisError, as_selectors
 from ._core import NamedArray, is_named_array
 from ._grid import DeviceGrid, DeviceGrids, device_grid
 from ._hlo import Collective
-from ._layout import _format_layout, _spec_entries, parse_layout  # noqa: F401  (parse_layout: public here)
+from ._layout import _format_layout, _spec_entries, parse_layout, sharding_layout  # noqa: F401  (parse_layout: public here)
 from ._local import ShardedAxis, Unreduced, block_layout
 from .partitioning import ResourceMapping, current_mapping, current_mesh, pspec_for
 
@@ -59,11 +59,8 @@ def layout(x: NamedArray | Any, mapping: ResourceMapping | None = None) -> str:
     axes = x.axes if isinstance(x, NamedArray) else as_selectors(x)
     mapping = mapping if mapping is not None else current_mapping()
     if mapping is None and isinstance(x, NamedArray) and hasattr(x.array, "sharding") and not is_tracer(x.array):
-        spec = getattr(x.array.sharding, "spec", None)
-        entries = _spec_entries(spec) + [()] * (len(axes) - len(spec)) if spec is not None else [()] * len(axes)
-    else:
-        entries = _spec_entries(pspec_for(axes, mapping or {}, mesh=None))
-    return _format_layout(axes, entries)
+        return sharding_layout(axes, x.array.sharding)
+    return _format_layout(axes, _spec_entries(pspec_for(axes, mapping or {}, mesh=None)))
 
 
 # ---- sizes -------------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from ._context import (  # noqa: F401  (re-exported: this module is where users 
     current_mesh,
 )
 from ._core import NamedArray, is_named_array
+from ._fields import field, map_named  # noqa: F401  (field: public here)
 
 # ---- meshes --------------------------------------------------------------------------
 
@@ -107,11 +108,24 @@ def _axes(x: NamedArray | AxisSelection) -> tuple[Axis, ...]:
     return tuple(a for a in as_selectors(x))  # type: ignore[misc]
 
 
-def pspec_for(x: NamedArray | AxisSelection, mapping: ResourceMapping | None = None, mesh: Mesh | None = None) -> PartitionSpec:
+def _is_axes(x) -> bool:
+    """Axes (an Axis, a name, ``"a b"``, or a sequence of those), as opposed to a pytree of arrays."""
+    if isinstance(x, (Axis, str)):
+        return True
+    return isinstance(x, (tuple, list)) and all(isinstance(a, (Axis, str)) for a in x)
+
+
+def pspec_for(x, mapping: ResourceMapping | None = None, mesh: Mesh | None = None):
     """The PartitionSpec of an array (or of its axes) under ``mapping`` (default: current).
 
-    With a mesh (given or current), mesh axis names and divisibility are checked.
+    With a mesh (given or current), mesh axis names and divisibility are checked. A pytree (a
+    module, Haliax's ``pspec_for(model)``) gives the same tree with a PartitionSpec in place of
+    each NamedArray and of each plain array in an ``nm.field(axis_names=...)`` field; other
+    arrays get ``PartitionSpec()`` (replicated), other leaves None.
     """
+    if not isinstance(x, NamedArray) and not _is_axes(x):
+        return map_named(lambda a: pspec_for(a, mapping, mesh), x,
+                         plain=lambda v: PartitionSpec() if eqx.is_array(v) else None)
     mapping = current_mapping() if mapping is None else mapping
     mesh = mesh if mesh is not None else current_mesh()
     axes = _axes(x)
@@ -155,14 +169,13 @@ def sharding_for(x: NamedArray | AxisSelection, mapping: ResourceMapping | None 
 
 
 def infer_shardings(tree: Any, mapping: ResourceMapping | None = None, mesh: Mesh | None = None) -> Any:
-    """A pytree like ``tree`` with a NamedSharding for every NamedArray's array, None elsewhere."""
+    """A pytree like ``tree`` with a NamedSharding for every NamedArray's array (and for every
+    plain array in an ``nm.field(axis_names=...)`` field), None elsewhere."""
 
     def leaf(x):
-        if isinstance(x, NamedArray):
-            return NamedArray._unchecked(sharding_for(x, mapping, mesh), x.axes)
-        return None
+        return NamedArray._unchecked(sharding_for(x, mapping, mesh), x.axes)
 
-    return jax.tree.map(leaf, tree, is_leaf=is_named_array)
+    return map_named(leaf, tree, plain=lambda _: None)
 
 
 # ---- shard: constrain or place ----------------------------------------------------------
@@ -171,8 +184,9 @@ def infer_shardings(tree: Any, mapping: ResourceMapping | None = None, mesh: Mes
 def shard(tree: Any, mapping: ResourceMapping | None = None, mesh: Mesh | None = None) -> Any:
     """Lay out every NamedArray leaf of ``tree`` by ``mapping`` (default: the current one).
 
-    Inside jit this is a sharding constraint; outside, a ``device_put``. Plain arrays and
-    other leaves pass through. With no mapping or no mesh it does nothing.
+    Inside jit this is a sharding constraint; outside, a ``device_put``. A plain array in an
+    ``nm.field(axis_names=...)`` field is laid out by those names; other plain arrays and other
+    leaves pass through. With no mapping or no mesh it does nothing.
     """
     mapping = current_mapping() if mapping is None else mapping
     mesh = mesh if mesh is not None else current_mesh()
@@ -189,7 +203,7 @@ def shard(tree: Any, mapping: ResourceMapping | None = None, mesh: Mesh | None =
             arr = jax.device_put(x.array, sharding)
         return NamedArray._unchecked(arr, x.axes)
 
-    return jax.tree.map(leaf, tree, is_leaf=is_named_array)
+    return map_named(leaf, tree)
 
 
 # ---- named_jit -----------------------------------------------------------------------------

@@ -250,13 +250,13 @@ def peft_tensors(model) -> dict[str, np.ndarray]:
         if not isinstance(layer, nn.LoraLinear):
             continue
         module = modules[jax.tree_util.keystr(keypath, simple=True, separator=".")]
-        own = [a.name for a in layer.In] + [nn.lora.RANK] + [a.name for a in layer.Out]
+        own = [a.name for a in nm.axis_spec_to_tuple(layer.In)] + [nn.lora.RANK] + [a.name for a in nm.axis_spec_to_tuple(layer.Out)]
         extra = [a for a in layer.lora_a.axes if a.name not in own]
         if len(extra) != ("{i}" in module):
             raise CheckpointFormatError(f"{module}: adapters with axes {layer.lora_a.axes} do not match its Hugging Face "
                                         "name (one per layer, or one)")
-        a = np.asarray(layer.lora_a.rearrange((*[e.name for e in extra], *[x.name for x in layer.In], nn.lora.RANK)).array)
-        b = np.asarray(layer.lora_b.rearrange((*[e.name for e in extra], nn.lora.RANK, *[x.name for x in layer.Out])).array)
+        a = np.asarray(layer.lora_a.rearrange((*[e.name for e in extra], *[x.name for x in nm.axis_spec_to_tuple(layer.In)], nn.lora.RANK)).array)
+        b = np.asarray(layer.lora_b.rearrange((*[e.name for e in extra], nn.lora.RANK, *[x.name for x in nm.axis_spec_to_tuple(layer.Out)])).array)
         r = layer.rank
         per_layer = [(module.format(i=i), a[i], b[i]) for i in range(a.shape[0])] if extra else [(module, a, b)]
         for name, ai, bi in per_layer:

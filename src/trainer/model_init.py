@@ -81,7 +81,7 @@ def with_lora(cfg: TrainConfig, model, key):
     chosen = [p for p, hf in linears.items() if hf.rsplit(".", 1)[-1] in lora.targets]
     for path in chosen:
         layer = _get(model, path)
-        sides = (math.prod(a.size for a in layer.In), math.prod(a.size for a in layer.Out))
+        sides = (math.prod(a.size for a in nm.axis_spec_to_tuple(layer.In)), math.prod(a.size for a in nm.axis_spec_to_tuple(layer.Out)))
         if lora.rank > min(sides):
             raise ConfigError(f"lora.rank={lora.rank} is larger than {linears[path].rsplit('.', 1)[-1]} ({path}: in "
                               f"{sides[0]}, out {sides[1]}); a rank is at most the smaller side of every targeted layer")

@@ -1,11 +1,18 @@
 """named.nn: Equinox modules over NamedArrays."""
 
-from ._attention import attention_implementation, dot_product_attention, positions_from_segments, rotary_embedding
+from ._attention import (
+    attention_implementation,
+    dot_product_attention,
+    dot_product_attention_weights,
+    positions_from_segments,
+    rotary_embedding,
+)
 from ._masks import (
     alibi_bias,
     alibi_slopes,
     causal_mask,
     chunked_mask,
+    forgetful_causal_mask,
     padding_mask,
     segment_mask,
 )
@@ -52,10 +59,11 @@ from ._quant import (  # low-precision Linears: nn.quantize(model, "fp8")
     without_overwrites,
 )
 from ._blockseq import BlockSeq
-from ._remat import Remat, checkpoint_name, remat_policy
+from .._remat import Remat, ScanCheckpointPolicy, checkpoint_name, remat_policy
 from ._stacked import Stacked
 from ._explicit_stack import ExplicitStack, explicit_layers
 from ._moe import MoE, load_balancing_loss, route, router_losses, router_stats, router_z_loss
+from ._moe_linear import MoELinear
 from .loss import (
     binary_cross_entropy_loss,
     blockwise_cross_entropy_loss,

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import jax
 import jax.numpy as jnp
 
-from .._axis import Axis, AxisError, AxisSelector, NamedError, format_axes, name_of
+from .._axis import ArgumentTypeError, Axis, AxisError, AxisSelector, NamedError, format_axes, name_of
 from .._core import NamedArray
 from .._einsum import dot, einsum
 from .. import _ops as ops
@@ -120,7 +120,7 @@ def dot_product_attention(
     query: NamedArray,
     key: NamedArray,
     value: NamedArray,
-    *,
+    *extra,
     QPos: AxisSelector = "position",
     KPos: AxisSelector = "key_position",
     HeadSize: AxisSelector = "head_size",
@@ -139,7 +139,9 @@ def dot_product_attention(
     """``softmax(cap(q·k * scale) + bias, masked) · v`` with the scores and softmax in float32.
 
     Args:
-        query: axes include ``QPos``, ``HeadSize`` and (for GQA) ``Heads``.
+        query: axes include ``QPos``, ``HeadSize`` and (for GQA) ``Heads``. A query without
+            ``QPos`` is one query per row (Haliax's form, a decoding step): the result has no
+            ``QPos`` either, and ``causal`` places it at ``q_offset``.
         key, value: axes include ``KPos``, ``HeadSize`` and ``Heads`` or ``KVHeads``.
         causal: mask keys after the query position (query and key positions aligned at 0, or
             the queries at ``q_offset, q_offset + 1, ...`` when they continue a KV cache).
@@ -177,27 +179,16 @@ def dot_product_attention(
     if implementation == "auto":
         implementation = _scoped.get()
     qpos, kpos, hs = name_of(QPos), name_of(KPos), name_of(HeadSize)
-    for what, x, need in (("query", query, (qpos, hs)), ("key", key, (kpos, hs)), ("value", value, (kpos, hs))):
-        missing = [n for n in need if n not in x.names]
-        if missing:
-            raise AxisError(f"dot_product_attention: {what} lacks axes {missing}; it has {format_axes(x.axes)}")
-    for what, t in (("mask", mask), ("bias", bias)):
-        _check_scores_term(what, t, query, key, qpos, kpos)
+    _check_order("dot_product_attention", query, key, value, *extra)
+    if qpos not in query.names:  # one query per row (Haliax's form, a decoding step)
+        args = dict(QPos=QPos, KPos=KPos, HeadSize=HeadSize, Heads=Heads, KVHeads=KVHeads, causal=causal, mask=mask,
+                    bias=bias, segment_ids=segment_ids, scale=scale, window=window, softcap=softcap, q_offset=q_offset,
+                    implementation=implementation)
+        return _with_one_query(dot_product_attention, query, (key, value), args)
+    _check_axes("dot_product_attention", query, key, value, qpos, kpos, hs, mask, bias)
     heads, kvheads = name_of(Heads), name_of(KVHeads)
-    grouped = heads in query.names and kvheads in key.names and heads not in key.names
-    if grouped:
-        # Query head h uses kv head h // (heads / kv_heads): split heads into (kv_heads, group),
-        # kv-major, which is Hugging Face's repeat_kv order. Bias and mask follow the query.
-        H, KV = query.resolve_axis(heads), key.resolve_axis(kvheads)
-        if H.size % KV.size:
-            raise AxisError(f"grouped-query attention: {H.size} query heads is not a multiple of {KV.size} kv heads")
-        group = Axis(f"{heads}_per_{kvheads}", H.size // KV.size)
-        query = unflatten_axis(query, heads, (KV, group))
-
-        def follow_query(m):
-            return unflatten_axis(m, heads, (KV, group)) if m is not None and heads in m.names else m
-
-        mask, bias = follow_query(mask), follow_query(bias)
+    query, mask, bias, group = _grouped(query, key, mask, bias, heads, kvheads)
+    grouped = group is not None
     if window is not None and not causal:
         raise NamedError("dot_product_attention: a sliding window needs causal=True")
     if implementation == "cudnn":
@@ -222,6 +213,96 @@ def dot_product_attention(
     if grouped:
         out = flatten_axes(out, (kvheads, group.name), heads)
     return shard(out)
+
+
+def _check_order(what: str, *arrays) -> None:
+    """The arrays come first, the names by keyword; Haliax's positional names are refused."""
+    n = 3 if what == "dot_product_attention" else 2
+    if len(arrays) != n or not all(isinstance(a, NamedArray) for a in arrays):
+        got = ", ".join(type(a).__name__ for a in arrays)
+        raise ArgumentTypeError(f"{what} takes the query, key (and value) NamedArrays first and the axis names by keyword "
+                                f"(QPos=, KPos=, HeadSize=), got ({got}); Haliax's order, {what}(KPos, Key, query, "
+                                f"key, ...), reads here as {what}(query, key, ..., KPos=KPos, HeadSize=Key)")
+
+
+def _check_axes(what: str, query, key, value, qpos: str, kpos: str, hs: str, mask, bias) -> None:
+    for who, x, need in (("query", query, (qpos, hs)), ("key", key, (kpos, hs)), ("value", value, (kpos, hs))):
+        if x is None:
+            continue
+        missing = [n for n in need if n not in x.names]
+        if missing:
+            raise AxisError(f"{what}: {who} lacks axes {missing}; it has {format_axes(x.axes)}")
+    for who, t in (("mask", mask), ("bias", bias)):
+        _check_scores_term(who, t, query, key, qpos, kpos)
+
+
+def _with_one_query(fn, query, others, args: dict) -> NamedArray:
+    """``fn`` for a query without a position axis: run with one of size 1, then drop it."""
+    qpos = name_of(args["QPos"])
+    if args.get("segment_ids") is not None:
+        raise AxisError(f"attention: segment_ids are per query position, but the query {format_axes(query.axes)} has no "
+                        f"{qpos!r} axis")
+    out = fn(query.broadcast_axis(Axis(qpos, 1)), *others, **args)
+    return out[qpos, 0]
+
+
+def _grouped(query, key, mask, bias, heads: str, kvheads: str):
+    """Grouped-query attention: query head h uses kv head h // (heads / kv_heads). Splits heads
+    into (kv_heads, group), kv-major (Hugging Face's repeat_kv order); mask and bias follow the
+    query. Returns the query, mask, bias and the group axis (None when not grouped)."""
+    if not (heads in query.names and kvheads in key.names and heads not in key.names):
+        return query, mask, bias, None
+    H, KV = query.resolve_axis(heads), key.resolve_axis(kvheads)
+    if H.size % KV.size:
+        raise AxisError(f"grouped-query attention: {H.size} query heads is not a multiple of {KV.size} kv heads")
+    group = Axis(f"{heads}_per_{kvheads}", H.size // KV.size)
+
+    def follow_query(m):
+        return unflatten_axis(m, heads, (KV, group)) if m is not None and heads in m.names else m
+
+    return unflatten_axis(query, heads, (KV, group)), follow_query(mask), follow_query(bias), group
+
+
+def dot_product_attention_weights(
+    query: NamedArray,
+    key: NamedArray,
+    *extra,
+    QPos: AxisSelector = "position",
+    KPos: AxisSelector = "key_position",
+    HeadSize: AxisSelector = "head_size",
+    Heads: AxisSelector = "heads",
+    KVHeads: AxisSelector = "kv_heads",
+    causal: bool = False,
+    mask: NamedArray | None = None,
+    bias: NamedArray | None = None,
+    segment_ids: NamedArray | None = None,
+    scale: float | None = None,
+    window=None,
+    softcap: float | None = None,
+    q_offset=0,
+) -> NamedArray:
+    """The attention weights ``softmax(cap(q·k * scale) + bias, masked)`` over ``KPos`` that
+    ``dot_product_attention`` (its XLA path) multiplies the values by, for inspection or a custom
+    combination (Haliax's ``dot_product_attention_weights``). The arguments are those of
+    ``dot_product_attention``; the result has the query's axes without ``HeadSize``, then
+    ``KPos``, in the query's dtype (the scores and softmax are computed in float32)."""
+    _check_order("dot_product_attention_weights", query, key, *extra)
+    qpos, kpos, hs = name_of(QPos), name_of(KPos), name_of(HeadSize)
+    args = dict(QPos=QPos, KPos=KPos, HeadSize=HeadSize, Heads=Heads, KVHeads=KVHeads, causal=causal, mask=mask,
+                bias=bias, segment_ids=segment_ids, scale=scale, window=window, softcap=softcap, q_offset=q_offset)
+    if qpos not in query.names:
+        return _with_one_query(dot_product_attention_weights, query, (key,), args)
+    _check_axes("dot_product_attention_weights", query, key, None, qpos, kpos, hs, mask, bias)
+    if window is not None and not causal:
+        raise NamedError("dot_product_attention_weights: a sliding window needs causal=True")
+    heads, kvheads = name_of(Heads), name_of(KVHeads)
+    grouped_query, mask, bias, group = _grouped(query, key, mask, bias, heads, kvheads)
+    m = _combined_mask(grouped_query, key, qpos, kpos, causal, mask, segment_ids, q_offset, window)
+    weights = _weights(grouped_query, key, kpos, hs, m, bias, scale, softcap)
+    if group is not None:
+        weights = flatten_axes(weights, (kvheads, group.name), heads)
+    order = tuple(n for n in query.names if n != hs) + (kpos,)
+    return weights.rearrange(order).astype(query.dtype)
 
 
 def _check_scores_term(what: str, t, query, key, qpos: str, kpos: str) -> None:
@@ -268,6 +349,14 @@ def _combined_mask(query, key, qpos, kpos, causal, mask, segment_ids, q_offset=0
 
 
 def _xla_attention(query, key, value, qpos, kpos, hs, m, bias, scale, softcap):
+    weights = _weights(query, key, kpos, hs, m, bias, scale, softcap).astype(value.dtype)
+    out = dot(weights, value, axis=kpos)
+    return out.rearrange(tuple(n for n in query.names if n in out.names) + tuple(n for n in out.names if n not in query.names))
+
+
+def _weights(query, key, kpos, hs, m, bias, scale, softcap):
+    """The float32 softmax over ``kpos`` of the scaled, capped, biased and masked scores, in
+    dot_general's own output order (no transpose of the largest array)."""
     scale = 1.0 / math.sqrt(query.axis_size(hs)) if scale is None else scale
     # Scores in dot_general's own output order (shared axes such as batch and heads, then the
     # query's, then the key's): any other order costs a transpose of the largest array here.
@@ -285,9 +374,7 @@ def _xla_attention(query, key, value, qpos, kpos, hs, m, bias, scale, softcap):
         # where() lays its result out in first-seen axis order: bring the (small) mask to the
         # scores' layout first, so that the big scores array is not transposed.
         scores = ops.where(broadcast_to(m, scores.axes), scores, jnp.finfo(jnp.float32).min)
-    weights = ops.softmax(scores, kpos).astype(value.dtype)
-    out = dot(weights, value, axis=kpos)
-    return out.rearrange(tuple(n for n in query.names if n in out.names) + tuple(n for n in out.names if n not in query.names))
+    return ops.softmax(scores, kpos)
 
 
 def _fused_attention(query, key, value, qpos, kpos, hs, causal, mask, bias, scale, implementation, window=None):

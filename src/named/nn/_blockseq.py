@@ -1,6 +1,7 @@
 """BlockSeq: layers that may differ (types, sizes, static settings), run by a Python loop with
-the interface of ``Stacked``: the same ``init``, ``fold``/``scan``/``vmap`` and their ``_via``
-forms, per-layer arguments sliced along ``layers``, ``Remat`` policies, ``get_layer``/
+the interface of ``Stacked``: the same ``init`` (Haliax's curried form included), ``fold``/``scan``/
+``vmap`` and their ``_via`` forms, per-layer arguments sliced along ``layers`` (plain arrays along
+their first dimension), ``unroll=`` (accepted; a Python loop is unrolled), ``Remat`` policies, ``get_layer``/
 ``set_layer``/``unstacked``/``from_layers``. Each layer is traced on its own, so compile time
 grows with depth: prefer ``Stacked`` when the blocks are alike.
 """
@@ -13,9 +14,10 @@ from typing import Any, Generic
 import equinox as eqx
 import jax
 
-from .._axis import Axis, AxisError
-from ._remat import Remat, remat_policy, with_remat
-from ._stacked import M, _call, as_method, check_every, layer_index, layers_axis, slice_layer, stack_layers
+from .._axis import Axis, AxisError, NamedError
+from .._remat import Remat, remat_policy, with_remat
+from ._stacked import (M, _call, argument_slices, as_method, block_init_function, check_every, checkpointing, layer_index,
+                       layers_axis, stack_layers)
 
 
 class BlockSeq(eqx.Module, Generic[M]):
@@ -28,22 +30,35 @@ class BlockSeq(eqx.Module, Generic[M]):
     def __check_init__(self):
         if len(self.blocks) != self.Layers.size:
             raise AxisError(f"BlockSeq: {len(self.blocks)} blocks but {self.Layers.name!r} has size {self.Layers.size}")
-        remat_policy(self.remat)
+        remat_policy(self.remat, self.Layers.size)
         check_every(self.remat, self.Layers)
 
     @staticmethod
-    def init(Layers: Axis, block_init: Callable[..., M] | Sequence[Callable[..., M]], *args, key, remat="none",
-             **kwargs) -> BlockSeq[M]:
+    def init(Layers: Axis, block_init: Callable[..., M] | Sequence[Callable[..., M]], *args, key=None, remat="none",
+             gradient_checkpointing=None, prevent_cse=None, **kwargs):
         """``block_init(*args, key=k, **kwargs)`` for each layer, or the i-th of a list of such
         functions for layer i; the keys are those of ``Stacked.init`` (split ``Layers.size`` ways),
-        so the same ``block_init`` gives the same weights."""
+        so the same ``block_init`` gives the same weights. Without ``key=``, Haliax's curried
+        form: ``BlockSeq.init(Layers, Block)(*args, **kwargs)`` calls ``Block.init`` with each
+        layer's slice of the arguments, as ``Stacked.init`` does."""
         if not isinstance(Layers, Axis):
             raise AxisError(f"BlockSeq needs a Layers Axis with a size, got {Layers!r}")
-        inits = [block_init] * Layers.size if callable(block_init) else list(block_init)
+        inits = [block_init_function(block_init)] * Layers.size if callable(block_init) else [
+            block_init_function(f) for f in block_init]
         if len(inits) != Layers.size:
             raise AxisError(f"BlockSeq.init: {len(inits)} block functions for {Layers.name!r} of size {Layers.size}")
-        remat_policy(remat)
-        check_every(remat, Layers)
+        remat = checkpointing(remat, gradient_checkpointing, prevent_cse, Layers)
+        if key is None:
+            if args or kwargs:
+                raise NamedError("BlockSeq.init without key= is Haliax's curried form: BlockSeq.init(Layers, Block)(*args, "
+                                 "key=jax.random.split(key, n), ...); ours takes the block's arguments and key= at once")
+
+            def curried(*a, **kw) -> BlockSeq:
+                layer = argument_slices((a, kw), Layers, "BlockSeq.init")
+                return BlockSeq(tuple(f(*la, **lkw) for f, (la, lkw) in zip(inits, map(layer, range(Layers.size)))),
+                                Layers, remat)
+
+            return curried
         keys = jax.random.split(key, Layers.size)
         return BlockSeq(tuple(f(*args, key=k, **kwargs) for f, k in zip(inits, keys)), Layers, remat)
 
@@ -54,20 +69,21 @@ class BlockSeq(eqx.Module, Generic[M]):
 
     # -- running the sequence --
 
-    def fold(self, x, *args, **kwargs):
+    def fold(self, x, *args, unroll=None, **kwargs):
         """``x = block(x, *args, **kwargs)`` for each block in order; arguments with the Layers
-        axis are sliced per layer, as in ``Stacked.fold``."""
-        return self.fold_via(_call)(x, *args, **kwargs)
+        axis (and plain arrays, along their first dimension) are sliced per layer, as in
+        ``Stacked.fold``. ``unroll`` is accepted for Stacked's sake (the loop is unrolled)."""
+        return self.fold_via(_call, unroll=unroll)(x, *args, **kwargs)
 
-    def scan(self, x, *args, **kwargs):
+    def scan(self, x, *args, unroll=None, **kwargs):
         """Like ``fold`` but each block returns ``(x, y)``; the ys are stacked along Layers."""
-        return self.scan_via(_call)(x, *args, **kwargs)
+        return self.scan_via(_call, unroll=unroll)(x, *args, **kwargs)
 
     def vmap(self, x, *args, **kwargs):
         """Every block applied to the same ``x`` (or its own slice of an ``x`` with Layers); stacked."""
         return self.vmap_via(_call)(x, *args, **kwargs)
 
-    def fold_via(self, fn: Callable | str) -> Callable:
+    def fold_via(self, fn: Callable | str, *, unroll=None) -> Callable:
         call = as_method(fn, "BlockSeq.fold_via")
 
         def step(block, carry, *a, **kw):
@@ -75,7 +91,7 @@ class BlockSeq(eqx.Module, Generic[M]):
 
         return lambda x, *args, **kwargs: self._run(step, x, args, kwargs, with_ys=False)
 
-    def scan_via(self, fn: Callable | str) -> Callable:
+    def scan_via(self, fn: Callable | str, *, unroll=None) -> Callable:
         call = as_method(fn, "BlockSeq.scan_via")
         return lambda x, *args, **kwargs: self._run(call, x, args, kwargs, with_ys=True)
 
@@ -84,8 +100,9 @@ class BlockSeq(eqx.Module, Generic[M]):
 
         def run(x, *args, **kwargs):
             outs = []
+            layer = argument_slices((x, args, kwargs), self.Layers, "BlockSeq.vmap")
             for i, block in enumerate(self.blocks):
-                xi, a, kw = slice_layer((x, args, kwargs), self.Layers, i)
+                xi, a, kw = layer(i)
                 outs.append(call(block, xi, *a, **kw))
             return stack_layers(outs, self.Layers, "BlockSeq.vmap outputs")
 
@@ -95,27 +112,34 @@ class BlockSeq(eqx.Module, Generic[M]):
         def body(block, carry, *a, **kw):
             return step(block, carry, *a, **kw)
 
-        def run_layers(carry, first: int, blocks, a, kw):
+        layer = argument_slices((args, kwargs), self.Layers, "BlockSeq")
+
+        def run_layers(carry, first: int, blocks):
             ys = []
             for i, block in enumerate(blocks, first):
-                carry, y = with_remat(body, self.remat)(block, carry, *slice_layer(a, self.Layers, i),
-                                                        **slice_layer(kw, self.Layers, i))
+                a, kw = layer(i)
+                carry, y = with_remat(body, self.remat, self.Layers.size)(block, carry, *a, **kw)
                 ys.append(y)
             return carry, ys
 
-        r = Remat.parse(self.remat)
+        r = Remat.parse(self.remat, self.Layers.size)
         k = 1 if r is None else r.every
         ys: list = []
         for g in range(0, len(self.blocks), k):
             # As in Stacked: a group of ``every`` layers is checkpointed whole, keeping only its input.
             group = run_layers if k == 1 else eqx.filter_checkpoint(run_layers, policy=None, prevent_cse=False)
-            x, group_ys = group(x, g, self.blocks[g:g + k], args, kwargs)
+            x, group_ys = group(x, g, self.blocks[g:g + k])
             ys += group_ys
         if not with_ys:
             return x
         return x, stack_layers(ys, self.Layers, "BlockSeq.scan outputs")
 
     # -- per-layer access --
+
+    @property
+    def Block(self) -> Axis:
+        """Haliax's name for ``Layers``."""
+        return self.Layers
 
     def get_layer(self, i: int) -> M:
         return self.blocks[layer_index(i, self.Layers)]

@@ -44,7 +44,7 @@ from .._axis import Axis, NamedError
 from .._context import body_context, current_body
 from .._core import NamedArray, is_named_array
 from .._local import CollectiveOrder, _split_over, join_blocks, part_of_block, split_block
-from .._transforms import _Outputs, _Split
+from .._transforms import _Outputs, _Split, _where
 from ..explicit import all_gather, shard_map
 from ..partitioning import ShardingError, _mesh_axes
 
@@ -98,6 +98,12 @@ class ExplicitStack:
             return {n for w in jax.tree.leaves(tree, is_leaf=is_named_array) if isinstance(w, NamedArray) for n in w.names}
 
         self.check(names(stacked.stacked) - {stacked.Layers.name}, names((x, args, kwargs)))
+        for path, leaf in jax.tree_util.tree_leaves_with_path((args, kwargs), is_leaf=is_named_array):
+            if not isinstance(leaf, NamedArray) and eqx.is_array(leaf) and leaf.ndim:
+                # the local stack slices what names say: a plain per-layer argument would reach every layer whole
+                raise ShardingError(f"explicit mode: the layer argument {_where(path)} is a plain array of "
+                                    f"shape {tuple(leaf.shape)}; give per-layer arguments as NamedArrays "
+                                    f"(nm.named(a, ({stacked.Layers.name!r}, ...))) so that each device slices them")
         if self.batch_split > 1:
             cut = self.independent[0]
             whole = [w for w in jax.tree.leaves(x, is_leaf=is_named_array) if not (isinstance(w, NamedArray) and cut in w.names)]

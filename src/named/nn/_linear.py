@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import equinox as eqx
@@ -9,12 +10,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._axis import Axis, AxisError, AxisSelection, NamedError, as_selectors, format_axes
+from .._axis import ArgumentError, Axis, AxisError, AxisSelection, NamedError, as_selectors, format_axes
 from .._core import NamedArray
 from .._einsum import dot
 from .. import random as nmr
 from ..partitioning import shard
 from .._shape import zeros
+from ._reparam import AbstractLinearReparam, LinearStandardParam
 
 
 # std of a standard normal truncated to [-2, 2] (jax.random.truncated_normal's default bounds);
@@ -30,51 +32,125 @@ def _axes(axes: AxisSelection, what: str) -> tuple[Axis, ...]:
     return out  # type: ignore[return-value]
 
 
+def _spec(axes: AxisSelection, what: str) -> Axis | tuple[Axis, ...]:
+    """``In``/``Out`` as the caller wrote them: one Axis stays an Axis (``layer.Out.size``, as in
+    Haliax), several become a tuple."""
+    out = _axes(axes, what)
+    return axes if isinstance(axes, Axis) else out
+
+
 class Linear(eqx.Module):
     """``y = x · W + b`` contracting the ``In`` axes; ``In`` and ``Out`` may each be several axes.
 
-    The weight has axes ``In + Out``; the output is constrained to the current compute mapping.
+    The weight has axes ``In + Out`` (``Out + In`` with ``out_first=True``, torch's order); the
+    output is constrained to the current compute mapping. ``In`` and ``Out`` keep the caller's
+    spelling: one Axis, or a tuple of them (``as_selectors`` turns either into a tuple).
+    ``reparam_cls`` is Haliax's abc-parametrization (``nn.mup.OutputLinearMup`` and friends):
+    it scales the init, the output and (through ``nn.mup.scale_reparam_updates``) the
+    learning rate.
     """
 
     weight: NamedArray
     bias: NamedArray | None
-    In: tuple[Axis, ...] = eqx.field(static=True)
-    Out: tuple[Axis, ...] = eqx.field(static=True)
+    In: Axis | tuple[Axis, ...] = eqx.field(static=True)
+    Out: Axis | tuple[Axis, ...] = eqx.field(static=True)
+    reparam_cls: type[AbstractLinearReparam] = eqx.field(static=True, default=LinearStandardParam)
 
     @staticmethod
     def init(In: AxisSelection, Out: AxisSelection, *, key, use_bias: bool = True, init_scale: float = 1.0,
-             dtype=jnp.float32) -> Linear:
-        """Weights ~ normal truncated at two standard deviations, with std ``init_scale / sqrt(fan_in)``
-        (fan_in = product of the In sizes); bias zero."""
-        In, Out = _axes(In, "Linear In"), _axes(Out, "Linear Out")
-        clash = {a.name for a in In} & {a.name for a in Out}
+             dtype=jnp.float32, out_first: bool = False,
+             reparam_cls: type[AbstractLinearReparam] = LinearStandardParam) -> Linear:
+        """Weights ~ normal truncated at two standard deviations, with std ``init_scale *
+        reparam_cls.init_scale(In, Out)`` (the standard ``1 / sqrt(fan_in)``, fan_in = product of
+        the In sizes); bias zero."""
+        In, Out = _spec(In, "Linear In"), _spec(Out, "Linear Out")
+        ins, outs = as_selectors(In), as_selectors(Out)
+        clash = {a.name for a in ins} & {a.name for a in outs}
         if clash:
             raise AxisError(f"Linear: axes {sorted(clash)} are both input and output; rename the output axis")
-        fan_in = math.prod(a.size for a in In)
-        std = init_scale / math.sqrt(fan_in) / _TRUNCATED_NORMAL_STD
-        w = nmr.truncated_normal(key, In + Out, dtype) * std
-        b = zeros(Out, dtype) if use_bias else None
-        return Linear(w.astype(dtype), b, In, Out)
+        if not (isinstance(reparam_cls, type) and issubclass(reparam_cls, AbstractLinearReparam)):
+            raise ArgumentError(f"Linear: reparam_cls must be a class from nn.mup (LinearStandardParam, InputLinearMup, "
+                                f"HiddenLinearMup, OutputLinearMup), got {reparam_cls!r}")
+        std = init_scale * reparam_cls.init_scale(In, Out) / _TRUNCATED_NORMAL_STD
+        w = nmr.truncated_normal(key, (outs + ins) if out_first else (ins + outs), dtype) * std
+        b = zeros(outs, dtype) if use_bias else None
+        return Linear(w.astype(dtype), b, In, Out, reparam_cls)
+
+    @property
+    def reparam(self) -> AbstractLinearReparam:
+        """The layer's parametrization (``active_scale``, ``lr_scale``), as in Haliax."""
+        return self.reparam_cls(self.In, self.Out)
 
     def __call__(self, x: NamedArray, *, key=None) -> NamedArray:
         check_input(self, x)
-        y = dot(x, self.weight, axis=tuple(a.name for a in self.In))
+        y = dot(x, self.weight, axis=tuple(a.name for a in as_selectors(self.In)))
+        scale = self.reparam.active_scale
+        if scale != 1:
+            y = y * jnp.asarray(scale, y.dtype)
         if self.bias is not None:
             y = y + self.bias
         return shard(y)
 
 
+    # -- torch's layout, for state dicts with flatten=True (Haliax's flatten_for_export) --
+
+    def flatten_for_export(self) -> Linear:
+        """This layer with its weight laid out as torch's ``nn.Linear`` holds it: ``[out, in]``,
+        each side one axis (several In or Out axes merged, row-major, into ``__IN__``/``__OUT__``),
+        the bias ``[out]``. Axes beyond In and Out (a stack's layers) stay in front. It computes
+        what this layer computes; ``unflatten_from_export(template)`` restores the template's axes."""
+        ins, outs = as_selectors(self.In), as_selectors(self.Out)
+        In, Out = _flat_axis(ins, "__IN__"), _flat_axis(outs, "__OUT__")
+        extra = tuple(a.name for a in self.weight.axes if a not in ins + outs)
+        w = self.weight.rearrange(extra + tuple(a.name for a in outs + ins))
+        w = _merge(_merge(w, outs, Out), ins, In)
+        b = None if self.bias is None else _merge(self.bias.rearrange(
+            tuple(a.name for a in self.bias.axes if a not in outs) + tuple(a.name for a in outs)), outs, Out)
+        return dataclasses.replace(self, weight=w, bias=b, In=In, Out=Out)
+
+    def unflatten_from_export(self, template: Linear) -> Linear:
+        """This flattened layer back in ``template``'s axes and axis order (the inverse of
+        ``template.flatten_for_export()``)."""
+        ins, outs = as_selectors(template.In), as_selectors(template.Out)
+        w = _split(_split(self.weight, _flat_axis(outs, "__OUT__"), outs), _flat_axis(ins, "__IN__"), ins)
+        b = None if self.bias is None else _split(self.bias, _flat_axis(outs, "__OUT__"), outs)
+        return dataclasses.replace(template, weight=w.rearrange(template.weight.names),
+                                   bias=None if b is None else b.rearrange(template.bias.names))
+
+
+def _flat_axis(axes: tuple[Axis, ...], name: str) -> Axis:
+    return axes[0] if len(axes) == 1 else Axis(name, math.prod(a.size for a in axes))
+
+
+def _merge(x: NamedArray, axes: tuple[Axis, ...], into: Axis) -> NamedArray:
+    """``axes`` (adjacent in ``x``, in order) merged into one, on the array or its shape alone."""
+    if len(axes) == 1:
+        return x
+    i = x.index_of(axes[0])
+    new = x.axes[:i] + (into,) + x.axes[i + len(axes):]
+    return NamedArray._unchecked(x.array.reshape(tuple(a.size for a in new)), new)
+
+
+def _split(x: NamedArray, flat: Axis, axes: tuple[Axis, ...]) -> NamedArray:
+    if len(axes) == 1:
+        return x
+    i = x.index_of(flat)
+    new = x.axes[:i] + axes + x.axes[i + 1:]
+    return NamedArray._unchecked(x.array.reshape(tuple(a.size for a in new)), new)
+
+
 def check_input(layer, x: NamedArray) -> None:
     """``x`` has every ``In`` axis of ``layer`` (a Linear or a quantized one) and none of its ``Out`` axes."""
     what = type(layer).__name__
-    missing = [a.name for a in layer.In if a.name not in x.names]
+    ins, outs = as_selectors(layer.In), as_selectors(layer.Out)
+    missing = [a.name for a in ins if a.name not in x.names]
     if missing:
-        raise AxisError(f"{what} expects input axes {format_axes(layer.In)}; {missing} missing from {format_axes(x.axes)}")
+        raise AxisError(f"{what} expects input axes {format_axes(ins)}; {missing} missing from {format_axes(x.axes)}")
     # An output name already on the input would be matched elementwise by the contraction
     # (a silent wrong answer), not created.
-    taken = [a.name for a in layer.Out if a.name in x.names]
+    taken = [a.name for a in outs if a.name in x.names]
     if taken:
-        raise AxisError(f"{what} produces axes {format_axes(layer.Out)} but the input {format_axes(x.axes)} already has "
+        raise AxisError(f"{what} produces axes {format_axes(outs)} but the input {format_axes(x.axes)} already has "
                         f"{taken}; rename that input axis first")
 
 

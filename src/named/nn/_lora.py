@@ -25,7 +25,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._axis import ArgumentError, Axis, format_axes
+from .._axis import ArgumentError, Axis, as_selectors, format_axes
 from .._core import NamedArray, is_named_array, named
 from .._einsum import dot
 from .. import random as nmr
@@ -62,31 +62,34 @@ class LoraLinear(eqx.Module):
         to the weight's. ``name`` names the layer in errors."""
         if not isinstance(linear, Linear):
             raise ArgumentError(f"LoRA wraps an nn.Linear; {name} is a {type(linear).__name__}")
-        fan_in, fan_out = math.prod(a.size for a in linear.In), math.prod(a.size for a in linear.Out)
+        ins, outs = as_selectors(linear.In), as_selectors(linear.Out)
+        fan_in, fan_out = math.prod(a.size for a in ins), math.prod(a.size for a in outs)
         if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= min(fan_in, fan_out):
-            raise ArgumentError(f"LoRA rank {rank!r} for {name}, {format_axes(linear.In)} -> {format_axes(linear.Out)}: "
+            raise ArgumentError(f"LoRA rank {rank!r} for {name}, {format_axes(ins)} -> {format_axes(outs)}: "
                                 f"a rank is an integer from 1 to the layer's smaller side, {min(fan_in, fan_out)}")
         alpha = float(rank if alpha is None else alpha)
         if not (math.isfinite(alpha) and alpha > 0):
             raise ArgumentError(f"LoRA alpha for {name} must be a finite number > 0, got {alpha}")
         if not 0.0 <= dropout < 1.0:
             raise ArgumentError(f"LoRA dropout for {name} must be in [0, 1), got {dropout}")
-        own = {a.name for a in linear.In + linear.Out}
+        own = {a.name for a in ins + outs}
         extra = tuple(a for a in linear.weight.axes if a.name not in own)  # a stack's layers axis
         dtype = linear.weight.dtype if dtype is None else dtype
         Rank = Axis(RANK, rank)
         bound = 1.0 / math.sqrt(fan_in)
-        a = nmr.uniform(key, extra + linear.In + (Rank,), dtype, minval=-bound, maxval=bound)
-        b = zeros(extra + (Rank,) + linear.Out, dtype)
+        a = nmr.uniform(key, extra + ins + (Rank,), dtype, minval=-bound, maxval=bound)
+        b = zeros(extra + (Rank,) + outs, dtype)
         return LoraLinear(linear, a, b, alpha / rank, float(dropout))
 
     def __call__(self, x: NamedArray, *, key=None) -> NamedArray:
         y = self.linear(x)
         key = self.dropout_key if key is None else key
         h = Dropout(self.dropout)(x, key=key) if self.dropout and key is not None else x
-        low = shard(dot(h, self.lora_a, axis=tuple(a.name for a in self.In)))
+        low = shard(dot(h, self.lora_a, axis=tuple(a.name for a in as_selectors(self.In))))
         # in the base layer's output dtype: float32 adapters beside a bfloat16 base keep its activations bfloat16
-        return shard(y + (dot(low, self.lora_b, axis=RANK) * self.scale).astype(y.dtype))
+        # a muP readout (reparam_cls) scales the whole product, adapters included, as merged() does
+        scale = self.scale * self.linear.reparam.active_scale
+        return shard(y + (dot(low, self.lora_b, axis=RANK) * scale).astype(y.dtype))
 
     def delta(self) -> NamedArray:
         """``scale · A · B``, the update to the weight, with the weight's axes (float32 or wider)."""
@@ -192,7 +195,7 @@ def with_dropout_keys(model, key):
     out = []
     for i, x in enumerate(flat):
         if isinstance(x, LoraLinear) and x.dropout:
-            own = {a.name for a in x.In} | {RANK}
+            own = {a.name for a in as_selectors(x.In)} | {RANK}
             extra = tuple(a for a in x.lora_a.axes if a.name not in own)
             k = jax.random.fold_in(key, i)
             keys = named(jax.random.split(k, tuple(a.size for a in extra)), extra) if extra else k

@@ -1,15 +1,18 @@
 """Masks and biases for ``dot_product_attention``, over ``(position, key_position)``: causal
-(with a sliding window), chunked, packed segments, padding, and ALiBi. Each takes the
+(with a sliding window), chunked, packed segments, padding, forgetful (random key dropping),
+and ALiBi. Each takes the
 queries' place among the keys as ``q_offset``: an int, a traced scalar, or a NamedArray over
 ``batch`` when every row continues its own cache."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
-from .._axis import Axis, AxisError, AxisSelector, format_axes, name_of
+from .._axis import ArgumentError, Axis, AxisError, AxisSelector, format_axes, name_of
 from .._core import NamedArray
 from .._shape import arange, rename
+from .. import random as nmr
 
 
 def _query_positions(QPos: Axis, q_offset) -> NamedArray:
@@ -67,6 +70,25 @@ def padding_mask(valid_or_lengths: NamedArray, KPos: AxisSelector = "key_positio
     if pos not in x.names:
         raise AxisError(f"padding_mask: a per-token mask needs axis {pos!r} or {kpos!r}, got {format_axes(x.axes)}")
     return rename(x, {pos: kpos})
+
+
+def forgetful_causal_mask(KPos: Axis, mask_prob: float, sample_prob: bool = True, *, key) -> NamedArray:
+    """Forgetful causal masking (Liu et al. 2022, "Towards Better Few-Shot and Finetuning
+    Performance with Forgetful Causal Language Models"): a boolean over ``KPos`` that hides each key
+    position with probability ``mask_prob`` (with ``sample_prob``, a probability drawn uniformly
+    from ``[0, mask_prob)`` per call, as the paper does); position 0 is always kept. Pass it as
+    ``mask=`` together with ``causal=True`` during training."""
+    if not isinstance(KPos, Axis):
+        raise AxisError(f"forgetful_causal_mask needs KPos as an Axis with a size, got {KPos!r}")
+    if not 0.0 <= mask_prob <= 1.0:
+        raise ArgumentError(f"forgetful_causal_mask: mask_prob must be in [0, 1], got {mask_prob!r}")
+    first = arange(KPos) == 0
+    if mask_prob == 0:
+        return first | True
+    if sample_prob:
+        key, sub = jax.random.split(key)
+        mask_prob = jax.random.uniform(sub, (), minval=0.0, maxval=mask_prob)
+    return nmr.bernoulli(key, KPos, 1.0 - mask_prob) | first
 
 
 def alibi_slopes(Heads: Axis) -> NamedArray:

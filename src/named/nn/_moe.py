@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
-from .._axis import ArgumentError, Axis, AxisError, format_axes
+from .._axis import ArgumentError, Axis, AxisError, as_selectors, format_axes
 from .._context import current_body, current_mapping, current_mesh
 from .._core import NamedArray
 from .._einsum import dot
@@ -231,7 +231,7 @@ class MoE(eqx.Module):
         router = self.router.weight
         if _split_over(router.resolve_axis(EXPERTS)):  # on local blocks: every token scores every expert
             router = all_gather(router, EXPERTS)
-        logits = dot(x, router, axis=tuple(a.name for a in self.router.In))
+        logits = dot(x, router, axis=tuple(a.name for a in as_selectors(self.router.In)))
         weights, ids, probs = route(logits, self.top_k, routing=self.routing, normalize=self.normalize)
         stats = router_stats(logits, probs, ids)
         y = self.dense(x, ids, weights) if self.dispatch == "dense" else self.dropless(x, ids, weights)
@@ -254,9 +254,9 @@ class MoE(eqx.Module):
         """Each token through exactly its ``k`` experts: sorted by expert, grouped matmuls, and
         all-to-alls where the mapping splits ``experts`` over devices."""
         e = self.experts.stacked
-        Embed = e.down.Out[0]
+        Embed = as_selectors(e.down.Out)[0]
         ws = (e.gate.weight, e.up.weight, e.down.weight)
-        names = _Names(Embed.name, e.up.Out[0].name, tuple(a.name for a in x.axes if a.name != Embed.name))
+        names = _Names(Embed.name, as_selectors(e.up.Out)[0].name, tuple(a.name for a in x.axes if a.name != Embed.name))
         block = functools.partial(_block, names=names, n_experts=self.Experts.size, act=self.experts.stacked.act)
         if current_body() is not None:  # already per device (a caller's nm.shard_map): the blocks say the split
             return block(x, ids, weights, *ws)

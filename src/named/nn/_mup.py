@@ -28,6 +28,12 @@ column, to an optimizer's updates (any pytree shaped like the model): with optax
 The decoupled weight decay of AdamW is scaled with the step, as a per-group learning rate
 scales it in torch.
 
+Haliax's absolute form is here too: ``Linear.init(..., reparam_cls=OutputLinearMup)`` (and
+``InputLinearMup``, ``HiddenLinearMup``, ``LinearStandardParam``) fixes a layer's init, output
+and learning-rate scales from its own fan-in; ``scale_reparam_updates(updates, params)`` applies
+the learning-rate column. Use one form per model: the relative one keeps a tuned base model's
+hyper-parameters, the absolute one needs none.
+
 An untied output head that is an ``Embedding`` called through ``unembed`` (the decoders'
 ``lm_head``) is named in ``readouts=``: from the names alone it would look like an input layer.
 Not covered: an output head tied to the input embedding is both an input and a readout layer,
@@ -45,12 +51,15 @@ from typing import Any
 import equinox as eqx
 import jax
 
-from .._axis import ArgumentError, Axis
+from .._axis import ArgumentError, Axis, as_selectors
 from .._core import NamedArray
 from ._linear import Embedding, Linear
 from ._quant import Fp8Linear, Int8Linear
 
-__all__ = ["INPUT", "HIDDEN", "READOUT", "roles", "rescale_init", "scale_updates"]
+from ._reparam import AbstractLinearReparam, HiddenLinearMup, InputLinearMup, LinearStandardParam, OutputLinearMup
+
+__all__ = ["INPUT", "HIDDEN", "READOUT", "roles", "rescale_init", "scale_updates", "scale_reparam_updates",
+           "AbstractLinearReparam", "LinearStandardParam", "InputLinearMup", "HiddenLinearMup", "OutputLinearMup"]
 
 INPUT, HIDDEN, READOUT = "input", "hidden", "readout"
 
@@ -80,7 +89,7 @@ def _is_layer(x) -> bool:
 def _axes(layer, readout: bool) -> tuple[tuple[Axis, ...], tuple[Axis, ...]]:
     if isinstance(layer, Embedding):
         return ((layer.Embed,), (layer.Vocab,)) if readout else ((layer.Vocab,), (layer.Embed,))
-    return layer.In, layer.Out
+    return as_selectors(layer.In), as_selectors(layer.Out)
 
 
 def _layers(tree, base: Mapping[str, int], readouts: Sequence[str]):
@@ -142,3 +151,25 @@ def scale_updates(updates: Any, base: Mapping[str, int], readouts: Sequence[str]
     """An optimizer's ``updates`` (shaped like the model) with the hidden and readout weights'
     divided by ``m``: muP's per-parameter Adam learning rates. Biases and the rest are unchanged."""
     return _scaled(updates, base, readouts, (HIDDEN, READOUT))
+
+
+# ---- Haliax's absolute form: a Linear's reparam_cls -------------------------------------------------
+
+
+def scale_reparam_updates(updates: Any, params: Any):
+    """``updates`` with each Linear's weight update multiplied by its ``reparam.lr_scale`` (muP's
+    per-layer Adam learning rate for layers made with ``Linear.init(..., reparam_cls=...)``;
+    Levanter's ``scale_by_mup_lr``). ``params`` is the model the updates are for; biases and the
+    rest are unchanged. With optax: ``optax.stateless(lambda u, p: mup.scale_reparam_updates(u, p))``
+    after the optimizer, which then needs ``params=`` in its ``update``."""
+    if params is None:
+        raise ArgumentError("scale_reparam_updates needs the parameters the updates are for (params=), whose Linears "
+                            "say their learning-rate scale")
+
+    def node(u, p):
+        if not isinstance(p, Linear) or not isinstance(u, Linear) or not isinstance(u.weight, NamedArray):
+            return u
+        s = p.reparam.lr_scale
+        return u if s == 1 else eqx.tree_at(lambda v: v.weight, u, u.weight * s)
+
+    return jax.tree.map(node, updates, params, is_leaf=lambda x: isinstance(x, Linear))

@@ -39,7 +39,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._axis import ArgumentError, Axis, AxisError, NamedError, format_axes
+from .._axis import ArgumentError, Axis, AxisError, NamedError, as_selectors, format_axes
 from .._core import NamedArray, is_named_array
 from .._einsum import dot
 from .._ops import abs as nabs, where
@@ -177,8 +177,8 @@ class Fp8Linear(eqx.Module):
     weight: NamedArray
     bias: NamedArray | None
     fp8: Fp8State
-    In: tuple[Axis, ...] = eqx.field(static=True)
-    Out: tuple[Axis, ...] = eqx.field(static=True)
+    In: Axis | tuple[Axis, ...] = eqx.field(static=True)
+    Out: Axis | tuple[Axis, ...] = eqx.field(static=True)
 
     @staticmethod
     def from_linear(linear: Linear, history: int = 16) -> Fp8Linear:
@@ -189,7 +189,7 @@ class Fp8Linear(eqx.Module):
         if self.fp8.probe.axes:
             raise AxisError(f"Fp8Linear: its fp8 state has axes {format_axes(self.fp8.probe.axes)} (one scale per layer "
                             "of a stack); call it through its Stacked, which gives each layer its own slice")
-        y = _fp8_dot(tuple(a.name for a in self.In), x, self.weight, self.fp8)
+        y = _fp8_dot(tuple(a.name for a in as_selectors(self.In)), x, self.weight, self.fp8)
         if self.bias is not None:
             y = y + self.bias
         return shard(y)
@@ -237,8 +237,8 @@ class Int8Linear(eqx.Module):
 
     weight: NamedArray
     bias: NamedArray | None
-    In: tuple[Axis, ...] = eqx.field(static=True)
-    Out: tuple[Axis, ...] = eqx.field(static=True)
+    In: Axis | tuple[Axis, ...] = eqx.field(static=True)
+    Out: Axis | tuple[Axis, ...] = eqx.field(static=True)
 
     @staticmethod
     def from_linear(linear: Linear) -> Int8Linear:
@@ -246,7 +246,7 @@ class Int8Linear(eqx.Module):
 
     def __call__(self, x: NamedArray, *, key=None) -> NamedArray:
         check_input(self, x)
-        y = _int8_dot(tuple(a.name for a in self.In), x, self.weight)
+        y = _int8_dot(tuple(a.name for a in as_selectors(self.In)), x, self.weight)
         if self.bias is not None:
             y = y + self.bias
         return shard(y)
@@ -260,12 +260,12 @@ class Int8WeightLinear(eqx.Module):
     weight: NamedArray  # int8, axes (extra..., In..., Out...)
     scale: NamedArray  # float, the weight's axes without In
     bias: NamedArray | None
-    In: tuple[Axis, ...] = eqx.field(static=True)
-    Out: tuple[Axis, ...] = eqx.field(static=True)
+    In: Axis | tuple[Axis, ...] = eqx.field(static=True)
+    Out: Axis | tuple[Axis, ...] = eqx.field(static=True)
 
     @staticmethod
     def from_linear(linear: Linear) -> Int8WeightLinear:
-        q, scale = _int8(linear.weight, tuple(a.name for a in linear.In))
+        q, scale = _int8(linear.weight, tuple(a.name for a in as_selectors(linear.In)))
         return Int8WeightLinear(q, scale.astype(linear.weight.dtype), linear.bias, linear.In, linear.Out)
 
     def dequantized(self, dtype=None) -> NamedArray:
@@ -275,7 +275,7 @@ class Int8WeightLinear(eqx.Module):
 
     def __call__(self, x: NamedArray, *, key=None) -> NamedArray:
         check_input(self, x)
-        y = dot(x, self.dequantized(x.dtype), axis=tuple(a.name for a in self.In))
+        y = dot(x, self.dequantized(x.dtype), axis=tuple(a.name for a in as_selectors(self.In)))
         if self.bias is not None:
             y = y + self.bias
         return shard(y)
@@ -286,7 +286,7 @@ QUANTIZED = (Fp8Linear, Int8Linear, Int8WeightLinear)
 
 def _extra(linear: Linear) -> tuple[Axis, ...]:
     """The weight's axes beyond In and Out: the layers axis of each Stacked around it."""
-    own = {a.name for a in linear.In + linear.Out}
+    own = {a.name for a in as_selectors(linear.In) + as_selectors(linear.Out)}
     return tuple(a for a in linear.weight.axes if a.name not in own)
 
 
@@ -327,6 +327,11 @@ def quantize(model, config: QuantConfig | str):
         if missing:
             raise ArgumentError(f"quantize: targets {missing} match no Linear of {type(model).__name__}; its Linears: "
                                 f"{', '.join(linears) or 'none'}")
+    scaled = [p for p in linears if (targets is None or any(re.search(t, p) for t in targets))
+              and dict((_path(k), x) for k, x in flat)[p].reparam.active_scale != 1]
+    if scaled:
+        raise ArgumentError(f"quantize: {', '.join(scaled)} scale their output (a muP reparam_cls such as "
+                            "OutputLinearMup), which the quantized Linears do not carry; leave them out of targets")
     swap = {"fp8": lambda lin: Fp8Linear.from_linear(lin, config.history), "int8": Int8Linear.from_linear,
             "int8_weight": Int8WeightLinear.from_linear}[config.kind]
     leaves = []

@@ -3,7 +3,9 @@ so compile time does not grow with depth; gradient checkpointing by a ``Remat`` 
 
 Every way of running the stack takes the same arguments: ``x`` (the carry), then ``*args`` and
 ``**kwargs`` for each layer, where a NamedArray with the ``layers`` axis is sliced per layer
-(per-layer keys, windows, caches) and anything else goes whole to every layer. ``fold`` and
+(per-layer keys, windows, caches), a plain array along its first dimension (Haliax's
+``key=jax.random.split(key, n)``), and anything else goes whole to every layer; ``unroll=``
+is ``lax.scan``'s. ``fold`` and
 ``scan`` call the block; ``fold_via(fn)`` and ``scan_via(fn)`` call ``fn(block, x, ...)`` or a
 method by name instead (``stack.scan_via("decode")(x, cache)``). ``BlockSeq`` has the same
 interface for blocks that differ, run by a Python loop.
@@ -20,9 +22,9 @@ import jax.numpy as jnp
 
 from .._axis import Axis, AxisError, NamedError, format_axes, name_of
 from .._core import NamedArray, is_named_array
-from .._transforms import scan as nscan, vmap as nvmap
+from .._remat import Remat, ScanCheckpointPolicy, remat_policy
+from .._transforms import _Split, is_named_or_shaped_array_like, scan as nscan, vmap as nvmap
 from ._explicit_stack import active as _explicit_driver
-from ._remat import Remat, remat_policy, with_remat
 
 M = TypeVar("M", bound=eqx.Module)
 
@@ -64,6 +66,14 @@ def slice_layer(tree, Layers: Axis, i):
         return x[Layers.name, i] if isinstance(x, NamedArray) and Layers.name in x.names else x
 
     return jax.tree.map(leaf, tree, is_leaf=is_named_array)
+
+
+def argument_slices(tree, Layers: Axis, what: str) -> Callable[[int], Any]:
+    """Layer ``i``'s arguments, by the scan's rule: NamedArrays with Layers indexed, plain arrays
+    along their first dimension (sizes checked once, here), anything else whole."""
+    split = _Split(tree, Layers, what, is_named_or_shaped_array_like)
+    xs = split.mapped_arrays(front=True)
+    return lambda i: split.rebuild([x[i] for x in xs])
 
 
 def _add_layers_axis(path, x, Layers: Axis):
@@ -114,10 +124,48 @@ def layers_axis(Layers: Axis | str, n: int, what: str) -> Axis:
 
 
 def check_every(remat, Layers: Axis) -> None:
-    r = Remat.parse(remat)
+    r = Remat.parse(remat, Layers.size)
     if r is not None and Layers.size % r.every:
         raise NamedError(f"remat every={r.every} groups layers {r.every} at a time, but {Layers.name!r} has "
                          f"{Layers.size} layers: pick a divisor of {Layers.size}")
+
+
+def checkpointing(remat, gradient_checkpointing, prevent_cse, Layers: Axis):
+    """The ``remat`` of a stack from ours or Haliax's ``gradient_checkpointing=`` (its strings mean
+    what they mean in Haliax: ``"offload"`` there is not our ``"offload"``), validated."""
+    del prevent_cse  # Haliax's deprecated flag; inside a scan there is no common subexpression to protect
+    if gradient_checkpointing is not None:
+        if remat != "none":
+            raise NamedError("give remat= or Haliax's gradient_checkpointing=, not both")
+        remat = ScanCheckpointPolicy._mk(gradient_checkpointing)
+    remat_policy(remat, Layers.size)  # an unknown policy fails here, before the (possibly large) init
+    check_every(remat, Layers)
+    return remat
+
+
+def block_init_function(block_init) -> Callable:
+    """Haliax passes the block's class (``Stacked.init(Layers, Block)``) and calls its ``init``."""
+    if isinstance(block_init, type) and callable(getattr(block_init, "init", None)):
+        return block_init.init
+    if not callable(block_init):
+        raise NamedError(f"a stack's block_init is a function (or a module class with a static init), got {block_init!r}")
+    return block_init
+
+
+def curried_init(make: Callable, Layers: Axis, remat) -> Callable:
+    """Haliax's curried ``Stacked.init(Layers, Block)(*args, **kwargs)``: ``make`` vmapped over
+    ``Layers`` with nm.vmap's rule (a NamedArray with ``Layers`` sliced along it, a plain array
+    such as ``key=jax.random.split(k, n)`` along its first dimension, anything else whole)."""
+
+    def init(*args, **kwargs) -> Stacked:
+        blocks = nvmap(make, Layers)(*args, **kwargs)  # NamedArray leaves come back with Layers in front
+
+        def leaf(path, x):
+            return x if isinstance(x, NamedArray) else _add_layers_axis(path, x, Layers)
+
+        return Stacked(jax.tree_util.tree_map_with_path(leaf, blocks, is_leaf=is_named_array), Layers, remat)
+
+    return init
 
 
 # ---- Stacked -------------------------------------------------------------------------------------
@@ -131,18 +179,31 @@ class Stacked(eqx.Module, Generic[M]):
     remat: Any = eqx.field(static=True, default="none")
 
     def __check_init__(self):
-        remat_policy(self.remat)  # an unknown policy fails here, before anything is traced
+        remat_policy(self.remat, self.Layers.size)  # an unknown policy fails here, before anything is traced
         check_every(self.remat, self.Layers)
 
     @staticmethod
-    def init(Layers: Axis, block_init: Callable[..., M], *args, key, remat="none", **kwargs) -> Stacked[M]:
-        """``block_init(*args, key=k, **kwargs)`` for each layer, vmapped over split keys."""
+    def init(Layers: Axis, block_init: Callable[..., M], *args, key=None, remat="none", gradient_checkpointing=None,
+             prevent_cse=None, **kwargs):
+        """``block_init(*args, key=k, **kwargs)`` for each layer, vmapped over split keys.
+
+        Haliax's curried form is also accepted: ``Stacked.init(Layers, Block)(*args, **kwargs)``
+        (no ``key=`` here) calls ``Block.init`` with each layer's slice of the arguments (a
+        NamedArray along ``Layers``, a plain array such as ``key=jax.random.split(k, n)`` along
+        its first dimension; anything else whole), and ``gradient_checkpointing=`` is a
+        ``ScanCheckpointPolicy`` or one of Haliax's strings.
+        """
         if not isinstance(Layers, Axis):
             raise AxisError(f"Stacked needs a Layers Axis with a size, got {Layers!r}")
-        remat_policy(remat)  # validate before the (possibly large) init
-        check_every(remat, Layers)
+        remat = checkpointing(remat, gradient_checkpointing, prevent_cse, Layers)
+        make = block_init_function(block_init)
+        if key is None:
+            if args or kwargs:
+                raise NamedError("Stacked.init without key= is Haliax's curried form: Stacked.init(Layers, Block)(*args, "
+                                 "key=jax.random.split(key, n), ...); ours takes the block's arguments and key= at once")
+            return curried_init(make, Layers, remat)
         keys = jax.random.split(key, Layers.size)
-        blocks = eqx.filter_vmap(lambda k: block_init(*args, key=k, **kwargs))(keys)
+        blocks = eqx.filter_vmap(lambda k: make(*args, key=k, **kwargs))(keys)
         stacked = jax.tree_util.tree_map_with_path(lambda p, x: _add_layers_axis(p, x, Layers), blocks, is_leaf=is_named_array)
         return Stacked(stacked, Layers, remat)
 
@@ -157,82 +218,57 @@ class Stacked(eqx.Module, Generic[M]):
                     _add_layers_axis(path, x, Layers)  # raises: plain arrays cannot be sliced per layer
         return Stacked(stack_layers(blocks, Layers, "Stacked.from_layers"), Layers, remat)
 
+    @property
+    def Block(self) -> Axis:
+        """Haliax's name for ``Layers``."""
+        return self.Layers
+
     # -- running the stack --
 
-    def fold(self, x, *args, **kwargs):
+    def fold(self, x, *args, unroll=None, **kwargs):
         """``x = block(x, *args, **kwargs)`` for each layer in order. Arguments with the Layers
-        axis (e.g. per-layer keys as ``nm.named(keys, "layers")``) are sliced per layer."""
-        return self.fold_via(_call)(x, *args, **kwargs)
+        axis (e.g. per-layer keys as ``nm.named(keys, "layers")``) and plain arrays (along their
+        first dimension) are sliced per layer."""
+        return self.fold_via(_call, unroll=unroll)(x, *args, **kwargs)
 
-    def scan(self, x, *args, **kwargs):
+    def scan(self, x, *args, unroll=None, **kwargs):
         """Like ``fold`` but ``block`` returns ``(x, y)``; the ys are stacked along Layers."""
-        return self.scan_via(_call)(x, *args, **kwargs)
+        return self.scan_via(_call, unroll=unroll)(x, *args, **kwargs)
 
     def vmap(self, x, *args, **kwargs):
         """Every layer applied to the same ``x`` at once (an ``x`` with the Layers axis gives each
         layer its own); the outputs are stacked along Layers."""
         return self.vmap_via(_call)(x, *args, **kwargs)
 
-    def fold_via(self, fn: Callable | str) -> Callable:
+    def fold_via(self, fn: Callable | str, *, unroll=None) -> Callable:
         """``x = fn(block, x, *args, **kwargs)`` per layer; ``fn`` may name a method of the block."""
         call = as_method(fn, "Stacked.fold_via")
 
         def step(block, carry, *a, **kw):
             return call(block, carry, *a, **kw), None
 
-        return lambda x, *args, **kwargs: self._run(step, x, args, kwargs)[0]
+        return lambda x, *args, **kwargs: self._run(step, x, args, kwargs, unroll)[0]
 
-    def scan_via(self, fn: Callable | str) -> Callable:
+    def scan_via(self, fn: Callable | str, *, unroll=None) -> Callable:
         """``x, y = fn(block, x, *args, **kwargs)`` per layer; returns ``x`` and the stacked ys."""
         call = as_method(fn, "Stacked.scan_via")
-        return lambda x, *args, **kwargs: self._run(call, x, args, kwargs)
+        return lambda x, *args, **kwargs: self._run(call, x, args, kwargs, unroll)
 
     def vmap_via(self, fn: Callable | str) -> Callable:
         """``fn(block, x, *args, **kwargs)`` for all layers at once, stacked along Layers."""
         call = as_method(fn, "Stacked.vmap_via")
         return lambda x, *args, **kwargs: nvmap(call, self.Layers)(self.stacked, x, *args, **kwargs)
 
-    def _run(self, step, x, args, kwargs):
+    def _run(self, step, x, args, kwargs, unroll=None):
         driver = _explicit_driver()  # set by nn.explicit_layers: run the scan per device
         if driver is not None:
             return driver.run(self, step, x, args, kwargs)
-        return self._run_local(step, x, args, kwargs)
 
-    def _run_local(self, step, x, args, kwargs):
         def body(carry, block, *a, **kw):
             return step(block, carry, *a, **kw)
 
-        body = with_remat(body, self.remat)
-        r = Remat.parse(self.remat)
-        if r is None or r.every == 1:
-            return nscan(body, self.Layers)(x, self.stacked, *args, **kwargs)
-        return self._run_grouped(body, r.every, x, args, kwargs)
-
-    def _run_grouped(self, body, k: int, x, args, kwargs):
-        """Scan over groups of ``k`` layers, each group checkpointed whole (only its input is
-        kept) and scanning its layers inside with the per-layer policy."""
-        L = self.Layers
-        Groups, Inner = Axis(f"{L.name}_groups", L.size // k), Axis(L.name, k)
-
-        def group(leaf):
-            if isinstance(leaf, NamedArray) and L.name in leaf.names:
-                leaf = leaf.rearrange((L.name, ...))
-                return NamedArray._unchecked(leaf.array.reshape((Groups.size, k) + leaf.array.shape[1:]),
-                                             (Groups, Inner) + leaf.axes[1:])
-            return leaf
-
-        def ungroup(leaf):
-            if isinstance(leaf, NamedArray):
-                return NamedArray._unchecked(leaf.array.reshape((L.size,) + leaf.array.shape[2:]), (L,) + leaf.axes[2:])
-            return leaf.reshape((L.size,) + leaf.shape[2:]) if eqx.is_array(leaf) else leaf
-
-        def run_group(carry, blocks, a, kw):
-            return nscan(body, Inner)(carry, blocks, *a, **kw)
-
-        run_group = eqx.filter_checkpoint(run_group, policy=None, prevent_cse=False)
-        grouped = jax.tree.map(group, (self.stacked, args, kwargs), is_leaf=is_named_array)
-        carry, ys = nscan(run_group, Groups)(x, *grouped)
-        return carry, jax.tree.map(ungroup, ys, is_leaf=is_named_array)
+        return nscan(body, self.Layers, remat=Remat.parse(self.remat, self.Layers.size), unroll=unroll)(
+            x, self.stacked, *args, **kwargs)
 
     # -- per-layer access --
 

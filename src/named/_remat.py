@@ -16,6 +16,10 @@ between layers is kept.
 is no checkpointing. Strings, for config files: the shorthands ``"none"``, ``"full"``,
 ``"save_dots"``, ``"offload"`` (the dots to host), ``"save_names:a,b"``, optionally followed by
 ``key=value`` words: ``"full every=4"``, ``"save=attn_out offload=mlp_out dots=save"``.
+``True`` is ``Remat()`` and ``False`` no checkpointing, as in Haliax.
+
+``ScanCheckpointPolicy`` is Haliax's spelling of the same choices (its fields, its strings);
+every ``remat=`` (and Haliax's ``gradient_checkpointing=``) takes one and reads it as a ``Remat``.
 """
 
 from __future__ import annotations
@@ -28,8 +32,8 @@ import equinox as eqx
 import jax
 from jax.ad_checkpoint import checkpoint_name as _checkpoint_name
 
-from .._axis import NamedError
-from .._core import NamedArray
+from ._axis import NamedError
+from ._core import NamedArray
 
 _DOTS = ("recompute", "save", "offload")
 _HOST = ("device", "pinned_host")
@@ -38,6 +42,16 @@ _HOST = ("device", "pinned_host")
 def checkpoint_name(x: NamedArray, name: str) -> NamedArray:
     """Tag an activation so that a ``Remat(save=...)`` or ``Remat(offload=...)`` policy can keep it."""
     return NamedArray._unchecked(_checkpoint_name(x.array, name), x.axes)
+
+
+def tree_checkpoint_name(tree, name: str):
+    """``checkpoint_name`` on every array of a pytree (NamedArrays and plain arrays; Haliax's)."""
+    def leaf(x):
+        if isinstance(x, NamedArray):
+            return checkpoint_name(x, name)
+        return _checkpoint_name(x, name) if eqx.is_array(x) else x
+
+    return jax.tree.map(leaf, tree, is_leaf=lambda x: isinstance(x, NamedArray))
 
 
 def _names(value, what: str) -> tuple[str, ...]:
@@ -73,10 +87,15 @@ class Remat:
         return bool(self.offload) or self.dots == "offload"
 
     @staticmethod
-    def parse(remat: Remat | str | tuple | None) -> Remat | None:
-        """The policy a ``remat=`` argument stands for; None means no checkpointing."""
+    def parse(remat: Remat | ScanCheckpointPolicy | str | tuple | bool | None, length: int | None = None) -> Remat | None:
+        """The policy a ``remat=`` argument stands for; None means no checkpointing. ``length``
+        (the number of layers) is needed only by a ``ScanCheckpointPolicy`` with ``nested``."""
         if remat is None or isinstance(remat, Remat):
             return remat
+        if isinstance(remat, bool):
+            return Remat() if remat else None
+        if isinstance(remat, ScanCheckpointPolicy):
+            return remat.to_remat(length)
         if isinstance(remat, tuple):
             if remat and remat[0] == "save_names":
                 if len(remat) < 2:
@@ -127,10 +146,10 @@ def _parse_string(text: str) -> Remat | None:
     return Remat(**fields)
 
 
-def remat_policy(remat: Remat | str | tuple | None) -> Callable | None | bool:
+def remat_policy(remat, length: int | None = None) -> Callable | None | bool:
     """The jax checkpoint policy for one layer; False means no remat at all, None full remat.
     Raises a NamedError for an unknown policy, or one that offloads on the CPU backend."""
-    r = Remat.parse(remat)
+    r = Remat.parse(remat, length)
     if r is None:
         return False
     if r.offloads and jax.default_backend() == "cpu":
@@ -158,10 +177,108 @@ def remat_policy(remat: Remat | str | tuple | None) -> Callable | None | bool:
     return policy
 
 
-def with_remat(fn: Callable, remat) -> Callable:
-    """``fn`` checkpointed with one layer's policy (``every`` is the stack's business)."""
-    policy = remat_policy(remat)
+def with_remat(fn: Callable, remat, length: int | None = None) -> Callable:
+    """``fn`` checkpointed with one layer's policy (``every`` is the scan's business)."""
+    policy = remat_policy(remat, length)
     if policy is False:
         return fn
     # Inside scan (or a group of layers) CSE cannot merge the recomputation away.
     return eqx.filter_checkpoint(fn, policy=policy, prevent_cse=False)
+
+
+# ---- Haliax's spelling ---------------------------------------------------------------------------
+
+
+def _names_or_flag(value, what: str):
+    if isinstance(value, bool):
+        return value
+    return _names(value, what)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScanCheckpointPolicy:
+    """Haliax's gradient-checkpointing policy, read as a ``Remat`` (``Remat.parse``).
+
+    ``save_block_internals``: ``True`` keeps everything (no checkpointing), a list of names
+    is ``Remat(save=names)``; ``offload_block_internals`` is ``Remat(offload=names)``;
+    ``simple`` is ``Remat()``; ``disable`` is no checkpointing; ``nested=k`` scans the layers
+    as ``k`` groups, each checkpointed whole (``Remat(every=length // k)``; ``True`` picks the
+    largest divisor of the length up to its square root). ``save_carries`` and ``save_inputs``
+    take ``True`` or ``False`` (a layer's input is what every policy keeps; the scanned inputs
+    are the weights, which are never recomputed); ``"offload"`` there is refused: offloading
+    is for tagged activations here (``offload_block_internals``). ``prevent_cse`` is accepted
+    and has no effect: inside a scan there is no common subexpression to protect.
+    """
+
+    save_carries: bool | str = True
+    save_inputs: bool | str = False
+    save_block_internals: bool | tuple[str, ...] = False
+    offload_block_internals: tuple[str, ...] = ()
+    prevent_cse: bool = False
+    disable: bool = False
+    simple: bool = False
+    nested: bool | int = False
+
+    def __post_init__(self):
+        # lists become tuples, so that the policy can be a static (hashed) field of a module
+        object.__setattr__(self, "save_block_internals", _names_or_flag(self.save_block_internals, "save_block_internals"))
+        object.__setattr__(self, "offload_block_internals", _names(self.offload_block_internals, "offload_block_internals"))
+        for what in ("save_carries", "save_inputs"):
+            value = getattr(self, what)
+            if value == "offload":
+                raise NamedError(f"ScanCheckpointPolicy({what}='offload'): offloading a layer's carry or inputs is not "
+                                 "supported; offload tagged activations with offload_block_internals=[...] "
+                                 "(Remat(offload=...))")
+            if not isinstance(value, bool):
+                raise NamedError(f"ScanCheckpointPolicy({what}={value!r}); it takes True or False")
+        if isinstance(self.nested, bool) or self.nested is None:
+            return
+        if not isinstance(self.nested, int) or self.nested < 1:
+            raise NamedError(f"ScanCheckpointPolicy(nested={self.nested!r}); it takes a bool or a number of groups >= 1")
+
+    @staticmethod
+    def from_bool_or_str(policy: bool | str) -> ScanCheckpointPolicy:
+        """Haliax's shorthands: True (``simple``), False (no checkpointing), ``"recompute"`` or
+        ``"full"``, ``"save_all"``, ``"nested"``. Its ``"offload"`` (carries to host) is refused."""
+        table = {"recompute": dict(save_carries=False), "full": dict(save_carries=False),
+                 "save_all": dict(save_inputs=True, save_block_internals=True), "nested": dict(nested=True)}
+        if policy is True:
+            return ScanCheckpointPolicy(simple=True)
+        if policy is False:
+            return ScanCheckpointPolicy(disable=True)
+        if policy == "offload":
+            return ScanCheckpointPolicy(save_carries="offload")  # raises with the alternative
+        if isinstance(policy, str) and policy in table:
+            return ScanCheckpointPolicy(**table[policy])
+        raise NamedError(f"unknown gradient_checkpointing {policy!r}; use True, False, 'recompute', 'full', "
+                         "'save_all', 'nested' or a ScanCheckpointPolicy")
+
+    @staticmethod
+    def _mk(policy) -> ScanCheckpointPolicy:
+        return policy if isinstance(policy, ScanCheckpointPolicy) else ScanCheckpointPolicy.from_bool_or_str(policy)
+
+    def to_remat(self, length: int | None = None) -> Remat | None:
+        """The ``Remat`` this policy means for a scan of ``length`` layers."""
+        if self.disable:
+            return None
+        every = 1
+        if self.nested is not False:
+            if length is None:
+                raise NamedError("ScanCheckpointPolicy(nested=...) needs the number of layers; give it to a Stacked, "
+                                 "a BlockSeq or nm.scan, which know it")
+            groups = _largest_divisor_up_to_sqrt(length) if self.nested is True else self.nested
+            if length % groups:
+                raise NamedError(f"ScanCheckpointPolicy(nested={groups}): {length} layers do not split into {groups} groups")
+            every = length // groups
+        if self.save_block_internals is True:
+            if every > 1:
+                raise NamedError("ScanCheckpointPolicy: save_block_internals=True keeps every activation, which nested "
+                                 "groups would recompute; give a list of names instead")
+            return None
+        if self.simple:
+            return Remat(every=every)
+        return Remat(save=self.save_block_internals or (), offload=self.offload_block_internals, every=every)
+
+
+def _largest_divisor_up_to_sqrt(n: int) -> int:
+    return max(d for d in range(1, int(n ** 0.5) + 1) if n % d == 0)

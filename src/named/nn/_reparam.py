@@ -1,0 +1,75 @@
+"""Haliax's abc-parametrizations of a Linear (``Linear.init(..., reparam_cls=...)``): how a layer's
+weights are initialised (``init_scale``), what its output is multiplied by (``active_scale``) and
+what its Adam learning rate is multiplied by (``lr_scale``), from its fan-in alone.
+
+These are the absolute muP rules of Yang et al. ("Tensor Programs V", Table 3): widths enter as
+``1 / fan_in``, not relative to a base model. ``nn.mup`` (``rescale_init``/``scale_updates``
+with base widths) is the relative form, which keeps a base model's hyper-parameters; both live
+in ``nn.mup``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from .._axis import Axis, AxisSelection, as_selectors
+
+
+def fan_in(In: AxisSelection) -> int:
+    return math.prod(a.size for a in as_selectors(In))
+
+
+@dataclasses.dataclass(frozen=True)
+class AbstractLinearReparam:
+    """A Linear's parametrization, given its ``In`` and ``Out`` axes."""
+
+    In: Axis | tuple[Axis, ...]
+    Out: Axis | tuple[Axis, ...]
+
+    @staticmethod
+    def init_scale(In, Out) -> float:
+        """The weights' standard deviation (before ``Linear.init``'s ``init_scale``)."""
+        return 1.0 / math.sqrt(fan_in(In))
+
+    @property
+    def active_scale(self) -> float:
+        """What the layer's output (before the bias) is multiplied by."""
+        return 1.0
+
+    @property
+    def lr_scale(self) -> float:
+        """What the weight's learning rate is multiplied by (``nn.mup.scale_reparam_updates``)."""
+        return 1.0
+
+
+class LinearStandardParam(AbstractLinearReparam):
+    """The standard parametrization: std ``1/sqrt(fan_in)``, nothing else scaled."""
+
+
+class InputLinearMup(AbstractLinearReparam):
+    """muP's input layer: unit-variance weights, no scaling of output or learning rate."""
+
+    @staticmethod
+    def init_scale(In, Out) -> float:
+        return 1.0
+
+
+class HiddenLinearMup(AbstractLinearReparam):
+    """muP's hidden layer: std ``1/sqrt(fan_in)``, learning rate ``1/fan_in``."""
+
+    @property
+    def lr_scale(self) -> float:
+        return 1.0 / fan_in(self.In)
+
+
+class OutputLinearMup(AbstractLinearReparam):
+    """muP's output (readout) layer: unit-variance weights, output multiplied by ``1/fan_in``."""
+
+    @staticmethod
+    def init_scale(In, Out) -> float:
+        return 1.0
+
+    @property
+    def active_scale(self) -> float:
+        return 1.0 / fan_in(self.In)
