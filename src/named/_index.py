@@ -42,12 +42,19 @@ def as_offset(value, what: str = "offset"):
     return value
 
 
-def _concrete(value) -> np.ndarray | None:
+def concrete(value) -> np.ndarray | None:
     """The value when it is known before tracing (so it can be checked), else None."""
     try:
         return np.asarray(value.array if isinstance(value, NamedArray) else value)
     except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
         return None
+
+
+def first_flagged(flags: np.ndarray, axes) -> tuple[tuple[int, ...], str]:
+    """The index of the first True entry of ``flags`` (laid out as ``axes``) and how a message
+    names it: ``batch=1, position=0``."""
+    where = tuple(int(i) for i in np.argwhere(flags)[0])
+    return where, ", ".join(f"{a.name}={i}" for a, i in zip(axes, where))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -313,7 +320,7 @@ def updated_slice(x: NamedArray, start: Mapping, update: NamedArray) -> NamedArr
             s = as_offset(s, f"updated_slice offset for axis {a.name!r}")
         elif not jnp.issubdtype(s.dtype, jnp.integer):
             raise AxisError(f"updated_slice: offsets for axis {a.name!r} must be integer, got dtype {s.dtype}")
-        known = _concrete(s)
+        known = concrete(s)
         if known is not None:
             at = np.where(known < 0, known + a.size, known)
             if known.size and (at.min() < 0 or at.max() > a.size - n):

@@ -5,13 +5,13 @@ from __future__ import annotations
 import math
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from .._axis import Axis, AxisError, AxisSelection, NamedError, as_selectors, format_axes
 from .._core import NamedArray
 from .._einsum import dot
+from .._index import concrete, first_flagged
 from .. import random as nmr
 from ..partitioning import shard
 from .._shape import zeros
@@ -117,16 +117,12 @@ class Embedding(eqx.Module):
 def _checked(out: NamedArray, ids: NamedArray, Vocab: Axis) -> NamedArray:
     """``out``, after making sure every id is in ``[0, vocab)``."""
     bad = (ids.array < 0) | (ids.array >= Vocab.size)
-    try:
-        known = np.asarray(bad)
-    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
-        known = None
+    known = concrete(bad)
     if known is None:
         msg = f"Embedding: a token id is outside [0, {Vocab.size}) (vocab {Vocab.name!r}); it would have been clamped"
         return NamedArray._unchecked(eqx.error_if(out.array, jnp.any(bad), msg), out.axes)
     if known.any():
-        where = tuple(int(i) for i in np.argwhere(known)[0])
-        at = ", ".join(f"{a.name}={i}" for a, i in zip(ids.axes, where))
+        where, at = first_flagged(known, ids.axes)
         raise NamedError(f"Embedding: token id {int(np.asarray(ids.array)[where])} at ({at}) is outside "
                          f"[0, {Vocab.size}) (vocab {Vocab.name!r}); {int(known.sum())} id(s) out of range in all")
     return out

@@ -1,0 +1,94 @@
+"""Issue 31: mistakes a model author makes at the library's edges used to give plausible numbers
+with no error. Each test here failed (a wrong number or JAX's own error) before the fix; the
+references are numpy or plain jnp, never the code under test."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import named as nm
+from named import nn
+
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+# ---- loss targets outside [0, vocab) --------------------------------------------------------------
+
+B, T, V, E = 2, 5, 7, 4
+
+
+def _loss_data(seed=0):
+    rng = np.random.default_rng(seed)
+    logits = rng.standard_normal((B, T, V)).astype(np.float32)
+    ids = rng.integers(0, V, (B, T)).astype(np.int32)
+    return logits, ids
+
+
+def _torch_like(logits, ids, ignore=-100, weight=None):
+    """Mean NLL over the tokens whose id is not ``ignore`` (and whose weight is not 0), as torch's
+    ``cross_entropy(ignore_index=-100)``: ignored tokens are out of the denominator too."""
+    logp = np.asarray(jax.nn.log_softmax(jnp.asarray(logits), axis=-1))
+    keep = (ids != ignore).astype(np.float32) * (1.0 if weight is None else weight)
+    nll = -np.take_along_axis(logp, np.where(ids == ignore, 0, ids)[..., None], axis=-1)[..., 0]
+    return (nll * keep).sum() / keep.sum()
+
+
+def test_ignore_index_minus_100_is_skipped_and_not_counted():
+    logits, ids = _loss_data()
+    labels = ids.copy()
+    labels[0, :2] = -100  # a Hugging Face prompt, not scored
+    labels[1, 4] = -100
+    got = nn.cross_entropy_loss(nm.named(logits, "batch position vocab"), nm.named(labels, "batch position"))
+    np.testing.assert_allclose(got.scalar(), _torch_like(logits, labels), **TOL)
+    # with where= as well: both take tokens out of the mean
+    w = np.array([[1, 1, 1, 0, 1], [1, 0, 1, 1, 1]], bool)
+    got = nn.cross_entropy_loss(nm.named(logits, "batch position vocab"), nm.named(labels, "batch position"),
+                                where=nm.named(w, "batch position"))
+    np.testing.assert_allclose(got.scalar(), _torch_like(logits, labels, weight=w), **TOL)
+    # next-token and blockwise take the same default
+    h = np.random.default_rng(1).standard_normal((B, T, E)).astype(np.float32)
+    wv = np.random.default_rng(2).standard_normal((E, V)).astype(np.float32)
+    full = nn.next_token_loss(nm.named(h @ wv, "batch position vocab"), nm.named(labels, "batch position"))
+    want = _torch_like((h @ wv)[:, :-1], labels[:, 1:])
+    np.testing.assert_allclose(full.scalar(), want, **TOL)
+    blocked = nn.blockwise_next_token_loss(nm.named(h, "batch position embed"), nm.named(wv, "embed vocab"),
+                                           nm.named(labels, "batch position"), block_size=V)
+    np.testing.assert_allclose(blocked.scalar(), want, **TOL)
+
+
+@pytest.mark.parametrize("bad", [V, -1, -100])
+def test_ids_outside_the_vocab_are_refused_naming_the_first(bad):
+    logits, ids = _loss_data()
+    ids[1, 3] = bad
+    lg, tg = nm.named(logits, "batch position vocab"), nm.named(ids, "batch position")
+    ignore = None if bad == -100 else -100  # -100 is only an ignore label when ignore_index says so
+    with pytest.raises(nm.ArgumentError, match=rf"target id {bad} at \(batch=1, position=3\) is outside \[0, {V}\)"):
+        nn.cross_entropy_loss(lg, tg, ignore_index=ignore)
+    hidden, w = nm.named(np.ones((B, T, E), np.float32), "batch position embed"), nm.named(np.ones((E, V), np.float32), "embed vocab")
+    with pytest.raises(nm.ArgumentError, match=rf"blockwise_cross_entropy_loss: target id {bad} at \(batch=1, position=3\)"):
+        nn.blockwise_cross_entropy_loss(hidden, w, tg, block_size=V, ignore_index=ignore)
+    # masked out by where=, the same id is no mistake
+    mask = np.ones((B, T), bool)
+    mask[1, 3] = False
+    got = nn.cross_entropy_loss(lg, tg, where=nm.named(mask, "batch position"), ignore_index=ignore)
+    np.testing.assert_allclose(got.scalar(), _torch_like(logits, np.where(mask, ids, -100)), **TOL)
+
+
+def test_ids_outside_the_vocab_under_jit_give_nan_not_a_number():
+    logits, ids = _loss_data()
+    ids[0, 2] = V
+    lg, tg = nm.named(logits, "batch position vocab"), nm.named(ids, "batch position")
+    per_token = jax.jit(lambda a, b: nn.cross_entropy_loss(a, b, reduction="none"))(lg, tg)
+    assert np.isnan(per_token.array[0, 2]) and np.isfinite(np.delete(per_token.array.ravel(), 2)).all()
+    assert np.isnan(jax.jit(nn.cross_entropy_loss)(lg, tg).scalar())
+    hidden, w = nm.named(np.ones((B, T, E), np.float32), "batch position embed"), nm.named(np.ones((E, V), np.float32), "embed vocab")
+    assert np.isnan(jax.jit(lambda h, w, t: nn.blockwise_cross_entropy_loss(h, w, t, block_size=V))(hidden, w, tg).scalar())
+    # the gradient stays finite (the NaN is a constant), and -100 under jit is still skipped
+    grad = jax.grad(lambda x: jax.jit(nn.cross_entropy_loss)(x, tg).scalar())(lg)
+    assert np.isfinite(grad.array).all()
+    ids[0, 2] = -100
+    got = jax.jit(nn.cross_entropy_loss)(lg, nm.named(ids, "batch position"))
+    np.testing.assert_allclose(got.scalar(), _torch_like(logits, ids), **TOL)
