@@ -92,3 +92,39 @@ def test_ids_outside_the_vocab_under_jit_give_nan_not_a_number():
     ids[0, 2] = -100
     got = jax.jit(nn.cross_entropy_loss)(lg, nm.named(ids, "batch position"))
     np.testing.assert_allclose(got.scalar(), _torch_like(logits, ids), **TOL)
+
+
+# ---- attention masks are boolean ------------------------------------------------------------------
+
+
+def _qkv(seed=0, n=4, d=8):
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.standard_normal((n, d)).astype(np.float32) for _ in range(3))
+    return (nm.named(q, "position head_size"), nm.named(k, "key_position head_size"),
+            nm.named(v, "key_position head_size"), q, k, v)
+
+
+def _ref_attention(q, k, v, allowed):
+    s = np.where(allowed, q @ k.T / np.sqrt(q.shape[-1]), -np.inf)
+    w = np.exp(s - s.max(-1, keepdims=True))
+    return (w / w.sum(-1, keepdims=True)) @ v
+
+
+def test_a_float_or_int_attention_mask_is_refused_and_bias_takes_the_additive_one():
+    q, k, v, qn, kn, vn = _qkv()
+    allowed = np.random.default_rng(1).random((4, 4)) < 0.6
+    allowed[:, 0] = True
+    additive = nm.named(np.where(allowed, 0.0, -np.inf).astype(np.float32), "position key_position")  # torch / HF
+    for wrong in (additive, nm.named(allowed.astype(np.int32), "position key_position")):
+        with pytest.raises(nm.ArgumentTypeError, match=r"mask must be a boolean mask \(True = attend\), got dtype .*bias="):
+            nn.dot_product_attention(q, k, v, mask=wrong)
+    want = _ref_attention(qn, kn, vn, allowed)
+    np.testing.assert_allclose(nn.dot_product_attention(q, k, v, bias=additive).array, want, **TOL)
+    np.testing.assert_allclose(nn.dot_product_attention(q, k, v, mask=nm.named(allowed, "position key_position")).array,
+                               want, **TOL)
+    # reductions and softmax take where= as a boolean mask too (numpy refuses a float one)
+    x = nm.named(qn, "position head_size")
+    with pytest.raises(nm.ArgumentTypeError, match="where= must be a boolean mask"):
+        x.sum("head_size", where=nm.named(np.ones(8, np.float32), "head_size"))
+    with pytest.raises(nm.ArgumentTypeError, match="where= must be a boolean mask"):
+        nm.softmax(x, "head_size", where=nm.named(np.zeros(8, np.float32), "head_size"))

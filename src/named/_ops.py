@@ -152,17 +152,26 @@ def _reduction_axes(x: NamedArray, axis: AxisSelection | None) -> tuple[int, ...
     return tuple(index_of(x.axes, a) for a in as_selectors(axis))
 
 
+def check_bool_mask(mask, what: str, keep: str = "keep", more: str = "") -> None:
+    """Refuse a mask that is not boolean. Read as truth values, torch's additive masks (0 = keep,
+    -inf = drop) would mean the exact inverse, and a 0.5 weight would count in full."""
+    dtype = mask.dtype if hasattr(mask, "dtype") else jnp.asarray(mask).dtype
+    if not jnp.issubdtype(dtype, jnp.bool_):
+        raise ArgumentTypeError(f"{what} must be a boolean mask (True = {keep}), got dtype {dtype}; convert a 0/1 mask "
+                                f"with `mask != 0` and an additive one (0 = {keep}, -inf = not) with `mask == 0`{more}")
+
+
 def _where_mask(x: NamedArray, where):
     if where is None:
         return None
+    check_bool_mask(where, "where=")
     w_axes = axes_of(where)
     extra = [a for a in w_axes if a.name not in x.names]
     if extra:
         raise AxisError(f"where= has axes {format_axes(extra)} that the reduced array {format_axes(x.axes)} lacks")
     union(x.axes, w_axes)  # size check
     mask = raw(where, x.axes)
-    mask = jnp.broadcast_to(mask, x.array.shape)
-    return mask.astype(bool) if mask.dtype != bool else mask
+    return jnp.broadcast_to(mask, x.array.shape)
 
 
 def _reduce(fn: Callable, x: NamedArray, axis, *, where=None, **kwargs) -> NamedArray:

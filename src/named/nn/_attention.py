@@ -145,7 +145,10 @@ def dot_product_attention(
             the queries at ``q_offset, q_offset + 1, ...`` when they continue a KV cache).
         mask: boolean NamedArray, True = attend; combined with causal and segments. It must
             have ``KPos`` (``padding_mask`` builds one from lengths or per-token flags) and
-            may have ``QPos``, batch axes and ``Heads``; any other axis is an AxisError.
+            may have ``QPos``, batch axes and ``Heads``; any other axis is an AxisError. Any
+            other dtype is an ArgumentTypeError: an additive mask (0 = attend, -inf = blocked,
+            torch's) goes in ``bias``. A query whose keys are all masked gets uniform weights
+            (the mean of the values), not NaN.
         bias: added to the scores (e.g. ``alibi_bias``); the same axes rule as ``mask``; may
             have ``Heads`` also under GQA.
         segment_ids: integer NamedArray with ``QPos`` (and batch axes): tokens attend only
@@ -181,6 +184,9 @@ def dot_product_attention(
         missing = [n for n in need if n not in x.names]
         if missing:
             raise AxisError(f"dot_product_attention: {what} lacks axes {missing}; it has {format_axes(x.axes)}")
+    if mask is not None:
+        ops.check_bool_mask(mask, "dot_product_attention: mask", "attend",
+                            "; pass an additive mask as bias= instead (it is added to the scores)")
     for what, t in (("mask", mask), ("bias", bias)):
         _check_scores_term(what, t, query, key, qpos, kpos)
     heads, kvheads = name_of(Heads), name_of(KVHeads)

@@ -49,7 +49,8 @@ def padding_mask(valid_or_lengths: NamedArray, KPos: AxisSelector = "key_positio
     """A mask over the key axis that hides padding, for ``dot_product_attention(mask=...)``.
 
     From integer lengths (e.g. over ``batch``, with ``KPos`` an Axis): True at key positions
-    below each length (right padding). From a boolean per token (True = a real token) over
+    below each length (right padding); a length of at least ``KPos.size`` masks nothing, one of
+    0 or less masks every key. From a boolean per token (True = a real token) over
     ``Pos`` (or already over ``KPos``): the same values on the key axis, so nobody renames by
     hand (and nobody passes a mask over queries by mistake)."""
     x = valid_or_lengths
