@@ -128,3 +128,66 @@ def test_a_float_or_int_attention_mask_is_refused_and_bias_takes_the_additive_on
         x.sum("head_size", where=nm.named(np.ones(8, np.float32), "head_size"))
     with pytest.raises(nm.ArgumentTypeError, match="where= must be a boolean mask"):
         nm.softmax(x, "head_size", where=nm.named(np.zeros(8, np.float32), "head_size"))
+
+
+# ---- static indices and windows: in range or an error, as numpy ---------------------------------
+
+
+def _grid():
+    xn = np.arange(10, dtype=np.float32).reshape(2, 5)
+    return nm.named(jnp.asarray(xn), "batch seq"), xn
+
+
+@pytest.mark.parametrize("i", [2, 5, -3])
+def test_a_static_index_past_the_end_is_an_error_not_a_clamp(i):
+    x, _ = _grid()
+    with pytest.raises(nm.AxisError, match=rf"index {i} is out of range for axis 'batch' of size 2"):
+        x["batch", i]
+    with pytest.raises(nm.AxisError, match=rf"index {i} is out of range"):
+        x.at["batch", i].set(0.0)  # jax would drop the write
+    with pytest.raises(nm.AxisError, match=rf"index {i} is out of range"):
+        x["seq", nm.named(jnp.array([0, 1]), "k"), "batch", i]  # beside a gather too
+
+
+def test_negative_static_indices_count_from_the_end_as_in_numpy():
+    x, xn = _grid()
+    np.testing.assert_array_equal(x["batch", -1].array, xn[-1])
+    np.testing.assert_array_equal(x["batch", -2, "seq", -1].array, xn[-2, -1])
+    want = xn.copy()
+    want[-1] = 7.0
+    np.testing.assert_array_equal(x.at["batch", -1].set(7.0).array, want)
+    # a traced index keeps JAX's clamping (documented): it cannot be checked
+    np.testing.assert_array_equal(jax.jit(lambda x, i: x["batch", i])(x, 5).array, xn[1])
+
+
+def test_a_static_window_that_does_not_fit_is_an_error_everywhere():
+    x, xn = _grid()
+    u = nm.named(jnp.full((4,), 9.0), "seq")
+    with pytest.raises(nm.AxisError, match=r"window of size 4 at offset 3 does not fit in axis 'seq' of size 5.*\[-5, 1\]"):
+        x["seq", nm.ds(3, 4)]  # lax would read [1, 5) instead
+    with pytest.raises(nm.AxisError, match=r"window of size 4 at offset 3 does not fit.*overwrite"):
+        x.at["seq", nm.ds(3, 4)].set(u)
+    with pytest.raises(nm.AxisError, match=r"update of size 4 at offset 3 does not fit"):
+        nm.updated_slice(x, {"seq": 3}, u)  # the same rule
+    with pytest.raises(nm.AxisError, match=r"window of size 3 at offset 4 does not fit"):
+        x["seq", nm.ds(nm.named(jnp.array([0, 4]), "batch"), 3)]  # per-row starts, known here
+    # in range, a negative start counts from the end: nm.ds(-2, 2) is numpy's [-2:]
+    np.testing.assert_array_equal(x["seq", nm.ds(-2, 2)].array, xn[:, -2:])
+    np.testing.assert_array_equal(x.at["seq", nm.ds(-2, 2)].set(0.0).array, np.where(np.arange(5) >= 3, 0.0, xn))
+    # a traced start keeps lax's clamping: the read and the write place it alike
+    read = jax.jit(lambda x, s: x["seq", nm.ds(s, 4)])(x, 3)
+    np.testing.assert_array_equal(read.array, xn[:, 1:5])
+
+
+def test_updated_slice_broadcasts_an_update_that_lacks_an_axis_as_at_does():
+    x, xn = _grid()
+    u = nm.named(jnp.array([10.0, 20.0]), "seq")
+    want = xn.copy()
+    want[:, 1:3] = [10.0, 20.0]  # every row: batch is not addressed
+    np.testing.assert_array_equal(nm.updated_slice(x, {"seq": 1}, u).array, want)
+    np.testing.assert_array_equal(x.at["seq", nm.ds(1, 2)].set(u).array, want)
+    # an offset on the missing axis addresses one entry of it, as x.at[axis, offset] does
+    one = xn.copy()
+    one[1, 1:3] = [10.0, 20.0]
+    np.testing.assert_array_equal(nm.updated_slice(x, {"seq": 1, "batch": 1}, u).array, one)
+    np.testing.assert_array_equal(x.at["batch", 1, "seq", nm.ds(1, 2)].set(u).array, one)

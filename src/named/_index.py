@@ -61,10 +61,13 @@ def first_flagged(flags: np.ndarray, axes) -> tuple[tuple[int, ...], str]:
 class ds:
     """A dynamic slice: ``size`` (static) elements from ``start`` (may be traced).
 
-    As in ``lax.dynamic_slice``, a negative start counts from the end and the window is then
-    clamped to lie inside the axis; ``x[ds]`` and ``x.at[ds]`` place it the same way. ``start``
-    may be a NamedArray over other axes of the indexed array (``batch``): each row then gets
-    its own window, as a gather (or a scatter under ``x.at``)."""
+    A negative start counts from the end. A start known before tracing must place the whole
+    window inside the axis (``[-size_of_axis, size_of_axis - size]``), or ``x[ds]`` and
+    ``x.at[ds]`` raise an AxisError, as ``updated_slice`` does. A traced start cannot be
+    checked: as in ``lax.dynamic_slice`` the window is then clamped to lie inside the axis, and
+    ``x[ds]`` and ``x.at[ds]`` place it the same way. ``start`` may be a NamedArray over other
+    axes of the indexed array (``batch``): each row then gets its own window, as a gather (or a
+    scatter under ``x.at``)."""
 
     start: Any
     size: int
@@ -106,9 +109,38 @@ def _kind(value) -> str:
     raise AxisError(f"unsupported index {value!r}: use an int, a slice, nm.ds(start, size) or an integer NamedArray")
 
 
-def _check_ds(a: Axis, v: ds) -> None:
+def check_window(what: str, a: Axis, start, size: int, effect: str) -> None:
+    """One rule for every window with a static start (``nm.ds`` in ``x[...]`` and ``x.at[...]``,
+    ``updated_slice``): a start known before tracing (an int, a concrete array, per-row starts
+    included) must place its ``size`` entries inside ``a``, a negative one counting from the
+    end. lax would clamp it instead, and ``effect``. A traced start cannot be checked: lax
+    places it (negative from the end, then clamped into the axis)."""
+    known = concrete(start)
+    if known is None or not known.size:
+        return
+    at = np.where(known < 0, known + a.size, known)
+    off = (at < 0) | (at > a.size - size)
+    if off.any():
+        raise AxisError(f"{what} of size {size} at offset {int(known.flat[np.argmax(off)])} does not fit in axis "
+                        f"{a.name!r} of size {a.size}; offsets must lie in [{-a.size}, {a.size - size}] (lax would "
+                        f"clamp it and {effect})")
+
+
+def _check_ds(a: Axis, v: ds, writes: bool = False) -> None:
     if not 0 <= v.size <= a.size:
         raise AxisError(f"nm.ds(start, {v.size}) does not fit in axis {a.name!r} of size {a.size}")
+    effect = "overwrite entries that were not addressed" if writes else "read a window that was not asked for"
+    check_window("nm.ds: a window", a, v.start, v.size, effect)
+
+
+def _check_int(a: Axis, value) -> None:
+    """A static integer index must be in range, as numpy requires (a negative one counts from the
+    end); JAX would clamp it (a read) or drop it (a write) without a word. A traced index keeps
+    JAX's behaviour."""
+    known = concrete(value)
+    if known is not None and not -a.size <= int(known) < a.size:
+        raise AxisError(f"index {int(known)} is out of range for axis {a.name!r} of size {a.size}; an index lies in "
+                        f"[{-a.size}, {a.size - 1}] (a negative one counts from the end, as in numpy)")
 
 
 def _int(value):
@@ -145,7 +177,7 @@ class _Plan:
     out_axes: tuple[Axis, ...]
 
 
-def _plan(x: NamedArray, idx) -> _Plan:
+def _plan(x: NamedArray, idx, writes: bool = False) -> _Plan:
     parsed = _parse(x, idx)
     kinds = {i: _kind(v) for i, v in parsed.items()}
     gathers: dict[int, NamedArray] = {}
@@ -153,8 +185,10 @@ def _plan(x: NamedArray, idx) -> _Plan:
         if kinds[i] == "gather":
             gathers[i] = v
         elif kinds[i] == "ds":
-            _check_ds(x.axes[i], v)
+            _check_ds(x.axes[i], v, writes)
             gathers[i] = _window(x.axes[i], v)
+        elif kinds[i] == "int":
+            _check_int(x.axes[i], v)
     if not gathers:
         positional = tuple(_int(parsed[i]) if i in parsed else slice(None) for i in range(x.ndim))
         out_axes = []
@@ -256,7 +290,7 @@ class _AtRef:
 
     def _update(self, method: str, values, **kwargs) -> NamedArray:
         x = self._x
-        plan = _plan(x, self._idx)
+        plan = _plan(x, self._idx, writes=True)
         axes_of(values)  # refuses a positional array with dimensions: wrap it with nm.named
         if isinstance(values, NamedArray):
             extra = [a for a in values.axes if a.name not in {b.name for b in plan.pre_axes}]
@@ -289,8 +323,10 @@ class _AtRef:
 
 def updated_slice(x: NamedArray, start: Mapping, update: NamedArray) -> NamedArray:
     """Write ``update`` into ``x`` at ``start`` (``{axis: offset}``): the KV-cache write, one
-    ``dynamic_update_slice``. ``update`` has x's axes, smaller sizes allowed (a missing axis
-    counts as size 1).
+    ``dynamic_update_slice``. ``update`` has (some of) x's axes, smaller sizes allowed. An axis
+    the update lacks follows ``x.at[...]``: with an offset, the update goes to that one entry
+    (like ``x.at[axis, offset]``; the decode step that writes one token); without one, the
+    update is broadcast by name over the whole axis (like an axis ``x.at`` does not index).
 
     An offset is an int, a 0-d integer array or a 0-d NamedArray, possibly traced; or a
     NamedArray over other axes of ``x`` (e.g. ``batch``), one offset per row: the ragged
@@ -306,7 +342,9 @@ def updated_slice(x: NamedArray, start: Mapping, update: NamedArray) -> NamedArr
     missing = [a for a in update.names if a not in x.names]
     if missing:
         raise AxisError(f"updated_slice: update axes {missing} are not in the array {format_axes(x.axes)}")
-    up_axes = tuple(Axis(a.name, update.axis_size(a.name)) if a.name in update.names else Axis(a.name, 1) for a in x.axes)
+    given = {x.axes[index_of(x.axes, sel)].name for sel in start}
+    up_axes = tuple(Axis(a.name, update.axis_size(a.name)) if a.name in update.names else
+                    Axis(a.name, 1) if a.name in given else a for a in x.axes)
     for a, b in zip(up_axes, x.axes):
         if a.size > b.size:
             raise AxisError(f"updated_slice: update axis {a.name!r} has size {a.size} > {b.size}")
@@ -320,14 +358,7 @@ def updated_slice(x: NamedArray, start: Mapping, update: NamedArray) -> NamedArr
             s = as_offset(s, f"updated_slice offset for axis {a.name!r}")
         elif not jnp.issubdtype(s.dtype, jnp.integer):
             raise AxisError(f"updated_slice: offsets for axis {a.name!r} must be integer, got dtype {s.dtype}")
-        known = concrete(s)
-        if known is not None:
-            at = np.where(known < 0, known + a.size, known)
-            if known.size and (at.min() < 0 or at.max() > a.size - n):
-                bad = known.flat[np.argmax((at < 0) | (at > a.size - n))]
-                raise AxisError(f"updated_slice: an update of size {n} at offset {int(bad)} does not fit in axis {a.name!r} "
-                                f"of size {a.size}; offsets must lie in [{-a.size}, {a.size - n}] (lax would clamp it "
-                                "and overwrite other entries)")
+        check_window("updated_slice: an update", a, s, n, "overwrite entries that were not addressed")
         offsets[a.name] = s
     rows = union(*(s.axes for s in offsets.values() if isinstance(s, NamedArray) and s.ndim))
     if rows:
@@ -339,6 +370,6 @@ def updated_slice(x: NamedArray, start: Mapping, update: NamedArray) -> NamedArr
         # each row's window exactly as the unbatched write does.
         out = vmap(updated_slice, tuple(x.resolve_axis(r.name) for r in rows))(x, offsets, update)
         return out.rearrange(x.names)
-    upd = raw(update, up_axes).reshape(tuple(a.size for a in up_axes)).astype(x.dtype)
+    upd = jnp.broadcast_to(raw(update, up_axes), tuple(a.size for a in up_axes)).astype(x.dtype)
     starts = [jnp.asarray(_int(offsets.get(a.name, 0)), dtype=jnp.int32) for a in x.axes]
     return NamedArray._unchecked(lax.dynamic_update_slice(x.array, upd, starts), x.axes)
