@@ -191,3 +191,40 @@ def test_updated_slice_broadcasts_an_update_that_lacks_an_axis_as_at_does():
     one[1, 1:3] = [10.0, 20.0]
     np.testing.assert_array_equal(nm.updated_slice(x, {"seq": 1, "batch": 1}, u).array, one)
     np.testing.assert_array_equal(x.at["batch", 1, "seq", nm.ds(1, 2)].set(u).array, one)
+
+
+# ---- a plain jax array into a layer: one message everywhere ----------------------------------------
+
+Emb, Mlp_, Voc, Bt, Ps = nm.Axis("embed", 4), nm.Axis("mlp", 8), nm.Axis("vocab", 5), nm.Axis("batch", 2), nm.Axis("position", 3)
+_K = jax.random.key(0)
+_PLAIN, _IDS = jnp.ones((2, 3, 4)), jnp.ones((2, 3), jnp.int32)
+_QKV = nm.ones((Bt, Ps, Emb.alias("head_size")))
+
+LAYER_ENTRIES = {
+    "Linear": lambda: nn.Linear.init(Emb, Mlp_, key=_K)(_PLAIN),
+    "LoraLinear": lambda: nn.LoraLinear.init(nn.Linear.init(Emb, Mlp_, key=_K), rank=2, key=_K)(_PLAIN),
+    "Int8Linear": lambda: nn.quantize(nn.Linear.init(Emb, Mlp_, key=_K), "int8")(_PLAIN),
+    "Embedding": lambda: nn.Embedding.init(Voc, Emb, key=_K)(_IDS),
+    "Embedding.unembed": lambda: nn.Embedding.init(Voc, Emb, key=_K).unembed(_PLAIN),
+    "LayerNorm": lambda: nn.LayerNorm.init(Emb)(_PLAIN),
+    "RMSNorm": lambda: nn.RMSNorm.init(Emb)(_PLAIN),
+    "Dropout": lambda: nn.Dropout(0.5)(_PLAIN, key=_K),
+    "MLP": lambda: nn.MLP.init(Emb, Mlp_, key=_K)(_PLAIN),
+    "MoE": lambda: nn.MoE.init(Emb, Mlp_, nm.Axis("experts", 2), 1, key=_K)(_PLAIN),
+    "Conv": lambda: nn.Conv.init(Ps, Emb, Emb.alias("out"), 3, key=_K)(_PLAIN),
+    "max_pool": lambda: nn.max_pool(_PLAIN, {"position": 2}),
+    "dot_product_attention": lambda: nn.dot_product_attention(_QKV, _PLAIN, _PLAIN),
+    "rotary_embedding": lambda: nn.rotary_embedding(_PLAIN, _IDS),
+    "cross_entropy_loss": lambda: nn.cross_entropy_loss(_PLAIN, nm.named(_IDS, "batch position")),
+    "next_token_loss": lambda: nn.next_token_loss(nm.ones((Bt, Ps, Voc)), _IDS),
+    "padding_mask": lambda: nn.padding_mask(_IDS),
+    "checkpoint_name": lambda: nn.checkpoint_name(_PLAIN, "x"),
+    "softmax": lambda: nm.softmax(_PLAIN, "embed"),
+}
+
+
+@pytest.mark.parametrize("entry", sorted(LAYER_ENTRIES))
+def test_a_plain_array_into_a_layer_gets_the_wrap_it_message(entry):
+    with pytest.raises(nm.ArgumentTypeError, match=r"takes a NamedArray.*got a positional array of shape \(2, 3(, 4)?\); "
+                                                   r"wrap it with nm.named\(array, axes\)"):
+        LAYER_ENTRIES[entry]()

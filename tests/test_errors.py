@@ -62,7 +62,7 @@ CASES = [
     ("axes_of-type", lambda: x + "text", TypeError, r"expected a NamedArray or a scalar, got str"),
     # ---- _einsum.py
     ("einsum-too-many-axes", lambda: nm.dot(*[nm.zeros((Axis(f"a{i}", 1),)) for i in range(53)], axis=()), AE, r"more than 52 distinct axes"),
-    ("dot-not-named", lambda: nm.dot(x, np.zeros(3), axis="embed"), TypeError, r"nm.dot takes NamedArrays, got ndarray"),
+    ("dot-not-named", lambda: nm.dot(x, np.zeros(3), axis="embed"), TypeError, r"nm.dot takes a NamedArray, got a positional array of shape \(3,\); wrap it with nm.named"),
     ("dot-unknown-axis", lambda: nm.dot(x, w, axis="heads"), AE, r"axis 'heads' is in none of the operands \(batch=2, embed=3\) , \(embed=3, mlp=4\)"),
     ("einsum-no-arrow", lambda: nm.einsum("batch embed, embed mlp", x, w), AE, r"needs '->' and an output spec"),
     ("einsum-arity", lambda: nm.einsum("batch embed -> batch", x, w), AE, r"has 1 input specs but 2 arrays"),
@@ -87,7 +87,7 @@ CASES = [
     ("updated_slice-size", lambda: nm.updated_slice(x, {"batch": 0}, nm.zeros((Axis("embed", 5),))), AE, r"update axis 'embed' has size 5 > 3"),
     # ---- _ops.py
     ("reduce-where-extra", lambda: x.sum("embed", where=nm.ones((M,), dtype=bool)), AE, r"where= has axes \(mlp=4\) that the reduced array \(batch=2, embed=3\) lacks"),
-    ("reduce-not-named", lambda: nm.sum(np.zeros(3)), TypeError, r"expected a NamedArray, got ndarray"),
+    ("reduce-not-named", lambda: nm.sum(np.zeros(3)), TypeError, r"nm.sum takes a NamedArray, got a positional array of shape \(3,\); wrap it with nm.named"),
     ("argmax-needs-one", lambda: x.argmax(("batch", "embed")), AE, r"argmax needs exactly one axis name, or None for a flat index; the array has axes \(batch=2, embed=3\)"),
     ("argmin-two", lambda: nm.argmin(x, ("batch", "embed")), AE, r"argmin needs exactly one axis name"),
     ("along-one-axis", lambda: nm.softmax(x, ("batch", "embed")), AE, r"softmax needs exactly one axis name, got \('batch', 'embed'\); the array has axes \(batch=2, embed=3\)"),

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from . import _compat
 from ._axis import ArgumentTypeError, Axis, AxisError, AxisSelection, as_selectors, format_axes, name_of, union
 from ._context import current_body
-from ._core import NamedArray
+from ._core import NamedArray, expect_named
 from ._local import in_order, issue, vary
 
 # What jnp.einsum takes besides the equation and operands; anything else is a caller's typo.
@@ -83,8 +83,7 @@ def dot(*arrays: NamedArray, axis: AxisSelection | None, out_axes: AxisSelection
     """
     options = _options("nm.dot", kwargs, "axis=, out_axes=, ")
     for x in arrays:
-        if not isinstance(x, NamedArray):
-            raise ArgumentTypeError(f"nm.dot takes NamedArrays, got {type(x).__name__}")
+        expect_named(x, "nm.dot")
     all_axes = union(*(x.axes for x in arrays))
     if axis is None:
         contracted = {a.name for a in all_axes}

@@ -24,7 +24,7 @@ import numpy as np
 from jax import lax
 
 from ._axis import Axis, AxisError, broadcast_axes, check_unique, format_axes, index_of, name_of, union
-from ._core import NamedArray, axes_of, raw
+from ._core import NamedArray, axes_of, expect_named, raw
 from ._transforms import vmap
 
 
@@ -337,8 +337,8 @@ def updated_slice(x: NamedArray, start: Mapping, update: NamedArray) -> NamedArr
     negative offset counts from the end, then the window is clamped into the axis, so a write
     that would run past the end lands earlier instead.
     """
-    if not isinstance(update, NamedArray):
-        raise AxisError(f"updated_slice: the update must be a NamedArray, got {type(update).__name__}")
+    expect_named(x, "updated_slice", "the array")
+    expect_named(update, "updated_slice", "the update")
     missing = [a for a in update.names if a not in x.names]
     if missing:
         raise AxisError(f"updated_slice: update axes {missing} are not in the array {format_axes(x.axes)}")

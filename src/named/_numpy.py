@@ -17,7 +17,6 @@ import jax.numpy as jnp
 from . import _ops
 from ._axis import (
     ArgumentError,
-    ArgumentTypeError,
     Axis,
     AxisError,
     AxisSelection,
@@ -28,7 +27,7 @@ from ._axis import (
     index_of,
     name_of,
 )
-from ._core import NamedArray, axes_of
+from ._core import NamedArray, axes_of, expect_named
 from ._shape import flatten_axes, unbind
 from ._transforms import nmap
 
@@ -110,8 +109,7 @@ def _fft_size(rule: str, m: int, n: int | None) -> int:
 
 def _fft(name: str, fn1: Callable, fnn: Callable | None, rule: str) -> Callable:
     def op(x, axis: AxisSelection, *, n: int | None = None, norm: str | None = None, new_axis: AxisSelector | None = None):
-        if not isinstance(x, NamedArray):
-            raise ArgumentTypeError(f"nm.{name} takes a NamedArray, got {type(x).__name__}")
+        expect_named(x, f"nm.{name}")
         dims = [index_of(x.axes, s) for s in as_selectors(axis)]
         if not dims:
             raise AxisError(f"nm.{name} needs an axis name; the array has axes {format_axes(x.axes)}")
@@ -227,8 +225,7 @@ def nonzero(x: NamedArray, size: Axis, *, fill_value=None) -> dict[str, NamedArr
 def searchsorted(sorted_x: NamedArray, values, axis: AxisSelector | None = None, *, side: str = "left", method: str = "scan") -> NamedArray:
     """Where ``values`` would go along ``axis`` of ``sorted_x`` to keep it sorted. Other axes of
     ``sorted_x`` are batch axes, matched with ``values``' by name."""
-    if not isinstance(sorted_x, NamedArray):
-        raise ArgumentTypeError(f"nm.searchsorted takes a NamedArray to search, got {type(sorted_x).__name__}")
+    expect_named(sorted_x, "nm.searchsorted", "the array to search")
     if axis is None:
         if sorted_x.ndim != 1:
             raise AxisError(f"nm.searchsorted needs axis= to search along one of {format_axes(sorted_x.axes)}")

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ._axis import ArgumentTypeError, Axis, AxisError, AxisSelection, as_selectors, broadcast_axes, format_axes, index_of, name_of, union
-from ._core import NamedArray, axes_of, raw
+from ._core import NamedArray, axes_of, expect_named, raw
 
 
 def _elementwise(fn: Callable, *args, **kwargs):
@@ -175,8 +175,7 @@ def _where_mask(x: NamedArray, where):
 
 
 def _reduce(fn: Callable, x: NamedArray, axis, *, where=None, **kwargs) -> NamedArray:
-    if not isinstance(x, NamedArray):
-        raise ArgumentTypeError(f"expected a NamedArray, got {type(x).__name__}")
+    expect_named(x, f"nm.{fn.__name__}")
     dims = _reduction_axes(x, axis)
     if where is not None:
         kwargs["where"] = _where_mask(x, where)
@@ -262,6 +261,7 @@ def argmin(x, axis=None) -> NamedArray:
 
 
 def _along(fn: Callable, x: NamedArray, axis, **kwargs) -> NamedArray:
+    expect_named(x, f"nm.{getattr(fn, '__name__', 'op')}")
     sels = as_selectors(axis)
     if len(sels) != 1:
         raise AxisError(f"{getattr(fn, '__name__', 'op')} needs exactly one axis name, got {axis!r}; the array has axes {format_axes(x.axes)}")

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import jax.numpy as jnp
 
 from ._axis import ArgumentError, ArgumentTypeError, Axis, AxisError, check_unique, format_axes, index_of
-from ._core import NamedArray
+from ._core import NamedArray, expect_named
 
 _TOKEN = re.compile(r"\.\.\.|[(){}:]|[^\s(){}:,]+")
 
@@ -119,8 +119,7 @@ def _split_sizes(axis: Axis, parts: list[str], bind: _Bindings) -> list[Axis]:
 
 
 def rearrange_pattern(x: NamedArray, pattern: str, kwargs: dict) -> NamedArray:
-    if not isinstance(x, NamedArray):
-        raise ArgumentTypeError(f"rearrange takes a NamedArray, got {type(x).__name__}")
+    expect_named(x, "rearrange")
     if pattern.count("->") != 1:
         raise AxisError(f"rearrange: pattern {pattern!r} needs exactly one '->'")
     left_s, right_s = pattern.split("->")

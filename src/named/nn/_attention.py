@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from .._axis import Axis, AxisError, AxisSelector, NamedError, format_axes, name_of
-from .._core import NamedArray
+from .._core import NamedArray, expect_named
 from .._einsum import dot, einsum
 from .. import _ops as ops
 from ..partitioning import shard
@@ -37,7 +37,7 @@ def positions_from_segments(segment_ids: NamedArray, Pos: AxisSelector = "positi
     The result has the axes of ``segment_ids``, in the same order, with dtype int32.
     """
     pos = name_of(Pos)
-    n = segment_ids.axis_size(pos)
+    n = expect_named(segment_ids, "positions_from_segments").axis_size(pos)
     ids = segment_ids.rearrange((..., pos))
     prev = ids.array
     starts = jnp.concatenate([jnp.ones_like(prev[..., :1], bool), prev[..., 1:] != prev[..., :-1]], axis=-1)
@@ -56,7 +56,8 @@ def rotary_embedding(x: NamedArray, positions: NamedArray, *, HeadSize: AxisSele
     variants (Llama 3, YaRN, ...); ``scale`` (a number or a NamedArray without axes) multiplies
     cos and sin, as YaRN's attention factor does. A model whose layers differ passes both as
     per-layer data."""
-    hs = x.resolve_axis(HeadSize)
+    hs = expect_named(x, "rotary_embedding").resolve_axis(HeadSize)
+    expect_named(positions, "rotary_embedding", "positions")
     if hs.size % 2:
         raise AxisError(f"rotary_embedding needs an even {hs.name!r} size, got {hs.size}")
     half = Axis(hs.name, hs.size // 2)
@@ -179,6 +180,10 @@ def dot_product_attention(
         raise NamedError(f"unknown attention implementation {implementation!r}; use {', '.join(_IMPLEMENTATIONS)}")
     if implementation == "auto":
         implementation = _scoped.get()
+    for what, x in (("query", query), ("key", key), ("value", value), ("mask", mask), ("bias", bias),
+                    ("segment_ids", segment_ids)):
+        if x is not None:
+            expect_named(x, "dot_product_attention", what)
     qpos, kpos, hs = name_of(QPos), name_of(KPos), name_of(HeadSize)
     for what, x, need in (("query", query, (qpos, hs)), ("key", key, (kpos, hs)), ("value", value, (kpos, hs))):
         missing = [n for n in need if n not in x.names]

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._axis import Axis, AxisError, AxisSelection, NamedError, as_selectors, format_axes
-from .._core import NamedArray
+from .._core import NamedArray, expect_named
 from .._einsum import dot
 from .._index import concrete, first_flagged
 from .. import random as nmr
@@ -67,6 +67,7 @@ class Linear(eqx.Module):
 def check_input(layer, x: NamedArray) -> None:
     """``x`` has every ``In`` axis of ``layer`` (a Linear or a quantized one) and none of its ``Out`` axes."""
     what = type(layer).__name__
+    expect_named(x, what)
     missing = [a.name for a in layer.In if a.name not in x.names]
     if missing:
         raise AxisError(f"{what} expects input axes {format_axes(layer.In)}; {missing} missing from {format_axes(x.axes)}")
@@ -102,6 +103,7 @@ class Embedding(eqx.Module):
 
     def __call__(self, ids: NamedArray) -> NamedArray:
         """Look up integer ``ids`` (any axes): the result has ``ids.axes + (Embed,)``."""
+        expect_named(ids, "Embedding", "ids")
         if not jnp.issubdtype(ids.dtype, jnp.integer):
             raise AxisError(f"Embedding takes integer token ids, got dtype {ids.dtype}")
         out = self.weight.take(self.Vocab.name, ids)
@@ -111,6 +113,7 @@ class Embedding(eqx.Module):
 
     def unembed(self, x: NamedArray) -> NamedArray:
         """Logits over Vocab: ``x · Wᵀ`` contracting Embed."""
+        expect_named(x, "Embedding.unembed")
         return shard(dot(x, self.weight, axis=self.Embed.name))
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from .._axis import Axis, AxisError, AxisSelector, format_axes, name_of
-from .._core import NamedArray
+from .._core import NamedArray, expect_named
 from .._shape import arange, rename
 
 
@@ -41,6 +41,8 @@ def chunked_mask(QPos: Axis, KPos: Axis, chunk: int, *, q_offset=0) -> NamedArra
 
 def segment_mask(q_segments: NamedArray, k_segments: NamedArray) -> NamedArray:
     """True where query and key belong to the same packed segment."""
+    expect_named(q_segments, "segment_mask", "q_segments")
+    expect_named(k_segments, "segment_mask", "k_segments")
     return q_segments == k_segments
 
 
@@ -53,7 +55,7 @@ def padding_mask(valid_or_lengths: NamedArray, KPos: AxisSelector = "key_positio
     0 or less masks every key. From a boolean per token (True = a real token) over
     ``Pos`` (or already over ``KPos``): the same values on the key axis, so nobody renames by
     hand (and nobody passes a mask over queries by mistake)."""
-    x = valid_or_lengths
+    x = expect_named(valid_or_lengths, "padding_mask")
     kpos, pos = name_of(KPos), name_of(Pos)
     if jnp.issubdtype(x.dtype, jnp.integer):
         if not isinstance(KPos, Axis):

@@ -36,7 +36,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from .._axis import ArgumentError, Axis, AxisError, format_axes
 from .._context import current_body, current_mapping, current_mesh
-from .._core import NamedArray
+from .._core import NamedArray, expect_named
 from .._einsum import dot
 from .. import _ops as ops
 from .._shape import one_hot
@@ -226,6 +226,7 @@ class MoE(eqx.Module):
         """``(y, stats)``: the output and the router's :func:`router_stats`, from which
         :func:`router_losses` makes the losses ``__call__`` returns (a model that stacks layers
         can return the statistics per layer and make the losses after the stack)."""
+        expect_named(x, "MoE")
         # not self.router(x): its output constraint would fail under expert parallelism, where
         # the compute mapping gives batch and experts one mesh axis (tokens and experts both split)
         router = self.router.weight

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._axis import ArgumentError, ArgumentTypeError, Axis, AxisError, AxisSelector, format_axes
-from .._core import NamedArray
+from .._core import NamedArray, expect_named
 from .. import _ops as ops
 from .._einsum import dot
 from .._index import concrete, first_flagged
@@ -221,7 +221,7 @@ def cross_entropy_loss(
     """
     _check_reduction(reduction)
     _check_smoothing(label_smoothing)
-    Vocab = logits.resolve_axis(axis)
+    Vocab = expect_named(logits, "cross_entropy_loss", "logits").resolve_axis(axis)
     token_axes = tuple(a for a in logits.axes if a.name != Vocab.name)
     logits32 = logits.astype(jnp.float32)
     lse = ops.logsumexp(logits32, Vocab.name)
@@ -273,8 +273,7 @@ def binary_cross_entropy_loss(
     """
     _check_reduction(reduction)
     for what, v in (("logits", logits), ("targets", targets)):
-        if not isinstance(v, NamedArray):
-            raise ArgumentTypeError(f"binary_cross_entropy_loss: {what} must be a NamedArray, got {type(v).__name__}")
+        expect_named(v, "binary_cross_entropy_loss", what)
     if set(targets.names) != set(logits.names):
         odd = sorted(set(targets.names) ^ set(logits.names))
         raise AxisError(f"binary_cross_entropy_loss: targets {format_axes(targets.axes)} and logits "
@@ -314,7 +313,7 @@ def next_token_targets(
     Returns:
         ``(targets, mask)``: both with ``input_ids``' axes; ``mask`` is float32.
     """
-    Pos = input_ids.resolve_axis(Pos)
+    Pos = expect_named(input_ids, "next_token_targets", "input_ids").resolve_axis(Pos)
     targets = roll(input_ids, -1, Pos.name)
     mask = (arange(Pos) < Pos.size - 1).astype(jnp.float32)
     if loss_mask is not None:
@@ -415,8 +414,8 @@ def blockwise_cross_entropy_loss(
     _check_reduction(reduction)
     if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not softcap > 0):
         raise ArgumentError(f"softcap={softcap!r}; it must be a positive number, or None for no cap")
-    Embed = hidden.resolve_axis(Embed)
-    V = unembed_weight.resolve_axis(Vocab)
+    Embed = expect_named(hidden, "blockwise_cross_entropy_loss", "hidden").resolve_axis(Embed)
+    V = expect_named(unembed_weight, "blockwise_cross_entropy_loss", "unembed_weight").resolve_axis(Vocab)
     if set(unembed_weight.names) != {Embed.name, V.name}:
         raise AxisError(
             f"unembed_weight must have exactly the axes {Embed.name!r} and {V.name!r}, "
