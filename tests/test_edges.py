@@ -228,3 +228,60 @@ def test_a_plain_array_into_a_layer_gets_the_wrap_it_message(entry):
     with pytest.raises(nm.ArgumentTypeError, match=r"takes a NamedArray.*got a positional array of shape \(2, 3(, 4)?\); "
                                                    r"wrap it with nm.named\(array, axes\)"):
         LAYER_ENTRIES[entry]()
+
+
+# ---- messages in the library's words -----------------------------------------------------------------
+
+
+def test_a_stacked_block_that_changes_its_carry_names_the_axes():
+    Layers = nm.Axis("layers", 3)
+    stack = nn.Stacked.init(Layers, nn.Linear.init, Emb, Mlp_, key=_K)  # embed -> mlp: cannot be a carry
+    x = nm.ones((Bt, Emb))
+    with pytest.raises(nm.AxisError, match=r"scan over 'layers': the step changed the carry it passes on: the carry "
+                                           r"\(batch=2, embed=4\) -> \(batch=2, mlp=8\).*nn.BlockSeq"):
+        stack.fold(x)
+    with pytest.raises(nm.AxisError, match=r"\['h'\] dtype float32 -> bfloat16"):
+        nm.fold(lambda c, w: {"h": (c["h"] * w).astype(jnp.bfloat16)}, "layers")({"h": x}, nm.ones((Layers,)))
+    # the same axes in another order are put back in order, not refused
+    out = nm.fold(lambda c, w: (c * w).rearrange(("embed", "batch")), "layers")(x, nm.ones((Layers,)))
+    assert out.names == ("batch", "embed")
+
+
+def test_per_row_offsets_of_the_wrong_size_name_the_argument_not_vmap():
+    Bq, S = nm.Axis("batch", 4), nm.Axis("seq", 7)
+    x = nm.zeros((Bq, S, Emb))
+    off = nm.named(jnp.array([0, 1, 2]), "batch")
+    with pytest.raises(nm.AxisError, match=r"updated_slice: the offsets for axis 'seq' are over batch=3 but the array "
+                                           r"has batch=4"):
+        jax.jit(lambda x, o: nm.updated_slice(x, {"seq": o}, nm.ones((S.resize(1), Emb))))(x, off)
+    with pytest.raises(nm.AxisError, match=r"the nm.ds starts for axis 'seq' are over batch=3 but the array has batch=4"):
+        x["seq", nm.ds(off, 2)]
+    with pytest.raises(nm.AxisError, match=r"updated_slice: the update has batch=3 but the array has batch=4"):
+        nm.updated_slice(x, {"seq": nm.named(jnp.arange(4), "batch")}, nm.ones((Bq.resize(3), S.resize(1), Emb)))
+    q = nm.ones((Bq, Ps, Emb.alias("head_size")))
+    k = nm.ones((Bq, nm.Axis("key_position", 7), Emb.alias("head_size")))
+    with pytest.raises(nm.AxisError, match=r"dot_product_attention: q_offset has batch=3, but the query .* has batch=4"):
+        nn.dot_product_attention(q, k, k, causal=True, q_offset=off)
+
+
+def test_grad_of_a_named_loss_takes_the_0d_array_and_names_the_axes_left():
+    w, x = nm.named(np.arange(3.0, dtype=np.float32), "embed"), nm.named(np.ones((2, 3), np.float32), "batch embed")
+
+    def loss(w, x):
+        return (nm.dot(x, w, axis="embed") ** 2).mean()
+
+    value, g = nm.value_and_grad(loss)(w, x)
+    want = jax.grad(lambda wa: ((x.array @ wa) ** 2).mean())(w.array)
+    assert isinstance(value, nm.NamedArray) and value.axes == () and np.isclose(value.item(), 9.0)
+    np.testing.assert_allclose(g.array, want, **TOL)
+    np.testing.assert_allclose(jax.jit(nm.grad(loss))(w, x).array, want, **TOL)
+    with pytest.raises(nm.AxisError, match=r"nm.grad\(<lambda>\): the function returned a NamedArray with axes "
+                                           r"\(batch=2\).*reduce it first"):
+        nm.grad(lambda w, x: nm.dot(x, w, axis="embed"))(w, x)
+    with pytest.raises(nm.AxisError, match=r"scalar\(\) needs an array with no axes.*reduce it first"):
+        nm.dot(x, w, axis="embed").scalar()
+
+
+def test_haliax_typed_axes_spelling_names_ours():
+    with pytest.raises(nm.AxisError, match=r"Float\[NamedArray, \.\.\.\] is Haliax's spelling.*write nm.Float\['batch embed'\]"):
+        nm.Float[nm.NamedArray, "batch embed"]

@@ -35,7 +35,7 @@ from ._shape import (
     zeros,
     zeros_like,
 )
-from ._transforms import fold, nmap, scan, vmap
+from ._transforms import fold, grad, nmap, scan, value_and_grad, vmap
 from ._state_dict import (
     StateDictEntry,
     StateDictError,

@@ -117,7 +117,8 @@ class NamedArray:
     def scalar(self) -> jax.Array:
         """The 0-d jax array of a NamedArray with no axes (e.g. a loss to differentiate)."""
         if self.axes:
-            raise AxisError(f"scalar() needs an array with no axes, this one has {format_axes(self.axes)}")
+            raise AxisError(f"scalar() needs an array with no axes, this one has {format_axes(self.axes)}; reduce it "
+                            "first (x.sum(), x.mean(...))")
         return self.array
 
     def __repr__(self) -> str:

@@ -126,6 +126,16 @@ def check_window(what: str, a: Axis, start, size: int, effect: str) -> None:
                         f"clamp it and {effect})")
 
 
+def check_rows(what: str, rows: NamedArray, x: NamedArray) -> None:
+    """Per-row values (offsets, starts: one per row of ``batch``) are over axes ``x`` has, at the
+    sizes it has them; said in the caller's words rather than as a vmap or broadcast over axes
+    the caller never mapped."""
+    for r in rows.axes:
+        if r.name in x.names and x.axis_size(r.name) != r.size:
+            raise AxisError(f"{what} are over {r.name}={r.size} but the array has {r.name}={x.axis_size(r.name)} "
+                            f"{format_axes(x.axes)}; per-row values need one entry for each row of {r.name!r}")
+
+
 def _check_ds(a: Axis, v: ds, writes: bool = False) -> None:
     if not 0 <= v.size <= a.size:
         raise AxisError(f"nm.ds(start, {v.size}) does not fit in axis {a.name!r} of size {a.size}")
@@ -186,6 +196,8 @@ def _plan(x: NamedArray, idx, writes: bool = False) -> _Plan:
             gathers[i] = v
         elif kinds[i] == "ds":
             _check_ds(x.axes[i], v, writes)
+            if _per_row(v):
+                check_rows(f"the nm.ds starts for axis {x.axes[i].name!r}", v.start, x)
             gathers[i] = _window(x.axes[i], v)
         elif kinds[i] == "int":
             _check_int(x.axes[i], v)
@@ -360,12 +372,20 @@ def updated_slice(x: NamedArray, start: Mapping, update: NamedArray) -> NamedArr
             raise AxisError(f"updated_slice: offsets for axis {a.name!r} must be integer, got dtype {s.dtype}")
         check_window("updated_slice: an update", a, s, n, "overwrite entries that were not addressed")
         offsets[a.name] = s
+    for name, s in offsets.items():
+        if isinstance(s, NamedArray) and s.ndim:
+            check_rows(f"updated_slice: the offsets for axis {name!r}", s, x)
     rows = union(*(s.axes for s in offsets.values() if isinstance(s, NamedArray) and s.ndim))
     if rows:
         bad = [r.name for r in rows if r.name not in x.names or r.name in offsets]
         if bad:
             raise AxisError(f"updated_slice: per-row offsets have axes {bad} that are not other axes of the array "
                             f"{format_axes(x.axes)}")
+        for r in rows:
+            if r.name in update.names and update.axis_size(r.name) != x.axis_size(r.name):
+                raise AxisError(f"updated_slice: the update has {r.name}={update.axis_size(r.name)} but the array has "
+                                f"{r.name}={x.axis_size(r.name)}; with offsets per row of {r.name!r} the update has "
+                                "every row, or no such axis (then each row gets the same update)")
         # One dynamic_update_slice per row; under vmap XLA emits a single scatter that clamps
         # each row's window exactly as the unbatched write does.
         out = vmap(updated_slice, tuple(x.resolve_axis(r.name) for r in rows))(x, offsets, update)

@@ -209,6 +209,12 @@ def dot_product_attention(
             return unflatten_axis(m, heads, (KV, group)) if m is not None and heads in m.names else m
 
         mask, bias = follow_query(mask), follow_query(bias)
+    if isinstance(q_offset, NamedArray):
+        for r in q_offset.axes:
+            if r.name not in query.names or query.axis_size(r.name) != r.size:
+                raise AxisError(f"dot_product_attention: q_offset has {r.name}={r.size}, but the query "
+                                f"{format_axes(query.axes)} has {r.name}={query.axis_size(r.name) if r.name in query.names else 'no such axis'}; "
+                                "per-row offsets need one entry for each row")
     if window is not None and not causal:
         raise NamedError("dot_product_attention: a sliding window needs causal=True")
     if implementation == "cudnn":
