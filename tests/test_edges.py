@@ -285,3 +285,31 @@ def test_grad_of_a_named_loss_takes_the_0d_array_and_names_the_axes_left():
 def test_haliax_typed_axes_spelling_names_ours():
     with pytest.raises(nm.AxisError, match=r"Float\[NamedArray, \.\.\.\] is Haliax's spelling.*write nm.Float\['batch embed'\]"):
         nm.Float[nm.NamedArray, "batch embed"]
+
+
+# ---- jax.make_mesh's Explicit axes -------------------------------------------------------------------
+
+
+def test_named_jit_and_shard_accept_a_mesh_made_by_jax_make_mesh():
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+    explicit = jax.make_mesh((4, 2), ("data", "model"))  # jax's default axis types: Explicit
+    assert set(explicit.axis_types) == {AxisType.Explicit}
+    x = nm.random.normal(jax.random.key(1), (nm.Axis("batch", 8), Emb))
+    w = nm.random.normal(jax.random.key(2), (Emb, Mlp_))
+    w = nm.named(jax.device_put(w.array, NamedSharding(explicit, P("data"))), w.axes)  # FSDP, on that mesh
+
+    def f(x, w):
+        h = nm.relu(nm.dot(x, w, axis="embed"))
+        return h * w.sum("embed")  # an FSDP weight broadcast into an activation
+
+    want = np.maximum(np.asarray(x.array) @ np.asarray(w.array), 0) * np.asarray(w.array).sum(0)
+    y = nm.named_jit(f, mapping={"batch": "data", "mlp": "model"}, mesh=explicit)(x, w)
+    np.testing.assert_allclose(y.array, want, **TOL)
+    assert nm.layout(y) == "batch/data mlp/model"
+    with jax.set_mesh(explicit), nm.axis_mapping({"batch": "data"}):
+        np.testing.assert_allclose(nm.named_jit(f)(x, w).array, want, **TOL)
+        assert nm.layout(nm.shard(x)) == "batch/data embed"
+        # a plain jax.jit traced under the Explicit mesh: shard sets the layout (jax.sharding.reshard)
+        z = jax.jit(lambda v: nm.shard(v * 2.0))(x)
+        assert z.array.sharding.spec == P("data", None)

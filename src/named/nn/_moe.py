@@ -32,7 +32,7 @@ from typing import ClassVar
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import PartitionSpec
 
 from .._axis import ArgumentError, Axis, AxisError, format_axes
 from .._context import current_body, current_mapping, current_mesh
@@ -42,7 +42,7 @@ from .. import _ops as ops
 from .._shape import one_hot
 from .._local import ShardedAxis, _split_over, issue
 from ..explicit import all_gather, all_to_all, axis_index, psum, shard_map
-from ..partitioning import _mesh_axes, shard
+from ..partitioning import _mesh_axes, constrain, shard
 from ._basic import MLP, activation as _activation
 from ._linear import Linear
 from ._stacked import Stacked
@@ -418,7 +418,7 @@ def _auto(x, ids, w, weights, names: _Names, n_experts: int, act, mapping, mesh)
     order = block_dims + local_dims
 
     def constrain(a, *spec):
-        return jax.lax.with_sharding_constraint(a, NamedSharding(mesh, PartitionSpec(*spec)))
+        return constrain(a, mesh, PartitionSpec(*spec))
 
     def to_blocks(arr_named: NamedArray, last: str):
         """(*tokens, last) -> (blocks, tokens per block, last)."""
