@@ -313,3 +313,27 @@ def test_named_jit_and_shard_accept_a_mesh_made_by_jax_make_mesh():
         # a plain jax.jit traced under the Explicit mesh: shard sets the layout (jax.sharding.reshard)
         z = jax.jit(lambda v: nm.shard(v * 2.0))(x)
         assert z.array.sharding.spec == P("data", None)
+
+
+# ---- nn.Stacked built directly -----------------------------------------------------------------------
+
+
+def test_stacked_built_directly_refuses_leaves_it_cannot_slice():
+    import equinox as eqx
+
+    class Block(eqx.Module):
+        w: object
+
+        def __call__(self, x):
+            return x * self.w
+
+    Layers = nm.Axis("layers", 3)
+    with pytest.raises(nm.AxisError, match=r"block leaf \.w is a plain array of shape \(3, 4\).*nm.named"):
+        nn.Stacked(Block(jnp.ones((3, 4))), Layers)  # docs/nn.md: a plain array leaf raises
+    with pytest.raises(nm.AxisError, match=r"block weight \.w \(embed=4\) lacks the layers axis 'layers'"):
+        nn.Stacked(Block(nm.ones((Emb,))), Layers)  # get_layer would have returned it unsliced
+    with pytest.raises(nm.AxisError, match=r"has layers=2, not the stack's 3"):
+        nn.Stacked(Block(nm.ones((Layers.resize(2), Emb))), Layers)
+    w = nm.named(np.arange(12.0, dtype=np.float32).reshape(3, 4), (Layers, Emb))
+    stack = nn.Stacked(Block(w), Layers)
+    np.testing.assert_array_equal(stack.get_layer(1).w.array, np.arange(4.0, 8.0))
