@@ -337,3 +337,28 @@ def test_stacked_built_directly_refuses_leaves_it_cannot_slice():
     w = nm.named(np.arange(12.0, dtype=np.float32).reshape(3, 4), (Layers, Emb))
     stack = nn.Stacked(Block(w), Layers)
     np.testing.assert_array_equal(stack.get_layer(1).w.array, np.arange(4.0, 8.0))
+
+
+# ---- positional-looking patterns: one reading, or an error ---------------------------------------------
+
+
+def test_a_pattern_haliax_would_read_by_position_is_refused_not_read_otherwise():
+    hn = np.random.default_rng(0).standard_normal((3, 2)).astype(np.float32)
+    hw = nm.named(hn, "w h")
+    # Haliax binds 'h' to the first axis (named w) and 'w' to the second, so 'h w -> w h' is a
+    # transpose to (h, w) there; matching names, it would leave (w, h). Neither guess is made.
+    with pytest.raises(nm.AxisError, match=r"rearrange: 'h w' names the axes of \(w=3, h=2\) in another order.*'h' would "
+                                           r"be axis 'w'.*braces \('\{h w\}'\)"):
+        nm.rearrange(hw, "h w -> w h")
+    with pytest.raises(nm.AxisError, match=r"'\.\.\. w' names the axes"):
+        nm.rearrange(hw, "... w -> w ...")  # after '...' counts from the end: 'w' would be axis 'h'
+    with pytest.raises(nm.AxisError, match=r"einsum operand 0: 'h w' names the axes of \(w=3, h=2\) in another order"):
+        nm.einsum("h w -> h", hw)  # Haliax: sums the array's second axis (h), keeps w under the name 'h'
+    with pytest.raises(nm.AxisError, match=r"einsum operand 1: 'h w'"):
+        nm.einsum("w h, h w -> w", hw, hw)
+    # one reading: the array's order, braces, or names after '...' that sit at the end
+    np.testing.assert_array_equal(nm.rearrange(hw, "w h -> h w").array, hn.T)
+    np.testing.assert_array_equal(nm.rearrange(hw, "{h w} -> h w").array, hn.T)
+    np.testing.assert_array_equal(nm.rearrange(hw, "... h -> h ...").array, hn.T)
+    np.testing.assert_allclose(nm.einsum("w h -> h", hw).array, hn.sum(0), **TOL)
+    np.testing.assert_allclose(nm.einsum("{w} -> h", hw).array, hn.sum(0), **TOL)
