@@ -4,6 +4,8 @@ references are numpy or plain jnp, never the code under test."""
 
 from __future__ import annotations
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -362,3 +364,38 @@ def test_a_pattern_haliax_would_read_by_position_is_refused_not_read_otherwise()
     np.testing.assert_array_equal(nm.rearrange(hw, "... h -> h ...").array, hn.T)
     np.testing.assert_allclose(nm.einsum("w h -> h", hw).array, hn.sum(0), **TOL)
     np.testing.assert_allclose(nm.einsum("{w} -> h", hw).array, hn.sum(0), **TOL)
+
+
+# ---- safetensors: an optional digest per tensor ----------------------------------------------------------
+
+
+def _flip_last_tensor_byte(path):
+    raw = bytearray(path.read_bytes())
+    raw[-2] ^= 0x40  # inside the data of the last tensor: the header (and every shape) stays valid
+    path.write_bytes(bytes(raw))
+
+
+def test_a_damaged_safetensors_file_is_caught_by_its_digest(tmp_path):
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    lin = nn.Linear.init(Emb, Mlp_, key=_K, dtype=jnp.bfloat16)
+    path = tmp_path / "lin.safetensors"
+    nm.save_state_dict(lin, path, metadata={"note": "kept"})
+    with safe_open(str(path), framework="numpy") as f:
+        assert f.metadata()["note"] == "kept" and set(json.loads(f.metadata()["named.sha256"])) == {"bias", "weight"}
+    np.testing.assert_array_equal(nm.load_state_dict_file(lin, path).weight.array, lin.weight.array)
+    _flip_last_tensor_byte(path)
+    with pytest.raises(nm.StateDictError, match=r"lin.safetensors: tensor 'weight' does not match the sha256 it was saved with"):
+        nm.load_state_dict_file(lin, path)
+    # a file without digests (another writer's, or digest=False) loads as before: the flip goes unseen
+    nm.save_state_dict(lin, path, digest=False)
+    _flip_last_tensor_byte(path)
+    assert not np.array_equal(nm.load_state_dict_file(lin, path).weight.array, lin.weight.array)
+    # a digest table that does not cover the file is refused too
+    save_file({"weight": np.asarray(lin.weight.array), "bias": np.asarray(lin.bias.array)}, str(path),
+              metadata={"named.sha256": json.dumps({"weight": "0" * 64})})
+    with pytest.raises(nm.StateDictError, match=r"tensor 'bias' has no digest"):
+        nm.load_state_dict_file(lin, path)
+    with pytest.raises(nm.StateDictError, match=r"'named.sha256' holds the tensors' digests"):
+        nm.save_state_dict(lin, path, metadata={"named.sha256": "mine"})

@@ -42,7 +42,8 @@ from .. import _ops as ops
 from .._shape import one_hot
 from .._local import ShardedAxis, _split_over, issue
 from ..explicit import all_gather, all_to_all, axis_index, psum, shard_map
-from ..partitioning import _mesh_axes, constrain, shard
+from .. import partitioning
+from ..partitioning import _mesh_axes, shard
 from ._basic import MLP, activation as _activation
 from ._linear import Linear
 from ._stacked import Stacked
@@ -418,7 +419,7 @@ def _auto(x, ids, w, weights, names: _Names, n_experts: int, act, mapping, mesh)
     order = block_dims + local_dims
 
     def constrain(a, *spec):
-        return constrain(a, mesh, PartitionSpec(*spec))
+        return partitioning.constrain(a, mesh, PartitionSpec(*spec))
 
     def to_blocks(arr_named: NamedArray, last: str):
         """(*tokens, last) -> (blocks, tokens per block, last)."""
