@@ -244,6 +244,8 @@ def test_a_stacked_block_that_changes_its_carry_names_the_axes():
         stack.fold(x)
     with pytest.raises(nm.AxisError, match=r"\['h'\] dtype float32 -> bfloat16"):
         nm.fold(lambda c, w: {"h": (c["h"] * w).astype(jnp.bfloat16)}, "layers")({"h": x}, nm.ones((Layers,)))
+    with pytest.raises(nm.AxisError, match=r"the carry a NamedArray \(batch=2, embed=4\) -> a plain array of shape \(2, 4\)"):
+        nm.fold(lambda c, w: (c * w).array, "layers")(x, nm.ones((Layers,)))
     # the same axes in another order are put back in order, not refused
     out = nm.fold(lambda c, w: (c * w).rearrange(("embed", "batch")), "layers")(x, nm.ones((Layers,)))
     assert out.names == ("batch", "embed")

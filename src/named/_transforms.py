@@ -147,6 +147,13 @@ def _same_carry(before, after, what: str):
                         f"{b_def}); each step must return the carry it takes, changed in value only")
     changed, out = [], []
     for (path, b), a in zip(b_leaves, a_leaves):
+        if isinstance(b, NamedArray) != isinstance(a, NamedArray):
+            kinds = [f"a NamedArray {format_axes(v.axes)}" if isinstance(v, NamedArray) else
+                     f"a plain array of shape {tuple(v.shape)}" if hasattr(v, "shape") else f"a {type(v).__name__}"
+                     for v in (b, a)]
+            changed.append(f"{jax.tree_util.keystr(path) or 'the carry'} {kinds[0]} -> {kinds[1]}")
+            out.append(a)
+            continue
         if isinstance(b, NamedArray) and isinstance(a, NamedArray):
             if a.axes != b.axes and set(a.axes) == set(b.axes):
                 a = a.rearrange(b.names)
