@@ -366,6 +366,10 @@ def test_a_pattern_haliax_would_read_by_position_is_refused_not_read_otherwise()
     np.testing.assert_array_equal(nm.rearrange(hw, "... h -> h ...").array, hn.T)
     np.testing.assert_allclose(nm.einsum("w h -> h", hw).array, hn.sum(0), **TOL)
     np.testing.assert_allclose(nm.einsum("{w} -> h", hw).array, hn.sum(0), **TOL)
+    # names of more than one letter are names: any order, as before
+    named_x = nm.named(hn, "width height")
+    np.testing.assert_array_equal(nm.rearrange(named_x, "height width -> height width").array, hn.T)
+    np.testing.assert_allclose(nm.einsum("height width -> height", named_x).array, hn.sum(0), **TOL)
 
 
 # ---- safetensors: an optional digest per tensor ----------------------------------------------------------

@@ -1,11 +1,11 @@
 """Contractions by name: ``nm.dot`` and ``nm.einsum``.
 
 einsum grammar: ``"in1, in2, ... -> out"``. Each side lists axis names separated by spaces.
-- An input spec names the axes of its operand by name, not position. It may hold ``...``,
-  standing for the operand's other axes; without ``...`` it must name them all. It lists them
-  in the operand's order: Haliax reads such a spec by position, so a name where the operand
-  has another axis would mean something else there, and is refused (the braces form below
-  takes names in any order).
+- An input spec names the axes of its operand in any order (names, not positions). It may
+  hold ``...``, standing for the operand's other axes; without ``...`` it must name them all.
+  A spec written in one-letter names (``"h w d"``) looks like Haliax's positional form: one
+  that names an axis where the operand has another is refused, since Haliax would read it
+  otherwise (list them in the operand's order, or use the braces form below).
 - The output lists the result's axes in order; ``...`` there stands for every input axis that
   is neither listed nor contracted, in first-seen order. An input axis missing from the output
   is summed over (contracted). ``->`` is required: there is no implicit mode.

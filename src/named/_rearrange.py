@@ -4,12 +4,13 @@
 
 Grammar: ``left -> right``; names are separated by spaces (or commas).
 
-- The **left side names the array's axes by name** (as einsum's input specs do): it is
-  matched by name, never by position. ``...`` stands for the axes it does not name; without
-  ``...`` it must name them all. In braces (Haliax's unordered form, ``{heads position} ->
-  ...``, which implies ``...``) it may name them in any order. Unbraced, Haliax and einops
-  bind it by position, so where that reading would name another axis than ours (a name out
-  of the array's order) the pattern is refused rather than read differently.
+- The **left side names the array's axes by name, in any order** (as einsum's input specs do):
+  it is matched by name, never by position. ``...`` stands for the axes it does not name;
+  without ``...`` it must name them all. Braces around the left side (Haliax's unordered form,
+  ``{heads position} -> ...``) are accepted and imply ``...``. One exception keeps a
+  positional-looking pattern from meaning two things: a left side written in one-letter names
+  (``"h w -> w h"``, as in einops and Haliax, which bind it by position) that names an axis
+  where the array has another is refused; braces or the array's order say which is meant.
 - A group on the left **splits** an axis into new axes, row-major (the first part varies
   slowest): ``(embed: heads head_size)`` splits ``embed``. A group without ``axis:``
   (``(heads head_size)``) splits one of the axes the left side does not name; such groups take
@@ -121,14 +122,18 @@ def _split_sizes(axis: Axis, parts: list[str], bind: _Bindings) -> list[Axis]:
 
 
 def refuse_positional_misreading(what: str, side: str, items: list, axes, names: list) -> None:
-    """Refuse an unbraced left side that Haliax (and einops) would read otherwise.
+    """Refuse a positional-looking left side that Haliax (and einops) would read otherwise.
 
-    Here the left side of a pattern (rearrange's, or an einsum input spec) is matched by name.
-    Haliax binds an unbraced one by position: item ``k`` is axis ``k``, and items after ``...``
-    count from the end. Where an item names an axis of the array that is not the one at its
-    position, the two readings give different results with no error in either library, so
-    the pattern is refused; in braces (``{a b} -> ...``) both match by name. ``names`` holds,
-    per item, the axis name it stands for (None for ``...`` and for an anonymous group)."""
+    Here the left side of a pattern (rearrange's, or an einsum input spec) is matched by name,
+    in any order. Haliax binds an unbraced one by position: item ``k`` is axis ``k``, and items
+    after ``...`` count from the end. A left side written in one-letter names (``"h w c"``, the
+    einops idiom) looks positional; where an item of it names an axis of the array that is not
+    the one at its position, the two readings give different results with no error in either
+    library, so the pattern is refused; in braces (``{h w} -> ...``) both match by name. Names
+    of more than one letter are names, read as such in any order. ``names`` holds, per item,
+    the axis name it stands for (None for ``...`` and for an anonymous group)."""
+    if not all(len(name) == 1 for name in names if name is not None):
+        return
     n = len(axes)
     if Ellipsis in items:
         k = items.index(Ellipsis)

@@ -112,7 +112,7 @@ def rearrange(x: NamedArray, order: AxisSelection, **sizes) -> NamedArray:
     split, merge and transpose by an einops-style pattern with ``->``.
 
     ``x.rearrange(("batch", ..., "embed"))``, ``x.rearrange("batch ... embed")``,
-    ``nm.rearrange(x, "... (embed: heads head_size) -> ... heads head_size", heads=4)``
+    ``nm.rearrange(x, "(embed: heads head_size) ... -> ... heads head_size", heads=4)``
     (the pattern grammar is in ``named._rearrange``).
     """
     if isinstance(order, str) and "->" in order:
