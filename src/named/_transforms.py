@@ -135,6 +135,13 @@ def vmap(fn: Callable, axis: AxisSelection) -> Callable:
     return wrapped
 
 
+def _weakly_typed(x) -> bool:
+    """A weakly typed value (from a Python number) may take another dtype: lax.scan promotes a
+    carry that starts as one."""
+    aval = jax.typeof(x.array if isinstance(x, NamedArray) else x)
+    return bool(getattr(aval, "weak_type", False))
+
+
 def _same_carry(before, after, what: str):
     """``after`` (a step's new carry) laid out as ``before`` (the carry it got), or an AxisError
     that names each leaf whose axes or dtype changed. A carry keeps its type from step to step;
@@ -159,9 +166,7 @@ def _same_carry(before, after, what: str):
                 a = a.rearrange(b.names)
             if a.axes != b.axes:
                 changed.append(f"{jax.tree_util.keystr(path) or 'the carry'} {format_axes(b.axes)} -> {format_axes(a.axes)}")
-        # a weakly typed start (a Python number) may take the step's dtype: lax.scan promotes it
-        weak = getattr(jax.typeof(b.array if isinstance(b, NamedArray) else b), "weak_type", False) if hasattr(b, "dtype") else True
-        if not weak and hasattr(a, "dtype") and a.dtype != b.dtype:
+        if hasattr(a, "dtype") and hasattr(b, "dtype") and a.dtype != b.dtype and not _weakly_typed(b):
             changed.append(f"{jax.tree_util.keystr(path) or 'the carry'} dtype {b.dtype} -> {a.dtype}")
         out.append(a)
     if changed:
