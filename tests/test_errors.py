@@ -62,7 +62,7 @@ CASES = [
     ("axes_of-type", lambda: x + "text", TypeError, r"expected a NamedArray or a scalar, got str"),
     # ---- _einsum.py
     ("einsum-too-many-axes", lambda: nm.dot(*[nm.zeros((Axis(f"a{i}", 1),)) for i in range(53)], axis=()), AE, r"more than 52 distinct axes"),
-    ("dot-not-named", lambda: nm.dot(x, np.zeros(3), axis="embed"), TypeError, r"nm.dot takes NamedArrays, got ndarray"),
+    ("dot-not-named", lambda: nm.dot(x, np.zeros(3), axis="embed"), TypeError, r"nm.dot takes a NamedArray, got a positional array of shape \(3,\); wrap it with nm.named"),
     ("dot-unknown-axis", lambda: nm.dot(x, w, axis="heads"), AE, r"axis 'heads' is in none of the operands \(batch=2, embed=3\) , \(embed=3, mlp=4\)"),
     ("einsum-no-arrow", lambda: nm.einsum("batch embed, embed mlp", x, w), AE, r"needs '->' and an output spec"),
     ("einsum-arity", lambda: nm.einsum("batch embed -> batch", x, w), AE, r"has 1 input specs but 2 arrays"),

@@ -223,9 +223,15 @@ def test_ds_dynamic_slices_with_traced_starts(size_of, names, data):
     np.testing.assert_array_equal(np.asarray(upd.array), want_set)
     # ds combined with an int on another axis
     other = next(m for m in names if m != axis)
-    mixed = x[axis, nm.ds(start, length), other, 0]
+    mixed = jax.jit(lambda x, s: x[axis, nm.ds(s, length), other, 0])(x, jnp.int32(start))
     assert mixed.names == tuple(m for m in names if m != other)
     np.testing.assert_array_equal(np.asarray(mixed.array), np.take(want, 0, axis=names.index(other)))
+    # a static start is checked instead of clamped: the same window when it fits, else an error
+    if 0 <= (start + n if start < 0 else start) <= n - length:
+        np.testing.assert_array_equal(np.asarray(x[axis, nm.ds(start, length)].array), want)
+    else:
+        with pytest.raises(nm.AxisError, match="does not fit"):
+            x[axis, nm.ds(start, length)]
 
 
 @FAST

@@ -131,6 +131,9 @@ def test_split_transpose_merge_match_numpy(case, seed):
     x, a = _named({n: sizes[n] for n in names}, seed)
     merged = order[k : k + length]
     right = order[:k] + ([f"(merged: {' '.join(merged)})"] if merged else []) + order[k + length :]
+    listed = [t.strip("(").split(":")[0] for t in left if t != "..."]
+    if listed != names[:len(listed)]:  # one-letter names out of the array's order: by name only in braces
+        left = ["{"] + left + ["}"]
     pattern = f"{' '.join(left)} -> {' '.join(right)}"
     out = nm.rearrange(x, pattern, **{f"{target}1": p})
     # numpy by hand: split the target axis in place, transpose to the right side's order,

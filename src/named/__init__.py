@@ -50,7 +50,7 @@ from ._shape import (
 )
 from ._ref import NamedRef, freeze, get, new_ref, swap
 from ._remat import ScanCheckpointPolicy, tree_checkpoint_name
-from ._transforms import fold, map, nmap, scan, vmap
+from ._transforms import fold, grad, map, nmap, scan, value_and_grad, vmap
 from ._state_dict import (
     FileWriteError,
     StateDictEntry,

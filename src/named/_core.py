@@ -117,7 +117,8 @@ class NamedArray:
     def scalar(self) -> jax.Array:
         """The 0-d jax array of a NamedArray with no axes (e.g. a loss to differentiate)."""
         if self.axes:
-            raise AxisError(f"scalar() needs an array with no axes, this one has {format_axes(self.axes)}")
+            raise AxisError(f"scalar() needs an array with no axes, this one has {format_axes(self.axes)}; reduce it "
+                            "first (x.sum(), x.mean(...))")
         return self.array
 
     def __repr__(self) -> str:
@@ -343,6 +344,19 @@ def named(array: Any, axes: AxisSelection) -> NamedArray:
     return NamedArray(array, tuple(out))
 
 
+_WRAP = "wrap it with nm.named(array, axes) so its dimensions have names"
+
+
+def expect_named(x: Any, what: str, arg: str | None = None, hint: str = "") -> NamedArray:
+    """``x``, which ``what`` (a layer, an op) takes as a NamedArray (as its argument ``arg``).
+    Anything else, a plain ``jax.Array`` most often, gets the one message every entry of the
+    library gives for it, the same as an elementwise op's: wrap it with ``nm.named``."""
+    if isinstance(x, NamedArray):
+        return x
+    got = f"a positional array of shape {tuple(x.shape)}; {_WRAP}" if _is_concrete_shape(x) else type(x).__name__
+    raise ArgumentTypeError(f"{what} takes a NamedArray{f' as {arg}' if arg else ''}, got {got}{hint}")
+
+
 def axes_of(x: Any) -> tuple[Axis, ...]:
     """Axes of a NamedArray; () for Python numbers and 0-d arrays; an error for positional arrays."""
     if isinstance(x, NamedArray):
@@ -352,10 +366,7 @@ def axes_of(x: Any) -> tuple[Axis, ...]:
     if _is_concrete_shape(x):
         if len(x.shape) == 0:
             return ()
-        raise AxisError(
-            f"a positional array of shape {tuple(x.shape)} was mixed with NamedArrays; "
-            "wrap it with nm.named(array, axes) so its dimensions have names"
-        )
+        raise AxisError(f"a positional array of shape {tuple(x.shape)} was mixed with NamedArrays; {_WRAP}")
     raise ArgumentTypeError(f"expected a NamedArray or a scalar, got {type(x).__name__}")
 
 

@@ -3,6 +3,9 @@
 einsum grammar: ``"in1, in2, ... -> out"``. Each side lists axis names separated by spaces.
 - An input spec names the axes of its operand in any order (names, not positions). It may
   hold ``...``, standing for the operand's other axes; without ``...`` it must name them all.
+  A spec written in one-letter names (``"h w d"``) looks like Haliax's positional form: one
+  that names an axis where the operand has another is refused, since Haliax would read it
+  otherwise (list them in the operand's order, or use the braces form below).
 - The output lists the result's axes in order; ``...`` there stands for every input axis that
   is neither listed nor contracted, in first-seen order. An input axis missing from the output
   is summed over (contracted). ``->`` is required: there is no implicit mode.
@@ -23,8 +26,9 @@ import jax.numpy as jnp
 from . import _compat
 from ._axis import ArgumentTypeError, Axis, AxisError, AxisSelection, as_selectors, format_axes, name_of, union
 from ._context import current_body
-from ._core import NamedArray
+from ._core import NamedArray, expect_named
 from ._local import in_order, issue, vary
+from ._rearrange import refuse_positional_misreading
 
 # What jnp.einsum takes besides the equation and operands; anything else is a caller's typo.
 _EINSUM_OPTIONS = ("precision", "preferred_element_type", "optimize")
@@ -84,8 +88,7 @@ def dot(*arrays: NamedArray, axis: AxisSelection | None, out_axes: AxisSelection
     """
     options = _options("nm.dot", kwargs, "axis=, out_axes=, ")
     for x in arrays:
-        if not isinstance(x, NamedArray):
-            raise ArgumentTypeError(f"nm.dot takes NamedArrays, got {type(x).__name__}")
+        expect_named(x, "nm.dot")
     all_axes = union(*(x.axes for x in arrays))
     if axis is None:
         contracted = {a.name for a in all_axes}
@@ -194,10 +197,13 @@ def local_einsum(equation: str, *arrays: NamedArray, settle: bool, **kwargs) -> 
                 raise AxisError(f"einsum operand {k}: spec {' '.join(map(str, names))!r} repeats a name")
             missing = [n for n in names if n not in x.names]
             if missing:
-                raise AxisError(f"einsum operand {k}: axes {missing} are not in its axes {format_axes(x.axes)}")
+                raise AxisError(f"einsum operand {k}: axes {missing} are not in its axes {format_axes(x.axes)} (a spec "
+                                "names axes, never positions)")
             if Ellipsis not in spec and set(names) != set(x.names):
                 extra = [n for n in x.names if n not in names]
                 raise AxisError(f"einsum operand {k} has axes {extra} that its spec does not list (add them or '...')")
+            refuse_positional_misreading(f"einsum operand {k}", " ".join("..." if t is Ellipsis else t for t in spec),
+                                         spec, x.axes, [None if t is Ellipsis else t for t in spec])
         # Axes named in some input spec but not in the output are contracted; axes covered only
         # by an input's '...' pass through to the output's '...'.
         explicit, rest_contracted = {s for spec in in_specs for s in spec if s is not Ellipsis}, False

@@ -24,7 +24,7 @@ import numpy as np
 from jax import lax
 
 from ._axis import Axis, AxisError, broadcast_axes, check_unique, format_axes, index_of, name_of, union
-from ._core import NamedArray, axes_of, raw
+from ._core import NamedArray, axes_of, expect_named, raw
 from ._transforms import vmap
 
 
@@ -42,7 +42,7 @@ def as_offset(value, what: str = "offset"):
     return value
 
 
-def _concrete(value) -> np.ndarray | None:
+def concrete(value) -> np.ndarray | None:
     """The value when it is known before tracing (so it can be checked), else None."""
     try:
         return np.asarray(value.array if isinstance(value, NamedArray) else value)
@@ -50,14 +50,24 @@ def _concrete(value) -> np.ndarray | None:
         return None
 
 
+def first_flagged(flags: np.ndarray, axes) -> tuple[tuple[int, ...], str]:
+    """The index of the first True entry of ``flags`` (laid out as ``axes``) and how a message
+    names it: ``batch=1, position=0``."""
+    where = tuple(int(i) for i in np.argwhere(flags)[0])
+    return where, ", ".join(f"{a.name}={i}" for a, i in zip(axes, where))
+
+
 @dataclasses.dataclass(frozen=True)
 class ds:
     """A dynamic slice: ``size`` (static) elements from ``start`` (may be traced).
 
-    As in ``lax.dynamic_slice``, a negative start counts from the end and the window is then
-    clamped to lie inside the axis; ``x[ds]`` and ``x.at[ds]`` place it the same way. ``start``
-    may be a NamedArray over other axes of the indexed array (``batch``): each row then gets
-    its own window, as a gather (or a scatter under ``x.at``)."""
+    A negative start counts from the end. A start known before tracing must place the whole
+    window inside the axis (``[-size_of_axis, size_of_axis - size]``), or ``x[ds]`` and
+    ``x.at[ds]`` raise an AxisError, as ``updated_slice`` does. A traced start cannot be
+    checked: as in ``lax.dynamic_slice`` the window is then clamped to lie inside the axis, and
+    ``x[ds]`` and ``x.at[ds]`` place it the same way. ``start`` may be a NamedArray over other
+    axes of the indexed array (``batch``): each row then gets its own window, as a gather (or a
+    scatter under ``x.at``)."""
 
     start: Any
     size: int
@@ -99,9 +109,48 @@ def _kind(value) -> str:
     raise AxisError(f"unsupported index {value!r}: use an int, a slice, nm.ds(start, size) or an integer NamedArray")
 
 
-def _check_ds(a: Axis, v: ds) -> None:
+def check_window(what: str, a: Axis, start, size: int, effect: str) -> None:
+    """One rule for every window with a static start (``nm.ds`` in ``x[...]`` and ``x.at[...]``,
+    ``updated_slice``): a start known before tracing (an int, a concrete array, per-row starts
+    included) must place its ``size`` entries inside ``a``, a negative one counting from the
+    end. lax would clamp it instead, and ``effect``. A traced start cannot be checked: lax
+    places it (negative from the end, then clamped into the axis)."""
+    known = concrete(start)
+    if known is None or not known.size:
+        return
+    at = np.where(known < 0, known + a.size, known)
+    off = (at < 0) | (at > a.size - size)
+    if off.any():
+        raise AxisError(f"{what} of size {size} at offset {int(known.flat[np.argmax(off)])} does not fit in axis "
+                        f"{a.name!r} of size {a.size}; offsets must lie in [{-a.size}, {a.size - size}] (lax would "
+                        f"clamp it and {effect})")
+
+
+def check_rows(what: str, rows: NamedArray, x: NamedArray) -> None:
+    """Per-row values (offsets, starts: one per row of ``batch``) are over axes ``x`` has, at the
+    sizes it has them; said in the caller's words rather than as a vmap or broadcast over axes
+    the caller never mapped."""
+    for r in rows.axes:
+        if r.name in x.names and x.axis_size(r.name) != r.size:
+            raise AxisError(f"{what} are over {r.name}={r.size} but the array has {r.name}={x.axis_size(r.name)} "
+                            f"{format_axes(x.axes)}; per-row values need one entry for each row of {r.name!r}")
+
+
+def _check_ds(a: Axis, v: ds, writes: bool = False) -> None:
     if not 0 <= v.size <= a.size:
         raise AxisError(f"nm.ds(start, {v.size}) does not fit in axis {a.name!r} of size {a.size}")
+    effect = "overwrite entries that were not addressed" if writes else "read a window that was not asked for"
+    check_window("nm.ds: a window", a, v.start, v.size, effect)
+
+
+def _check_int(a: Axis, value) -> None:
+    """A static integer index must be in range, as numpy requires (a negative one counts from the
+    end); JAX would clamp it (a read) or drop it (a write) without a word. A traced index keeps
+    JAX's behaviour."""
+    known = concrete(value)
+    if known is not None and not -a.size <= int(known) < a.size:
+        raise AxisError(f"index {int(known)} is out of range for axis {a.name!r} of size {a.size}; an index lies in "
+                        f"[{-a.size}, {a.size - 1}] (a negative one counts from the end, as in numpy)")
 
 
 def _int(value):
@@ -138,7 +187,7 @@ class _Plan:
     out_axes: tuple[Axis, ...]
 
 
-def _plan(x: NamedArray, idx) -> _Plan:
+def _plan(x: NamedArray, idx, writes: bool = False) -> _Plan:
     parsed = _parse(x, idx)
     kinds = {i: _kind(v) for i, v in parsed.items()}
     gathers: dict[int, NamedArray] = {}
@@ -146,8 +195,12 @@ def _plan(x: NamedArray, idx) -> _Plan:
         if kinds[i] == "gather":
             gathers[i] = v
         elif kinds[i] == "ds":
-            _check_ds(x.axes[i], v)
+            _check_ds(x.axes[i], v, writes)
+            if _per_row(v):
+                check_rows(f"the nm.ds starts for axis {x.axes[i].name!r}", v.start, x)
             gathers[i] = _window(x.axes[i], v)
+        elif kinds[i] == "int":
+            _check_int(x.axes[i], v)
     if not gathers:
         positional = tuple(_int(parsed[i]) if i in parsed else slice(None) for i in range(x.ndim))
         out_axes = []
@@ -249,7 +302,7 @@ class _AtRef:
 
     def _update(self, method: str, values, **kwargs) -> NamedArray:
         x = self._x
-        plan = _plan(x, self._idx)
+        plan = _plan(x, self._idx, writes=True)
         axes_of(values)  # refuses a positional array with dimensions: wrap it with nm.named
         if isinstance(values, NamedArray):
             extra = [a for a in values.axes if a.name not in {b.name for b in plan.pre_axes}]
@@ -282,8 +335,10 @@ class _AtRef:
 
 def updated_slice(x: NamedArray, start: Mapping, update: NamedArray) -> NamedArray:
     """Write ``update`` into ``x`` at ``start`` (``{axis: offset}``): the KV-cache write, one
-    ``dynamic_update_slice``. ``update`` has x's axes, smaller sizes allowed (a missing axis
-    counts as size 1).
+    ``dynamic_update_slice``. ``update`` has (some of) x's axes, smaller sizes allowed. An axis
+    the update lacks follows ``x.at[...]``: with an offset, the update goes to that one entry
+    (like ``x.at[axis, offset]``; the decode step that writes one token); without one, the
+    update is broadcast by name over the whole axis (like an axis ``x.at`` does not index).
 
     An offset is an int, a 0-d integer array or a 0-d NamedArray, possibly traced; or a
     NamedArray over other axes of ``x`` (e.g. ``batch``), one offset per row: the ragged
@@ -294,12 +349,14 @@ def updated_slice(x: NamedArray, start: Mapping, update: NamedArray) -> NamedArr
     negative offset counts from the end, then the window is clamped into the axis, so a write
     that would run past the end lands earlier instead.
     """
-    if not isinstance(update, NamedArray):
-        raise AxisError(f"updated_slice: the update must be a NamedArray, got {type(update).__name__}")
+    expect_named(x, "updated_slice", "the array")
+    expect_named(update, "updated_slice", "the update")
     missing = [a for a in update.names if a not in x.names]
     if missing:
         raise AxisError(f"updated_slice: update axes {missing} are not in the array {format_axes(x.axes)}")
-    up_axes = tuple(Axis(a.name, update.axis_size(a.name)) if a.name in update.names else Axis(a.name, 1) for a in x.axes)
+    given = {x.axes[index_of(x.axes, sel)].name for sel in start}
+    up_axes = tuple(Axis(a.name, update.axis_size(a.name)) if a.name in update.names else
+                    Axis(a.name, 1) if a.name in given else a for a in x.axes)
     for a, b in zip(up_axes, x.axes):
         if a.size > b.size:
             raise AxisError(f"updated_slice: update axis {a.name!r} has size {a.size} > {b.size}")
@@ -313,25 +370,26 @@ def updated_slice(x: NamedArray, start: Mapping, update: NamedArray) -> NamedArr
             s = as_offset(s, f"updated_slice offset for axis {a.name!r}")
         elif not jnp.issubdtype(s.dtype, jnp.integer):
             raise AxisError(f"updated_slice: offsets for axis {a.name!r} must be integer, got dtype {s.dtype}")
-        known = _concrete(s)
-        if known is not None:
-            at = np.where(known < 0, known + a.size, known)
-            if known.size and (at.min() < 0 or at.max() > a.size - n):
-                bad = known.flat[np.argmax((at < 0) | (at > a.size - n))]
-                raise AxisError(f"updated_slice: an update of size {n} at offset {int(bad)} does not fit in axis {a.name!r} "
-                                f"of size {a.size}; offsets must lie in [{-a.size}, {a.size - n}] (lax would clamp it "
-                                "and overwrite other entries)")
+        check_window("updated_slice: an update", a, s, n, "overwrite entries that were not addressed")
         offsets[a.name] = s
+    for name, s in offsets.items():
+        if isinstance(s, NamedArray) and s.ndim:
+            check_rows(f"updated_slice: the offsets for axis {name!r}", s, x)
     rows = union(*(s.axes for s in offsets.values() if isinstance(s, NamedArray) and s.ndim))
     if rows:
         bad = [r.name for r in rows if r.name not in x.names or r.name in offsets]
         if bad:
             raise AxisError(f"updated_slice: per-row offsets have axes {bad} that are not other axes of the array "
                             f"{format_axes(x.axes)}")
+        for r in rows:
+            if r.name in update.names and update.axis_size(r.name) != x.axis_size(r.name):
+                raise AxisError(f"updated_slice: the update has {r.name}={update.axis_size(r.name)} but the array has "
+                                f"{r.name}={x.axis_size(r.name)}; with offsets per row of {r.name!r} the update has "
+                                "every row, or no such axis (then each row gets the same update)")
         # One dynamic_update_slice per row; under vmap XLA emits a single scatter that clamps
         # each row's window exactly as the unbatched write does.
         out = vmap(updated_slice, tuple(x.resolve_axis(r.name) for r in rows))(x, offsets, update)
         return out.rearrange(x.names)
-    upd = raw(update, up_axes).reshape(tuple(a.size for a in up_axes)).astype(x.dtype)
+    upd = jnp.broadcast_to(raw(update, up_axes), tuple(a.size for a in up_axes)).astype(x.dtype)
     starts = [jnp.asarray(_int(offsets.get(a.name, 0)), dtype=jnp.int32) for a in x.axes]
     return NamedArray._unchecked(lax.dynamic_update_slice(x.array, upd, starts), x.axes)

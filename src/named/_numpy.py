@@ -19,7 +19,6 @@ import numpy as np
 from . import _ops
 from ._axis import (
     ArgumentError,
-    ArgumentTypeError,
     Axis,
     AxisError,
     AxisSelection,
@@ -30,7 +29,7 @@ from ._axis import (
     indices_of,
     name_of,
 )
-from ._core import NamedArray, axes_of
+from ._core import NamedArray, axes_of, expect_named
 from ._shape import flatten_axes, unbind
 from ._transforms import nmap
 
@@ -131,8 +130,7 @@ def _fft_size(rule: str, m: int, n: int | None) -> int:
 
 def _fft(name: str, fn1: Callable, fnn: Callable | None, rule: str) -> Callable:
     def op(x, axis: AxisSelection, *, n: int | None = None, norm: str | None = None, new_axis: AxisSelector | None = None):
-        if not isinstance(x, NamedArray):
-            raise ArgumentTypeError(f"nm.{name} takes a NamedArray, got {type(x).__name__}")
+        expect_named(x, f"nm.{name}")
         dims = list(indices_of(x.axes, axis, f"nm.{name}"))
         if not dims:
             raise AxisError(f"nm.{name} needs an axis name; the array has axes {format_axes(x.axes)}")
@@ -284,8 +282,7 @@ def searchsorted(sorted_x: NamedArray, values, axis: AxisSelector | None = None,
     ``sorted_x`` are batch axes, matched with ``values``' by name. ``sorter`` (numpy's) holds the
     indices that sort an unsorted ``sorted_x`` along ``axis``: a NamedArray with its axes (or a
     plain 1-d array when it has one axis), e.g. ``nm.argsort(x, axis)``."""
-    if not isinstance(sorted_x, NamedArray):
-        raise ArgumentTypeError(f"nm.searchsorted takes a NamedArray to search, got {type(sorted_x).__name__}")
+    expect_named(sorted_x, "nm.searchsorted", "the array to search")
     if axis is None:
         if sorted_x.ndim != 1:
             raise AxisError(f"nm.searchsorted needs axis= to search along one of {format_axes(sorted_x.axes)}")

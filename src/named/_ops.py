@@ -19,7 +19,7 @@ from jax import lax
 
 from ._axis import (ArgumentTypeError, Axis, AxisError, AxisSelection, as_selectors, broadcast_axes, format_axes, index_of,
                     indices_of, name_of, union)
-from ._core import NamedArray, axes_of, raw
+from ._core import NamedArray, axes_of, expect_named, raw
 
 
 def _elementwise(fn: Callable, *args, **kwargs):
@@ -153,17 +153,26 @@ def _reduction_axes(x: NamedArray, axis: AxisSelection | None, what: str = "a re
     return indices_of(x.axes, axis, what)
 
 
+def check_bool_mask(mask, what: str, keep: str = "keep", more: str = "") -> None:
+    """Refuse a mask that is not boolean. Read as truth values, torch's additive masks (0 = keep,
+    -inf = drop) would mean the exact inverse, and a 0.5 weight would count in full."""
+    dtype = mask.dtype if hasattr(mask, "dtype") else jnp.asarray(mask).dtype
+    if not jnp.issubdtype(dtype, jnp.bool_):
+        raise ArgumentTypeError(f"{what} must be a boolean mask (True = {keep}), got dtype {dtype}; convert a 0/1 mask "
+                                f"with `mask != 0` and an additive one (0 = {keep}, -inf = not) with `mask == 0`{more}")
+
+
 def _where_mask(x: NamedArray, where):
     if where is None:
         return None
+    check_bool_mask(where, "where=")
     w_axes = axes_of(where)
     extra = [a for a in w_axes if a.name not in x.names]
     if extra:
         raise AxisError(f"where= has axes {format_axes(extra)} that the reduced array {format_axes(x.axes)} lacks")
     union(x.axes, w_axes)  # size check
     mask = raw(where, x.axes)
-    mask = jnp.broadcast_to(mask, x.array.shape)
-    return mask.astype(bool) if mask.dtype != bool else mask
+    return jnp.broadcast_to(mask, x.array.shape)
 
 
 def _positional(fn: Callable, x, axis, what: str, **kwargs) -> NamedArray:
@@ -277,6 +286,7 @@ def argmin(x, axis=None) -> NamedArray:
 
 
 def _along(fn: Callable, x: NamedArray, axis, **kwargs) -> NamedArray:
+    expect_named(x, f"nm.{getattr(fn, '__name__', 'op')}")
     sels = as_selectors(axis)
     if len(sels) != 1:
         raise AxisError(f"{getattr(fn, '__name__', 'op')} needs exactly one axis name, got {axis!r}; the array has axes {format_axes(x.axes)}")

@@ -7,7 +7,10 @@ Grammar: ``left -> right``; names are separated by spaces (or commas).
 - The **left side names the array's axes by name, in any order** (as einsum's input specs do):
   it is matched by name, never by position. ``...`` stands for the axes it does not name;
   without ``...`` it must name them all. Braces around the left side (Haliax's unordered form,
-  ``{heads position} -> ...``) are accepted and imply ``...``.
+  ``{heads position} -> ...``) are accepted and imply ``...``. One exception keeps a
+  positional-looking pattern from meaning two things: a left side written in one-letter names
+  (``"h w -> w h"``, as in einops and Haliax, which bind it by position) that names an axis
+  where the array has another is refused; braces or the array's order say which is meant.
 - A group on the left **splits** an axis into new axes, row-major (the first part varies
   slowest): ``(embed: heads head_size)`` splits ``embed``. A group without ``axis:``
   (``(heads head_size)``) splits one of the axes the left side does not name; such groups take
@@ -30,7 +33,7 @@ from dataclasses import dataclass, field
 import jax.numpy as jnp
 
 from ._axis import ArgumentError, ArgumentTypeError, Axis, AxisError, check_unique, format_axes, index_of
-from ._core import NamedArray
+from ._core import NamedArray, expect_named
 
 _TOKEN = re.compile(r"\.\.\.|[(){}:]|[^\s(){}:,]+")
 
@@ -118,9 +121,43 @@ def _split_sizes(axis: Axis, parts: list[str], bind: _Bindings) -> list[Axis]:
     return [Axis(n, s) for n, s in bound]
 
 
+def refuse_positional_misreading(what: str, side: str, items: list, axes, names: list) -> None:
+    """Refuse a positional-looking left side that Haliax (and einops) would read otherwise.
+
+    Here the left side of a pattern (rearrange's, or an einsum input spec) is matched by name,
+    in any order. Haliax binds an unbraced one by position: item ``k`` is axis ``k``, and items
+    after ``...`` count from the end. A left side written in one-letter names (``"h w c"``, the
+    einops idiom) looks positional; where an item of it names an axis of the array that is not
+    the one at its position, the two readings give different results with no error in either
+    library, so the pattern is refused; in braces (``{h w} -> ...``) both match by name. Names
+    of more than one letter are names, read as such in any order. ``names`` holds, per item,
+    the axis name it stands for (None for ``...`` and for an anonymous group)."""
+    if not all(len(name) == 1 for name in names if name is not None):
+        return
+    n = len(axes)
+    if Ellipsis in items:
+        k = items.index(Ellipsis)
+        front, back = names[:k], names[k + 1:]
+        if len(front) + len(back) > n:
+            return
+    else:
+        front, back = names, []
+        if len(front) != n:
+            return  # Haliax would refuse it: no second reading
+    placed = list(zip(front, axes[:len(front)])) + list(zip(back, axes[n - len(back):]))
+    present = {a.name for a in axes}
+    for name, axis in placed:
+        if name is not None and name in present and name != axis.name:
+            raise AxisError(
+                f"{what}: {side.strip()!r} names the axes of {format_axes(axes)} in another order. Here a left side is "
+                f"matched by name ({name!r} is axis {name!r}), but Haliax and einops bind an unbraced one by position, "
+                f"where {name!r} would be axis {axis.name!r}, and the result would differ. List the axes in the array's "
+                f"order ({' '.join(a.name for a in axes)}), or put the left side in braces ('{{{side.strip()}}}') to "
+                "match by name in both")
+
+
 def rearrange_pattern(x: NamedArray, pattern: str, kwargs: dict) -> NamedArray:
-    if not isinstance(x, NamedArray):
-        raise ArgumentTypeError(f"rearrange takes a NamedArray, got {type(x).__name__}")
+    expect_named(x, "rearrange")
     if pattern.count("->") != 1:
         raise AxisError(f"rearrange: pattern {pattern!r} needs exactly one '->'")
     left_s, right_s = pattern.split("->")
@@ -129,6 +166,15 @@ def rearrange_pattern(x: NamedArray, pattern: str, kwargs: dict) -> NamedArray:
     if right_braced:
         raise AxisError(f"rearrange: braces select axes on the left side only; the right side of {pattern!r} is an order")
     bind = _Bindings(kwargs)
+    if not braced:
+        def stands_for(item):
+            token = item.name if isinstance(item, _Group) else item
+            if token is None or token is Ellipsis:
+                return None
+            v = kwargs.get(token)
+            return v.name if isinstance(v, Axis) else v if isinstance(v, str) else token
+
+        refuse_positional_misreading("rearrange", left_s, left, x.axes, [stands_for(i) for i in left])
 
     # ---- left: which axes the pattern names, and what each becomes ----------------------
     pieces: dict[int, list[Axis]] = {}  # array axis -> the axes it becomes

@@ -33,7 +33,7 @@ import jax
 from jax.ad_checkpoint import checkpoint_name as _checkpoint_name
 
 from ._axis import NamedError
-from ._core import NamedArray
+from ._core import NamedArray, expect_named
 
 _DOTS = ("recompute", "save", "offload")
 _HOST = ("device", "pinned_host")
@@ -41,6 +41,7 @@ _HOST = ("device", "pinned_host")
 
 def checkpoint_name(x: NamedArray, name: str) -> NamedArray:
     """Tag an activation so that a ``Remat(save=...)`` or ``Remat(offload=...)`` policy can keep it."""
+    expect_named(x, "checkpoint_name")
     return NamedArray._unchecked(_checkpoint_name(x.array, name), x.axes)
 
 

@@ -15,7 +15,9 @@ axes merged into one), and on load puts the template's axes back (``unflatten_fr
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
+import json
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -358,20 +360,38 @@ def _safetensors_kind(dtype: str) -> str:
     return kinds.get(dtype[:1], dtype)
 
 
+# The safetensors metadata entry that holds each tensor's sha256: safetensors itself has no checksum,
+# so without it a flipped bit (a NaN, a wrong weight) in a copied file loads as a number.
+DIGEST_KEY = "named.sha256"
+
+
+def _sha256(array: np.ndarray) -> str:
+    """The sha256 of an array's bytes as safetensors stores them (C order)."""
+    return hashlib.sha256(np.ascontiguousarray(array).reshape(-1).view(np.uint8)).hexdigest()
+
+
 def save_state_dict(tree, path: str | os.PathLike, *, metadata: Mapping[str, str] | None = None,
-                    flatten: bool = False) -> None:
+                    flatten: bool = False, digest: bool = True) -> None:
     """Write ``nm.state_dict(tree, flatten=flatten)`` to ``path`` as safetensors.
 
     The file is written beside ``path`` and renamed into place, so a failed save leaves no
-    partial file and any earlier file at ``path`` whole.
+    partial file and any earlier file at ``path`` whole. With ``digest`` (the default) the
+    metadata also holds the sha256 of every tensor (under ``"named.sha256"``), which
+    ``load_state_dict_file`` checks; other readers ignore it.
     """
     path = Path(path)
     if path.is_dir():
         raise StateDictError(f"{path}: is a directory; save_state_dict writes one file (e.g. model.safetensors)")
+    metadata = dict(metadata) if metadata else {}
+    if digest and DIGEST_KEY in metadata:
+        raise StateDictError(f"{path}: metadata key {DIGEST_KEY!r} holds the tensors' digests; use another name "
+                             "(or digest=False)")
     arrays = {k: np.ascontiguousarray(np.asarray(v)) for k, v in state_dict(tree, flatten=flatten).items()}
+    if digest:
+        metadata[DIGEST_KEY] = json.dumps({k: _sha256(v) for k, v in arrays.items()}, sort_keys=True)
     tmp = path.with_name(path.name + ".tmp")
     try:
-        save_safetensors(arrays, tmp, metadata)
+        save_safetensors(arrays, tmp, metadata or None)
         os.replace(tmp, path)
     except FileWriteError as e:  # name the file asked for, not its temporary neighbour
         raise FileWriteError(e.errno, e.strerror, str(path)) from None
@@ -380,11 +400,35 @@ def save_state_dict(tree, path: str | os.PathLike, *, metadata: Mapping[str, str
             tmp.unlink()
 
 
+def _digests(path: Path, metadata: Mapping[str, str] | None, keys) -> dict[str, str] | None:
+    """The per-tensor sha256s a file was saved with, or None for a file saved without them."""
+    text = (metadata or {}).get(DIGEST_KEY)
+    if text is None:
+        return None
+    try:
+        digests = json.loads(text)
+    except ValueError:
+        digests = None
+    if not isinstance(digests, dict) or not all(isinstance(v, str) for v in digests.values()):
+        raise StateDictError(f"{path}: its {DIGEST_KEY!r} metadata is not a JSON object of sha256 digests; the header "
+                             "was changed after the file was saved")
+    unlisted = [k for k in keys if k not in digests]
+    if unlisted:
+        raise StateDictError(f"{path}: tensor {_missing_text(unlisted)} has no digest in its {DIGEST_KEY!r} metadata; "
+                             "the file was changed after it was saved")
+    return digests
+
+
 def load_state_dict_file(template, path: str | os.PathLike, *, strict: bool = True, mapping=None, mesh=None,
                          flatten: bool = False):
     """``load_state_dict(template, <the safetensors file at path>)``: every key, shape and dtype
     in the file's header is checked against ``template`` before a tensor is read, and each
-    tensor goes to its device(s) as it is read. Never unpickles anything."""
+    tensor goes to its device(s) as it is read. Never unpickles anything.
+
+    A file saved with digests (``save_state_dict``'s default) has each tensor's bytes checked
+    against its sha256 as it is read: a tensor whose bytes changed since (a flipped bit, a bad
+    copy) raises a StateDictError naming it and the file, and nothing is returned. A file
+    without digests (other writers') loads unchecked."""
     from safetensors import SafetensorError, safe_open
 
     path = Path(path)
@@ -396,6 +440,15 @@ def load_state_dict_file(template, path: str | os.PathLike, *, strict: bool = Tr
             for k in f.keys():
                 s = f.get_slice(k)
                 found[k] = _Found(tuple(s.get_shape()), _safetensors_kind(s.get_dtype()))
-            return _rebuild(template, found, f.get_tensor, strict, mapping, mesh, str(path), flatten)
+            digests = _digests(path, f.metadata(), found)
+            get = f.get_tensor
+            if digests is not None:
+                def get(key):
+                    value = f.get_tensor(key)
+                    if _sha256(value) != digests[key]:
+                        raise StateDictError(f"{path}: tensor {key!r} does not match the sha256 it was saved with: its "
+                                             "bytes changed since (a damaged or partly copied file); nothing was loaded")
+                    return value
+            return _rebuild(template, found, get, strict, mapping, mesh, str(path), flatten)
     except SafetensorError as e:
         raise StateDictError(f"{path}: safetensors cannot read it ({e})") from None

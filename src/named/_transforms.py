@@ -1,4 +1,5 @@
-"""Transforms over named axes: vmap, scan, fold, and nmap (the positional escape hatch).
+"""Transforms over named axes: vmap, scan, fold, and nmap (the positional escape hatch); grad
+and value_and_grad of a function whose loss is a 0-d NamedArray.
 
 Rule shared by vmap, scan and fold (Haliax's): a NamedArray leaf that has the mapped/scanned
 axis is mapped over it and, inside, has that axis removed; a plain array with at least one
@@ -20,7 +21,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ._axis import ArgumentError, Axis, AxisError, AxisSelection, AxisSelector, NamedError, as_selectors, format_axes, name_of, union
+from ._axis import (ArgumentError, ArgumentTypeError, Axis, AxisError, AxisSelection, AxisSelector, NamedError,
+                    as_selectors, format_axes, name_of, union)
 from ._core import NamedArray, is_named_array
 from ._remat import Remat, with_remat
 
@@ -179,6 +181,47 @@ def vmap(fn: Callable, axis: AxisSelection) -> Callable:
     return wrapped
 
 
+def _weakly_typed(x) -> bool:
+    """A weakly typed value (from a Python number) may take another dtype: lax.scan promotes a
+    carry that starts as one."""
+    aval = jax.typeof(x.array if isinstance(x, NamedArray) else x)
+    return bool(getattr(aval, "weak_type", False))
+
+
+def _same_carry(before, after, what: str):
+    """``after`` (a step's new carry) laid out as ``before`` (the carry it got), or an AxisError
+    that names each leaf whose axes or dtype changed. A carry keeps its type from step to step;
+    lax.scan would report a change as a mismatch of positional shapes, naming no axis. A carry
+    that only comes back with its axes in another order is put back in order."""
+    b_leaves, b_def = jax.tree_util.tree_flatten_with_path(before, is_leaf=is_named_array)
+    a_leaves, a_def = jax.tree.flatten(after, is_leaf=is_named_array)
+    if a_def != b_def:
+        raise AxisError(f"{what}: the step returned a carry of another structure than it got ({a_def} instead of "
+                        f"{b_def}); each step must return the carry it takes, changed in value only")
+    changed, out = [], []
+    for (path, b), a in zip(b_leaves, a_leaves):
+        if isinstance(b, NamedArray) != isinstance(a, NamedArray):
+            kinds = [f"a NamedArray {format_axes(v.axes)}" if isinstance(v, NamedArray) else
+                     f"a plain array of shape {tuple(v.shape)}" if hasattr(v, "shape") else f"a {type(v).__name__}"
+                     for v in (b, a)]
+            changed.append(f"{jax.tree_util.keystr(path) or 'the carry'} {kinds[0]} -> {kinds[1]}")
+            out.append(a)
+            continue
+        if isinstance(b, NamedArray) and isinstance(a, NamedArray):
+            if a.axes != b.axes and set(a.axes) == set(b.axes):
+                a = a.rearrange(b.names)
+            if a.axes != b.axes:
+                changed.append(f"{jax.tree_util.keystr(path) or 'the carry'} {format_axes(b.axes)} -> {format_axes(a.axes)}")
+        if hasattr(a, "dtype") and hasattr(b, "dtype") and a.dtype != b.dtype and not _weakly_typed(b):
+            changed.append(f"{jax.tree_util.keystr(path) or 'the carry'} dtype {b.dtype} -> {a.dtype}")
+        out.append(a)
+    if changed:
+        raise AxisError(f"{what}: the step changed the carry it passes on: {'; '.join(changed)}. Each step must "
+                        "return the carry with the axes (and dtype) it got; a stack whose blocks change them is an "
+                        "nn.BlockSeq, not an nn.Stacked")
+    return jax.tree.unflatten(b_def, out)
+
+
 def scan(fn: Callable, axis: AxisSelector, *, remat=None, reverse: bool = False, unroll: int | bool | None = 1,
          is_scanned: bool | Callable[[Any], bool] = is_named_or_shaped_array_like) -> Callable:
     """``scan(f, axis)(init, *xs)``: ``f(carry, *x_slices) -> (carry, y)`` over ``axis``.
@@ -189,21 +232,24 @@ def scan(fn: Callable, axis: AxisSelector, *, remat=None, reverse: bool = False,
 
     ``remat`` checkpoints each step with a ``Remat`` policy (a string, ``True``, or Haliax's
     ``ScanCheckpointPolicy``); ``Remat(every=k)`` scans groups of ``k`` steps, each group
-    checkpointed whole. ``unroll`` is ``lax.scan``'s (``None`` is 1).
+    checkpointed whole. ``unroll`` is ``lax.scan``'s (``None`` is 1). The carry keeps its axes and
+    dtypes from step to step: a step that changes them raises an AxisError naming the leaves and
+    axes that changed (one that returns them in another order is put back in order).
     """
     scanned = _predicate(is_scanned)
     unroll = _unroll(unroll)
 
     @functools.wraps(fn)
     def wrapped(init, *args, **kwargs):
-        split = _Split((args, kwargs), axis, f"scan over {name_of(axis)!r}", scanned)
+        what = f"scan over {name_of(axis)!r}"
+        split = _Split((args, kwargs), axis, what, scanned)
         outs = _Outputs()
         policy = Remat.parse(remat, split.size)
 
         def body(carry, mapped):
             a, kw = split.rebuild(mapped)
-            carry, y = fn(carry, *a, **kw)
-            return carry, outs.strip(y)
+            new, y = fn(carry, *a, **kw)
+            return _same_carry(carry, new, what), outs.strip(y)
 
         step = with_remat(body, policy)
         xs, n = split.mapped_arrays(front=True), split.size
@@ -318,5 +364,71 @@ def nmap(fn: Callable, *, consume: AxisSelection = (), produce: AxisSelection | 
             return NamedArray(leaf, tuple(batch) + new)
 
         return jax.tree.map(name_leaf, out)
+
+    return wrapped
+
+
+# ---- gradients of a named loss -------------------------------------------------------------------
+
+
+def _loss_value(out, what: str):
+    """The 0-d jax array a gradient is taken of. A 0-d NamedArray (what every full reduction
+    returns) is unwrapped; one with axes is refused with the fix, which ``jax.grad`` would only
+    call "not a scalar-output function"."""
+    if isinstance(out, NamedArray):
+        if out.axes:
+            raise AxisError(f"{what}: the function returned a NamedArray with axes {format_axes(out.axes)}, but a gradient "
+                            "is taken of one number: reduce it first (loss.mean(), loss.sum(...)) to a NamedArray "
+                            "without axes")
+        return out.array
+    return out
+
+
+def value_and_grad(fn: Callable, *, has_aux: bool = False) -> Callable:
+    """``eqx.filter_value_and_grad(fn)`` for a loss that is a NamedArray: ``fn`` may return a 0-d
+    NamedArray (or ``(loss, aux)`` with ``has_aux``), which ``jax.grad`` refuses unless it is
+    turned into a ``jax.Array`` with ``.scalar()``; a loss that still has axes raises an AxisError
+    naming them. The gradient is with respect to the floating arrays of the first argument (a
+    model, a NamedArray, a pytree of them), as in equinox; the value comes back as ``fn`` gave it."""
+    return _value_and_grad(fn, has_aux, "nm.value_and_grad")
+
+
+def _value_and_grad(fn: Callable, has_aux: bool, caller: str) -> Callable:
+    what = f"{caller}({getattr(fn, '__name__', 'fn')})"
+    named_out = []
+
+    def scalar_fn(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        if has_aux:
+            if not (isinstance(out, tuple) and len(out) == 2):
+                raise ArgumentTypeError(f"{what}: has_aux=True needs the function to return (loss, aux), got {type(out).__name__}")
+            loss, aux = out
+        else:
+            loss, aux = out, None
+        named_out[:] = [isinstance(loss, NamedArray)]
+        loss = _loss_value(loss, what)
+        return (loss, aux) if has_aux else loss
+
+    inner = eqx.filter_value_and_grad(scalar_fn, has_aux=has_aux)
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        value, grads = inner(*args, **kwargs)
+        if has_aux:
+            loss, aux = value
+            return ((NamedArray._unchecked(loss, ()) if named_out[0] else loss), aux), grads
+        return (NamedArray._unchecked(value, ()) if named_out[0] else value), grads
+
+    return wrapped
+
+
+def grad(fn: Callable, *, has_aux: bool = False) -> Callable:
+    """The gradient part of :func:`value_and_grad`: ``grads``, or ``(grads, aux)`` with ``has_aux``."""
+    vg = _value_and_grad(fn, has_aux, "nm.grad")
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        value, grads = vg(*args, **kwargs)
+        return (grads, value[1]) if has_aux else grads
 
     return wrapped

@@ -140,6 +140,13 @@ class _Family:
         except TypeError:
             raise AxisError(f"{self._name}[...] takes a string of axis names, or a tuple of names and Axis "
                             f"objects, got {spec!r}") from None
+        if isinstance(spec, type) or (isinstance(spec, tuple) and spec and isinstance(spec[0], type)):
+            # haliax.haxtyping's Float[NamedArray, "batch embed"]: the array type is implied here
+            spec = spec if isinstance(spec, tuple) else (spec,)
+            rest = spec[1:]
+            ours = repr(rest[0]) if len(rest) == 1 else repr(rest) if rest else "'batch embed'"
+            raise AxisError(f"{self._name}[{spec[0].__name__}, ...] is Haliax's spelling of a typed NamedArray; here the "
+                            f"array type is implied: write nm.{self._name}[{ours}]")
         return _annotation(self._name, self._dtypes, " ".join(spec.split()) if isinstance(spec, str) else spec)
 
 

@@ -30,7 +30,7 @@ from jax.sharding import PartitionSpec
 from . import _compat
 from ._axis import ArgumentTypeError, Axis, AxisSelection, NamedError, as_selectors, name_of
 from ._context import FrozenMapping, body_context, current_body
-from ._core import NamedArray
+from ._core import NamedArray, expect_named
 from ._einsum import local_einsum
 from ._local import (
     ShardedAxis,
@@ -363,9 +363,7 @@ def shard_map(
 def _check_named(x, what: str) -> NamedArray:
     if isinstance(x, Unreduced):
         raise x._refuse(f"nm.{what}")
-    if not isinstance(x, NamedArray):
-        raise ArgumentTypeError(f"nm.{what} takes a NamedArray, got {type(x).__name__}")
-    return x
+    return expect_named(x, f"nm.{what}")
 
 
 def all_gather(x: NamedArray, axis: AxisSelection, *, invariant: bool = False) -> NamedArray:

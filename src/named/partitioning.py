@@ -71,6 +71,30 @@ def mesh_sizes(shape: Mapping[str, int], n: int) -> dict[str, int]:
     return dict(zip(names, sizes))
 
 
+def auto_mesh(mesh: Mesh) -> Mesh:
+    """``mesh`` with its Explicit axes made Auto: the same devices, names and sizes. ``jax.make_mesh``
+    makes Explicit axes by default, on which a sharding constraint only checks a layout and every
+    op must agree on its operands' shardings; named lays arrays out by constraints (GSPMD), so
+    ``named_jit`` and ``shard`` run on this twin of such a mesh."""
+    if not any(t == AxisType.Explicit for t in mesh.axis_types):
+        return mesh
+    types = tuple(AxisType.Auto if t == AxisType.Explicit else t for t in mesh.axis_types)
+    return Mesh(mesh.devices, mesh.axis_names, axis_types=types)
+
+
+def _onto(mesh: Mesh, tree: Any) -> Any:
+    """The arrays of ``tree`` that lie on the Explicit twin of ``mesh``, put on ``mesh`` (same devices
+    and layout: only the mesh in their sharding changes)."""
+    def leaf(x):
+        sharding = getattr(x, "sharding", None)
+        if isinstance(x, jax.Array) and isinstance(sharding, NamedSharding) and sharding.mesh is not mesh \
+                and sharding.mesh.axis_names == mesh.axis_names and auto_mesh(sharding.mesh) == mesh:
+            return jax.device_put(x, NamedSharding(mesh, sharding.spec))
+        return x
+
+    return jax.tree.map(leaf, tree)
+
+
 def set_mesh(mesh: Mesh):
     """``with nm.set_mesh(mesh):`` (the same as ``jax.set_mesh``)."""
     return jax.set_mesh(mesh)
@@ -181,6 +205,30 @@ def infer_shardings(tree: Any, mapping: ResourceMapping | None = None, mesh: Mes
 # ---- shard: constrain or place ----------------------------------------------------------
 
 
+def constrain(arr: jax.Array, mesh, spec: PartitionSpec) -> jax.Array:
+    """``arr`` (traced) laid out as ``spec`` on ``mesh``, whatever the mesh's axis types.
+
+    Auto axes (GSPMD, ``nm.make_mesh``'s) take a sharding constraint, which sets the layout.
+    On Explicit axes (``jax.make_mesh``'s default) a constraint only asserts the layout the
+    array's type already has, so the layout is changed with ``jax.sharding.reshard``, the
+    explicit-sharding API; a mesh with both kinds gets each part from its own API."""
+    explicit = {n for n, t in zip(mesh.axis_names, mesh.axis_types) if t == AxisType.Explicit}
+    if not explicit:
+        return jax.lax.with_sharding_constraint(arr, NamedSharding(mesh, spec))
+
+    def part(keep) -> PartitionSpec:
+        entries = []
+        for e in spec:
+            ms = tuple(m for m in _mesh_axes(e) if keep(m))
+            entries.append(None if not ms else ms[0] if len(ms) == 1 else ms)
+        return PartitionSpec(*entries)
+
+    arr = jax.sharding.reshard(arr, NamedSharding(mesh, part(lambda m: m in explicit)))
+    auto = part(lambda m: m not in explicit)
+    return jax.lax.with_sharding_constraint(arr, NamedSharding(mesh, auto)) if any(e is not None for e in auto) else arr
+
+
+
 def shard(tree: Any, mapping: ResourceMapping | None = None, mesh: Mesh | None = None) -> Any:
     """Lay out every NamedArray leaf of ``tree`` by ``mapping`` (default: the current one).
 
@@ -196,11 +244,11 @@ def shard(tree: Any, mapping: ResourceMapping | None = None, mesh: Mesh | None =
     def leaf(x):
         if not isinstance(x, NamedArray) or not hasattr(x.array, "shape"):
             return x
-        sharding = NamedSharding(mesh, pspec_for(x, mapping, mesh))
+        spec = pspec_for(x, mapping, mesh)
         if is_tracer(x.array) or not isinstance(mesh, Mesh):  # in a trace: abstract mesh
-            arr = jax.lax.with_sharding_constraint(x.array, sharding)
-        else:
-            arr = jax.device_put(x.array, sharding)
+            arr = constrain(x.array, mesh, spec)
+        else:  # placed on the Auto twin of an Explicit mesh, where named_jit runs
+            arr = jax.device_put(x.array, NamedSharding(auto_mesh(mesh), spec))
         return NamedArray._unchecked(arr, x.axes)
 
     return map_named(leaf, tree)
@@ -259,9 +307,25 @@ class NamedJitWrapped:
         traced.__name__ = traced.__qualname__ = getattr(fn, "__name__", type(fn).__name__)
         self._jitted = jax.jit(traced, donate_argnums=0, static_argnums=2, **jit_kwargs)
         self._donate = donate
-        self._in_mesh = functools.partial(jax.set_mesh, mesh) if mesh is not None else contextlib.nullcontext
+        self._mesh = mesh
         self._in_mapping = functools.partial(axis_mapping, axis) if axis is not None else contextlib.nullcontext
         functools.update_wrapper(self, fn)
+
+    def _placed(self, args: tuple, kwargs: dict):
+        """``(mesh to enter or None, args, kwargs)``. The mesh is the one given or the one around
+        the call; an Explicit one is replaced by its Auto twin (``auto_mesh``), and the arguments
+        that lie on it are moved onto the twin, so that the layers' constraints set layouts."""
+        mesh = self._mesh
+        if mesh is None:
+            try:
+                mesh = jax.sharding.get_mesh()
+            except ValueError:  # called inside another trace: its mesh is what it is
+                mesh = None
+            mesh = None if mesh is None or mesh.empty else mesh
+        twin = None if mesh is None else auto_mesh(mesh)
+        if twin is not None and twin is not mesh:
+            args, kwargs = _onto(twin, (args, kwargs))
+        return (twin if self._mesh is not None or twin is not mesh else None), args, kwargs
 
     def _split(self, args: tuple, kwargs: dict):
         """(donated arrays, kept arrays, (treedef, static leaves)); each list has None elsewhere."""
@@ -279,13 +343,15 @@ class NamedJitWrapped:
                 (treedef, tuple(None if y else x for x, y in zip(leaves, dyn))))
 
     def __call__(self, *args, **kwargs):
-        with self._in_mesh(), self._in_mapping():
+        mesh, args, kwargs = self._placed(args, kwargs)
+        with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext(), self._in_mapping():
             dyn, stat = self._jitted(*self._split(args, kwargs))
         return eqx.combine(dyn, stat.value)
 
     def lower(self, *args, **kwargs):
         """``jax.stages.Lowered`` for these arguments (``.compile().as_text()`` for the HLO)."""
-        with self._in_mesh(), self._in_mapping():
+        mesh, args, kwargs = self._placed(args, kwargs)
+        with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext(), self._in_mapping():
             return self._jitted.lower(*self._split(args, kwargs))
 
     def __get__(self, instance, owner):

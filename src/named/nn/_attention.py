@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from .._axis import ArgumentTypeError, Axis, AxisError, AxisSelector, NamedError, format_axes, name_of
-from .._core import NamedArray
+from .._core import NamedArray, expect_named
 from .._einsum import dot, einsum
 from .. import _ops as ops
 from ..partitioning import shard
@@ -37,7 +37,7 @@ def positions_from_segments(segment_ids: NamedArray, Pos: AxisSelector = "positi
     The result has the axes of ``segment_ids``, in the same order, with dtype int32.
     """
     pos = name_of(Pos)
-    n = segment_ids.axis_size(pos)
+    n = expect_named(segment_ids, "positions_from_segments").axis_size(pos)
     ids = segment_ids.rearrange((..., pos))
     prev = ids.array
     starts = jnp.concatenate([jnp.ones_like(prev[..., :1], bool), prev[..., 1:] != prev[..., :-1]], axis=-1)
@@ -56,7 +56,8 @@ def rotary_embedding(x: NamedArray, positions: NamedArray, *, HeadSize: AxisSele
     variants (Llama 3, YaRN, ...); ``scale`` (a number or a NamedArray without axes) multiplies
     cos and sin, as YaRN's attention factor does. A model whose layers differ passes both as
     per-layer data."""
-    hs = x.resolve_axis(HeadSize)
+    hs = expect_named(x, "rotary_embedding").resolve_axis(HeadSize)
+    expect_named(positions, "rotary_embedding", "positions")
     if hs.size % 2:
         raise AxisError(f"rotary_embedding needs an even {hs.name!r} size, got {hs.size}")
     half = Axis(hs.name, hs.size // 2)
@@ -147,7 +148,10 @@ def dot_product_attention(
             the queries at ``q_offset, q_offset + 1, ...`` when they continue a KV cache).
         mask: boolean NamedArray, True = attend; combined with causal and segments. It must
             have ``KPos`` (``padding_mask`` builds one from lengths or per-token flags) and
-            may have ``QPos``, batch axes and ``Heads``; any other axis is an AxisError.
+            may have ``QPos``, batch axes and ``Heads``; any other axis is an AxisError. Any
+            other dtype is an ArgumentTypeError: an additive mask (0 = attend, -inf = blocked,
+            torch's) goes in ``bias``. A query whose keys are all masked gets uniform weights
+            (the mean of the values), not NaN.
         bias: added to the scores (e.g. ``alibi_bias``); the same axes rule as ``mask``; may
             have ``Heads`` also under GQA.
         segment_ids: integer NamedArray with ``QPos`` (and batch axes): tokens attend only
@@ -178,8 +182,15 @@ def dot_product_attention(
         raise NamedError(f"unknown attention implementation {implementation!r}; use {', '.join(_IMPLEMENTATIONS)}")
     if implementation == "auto":
         implementation = _scoped.get()
+    for what, x in (("query", query), ("key", key), ("value", value), ("mask", mask), ("bias", bias),
+                    ("segment_ids", segment_ids)):
+        if x is not None:
+            expect_named(x, "dot_product_attention", what)
     qpos, kpos, hs = name_of(QPos), name_of(KPos), name_of(HeadSize)
     _check_order("dot_product_attention", query, key, value, *extra)
+    if mask is not None:
+        ops.check_bool_mask(mask, "dot_product_attention: mask", "attend",
+                            "; pass an additive mask as bias= instead (it is added to the scores)")
     if qpos not in query.names:  # one query per row (Haliax's form, a decoding step)
         args = dict(QPos=QPos, KPos=KPos, HeadSize=HeadSize, Heads=Heads, KVHeads=KVHeads, causal=causal, mask=mask,
                     bias=bias, segment_ids=segment_ids, scale=scale, window=window, softcap=softcap, q_offset=q_offset,
@@ -189,6 +200,12 @@ def dot_product_attention(
     heads, kvheads = name_of(Heads), name_of(KVHeads)
     query, mask, bias, group = _grouped(query, key, mask, bias, heads, kvheads)
     grouped = group is not None
+    if isinstance(q_offset, NamedArray):
+        for r in q_offset.axes:
+            if r.name not in query.names or query.axis_size(r.name) != r.size:
+                raise AxisError(f"dot_product_attention: q_offset has {r.name}={r.size}, but the query "
+                                f"{format_axes(query.axes)} has {r.name}={query.axis_size(r.name) if r.name in query.names else 'no such axis'}; "
+                                "per-row offsets need one entry for each row")
     if window is not None and not causal:
         raise NamedError("dot_product_attention: a sliding window needs causal=True")
     if implementation == "cudnn":

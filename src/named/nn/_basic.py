@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from .._axis import (ArgumentError, ArgumentTypeError, Axis, AxisError, AxisSelection, AxisSelector, NamedError,
                      format_axes, names_of)
-from .._core import NamedArray
+from .._core import NamedArray, expect_named
 from .. import _ops as ops, random as nm_random
 from .._ops import elu, gelu, leaky_relu, log_sigmoid, relu, relu6, sigmoid, silu, softplus, swish  # noqa: F401  (nn.relu, ...)
 from .._shape import split
@@ -41,8 +41,7 @@ def glu(x: NamedArray, axis: AxisSelector) -> NamedArray:
     """Gated linear unit along ``axis``: ``a * sigmoid(b)`` where ``a`` and ``b`` are the first and
     second halves of ``axis`` (as ``jax.nn.glu`` and ``torch.nn.functional.glu``). The result keeps
     the name of ``axis`` at half its size."""
-    if not isinstance(x, NamedArray):
-        raise ArgumentTypeError(f"glu takes a NamedArray, got {type(x).__name__}")
+    expect_named(x, "glu")
     A = x.resolve_axis(axis)
     if A.size % 2:
         raise ArgumentError(f"glu splits axis {A.name!r} in two halves, but its size {A.size} is odd")
@@ -112,6 +111,7 @@ class Dropout(eqx.Module):
             raise NamedError(f"Dropout: pdrop must be in [0, 1], got {self.pdrop}")
 
     def __call__(self, x: NamedArray, *, key=None, inference: bool = False) -> NamedArray:
+        expect_named(x, "Dropout")
         if inference or self.pdrop == 0.0:
             return x
         if key is None:
@@ -207,6 +207,7 @@ class MLP(eqx.Module):
         return tuple(x for x in (self.up, *self.hidden, self.down) if x is not None)
 
     def __call__(self, x: NamedArray, *, key=None) -> NamedArray:
+        expect_named(x, "MLP")
         if self.up is None:
             return self.down(x)
         act = _activation_fn(self.act)

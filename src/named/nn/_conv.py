@@ -15,8 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._axis import ArgumentError, ArgumentTypeError, Axis, AxisError, AxisSelection, format_axes, name_of, names_of
-from .._core import NamedArray
+from .._axis import ArgumentError, Axis, AxisError, AxisSelection, format_axes, name_of, names_of
+from .._core import NamedArray, expect_named
 from .. import random as nmr
 from ..partitioning import shard
 
@@ -133,8 +133,7 @@ def _geometry(what: str, Spatial, In: Axis, Out: Axis, groups, kernel_size, stri
 
 def _layout(x: NamedArray, spatial: tuple[str, ...], In: Axis, what: str):
     """Check ``x`` and fold its batch axes into one; returns (folded x, its batch axes)."""
-    if not isinstance(x, NamedArray):
-        raise ArgumentTypeError(f"{what} takes a NamedArray, got {type(x).__name__}")
+    expect_named(x, what)
     for n in spatial:
         if n not in x.names:
             raise AxisError(f"{what}: spatial axis {n!r} is not among the input's axes {format_axes(x.axes)}")

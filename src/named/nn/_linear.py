@@ -6,13 +6,13 @@ import dataclasses
 import math
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from .._axis import ArgumentError, Axis, AxisError, AxisSelection, NamedError, as_selectors, format_axes
-from .._core import NamedArray
+from .._core import NamedArray, expect_named
 from .._einsum import dot
+from .._index import concrete, first_flagged
 from .. import random as nmr
 from ..partitioning import shard
 from .._shape import zeros
@@ -142,6 +142,7 @@ def _split(x: NamedArray, flat: Axis, axes: tuple[Axis, ...]) -> NamedArray:
 def check_input(layer, x: NamedArray) -> None:
     """``x`` has every ``In`` axis of ``layer`` (a Linear or a quantized one) and none of its ``Out`` axes."""
     what = type(layer).__name__
+    expect_named(x, what)
     ins, outs = as_selectors(layer.In), as_selectors(layer.Out)
     missing = [a.name for a in ins if a.name not in x.names]
     if missing:
@@ -178,6 +179,7 @@ class Embedding(eqx.Module):
 
     def __call__(self, ids: NamedArray) -> NamedArray:
         """Look up integer ``ids`` (any axes): the result has ``ids.axes + (Embed,)``."""
+        expect_named(ids, "Embedding", "ids")
         if not jnp.issubdtype(ids.dtype, jnp.integer):
             raise AxisError(f"Embedding takes integer token ids, got dtype {ids.dtype}")
         out = self.weight.take(self.Vocab.name, ids)
@@ -187,22 +189,19 @@ class Embedding(eqx.Module):
 
     def unembed(self, x: NamedArray) -> NamedArray:
         """Logits over Vocab: ``x · Wᵀ`` contracting Embed."""
+        expect_named(x, "Embedding.unembed")
         return shard(dot(x, self.weight, axis=self.Embed.name))
 
 
 def _checked(out: NamedArray, ids: NamedArray, Vocab: Axis) -> NamedArray:
     """``out``, after making sure every id is in ``[0, vocab)``."""
     bad = (ids.array < 0) | (ids.array >= Vocab.size)
-    try:
-        known = np.asarray(bad)
-    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
-        known = None
+    known = concrete(bad)
     if known is None:
         msg = f"Embedding: a token id is outside [0, {Vocab.size}) (vocab {Vocab.name!r}); it would have been clamped"
         return NamedArray._unchecked(eqx.error_if(out.array, jnp.any(bad), msg), out.axes)
     if known.any():
-        where = tuple(int(i) for i in np.argwhere(known)[0])
-        at = ", ".join(f"{a.name}={i}" for a, i in zip(ids.axes, where))
+        where, at = first_flagged(known, ids.axes)
         raise NamedError(f"Embedding: token id {int(np.asarray(ids.array)[where])} at ({at}) is outside "
                          f"[0, {Vocab.size}) (vocab {Vocab.name!r}); {int(known.sum())} id(s) out of range in all")
     return out

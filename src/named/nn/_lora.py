@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from .._axis import ArgumentError, Axis, as_selectors, format_axes
-from .._core import NamedArray, is_named_array, named
+from .._core import NamedArray, expect_named, is_named_array, named
 from .._einsum import dot
 from .. import random as nmr
 from ..partitioning import shard
@@ -82,6 +82,7 @@ class LoraLinear(eqx.Module):
         return LoraLinear(linear, a, b, alpha / rank, float(dropout))
 
     def __call__(self, x: NamedArray, *, key=None) -> NamedArray:
+        expect_named(x, "LoraLinear")
         y = self.linear(x)
         key = self.dropout_key if key is None else key
         h = Dropout(self.dropout)(x, key=key) if self.dropout and key is not None else x

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from .._axis import ArgumentError, Axis, AxisError, AxisSelector, format_axes, name_of
-from .._core import NamedArray
+from .._core import NamedArray, expect_named
 from .._shape import arange, rename
 from .. import random as nmr
 
@@ -44,6 +44,8 @@ def chunked_mask(QPos: Axis, KPos: Axis, chunk: int, *, q_offset=0) -> NamedArra
 
 def segment_mask(q_segments: NamedArray, k_segments: NamedArray) -> NamedArray:
     """True where query and key belong to the same packed segment."""
+    expect_named(q_segments, "segment_mask", "q_segments")
+    expect_named(k_segments, "segment_mask", "k_segments")
     return q_segments == k_segments
 
 
@@ -52,10 +54,11 @@ def padding_mask(valid_or_lengths: NamedArray, KPos: AxisSelector = "key_positio
     """A mask over the key axis that hides padding, for ``dot_product_attention(mask=...)``.
 
     From integer lengths (e.g. over ``batch``, with ``KPos`` an Axis): True at key positions
-    below each length (right padding). From a boolean per token (True = a real token) over
+    below each length (right padding); a length of at least ``KPos.size`` masks nothing, one of
+    0 or less masks every key. From a boolean per token (True = a real token) over
     ``Pos`` (or already over ``KPos``): the same values on the key axis, so nobody renames by
     hand (and nobody passes a mask over queries by mistake)."""
-    x = valid_or_lengths
+    x = expect_named(valid_or_lengths, "padding_mask")
     kpos, pos = name_of(KPos), name_of(Pos)
     if jnp.issubdtype(x.dtype, jnp.integer):
         if not isinstance(KPos, Axis):

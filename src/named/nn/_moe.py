@@ -32,16 +32,17 @@ from typing import ClassVar
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import PartitionSpec
 
 from .._axis import ArgumentError, Axis, AxisError, as_selectors, format_axes
 from .._context import current_body, current_mapping, current_mesh
-from .._core import NamedArray
+from .._core import NamedArray, expect_named
 from .._einsum import dot
 from .. import _ops as ops
 from .._shape import one_hot
 from .._local import ShardedAxis, _split_over, issue
 from ..explicit import all_gather, all_to_all, axis_index, psum, shard_map
+from .. import partitioning
 from ..partitioning import _mesh_axes, shard
 from ._basic import MLP, activation as _activation
 from ._linear import Linear
@@ -226,6 +227,7 @@ class MoE(eqx.Module):
         """``(y, stats)``: the output and the router's :func:`router_stats`, from which
         :func:`router_losses` makes the losses ``__call__`` returns (a model that stacks layers
         can return the statistics per layer and make the losses after the stack)."""
+        expect_named(x, "MoE")
         # not self.router(x): its output constraint would fail under expert parallelism, where
         # the compute mapping gives batch and experts one mesh axis (tokens and experts both split)
         router = self.router.weight
@@ -417,7 +419,7 @@ def _auto(x, ids, w, weights, names: _Names, n_experts: int, act, mapping, mesh)
     order = block_dims + local_dims
 
     def constrain(a, *spec):
-        return jax.lax.with_sharding_constraint(a, NamedSharding(mesh, PartitionSpec(*spec)))
+        return partitioning.constrain(a, mesh, PartitionSpec(*spec))
 
     def to_blocks(arr_named: NamedArray, last: str):
         """(*tokens, last) -> (blocks, tokens per block, last)."""

@@ -8,7 +8,7 @@ import equinox as eqx
 import jax.numpy as jnp
 
 from .._axis import Axis
-from .._core import NamedArray
+from .._core import NamedArray, expect_named
 from .. import _ops as ops
 from .._shape import ones, zeros
 
@@ -27,7 +27,7 @@ class LayerNorm(eqx.Module):
         return LayerNorm(ones(axis) if use_weight else None, zeros(axis) if use_bias else None, axis, eps)
 
     def __call__(self, x: NamedArray) -> NamedArray:
-        x32 = x.astype(jnp.float32)
+        x32 = expect_named(x, "LayerNorm").astype(jnp.float32)
         mean = x32.mean(self.axis.name)
         var = ops.square(x32 - mean).mean(self.axis.name)
         y = (x32 - mean) * ops.rsqrt(var + self.eps)
@@ -51,7 +51,7 @@ class RMSNorm(eqx.Module):
         return RMSNorm(ones(axis) if use_weight else None, axis, eps)
 
     def __call__(self, x: NamedArray) -> NamedArray:
-        x32 = x.astype(jnp.float32)
+        x32 = expect_named(x, "RMSNorm").astype(jnp.float32)
         y = x32 * ops.rsqrt(ops.square(x32).mean(self.axis.name) + self.eps)
         if self.weight is not None:
             y = y * self.weight

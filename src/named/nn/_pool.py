@@ -9,16 +9,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._axis import ArgumentError, ArgumentTypeError, Axis, AxisError, format_axes
-from .._core import NamedArray
+from .._core import NamedArray, expect_named
 from .._ops import _lowest
 from ._conv import explicit_padding, output_size, padding_spec, per_axis
 
 
 def _window(x, window, what: str) -> dict[str, int]:
-    if not isinstance(x, NamedArray):
-        hint = " (named takes the array first: Haliax's pool(Window, x) is pool(x, Window) here)" if isinstance(
-            window, NamedArray) else ""
-        raise ArgumentTypeError(f"{what} takes a NamedArray, got {type(x).__name__}{hint}")
+    hint = " (named takes the array first: Haliax's pool(Window, x) is pool(x, Window) here)" if isinstance(
+        window, NamedArray) else ""
+    expect_named(x, what, hint=hint)
     if isinstance(window, Axis):
         window = (window,)
     if isinstance(window, Mapping):

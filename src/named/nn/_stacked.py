@@ -179,8 +179,22 @@ class Stacked(eqx.Module, Generic[M]):
     remat: Any = eqx.field(static=True, default="none")
 
     def __check_init__(self):
+        if not isinstance(self.Layers, Axis):
+            raise AxisError(f"Stacked needs a Layers Axis with a size, got {self.Layers!r}")
         remat_policy(self.remat, self.Layers.size)  # an unknown policy fails here, before anything is traced
         check_every(self.remat, self.Layers)
+        # Built directly (not by init/from_layers), every array must already be stacked: a leaf
+        # without the Layers axis would reach every layer whole, and get_layer would return it so.
+        for path, x in jax.tree_util.tree_leaves_with_path(self.stacked, is_leaf=is_named_array):
+            if isinstance(x, NamedArray):
+                if self.Layers.name not in x.names:
+                    raise AxisError(f"Stacked: block weight {jax.tree_util.keystr(path)} {format_axes(x.axes)} lacks the "
+                                    f"layers axis {self.Layers.name!r}; Stacked.init and Stacked.from_layers add it")
+                if x.axis_size(self.Layers.name) != self.Layers.size:
+                    raise AxisError(f"Stacked: block weight {jax.tree_util.keystr(path)} {format_axes(x.axes)} has "
+                                    f"{self.Layers.name}={x.axis_size(self.Layers.name)}, not the stack's {self.Layers.size}")
+            elif eqx.is_array(x):
+                _add_layers_axis(path, x, self.Layers)  # raises: a plain array cannot be sliced per layer
 
     @staticmethod
     def init(Layers: Axis, block_init: Callable[..., M], *args, key=None, remat="none", gradient_checkpointing=None,

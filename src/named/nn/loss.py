@@ -20,17 +20,20 @@ from typing import Literal
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .._axis import ArgumentError, ArgumentTypeError, Axis, AxisError, AxisSelector, format_axes
-from .._core import NamedArray
+from .._core import NamedArray, expect_named
 from .. import _ops as ops
 from .._einsum import dot
+from .._index import concrete, first_flagged
 from .._shape import arange, broadcast_to, full, roll, zeros
 from .._transforms import scan
 from ..partitioning import current_mapping, shard
 
 Reduction = Literal["mean", "sum", "none"]
 _REDUCTIONS = ("mean", "sum", "none")
+IGNORE_INDEX = -100  # torch's default ignore_index: the label Hugging Face datasets give a token not to score
 
 __all__ = [
     "binary_cross_entropy_loss",
@@ -71,10 +74,54 @@ def _check_targets(targets: NamedArray, Vocab: Axis, loss_axes: tuple[Axis, ...]
             raise AxisError(f"targets axis {a.name}={a.size} is not among the logits' token axes {format_axes(loss_axes)}")
 
 
+def _check_where(where) -> None:
+    if where is not None and not isinstance(where, NamedArray):
+        raise ArgumentTypeError(f"where= must be a NamedArray mask over the targets' axes, got {type(where).__name__}")
+
+
+def _screen_ids(targets: NamedArray, Vocab: Axis, where, ignore_index, what: str) -> tuple[NamedArray | None, NamedArray]:
+    """``(where, in_vocab)``: ``where`` with the tokens whose target is ``ignore_index`` taken out
+    (they neither contribute nor count, as in torch), and where each target is a vocab id.
+
+    Any other id outside ``[0, vocab)`` that counts is a mistake with no right answer: when the
+    ids (and ``where``) are concrete it is refused here, naming the first one; under a trace its
+    token's loss becomes NaN (see ``_nan_outside``), never a plausible number."""
+    if ignore_index is not None and (isinstance(ignore_index, bool) or not isinstance(ignore_index, int)):
+        raise ArgumentTypeError(f"{what}: ignore_index must be an int (torch's -100) or None, got {ignore_index!r}")
+    _check_where(where)
+    in_vocab = (targets >= 0) & (targets < Vocab.size)
+    wrong = ~in_vocab
+    if ignore_index is not None:
+        keep = targets != ignore_index
+        where = keep if where is None else where * keep
+        wrong = wrong & keep
+    known = concrete(wrong)
+    counted = None if known is None or (where is not None and concrete(where) is None) else wrong
+    if counted is not None and where is not None:
+        counted = counted & (where != 0)
+    flags = None if counted is None else concrete(counted)
+    if flags is not None and flags.any():
+        at_index, at = first_flagged(flags, counted.axes)
+        ids = np.asarray(broadcast_to(targets, counted.axes).array)
+        skip = f"ignore_index={ignore_index} marks a token to skip" if ignore_index is not None else "ignore_index marks a token to skip"
+        raise ArgumentError(
+            f"{what}: target id {int(ids[at_index])} at ({at}) is outside [0, {Vocab.size}) (vocab axis {Vocab.name!r}); "
+            f"{int(flags.sum())} counted target(s) out of range in all. Ids must be vocab entries; {skip}, "
+            "and where= masks tokens out"
+        )
+    return where, in_vocab
+
+
+def _nan_outside(loss: NamedArray, in_vocab: NamedArray) -> NamedArray:
+    """NaN for the tokens whose target is not a vocab id: masked or ignored ones are zeroed by the
+    reduction afterwards, a counted one makes the loss NaN (the trainer's NaN policy sees it)."""
+    return ops.where(in_vocab, loss, jnp.nan)
+
+
 def _target_logit(logits: NamedArray, Vocab: Axis, targets: NamedArray, vocab_ids: NamedArray) -> NamedArray:
     # A masked sum rather than a gather: it is elementwise + reduce over vocab, which GSPMD
     # partitions along a sharded vocab (local pick, then a sum all-reduce), and a target
-    # outside the vocab (a padding id such as -100) picks 0 instead of reading out of bounds.
+    # outside the vocab picks 0 instead of reading out of bounds (_screen_ids deals with it).
     picked = ops.where(targets == vocab_ids, logits, 0.0)
     return picked.sum(Vocab.name)
 
@@ -95,9 +142,8 @@ def _check_smoothing(label_smoothing) -> None:
 def _apply_reduction(loss: NamedArray, where, reduction: str) -> NamedArray:
     """Mask ``loss`` (per token) by ``where`` and reduce it over all its axes (or not)."""
     weight = None
+    _check_where(where)
     if where is not None:
-        if not isinstance(where, NamedArray):
-            raise ArgumentTypeError(f"where= must be a NamedArray mask over the targets' axes, got {type(where).__name__}")
         extra = [a for a in where.axes if a.name not in loss.names]
         if extra:
             raise AxisError(f"where= has axes {format_axes(extra)} that the per-token loss {format_axes(loss.axes)} lacks")
@@ -140,6 +186,7 @@ def cross_entropy_loss(
     reduction: Reduction = "mean",
     z_loss_weight: float = 0.0,
     label_smoothing: float = 0.0,
+    ignore_index: int | None = IGNORE_INDEX,
 ) -> NamedArray:
     """Softmax cross-entropy of ``targets`` under ``logits``, in float32.
 
@@ -150,10 +197,9 @@ def cross_entropy_loss(
 
     Args:
         logits: scores with the vocab axis and any token axes (``batch``, ``position``, ...).
-        targets: integer ids with (some of) the logits' axes except the vocab axis (a target
-            outside ``[0, vocab)`` picks a logit of 0; mask such tokens out with ``where``); or
-            float probabilities with the vocab axis and (some of) the token axes.
-        axis: the vocab (class) axis of ``logits``.
+        targets: integer ids in ``[0, vocab)`` with (some of) the logits' axes except the vocab
+            axis; or float probabilities with the vocab axis and (some of) the token axes.
+        axis: the vocab (class) axis of ``logits`` (by default the one named ``"vocab"``).
         where: a bool or 0/1 (or weight) mask over the targets' axes; masked tokens contribute
             nothing and are not counted by the mean.
         reduction: ``"mean"`` (masked mean over every remaining axis), ``"sum"``, or ``"none"``
@@ -161,13 +207,21 @@ def cross_entropy_loss(
         z_loss_weight: weight of the z-loss term (PaLM uses 1e-4); 0 turns it off.
         label_smoothing: ``ε`` in ``[0, 1]``: the targets become ``(1 - ε) * targets + ε / vocab``
             (torch's ``label_smoothing``).
+        ignore_index: a target equal to it is skipped as if masked by ``where`` (not counted by
+            the mean), as torch's ``ignore_index``; ``-100`` by default, the label Hugging Face
+            datasets give padding and prompt tokens; None: no id is skipped. Ids only.
+
+    Any other target outside ``[0, vocab)`` that counts (not masked by ``where``) is an error:
+    an ``ArgumentError`` naming the first one when the targets (and ``where``) are concrete;
+    under ``jax.jit`` (where values cannot be looked at) the token's loss is NaN, and so is the
+    mean or sum that counts it.
 
     Returns:
         A float32 NamedArray: 0-d for ``"mean"``/``"sum"``, the token axes for ``"none"``.
     """
     _check_reduction(reduction)
     _check_smoothing(label_smoothing)
-    Vocab = logits.resolve_axis(axis)
+    Vocab = expect_named(logits, "cross_entropy_loss", "logits").resolve_axis(axis)
     token_axes = tuple(a for a in logits.axes if a.name != Vocab.name)
     logits32 = logits.astype(jnp.float32)
     lse = ops.logsumexp(logits32, Vocab.name)
@@ -179,11 +233,12 @@ def cross_entropy_loss(
         loss = _plus_z_loss((probs * (lse - logits32)).sum(Vocab.name), lse, z_loss_weight)
     else:
         _check_targets(targets, Vocab, token_axes)
+        where, in_vocab = _screen_ids(targets, Vocab, where, ignore_index, "cross_entropy_loss")
         picked = _target_logit(logits32, Vocab, targets, arange(Vocab, dtype=targets.dtype))
         if label_smoothing:
             # the smoothed target's expected logit: a mean over vocab, so vocab-parallel stays reductions only
             picked = (1.0 - label_smoothing) * picked + label_smoothing * logits32.mean(Vocab.name)
-        loss = _loss_from_parts(lse, picked, z_loss_weight)
+        loss = _nan_outside(_loss_from_parts(lse, picked, z_loss_weight), in_vocab)
     return _apply_reduction(loss.rearrange(token_axes), where, reduction)
 
 
@@ -218,8 +273,7 @@ def binary_cross_entropy_loss(
     """
     _check_reduction(reduction)
     for what, v in (("logits", logits), ("targets", targets)):
-        if not isinstance(v, NamedArray):
-            raise ArgumentTypeError(f"binary_cross_entropy_loss: {what} must be a NamedArray, got {type(v).__name__}")
+        expect_named(v, "binary_cross_entropy_loss", what)
     if set(targets.names) != set(logits.names):
         odd = sorted(set(targets.names) ^ set(logits.names))
         raise AxisError(f"binary_cross_entropy_loss: targets {format_axes(targets.axes)} and logits "
@@ -259,7 +313,7 @@ def next_token_targets(
     Returns:
         ``(targets, mask)``: both with ``input_ids``' axes; ``mask`` is float32.
     """
-    Pos = input_ids.resolve_axis(Pos)
+    Pos = expect_named(input_ids, "next_token_targets", "input_ids").resolve_axis(Pos)
     targets = roll(input_ids, -1, Pos.name)
     mask = (arange(Pos) < Pos.size - 1).astype(jnp.float32)
     if loss_mask is not None:
@@ -280,16 +334,18 @@ def next_token_loss(
     reduction: Reduction = "mean",
     z_loss_weight: float = 0.0,
     label_smoothing: float = 0.0,
+    ignore_index: int | None = IGNORE_INDEX,
 ) -> NamedArray:
     """Language-model loss: the logits at position ``t`` predict ``input_ids`` at ``t + 1``.
 
     The last position is excluded. ``loss_mask`` (over e.g. ``(batch, position)``) is aligned
-    with the logits' positions and multiplies in; see :func:`next_token_targets`. The mean is
-    over the tokens that count. Other arguments are those of :func:`cross_entropy_loss`.
+    with the logits' positions and multiplies in; see :func:`next_token_targets`. An id equal
+    to ``ignore_index`` (``-100``, as in Hugging Face labels) is not predicted. The mean is over
+    the tokens that count. Other arguments are those of :func:`cross_entropy_loss`.
     """
     targets, mask = next_token_targets(input_ids, Pos=Pos, loss_mask=loss_mask)
     return cross_entropy_loss(logits, targets, axis=axis, where=mask, reduction=reduction, z_loss_weight=z_loss_weight,
-                              label_smoothing=label_smoothing)
+                              label_smoothing=label_smoothing, ignore_index=ignore_index)
 
 
 # ---- blockwise over the vocabulary -----------------------------------------------------------
@@ -321,6 +377,7 @@ def blockwise_cross_entropy_loss(
     reduction: Reduction = "mean",
     z_loss_weight: float = 0.0,
     softcap: float | None = None,
+    ignore_index: int | None = IGNORE_INDEX,
 ) -> NamedArray:
     """:func:`cross_entropy_loss` of ``hidden · unembed_weight`` without ever holding all the logits.
 
@@ -346,7 +403,8 @@ def blockwise_cross_entropy_loss(
         Embed: the contracted axis.
         Vocab: the vocab axis of ``unembed_weight``.
         block_size: vocab entries per block; must divide the vocab size.
-        where, reduction, z_loss_weight: as in :func:`cross_entropy_loss`.
+        where, reduction, z_loss_weight, ignore_index: as in :func:`cross_entropy_loss`, ids
+            outside the vocab included.
         softcap: when set, each logit ``x`` becomes ``tanh(x / softcap) * softcap`` before the loss
             (Gemma 2's ``final_logit_softcapping``, which its model applies to the full logits).
 
@@ -356,8 +414,8 @@ def blockwise_cross_entropy_loss(
     _check_reduction(reduction)
     if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not softcap > 0):
         raise ArgumentError(f"softcap={softcap!r}; it must be a positive number, or None for no cap")
-    Embed = hidden.resolve_axis(Embed)
-    V = unembed_weight.resolve_axis(Vocab)
+    Embed = expect_named(hidden, "blockwise_cross_entropy_loss", "hidden").resolve_axis(Embed)
+    V = expect_named(unembed_weight, "blockwise_cross_entropy_loss", "unembed_weight").resolve_axis(Vocab)
     if set(unembed_weight.names) != {Embed.name, V.name}:
         raise AxisError(
             f"unembed_weight must have exactly the axes {Embed.name!r} and {V.name!r}, "
@@ -370,6 +428,7 @@ def blockwise_cross_entropy_loss(
         raise _block_error(V, block_size)
     token_axes = tuple(a for a in hidden.axes if a.name != Embed.name)
     _check_targets(targets, V, token_axes)
+    where, in_vocab = _screen_ids(targets, V, where, ignore_index, "blockwise_cross_entropy_loss")
 
     n_blocks = V.size // block_size
     Block = Axis(f"{V.name}_block", n_blocks)
@@ -400,7 +459,7 @@ def blockwise_cross_entropy_loss(
     body = jax.checkpoint(block, prevent_cse=False)
     (running_max, sum_exp, picked), _ = scan(body, Block.name)(init, w_blocks, id_blocks)
     lse = running_max + ops.log(sum_exp)
-    return _apply_reduction(_loss_from_parts(lse, picked, z_loss_weight), where, reduction)
+    return _apply_reduction(_nan_outside(_loss_from_parts(lse, picked, z_loss_weight), in_vocab), where, reduction)
 
 
 def blockwise_next_token_loss(
@@ -416,6 +475,7 @@ def blockwise_next_token_loss(
     reduction: Reduction = "mean",
     z_loss_weight: float = 0.0,
     softcap: float | None = None,
+    ignore_index: int | None = IGNORE_INDEX,
 ) -> NamedArray:
     """:func:`next_token_loss` computed by :func:`blockwise_cross_entropy_loss` (no full logits)."""
     targets, mask = next_token_targets(input_ids, Pos=Pos, loss_mask=loss_mask)
@@ -430,4 +490,5 @@ def blockwise_next_token_loss(
         reduction=reduction,
         z_loss_weight=z_loss_weight,
         softcap=softcap,
+        ignore_index=ignore_index,
     )
