@@ -203,7 +203,7 @@ def local_einsum(equation: str, *arrays: NamedArray, settle: bool, **kwargs) -> 
                 extra = [n for n in x.names if n not in names]
                 raise AxisError(f"einsum operand {k} has axes {extra} that its spec does not list (add them or '...')")
             refuse_positional_misreading(f"einsum operand {k}", " ".join("..." if t is Ellipsis else t for t in spec),
-                                         spec, x.axes, [None if t is Ellipsis else t for t in spec])
+                                         spec, x.axes, [None if t is Ellipsis else t for t in spec], braces=False)
         # Axes named in some input spec but not in the output are contracted; axes covered only
         # by an input's '...' pass through to the output's '...'.
         explicit, rest_contracted = {s for spec in in_specs for s in spec if s is not Ellipsis}, False

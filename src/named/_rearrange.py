@@ -121,7 +121,7 @@ def _split_sizes(axis: Axis, parts: list[str], bind: _Bindings) -> list[Axis]:
     return [Axis(n, s) for n, s in bound]
 
 
-def refuse_positional_misreading(what: str, side: str, items: list, axes, names: list) -> None:
+def refuse_positional_misreading(what: str, side: str, items: list, axes, names: list, braces: bool = True) -> None:
     """Refuse a positional-looking left side that Haliax (and einops) would read otherwise.
 
     Here the left side of a pattern (rearrange's, or an einsum input spec) is matched by name,
@@ -129,7 +129,8 @@ def refuse_positional_misreading(what: str, side: str, items: list, axes, names:
     after ``...`` count from the end. A left side written in one-letter names (``"h w c"``, the
     einops idiom) looks positional; where an item of it names an axis of the array that is not
     the one at its position, the two readings give different results with no error in either
-    library, so the pattern is refused; in braces (``{h w} -> ...``) both match by name. Names
+    library, so the pattern is refused; in braces (``{h w} -> ...``, rearrange's; ``braces=False``
+    where the caller has no braced form to offer) both match by name. Names
     of more than one letter are names, read as such in any order. ``names`` holds, per item,
     the axis name it stands for (None for ``...`` and for an anonymous group)."""
     if not all(len(name) == 1 for name in names if name is not None):
@@ -152,8 +153,8 @@ def refuse_positional_misreading(what: str, side: str, items: list, axes, names:
                 f"{what}: {side.strip()!r} names the axes of {format_axes(axes)} in another order. Here a left side is "
                 f"matched by name ({name!r} is axis {name!r}), but Haliax and einops bind an unbraced one by position, "
                 f"where {name!r} would be axis {axis.name!r}, and the result would differ. List the axes in the array's "
-                f"order ({' '.join(a.name for a in axes)}), or put the left side in braces ('{{{side.strip()}}}') to "
-                "match by name in both")
+                f"order ({' '.join(a.name for a in axes)})"
+                + (f", or put the left side in braces ('{{{side.strip()}}}') to match by name in both" if braces else ""))
 
 
 def rearrange_pattern(x: NamedArray, pattern: str, kwargs: dict) -> NamedArray:
