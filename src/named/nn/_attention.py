@@ -10,7 +10,6 @@ consecutive query heads (the Hugging Face ``repeat_kv`` order).
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import logging
 import math
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from .._axis import ArgumentTypeError, Axis, AxisError, AxisSelector, NamedError, format_axes, name_of
+from .._context import attention_context, current_attention
 from .._core import NamedArray, expect_named
 from .._einsum import dot, einsum
 from .. import _ops as ops
@@ -83,24 +83,19 @@ def rotary_embedding(x: NamedArray, positions: NamedArray, *, HeadSize: AxisSele
 
 _CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
 _IMPLEMENTATIONS = ("auto", "xla", "cudnn")
-# What ``implementation="auto"`` means while traced inside ``attention_implementation(...)``.
-_scoped = contextvars.ContextVar("named_attention_implementation", default="auto")
 
 
 @contextlib.contextmanager
 def attention_implementation(implementation: str) -> Iterator[None]:
-    """Make every ``dot_product_attention(implementation="auto")`` traced inside take
-    ``implementation`` ("xla" or "cudnn"; "auto" restores the automatic choice). Calls that name
-    an implementation keep theirs. This is how a model whose layers call attention with the
-    default is run on the XLA path on a GPU (to compare it with cuDNN's kernel, or to rule the
-    kernel out): it acts when the function is traced, so wrap the first call of a jitted step."""
+    """Make every ``dot_product_attention(implementation="auto")`` inside take ``implementation``
+    ("xla" or "cudnn"; "auto" restores the automatic choice). Calls that name an implementation
+    keep theirs. This is how a model whose layers call attention with the default is run on the
+    XLA path on a GPU (to compare it with cuDNN's kernel, or to rule the kernel out). It is part
+    of every jit's cache key: a jitted step called under another implementation is traced again."""
     if implementation not in _IMPLEMENTATIONS:
         raise NamedError(f"unknown attention implementation {implementation!r}; use {', '.join(_IMPLEMENTATIONS)}")
-    token = _scoped.set(implementation)
-    try:
+    with attention_context(implementation):
         yield
-    finally:
-        _scoped.reset(token)
 
 
 def _cudnn_unmet(query: NamedArray, key: NamedArray, value: NamedArray, hs: str) -> list[str]:
@@ -181,7 +176,7 @@ def dot_product_attention(
     if implementation not in _IMPLEMENTATIONS:
         raise NamedError(f"unknown attention implementation {implementation!r}; use {', '.join(_IMPLEMENTATIONS)}")
     if implementation == "auto":
-        implementation = _scoped.get()
+        implementation = current_attention()
     for what, x in (("query", query), ("key", key), ("value", value), ("mask", mask), ("bias", bias),
                     ("segment_ids", segment_ids)):
         if x is not None:
