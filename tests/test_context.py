@@ -172,3 +172,13 @@ def test_ambient_state_lives_in_context_under_one_rule():
     context = (src / "_context.py").read_text()
     assert len(re.findall(r"ContextVar\(", context)) == 1 and "collective order" in context.split('"""')[1]
     assert len(re.findall(r"make_user_context\(", context)) >= 5
+
+
+def test_a_layer_driver_is_hashable_and_checks_what_it_is_given():
+    a = nn.ExplicitStack({"embed": "data"}, {"batch": ["data"]}, independent=["batch"])
+    b = nn.ExplicitStack({"embed": "data"}, {"batch": ("data",)})
+    assert a == b and hash(a) == hash(b)  # a jit-key value: equal drivers share a program
+    with pytest.raises(nm.ShardingError, match=r"ExplicitStack param_mapping: axis 'embed' is mapped to 3"):
+        nn.ExplicitStack({"embed": 3}, {})
+    with pytest.raises(nm.ShardingError, match=r"ExplicitStack: mesh= takes a jax mesh .* got dict"):
+        nn.ExplicitStack({}, {}, mesh={"data": 4})
