@@ -50,7 +50,7 @@ def _with_split(a: Axis, size: int, mesh_axes: tuple[str, ...]) -> Axis:
     return ShardedAxis(a.name, size, tuple(mesh_axes)) if mesh_axes else Axis(a.name, size)
 
 
-# ---- parts of a block (explicit mode's batch split) ------------------------------------------------
+# ---- parts of a block (explicit mode's batch split; the part being traced: _context.part_of_block) ---
 
 
 def split_block(x: NamedArray, name: str, parts: int) -> list[NamedArray]:
@@ -250,11 +250,8 @@ class LocalBody:
         return result
 
     def draw(self, draw, axes: tuple[Axis, ...]):
-        """``draw(shape)`` for ``axes``. A split axis holds only this device's part, so the whole
-        array is drawn and this device's block of it kept: every device gets its part of the
-        values the same key gives outside (the draw is mesh-independent:
-        ``jax_threefry_partitionable``), at the cost of drawing all of it. Code that computes one
-        part of a block (the batch split) keeps that part."""
+        """``nm.random.block_draw`` on local blocks: ``draw`` of the whole array, of which this
+        device's block (and under the batch split, the part being traced) is kept."""
         split = [_split_over(a) for a in axes]
         parts = block_parts()
         if not any(split) and not any(a.name in parts for a in axes):

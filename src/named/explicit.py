@@ -19,7 +19,6 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 import jax
 import numpy as np
