@@ -156,7 +156,7 @@ def train_worker(spec: dict) -> dict:
     handler = _Collect(chosen)
     logging.getLogger("named.nn").addHandler(handler)
     logging.getLogger("named.nn").setLevel(logging.DEBUG)
-    # Everything inside: the choice acts while the step is traced, and a second trace must not escape it.
+    # Everything inside: the choice is part of the step's jit key, so its compile and its runs share it.
     # (not the build: its checks trace the f32 model, which "cudnn" would refuse)
     t0 = time.perf_counter()
     step = C.TrainerStep(cfg, ids, segments=spec["segments"] == "packed")

@@ -380,6 +380,9 @@ def test_attention_weights_and_a_query_without_positions_match_numpy():
     close(w5.array, ref_weights(np64(q5, ("batch", "heads", "head_size"))[:, None], np64(k, KN), mask=sees)[:, :, 0])
     with pytest.raises(nm.ArgumentTypeError, match=r"Haliax's order, dot_product_attention\(KPos, Key, query"):
         nn.dot_product_attention(KPos, HeadSize, q, k, v)
+    for fn, args in ((nn.dot_product_attention, (q, k.array, v)), (nn.dot_product_attention_weights, (q.array, k))):
+        with pytest.raises(nm.ArgumentTypeError, match=r"takes a NamedArray as (key|query), got a positional array"):
+            fn(*args)  # a plain array in its place is not Haliax's order
     with pytest.raises(nm.AxisError, match="segment_ids are per query position"):
         nn.dot_product_attention(q5, k, v, segment_ids=nm.zeros((Batch, Pos), jnp.int32))
 

@@ -1,16 +1,20 @@
-"""The compute mapping and the explicit-mode body are jit-key contexts: every jit sees them."""
+"""Every ambient value that changes what a trace produces is a jit-key context: the compute
+mapping, the explicit-mode body, the layer-stack driver and the attention implementation."""
 
 from __future__ import annotations
 
+import pathlib
+import re
 import threading
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import named as nm
-from named import Axis
+from named import Axis, nn
 
 X = nm.random.normal(jax.random.key(0), (Axis("batch", 8), Axis("embed", 4)))
 BY_BATCH, BY_EMBED = {"batch": "data"}, {"embed": "model"}
@@ -111,3 +115,70 @@ def test_a_mapping_is_frozen_and_hashable():
         assert hash(m) == hash(nm.partitioning.FrozenMapping({"mlp": ("data", "model")}))
         with pytest.raises(TypeError):
             m["mlp"] = None  # type: ignore[index]
+
+
+def test_the_layer_driver_is_a_jit_key(mesh):
+    """A jitted function traced under one nn.explicit_layers setting and called under another is
+    traced again and runs as the second says; an equal driver built again reuses the program."""
+    stack = nn.Stacked.init(Axis("layers", 2), nn.Linear.init, Axis("embed", 4), Axis("out", 4), key=jax.random.key(1))
+    traces = []
+
+    def run(stack, x):
+        traces.append(nm.current_mapping())
+        # the step sees the batch whole under GSPMD, this device's 2 rows of 8 per device
+        return stack.fold_via(lambda block, h: h + h.axis_size("batch"))(x)
+
+    f = jax.jit(run)
+    per_device = lambda: nn.ExplicitStack({}, {"batch": "data"})  # noqa: E731  (equal drivers, new dicts)
+    with jax.set_mesh(mesh):
+        whole = f(stack, X)
+        with nn.explicit_layers(per_device()):
+            local = f(stack, X)
+        with nn.explicit_layers(per_device()):
+            f(stack, X)
+        again = f(stack, X)
+    assert len(traces) == 2
+    np.testing.assert_allclose(np.asarray(whole.array), np.asarray(X.array) + 2 * 8, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(local.array), np.asarray(X.array) + 2 * 2, rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(again.array), np.asarray(whole.array))
+
+
+def test_the_attention_implementation_is_a_jit_key():
+    """A jitted attention traced under nn.attention_implementation("xla") and called under
+    "cudnn" is traced again and takes cuDNN's path, which the CPU refuses."""
+    Pos, KPos, Hs = Axis("position", 4), Axis("key_position", 4), Axis("head_size", 8)
+    q = nm.random.normal(jax.random.key(2), (Pos, Hs), jnp.bfloat16)
+    kv = nm.random.normal(jax.random.key(3), (KPos, Hs), jnp.bfloat16)
+    traces = []
+    f = jax.jit(lambda q, k, v: traces.append(1) or nn.dot_product_attention(q, k, v, causal=True))
+    with nn.attention_implementation("xla"):
+        want = f(q, kv, kv)
+    with nn.attention_implementation("cudnn"):
+        with pytest.raises(nm.NamedError, match=r"implementation='cudnn'.*backend is 'cpu'"):
+            f(q, kv, kv)
+    with nn.attention_implementation("xla"):
+        assert f(q, kv, kv).axes == want.axes
+    assert len(traces) == 2
+
+
+def test_ambient_state_lives_in_context_under_one_rule():
+    """src/named keeps its ambient state in _context.py, as jax.make_user_context values; the one
+    contextvars.ContextVar there is the trace-local collective order, which its docstring names."""
+    src = pathlib.Path(nm.__file__).parent
+    stateful = re.compile(r"ContextVar\(|threading\.local\(|make_user_context\(")
+    elsewhere = sorted(str(f.relative_to(src)) for f in src.rglob("*.py")
+                       if f.name != "_context.py" and stateful.search(f.read_text()))
+    assert elsewhere == []
+    context = (src / "_context.py").read_text()
+    assert len(re.findall(r"ContextVar\(", context)) == 1 and "collective order" in context.split('"""')[1]
+    assert len(re.findall(r"make_user_context\(", context)) >= 5
+
+
+def test_a_layer_driver_is_hashable_and_checks_what_it_is_given():
+    a = nn.ExplicitStack({"embed": "data"}, {"batch": ["data"]}, independent=["batch"])
+    b = nn.ExplicitStack({"embed": "data"}, {"batch": ("data",)})
+    assert a == b and hash(a) == hash(b)  # a jit-key value: equal drivers share a program
+    with pytest.raises(nm.ShardingError, match=r"ExplicitStack param_mapping: axis 'embed' is mapped to 3"):
+        nn.ExplicitStack({"embed": 3}, {})
+    with pytest.raises(nm.ShardingError, match=r"ExplicitStack: mesh= takes a jax mesh .* got dict"):
+        nn.ExplicitStack({}, {}, mesh={"data": 4})

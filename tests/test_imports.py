@@ -1,10 +1,13 @@
 """The import graph of src/, read with ast: no two modules import each other (function-level
-imports included), imports point trainer -> models -> named, and ``import named`` loads no
-model or trainer code.
+imports included), the one import circle is NamedArray's method delegates, imports point
+trainer -> models -> named, and ``import named`` loads no model or trainer code.
 
-The one allowed pair is NamedArray's method delegates: ``named._core`` defines the class and,
-at its end, imports ``_ops``/``_shape``/``_index``/``_einsum`` whose functions the one-line
-methods call, while those modules import NamedArray from ``_core``.
+The allowed pairs are the method delegates: ``named._core`` defines the class and, at its end,
+imports ``_ops``/``_shape``/``_index``/``_einsum`` whose functions the one-line methods call,
+while those modules import NamedArray from ``_core``. The circle through them also holds what
+they use that imports ``_core`` itself: ``_rearrange`` (einsum's check of positional specs,
+``rearrange``), ``_transforms`` (``_index``'s per-row updates are a vmap) and ``_remat`` (the
+transforms' scan remat). Explicit mode is not in it: it hooks into the core from its own side.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGES = {"named": ROOT / "src/named", "named.models": ROOT / "src/models", "named.trainer": ROOT / "src/trainer"}
 DELEGATES = {"named._ops", "named._shape", "named._index", "named._einsum"}
+CIRCLE = {"named._core", *DELEGATES, "named._rearrange", "named._transforms", "named._remat"}
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -60,6 +64,37 @@ def test_no_two_modules_import_each_other():
     pairs = sorted({tuple(sorted((a, b))) for a in g for b in g[a] if a in g.get(b, ())})
     allowed = {("named._core", d) for d in DELEGATES}
     assert [p for p in pairs if p not in allowed] == []
+
+
+def _circles(g: dict[str, set[str]]) -> list[set[str]]:
+    """The import circles of ``g``: its strongly connected components of more than one module."""
+    reach = {}
+    for start in g:  # the modules each one reaches (the graph is small: a walk per module)
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in g.get(todo.pop(), ()):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        reach[start] = seen
+    circles: list[set[str]] = []
+    for m in g:
+        circle = {m} | {n for n in reach[m] if m in reach[n]}
+        if len(circle) > 1 and circle not in circles:
+            circles.append(circle)
+    return circles
+
+
+def test_circles_are_found():
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}) == [{"a", "b", "c"}]
+
+
+def test_the_one_import_circle_is_the_method_delegates():
+    library = lambda m: not m.startswith(("named.models", "named.trainer"))  # noqa: E731
+    circles = _circles({m: {d for d in deps if library(d)} for m, deps in _graph().items() if library(m)})
+    assert [sorted(c) for c in circles] == [sorted(CIRCLE)], (
+        "src/named may hold one import circle, NamedArray's method delegates (CIRCLE); a module that joins "
+        "it, or a new circle, ties more of the library to the core (a circle that shrank: shrink CIRCLE)")
 
 
 def test_imports_point_one_way():

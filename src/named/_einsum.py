@@ -20,14 +20,11 @@ from __future__ import annotations
 import re
 import string
 
-import jax
 import jax.numpy as jnp
 
-from . import _compat
 from ._axis import ArgumentTypeError, Axis, AxisError, AxisSelection, as_selectors, format_axes, name_of, union
 from ._context import current_body
 from ._core import NamedArray, expect_named
-from ._local import in_order, issue, vary
 from ._rearrange import refuse_positional_misreading
 
 # What jnp.einsum takes besides the equation and operands; anything else is a caller's typo.
@@ -54,29 +51,16 @@ def _contract(arrays: tuple[NamedArray, ...], out_axes: tuple[Axis, ...], option
     letters = _letters([a.name for a in all_axes])
     ins = ",".join("".join(letters[a.name] for a in x.axes) for x in arrays)
     out = "".join(letters[a.name] for a in out_axes)
-    raw = [x.array for x in arrays]
-    if in_order():  # explicit mode's batch split: the backward sums of jax's implicit vary marks, ordered
-        varies = [_compat.varying_axes(r) for r in raw]
-        every = frozenset().union(*varies)
-        raw = [vary(r, every - v) for r, v in zip(raw, varies)]
-    result = jnp.einsum(f"{ins}->{out}", *raw, **options)
-    owed = _owed(arrays, out_axes) if settle and current_body() is not None else ()
-    if owed:
-        # On local blocks (nm.shard_map) a contraction over a split axis gives this device's share:
-        # the sum over the devices makes it the value it has outside (Megatron's row-parallel sum).
-        result = issue(jax.lax.psum, result, owed[0] if len(owed) == 1 else owed)
+
+    def contract(*raw):
+        return jnp.einsum(f"{ins}->{out}", *raw, **options)
+
+    body = current_body()
+    if body is None:
+        result = contract(*(x.array for x in arrays))
+    else:  # local blocks (nm.shard_map): explicit mode owes the sums over split axes, and pays them
+        result = body.contract(contract, arrays, out_axes, settle)
     return NamedArray._unchecked(result, out_axes)
-
-
-def _owed(arrays: tuple[NamedArray, ...], out_axes: tuple[Axis, ...]) -> tuple[str, ...]:
-    """The mesh axes that split some contracted axis (local blocks only have split axes)."""
-    kept = {a.name for a in out_axes}
-    owed: list[str] = []
-    for x in arrays:
-        for a in x.axes:
-            if a.name not in kept:
-                owed += [m for m in getattr(a, "mesh_axes", ()) if m not in owed]
-    return tuple(owed)
 
 
 def dot(*arrays: NamedArray, axis: AxisSelection | None, out_axes: AxisSelection | None = None, **kwargs) -> NamedArray:

@@ -8,8 +8,8 @@ sum across devices; :class:`Unreduced` carries that debt in the type until it is
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import dataclasses
+import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from . import _compat
 from ._axis import ArgumentTypeError, Axis, AxisError, NamedError, format_axes
+from ._context import FrozenMapping, block_parts, current_order, order_context
 from ._core import NamedArray
 from ._layout import parse_layout
 from .partitioning import ResourceMapping, _check_mapping_values, _mesh_axes
@@ -49,26 +50,7 @@ def _with_split(a: Axis, size: int, mesh_axes: tuple[str, ...]) -> Axis:
     return ShardedAxis(a.name, size, tuple(mesh_axes)) if mesh_axes else Axis(a.name, size)
 
 
-# ---- parts of a block (explicit mode's batch split) ------------------------------------------------
-
-# {axis name: (part, parts)}: the code being traced computes part ``part`` of ``parts`` equal parts
-# of this device's block along that axis. Set while tracing one part; read by what must know
-# where a block sits in the global array (``random.block_draw``).
-_parts: contextvars.ContextVar = contextvars.ContextVar("named_block_parts", default={})
-
-
-def block_parts() -> dict[str, tuple[int, int]]:
-    return _parts.get()
-
-
-@contextlib.contextmanager
-def part_of_block(name: str, part: int, parts: int) -> Iterator[None]:
-    """Trace code that sees part ``part`` of ``parts`` of this device's block along ``name``."""
-    token = _parts.set({**_parts.get(), name: (part, parts)})
-    try:
-        yield
-    finally:
-        _parts.reset(token)
+# ---- parts of a block (explicit mode's batch split; the part being traced: _context.part_of_block) ---
 
 
 def split_block(x: NamedArray, name: str, parts: int) -> list[NamedArray]:
@@ -98,8 +80,6 @@ def join_blocks(pieces: Sequence[NamedArray], name: str) -> NamedArray:
 # below makes piece p's k-th collective wait for piece p-1's k-th in the forward pass, and piece
 # p-1's wait for piece p's in the backward pass: never merged, and each piece's collective has
 # the neighbouring piece's compute beside it (the seed's staggered batch split).
-_order: contextvars.ContextVar = contextvars.ContextVar("named_collective_order", default=None)
-
 
 class CollectiveOrder:
     """Orders the collectives of the pieces traced one after another under :meth:`piece`: those
@@ -115,11 +95,10 @@ class CollectiveOrder:
 
     @contextlib.contextmanager
     def piece(self) -> Iterator[None]:
-        token = _order.set(self)
         try:
-            yield
+            with order_context(self):
+                yield
         finally:
-            _order.reset(token)
             self.prev, self.cur, self.n_vary = self.cur, [], 0
 
     def issue(self, collective, arr, *args, **kwargs):
@@ -157,7 +136,7 @@ class CollectiveOrder:
 def issue(collective, arr, *args, **kwargs):
     """``collective(arr, ...)``; every collective of named's explicit mode is issued through here,
     so that a :class:`CollectiveOrder` being traced can order it."""
-    order = _order.get()
+    order = current_order()
     return collective(arr, *args, **kwargs) if order is None else order.issue(collective, arr, *args, **kwargs)
 
 
@@ -165,15 +144,10 @@ def vary(x, axes) -> Any:
     """``x`` marked varying over mesh axes ``axes`` (what jax does by itself where a replicated
     value meets a split one); under a :class:`CollectiveOrder` the all-reduce it costs in the
     backward pass is ordered between the pieces."""
-    order = _order.get()
+    order = current_order()
     if order is None or not axes:
         return x
     return order.vary(x, tuple(sorted(axes)))
-
-
-def in_order() -> bool:
-    """Whether a :class:`CollectiveOrder` piece is being traced."""
-    return _order.get() is not None
 
 
 def _is_float(x) -> bool:
@@ -244,6 +218,62 @@ def with_layout(x: NamedArray, layout: str | ResourceMapping) -> NamedArray:
         names = tuple(mapping)
     axes = tuple(_with_split(a, a.size, _mesh_axes(mapping.get(a.name))) if a.name in names else a for a in x.axes)
     return NamedArray._unchecked(x.array, axes)
+
+
+# ---- the body: explicit mode's hooks into the array core ------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalBody:
+    """The ``nm.shard_map`` body being traced (``_context.body_context``'s value): what collectives
+    need to know, and the hooks the array core calls on local blocks (``nm.einsum``'s contraction,
+    ``nm.random.block_draw``) so that it never reads explicit mode's state itself. A jit-key
+    value, hence frozen and hashable."""
+
+    mesh: Any
+    mapping: FrozenMapping  # axis name -> mesh axes, for axis_index and psum_scatter of plain blocks
+    ambiguous: FrozenMapping  # axis name -> the different mesh axes the in mappings give it
+
+    def contract(self, einsum, arrays: tuple[NamedArray, ...], out_axes: tuple[Axis, ...], settle: bool):
+        """``einsum(*raw)`` of local blocks. A contraction over a split axis gives this device's
+        share; with ``settle`` the sum over the devices makes it the value it has outside
+        (Megatron's row-parallel sum)."""
+        raw = [x.array for x in arrays]
+        if current_order() is not None:  # the batch split: the backward sums of jax's implicit vary marks, ordered
+            varies = [_compat.varying_axes(r) for r in raw]
+            every = frozenset().union(*varies)
+            raw = [vary(r, every - v) for r, v in zip(raw, varies)]
+        result = einsum(*raw)
+        owed = _owed(arrays, out_axes) if settle else ()
+        if owed:
+            result = issue(jax.lax.psum, result, owed[0] if len(owed) == 1 else owed)
+        return result
+
+    def draw(self, draw, axes: tuple[Axis, ...]):
+        """``nm.random.block_draw`` on local blocks: ``draw`` of the whole array, of which this
+        device's block (and under the batch split, the part being traced) is kept."""
+        split = [_split_over(a) for a in axes]
+        parts = block_parts()
+        if not any(split) and not any(a.name in parts for a in axes):
+            return draw(tuple(a.size for a in axes))
+        sizes, starts = [], []
+        for a, over in zip(axes, split):
+            part, n = parts.get(a.name, (0, 1))
+            sizes.append(a.size * n * math.prod(self.mesh.shape[m] for m in over))
+            block = jax.lax.axis_index(over if len(over) > 1 else over[0]) if over else 0
+            starts.append((block * n + part) * a.size)
+        return jax.lax.dynamic_slice(draw(tuple(sizes)), starts, tuple(a.size for a in axes))
+
+
+def _owed(arrays: tuple[NamedArray, ...], out_axes: tuple[Axis, ...]) -> tuple[str, ...]:
+    """The mesh axes that split some contracted axis."""
+    kept = {a.name for a in out_axes}
+    owed: list[str] = []
+    for x in arrays:
+        for a in x.axes:
+            if a.name not in kept:
+                owed += [m for m in _split_over(a) if m not in owed]
+    return tuple(owed)
 
 
 # ---- partial sums ------------------------------------------------------------------------------

@@ -16,11 +16,9 @@ See docs/explicit.md.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 import jax
 import numpy as np
@@ -33,6 +31,7 @@ from ._context import FrozenMapping, body_context, current_body
 from ._core import NamedArray, expect_named
 from ._einsum import local_einsum
 from ._local import (
+    LocalBody,
     ShardedAxis,
     Unreduced,
     UnreducedError,
@@ -76,23 +75,14 @@ __all__ = [
 # ---- the body context -------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class _Body:
-    """What collectives need to know in a body; a jit-key context value, hence frozen and hashable."""
-
-    mesh: Any
-    mapping: FrozenMapping  # axis name -> mesh axes, for axis_index and psum_scatter of plain blocks
-    ambiguous: FrozenMapping  # axis name -> the different mesh axes the in mappings give it
-
-
-def _body(what: str) -> _Body:
+def _body(what: str) -> LocalBody:
     body = current_body()
     if body is None:
         raise NamedError(f"nm.{what} is a collective: call it inside a function run by nm.shard_map")
     return body
 
 
-def _size(body: _Body, mesh_axes: Sequence[str]) -> int:
+def _size(body: LocalBody, mesh_axes: Sequence[str]) -> int:
     return math.prod(body.mesh.shape[m] for m in mesh_axes)
 
 
@@ -100,7 +90,7 @@ def _group(mesh_axes: Sequence[str]):
     return mesh_axes[0] if len(mesh_axes) == 1 else tuple(mesh_axes)
 
 
-def _mapped(body: _Body, name: str, what: str) -> tuple[str, ...]:
+def _mapped(body: LocalBody, name: str, what: str) -> tuple[str, ...]:
     if name in body.ambiguous:
         raise ShardingError(f"nm.{what}: axis {name!r} is mapped to different mesh axes by different inputs "
                             f"({body.ambiguous[name]}); pass mesh_axes= to say which")
@@ -174,7 +164,7 @@ class _ShardMapped:
                 check_mapping(m, mesh)
         leaves, treedef = jax.tree.flatten(args, is_leaf=_is_leaf)
         mappings = _prefix_mappings(in_res, args, "in_mapping")
-        body = _Body(mesh, *self._active(in_res))
+        body = LocalBody(mesh, *self._active(in_res))
 
         dyn, specs, kinds = [], [], []  # kinds: local axes of a NamedArray, "array", or _Static
         for leaf, m in zip(leaves, mappings):

@@ -7,8 +7,6 @@ parameter mapping never builds a whole parameter on one device.
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -29,7 +27,6 @@ from ._axis import (
 )
 from ._compat import threefry_partitionable
 from ._context import current_body
-from ._local import _split_over, block_parts
 from ._core import NamedArray, axes_of, raw
 from ._shape import _axes_for_creation
 
@@ -52,22 +49,12 @@ def _shape(axes):
 
 def block_draw(draw, axes):
     """``draw(shape)`` for ``axes``. On local blocks (inside ``nm.shard_map``), whose split axes
-    hold only this device's part, the whole array is drawn and this device's block of it kept,
-    so every device gets its own part of the values the same key gives outside (the draw is
-    mesh-independent: ``jax_threefry_partitionable``), at the cost of drawing all of it. Code
-    that computes one part of a block (explicit mode's batch split) keeps that part."""
-    split = [_split_over(a) for a in axes]
-    parts = block_parts()
-    if not any(split) and not any(a.name in parts for a in axes):
-        return draw(_shape(axes))
-    mesh_shape = current_body().mesh.shape if any(split) else {}
-    sizes, starts = [], []
-    for a, over in zip(axes, split):
-        part, n = parts.get(a.name, (0, 1))
-        sizes.append(a.size * n * math.prod(mesh_shape[m] for m in over))
-        block = jax.lax.axis_index(over if len(over) > 1 else over[0]) if over else 0
-        starts.append((block * n + part) * a.size)
-    return jax.lax.dynamic_slice(draw(tuple(sizes)), starts, _shape(axes))
+    hold only this device's part, every device gets its own part of the values the same key
+    gives outside: explicit mode draws the whole array and keeps this device's block of it
+    (the draw is mesh-independent: ``jax_threefry_partitionable``), at the cost of drawing all of
+    it. Code that computes one part of a block (explicit mode's batch split) keeps that part."""
+    body = current_body()
+    return draw(_shape(axes)) if body is None else body.draw(draw, axes)
 
 
 def _param(value, axes, what: str):

@@ -10,7 +10,6 @@ consecutive query heads (the Hugging Face ``repeat_kv`` order).
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import logging
 import math
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from .._axis import ArgumentTypeError, Axis, AxisError, AxisSelector, NamedError, format_axes, name_of
+from .._context import attention_context, current_attention
 from .._core import NamedArray, expect_named
 from .._einsum import dot, einsum
 from .. import _ops as ops
@@ -83,24 +83,19 @@ def rotary_embedding(x: NamedArray, positions: NamedArray, *, HeadSize: AxisSele
 
 _CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
 _IMPLEMENTATIONS = ("auto", "xla", "cudnn")
-# What ``implementation="auto"`` means while traced inside ``attention_implementation(...)``.
-_scoped = contextvars.ContextVar("named_attention_implementation", default="auto")
 
 
 @contextlib.contextmanager
 def attention_implementation(implementation: str) -> Iterator[None]:
-    """Make every ``dot_product_attention(implementation="auto")`` traced inside take
-    ``implementation`` ("xla" or "cudnn"; "auto" restores the automatic choice). Calls that name
-    an implementation keep theirs. This is how a model whose layers call attention with the
-    default is run on the XLA path on a GPU (to compare it with cuDNN's kernel, or to rule the
-    kernel out): it acts when the function is traced, so wrap the first call of a jitted step."""
+    """Make every ``dot_product_attention(implementation="auto")`` inside take ``implementation``
+    ("xla" or "cudnn"; "auto" restores the automatic choice). Calls that name an implementation
+    keep theirs. This is how a model whose layers call attention with the default is run on the
+    XLA path on a GPU (to compare it with cuDNN's kernel, or to rule the kernel out). It is part
+    of every jit's cache key: a jitted step called under another implementation is traced again."""
     if implementation not in _IMPLEMENTATIONS:
         raise NamedError(f"unknown attention implementation {implementation!r}; use {', '.join(_IMPLEMENTATIONS)}")
-    token = _scoped.set(implementation)
-    try:
+    with attention_context(implementation):
         yield
-    finally:
-        _scoped.reset(token)
 
 
 def _cudnn_unmet(query: NamedArray, key: NamedArray, value: NamedArray, hs: str) -> list[str]:
@@ -181,13 +176,11 @@ def dot_product_attention(
     if implementation not in _IMPLEMENTATIONS:
         raise NamedError(f"unknown attention implementation {implementation!r}; use {', '.join(_IMPLEMENTATIONS)}")
     if implementation == "auto":
-        implementation = _scoped.get()
-    for what, x in (("query", query), ("key", key), ("value", value), ("mask", mask), ("bias", bias),
-                    ("segment_ids", segment_ids)):
-        if x is not None:
-            expect_named(x, "dot_product_attention", what)
-    qpos, kpos, hs = name_of(QPos), name_of(KPos), name_of(HeadSize)
+        implementation = current_attention()
     _check_order("dot_product_attention", query, key, value, *extra)
+    _expect_named_inputs("dot_product_attention", query=query, key=key, value=value, mask=mask, bias=bias,
+                         segment_ids=segment_ids)
+    qpos, kpos, hs = name_of(QPos), name_of(KPos), name_of(HeadSize)
     if mask is not None:
         ops.check_bool_mask(mask, "dot_product_attention: mask", "attend",
                             "; pass an additive mask as bias= instead (it is added to the scores)")
@@ -233,13 +226,20 @@ def dot_product_attention(
 
 
 def _check_order(what: str, *arrays) -> None:
-    """The arrays come first, the names by keyword; Haliax's positional names are refused."""
+    """The arrays come first, the names by keyword; Haliax's positional names are refused (a plain
+    array where a NamedArray belongs is left to ``expect_named``'s message)."""
     n = 3 if what == "dot_product_attention" else 2
-    if len(arrays) != n or not all(isinstance(a, NamedArray) for a in arrays):
+    if len(arrays) != n or any(isinstance(a, (Axis, str)) for a in arrays):
         got = ", ".join(type(a).__name__ for a in arrays)
         raise ArgumentTypeError(f"{what} takes the query, key (and value) NamedArrays first and the axis names by keyword "
                                 f"(QPos=, KPos=, HeadSize=), got ({got}); Haliax's order, {what}(KPos, Key, query, "
                                 f"key, ...), reads here as {what}(query, key, ..., KPos=KPos, HeadSize=Key)")
+
+
+def _expect_named_inputs(what: str, **inputs) -> None:
+    for arg, x in inputs.items():
+        if x is not None:
+            expect_named(x, what, arg)
 
 
 def _check_axes(what: str, query, key, value, qpos: str, kpos: str, hs: str, mask, bias) -> None:
@@ -304,6 +304,8 @@ def dot_product_attention_weights(
     ``dot_product_attention``; the result has the query's axes without ``HeadSize``, then
     ``KPos``, in the query's dtype (the scores and softmax are computed in float32)."""
     _check_order("dot_product_attention_weights", query, key, *extra)
+    _expect_named_inputs("dot_product_attention_weights", query=query, key=key, mask=mask, bias=bias,
+                         segment_ids=segment_ids)
     qpos, kpos, hs = name_of(QPos), name_of(KPos), name_of(HeadSize)
     args = dict(QPos=QPos, KPos=KPos, HeadSize=HeadSize, Heads=Heads, KVHeads=KVHeads, causal=causal, mask=mask,
                 bias=bias, segment_ids=segment_ids, scale=scale, window=window, softcap=softcap, q_offset=q_offset)

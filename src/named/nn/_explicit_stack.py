@@ -28,7 +28,6 @@ parallelism: ``experts``), which stay split: the blocks' contractions over them 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import dataclasses
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -41,20 +40,20 @@ from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
 from .. import _compat
 from .._axis import Axis, NamedError
-from .._context import body_context, current_body
+from .._context import (FrozenMapping, _check_mapping_values, body_context, current_body, current_layer_driver,
+                        layer_driver_context, part_of_block)
 from .._core import NamedArray, is_named_array
-from .._local import CollectiveOrder, _split_over, join_blocks, part_of_block, split_block
+from .._local import CollectiveOrder, _split_over, join_blocks, split_block
 from .._transforms import _Outputs, _Split, _where
 from ..explicit import all_gather, shard_map
 from ..partitioning import ShardingError, _mesh_axes
 
-_active: contextvars.ContextVar = contextvars.ContextVar("named_explicit_stack", default=None)
-
-
 @dataclasses.dataclass(frozen=True)
 class ExplicitStack:
     """How to drive a ``Stacked`` in explicit mode: the stored layout of its weights
-    (``param_mapping``) and the layout of its activations (``compute_mapping``)."""
+    (``param_mapping``) and the layout of its activations (``compute_mapping``). Frozen and
+    hashable (the mappings become :class:`FrozenMapping`): ``nn.explicit_layers`` makes it part
+    of every jit's cache key."""
 
     param_mapping: Mapping[str, Any]
     compute_mapping: Mapping[str, Any]
@@ -63,8 +62,18 @@ class ExplicitStack:
     batch_split: int = 1  # each layer runs on this many equal parts of the device's batch (the seed's batch split)
 
     def __post_init__(self):
-        object.__setattr__(self, "param_mapping", dict(self.param_mapping or {}))
-        object.__setattr__(self, "compute_mapping", dict(self.compute_mapping or {}))
+        for field in ("param_mapping", "compute_mapping"):
+            mapping = getattr(self, field) or {}
+            try:
+                _check_mapping_values(mapping)
+            except ShardingError as e:
+                raise ShardingError(f"ExplicitStack {field}: {e}") from None
+            object.__setattr__(self, field, FrozenMapping(mapping))
+        if self.mesh is not None and not isinstance(self.mesh, (jax.sharding.Mesh, jax.sharding.AbstractMesh)):
+            raise ShardingError(f"ExplicitStack: mesh= takes a jax mesh (nm.make_mesh) or None (the current one), "
+                                f"got {type(self.mesh).__name__}")
+        independent = (self.independent,) if isinstance(self.independent, str) else tuple(self.independent)
+        object.__setattr__(self, "independent", independent)
         if isinstance(self.batch_split, bool) or not isinstance(self.batch_split, int) or self.batch_split < 1:
             raise NamedError(f"ExplicitStack: batch_split={self.batch_split!r} must be a positive int (1: no split)")
 
@@ -175,11 +184,8 @@ class _PrefetchedScan:
         for k, v in zip(self.shared, shared):
             leaves[k] = NamedArray._unchecked(v, leaves[k].axes) if isinstance(leaves[k], NamedArray) else v
         block, a, kw = jax.tree.unflatten(self.split.treedef, leaves)
-        token = _active.set(None)  # a Stacked inside a layer runs locally
-        try:
+        with layer_driver_context(None):  # a Stacked inside a layer runs locally
             carry, y = self.step(block, carry, *a, **kw) if self.parts == 1 else self._in_parts(block, carry, a, kw)
-        finally:
-            _active.reset(token)
         return carry, self.outs.strip(y)
 
     def _in_parts(self, block, carry, args, kwargs):
@@ -352,16 +358,15 @@ def _instantiate(ct):
 
 def active() -> ExplicitStack | None:
     """The driver every ``Stacked`` run now uses, or None (the default: GSPMD)."""
-    return _active.get()
+    return current_layer_driver()
 
 
 @contextlib.contextmanager
 def explicit_layers(driver: ExplicitStack | None) -> Iterator[None]:
-    """Run every ``Stacked`` traced inside with ``driver`` (None: as usual)."""
+    """Run every ``Stacked`` inside with ``driver`` (None: as usual). Like the compute mapping it is
+    part of every jit's cache key: a jitted function called under another driver is traced again,
+    whether the block is entered inside the function or around its call."""
     if driver is not None and not isinstance(driver, ExplicitStack):
         raise NamedError(f"nn.explicit_layers takes an nn.ExplicitStack or None, got {type(driver).__name__}")
-    token = _active.set(driver)
-    try:
+    with layer_driver_context(driver):
         yield
-    finally:
-        _active.reset(token)
