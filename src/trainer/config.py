@@ -282,6 +282,9 @@ def declarations() -> list[Declared]:
             continue
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
+            if declared(f) is None:  # found at import: RULES below walks every key
+                raise TypeError(f"{section.name}.{f.name} is declared without key(...): give it its rule, whether a "
+                                "resumed run may change it, and a line of doc")
             default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
             out.append(Declared(f"{section.name}.{f.name}", hints[f.name], default, declared(f)))
     return out
@@ -364,25 +367,10 @@ def help_text() -> str:
 def load_config(config_path: str | os.PathLike | None, args: Sequence[str] = ()) -> TrainConfig:
     """Parse YAML + CLI overrides into a TrainConfig; every failure is a ConfigError (or the
     DataError a ``data`` field raises), naming the file, key or flag. ``--help`` prints every key
-    and exits."""
-    flags, stray = read_flags(list(args))
-    if any(f.key == HELP for f in flags):
-        print(help_text())
-        raise SystemExit(0)
-    for f in flags:
-        if f.key == CONFIG_PATH and f.text:
-            config_path = f.text
-    flags = [f for f in flags if f.key != CONFIG_PATH]
-    sections = [f.name for f in dataclasses.fields(TrainConfig)]
-    content = read_file(Path(config_path), sections) if config_path is not None else {}
-    annotations = {f.key: check_flag_keys(TrainConfig, f.key, lambda s: _chosen_type(s, flags, content))
-                   for f in flags}  # every key first: argparse's refusals below would blame the file
-    check_flag_values(flags, stray)
-    raw = dict(content)
-    for f in flags:
-        value = read_value(f, mapping=typing.get_origin(annotations[f.key]) is dict)
-        _check_choice(f, value, annotations[f.key])
-        override(raw, f.key, value)
+    and exits. One straight line, each step on the last one's values (the module docstring)."""
+    config_path, flags, stray = _command_line(list(args), config_path)
+    raw = read_file(Path(config_path), [f.name for f in dataclasses.fields(TrainConfig)]) if config_path else {}
+    _override(raw, flags, stray)
     raw = pretrained.resolve(raw)  # model.init_from_hf: the folder's architecture and tokenizer
     check_section(TrainConfig, raw, "")
     cfg = _decode(raw, flags, config_path)
@@ -393,6 +381,30 @@ def load_config(config_path: str | os.PathLike | None, args: Sequence[str] = ())
         raise ConfigError(f"model: missing{_origin('', flags, config_path)}; add `model: {{type: gpt2, ...}}` with "
                           f"that model's fields (registered types: {known})")
     return cfg
+
+
+def _command_line(args: list[str], config_path) -> tuple[Any, list[Flag], list[str]]:
+    """The config file (``--config_path`` among the flags names it too), the flags that set keys,
+    and the words that are no flag's. ``--help`` prints every key and exits."""
+    flags, stray = read_flags(args)
+    if any(f.key == HELP for f in flags):
+        print(help_text())
+        raise SystemExit(0)
+    for f in flags:
+        if f.key == CONFIG_PATH and f.text:
+            config_path = f.text
+    return config_path, [f for f in flags if f.key != CONFIG_PATH], stray
+
+
+def _override(raw: dict, flags: list[Flag], stray: list[str]) -> None:
+    """Each flag's value in ``raw`` at its key, replacing the file's. Every flag's key is checked
+    first (argparse's refusals would blame the file), then each value read as YAML."""
+    annotations = {f.key: check_flag_keys(TrainConfig, f.key, lambda s: _chosen_type(s, flags, raw)) for f in flags}
+    check_flag_values(flags, stray)
+    for f in flags:
+        value = read_value(f, mapping=typing.get_origin(annotations[f.key]) is dict)
+        _check_choice(f, value, annotations[f.key])
+        override(raw, f.key, value)
 
 
 def _check_choice(flag: Flag, value, annotation) -> None:
