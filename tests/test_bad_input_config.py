@@ -20,7 +20,8 @@ import pytest
 from named.trainer import cli
 from named.trainer import distributed as dist
 from named.trainer.checkpoint import CheckpointError
-from named.trainer.config import RULES, ConfigError, dump_config, keys_table, load_config
+from named.trainer import rundir
+from named.trainer.config import RULES, ConfigError, declarations, dump_config, keys_table, load_config
 from named.trainer.data import DataError
 
 from test_bad_input import NANO, _args, _fails, _save_run, files, no_compile  # noqa: F401 (fixtures)
@@ -286,6 +287,53 @@ def test_every_range_of_the_declarations_is_tested():
                                            "trainer.stop_signals",  # a list: tests/test_preemption.py
                                            "model.type"}  # tests/test_bad_input.py, "bad choice"
     assert untested == set(), untested
+
+
+# ---- the declarations and the line that reads a config ----------------------------------------
+
+
+def test_a_resume_may_change_exactly_the_keys_declared_free():
+    # rundir.TRAJECTORY_FREE comes from the declarations: a key's `free` alone decides whether a
+    # resumed run may change it (a whole section is free when each of its keys is)
+    for d in declarations():
+        if "<" in d.name:
+            continue
+        saved, new = {}, {}
+        for raw, value in ((saved, 1), (new, 2)):
+            section, name = d.name.split(".")
+            raw.setdefault(section, {})[name] = value
+        changed = rundir.trajectory_changes(saved, new)
+        assert bool(changed) != d.key.free, (d.name, d.key.free, changed)
+    assert "mesh" in rundir.TRAJECTORY_FREE and "trainer.seed" not in rundir.TRAJECTORY_FREE
+
+
+def test_no_decode_hook_is_registered_with_draccus():
+    # load_config decodes what it has checked; nothing global changes how draccus decodes a TrainConfig
+    import draccus.parsers.decoding
+
+    ours = [cls for cls in draccus.parsers.decoding.decode.registry if cls.__module__.startswith("named")]
+    assert ours == []
+
+
+def test_a_value_on_the_command_line_replaces_a_whole_section(tmp_path):
+    # replace, not merge: the flag's mapping is the section, the file's keys are gone
+    path = tmp_path / "lora.yaml"
+    path.write_text(NANO.read_text() + "lora:\n  rank: 4\n  alpha: 8\n  targets: [c_attn]\n")
+    cfg = load_config(path, ["--lora", "{rank: 2}"])
+    assert (cfg.lora.rank, cfg.lora.alpha, cfg.lora.targets) == (2, 16.0, ["q_proj", "v_proj"])
+    assert load_config(path, ["--lora.rank", "2"]).lora.alpha == 8  # a key of it: the rest stays
+    cfg = load_config(NANO, ["--model", "{type: llama, hidden_size: 64}"])  # gpt2's n_layer is not carried over
+    assert (type(cfg.model).__name__, cfg.model.hidden_size) == ("LlamaConfigSection", 64)
+
+
+def test_help_lists_every_key_from_its_declaration(capsys):
+    with pytest.raises(SystemExit) as info:
+        load_config(None, ["--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    for d in declarations():
+        assert f"--{d.name}: " in out and d.key.doc in out, d.name
+    assert "--trainer.seed: an integer, in [0, 4294967295]; default 0" in out
 
 
 # ---- distributed settings -------------------------------------------------------------------
