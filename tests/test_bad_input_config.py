@@ -206,6 +206,8 @@ RANGES = {
     "trainer.sample_interval": (NANO, ["-1"], ["0"]),
     "trainer.sample_tokens": (NANO, ["-1"], ["0"]),
     "trainer.log_interval": (NANO, ["-1"], ["0"]),
+    "trainer.sample_temperature": (NANO, ["-0.1", "nan"], ["0", "1.5"]),
+    "trainer.sample_top_k": (NANO, ["0", "-1"], ["null", "1"]),
     "trainer.nan_policy": (NANO, ["ignore"], ["skip"]),
     "trainer.peak_flops_per_device": (NANO, ["0", "-1e12", "inf"], ["null", "1e12"]),
     "trainer.loss_block_size": (NANO, ["0", "-128"], ["null", "1", "128"]),  # a divisor of the vocab: SAME below
@@ -279,7 +281,7 @@ def test_the_docs_keys_table_is_the_declarations():
     # docs/trainer.md shows every key as declared (type, default, rule, resume, doc): the whole
     # table, row for row, so a key added, removed or changed on either side fails here
     table = keys_table().splitlines()
-    assert _docs_table(table[0]) == table
+    assert _docs_table(table[0]) == table, "docs/trainer.md shows other keys: run docs/keys_table.py"
 
 
 def test_every_range_of_the_declarations_is_tested():

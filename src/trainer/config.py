@@ -73,9 +73,12 @@ class TrainerConfig:
     eval_interval: int = key(50, at_least(0), free=True, doc="evaluate every N steps (0: never)")
     eval_batches: int = key(4, at_least(0), free=True,
                             doc="batches evaluated, of each source of a mixture (0: all of them)")
-    sample_interval: int = key(0, at_least(0), free=True, doc="print a greedy sample every N steps (0: never)")
+    sample_interval: int = key(0, at_least(0), free=True, doc="print a sample every N steps (0: never)")
     sample_tokens: int = key(64, at_least(0), free=True, doc="tokens each sample adds to its prompt")
     sample_prompt: str = key("def ", free=True, doc="the prompt the samples continue")
+    sample_temperature: float = key(0.8, at_least(0), free=True, doc="the samples' temperature (0: greedy)")
+    sample_top_k: int | None = key(40, at_least(1), free=True, doc="samples draw from this many likeliest tokens "
+                                                                  "(null: from all)")
     log_interval: int = key(10, at_least(0), free=True, doc="log every N steps (0: never)")
     run_dir: str = key("runs/default", NONEMPTY, free=True,
                        doc="where logs, config.yaml and (without checkpoint.base) checkpoints go")

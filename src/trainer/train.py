@@ -285,7 +285,8 @@ def _train(cfg: TrainConfig, run: Run) -> TrainResult:
                 trackers.log(done, evals, prefix="eval")
             if due.sample:
                 trackers.text(done, "sample", sample_text(model, data.tokenizer, t.sample_prompt, t.sample_tokens,
-                                                          temperature=0.8, top_k=40, key=jax.random.key(t.seed)))
+                                                          temperature=t.sample_temperature, top_k=t.sample_top_k,
+                                                          key=jax.random.key(t.seed)))
             if due.checkpoint:
                 checkpointer.save(done, (model, opt_state), _metadata(done, cfg, plan), temporary=due.temporary)
                 stop.saved()
