@@ -332,6 +332,7 @@ def test_help_lists_every_key_from_its_declaration(capsys):
     with pytest.raises(SystemExit) as info:
         load_config(None, ["--help"])
     assert info.value.code == 0
+    assert cli.main_train(["--config", "gpt2_nano", "--help"]) == 0
     out = capsys.readouterr().out
     for d in declarations():
         assert f"--{d.name}: " in out and d.key.doc in out, d.name

@@ -286,8 +286,8 @@ def declarations() -> list[Declared]:
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             if declared(f) is None:  # found at import: RULES below walks every key
-                raise TypeError(f"{section.name}.{f.name} is declared without key(...): give it its rule, whether a "
-                                "resumed run may change it, and a line of doc")
+                raise ConfigError(f"{section.name}.{f.name} is declared without key(...): give it its rule, whether "
+                                  "a resumed run may change it, and a line of doc")
             default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
             out.append(Declared(f"{section.name}.{f.name}", hints[f.name], default, declared(f)))
     return out
@@ -392,7 +392,7 @@ def _command_line(args: list[str], config_path) -> tuple[Any, list[Flag], list[s
     flags, stray = read_flags(args)
     if any(f.key == HELP for f in flags):
         print(help_text())
-        raise SystemExit(0)
+        raise SystemExit(0)  # protocol: --help exits, as argparse's does
     for f in flags:
         if f.key == CONFIG_PATH and f.text:
             config_path = f.text

@@ -6,8 +6,9 @@ A run directory holds one training trajectory. Before anything is compiled or wr
 - absent or empty (no ``config.yaml``, no committed checkpoint): a new run;
 - holding a run: resume it (``load_checkpoint: auto``, the default, or an explicit
   checkpoint) when its ``config.yaml`` equals the new config on every setting that defines
-  the trajectory (everything except ``TRAJECTORY_FREE``: the keys declared ``free``), else refuse with a ConfigError
-  listing each differing key (old -> new); ``load_checkpoint: null`` refuses it outright;
+  the trajectory (everything except ``TRAJECTORY_FREE``: the keys declared ``free``), else
+  refuse with a ConfigError listing each differing key (old -> new); ``load_checkpoint: null``
+  refuses it outright;
 - ``num_train_steps`` equal to the checkpoint's step: nothing to train (the caller says so
   and exits 0); below it: refused.
 
@@ -27,8 +28,8 @@ checkpoint's id; and a checkpoint of another run named explicitly by ``trainer.l
 
 Checkpoints live in ``<root>/checkpoints``, where the root is ``checkpoint.base`` when it is set
 (a local path, ``s3://bucket/prefix`` or ``gs://bucket/prefix``) and ``trainer.run_dir`` when not
-(``config.checkpoint_root``: the one rule; ``RunPlan.root`` holds its answer). The run directory itself (lock, config.yaml, logs,
-metrics) is always local. A bucket that is missing or refuses listing fails ``plan_run``, and
+(``config.checkpoint_root``: the one rule; ``RunPlan.root`` holds its answer). The run
+directory itself (lock, config.yaml, logs, metrics) is always local. A bucket that is missing or refuses listing fails ``plan_run``, and
 one that refuses a write fails ``claim``, both naming the URL, before anything is compiled; a
 local base that is a file, lies under one or is not writable fails ``plan_run`` naming
 ``checkpoint.base``. Neither the run directory nor a local base may lie inside a checkpoint
