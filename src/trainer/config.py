@@ -51,7 +51,7 @@ from ._rules import (  # ConfigError: also this module's public face
     one_of,
 )
 from .config_adapt import LoraConfig, QuantizationConfig  # re-exported: sections of TrainConfig
-from .config_check import check_flag_keys, check_section, describe_type, join_key
+from .config_check import check_flag_keys, check_section, describe_type
 from .config_read import CONFIG_PATH, HELP, Flag, check_flag_values, override, read_file, read_flags, read_value
 from .data import DataConfig, DataError
 
