@@ -237,7 +237,8 @@ TRAIN_CASES = {
     "llama axis in a gpt2 mapping": ({"mesh.shape": "{data: 4, model: 2}", "mesh.param_mapping": "{kv_heads: model}"},
                                      ConfigError, "no axis 'kv_heads'"),
     "param mapping names a missing mesh axis": ({"mesh.param_mapping": "{embed: model}"}, ConfigError,
-                                                r"mesh\.param_mapping\.embed names mesh axis 'model'"),
+                                                r"mesh\.param_mapping\.embed: axis 'embed' is mapped to mesh axis 'model', which "
+                                                r"the mesh does not have \(mesh axes: \{'data': -1\}\)"),
     "heads not divisible (param)": ({"mesh.shape": "{data: 2, model: 4}", "mesh.param_mapping": "{heads: model}"},
                                     ConfigError, r"mesh\.param_mapping: axis 'heads' of size 2 .* not divisible by 4"),
     "heads not divisible (compute only)": ({"mesh.shape": "{data: 2, model: 4}", "mesh.compute_mapping": "{batch: data, heads: model}"},

@@ -4,7 +4,7 @@ Each bad value is refused with one of our exceptions naming the key (or flag, or
 anything is compiled (the compile listener of test_bad_input counts zero) and with no run
 directory created. Types are checked against the dataclass annotations (``true`` is not an
 integer, null only where the annotation allows it), ranges against an independent table of
-what each key may be (below, written from the spec, not from ``config.RULES``), YAML files for
+what each key may be (below, written from the spec, not from the declarations), YAML files for
 keys given twice, and the checks that need the model's shapes (a compute mapping that puts two
 axes of one activation on one mesh axis) run in ``named-plan`` exactly as in ``named-train``.
 """
@@ -20,7 +20,8 @@ import pytest
 from named.trainer import cli
 from named.trainer import distributed as dist
 from named.trainer.checkpoint import CheckpointError
-from named.trainer.config import ConfigError, dump_config, load_config, rules_table
+from named.trainer import rundir
+from named.trainer.config import RULES, ConfigError, declarations, dump_config, keys_table, load_config
 from named.trainer.data import DataError
 
 from test_bad_input import NANO, _args, _fails, _save_run, files, no_compile  # noqa: F401 (fixtures)
@@ -107,7 +108,11 @@ CLI = {
     "empty run_dir": (["--trainer.run_dir", ""], r"trainer\.run_dir must be non-empty"),
     "num_processes 0": (["--distributed.num_processes", "0"], r"distributed\.num_processes must be >= 1, got 0"),
     "a mapping key that is no name": (["--mesh.compute_mapping", "{1: data}"], r"mesh\.compute_mapping: the key 1"),
-    "draccus' include prefix": (["--trainer.sample_prompt", "include nothing-here.yaml"], r"nothing-here\.yaml"),
+    "draccus' include tag": (["--trainer.sample_prompt", "!include other.yaml"], r"^--trainer\.sample_prompt: .*'!include'"),
+    "a value that is not YAML": (["--trainer.seed", "[1"], r"^--trainer\.seed: '\[1' is not a YAML value"),
+    "a Python tag in a value": (["--data.train", "[a, !!python/name:os.getcwd]"], r"^--data\.train: .* is not a YAML value"),
+    "a key given twice in a value": (["--mesh.shape", "{data: 1, data: 2}"], r"key mesh\.shape\.data is given twice"),
+    "a flag under a choice's type": (["--model.type.x", "5"], r"^--model\.type\.x is not a key: model\.type takes one value"),
 }
 
 
@@ -142,6 +147,21 @@ def test_a_key_typo_gets_the_same_suggestion_in_the_file_and_on_the_command_line
     assert "unrecognized" not in str(err) and str(NANO) not in str(err)
     assert cli.main_train(["--config_path", str(NANO), *flags]) == 2
     assert capsys.readouterr().err.strip() == f"error: {err}"
+
+
+def test_a_value_on_the_command_line_is_never_a_file_to_include(tmp_path, monkeypatch):
+    # draccus opened the file a value starting with "include" names, relative to the working
+    # directory, and took its YAML instead; our flags are read as YAML values alone
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "other.yaml").write_text("not: the prompt\n")
+    cfg = load_config(NANO, ["--trainer.sample_prompt", "include other.yaml"])
+    assert cfg.trainer.sample_prompt == "include other.yaml"
+
+
+def test_a_negative_number_is_a_flag_value():
+    # argparse took -1e-8 for a flag and said "expected one argument"
+    _fails(ConfigError, r"^optimizer\.epsilon must be > 0, got -1e-08$", load_config, NANO, ["--optimizer.epsilon", "-1e-8"])
+    assert load_config(NANO, ["--trainer.seed", "-0"]).trainer.seed == 0
 
 
 def test_a_flag_under_a_single_value_is_named():
@@ -186,6 +206,8 @@ RANGES = {
     "trainer.sample_interval": (NANO, ["-1"], ["0"]),
     "trainer.sample_tokens": (NANO, ["-1"], ["0"]),
     "trainer.log_interval": (NANO, ["-1"], ["0"]),
+    "trainer.sample_temperature": (NANO, ["-0.1", "nan"], ["0", "1.5"]),
+    "trainer.sample_top_k": (NANO, ["0", "-1"], ["null", "1"]),
     "trainer.nan_policy": (NANO, ["ignore"], ["skip"]),
     "trainer.peak_flops_per_device": (NANO, ["0", "-1e12", "inf"], ["null", "1e12"]),
     "trainer.loss_block_size": (NANO, ["0", "-128"], ["null", "1", "128"]),  # a divisor of the vocab: SAME below
@@ -247,16 +269,74 @@ def test_ranges(key):
         assert got == want, (key, value, got)
 
 
-def test_every_rule_is_in_the_docs():
-    # docs/trainer.md shows config.RULES; the two must not drift apart
-    assert rules_table() in (ROOT / "docs/trainer.md").read_text()
+def _docs_table(header: str) -> list[str]:
+    lines = (ROOT / "docs/trainer.md").read_text().splitlines()
+    assert header in lines, "docs/trainer.md has no keys table"
+    start = lines.index(header)
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return lines[start:end]
 
 
-def test_every_range_of_the_docs_is_tested():
-    documented = {row.split("`")[1] for row in rules_table().splitlines()}
-    untested = documented - set(RANGES) - {"model.<every integer>", "trainer.run_dir", "data.train",
-                                           "trainer.stop_signals"}  # a list: tests/test_preemption.py
+def test_the_docs_keys_table_is_the_declarations():
+    # docs/trainer.md shows every key as declared (type, default, rule, resume, doc): the whole
+    # table, row for row, so a key added, removed or changed on either side fails here
+    table = keys_table().splitlines()
+    assert _docs_table(table[0]) == table, "docs/trainer.md shows other keys: run docs/keys_table.py"
+
+
+def test_every_range_of_the_declarations_is_tested():
+    untested = set(RULES) - set(RANGES) - {"model.<every integer>", "trainer.run_dir", "data.train",
+                                           "trainer.stop_signals",  # a list: tests/test_preemption.py
+                                           "model.type"}  # tests/test_bad_input.py, "bad choice"
     assert untested == set(), untested
+
+
+# ---- the declarations and the line that reads a config ----------------------------------------
+
+
+def test_a_resume_may_change_exactly_the_keys_declared_free():
+    # rundir.TRAJECTORY_FREE comes from the declarations: a key's `free` alone decides whether a
+    # resumed run may change it (a whole section is free when each of its keys is)
+    for d in declarations():
+        if "<" in d.name:
+            continue
+        saved, new = {}, {}
+        for raw, value in ((saved, 1), (new, 2)):
+            section, name = d.name.split(".")
+            raw.setdefault(section, {})[name] = value
+        changed = rundir.trajectory_changes(saved, new)
+        assert bool(changed) != d.key.free, (d.name, d.key.free, changed)
+    assert "mesh" in rundir.TRAJECTORY_FREE and "trainer.seed" not in rundir.TRAJECTORY_FREE
+
+
+def test_no_decode_hook_is_registered_with_draccus():
+    # load_config decodes what it has checked; nothing global changes how draccus decodes a TrainConfig
+    import draccus.parsers.decoding
+
+    ours = [cls for cls in draccus.parsers.decoding.decode.registry if cls.__module__.startswith("named")]
+    assert ours == []
+
+
+def test_a_value_on_the_command_line_replaces_a_whole_section(tmp_path):
+    # replace, not merge: the flag's mapping is the section, the file's keys are gone
+    path = tmp_path / "lora.yaml"
+    path.write_text(NANO.read_text() + "lora:\n  rank: 4\n  alpha: 8\n  targets: [c_attn]\n")
+    cfg = load_config(path, ["--lora", "{rank: 2}"])
+    assert (cfg.lora.rank, cfg.lora.alpha, cfg.lora.targets) == (2, 16.0, ["q_proj", "v_proj"])
+    assert load_config(path, ["--lora.rank", "2"]).lora.alpha == 8  # a key of it: the rest stays
+    cfg = load_config(NANO, ["--model", "{type: llama, hidden_size: 64}"])  # gpt2's n_layer is not carried over
+    assert (type(cfg.model).__name__, cfg.model.hidden_size) == ("LlamaConfigSection", 64)
+
+
+def test_help_lists_every_key_from_its_declaration(capsys):
+    with pytest.raises(SystemExit) as info:
+        load_config(None, ["--help"])
+    assert info.value.code == 0
+    assert cli.main_train(["--config", "gpt2_nano", "--help"]) == 0
+    out = capsys.readouterr().out
+    for d in declarations():
+        assert f"--{d.name}: " in out and d.key.doc in out, d.name
+    assert "--trainer.seed: an integer, in [0, 4294967295]; default 0" in out
 
 
 # ---- distributed settings -------------------------------------------------------------------

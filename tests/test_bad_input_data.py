@@ -108,7 +108,8 @@ def test_sparse_tokenizer_sizes_the_model_past_its_largest_id(tmp_path):
             "--data.seq_len", "16", "--data.val_fraction", "0", "--trainer.train_batch_size", "8",
             "--trainer.sample_interval", "0", "--trainer.run_dir", str(tmp_path / "run"),
             "--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32", "--model.n_positions", "16"]
-    data, _, model_cfg, *_ = build_run(load_config(NANO, args))
+    run = build_run(load_config(NANO, args))
+    data, model_cfg = run.data, run.setup.model_cfg
     assert model_cfg.vocab_size >= 1001 and stream_ids(data).max() == 1000
 
 

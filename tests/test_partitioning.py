@@ -521,6 +521,15 @@ def test_pspec_for_axes_and_arrays():
     assert nm.current_mapping() is None
 
 
+def test_check_mapping_takes_a_mesh_or_its_axis_sizes():
+    # a config's mappings are checked against mesh.shape before there are devices, by the same check
+    for mesh in (nm.make_mesh({"data": 4, "model": 2}), {"data": -1, "model": 2}):
+        nm.check_mapping({"batch": "data", "mlp": ["data", "model"], "embed": None}, mesh)
+        with pytest.raises(nm.ShardingError, match=r"axis 'embed' is mapped to mesh axis 'expert', which the mesh "
+                                                   r"does not have \(mesh axes: \{'data': (4|-1), 'model': 2\}\)"):
+            nm.check_mapping({"batch": "data", "embed": ("model", "expert")}, mesh)
+
+
 def test_axis_mapping_nests_and_merges():
     with nm.axis_mapping({"batch": "data"}):
         with nm.axis_mapping({"mlp": "model"}, merge=True) as merged:

@@ -279,7 +279,7 @@ def test_a_failing_mkdir_becomes_a_config_error_naming_the_path(tmp_path, monkey
 
     monkeypatch.setattr(Path, "mkdir", refuse)
     with pytest.raises(ConfigError, match=f"trainer.run_dir {run_dir}: cannot write {run_dir}: Permission denied"):
-        with rundir.claim(rundir.RunPlan(run_dir, fingerprint=(None, ())), {}):
+        with rundir.claim(rundir.RunPlan(run_dir, run_dir, fingerprint=(None, ())), {}):
             pass
 
 
@@ -389,7 +389,7 @@ def test_a_failing_checkpoint_base_mkdir_names_the_key(tmp_path, monkeypatch):
         return mkdir(self, *a, **k)
 
     monkeypatch.setattr(Path, "mkdir", refuse)
-    plan = rundir.RunPlan(run_dir, fingerprint=(None, ()), checkpoints=base, run_id="0" * 32)
+    plan = rundir.RunPlan(run_dir, base, fingerprint=(None, ()), run_id="0" * 32)
     with pytest.raises(ConfigError, match=f"checkpoint.base {base}: cannot create {base / 'checkpoints'}: Permission denied"):
         with rundir.claim(plan, {}):
             pass

@@ -111,15 +111,17 @@ def _mesh_axes(v: MeshAxes) -> tuple[str, ...]:
     return tuple(v)
 
 
-def check_mapping(mapping: ResourceMapping, mesh: Mesh) -> None:
-    """Every mesh axis the mapping names must exist in ``mesh``."""
+def check_mapping(mapping: ResourceMapping, mesh: Mesh | Mapping[str, int]) -> None:
+    """Every mesh axis the mapping names must exist in ``mesh`` (a mesh, or its axis sizes as
+    ``make_mesh`` takes them: a config can be checked before there are devices)."""
     _check_mapping_values(mapping)
+    sizes = getattr(mesh, "shape", mesh)  # a Mesh or AbstractMesh, or the sizes themselves
     for name, v in mapping.items():
         for m in _mesh_axes(v):
-            if m not in mesh.shape:
+            if m not in sizes:
                 raise ShardingError(
                     f"axis {name!r} is mapped to mesh axis {m!r}, which the mesh does not have "
-                    f"(mesh axes: {dict(mesh.shape)})"
+                    f"(mesh axes: {dict(sizes)})"
                 )
 
 

@@ -1,11 +1,16 @@
-"""The values each config key may take beyond its type: one table (``RULES``) of ranges, names
-and non-empty lists, and the error every config check raises. ``config`` checks the values
-against it; docs/trainer.md prints it (``config.rules_table``)."""
+"""How a config key is declared: its dataclass field says its type and default, and ``key(...)``
+adds the rest (the values it may take beyond its type, whether a resumed run may change it, one
+line of doc) as the field's metadata. Everything else about keys is derived from these
+declarations (``config``): the rules table, the keys a resume may change, the docs' keys table.
+Also the error every config check raises."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from named import NamedError
 
@@ -74,69 +79,37 @@ def one_of(*names: str) -> Rule:
 
 NONEMPTY = Rule(nonempty=True)
 INT_LIMIT = 2**31 - 1  # every integer without a range of its own (JAX's default integer is int32)
-MODEL_INTEGERS = "model.<every integer>"  # layers, widths, heads, positions, vocab_size (null: the tokenizer's)
-
-# The allowed values of every key beyond its type, in one place: docs/trainer.md shows this
-# table (a test keeps the two equal). On top of it: every number must be finite, and the rules
-# that tie two keys together are in validate_static; the data section checks its own keys
-# (DataError), and the checks that need devices or the model's shapes are in checks.py.
-RULES: dict[str, Rule] = {
-    "trainer.num_train_steps": at_least(0),  # 0: every check runs, nothing is trained or written
-    "trainer.train_batch_size": at_least(1),
-    "trainer.microbatches": at_least(1),
-    "trainer.seed": between(0, 2**32 - 1),  # jax.random.key keeps 32 bits: 2**32 would be seed 0 again
-    "trainer.eval_interval": at_least(0),
-    "trainer.eval_batches": at_least(0),
-    "trainer.sample_interval": at_least(0),
-    "trainer.sample_tokens": at_least(0),
-    "trainer.log_interval": at_least(0),
-    "trainer.run_dir": NONEMPTY,
-    "trainer.nan_policy": one_of("stop", "skip"),
-    "trainer.peak_flops_per_device": above(0),
-    "trainer.loss_block_size": at_least(1),  # and a divisor of the vocab size (checks.check_loss_block)
-    "trainer.stop_signals": one_of("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP"),
-    MODEL_INTEGERS: at_least(1),
-    "model.dropout": between(0, 1, high_open=True),
-    "model.layer_norm_epsilon": above(0),
-    "model.rms_norm_eps": above(0),
-    "model.rope_theta": above(0),
-    "optimizer.learning_rate": above(0),
-    "optimizer.weight_decay": at_least(0),
-    "optimizer.beta1": between(0, 1, high_open=True),
-    "optimizer.beta2": between(0, 1, high_open=True),
-    "optimizer.epsilon": above(0),
-    "optimizer.max_grad_norm": above(0),
-    "optimizer.schedule": one_of("cosine", "linear", "constant", "wsd"),
-    "optimizer.warmup_steps": at_least(0),
-    "optimizer.decay_fraction": between(0, 1, low_open=True),
-    "optimizer.min_lr_ratio": between(0, 1),
-    "data.train": NONEMPTY,
-    "checkpoint.interval": at_least(0),
-    "checkpoint.keep_last": at_least(1),
-    "checkpoint.keep_every": at_least(1),
-    "checkpoint.every_minutes": above(0),
-    "checkpoint.base": NONEMPTY,
-    "tracker.wandb_mode": one_of("disabled", "offline", "online"),
-    "mesh.mode": one_of("auto", "explicit"),
-    "mesh.batch_split": at_least(1),
-    "distributed.num_processes": at_least(1),
-    "distributed.process_id": at_least(0),
-    "distributed.initialization_timeout_s": at_least(1),
-    "distributed.heartbeat_timeout_s": at_least(1),
-    "quantization.kind": one_of("none", "fp8", "int8"),
-    "quantization.targets": NONEMPTY,  # null: every Linear
-    "quantization.amax_history": at_least(1),
-    "lora.rank": at_least(1),  # and at most every targeted layer's smaller side (model_init)
-    "lora.alpha": above(0),
-    "lora.dropout": between(0, 1, high_open=True),
-    "lora.targets": NONEMPTY,
-    "lora.base_dtype": one_of("float32", "bfloat16"),
-}
 
 
-def _rule(key: str, value) -> Rule | None:
-    if key in RULES:
-        return RULES[key]
-    if key.startswith("model.") and isinstance(value, int) and not isinstance(value, bool):
-        return RULES[MODEL_INTEGERS]
-    return None
+@dataclass(frozen=True)
+class Key:
+    """What a config key is beyond its annotation.
+
+    Args:
+        doc: one line for the docs' keys table and ``--help``.
+        rule: the values it may take beyond its type (None: any value of its type).
+        free: a resumed run may change it (layout, cadence, bookkeeping); every other key defines
+            the training trajectory and must match the run's config.yaml.
+    """
+
+    doc: str
+    rule: Rule | None = None
+    free: bool = False
+
+
+_METADATA = "named.config.key"
+
+
+def key(default: Any = dataclasses.MISSING, rule: Rule | None = None, *, doc: str, free: bool = False,
+        factory: Callable[[], Any] | None = None) -> Any:
+    """A dataclass field declared as a config key: ``seed: int = key(0, between(0, 2**32 - 1), doc=...)``.
+    ``factory`` makes a mutable default (a list, a mapping)."""
+    declared = {_METADATA: Key(doc, rule, free)}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=declared)
+    return dataclasses.field(default=default, metadata=declared)
+
+
+def declared(f: dataclasses.Field) -> Key | None:
+    """The Key a field was declared with (``key``), None for a field declared without one."""
+    return f.metadata.get(_METADATA)

@@ -111,6 +111,8 @@ def main_train(argv: list[str] | None = None) -> int:
         cfg = load_config(*_split_config_path(argv))
     except NamedError as e:
         return _fail(e)
+    except SystemExit as e:  # --help: every key, from the config's declarations
+        return int(e.code or 0)
     from .distributed import describe_failure, exit_now, maybe_initialize, peer_failed
 
     try:

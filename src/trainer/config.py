@@ -2,126 +2,141 @@
 
     named-train --config_path config/gpt2_nano.yaml --trainer.num_train_steps 50
 
-``load_config`` is the one validation layer for values: a YAML file must be safe YAML with no
-key given twice; every value is checked against its field's type annotation before draccus
-converts it (no ``true`` for an integer, no null where the annotation has no ``None``, no
-unknown key); then every value against ``RULES`` (ranges and names, declared once in ``_rules``)
-and the few rules that tie two keys together. Each failure raises ``ConfigError`` naming the key.
-The per-value checks are in ``config_check``, the ``lora`` and ``quantization`` sections in
-``config_adapt`` (both re-exported here); the checks that need the devices, the tokenizer or the
-model's shapes are in ``checks.py``.
+Every key is declared once, as its section's dataclass field: the annotation gives its type, the
+default its default, and ``key(...)`` the values it may take beyond its type, whether a resumed
+run may change it, and one line of doc (``_rules``). The rules table (``RULES``), the keys a
+resume may change (``TRAJECTORY_FREE``), the docs' keys table (``keys_table``) and ``--help``
+are derived from these declarations.
 
-A mapping given on the CLI (``--mesh.param_mapping '{}'``) replaces the YAML's; draccus alone would merge them.
+``load_config`` reads a config in a straight line: the YAML file (safe YAML, no key given twice),
+the command line's ``--key value`` overrides (each replaces the file's value at its key, a mapping
+too; draccus alone would merge them), the Hugging Face folder of ``model.init_from_hf``, every
+value against its declaration (no ``true`` for an integer, no null where the annotation has no
+``None``, no unknown key, each key's rule), draccus' decoding into the dataclasses, then the
+checks that tie keys together (``validate_static``). Each failure raises ``ConfigError`` naming
+the key (or the ``DataError`` of the data section's own checks). The checks that need the
+devices, the tokenizer or the model's shapes are in ``checks.py``.
 """
 
 from __future__ import annotations
 
-import argparse
-import contextvars
 import dataclasses
+import json
 import os
 import re
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import draccus
 import draccus.cfgparsing
 import draccus.parsers.decoding
-import yaml
 
+import named as nm
 from named.models.registry import FAMILIES
 
 from . import pretrained
-from ._rules import RULES, ConfigError  # ConfigError and RULES: also this module's public face
+from ._rules import (  # ConfigError: also this module's public face
+    NONEMPTY,
+    ConfigError,
+    Key,
+    Rule,
+    above,
+    at_least,
+    between,
+    declared,
+    key,
+    one_of,
+)
 from .config_adapt import LoraConfig, QuantizationConfig  # re-exported: sections of TrainConfig
-from .config_check import _check_section, _join, _nullable, check_flag_keys, check_values  # noqa: F401  (check_values: re-exported)
+from .config_check import check_flag_keys, check_section, describe_type
+from .config_read import CONFIG_PATH, HELP, Flag, check_flag_values, override, read_file, read_flags, read_value
 from .data import DataConfig, DataError
 
 
-# ---- sections -------------------------------------------------------------------------
+# ---- sections: every key declared once ------------------------------------------------
 
 
 @dataclass
 class TrainerConfig:
-    """Steps, batch and cadence.
+    """Steps, batch and cadence."""
 
-    Args:
-        num_train_steps: optimizer steps; 0 runs every check and trains (and writes) nothing.
-        train_batch_size: sequences per optimizer step, over all processes.
-        microbatches: the batch is split into this many microbatches whose gradients are
-            accumulated (the step equals the full-batch step).
-        seed: one seed for init, data order and dropout.
-        eval_interval / eval_batches: evaluate every N steps (0: never) on this many batches (of each
-            source of a mixture; 0: all of them).
-        sample_interval / sample_tokens / sample_prompt: print a greedy sample every N steps.
-        log_interval: log every N steps.
-        run_dir: where logs and checkpoints go.
-        load_checkpoint: ``auto`` (default): resume the run that run_dir holds, from its
-            newest good checkpoint, when its config.yaml matches on every setting that
-            defines the trajectory, refuse (ConfigError listing them) when not, and start a
-            new run in an empty or absent run_dir; a checkpoint another run saved (a shared
-            checkpoint.base) is refused. A checkpoint path inside the checkpoint root: resume
-            from it, with the same check (refused if newer checkpoints exist), even when another
-            run saved it (the way to continue one on purpose). null: a new run
-            only, refused if run_dir already holds one. No value ever writes over an earlier
-            run (docs/trainer.md, "Run directories").
-        precision: jmp policy, e.g. ``params=float32,compute=bfloat16,output=float32``.
-        nan_policy: ``stop`` (raise, naming the step) or ``skip`` (drop the update).
-        peak_flops_per_device: for MFU when the device is not in the built-in table.
-        loss_block_size: null (default): the loss reads the model's full logits. A divisor of the
-            vocab size: the loss makes the logits this many vocab entries at a time from the final
-            hidden states (``nn.blockwise_next_token_loss``), so the ``[batch, position, vocab]``
-            logits and their gradient never exist; the same loss, less memory.
-    """
-
-    num_train_steps: int = 100
-    train_batch_size: int = 16
-    microbatches: int = 1
-    seed: int = 0
-    eval_interval: int = 50
-    eval_batches: int = 4
-    sample_interval: int = 0
-    sample_tokens: int = 64
-    sample_prompt: str = "def "
-    log_interval: int = 10
-    run_dir: str = "runs/default"
-    load_checkpoint: str | None = "auto"
-    precision: str = "params=float32,compute=float32,output=float32"
-    nan_policy: str = "stop"
-    peak_flops_per_device: float | None = None
-    loss_block_size: int | None = None
-    progress_bar: bool = True
-    stop_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGINT", "SIGUSR1"])  # save, exit 128+signal
+    num_train_steps: int = key(100, at_least(0), free=True,
+                               doc="optimizer steps; 0 runs every check and trains (and writes) nothing")
+    train_batch_size: int = key(16, at_least(1), doc="sequences per optimizer step, over all processes")
+    microbatches: int = key(1, at_least(1), doc="the batch is split into this many microbatches whose gradients "
+                                                "are accumulated (the same step)")
+    # jax.random.key keeps 32 bits: 2**32 would be seed 0 again
+    seed: int = key(0, between(0, 2**32 - 1), doc="one seed for init, data order and dropout")
+    eval_interval: int = key(50, at_least(0), free=True, doc="evaluate every N steps (0: never)")
+    eval_batches: int = key(4, at_least(0), free=True,
+                            doc="batches evaluated, of each source of a mixture (0: all of them)")
+    sample_interval: int = key(0, at_least(0), free=True, doc="print a sample every N steps (0: never)")
+    sample_tokens: int = key(64, at_least(0), free=True, doc="tokens each sample adds to its prompt")
+    sample_prompt: str = key("def ", free=True, doc="the prompt the samples continue")
+    sample_temperature: float = key(0.8, at_least(0), free=True, doc="the samples' temperature (0: greedy)")
+    sample_top_k: int | None = key(40, at_least(1), free=True, doc="samples draw from this many likeliest tokens "
+                                                                  "(null: from all)")
+    log_interval: int = key(10, at_least(0), free=True, doc="log every N steps (0: never)")
+    run_dir: str = key("runs/default", NONEMPTY, free=True,
+                       doc="where logs, config.yaml and (without checkpoint.base) checkpoints go")
+    load_checkpoint: str | None = key("auto", free=True, doc="`auto`: resume the run in run_dir, or refuse; a "
+                                      "checkpoint in the checkpoint root: resume from it; null: new runs only "
+                                      "(see Run directories)")
+    precision: str = key("params=float32,compute=float32,output=float32",
+                         doc="a jmp policy, e.g. `params=float32,compute=bfloat16,output=float32`")
+    nan_policy: str = key("stop", one_of("stop", "skip"), free=True,
+                          doc="`stop`: raise, naming the step; `skip`: drop the update")
+    peak_flops_per_device: float | None = key(None, above(0), free=True,
+                                              doc="FLOP/s of one device for MFU, where the built-in table lacks it")
+    # a divisor of the vocab size (checks.check_loss_block); the same loss, less memory, like model.remat
+    loss_block_size: int | None = key(None, at_least(1), free=True,
+                                      doc="null: the loss reads the full logits; a divisor of the vocab: it makes "
+                                          "them a vocab block at a time (see The loss without the full logits)")
+    progress_bar: bool = key(True, free=True, doc="a progress bar on process 0 when stderr is a terminal")
+    stop_signals: list[str] = key(factory=lambda: ["SIGTERM", "SIGINT", "SIGUSR1"],
+                                  rule=one_of("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP"),
+                                  doc="signals that save a checkpoint and exit 128 + the signal (see Stopping "
+                                      "and object storage)")
 
 
 @dataclass
 class MeshConfig:
     """Device mesh and the two mappings (axis name -> mesh axis, list of mesh axes, or null)."""
 
-    shape: dict[str, int] = field(default_factory=lambda: {"data": -1})
-    compute_mapping: dict[str, Any] = field(default_factory=lambda: {"batch": "data"})
-    param_mapping: dict[str, Any] = field(default_factory=dict)
-    mode: str = "auto"  # auto: GSPMD places the collectives; explicit: the layer stack runs per device (docs/explicit.md)
-    batch_split: int = 1  # explicit mode: each layer runs on this many equal parts of each device's microbatch
+    shape: dict[str, int] = key(factory=lambda: {"data": -1}, free=True,
+                                doc="mesh axes and their sizes; one -1 takes the devices left over")
+    # list before str: draccus decodes a union by trying its types in order, and str takes anything
+    compute_mapping: dict[str, list[str] | str | None] = key(
+        factory=lambda: {"batch": "data"}, free=True, doc="axis name -> mesh axis (a list of them, or null) for "
+                                                          "activations")
+    param_mapping: dict[str, list[str] | str | None] = key(
+        factory=dict, free=True, doc="the same for parameters and optimizer state (`{}`: replicated)")
+    mode: str = key("auto", one_of("auto", "explicit"), free=True,
+                    doc="`auto`: GSPMD places the collectives; `explicit`: the layer stack runs per device "
+                        "(docs/explicit.md)")
+    batch_split: int = key(1, at_least(1), free=True, doc="explicit mode: each layer runs on this many equal "
+                                                          "parts of each device's microbatch")
 
 
 @dataclass
 class OptimizerConfig:
     """AdamW with a schedule; weight decay skips norms and biases (arrays of one axis)."""
 
-    learning_rate: float = 3e-4
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    epsilon: float = 1e-8
-    max_grad_norm: float | None = 1.0
-    schedule: str = "cosine"  # cosine | linear | constant | wsd
-    warmup_steps: float = 0  # steps of linear warmup; below 1: that fraction of trainer.num_train_steps
-    decay_fraction: float = 0.2  # wsd: share of steps in the final decay
-    min_lr_ratio: float = 0.1
+    learning_rate: float = key(3e-4, above(0), doc="the peak learning rate")
+    weight_decay: float = key(0.1, at_least(0), doc="AdamW's decoupled weight decay (not on norms and biases)")
+    beta1: float = key(0.9, between(0, 1, high_open=True), doc="Adam's decay of the first moment")
+    beta2: float = key(0.95, between(0, 1, high_open=True), doc="Adam's decay of the second moment")
+    epsilon: float = key(1e-8, above(0), doc="Adam's epsilon")
+    max_grad_norm: float | None = key(1.0, above(0), doc="clip the gradient to this global norm (null: no clipping)")
+    schedule: str = key("cosine", one_of("cosine", "linear", "constant", "wsd"),
+                        doc="the learning rate after warmup (`wsd`: warmup, stable, decay)")
+    warmup_steps: float = key(0, at_least(0), doc="steps of linear warmup; below 1: that fraction of "
+                                                  "trainer.num_train_steps")
+    decay_fraction: float = key(0.2, between(0, 1, low_open=True), doc="`wsd`: the share of steps in the final decay")
+    min_lr_ratio: float = key(0.1, between(0, 1), doc="the final learning rate, as a fraction of the peak")
 
     def warmup(self, num_steps: int) -> int:
         """Warmup in steps: ``warmup_steps``, or that fraction of ``num_steps`` when it is below 1
@@ -132,20 +147,29 @@ class OptimizerConfig:
 
 @dataclass
 class CheckpointConfig:
-    interval: int = 0  # steps between saves; 0: only at the end
-    keep_last: int = 2
-    keep_every: int | None = None
-    save_at_end: bool = True
-    every_minutes: float | None = None  # also a temporary checkpoint this often (deleted by the next one)
-    base: str | None = None  # checkpoints in <base>/checkpoints (a path, s3:// or gs://); null: in trainer.run_dir
+    """When checkpoints are saved, which are kept, and where they live."""
+
+    interval: int = key(0, at_least(0), free=True, doc="steps between saves (0: only at the end)")
+    keep_last: int = key(2, at_least(1), free=True, doc="how many of the newest checkpoints are kept")
+    keep_every: int | None = key(None, at_least(1), free=True,
+                                 doc="also keep every checkpoint whose step is a multiple of this")
+    save_at_end: bool = key(True, free=True, doc="save after the last step")
+    every_minutes: float | None = key(None, above(0), free=True,
+                                      doc="also a temporary checkpoint this often (deleted by the next one)")
+    base: str | None = key(None, NONEMPTY, free=True, doc="checkpoints in `<base>/checkpoints`: a local path, "
+                                                         "`s3://bucket/prefix` or `gs://bucket/prefix` (null: in "
+                                                         "trainer.run_dir)")
 
 
 @dataclass
 class TrackerConfig:
-    console: bool = True
-    jsonl: bool = True
-    wandb_mode: str = "disabled"  # disabled | offline | online
-    wandb_project: str = "named"
+    """Where metrics go."""
+
+    console: bool = key(True, free=True, doc="log lines on the console")
+    jsonl: bool = key(True, free=True, doc="metrics in `<run_dir>/metrics.jsonl`")
+    wandb_mode: str = key("disabled", one_of("disabled", "offline", "online"), free=True,
+                          doc="wandb: `offline` and `online` need `pip install 'named-jax[wandb]'`")
+    wandb_project: str = key("named", free=True, doc="the wandb project")
 
 
 @dataclass
@@ -153,18 +177,39 @@ class DistributedConfig:
     """``jax.distributed`` settings; all null means one process (or JAX's auto-detection
     when ``initialize`` is true, e.g. under SLURM)."""
 
-    initialize: bool = False
-    coordinator_address: str | None = None
-    num_processes: int | None = None
-    process_id: int | None = None
-    local_device_ids: list[int] | None = None
-    initialization_timeout_s: int = 300
-    heartbeat_timeout_s: int = 100  # a peer silent this long makes the others fail, not hang
+    initialize: bool = key(False, free=True, doc="start jax.distributed (with nothing else set: JAX's "
+                                                 "auto-detection, e.g. under SLURM)")
+    coordinator_address: str | None = key(None, free=True, doc="`host:port` of process 0 (null: NAMED_COORDINATOR)")
+    num_processes: int | None = key(None, at_least(1), free=True, doc="processes of the run (null: "
+                                                                      "NAMED_NUM_PROCESSES)")
+    process_id: int | None = key(None, at_least(0), free=True, doc="this process's id, from 0 (null: "
+                                                                   "NAMED_PROCESS_ID)")
+    local_device_ids: list[int] | None = key(None, free=True, doc="the devices this process uses (null: all "
+                                                                  "it sees)")
+    initialization_timeout_s: int = key(300, at_least(1), free=True,
+                                        doc="seconds to wait for every process to join")
+    heartbeat_timeout_s: int = key(100, at_least(1), free=True, doc="a peer silent this long makes the others "
+                                                                    "fail, not hang (NAMED_HEARTBEAT_TIMEOUT "
+                                                                    "overrides it)")
 
 
 @dataclass(frozen=True)
 class ModelChoice(draccus.ChoiceRegistry):
     """``model: {type: <a family of named.models.registry.FAMILIES>, ...fields of that family's config}``."""
+
+    # The section's fields are the family's config, declared in named.models, which knows nothing of
+    # the trainer: what the trainer allows of them beyond their types is declared here, by name.
+    field_keys: ClassVar[dict[str, Key]] = {
+        "dropout": Key("dropout on the embeddings and residual branches", between(0, 1, high_open=True)),
+        "layer_norm_epsilon": Key("LayerNorm's epsilon", above(0)),
+        "rms_norm_eps": Key("RMSNorm's epsilon", above(0)),
+        "rope_theta": Key("the RoPE base", above(0)),
+        "remat": Key("gradient checkpointing of each layer: an nn.Stacked policy (`none`, `full`, `save_dots`, "
+                     "...)", free=True),
+    }
+    # every integer without a key of its own: layers, widths, heads, positions (items of lists too)
+    integer_key: ClassVar[Key] = Key("layers, widths, heads, positions: every integer of the family's config",
+                                     at_least(1))
 
     def model_config(self, vocab_size: int):
         raise NotImplementedError
@@ -179,8 +224,10 @@ def _as_choice(name: str, base_cfg: type):
     @ModelChoice.register_subclass(name)
     @dataclass(frozen=frozen)
     class Choice(ModelChoice, base_cfg):  # type: ignore[misc, valid-type]
-        vocab_size: int | None = None  # null: the tokenizer's vocabulary, rounded up to a multiple of 128
-        init_from_hf: str | None = None  # a Hugging Face folder: its config and weights (see finetune.resolve)
+        vocab_size: int | None = key(None, at_least(1), doc="null: the tokenizer's vocabulary, rounded up to a "
+                                                            "multiple of 128")
+        init_from_hf: str | None = key(None, doc="a Hugging Face folder: its architecture, weights and tokenizer "
+                                                 "(see docs/finetune.md)")
 
         def model_config(self, vocab_size: int):
             values = {f.name: getattr(self, f.name) for f in dataclasses.fields(base_cfg)}
@@ -211,88 +258,171 @@ class TrainConfig:
     quantization: QuantizationConfig = field(default_factory=QuantizationConfig)
 
 
-def rules_table() -> str:
-    """RULES as the markdown rows docs/trainer.md shows."""
-    return "\n".join(f"| `{key}` | {rule}{', or null' if _nullable(TrainConfig, key) else ''} |"
-                     for key, rule in RULES.items())
+# ---- what the declarations give -------------------------------------------------------------
 
 
-def _decode_train_config(raw, path=()):
-    # draccus' own conversion turns YAML's true into the integer 1 and lets null into any
-    # field, so the merged YAML + CLI values are checked against the annotations first.
-    for (section, name), value in _REPLACE.get().items():
-        if isinstance(raw, dict):
-            raw = {**raw, section: {**(raw.get(section) or {}), name: value}}
-    if isinstance(raw, dict):
-        raw = pretrained.resolve(raw)  # model.init_from_hf: the folder's architecture and tokenizer
-    _check_section(TrainConfig, raw, "")
-    return draccus.parsers.decoding.decode_dataclass(TrainConfig, raw, path)
+@dataclass(frozen=True)
+class Declared:
+    """One key as declared: its dotted name, annotation, default and Key."""
+
+    name: str
+    annotation: Any
+    default: Any  # dataclasses.MISSING where it has none of its own (a model family's field)
+    key: Key
 
 
-# A mapping given on the command line replaces the YAML's (draccus would merge the two, so
-# `--mesh.param_mapping '{}'` would silently keep FSDP). load_config collects them here for the
-# decoder above; a ContextVar keeps concurrent loads apart.
-_REPLACE: contextvars.ContextVar[dict] = contextvars.ContextVar("named_config_replace", default={})
-_MAPPING_FIELDS = {(section, name) for section, cls in typing.get_type_hints(TrainConfig).items()
-                   if dataclasses.is_dataclass(cls)
-                   for name, tp in typing.get_type_hints(cls).items() if typing.get_origin(tp) is dict}
+_MODEL_INTEGERS = "model.<every integer>"
 
 
-def _cli_flags(args: list[str]) -> list[tuple[str, str]]:
-    """``(key, value text)`` for every ``--key value`` and ``--key=value`` in ``args``, the key
-    without its dashes (``trainer.num_train_steps``)."""
+def declarations() -> list[Declared]:
+    """Every key of TrainConfig, section by section in the order of the fields."""
     out = []
-    for i, a in enumerate(args):
-        if not a.startswith("--"):
+    for section in dataclasses.fields(TrainConfig):
+        tp = typing.get_type_hints(TrainConfig)[section.name]  # a section, or an optional one (lora)
+        cls = next(a for a in (tp, *typing.get_args(tp)) if isinstance(a, type) and dataclasses.is_dataclass(a))
+        if issubclass(cls, ModelChoice):
+            out += _model_declarations()
             continue
-        key, eq, inline = a[2:].partition("=")
-        nxt = args[i + 1] if i + 1 < len(args) else ""
-        out.append((key, inline if eq else ("" if nxt.startswith("--") else nxt)))
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if declared(f) is None:  # found at import: RULES below walks every key
+                raise ConfigError(f"{section.name}.{f.name} is declared without key(...): give it its rule, whether "
+                                  "a resumed run may change it, and a line of doc")
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            out.append(Declared(f"{section.name}.{f.name}", hints[f.name], default, declared(f)))
     return out
 
 
-def _mapping_overrides(flags: list[tuple[str, str]]) -> dict[tuple[str, str], Any]:
-    """``{(section, field): value}`` for every CLI override of a dict-valued field."""
-    out = {}
-    for key, text in flags:
-        if key.count(".") != 1:
-            continue
-        section, name = key.split(".")
-        if (section, name) not in _MAPPING_FIELDS:
-            continue
-        try:
-            loader = _ConfigLoader(text)
-            try:
-                value = loader.get_single_data() if text.strip() else None
-            finally:
-                loader.dispose()
-        except (yaml.YAMLError, ConfigError) as e:
-            raise ConfigError(f"--{section}.{name}: {text!r} is not a YAML mapping ({e}); write e.g. '{{embed: data}}'") from None
-        if not isinstance(value, dict):
-            raise ConfigError(f"--{section}.{name} must be a mapping like '{{embed: data}}' ('{{}}' for none), got {text!r}")
-        out[(section, name)] = value
+def _model_declarations() -> list[Declared]:
+    """The model section: ``type``, the section's own keys, then what ``field_keys`` and
+    ``integer_key`` declare of the families' fields (typed as the first family that has each)."""
+    families = list(ModelChoice.get_known_choices().values())
+    own = [f for f in dataclasses.fields(families[0]) if declared(f) is not None]
+    hints = typing.get_type_hints(families[0])
+    out = [Declared("model.type", str, dataclasses.MISSING,
+                    Key("a model family (docs/models.md), then that family's config fields",
+                        one_of(*ModelChoice.get_known_choices())))]
+    out += [Declared(f"model.{f.name}", hints[f.name], f.default, declared(f)) for f in own]
+    out.append(Declared(_MODEL_INTEGERS, int, dataclasses.MISSING, ModelChoice.integer_key))
+    for name, k in ModelChoice.field_keys.items():
+        tp = next(typing.get_type_hints(c)[name] for c in families if name in {f.name for f in dataclasses.fields(c)})
+        out.append(Declared(f"model.{name}", tp, dataclasses.MISSING, k))
     return out
 
 
-draccus.parsers.decoding.decode.register(TrainConfig, _decode_train_config)
+# The allowed values of every key beyond its type (docs/trainer.md shows them in its keys table).
+# On top of these: every number must be finite, every integer fit int32 unless its rule bounds it,
+# and the rules that tie two keys together are in validate_static; the data section checks its own
+# keys (DataError), and the checks that need devices or the model's shapes are in checks.py.
+RULES: dict[str, Rule] = {d.name: d.key.rule for d in declarations() if d.key.rule is not None}
 
 
-# ---- loading and validation -------------------------------------------------------------
+def _free_keys() -> tuple[str, ...]:
+    """The keys a resumed run may change, a section by its name when every key of it may."""
+    by_section: dict[str, list[Declared]] = {}
+    for d in declarations():
+        by_section.setdefault(d.name.split(".")[0], []).append(d)
+    out: list[str] = []
+    for section, keys in by_section.items():
+        free = [d.name for d in keys if d.key.free]
+        out += [section] if len(free) == len(keys) else free
+    return tuple(out)
+
+
+# Settings a resumed run may change: layout and performance knobs (a checkpoint restores onto any
+# mesh), cadence, bookkeeping and the length of the run (each declared ``free``). Every other key
+# (model, data, optimizer, precision, seed, batch size, microbatches, and any key added later
+# without ``free=True``) defines the trajectory and must match the run's config.yaml (rundir).
+TRAJECTORY_FREE = _free_keys()
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def keys_table() -> str:
+    """Every key as the markdown table docs/trainer.md shows (a test keeps the two equal)."""
+    rows = ["| key | type | default | allowed | on resume | what it is |", "|---|---|---|---|---|---|"]
+    for d in declarations():
+        default = "" if d.default is dataclasses.MISSING else f"`{json.dumps(d.default)}`"
+        allowed = str(d.key.rule) if d.key.rule is not None else ""
+        resume = "may change" if d.key.free else "must match"
+        rows.append(f"| `{d.name}` | {describe_type(d.annotation)} | {_cell(default)} | {_cell(allowed)} | {resume} | "
+                    f"{_cell(d.key.doc)} |")
+    return "\n".join(rows)
+
+
+def help_text() -> str:
+    """``named-train --help``: how to give a config, then every key, from the declarations."""
+    lines = ["usage: named-train (--config NAME | --config_path FILE) [--section.key VALUE ...]", "",
+             "Every key can be given as --section.key VALUE (a YAML value; a mapping replaces the file's):"]
+    for d in declarations():
+        default = "" if d.default is dataclasses.MISSING else f"; default {json.dumps(d.default)}"
+        allowed = f", {d.key.rule}" if d.key.rule is not None else ""
+        lines.append(f"  --{d.name}: {describe_type(d.annotation)}{allowed}{default}")
+        lines.append(f"      {d.key.doc}")
+    return "\n".join(lines)
+
+
+# ---- loading ------------------------------------------------------------------------------
 
 
 def load_config(config_path: str | os.PathLike | None, args: Sequence[str] = ()) -> TrainConfig:
     """Parse YAML + CLI overrides into a TrainConfig; every failure is a ConfigError (or the
-    DataError a ``data`` field raises), naming the file, key or flag."""
-    args = list(args)
-    content = _check_config_file(Path(config_path)) if config_path is not None else {}
-    flags = _cli_flags(args)
-    for key, _ in flags:  # before argparse, whose "unrecognized arguments" would blame the file
-        if key and key not in _DRACCUS_FLAGS:
-            check_flag_keys(TrainConfig, key, lambda section: _chosen_type(section, flags, content))
-    where = _origin("", flags, config_path)
-    token = _REPLACE.set(_mapping_overrides(flags))
+    DataError a ``data`` field raises), naming the file, key or flag. ``--help`` prints every key
+    and exits. One straight line, each step on the last one's values (the module docstring)."""
+    config_path, flags, stray = _command_line(list(args), config_path)
+    raw = read_file(Path(config_path), [f.name for f in dataclasses.fields(TrainConfig)]) if config_path else {}
+    _override(raw, flags, stray)
+    raw = pretrained.resolve(raw)  # model.init_from_hf: the folder's architecture and tokenizer
+    check_section(TrainConfig, raw, "")
+    cfg = _decode(raw, flags, config_path)
+    validate_static(cfg)
+    # Last, so that a snippet without a model still reports its own mistakes first.
+    if "model" not in raw:
+        known = ", ".join(ModelChoice.get_known_choices())
+        raise ConfigError(f"model: missing{_origin('', flags, config_path)}; add `model: {{type: gpt2, ...}}` with "
+                          f"that model's fields (registered types: {known})")
+    return cfg
+
+
+def _command_line(args: list[str], config_path) -> tuple[Any, list[Flag], list[str]]:
+    """The config file (``--config_path`` among the flags names it too), the flags that set keys,
+    and the words that are no flag's. ``--help`` prints every key and exits."""
+    flags, stray = read_flags(args)
+    if any(f.key == HELP for f in flags):
+        print(help_text())
+        raise SystemExit(0)  # protocol: --help exits, as argparse's does
+    for f in flags:
+        if f.key == CONFIG_PATH and f.text:
+            config_path = f.text
+    return config_path, [f for f in flags if f.key != CONFIG_PATH], stray
+
+
+def _override(raw: dict, flags: list[Flag], stray: list[str]) -> None:
+    """Each flag's value in ``raw`` at its key, replacing the file's. Every flag's key is checked
+    first (argparse's refusals would blame the file), then each value read as YAML."""
+    annotations = {f.key: check_flag_keys(TrainConfig, f.key, lambda s: _chosen_type(s, flags, raw)) for f in flags}
+    check_flag_values(flags, stray)
+    for f in flags:
+        value = read_value(f, mapping=typing.get_origin(annotations[f.key]) is dict)
+        _check_choice(f, value, annotations[f.key])
+        override(raw, f.key, value)
+
+
+def _check_choice(flag: Flag, value, annotation) -> None:
+    """``--model.type NAME``: a registered name (``check_flag_keys`` gives their Literal)."""
+    if typing.get_origin(annotation) is typing.Literal and value not in typing.get_args(annotation):
+        section = flag.key.rpartition(".")[0]
+        raise ConfigError(f"--{flag.key} {value!r} is not a registered {section} type; registered: "
+                          f"{', '.join(typing.get_args(annotation))}")
+
+
+def _decode(raw: dict, flags: list[Flag], config_path) -> TrainConfig:
+    """The checked values as dataclasses (draccus); a section's own check (a ``__post_init__``)
+    is reported as the section's, blamed on where its values came from."""
     try:
-        cfg = draccus.parse(TrainConfig, config_path, args=args, exit_on_error=False)
+        return draccus.parsers.decoding.decode(TrainConfig, raw)
     except (DataError, ConfigError):
         raise
     except draccus.utils.ParsingError as e:
@@ -302,29 +432,14 @@ def load_config(config_path: str | os.PathLike | None, args: Sequence[str] = ())
         if inner is not None:
             section = _section_of(e)
             raise ConfigError(f"bad configuration{_origin(section, flags, config_path)}: {section}: {inner}") from None
-        raise ConfigError(f"bad configuration{where}: {e}") from None
-    except (draccus.utils.DecodingError, draccus.utils.DraccusException, argparse.ArgumentError, ValueError, TypeError) as e:
-        argv = isinstance(e, argparse.ArgumentError) or str(e).startswith("unrecognized arguments")  # argparse's
-        raise ConfigError(f"bad configuration{' on the command line' if argv else where}: {e}") from None
-    except OSError as e:  # draccus opens a CLI value that starts with "include" as a file to include
-        raise ConfigError(f"bad configuration{where}: {e}") from None
-    finally:
-        _REPLACE.reset(token)
-    validate_static(cfg)
-    # Last, so that a snippet without a model still reports its own mistakes first.
-    if "model" not in content and not any(a == "--model" or a.startswith(("--model.", "--model=")) for a in args):
-        known = ", ".join(ModelChoice.get_known_choices())
-        raise ConfigError(f"model: missing{where}; add `model: {{type: gpt2, ...}}` with that model's fields "
-                          f"(registered types: {known})")
-    return cfg
+        raise ConfigError(f"bad configuration{_origin('', flags, config_path)}: {e}") from None
+    except (draccus.utils.DraccusException, ValueError, TypeError) as e:
+        raise ConfigError(f"bad configuration{_origin('', flags, config_path)}: {e}") from None
 
 
-_DRACCUS_FLAGS = ("config_path", "help")  # draccus' own flags, not config keys
-
-
-def _chosen_type(section: str, flags: list[tuple[str, str]], content: dict) -> str | None:
+def _chosen_type(section: str, flags: list[Flag], content: dict) -> str | None:
     """The ``type`` of the choice section ``section`` (``model``): the command line's, else the file's."""
-    given = [v for k, v in flags if k == f"{section}.type"]
+    given = [f.text for f in flags if f.key == f"{section}.type"]
     if given:
         return given[-1]
     value: Any = content
@@ -333,79 +448,14 @@ def _chosen_type(section: str, flags: list[tuple[str, str]], content: dict) -> s
     return value.get("type") if isinstance(value, dict) else None
 
 
-def _origin(section: str, flags: list[tuple[str, str]], config_path) -> str:
+def _origin(section: str, flags: list[Flag], config_path) -> str:
     """Where the values of ``section`` (all of them for "") came from, for a message that cannot
     name one key: the command line's flags of that section, and the file for the rest."""
-    given = [f"--{k} {v}".rstrip() for k, v in flags
-             if k and k not in _DRACCUS_FLAGS and (not section or k == section or k.startswith(section + "."))]
+    given = [str(f) for f in flags if not section or f.key == section or f.key.startswith(section + ".")]
     if not given:
         return f" in {config_path}" if config_path else ""
     rest = f", the rest{f' of {section}' if section else ''} from {config_path}" if config_path else ""
     return f" ({', '.join(given)} on the command line{rest})"
-
-
-class _ConfigLoader(yaml.SafeLoader):
-    """Safe YAML that refuses a key given twice in one mapping (PyYAML, and so draccus, keep
-    the last one silently). Being safe, it also refuses draccus' ``!include`` and Python tags."""
-
-    def construct_document(self, node):
-        _refuse_duplicates(node, "")
-        return super().construct_document(node)
-
-
-def _refuse_duplicates(node, key: str) -> None:
-    if isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            _refuse_duplicates(item, f"{key}[{i}]")
-    if not isinstance(node, yaml.MappingNode):
-        return
-    seen: dict[Any, int] = {}
-    for k, v in node.value:
-        if k.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults` may repeat keys on purpose
-            continue
-        name = k.value if isinstance(k, yaml.ScalarNode) else None
-        if name is not None and name in seen:
-            what = "section" if not key else "key"
-            raise ConfigError(f"{what} {_join(key, name)} is given twice, at lines {seen[name]} and "
-                              f"{k.start_mark.line + 1}; YAML would keep only the last")
-        if name is not None:
-            seen[name] = k.start_mark.line + 1
-        _refuse_duplicates(v, _join(key, name) if name is not None else key)
-
-
-def _check_config_file(path: Path) -> dict:
-    """The file's content: it exists and holds safe YAML, a mapping of sections with no key given
-    twice (draccus' own messages for an empty or malformed file do not say which file or where)."""
-    if not path.is_file():
-        what = "is a directory, not a file" if path.is_dir() else "does not exist"
-        raise ConfigError(f"config file {str(path)!r} {what}")
-    try:
-        with open(path, encoding="utf-8") as f:
-            loader = _ConfigLoader(f)
-            try:
-                content = loader.get_single_data()
-            finally:
-                loader.dispose()
-    except ConfigError as e:
-        raise ConfigError(f"config file {str(path)!r}: {e}") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e)
-        raise ConfigError(f"config file {str(path)!r} is not valid YAML{at}: {problem}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"config file {str(path)!r} cannot be read: {e}") from None
-    if content is None:
-        raise ConfigError(f"config file {str(path)!r} is empty; it needs at least one section (trainer:, model:, ...)")
-    if not isinstance(content, dict):
-        raise ConfigError(
-            f"config file {str(path)!r} holds a {type(content).__name__}; it must be a mapping of sections "
-            f"({', '.join(f.name for f in dataclasses.fields(TrainConfig))})"
-        )
-    for section, value in content.items():
-        if not isinstance(value, dict):
-            raise ConfigError(f"config file {str(path)!r}: section {section!r} must be a mapping of keys, got {value!r}")
-    return content
 
 
 def _raised_in_post_init(e: BaseException) -> BaseException | None:
@@ -427,10 +477,12 @@ def _section_of(e: BaseException) -> str:
     return name or "config"
 
 
+# ---- the rules that tie keys together -------------------------------------------------------
+
+
 def validate_static(cfg: TrainConfig) -> None:
-    """Checks that need neither devices nor data: every value, defaults included, against its
-    annotation and RULES, then the rules that tie two keys together."""
-    _check_section(TrainConfig, cfg, "")
+    """The checks that tie two keys together and need neither devices nor data (each key's own
+    values were checked against its declaration before decoding)."""
     t, o = cfg.trainer, cfg.optimizer
     if t.train_batch_size % t.microbatches:
         raise ConfigError(
@@ -453,25 +505,53 @@ def validate_static(cfg: TrainConfig) -> None:
     except Exception as e:  # noqa: BLE001 - reported with the key
         raise ConfigError(f"trainer.precision: {e}") from None
     for name, mapping in (("mesh.compute_mapping", cfg.mesh.compute_mapping), ("mesh.param_mapping", cfg.mesh.param_mapping)):
-        for k, v in mapping.items():
-            ok = v is None or isinstance(v, str) or (isinstance(v, (list, tuple)) and all(isinstance(m, str) for m in v))
-            if not ok:
-                raise ConfigError(f"{name}.{k} must be a mesh axis name, a list of them, or null; got {v!r}")
-        for k, v in mapping.items():
-            for m in [v] if isinstance(v, str) else (v or []):
-                if m not in cfg.mesh.shape:
-                    raise ConfigError(
-                        f"{name}.{k} names mesh axis {m!r}, which mesh.shape {dict(cfg.mesh.shape)} does not have"
-                    )
-    from .checkpoint_store import CheckpointError, inside, location
+        for axis, target in to_mapping(mapping).items():  # entry by entry, to name the key
+            try:  # the library's own check, against the mesh's axis names (their sizes need the devices)
+                nm.check_mapping({axis: target}, cfg.mesh.shape)
+            except nm.ShardingError as e:
+                raise ConfigError(f"{name}.{axis}: {e}") from None
+    checkpoint_root(cfg)  # checkpoint.base: a path, or a URL of a scheme we write to
+    explicit_checkpoint(cfg)
 
-    try:  # checkpoints live under checkpoint.base when it is set, else under trainer.run_dir
-        root = location(cfg.checkpoint.base) if cfg.checkpoint.base else Path(t.run_dir)
+
+# ---- where checkpoints live: the one rule ---------------------------------------------------
+
+
+def checkpoint_root_setting(cfg: TrainConfig) -> tuple[str, str]:
+    """The key that says where this run's checkpoints live (in ``<root>/checkpoints``), and its
+    value: ``checkpoint.base`` when it is set, else ``trainer.run_dir``."""
+    if cfg.checkpoint.base:
+        return "checkpoint.base", cfg.checkpoint.base
+    return "trainer.run_dir", cfg.trainer.run_dir
+
+
+def checkpoint_root(cfg: TrainConfig):
+    """The checkpoint root (``checkpoint_root_setting``) as a place: ``checkpoint.base`` is a path
+    or an ``s3://`` / ``gs://`` URL, ``trainer.run_dir`` always a local path."""
+    from .checkpoint_store import CheckpointError, location
+
+    root_key, value = checkpoint_root_setting(cfg)
+    if root_key == "trainer.run_dir":
+        return Path(value)
+    try:
+        return location(value)
     except CheckpointError as e:
-        raise ConfigError(f"checkpoint.base {e}") from None
-    where = f"checkpoint.base {cfg.checkpoint.base!r}" if cfg.checkpoint.base else f"trainer.run_dir {t.run_dir!r}"
-    if t.load_checkpoint not in (None, "auto") and inside(root, t.load_checkpoint) is None:
-        raise ConfigError(f"trainer.load_checkpoint {t.load_checkpoint!r} is outside {where}")
+        raise ConfigError(f"{root_key} {e}") from None
+
+
+def explicit_checkpoint(cfg: TrainConfig):
+    """``trainer.load_checkpoint`` as a place inside the checkpoint root (relative to it, or
+    absolute), None for ``auto`` and null; ConfigError when it lies outside the root."""
+    value = cfg.trainer.load_checkpoint
+    if value in (None, "auto"):
+        return None
+    from .checkpoint_store import inside
+
+    path = inside(checkpoint_root(cfg), value)
+    if path is None:
+        root_key, root = checkpoint_root_setting(cfg)
+        raise ConfigError(f"trainer.load_checkpoint {value!r} is outside {root_key} {root!r}")
+    return path
 
 
 def data_parallel_size(cfg: TrainConfig, mesh_shape: dict[str, int]) -> int:

@@ -1,9 +1,9 @@
-"""Every config value against its field's type annotation and ``RULES``, key by key.
+"""Every config value against its field's declaration, key by key: its type annotation, and the
+rule its ``key(...)`` gives (``_rules``).
 
-``load_config`` runs these on the merged YAML + CLI values before draccus converts them (draccus
-reads YAML's true as the integer 1 and lets null into any field), and ``validate_static`` again on
-the decoded config, defaults included. Each failure raises ``ConfigError`` naming the key. The
-sections themselves live in ``config``; nothing here knows them.
+``load_config`` runs these on the YAML + CLI values before draccus converts them (draccus reads
+YAML's true as the integer 1 and lets null into any field). Each failure raises ``ConfigError``
+naming the key. The sections themselves live in ``config``; nothing here knows them.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 import draccus
 
-from ._rules import INT_LIMIT, ConfigError, _rule
+from ._rules import INT_LIMIT, ConfigError, Key, declared
 
 
 _KINDS = {bool: ("true or false", "booleans"), int: ("an integer", "integers"), float: ("a number", "numbers"),
@@ -32,13 +32,13 @@ def _without_none(tp) -> tuple[Any, bool]:
     return (rest[0] if len(rest) == 1 else typing.Union[rest]), True
 
 
-def _describe(tp) -> str:
+def describe_type(tp) -> str:
     base, nullable = _without_none(tp)
     args = typing.get_args(base)
     if base in _KINDS:
         text = _KINDS[base][0]
     elif typing.get_origin(base) is typing.Union:  # data.train: a path (string) or a named source (mapping)
-        text = " or ".join(_describe(a) for a in sorted(args, key=lambda a: a is not str))
+        text = " or ".join(describe_type(a) for a in sorted(args, key=lambda a: a is not str))
     elif typing.get_origin(base) is list and typing.get_origin(args[0]) is typing.Union:
         text = "a list of " + " or ".join(_KINDS[a][1] if a in _KINDS else "mappings"
                                           for a in sorted(typing.get_args(args[0]), key=lambda a: a is not str))
@@ -95,30 +95,33 @@ def _flow_hint(key: str) -> str:
     return f"; YAML reads {{{name}}} as the key {name!r} with no value: write {{{k}: {v}}}, with a space after the colon"
 
 
-def _check_value(tp, value, key: str) -> None:
-    """A value (from YAML and the CLI, or already decoded) against its annotation and RULES."""
+def _check_value(tp, value, key: str, declaration: Key | None = None, integers: Key | None = None) -> None:
+    """A value (from YAML and the CLI) against its annotation and its key's rule; ``integers``: the
+    section's rule for every integer without one of its own (the model section's), items included."""
     base, nullable = _without_none(tp)
     if value is None:
         if nullable:
             return
-        raise ConfigError(f"{key} must be {_describe(tp)}, got {_show(value)}{_flow_hint(key)}")
+        raise ConfigError(f"{key} must be {describe_type(tp)}, got {_show(value)}{_flow_hint(key)}")
     if base is Any:
         return
     if not _has_type(base, value):
-        raise ConfigError(f"{key} must be {_describe(tp)}, got {_show(value)}")
+        raise ConfigError(f"{key} must be {describe_type(tp)}, got {_show(value)}")
     if typing.get_origin(base) is list:
         for i, item in enumerate(value):
-            _check_value(typing.get_args(base)[0], item, f"{key}[{i}]")
+            _check_value(typing.get_args(base)[0], item, f"{key}[{i}]", integers=integers)
     elif typing.get_origin(base) is dict:
         for k, item in value.items():
             if not isinstance(k, str):
                 raise ConfigError(f"{key}: the key {k!r} must be a name (a string)")
-            _check_value(typing.get_args(base)[1], item, f"{key}.{k}")
+            _check_value(typing.get_args(base)[1], item, f"{key}.{k}", integers=integers)
     elif base is float:
         value = float(value)
         if not math.isfinite(value):
             raise ConfigError(f"{key} must be a finite number, got {value}")
-    rule = _rule(key, value)
+    rule = declaration.rule if declaration is not None else None
+    if rule is None and integers is not None and isinstance(value, int) and not isinstance(value, bool):
+        rule = integers.rule
     if base is int and abs(value) > INT_LIMIT and (rule is None or rule.high is None):
         raise ConfigError(f"{key} must be at most {INT_LIMIT} in size (JAX counts positions, steps and sizes in "
                           f"int32), got {value}")
@@ -126,11 +129,20 @@ def _check_value(tp, value, key: str) -> None:
         rule.check(value, key)
 
 
+def declaration(cls, name: str) -> Key | None:
+    """The Key of field ``name`` of the section ``cls``: the field's own (``key(...)``), else the one
+    the section declares for the fields it takes from elsewhere (``field_keys``: the model
+    section's, whose fields are a model family's config)."""
+    f = {f.name: f for f in dataclasses.fields(cls)}.get(name)
+    own = declared(f) if f is not None else None
+    return own if own is not None else getattr(cls, "field_keys", {}).get(name)
+
+
 def _is_section(tp) -> bool:
     return isinstance(tp, type) and dataclasses.is_dataclass(tp)
 
 
-def _join(key: str, name) -> str:
+def join_key(key: str, name) -> str:
     return f"{key}.{name}" if key else str(name)
 
 
@@ -154,44 +166,53 @@ def unknown_key(names: list[str], name, key: str, flag: str | None = None) -> Co
     nearest one suggested. ``flag``: the command-line flag it came from (``trainr.seed`` for
     ``trainr``), shown, and corrected, whole."""
     def show(k: str) -> str:
-        return f"--{k}{flag[len(_join(key, name)):]}" if flag is not None else k
+        return f"--{k}{flag[len(join_key(key, name)):]}" if flag is not None else k
 
     near = difflib.get_close_matches(str(name), names, n=1)
-    hint = f"; did you mean {show(_join(key, near[0]))}?" if near else ""
+    hint = f"; did you mean {show(join_key(key, near[0]))}?" if near else ""
     where = f"the {key} section" if key else "the config"
-    return ConfigError(f"{show(_join(key, name))} is not a key of {where}{hint} (its keys: {', '.join(names)})")
+    return ConfigError(f"{show(join_key(key, name))} is not a key of {where}{hint} (its keys: {', '.join(names)})")
 
 
-def check_flag_keys(root, key: str, chosen_type) -> None:
+def check_flag_keys(root, key: str, chosen_type) -> Any:
     """The dotted ``key`` of a command-line flag (``trainer.num_train_steps``) against the sections
-    under the dataclass ``root``, refused as a YAML key would be (``unknown_key``).
-    ``chosen_type(section_key)`` is the ``type`` given for a choice section (``model``), or None."""
-    cls, at = root, ""
+    under the dataclass ``root``, refused as a YAML key would be (``unknown_key``); returns the
+    annotation of the value it sets (for a choice section's ``type``: a ``Literal`` of the
+    registered names). ``chosen_type(section_key)`` is the ``type`` given for a choice section
+    (``model``), or None."""
+    cls: Any = root
+    at = ""
     parts = key.split(".")
     for i, name in enumerate(parts):
         if isinstance(cls, type) and issubclass(cls, draccus.ChoiceRegistry):
             known = cls.get_known_choices()
             if name == "type":
-                return
+                tp = typing.Literal[tuple(known)]
+                if i + 1 < len(parts):
+                    raise ConfigError(f"--{key} is not a key: {join_key(at, name)} takes one value (a registered "
+                                      f"{at} type); give it whole: --{join_key(at, name)} VALUE")
+                return tp
             if chosen_type(at) not in known:  # any family's key, until the type is known
                 names = sorted({f.name for c in known.values() for f in dataclasses.fields(c)} | {"type"})
                 if name not in names:
                     raise unknown_key(names, name, at, flag=key)
-                return
+                return Any
             cls = known[chosen_type(at)]
             names = ["type", *(f.name for f in dataclasses.fields(cls))]
         else:
             names = [f.name for f in dataclasses.fields(cls)]
         if name not in names:
             raise unknown_key(names, name, at, flag=key)
-        at = _join(at, name)
-        tp = _without_none(typing.get_type_hints(cls)[name])[0]
-        if not _is_section(tp) and i + 1 < len(parts):
-            raise ConfigError(f"--{key} is not a key: {at} takes one value ({_describe(tp)}); give it whole: --{at} VALUE")
-        cls = tp
+        at = join_key(at, name)
+        tp = typing.get_type_hints(cls)[name]
+        base = _without_none(tp)[0]
+        if not _is_section(base) and i + 1 < len(parts):
+            raise ConfigError(f"--{key} is not a key: {at} takes one value ({describe_type(base)}); give it whole: --{at} VALUE")
+        cls = base
+    return tp
 
 
-def _check_section(cls, value, key: str) -> None:
+def check_section(cls, value, key: str) -> None:
     """A section (a dict from YAML and the CLI, or a dataclass) against its dataclass, key by key."""
     if issubclass(cls, draccus.ChoiceRegistry):
         cls, value = _choice_section(cls, value, key)
@@ -206,25 +227,10 @@ def _check_section(cls, value, key: str) -> None:
     else:
         raise ConfigError(f"{key} must be a mapping of keys, got {_show(value)}")
     hints = typing.get_type_hints(cls)
+    integers = getattr(cls, "integer_key", None)
     for name, item in items:
         section = _without_none(hints[name])[0]  # an optional section (lora) is checked when given
         if _is_section(section) and item is not None:
-            _check_section(section, item, _join(key, name))
+            check_section(section, item, join_key(key, name))
         else:
-            _check_value(hints[name], item, _join(key, name))
-
-
-def check_values(obj, key: str) -> None:
-    """A dataclass built elsewhere (a model config read back from a run directory) against its
-    annotations and RULES, its keys named under ``key``."""
-    _check_section(type(obj), obj, key)
-
-
-def _nullable(root, key: str) -> bool:
-    """Whether the dotted ``key`` under the dataclass ``root`` may be null."""
-    *sections, name = key.split(".")
-    cls: Any = root
-    for section in sections:
-        cls = _without_none(typing.get_type_hints(cls).get(section))[0]
-    tp = typing.get_type_hints(cls).get(name) if _is_section(cls) else None
-    return tp is not None and _without_none(tp)[1]
+            _check_value(hints[name], item, join_key(key, name), declaration(cls, name), integers)

@@ -6,8 +6,9 @@ A run directory holds one training trajectory. Before anything is compiled or wr
 - absent or empty (no ``config.yaml``, no committed checkpoint): a new run;
 - holding a run: resume it (``load_checkpoint: auto``, the default, or an explicit
   checkpoint) when its ``config.yaml`` equals the new config on every setting that defines
-  the trajectory (everything except ``TRAJECTORY_FREE``), else refuse with a ConfigError
-  listing each differing key (old -> new); ``load_checkpoint: null`` refuses it outright;
+  the trajectory (everything except ``TRAJECTORY_FREE``: the keys declared ``free``), else
+  refuse with a ConfigError listing each differing key (old -> new); ``load_checkpoint: null``
+  refuses it outright;
 - ``num_train_steps`` equal to the checkpoint's step: nothing to train (the caller says so
   and exits 0); below it: refused.
 
@@ -27,8 +28,8 @@ checkpoint's id; and a checkpoint of another run named explicitly by ``trainer.l
 
 Checkpoints live in ``<root>/checkpoints``, where the root is ``checkpoint.base`` when it is set
 (a local path, ``s3://bucket/prefix`` or ``gs://bucket/prefix``) and ``trainer.run_dir`` when not
-(``checkpoint_root``: the one rule). The run directory itself (lock, config.yaml, logs,
-metrics) is always local. A bucket that is missing or refuses listing fails ``plan_run``, and
+(``config.checkpoint_root``: the one rule; ``RunPlan.root`` holds its answer). The run
+directory itself (lock, config.yaml, logs, metrics) is always local. A bucket that is missing or refuses listing fails ``plan_run``, and
 one that refuses a write fails ``claim``, both naming the URL, before anything is compiled; a
 local base that is a file, lies under one or is not writable fails ``plan_run`` naming
 ``checkpoint.base``. Neither the run directory nor a local base may lie inside a checkpoint
@@ -58,24 +59,20 @@ import jax
 import yaml
 
 from . import checkpoint as ckpt
-from .config import ConfigError, TrainConfig, dump_config
+from .config import (  # noqa: F401  (TRAJECTORY_FREE, checkpoint_root: also this module's public face)
+    TRAJECTORY_FREE,
+    ConfigError,
+    TrainConfig,
+    checkpoint_root,
+    checkpoint_root_setting,
+    dump_config,
+    explicit_checkpoint,
+)
 from .run_places import CHECKPOINT, CHECKPOINT_FOLDER, CONFIG_FILE, LOCK_FILE, RUN_FILE, enclosing
 from .trackers import METRICS_FILE
 
 __all__ = ["TRAJECTORY_FREE", "RunPlan", "check_outside_checkpoints", "check_writable", "checkpoint_root", "claim",
            "os_error", "plan_run", "trajectory_changes"]
-
-# Settings a resumed run may change: layout and performance knobs (a checkpoint restores onto
-# any mesh), cadence, bookkeeping and the length of the run. Everything else (model, data,
-# optimizer, precision, seed, batch size, microbatches, and any key added later) defines the
-# trajectory and must match the run's config.yaml.
-TRAJECTORY_FREE = (
-    "mesh", "checkpoint", "tracker", "distributed", "data.cache_dir", "model.remat",
-    "trainer.num_train_steps", "trainer.run_dir", "trainer.load_checkpoint", "trainer.progress_bar",
-    "trainer.log_interval", "trainer.eval_interval", "trainer.eval_batches", "trainer.sample_interval",
-    "trainer.sample_tokens", "trainer.sample_prompt", "trainer.nan_policy", "trainer.peak_flops_per_device",
-    "trainer.loss_block_size",  # the same loss, a vocab block at a time: a memory knob, like model.remat
-)
 
 # What the trainer writes in a run directory, and which kind each must be.
 _ENTRIES = {"checkpoints": "directory", "logs": "directory", CONFIG_FILE: "file", "model_config.json": "file",
@@ -92,33 +89,17 @@ class RunPlan:
     """What this launch does with its run directory (decided by process 0)."""
 
     run_dir: Path
+    root: ckpt.Location  # where the checkpoints live, in <root>/checkpoints (config.checkpoint_root)
     restore_from: ckpt.Location | None = None  # the checkpoint to resume from
     step: int = 0  # its step (0: from scratch)
     notes: list[str] = dataclasses.field(default_factory=list)  # logged once the run's log is open
     fingerprint: tuple | None = None  # what process 0 saw; claim() checks it again under the lock
-    checkpoints: ckpt.Location | None = None  # the checkpoint root (checkpoint_root); None: run_dir
     run_id: str | None = None  # this run's identity (run.json; decided by plan_run)
-
-    @property
-    def root(self) -> ckpt.Location:
-        return self.run_dir if self.checkpoints is None else self.checkpoints
 
     @property
     def identity(self) -> dict:
         """What each checkpoint of this run records as its ``run`` metadata."""
         return {"id": self.run_id, "run_dir": str(self.run_dir.absolute())}
-
-
-def checkpoint_root(cfg: TrainConfig) -> ckpt.Location:
-    """Where this run's checkpoints live: ``<root>/checkpoints``, the root being ``checkpoint.base``
-    (a path or an ``s3://`` / ``gs://`` URL) when set, else ``trainer.run_dir``."""
-    base = cfg.checkpoint.base
-    if not base:
-        return Path(cfg.trainer.run_dir)
-    try:
-        return ckpt.location(base)
-    except ckpt.CheckpointError as e:
-        raise ConfigError(f"checkpoint.base {e}") from None
 
 
 # ---- comparing configs -------------------------------------------------------------------
@@ -221,11 +202,11 @@ def check_outside_checkpoints(path: Path, key: str) -> None:
                           f"deletes checkpoints with everything in them. Choose a {key} outside it")
 
 
-def _local_base(cfg: TrainConfig, root: ckpt.Location) -> Path | None:
-    """``checkpoint.base`` when it is a local folder other than the run directory."""
-    if ckpt.is_remote(root) or not cfg.checkpoint.base:
+def _local_base(run_dir: Path, root: ckpt.Location) -> Path | None:
+    """The checkpoint root when it is a local folder other than the run directory (``checkpoint.base``)."""
+    if ckpt.is_remote(root):
         return None
-    return None if root.absolute() == Path(cfg.trainer.run_dir).absolute() else root
+    return None if root.absolute() == run_dir.absolute() else root
 
 
 # ---- the run's identity --------------------------------------------------------------------
@@ -269,13 +250,13 @@ def _owner_check(cfg: TrainConfig, plan: RunPlan, commit: dict, mine: str | None
         plan.notes.append(f"resuming from {plan.restore_from}, a checkpoint of another run (trainer.run_dir {owner_dir}), "
                           "because trainer.load_checkpoint names it")
         return None
-    where = f"checkpoint.base {cfg.checkpoint.base}" if cfg.checkpoint.base else f"trainer.run_dir {plan.run_dir}"
+    root_key, root = checkpoint_root_setting(cfg)
     this = f"run id {mine}" if mine else "a new run"
     rel = f"checkpoints/{Path(str(plan.restore_from)).name}"
-    fix = (f"give this run a checkpoint.base of its own (e.g. {cfg.checkpoint.base.rstrip('/')}/{here.name})"
-           if cfg.checkpoint.base else "give the other run a checkpoint.base of its own")
+    fix = (f"give this run a checkpoint.base of its own (e.g. {root.rstrip('/')}/{here.name})"
+           if root_key == "checkpoint.base" else "give the other run a checkpoint.base of its own")
     raise ConfigError(
-        f"{where}: the checkpoint {plan.restore_from} was saved by another run (trainer.run_dir {owner_dir}, run id "
+        f"{root_key} {root}: the checkpoint {plan.restore_from} was saved by another run (trainer.run_dir {owner_dir}, run id "
         f"{theirs}), not by this one (trainer.run_dir {plan.run_dir}, {this}). Runs that share a checkpoint folder "
         f"resume from and delete each other's checkpoints: {fix}. To continue the other run, launch it with "
         f"trainer.run_dir {owner_dir}; to start this one from that checkpoint on purpose, name it: "
@@ -358,7 +339,7 @@ class RunLock:
 def _decide(cfg: TrainConfig) -> RunPlan:
     t = cfg.trainer
     run_dir, root = Path(t.run_dir), checkpoint_root(cfg)
-    plan = RunPlan(run_dir, checkpoints=root)
+    plan = RunPlan(run_dir, root)
     if run_dir.is_dir():
         _probe_lock(run_dir)
     saved = _read_saved_config(run_dir / CONFIG_FILE)
@@ -389,7 +370,7 @@ def _decide(cfg: TrainConfig) -> RunPlan:
         plan.restore_from = ckpt.latest_checkpoint(root)  # verified; a corrupted newer one is skipped, warned
         commit = ckpt.read_commit(plan.restore_from) if plan.restore_from is not None else None
     else:
-        plan.restore_from = _explicit(t.load_checkpoint, root)
+        plan.restore_from = explicit_checkpoint(cfg)
         commit = ckpt.verify_checkpoint(plan.restore_from)  # an explicit checkpoint must be whole
         later = [f"step_{s}" for s, _ in committed if s > int(commit["step"])]
         if later:
@@ -417,13 +398,6 @@ def _decide(cfg: TrainConfig) -> RunPlan:
     return plan
 
 
-def _explicit(value: str, root: ckpt.Location) -> ckpt.Location:
-    path = ckpt.inside(root, value)
-    if path is None:  # validate_static refuses it first; kept here for callers that skip it
-        raise ConfigError(f"trainer.load_checkpoint {value!r} is outside {root}")
-    return path
-
-
 def _agree(decide: Callable[[], RunPlan]) -> RunPlan:
     """Process 0 decides (it alone sees the lock, and writes config.yaml right after); the other
     processes take its decision, or raise its error, instead of racing it on the file system."""
@@ -441,15 +415,15 @@ def _agree(decide: Callable[[], RunPlan]) -> RunPlan:
             raise
         client.key_value_set(key, json.dumps({"restore_from": plan.restore_from and str(plan.restore_from),
                                               "step": plan.step, "run_dir": str(plan.run_dir),
-                                              "checkpoints": str(plan.root), "run_id": plan.run_id}))
+                                              "root": str(plan.root), "run_id": plan.run_id}))
         return plan
     got = json.loads(client.blocking_key_value_get(key, _AGREE_TIMEOUT_MS))
     if "error" in got:
         if got["error"] == "CheckpointError":
             raise ckpt.CheckpointError(f"process 0 refused the run: {got['message']}")
         raise ConfigError(f"process 0 refused the run: {got['message']}")
-    return RunPlan(Path(got["run_dir"]), got["restore_from"] and ckpt.location(got["restore_from"]), got["step"],
-                   checkpoints=ckpt.location(got["checkpoints"]), run_id=got["run_id"])
+    return RunPlan(Path(got["run_dir"]), ckpt.location(got["root"]),
+                   got["restore_from"] and ckpt.location(got["restore_from"]), got["step"], run_id=got["run_id"])
 
 
 def plan_run(cfg: TrainConfig) -> RunPlan:
@@ -460,7 +434,7 @@ def plan_run(cfg: TrainConfig) -> RunPlan:
     check_writable(run_dir)
     check_outside_checkpoints(run_dir, "trainer.run_dir")
     root = checkpoint_root(cfg)
-    base = _local_base(cfg, root)
+    base = _local_base(run_dir, root)
     if base is not None:  # found now, not at the first save (with checkpoint.interval 0: after the whole run)
         check_writable(base, "checkpoint.base", {"checkpoints": "directory"})
         check_outside_checkpoints(base, "checkpoint.base")

@@ -15,7 +15,8 @@ from pathlib import Path
 import jax
 
 from . import checkpoint as ckpt
-from .config import RULES, ConfigError, check_values, load_config
+from .config import RULES, ConfigError, ModelChoice, load_config
+from .config_check import check_section
 from .data import load_tokenizer
 from .data.chat import prompt_ids as chat_ids
 from .data.chat import stop_token_ids
@@ -55,8 +56,9 @@ def _model_config(run_dir: Path):
     if not path.is_file():
         raise ckpt.CheckpointError(f"{path} is missing: is {run_dir} a named-train run directory?")
     try:
-        model_cfg = model_config_from_dict(json.loads(path.read_text()))
-        check_values(model_cfg, "model")
+        fields = json.loads(path.read_text())
+        model_cfg = model_config_from_dict(fields)
+        check_section(ModelChoice, fields, "model")  # as the model section of a config is checked
         return model_cfg
     except ConfigError as e:
         raise ckpt.CheckpointError(f"{path}: {e}") from None

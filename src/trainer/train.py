@@ -28,7 +28,7 @@ from named.nn.precision import cast_for_compute, get_policy
 from . import checkpoint as ckpt
 from . import hardware
 from . import rundir
-from .checks import check_against_devices
+from .checks import Setup, check_against_devices
 from .config import TrainConfig, dump_config
 from .data import Batch, Data, Sequences, TrainBatches, build_data, eval_batches, num_eval_batches
 from .loss import token_losses
@@ -146,7 +146,18 @@ def device_batch(batch: Batch, mesh, compute, global_rows: int) -> dict[str, nm.
     return out
 
 
-def build_run(cfg: TrainConfig):
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """What ``build_run`` checked and built: everything ``train`` needs, before anything is
+    compiled or written."""
+
+    setup: Setup  # tokenizer, model config and class, parameter shapes, mesh and both mappings
+    plan: rundir.RunPlan  # new run or resume, and from which checkpoint
+    data: Data
+    train_batches: TrainBatches
+
+
+def build_run(cfg: TrainConfig) -> Run:
     """Every check that bad input can fail, before anything is compiled or written: the
     cheap ones first (tokenizer, model config, mesh, mappings against the parameters'
     shapes, the run directory and the checkpoint to resume from: ``rundir.plan_run``), then
@@ -154,17 +165,15 @@ def build_run(cfg: TrainConfig):
     only after this returns."""
     t = cfg.trainer
     check_trackers(cfg.tracker)
-    s = check_against_devices(cfg)  # the checks named-plan runs too
-    tokenizer, model_cfg, model_cls, shapes = s.tokenizer, s.model_cfg, s.model_cls, s.shapes
-    mesh, compute, param = s.mesh, s.compute, s.param
+    setup = check_against_devices(cfg)  # the checks named-plan runs too
     plan = rundir.plan_run(cfg)  # resume, new run, or refused
     if plan.restore_from is not None:  # a resume with another model or optimizer fails here, not after init
-        opt_shapes = jax.eval_shape(lambda m: init_opt_state(cfg, m), shapes)
-        ckpt.check_restorable(plan.restore_from, (shapes, opt_shapes))
-    data = build_data(cfg.data, tokenizer)
+        opt_shapes = jax.eval_shape(lambda m: init_opt_state(cfg, m), setup.shapes)
+        ckpt.check_restorable(plan.restore_from, (setup.shapes, opt_shapes))
+    data = build_data(cfg.data, setup.tokenizer)
     train_batches = TrainBatches(data.train, batch_size=t.train_batch_size, seed=t.seed,
                                  process_index=jax.process_index(), process_count=jax.process_count())
-    return data, train_batches, model_cfg, model_cls, mesh, compute, param, plan
+    return Run(setup, plan, data, train_batches)
 
 
 def train(cfg: TrainConfig) -> TrainResult:
@@ -172,25 +181,28 @@ def train(cfg: TrainConfig) -> TrainResult:
     ``rundir``). With ``num_train_steps: 0``, or a run already at ``num_train_steps``, every
     check runs and nothing is compiled or written; ``message`` says so."""
     t = cfg.trainer
-    built = build_run(cfg)
-    data, model_cfg, plan = built[0], built[2], built[-1]
+    run = build_run(cfg)
+    plan = run.plan
     if t.num_train_steps == 0:
         resume = f", resume from {plan.restore_from}" if plan.restore_from is not None else ""
         return TrainResult([], plan.step, None, None, plan.run_dir, message=(
             f"checked: config, tokenizer, model, mesh, mappings, run directory {plan.run_dir}{resume}, data "
-            f"({len(data.train)} training sequences); trainer.num_train_steps=0: nothing to train, nothing written"))
+            f"({len(run.data.train)} training sequences); trainer.num_train_steps=0: nothing to train, nothing written"))
     if plan.step >= t.num_train_steps:  # a step beyond it was refused by plan_run
         return TrainResult([], plan.step, None, None, plan.run_dir, message=(
             f"already at step {plan.step} ({plan.restore_from}), trainer.num_train_steps={t.num_train_steps}: "
             "nothing to train, nothing written"))
+    model_cfg = run.setup.model_cfg
     files = {"config.yaml": dump_config(cfg),
              "model_config.json": json.dumps({"type": model_type(model_cfg), **dataclasses.asdict(model_cfg)}, indent=1)}
     with rundir.claim(plan, files):
-        return _train(cfg, *built)
+        return _train(cfg, run)
 
 
-def _train(cfg: TrainConfig, data, train_batches, model_cfg, model_cls, mesh, compute, param, plan) -> TrainResult:
-    t = cfg.trainer
+def _train(cfg: TrainConfig, run: Run) -> TrainResult:
+    t, plan, data, train_batches = cfg.trainer, run.plan, run.data, run.train_batches
+    model_cfg, model_cls, mesh, compute, param = (run.setup.model_cfg, run.setup.model_cls, run.setup.mesh,
+                                                  run.setup.compute, run.setup.param)
     run_dir, restore_from, pid = plan.run_dir, plan.restore_from, jax.process_index()
     try:
         setup_logging(run_dir, pid)
@@ -273,7 +285,8 @@ def _train(cfg: TrainConfig, data, train_batches, model_cfg, model_cls, mesh, co
                 trackers.log(done, evals, prefix="eval")
             if due.sample:
                 trackers.text(done, "sample", sample_text(model, data.tokenizer, t.sample_prompt, t.sample_tokens,
-                                                          temperature=0.8, top_k=40, key=jax.random.key(t.seed)))
+                                                          temperature=t.sample_temperature, top_k=t.sample_top_k,
+                                                          key=jax.random.key(t.seed)))
             if due.checkpoint:
                 checkpointer.save(done, (model, opt_state), _metadata(done, cfg, plan), temporary=due.temporary)
                 stop.saved()

@@ -9,6 +9,7 @@ from typing import Any, Union
 
 import numpy as np
 
+from .._rules import NONEMPTY, key
 from ._cache import cached_chat, cached_tokens
 from ._errors import DataError
 from ._mixture import Mixture, SourceSpec, parse_sources
@@ -22,39 +23,24 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class DataConfig:
-    """Where the tokens come from and how they are cut.
+    """Where the tokens come from and how they are cut. The section checks its own values
+    (``DataError``) when it is made, from a config or in code."""
 
-    Args:
-        train: source specs (paths, globs, directories, or ``"stdlib"``, the embedded default
-            corpus), or a weighted mixture of named sources, one mapping each:
-            ``{name, paths, weight, text_field, format}`` (``weight`` 1, ``text_field`` ``text``
-            and ``format`` ``text`` unless given; a source of weight 0 is left out).
-            ``format: chat`` reads JSONL chat records (``messages`` or ``prompt``/``completion``)
-            whose assistant tokens alone carry loss (``_chat``).
-        validation: separate validation sources, in either form (named ones without a weight
-            are evaluated one by one); when empty, the last ``val_fraction`` of the train
-            sequences (of each source of a mixture) is held out instead.
-        val_fraction: share of sequences held out for validation (0 for none).
-        tokenizer: ``"byte"`` or a local ``tokenizer.json`` (or a folder holding one).
-        chat_template: a Jinja chat template file for chat sources, instead of the one beside
-            the tokenizer (``chat_template.jinja`` or ``tokenizer_config.json``'s).
-        eos_token: end-of-document token of an HF tokenizer when it cannot be found.
-        seq_len: tokens per packed sequence.
-        bin_dtype: token dtype of ``.bin`` files (``.npy`` files say their own).
-        cache_dir: where tokenised text is cached.
-        stdlib_bytes: how much of the standard library the ``"stdlib"`` corpus takes.
-    """
-
-    train: list[Union[dict[str, Any], str]] = field(default_factory=lambda: [STDLIB])
-    validation: list[Union[dict[str, Any], str]] = field(default_factory=list)
-    val_fraction: float = 0.05
-    tokenizer: str = "byte"
-    chat_template: str | None = None
-    eos_token: str | None = None
-    seq_len: int = 256
-    bin_dtype: str = "uint16"
-    cache_dir: str = "~/.cache/named/data"
-    stdlib_bytes: int = 8_000_000
+    train: list[Union[dict[str, Any], str]] = key(
+        factory=lambda: [STDLIB], rule=NONEMPTY,
+        doc="paths, globs, directories or `stdlib` (the embedded corpus), or named sources "
+            "`{name, paths, weight, text_field, format}` drawn by weight (see Mixtures, Chat data)")
+    validation: list[Union[dict[str, Any], str]] = key(
+        factory=list, doc="validation sources in either form; empty: the last val_fraction of the train sequences")
+    val_fraction: float = key(0.05, doc="share of the sequences held out for validation (0: none)")
+    tokenizer: str = key("byte", doc="`byte`, or a local tokenizer.json (or a folder holding one)")
+    chat_template: str | None = key(None, doc="a Jinja chat template file for chat sources (null: the tokenizer "
+                                              "folder's)")
+    eos_token: str | None = key(None, doc="the end-of-document token of an HF tokenizer, where it cannot be found")
+    seq_len: int = key(256, doc="tokens per packed sequence")
+    bin_dtype: str = key("uint16", doc="the token dtype of `.bin` files (`.npy` files say their own)")
+    cache_dir: str = key("~/.cache/named/data", free=True, doc="where tokenised text is cached")
+    stdlib_bytes: int = key(8_000_000, doc="how much of the standard library the `stdlib` corpus takes")
 
     def __post_init__(self):
         self.sources("train")
