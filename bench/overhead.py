@@ -44,14 +44,16 @@ TINY = dict(n_layer=2, n_head=2, n_embd=64, n_positions=32, vocab_size=384)
 class Plain:
     """Side B: ``reference_gpt2`` with the settings of the trainer config ``cfg``, on ``mesh``."""
 
-    def __init__(self, cfg, mesh, ids_np: np.ndarray):
+    def __init__(self, cfg, mesh, ids_np: np.ndarray, model: ref.Gpt2 | None = None):
+        """``model``: weights to start from (default: ``reference_gpt2``'s sharded init)."""
         o, t, m = cfg.optimizer, cfg.trainer, cfg.model
         if o.schedule != "constant" or o.warmup(t.num_train_steps):
             raise SystemExit("the plain side runs a constant learning rate: set optimizer.schedule constant, no warmup")
         optimizer = ref.make_optimizer(o.learning_rate, b1=o.beta1, b2=o.beta2, eps=o.epsilon,
                                        weight_decay=o.weight_decay, max_grad_norm=o.max_grad_norm)
-        self.model = ref.sharded_init(mesh, jax.random.key(0), n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd,
-                                      n_positions=m.n_positions, vocab_size=m.vocab_size)
+        self.model = model if model is not None else ref.sharded_init(
+            mesh, jax.random.key(0), n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd, n_positions=m.n_positions,
+            vocab_size=m.vocab_size)
         self.opt_state = ref.init_optimizer(optimizer, self.model, mesh)
         rows = NamedSharding(mesh, P(ref.DATA, None))
         self.batch = {"input_ids": jax.device_put(jnp.asarray(ids_np), rows),
