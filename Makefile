@@ -28,8 +28,6 @@ train: $(STAMP)
 # CPU benchmarks (8 fake devices), ~10 minutes on an idle 2-core machine; JSON in bench/results/,
 # tables in docs/benchmarks.md. The peer (Haliax + Levanter) runs when bench/.venv-peer can be
 # built from PyPI (first time: several minutes more); otherwise its JSON says why it was skipped.
-# bench/moe.py writes bench/results/moe.json, which backs the hand-written table of §8 (report.py
-# does not render it).
 bench: $(STAMP)
 	$(PY) bench/overhead.py
 	$(PY) bench/compile_depth.py

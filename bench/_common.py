@@ -196,72 +196,60 @@ def memory_stats(compiled) -> dict:
     return out
 
 
-# ---- the named GPT-2 train step every CPU benchmark compiles ---------------------------------
+# ---- the trainer's step: what every benchmark of a train step runs ---------------------------------
 
 
-def named_train_step(config, optimizer, *, dtype: str = "f32", loss: str = "full", block_size: int = 2048):
-    """A ``named_jit`` FSDP step ``(model, opt_state, ids) -> (loss, model, opt_state)``.
+def trainer_config(base: str, over: dict):
+    """``config/<base>`` loaded with ``over`` (``{"model.n_layer": 4, ...}``) given as command-line
+    overrides, so that every value goes through the trainer's own checks."""
+    from named.trainer.config import load_config
 
-    ``dtype="bf16"`` keeps f32 parameters and computes in bf16 (jmp policy). ``loss="full"`` is
-    ``next_token_loss`` on the logits; ``"blockwise"`` is ``blockwise_next_token_loss`` over
-    ``block_size`` vocab entries at a time (GPT-2 only: the ``[batch, position, vocab]`` logits
-    never exist).
-    """
-    import equinox as eqx
-
-    import named as nm
-    from named.nn.loss import blockwise_next_token_loss, next_token_loss
-    from named.nn.precision import cast_for_compute, get_policy
-
-    policy = get_policy("params=float32,compute=bfloat16,output=float32") if dtype == "bf16" else None
-
-    def hidden_states(m, ids):
-        # Gpt2LMHeadModel._run without the head: the model has no public hidden-states call.
-        x = m.wte(ids) + m.wpe(nm.arange(ids.resolve_axis("position")))
-        x, _ = m.blocks.scan(x, segment_ids=None, cache=None, pos=None, key=None)
-        return m.ln_f(x)
-
-    def loss_fn(model, ids):
-        m = cast_for_compute(model, policy) if policy is not None else model
-        if loss == "blockwise":
-            return blockwise_next_token_loss(hidden_states(m, ids), m.wte.weight, ids, block_size=block_size).scalar()
-        return next_token_loss(m(ids), ids).scalar()
-
-    def step(model, opt_state, ids):
-        value, grads = eqx.filter_value_and_grad(loss_fn)(model, ids)
-        updates, opt_state = optimizer.update(grads, opt_state, model)
-        return value, eqx.apply_updates(model, updates), opt_state
-
-    return nm.named_jit(step, mapping=COMPUTE_MAPPING, out_mapping=PARAM_MAPPING,
-                        donate_args=(True, True, False))
+    return load_config(ROOT / "config" / base, [x for k, v in over.items() for x in (f"--{k}", str(v))])
 
 
-def abstract_state(model_cls, config, optimizer, mesh, batch: int, seq: int):
-    """ShapeDtypeStructs, laid out by the FSDP mappings, of the model, its optimizer state and a
-    batch of ids: enough to lower and compile a step without materialising anything."""
+PRECISION = {"f32": "params=float32,compute=float32,output=float32",
+             "bf16": "params=float32,compute=bfloat16,output=float32"}
+# The optimizer of every CPU comparison: the trainer's AdamW with its defaults (betas 0.9 / 0.95,
+# eps 1e-8, weight decay 0.1 off norms and biases, global-norm clipping at 1.0) at a constant rate.
+OPTIMIZER = {"optimizer.learning_rate": LEARNING_RATE, "optimizer.schedule": "constant", "optimizer.warmup_steps": 0}
+
+
+def _flow(d: dict) -> str:
+    return "{" + ", ".join(f"{k}: {v}" for k, v in d.items()) + "}"
+
+
+def step_config(model: dict, *, batch: int, seq: int, dtype: str = "f32", base: str = "gpt2_small.yaml",
+                mesh: dict = MESH, param: dict = PARAM_MAPPING, compute: dict = COMPUTE_MAPPING, over: dict | None = None):
+    """The trainer config of the CPU comparisons: ``model`` (the fields of ``base``'s family) on
+    the FSDP layout above (or ``mesh``, ``param``, ``compute``), one microbatch of ``batch`` rows
+    of ``seq`` tokens, ``dtype`` compute (``PRECISION``), ``OPTIMIZER``; ``over``: more dotted keys."""
+    return trainer_config(base, {
+        **{f"model.{k}": v for k, v in model.items()}, "data.seq_len": seq,
+        "mesh.shape": _flow(mesh), "mesh.param_mapping": _flow(param), "mesh.compute_mapping": _flow(compute),
+        "trainer.train_batch_size": batch, "trainer.microbatches": 1, "trainer.sample_interval": 0,
+        "trainer.precision": PRECISION[dtype], **OPTIMIZER, **(over or {})})
+
+
+def compile_trainer_step(cfg) -> dict:
+    """The trainer's step for ``cfg`` lowered and compiled on abstract inputs (``plan.abstract_train_step``:
+    nothing is initialised), after ``jax.clear_caches()``: ``lower_s``, ``compile_s``, the
+    ``compiled`` program and ``params`` (the model's parameter count)."""
     import jax
-    import jax.numpy as jnp
 
     import named as nm
+    from named.trainer.checks import check_against_devices
+    from named.trainer.plan import abstract_train_step
 
-    model = jax.eval_shape(lambda k: model_cls.init(config, key=k), jax.random.key(0))
-    opt_state = jax.eval_shape(optimizer.init, model)
-
-    def place(tree, mapping):
-        def leaf(x):
-            if isinstance(x, nm.NamedArray):
-                sharding = nm.sharding_for(x.axes, mapping, mesh)
-                return nm.NamedArray._unchecked(jax.ShapeDtypeStruct(x.array.shape, x.array.dtype, sharding=sharding), x.axes)
-            if isinstance(x, jax.ShapeDtypeStruct):
-                return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
-            return x
-
-        return jax.tree.map(leaf, tree, is_leaf=nm.is_named_array)
-
-    axes = (nm.Axis("batch", batch), nm.Axis("position", seq))
-    ids = nm.NamedArray._unchecked(
-        jax.ShapeDtypeStruct((batch, seq), jnp.int32, sharding=nm.sharding_for(axes, COMPUTE_MAPPING, mesh)), axes)
-    return place(model, PARAM_MAPPING), place(opt_state, PARAM_MAPPING), ids
+    s = check_against_devices(cfg)
+    step, args = abstract_train_step(cfg, s)
+    jax.clear_caches()
+    with nm.set_mesh(s.mesh):
+        t0 = time.perf_counter()
+        lowered = step.lower(*args)
+        t1 = time.perf_counter()
+        compiled = lowered.compile()
+        t2 = time.perf_counter()
+    return {"lower_s": t1 - t0, "compile_s": t2 - t1, "compiled": compiled, "params": count_params(s.shapes)}
 
 
 def count_params(tree) -> int:
@@ -312,12 +300,16 @@ class TrainerStep:
         self.key = jax.random.key(1)
         self.losses: list[float] = []
 
-    def compile(self):
-        """The step's compiled program for the current state (what the first ``run`` then uses)."""
+    def lower(self):
+        """The step lowered for the current state (tracing: where our Python runs)."""
         import named as nm
 
         with nm.set_mesh(self.mesh):
-            return self.step.lower(self.model, self.opt_state, self.batch, self.key, self.flags).compile()
+            return self.step.lower(self.model, self.opt_state, self.batch, self.key, self.flags)
+
+    def compile(self):
+        """The step's compiled program for the current state (what the first ``run`` then uses)."""
+        return self.lower().compile()
 
     def run(self, wait: bool = True):
         """One step; ``wait``: block until it is done and record its loss (as the loop's

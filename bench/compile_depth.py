@@ -3,9 +3,10 @@
     .venv/bin/python bench/compile_depth.py                    # depths 2 4 8 32 48
     .venv/bin/python bench/compile_depth.py --depths 2 4 --repeats 1
 
-Each measurement is ``lower`` (tracing and StableHLO) plus ``compile`` (XLA) of the whole step
-(forward, backward, AdamW) after ``jax.clear_caches()``, on abstract inputs
-(ShapeDtypeStructs with the FSDP shardings), so nothing is initialised. Depths take turns
+Each measurement is ``lower`` (tracing and StableHLO) plus ``compile`` (XLA) of the step
+``named-train`` runs (``train.make_train_step``: forward, backward, clipping, AdamW, the finite
+checks) after ``jax.clear_caches()``, on abstract inputs laid out by the FSDP mappings
+(``plan.abstract_train_step``), so nothing is initialised. Depths take turns
 within each repeat; the median per depth is reported. ``Stacked`` runs the blocks with
 ``scan``, so the program holds one block whatever the depth: the goal is 48-layer / 4-layer
 ≤ 1.3.
@@ -16,29 +17,13 @@ from __future__ import annotations
 import _common as C  # sets XLA_FLAGS before jax is imported
 
 import argparse
-import statistics
-import time
-
-import jax
-import optax
-
-import named as nm
-from named.models import Gpt2Config, Gpt2LMHeadModel
 
 
-def measure(depth: int, cfg: dict, mesh, batch: int, seq: int, optimizer, remat: str) -> tuple[float, float, int, dict]:
-    config = Gpt2Config(**{**cfg, "n_layer": depth}, remat=remat)
-    model, opt_state, ids = C.abstract_state(Gpt2LMHeadModel, config, optimizer, mesh, batch, seq)
-    step = C.named_train_step(config, optimizer)
-    jax.clear_caches()
-    t0 = time.perf_counter()
-    lowered = step.lower(model, opt_state, ids)
-    t1 = time.perf_counter()
-    compiled = lowered.compile()
-    t2 = time.perf_counter()
-    hlo = C.hlo_stats(compiled.as_text())
+def measure(depth: int, cfg: dict, batch: int, seq: int, remat: str) -> tuple[float, float, int, dict]:
+    step = C.compile_trainer_step(C.step_config({**cfg, "n_layer": depth, "remat": remat}, batch=batch, seq=seq))
+    hlo = C.hlo_stats(step["compiled"].as_text())
     program = {"instructions": hlo["total_instructions"], "while_loops": hlo["opcodes"].get("while", 0)}
-    return t1 - t0, t2 - t1, C.count_params(model), program
+    return step["lower_s"], step["compile_s"], step["params"], program
 
 
 def main(argv=None):
@@ -52,22 +37,19 @@ def main(argv=None):
 
     cfg, batch, seq = dict(C.SMALL_GPT2), C.BATCH, C.SEQ
     if args.tiny:
-        cfg, batch, seq = dict(n_layer=2, n_head=2, n_embd=64, n_positions=32, vocab_size=256), 8, 32
+        cfg, batch, seq = dict(n_layer=2, n_head=2, n_embd=64, n_positions=32, vocab_size=384), 8, 32
         args.depths, args.repeats = [2, 4], 1
-    mesh = nm.make_mesh(C.MESH)
-    optimizer = optax.adamw(C.LEARNING_RATE)
     lower = {d: [] for d in args.depths}
     comp = {d: [] for d in args.depths}
     params, programs = {}, {}
-    with jax.set_mesh(mesh):
-        if not args.tiny:  # untimed: the first compile of a process pays one-off costs
-            measure(args.depths[0], cfg, mesh, batch, seq, optimizer, args.remat)
-        for r in range(args.repeats):
-            for d in args.depths:
-                lo, co, params[d], programs[d] = measure(d, cfg, mesh, batch, seq, optimizer, args.remat)
-                lower[d].append(lo)
-                comp[d].append(co)
-                print(f"  repeat {r + 1}: {d:3d} layers  lower {lo:6.2f}s  compile {co:6.2f}s", flush=True)
+    if not args.tiny:  # untimed: the first compile of a process pays one-off costs
+        measure(args.depths[0], cfg, batch, seq, args.remat)
+    for r in range(args.repeats):
+        for d in args.depths:
+            lo, co, params[d], programs[d] = measure(d, cfg, batch, seq, args.remat)
+            lower[d].append(lo)
+            comp[d].append(co)
+            print(f"  repeat {r + 1}: {d:3d} layers  lower {lo:6.2f}s  compile {co:6.2f}s", flush=True)
 
     rows = []
     for d in args.depths:
@@ -79,7 +61,8 @@ def main(argv=None):
         "benchmark": "compile_depth", "command": C.command_line(), "machine": C.machine(),
         "config": {**cfg, "seq": seq, "batch": batch, "mesh": C.MESH, "param_mapping": C.PARAM_MAPPING,
                    "compute_mapping": C.COMPUTE_MAPPING, "remat": args.remat, "dtype": "f32",
-                   "step": "value_and_grad + optax.adamw, named_jit, donated state"},
+                   "step": "train.make_train_step (the trainer's loss, clipping, AdamW, finite checks), donated state",
+                   "optimizer": C.OPTIMIZER},
         "rows": rows,
         "ratios_to_smallest_reference": {},
         "goal": "lower_plus_compile(48) / lower_plus_compile(4) <= 1.3",

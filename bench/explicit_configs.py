@@ -25,7 +25,6 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from named.trainer.config import load_config
 from named.trainer.train import train
 
 STEPS = 3
@@ -61,7 +60,7 @@ def run(path: Path, mode: str, work: Path) -> list[float]:
             **SHRINK["gpt2" if model["type"] == "gpt2" else "decoder"]}
     if model.get("moe_intermediate_size"):
         over["model.moe_intermediate_size"] = 24
-    return train(load_config(path, [x for k, v in over.items() for x in (f"--{k}", str(v))])).losses
+    return train(C.trainer_config(path.name, over)).losses
 
 
 def main(argv=None) -> None:

@@ -26,8 +26,6 @@ import argparse
 
 import numpy as np
 
-from named.trainer.config import load_config
-
 GPT2_124M = {"model.n_layer": 12, "model.n_head": 12, "model.n_embd": 768, "model.n_positions": 1024,
              "model.vocab_size": 50304, "data.seq_len": 1024}
 # trainer.loss_block_size for the rows without full logits: 16 blocks of GPT-2's vocabulary
@@ -50,7 +48,7 @@ def config(model: dict, remat: str, mode: str, loss_block: int | None = None):
             "mesh.param_mapping": "{embed: data}", "mesh.compute_mapping": "{batch: data}",
             "trainer.train_batch_size": BATCH, "trainer.microbatches": 1, "trainer.sample_interval": 0,
             "trainer.precision": "params=float32,compute=float32,output=float32"}
-    return load_config(C.ROOT / "config" / "gpt2_small.yaml", [x for k, v in over.items() for x in (f"--{k}", str(v))])
+    return C.trainer_config("gpt2_small.yaml", over)
 
 
 def measure(model: dict, remat: str, mode: str, loss_block: int | None) -> dict:

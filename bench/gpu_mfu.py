@@ -142,13 +142,12 @@ def train_worker(spec: dict) -> dict:
     from named._compat import cudnn_version
     from named.models import flops_per_token, num_params
     from named.trainer import hardware
-    from named.trainer.config import load_config
 
     m = MODELS[spec["model"]]
     over = {**m["overrides"], "trainer.train_batch_size": spec["batch"], "trainer.microbatches": 1,
             "trainer.sample_interval": 0, "model.remat": spec["remat"], "mesh.mode": spec["mode"],
             "mesh.shape": "{data: -1}", "trainer.loss_block_size": spec["loss_block"] or "null"}
-    cfg = load_config(ROOT / "config" / m["config"], [x for k, v in over.items() for x in (f"--{k}", str(v))])
+    cfg = C.trainer_config(m["config"], over)
     seq, batch = cfg.data.seq_len, spec["batch"]
     vocab = 256  # token ids of the byte tokenizer the configs name: any valid ids do
     ids = np.random.default_rng(0).integers(0, vocab, size=(batch, seq), dtype=np.int32)

@@ -50,13 +50,11 @@ def _before_module(rev: str):
 
 
 def _cfg(size: str, steps: int, log_interval: int, run_dir: Path, cache: Path):
-    from named.trainer.config import load_config
-
     over = {"trainer.num_train_steps": steps, "trainer.log_interval": log_interval, "trainer.eval_interval": 0,
             "trainer.sample_interval": 0, "trainer.progress_bar": "false", "trainer.run_dir": str(run_dir),
             "checkpoint.interval": 0, "checkpoint.save_at_end": "false", "tracker.console": "false",
             "data.cache_dir": str(cache), "data.stdlib_bytes": 1_000_000, **SIZES[size]}
-    return load_config(C.ROOT / "config" / "gpt2_nano.yaml", [x for k, v in over.items() for x in (f"--{k}", str(v))])
+    return C.trainer_config("gpt2_nano.yaml", over)
 
 
 def _step_times(run_dir: Path) -> list[float]:

@@ -3,9 +3,10 @@
     .venv/bin/python bench/memory.py
     .venv/bin/python bench/memory.py --tiny
 
-For each configuration the step (forward, backward, AdamW; model and optimizer state donated)
-is compiled on abstract inputs laid out by the FSDP mappings, and XLA's memory analysis gives
-the per-device peak:
+For each configuration the step ``named-train`` runs (``train.make_train_step``: forward,
+backward, clipping, AdamW, the finite checks; model and optimizer state donated) is compiled on
+abstract inputs laid out by the FSDP mappings (``plan.abstract_train_step``), and XLA's memory
+analysis gives the per-device peak:
 
     peak = temp + argument + output − alias          (bytes, one device)
 
@@ -25,12 +26,6 @@ import _common as C  # sets XLA_FLAGS before jax is imported
 import argparse
 import math
 
-import jax
-import optax
-
-import named as nm
-from named.models import Gpt2Config, Gpt2LMHeadModel
-
 # name -> (model config, batch, seq, remat, loss)
 CONFIGS = {
     "gpt2_4L_256_issue": (dict(C.SMALL_GPT2), C.BATCH, C.SEQ, "none", "full"),
@@ -41,18 +36,15 @@ CONFIGS = {
     "gpt2_124M_seq1024_b8": (dict(n_layer=12, n_head=12, n_embd=768, n_positions=1024, vocab_size=50304), 8, 1024, "full",
                              "blockwise"),
 }
-TINY = {"tiny": (dict(n_layer=2, n_head=2, n_embd=64, n_positions=32, vocab_size=256), 8, 32, "none", "full")}
+TINY = {"tiny": (dict(n_layer=2, n_head=2, n_embd=64, n_positions=32, vocab_size=384), 8, 32, "none", "full")}
 
 
-def measure(cfg: dict, batch: int, seq: int, remat: str, loss: str, mesh) -> dict:
-    config = Gpt2Config(**cfg, remat=remat)
-    optimizer = optax.adamw(C.LEARNING_RATE)
-    model, opt_state, ids = C.abstract_state(Gpt2LMHeadModel, config, optimizer, mesh, batch, seq)
+def measure(cfg: dict, batch: int, seq: int, remat: str, loss: str) -> dict:
     block = max(d for d in range(1, 1025) if cfg["vocab_size"] % d == 0)  # the largest divisor <= 1024
-    step = C.named_train_step(config, optimizer, loss=loss, block_size=block)
-    compiled = step.lower(model, opt_state, ids).compile()
-    mem = C.memory_stats(compiled)
-    n = C.count_params(model)
+    over = {"trainer.loss_block_size": block if loss == "blockwise" else "null"}
+    step = C.compile_trainer_step(C.step_config({**cfg, "remat": remat}, batch=batch, seq=seq, over=over))
+    mem = C.memory_stats(step["compiled"])
+    n = step["params"]
     n_dev = math.prod(C.MESH.values())
     floor = 16 * n / n_dev
     state = mem["argument_size_in_bytes"] + mem["output_size_in_bytes"] - mem["alias_size_in_bytes"]
@@ -75,22 +67,21 @@ def main(argv=None):
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     configs = TINY if args.tiny else {k: CONFIGS[k] for k in args.configs}
-    mesh = nm.make_mesh(C.MESH)
     rows = {}
-    with jax.set_mesh(mesh):
-        for name, (cfg, batch, seq, remat, loss) in configs.items():
-            row = rows[name] = measure(cfg, batch, seq, remat, loss, mesh)
-            m = row["memory"]
-            print(f"{name}: N={row['params']:,} peak {m['peak_bytes'] / 2**20:.1f} MiB/device "
-                  f"(temp {m['temp_size_in_bytes'] / 2**20:.1f}, arg {m['argument_size_in_bytes'] / 2**20:.1f}, "
-                  f"out {m['output_size_in_bytes'] / 2**20:.1f}, alias {m['alias_size_in_bytes'] / 2**20:.1f}); "
-                  f"16N/8 = {row['floor_16N_over_8_bytes'] / 2**20:.1f} MiB; ratio {row['ratio_peak_over_floor']:.3f}; "
-                  f"state ratio {row['state_ratio']:.3f}", flush=True)
+    for name, (cfg, batch, seq, remat, loss) in configs.items():
+        row = rows[name] = measure(cfg, batch, seq, remat, loss)
+        m = row["memory"]
+        print(f"{name}: N={row['params']:,} peak {m['peak_bytes'] / 2**20:.1f} MiB/device "
+              f"(temp {m['temp_size_in_bytes'] / 2**20:.1f}, arg {m['argument_size_in_bytes'] / 2**20:.1f}, "
+              f"out {m['output_size_in_bytes'] / 2**20:.1f}, alias {m['alias_size_in_bytes'] / 2**20:.1f}); "
+              f"16N/8 = {row['floor_16N_over_8_bytes'] / 2**20:.1f} MiB; ratio {row['ratio_peak_over_floor']:.3f}; "
+              f"state ratio {row['state_ratio']:.3f}", flush=True)
     result = {
         "benchmark": "memory", "command": C.command_line(), "machine": C.machine(),
         "formula": "peak = temp + argument + output - alias (compiled.memory_analysis(), one device); "
                    "floor = 16 * N / 8 (f32 params, grads, Adam mu and nu over 8 devices)",
         "mesh": C.MESH, "param_mapping": C.PARAM_MAPPING, "compute_mapping": C.COMPUTE_MAPPING, "dtype": "f32",
+        "step": "train.make_train_step (the trainer's loss, clipping, AdamW, finite checks), donated state",
         "rows": rows,
         "goal": "ratio_peak_over_floor <= 1.05",
     }

@@ -1,18 +1,22 @@
-"""The MoE layer's train step (forward and backward) on 8 fake CPU devices, sides taking turns.
+"""The trainer's step on a mixture-of-experts model, on 8 fake CPU devices, sides taking turns.
 
-    .venv/bin/python bench/moe.py              # 4096 tokens of width 256, 8 experts of 512, top-2
+    .venv/bin/python bench/moe.py              # Mixtral-style, 2 layers, width 256, 8 experts of 512, top-2
     .venv/bin/python bench/moe.py --tiny       # seconds; what the smoke test runs
 
-Two comparisons, each in its own alternating run (A B A B ..., medians):
+Every side is the step ``named-train`` runs (``train.make_train_step`` through
+``_common.TrainerStep``: the next-token loss plus the router's load-balancing and z-losses,
+clipping, AdamW, the finite checks) on a small Mixtral (``config/mixtral_tiny.yaml`` with the
+sizes below: each layer's MLP is an ``nn.MoE``), 4096 tokens a step (batch 16 × seq 256). Two
+comparisons, each in its own alternating run (A B A B ..., medians):
 
-- dispatch: dropless (tokens sorted by expert, ``jax.lax.ragged_dot``) against the dense
-  reference (every expert on every token, weighted by the router), experts replicated and
+- dispatch: ``model.moe_dispatch`` dropless (tokens sorted by expert, ``jax.lax.ragged_dot``)
+  against dense (every expert on every token, weighted by the router), parameters replicated and
   tokens split over the 8 devices (``{batch: data}``);
-- placement: expert parallelism (``experts: expert``, tokens sent by all-to-all; auto and
-  explicit mode) against replicated experts, both dropless, tokens split over the 8 devices.
+- placement: expert parallelism (``experts: expert`` in both mappings, tokens sent by all-to-all;
+  ``model.expert_parallel`` auto and explicit) against replicated experts, both dropless, tokens
+  split over the 8 devices.
 
-Each side is one ``named_jit`` step: the MoE layer's output and router losses, their gradient
-with respect to the layer and the tokens. Collective counts come from the optimized HLO.
+Collective counts come from the optimized HLO of each step.
 """
 
 from __future__ import annotations
@@ -20,37 +24,41 @@ from __future__ import annotations
 import _common as C  # sets XLA_FLAGS before jax is imported
 
 import argparse
-import dataclasses
 
-import equinox as eqx
-import jax
-import jax.numpy as jnp
+import numpy as np
 
-import named as nm
-from named import nn
+FULL = dict(embed=256, mlp=512, experts=8, top_k=2, layers=2, heads=4, kv_heads=2, vocab=512, batch=16, seq=256)
+TINY = dict(embed=32, mlp=48, experts=8, top_k=2, layers=1, heads=2, kv_heads=1, vocab=384, batch=8, seq=16)
+DATA, EXPERT = {"data": 8}, {"expert": 8}
+# name -> (mesh, compute mapping, parameter mapping, model fields beside the sizes)
+SIDES = {
+    "dispatch": {
+        "dropless": (DATA, {"batch": "data"}, {}, {}),
+        "dense": (DATA, {"batch": "data"}, {}, {"moe_dispatch": "dense"}),
+    },
+    "placement": {
+        "replicated experts": (EXPERT, {"batch": "expert"}, {}, {}),
+        "EP auto": (EXPERT, {"batch": "expert", "experts": "expert"}, {"experts": "expert"}, {}),
+        "EP explicit": (EXPERT, {"batch": "expert", "experts": "expert"}, {"experts": "expert"},
+                        {"expert_parallel": "explicit"}),
+    },
+}
 
-FULL = dict(embed=256, mlp=512, experts=8, top_k=2, batch=16, seq=256)
-TINY = dict(embed=32, mlp=48, experts=8, top_k=2, batch=8, seq=16)
+
+def model_fields(s: dict) -> dict:
+    return {"hidden_size": s["embed"], "intermediate_size": s["mlp"], "num_hidden_layers": s["layers"],
+            "num_attention_heads": s["heads"], "num_key_value_heads": s["kv_heads"], "max_position_embeddings": s["seq"],
+            "num_experts": s["experts"], "num_experts_per_tok": s["top_k"], "vocab_size": s["vocab"],
+            "router_aux_loss_coef": 0.01, "router_z_loss_coef": 0.001}
 
 
-def _objective(moe, x):
-    y, losses = moe(x)
-    return jnp.mean(jnp.square(y.array)) + 0.01 * losses["load_balancing"] + 0.001 * losses["router_z"]
-
-
-def _side(moe, x, mesh, compute, param):
-    with nm.set_mesh(mesh), nm.axis_mapping(compute):
-        moe, x = nm.shard(moe, param), nm.shard(x, compute)
-        step = nm.named_jit(eqx.filter_value_and_grad(_objective), mapping=compute)
-        compiled = step.lower(moe, x).compile()
-        hlo = C.hlo_stats(compiled.as_text())["collectives"]
-
-    def run():
-        with nm.set_mesh(mesh):
-            C.block(step(moe, x))
-
-    run()  # compiled, warm
-    return run, {k: v["count"] for k, v in hlo.items() if v["count"]}
+def _side(s: dict, ids: np.ndarray, mesh, compute, param, model) -> tuple[C.TrainerStep, dict]:
+    cfg = C.step_config({**model_fields(s), **model}, batch=s["batch"], seq=s["seq"], base="mixtral_tiny.yaml",
+                        mesh=mesh, compute=compute, param=param)
+    step = C.TrainerStep(cfg, ids, segments=False)
+    hlo = C.hlo_stats(step.compile().as_text())["collectives"]
+    step.run()  # compiled, warm
+    return step, {k: v["count"] for k, v in hlo.items() if v["count"]}
 
 
 def main(argv=None) -> dict:
@@ -62,37 +70,24 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
     s = TINY if args.tiny else FULL
     rounds, per_round = (2, 1) if args.tiny else (args.rounds, args.per_round)
-    Embed, Mlp, Experts = nm.Axis("embed", s["embed"]), nm.Axis("mlp", s["mlp"]), nm.Axis("experts", s["experts"])
-    moe = nn.MoE.init(Embed, Mlp, Experts, s["top_k"], key=jax.random.key(0))
-    x = nm.random.normal(jax.random.key(1), (nm.Axis("batch", s["batch"]), nm.Axis("position", s["seq"]), Embed))
-
-    dp = nm.make_mesh({"data": 8})
-    ep = nm.make_mesh({"expert": 8})
-    sides = {
-        "dispatch": {
-            "dropless": (moe, dp, {"batch": "data"}, {}),
-            "dense": (dataclasses.replace(moe, dispatch="dense"), dp, {"batch": "data"}, {}),
-        },
-        "placement": {
-            "replicated experts": (moe, ep, {"batch": "expert"}, {}),
-            "EP auto": (moe, ep, {"batch": "expert", "experts": "expert"}, {"experts": "expert"}),
-            "EP explicit": (dataclasses.replace(moe, parallel="explicit"), ep, {"batch": "expert", "experts": "expert"},
-                            {"experts": "expert"}),
-        },
-    }
-    result = {"machine": C.machine(), "command": C.command_line(), "settings": s, "comparisons": {}}
-    for comparison, cases in sides.items():
-        runs, collectives = {}, {}
-        for name, (m, mesh, compute, param) in cases.items():
-            runs[name], collectives[name] = _side(m, x, mesh, compute, param)
+    ids = np.random.default_rng(0).integers(0, s["vocab"], size=(s["batch"], s["seq"]), dtype=np.int32)
+    result = {"benchmark": "moe", "machine": C.machine(), "command": C.command_line(), "settings": s,
+              "step": "train.make_train_step on config/mixtral_tiny.yaml with these sizes", "optimizer": C.OPTIMIZER,
+              "comparisons": {}}
+    for comparison, cases in SIDES.items():
+        steps, collectives = {}, {}
+        for name, case in cases.items():
+            steps[name], collectives[name] = _side(s, ids, *case)
         print(f"{comparison}:", flush=True)
-        wall, cpu = C.alternate(runs, rounds, per_round)
+        wall, cpu = C.alternate({name: step.run for name, step in steps.items()}, rounds, per_round)
         result["comparisons"][comparison] = {
-            name: {"wall": C.summary(wall[name]), "cpu": C.summary(cpu[name]), "collectives": collectives[name]}
+            name: {"wall": C.summary(wall[name]), "cpu": C.summary(cpu[name]), "collectives": collectives[name],
+                   "losses_first_and_last": [steps[name].losses[0], steps[name].losses[-1]]}
             for name in cases}
+        del steps
     tokens = s["batch"] * s["seq"]
-    print(f"\n{tokens} tokens, embed {s['embed']}, {s['experts']} experts of {s['mlp']}, top-{s['top_k']}; "
-          "median step time (forward + backward), 8 CPU devices")
+    print(f"\n{tokens} tokens, {s['layers']} layers of width {s['embed']}, {s['experts']} experts of {s['mlp']}, "
+          f"top-{s['top_k']}; median train step, 8 CPU devices")
     print("| comparison | side | wall (ms) | CPU (ms) | collectives |\n|---|---|---|---|---|")
     for comparison, cases in result["comparisons"].items():
         for name, r in cases.items():

@@ -1,19 +1,25 @@
-"""Library overhead: the same FSDP GPT-2 train step written with `named` and in plain JAX + Equinox.
+"""Library overhead: the trainer's FSDP GPT-2 train step against the same step in plain JAX + Equinox.
 
     .venv/bin/python bench/overhead.py                 # the issue-9 configuration, f32
     .venv/bin/python bench/overhead.py --dtype bf16    # f32 params, bf16 compute
     .venv/bin/python bench/overhead.py --tiny          # seconds; what the smoke test runs
 
-Side A is ``models.Gpt2LMHeadModel`` with a ``named_jit`` step (parameter mapping
-``{"embed": "data"}``, compute mapping ``{"batch": "data"}``); side B is
-``bench/reference_gpt2.py`` with hand-written PartitionSpecs and ``with_sharding_constraint``
-on every activation it creates. Both use ``optax.adamw`` (no mask, no clipping), donate the
-model and optimizer state, and run on 8 fake CPU devices.
+Side A ("named") is the step ``named-train`` runs: ``train.make_train_step`` through
+``_common.TrainerStep``, on ``models.Gpt2LMHeadModel`` initialised by the trainer (parameter
+mapping ``{"embed": "data"}``, compute mapping ``{"batch": "data"}``), with the trainer's loss
+(``trainer.loss.token_losses``), optimizer (global-norm clipping at 1.0, AdamW with weight decay
+0.1 off biases and norms, at a constant rate) and finite checks, one microbatch, the batch's
+``input_ids`` and ``loss_mask`` (no ``segment_ids``: one document per row). Side B ("plain") is
+``bench/reference_gpt2.py``: the same model and the same step written in plain JAX + Equinox +
+optax, with hand-written PartitionSpecs and ``with_sharding_constraint`` on every activation it
+creates. Both donate the model and optimizer state, return the same metrics and run on 8 fake
+CPU devices.
 
 Compile time is ``lower`` (tracing, ours included) plus ``compile`` (XLA), measured after
-``jax.clear_caches()`` and taking turns. Step time is taken A B A B ... in rounds; medians
-and their ratio (named / plain) are reported, together with opcode and collective counts of
-both optimized HLO modules, which is where a real difference in the program would show.
+``jax.clear_caches()`` and taking turns. Step time is taken A B A B ... in rounds; each step
+waits for its result and reads its loss, as a logging loop would. Medians and their ratio
+(named / plain) are reported, together with opcode and collective counts of both optimized HLO
+modules, which is where a real difference in the program would show.
 """
 
 from __future__ import annotations
@@ -28,58 +34,57 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-import named as nm
 import reference_gpt2 as ref
-from named.models import Gpt2Config, Gpt2LMHeadModel
 
-TINY = dict(n_layer=2, n_head=2, n_embd=64, n_positions=32, vocab_size=256)
+TINY = dict(n_layer=2, n_head=2, n_embd=64, n_positions=32, vocab_size=384)
 
 
-class Side:
-    """One implementation: its jitted step, its state, and how to lower it."""
+class Plain:
+    """Side B: ``reference_gpt2`` with the settings of the trainer config ``cfg``, on ``mesh``."""
 
-    def __init__(self, name, step, model, opt_state, ids):
-        self.name, self.step, self.model, self.opt_state, self.ids = name, step, model, opt_state, ids
+    def __init__(self, cfg, mesh, ids_np: np.ndarray, model: ref.Gpt2 | None = None):
+        """``model``: weights to start from (default: ``reference_gpt2``'s sharded init)."""
+        o, t, m = cfg.optimizer, cfg.trainer, cfg.model
+        if o.schedule != "constant" or o.warmup(t.num_train_steps):
+            raise SystemExit("the plain side runs a constant learning rate: set optimizer.schedule constant, no warmup")
+        optimizer = ref.make_optimizer(o.learning_rate, b1=o.beta1, b2=o.beta2, eps=o.epsilon,
+                                       weight_decay=o.weight_decay, max_grad_norm=o.max_grad_norm)
+        self.model = model if model is not None else ref.sharded_init(
+            mesh, jax.random.key(0), n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd, n_positions=m.n_positions,
+            vocab_size=m.vocab_size)
+        self.opt_state = ref.init_optimizer(optimizer, self.model, mesh)
+        rows = NamedSharding(mesh, P(ref.DATA, None))
+        self.batch = {"input_ids": jax.device_put(jnp.asarray(ids_np), rows),
+                      "loss_mask": jax.device_put(jnp.ones(ids_np.shape, bool), rows)}
+        self.flags = ref.flags(mesh)
+        compute_dtype = jnp.bfloat16 if "compute=bfloat16" in t.precision else jnp.float32
+        self.step = ref.make_train_step(optimizer, mesh, self.model, self.opt_state, microbatches=t.microbatches,
+                                        compute_dtype=compute_dtype)
         self.losses: list[float] = []
 
-    def run(self):
-        loss, self.model, self.opt_state = self.step(self.model, self.opt_state, self.ids)
-        C.block((loss, self.model, self.opt_state))
-        return loss
+    def lower(self):
+        return self.step.lower(self.model, self.opt_state, self.batch, self.flags)
 
-    def lower_compile(self):
-        jax.clear_caches()
-        t0 = time.perf_counter()
-        lowered = self.step.lower(self.model, self.opt_state, self.ids)
-        t1 = time.perf_counter()
-        compiled = lowered.compile()
-        t2 = time.perf_counter()
-        return t1 - t0, t2 - t1, compiled
+    def run(self):
+        self.model, self.opt_state, metrics = self.step(self.model, self.opt_state, self.batch, self.flags)
+        C.block((self.model, self.opt_state, metrics))
+        self.losses.append(float(metrics["loss"]))
+
+
+def lower_compile(side) -> tuple[float, float, object]:
+    jax.clear_caches()
+    t0 = time.perf_counter()
+    lowered = side.lower()
+    t1 = time.perf_counter()
+    compiled = lowered.compile()
+    t2 = time.perf_counter()
+    return t1 - t0, t2 - t1, compiled
 
 
 def token_ids(cfg: dict, batch: int, seq: int) -> np.ndarray:
     return np.random.default_rng(0).integers(0, cfg["vocab_size"], size=(batch, seq), dtype=np.int32)
-
-
-def build_named(cfg: dict, mesh, ids_np: np.ndarray, dtype: str, optimizer) -> Side:
-    config = Gpt2Config(**cfg)
-    model = nm.named_jit(lambda k: Gpt2LMHeadModel.init(config, key=k), mapping=C.PARAM_MAPPING)(jax.random.key(0))
-    opt_state = nm.named_jit(optimizer.init, mapping=C.PARAM_MAPPING)(model)
-    axes = (nm.Axis("batch", ids_np.shape[0]), nm.Axis("position", ids_np.shape[1]))
-    ids = nm.shard(nm.named(jnp.asarray(ids_np), axes), C.COMPUTE_MAPPING, mesh)
-    return Side("named", C.named_train_step(config, optimizer, dtype=dtype), model, opt_state, ids)
-
-
-def build_plain(cfg: dict, mesh, ids_np: np.ndarray, dtype: str, optimizer) -> Side:
-    model = ref.sharded_init(mesh, jax.random.key(0), **cfg)
-    opt_state = ref.init_optimizer(optimizer, model, mesh)
-    ids = jax.device_put(jnp.asarray(ids_np), NamedSharding(mesh, P(ref.DATA, None)))
-    compute_dtype = jnp.bfloat16 if dtype == "bf16" else jnp.float32
-    step = ref.make_train_step(optimizer, mesh, model, opt_state, compute_dtype=compute_dtype)
-    return Side("plain", step, model, opt_state, ids)
 
 
 def main(argv=None):
@@ -94,19 +99,26 @@ def main(argv=None):
     ap.add_argument("--profile", default=None, help="write a jax.profiler trace of 3 steps of each side here")
     args = ap.parse_args(argv)
 
-    cfg, batch, seq = (dict(TINY), 8, 32) if args.tiny else (dict(C.SMALL_GPT2), C.BATCH, C.SEQ)
+    model, batch, seq = (dict(TINY), 8, 32) if args.tiny else (dict(C.SMALL_GPT2), C.BATCH, C.SEQ)
     if args.tiny:
         args.rounds, args.per_round, args.warmup, args.compile_repeats = 1, 1, 1, 1
-    mesh = nm.make_mesh(C.MESH)
-    optimizer = optax.adamw(C.LEARNING_RATE)
-    ids_np = token_ids(cfg, batch, seq)
+    cfg = C.step_config(model, batch=batch, seq=seq, dtype=args.dtype)
+    ids_np = token_ids(model, batch, seq)
+    o = cfg.optimizer
     result = {"benchmark": "overhead", "command": C.command_line(), "machine": C.machine(),
-              "config": {**cfg, "seq": seq, "batch": batch, "dtype": args.dtype, "mesh": C.MESH,
+              "config": {**model, "seq": seq, "batch": batch, "dtype": args.dtype, "mesh": C.MESH,
                          "param_mapping": C.PARAM_MAPPING, "compute_mapping": C.COMPUTE_MAPPING,
-                         "optimizer": f"optax.adamw({C.LEARNING_RATE})", "layers_run_with": "scan (Stacked / lax.scan)"}}
+                         "microbatches": cfg.trainer.microbatches,
+                         "optimizer": f"clip_by_global_norm({o.max_grad_norm}) + adamw({o.learning_rate}, constant, "
+                                      f"b1={o.beta1}, b2={o.beta2}, eps={o.epsilon}, weight_decay={o.weight_decay} "
+                                      "off biases and norms)",
+                         "layers_run_with": "scan (Stacked / lax.scan)",
+                         "sides": {"named": "train.make_train_step (the trainer's step, loss and optimizer)",
+                                   "plain": "bench/reference_gpt2.py make_train_step (the same step in plain JAX)"}}}
+    named = C.TrainerStep(cfg, ids_np, segments=False)
+    mesh = named.mesh
     with jax.set_mesh(mesh):
-        sides = {"named": build_named(cfg, mesh, ids_np, args.dtype, optimizer),
-                 "plain": build_plain(cfg, mesh, ids_np, args.dtype, optimizer)}
+        sides = {"named": named, "plain": Plain(cfg, mesh, ids_np)}
         result["params"] = {k: C.count_params(eqx.filter(s.model, eqx.is_array)) for k, s in sides.items()}
 
         print("compile (lower + compile), alternating:", flush=True)
@@ -115,7 +127,7 @@ def main(argv=None):
         compiled = {}
         for _ in range(args.compile_repeats):
             for k, s in sides.items():
-                lo, co, compiled[k] = s.lower_compile()
+                lo, co, compiled[k] = lower_compile(s)
                 lower_t[k].append(lo)
                 compile_t[k].append(co)
                 print(f"  {k}: lower {lo:.2f}s compile {co:.2f}s", flush=True)
@@ -124,7 +136,7 @@ def main(argv=None):
 
         for k, s in sides.items():  # the call path compiles again (untimed), then warms up
             for _ in range(args.warmup):
-                s.losses.append(float(s.run()))
+                s.run()
         print("steps, alternating:", flush=True)
         times, cpu = C.alternate({k: s.run for k, s in sides.items()}, args.rounds, args.per_round)
         if args.profile:
@@ -133,8 +145,6 @@ def main(argv=None):
                 for s in sides.values():
                     s.run()
             jax.profiler.stop_trace()
-        for s in sides.values():
-            s.losses.append(float(s.run()))
 
     total = {k: [a + b for a, b in zip(lower_t[k], compile_t[k])] for k in sides}
     step = {k: C.summary(v) for k, v in times.items()}

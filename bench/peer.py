@@ -18,13 +18,21 @@ model with FSDP sharded init (parameters ``{"embed": "data"}``, activations
 the sides take turns of ``--per-round`` steps (named, peer, named, peer, ...), the idle one
 asleep on its stdin, for ``--rounds`` turns; ``--repeats`` fresh pairs of workers.
 
-Like for like (the default): Levanter's ``Gpt2LMHeadModel`` or ``LlamaLMHeadModel`` is run
-through ``haliax.named_jit``: its logits, then ``levanter.models.loss.next_token_loss`` (the
-mean over the predicted tokens of the full-vocabulary cross-entropy, the computation our
-``next_token_loss`` does), ``optax.adamw`` and donation, with plain ("vanilla") attention and
-no gradient checkpointing unless ``--remat full`` (Levanter's ``gradient_checkpointing=True``,
-the same policy as our ``remat="full"``). ``--peer-loss levanter`` gives the peer its own
-default instead, ``model.compute_next_token_loss`` (a fused, vocabulary-blockwise loss).
+Like for like (the default). Our side is the step ``named-train`` runs (``train.make_train_step``
+through ``_common.TrainerStep``, the config of ``_common.step_config``): the trainer's loss (the
+next-token cross-entropy summed over the tokens ``loss_mask`` keeps, over one microbatch, divided
+by their count), the global gradient norm, global-norm clipping at 1.0, AdamW (betas 0.9 / 0.95,
+weight decay 0.1 off biases and norms) at a constant rate, the finite checks of the loss, the
+gradient norm, the update, the new parameters and optimizer state, and the stop flags agreed over
+the devices; one document per row (no ``segment_ids``). The peer runs Levanter's
+``Gpt2LMHeadModel`` or ``LlamaLMHeadModel`` through ``haliax.named_jit`` in a step that computes
+the same: its logits, ``levanter.models.loss.next_token_loss`` summed by its ``loss_weight`` (the
+predicted tokens) and divided by their count, the same norm, optax chain (the same weight-decay
+mask: every array but biases and norm parameters) and checks, with donation, plain ("vanilla")
+attention and no gradient checkpointing unless ``--remat full`` (Levanter's
+``gradient_checkpointing=True``, the same policy as our ``remat="full"``). Each side reads its
+loss back after every step, as a logging loop would. ``--peer-loss levanter`` gives the peer its
+own default loss instead, ``model.compute_next_token_loss`` (a fused, vocabulary-blockwise loss).
 """
 
 from __future__ import annotations
@@ -57,10 +65,10 @@ SMALL_LLAMA = dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
                    num_key_value_heads=2, rope_theta=10000.0, rms_norm_eps=1e-5, max_position_embeddings=256,
                    tie_word_embeddings=False, vocab_size=8192)
 MODELS = {  # (the config, its tiny version for the smoke test)
-    "gpt2": (C.SMALL_GPT2, dict(n_layer=2, n_head=2, n_embd=64, n_positions=32, vocab_size=256)),
+    "gpt2": (C.SMALL_GPT2, dict(n_layer=2, n_head=2, n_embd=64, n_positions=32, vocab_size=384)),
     "llama": (SMALL_LLAMA, dict(SMALL_LLAMA, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                 num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,
-                                vocab_size=256)),
+                                vocab_size=384)),
 }
 
 
@@ -110,44 +118,34 @@ def serve(run, info: dict) -> dict:
             loss = run()
             times.append(time.perf_counter() - t0)
             cpu.append(time.process_time() - c0)
-        losses.append(float(loss))
+        losses.append(loss)
         print(json.dumps({"times": times, "cpu": cpu, "loss": losses[-1]}), flush=True)
     return {"losses": losses}
 
 
-def worker_named(model_type, cfg, batch, seq, dtype, remat, peer_loss) -> dict:
-    import jax
-    import jax.numpy as jnp
+def trainer_config(model_type: str, cfg: dict, batch: int, seq: int, dtype: str, remat: str):
+    """The trainer config both sides take their settings from (our worker runs it; the driver
+    hands the peer its optimizer's)."""
+    base = "gpt2_small.yaml" if model_type == "gpt2" else "llama_tiny.yaml"
+    return C.step_config({**cfg, "remat": remat}, batch=batch, seq=seq, dtype=dtype, base=base)
+
+
+def worker_named(model_type, cfg, batch, seq, dtype, remat, peer_loss, optimizer) -> dict:
     import numpy as np
-    import optax
 
-    import named as nm
-    from named import models
-
-    config_cls, model_cls = ((models.Gpt2Config, models.Gpt2LMHeadModel) if model_type == "gpt2"
-                             else (models.LlamaConfig, models.LlamaLMHeadModel))
-    config = config_cls(**cfg, remat=remat)
-    mesh = nm.make_mesh(C.MESH)
-    optimizer = optax.adamw(C.LEARNING_RATE)
     ids_np = np.random.default_rng(0).integers(0, cfg["vocab_size"], size=(batch, seq), dtype=np.int32)
-    with jax.set_mesh(mesh):
-        model = nm.named_jit(lambda k: model_cls.init(config, key=k), mapping=C.PARAM_MAPPING)(jax.random.key(0))
-        opt_state = nm.named_jit(optimizer.init, mapping=C.PARAM_MAPPING)(model)
-        axes = (nm.Axis("batch", batch), nm.Axis("position", seq))
-        ids = nm.shard(nm.named(jnp.asarray(ids_np), axes), C.COMPUTE_MAPPING, mesh)
-        step = C.named_train_step(config, optimizer, dtype=dtype)
-        state = {"model": model, "opt": opt_state}
-        t0 = time.perf_counter()
-        compiled = step.lower(model, opt_state, ids).compile()
-        compile_s = time.perf_counter() - t0
-        program = {"hlo": C.hlo_stats(compiled.as_text()), "memory": C.memory_stats(compiled)}
-        del compiled
+    step = C.TrainerStep(trainer_config(model_type, cfg, batch, seq, dtype, remat), ids_np, segments=False)
+    t0 = time.perf_counter()
+    compiled = step.compile()
+    compile_s = time.perf_counter() - t0
+    program = {"hlo": C.hlo_stats(compiled.as_text()), "memory": C.memory_stats(compiled)}
+    del compiled
 
-        def run():
-            loss, state["model"], state["opt"] = step(state["model"], state["opt"], ids)
-            return jax.block_until_ready(loss)
+    def run():
+        step.run()
+        return step.losses[-1]
 
-        return serve(run, {"compile_s": compile_s, "params": C.count_params(model), **program})
+    return serve(run, {"compile_s": compile_s, "params": C.count_params(step.model), **program})
 
 
 def _levanter_config(model_type: str, cfg: dict, seq: int, remat: str):
@@ -172,7 +170,7 @@ def _levanter_config(model_type: str, cfg: dict, seq: int, remat: str):
                        rope=DefaultRotaryEmbeddingsConfig(theta=cfg["rope_theta"]), **common)
 
 
-def worker_peer(model_type, cfg, batch, seq, dtype, remat, peer_loss) -> dict:
+def worker_peer(model_type, cfg, batch, seq, dtype, remat, peer_loss, optimizer) -> dict:
     from importlib import metadata
 
     import equinox as eqx
@@ -182,7 +180,8 @@ def worker_peer(model_type, cfg, batch, seq, dtype, remat, peer_loss) -> dict:
     import jmp
     import numpy as np
     import optax
-    from jax.sharding import AxisType
+    from haliax.nn.normalization import LayerNormBase
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec
     from levanter.layers.attention import AttentionMask
     from levanter.models.lm_model import LmExample
     from levanter.models.loss import next_token_loss
@@ -192,47 +191,73 @@ def worker_peer(model_type, cfg, batch, seq, dtype, remat, peer_loss) -> dict:
     Batch = hax.Axis("batch", batch)
     mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
     param_map, compute_map = dict(C.PARAM_MAPPING), dict(C.COMPUTE_MAPPING)
-    optimizer = optax.adamw(C.LEARNING_RATE)
     policy = jmp.get_policy("p=f32,c=bf16,o=f32" if dtype == "bf16" else "p=f32,c=f32,o=f32")
     ids_np = np.random.default_rng(0).integers(0, cfg["vocab_size"], size=(batch, seq), dtype=np.int32)
 
-    def loss_fn(model, example):
+    def decay_mask(params):  # ours: every array but biases and the parameters of norm layers
+        def leaf(path, x):
+            if isinstance(x, LayerNormBase):
+                return jax.tree.map(lambda _: False, x)
+            return not any(getattr(k, "name", None) == "bias" for k in path)
+
+        return jax.tree_util.tree_map_with_path(leaf, params, is_leaf=lambda x: isinstance(x, LayerNormBase))
+
+    o = optimizer
+    clip = [] if o["max_grad_norm"] is None else [optax.clip_by_global_norm(o["max_grad_norm"])]
+    tx = optax.chain(*clip, optax.adamw(optax.constant_schedule(o["learning_rate"]), b1=o["b1"], b2=o["b2"],
+                                        eps=o["eps"], weight_decay=o["weight_decay"], mask=decay_mask))
+
+    def loss_sum(model, example):
         model = policy.cast_to_compute(model)
         if peer_loss == "levanter":  # the peer's own default: fused, blockwise over the vocabulary
-            return model.compute_next_token_loss(example).scalar()
-        # the mean over the B * (T - 1) predicted tokens (loss_weight) of the full-logits loss
+            return model.compute_next_token_loss(example, reduction=hax.sum).scalar()
         logits = model(example.tokens, example.attn_mask)
-        return next_token_loss(model.Pos, model.Vocab, logits, example.tokens, loss_weight=example.loss_weight).scalar()
+        return next_token_loss(model.Pos, model.Vocab, logits, example.tokens, loss_weight=example.loss_weight,
+                               reduction=hax.sum).scalar()
 
-    def step(model, opt_state, example):
+    def all_finite(tree):
+        leaves = jax.tree.leaves(eqx.filter(tree, eqx.is_inexact_array))
+        return jnp.all(jnp.stack([jnp.isfinite(x).all() for x in leaves]))
+
+    def step(model, opt_state, example, flags):
         # Levanter modules hold non-array leaves (e.g. attention's `inference` flag); as its
         # Trainer does, the optimizer sees only the floating-point arrays.
-        loss, grads = eqx.filter_value_and_grad(loss_fn)(model, example)
-        updates, opt_state = optimizer.update(grads, opt_state, eqx.filter(model, eqx.is_inexact_array))
-        return loss, eqx.apply_updates(model, updates), opt_state
+        total, grads = eqx.filter_value_and_grad(loss_sum)(model, example)
+        count = jnp.maximum(example.loss_weight.array.astype(jnp.float32).sum(), 1.0)
+        loss = total / count
+        grads = jax.tree.map(lambda g: g / count, grads)
+        grad_norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))
+        updates, new_opt = tx.update(grads, opt_state, eqx.filter(model, eqx.is_inexact_array))
+        new_model = eqx.apply_updates(model, updates)
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & all_finite((updates, new_model, new_opt))
+        agreed = jax.lax.with_sharding_constraint(flags.max(axis=0), PartitionSpec())
+        return new_model, new_opt, {"loss": loss, "grad_norm": grad_norm, "finite": finite, "tokens": count,
+                                    "stop_flags": agreed}
 
     with jax.set_mesh(mesh), hax.axis_mapping(compute_map):
         init = hax.named_jit(lambda k: config.build(Vocab, key=k), axis_resources=param_map)
         model = init(jax.random.PRNGKey(0))
-        opt_state = hax.named_jit(lambda m: optimizer.init(eqx.filter(m, eqx.is_inexact_array)),
+        opt_state = hax.named_jit(lambda m: tx.init(eqx.filter(m, eqx.is_inexact_array)),
                                   axis_resources=param_map)(model)
         Pos = config.max_Pos
         tokens = hax.shard(hax.named(jnp.asarray(ids_np), (Batch, Pos)), compute_map)
         weight = hax.shard(hax.broadcast_to(LmExample.causal_loss_mask(Pos).astype(jnp.float32), (Batch, Pos)),
                            compute_map)
         example = LmExample(tokens=tokens, loss_weight=weight, attn_mask=AttentionMask.causal())
+        flags = jax.device_put(np.zeros((8, 2), np.int32), NamedSharding(mesh, PartitionSpec("data")))
         jstep = hax.named_jit(step, axis_resources=compute_map, out_axis_resources=param_map,
-                              donate_args=(True, True, False))
+                              donate_args=(True, True, False, False))
         state = {"model": model, "opt": opt_state}
         t0 = time.perf_counter()
-        compiled = jstep.lower(model, opt_state, example).compile()
+        compiled = jstep.lower(model, opt_state, example, flags).compile()
         compile_s = time.perf_counter() - t0
         program = {"hlo": C.hlo_stats(compiled.as_text()), "memory": C.memory_stats(compiled)}
         del compiled
 
         def run():
-            loss, state["model"], state["opt"] = jstep(state["model"], state["opt"], example)
-            return jax.block_until_ready(loss)
+            state["model"], state["opt"], metrics = jstep(state["model"], state["opt"], example, flags)
+            jax.block_until_ready((state["model"], state["opt"], metrics))
+            return float(metrics["loss"])
 
         params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(eqx.filter(model, eqx.is_array)))
         versions = {d: metadata.version(d) for d in PEER_DISTS}
@@ -245,11 +270,12 @@ def worker_peer(model_type, cfg, batch, seq, dtype, remat, peer_loss) -> dict:
 class Worker:
     """One side's persistent subprocess (its own venv's Python), driven line by line."""
 
-    def __init__(self, side: str, args, cfg, batch, seq, log_dir: Path):
+    def __init__(self, side: str, args, cfg, batch, seq, optimizer: dict, log_dir: Path):
         python = str(PEER_PY) if side == "peer" else sys.executable
         cmd = [python, str(Path(__file__).resolve()), "--worker", side, "--worker-config",
                json.dumps({"model_type": args.model, "cfg": cfg, "batch": batch, "seq": seq, "dtype": args.dtype,
-                           "remat": args.remat, "peer_loss": args.peer_loss})]
+                           "remat": args.remat, "peer_loss": args.peer_loss,
+                           "optimizer": optimizer})]
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
         self.side, self.log = side, log_dir / f"{side}-{time.monotonic_ns()}.log"
         self._stderr = open(self.log, "w")
@@ -301,7 +327,8 @@ def main(argv=None):
     if args.worker:
         w = json.loads(args.worker_config)
         fn = worker_named if args.worker == "named" else worker_peer
-        return fn(w["model_type"], w["cfg"], w["batch"], w["seq"], w["dtype"], w["remat"], w["peer_loss"])
+        return fn(w["model_type"], w["cfg"], w["batch"], w["seq"], w["dtype"], w["remat"], w["peer_loss"],
+                  w["optimizer"])
 
     full, tiny = MODELS[args.model]
     cfg, batch, seq = (dict(tiny), 8, 32) if args.tiny else (dict(full), C.BATCH, C.SEQ)
@@ -310,10 +337,20 @@ def main(argv=None):
     name = ("peer" + ("" if args.model == "gpt2" else f"_{args.model}") + f"_{args.dtype}"
             + ("" if args.remat == "none" else f"_remat_{args.remat}")
             + ("" if args.peer_loss == "full" else f"_peerloss_{args.peer_loss}") + ("_tiny" if args.tiny else ""))
+    o = trainer_config(args.model, cfg, batch, seq, args.dtype, args.remat).optimizer
+    optimizer = {"learning_rate": o.learning_rate, "b1": o.beta1, "b2": o.beta2, "eps": o.epsilon,
+                 "weight_decay": o.weight_decay, "max_grad_norm": o.max_grad_norm}
+    if o.schedule != "constant" or o.warmup(1):
+        raise SystemExit("the peer runs a constant learning rate: the config must say optimizer.schedule constant")
     result = {"benchmark": "peer", "command": C.command_line(), "machine": C.machine(),
               "config": {"model": args.model, **cfg, "seq": seq, "batch": batch, "dtype": args.dtype, "remat": args.remat,
                          "mesh": C.MESH, "param_mapping": C.PARAM_MAPPING, "compute_mapping": C.COMPUTE_MAPPING,
-                         "optimizer": f"optax.adamw({C.LEARNING_RATE})", "peer_attention": "vanilla",
+                         "optimizer": f"clip_by_global_norm({o.max_grad_norm}) + adamw({o.learning_rate}, constant, "
+                                      f"b1={o.beta1}, b2={o.beta2}, eps={o.epsilon}, weight_decay={o.weight_decay} "
+                                      "off biases and norms), on both sides",
+                         "sides": {"named": "train.make_train_step (the trainer's step, loss and optimizer)",
+                                   "peer": "Levanter's model in a haliax.named_jit step computing the same"},
+                         "peer_attention": "vanilla",
                          "peer_loss": {"full": "levanter.models.loss.next_token_loss on the logits (like ours)",
                                        "levanter": "model.compute_next_token_loss (fused, blockwise)"}[args.peer_loss]},
               "protocol": f"{args.repeats} pairs of worker processes; per pair {args.warmup} warm-up steps each, then "
@@ -340,7 +377,7 @@ def main(argv=None):
         workers = {}
         try:
             for side in ("named", "peer"):
-                workers[side] = Worker(side, args, cfg, batch, seq, log_dir)
+                workers[side] = Worker(side, args, cfg, batch, seq, optimizer, log_dir)
                 info[side] = workers[side].info
                 compile_s[side].append(info[side]["compile_s"])
             for side, w in workers.items():

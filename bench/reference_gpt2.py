@@ -1,13 +1,19 @@
-"""GPT-2 in plain JAX + Equinox with hand-written PartitionSpecs: the baseline `named` is timed against.
+"""GPT-2 and the trainer's step in plain JAX + Equinox + optax with hand-written PartitionSpecs:
+the baseline `named` is timed against (``bench/overhead.py``).
 
 The same math as ``models.Gpt2LMHeadModel``: tied embeddings, learned positions, pre-LN blocks
 (LayerNorm statistics in float32), fused qkv, causal attention with float32 scores and softmax,
-gelu_new MLP, layers stacked along a leading axis and run with ``lax.scan``, and the same
-next-token loss (targets rolled by one, the last position masked, the target's logit picked by
-a masked sum). FSDP is written out by hand: every weight with an ``embed`` dimension is split
-along it over the ``data`` mesh axis, and every activation a layer creates is constrained to
-``batch`` over ``data`` (without those constraints the partitioner copies the weights' layout
-onto activations and the step runs several times slower; see /work/shared/DESIGN.md).
+gelu_new MLP, layers stacked along a leading axis and run with ``lax.scan``. The same step as
+``named.trainer.train.make_train_step``: the next-token loss of every token that ``loss_mask``
+keeps (targets rolled by one, the last position masked, the target's logit picked by a masked
+sum), summed over microbatches in a ``lax.scan`` and divided by the token count; the global
+gradient norm; global-norm clipping and AdamW with weight decay off the biases and norms
+(``optimizer``, built by the caller with optax); the finite checks of the loss, the gradient
+norm, the update, the new parameters and the new optimizer state; and the stop flags agreed
+over the devices. FSDP is written out by hand: every weight with an ``embed`` dimension is
+split along it over the ``data`` mesh axis, and every activation a layer creates is
+constrained to ``batch`` over ``data`` (without those constraints the partitioner copies the
+weights' layout onto activations and the step runs several times slower).
 
 Shapes: B batch, T position, D embed, H heads, K head_size, M mlp, V vocab, L layers.
 """
@@ -19,6 +25,7 @@ import math
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 DATA = "data"
@@ -127,26 +134,76 @@ def forward(model: Gpt2, ids: jax.Array, mesh, *, compute_dtype=jnp.float32) -> 
     return _act(jnp.einsum("btd,vd->btv", x, wte), mesh)
 
 
-def next_token_loss(logits: jax.Array, ids: jax.Array) -> jax.Array:
-    """Mean over B × (T − 1) tokens of the cross-entropy of token t + 1 given position t."""
+def token_losses(logits: jax.Array, ids: jax.Array, loss_mask: jax.Array) -> jax.Array:
+    """The cross-entropy of token t + 1 given position t, [B, T], zero where the last position or
+    ``loss_mask`` (aligned with the predicting positions) leaves a token out."""
     logits = logits.astype(jnp.float32)
     targets = jnp.roll(ids, -1, axis=1)
-    mask = (jnp.arange(ids.shape[1]) < ids.shape[1] - 1).astype(jnp.float32)[None, :]
+    weight = (jnp.arange(ids.shape[1]) < ids.shape[1] - 1).astype(jnp.float32)[None, :] * loss_mask.astype(jnp.float32)
     lse = jax.nn.logsumexp(logits, axis=-1)
     picked = jnp.where(targets[..., None] == jnp.arange(logits.shape[-1]), logits, 0.0).sum(-1)
-    return ((lse - picked) * mask).sum() / (mask.sum() * ids.shape[0])
+    return jnp.where(weight != 0, (lse - picked) * weight, 0.0)
 
 
-def make_train_step(optimizer, mesh, model: Gpt2, opt_state, *, compute_dtype=jnp.float32):
-    """jit of loss, grads and the optimizer update; model and optimizer state donated and
-    returned in their FSDP layouts (the optimizer state keeps the layout it was created with)."""
-    def step(model, opt_state, ids):
-        loss, grads = eqx.filter_value_and_grad(lambda m: next_token_loss(forward(m, ids, mesh, compute_dtype=compute_dtype), ids))(model)
-        updates, opt_state = optimizer.update(grads, opt_state, model)
-        return loss, eqx.apply_updates(model, updates), opt_state
+def decay_mask(model: Gpt2) -> Gpt2:
+    """Weight decay for the matrices and embeddings, not for the biases and LayerNorm parameters."""
+    return Gpt2(True, True, {k: not (k.startswith("ln") or k.endswith("_b")) for k in model.blocks}, (False, False),
+                model.n_head, model.eps)
 
-    out = (NamedSharding(mesh, P()), shardings(model, mesh), shardings(opt_state, mesh))
+
+def make_optimizer(learning_rate: float, *, b1: float, b2: float, eps: float, weight_decay: float,
+                   max_grad_norm: float | None):
+    """Global-norm clipping (unless ``max_grad_norm`` is None), then AdamW at a constant rate with
+    ``decay_mask``."""
+    clip = [] if max_grad_norm is None else [optax.clip_by_global_norm(max_grad_norm)]
+    return optax.chain(*clip, optax.adamw(optax.constant_schedule(learning_rate), b1=b1, b2=b2, eps=eps,
+                                          weight_decay=weight_decay, mask=decay_mask))
+
+
+def _all_finite(tree) -> jax.Array:
+    leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]  # not Adam's step count
+    return jnp.all(jnp.stack([jnp.isfinite(x).all() for x in leaves]))
+
+
+def make_train_step(optimizer, mesh, model: Gpt2, opt_state, *, microbatches: int = 1, compute_dtype=jnp.float32):
+    """jit of ``(model, opt_state, batch, flags) -> (model, opt_state, metrics)``: ``batch`` holds
+    ``input_ids`` and ``loss_mask`` [B, T], ``flags`` one int32 row per device; model and optimizer
+    state donated and returned in their FSDP layouts."""
+    def loss_sum(m, ids, mask):
+        per_token = token_losses(forward(m, ids, mesh, compute_dtype=compute_dtype), ids, mask)
+        return per_token.sum(), mask[:, :-1].astype(jnp.float32).sum()
+
+    grad_fn = eqx.filter_value_and_grad(loss_sum, has_aux=True)
+
+    def step(model, opt_state, batch, flags):
+        split = {k: v.reshape(microbatches, v.shape[0] // microbatches, *v.shape[1:]) for k, v in batch.items()}
+
+        def accumulate(acc, mb):
+            (s, c), g = grad_fn(model, _act(mb["input_ids"], mesh), _act(mb["loss_mask"], mesh))
+            return jax.tree.map(jnp.add, acc, (s, c, g)), None
+
+        zero = (jnp.zeros(()), jnp.zeros(()), jax.tree.map(jnp.zeros_like, model))
+        (total, count, grads), _ = jax.lax.scan(accumulate, zero, split)
+        count = jnp.maximum(count, 1.0)
+        loss = total / count
+        grads = jax.tree.map(lambda g: g / count, grads)
+        grad_norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))
+        updates, new_opt = optimizer.update(grads, opt_state, model)
+        new_model = eqx.apply_updates(model, updates)
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & _all_finite((updates, new_model, new_opt))
+        agreed = jax.lax.with_sharding_constraint(flags.max(axis=0), NamedSharding(mesh, P()))
+        return new_model, new_opt, {"loss": loss, "grad_norm": grad_norm, "finite": finite, "tokens": count,
+                                    "stop_flags": agreed}
+
+    replicated = NamedSharding(mesh, P())
+    metrics = {k: replicated for k in ("loss", "grad_norm", "finite", "tokens", "stop_flags")}
+    out = (shardings(model, mesh), shardings(opt_state, mesh), metrics)
     return jax.jit(step, donate_argnums=(0, 1), out_shardings=out)
+
+
+def flags(mesh) -> jax.Array:
+    """The step's ``flags`` input: one zero int32 row (signal, periods) per device, split over them."""
+    return jax.device_put(jnp.zeros((mesh.devices.size, 2), jnp.int32), NamedSharding(mesh, P(mesh.axis_names)))
 
 
 def shardings(tree, mesh):

@@ -182,6 +182,28 @@ def data_block() -> str:
     return f"{t1}\n\n{t2}\n\n{provenance(r)}"
 
 
+def moe_block() -> str:
+    r = load("moe")
+    if r is None:
+        return "_not run: bench/results/moe.json is missing_"
+    what = {"dispatch": "dispatch (parameters replicated, `{batch: data}`)",
+            "placement": "placement (dropless, `{batch: expert}`)"}
+    rows = []
+    for comparison, sides in r["comparisons"].items():
+        best = {k: min(v[k]["median_s"] for v in sides.values()) for k in ("wall", "cpu")}
+        for i, (name, v) in enumerate(sides.items()):
+            cells = [f"{1e3 * v[k]['median_s']:,.0f}" for k in ("wall", "cpu")]
+            cells = [f"**{c}**" if v[k]["median_s"] == best[k] else c for c, k in zip(cells, ("wall", "cpu"))]
+            coll = ", ".join(f"{k} {n}" for k, n in v["collectives"].items()) or "none"
+            rows.append([what.get(comparison, comparison) if i == 0 else "", name, *cells, coll])
+    s = r["settings"]
+    head = (f"Mixtral-style, {s['layers']} layers of width {s['embed']} ({s['heads']} heads over {s['kv_heads']} "
+            f"key/value heads), {s['experts']} experts of {s['mlp']} per layer, top-{s['top_k']}, vocab {s['vocab']}; "
+            f"batch {s['batch']} × seq {s['seq']}, f32; median train step (lower is better).")
+    return (head + "\n\n" + table(["comparison", "side", "wall (ms)", "CPU (ms)", "collectives in the step"], rows)
+            + f"\n\n{provenance(r)}")
+
+
 def gpu_block(results: Path = RESULTS, name: str = "gpu_mfu") -> str:
     """bench/gpu_mfu.py's runs (it prints this too, from its --out folder): the training runs,
     then attention alone, then where and with what they ran."""
@@ -238,6 +260,7 @@ BLOCKS = {
     "compile_depth": compile_block,
     "memory": memory_block,
     "data_ckpt": data_block,
+    "moe": moe_block,
     "gpu": gpu_block,
     "gpu_segments": lambda: gpu_block(RESULTS, "gpu_mfu_segments"),
 }

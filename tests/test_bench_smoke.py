@@ -37,6 +37,63 @@ def test_overhead_tiny(tmp_path):
     assert r["hlo"]["named"]["collectives"]["all-gather"]["count"] > 0  # FSDP gathers weights
 
 
+def _plain_weights(model, mesh):
+    """Our GPT-2's weights as ``reference_gpt2.Gpt2``: the Hugging Face tensors (Conv1D, ``[in, out]``)
+    stacked over the layers, laid out by the reference's FSDP specs."""
+    import reference_gpt2 as ref
+
+    from named import models
+
+    sd = models.hf_state_dict(model)
+    layer = lambda name: np.stack([sd[f"transformer.h.{i}.{name}"] for i in range(model.config.n_layer)])  # noqa: E731
+    blocks = {"ln1_w": "ln_1.weight", "ln1_b": "ln_1.bias", "attn_w": "attn.c_attn.weight", "attn_b": "attn.c_attn.bias",
+              "proj_w": "attn.c_proj.weight", "proj_b": "attn.c_proj.bias", "ln2_w": "ln_2.weight", "ln2_b": "ln_2.bias",
+              "up_w": "mlp.c_fc.weight", "up_b": "mlp.c_fc.bias", "down_w": "mlp.c_proj.weight", "down_b": "mlp.c_proj.bias"}
+    g = ref.Gpt2(sd["transformer.wte.weight"], sd["transformer.wpe.weight"], {k: layer(v) for k, v in blocks.items()},
+                 (sd["transformer.ln_f.weight"], sd["transformer.ln_f.bias"]), model.config.n_head)
+    return jax.device_put(g, ref.shardings(g, mesh))
+
+
+def _adam_moment(state):
+    import optax
+
+    adam = [x for x in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState))
+            if isinstance(x, optax.ScaleByAdamState)]
+    return adam[0].mu
+
+
+def test_the_plain_side_is_the_trainers_step_in_plain_jax():
+    """overhead.py's baseline computes what ``train.make_train_step`` computes: from the same
+    weights and tokens, one step gives the same loss, gradient norm, token count, clipped first
+    Adam moment and new weights (weight decay and its mask included)."""
+    import _common as C
+    import overhead
+
+    model = dict(n_layer=2, n_head=2, n_embd=32, n_positions=16, vocab_size=384)
+    cfg = C.step_config(model, batch=8, seq=16, over={"optimizer.max_grad_norm": 0.5})
+    ids = overhead.token_ids(model, 8, 16)
+    named = C.TrainerStep(cfg, ids, segments=False)
+    mesh = named.mesh
+    with jax.set_mesh(mesh):
+        plain = overhead.Plain(cfg, mesh, ids, model=_plain_weights(named.model, mesh))
+        ours = named.run(wait=False)
+        plain_model, plain_opt, theirs = plain.step(plain.model, plain.opt_state, plain.batch, plain.flags)
+    assert float(ours["grad_norm"]) > cfg.optimizer.max_grad_norm  # so the clipping acts
+    for k in ("loss", "grad_norm", "tokens"):
+        np.testing.assert_allclose(float(ours[k]), float(theirs[k]), rtol=2e-5, err_msg=k)
+    assert bool(ours["finite"]) and bool(theirs["finite"])
+    new = _plain_weights(named.model, mesh)
+    # the key bias: softmax ignores it, so its gradient is rounding, which Adam scales up to the rate
+    D = model["n_embd"]
+    for w in (new, plain_model):
+        w.blocks["attn_b"] = w.blocks["attn_b"].at[:, D:2 * D].set(0)
+    pairs = [(new, plain_model), (_plain_weights(_adam_moment(named.opt_state), mesh), _adam_moment(plain_opt))]
+    for ours_tree, theirs_tree in pairs:
+        for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(ours_tree), jax.tree.leaves(theirs_tree)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6,
+                                       err_msg=jax.tree_util.keystr(path))
+
+
 def test_compile_depth_tiny(tmp_path):
     import compile_depth
 

@@ -307,6 +307,36 @@ def test_a_config_the_family_cannot_hold_is_not_saved(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def _small(family):
+    if family.name == "gpt2":
+        return family.config_cls(n_layer=2, n_head=2, n_embd=16, n_positions=8, vocab_size=11, n_inner=24,
+                                 tie_word_embeddings=False)
+    return family.config_cls(hidden_size=16, intermediate_size=24, num_hidden_layers=2, num_attention_heads=2,
+                             num_key_value_heads=1, head_dim=4, vocab_size=11, max_position_embeddings=8)
+
+
+@pytest.mark.parametrize("family", list(models.FAMILIES))
+def test_every_family_answers_the_same_contract(family, tmp_path):
+    """GPT-2 and every decoder family: an ``HfLayout`` that names each parameter of the model,
+    one ``from_hf`` / ``to_hf`` path through its config.json format, and the library's norms."""
+    from named.models.registry import FAMILIES
+
+    f = FAMILIES[family]
+    config = _small(f)
+    model = eqx.filter_eval_shape(f.model_cls.init, config, key=jax.random.key(0))  # nothing allocated
+    assert isinstance(f.layout, models.HfLayout)
+    paths = {entry.path for entry in nm.state_dict_entries(model)}
+    assert paths <= set(f.layout.keys), sorted(paths - set(f.layout.keys))
+    written = json.loads(json.dumps(f.to_hf(config)))
+    assert written["model_type"] == f.model_type and written["architectures"] == [f.architecture]
+    read = f.from_hf(written, tmp_path / "config.json")
+    assert type(read) is type(config) and f.to_hf(read) == written
+    assert f.num_params(config) == sum(x.size for x in jax.tree.leaves(model))
+    norm = model.ln_f if family == "gpt2" else model.norm
+    assert type(norm) is (nm.nn.LayerNorm if family == "gpt2" else nm.nn.RMSNorm)
+    assert models.forward_with_aux.__module__ == models.hidden_with_aux.__module__ == "named.models._common"
+
+
 # ---- the import check ----------------------------------------------------------------------------
 
 

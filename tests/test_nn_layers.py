@@ -168,6 +168,22 @@ def test_rmsnorm_matches_formula():
     assert nn.RMSNorm.init(Embed, use_weight=False).weight is None
 
 
+def test_rmsnorm_over_several_axes_and_with_a_unit_offset():
+    # OLMo 2 normalises the whole q/k projection (heads, head_size); Gemma scales by (1 + w), w from 0
+    x = randn((Batch, Pos, Heads, HeadSize)) * 2
+    shape = np.asarray(x.array).shape
+    flat = np.asarray(x.array).reshape(Batch.size, Pos.size, -1)
+    w = randn((Heads, HeadSize), seed=5)
+    rms = eqx.tree_at(lambda m: m.weight, nn.RMSNorm.init((Heads, HeadSize), eps=1e-5), w)
+    close(jcall(rms, x).array, rms_reference(flat, np.asarray(w.array).reshape(-1), 1e-5).reshape(shape))
+    gemma = nn.RMSNorm.init((Heads, HeadSize), eps=1e-5, unit_offset=True)
+    assert np.all(np.asarray(gemma.weight.array) == 0)  # (1 + 0): the identity scale at init
+    gemma = eqx.tree_at(lambda m: m.weight, gemma, w)
+    close(jcall(gemma, x).array, rms_reference(flat, 1.0 + np.asarray(w.array).reshape(-1), 1e-5).reshape(shape))
+    with pytest.raises(nm.ArgumentError, match="unit_offset"):
+        nn.RMSNorm.init(Embed, unit_offset=True, use_weight=False)
+
+
 def _reduce_input_dtypes(fn, *args):
     jaxpr = jax.make_jaxpr(fn)(*args)
     return {str(e.invars[0].aval.dtype) for e in jaxpr.jaxpr.eqns if e.primitive.name.startswith("reduce_")}

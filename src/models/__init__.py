@@ -11,7 +11,7 @@ mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE) built from ``named.nn``, Hugg
 """
 
 from . import decoder, gpt2
-from ._common import Head, KVCache
+from ._common import Head, HfLayout, KVCache, forward_with_aux, hidden_with_aux
 from ._rope import RopeScaling
 from .decoder import DecoderConfig, DecoderLMHeadModel
 from .families import (Gemma2Config, Gemma3Config, LlamaConfig, MistralConfig, MixtralConfig, Olmo2Config,
@@ -19,7 +19,6 @@ from .families import (Gemma2Config, Gemma3Config, LlamaConfig, MistralConfig, M
 from .generate import generate, sample_token
 from .gpt2 import Gpt2Config, Gpt2LMHeadModel
 from .hf import CheckpointFormatError, check_pretrained, config_from_hf, hf_state_dict, load_pretrained, save_pretrained
-from .moe import forward_with_aux, hidden_with_aux
 from .registry import FAMILIES, Family, family_for
 
 LlamaLMHeadModel = DecoderLMHeadModel  # every decoder family runs on the one decoder
@@ -46,6 +45,7 @@ __all__ = [
     "Gpt2Config",
     "Gpt2LMHeadModel",
     "Head",
+    "HfLayout",
     "KVCache",
     "LlamaConfig",
     "LlamaLMHeadModel",

@@ -1,8 +1,11 @@
-"""What GPT-2 and the decoder family share: the KV cache, causal attention that reads and writes it,
-per-layer dropout keys, and the output head."""
+"""What every model shares: the KV cache, causal attention that reads and writes it, per-layer
+dropout keys, the output head, the protocol by which a model hands a loss its hidden states, head
+and auxiliary losses, and the description of its Hugging Face tensors (``HfLayout``)."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import equinox as eqx
@@ -98,3 +101,70 @@ def token_positions(input_ids: NamedArray, segment_ids: NamedArray | None = None
     if segment_ids is not None:
         return nn.positions_from_segments(segment_ids)
     return nm.arange(input_ids.resolve_axis("position"))
+
+
+# ---- what a loss asks of a model ---------------------------------------------------------------
+
+
+def forward_with_aux(model, input_ids: NamedArray, *, segment_ids: NamedArray | None = None, key=None
+                     ) -> tuple[NamedArray, dict]:
+    """``(logits, {name: (weight, value)})``: the protocol by which a model hands auxiliary losses
+    to the trainer. A model with a ``forward_with_aux`` method of this signature returns its
+    logits and its auxiliary losses, each a scalar ``value`` (a mean over the batch's tokens) with
+    the ``weight`` (a float) it carries in the training loss; the trainer adds ``weight * value``
+    to the mean next-token loss and reports ``value`` under ``aux/<name>``. Any other model has none.
+    """
+    method = getattr(model, "forward_with_aux", None)
+    if method is None:
+        return model(input_ids, segment_ids=segment_ids, key=key), {}
+    return method(input_ids, segment_ids=segment_ids, key=key)
+
+
+def hidden_with_aux(model, input_ids: NamedArray, *, segment_ids: NamedArray | None = None, key=None
+                    ) -> tuple[NamedArray, Head, dict]:
+    """``(hidden, head, aux)``: ``forward_with_aux`` short of the logits, so that a loss can make them a
+    vocab block at a time and never hold all of them (``nn.blockwise_next_token_loss(hidden,
+    head.weight, ..., softcap=head.softcap)``). ``hidden`` are the final hidden states (after the
+    last norm), ``head.logits(hidden)`` the logits ``forward_with_aux`` returns, ``aux`` its
+    auxiliary losses. A model takes part with a ``hidden_with_aux`` method of this signature.
+    """
+    method = getattr(model, "hidden_with_aux", None)
+    if method is None:
+        raise nm.ArgumentError(f"{type(model).__name__} has no hidden_with_aux method: it hands out only its logits, "
+                               "so its loss cannot be made a vocab block at a time")
+    return method(input_ids, segment_ids=segment_ids, key=key)
+
+
+# ---- Hugging Face tensors ------------------------------------------------------------------------
+
+LINEAR_LAYOUTS = ("in_out", "out_in")
+
+
+@dataclasses.dataclass(frozen=True)
+class HfLayout:
+    """How a model's parameters are named and stored in a Hugging Face folder (``models/hf.py``
+    reads and writes every family through one of these).
+
+    Attributes:
+        keys: our parameter path (``nm.state_dict``'s) -> the ``transformers`` tensor name;
+            ``{i}`` stands for the layer, ``{j}`` for an MoE layer's expert.
+        linear: how a Linear weight is stored: ``in_out`` (GPT-2's Conv1D, our own order with
+            each side flattened) or ``out_in`` (torch's nn.Linear: the transpose).
+        base_prefix: the base model's prefix, which some folders leave out (the original
+            OpenAI GPT-2 checkpoints): a tensor found without it is read as if it had it.
+        ignored: regular expressions of tensor names that are no parameter (buffers that
+            older checkpoints saved), skipped when reading.
+    """
+
+    keys: Mapping[str, str]
+    linear: str
+    base_prefix: str = ""
+    ignored: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if self.linear not in LINEAR_LAYOUTS:
+            raise nm.ArgumentError(f"HfLayout.linear={self.linear!r} is not one of {', '.join(LINEAR_LAYOUTS)}")
+
+    def with_keys(self, keys: Mapping[str, str]) -> HfLayout:
+        """This layout with ``keys`` added or renamed (Mixtral's names for the decoder's experts)."""
+        return dataclasses.replace(self, keys={**self.keys, **keys})

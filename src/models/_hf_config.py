@@ -1,6 +1,7 @@
 """The rule every file of a Hugging Face folder obeys (it lies inside the folder), checked
-``config.json`` fields, and GPT-2's ``config.json`` <-> ``Gpt2Config`` (the decoder families'
-is ``_hf_decoder.py``; which family a folder holds is ``registry.py``'s business)."""
+``config.json`` fields, what a family's ``config.json`` format does (``HfConfigFormat``), and
+GPT-2's (``HfGpt2``; the decoder families' is ``_hf_decoder.py``; which family a folder holds is
+``registry.py``'s business)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import math
 import typing
 from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from named import NamedError, nn
 
@@ -161,6 +162,21 @@ def _build(cls: type, kwargs: dict, where: Path):
 
 # ---- config.json <-> our configs ---------------------------------------------------------
 
+
+class HfConfigFormat(Protocol):
+    """How one family's ``config.json`` reads and writes; every family of the registry has one.
+    ``model_type`` and ``architectures`` are the registry's (``Family.from_hf`` / ``to_hf``): a
+    format deals in the rest."""
+
+    def read(self, family, d: Mapping, where: Path) -> Any:
+        """Our config (of ``family.config_cls``) for the parsed ``config.json`` ``d`` at ``where``;
+        a field it cannot take raises a CheckpointFormatError naming it."""
+
+    def write(self, family, config) -> dict:
+        """The fields of ``config.json`` for ``config``, refusing (CheckpointFormatError) a config
+        the format cannot hold before anything is written."""
+
+
 _GPT2 = (
     _Hf("n_layer", ours="n_layer"), _Hf("n_head", ours="n_head"), _Hf("n_embd", ours="n_embd"),
     _Hf("n_positions", ours="n_positions"), _Hf("vocab_size", ours="vocab_size"),
@@ -174,17 +190,17 @@ _GPT2 = (
 )
 
 
-def _gpt2_from_hf(d: Mapping, where: Path) -> gpt2.Gpt2Config:
-    return _build(gpt2.Gpt2Config, _read(d, gpt2.Gpt2Config, _GPT2, where), where)
+@dataclasses.dataclass(frozen=True)
+class HfGpt2:
+    """GPT-2's ``config.json``: the fields of ``_GPT2``, read and written by the one table."""
 
+    fields: tuple[_Hf, ...] = _GPT2
 
-def _gpt2_to_hf(c: gpt2.Gpt2Config) -> dict:
-    return {
-        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
-        "n_layer": c.n_layer, "n_head": c.n_head, "n_embd": c.n_embd, "n_positions": c.n_positions, "n_ctx": c.n_positions,
-        "vocab_size": c.vocab_size, "n_inner": c.n_inner, "activation_function": c.activation,
-        "layer_norm_epsilon": c.layer_norm_epsilon, "tie_word_embeddings": c.tie_word_embeddings,
-        # our dropout acts on the embeddings and the residual branches, not on attention weights
-        "embd_pdrop": c.dropout, "resid_pdrop": c.dropout, "attn_pdrop": 0.0,
-        "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
-    }
+    def read(self, family, d: Mapping, where: Path) -> gpt2.Gpt2Config:
+        return _build(family.config_cls, _read(d, family.config_cls, self.fields, where), where)
+
+    def write(self, family, c: gpt2.Gpt2Config) -> dict:
+        out = {f.name: getattr(c, f.ours) if f.ours is not None else f.default for f in self.fields}
+        return {**out, "n_ctx": c.n_positions, "reorder_and_upcast_attn": False,
+                # our dropout acts on the embeddings and the residual branches, not on attention weights
+                "embd_pdrop": c.dropout, "attn_pdrop": 0.0}

@@ -1,5 +1,5 @@
 """``config.json`` <-> ``DecoderConfig`` for the decoder families. One reader and one writer, driven
-by each family's ``HfDecoder`` (in ``registry.py``): which fields its ``config.json`` has and
+by each family's ``HfDecoder`` (in ``registry.py``; an ``HfConfigFormat``): which fields its ``config.json`` has and
 what they mean. Every field of the file is either read, accepted at the one value we implement,
 or known to change nothing in the model (token ids, init range, ...); any other is an error that
 names it, so a checkpoint option we do not implement is never silently dropped.
@@ -62,6 +62,14 @@ class HfDecoder:
     only: Mapping[str, tuple] = dataclasses.field(default_factory=dict)
     no_effect: frozenset = frozenset()
     moe: str = "none"
+
+    def read(self, family, d: Mapping, where: Path):
+        """Our config for a ``config.json`` of ``family`` (a ``registry.Family`` whose format this is)."""
+        return _read(self, family, d, where)
+
+    def write(self, family, config) -> dict:
+        """``config.json`` for ``config``; refuses a config whose settings the family's format cannot hold."""
+        return _write(self, family, config)
 
 
 # What the MoE fields of a config.json say that changes nothing in the logits: whether the model
@@ -246,8 +254,7 @@ def _moe(r: _Reader, spec: HfDecoder) -> dict:
     return out
 
 
-def read(spec: HfDecoder, family, d: Mapping, where: Path):
-    """Our config for a ``config.json`` of ``family`` (a ``registry.Family`` whose ``hf`` is ``spec``)."""
+def _read(spec: HfDecoder, family, d: Mapping, where: Path):
     cls = family.config_cls
     r = _Reader(d, where, {f.name: f.default for f in dataclasses.fields(cls)})
     kw: dict[str, Any] = {name: r.get(name, int) for name in _SIZES}
@@ -322,10 +329,8 @@ def _moe_out(spec: HfDecoder, c, out: dict) -> set[str]:
     return held
 
 
-def write(spec: HfDecoder, family, c) -> dict:
-    """``config.json`` for ``c``; refuses a config whose settings the family's format cannot hold."""
+def _write(spec: HfDecoder, family, c) -> dict:
     out: dict[str, Any] = {
-        "architectures": [family.architecture], "model_type": family.model_type,
         **{name: getattr(c, name) for name in _SIZES},
         "num_key_value_heads": c.num_key_value_heads, "head_dim": c.HeadSize.size, "rms_norm_eps": c.rms_norm_eps,
         "tie_word_embeddings": c.tie_word_embeddings, spec.activation_field: c.hidden_act, "attention_dropout": 0.0,

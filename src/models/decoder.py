@@ -44,7 +44,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from typing import ClassVar
 
 import equinox as eqx
 import jax
@@ -54,7 +53,7 @@ import numpy as np
 import named as nm
 from named import Axis, NamedArray, nn
 
-from ._common import Head, KVCache, causal_attention, check_sequence_length, token_positions
+from ._common import Head, HfLayout, KVCache, causal_attention, check_sequence_length, token_positions
 from ._rope import RopeScaling, rope_frequencies
 
 QK_NORMS = ("none", "head", "projection")
@@ -203,31 +202,8 @@ def _check_moe(c: DecoderConfig) -> None:
 # ---- layers ------------------------------------------------------------------------------------
 
 
-class RMSNorm(eqx.Module):
-    """``x / sqrt(mean(x²) + eps) * w`` over ``axes`` (one, or OLMo 2's whole q/k projection),
-    or Gemma's ``* (1 + w)`` with ``unit_offset``; statistics and the product in float32."""
-
-    weight: NamedArray
-    axes: tuple[Axis, ...] = eqx.field(static=True)
-    eps: float = eqx.field(static=True)
-    unit_offset: bool = eqx.field(static=True, default=False)
-    keep_full_precision: ClassVar[bool] = True  # precision.cast_for_compute leaves it in float32
-
-    @staticmethod
-    def init(axes: Axis | tuple[Axis, ...], *, eps: float, unit_offset: bool = False) -> RMSNorm:
-        axes = (axes,) if isinstance(axes, Axis) else tuple(axes)
-        return RMSNorm(nm.zeros(axes) if unit_offset else nm.ones(axes), axes, eps, unit_offset)
-
-    def __call__(self, x: NamedArray) -> NamedArray:
-        x32 = x.astype(jnp.float32)
-        names = tuple(a.name for a in self.axes)
-        y = x32 * nm.rsqrt(nm.square(x32).mean(names) + self.eps)
-        w = self.weight.astype(jnp.float32)
-        return (y * (1.0 + w if self.unit_offset else w)).astype(x.dtype)
-
-
-def _norm(config: DecoderConfig, axes) -> RMSNorm:
-    return RMSNorm.init(axes, eps=config.rms_norm_eps, unit_offset=config.norm_unit_offset)
+def _norm(config: DecoderConfig, axes) -> nn.RMSNorm:
+    return nn.RMSNorm.init(axes, eps=config.rms_norm_eps, unit_offset=config.norm_unit_offset)
 
 
 class Attention(eqx.Module):
@@ -235,8 +211,8 @@ class Attention(eqx.Module):
     k_proj: nn.Linear  # embed -> (kv_heads, head_size)
     v_proj: nn.Linear  # embed -> (kv_heads, head_size)
     o_proj: nn.Linear  # (heads, head_size) -> embed
-    q_norm: RMSNorm | None  # over head_size ("head") or (heads, head_size) ("projection")
-    k_norm: RMSNorm | None
+    q_norm: nn.RMSNorm | None  # over head_size ("head") or (heads, head_size) ("projection")
+    k_norm: nn.RMSNorm | None
 
     @staticmethod
     def init(config: DecoderConfig, *, key) -> Attention:
@@ -273,11 +249,11 @@ def _apply(norm, x):
 
 
 class DecoderLayer(eqx.Module):
-    input_layernorm: RMSNorm | None
+    input_layernorm: nn.RMSNorm | None
     self_attn: Attention
-    post_attention_layernorm: RMSNorm | None
-    pre_feedforward_layernorm: RMSNorm | None
-    post_feedforward_layernorm: RMSNorm | None
+    post_attention_layernorm: nn.RMSNorm | None
+    pre_feedforward_layernorm: nn.RMSNorm | None
+    post_feedforward_layernorm: nn.RMSNorm | None
     mlp: nn.MLP | nn.MoE  # down(act(gate(x)) * up(x)), or num_experts of them behind a router
     norm_layout: str = eqx.field(static=True)
 
@@ -378,7 +354,7 @@ def layer_data(config: DecoderConfig) -> dict:
 class DecoderLMHeadModel(eqx.Module):
     embed_tokens: nn.Embedding  # (vocab, embed); also the output head when tied
     layers: nn.Stacked[DecoderLayer]
-    norm: RMSNorm
+    norm: nn.RMSNorm
     lm_head: nn.Embedding | None  # (vocab, embed); None when tied to embed_tokens
     config: DecoderConfig = eqx.field(static=True)
 
@@ -511,9 +487,6 @@ def flops_per_token(config: DecoderConfig, seq_len: int) -> float:
 # flattened, e.g. q_proj [heads * head_size, embed]. OLMo 2's q/k norm weight over (heads,
 # head_size) is stored flat, [heads * head_size].
 
-HF_LINEAR_LAYOUT = "out_in"
-HF_BASE_PREFIX = "model."
-HF_IGNORED = (r"\.rotary_emb\.inv_freq$",)  # a buffer some older checkpoints saved
 _LAYER = ["input_layernorm.weight", "post_attention_layernorm.weight", "pre_feedforward_layernorm.weight",
           "post_feedforward_layernorm.weight", "self_attn.q_norm.weight", "self_attn.k_norm.weight",
           *(f"self_attn.{p}_proj.{w}" for p in "qkvo" for w in ("weight", "bias"))]
@@ -532,11 +505,19 @@ def moe_hf_keys(block: str, experts: dict[str, str]) -> dict[str, str]:
     }
 
 
-HF_KEYS = {
-    "embed_tokens.weight": "model.embed_tokens.weight",
-    **{f"layers.stacked.{name}": f"model.layers.{{i}}.{name}" for name in _LAYER},
-    **{f"layers.stacked.mlp.{p}.weight": f"model.layers.{{i}}.mlp.{p}_proj.weight" for p in ("gate", "up", "down")},
-    **moe_hf_keys("mlp", {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}),  # Qwen2/3-MoE's names
-    "norm.weight": "model.norm.weight",
-    "lm_head.weight": "lm_head.weight",  # untied only
-}
+HF_LAYOUT = HfLayout(
+    linear="out_in",
+    base_prefix="model.",
+    ignored=(r"\.rotary_emb\.inv_freq$",),  # a buffer some older checkpoints saved
+    keys={
+        "embed_tokens.weight": "model.embed_tokens.weight",
+        **{f"layers.stacked.{name}": f"model.layers.{{i}}.{name}" for name in _LAYER},
+        **{f"layers.stacked.mlp.{p}.weight": f"model.layers.{{i}}.mlp.{p}_proj.weight" for p in ("gate", "up", "down")},
+        **moe_hf_keys("mlp", {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}),  # Qwen2/3-MoE's names
+        "norm.weight": "model.norm.weight",
+        "lm_head.weight": "lm_head.weight",  # untied only
+    },
+)
+
+# Mixtral keeps its experts in "block_sparse_moe" and calls their gate, up and down w1, w3, w2.
+MIXTRAL_HF_LAYOUT = HF_LAYOUT.with_keys(moe_hf_keys("block_sparse_moe", {"gate": "w1", "up": "w3", "down": "w2"}))

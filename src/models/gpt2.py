@@ -26,7 +26,7 @@ import jax
 import named as nm
 from named import Axis, NamedArray, nn
 
-from ._common import Head, KVCache, causal_attention, check_sequence_length, layer_keys, split_key, token_positions
+from ._common import Head, HfLayout, KVCache, causal_attention, check_sequence_length, layer_keys, split_key, token_positions
 
 Qkv = Axis("qkv", 3)
 
@@ -214,25 +214,27 @@ def flops_per_token(config: Gpt2Config, seq_len: int) -> float:
 # GPT-2's Conv1D stores its weight [in, out], as our Linear does (In axes, then Out axes,
 # flattened): c_attn [embed, 3 * embed] is our (embed, qkv, heads, head_size) reshaped.
 
-HF_LINEAR_LAYOUT = "in_out"
-HF_BASE_PREFIX = "transformer."  # the original OpenAI checkpoints were saved without it
-HF_IGNORED = (r"\.attn\.bias$", r"\.attn\.masked_bias$")  # causal-mask buffers of old checkpoints
-HF_KEYS = {
-    "wte.weight": "transformer.wte.weight",
-    "wpe.weight": "transformer.wpe.weight",
-    "blocks.stacked.ln_1.weight": "transformer.h.{i}.ln_1.weight",
-    "blocks.stacked.ln_1.bias": "transformer.h.{i}.ln_1.bias",
-    "blocks.stacked.attn.c_attn.weight": "transformer.h.{i}.attn.c_attn.weight",
-    "blocks.stacked.attn.c_attn.bias": "transformer.h.{i}.attn.c_attn.bias",
-    "blocks.stacked.attn.c_proj.weight": "transformer.h.{i}.attn.c_proj.weight",
-    "blocks.stacked.attn.c_proj.bias": "transformer.h.{i}.attn.c_proj.bias",
-    "blocks.stacked.ln_2.weight": "transformer.h.{i}.ln_2.weight",
-    "blocks.stacked.ln_2.bias": "transformer.h.{i}.ln_2.bias",
-    "blocks.stacked.mlp.up.weight": "transformer.h.{i}.mlp.c_fc.weight",
-    "blocks.stacked.mlp.up.bias": "transformer.h.{i}.mlp.c_fc.bias",
-    "blocks.stacked.mlp.down.weight": "transformer.h.{i}.mlp.c_proj.weight",
-    "blocks.stacked.mlp.down.bias": "transformer.h.{i}.mlp.c_proj.bias",
-    "ln_f.weight": "transformer.ln_f.weight",
-    "ln_f.bias": "transformer.ln_f.bias",
-    "lm_head.weight": "lm_head.weight",  # untied only
-}
+HF_LAYOUT = HfLayout(
+    linear="in_out",
+    base_prefix="transformer.",  # the original OpenAI checkpoints were saved without it
+    ignored=(r"\.attn\.bias$", r"\.attn\.masked_bias$"),  # causal-mask buffers of old checkpoints
+    keys={
+        "wte.weight": "transformer.wte.weight",
+        "wpe.weight": "transformer.wpe.weight",
+        "blocks.stacked.ln_1.weight": "transformer.h.{i}.ln_1.weight",
+        "blocks.stacked.ln_1.bias": "transformer.h.{i}.ln_1.bias",
+        "blocks.stacked.attn.c_attn.weight": "transformer.h.{i}.attn.c_attn.weight",
+        "blocks.stacked.attn.c_attn.bias": "transformer.h.{i}.attn.c_attn.bias",
+        "blocks.stacked.attn.c_proj.weight": "transformer.h.{i}.attn.c_proj.weight",
+        "blocks.stacked.attn.c_proj.bias": "transformer.h.{i}.attn.c_proj.bias",
+        "blocks.stacked.ln_2.weight": "transformer.h.{i}.ln_2.weight",
+        "blocks.stacked.ln_2.bias": "transformer.h.{i}.ln_2.bias",
+        "blocks.stacked.mlp.up.weight": "transformer.h.{i}.mlp.c_fc.weight",
+        "blocks.stacked.mlp.up.bias": "transformer.h.{i}.mlp.c_fc.bias",
+        "blocks.stacked.mlp.down.weight": "transformer.h.{i}.mlp.c_proj.weight",
+        "blocks.stacked.mlp.down.bias": "transformer.h.{i}.mlp.c_proj.bias",
+        "ln_f.weight": "transformer.ln_f.weight",
+        "ln_f.bias": "transformer.ln_f.bias",
+        "lm_head.weight": "lm_head.weight",  # untied only
+    },
+)

@@ -5,9 +5,9 @@ A folder holds ``config.json`` and either ``model.safetensors`` or shards listed
 and never a pickle), one file at a time; each tensor goes to its device(s) as soon as it is
 read, laid out by the parameter mapping, so a model that only fits when sharded loads.
 
-Each model file names its tensors (``HF_KEYS``: our parameter path -> Hugging Face name,
-``{i}`` for the layer) and says how Hugging Face stores a Linear weight
-(``HF_LINEAR_LAYOUT``: GPT-2's Conv1D keeps ``[in, out]``, torch's nn.Linear ``[out, in]``).
+Each family names its tensors in an ``HfLayout`` (``layout.keys``: our parameter path -> Hugging
+Face name, ``{i}`` for the layer) that says how Hugging Face stores a Linear weight
+(``layout.linear``: GPT-2's Conv1D keeps ``[in, out]``, torch's nn.Linear ``[out, in]``).
 Our Linear weight has axes ``In + Out``; the Hugging Face tensor is that with each side
 flattened (and transposed for ``[out, in]``); an embedding has the same shape in both; every
 other parameter (biases, norm weights, OLMo 2's q/k norm over ``(heads, head_size)``) is flat.
@@ -90,9 +90,9 @@ def _params(model, arch: Family) -> tuple[list[_Param], list[NamedArray], Any]:
     params, leaves = [], []
     for entry in nm.state_dict_entries(model):  # nm.state_dict's flattening: paths and Stacked layers
         path, leaf = entry.path, entry.leaf
-        if not isinstance(leaf, NamedArray) or path not in arch.module.HF_KEYS:
-            raise CheckpointFormatError(f"{arch.model_type}: parameter {path!r} has no Hugging Face name (HF_KEYS)")
-        template = arch.module.HF_KEYS[path]
+        if not isinstance(leaf, NamedArray) or path not in arch.layout.keys:
+            raise CheckpointFormatError(f"{arch.model_type}: parameter {path!r} has no Hugging Face name (layout.keys)")
+        template = arch.layout.keys[path]
         n = len(entry.stacks) if "{i}" in template else 0  # "{i}" the layer, "{j}" an MoE layer's expert
         axes = leaf.axes[n:]
         if n and entry.stacks != leaf.axes[:n]:
@@ -105,7 +105,7 @@ def _params(model, arch: Family) -> tuple[list[_Param], list[NamedArray], Any]:
             linear = (math.prod(a.size for a in nm.axis_spec_to_tuple(owner.In)), math.prod(a.size for a in nm.axis_spec_to_tuple(owner.Out)))
         flat = linear is None and not isinstance(owner, nn.Embedding)
         params.append(_Param(path, axes, names, tuple(a.size for a in leaf.axes[:n]), linear, flat,
-                             linear is not None and arch.module.HF_LINEAR_LAYOUT == "out_in"))
+                             linear is not None and arch.layout.linear == "out_in"))
         leaves.append(leaf)
     return params, leaves, jax.tree.structure(model, is_leaf=nm.is_named_array)
 
@@ -325,11 +325,11 @@ def config_from_hf(folder: str | Path) -> Any:
 
 def _our_name(name: str, family: Family, wanted, config) -> str | None:
     """The model's name for a tensor name of a folder (some omit the base prefix), or None for a
-    tensor that is no parameter: a tied copy of the embedding, or a buffer (``HF_IGNORED``)."""
-    module = family.module
-    if name not in wanted and module.HF_BASE_PREFIX + name in wanted:
-        name = module.HF_BASE_PREFIX + name
-    if (name == "lm_head.weight" and config.tie_word_embeddings) or any(re.search(r, name) for r in module.HF_IGNORED):
+    tensor that is no parameter: a tied copy of the embedding, or a buffer (``layout.ignored``)."""
+    layout = family.layout
+    if name not in wanted and layout.base_prefix + name in wanted:
+        name = layout.base_prefix + name
+    if (name == "lm_head.weight" and config.tie_word_embeddings) or any(re.search(r, name) for r in layout.ignored):
         return None
     return name
 

@@ -13,60 +13,57 @@ from typing import Any
 
 import named as nm
 
-from . import decoder, families, gpt2, moe
-from ._hf_config import CheckpointFormatError, _checked, _gpt2_from_hf, _gpt2_to_hf
-from ._hf_decoder import HfDecoder, read, write
+from . import decoder, families, gpt2
+from ._common import HfLayout
+from ._hf_config import CheckpointFormatError, HfConfigFormat, HfGpt2, _checked
+from ._hf_decoder import HfDecoder
 
 
 @dataclasses.dataclass(frozen=True)
 class Family:
-    """One model family.
+    """One model family: what the trainer, ``named-plan`` and the Hugging Face import and export
+    ask of a model, the same for every family.
 
-    ``module`` is the model's file: its Hugging Face key map (``HF_KEYS``, ``HF_LINEAR_LAYOUT``,
-    ``HF_BASE_PREFIX``, ``HF_IGNORED``), ``num_params`` and ``flops_per_token`` (Mixtral's is
-    ``moe.MIXTRAL``: the decoder's, with Mixtral's names for the expert tensors).
-    ``positions_field`` is the config field that bounds the sequence length. A decoder family
-    has ``hf`` (how its ``config.json`` reads); GPT-2 has its own ``from_hf`` / ``to_hf``.
+    ``positions_field`` is the config field that bounds the sequence length; ``layout`` names and
+    shapes its tensors in a Hugging Face folder, ``hf`` reads and writes its ``config.json``
+    (beside ``model_type`` and ``architectures``, which are the family's own); ``num_params`` and
+    ``flops_per_token`` are its closed forms (``config -> int``, ``(config, seq_len) -> float``).
     """
 
     name: str  # the YAML model.type
     config_cls: type
     model_cls: type
-    module: Any
     model_type: str  # Hugging Face config.json model_type
     architecture: str  # the transformers causal-LM class, in config.json's architectures
     positions_field: str
-    hf: HfDecoder | None = None
-    hf_reader: Callable[[Mapping, Path], Any] | None = None
-    hf_writer: Callable[[Any], dict] | None = None
+    layout: HfLayout
+    hf: HfConfigFormat
+    num_params: Callable[[Any], int]
+    flops_per_token: Callable[[Any, int], float]
 
     def from_hf(self, d: Mapping, where: Path):
-        return read(self.hf, self, d, where) if self.hf is not None else self.hf_reader(d, where)
+        """Our config for the parsed ``config.json`` ``d`` (at ``where``) of this family."""
+        return self.hf.read(self, d, where)
 
     def to_hf(self, config) -> dict:
-        return write(self.hf, self, config) if self.hf is not None else self.hf_writer(config)
+        """``config.json`` for ``config``."""
+        return {"architectures": [self.architecture], "model_type": self.model_type, **self.hf.write(self, config)}
 
     def max_positions(self, config) -> int:
         return getattr(config, self.positions_field)
 
-    def num_params(self, config) -> int:
-        return self.module.num_params(config)
 
-    def flops_per_token(self, config, seq_len: int) -> float:
-        return self.module.flops_per_token(config, seq_len)
-
-
-def _decoder(name, config_cls, model_type, architecture, module=decoder, **hf) -> Family:
-    return Family(name, config_cls, decoder.DecoderLMHeadModel, module, model_type, architecture,
-                  "max_position_embeddings", HfDecoder(**hf))
+def _decoder(name, config_cls, model_type, architecture, layout=decoder.HF_LAYOUT, **hf) -> Family:
+    return Family(name, config_cls, decoder.DecoderLMHeadModel, model_type, architecture, "max_position_embeddings",
+                  layout, HfDecoder(**hf), decoder.num_params, decoder.flops_per_token)
 
 
 _GEMMA = dict(activation_field="hidden_activation", windows="layer_types", gemma=True,
               no_effect=frozenset({"hidden_act", "cache_implementation"}))  # transformers reads hidden_activation only
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
-    Family("gpt2", gpt2.Gpt2Config, gpt2.Gpt2LMHeadModel, gpt2, "gpt2", "GPT2LMHeadModel", "n_positions",
-           hf_reader=_gpt2_from_hf, hf_writer=_gpt2_to_hf),
+    Family("gpt2", gpt2.Gpt2Config, gpt2.Gpt2LMHeadModel, "gpt2", "GPT2LMHeadModel", "n_positions", gpt2.HF_LAYOUT,
+           HfGpt2(), gpt2.num_params, gpt2.flops_per_token),
     _decoder("llama", families.LlamaConfig, "llama", "LlamaForCausalLM",
              only={"mlp_bias": (False,), "pretraining_tp": (1,)}),
     _decoder("mistral", families.MistralConfig, "mistral", "MistralForCausalLM", bias="fixed", windows="all"),
@@ -77,8 +74,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     _decoder("gemma3", families.Gemma3Config, "gemma3_text", "Gemma3ForCausalLM", nested_rope=True,
              pattern_fields=("sliding_window_pattern", "_sliding_window_pattern"), **_GEMMA),
     # mixtures of experts: the decoder with nn.MoE in place of the MLP
-    _decoder("mixtral", families.MixtralConfig, "mixtral", "MixtralForCausalLM", module=moe.MIXTRAL, bias="fixed",
-             windows="all", moe="mixtral"),
+    _decoder("mixtral", families.MixtralConfig, "mixtral", "MixtralForCausalLM", layout=decoder.MIXTRAL_HF_LAYOUT,
+             bias="fixed", windows="all", moe="mixtral"),
     _decoder("qwen3_moe", families.Qwen3MoeConfig, "qwen3_moe", "Qwen3MoeForCausalLM", moe="qwen3",
              only={"use_sliding_window": (False,)}, no_effect=frozenset({"sliding_window", "max_window_layers"})),
     _decoder("qwen2_moe", families.Qwen2MoeConfig, "qwen2_moe", "Qwen2MoeForCausalLM", bias="fixed", windows="qwen",

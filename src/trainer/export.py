@@ -275,7 +275,7 @@ def peft_config(cfg: TrainConfig, model) -> dict:
         "modules_to_save": None, "layers_to_transform": None, "layers_pattern": None, "rank_pattern": {},
         "alpha_pattern": {},
         # GPT-2's Conv1D stores its weight [in, out]; PEFT needs to know to merge into it
-        "fan_in_fan_out": family_for(model).module.HF_LINEAR_LAYOUT == "in_out",
+        "fan_in_fan_out": family_for(model).layout.linear == "in_out",
     }
 
 

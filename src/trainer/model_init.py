@@ -54,7 +54,7 @@ def trainable(cfg: TrainConfig, model):
 def hf_linears(model) -> dict[str, str]:
     """Every Linear of ``model`` (a base or an adapted one): our dotted path -> its Hugging Face
     module path, ``{i}`` for the layer (``layers.stacked.mlp.gate`` -> ``model.layers.{i}.mlp.gate_proj``)."""
-    keys = family_for(model).module.HF_KEYS
+    keys = family_for(model).layout.keys
     flat = jax.tree_util.tree_flatten_with_path(model, is_leaf=lambda x: isinstance(x, (nn.Linear, nn.LoraLinear)))[0]
     out = {}
     for keypath, x in flat:
@@ -72,7 +72,7 @@ def with_lora(cfg: TrainConfig, model, key):
     if lora is None:
         return model
     linears = hf_linears(model)
-    order = [k.removesuffix(".weight") for k in family_for(model).module.HF_KEYS.values()]  # Hugging Face's order
+    order = [k.removesuffix(".weight") for k in family_for(model).layout.keys.values()]  # Hugging Face's order
     names = list(dict.fromkeys(hf.rsplit(".", 1)[-1] for hf in sorted(linears.values(), key=order.index)))
     unknown = [t for t in lora.targets if t not in names]
     if unknown:

@@ -148,11 +148,12 @@ def mode_table(reports: dict[str, nm.inspect.CompiledReport]) -> list[str]:
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
 
 
-def train_step_report(cfg: TrainConfig, s: Setup | None = None) -> nm.inspect.CompiledReport:
-    """Compile the train step ``named-train`` would run, on abstract inputs laid out as the run
-    lays them out (parameters and optimizer state by the parameter mapping, the batch by the
-    compute mapping), and report its collectives, memory per device and FLOPs. ``s``: the result
-    of ``check_against_devices(cfg)``, when the caller has it."""
+def abstract_train_step(cfg: TrainConfig, s: Setup | None = None) -> tuple:
+    """``(step, args)``: the train step ``named-train`` would run (``train.make_train_step``) and
+    abstract inputs laid out as the run lays them out (parameters and optimizer state by the
+    parameter mapping, the batch by the compute mapping), so that ``step.lower(*args)`` under the
+    run's mesh compiles it without allocating anything. ``s``: the result of
+    ``check_against_devices(cfg)``, when the caller has it."""
     from named.nn.precision import get_policy
 
     from .optim import build_optimizer, init_opt_state
@@ -181,7 +182,15 @@ def train_step_report(cfg: TrainConfig, s: Setup | None = None) -> nm.inspect.Co
     batch = {name: nm.NamedArray(jax.ShapeDtypeStruct((rows[0].size, rows[1].size), dtype), rows)
              for name, dtype in (("input_ids", jnp.int32), ("segment_ids", jnp.int32), ("loss_mask", jnp.bool_))}
     step = make_train_step(s.model_cls, optimizer, get_policy(t.precision), cfg, compute, param)
-    with nm.set_mesh(mesh):
-        lowered = step.lower(abstract(model, param), abstract(opt_state, param), abstract(batch, compute),
-                             jax.random.key(0), flags_layout(mesh))
-    return nm.compiled_report(lowered, mesh=mesh)
+    return step, (abstract(model, param), abstract(opt_state, param), abstract(batch, compute), jax.random.key(0),
+                  flags_layout(mesh))
+
+
+def train_step_report(cfg: TrainConfig, s: Setup | None = None) -> nm.inspect.CompiledReport:
+    """Compile the train step ``named-train`` would run on abstract inputs (``abstract_train_step``)
+    and report its collectives, memory per device and FLOPs."""
+    s = s if s is not None else check_against_devices(cfg)
+    step, args = abstract_train_step(cfg, s)
+    with nm.set_mesh(s.mesh):
+        lowered = step.lower(*args)
+    return nm.compiled_report(lowered, mesh=s.mesh)

@@ -7,7 +7,7 @@ from typing import ClassVar
 import equinox as eqx
 import jax.numpy as jnp
 
-from .._axis import Axis
+from .._axis import ArgumentError, Axis
 from .._core import NamedArray, expect_named
 from .. import _ops as ops
 from .._shape import ones, zeros
@@ -39,20 +39,31 @@ class LayerNorm(eqx.Module):
 
 
 class RMSNorm(eqx.Module):
-    """``x / sqrt(mean(x²) + eps) * weight`` over ``axis`` (Llama)."""
+    """``x / sqrt(mean(x²) + eps) * weight`` over ``axis`` (Llama), or ``* (1 + weight)`` with
+    ``unit_offset`` (Gemma, whose weights start at 0). ``axis`` is one axis or several (OLMo 2
+    normalises a whole q/k projection, ``(heads, head_size)``); the statistics and the product
+    are float32."""
 
     weight: NamedArray | None
-    axis: Axis = eqx.field(static=True)
+    axis: Axis | tuple[Axis, ...] = eqx.field(static=True)
     eps: float = eqx.field(static=True, default=1e-6)
+    unit_offset: bool = eqx.field(static=True, default=False)
     keep_full_precision: ClassVar[bool] = True
 
     @staticmethod
-    def init(axis: Axis, *, eps: float = 1e-6, use_weight: bool = True) -> RMSNorm:
-        return RMSNorm(ones(axis) if use_weight else None, axis, eps)
+    def init(axis: Axis | tuple[Axis, ...], *, eps: float = 1e-6, use_weight: bool = True,
+             unit_offset: bool = False) -> RMSNorm:
+        if unit_offset and not use_weight:
+            raise ArgumentError("RMSNorm: unit_offset scales by (1 + weight), so it needs use_weight=True")
+        axis = tuple(axis) if isinstance(axis, (tuple, list)) else axis
+        weight = None if not use_weight else zeros(axis) if unit_offset else ones(axis)
+        return RMSNorm(weight, axis, eps, unit_offset)
 
     def __call__(self, x: NamedArray) -> NamedArray:
+        names = tuple(a.name for a in self.axis) if isinstance(self.axis, tuple) else self.axis.name
         x32 = expect_named(x, "RMSNorm").astype(jnp.float32)
-        y = x32 * ops.rsqrt(ops.square(x32).mean(self.axis.name) + self.eps)
+        y = x32 * ops.rsqrt(ops.square(x32).mean(names) + self.eps)
         if self.weight is not None:
-            y = y * self.weight
+            w = self.weight.astype(jnp.float32)
+            y = y * (1.0 + w if self.unit_offset else w)
         return y.astype(x.dtype)
