@@ -11,14 +11,14 @@ A quantized Linear's rounding has no derivative: its cases check what its gradie
 documented to be (straight-through for fp8, the float gradient for int8).
 
 ``test_every_public_name_has_a_gradient_case`` walks the public surface of ``named`` (with
-``explicit`` and ``random``) and ``named.nn`` (with ``lora``, ``mup``, ``loss`` and ``precision``):
+``explicit``, ``random`` and ``debug``) and ``named.nn`` (with ``lora``, ``mup``, ``loss`` and
+``precision``), as tests/_surface.py lists it:
 a new public function or class needs a case here, or an entry in ``EXCLUDED`` that says why it
 has no gradient to check.
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Callable
 
@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _surface import public_surface
 from jax.test_util import check_vjp
 
 import named as nm
@@ -765,33 +766,6 @@ def explicit_stack():
 @pytest.mark.parametrize("name", list(CASES))
 def test_gradient_under_jit_matches_finite_differences(name):
     CASES[name][1]()
-
-
-WALKED = {"nm": nm, "nn": nn, "nn.lora": nn.lora, "nn.mup": nn.mup, "nn.loss": nn.loss,
-          "nn.precision": nn.precision, "nm.explicit": nm.explicit, "nm.random": nm.random}
-
-
-def public_surface() -> dict[str, object]:
-    """Every public function and class of the walked namespaces, by its first name in WALKED
-    (``nn.relu`` is ``nm.relu``: one entry). Modules and plain values (tables, constants) are not
-    listed; a namespace module must be walked or excluded. ``nm.random`` lists only what it defines."""
-    out, seen = {}, set()
-    for prefix, module in WALKED.items():
-        names = getattr(module, "__all__", None) or [n for n in dir(module) if not n.startswith("_")]
-        for n in names:
-            obj = getattr(module, n)
-            if module is nm.random and getattr(obj, "__module__", None) != nm.random.__name__:
-                continue
-            if inspect.ismodule(obj):
-                # the models and the trainer install under named's name but are not the library
-                if obj in WALKED.values() or obj.__name__.split(".")[:2] in (["named", "models"], ["named", "trainer"],
-                                                                             ["named", "configs"]):
-                    continue
-            elif not callable(obj) or id(obj) in seen:
-                continue
-            seen.add(id(obj))
-            out[f"{prefix}.{n}"] = obj
-    return out
 
 
 def test_the_checks_fail_on_a_wrong_gradient():

@@ -19,6 +19,7 @@ import numpy as np
 from . import _ops
 from ._axis import (
     ArgumentError,
+    ArgumentTypeError,
     Axis,
     AxisError,
     AxisSelection,
@@ -48,6 +49,19 @@ from ._transforms import nmap
 _SAME = "same"  # fft size rules: output size from the input size m (or n= when given)
 _HALF = "half"  # m // 2 + 1 (a real input's spectrum)
 _FULL = "full"  # 2 * (m - 1) (back from a half spectrum)
+
+def _nan_when_empty(fn: Callable) -> Callable:
+    """``fn`` (a median), NaN over a zero-size axis as in numpy (jnp's gather fails on one)."""
+    @functools.wraps(fn)
+    def median(a, axis=None, **kwargs):
+        dims = range(a.ndim) if axis is None else (axis if isinstance(axis, tuple) else (axis,))
+        if any(a.shape[d] == 0 for d in dims):
+            kept = tuple(n for d, n in enumerate(a.shape) if d not in dims)
+            return jnp.full(kept, jnp.nan, jnp.result_type(a.dtype, jnp.float32))
+        return fn(a, axis=axis, **kwargs)
+
+    return median
+
 
 SURFACE: dict[str, tuple] = {
     # bitwise and integer
@@ -103,8 +117,8 @@ SURFACE: dict[str, tuple] = {
     "nancumsum": ("along", jnp.nancumsum),
     "nancumprod": ("along", jnp.nancumprod),
     # other reductions
-    "median": ("reduce_plain", jnp.median),
-    "nanmedian": ("reduce_plain", jnp.nanmedian),
+    "median": ("reduce_plain", _nan_when_empty(jnp.median)),
+    "nanmedian": ("reduce_plain", _nan_when_empty(jnp.nanmedian)),
     "ptp": ("reduce_plain", jnp.ptp),
     "count_nonzero": ("reduce_plain", jnp.count_nonzero),
     # Fourier transforms
@@ -134,18 +148,30 @@ def _fft(name: str, fn1: Callable, fnn: Callable | None, rule: str) -> Callable:
         dims = list(indices_of(x.axes, axis, f"nm.{name}"))
         if not dims:
             raise AxisError(f"nm.{name} needs an axis name; the array has axes {format_axes(x.axes)}")
+        for i in dims:  # numpy refuses a transform of no points too; jnp returns nothing or fails to lower
+            if x.axes[i].size == 0:
+                raise AxisError(f"nm.{name} along the zero-size axis {x.axes[i].name!r} of {format_axes(x.axes)}: a "
+                                "Fourier transform needs at least one point")
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ArgumentError(f"nm.{name}: n={n!r} points; n must be an int >= 1")
         axes = list(x.axes)
-        if len(dims) == 1:
-            (i,) = dims
-            out = fn1(x.array, n=n, axis=i, norm=norm)
-            axes[i] = Axis(name_of(new_axis) if new_axis is not None else x.axes[i].name, _fft_size(rule, x.axes[i].size, n))
-        else:
-            if fnn is None or n is not None or new_axis is not None:
-                raise ArgumentError(f"nm.{name} over several axes {[x.axes[i].name for i in dims]} takes neither n= nor new_axis="
-                                    + ("" if fnn is not None else f" (and jnp has no n-dimensional {name})"))
-            out = fnn(x.array, axes=dims, norm=norm)
-            # the n-dimensional real transforms halve (or restore) only the last axis they are given
-            axes[dims[-1]] = x.axes[dims[-1]].resize(_fft_size(rule, x.axes[dims[-1]].size, None))
+        last = dims[-1]  # the n-dimensional real transforms halve (or restore) only the last axis they are given
+        size = _fft_size(rule, x.axes[last].size, n)
+        if size < 1:
+            raise ArgumentError(f"nm.{name} of the {x.axes[last].size} point(s) along {x.axes[last].name!r} gives no "
+                                "points; give n= (the size of the result along it)")
+        try:
+            if len(dims) == 1:
+                out = fn1(x.array, n=n, axis=last, norm=norm)
+            else:
+                if fnn is None or n is not None or new_axis is not None:
+                    raise ArgumentError(f"nm.{name} over several axes {[x.axes[i].name for i in dims]} takes neither n= "
+                                        "nor new_axis=" + ("" if fnn is not None else f" (and jnp has no n-dimensional {name})"))
+                out = fnn(x.array, axes=dims, norm=norm)
+        except (TypeError, ValueError) as e:  # a complex array into a real transform
+            raise ArgumentTypeError(f"nm.{name} does not take an array of dtype {x.dtype}: {e}") from e
+        new = name_of(new_axis) if new_axis is not None else x.axes[last].name
+        axes[last] = Axis(new, size)
         check_unique(axes, f"nm.{name}'s result")
         return NamedArray._unchecked(out, tuple(axes))
 
@@ -160,17 +186,17 @@ def _make(name: str, row: tuple) -> Callable:
         def op(x, axis: AxisSelection | None = None, *, where=None, **kwargs):
             if where is not None and kind != "reduce":
                 kwargs.setdefault("initial", _ops._lowest(x.dtype, highest=kind == "reduce_min"))
-            return _ops._reduce(fn, x, axis, where=where, **kwargs)
+            return _ops._reduce(fn, x, axis, where=where, name=name, **kwargs)
 
         how = "over names (None: all axes), with where="
     elif kind == "reduce_plain":
         def op(x, axis: AxisSelection | None = None, **kwargs):
-            return _ops._reduce(fn, x, axis, **kwargs)
+            return _ops._reduce(fn, x, axis, name=name, **kwargs)
 
         how = "over names (None: all axes)"
     elif kind == "arg":
         def op(x, axis: AxisSelector | None = None):
-            return _ops._arg_reduce(fn, x, axis)
+            return _ops._arg_reduce(fn, x, axis, name)
 
         how = "along one name, or None for a flat index over all axes"
     elif kind == "along":
@@ -182,6 +208,7 @@ def _make(name: str, row: tuple) -> Callable:
         op, how = _fft(name, fn, row[2], row[3]), "along one name (n=, new_axis=) or several"
     else:
         def op(x, axis: AxisSelection | None = None):
+            expect_named(x, f"nm.{name}")
             dims = tuple(range(x.ndim)) if axis is None else indices_of(x.axes, axis, f"nm.{name}")
             return NamedArray._unchecked(fn(x.array, axes=dims), x.axes)
 

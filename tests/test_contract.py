@@ -1,0 +1,494 @@
+"""The edge-case contract of the public surface (docs/named_arrays.md, "The edge-case contract").
+
+Every public function and class that tests/_surface.py walks belongs to exactly one kind of
+``KINDS``. A kind names its members and says, for each class of input in ``COLUMNS``, the one
+rule they all follow (the text of the docs' table) and holds the probe that checks that rule on
+every member with generated inputs: a plain array, an axis the array lacks, an extra axis, one
+name with two sizes, a zero-size axis, a wrong dtype, an out-of-range static value. A rule
+is either an error (a ``NamedError`` subclass whose message names the culprit) or a result, and
+the results are checked against numpy, jnp or the member itself on slices, never taken on
+trust. A column a kind has no input for is ``—`` in the table and has no probe.
+
+``test_every_public_name_has_a_row`` fails for a public name that no kind lists; the docs' table
+is rendered from ``KINDS`` (``render``) and ``python tests/test_contract.py`` rewrites it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+import pathlib
+import re
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _surface import public_surface
+
+import named as nm
+from named import Axis, nn
+
+COLUMNS = {
+    "plain": "plain array",
+    "missing": "missing axis",
+    "extra": "extra axis",
+    "size": "size mismatch",
+    "zero": "zero-size axis",
+    "dtype": "wrong dtype",
+    "range": "out of range",
+}
+
+A, B, C, Z = Axis("a", 3), Axis("b", 4), Axis("c", 2), Axis("z", 0)
+
+
+# ---- generated inputs ------------------------------------------------------------------------------------
+
+
+def values(*axes: Axis, dtype=jnp.float32, seed: int = 0, offset: float = 0.1) -> nm.NamedArray:
+    """Distinct values ``0.25 k + offset`` (k a permutation around 0): no ties and no kinks at the
+    integers; integer and bool dtypes get ``1 .. n`` and alternating truth values."""
+    n = math.prod(a.size for a in axes)
+    k = np.random.default_rng(seed).permutation(n)
+    if jnp.issubdtype(dtype, jnp.bool_):
+        v = k % 2 == 0
+    elif jnp.issubdtype(dtype, jnp.integer):
+        v = k + 1
+    else:
+        v = 0.25 * (k - n // 2) + offset
+    return nm.named(jnp.asarray(v.reshape([a.size for a in axes]), dtype), axes)
+
+
+X = values(A, B)
+KEY = jax.random.key(0)
+
+
+def plain(x: nm.NamedArray = X):
+    return x.array
+
+
+def renamed(x: nm.NamedArray, old: str, new: str) -> nm.NamedArray:
+    return x.rename({old: new})
+
+
+def resized(x: nm.NamedArray, name: str, size: int, seed: int = 1) -> nm.NamedArray:
+    return values(*(a.resize(size) if a.name == name else a for a in x.axes), dtype=x.dtype, seed=seed)
+
+
+def with_extra(x: nm.NamedArray, seed: int = 2) -> nm.NamedArray:
+    """``x`` with the bystander axis ``c`` in front, each of its slices different."""
+    return values(C, *x.axes, dtype=x.dtype, seed=seed)
+
+
+# ---- checks ----------------------------------------------------------------------------------------------
+
+
+def describe(out) -> str:
+    leaves = jax.tree.leaves(out, is_leaf=nm.is_named_array)
+    return ", ".join(repr(leaf)[:80] if not isinstance(leaf, nm.NamedArray) else f"NamedArray{leaf.shape}"
+                     for leaf in leaves[:3]) or repr(out)[:80]
+
+
+def refused(thunk: Callable[[], Any], exc: type = nm.NamedError, *words: str) -> None:
+    """``thunk()`` raises ``exc`` (a NamedError) whose message holds every one of ``words``."""
+    try:
+        out = thunk()
+    except nm.NamedError as e:
+        if not isinstance(e, exc):
+            raise AssertionError(f"raised {type(e).__name__}, not {exc.__name__}: {e}") from None
+        missing = [w for w in words if w not in str(e)]
+        if missing:
+            raise AssertionError(f"the message does not name {missing}: {e}") from None
+        return
+    except Exception as e:  # noqa: BLE001 - what is being checked: no raw error gets out
+        raise AssertionError(f"a raw {type(e).__name__} instead of a NamedError: {str(e)[:300]}") from None
+    raise AssertionError(f"no error: returned {describe(out)}")
+
+
+def runs(thunk: Callable[[], Any]):
+    """``thunk()``; a raw (non-NamedError) exception is a failure of the contract."""
+    try:
+        return thunk()
+    except nm.NamedError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise AssertionError(f"a raw {type(e).__name__}: {str(e)[:300]}") from None
+
+
+def _named_leaves(tree) -> list:
+    return jax.tree.leaves(tree, is_leaf=nm.is_named_array)
+
+
+def as_numpy(v) -> np.ndarray:
+    v = np.asarray(v.array if isinstance(v, nm.NamedArray) else v)
+    return v.astype(np.complex128 if np.iscomplexobj(v) else np.float64)
+
+
+def same(got, want, what: str = "result", tol: float = 1e-5) -> None:
+    """Two trees of NamedArrays with the same axes (any order) and entries (NaN equals NaN)."""
+    g, w = _named_leaves(got), _named_leaves(want)
+    assert len(g) == len(w), f"{what}: {len(g)} leaves, expected {len(w)}"
+    for a, b in zip(g, w):
+        if isinstance(b, nm.NamedArray):
+            assert isinstance(a, nm.NamedArray), f"{what}: {describe(a)} is not a NamedArray"
+            assert set(a.axes) == set(b.axes), f"{what}: axes {a.shape}, expected {b.shape}"
+            a = a.rearrange(b.names)
+        np.testing.assert_allclose(as_numpy(a), as_numpy(b), rtol=tol, atol=tol, equal_nan=True, err_msg=what)
+
+
+def per_slice(call: Callable[[nm.NamedArray], Any], x: nm.NamedArray, axis: str = "c") -> None:
+    """An axis ``call`` does not act on is carried through: every NamedArray of ``call(x)`` has it, and
+    slice ``i`` of the result is ``call`` of slice ``i`` of ``x``."""
+    out = runs(lambda: call(x))
+    leaves = _named_leaves(out)
+    assert leaves and all(isinstance(v, nm.NamedArray) and axis in v.names for v in leaves), \
+        f"the extra axis {axis!r} is not in every result: {describe(out)}"
+    for i in range(x.axis_size(axis)):
+        same(jax.tree.map(lambda v: v[axis, i], out, is_leaf=nm.is_named_array), call(x[axis, i]), f"slice {axis}={i}")
+
+
+def numpy_or_refused(ours: Callable[[], Any], reference: Callable[[], Any], exc: type, *words: str) -> None:
+    """``ours()`` gives what the numpy (or jnp) ``reference()`` gives; where the reference refuses
+    (raises), ours raises ``exc`` naming ``words`` instead of a raw error."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            want = reference()
+    except Exception:  # noqa: BLE001 - the reference's refusal, whatever its class
+        refused(ours, exc, *words)
+        return
+    got = runs(ours)
+    np.testing.assert_allclose(as_numpy(got), as_numpy(want), rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+# ---- the table -------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """One cell of the table: what the docs say, and ``probe(name, member)``, which checks it."""
+
+    text: str
+    probe: Callable[[str, Any], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    title: str
+    members: tuple[str, ...]
+    rules: dict[str, Rule]  # column -> rule; a column a kind takes no input for is absent ("—")
+
+
+KINDS: list[Kind] = []
+
+
+def kind(title: str, members: str, **rules: Rule) -> Kind:
+    """Register a kind; ``members``: public names separated by spaces (``nm.add nn.celu``)."""
+    assert set(rules) <= set(COLUMNS), sorted(set(rules) - set(COLUMNS))
+    k = Kind(title, tuple(members.split()), {c: rules[c] for c in COLUMNS if c in rules})
+    KINDS.append(k)
+    return k
+
+
+def takes(fn, keyword: str) -> bool:
+    try:
+        return keyword in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+WRAP = "wrap it with nm.named"
+MASK_B = nm.named(jnp.asarray([True, False, True, True]), (B,))
+
+
+# ---- elementwise -----------------------------------------------------------------------------------------
+
+DTYPES = (jnp.float32, jnp.int32, jnp.bool_)
+
+
+def abstract(fn: Callable, *args):
+    """``fn(*args)`` traced, not compiled (``jax.eval_shape``): its axes and dtypes, and any error it raises
+    before computing, at no compile's cost."""
+    return runs(lambda: jax.eval_shape(fn, *args))
+
+
+def _takes_dtype(ref, dtype, n: int) -> bool:
+    try:
+        jax.eval_shape(ref, *[jax.ShapeDtypeStruct((), dtype)] * n)
+        return True
+    except Exception:  # noqa: BLE001 - jnp does not take this dtype
+        return False
+
+
+def _arity(name: str) -> int:
+    return 1 if name in UNARY.members else {"nm.where": 3, "nm.clip": 3}.get(name, 2)
+
+
+def _operands(name, fn, *axes_each, dtype=None) -> list[nm.NamedArray]:
+    """One operand over each tuple of ``axes_each``, in the first dtype of DTYPES that the op's jnp
+    function (``__wrapped__``) takes (integers for a bitwise op)."""
+    ref = getattr(fn, "__wrapped__", None)
+    dt = dtype or next((d for d in DTYPES if ref is None or _takes_dtype(ref, d, len(axes_each))), None)
+    assert dt is not None, "jnp's function takes none of DTYPES"
+    return [values(*axes, dtype=dt, seed=i) for i, axes in enumerate(axes_each)]
+
+
+def _elementwise_plain(name, fn):
+    ops = _operands(name, fn, *[(A, B)] * _arity(name))
+    refused(lambda: fn(*[plain(o) for o in ops]), nm.AxisError, WRAP)
+    _same_names(abstract(fn, *[o.array[0, 0] for o in ops]), ())  # 0-d: a scalar
+
+
+def _elementwise_dtype(name, fn):
+    """Each dtype of DTYPES gives the dtype jnp's function gives; where jnp refuses the dtype, an
+    ArgumentTypeError names it."""
+    ref = getattr(fn, "__wrapped__", None)
+    for dt in DTYPES:
+        ops = [values(A, B, dtype=dt, seed=i) for i in range(_arity(name))]
+        if ref is None or not _takes_dtype(ref, dt, len(ops)):
+            if ref is None:
+                abstract(fn, *ops)
+            else:
+                refused(lambda: fn(*ops), nm.ArgumentTypeError, jnp.dtype(dt).name)
+            continue
+        got, want = abstract(fn, *ops), jax.eval_shape(ref, *(o.array for o in ops))
+        assert (got.dtype, got.names) == (want.dtype, ("a", "b")), f"{jnp.dtype(dt).name}: {got}, jnp gives {want}"
+
+
+def _unary_extra(name, fn):
+    x = with_extra(_operands(name, fn, (A, B))[0])
+    ref = getattr(fn, "__wrapped__", None)
+    if ref is None:
+        per_slice(fn, x)
+        return
+    out = runs(lambda: fn(x))  # entry by entry against jnp on the positional array (the same compiled program)
+    same(out, nm.named(ref(x.array), x.axes))
+
+
+def _same_names(out, names) -> None:
+    assert isinstance(out, (nm.NamedArray, jax.ShapeDtypeStruct)) or hasattr(out, "names"), describe(out)
+    got = tuple(out.names) if hasattr(out, "names") else None
+    assert got == tuple(names), f"{describe(out)}: expected axes {tuple(names)}"
+
+
+UNARY = kind(
+    "elementwise, one operand",
+    "nm.abs nm.negative nm.sign nm.exp nm.exp2 nm.expm1 nm.log nm.log2 nm.log10 nm.log1p nm.sqrt nm.rsqrt nm.cbrt "
+    "nm.square nm.reciprocal nm.sin nm.cos nm.tan nm.arcsin nm.arccos nm.arctan nm.sinh nm.cosh nm.tanh nm.arcsinh "
+    "nm.arccosh nm.arctanh nm.floor nm.ceil nm.round nm.trunc nm.isnan nm.isinf nm.isfinite nm.logical_not nm.invert "
+    "nm.conj nm.real nm.imag nm.erf nm.erfc nm.sigmoid nm.log_sigmoid nm.softplus nm.relu nm.relu6 nm.silu nm.elu "
+    "nm.leaky_relu nm.gelu nm.bitwise_not nm.bitwise_count nm.signbit nm.nan_to_num nm.deg2rad nm.rad2deg nm.sinc "
+    "nm.angle nm.absolute nm.fabs nm.positive nm.rint nm.degrees nm.radians nm.conjugate nm.i0 nm.isneginf "
+    "nm.isposinf nm.isreal nm.iscomplex nm.bitwise_invert nn.celu nn.selu nn.hard_sigmoid nn.hard_silu nn.hard_tanh "
+    "nn.soft_sign nn.mish nn.relu_squared nn.quick_gelu",
+    plain=Rule("an array with dimensions: `AxisError` (wrap it with `nm.named`); a 0-d array or a number is a scalar",
+               _elementwise_plain),
+    extra=Rule("kept: computed entry by entry", _unary_extra),
+    zero=Rule("an empty result with the same axes",
+              lambda name, fn: _same_names(abstract(fn, *_operands(name, fn, (A, Z))), ("a", "z"))),
+    dtype=Rule("jnp's promotion; a dtype jnp refuses (a float into a bitwise op, a bool into `negative`): "
+               "`ArgumentTypeError` naming the dtype", _elementwise_dtype),
+)
+
+
+def _union_case(name, fn):
+    """``op(x[a, b], y[c, b], ...)`` has axes (a, b, c), each entry jnp's on the entries it broadcasts from
+    (laid out here by numpy indexing, as a reference independent of the library's)."""
+    n = _arity(name)
+    x, y, *rest = _operands(name, fn, (A, B), (C, B), *[(B,)] * (n - 2))
+    out = runs(lambda: fn(x, y, *rest))
+    _same_names(out, ("a", "b", "c"))
+    ref = getattr(fn, "__wrapped__", None)
+    if ref is None:
+        per_slice(lambda v: fn(x, v, *rest), y)
+        return
+    want = ref(x.array[:, :, None], y.array.T[None], *(r.array[None, :, None] for r in rest))
+    same(out, nm.named(want, ("a", "b", "c")))
+
+
+def _mismatch_case(name, fn):
+    n = _arity(name)
+    ops = _operands(name, fn, (A, B), *[(B.resize(5),)] * (n - 1))
+    refused(lambda: fn(*ops), nm.AxisError, "'b'", "size 4", "5")
+
+
+NARY = kind(
+    "elementwise, several operands (the broadcasting rule)",
+    "nm.add nm.subtract nm.multiply nm.divide nm.floor_divide nm.mod nm.power nm.maximum nm.minimum nm.arctan2 "
+    "nm.hypot nm.logaddexp nm.equal nm.not_equal nm.less nm.less_equal nm.greater nm.greater_equal nm.logical_and "
+    "nm.logical_or nm.logical_xor nm.bitwise_and nm.bitwise_or nm.bitwise_xor nm.isclose nm.where nm.clip "
+    "nm.left_shift nm.right_shift nm.gcd nm.lcm nm.fmax nm.fmin nm.fmod nm.copysign nm.heaviside nm.logaddexp2 "
+    "nm.float_power nm.nextafter nm.bitwise_left_shift nm.bitwise_right_shift",
+    plain=UNARY.rules["plain"],
+    extra=Rule("the union of the operands' axes, each entry from the entries it broadcasts from", _union_case),
+    size=Rule("`AxisError` naming the axis and both sizes", _mismatch_case),
+    zero=Rule("an empty result over the union of the axes",
+              lambda name, fn: _same_names(abstract(fn, *_operands(name, fn, (A, Z), *[(Z,)] * (_arity(name) - 1))),
+                                           ("a", "z"))),
+    dtype=UNARY.rules["dtype"],
+)
+
+
+# ---- reductions ------------------------------------------------------------------------------------------
+
+
+def _np_reduction(name: str):
+    short = name.split(".")[1]
+    if short == "logsumexp":
+        return lambda a, axis=None: np.log(np.sum(np.exp(np.asarray(a, np.float64)), axis=axis))
+    return getattr(np, short)
+
+
+def _where_probe(check):
+    """A probe for the members that take ``where=``; the others have no such input."""
+    def probe(name, fn):
+        if takes(fn, "where"):
+            check(name, fn)
+
+    return probe
+
+
+def _reduction_plain(name, fn):
+    numpy_or_refused(lambda: fn(plain()), lambda: _np_reduction(name)(np.asarray(plain())), nm.ArgumentTypeError)
+    refused(lambda: fn(plain(), "a"), nm.ArgumentTypeError, "axis='a'", "nm.named")
+
+
+def _reduction_extra(name, fn):
+    per_slice(lambda v: fn(v, "b"), with_extra(X))
+    if takes(fn, "where"):
+        refused(lambda: fn(X, "b", where=nm.broadcast_axis(MASK_B, C)), nm.AxisError, "where=", "c=2")
+
+
+REDUCTIONS = kind(
+    "reductions over names",
+    "nm.sum nm.mean nm.prod nm.max nm.min nm.std nm.var nm.logsumexp nm.any nm.all nm.nansum nm.nanmean nm.nanprod "
+    "nm.nanstd nm.nanvar nm.nanmax nm.nanmin nm.amax nm.amin nm.median nm.nanmedian nm.ptp nm.count_nonzero",
+    plain=Rule("reduced whole to a 0-d NamedArray (Haliax's `nm.all(a == b)`); an `axis` is refused "
+               "(`ArgumentTypeError`: a plain array has no names)", _reduction_plain),
+    missing=Rule("`AxisError` naming it and the array's axes; a name given twice too",
+                 lambda name, fn: (refused(lambda: fn(X, "nope"), nm.AxisError, "'nope'", "a=3, b=4"),
+                                   refused(lambda: fn(X, ("a", "a")), nm.AxisError, "'a'", "twice"))),
+    extra=Rule("kept; a `where=` mask with an axis the array lacks: `AxisError`", _reduction_extra),
+    size=Rule("a `where=` mask with another size: `AxisError` naming the axis",
+              _where_probe(lambda name, fn: refused(lambda: fn(X, "b", where=resized(MASK_B, "b", 5) > 0),
+                                                    nm.AxisError, "'b'"))),
+    zero=Rule("numpy's result (sum 0, prod 1, any False, all True, logsumexp -inf, count 0; mean, var, std and "
+              "median NaN); where numpy has none (max, min, ptp of nothing): `AxisError` naming the axis",
+              lambda name, fn: numpy_or_refused(lambda: fn(values(A, Z), "z"),
+                                                lambda: _np_reduction(name)(np.ones((3, 0), np.float32), axis=1),
+                                                nm.AxisError, "'z'")),
+    dtype=Rule("a bool or int array reduces as in numpy; a `where=` mask that is not boolean: `ArgumentTypeError`",
+               lambda name, fn: (numpy_or_refused(lambda: fn(values(A, B, dtype=jnp.bool_), "b"),
+                                                  lambda: _np_reduction(name)(np.asarray(values(A, B, dtype=jnp.bool_)
+                                                                                         .array), axis=1),
+                                                  nm.ArgumentTypeError),
+                                 _where_probe(lambda n, f: refused(lambda: f(X, "b", where=MASK_B.astype(jnp.float32)),
+                                                                   nm.ArgumentTypeError, "boolean"))(name, fn))),
+)
+
+ARG_REDUCTIONS = kind(
+    "arg reductions",
+    "nm.argmax nm.argmin nm.nanargmax nm.nanargmin",
+    plain=Rule("numpy's flat index over the whole array; an `axis` is refused (`ArgumentTypeError`)",
+               lambda name, fn: (numpy_or_refused(lambda: fn(plain()),
+                                                  lambda: getattr(np, name[3:])(np.asarray(plain())),
+                                                  nm.ArgumentTypeError),
+                                 refused(lambda: fn(plain(), "a"), nm.ArgumentTypeError, "nm.named"))),
+    missing=Rule("`AxisError` naming it; several names too (one axis, or None for the flat index)",
+                 lambda name, fn: (refused(lambda: fn(X, "nope"), nm.AxisError, "'nope'"),
+                                   refused(lambda: fn(X, ("a", "b")), nm.AxisError, "one axis"))),
+    extra=Rule("kept", lambda name, fn: per_slice(lambda v: fn(v, "b"), with_extra(X))),
+    zero=Rule("`AxisError` naming the axis: an empty axis has no largest entry (numpy's ValueError)",
+              lambda name, fn: refused(lambda: fn(values(A, Z), "z"), nm.AxisError, "'z'")),
+)
+
+
+def _along_zero(name, fn):
+    out = runs(lambda: fn(values(A, Z), "z"))
+    _same_names(out, ("a", "z"))
+
+
+ALONG = kind(
+    "along one axis, the shape kept",
+    "nm.softmax nm.log_softmax nm.standardize nm.cumsum nm.cumprod nm.nancumsum nm.nancumprod nm.sort nm.argsort "
+    "nm.fftshift nm.ifftshift",
+    plain=Rule("`ArgumentTypeError`: wrap it with `nm.named`",
+               lambda name, fn: refused(lambda: fn(plain(), "b"), nm.ArgumentTypeError, WRAP)),
+    missing=Rule("`AxisError` naming it", lambda name, fn: refused(lambda: fn(X, "nope"), nm.AxisError, "'nope'")),
+    extra=Rule("kept: each slice on its own; a `where=` mask with an axis the array lacks: `AxisError`",
+               lambda name, fn: (per_slice(lambda v: fn(v, "b"), with_extra(X)),
+                                 _where_probe(lambda n, f: refused(
+                                     lambda: f(X, "b", where=nm.broadcast_axis(MASK_B, C)), nm.AxisError, "c=2"))(
+                                     name, fn))),
+    size=Rule("a `where=` mask with another size: `AxisError` naming the axis",
+              _where_probe(lambda name, fn: refused(lambda: fn(X, "b", where=resized(MASK_B, "b", 5) > 0),
+                                                    nm.AxisError, "'b'"))),
+    zero=Rule("an empty result with the same axes", _along_zero),
+    dtype=Rule("an int or bool array computes as jnp computes it; a `where=` mask that is not boolean: "
+               "`ArgumentTypeError`",
+               lambda name, fn: (_same_names(runs(lambda: fn(values(A, B, dtype=jnp.int32), "b")), ("a", "b")),
+                                 _where_probe(lambda n, f: refused(lambda: f(X, "b", where=MASK_B.astype(jnp.int32)),
+                                                                   nm.ArgumentTypeError, "boolean"))(name, fn))),
+)
+
+
+X1 = values(A, B.resize(1))
+
+
+def _fft_reference(name):
+    return getattr(np.fft, name[3:])
+
+
+FFT = kind(
+    "Fourier transforms",
+    "nm.fft nm.ifft nm.rfft nm.irfft nm.hfft nm.ihfft",
+    plain=Rule("`ArgumentTypeError`: wrap it with `nm.named`",
+               lambda name, fn: refused(lambda: fn(plain(), "b"), nm.ArgumentTypeError, WRAP)),
+    missing=Rule("`AxisError` naming it", lambda name, fn: refused(lambda: fn(X, "nope"), nm.AxisError, "'nope'")),
+    extra=Rule("kept: each slice on its own", lambda name, fn: per_slice(lambda v: fn(v, "b"), with_extra(X))),
+    zero=Rule("`AxisError` naming the axis (numpy: no FFT of 0 points)",
+              lambda name, fn: refused(lambda: fn(values(A, Z), "z"), nm.AxisError, "'z'")),
+    dtype=Rule("numpy's: an int array is transformed as float; a complex one into a real transform: "
+               "`ArgumentTypeError`",
+               lambda name, fn: [numpy_or_refused(lambda: fn(v, "b"), lambda: getattr(jnp.fft, name[3:])(v.array, axis=1),
+                                                  nm.ArgumentTypeError, "complex")
+                                 for v in (values(A, B, dtype=jnp.int32), values(A, B).astype(jnp.complex64) * 1j)]),
+    range=Rule("`n=` below 1 (no points) or a result axis of no points: `ArgumentError` naming it",
+               lambda name, fn: (refused(lambda: fn(X, "b", n=0), nm.ArgumentError, "n=0"),
+                                 numpy_or_refused(lambda: fn(X1, "b"), lambda: _fft_reference(name)(X1.array, axis=1),
+                                                  nm.ArgumentError, "'b'"))),
+)
+
+
+# ---- the tests -------------------------------------------------------------------------------------------
+
+SURFACE = public_surface()
+CELLS = [(k.title, c) for k in KINDS for c in k.rules]
+
+
+@pytest.mark.parametrize("title, column", CELLS, ids=[f"{t}-{c}" for t, c in CELLS])
+def test_the_contract(title, column):
+    """Every member of the kind follows the kind's rule for the column."""
+    k = next(k for k in KINDS if k.title == title)
+    broken = []
+    for name in k.members:
+        try:
+            k.rules[column].probe(name, SURFACE[name])
+        except AssertionError as e:
+            broken.append(f"{name}: {str(e).strip().splitlines()[0][:400]}")
+    assert not broken, f"{title}, {COLUMNS[column]} ({k.rules[column].text}):\n" + "\n".join(broken)
+
+
+def test_every_public_name_has_a_row():
+    listed = [n for k in KINDS for n in k.members]
+    twice = sorted({n for n in listed if listed.count(n) > 1})
+    assert not twice, f"names in two kinds: {twice}"
+    missing = sorted(set(SURFACE) - set(listed))
+    assert not missing, f"public names without a row in the contract (tests/test_contract.py KINDS): {missing}"
+    stale = sorted(set(listed) - set(SURFACE))
+    assert not stale, f"names in the contract that are not public (any more): {stale}"
