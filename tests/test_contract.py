@@ -465,6 +465,298 @@ FFT = kind(
 )
 
 
+# ---- shape ops -------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Op:
+    """How the probes call a member: ``call(x, axis)`` acts on ``axis`` of ``x`` (the other axes are
+    bystanders). ``missing``: the member takes an axis the array must have (False: it names a new
+    one). ``clash``, ``size``, ``dtype``, ``range``: the member's own case for that column (a thunk
+    that must raise, or a check), where it has one. ``zero``: what a zero-size axis gives, when
+    not the axes it gives for any other size."""
+
+    call: Callable[[nm.NamedArray, str], Any]
+    missing: bool = True
+    clash: Callable[[], Any] | None = None
+    size: Callable[[], Any] | None = None
+    dtype: Callable[[], Any] | None = None
+    range: Callable[[], Any] | None = None
+    zero: Callable[[Any], None] | str | None = None  # "refused": an AxisError naming the axis
+    keeps_dtype: bool = True
+    per_slice: bool = True  # False: the op merges every axis (ravel), a bystander too
+
+
+def _size(x, axis: str, default: int = 4) -> int:
+    return x.axis_size(axis) if isinstance(x, nm.NamedArray) and axis in x.names else default
+
+
+def _halves(x: nm.NamedArray, axis: str) -> tuple[Axis, Axis]:
+    n = _size(x, axis)
+    return Axis("p", 2 if n else 0), Axis("q", n // 2)
+
+
+def _parts(x: nm.NamedArray, axis: str) -> tuple[int, int]:
+    n = _size(x, axis)
+    return n // 2, n - n // 2
+
+
+def _numpy_equal(ours: Callable[[], Any], want) -> Callable[[], None]:
+    def check():
+        got = runs(ours)
+        np.testing.assert_allclose(as_numpy(got), as_numpy(want), rtol=1e-6, atol=1e-6)
+
+    return check
+
+
+U8 = values(A, B, dtype=jnp.uint8)
+SHAPE_OPS: dict[str, Op] = {
+    "nm.rename": Op(lambda x, ax: nm.rename(x, {ax: "r"}), clash=lambda: nm.rename(X, {"a": "b"})),
+    "nm.rearrange": Op(lambda x, ax: nm.rearrange(x, (ax, ...))),
+    "nm.flatten_axes": Op(lambda x, ax: nm.flatten_axes(x, ("a", ax), "f"),
+                          clash=lambda: nm.flatten_axes(with_extra(X), ("a", "b"), "c")),
+    "nm.unflatten_axis": Op(lambda x, ax: nm.unflatten_axis(x, ax, _halves(x, ax)),
+                            size=lambda: nm.unflatten_axis(X, "b", (Axis("p", 3), Axis("q", 2))),
+                            clash=lambda: nm.unflatten_axis(X, "b", (Axis("a", 2), Axis("q", 2)))),
+    "nm.split": Op(lambda x, ax: nm.split(x, ax, [Axis(ax, n) for n in _parts(x, ax)]),
+                   size=lambda: nm.split(X, "b", [Axis("b", 1), Axis("b", 2)])),
+    "nm.unbind": Op(lambda x, ax: nm.unbind(x, ax), zero=lambda out: _assert(out == [], f"{out} is not []")),
+    "nm.stack": Op(lambda x, ax: nm.stack("s", [x, x]), missing=False, clash=lambda: nm.stack("a", [X, X]),
+                   size=lambda: nm.stack("s", [X, resized(X, "b", 5)])),
+    "nm.concatenate": Op(lambda x, ax: nm.concatenate(ax, [x, x]),
+                         size=lambda: nm.concatenate("b", [X, resized(X, "a", 2)])),
+    "nm.broadcast_axis": Op(lambda x, ax: nm.broadcast_axis(x, Axis("n", 2)), missing=False,
+                            size=lambda: nm.broadcast_axis(X, Axis("a", 5))),
+    "nm.broadcast_to": Op(lambda x, ax: nm.broadcast_to(x, (Axis("n", 2), *nm.axes_of(x))) if nm.is_named_array(x)
+                          else nm.broadcast_to(x, (Axis("n", 2), A, B)), missing=False,
+                          clash=lambda: nm.broadcast_to(X, (A,)), size=lambda: nm.broadcast_to(X, (A, B.resize(5)))),
+    "nm.pad": Op(lambda x, ax: nm.pad(x, {ax: (1, 2)}), range=lambda: nm.pad(X, {"b": (-1, 0)})),
+    "nm.roll": Op(lambda x, ax: nm.roll(x, 1, ax),
+                  range=_numpy_equal(lambda: nm.roll(X, 9, "b"), np.roll(np.asarray(X.array), 9, axis=1))),
+    "nm.tril": Op(lambda x, ax: nm.tril(x, "a", ax),
+                  range=_numpy_equal(lambda: nm.tril(X, "a", "b", k=-7), np.tril(np.asarray(X.array), -7))),
+    "nm.triu": Op(lambda x, ax: nm.triu(x, "a", ax),
+                  range=_numpy_equal(lambda: nm.triu(X, "a", "b", k=9), np.triu(np.asarray(X.array), 9))),
+    "nm.ravel": Op(lambda x, ax: nm.ravel(x, "f"), missing=False, per_slice=False),
+    "nm.repeat": Op(lambda x, ax: nm.repeat(x, 2, ax), range=lambda: nm.repeat(X, -1, "b"),
+                    size=lambda: nm.repeat(X, jnp.asarray([1, 2, 3]), "b")),
+    "nm.tile": Op(lambda x, ax: nm.tile(x, {ax: 2}), range=lambda: nm.tile(X, {"b": -1}), missing=False),
+    "nm.top_k": Op(lambda x, ax: nm.top_k(x, ax, 2), range=lambda: nm.top_k(X, "b", 5), zero="refused",
+                   keeps_dtype=False),
+    "nm.trace": Op(lambda x, ax: nm.trace(x, "a", ax), keeps_dtype=False,
+                   range=_numpy_equal(lambda: nm.trace(X, "a", "b", offset=9), np.trace(np.asarray(X.array), 9))),
+    "nm.packbits": Op(lambda x, ax: nm.packbits(x > 0.3, ax), dtype=lambda: nm.packbits(X, "b"), keeps_dtype=False),
+    "nm.unpackbits": Op(lambda x, ax: nm.unpackbits(x.astype(jnp.uint8), ax), dtype=lambda: nm.unpackbits(X, "b"),
+                        keeps_dtype=False,
+                        range=_numpy_equal(lambda: nm.unpackbits(U8, "b", count=-3),
+                                           np.unpackbits(np.asarray(U8.array), axis=1, count=-3))),
+    "nn.glu": Op(lambda x, ax: nn.glu(x, ax), size=lambda: nn.glu(values(A, B.resize(3)), "b"), keeps_dtype=False),
+}
+
+
+def _assert(ok: bool, message: str) -> None:
+    assert ok, message
+
+
+def _leaf_names(out) -> list:
+    return [v.names for v in _named_leaves(out)]
+
+
+def _shape_zero(name, fn):
+    """A zero-size axis behaves as any other size: the result has the axes it has for size 2."""
+    op = SHAPE_OPS[name]
+    if op.zero == "refused":
+        refused(lambda: op.call(values(A, Z), "z"), nm.AxisError, "'z'")
+        return
+    out = runs(lambda: op.call(values(A, Z), "z"))
+    if op.zero is not None:
+        op.zero(out)
+        return
+    assert _leaf_names(out) == _leaf_names(op.call(values(A, Z.resize(2)), "z")), describe(out)
+
+
+def _shape_dtype(name, fn):
+    op = SHAPE_OPS[name]
+    if op.dtype is not None:
+        refused(op.dtype, nm.ArgumentTypeError, "float32")
+    for dt in (jnp.int32, jnp.bool_):
+        try:
+            out = runs(lambda: op.call(values(A, B, dtype=dt), "b"))
+        except nm.ArgumentTypeError as e:  # a dtype jnp's function refuses (glu's sigmoid of ints)
+            assert not op.keeps_dtype and jnp.dtype(dt).name in str(e), str(e)
+            continue
+        if op.keeps_dtype:
+            assert all(v.dtype == dt for v in _named_leaves(out)), f"{jnp.dtype(dt).name} in, {describe(out)} out"
+
+
+SHAPE = kind(
+    "shape ops",
+    " ".join(SHAPE_OPS),
+    plain=Rule("`ArgumentTypeError`: wrap it with `nm.named`",
+               lambda name, fn: refused(lambda: SHAPE_OPS[name].call(plain(), "b"), nm.ArgumentTypeError, WRAP)),
+    missing=Rule("`AxisError` naming it (an axis the op acts on)",
+                 lambda name, fn: SHAPE_OPS[name].missing and refused(lambda: SHAPE_OPS[name].call(X, "nope"),
+                                                                       nm.AxisError, "'nope'")),
+    extra=Rule("kept, each slice on its own; a new axis name the array already has: `AxisError`",
+               lambda name, fn: (SHAPE_OPS[name].per_slice and per_slice(lambda v: SHAPE_OPS[name].call(v, "b"),
+                                                                          with_extra(X)),
+                                 SHAPE_OPS[name].clash and refused(SHAPE_OPS[name].clash, nm.AxisError))),
+    size=Rule("sizes that do not add up (split, unflatten, per-entry repeats, an odd `glu` axis) or one name with two "
+              "sizes (stack, concatenate, broadcast): `AxisError`/`ArgumentError` naming the axis",
+              lambda name, fn: SHAPE_OPS[name].size and refused(SHAPE_OPS[name].size, nm.NamedError, "'")),
+    zero=Rule("as any other size: the same axes, empty (unbind: no slices; top_k's k > 0: refused as out of range)",
+              _shape_zero),
+    dtype=Rule("any dtype, kept; `packbits` takes bool or integers and `unpackbits` uint8: `ArgumentTypeError`",
+               _shape_dtype),
+    range=Rule("counts and widths as numpy checks them (a negative count or width, `top_k`'s k outside `[0, size]`: "
+               "`ArgumentError`/`AxisError` naming it); offsets as numpy takes them (`roll` wraps, `tril`/`triu`'s "
+               "k and `trace`'s offset may lie past the edge)",
+               lambda name, fn: SHAPE_OPS[name].range and (SHAPE_OPS[name].range() if SHAPE_OPS[name].range.__name__
+                                                            == "check" else refused(SHAPE_OPS[name].range))),
+)
+
+
+# ---- members with cases of their own ---------------------------------------------------------------------
+
+
+def must(thunk: Callable[[], Any], exc: type = nm.NamedError, *words: str) -> Callable[[], None]:
+    """A check: ``thunk()`` raises ``exc`` naming ``words``."""
+    return lambda: refused(thunk, exc, *words)
+
+
+def gives(thunk: Callable[[], Any], want: Callable[[], Any]) -> Callable[[], None]:
+    """A check: ``thunk()`` gives what ``want()`` (numpy, or the op on slices) gives."""
+    return lambda: same(runs(thunk), want()) if nm.is_named_array(want()) else \
+        np.testing.assert_allclose(as_numpy(runs(thunk)), as_numpy(want()), rtol=1e-6, atol=1e-6)
+
+
+def checks(*cs: Callable[[], None]) -> Callable[[], None]:
+    def run():
+        for c in cs:
+            c()
+
+    return run
+
+
+def by_member(table: dict[str, dict[str, Callable[[], None]]], column: str):
+    """A column's probe that runs each member's own check for it (a member without one has no such input)."""
+    def probe(name, fn):
+        case = table[name].get(column)
+        if case is not None:
+            case()
+
+    return probe
+
+
+def cases_kind(title: str, table: dict, **texts: str) -> Kind:
+    """A kind whose members each give their own check per column (``table[name][column]``); every
+    column with a text must be checked by at least one member."""
+    for column in texts:
+        assert any(column in t for t in table.values()), f"{title}: no member checks {column}"
+    return kind(title, " ".join(table), **{c: Rule(t, by_member(table, c)) for c, t in texts.items()})
+
+
+# ---- indexing ----------------------------------------------------------------------------------------------
+
+IDX = nm.named(jnp.asarray([2, 0]), "k")
+U2 = values(A, B.resize(2), seed=3)
+
+
+def _ref(x=X):
+    return nm.new_ref(x)
+
+
+def _ref_write(ref, idx, value):
+    ref[idx] = value
+
+
+INDEXING = {
+    "nm.NamedArray": {
+        "plain": checks(must(lambda: X["b", jnp.asarray([0, 1])], nm.AxisError, "integer NamedArray"),
+                        must(lambda: nm.NamedArray(plain(), (A, B.resize(5))), nm.AxisError, "does not match")),
+        "missing": checks(must(lambda: X["nope", 0], nm.AxisError, "'nope'"),
+                          must(lambda: X.at["nope", 0].set(1.0), nm.AxisError, "'nope'")),
+        "extra": checks(lambda: per_slice(lambda v: v["b", IDX], with_extra(X)),
+                        lambda: per_slice(lambda v: v.at["b", 1:3].add(1.0), with_extra(X))),
+        "size": must(lambda: X["b", nm.named(jnp.asarray([0, 1]), "a")], nm.AxisError, "'a'"),
+        "zero": checks(must(lambda: values(A, Z)["z", 0], nm.AxisError, "'z'"),
+                       must(lambda: values(A, Z)["z", IDX], nm.AxisError, "'z'"),
+                       lambda: _same_names(runs(lambda: values(A, Z)["z", 0:2]), ("a", "z"))),
+        "dtype": checks(must(lambda: X["b", 1.0], nm.AxisError, "1.0"), must(lambda: X["b", True], nm.AxisError, "bool"),
+                        must(lambda: X["b", IDX.astype(jnp.float32)], nm.AxisError, "float32")),
+        "range": checks(must(lambda: X["b", 4], nm.AxisError, "index 4", "'b'"),
+                        must(lambda: X["b", nm.named(jnp.asarray([0, 7]), "k")], nm.AxisError, "index 7", "k=1"),
+                        must(lambda: X.at["b", -5].set(0.0), nm.AxisError, "index -5"),
+                        gives(lambda: X["b", nm.named(jnp.asarray([-1]), "k")],
+                              lambda: nm.named(np.asarray(X.array)[:, [-1]], (A, Axis("k", 1))))),
+    },
+    "nm.take": {
+        "plain": checks(must(lambda: nm.take(plain(), "b", IDX), nm.ArgumentTypeError, WRAP),
+                        must(lambda: nm.take(X, "b", jnp.asarray([0, 1])), nm.AxisError, "integer NamedArray")),
+        "missing": must(lambda: nm.take(X, "nope", IDX), nm.AxisError, "'nope'"),
+        "extra": lambda: per_slice(lambda v: nm.take(v, "b", IDX), with_extra(X)),
+        "zero": must(lambda: nm.take(values(A, Z), "z", IDX), nm.AxisError, "'z'"),
+        "dtype": must(lambda: nm.take(X, "b", IDX.astype(jnp.float32)), nm.AxisError, "float32"),
+        "range": must(lambda: nm.take(X, "b", nm.named(jnp.asarray([9]), "k")), nm.AxisError, "index 9"),
+    },
+    "nm.ds": {
+        "extra": lambda: per_slice(lambda v: v["b", nm.ds(1, 2)], with_extra(X)),
+        "size": must(lambda: X["b", nm.ds(nm.named(jnp.asarray([0, 1]), "a"), 2)], nm.AxisError, "a=2", "a=3"),
+        "zero": lambda: _same_names(runs(lambda: values(A, Z)["z", nm.ds(0, 0)]), ("a", "z")),
+        "dtype": must(lambda: X["b", nm.ds(1.0, 2)], nm.AxisError, "integer"),
+        "range": checks(must(lambda: X["b", nm.ds(3, 2)], nm.AxisError, "offset 3", "'b'"),
+                        must(lambda: X["b", nm.ds(0, 5)], nm.AxisError, "'b'")),
+    },
+    "nm.updated_slice": {
+        "plain": checks(must(lambda: nm.updated_slice(plain(), {"b": 0}, U2), nm.ArgumentTypeError, WRAP),
+                        must(lambda: nm.updated_slice(X, {"b": 0}, plain(U2)), nm.ArgumentTypeError, WRAP)),
+        "missing": must(lambda: nm.updated_slice(X, {"nope": 0}, U2), nm.AxisError, "'nope'"),
+        "extra": checks(lambda: per_slice(lambda v: nm.updated_slice(v, {"b": 1}, U2), with_extra(X)),
+                        must(lambda: nm.updated_slice(X, {"b": 1}, with_extra(U2)), nm.AxisError, "'c'")),
+        "size": must(lambda: nm.updated_slice(X, {"b": 0}, values(A.resize(5), B.resize(2))), nm.AxisError, "'a'"),
+        "zero": lambda: _same_names(runs(lambda: nm.updated_slice(values(A, Z), {"z": 0}, values(Z))), ("a", "z")),
+        "dtype": must(lambda: nm.updated_slice(X, {"b": 0.5}, U2), nm.AxisError, "integer"),
+        "range": must(lambda: nm.updated_slice(X, {"b": 3}, U2), nm.AxisError, "offset 3", "'b'"),
+    },
+    "nm.NamedRef": {
+        "plain": must(lambda: _ref_write(_ref(), {"b": 0}, jnp.ones(3)), nm.ArgumentTypeError, "wrap it with nm.named"),
+        "missing": must(lambda: _ref()[{"nope": 0}], nm.AxisError, "'nope'"),
+        "extra": must(lambda: _ref_write(_ref(), {"b": 0}, values(C)), nm.AxisError, "c=2"),
+        "size": must(lambda: _ref_write(_ref(), {"b": 0}, values(A.resize(5))), nm.AxisError, "'a'"),
+        "zero": must(lambda: _ref(values(A, Z))[{"z": 0}], nm.AxisError, "'z'"),
+        "dtype": must(lambda: _ref()[{"b": 1.0}], nm.AxisError, "1.0"),
+        "range": checks(must(lambda: _ref()[{"b": 7}], nm.AxisError, "index 7"),
+                        must(lambda: _ref()[{"b": nm.ds(3, 2)}], nm.AxisError, "offset 3"),
+                        must(lambda: _ref().slice({"b": 9}), nm.AxisError, "index 9")),
+    },
+    "nm.new_ref": {"plain": must(lambda: nm.new_ref(plain()), nm.ArgumentTypeError, "NamedArray"),
+                   "zero": lambda: _same_names(_ref(values(A, Z)).value(), ("a", "z"))},
+    "nm.get": {"plain": must(lambda: nm.get(plain(), {"a": 0}), nm.ArgumentTypeError, "NamedRef"),
+               "missing": must(lambda: nm.get(_ref(), {"nope": 0}), nm.AxisError, "'nope'"),
+               "range": must(lambda: nm.get(_ref(), {"b": 4}), nm.AxisError, "index 4")},
+    "nm.swap": {"plain": must(lambda: nm.swap(plain(), {"a": 0}, 1.0), nm.ArgumentTypeError, "NamedRef"),
+                "size": must(lambda: nm.swap(_ref(), {"b": 0}, values(A.resize(5))), nm.AxisError, "'a'"),
+                "range": must(lambda: nm.swap(_ref(), {"b": 9}, 1.0), nm.AxisError, "index 9")},
+    "nm.freeze": {"plain": must(lambda: nm.freeze(plain()), nm.ArgumentTypeError, "NamedRef")},
+}
+
+cases_kind(
+    "indexing and refs",
+    INDEXING,
+    plain=("the array: `ArgumentTypeError` (wrap it with `nm.named`); a plain index or value with dimensions: "
+           "`AxisError`/`ArgumentTypeError` (indices are integer NamedArrays)"),
+    missing="`AxisError` naming it",
+    extra=("kept, each slice on its own; a gather's index axes replace the indexed axis; an update or a written "
+           "value with an axis the target lacks: `AxisError`"),
+    size="`AxisError` naming the axis (per-row starts, gathers and updates over an axis of the array, at its size)",
+    zero="nothing to index: an int or a gather is out of range (`AxisError`); a slice or `ds` of size 0 is empty",
+    dtype="an index, start or offset must be an integer: a float or a bool is an `AxisError`",
+    range=("known before tracing: numpy's rule (an int or gathered index in `[-size, size)`, a `ds` window or an "
+           "update inside the axis), else `AxisError` naming the axis, its size and the index; traced: clamped as "
+           "XLA clamps (documented under Indexing)"),
+)
+
+
 # ---- the tests -------------------------------------------------------------------------------------------
 
 SURFACE = public_surface()

@@ -302,6 +302,7 @@ def getitem(x: NamedArray, idx) -> NamedArray:
 
 def take(x: NamedArray, axis, index) -> NamedArray:
     """``x[axis, index]``: the entries at ``index`` (an int or an integer NamedArray) along ``axis``."""
+    expect_named(x, "nm.take")
     return getitem(x, {axis: index})
 
 

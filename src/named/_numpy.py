@@ -233,6 +233,7 @@ def _sized(axis, what: str) -> Axis:
 
 def ravel(x: NamedArray, new_axis: AxisSelector) -> NamedArray:
     """All axes merged into ``new_axis``, row-major in the array's axis order (``flatten_axes`` of all)."""
+    expect_named(x, "nm.ravel")
     if not x.axes:
         return NamedArray._unchecked(x.array.reshape(1), (Axis(name_of(new_axis), 1),))
     return flatten_axes(x, x.names, new_axis)
@@ -247,6 +248,7 @@ def unique(x: NamedArray, size: Axis, *, fill_value=None, return_index: bool = F
     With ``axis=`` (Haliax's), the distinct slices along ``axis``: the result has x's axes with
     ``axis`` replaced by ``size``; the index and counts are along ``size``, the inverse along
     ``axis`` (which slice of the result each of x's slices is)."""
+    expect_named(x, "nm.unique")
     size = _sized(size, "unique")
     kw = dict(return_index=return_index, return_inverse=return_inverse, return_counts=return_counts, size=size.size,
               fill_value=fill_value)
@@ -296,6 +298,7 @@ def nonzero(x: NamedArray, size: Axis, *, fill_value=None) -> dict[str, NamedArr
     """The indices of the first ``size.size`` nonzero entries (row-major), one NamedArray along
     ``size`` per axis of ``x``, keyed by axis name: ``x[nm.nonzero(x, Found)]`` gathers them.
     Missing entries get ``fill_value`` (default 0)."""
+    expect_named(x, "nm.nonzero")
     size = _sized(size, "nonzero")
     if size.name in x.names:
         raise AxisError(f"nm.nonzero: the result axis {size.name!r} is already an axis of {format_axes(x.axes)}")
@@ -341,6 +344,7 @@ def bincount(x: NamedArray, length: Axis, *, weights: NamedArray | None = None, 
     """How often each value ``0 .. length.size - 1`` occurs in ``x`` over ``axis`` (default: all
     axes), per entry of the other axes, along the new axis ``length``; values outside are
     dropped. ``weights`` (x's axes) sums weights instead of counting."""
+    expect_named(x, "nm.bincount")
     length = _sized(length, "bincount")
     counted = x.names if axis is None else tuple(x.axes[i].name for i in indices_of(x.axes, axis, "nm.bincount"))
     if weights is not None and set(axes_of(weights)) != set(x.axes):
@@ -357,6 +361,7 @@ def repeat(x: NamedArray, repeats, axis: AxisSelector, total_repeat_length: int 
     entry ``i`` (a 1-d array, or a NamedArray along ``axis``). The new size must be known before
     tracing: the sum of concrete counts, or ``total_repeat_length`` (numpy's; traced counts need
     it, and it pads with the last entry or truncates)."""
+    expect_named(x, "nm.repeat")
     i = index_of(x.axes, axis)
     a = x.axes[i]
     if isinstance(repeats, NamedArray):
@@ -402,6 +407,7 @@ def _concrete(value):
 def tile(x: NamedArray, reps: Mapping[AxisSelector, int]) -> NamedArray:
     """The whole array repeated along named axes: ``nm.tile(x, {"position": 3})``. A name ``x``
     lacks is a new axis of that size, put in front (Haliax's and numpy's rule)."""
+    expect_named(x, "nm.tile")
     counts = [1] * x.ndim
     new: list[Axis] = []
     for a, r in reps.items():
@@ -418,6 +424,10 @@ def tile(x: NamedArray, reps: Mapping[AxisSelector, int]) -> NamedArray:
 def packbits(x: NamedArray, axis: AxisSelector, *, bitorder: str = "big") -> NamedArray:
     """``jnp.packbits`` along ``axis``: eight booleans (or 0/1 integers) per uint8, so the axis
     shrinks to ``ceil(size / 8)`` (zero-padded at the end)."""
+    expect_named(x, "nm.packbits")
+    if not (jnp.issubdtype(x.dtype, jnp.integer) or jnp.issubdtype(x.dtype, jnp.bool_)):
+        raise ArgumentTypeError(f"nm.packbits packs booleans (or 0/1 integers), got dtype {x.dtype}; compare first "
+                                "(x > 0)")
     i = index_of(x.axes, axis)
     a = x.axes[i]
     return NamedArray._unchecked(jnp.packbits(x.array, axis=i, bitorder=bitorder),
@@ -425,16 +435,21 @@ def packbits(x: NamedArray, axis: AxisSelector, *, bitorder: str = "big") -> Nam
 
 
 def unpackbits(x: NamedArray, axis: AxisSelector, *, count: int | None = None, bitorder: str = "big") -> NamedArray:
-    """``jnp.unpackbits`` along ``axis`` of a uint8 array: the axis grows eightfold (or to ``count``)."""
+    """``jnp.unpackbits`` along ``axis`` of a uint8 array: the axis grows eightfold, or to ``count``
+    bits (numpy's: more pads with zeros, a negative count drops that many from the end)."""
+    expect_named(x, "nm.unpackbits")
+    if x.dtype != jnp.uint8:
+        raise ArgumentTypeError(f"nm.unpackbits unpacks uint8 bytes (nm.packbits' result), got dtype {x.dtype}")
     i = index_of(x.axes, axis)
     a = x.axes[i]
-    n = a.size * 8 if count is None else count
+    n = a.size * 8 if count is None else count if count >= 0 else max(a.size * 8 + count, 0)
     return NamedArray._unchecked(jnp.unpackbits(x.array, axis=i, count=count, bitorder=bitorder),
                                  x.axes[:i] + (a.resize(n),) + x.axes[i + 1 :])
 
 
 def trace(x: NamedArray, axis1: AxisSelector, axis2: AxisSelector, *, offset: int = 0, dtype=None) -> NamedArray:
     """The sum of the (``offset``) diagonal of ``axis1`` x ``axis2``; both axes are dropped."""
+    expect_named(x, "nm.trace")
     i, j = index_of(x.axes, axis1), index_of(x.axes, axis2)
     if i == j:
         raise AxisError(f"nm.trace needs two different axes, got {x.axes[i].name!r} twice")
