@@ -757,6 +757,249 @@ cases_kind(
 )
 
 
+# ---- contraction -------------------------------------------------------------------------------------------
+
+D = Axis("d", 2)
+W = values(B, D, seed=4)
+
+
+CONTRACTIONS = {
+    "nm.dot": {
+        "plain": must(lambda: nm.dot(plain(), W, axis="b"), nm.ArgumentTypeError, WRAP),
+        "missing": checks(must(lambda: nm.dot(X, W, axis="nope"), nm.AxisError, "'nope'"),
+                          # in one operand only: summed over, as einsum (and Haliax's dot) does
+                          gives(lambda: nm.dot(X, W, axis="a"),
+                                lambda: nm.named(np.einsum("ab,bd->bd", np.asarray(X.array), np.asarray(W.array)), (B, D)))),
+        "extra": lambda: per_slice(lambda v: nm.dot(v, W, axis="b"), with_extra(X)),
+        "size": must(lambda: nm.dot(X, resized(W, "b", 5), axis="b"), nm.AxisError, "'b'", "4", "5"),
+        "zero": gives(lambda: nm.dot(values(A, Z), values(Z, D), axis="z"), lambda: nm.zeros((A, D))),
+        "dtype": lambda: [abstract(lambda u, v: nm.dot(u, v, axis="b"), values(A, B, dtype=dt), values(B, D, dtype=dt))
+                          for dt in (jnp.int32, jnp.bool_)],
+    },
+    "nm.einsum": {
+        "plain": must(lambda: nm.einsum("a b, b d -> a d", plain(), W), nm.ArgumentTypeError, "NamedArray"),
+        "missing": must(lambda: nm.einsum("a nope, b d -> a d", X, W), nm.AxisError, "'nope'"),
+        "extra": lambda: per_slice(lambda v: nm.einsum("... a b, b d -> ... a d", v, W), with_extra(X)),
+        "size": must(lambda: nm.einsum("a b, b d -> a d", X, resized(W, "b", 5)), nm.AxisError, "'b'", "4", "5"),
+        "zero": gives(lambda: nm.einsum("a z, z d -> a d", values(A, Z), values(Z, D)), lambda: nm.zeros((A, D))),
+        "dtype": lambda: abstract(lambda u, v: nm.einsum("a b, b d -> a d", u, v), values(A, B, dtype=jnp.int32),
+                                  values(B, D, dtype=jnp.int32)),
+    },
+}
+
+cases_kind(
+    "contraction",
+    CONTRACTIONS,
+    plain="`ArgumentTypeError`: wrap it with `nm.named`",
+    missing=("an axis in none of the operands: `AxisError`; in some of them: summed over there, as einsum (and "
+             "Haliax's `dot`) does"),
+    extra="kept, each slice on its own",
+    size="`AxisError` naming the axis and both sizes",
+    zero="a sum over nothing: zeros",
+    dtype="jnp's promotion (ints and bools contract as in `jnp.einsum`)",
+)
+
+
+# ---- search, counting and sized results ----------------------------------------------------------------
+
+IDS = values(A, B, dtype=jnp.int32) % 3
+Found = Axis("found", 5)
+
+
+def _sorted_b():
+    return nm.sort(X, "b")
+
+
+SEARCH = {
+    "nm.unique": {
+        "plain": must(lambda: nm.unique(plain(), Found), nm.ArgumentTypeError, WRAP),
+        "missing": must(lambda: nm.unique(X, Found, axis="nope"), nm.AxisError, "'nope'"),
+        "extra": must(lambda: nm.unique(X, Axis("a", 2), axis="b"), nm.AxisError, "'a'"),
+        "zero": checks(must(lambda: nm.unique(values(A, Z), Found), nm.ArgumentError, "fill_value"),
+                       gives(lambda: nm.unique(values(A, Z), Found, fill_value=-1.0), lambda: nm.full((Found,), -1.0))),
+    },
+    "nm.unique_values": {"plain": must(lambda: nm.unique_values(plain(), Found), nm.ArgumentTypeError, WRAP),
+                         "zero": must(lambda: nm.unique_values(values(A, Z), Found), nm.ArgumentError, "fill_value")},
+    "nm.unique_counts": {"plain": must(lambda: nm.unique_counts(plain(), Found), nm.ArgumentTypeError, WRAP)},
+    "nm.unique_inverse": {"plain": must(lambda: nm.unique_inverse(plain(), Found), nm.ArgumentTypeError, WRAP)},
+    "nm.unique_all": {"plain": must(lambda: nm.unique_all(plain(), Found), nm.ArgumentTypeError, WRAP),
+                      "missing": must(lambda: nm.unique_all(X, Found, axis="nope"), nm.AxisError, "'nope'")},
+    "nm.nonzero": {
+        "plain": must(lambda: nm.nonzero(plain(), Found), nm.ArgumentTypeError, WRAP),
+        "extra": must(lambda: nm.nonzero(X, Axis("a", 3)), nm.AxisError, "'a'"),
+        "zero": gives(lambda: nm.nonzero(values(A, Z), Found)["a"], lambda: nm.zeros((Found,), jnp.int32)),
+    },
+    "nm.searchsorted": {
+        "plain": must(lambda: nm.searchsorted(plain(), 1.0, "b"), nm.ArgumentTypeError, WRAP),
+        "missing": must(lambda: nm.searchsorted(X, 1.0, "nope"), nm.AxisError, "'nope'"),
+        "extra": lambda: per_slice(lambda v: nm.searchsorted(_sorted_b(), v, "b"), values(C, seed=5)),
+        "size": must(lambda: nm.searchsorted(_sorted_b(), values(A.resize(5)), "b"), nm.AxisError, "'a'"),
+        "zero": gives(lambda: nm.searchsorted(values(A, Z), 1.0, "z"), lambda: nm.zeros((A,), jnp.int32)),
+    },
+    "nm.bincount": {
+        "plain": must(lambda: nm.bincount(plain(IDS), Found), nm.ArgumentTypeError, WRAP),
+        "missing": must(lambda: nm.bincount(IDS, Found, axis="nope"), nm.AxisError, "'nope'"),
+        "extra": lambda: per_slice(lambda v: nm.bincount(v, Found, axis="b"), with_extra(IDS) % 3),
+        "size": must(lambda: nm.bincount(IDS, Found, weights=resized(X, "b", 5)), nm.AxisError, "weights"),
+        "zero": gives(lambda: nm.bincount(values(A, Z, dtype=jnp.int32), Found), lambda: nm.zeros((Found,), jnp.int32)),
+        "dtype": must(lambda: nm.bincount(X, Found), nm.ArgumentTypeError, "float32"),
+        # numpy refuses a negative value; the documented rule drops values outside [0, n) (a fixed length)
+        "range": gives(lambda: nm.bincount(nm.named(jnp.asarray([-1, 2, 7, 0]), "k"), Axis("n", 3)),
+                       lambda: np.asarray([1, 0, 1])),
+    },
+    "nm.one_hot": {
+        "plain": gives(lambda: nm.one_hot(jnp.asarray(2), Axis("v", 3)), lambda: np.asarray([0.0, 0.0, 1.0])),
+        "extra": checks(lambda: per_slice(lambda v: nm.one_hot(v, Axis("v", 3)), with_extra(IDS) % 3),
+                        must(lambda: nm.one_hot(IDS, Axis("a", 3)), nm.AxisError, "'a'")),
+        "zero": lambda: _same_names(runs(lambda: nm.one_hot(values(A, Z, dtype=jnp.int32), Axis("v", 3))), ("a", "z", "v")),
+        "dtype": must(lambda: nm.one_hot(X, Axis("v", 3)), nm.ArgumentTypeError, "float32"),
+        "range": checks(must(lambda: nm.one_hot(nm.named(jnp.asarray([1, 5]), "k"), Axis("v", 3)), nm.ArgumentError,
+                             "index 5", "k=1", "[0, 3)"),
+                        gives(lambda: jax.jit(lambda i: nm.one_hot(i, Axis("v", 3)))(nm.named(jnp.asarray([1, 5, -1]), "k")),
+                              lambda: np.asarray([[0.0, 1.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]))),
+    },
+}
+
+cases_kind(
+    "search, counting and sized results",
+    SEARCH,
+    plain=("`ArgumentTypeError`: wrap it with `nm.named` (`one_hot` of a number or a 0-d array is one row)"),
+    missing="`AxisError` naming it",
+    extra="kept, each slice on its own; a result axis the array already has: `AxisError`",
+    size="`AxisError` naming the axis (weights, values and sorted arrays share their axes at one size)",
+    zero=("as any size (counts 0, `searchsorted` 0); `unique` of nothing needs `fill_value=` for its sized result "
+          "(`ArgumentError`)"),
+    dtype="ids, values to count and one-hot indices are integers: a float is an `ArgumentTypeError`",
+    range=("`bincount` drops values outside `[0, n)`; `one_hot` refuses an index outside `[0, n)` known before "
+           "tracing (`ArgumentError`) and gives a row of zeros for a traced one (`jax.nn.one_hot`'s)"),
+)
+
+PREDICATES = {
+    name: {
+        "plain": checks(must(lambda f=f: f(X, plain()), nm.AxisError, WRAP),
+                        gives(lambda f=f: f(plain(), plain()), lambda: np.asarray(True))),
+        "extra": gives(lambda f=f: f(nm.broadcast_axis(X, C), X), lambda f=f: np.asarray(f.__name__ != "array_equal")),
+        "size": (must(lambda f=f: f(X, resized(X, "b", 5)), nm.AxisError, "'b'") if name == "nm.allclose" else
+                 gives(lambda f=f: f(X, resized(X, "b", 5)), lambda: np.asarray(False))),
+        "zero": gives(lambda f=f: f(values(A, Z), values(A, Z)), lambda: np.asarray(True)),
+    }
+    for name, f in (("nm.allclose", nm.allclose), ("nm.array_equal", nm.array_equal), ("nm.array_equiv", nm.array_equiv))
+}
+cases_kind(
+    "predicates over whole arrays",
+    PREDICATES,
+    plain="two plain arrays: numpy's positional answer; one mixed with a NamedArray: `AxisError` (wrap it)",
+    extra="broadcast by name (`array_equal`: false, the axes differ)",
+    size="`allclose`: `AxisError` naming the axis; `array_equal` and `array_equiv`: false",
+    zero="true (all of nothing)",
+)
+
+
+# ---- polynomials -------------------------------------------------------------------------------------------
+
+P3 = nm.named(jnp.asarray([1.0, -3.0, 2.0]), "p")  # (x - 1)(x - 2)
+P2 = nm.named(jnp.asarray([1.0, 1.0]), "q")
+S4 = nm.named(jnp.asarray([0.0, 1.0, 2.0, 3.0]), "s")
+
+
+def _np_poly(fn, *args, **kwargs):
+    return lambda: fn(*[np.asarray(a.array) if isinstance(a, nm.NamedArray) else a for a in args], **kwargs)
+
+
+POLYS = {
+    "nm.poly": {"plain": gives(lambda: nm.poly(jnp.asarray([1.0, 2.0])), _np_poly(np.poly, [1.0, 2.0])),
+                "extra": must(lambda: nm.poly(X), nm.AxisError, "1-d"),
+                "zero": gives(lambda: nm.poly(values(Z)), _np_poly(np.poly, np.zeros(0)))},
+    "nm.polyadd": {"plain": gives(lambda: nm.polyadd(P3, [1.0]), _np_poly(np.polyadd, P3, [1.0])),
+                   "extra": must(lambda: nm.polyadd(X, P3), nm.AxisError, "1-d"),
+                   "size": gives(lambda: nm.polyadd(P3, P2), _np_poly(np.polyadd, P3, P2)),
+                   "dtype": gives(lambda: nm.polyadd(P3.astype(jnp.int32), P2), _np_poly(np.polyadd, P3.astype(jnp.int32), P2))},
+    "nm.polysub": {"plain": gives(lambda: nm.polysub(P3, [1.0]), _np_poly(np.polysub, P3, [1.0])),
+                   "size": gives(lambda: nm.polysub(P3, P2), _np_poly(np.polysub, P3, P2))},
+    "nm.polymul": {"plain": gives(lambda: nm.polymul(P3, [2.0]), _np_poly(np.polymul, P3, [2.0])),
+                   "size": gives(lambda: nm.polymul(P3, P2), _np_poly(np.polymul, P3, P2))},
+    "nm.polydiv": {"plain": gives(lambda: nm.polydiv(P3, [1.0, -1.0])[0], _np_poly(lambda a, b: np.polydiv(a, b)[0], P3,
+                                                                                  [1.0, -1.0]))},
+    "nm.polyint": {"range": must(lambda: nm.polyint(P3, -1), nm.ArgumentError, "m=-1"),
+                   "zero": gives(lambda: nm.polyint(values(Z)), _np_poly(np.polyint, np.zeros(0)))},
+    "nm.polyder": {"range": checks(must(lambda: nm.polyder(P3, -1), nm.ArgumentError, "m=-1"),
+                                   gives(lambda: nm.polyder(P3, 5), _np_poly(np.polyder, P3, 5)))},
+    "nm.polyfit": {"size": must(lambda: nm.polyfit(S4, values(Axis("s", 3)), 1), nm.AxisError, "s=3"),
+                   "extra": must(lambda: nm.polyfit(values(A, B), values(A, B), 1), nm.AxisError, "one axis"),
+                   "zero": must(lambda: nm.polyfit(values(Z), values(Z), 1), nm.ArgumentError, "'z'"),
+                   "range": must(lambda: nm.polyfit(S4, S4, -1), nm.ArgumentError, "deg=-1")},
+    "nm.roots": {"plain": gives(lambda: np.sort(np.asarray(nm.roots([1.0, -3.0, 2.0]).array).real), lambda: np.asarray([1.0, 2.0])),
+                 "zero": gives(lambda: nm.roots(values(Z)), _np_poly(np.roots, np.zeros(0)))},
+    "nm.trim_zeros": {"plain": gives(lambda: nm.trim_zeros([0.0, 1.0, 0.0]), _np_poly(np.trim_zeros, np.asarray([0.0, 1.0, 0.0])))},
+    "nm.vander": {"plain": must(lambda: nm.vander(jnp.arange(3.0), "d"), nm.ArgumentTypeError, WRAP),
+                  "extra": must(lambda: nm.vander(X, "d"), nm.AxisError, "1-d"),
+                  "zero": lambda: _same_names(runs(lambda: nm.vander(values(Z), "d")), ("z", "d"))},
+    "nm.polyval": {"plain": gives(lambda: nm.polyval(jnp.asarray([1.0, 2.0]), 3.0), lambda: np.asarray(5.0)),
+                   "missing": must(lambda: nm.polyval(values(A, B), X, "nope"), nm.AxisError, "'nope'"),
+                   "extra": lambda: per_slice(lambda v: nm.polyval(P3, v), with_extra(X)),
+                   "size": must(lambda: nm.polyval(values(A.resize(5), B), X, "b"), nm.AxisError, "'a'")},
+}
+cases_kind(
+    "polynomials",
+    POLYS,
+    plain="a sequence or a 1-d plain array is a polynomial (numpy's form); `vander` takes a 1-d NamedArray",
+    missing="`AxisError` naming it (`polyval`'s coefficient axis)",
+    extra=("a polynomial has one axis: more is an `AxisError`; `polyval` broadcasts its points and the other axes of "
+           "its coefficients by name"),
+    size="coefficients of different lengths combine as in numpy; `polyfit`'s samples share one axis (`AxisError`)",
+    zero="numpy's (the empty polynomial); `polyfit` of no points: `ArgumentError`",
+    dtype="numpy's promotion",
+    range="`m` and `deg` below 0: `ArgumentError` naming them; past the degree: numpy's (the zero polynomial)",
+)
+
+
+# ---- creation ----------------------------------------------------------------------------------------------
+
+CREATION = {
+    "nm.zeros": {"missing": must(lambda: nm.zeros(("a", "b")), nm.AxisError, "'a'"),
+                 "zero": lambda: _same_names(nm.zeros((A, Z)), ("a", "z")),
+                 "plain": must(lambda: nm.zeros(plain()), nm.AxisError, "Axis")},
+    "nm.ones": {"missing": must(lambda: nm.ones("a"), nm.AxisError, "'a'"),
+                "zero": lambda: _same_names(nm.ones((Z,)), ("z",))},
+    "nm.full": {"zero": lambda: _same_names(nm.full((A, Z), 1.0), ("a", "z")),
+                "plain": must(lambda: nm.full((A,), jnp.ones(3)), nm.ArgumentTypeError, "fill_value"),
+                "extra": must(lambda: nm.full((A,), values(B)), nm.ArgumentTypeError, "fill_value"),
+                "dtype": gives(lambda: nm.full((A,), 2.5, jnp.int32), lambda: np.full(3, 2))},
+    "nm.full_like": {"plain": must(lambda: nm.full_like(plain(), 1.0), nm.ArgumentTypeError, WRAP),
+                     "zero": lambda: _same_names(nm.full_like(values(A, Z), 1.0), ("a", "z")),
+                     "extra": must(lambda: nm.full_like(X, values(C)), nm.ArgumentTypeError, "fill_value")},
+    "nm.zeros_like": {"plain": must(lambda: nm.zeros_like(plain()), nm.ArgumentTypeError, WRAP)},
+    "nm.ones_like": {"plain": must(lambda: nm.ones_like(plain()), nm.ArgumentTypeError, WRAP)},
+    "nm.arange": {"missing": must(lambda: nm.arange("a"), nm.AxisError, "'a'"),
+                  "zero": lambda: _same_names(nm.arange(Z), ("z",))},
+    "nm.linspace": {"missing": gives(lambda: nm.linspace("a", start=0.0, stop=1.0), lambda: np.linspace(0.0, 1.0)),
+                    "zero": gives(lambda: nm.linspace(Z, start=0.0, stop=1.0), lambda: np.linspace(0.0, 1.0, 0))},
+    "nm.logspace": {"zero": gives(lambda: nm.logspace(Z, start=0.0, stop=1.0), lambda: np.logspace(0.0, 1.0, 0))},
+    "nm.geomspace": {"zero": gives(lambda: nm.geomspace(Z, start=1.0, stop=2.0), lambda: np.geomspace(1.0, 2.0, 0)),
+                     "range": must(lambda: nm.geomspace(B, start=0.0, stop=1.0), nm.ArgumentError, "0")},
+    "nm.fftfreq": {"missing": must(lambda: nm.fftfreq("b"), nm.AxisError, "'b'"),
+                   "zero": lambda: numpy_or_refused(lambda: nm.fftfreq(Z), lambda: np.fft.fftfreq(0), nm.AxisError, "'z'")},
+    "nm.named": {"plain": gives(lambda: nm.named(plain(), ("a", "b")), lambda: X),
+                 "missing": must(lambda: nm.named(plain(), ("a",)), nm.AxisError, "2 dimensions", "1 axes"),
+                 "extra": must(lambda: nm.named(plain(), ("a", "b", "c")), nm.AxisError, "3 axes"),
+                 "size": must(lambda: nm.named(plain(), (A, B.resize(5))), nm.AxisError, "'b'", "5"),
+                 "zero": lambda: _same_names(nm.named(jnp.zeros((3, 0)), ("a", "z")), ("a", "z"))},
+}
+cases_kind(
+    "creation",
+    CREATION,
+    plain=("`nm.named` wraps it (the way in); the `*_like` functions: `ArgumentTypeError`; a fill value with "
+           "dimensions: `ArgumentTypeError`"),
+    missing=("a bare name where a size is needed: `AxisError` naming it (`linspace` and friends: numpy's 50 samples, "
+             "as Haliax); `nm.named`'s names must count the dimensions"),
+    extra="a fill value with axes: `ArgumentTypeError` (use `nm.broadcast_to`); `nm.named` with more names than dimensions: `AxisError`",
+    size="`nm.named`: an Axis whose size is not the dimension's: `AxisError`",
+    zero="an empty array (numpy's); `fftfreq` of no points: `AxisError`, as numpy refuses",
+    dtype="`dtype=` as jnp takes it (a fill value is cast)",
+    range="`geomspace` from or to 0: `ArgumentError` (numpy's)",
+)
+
+
 # ---- the tests -------------------------------------------------------------------------------------------
 
 SURFACE = public_surface()

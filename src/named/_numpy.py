@@ -250,6 +250,9 @@ def unique(x: NamedArray, size: Axis, *, fill_value=None, return_index: bool = F
     ``axis`` (which slice of the result each of x's slices is)."""
     expect_named(x, "nm.unique")
     size = _sized(size, "unique")
+    if x.size == 0 and size.size and fill_value is None:
+        raise ArgumentError(f"nm.unique of the empty array {format_axes(x.axes)} into {size!r}: every entry of the "
+                            "result is a fill; give fill_value=")
     kw = dict(return_index=return_index, return_inverse=return_inverse, return_counts=return_counts, size=size.size,
               fill_value=fill_value)
     if axis is None:
@@ -346,12 +349,19 @@ def bincount(x: NamedArray, length: Axis, *, weights: NamedArray | None = None, 
     dropped. ``weights`` (x's axes) sums weights instead of counting."""
     expect_named(x, "nm.bincount")
     length = _sized(length, "bincount")
+    if not jnp.issubdtype(x.dtype, jnp.integer):
+        raise ArgumentTypeError(f"nm.bincount counts integers, got dtype {x.dtype} {format_axes(x.axes)}")
     counted = x.names if axis is None else tuple(x.axes[i].name for i in indices_of(x.axes, axis, "nm.bincount"))
     if weights is not None and set(axes_of(weights)) != set(x.axes):
         raise AxisError(f"nm.bincount: weights {format_axes(axes_of(weights))} must have the axes of x {format_axes(x.axes)}")
 
     def count(v, w):
-        return jnp.bincount(v.reshape(-1), None if w is None else w.reshape(-1), length=length.size)
+        v = v.reshape(-1)
+        # jnp.bincount would count a negative value as 0 (numpy refuses it): weigh values outside by 0
+        inside = (v >= 0) & (v < length.size)
+        w = inside.astype(jnp.int32) if w is None else jnp.where(inside, w.reshape(-1), 0)
+        return jnp.bincount(jnp.where(inside, v, 0), w, length=length.size).astype(
+            jnp.int32 if weights is None else w.dtype)
 
     return nmap(count, consume=counted, produce=length.name)(x, weights)
 
@@ -510,6 +520,7 @@ def array_equiv(a, b) -> NamedArray:
     name): False, not an error, when a shared name has two sizes. Two plain arrays: ``jnp.array_equiv``."""
     if _both_positional(a, b):
         return NamedArray(jnp.array_equiv(a, b), ())
+    axes_of(a), axes_of(b)  # a plain array with dimensions mixed in is refused, not "not equivalent"
     try:
         eq = _ops.equal(a, b)
     except AxisError:
@@ -522,6 +533,8 @@ def fftfreq(axis: Axis, d: float = 1.0, *, rfft: bool = False, new_axis: AxisSel
     is along ``new_axis`` (default: the axis' own name) with the transform's size."""
     if not isinstance(axis, Axis):
         raise AxisError(f"nm.fftfreq needs an Axis with a size, got {axis!r}")
+    if axis.size == 0:  # as nm.fft refuses a transform of no points (numpy divides by zero)
+        raise AxisError(f"nm.fftfreq of the zero-size axis {axis.name!r}: a Fourier transform needs at least one point")
     out = (jnp.fft.rfftfreq if rfft else jnp.fft.fftfreq)(axis.size, d)
     return NamedArray._unchecked(out, (Axis(name_of(new_axis) if new_axis is not None else axis.name, out.shape[0]),))
 

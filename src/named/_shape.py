@@ -13,6 +13,7 @@ from jax import lax
 
 from ._axis import (
     ArgumentError,
+    ArgumentTypeError,
     Axis,
     AxisError,
     AxisSelection,
@@ -51,9 +52,23 @@ def ones(axes: AxisSelection, dtype=None) -> NamedArray:
     return NamedArray(jnp.ones(tuple(a.size for a in ax), dtype), ax)
 
 
+def _fill(value, what: str):
+    """A fill value is one value: a number, a 0-d array or a 0-d NamedArray. One with dimensions
+    would broadcast by position (or by name, to axes the caller did not ask for)."""
+    if isinstance(value, NamedArray):
+        if value.ndim:
+            raise ArgumentTypeError(f"{what}: fill_value has axes {format_axes(value.axes)}; give one value, or "
+                                    "nm.broadcast_to the array")
+        return value.array
+    if jnp.ndim(value):
+        raise ArgumentTypeError(f"{what}: fill_value has shape {jnp.shape(value)}; give one value, or wrap the array "
+                                "with nm.named and nm.broadcast_to it")
+    return value
+
+
 def full(axes: AxisSelection, fill_value, dtype=None) -> NamedArray:
     ax = _axes_for_creation(axes)
-    return NamedArray(jnp.full(tuple(a.size for a in ax), fill_value, dtype), ax)
+    return NamedArray(jnp.full(tuple(a.size for a in ax), _fill(fill_value, "nm.full"), dtype), ax)
 
 
 def zeros_like(x: NamedArray, dtype=None) -> NamedArray:
@@ -68,7 +83,7 @@ def ones_like(x: NamedArray, dtype=None) -> NamedArray:
 
 def full_like(x: NamedArray, fill_value, dtype=None) -> NamedArray:
     expect_named(x, "nm.full_like")
-    return NamedArray(jnp.full_like(x.array, fill_value, dtype), x.axes)
+    return NamedArray(jnp.full_like(x.array, _fill(fill_value, "nm.full_like"), dtype), x.axes)
 
 
 def arange(axis: AxisSelection, *, start=0, step=1, dtype=None) -> NamedArray:
@@ -102,6 +117,10 @@ def logspace(axis: AxisSelector, *, start, stop, endpoint: bool = True, base: fl
 
 def geomspace(axis: AxisSelector, *, start, stop, endpoint: bool = True, dtype=None) -> NamedArray:
     """A geometric progression from ``start`` to ``stop`` along ``axis`` (``jnp.geomspace``)."""
+    for end in (start, stop):  # numpy refuses 0 too; jnp gives NaN
+        known = _index.concrete(end)
+        if known is not None and (known == 0).any():
+            raise ArgumentError(f"nm.geomspace from {start!r} to {stop!r}: a geometric sequence cannot include 0")
     return _spaced(jnp.geomspace, axis, start, stop, "nm.geomspace", endpoint=endpoint, dtype=dtype)
 
 
@@ -411,8 +430,19 @@ def one_hot(index, axis: Axis, *, dtype=jnp.float32) -> NamedArray:
     """One-hot encode integer ``index`` (a NamedArray or an int) along a new trailing ``axis``."""
     if not isinstance(axis, Axis):
         raise AxisError(f"one_hot needs an Axis with a size, got {axis!r}")
-    if isinstance(index, NamedArray):
-        if axis.name in index.names:
-            raise AxisError(f"one_hot: the new axis {axis.name!r} already exists in {format_axes(index.axes)}")
-        return NamedArray._unchecked(jax.nn.one_hot(index.array, axis.size, dtype=dtype), index.axes + (axis,))
-    return NamedArray(jax.nn.one_hot(jnp.asarray(index), axis.size, dtype=dtype), (axis,))
+    idx_axes = index.axes if isinstance(index, NamedArray) else ()
+    if axis.name in {a.name for a in idx_axes}:
+        raise AxisError(f"one_hot: the new axis {axis.name!r} already exists in {format_axes(idx_axes)}")
+    raw = index.array if isinstance(index, NamedArray) else jnp.asarray(index)
+    if raw.ndim != len(idx_axes):
+        expect_named(index, "nm.one_hot")
+    if not jnp.issubdtype(raw.dtype, jnp.integer):
+        raise ArgumentTypeError(f"nm.one_hot takes integer indices, got dtype {raw.dtype}")
+    known = _index.concrete(raw)
+    if known is not None:  # a traced index outside [0, n) gives a row of zeros, as jax.nn.one_hot does
+        off = (known < 0) | (known >= axis.size)
+        if off.any():
+            where, at = _index.first_flagged(off, idx_axes)
+            raise ArgumentError(f"nm.one_hot: index {int(known[where])} at ({at}) is outside [0, {axis.size}) "
+                                f"(axis {axis.name!r})")
+    return NamedArray._unchecked(jax.nn.one_hot(raw, axis.size, dtype=dtype), idx_axes + (axis,))
