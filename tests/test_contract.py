@@ -1000,6 +1000,165 @@ cases_kind(
 )
 
 
+# ---- layers ------------------------------------------------------------------------------------------------
+
+Batch, Pos, Embed, Mlp, Vocab = Axis("batch", 2), Axis("position", 3), Axis("embed", 4), Axis("mlp", 6), Axis("vocab", 5)
+Experts, Layers, Out = Axis("experts", 2), Axis("layers", 2), Axis("out", 4)
+H = values(Batch, Pos, Embed, seed=7)
+
+
+@dataclasses.dataclass(frozen=True)
+class Layer:
+    """How the probes call a layer: ``call(make(), x)`` with ``x`` over ``inp``; ``In``: the axis it
+    consumes (None: any input); ``clash``: an axis it produces (which the input must not have);
+    ``per_slice``: False where the rows of a batch are not independent (a dropout mask over more axes
+    draws other numbers, fp8's scale is the whole input's amax, MoELinear's groups are rows of the
+    whole input); ``sized``: whether the layer holds ``In`` at a size; ``range``, ``dtype``: its own
+    case for that column."""
+
+    make: Callable[[], Any]
+    call: Callable[[Any, nm.NamedArray], Any] = lambda m, x: m(x)
+    inp: tuple[Axis, ...] = (Batch, Pos, Embed)
+    In: str | None = "embed"
+    clash: str | None = "mlp"
+    per_slice: bool = True
+    sized: bool = True
+    range: Callable[[], None] | None = None
+    dtype: Callable[[], None] | None = None
+
+
+def _block(E: Axis = Embed, *, key):
+    return nn.MLP.init(E, E, width=Mlp, key=key)
+
+
+def _moe():
+    return nn.MoE.init(Embed, Mlp, Experts, 1, key=KEY)
+
+
+def _group_sizes(x: nm.NamedArray) -> jax.Array:
+    rows = x.size // x.axis_size("embed")
+    return jnp.asarray([rows // 2, rows - rows // 2])
+
+
+LAYERS: dict[str, Layer] = {
+    "nn.Linear": Layer(lambda: nn.Linear.init(Embed, Mlp, key=KEY)),
+    "nn.MLP": Layer(lambda: nn.MLP.init(Embed, Mlp, key=KEY)),
+    "nn.LoraLinear": Layer(lambda: nn.LoraLinear.init(nn.Linear.init(Embed, Mlp, key=KEY), 2, key=KEY)),
+    "nn.Int8Linear": Layer(lambda: nn.quantize(nn.Linear.init(Embed, Mlp, key=KEY), "int8")),
+    "nn.Int8WeightLinear": Layer(lambda: nn.quantize(nn.Linear.init(Embed, Mlp, key=KEY), "int8_weight")),
+    "nn.Fp8Linear": Layer(lambda: nn.quantize(nn.Linear.init(Embed, Mlp, key=KEY), "fp8"), per_slice=False),
+    "nn.MoELinear": Layer(lambda: nn.MoELinear.init(Experts, Embed, Mlp, key=KEY),
+                          lambda m, x: m(x, _group_sizes(x) if nm.is_named_array(x) else jnp.asarray([3, 3])),
+                          per_slice=False,
+                          range=must(lambda: nn.MoELinear.init(Experts, Embed, Mlp, key=KEY)(H, jnp.asarray([1, 1])),
+                                     nm.ArgumentError, "6")),
+    "nn.MoE": Layer(_moe, lambda m, x: m(x)[0], clash=None),
+    "nn.LayerNorm": Layer(lambda: nn.LayerNorm.init(Embed), clash=None),
+    "nn.RMSNorm": Layer(lambda: nn.RMSNorm.init(Embed), clash=None),
+    "nn.Dropout": Layer(lambda: nn.Dropout(0.5), lambda m, x: m(x, key=KEY), In=None, clash=None, per_slice=False,
+                        sized=False,
+                        range=must(lambda: nn.Dropout(1.5)(H, key=KEY), nm.ArgumentError, "1.5")),
+    "nn.Conv": Layer(lambda: nn.Conv.init("position", Embed, Out, 2, key=KEY), clash="out",
+                     range=must(lambda: nn.Conv.init("position", Embed, Out, 5, key=KEY)(H), nm.ArgumentError, "5")),
+    "nn.ConvTranspose": Layer(lambda: nn.ConvTranspose.init("position", Embed, Out, 2, key=KEY), clash="out"),
+    "nn.Stacked": Layer(lambda: nn.Stacked.init(Layers, _block, key=KEY), lambda m, x: m.fold(x), clash=None,
+                        # a scanned carry keeps its dtype: float blocks on an int input are refused, naming it
+                        dtype=must(lambda: _layer("nn.Stacked")[1].fold(H.astype(jnp.int32)), nm.AxisError,
+                                   "int32 -> float32")),
+    "nn.BlockSeq": Layer(lambda: nn.BlockSeq.init(Layers, _block, key=KEY), lambda m, x: m.fold(x), clash=None),
+    "nn.max_pool": Layer(lambda: None, lambda m, x: nn.max_pool(x, {"position": 2}), In="position", clash=None,
+                         sized=False, range=must(lambda: nn.max_pool(H, {"position": 4}), nm.ArgumentError, "4")),
+    "nn.min_pool": Layer(lambda: None, lambda m, x: nn.min_pool(x, {"position": 2}), In="position", clash=None,
+                         sized=False, range=must(lambda: nn.min_pool(H, {"position": 0}), nm.ArgumentError, "0")),
+    "nn.mean_pool": Layer(lambda: None, lambda m, x: nn.mean_pool(x, {"position": 2}), In="position", clash=None,
+                          sized=False),
+    "nn.Embedding": Layer(lambda: nn.Embedding.init(Vocab, Embed, key=KEY), lambda m, x: m.unembed(x), clash="vocab",
+                          range=must(lambda: nn.Embedding.init(Vocab, Embed, key=KEY)(nm.named(jnp.asarray([1, 5]), "k")),
+                                     nm.AxisError, "index 5", "'vocab'")),
+}
+_BUILT: dict[str, Any] = {}
+
+
+def _layer(name) -> tuple[Layer, Any]:
+    spec = LAYERS[name]
+    if name not in _BUILT:
+        _BUILT[name] = spec.make()
+    return spec, _BUILT[name]
+
+
+def _jitted(name) -> Callable[[nm.NamedArray], Any]:
+    """The layer's call under one ``eqx.filter_jit`` (a compile per input shape, where an eager call
+    compiles each of its ops): for the columns that look at results, not at eager-only checks."""
+    spec, m = _layer(name)
+    if ("jit", name) not in _BUILT:
+        _BUILT["jit", name] = eqx.filter_jit(spec.call)
+    return lambda x: _BUILT["jit", name](m, x)
+
+
+def _layer_input(spec: Layer, **sizes) -> nm.NamedArray:
+    return values(*(a.resize(sizes.get(a.name, a.size)) for a in spec.inp), seed=7)
+
+
+def _layer_extra(name, fn):
+    spec, m = _layer(name)
+    x, call = with_extra(_layer_input(spec)), _jitted(name)
+    if spec.per_slice:
+        per_slice(call, x)
+    else:
+        assert "c" in runs(lambda: call(x)).names
+    if spec.clash:
+        refused(lambda: spec.call(m, nm.broadcast_axis(_layer_input(spec), Axis(spec.clash, 2))), nm.AxisError,
+                f"{spec.clash!r}")
+
+
+def _layer_zero(name, fn):
+    spec, m = _layer(name)
+    got = runs(lambda: _jitted(name)(_layer_input(spec, batch=0)))
+    assert _leaf_names(got) == _leaf_names(_jitted(name)(_layer_input(spec))), describe(got)
+
+
+def _layer_dtype(name, fn):
+    """An integer input computes as its float value (never truncated to the input's dtype)."""
+    spec, m = _layer(name)
+    if spec.dtype is not None:
+        spec.dtype()
+        return
+    x = _layer_input(spec)
+    ints = nm.named(jnp.round(x.array * 4).astype(jnp.int32), x.axes)
+    got = runs(lambda: _jitted(name)(ints))
+    if spec.per_slice:  # the values of the float input (max and min pools may keep the ints: they are exact)
+        same(got, _jitted(name)(ints.astype(jnp.float32)), "an int32 input")
+    else:
+        assert all(jnp.issubdtype(v.dtype, jnp.floating) for v in _named_leaves(got)), describe(got)
+
+
+LAYER = kind(
+    "layers",
+    " ".join(LAYERS),
+    plain=Rule("`ArgumentTypeError`: wrap it with `nm.named`",
+               lambda name, fn: refused(lambda: _layer(name)[0].call(_layer(name)[1], plain(_layer_input(_layer(name)[0]))),
+                                        nm.ArgumentTypeError, WRAP)),
+    missing=Rule("an input without the axis the layer consumes: `AxisError` naming it",
+                 lambda name, fn: _layer(name)[0].In and refused(lambda: _layer(name)[0].call(_layer(name)[1], renamed(
+                     _layer_input(_layer(name)[0]), _layer(name)[0].In, "other")), nm.AxisError,
+                     f"'{_layer(name)[0].In}'")),
+    extra=Rule("a batch axis: kept, each slice on its own; an input that already has an axis the layer makes: "
+               "`AxisError`", _layer_extra),
+    size=Rule("the consumed axis at another size than the layer's: `AxisError` naming it",
+              lambda name, fn: _layer(name)[0].sized and refused(
+                  lambda: _layer(name)[0].call(_layer(name)[1], resized(_layer_input(_layer(name)[0]),
+                                                                        _layer(name)[0].In, 5)),
+                  nm.AxisError, f"'{_layer(name)[0].In}'")),
+    zero=Rule("a batch of 0: an empty result with the axes of any batch", _layer_zero),
+    dtype=Rule("an int or bool input computes as its float value (the result is floating, never truncated); "
+               "`Embedding` ids must be integers (`AxisError`); `Stacked`'s carry keeps its dtype (`AxisError` naming "
+               "the change)", _layer_dtype),
+    range=Rule("`Dropout`'s rate outside [0, 1], a window larger than the padded axis: `ArgumentError`; "
+               "`Embedding` ids: the gather rule (`AxisError` when known before tracing)",
+               lambda name, fn: LAYERS[name].range and LAYERS[name].range()),
+)
+
+
 # ---- the tests -------------------------------------------------------------------------------------------
 
 SURFACE = public_surface()

@@ -136,6 +136,12 @@ bitwise_xor = _wrap(jnp.bitwise_xor)
 isclose = _wrap(jnp.isclose)
 
 
+def floating(dtype):
+    """The dtype a layer that scales or normalises returns for an input of ``dtype``: the input's own
+    when it is floating (bf16 stays bf16), else float32, so that an int input is never truncated."""
+    return dtype if jnp.issubdtype(dtype, jnp.inexact) else jnp.float32
+
+
 def where(condition, x, y):
     """``x`` where ``condition`` else ``y``; all three broadcast by the union rule."""
     return _elementwise(jnp.where, condition, x, y, name="where")

@@ -195,6 +195,10 @@ class Embedding(eqx.Module):
     def unembed(self, x: NamedArray) -> NamedArray:
         """Logits over Vocab: ``x · Wᵀ`` contracting Embed."""
         expect_named(x, "Embedding.unembed")
+        x.resolve_axis(self.Embed)  # dot would sum the weight over Embed alone for an input without it
+        if self.Vocab.name in x.names:
+            raise AxisError(f"Embedding.unembed makes the axis {self.Vocab.name!r}, which the input "
+                            f"{format_axes(x.axes)} already has; rename it first")
         return shard(dot(x, self.weight, axis=self.Embed.name))
 
 

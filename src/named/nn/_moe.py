@@ -227,7 +227,7 @@ class MoE(eqx.Module):
         """``(y, stats)``: the output and the router's :func:`router_stats`, from which
         :func:`router_losses` makes the losses ``__call__`` returns (a model that stacks layers
         can return the statistics per layer and make the losses after the stack)."""
-        expect_named(x, "MoE")
+        x = expect_named(x, "MoE").astype(ops.floating(x.dtype))  # an int input is routed as floats, not truncated
         # not self.router(x): its output constraint would fail under expert parallelism, where
         # the compute mapping gives batch and experts one mesh axis (tokens and experts both split)
         router = self.router.weight
@@ -328,7 +328,7 @@ def _grouped_mlp(rows, ids, gate, up, down, act, *, presorted: bool):
 def _combine(back, w, dst, pos):
     """Each token's ``Σ_k w_k · out_k`` from the returned buffers ``back`` (n_dst, C, D)."""
     T, k = w.shape
-    out = back[dst, pos].reshape(T, k, -1)
+    out = back[dst, pos].reshape(T, k, back.shape[-1])  # not -1: a block of no tokens has nothing to infer it from
     return jnp.einsum("tk,tkd->td", w, out.astype(jnp.float32)).astype(back.dtype)
 
 
@@ -339,8 +339,9 @@ def _block(x: NamedArray, ids: NamedArray, w: NamedArray, gate: NamedArray, up: 
     split it (then rows travel by ``nm.all_to_all``), and a split ``mlp`` (TP) is summed by ``psum``."""
     D = x.axis_size(names.embed)
     xa = x.rearrange((*names.tokens, names.embed)).array.reshape(-1, D)
-    ida = ids.rearrange((*names.tokens, TOPK)).array.reshape(xa.shape[0], -1)
-    wa = w.rearrange((*names.tokens, TOPK)).array.reshape(xa.shape[0], -1)
+    k = ids.axis_size(TOPK)  # not -1: a block of no tokens has no size to infer it from
+    ida = ids.rearrange((*names.tokens, TOPK)).array.reshape(xa.shape[0], k)
+    wa = w.rearrange((*names.tokens, TOPK)).array.reshape(xa.shape[0], k)
     g = gate.rearrange((EXPERTS, names.embed, names.mlp))
     E_l = g.axis_size(EXPERTS)
     over = _split_over(g.resolve_axis(EXPERTS))

@@ -35,7 +35,7 @@ class LayerNorm(eqx.Module):
             y = y * self.weight
         if self.bias is not None:
             y = y + self.bias
-        return y.astype(x.dtype)
+        return y.astype(ops.floating(x.dtype))
 
 
 class RMSNorm(eqx.Module):
@@ -55,4 +55,4 @@ class RMSNorm(eqx.Module):
         y = x32 * ops.rsqrt(ops.square(x32).mean(self.axis.name) + self.eps)
         if self.weight is not None:
             y = y * self.weight
-        return y.astype(x.dtype)
+        return y.astype(ops.floating(x.dtype))
