@@ -1159,6 +1159,230 @@ LAYER = kind(
 )
 
 
+# ---- losses ------------------------------------------------------------------------------------------------
+
+LOGITS = values(Batch, Pos, Vocab, seed=8)
+TOKENS = (values(Batch, Pos, dtype=jnp.int32, seed=9) - 1) % Vocab.size
+WV = values(Embed, Vocab, seed=10)
+
+
+def _per_token(loss: Callable[..., nm.NamedArray]):
+    """``loss(..., reduction="none")`` per slice of an extra axis ``c`` on every input."""
+    return lambda *xs: loss(*xs, reduction="none")
+
+
+def _ce(lg, t, **kw):
+    return nn.cross_entropy_loss(lg, t, **kw)
+
+
+def _bw(h, t, **kw):
+    return nn.blockwise_cross_entropy_loss(h, WV, t, block_size=5, **kw)
+
+
+def _extra_pair(f, a, b):
+    """An extra axis ``c`` on both inputs: each slice on its own."""
+    xa, xb = with_extra(a), nm.named(jnp.stack([b.array, (b.array + 1) % Vocab.size]), (C, *b.axes))
+    out = runs(lambda: f(xa, xb))
+    assert "c" in out.names, describe(out)
+    for i in range(2):
+        same(out["c", i], f(xa["c", i], xb["c", i]), f"slice c={i}")
+
+
+LOSSES = {
+    "nn.cross_entropy_loss": {
+        "plain": must(lambda: _ce(plain(LOGITS), TOKENS), nm.ArgumentTypeError, WRAP),
+        "missing": must(lambda: _ce(renamed(LOGITS, "vocab", "v"), TOKENS), nm.AxisError, "'vocab'"),
+        "extra": checks(lambda: _extra_pair(_per_token(_ce), LOGITS, TOKENS),
+                        must(lambda: _ce(LOGITS, nm.broadcast_axis(TOKENS, C)), nm.AxisError, "c=2"),
+                        must(lambda: _ce(LOGITS, TOKENS, where=values(C) > 0), nm.AxisError, "c=2")),
+        "size": must(lambda: _ce(LOGITS, resized(TOKENS, "position", 4) % 5), nm.AxisError, "position=4"),
+        "zero": checks(gives(lambda: _ce(values(Batch.resize(0), Pos, Vocab), values(Batch.resize(0), Pos, dtype=jnp.int32)),
+                             lambda: np.asarray(0.0)),
+                       gives(lambda: _ce(LOGITS, nm.full((Batch, Pos), -100, jnp.int32)), lambda: np.asarray(0.0))),
+        "dtype": checks(must(lambda: _ce(LOGITS, TOKENS.astype(jnp.float32)), nm.ArgumentTypeError, "float32"),
+                        must(lambda: _ce(LOGITS, TOKENS > 0), nm.ArgumentTypeError, "bool")),
+        "range": checks(must(lambda: _ce(LOGITS, TOKENS + 3), nm.ArgumentError, "outside [0, 5)"),
+                        lambda: _assert(bool(np.isnan(jax.jit(_ce)(LOGITS, TOKENS + 3).scalar())), "not NaN under jit"),
+                        must(lambda: _ce(LOGITS, TOKENS, label_smoothing=2.0), nm.ArgumentError, "label_smoothing")),
+    },
+    "nn.next_token_loss": {
+        "plain": must(lambda: nn.next_token_loss(LOGITS, plain(TOKENS)), nm.ArgumentTypeError, WRAP),
+        "missing": must(lambda: nn.next_token_loss(renamed(LOGITS, "position", "p"), renamed(TOKENS, "position", "p")),
+                        nm.AxisError, "'position'"),
+        "extra": lambda: _extra_pair(_per_token(nn.next_token_loss), LOGITS, TOKENS),
+        "zero": gives(lambda: nn.next_token_loss(values(Batch, Pos.resize(1), Vocab),
+                                                 values(Batch, Pos.resize(1), dtype=jnp.int32) % 5), lambda: np.asarray(0.0)),
+        "range": must(lambda: nn.next_token_loss(LOGITS, TOKENS + 3), nm.ArgumentError, "outside [0, 5)"),
+    },
+    "nn.next_token_targets": {
+        "plain": must(lambda: nn.next_token_targets(plain(TOKENS)), nm.ArgumentTypeError, WRAP),
+        "missing": must(lambda: nn.next_token_targets(renamed(TOKENS, "position", "p")), nm.AxisError, "'position'"),
+    },
+    "nn.blockwise_cross_entropy_loss": {
+        "plain": must(lambda: _bw(plain(H), TOKENS), nm.ArgumentTypeError, WRAP),
+        "missing": must(lambda: _bw(renamed(H, "embed", "e"), TOKENS), nm.AxisError, "'embed'"),
+        "extra": lambda: _extra_pair(_per_token(_bw), H, TOKENS),
+        "size": must(lambda: nn.blockwise_cross_entropy_loss(H, resized(WV, "embed", 5), TOKENS, block_size=5),
+                     nm.AxisError, "'embed'"),
+        "zero": gives(lambda: _bw(values(Batch.resize(0), Pos, Embed), values(Batch.resize(0), Pos, dtype=jnp.int32)),
+                      lambda: np.asarray(0.0)),
+        "range": checks(must(lambda: _bw(H, TOKENS + 3), nm.ArgumentError, "outside [0, 5)"),
+                        must(lambda: nn.blockwise_cross_entropy_loss(H, WV, TOKENS, block_size=3), nm.ArgumentError,
+                             "block_size=3")),
+    },
+    "nn.blockwise_next_token_loss": {
+        "plain": must(lambda: nn.blockwise_next_token_loss(H, WV, plain(TOKENS), block_size=5), nm.ArgumentTypeError, WRAP),
+        "extra": lambda: _extra_pair(_per_token(lambda h, t, **kw: nn.blockwise_next_token_loss(h, WV, t, block_size=5,
+                                                                                               **kw)), H, TOKENS),
+        "range": must(lambda: nn.blockwise_next_token_loss(H, WV, TOKENS + 3, block_size=5), nm.ArgumentError, "[0, 5)"),
+    },
+    "nn.binary_cross_entropy_loss": {
+        "plain": must(lambda: nn.binary_cross_entropy_loss(plain(LOGITS), LOGITS > 0), nm.ArgumentTypeError, WRAP),
+        "extra": checks(lambda: per_slice(lambda v: nn.binary_cross_entropy_loss(v, nm.sigmoid(v * 2.0),
+                                                                                  reduction="none"), with_extra(LOGITS)),
+                        must(lambda: nn.binary_cross_entropy_loss(with_extra(LOGITS), nm.sigmoid(LOGITS)), nm.AxisError,
+                             "'c'")),
+        "size": must(lambda: nn.binary_cross_entropy_loss(LOGITS, resized(LOGITS, "vocab", 4)), nm.AxisError, "vocab=4"),
+        "zero": gives(lambda: nn.binary_cross_entropy_loss(values(Batch.resize(0), Vocab), values(Batch.resize(0), Vocab)),
+                      lambda: np.asarray(0.0)),
+        "dtype": gives(lambda: nn.binary_cross_entropy_loss(LOGITS, (LOGITS > 0).astype(jnp.int32)),
+                       lambda: nn.binary_cross_entropy_loss(LOGITS, (LOGITS > 0).astype(jnp.float32))),
+    },
+}
+cases_kind(
+    "losses",
+    LOSSES,
+    plain="`ArgumentTypeError`: wrap it with `nm.named`",
+    missing="`AxisError` naming the axis the loss reads (`vocab`, `position`, `embed`)",
+    extra=("a batch axis on the inputs: kept by `reduction=\"none\"`, each slice on its own; a target or `where=` "
+           "axis the logits lack: `AxisError`"),
+    size="`AxisError` naming the axis and both sizes",
+    zero="no token to score (a batch of 0, all ignored or masked): a mean of 0, not NaN",
+    dtype=("targets are integer ids (or, for `cross_entropy_loss`, float probabilities over `vocab`): a bool or a "
+           "float without `vocab` is an `ArgumentTypeError`; binary targets may be 0/1 integers"),
+    range=("an id outside `[0, vocab)` other than `ignore_index` (-100): `ArgumentError` naming the first, when known "
+           "before tracing; NaN under `jit`; a `block_size` that does not divide the vocab, a smoothing outside "
+           "[0, 1]: `ArgumentError`"),
+)
+
+
+# ---- attention, masks and positions ----------------------------------------------------------------------
+
+Heads, HeadSize, KPos = Axis("heads", 2), Axis("head_size", 4), Axis("key_position", 3)
+Q = values(Batch, Pos, Heads, HeadSize, seed=11)
+KV = values(Batch, KPos, Heads, HeadSize, seed=12)
+POSITIONS = nm.named(jnp.asarray([[0, 1, 2], [4, 5, 6]]), (Batch, Pos))
+
+
+def _attend(q=Q, k=KV, v=KV, **kw):
+    return nn.dot_product_attention(q, k, v, **kw)
+
+
+def _weights(q=Q, k=KV, **kw):
+    return nn.dot_product_attention_weights(q, k, **kw)
+
+
+ATTENTION = {
+    "nn.dot_product_attention": {
+        "plain": must(lambda: _attend(k=plain(KV)), nm.ArgumentTypeError, WRAP),
+        "missing": must(lambda: _attend(q=renamed(Q, "head_size", "d")), nm.AxisError, "'head_size'"),
+        "extra": lambda: per_slice(lambda v: _attend(q=v), with_extra(Q)),
+        "size": must(lambda: _attend(k=resized(KV, "head_size", 3)), nm.AxisError, "'head_size'"),
+        "zero": checks(lambda: _same_names(runs(lambda: _attend(Q["batch", 0:0], KV["batch", 0:0], KV["batch", 0:0])),
+                                           Q.names),
+                       gives(lambda: _attend(k=KV["key_position", 0:0], v=KV["key_position", 0:0]), lambda: nm.zeros(Q.axes))),
+        "dtype": checks(must(lambda: _attend(mask=nm.ones((Pos, KPos))), nm.ArgumentTypeError, "boolean"),
+                        must(lambda: _attend(mask=nm.ones((Pos, KPos), jnp.int32)), nm.ArgumentTypeError, "boolean")),
+        "range": must(lambda: _attend(causal=True, window=0), nm.ArgumentError, "window=0"),
+    },
+    "nn.dot_product_attention_weights": {
+        "plain": must(lambda: _weights(q=plain(Q)), nm.ArgumentTypeError, WRAP),
+        "missing": must(lambda: _weights(k=renamed(KV, "key_position", "kp")), nm.AxisError, "'key_position'"),
+        "extra": lambda: per_slice(lambda v: _weights(q=v), with_extra(Q)),
+        "size": must(lambda: _weights(k=resized(KV, "heads", 3)), nm.AxisError, "'heads'"),
+        "dtype": must(lambda: _weights(mask=nm.ones((Pos, KPos))), nm.ArgumentTypeError, "boolean"),
+    },
+    "nn.rotary_embedding": {
+        "plain": must(lambda: nn.rotary_embedding(plain(Q), POSITIONS), nm.ArgumentTypeError, WRAP),
+        "missing": must(lambda: nn.rotary_embedding(renamed(Q, "head_size", "d"), POSITIONS), nm.AxisError, "'head_size'"),
+        "extra": lambda: per_slice(lambda v: nn.rotary_embedding(v, POSITIONS), with_extra(Q)),
+        "size": checks(must(lambda: nn.rotary_embedding(Q, resized(POSITIONS, "position", 4)), nm.AxisError, "'position'"),
+                       must(lambda: nn.rotary_embedding(resized(Q, "head_size", 3), POSITIONS), nm.AxisError, "even")),
+        "zero": lambda: _same_names(runs(lambda: nn.rotary_embedding(Q["batch", 0:0], POSITIONS["batch", 0:0])), Q.names),
+    },
+    "nn.alibi_bias": {"zero": lambda: _same_names(runs(lambda: nn.alibi_bias(Heads.resize(0), Pos, KPos)),
+                                                  ("heads", "position", "key_position")),
+                      "size": must(lambda: nn.alibi_bias(Heads, Pos, KPos, slopes=values(Heads.resize(3))), nm.AxisError,
+                                   "'heads'")},
+    "nn.alibi_slopes": {"zero": lambda: _same_names(runs(lambda: nn.alibi_slopes(Heads.resize(0))), ("heads",))},
+    "nn.causal_mask": {"zero": lambda: _same_names(runs(lambda: nn.causal_mask(Pos, KPos.resize(0))),
+                                                   ("position", "key_position")),
+                       "range": must(lambda: nn.causal_mask(Pos, KPos, window=0), nm.ArgumentError, "window=0")},
+    "nn.chunked_mask": {"range": must(lambda: nn.chunked_mask(Pos, KPos, 0), nm.ArgumentError, "chunk")},
+    "nn.forgetful_causal_mask": {"range": must(lambda: nn.forgetful_causal_mask(KPos, 2.0, key=KEY), nm.ArgumentError,
+                                               "mask_prob")},
+    "nn.padding_mask": {
+        "plain": must(lambda: nn.padding_mask(jnp.asarray([1, 2]), KPos), nm.ArgumentTypeError, WRAP),
+        "missing": must(lambda: nn.padding_mask(POSITIONS > 0, "kp", Pos="p"), nm.AxisError, "'p'"),
+        "dtype": must(lambda: nn.padding_mask(nm.named(jnp.asarray([1.0, 2.0]), (Batch,)), KPos), nm.ArgumentTypeError,
+                      "float32"),
+    },
+    "nn.segment_mask": {"plain": must(lambda: nn.segment_mask(plain(POSITIONS), POSITIONS), nm.ArgumentTypeError, WRAP),
+                        "size": must(lambda: nn.segment_mask(POSITIONS, resized(POSITIONS, "batch", 3)), nm.AxisError,
+                                     "'batch'")},
+    "nn.positions_from_segments": {
+        "plain": must(lambda: nn.positions_from_segments(plain(POSITIONS)), nm.ArgumentTypeError, WRAP),
+        "missing": must(lambda: nn.positions_from_segments(renamed(POSITIONS, "position", "p")), nm.AxisError, "'position'"),
+        "extra": lambda: per_slice(nn.positions_from_segments, with_extra(POSITIONS) % 2),
+        "dtype": must(lambda: nn.positions_from_segments(POSITIONS.astype(jnp.float32)), nm.ArgumentTypeError, "float32"),
+    },
+}
+cases_kind(
+    "attention, masks and positions",
+    ATTENTION,
+    plain="`ArgumentTypeError`: wrap it with `nm.named`",
+    missing="`AxisError` naming the axis (`head_size`, `key_position`, `position`)",
+    extra="batch and head axes: kept, each slice on its own",
+    size="`AxisError` naming the axis (`head_size`, `heads`, per-row offsets, positions)",
+    zero=("an empty batch: an empty result; no key at all: zeros; every key masked: uniform weights (documented "
+          "under `dot_product_attention`), never NaN"),
+    dtype="masks are boolean, lengths and segment ids integers: otherwise `ArgumentTypeError`",
+    range="a `window`, `chunk` below 1 or a probability outside [0, 1]: `ArgumentError` naming it",
+)
+
+
+# ---- routing -------------------------------------------------------------------------------------------------
+
+ROUTER = values(Batch, Pos, Experts, seed=13)
+
+ROUTING = {
+    "nn.route": {"plain": must(lambda: nn.route(plain(ROUTER), 1), nm.ArgumentTypeError, WRAP),
+                 "missing": must(lambda: nn.route(renamed(ROUTER, "experts", "e"), 1), nm.AxisError, "'experts'"),
+                 "extra": lambda: per_slice(lambda v: nn.route(v, 1), with_extra(ROUTER)),
+                 "zero": lambda: _same_names(runs(lambda: nn.route(ROUTER["batch", 0:0], 1)[0]),
+                                             ("batch", "position", "topk")),
+                 "range": checks(must(lambda: nn.route(ROUTER, 3), nm.ArgumentError, "k=3"),
+                                 must(lambda: nn.route(ROUTER, 0), nm.ArgumentError, "k=0"))},
+    "nn.router_stats": {"plain": must(lambda: nn.router_stats(plain(ROUTER), *nn.route(ROUTER, 1)[::-1][:2][::-1]),
+                                      nm.ArgumentTypeError, WRAP)},
+    "nn.router_losses": {"missing": must(lambda: nn.router_losses({}), nm.ArgumentError, "expert_share")},
+    "nn.load_balancing_loss": {"plain": must(lambda: nn.load_balancing_loss(plain(ROUTER), nn.route(ROUTER, 1)[1]),
+                                             nm.ArgumentTypeError, WRAP)},
+    "nn.router_z_loss": {"plain": must(lambda: nn.router_z_loss(plain(ROUTER)), nm.ArgumentTypeError, WRAP),
+                         "missing": must(lambda: nn.router_z_loss(renamed(ROUTER, "experts", "e")), nm.AxisError,
+                                         "'experts'")},
+}
+cases_kind(
+    "routing",
+    ROUTING,
+    plain="`ArgumentTypeError`: wrap it with `nm.named`",
+    missing="`AxisError` naming `experts` (or the statistic a loss needs: `ArgumentError`)",
+    extra="token axes: kept, each token routed on its own",
+    zero="no token: empty weights and ids (the statistics are means: NaN over no token, as numpy's)",
+    range="`k` outside `[1, experts]`: `ArgumentError`",
+)
+
+
 # ---- the tests -------------------------------------------------------------------------------------------
 
 SURFACE = public_surface()

@@ -24,7 +24,7 @@ from .._einsum import dot, einsum
 from .. import _ops as ops
 from ..partitioning import shard
 from .._shape import arange, broadcast_to, concatenate, flatten_axes, rename, unflatten_axis
-from ._masks import causal_mask, segment_mask
+from ._masks import causal_mask, check_segment_ids, segment_mask
 
 _LOG = logging.getLogger("named.nn")
 
@@ -38,6 +38,7 @@ def positions_from_segments(segment_ids: NamedArray, Pos: AxisSelector = "positi
     """
     pos = name_of(Pos)
     n = expect_named(segment_ids, "positions_from_segments").axis_size(pos)
+    check_segment_ids(segment_ids, "positions_from_segments")
     ids = segment_ids.rearrange((..., pos))
     prev = ids.array
     starts = jnp.concatenate([jnp.ones_like(prev[..., :1], bool), prev[..., 1:] != prev[..., :-1]], axis=-1)
@@ -182,15 +183,13 @@ def dot_product_attention(
         raise NamedError(f"unknown attention implementation {implementation!r}; use {', '.join(_IMPLEMENTATIONS)}")
     if implementation == "auto":
         implementation = _scoped.get()
+    _check_order("dot_product_attention", query, key, value, *extra)  # first: Haliax's order has Axes in front
     for what, x in (("query", query), ("key", key), ("value", value), ("mask", mask), ("bias", bias),
                     ("segment_ids", segment_ids)):
         if x is not None:
             expect_named(x, "dot_product_attention", what)
     qpos, kpos, hs = name_of(QPos), name_of(KPos), name_of(HeadSize)
-    _check_order("dot_product_attention", query, key, value, *extra)
-    if mask is not None:
-        ops.check_bool_mask(mask, "dot_product_attention: mask", "attend",
-                            "; pass an additive mask as bias= instead (it is added to the scores)")
+    _check_mask("dot_product_attention", mask)
     if qpos not in query.names:  # one query per row (Haliax's form, a decoding step)
         args = dict(QPos=QPos, KPos=KPos, HeadSize=HeadSize, Heads=Heads, KVHeads=KVHeads, causal=causal, mask=mask,
                     bias=bias, segment_ids=segment_ids, scale=scale, window=window, softcap=softcap, q_offset=q_offset,
@@ -235,11 +234,20 @@ def dot_product_attention(
 def _check_order(what: str, *arrays) -> None:
     """The arrays come first, the names by keyword; Haliax's positional names are refused."""
     n = 3 if what == "dot_product_attention" else 2
-    if len(arrays) != n or not all(isinstance(a, NamedArray) for a in arrays):
+    # Axes or names among them (or too many of them) is Haliax's order; a plain array in its place
+    # gets expect_named's message (wrap it) instead
+    haliax = any(isinstance(a, (Axis, str)) for a in arrays)
+    if len(arrays) != n or haliax:
         got = ", ".join(type(a).__name__ for a in arrays)
         raise ArgumentTypeError(f"{what} takes the query, key (and value) NamedArrays first and the axis names by keyword "
                                 f"(QPos=, KPos=, HeadSize=), got ({got}); Haliax's order, {what}(KPos, Key, query, "
                                 f"key, ...), reads here as {what}(query, key, ..., KPos=KPos, HeadSize=Key)")
+
+
+def _check_mask(what: str, mask) -> None:
+    if mask is not None:
+        ops.check_bool_mask(mask, f"{what}: mask", "attend", "; pass an additive mask as bias= instead (it is added to "
+                            "the scores)")
 
 
 def _check_axes(what: str, query, key, value, qpos: str, kpos: str, hs: str, mask, bias) -> None:
@@ -304,6 +312,9 @@ def dot_product_attention_weights(
     ``dot_product_attention``; the result has the query's axes without ``HeadSize``, then
     ``KPos``, in the query's dtype (the scores and softmax are computed in float32)."""
     _check_order("dot_product_attention_weights", query, key, *extra)
+    for who, x in (("query", query), ("key", key)):
+        expect_named(x, "dot_product_attention_weights", who)
+    _check_mask("dot_product_attention_weights", mask)
     qpos, kpos, hs = name_of(QPos), name_of(KPos), name_of(HeadSize)
     args = dict(QPos=QPos, KPos=KPos, HeadSize=HeadSize, Heads=Heads, KVHeads=KVHeads, causal=causal, mask=mask,
                 bias=bias, segment_ids=segment_ids, scale=scale, window=window, softcap=softcap, q_offset=q_offset)
