@@ -303,8 +303,8 @@ def _arg_reduce(fn, x: NamedArray, axis, name: str | None = None) -> NamedArray:
     if axis is None:  # numpy's flat index: row-major over the array's own axis order
         return NamedArray._unchecked(reduce_over(fn, x.array, x.axes, None, what), ())
     if len(as_selectors(axis)) != 1:
-        raise AxisError(f"{what} needs exactly one axis name, or None for a flat index; got {axis!r} for the array "
-                        f"{format_axes(x.axes)}")
+        raise AxisError(f"{what} needs exactly one axis name, or None for a flat index; the array has axes "
+                        f"{format_axes(x.axes)}, got {axis!r}")
     (sel,) = as_selectors(axis)
     i = index_of(x.axes, sel)
     return NamedArray._unchecked(reduce_over(fn, x.array, x.axes, i, what), x.axes[:i] + x.axes[i + 1 :])
