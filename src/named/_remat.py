@@ -32,7 +32,7 @@ import equinox as eqx
 import jax
 from jax.ad_checkpoint import checkpoint_name as _checkpoint_name
 
-from ._axis import NamedError
+from ._axis import ArgumentTypeError, NamedError
 from ._core import NamedArray, expect_named
 
 _DOTS = ("recompute", "save", "offload")
@@ -42,11 +42,19 @@ _HOST = ("device", "pinned_host")
 def checkpoint_name(x: NamedArray, name: str) -> NamedArray:
     """Tag an activation so that a ``Remat(save=...)`` or ``Remat(offload=...)`` policy can keep it."""
     expect_named(x, "checkpoint_name")
+    _tag(name, "checkpoint_name")
     return NamedArray._unchecked(_checkpoint_name(x.array, name), x.axes)
+
+
+def _tag(name, what: str) -> None:
+    if not isinstance(name, str) or not name:
+        raise ArgumentTypeError(f"{what}: the name is a non-empty string (what Remat(save=...) lists), got {name!r}")
 
 
 def tree_checkpoint_name(tree, name: str):
     """``checkpoint_name`` on every array of a pytree (NamedArrays and plain arrays; Haliax's)."""
+    _tag(name, "tree_checkpoint_name")
+
     def leaf(x):
         if isinstance(x, NamedArray):
             return checkpoint_name(x, name)
