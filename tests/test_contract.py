@@ -1383,6 +1383,397 @@ cases_kind(
 )
 
 
+# ---- transforms ------------------------------------------------------------------------------------------
+
+
+def _step(c, r):
+    return c + r.sum(), r * 2.0
+
+
+TRANSFORMS = {
+    "nm.vmap": {
+        "plain": checks(gives(lambda: nm.vmap(lambda r, q: r * q, "a")(X, jnp.arange(3.0)),
+                              lambda: np.asarray(X.array) * np.arange(3.0)[:, None]),
+                        must(lambda: nm.vmap(lambda r, q: r, "a")(X, jnp.ones(5)), nm.AxisError, "'a'", "5")),
+        "missing": must(lambda: nm.vmap(lambda r: r, "nope")(X), nm.AxisError, "'nope'"),
+        "extra": lambda: per_slice(nm.vmap(lambda r: nm.softmax(r, "b"), "a"), with_extra(X)),
+        "size": must(lambda: nm.vmap(lambda r, q: r, "a")(X, values(A.resize(5))), nm.AxisError, "'a'", "5"),
+        "zero": lambda: _same_names(runs(lambda: nm.vmap(lambda r: r * 2.0, "z")(values(Z, A))), ("z", "a")),
+    },
+    "nm.scan": {
+        "plain": must(lambda: nm.scan(_step, "a")(0.0, X, jnp.ones(5)), nm.AxisError, "'a'", "5"),
+        "missing": must(lambda: nm.scan(_step, "nope")(0.0, X), nm.AxisError, "'nope'"),
+        "extra": must(lambda: nm.scan(lambda c, r: (c * r, r), "a")(nm.zeros((B,)), with_extra(X)), nm.AxisError,
+                      "carry"),
+        "size": must(lambda: nm.scan(lambda c, r, q: (c, r), "a")(0.0, X, values(A.resize(5))), nm.AxisError, "'a'"),
+        "zero": gives(lambda: nm.scan(_step, "z")(nm.named(jnp.float32(1.0), ()), values(Z, A))[0], lambda: np.asarray(1.0)),
+        "dtype": must(lambda: nm.fold(lambda c, r: c * r, "a")(nm.zeros((B,), jnp.int32), X), nm.AxisError, "int32"),
+    },
+    "nm.fold": {"missing": must(lambda: nm.fold(lambda c, r: c, "nope")(0.0, X), nm.AxisError, "'nope'"),
+                "zero": gives(lambda: nm.fold(lambda c, r: c + r.sum(), "z")(nm.named(jnp.float32(1.0), ()), values(Z, A)),
+                              lambda: np.asarray(1.0))},
+    "nm.map": {"missing": must(lambda: nm.map(lambda r: r, "nope")(X), nm.AxisError, "'nope'"),
+               "extra": lambda: per_slice(nm.map(lambda r: nm.softmax(r, "b"), "a"), with_extra(X)),
+               "zero": lambda: _same_names(runs(lambda: nm.map(lambda r: r * 2.0, "z")(values(Z, A))), ("z", "a"))},
+    "nm.nmap": {
+        "plain": must(lambda: nm.nmap(jnp.sum, consume="b", produce=())(plain()), nm.AxisError, "NamedArray"),
+        "missing": must(lambda: nm.nmap(jnp.sum, consume="nope", produce=())(X), nm.AxisError, "'nope'"),
+        "extra": lambda: per_slice(nm.nmap(jnp.cumsum, consume="b"), with_extra(X)),
+        "zero": gives(lambda: nm.nmap(jnp.sum, consume="z", produce=())(values(A, Z)), lambda: np.zeros(3)),
+    },
+    "nm.grad": {
+        "extra": must(lambda: nm.grad(lambda w: w * 2.0)(X), nm.AxisError, "a=3, b=4"),
+        "zero": lambda: _same_names(runs(lambda: nm.grad(lambda w: (w * 2.0).sum())(values(A, Z))), ("a", "z")),
+        "dtype": must(lambda: nm.grad(lambda w: w.sum())(X.astype(jnp.int32)), nm.ArgumentTypeError, "int32"),
+    },
+    "nm.value_and_grad": {"extra": must(lambda: nm.value_and_grad(lambda w: w)(X), nm.AxisError, "reduce it first")},
+    "nm.tree_map_layers": {"plain": gives(lambda: nm.tree_map_layers(lambda v: v, plain()), lambda: plain()),
+                           "dtype": must(lambda: nm.tree_map_layers(3, X), nm.ArgumentTypeError, "function")},
+    "nm.resize_axis": {"missing": must(lambda: nm.resize_axis(X, "nope", 2), nm.AxisError, "'nope'"),
+                       "plain": gives(lambda: nm.resize_axis({"x": X, "p": plain()}, "b", 2)["p"], lambda: plain()),
+                       "zero": lambda: _same_names(runs(lambda: nm.resize_axis(X, "b", 0)), ("a", "b")),
+                       "range": must(lambda: nm.resize_axis(X, "b", -1), nm.ArgumentError, "-1")},
+    "nn.checkpoint_name": {"plain": must(lambda: nn.checkpoint_name(plain(), "h"), nm.ArgumentTypeError, WRAP),
+                           "dtype": must(lambda: nn.checkpoint_name(X, 3), nm.ArgumentTypeError, "3")},
+    "nm.tree_checkpoint_name": {"plain": lambda: runs(lambda: nm.tree_checkpoint_name(plain(), "h")),
+                                "dtype": must(lambda: nm.tree_checkpoint_name(X, 3), nm.ArgumentTypeError, "3")},
+}
+cases_kind(
+    "transforms and tree utilities",
+    TRANSFORMS,
+    plain=("mapped (`vmap`, `scan`, `fold`, `map`) along its first dimension, whose size must be the axis' (else "
+           "`AxisError`); a tree utility leaves a plain leaf as it is; `nmap` and `checkpoint_name` need NamedArrays"),
+    missing="an axis that no input has (or that `nmap` consumes, `resize_axis` resizes): `AxisError` naming it",
+    extra=("inputs without the mapped axis are passed whole; `vmap` and `map` keep an extra axis per slice; a scan "
+           "carry must keep its axes, and a loss to differentiate must have none (`AxisError`)"),
+    size="the mapped axis at two sizes: `AxisError` naming it and both sizes",
+    zero="a mapped axis of size 0: no step runs (an empty result, the initial carry)",
+    dtype=("a scan carry keeps its dtype (`AxisError` naming the change); a loss to differentiate is floating, a "
+           "checkpoint name a string, a mapped function callable (`ArgumentTypeError`)"),
+    range="`resize_axis` to a negative size: `ArgumentError`",
+)
+
+
+# ---- random ------------------------------------------------------------------------------------------------
+
+# name -> (the draw's keyword parameters, each a valid number; one parameter outside its domain, or None)
+DRAW_PARAMS = {
+    "normal": ({"mean": 0.0, "stddev": 1.0}, {"stddev": -1.0}),
+    "uniform": ({"minval": 0.0, "maxval": 1.0}, {"minval": 2.0}),
+    "truncated_normal": ({"lower": -1.0, "upper": 1.0}, {"lower": 3.0}),
+    "bernoulli": ({"p": 0.5}, {"p": 1.5}),
+    "randint": ({"minval": 0, "maxval": 5}, {"minval": 9}),
+    **{n: ({p: 1.0 for p in nm.random.DRAWS[n][1]}, None) for n in nm.random.DRAWS},
+    "beta": ({"a": 1.0, "b": 1.0}, {"a": -1.0}), "gamma": ({"a": 1.0}, {"a": 0.0}), "loggamma": ({"a": 1.0}, {"a": -2.0}),
+    "poisson": ({"lam": 2.0}, {"lam": -1.0}), "t": ({"df": 3.0}, {"df": 0.0}), "chisquare": ({"df": 3.0}, {"df": -1.0}),
+    "pareto": ({"b": 2.0}, {"b": 0.0}), "geometric": ({"p": 0.5}, {"p": 2.0}),
+    "weibull_min": ({"scale": 1.0, "concentration": 1.0}, {"scale": -1.0}), "binomial": ({"n": 5.0, "p": 0.5}, {"p": -0.5}),
+    "block_draw": (None, None),
+}
+
+
+def _draw(name, axes, **params):
+    if name == "nm.random.block_draw":
+        return nm.random.block_draw(lambda shape: jax.random.normal(KEY, shape), axes)
+    short = name.split(".")[-1]
+    return getattr(nm.random, short)(KEY, axes, **{**DRAW_PARAMS[short][0], **params})
+
+
+def _with_param(check):
+    """A probe for the draws that take parameters: ``check(name, first parameter's name)``."""
+    def probe(n, fn):
+        params = DRAW_PARAMS[n.split(".")[-1]][0]
+        if params:
+            check(n, next(iter(params)))
+
+    return probe
+
+
+def _param_value(name, pname, axes):
+    base = DRAW_PARAMS[name.split(".")[-1]][0][pname]
+    return nm.full(axes, base)
+
+
+def _draw_zero(name, fn):
+    out = abstract(lambda: _draw(name, (A, Z)))
+    shape = out.shape if isinstance(out, nm.NamedArray) else dict(zip("az", out.shape))
+    assert shape == {"a": 3, "z": 0}, describe(out)
+
+
+DRAW_KIND = kind(
+    "random draws over axes",
+    " ".join(f"nm.random.{n}" for n in DRAW_PARAMS),
+    plain=Rule("a parameter with dimensions: `AxisError` (wrap it with `nm.named`); a number or a 0-d array is one "
+               "value for every entry",
+               _with_param(lambda n, p: refused(lambda: _draw(n, (A, B), **{p: jnp.ones((3, 4))}), nm.AxisError, WRAP))),
+    missing=Rule("an axis given by name alone (a draw needs its size): `AxisError` naming it",
+                 lambda name, fn: refused(lambda: _draw(name, ("a", "b")), nm.AxisError, "'a'")),
+    extra=Rule("a parameter's axes must be among the drawn ones: another is an `AxisError` naming it",
+               _with_param(lambda n, p: refused(lambda: _draw(n, (A,), **{p: _param_value(n, p, (C,))}), nm.AxisError,
+                                                "c=2"))),
+    size=Rule("a parameter axis of another size: `AxisError` naming it",
+              _with_param(lambda n, p: refused(lambda: _draw(n, (A, B), **{p: _param_value(n, p, (B.resize(5),))}),
+                                               nm.AxisError, "'b'"))),
+    zero=Rule("an empty draw with the requested axes (`block_draw`: the raw array, of their sizes)", _draw_zero),
+    dtype=Rule("a dtype `jax.random` cannot draw (an int normal, a float randint): `ArgumentTypeError` naming it",
+               lambda name, fn: name in ("nm.random.normal", "nm.random.randint") and refused(
+                   lambda: fn(KEY, (A,), **DRAW_PARAMS[name.split(".")[-1]][0],
+                              dtype=jnp.int32 if name.endswith("normal") else jnp.float32),
+                   nm.ArgumentTypeError, "dtype")),
+    range=Rule("a parameter known before tracing outside its domain (a probability outside [0, 1], a shape or scale "
+               "<= 0, an interval in the wrong order): `ArgumentError` naming it; traced: jax.random's",
+               lambda name, fn: DRAW_PARAMS[name.split(".")[-1]][1] and refused(
+                   lambda: _draw(name, (A,), **DRAW_PARAMS[name.split(".")[-1]][1]), nm.ArgumentError,
+                   next(iter(DRAW_PARAMS[name.split(".")[-1]][1])))),
+)
+
+KEYS = nm.named(jax.random.split(KEY, 3), (A,))
+FROM_ARRAYS = {
+    "nm.random.permutation": {"plain": must(lambda: nm.random.permutation(KEY, plain(), "b"), nm.ArgumentTypeError,
+                                            "NamedArray"),
+                              "missing": must(lambda: nm.random.permutation(KEY, X, "nope"), nm.AxisError, "'nope'"),
+                              "zero": lambda: _same_names(runs(lambda: nm.random.permutation(KEY, Z)), ("z",))},
+    "nm.random.choice": {"plain": must(lambda: nm.random.choice(KEY, plain(), (C,), axis="b"), nm.ArgumentTypeError,
+                                       "NamedArray"),
+                         "missing": must(lambda: nm.random.choice(KEY, X, (C,), axis="nope"), nm.AxisError, "'nope'"),
+                         "size": must(lambda: nm.random.choice(KEY, X, (C,), axis="b", p=values(B.resize(5))),
+                                      nm.AxisError, "b=5"),
+                         "zero": must(lambda: nm.random.choice(KEY, values(A, Z), (C,), axis="z"), nm.AxisError, "'z'"),
+                         "range": must(lambda: nm.random.choice(KEY, X, (Axis("d", 9),), axis="b", replace=False),
+                                       nm.ArgumentError, "d=9")},
+    "nm.random.categorical": {"plain": must(lambda: nm.random.categorical(KEY, plain(), "b"), nm.ArgumentTypeError, WRAP),
+                              "missing": must(lambda: nm.random.categorical(KEY, X, "nope"), nm.AxisError, "'nope'"),
+                              "zero": must(lambda: nm.random.categorical(KEY, values(A, Z), "z"), nm.AxisError, "'z'")},
+    "nm.random.dirichlet": {"plain": must(lambda: nm.random.dirichlet(KEY, jnp.ones(3), "a"), nm.ArgumentTypeError, WRAP),
+                            "missing": must(lambda: nm.random.dirichlet(KEY, X + 2.0, "nope"), nm.AxisError, "'nope'"),
+                            "range": must(lambda: nm.random.dirichlet(KEY, X, "b"), nm.ArgumentError, "> 0")},
+    "nm.random.split": {"plain": must(lambda: nm.random.split(jax.random.split(KEY, 3)), nm.ArgumentTypeError,
+                                      "nm.named"),
+                        "extra": must(lambda: nm.random.split(KEYS, A), nm.AxisError, "'a'"),
+                        "dtype": must(lambda: nm.random.split(nm.named(jnp.zeros((3, 2), jnp.uint32), (A, C))),
+                                      nm.ArgumentTypeError, "uint32"),
+                        "range": must(lambda: nm.random.split(KEY, -1), nm.ArgumentError, "-1")},
+}
+cases_kind(
+    "random draws from arrays and keys",
+    FROM_ARRAYS,
+    plain="`ArgumentTypeError` (wrap it with `nm.named`; keys to split each: `nm.named(keys, names)`)",
+    missing="`AxisError` naming it",
+    extra="a new axis the array (or the keys) already has: `AxisError`",
+    size="`p=` over the chosen axis at another size: `AxisError`",
+    zero="drawing from an axis of size 0: `AxisError`; a permutation of nothing is empty",
+    dtype="keys are typed keys (`jax.random.key`): raw uint32 key data is an `ArgumentTypeError`",
+    range=("more draws without replacement than entries, a negative count, concentrations <= 0 known before "
+           "tracing: `ArgumentError`"),
+)
+
+
+# ---- explicit mode -----------------------------------------------------------------------------------------
+
+Rows, Wide = Axis("batch", 8), Axis("embed", 8)
+XR = values(Rows, Wide, seed=14)
+
+
+def _in_block(body: Callable[[nm.NamedArray], Any]) -> Callable[[], Any]:
+    """``body`` on the local blocks of ``XR`` split over ``data`` (8 devices); a refusal comes while tracing."""
+    return lambda: nm.shard_map(body, mesh=nm.make_mesh({"data": 8}), in_mapping={"batch": "data"})(XR)
+
+
+EXPLICIT = {
+    "nm.psum": {"plain": must(_in_block(lambda v: nm.psum(v.array, "batch")), nm.ArgumentTypeError, WRAP),
+                "missing": must(_in_block(lambda v: nm.psum(v, "nope")), nm.AxisError, "'nope'")},
+    "nm.pmean": {"plain": must(_in_block(lambda v: nm.pmean(v.array, "batch")), nm.ArgumentTypeError, WRAP),
+                 "missing": must(_in_block(lambda v: nm.pmean(v, "nope")), nm.AxisError, "'nope'")},
+    "nm.pmax": {"missing": must(_in_block(lambda v: nm.pmax(v, "nope")), nm.AxisError, "'nope'")},
+    "nm.all_gather": {"plain": must(_in_block(lambda v: nm.all_gather(v.array, "batch")), nm.ArgumentTypeError, WRAP),
+                      "missing": must(_in_block(lambda v: nm.all_gather(v, "nope")), nm.AxisError, "'nope'")},
+    "nm.psum_scatter": {"missing": must(_in_block(lambda v: nm.psum_scatter(v, "nope")), nm.NamedError, "'nope'")},
+    "nm.all_to_all": {"missing": must(_in_block(lambda v: nm.all_to_all(v, split="nope", concat="batch")), nm.AxisError,
+                                      "'nope'")},
+    "nm.axis_index": {"missing": must(lambda: nm.axis_index("batch"), nm.NamedError, "shard_map")},
+    "nm.einsum_unreduced": {"plain": must(lambda: nm.einsum_unreduced("batch embed -> batch", plain(XR)),
+                                          nm.ArgumentTypeError, "NamedArray")},
+    "nm.with_layout": {"plain": must(lambda: nm.with_layout(plain(XR), "batch embed"), nm.ArgumentTypeError, WRAP),
+                       "missing": must(lambda: nm.with_layout(XR, "batch nope"), nm.AxisError, "'nope'")},
+    "nm.explicit.block_layout": {"plain": must(lambda: nm.explicit.block_layout(plain(XR)), nm.ArgumentTypeError, WRAP)},
+    "nm.shard_map": {"size": must(lambda: nm.shard_map(lambda v: v, mesh=nm.make_mesh({"data": 8}),
+                                                       in_mapping={"embed": "data"})(values(Rows, Embed)),
+                                  nm.ShardingError, "'embed'")},
+    "nm.Unreduced": {"plain": must(lambda: nm.Unreduced(plain(XR), ("data",)), nm.ArgumentTypeError, "NamedArray")},
+    "nm.ShardedAxis": {"range": must(lambda: nm.ShardedAxis("a", -1), nm.AxisError, "-1")},
+}
+cases_kind(
+    "explicit mode",
+    EXPLICIT,
+    plain="`ArgumentTypeError`: wrap it with `nm.named`",
+    missing="an axis the block lacks: `AxisError` naming it; a collective outside `nm.shard_map`: `NamedError`",
+    size="an axis the mapping splits over mesh axes that do not divide it: `ShardingError` naming it",
+    range="a negative size: `AxisError`",
+)
+
+
+# ---- layout and partitioning -------------------------------------------------------------------------------
+
+MESH8 = nm.make_mesh({"data": 8})
+PARTITIONING = {
+    "nm.shard": {"plain": gives(lambda: nm.shard(plain(XR), {"batch": "data"}, MESH8), lambda: plain(XR)),
+                 "missing": lambda: _same_names(runs(lambda: nm.shard(XR, {"nope": "data"}, MESH8)), XR.names),
+                 "size": must(lambda: nm.shard(values(Rows, Embed), {"embed": "data"}, MESH8), nm.ShardingError, "'embed'"),
+                 "zero": lambda: _same_names(runs(lambda: nm.shard(values(Rows.resize(0), Wide), {"batch": "data"},
+                                                                   MESH8)), XR.names)},
+    "nm.named_jit": {"size": must(lambda: nm.named_jit(lambda v: v, mapping={"embed": "data"}, mesh=MESH8)(
+        values(Rows, Embed)), nm.ShardingError, "'embed'")},
+    "nm.sharding_for": {"size": must(lambda: nm.sharding_for(values(Rows, Embed), {"embed": "data"}, MESH8),
+                                     nm.ShardingError, "'embed'"),
+                        "missing": must(lambda: nm.sharding_for(XR, {"batch": "nope"}, MESH8), nm.ShardingError, "'nope'")},
+    "nm.pspec_for": {"missing": must(lambda: nm.pspec_for(XR, {"batch": "nope"}, MESH8), nm.ShardingError, "'nope'"),
+                     "plain": lambda: _assert(nm.pspec_for(plain(XR), {"batch": "data"}, MESH8) == jax.P(), "not P()")},
+    "nm.infer_shardings": {"size": must(lambda: nm.infer_shardings({"w": values(Rows, Embed)}, {"embed": "data"}, MESH8),
+                                        nm.ShardingError, "'embed'")},
+    "nm.check_sharding": {"size": must(lambda: nm.check_sharding({"w": values(Rows, Embed)}, {"embed": "data"}, MESH8),
+                                       nm.ShardingError, "'embed'")},
+    "nm.check_mapping": {"missing": must(lambda: nm.check_mapping({"batch": "nope"}, MESH8), nm.ShardingError, "'nope'")},
+    "nm.make_mesh": {"size": must(lambda: nm.make_mesh({"data": 3}), nm.ShardingError, "3")},
+    "nm.mesh_sizes": {"size": must(lambda: nm.mesh_sizes({"data": -1, "model": 3}, 8), nm.ShardingError, "3")},
+    "nm.set_mesh": {"dtype": must(lambda: nm.set_mesh(3), nm.ArgumentTypeError, "Mesh")},
+    "nm.axis_mapping": {"dtype": must(lambda: nm.axis_mapping(3).__enter__(), nm.ShardingError, "mapping")},
+    "nm.current_mapping": {},
+    "nm.current_mesh": {},
+    "nm.layout": {"plain": must(lambda: nm.layout(plain(XR)), nm.ArgumentTypeError, WRAP)},
+    "nm.parse_layout": {"missing": must(lambda: nm.parse_layout("batch/ embed"), nm.AxisError, "batch/")},
+    "nm.compiled_report": {"dtype": must(lambda: nm.compiled_report(3), nm.ArgumentTypeError, "int")},
+    "nm.param_report": {"plain": lambda: runs(lambda: nm.param_report({"w": plain(XR)}, {"batch": "data"}, MESH8))},
+    "nm.field": {"missing": must(lambda: nm.field(axis_names=3), nm.AxisError, "3")},
+    "nm.debug.visualize_shardings": {"plain": lambda: runs(lambda: nm.debug.visualize_shardings({"w": plain(XR)}))},
+    "nm.partitioning": {},
+    "nm.inspect": {},
+}
+cases_kind(
+    "layout and partitioning",
+    PARTITIONING,
+    plain="a plain leaf has no names: it is left as it is, replicated (`P()`)",
+    missing=("a mapping may name axes an array lacks (they are skipped); a mesh axis the mesh lacks: `ShardingError` "
+             "naming it"),
+    size="an axis whose size its mesh axes do not divide, a mesh shape the devices do not fill: `ShardingError`",
+    zero="as any size (0 divides)",
+    dtype="a mesh, mapping or program of another type: `ArgumentTypeError` / `ShardingError`",
+)
+
+
+# ---- state dicts and files -----------------------------------------------------------------------------------
+
+LIN = nn.Linear.init(Embed, Mlp, key=KEY)
+SD = nm.state_dict(LIN)
+STATE = {
+    "nm.state_dict": {"plain": gives(lambda: nm.state_dict({"w": plain()})["w"], lambda: plain()),
+                      "zero": lambda: _assert(nm.state_dict(nn.Linear.init(Embed.resize(0), Mlp, key=KEY))["weight"].shape
+                                              == (0, 6), "not (0, 6)")},
+    "nm.state_dict_entries": {"plain": lambda: _assert(nm.state_dict_entries({"w": plain()})[0].path == "w", "no 'w'")},
+    "nm.load_state_dict": {
+        "missing": must(lambda: nm.load_state_dict(LIN, {"weight": SD["weight"]}), nm.StateDictError, "'bias'"),
+        "extra": must(lambda: nm.load_state_dict(LIN, {**SD, "zzz": np.ones(3)}), nm.StateDictError, "'zzz'"),
+        "size": must(lambda: nm.load_state_dict(LIN, {**SD, "weight": np.ones((3, 6))}), nm.StateDictError, "'weight'"),
+        "zero": lambda: runs(lambda: nm.load_state_dict(nn.Linear.init(Embed.resize(0), Mlp, key=KEY),
+                                                        nm.state_dict(nn.Linear.init(Embed.resize(0), Mlp, key=KEY)))),
+        "dtype": must(lambda: nm.load_state_dict(LIN, {**SD, "weight": np.ones((4, 6), np.int32)}), nm.StateDictError,
+                      "integer"),
+    },
+    "nm.load_state_dict_file": {"missing": must(lambda: nm.load_state_dict_file(LIN, "no-such-file.safetensors"),
+                                                nm.NamedError, "no-such-file")},
+    "nm.save_state_dict": {},
+    "nm.save_safetensors": {"dtype": must(lambda: nm.save_safetensors(plain(), "unused.safetensors"),
+                                          nm.ArgumentTypeError, "mapping")},
+    "nm.flatten_modules_for_export": {"plain": gives(lambda: nm.flatten_modules_for_export(plain()), lambda: plain())},
+    "nm.unflatten_modules_from_export": {"extra": must(lambda: nm.unflatten_modules_from_export({"x": 1}, LIN),
+                                                       nm.StateDictError, "template")},
+    "nm.StateDictEntry": {},
+}
+cases_kind(
+    "state dicts and files",
+    STATE,
+    plain="a plain leaf is an entry under its path, as it is",
+    missing="a key the module needs and the dict lacks, a file that is not there: `StateDictError` naming it",
+    extra="a key the module has no parameter for (`strict=True`), a tree not shaped as the template: `StateDictError`",
+    size="a tensor of another shape: `StateDictError` naming the key, both shapes and the axes",
+    zero="zero-size parameters round-trip as any",
+    dtype="integers for a float parameter: `StateDictError`; not a mapping of arrays: `ArgumentTypeError`",
+)
+
+
+# ---- model transforms ----------------------------------------------------------------------------------------
+
+POLICY = "params=float32,compute=bfloat16,output=float32"
+MODEL_TRANSFORMS = {
+    "nn.quantize": {"plain": gives(lambda: nn.quantize(plain(), "int8"), lambda: plain()),
+                    "range": must(lambda: nn.quantize(LIN, "fp4"), nm.ArgumentError, "fp4")},
+    "nn.lora.apply": {"missing": must(lambda: nn.lora.apply({"l": LIN}, "nope", rank=2, key=KEY), nm.ArgumentError, "nope"),
+                      "range": must(lambda: nn.lora.apply({"l": LIN}, "l", rank=0, key=KEY), nm.ArgumentError, "rank 0")},
+    "nn.lora.merge": {"plain": gives(lambda: nn.lora.merge(plain()), lambda: plain())},
+    "nn.lora.trainable": {},
+    "nn.lora.with_dropout_keys": {},
+    "nn.lora.linear_paths": {"plain": lambda: _assert(nn.lora.linear_paths(plain()) == [], "a Linear in a plain array")},
+    "nn.mup.roles": {"missing": must(lambda: nn.mup.roles(LIN, {"nope": 2}), nm.ArgumentError, "nope")},
+    "nn.mup.rescale_init": {"missing": must(lambda: nn.mup.rescale_init(LIN, {"nope": 2}), nm.ArgumentError, "nope")},
+    "nn.mup.scale_updates": {"missing": must(lambda: nn.mup.scale_updates(LIN, {"nope": 2}), nm.ArgumentError, "nope")},
+    "nn.mup.scale_reparam_updates": {"plain": gives(lambda: nn.mup.scale_reparam_updates(plain(), plain()), lambda: plain())},
+    "nn.cast_for_compute": {"dtype": must(lambda: nn.cast_for_compute(LIN, "params=foo"), nm.ArgumentError, "foo")},
+    "nn.cast_output": {"plain": lambda: _assert(nn.cast_output(plain(), POLICY).dtype == jnp.float32, "not float32")},
+    "nn.cast_to_param": {"plain": lambda: _assert(nn.cast_to_param(plain(), POLICY).dtype == jnp.float32, "not float32")},
+    "nn.get_policy": {"dtype": must(lambda: nn.get_policy("params=foo"), nm.ArgumentError, "foo")},
+    "nn.keeps_full_precision": {"plain": lambda: _assert(nn.keeps_full_precision(plain()) is False, "a plain array")},
+    "nn.is_overwrite_state": {"plain": lambda: _assert(nn.is_overwrite_state(plain()) is False, "a plain array")},
+    "nn.without_overwrites": {"plain": gives(lambda: nn.without_overwrites(plain()), lambda: plain())},
+    "nn.overwrite_updates": {"plain": gives(lambda: nn.overwrite_updates(plain(), plain(), plain()), lambda: plain())},
+    "nm.debug.diagnose_common_issues": {"plain": lambda: runs(lambda: nm.debug.diagnose_common_issues({"w": plain()}))},
+}
+cases_kind(
+    "model transforms",
+    MODEL_TRANSFORMS,
+    plain="a plain array is a leaf like any other: nothing to transform, returned as it is",
+    missing="targets or base widths that match no layer: `ArgumentError` naming them",
+    dtype="an unknown dtype in a precision policy: `ArgumentError` naming it",
+    range="a rank, a kind or a history outside what the transform takes: `ArgumentError`",
+)
+
+
+# ---- types, errors and configuration ---------------------------------------------------------------------
+
+CONFIG = {
+    "nm.Axis": {"range": must(lambda: Axis("a", -1), nm.AxisError, "-1"),
+                "dtype": must(lambda: Axis("a", 2.5), nm.AxisError, "2.5")},
+    "nm.AxisSelection": {}, "nm.AxisSelector": {}, "nm.ResourceMapping": {},
+    "nm.NamedError": {}, "nm.AxisError": {}, "nm.ArgumentError": {}, "nm.ArgumentTypeError": {},
+    "nm.FileWriteError": {}, "nm.ShardingError": {}, "nm.StateDictError": {}, "nm.UnreducedError": {},
+    "nm.ShardingCheck": {}, "nm.debug.ModuleProblems": {},
+    "nm.axes_of": {"plain": must(lambda: nm.axes_of(plain()), nm.AxisError, WRAP),
+                   "dtype": must(lambda: nm.axes_of([1, 2]), nm.ArgumentTypeError, "list")},
+    "nm.is_named_array": {"plain": lambda: _assert(nm.is_named_array(plain()) is False, "a plain array")},
+    "nm.axis_spec_to_tuple": {"dtype": must(lambda: nm.axis_spec_to_tuple(3), nm.AxisError, "3")},
+    "nm.typecheck": {"dtype": must(lambda: nm.typecheck(3), nm.ArgumentTypeError, "int")},
+    "nn.QuantConfig": {"range": must(lambda: nn.QuantConfig("fp8", history=0), nm.ArgumentError, "history")},
+    "nn.Fp8State": {"range": must(lambda: nn.Fp8State.init(0), nm.ArgumentError, "history")},
+    "nn.Remat": {"range": must(lambda: nn.Remat(every=0), nm.ArgumentError, "every=0")},
+    "nm.ScanCheckpointPolicy": {"dtype": must(lambda: nm.ScanCheckpointPolicy(save_carries=3), nm.ArgumentError, "3")},
+    "nn.remat_policy": {"missing": must(lambda: nn.remat_policy("whatever"), nm.ArgumentError, "whatever")},
+    "nn.ExplicitStack": {"range": must(lambda: nn.ExplicitStack({}, {}, batch_split=0), nm.ArgumentError, "batch_split")},
+    "nn.explicit_layers": {"dtype": must(lambda: nn.explicit_layers(3).__enter__(), nm.ArgumentTypeError, "int")},
+    "nn.attention_implementation": {"missing": must(lambda: nn.attention_implementation("nope").__enter__(),
+                                                    nm.ArgumentError, "nope")},
+    "nn.activation": {"missing": must(lambda: nn.activation("nope"), nm.ArgumentError, "nope")},
+    "nn.mup.AbstractLinearReparam": {"dtype": must(lambda: nn.mup.AbstractLinearReparam(3, 4), nm.AxisError, "3")},
+    "nn.mup.LinearStandardParam": {}, "nn.mup.InputLinearMup": {}, "nn.mup.HiddenLinearMup": {},
+    "nn.mup.OutputLinearMup": {},
+}
+cases_kind(
+    "types, errors and configuration",
+    CONFIG,
+    plain="`axes_of` refuses an array with dimensions (`AxisError`: wrap it); `is_named_array` says False",
+    missing="an unknown name (a policy, an activation, an implementation): `ArgumentError` listing the known ones",
+    dtype="a value of the wrong type (a float size, a number for a function or an axis): a `NamedError` naming it",
+    range="a value outside its range (a negative size, `every=0`, a history of 0): `ArgumentError`/`AxisError`",
+)
+
+
 # ---- the tests -------------------------------------------------------------------------------------------
 
 SURFACE = public_surface()

@@ -125,6 +125,8 @@ def tree_map_layers(f: Callable, tree, *, is_leaf: Callable[[Any], bool] | None 
     nodes such as modules, which ``f`` then gets whole (per layer): ``tree_map_layers(scale_lin,
     model, is_leaf=lambda x: isinstance(x, nn.Linear))``.
     """
+    if not callable(f):
+        raise ArgumentTypeError(f"tree_map_layers maps a function over the tree, got {type(f).__name__}")
 
     def node(x) -> bool:
         return is_named_array(x) or isinstance(x, (Stacked, BlockSeq)) or (is_leaf is not None and is_leaf(x))

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import jax
 import jax.numpy as jnp
 
-from .._axis import ArgumentTypeError, Axis, AxisError, AxisSelector, NamedError, format_axes, name_of
+from .._axis import ArgumentError, ArgumentTypeError, Axis, AxisError, AxisSelector, NamedError, format_axes, name_of
 from .._core import NamedArray, expect_named
 from .._einsum import dot, einsum
 from .. import _ops as ops
@@ -96,7 +96,7 @@ def attention_implementation(implementation: str) -> Iterator[None]:
     default is run on the XLA path on a GPU (to compare it with cuDNN's kernel, or to rule the
     kernel out): it acts when the function is traced, so wrap the first call of a jitted step."""
     if implementation not in _IMPLEMENTATIONS:
-        raise NamedError(f"unknown attention implementation {implementation!r}; use {', '.join(_IMPLEMENTATIONS)}")
+        raise ArgumentError(f"unknown attention implementation {implementation!r}; use {', '.join(_IMPLEMENTATIONS)}")
     token = _scoped.set(implementation)
     try:
         yield
@@ -180,7 +180,7 @@ def dot_product_attention(
         compute mapping, like every activation a layer creates.
     """
     if implementation not in _IMPLEMENTATIONS:
-        raise NamedError(f"unknown attention implementation {implementation!r}; use {', '.join(_IMPLEMENTATIONS)}")
+        raise ArgumentError(f"unknown attention implementation {implementation!r}; use {', '.join(_IMPLEMENTATIONS)}")
     if implementation == "auto":
         implementation = _scoped.get()
     _check_order("dot_product_attention", query, key, value, *extra)  # first: Haliax's order has Axes in front
@@ -206,7 +206,7 @@ def dot_product_attention(
                                 f"{format_axes(query.axes)} has {r.name}={query.axis_size(r.name) if r.name in query.names else 'no such axis'}; "
                                 "per-row offsets need one entry for each row")
     if window is not None and not causal:
-        raise NamedError("dot_product_attention: a sliding window needs causal=True")
+        raise ArgumentError("dot_product_attention: a sliding window needs causal=True")
     if implementation == "cudnn":
         why = _cudnn_unmet(query, key, value, hs) + _fused_unmet(None, None, None, softcap, window, q_offset)
         if why:
@@ -322,7 +322,7 @@ def dot_product_attention_weights(
         return _with_one_query(dot_product_attention_weights, query, (key,), args)
     _check_axes("dot_product_attention_weights", query, key, None, qpos, kpos, hs, mask, bias)
     if window is not None and not causal:
-        raise NamedError("dot_product_attention_weights: a sliding window needs causal=True")
+        raise ArgumentError("dot_product_attention_weights: a sliding window needs causal=True")
     heads, kvheads = name_of(Heads), name_of(KVHeads)
     grouped_query, mask, bias, group = _grouped(query, key, mask, bias, heads, kvheads)
     m = _combined_mask(grouped_query, key, qpos, kpos, causal, mask, segment_ids, q_offset, window)

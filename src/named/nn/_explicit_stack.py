@@ -40,7 +40,7 @@ from jax import lax
 from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
 from .. import _compat
-from .._axis import Axis, NamedError
+from .._axis import ArgumentError, ArgumentTypeError, Axis, NamedError
 from .._context import body_context, current_body
 from .._core import NamedArray, is_named_array
 from .._local import CollectiveOrder, _split_over, join_blocks, part_of_block, split_block
@@ -66,7 +66,7 @@ class ExplicitStack:
         object.__setattr__(self, "param_mapping", dict(self.param_mapping or {}))
         object.__setattr__(self, "compute_mapping", dict(self.compute_mapping or {}))
         if isinstance(self.batch_split, bool) or not isinstance(self.batch_split, int) or self.batch_split < 1:
-            raise NamedError(f"ExplicitStack: batch_split={self.batch_split!r} must be a positive int (1: no split)")
+            raise ArgumentError(f"ExplicitStack: batch_split={self.batch_split!r} must be a positive int (1: no split)")
 
     def split(self, mapping: Mapping[str, Any], name: str) -> tuple[str, ...]:
         return tuple(_mesh_axes(mapping.get(name)))
@@ -359,7 +359,7 @@ def active() -> ExplicitStack | None:
 def explicit_layers(driver: ExplicitStack | None) -> Iterator[None]:
     """Run every ``Stacked`` traced inside with ``driver`` (None: as usual)."""
     if driver is not None and not isinstance(driver, ExplicitStack):
-        raise NamedError(f"nn.explicit_layers takes an nn.ExplicitStack or None, got {type(driver).__name__}")
+        raise ArgumentTypeError(f"nn.explicit_layers takes an nn.ExplicitStack or None, got {type(driver).__name__}")
     token = _active.set(driver)
     try:
         yield

@@ -110,6 +110,8 @@ class Fp8State(eqx.Module):
     @staticmethod
     def init(history: int, extra: tuple[Axis, ...] = ()) -> Fp8State:
         """Empty (zero) histories."""
+        if isinstance(history, bool) or not isinstance(history, int) or history < 1:
+            raise ArgumentError(f"Fp8State: history must be an integer >= 1 (steps of amax kept), got {history!r}")
         h = zeros(extra + (Axis(HISTORY, history),), jnp.float32)
         return Fp8State(h, h, h, zeros(extra, jnp.float32) + 1.0)
 
