@@ -1576,7 +1576,7 @@ XR = values(Rows, Wide, seed=14)
 
 def _in_block(body: Callable[[nm.NamedArray], Any]) -> Callable[[], Any]:
     """``body`` on the local blocks of ``XR`` split over ``data`` (8 devices); a refusal comes while tracing."""
-    return lambda: nm.shard_map(body, mesh=nm.make_mesh({"data": 8}), in_mapping={"batch": "data"})(XR)
+    return lambda: nm.shard_map(body, mesh=_mesh8(), in_mapping={"batch": "data"})(XR)
 
 
 EXPLICIT = {
@@ -1596,7 +1596,7 @@ EXPLICIT = {
     "nm.with_layout": {"plain": must(lambda: nm.with_layout(plain(XR), "batch embed"), nm.ArgumentTypeError, WRAP),
                        "missing": must(lambda: nm.with_layout(XR, "batch nope"), nm.AxisError, "'nope'")},
     "nm.explicit.block_layout": {"plain": must(lambda: nm.explicit.block_layout(plain(XR)), nm.ArgumentTypeError, WRAP)},
-    "nm.shard_map": {"size": must(lambda: nm.shard_map(lambda v: v, mesh=nm.make_mesh({"data": 8}),
+    "nm.shard_map": {"size": must(lambda: nm.shard_map(lambda v: v, mesh=_mesh8(),
                                                        in_mapping={"embed": "data"})(values(Rows, Embed)),
                                   nm.ShardingError, "'embed'")},
     "nm.Unreduced": {"plain": must(lambda: nm.Unreduced(plain(XR), ("data",)), nm.ArgumentTypeError, "NamedArray")},
@@ -1614,25 +1614,28 @@ cases_kind(
 
 # ---- layout and partitioning -------------------------------------------------------------------------------
 
-MESH8 = nm.make_mesh({"data": 8})
+def _mesh8():
+    return nm.make_mesh({"data": 8})  # made when a probe runs (the test session has 8 devices), not on import
+
+
 PARTITIONING = {
-    "nm.shard": {"plain": gives(lambda: nm.shard(plain(XR), {"batch": "data"}, MESH8), lambda: plain(XR)),
-                 "missing": lambda: _same_names(runs(lambda: nm.shard(XR, {"nope": "data"}, MESH8)), XR.names),
-                 "size": must(lambda: nm.shard(values(Rows, Embed), {"embed": "data"}, MESH8), nm.ShardingError, "'embed'"),
+    "nm.shard": {"plain": gives(lambda: nm.shard(plain(XR), {"batch": "data"}, _mesh8()), lambda: plain(XR)),
+                 "missing": lambda: _same_names(runs(lambda: nm.shard(XR, {"nope": "data"}, _mesh8())), XR.names),
+                 "size": must(lambda: nm.shard(values(Rows, Embed), {"embed": "data"}, _mesh8()), nm.ShardingError, "'embed'"),
                  "zero": lambda: _same_names(runs(lambda: nm.shard(values(Rows.resize(0), Wide), {"batch": "data"},
-                                                                   MESH8)), XR.names)},
-    "nm.named_jit": {"size": must(lambda: nm.named_jit(lambda v: v, mapping={"embed": "data"}, mesh=MESH8)(
+                                                                   _mesh8())), XR.names)},
+    "nm.named_jit": {"size": must(lambda: nm.named_jit(lambda v: v, mapping={"embed": "data"}, mesh=_mesh8())(
         values(Rows, Embed)), nm.ShardingError, "'embed'")},
-    "nm.sharding_for": {"size": must(lambda: nm.sharding_for(values(Rows, Embed), {"embed": "data"}, MESH8),
+    "nm.sharding_for": {"size": must(lambda: nm.sharding_for(values(Rows, Embed), {"embed": "data"}, _mesh8()),
                                      nm.ShardingError, "'embed'"),
-                        "missing": must(lambda: nm.sharding_for(XR, {"batch": "nope"}, MESH8), nm.ShardingError, "'nope'")},
-    "nm.pspec_for": {"missing": must(lambda: nm.pspec_for(XR, {"batch": "nope"}, MESH8), nm.ShardingError, "'nope'"),
-                     "plain": lambda: _assert(nm.pspec_for(plain(XR), {"batch": "data"}, MESH8) == jax.P(), "not P()")},
-    "nm.infer_shardings": {"size": must(lambda: nm.infer_shardings({"w": values(Rows, Embed)}, {"embed": "data"}, MESH8),
+                        "missing": must(lambda: nm.sharding_for(XR, {"batch": "nope"}, _mesh8()), nm.ShardingError, "'nope'")},
+    "nm.pspec_for": {"missing": must(lambda: nm.pspec_for(XR, {"batch": "nope"}, _mesh8()), nm.ShardingError, "'nope'"),
+                     "plain": lambda: _assert(nm.pspec_for(plain(XR), {"batch": "data"}, _mesh8()) == jax.P(), "not P()")},
+    "nm.infer_shardings": {"size": must(lambda: nm.infer_shardings({"w": values(Rows, Embed)}, {"embed": "data"}, _mesh8()),
                                         nm.ShardingError, "'embed'")},
-    "nm.check_sharding": {"size": must(lambda: nm.check_sharding({"w": values(Rows, Embed)}, {"embed": "data"}, MESH8),
+    "nm.check_sharding": {"size": must(lambda: nm.check_sharding({"w": values(Rows, Embed)}, {"embed": "data"}, _mesh8()),
                                        nm.ShardingError, "'embed'")},
-    "nm.check_mapping": {"missing": must(lambda: nm.check_mapping({"batch": "nope"}, MESH8), nm.ShardingError, "'nope'")},
+    "nm.check_mapping": {"missing": must(lambda: nm.check_mapping({"batch": "nope"}, _mesh8()), nm.ShardingError, "'nope'")},
     "nm.make_mesh": {"size": must(lambda: nm.make_mesh({"data": 3}), nm.ShardingError, "3")},
     "nm.mesh_sizes": {"size": must(lambda: nm.mesh_sizes({"data": -1, "model": 3}, 8), nm.ShardingError, "3")},
     "nm.set_mesh": {"dtype": must(lambda: nm.set_mesh(3), nm.ArgumentTypeError, "Mesh")},
@@ -1642,7 +1645,7 @@ PARTITIONING = {
     "nm.layout": {"plain": must(lambda: nm.layout(plain(XR)), nm.ArgumentTypeError, WRAP)},
     "nm.parse_layout": {"missing": must(lambda: nm.parse_layout("batch/ embed"), nm.AxisError, "batch/")},
     "nm.compiled_report": {"dtype": must(lambda: nm.compiled_report(3), nm.ArgumentTypeError, "int")},
-    "nm.param_report": {"plain": lambda: runs(lambda: nm.param_report({"w": plain(XR)}, {"batch": "data"}, MESH8))},
+    "nm.param_report": {"plain": lambda: runs(lambda: nm.param_report({"w": plain(XR)}, {"batch": "data"}, _mesh8()))},
     "nm.field": {"missing": must(lambda: nm.field(axis_names=3), nm.AxisError, "3")},
     "nm.debug.visualize_shardings": {"plain": lambda: runs(lambda: nm.debug.visualize_shardings({"w": plain(XR)}))},
     "nm.partitioning": {},
@@ -1774,6 +1777,34 @@ cases_kind(
 )
 
 
+# ---- the docs' table ---------------------------------------------------------------------------------------
+
+DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs" / "named_arrays.md"
+_BLOCK = re.compile(r"(<!-- contract:table -->\n).*?(<!-- /contract:table -->)", re.S)
+
+
+def render() -> str:
+    """The docs' table of KINDS (one row per kind, a cell per column, "—" where a kind takes no such
+    input) and the list of each kind's members."""
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    head = "| kind | " + " | ".join(COLUMNS.values()) + " |"
+    lines = [head, "|" + "---|" * (len(COLUMNS) + 1)]
+    for k in KINDS:
+        lines.append(f"| **{k.title}** | " + " | ".join(cell(k.rules[c].text) if c in k.rules else "—"
+                                                        for c in COLUMNS) + " |")
+    lines += ["", "The members of each kind:", ""]
+    lines += [f"- **{k.title}**: " + ", ".join(f"`{m}`" for m in k.members) for k in KINDS]
+    return "\n".join(lines) + "\n"
+
+
+def write_docs() -> None:
+    text = DOCS.read_text()
+    assert _BLOCK.search(text), f"{DOCS.name} has no <!-- contract:table --> block"
+    DOCS.write_text(_BLOCK.sub(lambda m: m.group(1) + render() + m.group(2), text))
+
+
 # ---- the tests -------------------------------------------------------------------------------------------
 
 SURFACE = public_surface()
@@ -1801,3 +1832,33 @@ def test_every_public_name_has_a_row():
     assert not missing, f"public names without a row in the contract (tests/test_contract.py KINDS): {missing}"
     stale = sorted(set(listed) - set(SURFACE))
     assert not stale, f"names in the contract that are not public (any more): {stale}"
+
+
+def test_the_docs_table_is_the_contract():
+    """docs/named_arrays.md shows KINDS as they are here: ``python tests/test_contract.py`` rewrites it."""
+    found = _BLOCK.search(DOCS.read_text())
+    assert found, f"{DOCS.name} has no <!-- contract:table --> block"
+    shown = found.group(0)[len(found.group(1)):-len(found.group(2))]
+    assert shown == render(), "the contract's table in docs/named_arrays.md is stale: run python tests/test_contract.py"
+
+
+def test_every_rule_is_checked():
+    """A rule (a cell of the table) is a probe that can fail: a member that raises a raw error, returns a
+    clamped value or refuses with another class is caught, and every kind checks each column it states."""
+    with pytest.raises(AssertionError, match="a raw ValueError"):
+        refused(lambda: np.zeros(2)[np.asarray([0])].reshape(3))
+    with pytest.raises(AssertionError, match="no error"):
+        refused(lambda: jnp.zeros(3)[7], nm.AxisError)  # jax clamps the index
+    with pytest.raises(AssertionError, match="not AxisError"):
+        refused(lambda: (_ for _ in ()).throw(nm.ArgumentError("x")), nm.AxisError)
+    with pytest.raises(AssertionError, match="does not name"):
+        refused(lambda: (_ for _ in ()).throw(nm.AxisError("axis 'b'")), nm.AxisError, "'c'")
+    with pytest.raises(AssertionError, match="slice c=0"):  # an op that mixes the slices of an extra axis
+        per_slice(lambda v: v - v.mean(), with_extra(X))
+    for k in KINDS:
+        for column, rule in k.rules.items():
+            assert rule.text and callable(rule.probe), (k.title, column)
+
+
+if __name__ == "__main__":
+    write_docs()
