@@ -1821,6 +1821,8 @@ def test_the_contract(title, column):
             k.rules[column].probe(name, SURFACE[name])
         except AssertionError as e:
             broken.append(f"{name}: {str(e).strip().splitlines()[0][:400]}")
+        except Exception as e:  # noqa: BLE001 - an error the probe did not expect (a NamedError in a result check)
+            broken.append(f"{name}: {type(e).__name__}: {str(e).strip().splitlines()[0][:400]}")
     assert not broken, f"{title}, {COLUMNS[column]} ({k.rules[column].text}):\n" + "\n".join(broken)
 
 
