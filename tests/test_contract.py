@@ -206,6 +206,53 @@ WRAP = "wrap it with nm.named"
 MASK_B = nm.named(jnp.asarray([True, False, True, True]), (B,))
 
 
+# ---- members with cases of their own ---------------------------------------------------------------------
+
+
+def must(thunk: Callable[[], Any], exc: type = nm.NamedError, *words: str) -> Callable[[], None]:
+    """A check: ``thunk()`` raises ``exc`` naming ``words``."""
+    return lambda: refused(thunk, exc, *words)
+
+
+def gives(thunk: Callable[[], Any], want: Callable[[], Any]) -> Callable[[], None]:
+    """A check: ``thunk()`` gives what ``want()`` gives (a NamedArray: the same axes and entries; else the
+    same entries, as numpy's reference)."""
+    def check():
+        got, expected = runs(thunk), want()
+        if isinstance(expected, nm.NamedArray):
+            same(got, expected)
+        else:
+            np.testing.assert_allclose(as_numpy(got), as_numpy(expected), rtol=1e-6, atol=1e-6)
+
+    return check
+
+
+def checks(*cs: Callable[[], None]) -> Callable[[], None]:
+    def run():
+        for c in cs:
+            c()
+
+    return run
+
+
+def by_member(table: dict[str, dict[str, Callable[[], None]]], column: str):
+    """A column's probe that runs each member's own check for it (a member without one has no such input)."""
+    def probe(name, fn):
+        case = table[name].get(column)
+        if case is not None:
+            case()
+
+    return probe
+
+
+def cases_kind(title: str, table: dict, **texts: str) -> Kind:
+    """A kind whose members each give their own check per column (``table[name][column]``); every
+    column with a text must be checked by at least one member."""
+    for column in texts:
+        assert any(column in t for t in table.values()), f"{title}: no member checks {column}"
+    return kind(title, " ".join(table), **{c: Rule(t, by_member(table, c)) for c, t in texts.items()})
+
+
 # ---- elementwise -----------------------------------------------------------------------------------------
 
 DTYPES = (jnp.float32, jnp.int32, jnp.bool_)
@@ -317,7 +364,7 @@ def _mismatch_case(name, fn):
     refused(lambda: fn(*ops), nm.AxisError, "'b'", "size 4", "5")
 
 
-NARY = kind(
+kind(
     "elementwise, several operands (the broadcasting rule)",
     "nm.add nm.subtract nm.multiply nm.divide nm.floor_divide nm.mod nm.power nm.maximum nm.minimum nm.arctan2 "
     "nm.hypot nm.logaddexp nm.equal nm.not_equal nm.less nm.less_equal nm.greater nm.greater_equal nm.logical_and "
@@ -364,7 +411,7 @@ def _reduction_extra(name, fn):
         refused(lambda: fn(X, "b", where=nm.broadcast_axis(MASK_B, C)), nm.AxisError, "where=", "c=2")
 
 
-REDUCTIONS = kind(
+kind(
     "reductions over names",
     "nm.sum nm.mean nm.prod nm.max nm.min nm.std nm.var nm.logsumexp nm.any nm.all nm.nansum nm.nanmean nm.nanprod "
     "nm.nanstd nm.nanvar nm.nanmax nm.nanmin nm.amax nm.amin nm.median nm.nanmedian nm.ptp nm.count_nonzero",
@@ -391,7 +438,7 @@ REDUCTIONS = kind(
                                                                    nm.ArgumentTypeError, "boolean"))(name, fn))),
 )
 
-ARG_REDUCTIONS = kind(
+kind(
     "arg reductions",
     "nm.argmax nm.argmin nm.nanargmax nm.nanargmin",
     plain=Rule("numpy's flat index over the whole array; an `axis` is refused (`ArgumentTypeError`)",
@@ -413,7 +460,7 @@ def _along_zero(name, fn):
     _same_names(out, ("a", "z"))
 
 
-ALONG = kind(
+kind(
     "along one axis, the shape kept",
     "nm.softmax nm.log_softmax nm.standardize nm.cumsum nm.cumprod nm.nancumsum nm.nancumprod nm.sort nm.argsort "
     "nm.fftshift nm.ifftshift",
@@ -444,7 +491,7 @@ def _fft_reference(name):
     return getattr(np.fft, name[3:])
 
 
-FFT = kind(
+kind(
     "Fourier transforms",
     "nm.fft nm.ifft nm.rfft nm.irfft nm.hfft nm.ihfft",
     plain=Rule("`ArgumentTypeError`: wrap it with `nm.named`",
@@ -472,16 +519,16 @@ FFT = kind(
 class Op:
     """How the probes call a member: ``call(x, axis)`` acts on ``axis`` of ``x`` (the other axes are
     bystanders). ``missing``: the member takes an axis the array must have (False: it names a new
-    one). ``clash``, ``size``, ``dtype``, ``range``: the member's own case for that column (a thunk
-    that must raise, or a check), where it has one. ``zero``: what a zero-size axis gives, when
-    not the axes it gives for any other size."""
+    one). ``clash`` (a new axis the array has), ``size``, ``dtype``, ``range``: the member's own
+    check for that column, where it has one. ``zero``: what a zero-size axis gives, when not the
+    axes it gives for any other size."""
 
     call: Callable[[nm.NamedArray, str], Any]
     missing: bool = True
-    clash: Callable[[], Any] | None = None
-    size: Callable[[], Any] | None = None
-    dtype: Callable[[], Any] | None = None
-    range: Callable[[], Any] | None = None
+    clash: Callable[[], None] | None = None
+    size: Callable[[], None] | None = None
+    dtype: Callable[[], None] | None = None
+    range: Callable[[], None] | None = None
     zero: Callable[[Any], None] | str | None = None  # "refused": an AxisError naming the axis
     keeps_dtype: bool = True
     per_slice: bool = True  # False: the op merges every axis (ravel), a bystander too
@@ -510,47 +557,54 @@ def _numpy_equal(ours: Callable[[], Any], want) -> Callable[[], None]:
 
 
 U8 = values(A, B, dtype=jnp.uint8)
+X_NP = np.asarray(X.array)
 SHAPE_OPS: dict[str, Op] = {
-    "nm.rename": Op(lambda x, ax: nm.rename(x, {ax: "r"}), clash=lambda: nm.rename(X, {"a": "b"})),
+    "nm.rename": Op(lambda x, ax: nm.rename(x, {ax: "r"}),
+                    clash=must(lambda: nm.rename(X, {"a": "b"}), nm.AxisError, "'b'")),
     "nm.rearrange": Op(lambda x, ax: nm.rearrange(x, (ax, ...))),
     "nm.flatten_axes": Op(lambda x, ax: nm.flatten_axes(x, ("a", ax), "f"),
-                          clash=lambda: nm.flatten_axes(with_extra(X), ("a", "b"), "c")),
+                          clash=must(lambda: nm.flatten_axes(with_extra(X), ("a", "b"), "c"), nm.AxisError, "'c'")),
     "nm.unflatten_axis": Op(lambda x, ax: nm.unflatten_axis(x, ax, _halves(x, ax)),
-                            size=lambda: nm.unflatten_axis(X, "b", (Axis("p", 3), Axis("q", 2))),
-                            clash=lambda: nm.unflatten_axis(X, "b", (Axis("a", 2), Axis("q", 2)))),
+                            size=must(lambda: nm.unflatten_axis(X, "b", (Axis("p", 3), Axis("q", 2))), nm.AxisError, "'b'"),
+                            clash=must(lambda: nm.unflatten_axis(X, "b", (Axis("a", 2), Axis("q", 2))), nm.AxisError,
+                                       "'a'")),
     "nm.split": Op(lambda x, ax: nm.split(x, ax, [Axis(ax, n) for n in _parts(x, ax)]),
-                   size=lambda: nm.split(X, "b", [Axis("b", 1), Axis("b", 2)])),
+                   size=must(lambda: nm.split(X, "b", [Axis("b", 1), Axis("b", 2)]), nm.AxisError, "'b'")),
     "nm.unbind": Op(lambda x, ax: nm.unbind(x, ax), zero=lambda out: _assert(out == [], f"{out} is not []")),
-    "nm.stack": Op(lambda x, ax: nm.stack("s", [x, x]), missing=False, clash=lambda: nm.stack("a", [X, X]),
-                   size=lambda: nm.stack("s", [X, resized(X, "b", 5)])),
+    "nm.stack": Op(lambda x, ax: nm.stack("s", [x, x]), missing=False,
+                   clash=must(lambda: nm.stack("a", [X, X]), nm.AxisError, "'a'"),
+                   size=must(lambda: nm.stack("s", [X, resized(X, "b", 5)]), nm.AxisError, "'b'")),
     "nm.concatenate": Op(lambda x, ax: nm.concatenate(ax, [x, x]),
-                         size=lambda: nm.concatenate("b", [X, resized(X, "a", 2)])),
+                         size=must(lambda: nm.concatenate("b", [X, resized(X, "a", 2)]), nm.AxisError, "'a'")),
     "nm.broadcast_axis": Op(lambda x, ax: nm.broadcast_axis(x, Axis("n", 2)), missing=False,
-                            size=lambda: nm.broadcast_axis(X, Axis("a", 5))),
-    "nm.broadcast_to": Op(lambda x, ax: nm.broadcast_to(x, (Axis("n", 2), *nm.axes_of(x))) if nm.is_named_array(x)
-                          else nm.broadcast_to(x, (Axis("n", 2), A, B)), missing=False,
-                          clash=lambda: nm.broadcast_to(X, (A,)), size=lambda: nm.broadcast_to(X, (A, B.resize(5)))),
-    "nm.pad": Op(lambda x, ax: nm.pad(x, {ax: (1, 2)}), range=lambda: nm.pad(X, {"b": (-1, 0)})),
-    "nm.roll": Op(lambda x, ax: nm.roll(x, 1, ax),
-                  range=_numpy_equal(lambda: nm.roll(X, 9, "b"), np.roll(np.asarray(X.array), 9, axis=1))),
+                            size=must(lambda: nm.broadcast_axis(X, Axis("a", 5)), nm.AxisError, "'a'")),
+    "nm.broadcast_to": Op(lambda x, ax: nm.broadcast_to(x, (Axis("n", 2), *(x.axes if nm.is_named_array(x) else (A, B)))),
+                          missing=False, clash=must(lambda: nm.broadcast_to(X, (A,)), nm.AxisError, "b=4"),
+                          size=must(lambda: nm.broadcast_to(X, (A, B.resize(5))), nm.AxisError, "'b'")),
+    "nm.pad": Op(lambda x, ax: nm.pad(x, {ax: (1, 2)}),
+                 range=must(lambda: nm.pad(X, {"b": (-1, 0)}), nm.ArgumentError, "-1")),
+    "nm.roll": Op(lambda x, ax: nm.roll(x, 1, ax), range=_numpy_equal(lambda: nm.roll(X, 9, "b"), np.roll(X_NP, 9, axis=1))),
     "nm.tril": Op(lambda x, ax: nm.tril(x, "a", ax),
-                  range=_numpy_equal(lambda: nm.tril(X, "a", "b", k=-7), np.tril(np.asarray(X.array), -7))),
+                  range=_numpy_equal(lambda: nm.tril(X, "a", "b", k=-7), np.tril(X_NP, -7))),
     "nm.triu": Op(lambda x, ax: nm.triu(x, "a", ax),
-                  range=_numpy_equal(lambda: nm.triu(X, "a", "b", k=9), np.triu(np.asarray(X.array), 9))),
+                  range=_numpy_equal(lambda: nm.triu(X, "a", "b", k=9), np.triu(X_NP, 9))),
     "nm.ravel": Op(lambda x, ax: nm.ravel(x, "f"), missing=False, per_slice=False),
-    "nm.repeat": Op(lambda x, ax: nm.repeat(x, 2, ax), range=lambda: nm.repeat(X, -1, "b"),
-                    size=lambda: nm.repeat(X, jnp.asarray([1, 2, 3]), "b")),
-    "nm.tile": Op(lambda x, ax: nm.tile(x, {ax: 2}), range=lambda: nm.tile(X, {"b": -1}), missing=False),
-    "nm.top_k": Op(lambda x, ax: nm.top_k(x, ax, 2), range=lambda: nm.top_k(X, "b", 5), zero="refused",
-                   keeps_dtype=False),
+    "nm.repeat": Op(lambda x, ax: nm.repeat(x, 2, ax), range=must(lambda: nm.repeat(X, -1, "b"), nm.ArgumentError, "-1"),
+                    size=must(lambda: nm.repeat(X, jnp.asarray([1, 2, 3]), "b"), nm.AxisError, "'b'")),
+    "nm.tile": Op(lambda x, ax: nm.tile(x, {ax: 2}), missing=False,
+                  range=must(lambda: nm.tile(X, {"b": -1}), nm.ArgumentError, "-1")),
+    "nm.top_k": Op(lambda x, ax: nm.top_k(x, ax, 2), range=must(lambda: nm.top_k(X, "b", 5), nm.AxisError, "k=5"),
+                   zero="refused", keeps_dtype=False),
     "nm.trace": Op(lambda x, ax: nm.trace(x, "a", ax), keeps_dtype=False,
-                   range=_numpy_equal(lambda: nm.trace(X, "a", "b", offset=9), np.trace(np.asarray(X.array), 9))),
-    "nm.packbits": Op(lambda x, ax: nm.packbits(x > 0.3, ax), dtype=lambda: nm.packbits(X, "b"), keeps_dtype=False),
-    "nm.unpackbits": Op(lambda x, ax: nm.unpackbits(x.astype(jnp.uint8), ax), dtype=lambda: nm.unpackbits(X, "b"),
-                        keeps_dtype=False,
+                   range=_numpy_equal(lambda: nm.trace(X, "a", "b", offset=9), np.trace(X_NP, 9))),
+    "nm.packbits": Op(lambda x, ax: nm.packbits(x > 0.3, ax), keeps_dtype=False,
+                      dtype=must(lambda: nm.packbits(X, "b"), nm.ArgumentTypeError, "float32")),
+    "nm.unpackbits": Op(lambda x, ax: nm.unpackbits(x.astype(jnp.uint8), ax), keeps_dtype=False,
+                        dtype=must(lambda: nm.unpackbits(X, "b"), nm.ArgumentTypeError, "float32"),
                         range=_numpy_equal(lambda: nm.unpackbits(U8, "b", count=-3),
                                            np.unpackbits(np.asarray(U8.array), axis=1, count=-3))),
-    "nn.glu": Op(lambda x, ax: nn.glu(x, ax), size=lambda: nn.glu(values(A, B.resize(3)), "b"), keeps_dtype=False),
+    "nn.glu": Op(lambda x, ax: nn.glu(x, ax), keeps_dtype=False,
+                 size=must(lambda: nn.glu(values(A, B.resize(3)), "b"), nm.ArgumentError, "'b'")),
 }
 
 
@@ -578,7 +632,7 @@ def _shape_zero(name, fn):
 def _shape_dtype(name, fn):
     op = SHAPE_OPS[name]
     if op.dtype is not None:
-        refused(op.dtype, nm.ArgumentTypeError, "float32")
+        op.dtype()
     for dt in (jnp.int32, jnp.bool_):
         try:
             out = runs(lambda: op.call(values(A, B, dtype=dt), "b"))
@@ -589,7 +643,7 @@ def _shape_dtype(name, fn):
             assert all(v.dtype == dt for v in _named_leaves(out)), f"{jnp.dtype(dt).name} in, {describe(out)} out"
 
 
-SHAPE = kind(
+kind(
     "shape ops",
     " ".join(SHAPE_OPS),
     plain=Rule("`ArgumentTypeError`: wrap it with `nm.named`",
@@ -600,10 +654,10 @@ SHAPE = kind(
     extra=Rule("kept, each slice on its own; a new axis name the array already has: `AxisError`",
                lambda name, fn: (SHAPE_OPS[name].per_slice and per_slice(lambda v: SHAPE_OPS[name].call(v, "b"),
                                                                           with_extra(X)),
-                                 SHAPE_OPS[name].clash and refused(SHAPE_OPS[name].clash, nm.AxisError))),
+                                 SHAPE_OPS[name].clash and SHAPE_OPS[name].clash())),
     size=Rule("sizes that do not add up (split, unflatten, per-entry repeats, an odd `glu` axis) or one name with two "
               "sizes (stack, concatenate, broadcast): `AxisError`/`ArgumentError` naming the axis",
-              lambda name, fn: SHAPE_OPS[name].size and refused(SHAPE_OPS[name].size, nm.NamedError, "'")),
+              lambda name, fn: SHAPE_OPS[name].size and SHAPE_OPS[name].size()),
     zero=Rule("as any other size: the same axes, empty (unbind: no slices; top_k's k > 0: refused as out of range)",
               _shape_zero),
     dtype=Rule("any dtype, kept; `packbits` takes bool or integers and `unpackbits` uint8: `ArgumentTypeError`",
@@ -611,49 +665,8 @@ SHAPE = kind(
     range=Rule("counts and widths as numpy checks them (a negative count or width, `top_k`'s k outside `[0, size]`: "
                "`ArgumentError`/`AxisError` naming it); offsets as numpy takes them (`roll` wraps, `tril`/`triu`'s "
                "k and `trace`'s offset may lie past the edge)",
-               lambda name, fn: SHAPE_OPS[name].range and (SHAPE_OPS[name].range() if SHAPE_OPS[name].range.__name__
-                                                            == "check" else refused(SHAPE_OPS[name].range))),
+               lambda name, fn: SHAPE_OPS[name].range and SHAPE_OPS[name].range()),
 )
-
-
-# ---- members with cases of their own ---------------------------------------------------------------------
-
-
-def must(thunk: Callable[[], Any], exc: type = nm.NamedError, *words: str) -> Callable[[], None]:
-    """A check: ``thunk()`` raises ``exc`` naming ``words``."""
-    return lambda: refused(thunk, exc, *words)
-
-
-def gives(thunk: Callable[[], Any], want: Callable[[], Any]) -> Callable[[], None]:
-    """A check: ``thunk()`` gives what ``want()`` (numpy, or the op on slices) gives."""
-    return lambda: same(runs(thunk), want()) if nm.is_named_array(want()) else \
-        np.testing.assert_allclose(as_numpy(runs(thunk)), as_numpy(want()), rtol=1e-6, atol=1e-6)
-
-
-def checks(*cs: Callable[[], None]) -> Callable[[], None]:
-    def run():
-        for c in cs:
-            c()
-
-    return run
-
-
-def by_member(table: dict[str, dict[str, Callable[[], None]]], column: str):
-    """A column's probe that runs each member's own check for it (a member without one has no such input)."""
-    def probe(name, fn):
-        case = table[name].get(column)
-        if case is not None:
-            case()
-
-    return probe
-
-
-def cases_kind(title: str, table: dict, **texts: str) -> Kind:
-    """A kind whose members each give their own check per column (``table[name][column]``); every
-    column with a text must be checked by at least one member."""
-    for column in texts:
-        assert any(column in t for t in table.values()), f"{title}: no member checks {column}"
-    return kind(title, " ".join(table), **{c: Rule(t, by_member(table, c)) for c, t in texts.items()})
 
 
 # ---- indexing ----------------------------------------------------------------------------------------------
@@ -913,7 +926,8 @@ POLYS = {
     "nm.polyadd": {"plain": gives(lambda: nm.polyadd(P3, [1.0]), _np_poly(np.polyadd, P3, [1.0])),
                    "extra": must(lambda: nm.polyadd(X, P3), nm.AxisError, "1-d"),
                    "size": gives(lambda: nm.polyadd(P3, P2), _np_poly(np.polyadd, P3, P2)),
-                   "dtype": gives(lambda: nm.polyadd(P3.astype(jnp.int32), P2), _np_poly(np.polyadd, P3.astype(jnp.int32), P2))},
+                   "dtype": gives(lambda: nm.polyadd(P3.astype(jnp.int32), P2),
+                                  _np_poly(np.polyadd, P3.astype(jnp.int32), P2))},
     "nm.polysub": {"plain": gives(lambda: nm.polysub(P3, [1.0]), _np_poly(np.polysub, P3, [1.0])),
                    "size": gives(lambda: nm.polysub(P3, P2), _np_poly(np.polysub, P3, P2))},
     "nm.polymul": {"plain": gives(lambda: nm.polymul(P3, [2.0]), _np_poly(np.polymul, P3, [2.0])),
@@ -928,9 +942,11 @@ POLYS = {
                    "extra": must(lambda: nm.polyfit(values(A, B), values(A, B), 1), nm.AxisError, "one axis"),
                    "zero": must(lambda: nm.polyfit(values(Z), values(Z), 1), nm.ArgumentError, "'z'"),
                    "range": must(lambda: nm.polyfit(S4, S4, -1), nm.ArgumentError, "deg=-1")},
-    "nm.roots": {"plain": gives(lambda: np.sort(np.asarray(nm.roots([1.0, -3.0, 2.0]).array).real), lambda: np.asarray([1.0, 2.0])),
+    "nm.roots": {"plain": gives(lambda: np.sort(np.asarray(nm.roots([1.0, -3.0, 2.0]).array).real),
+                                lambda: np.asarray([1.0, 2.0])),
                  "zero": gives(lambda: nm.roots(values(Z)), _np_poly(np.roots, np.zeros(0)))},
-    "nm.trim_zeros": {"plain": gives(lambda: nm.trim_zeros([0.0, 1.0, 0.0]), _np_poly(np.trim_zeros, np.asarray([0.0, 1.0, 0.0])))},
+    "nm.trim_zeros": {"plain": gives(lambda: nm.trim_zeros([0.0, 1.0, 0.0]),
+                                     _np_poly(np.trim_zeros, np.asarray([0.0, 1.0, 0.0])))},
     "nm.vander": {"plain": must(lambda: nm.vander(jnp.arange(3.0), "d"), nm.ArgumentTypeError, WRAP),
                   "extra": must(lambda: nm.vander(X, "d"), nm.AxisError, "1-d"),
                   "zero": lambda: _same_names(runs(lambda: nm.vander(values(Z), "d")), ("z", "d"))},
@@ -992,7 +1008,8 @@ cases_kind(
            "dimensions: `ArgumentTypeError`"),
     missing=("a bare name where a size is needed: `AxisError` naming it (`linspace` and friends: numpy's 50 samples, "
              "as Haliax); `nm.named`'s names must count the dimensions"),
-    extra="a fill value with axes: `ArgumentTypeError` (use `nm.broadcast_to`); `nm.named` with more names than dimensions: `AxisError`",
+    extra=("a fill value with axes: `ArgumentTypeError` (use `nm.broadcast_to`); `nm.named` with more names than "
+           "dimensions: `AxisError`"),
     size="`nm.named`: an Axis whose size is not the dimension's: `AxisError`",
     zero="an empty array (numpy's); `fftfreq` of no points: `AxisError`, as numpy refuses",
     dtype="`dtype=` as jnp takes it (a fill value is cast)",
@@ -1132,7 +1149,7 @@ def _layer_dtype(name, fn):
         assert all(jnp.issubdtype(v.dtype, jnp.floating) for v in _named_leaves(got)), describe(got)
 
 
-LAYER = kind(
+kind(
     "layers",
     " ".join(LAYERS),
     plain=Rule("`ArgumentTypeError`: wrap it with `nm.named`",
@@ -1211,7 +1228,8 @@ LOSSES = {
                         nm.AxisError, "'position'"),
         "extra": lambda: _extra_pair(_per_token(nn.next_token_loss), LOGITS, TOKENS),
         "zero": gives(lambda: nn.next_token_loss(values(Batch, Pos.resize(1), Vocab),
-                                                 values(Batch, Pos.resize(1), dtype=jnp.int32) % 5), lambda: np.asarray(0.0)),
+                                                 values(Batch, Pos.resize(1), dtype=jnp.int32) % 5),
+                      lambda: np.asarray(0.0)),
         "range": must(lambda: nn.next_token_loss(LOGITS, TOKENS + 3), nm.ArgumentError, "outside [0, 5)"),
     },
     "nn.next_token_targets": {
@@ -1290,7 +1308,8 @@ ATTENTION = {
         "size": must(lambda: _attend(k=resized(KV, "head_size", 3)), nm.AxisError, "'head_size'"),
         "zero": checks(lambda: _same_names(runs(lambda: _attend(Q["batch", 0:0], KV["batch", 0:0], KV["batch", 0:0])),
                                            Q.names),
-                       gives(lambda: _attend(k=KV["key_position", 0:0], v=KV["key_position", 0:0]), lambda: nm.zeros(Q.axes))),
+                       gives(lambda: _attend(k=KV["key_position", 0:0], v=KV["key_position", 0:0]),
+                             lambda: nm.zeros(Q.axes))),
         "dtype": checks(must(lambda: _attend(mask=nm.ones((Pos, KPos))), nm.ArgumentTypeError, "boolean"),
                         must(lambda: _attend(mask=nm.ones((Pos, KPos), jnp.int32)), nm.ArgumentTypeError, "boolean")),
         "range": must(lambda: _attend(causal=True, window=0), nm.ArgumentError, "window=0"),
@@ -1500,7 +1519,7 @@ def _draw_zero(name, fn):
     assert shape == {"a": 3, "z": 0}, describe(out)
 
 
-DRAW_KIND = kind(
+kind(
     "random draws over axes",
     " ".join(f"nm.random.{n}" for n in DRAW_PARAMS),
     plain=Rule("a parameter with dimensions: `AxisError` (wrap it with `nm.named`); a number or a 0-d array is one "
@@ -1621,14 +1640,16 @@ def _mesh8():
 PARTITIONING = {
     "nm.shard": {"plain": gives(lambda: nm.shard(plain(XR), {"batch": "data"}, _mesh8()), lambda: plain(XR)),
                  "missing": lambda: _same_names(runs(lambda: nm.shard(XR, {"nope": "data"}, _mesh8())), XR.names),
-                 "size": must(lambda: nm.shard(values(Rows, Embed), {"embed": "data"}, _mesh8()), nm.ShardingError, "'embed'"),
+                 "size": must(lambda: nm.shard(values(Rows, Embed), {"embed": "data"}, _mesh8()), nm.ShardingError,
+                              "'embed'"),
                  "zero": lambda: _same_names(runs(lambda: nm.shard(values(Rows.resize(0), Wide), {"batch": "data"},
                                                                    _mesh8())), XR.names)},
     "nm.named_jit": {"size": must(lambda: nm.named_jit(lambda v: v, mapping={"embed": "data"}, mesh=_mesh8())(
         values(Rows, Embed)), nm.ShardingError, "'embed'")},
     "nm.sharding_for": {"size": must(lambda: nm.sharding_for(values(Rows, Embed), {"embed": "data"}, _mesh8()),
                                      nm.ShardingError, "'embed'"),
-                        "missing": must(lambda: nm.sharding_for(XR, {"batch": "nope"}, _mesh8()), nm.ShardingError, "'nope'")},
+                        "missing": must(lambda: nm.sharding_for(XR, {"batch": "nope"}, _mesh8()), nm.ShardingError,
+                                        "'nope'")},
     "nm.pspec_for": {"missing": must(lambda: nm.pspec_for(XR, {"batch": "nope"}, _mesh8()), nm.ShardingError, "'nope'"),
                      "plain": lambda: _assert(nm.pspec_for(plain(XR), {"batch": "data"}, _mesh8()) == jax.P(), "not P()")},
     "nm.infer_shardings": {"size": must(lambda: nm.infer_shardings({"w": values(Rows, Embed)}, {"embed": "data"}, _mesh8()),
@@ -1718,7 +1739,8 @@ MODEL_TRANSFORMS = {
     "nn.mup.roles": {"missing": must(lambda: nn.mup.roles(LIN, {"nope": 2}), nm.ArgumentError, "nope")},
     "nn.mup.rescale_init": {"missing": must(lambda: nn.mup.rescale_init(LIN, {"nope": 2}), nm.ArgumentError, "nope")},
     "nn.mup.scale_updates": {"missing": must(lambda: nn.mup.scale_updates(LIN, {"nope": 2}), nm.ArgumentError, "nope")},
-    "nn.mup.scale_reparam_updates": {"plain": gives(lambda: nn.mup.scale_reparam_updates(plain(), plain()), lambda: plain())},
+    "nn.mup.scale_reparam_updates": {"plain": gives(lambda: nn.mup.scale_reparam_updates(plain(), plain()),
+                                                    lambda: plain())},
     "nn.cast_for_compute": {"dtype": must(lambda: nn.cast_for_compute(LIN, "params=foo"), nm.ArgumentError, "foo")},
     "nn.cast_output": {"plain": lambda: _assert(nn.cast_output(plain(), POLICY).dtype == jnp.float32, "not float32")},
     "nn.cast_to_param": {"plain": lambda: _assert(nn.cast_to_param(plain(), POLICY).dtype == jnp.float32, "not float32")},
