@@ -33,7 +33,7 @@ def test_chunked_mask_with_causal_is_attention_within_chunks(chunk, offset):
     np.testing.assert_array_equal(np.asarray((m & nn.causal_mask(Q, KPos, q_offset=offset)).array), allowed)
     out = jcall(nn.dot_product_attention, q, k, v, mask=m, causal=True, q_offset=offset)
     close(out.rearrange(QN).array, ref_attention(qn, kn, vn, mask=allowed[None, None]))
-    with pytest.raises(nm.AxisError, match="chunk must be a positive int"):
+    with pytest.raises(nm.ArgumentError, match="chunk must be a positive int"):
         nn.chunked_mask(Q, KPos, 0)
 
 

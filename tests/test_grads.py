@@ -11,14 +11,14 @@ A quantized Linear's rounding has no derivative: its cases check what its gradie
 documented to be (straight-through for fp8, the float gradient for int8).
 
 ``test_every_public_name_has_a_gradient_case`` walks the public surface of ``named`` (with
-``explicit`` and ``random``) and ``named.nn`` (with ``lora``, ``mup``, ``loss`` and ``precision``):
+``explicit``, ``random`` and ``debug``) and ``named.nn`` (with ``lora``, ``mup``, ``loss`` and
+``precision``), as tests/_surface.py lists it:
 a new public function or class needs a case here, or an entry in ``EXCLUDED`` that says why it
 has no gradient to check.
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Callable
 
@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _surface import public_surface
 from jax.test_util import check_vjp
 
 import named as nm
@@ -147,11 +148,12 @@ UNARY = {
     "nm.arccosh": ABOVE_ONE, "nm.arctanh": UNIT, "nm.floor": REAL, "nm.ceil": REAL, "nm.round": REAL, "nm.trunc": REAL,
     "nm.erf": REAL, "nm.erfc": REAL, "nm.sigmoid": REAL, "nm.log_sigmoid": REAL, "nm.softplus": REAL, "nm.relu": REAL,
     "nm.relu6": REAL, "nm.silu": REAL, "nm.elu": REAL, "nm.leaky_relu": REAL, "nm.gelu": REAL, "nm.deg2rad": REAL,
-    "nm.rad2deg": REAL, "nm.sinc": REAL, "nm.nan_to_num": REAL,
+    "nm.rad2deg": REAL, "nm.sinc": REAL, "nm.nan_to_num": REAL, "nm.absolute": REAL, "nm.fabs": REAL,
+    "nm.positive": REAL, "nm.rint": REAL, "nm.degrees": REAL, "nm.radians": REAL, "nm.i0": REAL,
     "nn.celu": REAL, "nn.selu": REAL, "nn.hard_sigmoid": REAL, "nn.hard_silu": REAL, "nn.hard_tanh": REAL,
     "nn.soft_sign": REAL, "nn.mish": REAL, "nn.relu_squared": REAL, "nn.quick_gelu": REAL,
 }
-COMPLEX_UNARY = ("nm.conj", "nm.real", "nm.imag", "nm.angle")
+COMPLEX_UNARY = ("nm.conj", "nm.conjugate", "nm.real", "nm.imag", "nm.angle")
 # elementwise, two inputs: name -> (x's domain, y's domain); "mod" keeps x / y away from the integers
 BINARY = {
     "nm.add": (REAL, REAL), "nm.subtract": (REAL, REAL), "nm.multiply": (REAL, REAL), "nm.divide": (REAL, POS),
@@ -166,7 +168,7 @@ REDUCTIONS = {
     "nm.min": (True, False), "nm.std": (True, False), "nm.var": (True, False), "nm.logsumexp": (True, False),
     "nm.nansum": (True, True), "nm.nanmean": (True, True), "nm.nanprod": (True, True), "nm.nanstd": (True, True),
     "nm.nanvar": (True, True), "nm.nanmax": (True, True), "nm.nanmin": (True, True), "nm.median": (False, False),
-    "nm.nanmedian": (False, True), "nm.ptp": (False, False),
+    "nm.nanmedian": (False, True), "nm.ptp": (False, False), "nm.amax": (True, False), "nm.amin": (True, False),
 }
 # along one name, the shape kept
 ALONG = {
@@ -263,14 +265,19 @@ def fourier():
              grid((A, B), 3))
 
 
-@case("nm.top_k", "nm.unique", "nm.ravel", "nm.repeat", "nm.tile", "nm.trace", "nm.polyval", "nm.bincount")
+@case("nm.top_k", "nm.unique", "nm.unique_values", "nm.unique_counts", "nm.unique_inverse", "nm.unique_all", "nm.ravel",
+      "nm.repeat", "nm.tile", "nm.trace", "nm.polyval", "nm.bincount")
 def numpy_shapes():
     x, w = grid((A, B), 1), grid((A, B), 2)
     counted = ids((A, B), 5)
+    Found = Axis("found", 12)
 
     def f(p):
         x, w, coeffs = p
-        return {"top_k": nm.top_k(x, "b", 2)[0], "unique": nm.unique(x, Axis("found", 12)),
+        # the distinct values carry the gradient of the entries they are; counts, indices, inverse are integers
+        shortcuts = {n: getattr(nm, n)(x, Found) for n in ("unique_values", "unique_counts", "unique_inverse", "unique_all")}
+        return {**{n: v if isinstance(v, nm.NamedArray) else v[0] for n, v in shortcuts.items()},
+                "top_k": nm.top_k(x, "b", 2)[0], "unique": nm.unique(x, Found),
                 "ravel": nm.ravel(x, "flat"), "repeat": nm.repeat(x, 2, "a"), "tile": nm.tile(x, {"b": 2}),
                 "trace": nm.trace(x, "a", "b", offset=1), "bincount": nm.bincount(counted, Axis("bin", 5), weights=w),
                 "polyval": nm.polyval(coeffs, x, "c") + nm.polyval([0.5, -1.0, 2.0], x)}
@@ -717,7 +724,8 @@ class Block(eqx.Module):
 
 # every policy that runs on CPU; "offload" needs host memory spaces (GPU/TPU) and is refused here
 REMATS = {"none": "none", "full": "full", "save_dots": "save_dots", "save_names": "save_names:hidden",
-          "every2": "full every=2", "save_and_dots": nn.Remat(save=("hidden",), dots="save")}
+          "every2": "full every=2", "save_and_dots": nn.Remat(save=("hidden",), dots="save"),
+          "scan_policy": nm.ScanCheckpointPolicy(save_carries=True, save_block_internals=("hidden",))}
 
 
 def _stack(kind, policy):
@@ -737,7 +745,8 @@ def _stack(kind, policy):
 
 for _kind in (nn.Stacked, nn.BlockSeq):
     for _policy in REMATS:
-        _covers = (f"nn.{_kind.__name__}",) + (("nn.Remat", "nn.checkpoint_name") if _policy == "save_and_dots" else ())
+        _covers = (f"nn.{_kind.__name__}",) + (("nn.Remat", "nn.checkpoint_name") if _policy == "save_and_dots" else ()) \
+            + (("nm.ScanCheckpointPolicy",) if _policy == "scan_policy" else ())
         case(*_covers, name=f"{_kind.__name__}_{_policy}")(_stack(_kind, _policy))
 
 
@@ -759,39 +768,131 @@ def explicit_stack():
     _mesh_case(f, (params, randn((Rows, Wide), 2)), compute)
 
 
+# ---- the rest of the numpy surface, refs, gradients of gradients ----------------------------------------
+
+
+@case("nm.linspace", "nm.logspace", "nm.geomspace")
+def spaced():
+    """Evenly (log-, geometrically) spaced values are smooth functions of their end points."""
+    fd_check(lambda p: {"lin": nm.linspace(B, start=p[0], stop=p[1]), "log": nm.logspace(B, start=p[0], stop=p[1]),
+                        "geom": nm.geomspace(B, start=p[0] + 1.0, stop=p[1], endpoint=False)},
+             (jnp.asarray(0.3), jnp.asarray(1.7)))
+
+
+P3, P2, Roots, Samples = Axis("p", 3), Axis("q", 2), Axis("r", 3), Axis("s", 6)
+
+
+@case("nm.poly", "nm.polyadd", "nm.polysub", "nm.polymul", "nm.polydiv", "nm.polyint", "nm.polyder", "nm.polyfit",
+      "nm.vander")
+def polynomials():
+    def f(p):
+        a, b, zeros, xs, ys = p  # coefficients over p and q, roots, samples
+        return {"poly": nm.poly(zeros), "add": nm.polyadd(a, b), "sub": nm.polysub(a, b), "mul": nm.polymul(a, b),
+                "div": nm.polydiv(a, b), "int": nm.polyint(a, 2, k=[0.5, -1.0]), "der": nm.polyder(nm.polymul(a, a)),
+                "fit": nm.polyfit(xs, ys, 2), "vander": nm.vander(xs, Axis("power", 3))}
+
+    fd_check(f, (grid((P3,), 1), positive((P2,), 2), grid((Roots,), 3), grid((Samples,), 4), grid((Samples,), 5)))
+
+
+@case("nm.roots", "nm.trim_zeros")
+def eager_polynomials():
+    """Sizes that depend on the values (leading zeros dropped): eager only, so checked without jit.
+    Distinct real roots: the roots move smoothly with the coefficients."""
+    coeffs = nm.poly(nm.named(jnp.asarray([0.5, 1.5, -1.0]), (Roots,)))
+    edge = nm.zeros((Axis("r", 1),), jnp.float64)  # exact zeros, outside the perturbed parameters: the size stays
+
+    def f(c):
+        return {"roots": nm.sort(nm.real(nm.roots(c)), "r"),
+                "trim": nm.trim_zeros(nm.concatenate("r", [edge, c, edge, edge]))}
+
+    fd_check(f, coeffs, jit=lambda fn: fn)
+
+
+@case("nm.NamedRef", "nm.new_ref", "nm.get", "nm.swap", "nm.freeze")
+def refs():
+    """Reads and writes of a ref inside the differentiated function carry the values' gradients."""
+    def f(v):
+        ref = nm.new_ref(v)  # (a, b)
+        ref[{"a": 0}] = ref[{"a": 1}] * 3.0
+        old = nm.swap(ref, {"a": 2, "b": nm.ds(1, 2)}, v["a", 0, "b", 0:2] ** 2)
+        view = ref.slice({"b": slice(0, 3)})
+        return {"frozen": nm.freeze(ref) * 2.0, "got": nm.get(view, {"a": 1}), "old": old}
+
+    fd_check(f, grid((A, B), 1))
+
+
+@case("nm.map")
+def lax_map():
+    fd_check(lambda p: nm.map(lambda row: nm.tanh(nm.dot(row, p[1], axis="b")), "a")(p[0]),
+             (grid((A, B), 1, scale=0.5), grid((B, C), 2, scale=0.5)))
+
+
+@case("nm.grad", "nm.value_and_grad")
+def gradients_of_gradients():
+    """nm.grad's gradient (a Hessian-vector product under jit) against finite differences of nm.grad."""
+    def loss(w, x):
+        return (nm.tanh(nm.dot(x, w, axis="b")) ** 2).mean()  # a 0-d NamedArray
+
+    x = grid((A, B), 3, scale=0.5)
+    fd_check(lambda w: {"grad": nm.grad(loss)(w, x), "value_and_grad": nm.value_and_grad(loss)(w * 2.0, x)},
+             grid((B, C), 2, scale=0.5))
+
+
+@case("nm.tree_checkpoint_name")
+def tree_checkpoint_name():
+    stack = f64(nn.Stacked.init(Layers, Block.init, key=key(1), remat="save_names:tagged"))
+    params, rebuild = split(stack)
+
+    def f(p):
+        def block(b, h):
+            return nm.tree_checkpoint_name({"h": b(h["h"]), "plain": h["plain"] * 2.0}, "tagged")
+
+        return rebuild(p[0]).fold_via(block)({"h": p[1], "plain": p[2]})
+
+    fd_check(f, (params, grid((Batch, Embed), 2), jnp.asarray([0.3, -0.2])))
+
+
+@case("nm.flatten_modules_for_export", "nm.unflatten_modules_from_export")
+def export_layouts():
+    """torch's layout of a Linear (a transpose) and back: the gradient of each entry follows it."""
+    lin = f64(nn.Linear.init((Embed, C), Mlp, key=key(1)))
+    params, rebuild = split(lin)
+
+    def f(p):
+        flat = nm.flatten_modules_for_export(rebuild(p))
+        return {"flat": flat.weight * 2.0, "back": nm.unflatten_modules_from_export(flat, lin).weight}
+
+    fd_check(f, params)
+
+
+@case("nn.MoELinear")
+def moe_linear():
+    """Rows grouped by expert (3, then 3) through one ragged_dot; the group sizes are integers."""
+    Rows = Axis("rows", 6)
+    layer = nn.MoELinear.init(Experts.resize(2), Embed, Mlp, key=key(1))
+    layer_check(layer, grid((Rows, Embed), 2), lambda m, v: m(v, jnp.asarray([3, 3])), **F32)
+
+
+@case("nn.dot_product_attention_weights")
+def attention_weights():
+    fd_check(lambda p: nn.dot_product_attention_weights(p[0], p[1], causal=True, softcap=2.0), qkv(KVHeads)[:2], **F32)
+
+
+@case("nn.mup.LinearStandardParam", "nn.mup.InputLinearMup", "nn.mup.HiddenLinearMup", "nn.mup.OutputLinearMup")
+def mup_linears():
+    """A Linear under each parametrization: its init scale and its output multiplier (the readout's 1/fan_in)."""
+    layers = [nn.Linear.init(Embed, Mlp, key=key(i), reparam_cls=cls)
+              for i, cls in enumerate((nn.mup.LinearStandardParam, nn.mup.InputLinearMup, nn.mup.HiddenLinearMup,
+                                       nn.mup.OutputLinearMup))]
+    layer_check(layers, grid((Batch, Embed), 2), lambda m, v: [layer(v) for layer in m])
+
+
 # ---- the tests -----------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_gradient_under_jit_matches_finite_differences(name):
     CASES[name][1]()
-
-
-WALKED = {"nm": nm, "nn": nn, "nn.lora": nn.lora, "nn.mup": nn.mup, "nn.loss": nn.loss,
-          "nn.precision": nn.precision, "nm.explicit": nm.explicit, "nm.random": nm.random}
-
-
-def public_surface() -> dict[str, object]:
-    """Every public function and class of the walked namespaces, by its first name in WALKED
-    (``nn.relu`` is ``nm.relu``: one entry). Modules and plain values (tables, constants) are not
-    listed; a namespace module must be walked or excluded. ``nm.random`` lists only what it defines."""
-    out, seen = {}, set()
-    for prefix, module in WALKED.items():
-        names = getattr(module, "__all__", None) or [n for n in dir(module) if not n.startswith("_")]
-        for n in names:
-            obj = getattr(module, n)
-            if module is nm.random and getattr(obj, "__module__", None) != nm.random.__name__:
-                continue
-            if inspect.ismodule(obj):
-                # the models and the trainer install under named's name but are not the library
-                if obj in WALKED.values() or obj.__name__.split(".")[:2] in (["named", "models"], ["named", "trainer"],
-                                                                             ["named", "configs"]):
-                    continue
-            elif not callable(obj) or id(obj) in seen:
-                continue
-            seen.add(id(obj))
-            out[f"{prefix}.{n}"] = obj
-    return out
 
 
 def test_the_checks_fail_on_a_wrong_gradient():
@@ -837,13 +938,15 @@ EXCLUDED: dict[str, str] = {
                      "nm.isfinite", "nm.isinf", "nm.isnan", "nm.signbit", "nm.logical_and", "nm.logical_not",
                      "nm.logical_or", "nm.logical_xor", "nm.invert", "nm.bitwise_and", "nm.bitwise_or",
                      "nm.bitwise_xor", "nm.bitwise_not", "nm.bitwise_count", "nm.left_shift", "nm.right_shift",
-                     "nm.gcd", "nm.lcm", "nm.axis_index", "nn.positions_from_segments"], _DISCRETE),
+                     "nm.gcd", "nm.lcm", "nm.axis_index", "nn.positions_from_segments", "nm.array_equiv", "nm.packbits",
+                     "nm.unpackbits", "nm.bitwise_invert", "nm.bitwise_left_shift", "nm.bitwise_right_shift",
+                     "nm.iscomplex", "nm.isreal", "nm.isneginf", "nm.isposinf"], _DISCRETE),
     **dict.fromkeys(["nm.arange", "nm.zeros", "nm.ones", "nm.zeros_like", "nm.ones_like", "nm.one_hot", "nm.fftfreq",
                      "nn.alibi_slopes"], _CONSTANT),
     **dict.fromkeys(["nm.axes_of", "nm.is_named_array", "nm.axis_mapping", "nm.current_mapping", "nm.current_mesh",
                      "nm.make_mesh", "nm.mesh_sizes", "nm.set_mesh", "nm.check_mapping", "nm.check_sharding", "nm.infer_shardings",
                      "nm.pspec_for", "nm.sharding_for", "nm.layout", "nm.parse_layout", "nm.explicit.block_layout",
-                     "nm.typecheck"], _LAYOUT),
+                     "nm.typecheck", "nm.axis_spec_to_tuple", "nm.field"], _LAYOUT),
     **dict.fromkeys(["nm.compiled_report", "nm.param_report"], "reports on a compiled program or a model's layout"),
     **dict.fromkeys(["nm.state_dict", "nm.state_dict_entries", "nm.load_state_dict", "nm.load_state_dict_file",
                      "nm.save_state_dict", "nm.save_safetensors"], "moves a model's arrays to and from files and flat dicts"),
@@ -856,7 +959,8 @@ EXCLUDED: dict[str, str] = {
     **dict.fromkeys(["nm.random.bernoulli", "nm.random.binomial", "nm.random.poisson", "nm.random.geometric",
                      "nm.random.rademacher", "nm.random.randint", "nm.random.categorical", "nm.random.split"],
                     _DISCRETE),
-    **dict.fromkeys(["nn.causal_mask", "nn.chunked_mask", "nn.padding_mask", "nn.segment_mask"], _MASK),
+    **dict.fromkeys(["nn.causal_mask", "nn.chunked_mask", "nn.padding_mask", "nn.segment_mask", "nn.forgetful_causal_mask"],
+                    _MASK),
     "nn.attention_implementation": ("a trace-time switch; on CPU every implementation it may name but 'cudnn' (refused "
                                     "without a GPU) is the XLA path that the attention cases differentiate"),
     "nn.QuantConfig": "a configuration for nn.quantize",
@@ -866,7 +970,13 @@ EXCLUDED: dict[str, str] = {
     **dict.fromkeys(["nn.is_overwrite_state", "nn.without_overwrites", "nn.overwrite_updates"],
                     "the optimizer's side of fp8's state: tree surgery on gradients, not a differentiated function"),
     "nn.lora.linear_paths": "lists a model's Linears by path",
+    "nn.mup.AbstractLinearReparam": "the base class of the parametrizations; the mup_linears case differentiates a Linear "
+                                    "under each of its subclasses",
+    **dict.fromkeys(["nm.debug.ModuleProblems", "nm.debug.diagnose_common_issues", "nm.debug.visualize_shardings"],
+                    "debug reports on a module or on where a tree's arrays live"),
+    "nm.nextafter": ("jax defines no derivative for nextafter (the adjacent float: a step, 1 almost everywhere); "
+                     "jax.grad raises its NotImplementedError"),
     "nn.lora.trainable": "a boolean tree that marks the adapters (for eqx.partition)",
-    **dict.fromkeys(["nn.mup.rescale_init", "nn.mup.scale_updates", "nn.mup.roles"],
+    **dict.fromkeys(["nn.mup.rescale_init", "nn.mup.scale_updates", "nn.mup.roles", "nn.mup.scale_reparam_updates"],
                     "muP's scaling of an init and of optimizer updates, applied outside the differentiated function"),
 }

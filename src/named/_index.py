@@ -95,18 +95,39 @@ def _parse(x: NamedArray, idx) -> dict[int, Any]:
 
 def _kind(value) -> str:
     if isinstance(value, NamedArray):
-        if value.ndim == 0:
-            return "int"
         if jnp.issubdtype(value.dtype, jnp.bool_):
             raise AxisError("boolean NamedArray masks give data-dependent shapes; use nm.where(mask, x, fill) instead")
-        return "gather"
+        if not jnp.issubdtype(value.dtype, jnp.integer):
+            raise AxisError(f"an index NamedArray must hold integers, got dtype {value.dtype} {format_axes(value.axes)}")
+        return "int" if value.ndim == 0 else "gather"
     if isinstance(value, slice):
         return "slice"
     if isinstance(value, ds):
         return "ds"
-    if isinstance(value, (int, np.integer)) or (hasattr(value, "shape") and np.ndim(value) == 0):
+    if isinstance(value, (bool, np.bool_)):  # numpy reads a bool as a mask, jax as 0 or 1: say which is meant
+        raise AxisError(f"unsupported index {value!r}: a bool is not an index; use 0 or 1, or nm.where for a mask")
+    if isinstance(value, (int, np.integer)) or (hasattr(value, "shape") and np.ndim(value) == 0
+                                                and jnp.issubdtype(value.dtype, jnp.integer)):
         return "int"
     raise AxisError(f"unsupported index {value!r}: use an int, a slice, nm.ds(start, size) or an integer NamedArray")
+
+
+def _check_gather(a: Axis, index: NamedArray) -> None:
+    """Indices known before tracing follow numpy, as an int index does: each lies in ``[-size, size)``
+    (a negative one counts from the end); XLA's gather would clamp them without a word. Traced
+    indices cannot be checked and are clamped as any XLA gather clamps them (docs/named_arrays.md).
+    A zero-size axis has no entry to gather, traced or not."""
+    if a.size == 0 and index.size:
+        raise AxisError(f"a gather of {format_axes(index.axes)} indices from axis {a.name!r} of size 0: it has no entry")
+    known = concrete(index)
+    if known is None:
+        return
+    off = (known < -a.size) | (known >= a.size)
+    if off.any():
+        where, at = first_flagged(off, index.axes)
+        raise AxisError(f"index {int(known[where])} at ({at}) is out of range for axis {a.name!r} of size {a.size}; "
+                        f"an index lies in [{-a.size}, {a.size - 1}] (a negative one counts from the end, as in numpy); "
+                        f"{int(off.sum())} index(es) out of range in all")
 
 
 def check_window(what: str, a: Axis, start, size: int, effect: str) -> None:
@@ -193,6 +214,7 @@ def _plan(x: NamedArray, idx, writes: bool = False) -> _Plan:
     gathers: dict[int, NamedArray] = {}
     for i, v in parsed.items():
         if kinds[i] == "gather":
+            _check_gather(x.axes[i], v)
             gathers[i] = v
         elif kinds[i] == "ds":
             _check_ds(x.axes[i], v, writes)
@@ -280,6 +302,7 @@ def getitem(x: NamedArray, idx) -> NamedArray:
 
 def take(x: NamedArray, axis, index) -> NamedArray:
     """``x[axis, index]``: the entries at ``index`` (an int or an integer NamedArray) along ``axis``."""
+    expect_named(x, "nm.take")
     return getitem(x, {axis: index})
 
 

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from . import _compat
 from ._axis import ArgumentTypeError, Axis, AxisError, NamedError, format_axes
 from ._context import FrozenMapping, block_parts, current_order, order_context
-from ._core import NamedArray
+from ._core import NamedArray, expect_named
 from ._layout import parse_layout
 from .partitioning import ResourceMapping, _check_mapping_values, _mesh_axes
 
@@ -189,6 +189,7 @@ def block_layout(x: NamedArray | Unreduced) -> str:
     ``{U: model}`` (seqax's notation for a sum still owed over ``model``)."""
     if isinstance(x, Unreduced):
         return f"{block_layout(x.value)} {{U: {'+'.join(x.over)}}}"
+    expect_named(x, "nm.explicit.block_layout")
     parts = []
     for a in x.axes:
         over = _split_over(a)
@@ -204,6 +205,7 @@ def with_layout(x: NamedArray, layout: str | ResourceMapping) -> NamedArray:
     Axes it names take the layout it gives (a bare name or None: whole); the others keep theirs.
     Nothing moves: this only labels the block.
     """
+    expect_named(x, "nm.with_layout")
     if isinstance(layout, str):
         names, mapping = parse_layout(layout)
         unknown = [n for n in names if n not in x.names]

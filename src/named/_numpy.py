@@ -19,6 +19,7 @@ import numpy as np
 from . import _ops
 from ._axis import (
     ArgumentError,
+    ArgumentTypeError,
     Axis,
     AxisError,
     AxisSelection,
@@ -48,6 +49,19 @@ from ._transforms import nmap
 _SAME = "same"  # fft size rules: output size from the input size m (or n= when given)
 _HALF = "half"  # m // 2 + 1 (a real input's spectrum)
 _FULL = "full"  # 2 * (m - 1) (back from a half spectrum)
+
+def _nan_when_empty(fn: Callable) -> Callable:
+    """``fn`` (a median), NaN over a zero-size axis as in numpy (jnp's gather fails on one)."""
+    @functools.wraps(fn)
+    def median(a, axis=None, **kwargs):
+        dims = range(a.ndim) if axis is None else (axis if isinstance(axis, tuple) else (axis,))
+        if any(a.shape[d] == 0 for d in dims):
+            kept = tuple(n for d, n in enumerate(a.shape) if d not in dims)
+            return jnp.full(kept, jnp.nan, jnp.result_type(a.dtype, jnp.float32))
+        return fn(a, axis=axis, **kwargs)
+
+    return median
+
 
 SURFACE: dict[str, tuple] = {
     # bitwise and integer
@@ -103,8 +117,8 @@ SURFACE: dict[str, tuple] = {
     "nancumsum": ("along", jnp.nancumsum),
     "nancumprod": ("along", jnp.nancumprod),
     # other reductions
-    "median": ("reduce_plain", jnp.median),
-    "nanmedian": ("reduce_plain", jnp.nanmedian),
+    "median": ("reduce_plain", _nan_when_empty(jnp.median)),
+    "nanmedian": ("reduce_plain", _nan_when_empty(jnp.nanmedian)),
     "ptp": ("reduce_plain", jnp.ptp),
     "count_nonzero": ("reduce_plain", jnp.count_nonzero),
     # Fourier transforms
@@ -134,18 +148,30 @@ def _fft(name: str, fn1: Callable, fnn: Callable | None, rule: str) -> Callable:
         dims = list(indices_of(x.axes, axis, f"nm.{name}"))
         if not dims:
             raise AxisError(f"nm.{name} needs an axis name; the array has axes {format_axes(x.axes)}")
+        for i in dims:  # numpy refuses a transform of no points too; jnp returns nothing or fails to lower
+            if x.axes[i].size == 0:
+                raise AxisError(f"nm.{name} along the zero-size axis {x.axes[i].name!r} of {format_axes(x.axes)}: a "
+                                "Fourier transform needs at least one point")
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ArgumentError(f"nm.{name}: n={n!r} points; n must be an int >= 1")
         axes = list(x.axes)
-        if len(dims) == 1:
-            (i,) = dims
-            out = fn1(x.array, n=n, axis=i, norm=norm)
-            axes[i] = Axis(name_of(new_axis) if new_axis is not None else x.axes[i].name, _fft_size(rule, x.axes[i].size, n))
-        else:
-            if fnn is None or n is not None or new_axis is not None:
-                raise ArgumentError(f"nm.{name} over several axes {[x.axes[i].name for i in dims]} takes neither n= nor new_axis="
-                                    + ("" if fnn is not None else f" (and jnp has no n-dimensional {name})"))
-            out = fnn(x.array, axes=dims, norm=norm)
-            # the n-dimensional real transforms halve (or restore) only the last axis they are given
-            axes[dims[-1]] = x.axes[dims[-1]].resize(_fft_size(rule, x.axes[dims[-1]].size, None))
+        last = dims[-1]  # the n-dimensional real transforms halve (or restore) only the last axis they are given
+        size = _fft_size(rule, x.axes[last].size, n)
+        if size < 1:
+            raise ArgumentError(f"nm.{name} of the {x.axes[last].size} point(s) along {x.axes[last].name!r} gives no "
+                                "points; give n= (the size of the result along it)")
+        try:
+            if len(dims) == 1:
+                out = fn1(x.array, n=n, axis=last, norm=norm)
+            else:
+                if fnn is None or n is not None or new_axis is not None:
+                    raise ArgumentError(f"nm.{name} over several axes {[x.axes[i].name for i in dims]} takes neither n= "
+                                        "nor new_axis=" + ("" if fnn is not None else f" (and jnp has no n-dimensional {name})"))
+                out = fnn(x.array, axes=dims, norm=norm)
+        except (TypeError, ValueError) as e:  # a complex array into a real transform
+            raise ArgumentTypeError(f"nm.{name} does not take an array of dtype {x.dtype}: {e}") from e
+        new = name_of(new_axis) if new_axis is not None else x.axes[last].name
+        axes[last] = Axis(new, size)
         check_unique(axes, f"nm.{name}'s result")
         return NamedArray._unchecked(out, tuple(axes))
 
@@ -160,17 +186,17 @@ def _make(name: str, row: tuple) -> Callable:
         def op(x, axis: AxisSelection | None = None, *, where=None, **kwargs):
             if where is not None and kind != "reduce":
                 kwargs.setdefault("initial", _ops._lowest(x.dtype, highest=kind == "reduce_min"))
-            return _ops._reduce(fn, x, axis, where=where, **kwargs)
+            return _ops._reduce(fn, x, axis, where=where, name=name, **kwargs)
 
         how = "over names (None: all axes), with where="
     elif kind == "reduce_plain":
         def op(x, axis: AxisSelection | None = None, **kwargs):
-            return _ops._reduce(fn, x, axis, **kwargs)
+            return _ops._reduce(fn, x, axis, name=name, **kwargs)
 
         how = "over names (None: all axes)"
     elif kind == "arg":
         def op(x, axis: AxisSelector | None = None):
-            return _ops._arg_reduce(fn, x, axis)
+            return _ops._arg_reduce(fn, x, axis, name)
 
         how = "along one name, or None for a flat index over all axes"
     elif kind == "along":
@@ -182,6 +208,7 @@ def _make(name: str, row: tuple) -> Callable:
         op, how = _fft(name, fn, row[2], row[3]), "along one name (n=, new_axis=) or several"
     else:
         def op(x, axis: AxisSelection | None = None):
+            expect_named(x, f"nm.{name}")
             dims = tuple(range(x.ndim)) if axis is None else indices_of(x.axes, axis, f"nm.{name}")
             return NamedArray._unchecked(fn(x.array, axes=dims), x.axes)
 
@@ -206,6 +233,7 @@ def _sized(axis, what: str) -> Axis:
 
 def ravel(x: NamedArray, new_axis: AxisSelector) -> NamedArray:
     """All axes merged into ``new_axis``, row-major in the array's axis order (``flatten_axes`` of all)."""
+    expect_named(x, "nm.ravel")
     if not x.axes:
         return NamedArray._unchecked(x.array.reshape(1), (Axis(name_of(new_axis), 1),))
     return flatten_axes(x, x.names, new_axis)
@@ -220,7 +248,11 @@ def unique(x: NamedArray, size: Axis, *, fill_value=None, return_index: bool = F
     With ``axis=`` (Haliax's), the distinct slices along ``axis``: the result has x's axes with
     ``axis`` replaced by ``size``; the index and counts are along ``size``, the inverse along
     ``axis`` (which slice of the result each of x's slices is)."""
+    expect_named(x, "nm.unique")
     size = _sized(size, "unique")
+    if x.size == 0 and size.size and fill_value is None:
+        raise ArgumentError(f"nm.unique of the empty array {format_axes(x.axes)} into {size!r}: every entry of the "
+                            "result is a fill; give fill_value=")
     kw = dict(return_index=return_index, return_inverse=return_inverse, return_counts=return_counts, size=size.size,
               fill_value=fill_value)
     if axis is None:
@@ -269,6 +301,7 @@ def nonzero(x: NamedArray, size: Axis, *, fill_value=None) -> dict[str, NamedArr
     """The indices of the first ``size.size`` nonzero entries (row-major), one NamedArray along
     ``size`` per axis of ``x``, keyed by axis name: ``x[nm.nonzero(x, Found)]`` gathers them.
     Missing entries get ``fill_value`` (default 0)."""
+    expect_named(x, "nm.nonzero")
     size = _sized(size, "nonzero")
     if size.name in x.names:
         raise AxisError(f"nm.nonzero: the result axis {size.name!r} is already an axis of {format_axes(x.axes)}")
@@ -314,13 +347,21 @@ def bincount(x: NamedArray, length: Axis, *, weights: NamedArray | None = None, 
     """How often each value ``0 .. length.size - 1`` occurs in ``x`` over ``axis`` (default: all
     axes), per entry of the other axes, along the new axis ``length``; values outside are
     dropped. ``weights`` (x's axes) sums weights instead of counting."""
+    expect_named(x, "nm.bincount")
     length = _sized(length, "bincount")
+    if not jnp.issubdtype(x.dtype, jnp.integer):
+        raise ArgumentTypeError(f"nm.bincount counts integers, got dtype {x.dtype} {format_axes(x.axes)}")
     counted = x.names if axis is None else tuple(x.axes[i].name for i in indices_of(x.axes, axis, "nm.bincount"))
     if weights is not None and set(axes_of(weights)) != set(x.axes):
         raise AxisError(f"nm.bincount: weights {format_axes(axes_of(weights))} must have the axes of x {format_axes(x.axes)}")
 
     def count(v, w):
-        return jnp.bincount(v.reshape(-1), None if w is None else w.reshape(-1), length=length.size)
+        v = v.reshape(-1)
+        # jnp.bincount would count a negative value as 0 (numpy refuses it): weigh values outside by 0
+        inside = (v >= 0) & (v < length.size)
+        w = inside.astype(jnp.int32) if w is None else jnp.where(inside, w.reshape(-1), 0)
+        return jnp.bincount(jnp.where(inside, v, 0), w, length=length.size).astype(
+            jnp.int32 if weights is None else w.dtype)
 
     return nmap(count, consume=counted, produce=length.name)(x, weights)
 
@@ -330,6 +371,7 @@ def repeat(x: NamedArray, repeats, axis: AxisSelector, total_repeat_length: int 
     entry ``i`` (a 1-d array, or a NamedArray along ``axis``). The new size must be known before
     tracing: the sum of concrete counts, or ``total_repeat_length`` (numpy's; traced counts need
     it, and it pads with the last entry or truncates)."""
+    expect_named(x, "nm.repeat")
     i = index_of(x.axes, axis)
     a = x.axes[i]
     if isinstance(repeats, NamedArray):
@@ -375,6 +417,7 @@ def _concrete(value):
 def tile(x: NamedArray, reps: Mapping[AxisSelector, int]) -> NamedArray:
     """The whole array repeated along named axes: ``nm.tile(x, {"position": 3})``. A name ``x``
     lacks is a new axis of that size, put in front (Haliax's and numpy's rule)."""
+    expect_named(x, "nm.tile")
     counts = [1] * x.ndim
     new: list[Axis] = []
     for a, r in reps.items():
@@ -391,6 +434,10 @@ def tile(x: NamedArray, reps: Mapping[AxisSelector, int]) -> NamedArray:
 def packbits(x: NamedArray, axis: AxisSelector, *, bitorder: str = "big") -> NamedArray:
     """``jnp.packbits`` along ``axis``: eight booleans (or 0/1 integers) per uint8, so the axis
     shrinks to ``ceil(size / 8)`` (zero-padded at the end)."""
+    expect_named(x, "nm.packbits")
+    if not (jnp.issubdtype(x.dtype, jnp.integer) or jnp.issubdtype(x.dtype, jnp.bool_)):
+        raise ArgumentTypeError(f"nm.packbits packs booleans (or 0/1 integers), got dtype {x.dtype}; compare first "
+                                "(x > 0)")
     i = index_of(x.axes, axis)
     a = x.axes[i]
     return NamedArray._unchecked(jnp.packbits(x.array, axis=i, bitorder=bitorder),
@@ -398,16 +445,21 @@ def packbits(x: NamedArray, axis: AxisSelector, *, bitorder: str = "big") -> Nam
 
 
 def unpackbits(x: NamedArray, axis: AxisSelector, *, count: int | None = None, bitorder: str = "big") -> NamedArray:
-    """``jnp.unpackbits`` along ``axis`` of a uint8 array: the axis grows eightfold (or to ``count``)."""
+    """``jnp.unpackbits`` along ``axis`` of a uint8 array: the axis grows eightfold, or to ``count``
+    bits (numpy's: more pads with zeros, a negative count drops that many from the end)."""
+    expect_named(x, "nm.unpackbits")
+    if x.dtype != jnp.uint8:
+        raise ArgumentTypeError(f"nm.unpackbits unpacks uint8 bytes (nm.packbits' result), got dtype {x.dtype}")
     i = index_of(x.axes, axis)
     a = x.axes[i]
-    n = a.size * 8 if count is None else count
+    n = a.size * 8 if count is None else count if count >= 0 else max(a.size * 8 + count, 0)
     return NamedArray._unchecked(jnp.unpackbits(x.array, axis=i, count=count, bitorder=bitorder),
                                  x.axes[:i] + (a.resize(n),) + x.axes[i + 1 :])
 
 
 def trace(x: NamedArray, axis1: AxisSelector, axis2: AxisSelector, *, offset: int = 0, dtype=None) -> NamedArray:
     """The sum of the (``offset``) diagonal of ``axis1`` x ``axis2``; both axes are dropped."""
+    expect_named(x, "nm.trace")
     i, j = index_of(x.axes, axis1), index_of(x.axes, axis2)
     if i == j:
         raise AxisError(f"nm.trace needs two different axes, got {x.axes[i].name!r} twice")
@@ -468,6 +520,7 @@ def array_equiv(a, b) -> NamedArray:
     name): False, not an error, when a shared name has two sizes. Two plain arrays: ``jnp.array_equiv``."""
     if _both_positional(a, b):
         return NamedArray(jnp.array_equiv(a, b), ())
+    axes_of(a), axes_of(b)  # a plain array with dimensions mixed in is refused, not "not equivalent"
     try:
         eq = _ops.equal(a, b)
     except AxisError:
@@ -480,6 +533,8 @@ def fftfreq(axis: Axis, d: float = 1.0, *, rfft: bool = False, new_axis: AxisSel
     is along ``new_axis`` (default: the axis' own name) with the transform's size."""
     if not isinstance(axis, Axis):
         raise AxisError(f"nm.fftfreq needs an Axis with a size, got {axis!r}")
+    if axis.size == 0:  # as nm.fft refuses a transform of no points (numpy divides by zero)
+        raise AxisError(f"nm.fftfreq of the zero-size axis {axis.name!r}: a Fourier transform needs at least one point")
     out = (jnp.fft.rfftfreq if rfft else jnp.fft.fftfreq)(axis.size, d)
     return NamedArray._unchecked(out, (Axis(name_of(new_axis) if new_axis is not None else axis.name, out.shape[0]),))
 

@@ -22,17 +22,25 @@ from ._axis import (ArgumentTypeError, Axis, AxisError, AxisSelection, as_select
 from ._core import NamedArray, axes_of, expect_named, raw
 
 
-def _elementwise(fn: Callable, *args, **kwargs):
+def _elementwise(fn: Callable, *args, name: str | None = None, **kwargs):
     axes = broadcast_axes(*(axes_of(a) for a in args))
-    if not builtins.any(isinstance(a, NamedArray) for a in args):
-        return NamedArray(fn(*args, **kwargs), ())  # scalars in, 0-d NamedArray out
-    return NamedArray._unchecked(fn(*(raw(a, axes) for a in args), **kwargs), axes)
+    named = builtins.any(isinstance(a, NamedArray) for a in args)
+    try:
+        out = fn(*(raw(a, axes) for a in args), **kwargs) if named else fn(*args, **kwargs)
+    except (TypeError, ValueError) as e:
+        # the operands broadcast (checked above), so what jnp refuses is their dtypes (a float into a bitwise op)
+        dtypes = ", ".join(str(jnp.result_type(a)) for a in args)
+        raise ArgumentTypeError(f"nm.{name or getattr(fn, '__name__', 'op')} does not take operands of dtype {dtypes}: "
+                                f"{e}") from e
+    if not named:
+        return NamedArray(out, ())  # scalars in, 0-d NamedArray out
+    return NamedArray._unchecked(out, axes)
 
 
 def _wrap(fn: Callable, name: str | None = None) -> Callable:
     @functools.wraps(fn)
     def op(*args, **kwargs):
-        return _elementwise(fn, *args, **kwargs)
+        return _elementwise(fn, *args, name=op.__name__, **kwargs)
 
     op.__name__ = name or fn.__name__
     op.__qualname__ = op.__name__
@@ -95,7 +103,7 @@ leaky_relu = _wrap(jax.nn.leaky_relu, "leaky_relu")
 
 def gelu(x, approximate: bool = False):
     """GELU; ``approximate=True`` is the tanh form GPT-2 uses, False the exact erf form."""
-    return _elementwise(functools.partial(jax.nn.gelu, approximate=approximate), x)
+    return _elementwise(functools.partial(jax.nn.gelu, approximate=approximate), x, name="gelu")
 
 
 # Binary and ternary
@@ -128,20 +136,26 @@ bitwise_xor = _wrap(jnp.bitwise_xor)
 isclose = _wrap(jnp.isclose)
 
 
+def floating(dtype):
+    """The dtype a layer that scales or normalises returns for an input of ``dtype``: the input's own
+    when it is floating (bf16 stays bf16), else float32, so that an int input is never truncated."""
+    return dtype if jnp.issubdtype(dtype, jnp.inexact) else jnp.float32
+
+
 def where(condition, x, y):
     """``x`` where ``condition`` else ``y``; all three broadcast by the union rule."""
-    return _elementwise(jnp.where, condition, x, y)
+    return _elementwise(jnp.where, condition, x, y, name="where")
 
 
 def clip(x, lower=None, upper=None):
     """Clip to ``[lower, upper]`` (either may be None); one n-ary op under the broadcasting rule."""
     if lower is None and upper is None:
-        return _elementwise(lambda a: a, x)
+        return _elementwise(lambda a: a, x, name="clip")
     if lower is None:
-        return _elementwise(lambda a, hi: jnp.minimum(a, hi), x, upper)
+        return _elementwise(lambda a, hi: jnp.minimum(a, hi), x, upper, name="clip")
     if upper is None:
-        return _elementwise(lambda a, lo: jnp.maximum(a, lo), x, lower)
-    return _elementwise(lambda a, lo, hi: jnp.minimum(jnp.maximum(a, lo), hi), x, lower, upper)
+        return _elementwise(lambda a, lo: jnp.maximum(a, lo), x, lower, name="clip")
+    return _elementwise(lambda a, lo, hi: jnp.minimum(jnp.maximum(a, lo), hi), x, lower, upper, name="clip")
 
 
 # ---- reductions ------------------------------------------------------------------
@@ -175,31 +189,52 @@ def _where_mask(x: NamedArray, where):
     return jnp.broadcast_to(mask, x.array.shape)
 
 
-def _positional(fn: Callable, x, axis, what: str, **kwargs) -> NamedArray:
-    """A reduction of a plain array (Haliax's ``hax.all(x == y)``) over all of it: a 0-d NamedArray.
-    Names cannot address its dimensions, so an ``axis`` is refused."""
+def _positional(x, axis, what: str):
+    """A plain array that a reduction takes (Haliax's ``hax.all(x == y)``) is reduced over all of it,
+    to a 0-d NamedArray: its positional array. Names cannot address its dimensions, so an ``axis``
+    is refused."""
     if not (_is_positional(x) or isinstance(x, (int, float, complex, bool))):
         raise ArgumentTypeError(f"{what} takes a NamedArray (or a plain array, reduced whole), got {type(x).__name__}")
     if axis is not None:
         raise ArgumentTypeError(f"{what}(x, axis={axis!r}) on a plain array of shape {tuple(jnp.shape(x))}: axes are "
                                 "names, and a plain array has none; wrap it with nm.named(x, names), or give axis=None "
                                 "to reduce all of it")
-    return NamedArray(fn(jnp.asarray(x), axis=None, **kwargs), ())
+    x = jnp.asarray(x)
+    return x, tuple(Axis(f"dim{i}", n) for i, n in enumerate(x.shape))
 
 
 def _is_positional(x) -> bool:
     return not isinstance(x, NamedArray) and hasattr(x, "shape") and hasattr(x, "dtype")
 
 
-def _reduce(fn: Callable, x: NamedArray, axis, *, where=None, **kwargs) -> NamedArray:
+def reduce_over(fn: Callable, array, axes: tuple[Axis, ...], dims, what: str, **kwargs):
+    """``fn(array, axis=dims)``, where ``array`` is laid out as ``axes``. What numpy refuses, jnp
+    refuses too, in its own words: a reduction without an identity (max, argmax, ptp) over a
+    zero-size axis becomes an AxisError naming the axis, a dtype the reduction does not take an
+    ArgumentTypeError naming it."""
+    try:
+        return fn(array, axis=dims, **kwargs)
+    except (TypeError, ValueError) as e:
+        reduced = range(len(axes)) if dims is None else (dims if isinstance(dims, tuple) else (dims,))
+        empty = [axes[i].name for i in reduced if axes[i].size == 0]
+        if empty:
+            raise AxisError(f"{what} over the zero-size axis {empty[0]!r} of {format_axes(axes)}: there is no entry to "
+                            "give (numpy refuses too); give where= with the value for an empty axis, or check the "
+                            "size first") from e
+        raise ArgumentTypeError(f"{what} does not take an array of dtype {array.dtype}: {e}") from e
+
+
+def _reduce(fn: Callable, x: NamedArray, axis, *, where=None, name: str | None = None, **kwargs) -> NamedArray:
+    what = f"nm.{name or getattr(fn, '__name__', 'reduce')}"
     if not isinstance(x, NamedArray):
         if where is not None:
             kwargs["where"] = jnp.asarray(where.array if isinstance(where, NamedArray) else where, bool)
-        return _positional(fn, x, axis, f"nm.{getattr(fn, '__name__', 'reduction')}", **kwargs)
-    dims = _reduction_axes(x, axis, f"nm.{getattr(fn, '__name__', 'reduce')}")
+        array, axes = _positional(x, axis, what)
+        return NamedArray(reduce_over(fn, array, axes, None, what, **kwargs), ())
+    dims = _reduction_axes(x, axis, what)
     if where is not None:
         kwargs["where"] = _where_mask(x, where)
-    out = fn(x.array, axis=dims, **kwargs)
+    out = reduce_over(fn, x.array, x.axes, dims, what, **kwargs)
     keep = tuple(a for i, a in enumerate(x.axes) if i not in dims)
     return NamedArray._unchecked(out, keep)
 
@@ -260,16 +295,19 @@ def logsumexp(x, axis=None, *, where=None):
     return _reduce(jax.nn.logsumexp, x, axis, where=where)
 
 
-def _arg_reduce(fn, x: NamedArray, axis) -> NamedArray:
+def _arg_reduce(fn, x: NamedArray, axis, name: str | None = None) -> NamedArray:
+    what = f"nm.{name or fn.__name__}"
     if not isinstance(x, NamedArray):
-        return _positional(fn, x, axis, f"nm.{fn.__name__}")
+        array, axes = _positional(x, axis, what)
+        return NamedArray(reduce_over(fn, array, axes, None, what), ())
     if axis is None:  # numpy's flat index: row-major over the array's own axis order
-        return NamedArray._unchecked(fn(x.array, axis=None), ())
+        return NamedArray._unchecked(reduce_over(fn, x.array, x.axes, None, what), ())
     if len(as_selectors(axis)) != 1:
-        raise AxisError(f"{fn.__name__} needs exactly one axis name, or None for a flat index; the array has axes {format_axes(x.axes)}")
+        raise AxisError(f"{what} needs exactly one axis name, or None for a flat index; the array has axes "
+                        f"{format_axes(x.axes)}, got {axis!r}")
     (sel,) = as_selectors(axis)
     i = index_of(x.axes, sel)
-    return NamedArray._unchecked(fn(x.array, axis=i), x.axes[:i] + x.axes[i + 1 :])
+    return NamedArray._unchecked(reduce_over(fn, x.array, x.axes, i, what), x.axes[:i] + x.axes[i + 1 :])
 
 
 def argmax(x, axis=None) -> NamedArray:

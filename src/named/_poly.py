@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from ._axis import ArgumentTypeError, Axis, AxisError, AxisSelector, format_axes, name_of
-from ._core import NamedArray
+from ._axis import ArgumentError, ArgumentTypeError, Axis, AxisError, AxisSelector, format_axes, name_of
+from ._core import NamedArray, expect_named
 
 DEGREE = "degree"
 
@@ -31,7 +31,14 @@ def _coeffs(p, what: str):
 
 def _named(raw, new_axis: AxisSelector | None, *names) -> NamedArray:
     name = name_of(new_axis) if new_axis is not None else next((n for n in names if n is not None), DEGREE)
+    raw = jnp.atleast_1d(raw)  # numpy's poly of no roots is the 0-d 1.0
     return NamedArray(raw, (Axis(name, raw.shape[0]),))
+
+
+def _order(m, what: str, name: str = "m") -> int:
+    if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+        raise ArgumentError(f"nm.{what}: {name}={m!r}; it must be an int >= 0")
+    return m
 
 
 def poly(zeros, *, new_axis: AxisSelector | None = None) -> NamedArray:
@@ -65,6 +72,7 @@ def polydiv(p1, p2, *, new_axis: AxisSelector | None = None) -> tuple[NamedArray
 def polyint(p, m: int = 1, k=None, *, new_axis: AxisSelector | None = None) -> NamedArray:
     """The ``m``-th antiderivative, with integration constants ``k`` (numpy's)."""
     raw, name = _coeffs(p, "polyint")
+    m = _order(m, "polyint")
     k = k.array if isinstance(k, NamedArray) else (None if k is None else jnp.asarray(k))
     return _named(jnp.polyint(raw, m=m, k=k), new_axis, name)
 
@@ -72,6 +80,7 @@ def polyint(p, m: int = 1, k=None, *, new_axis: AxisSelector | None = None) -> N
 def polyder(p, m: int = 1, *, new_axis: AxisSelector | None = None) -> NamedArray:
     """The ``m``-th derivative."""
     raw, name = _coeffs(p, "polyder")
+    m = _order(m, "polyder")
     return _named(jnp.polyder(raw, m=m), new_axis, name)
 
 
@@ -80,7 +89,11 @@ def polyfit(x, y, deg: int, *, rcond=None, w=None, cov: bool = False, new_axis: 
     (default ``degree``; Haliax names it after x's axis). ``x``, ``y`` and the weights ``w`` are
     1-d, along one axis. With ``cov``: ``(coefficients, covariance)``, the covariance over
     ``(new_axis, new_axis + "_cov")``."""
+    deg = _order(deg, "polyfit", "deg")
     xs, ys = _samples(x, "x"), _samples(y, "y")
+    if xs.shape[0] == 0:
+        axis = x.axes[0].name if isinstance(x, NamedArray) else "x"
+        raise ArgumentError(f"nm.polyfit through no points (axis {axis!r} has size 0)")
     ws = None if w is None else _samples(w, "w")
     named = [v for v in (x, y, w) if isinstance(v, NamedArray)]
     if len({v.axes for v in named}) > 1:
@@ -116,8 +129,9 @@ def trim_zeros(p, trim: str = "fb", *, new_axis: AxisSelector | None = None) -> 
 def vander(x: NamedArray, degree: AxisSelector) -> NamedArray:
     """The Vandermonde matrix of a 1-d ``x``: its axis, then ``degree`` (decreasing powers, as
     ``jnp.vander``). A name for ``degree`` gets x's size (numpy's square default)."""
-    if not isinstance(x, NamedArray) or x.ndim != 1:
-        raise AxisError(f"nm.vander takes a 1-d NamedArray, got {format_axes(x.axes) if isinstance(x, NamedArray) else x!r}")
+    expect_named(x, "nm.vander")
+    if x.ndim != 1:
+        raise AxisError(f"nm.vander takes a 1-d NamedArray, got {format_axes(x.axes)}")
     D = degree if isinstance(degree, Axis) else Axis(name_of(degree), x.axes[0].size)
     if D.name == x.axes[0].name:
         raise AxisError(f"nm.vander: the degree axis must differ from x's axis {x.axes[0].name!r}")

@@ -19,7 +19,7 @@ import numpy as np
 
 from ._axis import ArgumentError, ArgumentTypeError, Axis, AxisError, AxisSelector, format_axes, index_of
 from ._core import NamedArray
-from ._index import ds
+from ._index import check_window, ds
 from ._shape import broadcast_to
 
 # A staged selection of one base axis: None (all of it), ("int", i) (the axis is gone), or
@@ -44,7 +44,7 @@ def _index_value(value, what: str):
         value = value.array
     if _static_int(value) or (hasattr(value, "dtype") and np.ndim(value) == 0 and jnp.issubdtype(value.dtype, jnp.integer)):
         return value
-    raise ArgumentError(f"{what}: unsupported index {value!r}; a NamedRef takes ints, static slices and nm.ds(start, size)")
+    raise AxisError(f"{what}: unsupported index {value!r}; a NamedRef takes ints, static slices and nm.ds(start, size)")
 
 
 def _compose(current, new, axis: Axis, what: str):
@@ -59,7 +59,11 @@ def _compose(current, new, axis: Axis, what: str):
     if isinstance(new, ds):
         if not 0 <= new.size <= axis.size:
             raise AxisError(f"{what}: nm.ds(start, {new.size}) does not fit in axis {axis.name!r} of size {axis.size}")
-        return ("ds", start0 + _index_value(new.start, what) * stride0, new.size, stride0)
+        start = _index_value(new.start, what)
+        check_window(f"{what}: a window", axis, start, new.size, "address entries that were not asked for")
+        if _static_int(start) and start < 0:  # in range: counts from the end, as x[ds] does
+            start += axis.size
+        return ("ds", start0 + start * stride0, new.size, stride0)
     i = _index_value(new, what)
     if _static_int(i):
         if not -axis.size <= i < axis.size:
@@ -180,19 +184,25 @@ def new_ref(value: NamedArray) -> NamedRef:
     return NamedRef(jax.new_ref(value.array), value.axes, (_ALL,) * value.ndim)
 
 
+def _expect_ref(ref, what: str) -> NamedRef:
+    if not isinstance(ref, NamedRef):
+        raise ArgumentTypeError(f"{what} takes a NamedRef (nm.new_ref(x)), got {type(ref).__name__}")
+    return ref
+
+
 def freeze(ref: NamedRef) -> NamedArray:
     """The ref's current contents (this view's), as a NamedArray."""
-    return ref.value()
+    return _expect_ref(ref, "nm.freeze").value()
 
 
 def get(ref: NamedRef, idx=Ellipsis) -> NamedArray:
     """``ref[idx]``, as a function."""
-    return ref[idx]
+    return _expect_ref(ref, "nm.get")[idx]
 
 
 def swap(ref: NamedRef, idx, value) -> NamedArray:
     """Write ``value`` at ``idx`` and return what was there."""
-    selection = ref._staged(idx, "nm.swap")
+    selection = _expect_ref(ref, "nm.swap")._staged(idx, "nm.swap")
     axes = _view_axes(ref.base_axes, selection)
     old = jax.ref.swap(ref.ref, ref._raw_index(selection), _payload(value, axes, ref.dtype))
     return NamedArray(old, axes)

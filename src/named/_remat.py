@@ -32,7 +32,7 @@ import equinox as eqx
 import jax
 from jax.ad_checkpoint import checkpoint_name as _checkpoint_name
 
-from ._axis import NamedError
+from ._axis import ArgumentError, ArgumentTypeError, NamedError
 from ._core import NamedArray, expect_named
 
 _DOTS = ("recompute", "save", "offload")
@@ -42,11 +42,19 @@ _HOST = ("device", "pinned_host")
 def checkpoint_name(x: NamedArray, name: str) -> NamedArray:
     """Tag an activation so that a ``Remat(save=...)`` or ``Remat(offload=...)`` policy can keep it."""
     expect_named(x, "checkpoint_name")
+    _tag(name, "checkpoint_name")
     return NamedArray._unchecked(_checkpoint_name(x.array, name), x.axes)
+
+
+def _tag(name, what: str) -> None:
+    if not isinstance(name, str) or not name:
+        raise ArgumentTypeError(f"{what}: the name is a non-empty string (what Remat(save=...) lists), got {name!r}")
 
 
 def tree_checkpoint_name(tree, name: str):
     """``checkpoint_name`` on every array of a pytree (NamedArrays and plain arrays; Haliax's)."""
+    _tag(name, "tree_checkpoint_name")
+
     def leaf(x):
         if isinstance(x, NamedArray):
             return checkpoint_name(x, name)
@@ -59,7 +67,7 @@ def _names(value, what: str) -> tuple[str, ...]:
     names = (value,) if isinstance(value, str) else tuple(value)
     bad = [n for n in names if not isinstance(n, str) or not n]
     if bad:
-        raise NamedError(f"Remat {what} takes activation names (strings given to checkpoint_name), got {bad!r}")
+        raise ArgumentError(f"Remat {what} takes activation names (strings given to checkpoint_name), got {bad!r}")
     return names
 
 
@@ -77,11 +85,11 @@ class Remat:
         object.__setattr__(self, "offload", _names(self.offload, "offload"))
         both = sorted(set(self.save) & set(self.offload))
         if both:
-            raise NamedError(f"Remat: {both} are both saved and offloaded; give each name to one of them")
+            raise ArgumentError(f"Remat: {both} are both saved and offloaded; give each name to one of them")
         if self.dots not in _DOTS:
-            raise NamedError(f"Remat dots={self.dots!r}; use one of {', '.join(_DOTS)}")
+            raise ArgumentError(f"Remat dots={self.dots!r}; use one of {', '.join(_DOTS)}")
         if isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1:
-            raise NamedError(f"Remat every={self.every!r}; it must be a positive int (layers per checkpointed group)")
+            raise ArgumentError(f"Remat every={self.every!r}; it must be a positive int (layers per checkpointed group)")
 
     @property
     def offloads(self) -> bool:
@@ -100,11 +108,11 @@ class Remat:
         if isinstance(remat, tuple):
             if remat and remat[0] == "save_names":
                 if len(remat) < 2:
-                    raise NamedError("remat save_names needs at least one name: 'save_names:attn_out,mlp_out'")
+                    raise ArgumentError("remat save_names needs at least one name: 'save_names:attn_out,mlp_out'")
                 return Remat(save=remat[1:])
-            raise NamedError(f"unknown remat policy {remat!r}; a tuple policy is ('save_names', name, ...)")
+            raise ArgumentError(f"unknown remat policy {remat!r}; a tuple policy is ('save_names', name, ...)")
         if not isinstance(remat, str):
-            raise NamedError(f"unknown remat policy {remat!r}; use a Remat, None or a string such as 'full'")
+            raise ArgumentError(f"unknown remat policy {remat!r}; use a Remat, None or a string such as 'full'")
         return _parse_string(remat)
 
 
@@ -120,7 +128,7 @@ _KEYS = ("save", "offload", "dots", "every")
 def _parse_string(text: str) -> Remat | None:
     words = text.split()
     if not words:
-        raise NamedError("empty remat policy; use none, full, save_dots, save_names:<names> or offload")
+        raise ArgumentError("empty remat policy; use none, full, save_dots, save_names:<names> or offload")
     fields: dict[str, Any] = {}
     none = False
     for i, word in enumerate(words):
@@ -128,7 +136,7 @@ def _parse_string(text: str) -> Remat | None:
         if word.startswith("save_names"):
             names = [n for n in word.partition(":")[2].split(",") if n]
             if not names:
-                raise NamedError("remat save_names needs at least one name: 'save_names:attn_out,mlp_out'")
+                raise ArgumentError("remat save_names needs at least one name: 'save_names:attn_out,mlp_out'")
             fields["save"] = tuple(names)
         elif word in _SHORTHANDS and i == 0:
             shorthand = _SHORTHANDS[word]
@@ -138,11 +146,11 @@ def _parse_string(text: str) -> Remat | None:
             fields[key] = int(value) if key == "every" and value.isdigit() else (
                 value if key in ("dots", "every") else tuple(n for n in value.split(",") if n))
         else:
-            raise NamedError(f"unknown remat policy {text!r} (at {word!r}); use none, full, save_dots, "
+            raise ArgumentError(f"unknown remat policy {text!r} (at {word!r}); use none, full, save_dots, "
                              f"save_names:<names> or offload, optionally followed by {', '.join(k + '=' for k in _KEYS)}")
     if none:
         if len(words) > 1:
-            raise NamedError(f"remat policy {text!r}: 'none' takes no options")
+            raise ArgumentError(f"remat policy {text!r}: 'none' takes no options")
         return None
     return Remat(**fields)
 
@@ -154,7 +162,7 @@ def remat_policy(remat, length: int | None = None) -> Callable | None | bool:
     if r is None:
         return False
     if r.offloads and jax.default_backend() == "cpu":
-        raise NamedError(f"remat {remat!r} offloads to host memory, which needs host memory spaces (GPU or TPU); "
+        raise ArgumentError(f"remat {remat!r} offloads to host memory, which needs host memory spaces (GPU or TPU); "
                          "the CPU backend has none")
     cp = jax.checkpoint_policies
     if not r.save and not r.offload:
@@ -227,15 +235,15 @@ class ScanCheckpointPolicy:
         for what in ("save_carries", "save_inputs"):
             value = getattr(self, what)
             if value == "offload":
-                raise NamedError(f"ScanCheckpointPolicy({what}='offload'): offloading a layer's carry or inputs is not "
+                raise ArgumentError(f"ScanCheckpointPolicy({what}='offload'): offloading a layer's carry or inputs is not "
                                  "supported; offload tagged activations with offload_block_internals=[...] "
                                  "(Remat(offload=...))")
             if not isinstance(value, bool):
-                raise NamedError(f"ScanCheckpointPolicy({what}={value!r}); it takes True or False")
+                raise ArgumentError(f"ScanCheckpointPolicy({what}={value!r}); it takes True or False")
         if isinstance(self.nested, bool) or self.nested is None:
             return
         if not isinstance(self.nested, int) or self.nested < 1:
-            raise NamedError(f"ScanCheckpointPolicy(nested={self.nested!r}); it takes a bool or a number of groups >= 1")
+            raise ArgumentError(f"ScanCheckpointPolicy(nested={self.nested!r}); it takes a bool or a number of groups >= 1")
 
     @staticmethod
     def from_bool_or_str(policy: bool | str) -> ScanCheckpointPolicy:
@@ -251,7 +259,7 @@ class ScanCheckpointPolicy:
             return ScanCheckpointPolicy(save_carries="offload")  # raises with the alternative
         if isinstance(policy, str) and policy in table:
             return ScanCheckpointPolicy(**table[policy])
-        raise NamedError(f"unknown gradient_checkpointing {policy!r}; use True, False, 'recompute', 'full', "
+        raise ArgumentError(f"unknown gradient_checkpointing {policy!r}; use True, False, 'recompute', 'full', "
                          "'save_all', 'nested' or a ScanCheckpointPolicy")
 
     @staticmethod
@@ -265,15 +273,15 @@ class ScanCheckpointPolicy:
         every = 1
         if self.nested is not False:
             if length is None:
-                raise NamedError("ScanCheckpointPolicy(nested=...) needs the number of layers; give it to a Stacked, "
+                raise ArgumentError("ScanCheckpointPolicy(nested=...) needs the number of layers; give it to a Stacked, "
                                  "a BlockSeq or nm.scan, which know it")
             groups = _largest_divisor_up_to_sqrt(length) if self.nested is True else self.nested
             if length % groups:
-                raise NamedError(f"ScanCheckpointPolicy(nested={groups}): {length} layers do not split into {groups} groups")
+                raise ArgumentError(f"ScanCheckpointPolicy(nested={groups}): {length} layers do not split into {groups} groups")
             every = length // groups
         if self.save_block_internals is True:
             if every > 1:
-                raise NamedError("ScanCheckpointPolicy: save_block_internals=True keeps every activation, which nested "
+                raise ArgumentError("ScanCheckpointPolicy: save_block_internals=True keeps every activation, which nested "
                                  "groups would recompute; give a list of names instead")
             return None
         if self.simple:

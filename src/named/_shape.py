@@ -13,6 +13,7 @@ from jax import lax
 
 from ._axis import (
     ArgumentError,
+    ArgumentTypeError,
     Axis,
     AxisError,
     AxisSelection,
@@ -26,7 +27,7 @@ from ._axis import (
     resolve,
     union,
 )
-from ._core import NamedArray, axes_of
+from ._core import NamedArray, axes_of, expect_named
 from . import _index  # roll's shift is an offset: _index.as_offset
 
 # ---- creation ----------------------------------------------------------------------
@@ -51,21 +52,38 @@ def ones(axes: AxisSelection, dtype=None) -> NamedArray:
     return NamedArray(jnp.ones(tuple(a.size for a in ax), dtype), ax)
 
 
+def _fill(value, what: str):
+    """A fill value is one value: a number, a 0-d array or a 0-d NamedArray. One with dimensions
+    would broadcast by position (or by name, to axes the caller did not ask for)."""
+    if isinstance(value, NamedArray):
+        if value.ndim:
+            raise ArgumentTypeError(f"{what}: fill_value has axes {format_axes(value.axes)}; give one value, or "
+                                    "nm.broadcast_to the array")
+        return value.array
+    if jnp.ndim(value):
+        raise ArgumentTypeError(f"{what}: fill_value has shape {jnp.shape(value)}; give one value, or wrap the array "
+                                "with nm.named and nm.broadcast_to it")
+    return value
+
+
 def full(axes: AxisSelection, fill_value, dtype=None) -> NamedArray:
     ax = _axes_for_creation(axes)
-    return NamedArray(jnp.full(tuple(a.size for a in ax), fill_value, dtype), ax)
+    return NamedArray(jnp.full(tuple(a.size for a in ax), _fill(fill_value, "nm.full"), dtype), ax)
 
 
 def zeros_like(x: NamedArray, dtype=None) -> NamedArray:
+    expect_named(x, "nm.zeros_like")
     return NamedArray(jnp.zeros_like(x.array, dtype), x.axes)
 
 
 def ones_like(x: NamedArray, dtype=None) -> NamedArray:
+    expect_named(x, "nm.ones_like")
     return NamedArray(jnp.ones_like(x.array, dtype), x.axes)
 
 
 def full_like(x: NamedArray, fill_value, dtype=None) -> NamedArray:
-    return NamedArray(jnp.full_like(x.array, fill_value, dtype), x.axes)
+    expect_named(x, "nm.full_like")
+    return NamedArray(jnp.full_like(x.array, _fill(fill_value, "nm.full_like"), dtype), x.axes)
 
 
 def arange(axis: AxisSelection, *, start=0, step=1, dtype=None) -> NamedArray:
@@ -99,6 +117,10 @@ def logspace(axis: AxisSelector, *, start, stop, endpoint: bool = True, base: fl
 
 def geomspace(axis: AxisSelector, *, start, stop, endpoint: bool = True, dtype=None) -> NamedArray:
     """A geometric progression from ``start`` to ``stop`` along ``axis`` (``jnp.geomspace``)."""
+    for end in (start, stop):  # numpy refuses 0 too; jnp gives NaN
+        known = _index.concrete(end)
+        if known is not None and (known == 0).any():
+            raise ArgumentError(f"nm.geomspace from {start!r} to {stop!r}: a geometric sequence cannot include 0")
     return _spaced(jnp.geomspace, axis, start, stop, "nm.geomspace", endpoint=endpoint, dtype=dtype)
 
 
@@ -107,6 +129,7 @@ def geomspace(axis: AxisSelector, *, start, stop, endpoint: bool = True, dtype=N
 
 def rename(x: NamedArray, mapping: Mapping[AxisSelector, AxisSelector]) -> NamedArray:
     """Rename axes: ``x.rename({"position": "key_position"})``. Sizes are kept."""
+    expect_named(x, "nm.rename")
     new = list(x.axes)
     for old, nw in mapping.items():
         i = index_of(x.axes, old)
@@ -168,6 +191,7 @@ def rearrange(x: NamedArray, order: AxisSelection, **sizes) -> NamedArray:
     ``nm.rearrange(x, "(embed: heads head_size) ... -> ... heads head_size", heads=4)``
     (the pattern grammar is in ``named._rearrange``).
     """
+    expect_named(x, "nm.rearrange")
     if isinstance(order, str) and "->" in order:
         from ._rearrange import rearrange_pattern
 
@@ -184,6 +208,7 @@ def rearrange(x: NamedArray, order: AxisSelection, **sizes) -> NamedArray:
 
 def flatten_axes(x: NamedArray, axes: AxisSelection, new_axis: AxisSelector) -> NamedArray:
     """Merge ``axes`` (in the given order) into one axis placed where the first of them was."""
+    expect_named(x, "nm.flatten_axes")
     sels = as_selectors(axes)
     if not sels:
         raise AxisError("flatten_axes needs at least one axis")
@@ -205,6 +230,7 @@ def flatten_axes(x: NamedArray, axes: AxisSelection, new_axis: AxisSelector) -> 
 
 def unflatten_axis(x: NamedArray, axis: AxisSelector, new_axes: Sequence[Axis]) -> NamedArray:
     """Split one axis into ``new_axes`` (row-major), in its place."""
+    expect_named(x, "nm.unflatten_axis")
     i = index_of(x.axes, axis)
     new_axes = tuple(new_axes)
     for a in new_axes:
@@ -219,6 +245,7 @@ def unflatten_axis(x: NamedArray, axis: AxisSelector, new_axes: Sequence[Axis]) 
 
 def split(x: NamedArray, axis: AxisSelector, new_axes: Sequence[Axis]) -> list[NamedArray]:
     """Split along ``axis`` into pieces with the given axes (their sizes must sum to the axis')."""
+    expect_named(x, "nm.split")
     i = index_of(x.axes, axis)
     new_axes = tuple(new_axes)
     for a in new_axes:
@@ -235,6 +262,7 @@ def split(x: NamedArray, axis: AxisSelector, new_axes: Sequence[Axis]) -> list[N
 
 def unbind(x: NamedArray, axis: AxisSelector) -> list[NamedArray]:
     """The slices of ``x`` along ``axis``, each without that axis."""
+    expect_named(x, "nm.unbind")
     i = index_of(x.axes, axis)
     rest = x.axes[:i] + x.axes[i + 1 :]
     # One split, not n takes: jnp.take with an int is a gather plus an out-of-bounds select
@@ -248,6 +276,8 @@ def stack(axis: AxisSelector, arrays: Sequence[NamedArray]) -> NamedArray:
     """Stack arrays with equal axes (any order) along a new leading axis ``axis``."""
     if not arrays:
         raise AxisError("stack needs at least one array")
+    for a in arrays:
+        expect_named(a, "nm.stack")
     first = arrays[0]
     name = name_of(axis)
     if name in first.names:
@@ -268,6 +298,8 @@ def concatenate(axis: AxisSelector, arrays: Sequence[NamedArray]) -> NamedArray:
     """Concatenate along the existing axis ``axis``; other axes must agree by name."""
     if not arrays:
         raise AxisError("concatenate needs at least one array")
+    for a in arrays:
+        expect_named(a, "nm.concatenate")
     name = name_of(axis)
     first = arrays[0]
     i = index_of(first.axes, name)
@@ -288,6 +320,7 @@ def concatenate(axis: AxisSelector, arrays: Sequence[NamedArray]) -> NamedArray:
 
 def broadcast_axis(x: NamedArray, axes: AxisSelection) -> NamedArray:
     """Add new axes (Axis objects) in front of ``x``'s; axes it already has are size-checked."""
+    expect_named(x, "nm.broadcast_axis")
     sels = as_selectors(axes)
     new = []
     for a in sels:
@@ -306,6 +339,8 @@ def broadcast_axis(x: NamedArray, axes: AxisSelection) -> NamedArray:
 
 def broadcast_to(x, axes: AxisSelection) -> NamedArray:
     """Broadcast to exactly ``axes`` (in that order); x's axes must be among them."""
+    if not isinstance(x, NamedArray) and jnp.ndim(x):  # a number or a 0-d array broadcasts anywhere
+        expect_named(x, "nm.broadcast_to")
     target = as_selectors(axes)
     x_axes = axes_of(x)
     resolved = []
@@ -330,6 +365,7 @@ def broadcast_to(x, axes: AxisSelection) -> NamedArray:
 
 
 def _triangle(fn, x: NamedArray, axis1: AxisSelector, axis2: AxisSelector, k: int) -> NamedArray:
+    expect_named(x, f"nm.{fn.__name__}")
     i, j = index_of(x.axes, axis1), index_of(x.axes, axis2)
     moved = jnp.moveaxis(x.array, (i, j), (-2, -1))
     out = jnp.moveaxis(fn(moved, k), (-2, -1), (i, j))
@@ -347,6 +383,7 @@ def triu(x: NamedArray, axis1: AxisSelector, axis2: AxisSelector, k: int = 0) ->
 
 
 def roll(x: NamedArray, shift, axis: AxisSelection) -> NamedArray:
+    expect_named(x, "nm.roll")
     sels = as_selectors(axis)
     dims = tuple(index_of(x.axes, s) for s in sels)
     shifts = shift if isinstance(shift, (tuple, list)) else (shift,) * len(dims)
@@ -356,9 +393,15 @@ def roll(x: NamedArray, shift, axis: AxisSelection) -> NamedArray:
 
 def pad(x: NamedArray, pad_width: Mapping[AxisSelector, tuple[int, int]], *, mode: str = "constant", constant_values=0) -> NamedArray:
     """Pad named axes: ``nm.pad(x, {"position": (0, 3)})``; the axes keep their names."""
+    expect_named(x, "nm.pad")
     widths = [(0, 0)] * x.ndim
     for a, (lo, hi) in pad_width.items():
-        widths[index_of(x.axes, a)] = (int(lo), int(hi))
+        i = index_of(x.axes, a)
+        for w in (lo, hi):
+            if isinstance(w, bool) or not isinstance(w, (int, np.integer)) or w < 0:
+                raise ArgumentError(f"nm.pad: the widths for axis {x.axes[i].name!r} must be ints >= 0 (as numpy's), got "
+                                    f"({lo!r}, {hi!r})")
+        widths[i] = (int(lo), int(hi))
     kwargs = {"constant_values": constant_values} if mode == "constant" else {}
     arr = jnp.pad(x.array, widths, mode=mode, **kwargs)
     out_axes = tuple(Axis(a.name, a.size + lo + hi) for a, (lo, hi) in zip(x.axes, widths))
@@ -368,6 +411,7 @@ def pad(x: NamedArray, pad_width: Mapping[AxisSelector, tuple[int, int]], *, mod
 def top_k(x: NamedArray, axis: AxisSelector, k: int, new_axis: AxisSelector | None = None) -> tuple[NamedArray, NamedArray]:
     """The ``k`` largest values along ``axis`` and their indices; the axis becomes ``new_axis``
     (same name by default) of size k."""
+    expect_named(x, "nm.top_k")
     i = index_of(x.axes, axis)
     if not 0 <= k <= x.axes[i].size:
         raise AxisError(f"top_k: k={k} is not within [0, {x.axes[i].size}], the size of {x.axes[i].name!r}")
@@ -386,8 +430,19 @@ def one_hot(index, axis: Axis, *, dtype=jnp.float32) -> NamedArray:
     """One-hot encode integer ``index`` (a NamedArray or an int) along a new trailing ``axis``."""
     if not isinstance(axis, Axis):
         raise AxisError(f"one_hot needs an Axis with a size, got {axis!r}")
-    if isinstance(index, NamedArray):
-        if axis.name in index.names:
-            raise AxisError(f"one_hot: the new axis {axis.name!r} already exists in {format_axes(index.axes)}")
-        return NamedArray._unchecked(jax.nn.one_hot(index.array, axis.size, dtype=dtype), index.axes + (axis,))
-    return NamedArray(jax.nn.one_hot(jnp.asarray(index), axis.size, dtype=dtype), (axis,))
+    idx_axes = index.axes if isinstance(index, NamedArray) else ()
+    if axis.name in {a.name for a in idx_axes}:
+        raise AxisError(f"one_hot: the new axis {axis.name!r} already exists in {format_axes(idx_axes)}")
+    raw = index.array if isinstance(index, NamedArray) else jnp.asarray(index)
+    if raw.ndim != len(idx_axes):
+        expect_named(index, "nm.one_hot")
+    if not jnp.issubdtype(raw.dtype, jnp.integer):
+        raise ArgumentTypeError(f"nm.one_hot takes integer indices, got dtype {raw.dtype}")
+    known = _index.concrete(raw)
+    if known is not None:  # a traced index outside [0, n) gives a row of zeros, as jax.nn.one_hot does
+        off = (known < 0) | (known >= axis.size)
+        if off.any():
+            where, at = _index.first_flagged(off, idx_axes)
+            raise ArgumentError(f"nm.one_hot: index {int(known[where])} at ({at}) is outside [0, {axis.size}) "
+                                f"(axis {axis.name!r})")
+    return NamedArray._unchecked(jax.nn.one_hot(raw, axis.size, dtype=dtype), idx_axes + (axis,))

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._axis import Axis, NamedError
+from ._axis import ArgumentTypeError, Axis, NamedError
 from ._core import NamedArray, is_named_array
 from ._shape import unbind
 from .nn._blockseq import BlockSeq
@@ -59,6 +59,9 @@ def save_safetensors(arrays: Mapping[str, np.ndarray], path: str | os.PathLike,
     carrying the OS error's number in its text) become a FileWriteError naming ``path``."""
     from safetensors import SafetensorError
     from safetensors.numpy import save_file
+
+    if not isinstance(arrays, Mapping):
+        raise ArgumentTypeError(f"save_safetensors takes a mapping of names to arrays, got {type(arrays).__name__}")
 
     try:
         save_file(dict(arrays), str(path), metadata=dict(metadata) if metadata else None)
@@ -165,7 +168,11 @@ def flatten_modules_for_export(tree):
 def unflatten_modules_from_export(flat, template):
     """The inverse of ``flatten_modules_for_export``: each flattened module back in the axes of
     the module at its place in ``template``."""
-    return jax.tree.map(lambda f, t: f.unflatten_from_export(t) if _exports(t) else f, flat, template, is_leaf=_exports)
+    try:
+        return jax.tree.map(lambda f, t: f.unflatten_from_export(t) if _exports(t) else f, flat, template,
+                            is_leaf=_exports)
+    except ValueError as e:  # jax's pytree mismatch
+        raise StateDictError(f"unflatten_modules_from_export: the flattened tree is not shaped as the template: {e}") from e
 
 
 def state_dict(tree, *, flatten: bool = False) -> dict[str, jax.Array]:

@@ -332,6 +332,11 @@ def nmap(fn: Callable, *, consume: AxisSelection = (), produce: AxisSelection | 
         named_pos = [i for i, a in enumerate(args) if isinstance(a, NamedArray)]
         if not named_pos:
             raise AxisError("nmap: no NamedArray argument")
+        had = {a.name for i in named_pos for a in args[i].axes}
+        absent = [n for n in consumed if n not in had]
+        if absent:  # fn would be handed arrays without the dimensions it consumes
+            raise AxisError(f"nmap: consume names {absent}, which no argument has (their axes: "
+                            f"{', '.join(format_axes(args[i].axes) for i in named_pos)})")
         batch = union(*(tuple(ax for ax in args[i].axes if ax.name not in consumed) for i in named_pos))
         # Lay every named argument out as [its batch axes in global order..., its consumed axes].
         prepared = {}
@@ -380,7 +385,11 @@ def _loss_value(out, what: str):
             raise AxisError(f"{what}: the function returned a NamedArray with axes {format_axes(out.axes)}, but a gradient "
                             "is taken of one number: reduce it first (loss.mean(), loss.sum(...)) to a NamedArray "
                             "without axes")
-        return out.array
+        out = out.array
+    dtype = getattr(out, "dtype", None)
+    if dtype is not None and not jnp.issubdtype(dtype, jnp.floating):
+        raise ArgumentTypeError(f"{what}: the loss has dtype {dtype}; a gradient is taken of a floating loss (cast the "
+                                "inputs or the loss to float first)")
     return out
 
 

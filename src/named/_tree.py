@@ -10,7 +10,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ._axis import ArgumentError, ArgumentTypeError, Axis, AxisSelector, name_of
+from ._axis import ArgumentError, ArgumentTypeError, Axis, AxisError, AxisSelector, name_of
 from ._core import NamedArray, is_named_array
 from ._shape import concatenate, zeros
 from ._transforms import vmap
@@ -43,11 +43,12 @@ def resize_axis(tree, axis: AxisSelector, new_size: int, *, key=None, std: float
         raise ArgumentTypeError(f"resize_axis: init must be a function init(key, axes, dtype), got {init!r}")
     if init is not None and key is None:
         raise ArgumentError("resize_axis: init= needs a key= to draw with")
-    grown = [0]
+    grown, found = [0], [0]
 
     def leaf(x):
         if not isinstance(x, NamedArray) or name not in x.names:
             return x
+        found[0] += 1
         old = x.axis_size(name)
         if new_size <= old:
             return x[name, :new_size]
@@ -63,8 +64,10 @@ def resize_axis(tree, axis: AxisSelector, new_size: int, *, key=None, std: float
                 raise ArgumentError(f"resize_axis: init returned {got}, expected a NamedArray with axes {x.names}")
         return concatenate(name, [x, extra.astype(x.dtype)])
 
-    resized = jax.tree.map(leaf, tree, is_leaf=is_named_array)
-    return _resize_static_axes(resized, name, new_size)
+    resized = _resize_static_axes(jax.tree.map(leaf, tree, is_leaf=is_named_array), name, new_size)
+    if not found[0]:  # a misspelt axis would resize nothing without a word
+        raise AxisError(f"resize_axis: no NamedArray of the tree has axis {name!r}")
+    return resized
 
 
 def _normal(key, x: NamedArray, axes, std, name: str) -> NamedArray:
@@ -122,6 +125,8 @@ def tree_map_layers(f: Callable, tree, *, is_leaf: Callable[[Any], bool] | None 
     nodes such as modules, which ``f`` then gets whole (per layer): ``tree_map_layers(scale_lin,
     model, is_leaf=lambda x: isinstance(x, nn.Linear))``.
     """
+    if not callable(f):
+        raise ArgumentTypeError(f"tree_map_layers maps a function over the tree, got {type(f).__name__}")
 
     def node(x) -> bool:
         return is_named_array(x) or isinstance(x, (Stacked, BlockSeq)) or (is_leaf is not None and is_leaf(x))

@@ -209,6 +209,8 @@ def typecheck(fn: Callable | None = None, *, enabled: bool | None = None):
     """
     if fn is None:
         return functools.partial(typecheck, enabled=enabled)
+    if not callable(fn):
+        raise ArgumentTypeError(f"nm.typecheck decorates a function, got {type(fn).__name__}")
     if not (_enabled_by_env() if enabled is None else enabled):
         return fn
     signature = inspect.signature(fn)

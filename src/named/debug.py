@@ -16,6 +16,8 @@ from ._axis import NamedError
 from ._core import NamedArray, is_named_array
 from ._layout import sharding_layout
 
+__all__ = ["ModuleProblems", "diagnose_common_issues", "visualize_shardings"]
+
 
 def _is_array(x) -> bool:
     return isinstance(x, NamedArray) or eqx.is_array(x)

@@ -33,7 +33,7 @@ import numpy as np
 from . import _hlo
 from ._compat import is_tracer
 from ._axis import ArgumentTypeError, Axis, AxisError, as_selectors
-from ._core import NamedArray, is_named_array
+from ._core import NamedArray, expect_named, is_named_array
 from ._grid import DeviceGrid, DeviceGrids, device_grid
 from ._hlo import Collective
 from ._layout import _format_layout, _spec_entries, parse_layout, sharding_layout  # noqa: F401  (parse_layout: public here)
@@ -56,6 +56,8 @@ def layout(x: NamedArray | Any, mapping: ResourceMapping | None = None) -> str:
     """
     if _is_block(x):
         return block_layout(x)
+    if hasattr(x, "shape") and hasattr(x, "dtype"):  # an array: a NamedArray (a plain one has no names to lay out)
+        expect_named(x, "nm.layout")
     axes = x.axes if isinstance(x, NamedArray) else as_selectors(x)
     mapping = mapping if mapping is not None else current_mapping()
     if mapping is None and isinstance(x, NamedArray) and hasattr(x.array, "sharding") and not is_tracer(x.array):

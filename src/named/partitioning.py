@@ -97,6 +97,9 @@ def _onto(mesh: Mesh, tree: Any) -> Any:
 
 def set_mesh(mesh: Mesh):
     """``with nm.set_mesh(mesh):`` (the same as ``jax.set_mesh``)."""
+    if not isinstance(mesh, Mesh):
+        raise ArgumentTypeError(f"nm.set_mesh takes a jax.sharding.Mesh (nm.make_mesh({{'data': -1}})), got "
+                                f"{type(mesh).__name__}")
     return jax.set_mesh(mesh)
 
 

@@ -27,7 +27,8 @@ from ._axis import (
 )
 from ._compat import threefry_partitionable
 from ._context import current_body
-from ._core import NamedArray, axes_of, raw
+from ._core import NamedArray, axes_of, expect_named, raw
+from ._index import concrete
 from ._shape import _axes_for_creation
 
 if not threefry_partitionable():  # pragma: no cover - guards a jax default
@@ -53,12 +54,47 @@ def block_draw(draw, axes):
     gives outside: explicit mode draws the whole array and keeps this device's block of it
     (the draw is mesh-independent: ``jax_threefry_partitionable``), at the cost of drawing all of
     it. Code that computes one part of a block (explicit mode's batch split) keeps that part."""
+    axes = _axes_for_creation(axes)
     body = current_body()
     return draw(_shape(axes)) if body is None else body.draw(draw, axes)
 
 
-def _param(value, axes, what: str):
+# A parameter's domain, where numpy checks one: values known before tracing outside it are refused
+# (jax.random would return NaN, or a constant draw, without a word); traced ones cannot be checked.
+_DOMAINS = {
+    "p": (lambda v: (v >= 0) & (v <= 1), "in [0, 1]"),
+    "a": (lambda v: v > 0, "> 0"), "b": (lambda v: v > 0, "> 0"), "df": (lambda v: v > 0, "> 0"),
+    "scale": (lambda v: v > 0, "> 0"), "concentration": (lambda v: v > 0, "> 0"),
+    "lam": (lambda v: v >= 0, ">= 0"), "n": (lambda v: v >= 0, ">= 0"), "stddev": (lambda v: v >= 0, ">= 0"),
+}
+
+
+def _in_domain(value, what: str, draw: str) -> None:
+    rule = _DOMAINS.get(what)
+    known = None if rule is None else concrete(value)
+    if known is not None and not np.all(rule[0](known)):
+        raise ArgumentError(f"nm.random.{draw}: {what} must be {rule[1]}, got {known.tolist()}")
+
+
+def _ordered(lo, hi, names: str, draw: str) -> None:
+    """``lo < hi`` for a range known before tracing (numpy refuses the other order too)."""
+    known_lo, known_hi = concrete(lo), concrete(hi)
+    if known_lo is not None and known_hi is not None and not np.all(known_lo < known_hi):
+        raise ArgumentError(f"nm.random.{draw}: {names} must be an interval with the first below the second, got "
+                            f"{known_lo.tolist()} and {known_hi.tolist()}")
+
+
+def _call(draw: str, fn, *args, dtype=None):
+    """``fn(*args)``: what jax.random refuses once the axes and parameters are checked is the dtype."""
+    try:
+        return fn(*args)
+    except (TypeError, ValueError) as e:
+        raise ArgumentTypeError(f"nm.random.{draw} does not draw dtype {jnp.dtype(dtype) if dtype else 'given'}: {e}") from e
+
+
+def _param(value, axes, what: str, draw: str = ""):
     """A scalar or a NamedArray whose axes are among ``axes``, laid out to broadcast to them."""
+    _in_domain(value, what, draw)
     p_axes = axes_of(value)
     extra = [a for a in p_axes if a.name not in {b.name for b in axes}]
     if extra:
@@ -69,38 +105,44 @@ def _param(value, axes, what: str):
 
 def normal(key, axes: AxisSelection, dtype=jnp.float32, *, mean=0.0, stddev=1.0) -> NamedArray:
     ax = _axes_for_creation(axes)
-    z = jax.random.normal(_key(key), _shape(ax), dtype)
-    return NamedArray(z * _param(stddev, ax, "stddev") + _param(mean, ax, "mean"), ax)
+    z = _call("normal", jax.random.normal, _key(key), _shape(ax), dtype, dtype=dtype)
+    return NamedArray(z * _param(stddev, ax, "stddev", "normal") + _param(mean, ax, "mean"), ax)
 
 
 def uniform(key, axes: AxisSelection, dtype=jnp.float32, *, minval=0.0, maxval=1.0) -> NamedArray:
     ax = _axes_for_creation(axes)
     lo, hi = _param(minval, ax, "minval"), _param(maxval, ax, "maxval")
-    return NamedArray(jax.random.uniform(_key(key), _shape(ax), dtype, lo, hi), ax)
+    _ordered(lo, hi, "minval, maxval", "uniform")
+    return NamedArray(_call("uniform", jax.random.uniform, _key(key), _shape(ax), dtype, lo, hi, dtype=dtype), ax)
 
 
 def truncated_normal(key, axes: AxisSelection, dtype=jnp.float32, *, lower=-2.0, upper=2.0) -> NamedArray:
     """Standard normal truncated to ``[lower, upper]``."""
     ax = _axes_for_creation(axes)
     lo, hi = _param(lower, ax, "lower"), _param(upper, ax, "upper")
-    return NamedArray(jax.random.truncated_normal(_key(key), lo, hi, _shape(ax), dtype), ax)
+    _ordered(lo, hi, "lower, upper", "truncated_normal")
+    return NamedArray(_call("truncated_normal", jax.random.truncated_normal, _key(key), lo, hi, _shape(ax), dtype,
+                            dtype=dtype), ax)
 
 
 def bernoulli(key, axes: AxisSelection, p=0.5) -> NamedArray:
     ax = _axes_for_creation(axes)
-    return NamedArray(jax.random.bernoulli(_key(key), _param(p, ax, "p"), _shape(ax)), ax)
+    return NamedArray(jax.random.bernoulli(_key(key), _param(p, ax, "p", "bernoulli"), _shape(ax)), ax)
 
 
 def randint(key, axes: AxisSelection, minval, maxval, dtype=jnp.int32) -> NamedArray:
     ax = _axes_for_creation(axes)
     lo, hi = _param(minval, ax, "minval"), _param(maxval, ax, "maxval")
-    return NamedArray(jax.random.randint(_key(key), _shape(ax), lo, hi, dtype), ax)
+    _ordered(lo, hi, "minval, maxval", "randint")
+    return NamedArray(_call("randint", jax.random.randint, _key(key), _shape(ax), lo, hi, dtype, dtype=dtype), ax)
 
 
 def categorical(key, logits: NamedArray, axis: AxisSelector, axes: AxisSelection = ()) -> NamedArray:
     """One index along ``axis`` per entry of the other axes, drawn with probabilities softmax(logits);
     ``axes``: new sample axes, in front (that many draws per entry)."""
-    i = index_of(logits.axes, axis)
+    i = index_of(expect_named(logits, "nm.random.categorical", "logits").axes, axis)
+    if logits.axes[i].size == 0:
+        raise AxisError(f"nm.random.categorical along the zero-size axis {logits.axes[i].name!r}: no category to draw")
     rest = logits.axes[:i] + logits.axes[i + 1 :]
     new = _axes_for_creation(axes) if as_selectors(axes) else ()
     out_axes = new + rest
@@ -127,6 +169,9 @@ def split(key, num: int | Axis = 2):
     else:
         n = num
     if not isinstance(key, NamedArray):
+        if jnp.ndim(key):
+            raise ArgumentTypeError(f"nm.random.split: a plain array of {jnp.shape(key)} keys; give one key, or wrap them "
+                                    "with nm.named (nm.named(keys, 'layers')) to split each")
         keys = jax.random.split(key, n)
         return NamedArray(keys, (num,)) if isinstance(num, Axis) else keys
     if not jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
@@ -181,8 +226,8 @@ def _draw(name: str, fn, params: tuple[str, ...]):
         if missing:
             raise ArgumentTypeError(f"nm.random.{name} needs the parameters {missing}")
         ax = _axes_for_creation(axes)
-        raw_params = [_param(values[p], ax, p) for p in params]
-        return NamedArray(fn(_key(key), *raw_params, _shape(ax), dtype), ax)
+        raw_params = [_param(values[p], ax, p, name) for p in params]
+        return NamedArray(_call(name, fn, _key(key), *raw_params, _shape(ax), dtype, dtype=dtype), ax)
 
     draw.__name__ = draw.__qualname__ = name
     draw.__doc__ = (f"``jax.random.{name}`` over named axes: ``nm.random.{name}(key, axes"
@@ -227,6 +272,8 @@ def choice(key, a, axes: AxisSelection = (), *, axis: AxisSelector | None = None
         i = _one_axis(a, axis, "choice")
         pool, chosen = a.array, a.axes[i]
         rest_before, rest_after = a.axes[:i], a.axes[i + 1 :]
+        if chosen.size == 0 and new and math.prod(n.size for n in new):
+            raise AxisError(f"nm.random.choice from the zero-size axis {chosen.name!r}: no entry to draw")
     else:
         raise ArgumentTypeError(f"nm.random.choice takes an Axis or a NamedArray to choose from, got {type(a).__name__}")
     if p is not None:
@@ -246,7 +293,8 @@ def dirichlet(key, alpha: NamedArray, axis: AxisSelector, axes: AxisSelection = 
     """Draws from Dirichlet(``alpha``), the concentrations along ``axis`` (the event axis), one per
     entry of alpha's other axes and of the new ``axes``. Axes: the new ones, alpha's others, then
     the event axis."""
-    i = index_of(alpha.axes, axis)
+    i = index_of(expect_named(alpha, "nm.random.dirichlet", "alpha").axes, axis)
+    _in_domain(alpha, "a", "dirichlet")
     event = alpha.axes[i]
     batch = alpha.axes[:i] + alpha.axes[i + 1 :]
     new = _axes_for_creation(axes) if as_selectors(axes) else ()

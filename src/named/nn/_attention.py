@@ -17,14 +17,14 @@ from collections.abc import Iterator
 import jax
 import jax.numpy as jnp
 
-from .._axis import ArgumentTypeError, Axis, AxisError, AxisSelector, NamedError, format_axes, name_of
+from .._axis import ArgumentError, ArgumentTypeError, Axis, AxisError, AxisSelector, NamedError, format_axes, name_of
 from .._context import attention_context, current_attention
 from .._core import NamedArray, expect_named
 from .._einsum import dot, einsum
 from .. import _ops as ops
 from ..partitioning import shard
 from .._shape import arange, broadcast_to, concatenate, flatten_axes, rename, unflatten_axis
-from ._masks import causal_mask, segment_mask
+from ._masks import causal_mask, check_segment_ids, segment_mask
 
 _LOG = logging.getLogger("named.nn")
 
@@ -38,6 +38,7 @@ def positions_from_segments(segment_ids: NamedArray, Pos: AxisSelector = "positi
     """
     pos = name_of(Pos)
     n = expect_named(segment_ids, "positions_from_segments").axis_size(pos)
+    check_segment_ids(segment_ids, "positions_from_segments")
     ids = segment_ids.rearrange((..., pos))
     prev = ids.array
     starts = jnp.concatenate([jnp.ones_like(prev[..., :1], bool), prev[..., 1:] != prev[..., :-1]], axis=-1)
@@ -93,7 +94,7 @@ def attention_implementation(implementation: str) -> Iterator[None]:
     XLA path on a GPU (to compare it with cuDNN's kernel, or to rule the kernel out). It is part
     of every jit's cache key: a jitted step called under another implementation is traced again."""
     if implementation not in _IMPLEMENTATIONS:
-        raise NamedError(f"unknown attention implementation {implementation!r}; use {', '.join(_IMPLEMENTATIONS)}")
+        raise ArgumentError(f"unknown attention implementation {implementation!r}; use {', '.join(_IMPLEMENTATIONS)}")
     with attention_context(implementation):
         yield
 
@@ -174,16 +175,14 @@ def dot_product_attention(
         compute mapping, like every activation a layer creates.
     """
     if implementation not in _IMPLEMENTATIONS:
-        raise NamedError(f"unknown attention implementation {implementation!r}; use {', '.join(_IMPLEMENTATIONS)}")
+        raise ArgumentError(f"unknown attention implementation {implementation!r}; use {', '.join(_IMPLEMENTATIONS)}")
     if implementation == "auto":
         implementation = current_attention()
-    _check_order("dot_product_attention", query, key, value, *extra)
+    _check_order("dot_product_attention", query, key, value, *extra)  # first: Haliax's order has Axes in front
     _expect_named_inputs("dot_product_attention", query=query, key=key, value=value, mask=mask, bias=bias,
                          segment_ids=segment_ids)
     qpos, kpos, hs = name_of(QPos), name_of(KPos), name_of(HeadSize)
-    if mask is not None:
-        ops.check_bool_mask(mask, "dot_product_attention: mask", "attend",
-                            "; pass an additive mask as bias= instead (it is added to the scores)")
+    _check_mask("dot_product_attention", mask)
     if qpos not in query.names:  # one query per row (Haliax's form, a decoding step)
         args = dict(QPos=QPos, KPos=KPos, HeadSize=HeadSize, Heads=Heads, KVHeads=KVHeads, causal=causal, mask=mask,
                     bias=bias, segment_ids=segment_ids, scale=scale, window=window, softcap=softcap, q_offset=q_offset,
@@ -200,7 +199,7 @@ def dot_product_attention(
                                 f"{format_axes(query.axes)} has {r.name}={query.axis_size(r.name) if r.name in query.names else 'no such axis'}; "
                                 "per-row offsets need one entry for each row")
     if window is not None and not causal:
-        raise NamedError("dot_product_attention: a sliding window needs causal=True")
+        raise ArgumentError("dot_product_attention: a sliding window needs causal=True")
     if implementation == "cudnn":
         why = _cudnn_unmet(query, key, value, hs) + _fused_unmet(None, None, None, softcap, window, q_offset)
         if why:
@@ -229,7 +228,10 @@ def _check_order(what: str, *arrays) -> None:
     """The arrays come first, the names by keyword; Haliax's positional names are refused (a plain
     array where a NamedArray belongs is left to ``expect_named``'s message)."""
     n = 3 if what == "dot_product_attention" else 2
-    if len(arrays) != n or any(isinstance(a, (Axis, str)) for a in arrays):
+    # Axes or names among them (or too many of them) is Haliax's order; a plain array in its place
+    # gets expect_named's message (wrap it) instead
+    haliax = any(isinstance(a, (Axis, str)) for a in arrays)
+    if len(arrays) != n or haliax:
         got = ", ".join(type(a).__name__ for a in arrays)
         raise ArgumentTypeError(f"{what} takes the query, key (and value) NamedArrays first and the axis names by keyword "
                                 f"(QPos=, KPos=, HeadSize=), got ({got}); Haliax's order, {what}(KPos, Key, query, "
@@ -240,6 +242,10 @@ def _expect_named_inputs(what: str, **inputs) -> None:
     for arg, x in inputs.items():
         if x is not None:
             expect_named(x, what, arg)
+def _check_mask(what: str, mask) -> None:
+    if mask is not None:
+        ops.check_bool_mask(mask, f"{what}: mask", "attend", "; pass an additive mask as bias= instead (it is added to "
+                            "the scores)")
 
 
 def _check_axes(what: str, query, key, value, qpos: str, kpos: str, hs: str, mask, bias) -> None:
@@ -306,6 +312,7 @@ def dot_product_attention_weights(
     _check_order("dot_product_attention_weights", query, key, *extra)
     _expect_named_inputs("dot_product_attention_weights", query=query, key=key, mask=mask, bias=bias,
                          segment_ids=segment_ids)
+    _check_mask("dot_product_attention_weights", mask)
     qpos, kpos, hs = name_of(QPos), name_of(KPos), name_of(HeadSize)
     args = dict(QPos=QPos, KPos=KPos, HeadSize=HeadSize, Heads=Heads, KVHeads=KVHeads, causal=causal, mask=mask,
                 bias=bias, segment_ids=segment_ids, scale=scale, window=window, softcap=softcap, q_offset=q_offset)
@@ -313,7 +320,7 @@ def dot_product_attention_weights(
         return _with_one_query(dot_product_attention_weights, query, (key,), args)
     _check_axes("dot_product_attention_weights", query, key, None, qpos, kpos, hs, mask, bias)
     if window is not None and not causal:
-        raise NamedError("dot_product_attention_weights: a sliding window needs causal=True")
+        raise ArgumentError("dot_product_attention_weights: a sliding window needs causal=True")
     heads, kvheads = name_of(Heads), name_of(KVHeads)
     grouped_query, mask, bias, group = _grouped(query, key, mask, bias, heads, kvheads)
     m = _combined_mask(grouped_query, key, qpos, kpos, causal, mask, segment_ids, q_offset, window)

@@ -91,7 +91,7 @@ def activation(name: str | Callable[[NamedArray], NamedArray]) -> Callable[[Name
     try:
         return ACTIVATIONS[name]
     except (KeyError, TypeError):
-        raise NamedError(f"unknown activation {name!r}; known: {', '.join(sorted(ACTIVATIONS))}") from None
+        raise ArgumentError(f"unknown activation {name!r}; known: {', '.join(sorted(ACTIVATIONS))}") from None
 
 
 _activation_fn = activation  # MLP.init's ``activation`` argument shadows the function
@@ -108,22 +108,23 @@ class Dropout(eqx.Module):
 
     def __check_init__(self):
         if not 0.0 <= self.pdrop <= 1.0:
-            raise NamedError(f"Dropout: pdrop must be in [0, 1], got {self.pdrop}")
+            raise ArgumentError(f"Dropout: pdrop must be in [0, 1], got {self.pdrop}")
 
     def __call__(self, x: NamedArray, *, key=None, inference: bool = False) -> NamedArray:
         expect_named(x, "Dropout")
         if inference or self.pdrop == 0.0:
             return x
         if key is None:
-            raise NamedError(f"Dropout(pdrop={self.pdrop}) is active and needs key=; pass inference=True to disable it")
+            raise ArgumentError(f"Dropout(pdrop={self.pdrop}) is active and needs key=; pass inference=True to disable it")
         if isinstance(key, NamedArray):  # a per-layer key sliced from nm.named(keys, "layers") by Stacked
             if key.axes:
-                raise NamedError(f"Dropout needs a single key, got keys with axes {format_axes(key.axes)}")
+                raise ArgumentError(f"Dropout needs a single key, got keys with axes {format_axes(key.axes)}")
             key = key.array
+        dtype = ops.floating(x.dtype)  # an int input is scaled, not truncated
         if self.pdrop == 1.0:  # x / 0 would put NaN into the gradient
-            return NamedArray._unchecked(jnp.zeros_like(x.array), x.axes)
+            return NamedArray._unchecked(jnp.zeros_like(x.array, dtype), x.axes)
         keep = nm_random.block_draw(lambda shape: jax.random.bernoulli(key, 1.0 - self.pdrop, shape), x.axes)
-        return NamedArray._unchecked(jnp.where(keep, x.array / (1.0 - self.pdrop), 0).astype(x.dtype), x.axes)
+        return NamedArray._unchecked(jnp.where(keep, x.array / (1.0 - self.pdrop), 0).astype(dtype), x.axes)
 
 
 WIDTH_NAME = "mlp"  # the hidden axis of MLP.init(In, Out, width=<int>, ...)

@@ -39,7 +39,7 @@ from jax import lax
 from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
 from .. import _compat
-from .._axis import Axis, NamedError
+from .._axis import ArgumentError, ArgumentTypeError, Axis, NamedError
 from .._context import (FrozenMapping, _check_mapping_values, body_context, current_body, current_layer_driver,
                         layer_driver_context, part_of_block)
 from .._core import NamedArray, is_named_array
@@ -75,7 +75,7 @@ class ExplicitStack:
         independent = (self.independent,) if isinstance(self.independent, str) else tuple(self.independent)
         object.__setattr__(self, "independent", independent)
         if isinstance(self.batch_split, bool) or not isinstance(self.batch_split, int) or self.batch_split < 1:
-            raise NamedError(f"ExplicitStack: batch_split={self.batch_split!r} must be a positive int (1: no split)")
+            raise ArgumentError(f"ExplicitStack: batch_split={self.batch_split!r} must be a positive int (1: no split)")
 
     def split(self, mapping: Mapping[str, Any], name: str) -> tuple[str, ...]:
         return tuple(_mesh_axes(mapping.get(name)))
@@ -367,6 +367,6 @@ def explicit_layers(driver: ExplicitStack | None) -> Iterator[None]:
     part of every jit's cache key: a jitted function called under another driver is traced again,
     whether the block is entered inside the function or around its call."""
     if driver is not None and not isinstance(driver, ExplicitStack):
-        raise NamedError(f"nn.explicit_layers takes an nn.ExplicitStack or None, got {type(driver).__name__}")
+        raise ArgumentTypeError(f"nn.explicit_layers takes an nn.ExplicitStack or None, got {type(driver).__name__}")
     with layer_driver_context(driver):
         yield

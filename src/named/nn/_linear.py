@@ -158,12 +158,14 @@ def check_input(layer, x: NamedArray) -> None:
 class Embedding(eqx.Module):
     """Token embedding with axes ``(Vocab, Embed)``; ``unembed`` is the tied output head.
 
-    An id outside ``[0, vocab)`` is not an error by default: like any XLA gather, the lookup
-    clamps it (ids >= vocab read the last row) and a negative id counts from the end, as in
-    numpy. ``check_ids=True`` (at init, or ``dataclasses.replace(emb, check_ids=True)`` on a
-    loaded model) checks every lookup instead: eagerly a NamedError naming the first bad id
-    and where it is; under jit an ``equinox.EquinoxRuntimeError`` when the program runs (a
-    check on device, so it costs a reduction over the ids per call).
+    The lookup is a gather by name and follows its rule (docs/named_arrays.md, "Indexing"): ids
+    known before tracing must lie in ``[-vocab, vocab)`` (a negative one counts from the end, as
+    in numpy), or an AxisError names the first bad one; traced ids cannot be checked and are
+    clamped as any XLA gather clamps them (ids >= vocab read the last row). ``check_ids=True``
+    (at init, or ``dataclasses.replace(emb, check_ids=True)`` on a loaded model) checks every
+    lookup against ``[0, vocab)``: eagerly a NamedError naming the first bad id and where it is;
+    under jit an ``equinox.EquinoxRuntimeError`` when the program runs (a check on device, so it
+    costs a reduction over the ids per call).
     """
 
     weight: NamedArray
@@ -182,26 +184,31 @@ class Embedding(eqx.Module):
         expect_named(ids, "Embedding", "ids")
         if not jnp.issubdtype(ids.dtype, jnp.integer):
             raise AxisError(f"Embedding takes integer token ids, got dtype {ids.dtype}")
+        bad = _outside(ids, self.Vocab) if self.check_ids else None  # before the gather's own, wider, check
         out = self.weight.take(self.Vocab.name, ids)
-        if self.check_ids:
-            out = _checked(out, ids, self.Vocab)
+        if bad is not None:
+            out = NamedArray._unchecked(eqx.error_if(out.array, jnp.any(bad), f"Embedding: a token id is outside [0, "
+                                                     f"{self.Vocab.size}) (vocab {self.Vocab.name!r}); it would have "
+                                                     "been clamped"), out.axes)
         return shard(out)
 
     def unembed(self, x: NamedArray) -> NamedArray:
         """Logits over Vocab: ``x · Wᵀ`` contracting Embed."""
         expect_named(x, "Embedding.unembed")
+        x.resolve_axis(self.Embed)  # dot would sum the weight over Embed alone for an input without it
+        if self.Vocab.name in x.names:
+            raise AxisError(f"Embedding.unembed makes the axis {self.Vocab.name!r}, which the input "
+                            f"{format_axes(x.axes)} already has; rename it first")
         return shard(dot(x, self.weight, axis=self.Embed.name))
 
 
-def _checked(out: NamedArray, ids: NamedArray, Vocab: Axis) -> NamedArray:
-    """``out``, after making sure every id is in ``[0, vocab)``."""
+def _outside(ids: NamedArray, Vocab: Axis):
+    """Where ``ids`` leave ``[0, vocab)``, for the check under jit; ids known before tracing are
+    checked here and now, naming the first bad one."""
     bad = (ids.array < 0) | (ids.array >= Vocab.size)
     known = concrete(bad)
-    if known is None:
-        msg = f"Embedding: a token id is outside [0, {Vocab.size}) (vocab {Vocab.name!r}); it would have been clamped"
-        return NamedArray._unchecked(eqx.error_if(out.array, jnp.any(bad), msg), out.axes)
-    if known.any():
+    if known is not None and known.any():
         where, at = first_flagged(known, ids.axes)
         raise NamedError(f"Embedding: token id {int(np.asarray(ids.array)[where])} at ({at}) is outside "
                          f"[0, {Vocab.size}) (vocab {Vocab.name!r}); {int(known.sum())} id(s) out of range in all")
-    return out
+    return None if known is not None else bad

@@ -9,8 +9,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .._axis import ArgumentError, Axis, AxisError, AxisSelector, format_axes, name_of
+from .._axis import ArgumentError, ArgumentTypeError, Axis, AxisError, AxisSelector, format_axes, name_of, union
 from .._core import NamedArray, expect_named
+from .._index import concrete
 from .._shape import arange, rename
 from .. import random as nmr
 
@@ -31,21 +32,30 @@ def causal_mask(QPos: Axis, KPos: Axis, *, q_offset=0, window=None) -> NamedArra
     if window is None:
         return causal
     window = window.array if isinstance(window, NamedArray) else window
+    known = concrete(window)
+    if known is not None and (known < 1).any():  # a window of no key masks every query's keys
+        raise ArgumentError(f"causal_mask: window={window!r}; a sliding window holds at least 1 key (the query's own)")
     return causal & (distance < window)
 
 
 def chunked_mask(QPos: Axis, KPos: Axis, chunk: int, *, q_offset=0) -> NamedArray:
     """True where query and key fall in the same block of ``chunk`` positions (Llama 4's chunked
     attention: pass it as ``mask=`` together with ``causal=True``). Not causal by itself."""
-    if not isinstance(chunk, int) or chunk < 1:
-        raise AxisError(f"chunked_mask: chunk must be a positive int, got {chunk!r}")
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise ArgumentError(f"chunked_mask: chunk must be a positive int, got {chunk!r}")
     return _query_positions(QPos, q_offset) // chunk == arange(KPos) // chunk
+
+
+def check_segment_ids(ids: NamedArray, what: str) -> None:
+    """Segment ids are integers: floats compare equal only by accident of rounding."""
+    if not jnp.issubdtype(ids.dtype, jnp.integer):
+        raise ArgumentTypeError(f"{what}: segment ids must be integers, got dtype {ids.dtype} {format_axes(ids.axes)}")
 
 
 def segment_mask(q_segments: NamedArray, k_segments: NamedArray) -> NamedArray:
     """True where query and key belong to the same packed segment."""
-    expect_named(q_segments, "segment_mask", "q_segments")
-    expect_named(k_segments, "segment_mask", "k_segments")
+    for name, ids in (("q_segments", q_segments), ("k_segments", k_segments)):
+        check_segment_ids(expect_named(ids, "segment_mask", name), "segment_mask")
     return q_segments == k_segments
 
 
@@ -67,7 +77,7 @@ def padding_mask(valid_or_lengths: NamedArray, KPos: AxisSelector = "key_positio
             raise AxisError(f"padding_mask: lengths already have the key axis {kpos!r} {format_axes(x.axes)}")
         return x > arange(KPos)
     if not jnp.issubdtype(x.dtype, jnp.bool_):
-        raise AxisError(f"padding_mask takes integer lengths or a boolean per token, got dtype {x.dtype}")
+        raise ArgumentTypeError(f"padding_mask takes integer lengths or a boolean per token, got dtype {x.dtype}")
     if kpos in x.names:
         return x
     if pos not in x.names:
@@ -102,6 +112,8 @@ def alibi_slopes(Heads: Axis) -> NamedArray:
         return [2.0 ** (-8.0 * i / m) for i in range(1, m + 1)]
 
     n = Heads.size
+    if n == 0:
+        return NamedArray(jnp.zeros((0,), jnp.float32), (Heads,))
     p = 1 << (n.bit_length() - 1)
     slopes = geometric(p) + geometric(2 * p)[0::2][: n - p]
     return NamedArray(jnp.asarray(slopes, jnp.float32), (Heads,))
@@ -113,5 +125,6 @@ def alibi_bias(Heads: Axis, QPos: Axis, KPos: Axis, *, q_offset=0, slopes: Named
     attention the bias keeps the query's ``heads``. Use it with ``causal=True`` (the keys
     after the query would get a positive bias). ``slopes`` replaces ``alibi_slopes(Heads)``."""
     slopes = alibi_slopes(Heads) if slopes is None else slopes
+    union((Heads,), expect_named(slopes, "alibi_bias", "slopes").axes)  # one size per name: the heads'
     bias = slopes * (arange(KPos) - _query_positions(QPos, q_offset)).astype(jnp.float32)
     return bias.rearrange((name_of(Heads), ..., QPos.name, KPos.name))

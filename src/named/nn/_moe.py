@@ -67,6 +67,9 @@ def route(logits: NamedArray, k: int, *, routing: str = "softmax_topk", normaliz
     """
     if routing not in ROUTINGS:
         raise ArgumentError(f"routing={routing!r} is not one of {', '.join(ROUTINGS)}")
+    n = expect_named(logits, "nn.route", "logits").axis_size(EXPERTS)
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= n:
+        raise ArgumentError(f"nn.route: k={k!r} experts per token; k must be an int in [1, {n}], the size of {EXPERTS!r}")
     logits = logits.astype(jnp.float32)  # routing decisions in full precision: bf16 ties flip experts
     probs = ops.softmax(logits, EXPERTS)
     if routing == "topk_softmax":
@@ -97,6 +100,7 @@ def router_stats(logits: NamedArray, probs: NamedArray, ids: NamedArray) -> dict
     The losses are functions of these means (:func:`router_losses`). Kept apart, the statistics
     of equal parts of a batch average to the whole batch's, which the losses do not: explicit
     mode's batch split relies on it."""
+    expect_named(logits, "nn.router_stats", "logits")
     share, probability = _load(probs, ids)
     return {"expert_share": share, "expert_probability": probability, "router_z": _mean_z(logits)}
 
@@ -104,6 +108,9 @@ def router_stats(logits: NamedArray, probs: NamedArray, ids: NamedArray) -> dict
 def router_losses(stats: dict[str, NamedArray]) -> dict[str, jax.Array]:
     """``load_balancing`` (:func:`load_balancing_loss`) and ``router_z`` (:func:`router_z_loss`)
     from :func:`router_stats`, as raw arrays. Statistics stacked over layers give one value per layer."""
+    missing = [k for k in ("expert_share", "expert_probability", "router_z") if k not in stats]
+    if missing:
+        raise ArgumentError(f"nn.router_losses needs nn.router_stats' statistics; {missing} missing from {sorted(stats)}")
     return {"load_balancing": _balance(stats["expert_share"], stats["expert_probability"]).array,
             "router_z": stats["router_z"].array}
 
@@ -123,7 +130,8 @@ def router_z_loss(logits: NamedArray) -> jax.Array:
 
 def _load(probs: NamedArray, ids: NamedArray) -> tuple[NamedArray, NamedArray]:
     """``(f, P)`` over ``experts``: the share of tokens each expert gets and its mean probability."""
-    Experts = probs.resolve_axis(EXPERTS)
+    Experts = expect_named(probs, "the router's probs").resolve_axis(EXPERTS)
+    expect_named(ids, "the router's ids")
     tokens = tuple(n for n in probs.names if n != EXPERTS)
     return _token_mean(one_hot(ids, Experts).sum(TOPK), tokens), _token_mean(probs, tokens)
 
@@ -133,6 +141,7 @@ def _balance(f: NamedArray, p: NamedArray) -> NamedArray:
 
 
 def _mean_z(logits: NamedArray) -> NamedArray:
+    expect_named(logits, "nn.router_z_loss", "logits")
     lse = ops.logsumexp(logits.astype(jnp.float32), EXPERTS)
     return _token_mean(ops.square(lse), lse.names)
 
@@ -227,7 +236,7 @@ class MoE(eqx.Module):
         """``(y, stats)``: the output and the router's :func:`router_stats`, from which
         :func:`router_losses` makes the losses ``__call__`` returns (a model that stacks layers
         can return the statistics per layer and make the losses after the stack)."""
-        expect_named(x, "MoE")
+        x = expect_named(x, "MoE").astype(ops.floating(x.dtype))  # an int input is routed as floats, not truncated
         # not self.router(x): its output constraint would fail under expert parallelism, where
         # the compute mapping gives batch and experts one mesh axis (tokens and experts both split)
         router = self.router.weight
@@ -328,7 +337,7 @@ def _grouped_mlp(rows, ids, gate, up, down, act, *, presorted: bool):
 def _combine(back, w, dst, pos):
     """Each token's ``Σ_k w_k · out_k`` from the returned buffers ``back`` (n_dst, C, D)."""
     T, k = w.shape
-    out = back[dst, pos].reshape(T, k, -1)
+    out = back[dst, pos].reshape(T, k, back.shape[-1])  # not -1: a block of no tokens has nothing to infer it from
     return jnp.einsum("tk,tkd->td", w, out.astype(jnp.float32)).astype(back.dtype)
 
 
@@ -339,8 +348,9 @@ def _block(x: NamedArray, ids: NamedArray, w: NamedArray, gate: NamedArray, up: 
     split it (then rows travel by ``nm.all_to_all``), and a split ``mlp`` (TP) is summed by ``psum``."""
     D = x.axis_size(names.embed)
     xa = x.rearrange((*names.tokens, names.embed)).array.reshape(-1, D)
-    ida = ids.rearrange((*names.tokens, TOPK)).array.reshape(xa.shape[0], -1)
-    wa = w.rearrange((*names.tokens, TOPK)).array.reshape(xa.shape[0], -1)
+    k = ids.axis_size(TOPK)  # not -1: a block of no tokens has no size to infer it from
+    ida = ids.rearrange((*names.tokens, TOPK)).array.reshape(xa.shape[0], k)
+    wa = w.rearrange((*names.tokens, TOPK)).array.reshape(xa.shape[0], k)
     g = gate.rearrange((EXPERTS, names.embed, names.mlp))
     E_l = g.axis_size(EXPERTS)
     over = _split_over(g.resolve_axis(EXPERTS))

@@ -13,8 +13,9 @@ import jax
 import jax.numpy as jnp
 
 from .. import random as nmr
-from .._axis import ArgumentTypeError, Axis, AxisError, format_axes
-from .._core import NamedArray
+from .._axis import ArgumentError, ArgumentTypeError, Axis, AxisError, format_axes
+from .._core import NamedArray, expect_named
+from .._index import concrete
 from .._shape import zeros
 from ..partitioning import shard
 from ._linear import _TRUNCATED_NORMAL_STD
@@ -56,8 +57,10 @@ class MoELinear(eqx.Module):
         """``x`` (axes: ``In`` and the rows, e.g. ``tokens``; several row axes are taken
         row-major) and ``group_sizes`` (integers over ``Experts``, rows per expert, in order; a
         NamedArray or a plain 1-d array). Returns ``x``'s axes with ``In`` replaced by ``Out``."""
+        expect_named(x, "MoELinear")
         if self.In.name not in x.names:
             raise AxisError(f"MoELinear expects input axis {self.In.name!r}; the input has {format_axes(x.axes)}")
+        x.resolve_axis(self.In)  # at the weight's size
         if self.Out.name in x.names or self.Experts.name in x.names:
             raise AxisError(f"MoELinear: the input {format_axes(x.axes)} already has {self.Out.name!r} or "
                             f"{self.Experts.name!r}; rename it first")
@@ -66,6 +69,11 @@ class MoELinear(eqx.Module):
             raise ArgumentTypeError(f"MoELinear: group_sizes must be {self.Experts.size} integers (one per expert), "
                                     f"got shape {tuple(sizes.shape)} {sizes.dtype}")
         rows = tuple(a for a in x.axes if a.name != self.In.name)
+        known = concrete(sizes)
+        if known is not None and int(known.sum()) != math.prod(a.size for a in rows):
+            raise ArgumentError(f"MoELinear: group_sizes {known.tolist()} count {int(known.sum())} rows, but the input "
+                                f"{format_axes(x.axes)} has {math.prod(a.size for a in rows)}; rows past the groups would "
+                                "come out as zeros")
         lhs = x.rearrange(tuple(a.name for a in rows) + (self.In.name,)).array.reshape(-1, self.In.size)
         rhs = self.weight.rearrange((self.Experts.name, self.In.name, self.Out.name)).array
         out = jax.lax.ragged_dot(lhs, rhs, sizes.astype(jnp.int32))

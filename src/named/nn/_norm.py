@@ -35,7 +35,7 @@ class LayerNorm(eqx.Module):
             y = y * self.weight
         if self.bias is not None:
             y = y + self.bias
-        return y.astype(x.dtype)
+        return y.astype(ops.floating(x.dtype))
 
 
 class RMSNorm(eqx.Module):
@@ -66,4 +66,4 @@ class RMSNorm(eqx.Module):
         if self.weight is not None:
             w = self.weight.astype(jnp.float32)
             y = y * (1.0 + w if self.unit_offset else w)
-        return y.astype(x.dtype)
+        return y.astype(ops.floating(x.dtype))

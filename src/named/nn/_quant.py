@@ -42,7 +42,7 @@ import jax.numpy as jnp
 from .._axis import ArgumentError, Axis, AxisError, NamedError, as_selectors, format_axes
 from .._core import NamedArray, is_named_array
 from .._einsum import dot
-from .._ops import abs as nabs, where
+from .._ops import abs as nabs, floating, where
 from .._shape import zeros
 from ..partitioning import shard
 from ._linear import Linear, check_input
@@ -110,6 +110,8 @@ class Fp8State(eqx.Module):
     @staticmethod
     def init(history: int, extra: tuple[Axis, ...] = ()) -> Fp8State:
         """Empty (zero) histories."""
+        if isinstance(history, bool) or not isinstance(history, int) or history < 1:
+            raise ArgumentError(f"Fp8State: history must be an integer >= 1 (steps of amax kept), got {history!r}")
         h = zeros(extra + (Axis(HISTORY, history),), jnp.float32)
         return Fp8State(h, h, h, zeros(extra, jnp.float32) + 1.0)
 
@@ -139,7 +141,7 @@ def _from_fp8(q: NamedArray, scale: jax.Array) -> NamedArray:
 
 
 def _amax(x: NamedArray) -> jax.Array:
-    return jnp.max(jnp.abs(x.array)).astype(jnp.float32)
+    return jnp.max(jnp.abs(x.array), initial=0.0).astype(jnp.float32)  # 0 for no entries (a batch of 0)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -275,7 +277,8 @@ class Int8WeightLinear(eqx.Module):
 
     def __call__(self, x: NamedArray, *, key=None) -> NamedArray:
         check_input(self, x)
-        y = dot(x, self.dequantized(x.dtype), axis=tuple(a.name for a in as_selectors(self.In)))
+        # into the input's dtype (bf16 stays bf16), float32 for an int input (not truncated to ints)
+        y = dot(x, self.dequantized(floating(x.dtype)), axis=tuple(a.name for a in as_selectors(self.In)))
         if self.bias is not None:
             y = y + self.bias
         return shard(y)

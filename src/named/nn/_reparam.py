@@ -13,11 +13,12 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from .._axis import Axis, AxisSelection, as_selectors
+from .._axis import Axis, AxisError, AxisSelection, as_selectors
 
 
 def fan_in(In: AxisSelection) -> int:
-    return math.prod(a.size for a in as_selectors(In))
+    """The inputs each output sums over; at least 1 (a layer of no inputs has nothing to scale)."""
+    return max(math.prod(a.size for a in as_selectors(In)), 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,6 +27,12 @@ class AbstractLinearReparam:
 
     In: Axis | tuple[Axis, ...]
     Out: Axis | tuple[Axis, ...]
+
+    def __post_init__(self):
+        for what, axes in (("In", self.In), ("Out", self.Out)):
+            if not all(isinstance(a, Axis) for a in as_selectors(axes)):
+                raise AxisError(f"{type(self).__name__}: {what} must be Axes with sizes (the fan-in is their product), "
+                                f"got {axes!r}")
 
     @staticmethod
     def init_scale(In, Out) -> float:

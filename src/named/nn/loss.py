@@ -156,7 +156,8 @@ def _apply_reduction(loss: NamedArray, where, reduction: str) -> NamedArray:
     if reduction == "sum":
         return total
     if weight is None:
-        return total / math.prod(a.size for a in loss.axes)
+        n = math.prod(a.size for a in loss.axes)
+        return total / n if n else total  # no token (a batch of 0): 0, as an all-masked batch below
     count = weight.sum()
     # An all-masked batch has mean 0 (and zero gradients), not nan.
     safe = ops.where(count > 0, count, 1.0)
