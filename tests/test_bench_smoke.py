@@ -144,8 +144,12 @@ def test_gpu_mfu_driver_runs_the_plan_and_prints_the_table(tmp_path, capsys):
     assert r["install"] == "named was importable" and best["tokens_per_s"] > 0 and best["mfu"] is None  # no CPU peak
     assert best["jax"] == jax.__version__ and "cudnn" in best and "xla_gpu_enable_latency_hiding_scheduler" in best["xla_flags"]
     runs = {(x["model"], x.get("loss_block"), x.get("remat"), x.get("attention"), x.get("mode")): x for x in r["runs"]}
-    assert "host memory" in runs["tiny", None, "offload", "auto", "auto"]["error"]
-    auto, xla, explicit = (runs["tiny", None, "none", a, m] for a, m in (("auto", "auto"), ("xla", "auto"), ("auto", "explicit")))
+    # runs after the first two take the loss block of the fastest run so far, which depends on timing
+    one = {(x.get("remat"), x.get("attention"), x.get("mode")): x for x in r["runs"][3:]}
+    assert "host memory" in one["offload", "auto", "auto"]["error"]
+    xla, explicit = one["none", "xla", "auto"], one["none", "auto", "explicit"]
+    assert explicit["loss_block"] == xla["loss_block"] in (None, 96)
+    auto = runs["tiny", xla["loss_block"], "none", "auto", "auto"]
     assert xla["attention_paths"] == ["xla"] and not xla["cudnn_attention"]
     np.testing.assert_allclose(xla["losses"], auto["losses"], rtol=1e-5)
     np.testing.assert_allclose(explicit["losses"], auto["losses"], rtol=2e-3)
@@ -153,7 +157,8 @@ def test_gpu_mfu_driver_runs_the_plan_and_prints_the_table(tmp_path, capsys):
     attention = runs["attention", None, None, None, None]["rows"][0]
     assert "backend is 'cpu'" in attention["cudnn"]["error"] and attention["xla"]["relative_error_vs_f32"]["out"] < 2e-2
     out = capsys.readouterr().out
-    assert f"| tiny | 8 |  | none | xla | auto | tuned | packed | {xla['step_s']['median_s'] * 1e3:,.1f} ms |" in out
+    block = xla["loss_block"] or ""
+    assert f"| tiny | 8 | {block} | none | xla | auto | tuned | packed | {xla['step_s']['median_s'] * 1e3:,.1f} ms |" in out
 
 
 def test_fetch_wheels_asks_for_what_pyproject_pins():
