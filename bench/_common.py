@@ -288,12 +288,12 @@ class TrainerStep:
 
         import named as nm
         from named.nn.precision import get_policy
-        from named.trainer.checks import check_against_devices
+        from named.trainer.loop.checks import check_against_devices
         from named.trainer.data import Batch
-        from named.trainer.model_init import init_model
-        from named.trainer.optim import build_optimizer, init_opt_state
-        from named.trainer.stop import flags_layout
-        from named.trainer.train import device_batch, make_train_step
+        from named.trainer.loop.model_init import init_model
+        from named.trainer.loop.optim import build_optimizer, init_opt_state
+        from named.trainer.loop.stop import flags_layout
+        from named.trainer.loop.train import device_batch, make_train_step
 
         s = check_against_devices(cfg)
         t = cfg.trainer

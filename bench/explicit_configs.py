@@ -26,7 +26,7 @@ import numpy as np
 import yaml
 
 from named.trainer.config import load_config
-from named.trainer.train import train
+from named.trainer.loop.train import train
 
 STEPS = 3
 SHRINK = {

@@ -2,10 +2,10 @@
 
     .venv/bin/python bench/loop_overlap.py --before-rev 70c9326   # the loop as of that commit vs this tree
 
-"Before" is ``src/trainer/train.py`` at ``--before-rev`` (read with ``git show``, loaded as a
+"Before" is ``src/trainer/loop/train.py`` at ``--before-rev`` (read with ``git show``, loaded as a
 module of this tree's ``named.trainer``, so everything but the file itself is the same code);
 "after" is the working tree's. Both train the same model on the same data with
-``named.trainer.train``, taking turns (before-after, then after-before, ...), for ``--repeats`` pairs.
+``named.trainer.loop.train``, taking turns (before-after, then after-before, ...), for ``--repeats`` pairs.
 A run's step time is the median of the ``step_time_s`` its log lines report (the wall time of a
 log window over its steps), leaving out the first window, which holds the compile. No eval,
 samples or checkpoints, so the windows hold training steps only.
@@ -36,13 +36,13 @@ SIZES = {
 
 
 def _before_module(rev: str):
-    """``train.py`` at ``rev`` as ``named.trainer._train_before`` (its relative imports resolve
+    """``train.py`` at ``rev`` as ``named.trainer.loop._train_before`` (its relative imports resolve
     to this tree's trainer package)."""
-    source = subprocess.run(["git", "-C", str(C.ROOT), "show", f"{rev}:src/trainer/train.py"], capture_output=True,
+    source = subprocess.run(["git", "-C", str(C.ROOT), "show", f"{rev}:src/trainer/loop/train.py"], capture_output=True,
                             text=True, check=True).stdout
     path = Path(tempfile.mkdtemp(prefix="named-loop-before-")) / "train_before.py"
     path.write_text(source)
-    spec = importlib.util.spec_from_file_location("named.trainer._train_before", path)
+    spec = importlib.util.spec_from_file_location("named.trainer.loop._train_before", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
@@ -74,7 +74,7 @@ def main(argv=None):
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
 
-    from named.trainer import train as after
+    from named.trainer.loop import train as after
 
     sides = {"before": _before_module(args.before_rev), "after": after}
     work = Path(tempfile.mkdtemp(prefix="named-loop-"))

@@ -56,7 +56,7 @@ def _graph() -> dict[str, set[str]]:
 def test_the_graph_is_read():
     g = _graph()
     assert "named.inspect" in g["named"] and "named._core" in g["named.inspect"]
-    assert "named.trainer.config" in g["named.trainer.train"]
+    assert "named.trainer.config" in g["named.trainer.loop.train"]
 
 
 def test_no_two_modules_import_each_other():

@@ -33,10 +33,10 @@ from named.nn.precision import get_policy
 from named.trainer import checkpoint as ckpt
 from named.trainer.config import load_config
 from named.trainer.data import pack
-from named.trainer.optim import build_optimizer
-from named.trainer.registry import model_class
-from named.trainer.stop import StopRequests
-from named.trainer.train import TrainingError, check_finite, device_batch, make_train_step, train
+from named.trainer.loop.optim import build_optimizer
+from named.trainer.loop.registry import model_class
+from named.trainer.loop.stop import StopRequests
+from named.trainer.loop.train import TrainingError, check_finite, device_batch, make_train_step, train
 
 ROOT = Path(__file__).resolve().parents[1]
 NANO = ROOT / "config/gpt2_nano.yaml"
@@ -129,7 +129,7 @@ def test_skip_in_a_real_run_keeps_the_state_of_the_last_finite_step(corpus, tmp_
 def test_stop_from_the_cli_names_the_step_and_exits_2(corpus, tmp_path):
     run_dir = tmp_path / "run"
     env = {**os.environ, "XLA_FLAGS": xla_flags(2), "JAX_PLATFORMS": "cpu"}
-    r = subprocess.run([sys.executable, "-c", "import sys; from named.trainer.cli import main_train; sys.exit(main_train())",
+    r = subprocess.run([sys.executable, "-c", "import sys; from named.trainer.commands.cli import main_train; sys.exit(main_train())",
                         "--config_path", str(NANO), *_args(corpus, run_dir, **EXPLODE, **{"trainer.nan_policy": "stop"})],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 2, r.stderr[-3000:]

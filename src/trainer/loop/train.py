@@ -21,16 +21,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from named import models, nn
 import named as nm
+from named import nn
 from named.nn.precision import cast_for_compute, get_policy
 
-from . import checkpoint as ckpt
+from .. import checkpoint as ckpt
+from ..checkpoint import rundir
+from ..config import TrainConfig, dump_config
+from ..data import Batch, Data, Sequences, TrainBatches, build_data, eval_batches, num_eval_batches
 from . import hardware
-from . import rundir
 from .checks import Setup, check_against_devices
-from .config import TrainConfig, dump_config
-from .data import Batch, Data, Sequences, TrainBatches, build_data, eval_batches, num_eval_batches
+from .generate import sample_text
 from .loss import token_losses
 from .model_init import init_model, layer_driver, trainable
 from .optim import build_optimizer, init_opt_state, schedule
@@ -324,7 +325,7 @@ class Due:
     sample: bool
     checkpoint: bool
     read: bool
-    temporary: bool = False  # the checkpoint is time-based or a stop's (checkpoint_retention)
+    temporary: bool = False  # the checkpoint is time-based or a stop's (checkpoint.retention)
     stop: bool = False  # a stop signal: save, wait for the commit, end the run
 
 
@@ -439,24 +440,6 @@ def _eval_sums(loss_sum, rows: Sequences, t) -> tuple[float, float, int]:
         s, c = loss_sum(b)
         total, count = total + float(s), count + float(c)
     return total, count, min(limit * t.train_batch_size, len(rows))
-
-
-def sample_text(model, tokenizer, prompt: str, n_tokens: int, *, temperature: float = 0.0, top_k: int | None = None,
-                key=None, stop_ids: tuple[int, ...] = ()) -> str:
-    """``prompt`` and its continuation, cut before the first of ``stop_ids`` (which is not shown)."""
-    ids = tokenizer.encode(prompt) or [tokenizer.eos_id]
-    return prompt + tokenizer.decode(continue_ids(model, ids, n_tokens, temperature=temperature, top_k=top_k, key=key,
-                                                  stop_ids=stop_ids))
-
-
-def continue_ids(model, ids: list[int], n_tokens: int, *, temperature: float = 0.0, top_k: int | None = None,
-                 key=None, stop_ids: tuple[int, ...] = ()) -> list[int]:
-    """Up to ``n_tokens`` new ids after ``ids``, ending before the first of ``stop_ids``."""
-    prompt_ids = nm.named(jnp.asarray([ids], jnp.int32), ("batch", Pos))
-    out = models.generate(model, prompt_ids, n_tokens, temperature=temperature, top_k=top_k, key=key, stop_ids=stop_ids)
-    new = [int(i) for i in np.asarray(out.array)[0, len(ids):]]
-    ends = [k for k, i in enumerate(new) if i in stop_ids]
-    return new[:ends[0]] if ends else new
 
 
 def _progress(t, start: int, pid: int, stack: contextlib.ExitStack):
