@@ -62,8 +62,8 @@ def measure(model: dict, remat: str, mode: str, loss_block: int | None) -> dict:
 
 
 def memory_table(model: dict) -> dict:
-    from named.trainer.loop.checks import check_against_devices
     from named.trainer.commands.plan import activation_bytes
+    from named.trainer.loop.checks import check_against_devices
 
     cfg = config(model, "none", "explicit")
     s = check_against_devices(cfg)

@@ -44,6 +44,11 @@ def test_the_wheel_has_one_top_level_package_and_ships_the_configs(wheel):
     shipped = {Path(n).name for n in names if n.startswith("named/configs/") and n.endswith(".yaml")}
     assert shipped == {p.name for p in (ROOT / "config").glob("*.yaml")}
     assert {"named/models/gpt2.py", "named/trainer/commands/cli.py", "named/py.typed"} <= set(names)
+    # every module of the three source folders, sub-packages included (pyproject lists each package)
+    sources = {f"named/{sub}{f.relative_to(folder).as_posix()}" for sub, folder in
+               (("", ROOT / "src/named"), ("models/", ROOT / "src/models"), ("trainer/", ROOT / "src/trainer"))
+               for f in folder.rglob("*.py")}
+    assert sources - set(names) == set()
 
 
 @pytest.mark.slow

@@ -153,8 +153,6 @@ def train_step_report(cfg: TrainConfig, s: Setup | None = None) -> nm.inspect.Co
     lays them out (parameters and optimizer state by the parameter mapping, the batch by the
     compute mapping), and report its collectives, memory per device and FLOPs. ``s``: the result
     of ``check_against_devices(cfg)``, when the caller has it."""
-    from named.nn.precision import get_policy
-
     from ..loop.optim import build_optimizer, init_opt_state
     from ..loop.stop import flags_layout
     from ..loop.train import make_train_step
@@ -180,7 +178,7 @@ def train_step_report(cfg: TrainConfig, s: Setup | None = None) -> nm.inspect.Co
     rows = (nm.Axis("batch", t.train_batch_size), nm.Axis("position", cfg.data.seq_len))
     batch = {name: nm.NamedArray(jax.ShapeDtypeStruct((rows[0].size, rows[1].size), dtype), rows)
              for name, dtype in (("input_ids", jnp.int32), ("segment_ids", jnp.int32), ("loss_mask", jnp.bool_))}
-    step = make_train_step(s.model_cls, optimizer, get_policy(t.precision), cfg, compute, param)
+    step = make_train_step(cfg, s, optimizer)
     with nm.set_mesh(mesh):
         lowered = step.lower(abstract(model, param), abstract(opt_state, param), abstract(batch, compute),
                              jax.random.key(0), flags_layout(mesh))
