@@ -237,8 +237,8 @@ def compile_trainer_step(cfg) -> dict:
     import jax
 
     import named as nm
-    from named.trainer.checks import check_against_devices
-    from named.trainer.plan import abstract_train_step
+    from named.trainer.loop.checks import check_against_devices
+    from named.trainer.commands.plan import abstract_train_step
 
     s = check_against_devices(cfg)
     step, args = abstract_train_step(cfg, s)
@@ -275,13 +275,12 @@ class TrainerStep:
         import numpy as np
 
         import named as nm
-        from named.nn.precision import get_policy
-        from named.trainer.checks import check_against_devices
         from named.trainer.data import Batch
-        from named.trainer.model_init import init_model
-        from named.trainer.optim import build_optimizer, init_opt_state
-        from named.trainer.stop import flags_layout
-        from named.trainer.train import device_batch, make_train_step
+        from named.trainer.loop.checks import check_against_devices
+        from named.trainer.loop.model_init import init_model
+        from named.trainer.loop.optim import build_optimizer, init_opt_state
+        from named.trainer.loop.stop import flags_layout
+        from named.trainer.loop.train import device_batch, make_train_step
 
         s = check_against_devices(cfg)
         t = cfg.trainer
@@ -296,7 +295,7 @@ class TrainerStep:
             del self.batch["segment_ids"]
         layout = flags_layout(s.mesh)
         self.flags = jax.device_put(np.zeros(layout.shape, np.int32), layout.sharding)
-        self.step = make_train_step(s.model_cls, optimizer, get_policy(t.precision), cfg, s.compute, s.param)
+        self.step = make_train_step(cfg, s, optimizer)
         self.key = jax.random.key(1)
         self.losses: list[float] = []
 

@@ -95,9 +95,9 @@ def bench_checkpoint(tmp, total_mb: int, repeats: int, mesh, tree=None) -> dict:
         assert all(bool(jnp.array_equal(a.array, b.array)) for a, b in zip(jax.tree.leaves(tree, is_leaf=nm.is_named_array),
                                                                         jax.tree.leaves(out, is_leaf=nm.is_named_array)))
         if isinstance(run, str):
-            from named.trainer import checkpoint_store
+            from named.trainer.checkpoint import location, store
 
-            checkpoint_store.delete_prefix(checkpoint_store.location(run))
+            store.delete_prefix(location(run))
         else:
             shutil.rmtree(run)
         print(f"checkpoint {run if isinstance(run, str) else 'local'} {nbytes / 2**20:.0f} MiB: save {saves[-1]:.2f}s ({nbytes / 1e6 / saves[-1]:.0f} MB/s), "

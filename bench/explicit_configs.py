@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from named.trainer.train import train
+from named.trainer.loop.train import train
 
 STEPS = 3
 SHRINK = {

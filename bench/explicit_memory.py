@@ -52,7 +52,7 @@ def config(model: dict, remat: str, mode: str, loss_block: int | None = None):
 
 
 def measure(model: dict, remat: str, mode: str, loss_block: int | None) -> dict:
-    from named.trainer.plan import train_step_report
+    from named.trainer.commands.plan import train_step_report
 
     rep = train_step_report(config(model, remat, mode, loss_block))
     return {"peak_bytes": rep.peak_bytes, "memory": rep.memory,
@@ -60,8 +60,8 @@ def measure(model: dict, remat: str, mode: str, loss_block: int | None) -> dict:
 
 
 def memory_table(model: dict) -> dict:
-    from named.trainer.checks import check_against_devices
-    from named.trainer.plan import activation_bytes
+    from named.trainer.commands.plan import activation_bytes
+    from named.trainer.loop.checks import check_against_devices
 
     cfg = config(model, "none", "explicit")
     s = check_against_devices(cfg)

@@ -27,7 +27,7 @@ steps each waited for (the median is the figure) and ``--steps`` steps queued ba
 with ``flops_per_token`` the trainer's (``registry.flops_per_token``: ``6 N + 12 L d T``, N the
 matmul weights incl. the output head, L layers, d = heads · head size, T = seq; the causal mask
 does *not* halve the attention term) and ``peak`` the device's dense bf16 peak from
-``trainer/hardware.py`` (989 TFLOP/s for the H100 and H200 SXM; the device notes here measured
+``trainer/loop/hardware.py`` (989 TFLOP/s for the H100 and H200 SXM; the device notes here measured
 769–798 TFLOP/s for an 8192³ bf16 matmul, so ~80 % MFU is the practical ceiling). On a device
 the table lacks (a CPU) MFU is not computed.
 
@@ -141,7 +141,7 @@ def train_worker(spec: dict) -> dict:
     from named import nn
     from named._compat import cudnn_version
     from named.models import flops_per_token, num_params
-    from named.trainer import hardware
+    from named.trainer.loop import hardware
 
     m = MODELS[spec["model"]]
     over = {**m["overrides"], "trainer.train_batch_size": spec["batch"], "trainer.microbatches": 1,
@@ -299,7 +299,7 @@ def _fingerprint() -> str:
 def _imports(pythonpath: str | None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update({"JAX_PLATFORMS": "cpu", **({"PYTHONPATH": pythonpath} if pythonpath else {})})
-    return subprocess.run([sys.executable, "-c", "import named.models, named.trainer.train, jmp, draccus, optax, equinox"],
+    return subprocess.run([sys.executable, "-c", "import named.models, named.trainer.loop.train, jmp, draccus, optax, equinox"],
                           capture_output=True, text=True, env=env)
 
 
@@ -426,7 +426,7 @@ def main(argv=None):
     name = "gpu_mfu_tiny" if args.tiny else "gpu_mfu" if args.plan == "main" else f"gpu_mfu_{args.plan}"
     result = {"benchmark": "gpu_mfu", "command": C.command_line(), "models": {k: MODELS[k] for k in {m for m, _ in plan}
                                                                               if k in MODELS},
-              "mfu_formula": "(6N + 12 L d T) * tokens/s / peak (trainer/hardware.py's dense bf16 peak)",
+              "mfu_formula": "(6N + 12 L d T) * tokens/s / peak (trainer/loop/hardware.py's dense bf16 peak)",
               "tuned_xla_flags": tuned, "dropped_xla_flags": dropped, "install": installed, "runs": runs}
     try:
         result["machine"] = C.machine()

@@ -2,10 +2,11 @@
 
     .venv/bin/python bench/loop_overlap.py --before-rev 70c9326   # the loop as of that commit vs this tree
 
-"Before" is ``src/trainer/train.py`` at ``--before-rev`` (read with ``git show``, loaded as a
-module of this tree's ``named.trainer``, so everything but the file itself is the same code);
+"Before" is ``train.py`` at ``--before-rev`` (``src/trainer/loop/train.py``, or ``src/trainer/train.py``
+before the trainer's sub-packages; read with ``git show``, loaded as a module of this tree's
+``named.trainer``, so everything but the file itself is the same code);
 "after" is the working tree's. Both train the same model on the same data with
-``named.trainer.train``, taking turns (before-after, then after-before, ...), for ``--repeats`` pairs.
+``named.trainer.loop.train``, taking turns (before-after, then after-before, ...), for ``--repeats`` pairs.
 A run's step time is the median of the ``step_time_s`` its log lines report (the wall time of a
 log window over its steps), leaving out the first window, which holds the compile. No eval,
 samples or checkpoints, so the windows hold training steps only.
@@ -35,14 +36,29 @@ SIZES = {
 }
 
 
+# Before the trainer was grouped into sub-packages its files lay side by side: train.py at
+# src/trainer/train.py imported `.checks`, `.config`, `from . import rundir`, ... Such a file is
+# loaded beside this tree's modules under those flat names.
+_FLAT_NAMES = {"checks": "loop.checks", "hardware": "loop.hardware", "loss": "loop.loss", "model_init": "loop.model_init",
+               "optim": "loop.optim", "registry": "loop.registry", "stop": "loop.stop", "trackers": "loop.trackers",
+               "rundir": "checkpoint.rundir"}
+
+
 def _before_module(rev: str):
-    """``train.py`` at ``rev`` as ``named.trainer._train_before`` (its relative imports resolve
-    to this tree's trainer package)."""
-    source = subprocess.run(["git", "-C", str(C.ROOT), "show", f"{rev}:src/trainer/train.py"], capture_output=True,
-                            text=True, check=True).stdout
+    """``train.py`` at ``rev`` as a module beside this tree's (its relative imports resolve to this
+    tree's trainer package), from before or after the trainer's sub-packages."""
+    for path, package in (("src/trainer/loop/train.py", "named.trainer.loop"), ("src/trainer/train.py", "named.trainer")):
+        got = subprocess.run(["git", "-C", str(C.ROOT), "show", f"{rev}:{path}"], capture_output=True, text=True)
+        if got.returncode == 0:
+            break
+    else:
+        raise SystemExit(f"--before-rev {rev}: no src/trainer/loop/train.py or src/trainer/train.py there")
+    if package == "named.trainer":
+        for flat, now in _FLAT_NAMES.items():
+            sys.modules[f"named.trainer.{flat}"] = importlib.import_module(f"named.trainer.{now}")
     path = Path(tempfile.mkdtemp(prefix="named-loop-before-")) / "train_before.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location("named.trainer._train_before", path)
+    path.write_text(got.stdout)
+    spec = importlib.util.spec_from_file_location(f"{package}._train_before", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
@@ -72,7 +88,7 @@ def main(argv=None):
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
 
-    from named.trainer import train as after
+    from named.trainer.loop import train as after
 
     sides = {"before": _before_module(args.before_rev), "after": after}
     work = Path(tempfile.mkdtemp(prefix="named-loop-"))

@@ -4,7 +4,7 @@ the baseline `named` is timed against (``bench/overhead.py``).
 The same math as ``models.Gpt2LMHeadModel``: tied embeddings, learned positions, pre-LN blocks
 (LayerNorm statistics in float32), fused qkv, causal attention with float32 scores and softmax,
 gelu_new MLP, layers stacked along a leading axis and run with ``lax.scan``. The same step as
-``named.trainer.train.make_train_step``: the next-token loss of every token that ``loss_mask``
+``named.trainer.loop.train.make_train_step``: the next-token loss of every token that ``loss_mask``
 keeps (targets rolled by one, the last position masked, the target's logit picked by a masked
 sum), summed over microbatches in a ``lax.scan`` and divided by the token count; the global
 gradient norm; global-norm clipping and AdamW with weight decay off the biases and norms

@@ -34,8 +34,8 @@ from named.models import CheckpointFormatError, Gpt2Config, Gpt2LMHeadModel
 from named.trainer import checkpoint as ckpt
 from named.trainer.config import ConfigError, load_config
 from named.trainer.data import DataError
-from named.trainer.optim import build_optimizer
-from named.trainer.train import train
+from named.trainer.loop.optim import build_optimizer
+from named.trainer.loop.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
 NANO = ROOT / "config/gpt2_nano.yaml"
@@ -471,7 +471,7 @@ def test_cli_exit_code_and_nothing_written(files, tmp_path, name):
     over, needle = CLI_SUBPROCESS[name]
     run_dir = tmp_path / "run"
     env = {**os.environ, "XLA_FLAGS": xla_flags(2), "JAX_PLATFORMS": "cpu"}
-    r = subprocess.run([sys.executable, "-c", "import sys; from named.trainer.cli import main_train; sys.exit(main_train())",
+    r = subprocess.run([sys.executable, "-c", "import sys; from named.trainer.commands.cli import main_train; sys.exit(main_train())",
                         "--config_path", str(NANO), *_args(files, run_dir, **{"trainer.train_batch_size": 2, **over})],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 2, r.stderr[-2000:]

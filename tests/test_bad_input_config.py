@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from named.trainer import cli
-from named.trainer import distributed as dist
+from named.trainer.commands import cli
+from named.trainer.loop import distributed as dist
 from named.trainer.checkpoint import CheckpointError
-from named.trainer import rundir
+from named.trainer.checkpoint import rundir
 from named.trainer.config import RULES, ConfigError, declarations, dump_config, keys_table, load_config
 from named.trainer.data import DataError
 
@@ -499,7 +499,7 @@ def test_sample_flags(sample_run, capsys, name):
 
 
 def _sample(args):
-    from named.trainer.sample import sample_from_checkpoint
+    from named.trainer.commands.sample import sample_from_checkpoint
 
     a = dict(zip(args[::2], args[1::2]))
     return sample_from_checkpoint(Path(a["--checkpoint"]), a["--prompt"], int(a.get("--tokens", 10)),

@@ -100,7 +100,7 @@ def test_sparse_ids_give_a_vocabulary_past_the_largest_id(tmp_path):
 
 
 def test_sparse_tokenizer_sizes_the_model_past_its_largest_id(tmp_path):
-    from named.trainer.train import build_run  # the trainer's own choice of model vocabulary
+    from named.trainer.loop.train import build_run  # the trainer's own choice of model vocabulary
 
     path = wordlevel(tmp_path / "tok", SPARSE)
     src = write(tmp_path / "c.txt", "a b " * 200)

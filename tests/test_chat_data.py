@@ -499,7 +499,7 @@ class _OtherTokenizer:
 
 def test_sft_from_the_folder_lowers_the_assistant_loss(folder, chats, tmp_path):
     from named.trainer.config import load_config
-    from named.trainer.train import train
+    from named.trainer.loop.train import train
 
     over = {"model.init_from_hf": str(folder), "trainer.num_train_steps": 8, "trainer.train_batch_size": 8,
             "trainer.log_interval": 1, "trainer.eval_interval": 0, "trainer.progress_bar": "false",

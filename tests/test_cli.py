@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from named.trainer import cli
+from named.trainer.commands import cli
 from named.trainer.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -25,7 +25,7 @@ import pytest
 from _procs import xla_flags
 import yaml
 
-from named.trainer import cli
+from named.trainer.commands import cli
 
 from _chat_folder import make_chat_folder
 from test_bad_input import no_compile  # noqa: F401 (autouse: nothing compiles)

@@ -17,7 +17,7 @@ import named as nm
 from named import nn
 from named.models.gpt2 import Gpt2Config, Gpt2LMHeadModel
 from named.trainer.config import ConfigError, load_config
-from named.trainer.train import train
+from named.trainer.loop.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
 FSDP = {"mesh.shape": "{data: 8}", "mesh.param_mapping": "{embed: data}", "mesh.compute_mapping": "{batch: data}"}
@@ -269,7 +269,7 @@ def test_batch_split_runs_each_layer_on_two_halves():
 
 
 def test_plan_compile_puts_the_modes_side_by_side(capsys):
-    from named.trainer import cli
+    from named.trainer.commands import cli
 
     small = ["--model.n_layer", "1", "--data.seq_len", "32", "--trainer.train_batch_size", "8"]
     config = str(ROOT / "config" / "gpt2_nano_fsdp.yaml")

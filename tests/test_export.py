@@ -26,13 +26,13 @@ from safetensors.numpy import load_file
 import named as nm
 from named.models.hf import save_pretrained
 from named.trainer import checkpoint as ckpt
-from named.trainer import export as export_module
-from named.trainer.cli import main_export
+from named.trainer.commands import export as export_module
+from named.trainer.commands.cli import main_export
 from named.trainer.config import load_config
-from named.trainer.model_init import model_shapes
-from named.trainer.registry import model_class
-from named.trainer.sample import _model_config
-from named.trainer.train import train
+from named.trainer.loop.model_init import model_shapes
+from named.trainer.loop.registry import model_class
+from named.trainer.commands.sample import _model_config
+from named.trainer.loop.train import train
 
 from _chat_folder import hf_logits, make_chat_folder
 

@@ -290,7 +290,7 @@ def test_fields_we_do_not_implement_are_named(pairs, tmp_path, name, field, valu
 
 def test_a_config_round_trips_through_the_trainers_json():
     # a run directory keeps its model config as {"type": ..., **asdict(config)}; sampling reads it back
-    from named.trainer.registry import model_config_from_dict, model_type
+    from named.trainer.loop.registry import model_config_from_dict, model_type
 
     config = families.Gemma3Config(num_hidden_layers=3, sliding_window=8, layer_types=(
         "sliding_attention", "full_attention", "sliding_attention"), rope_scaling=RopeScaling("linear", factor=8.0))

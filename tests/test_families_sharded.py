@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 import named as nm
-from named.trainer import cli
+from named.trainer.commands import cli
 from named.trainer.config import load_config
-from named.trainer.train import train
+from named.trainer.loop.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = ["llama3", "mistral", "qwen2", "qwen3", "olmo2", "gemma2", "gemma3"]

@@ -20,13 +20,13 @@ import transformers
 
 import named as nm
 from named.trainer import checkpoint as ckpt
-from named.trainer.cli import main_export, main_sample, main_train
+from named.trainer.commands.cli import main_export, main_sample, main_train
 from named.trainer.config import load_config
 from named.trainer.data import TrainBatches, build_data
 from named.trainer.data.chat import prompt_ids
-from named.trainer.model_init import model_shapes
-from named.trainer.registry import model_class
-from named.trainer.sample import _model_config
+from named.trainer.loop.model_init import model_shapes
+from named.trainer.loop.registry import model_class
+from named.trainer.commands.sample import _model_config
 
 from _chat_folder import CHATS, make_chat_folder, write_chats
 

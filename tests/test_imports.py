@@ -1,6 +1,7 @@
 """The import graph of src/, read with ast: no two modules import each other (function-level
 imports included), the one import circle is NamedArray's method delegates, imports point
-trainer -> models -> named, and ``import named`` loads no model or trainer code.
+trainer -> models -> named, the trainer's sub-packages import only the ones below them
+(``TRAINER_LAYERS``), and ``import named`` loads no model or trainer code.
 
 The allowed pairs are the method delegates: ``named._core`` defines the class and, at its end,
 imports ``_ops``/``_shape``/``_index``/``_einsum`` whose functions the one-line methods call,
@@ -21,6 +22,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGES = {"named": ROOT / "src/named", "named.models": ROOT / "src/models", "named.trainer": ROOT / "src/trainer"}
 DELEGATES = {"named._ops", "named._shape", "named._index", "named._einsum"}
 CIRCLE = {"named._core", *DELEGATES, "named._rearrange", "named._transforms", "named._remat"}
+# named.trainer's sub-packages, bottom first: each may import the ones on the lines before its own,
+# never one on its own line or after it (and the package's __init__ imports none of them).
+TRAINER_LAYERS = (("config",), ("data", "checkpoint"), ("loop",), ("commands",))
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -56,7 +60,7 @@ def _graph() -> dict[str, set[str]]:
 def test_the_graph_is_read():
     g = _graph()
     assert "named.inspect" in g["named"] and "named._core" in g["named.inspect"]
-    assert "named.trainer.config" in g["named.trainer.train"]
+    assert "named.trainer.config" in g["named.trainer.loop.train"]
 
 
 def test_no_two_modules_import_each_other():
@@ -103,6 +107,59 @@ def test_imports_point_one_way():
     rank = lambda m: next((v for k, v in layer.items() if m == k or m.startswith(k + ".")), 0)  # noqa: E731
     upward = [(a, b) for a in g for b in g[a] if rank(b) > rank(a) and not (a == "named" and b in layer)]
     assert upward == []
+
+
+def _sub_package(module: str) -> str | None:
+    """``named.trainer.loop.train`` -> ``loop``; ``named.trainer`` itself -> ``""``; None outside it."""
+    parts = module.split(".")
+    return (parts[2] if len(parts) > 2 else "") if parts[:2] == ["named", "trainer"] else None
+
+
+def _package_arrows(g: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Which of the trainer's sub-packages each one imports, from any of its modules, module-level
+    and function-level imports alike (``""``: the trainer package's own ``__init__``)."""
+    arrows: dict[str, set[str]] = {}
+    for mod, deps in g.items():
+        if (src := _sub_package(mod)) is not None:
+            arrows.setdefault(src, set())
+            arrows[src] |= {dst for d in deps if (dst := _sub_package(d)) is not None and dst != src}
+    return arrows
+
+
+def _against_the_order(arrows: dict[str, set[str]], layers) -> list[tuple[str, str]]:
+    """The arrows that do not point to a lower layer: up, sideways within a layer, out of the
+    trainer's ``__init__``, or from or to a sub-package no layer declares."""
+    rank = {pkg: i for i, layer in enumerate(layers) for pkg in layer}
+    rank[""] = -1  # the trainer's __init__: anything may import it; it imports nothing of its own
+    return sorted((a, b) for a, deps in arrows.items() for b in deps
+                  if a not in rank or b not in rank or rank[b] >= rank[a])
+
+
+def test_an_arrow_against_the_order_or_a_circle_is_found():
+    layers = (("low",), ("mid", "side"), ("top",))
+    arrows = {"": set(), "low": set(), "mid": {"low"}, "side": {"mid"}, "top": {"mid", "side", "low", ""}}
+    assert _against_the_order(arrows, layers) == [("side", "mid")]  # sideways
+    assert _against_the_order({**arrows, "low": {"top"}}, layers) == [("low", "top"), ("side", "mid")]  # up
+    assert _against_the_order({"": {"low"}, "new": {"low"}}, layers) == [("", "low"), ("new", "low")]
+    assert _circles({**arrows, "low": {"top"}}) == [{"low", "mid", "side", "top"}]
+
+
+def test_the_trainer_sub_packages_are_read():
+    arrows = _package_arrows(_graph())
+    assert {"config", "data", "checkpoint", "loop", "commands"} <= set(arrows)
+    assert {"config", "data", "checkpoint"} <= arrows["loop"] and "loop" in arrows["commands"]
+
+
+def test_the_trainer_sub_packages_import_only_the_ones_below():
+    # config at the bottom, then data and checkpoint, then the loop, then the commands: a
+    # sub-package never imports one that imports it, and a new module or sub-package is placed
+    # in TRAINER_LAYERS before it can import anything
+    arrows = _package_arrows(_graph())
+    assert _circles(arrows) == [], "the trainer's sub-packages import each other in a circle"
+    assert _against_the_order(arrows, TRAINER_LAYERS) == [], (
+        f"(importer, imported) against the order {TRAINER_LAYERS}: move what the lower one needs down")
+    assert set(arrows) - {""} == {pkg for layer in TRAINER_LAYERS for pkg in layer}, (
+        "every module of named.trainer lies in a sub-package of TRAINER_LAYERS")
 
 
 def test_import_named_loads_no_model_or_trainer_code():

@@ -19,10 +19,10 @@ from safetensors.numpy import load_file, save_file
 
 import named as nm
 from named.models import hf_state_dict
-from named.trainer.checks import check_against_devices
+from named.trainer.loop.checks import check_against_devices
 from named.trainer.config import ConfigError, load_config
-from named.trainer.model_init import init_model
-from named.trainer.train import train
+from named.trainer.loop.model_init import init_model
+from named.trainer.loop.train import train
 
 from _chat_folder import make_chat_folder, make_tokenizer
 

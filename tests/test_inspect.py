@@ -330,7 +330,7 @@ def test_named_plan_compile_counts_microbatches_and_layers():
     from pathlib import Path
 
     from named.models import Gpt2Config, flops_per_token
-    from named.trainer import plan
+    from named.trainer.commands import plan
     from named.trainer.config import load_config
 
     config = Path(__file__).parent.parent / "config" / "gpt2_nano_fsdp.yaml"

@@ -38,8 +38,8 @@ from _procs import xla_flags
 
 from named.trainer import checkpoint as ckpt
 from named.trainer.config import load_config
-from named.trainer.optim import build_optimizer
-from named.trainer.registry import model_class
+from named.trainer.loop.optim import build_optimizer
+from named.trainer.loop.registry import model_class
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 45
@@ -108,7 +108,7 @@ def _env(workdir: Path, write_delay: float | None = None) -> dict:
     return env
 
 
-_MAIN = "import sys; from named.trainer.cli import main_train; sys.exit(main_train())"
+_MAIN = "import sys; from named.trainer.commands.cli import main_train; sys.exit(main_train())"
 
 
 def _start(workdir: Path, run_dir: Path, log: Path, write_delay: float | None = None, **over) -> subprocess.Popen:

@@ -24,14 +24,14 @@ import named as nm
 from named import nn
 from named.models import hf_state_dict
 from named.trainer import checkpoint as ckpt
-from named.trainer.checks import check_against_devices
-from named.trainer.cli import main_train
+from named.trainer.loop.checks import check_against_devices
+from named.trainer.commands.cli import main_train
 from named.trainer.config import ConfigError, load_config
-from named.trainer.model_init import model_shapes
-from named.trainer.optim import init_opt_state
-from named.trainer.registry import model_class
-from named.trainer.sample import _model_config
-from named.trainer.train import train
+from named.trainer.loop.model_init import model_shapes
+from named.trainer.loop.optim import init_opt_state
+from named.trainer.loop.registry import model_class
+from named.trainer.commands.sample import _model_config
+from named.trainer.loop.train import train
 
 from _chat_folder import make_chat_folder
 
@@ -313,7 +313,7 @@ def test_gpt2_targets_are_its_hf_module_names():
 
 
 def test_named_plan_counts_the_adam_state_of_the_adapters_alone():
-    from named.trainer.plan import plan_report
+    from named.trainer.commands.plan import plan_report
 
     cfg = load_config("config/llama_tiny.yaml", ["--lora", "{rank: 2, targets: [q_proj, o_proj]}"])
     m = cfg.model

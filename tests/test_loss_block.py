@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from named.trainer.config import load_config
-from named.trainer.plan import train_step_report
-from named.trainer.train import train
+from named.trainer.commands.plan import train_step_report
+from named.trainer.loop.train import train
 
 from test_loss import _hlo_shapes
 

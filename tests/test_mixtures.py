@@ -149,7 +149,7 @@ def test_eval_loss_of_a_mixture_stands_for_every_source():
     would give the first source's (issue 30)."""
     from types import SimpleNamespace
 
-    from named.trainer.train import eval_losses
+    from named.trainer.loop.train import eval_losses
 
     flat = {"small": Sequences(TokenStream([np.full(7 * SEQ, 10, np.uint32)], EOS), SEQ),
             "large": Sequences(TokenStream([np.full(60 * SEQ, 20, np.uint32)], EOS), SEQ)}
@@ -209,7 +209,7 @@ def test_mixture_from_yaml_through_load_config(tmp_path):
 
 
 def test_trainer_logs_tokens_and_eval_loss_per_source(tmp_path):
-    from named.trainer.train import train
+    from named.trainer.loop.train import train
 
     f = _files(tmp_path)
     mix = (f"[{{name: web, paths: [{f['web']}], weight: 3}}, "

@@ -23,9 +23,9 @@ import transformers
 import named as nm
 from named import models, nn
 from named.models import CheckpointFormatError
-from named.trainer import cli
+from named.trainer.commands import cli
 from named.trainer.config import load_config
-from named.trainer.train import train
+from named.trainer.loop.train import train
 
 from _hf_models import _SMALL, forward, hf_logits, load_hf, named_ids, random_ids
 

@@ -29,28 +29,28 @@ from test_trainer import CORPUS, FSDP, tiny_args
 from named.trainer import checkpoint as ck
 from named.trainer.config import load_config
 from named.trainer.data import TrainBatches, build_data
-from named.trainer.distributed import settings
-from named.trainer.launch import child_env, free_port, parse_args
-from named.trainer.train import train
+from named.trainer.loop.distributed import settings
+from named.trainer.commands.launch import child_env, free_port, parse_args
+from named.trainer.loop.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "config" / "gpt2_nano.yaml")
-TRAIN = [sys.executable, "-c", "import sys; from named.trainer.cli import main_train; sys.exit(main_train())",
+TRAIN = [sys.executable, "-c", "import sys; from named.trainer.commands.cli import main_train; sys.exit(main_train())",
          "--config_path", CONFIG]
-LAUNCH = [sys.executable, "-m", "named.trainer.launch"]
+LAUNCH = [sys.executable, "-m", "named.trainer.commands.launch"]
 # named-train whose process 1 reaches its first train step SKEW_S seconds after process 0:
 # longer than the 30 s gloo waits when it connects a group of devices (see connect_collectives).
 SKEW_S = 35
 TRAIN_SKEWED = [sys.executable, "-c", f"""
 import os, sys, time
-import named.trainer.train as tt
+import named.trainer.loop.train as tt
 make = tt.make_train_step
 def late(*a, **k):
     if os.environ["NAMED_PROCESS_ID"] == "1":
         time.sleep({SKEW_S})
     return make(*a, **k)
 tt.make_train_step = late
-from named.trainer.cli import main_train
+from named.trainer.commands.cli import main_train
 sys.exit(main_train())
 """, "--config_path", CONFIG]
 STEPS, CKPT_EVERY = 20, 10
@@ -498,7 +498,7 @@ def initialize(**kw):
     print("initialize", sorted(kw))
     sys.exit(0)
 jax.distributed.initialize = initialize
-from named.trainer.cli import main_train
+from named.trainer.commands.cli import main_train
 main_train(["--config_path", {CONFIG!r}, "--trainer.num_train_steps", "50"])
 raise SystemExit("jax.distributed.initialize was not called")
 """
@@ -517,9 +517,9 @@ def test_a_survivor_of_a_dead_peer_prints_one_line_and_a_bug_its_traceback(monke
     """In-process: named-train of a 2-process run whose train() raises what a killed peer leaves
     its survivor (gloo's broken connection), or a bug. The first is one ``error:`` line naming the
     likely cause (its traceback lies inside jax and says nothing more); the second keeps it."""
-    import named.trainer.distributed as distributed
-    import named.trainer.train as train_module
-    from named.trainer.cli import main_train
+    import named.trainer.loop.distributed as distributed
+    import named.trainer.loop.train as train_module
+    from named.trainer.commands.cli import main_train
 
     def fail(cfg):
         raise raised

@@ -29,14 +29,14 @@ import pytest
 from _procs import xla_flags
 
 import named as nm
-from named.nn.precision import get_policy
 from named.trainer import checkpoint as ckpt
 from named.trainer.config import load_config
 from named.trainer.data import pack
-from named.trainer.optim import build_optimizer
-from named.trainer.registry import model_class
-from named.trainer.stop import StopRequests
-from named.trainer.train import TrainingError, check_finite, device_batch, make_train_step, train
+from named.trainer.loop.checks import Setup
+from named.trainer.loop.optim import build_optimizer
+from named.trainer.loop.registry import model_class
+from named.trainer.loop.stop import StopRequests
+from named.trainer.loop.train import TrainingError, check_finite, device_batch, make_train_step, train
 
 ROOT = Path(__file__).resolve().parents[1]
 NANO = ROOT / "config/gpt2_nano.yaml"
@@ -78,6 +78,12 @@ def test_check_finite():
     assert check_finite(7, bad, "skip") is False
 
 
+def _setup(model_cfg, mesh, compute, param) -> Setup:
+    # what make_train_step reads of a run's setup; no tokenizer or shapes: the step needs neither
+    return Setup(tokenizer=None, model_cfg=model_cfg, model_cls=model_class(model_cfg), shapes=None, mesh=mesh,
+                 compute=compute, param=param)
+
+
 def test_skip_leaves_parameters_and_optimizer_state_untouched(corpus, tmp_path):
     cfg = load_config(NANO, _args(corpus, tmp_path / "unused", **{"trainer.nan_policy": "skip"}))
     model_cfg = cfg.model.model_config(vocab_size=384)
@@ -88,7 +94,7 @@ def test_skip_leaves_parameters_and_optimizer_state_untouched(corpus, tmp_path):
     with nm.set_mesh(mesh):
         model = nm.named_jit(cls.init, mapping=param)(model_cfg, key=jax.random.key(0))
         opt_state = nm.named_jit(optimizer.init, mapping=param)(model)
-        step = make_train_step(cls, optimizer, get_policy(cfg.trainer.precision), cfg, compute, param)
+        step = make_train_step(cfg, _setup(model_cfg, mesh, compute, param), optimizer)
         batch = lambda: device_batch(pack(tokens, 256), mesh, compute, 8)  # noqa: E731 (donated each call)
         flags = StopRequests([], None, mesh).flags()  # no signal, no time-based checkpoint
 
@@ -129,7 +135,7 @@ def test_skip_in_a_real_run_keeps_the_state_of_the_last_finite_step(corpus, tmp_
 def test_stop_from_the_cli_names_the_step_and_exits_2(corpus, tmp_path):
     run_dir = tmp_path / "run"
     env = {**os.environ, "XLA_FLAGS": xla_flags(2), "JAX_PLATFORMS": "cpu"}
-    r = subprocess.run([sys.executable, "-c", "import sys; from named.trainer.cli import main_train; sys.exit(main_train())",
+    r = subprocess.run([sys.executable, "-c", "import sys; from named.trainer.commands.cli import main_train; sys.exit(main_train())",
                         "--config_path", str(NANO), *_args(corpus, run_dir, **EXPLODE, **{"trainer.nan_policy": "stop"})],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 2, r.stderr[-3000:]
@@ -170,17 +176,17 @@ def test_skip_drops_a_non_finite_update_of_a_finite_step(corpus, tmp_path, how):
     good, bad = _optimizers(cfg, how)
     mesh, compute, param = nm.make_mesh({"data": -1}), {"batch": "data"}, {"embed": "data"}
     tokens = np.random.default_rng(0).integers(0, 256, (8, 16))
-    policy = get_policy(cfg.trainer.precision)
+    setup = _setup(model_cfg, mesh, compute, param)
     with nm.set_mesh(mesh):
         model = nm.named_jit(cls.init, mapping=param)(model_cfg, key=jax.random.key(0))
         opt_state = nm.named_jit(good.init, mapping=param)(model)
         batch = lambda: device_batch(pack(tokens, 256), mesh, compute, 8)  # noqa: E731 (donated each call)
         flags = StopRequests([], None, mesh).flags()  # no signal, no time-based checkpoint
-        model, opt_state, metrics = make_train_step(cls, good, policy, cfg, compute, param)(
+        model, opt_state, metrics = make_train_step(cfg, setup, good)(
             model, opt_state, batch(), jax.random.key(1), flags)
         assert bool(metrics["finite"])  # real Adam moments to protect
         before = [np.array(x) for x in jax.tree.leaves((model, opt_state))]
-        model, opt_state, metrics = make_train_step(cls, bad, policy, cfg, compute, param)(
+        model, opt_state, metrics = make_train_step(cfg, setup, bad)(
             model, opt_state, batch(), jax.random.key(2), flags)
         after = [np.asarray(x) for x in jax.tree.leaves((model, opt_state))]
     # the loss and gradient were fine; the update was not, and it was dropped whole

@@ -7,7 +7,7 @@ import pytest
 from named import models
 import named as nm
 from named.trainer.config import OptimizerConfig
-from named.trainer.optim import decay_mask, schedule
+from named.trainer.loop.optim import decay_mask, schedule
 
 
 def _mask_by_path(model):

@@ -43,7 +43,12 @@ def test_the_wheel_has_one_top_level_package_and_ships_the_configs(wheel):
     assert not any(n.startswith(("models/", "trainer/")) for n in names)
     shipped = {Path(n).name for n in names if n.startswith("named/configs/") and n.endswith(".yaml")}
     assert shipped == {p.name for p in (ROOT / "config").glob("*.yaml")}
-    assert {"named/models/gpt2.py", "named/trainer/cli.py", "named/py.typed"} <= set(names)
+    assert {"named/models/gpt2.py", "named/trainer/commands/cli.py", "named/py.typed"} <= set(names)
+    # every module of the three source folders, sub-packages included (pyproject lists each package)
+    sources = {f"named/{sub}{f.relative_to(folder).as_posix()}" for sub, folder in
+               (("", ROOT / "src/named"), ("models/", ROOT / "src/models"), ("trainer/", ROOT / "src/trainer"))
+               for f in folder.rglob("*.py")}
+    assert sources - set(names) == set()
 
 
 @pytest.mark.slow
@@ -66,7 +71,7 @@ def test_installs_beside_coqui_trainer_and_trains_from_the_wheel(wheel, tmp_path
     (work / "models.py").write_text("raise SystemExit('a user module named models must not shadow ours')\n")
     env = {**os.environ, "PYTHONPATH": "", "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
     probe = subprocess.run(
-        [str(py), "-c", "import named, named.models.gpt2, named.trainer.cli, trainer\n"
+        [str(py), "-c", "import named, named.models.gpt2, named.trainer.commands.cli, trainer\n"
                         "print(named.__file__); print(trainer.__file__); print(trainer.__version__)"],
         cwd=work, env=env, capture_output=True, text=True,
     )

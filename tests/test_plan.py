@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from named.trainer import cli, plan
+from named.trainer.commands import cli, plan
 from named.trainer.config import load_config
 
 CONFIG = Path(__file__).parent.parent / "config" / "gpt2_nano_fsdp.yaml"
@@ -103,8 +103,8 @@ def test_absurd_device_counts_and_device_free_refusals_come_before_any_stand_in(
 
 
 def test_the_roofline_uses_the_peak_of_the_compute_dtype():
-    from named.trainer import hardware
-    from named.trainer.plan_search import Roofline
+    from named.trainer.loop import hardware
+    from named.trainer.commands.plan_search import Roofline
 
     h100, v5e = hardware.find("H100"), hardware.find("v5e")
     f32 = load_config(CONFIG)  # compute=float32
@@ -118,8 +118,8 @@ def test_the_roofline_uses_the_peak_of_the_compute_dtype():
 
 
 def test_recomputation_ranks_after_the_same_layout_without_it_when_that_fits():
-    from named.trainer import hardware
-    from named.trainer.plan_search import Candidate, Roofline, format_table, rank
+    from named.trainer.loop import hardware
+    from named.trainer.commands.plan_search import Candidate, Roofline, format_table, rank
 
     roof = Roofline(hardware.find("H100"), 494e12, "TF32")
     gib = 2**30

@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 
 from named.trainer import checkpoint as ckpt
-from named.trainer import train as train_mod
+from named.trainer.loop import train as train_mod
 from named.trainer.config import ConfigError, load_config
-from named.trainer.stop import StopRequests, exit_code
-from named.trainer.train import _due, train
+from named.trainer.loop.stop import StopRequests, exit_code
+from named.trainer.loop.train import _due, train
 from test_kill_resume import (INTERVAL, STEPS, WRITE_DELAY_S, _committed, _files, _losses, _partial_saves,
                               _restore_numpy, _start, _wait_for, reference, workdir)  # noqa: F401 - fixtures
 from test_multihost import CONFIG, compile_cache, corpus, finish, no_core_dumps, start_two  # noqa: F401 - fixtures

@@ -23,10 +23,10 @@ import pytest
 import named as nm
 from named import Axis, nn
 from named.models import Gpt2Config, Gpt2LMHeadModel, LlamaConfig, LlamaLMHeadModel
-from named.trainer.checks import check_against_devices
+from named.trainer.loop.checks import check_against_devices
 from named.trainer.config import ConfigError, OptimizerConfig, load_config
-from named.trainer.optim import build_optimizer
-from named.trainer.train import train
+from named.trainer.loop.optim import build_optimizer
+from named.trainer.loop.train import train
 
 from test_trainer import CORPUS, FSDP, tiny_args
 

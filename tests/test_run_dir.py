@@ -28,9 +28,9 @@ from _procs import xla_flags
 
 from test_bad_input import _COMPILES, _on_event
 from named.trainer import checkpoint as ckpt
-from named.trainer import rundir
+from named.trainer.checkpoint import rundir
 from named.trainer.config import ConfigError, load_config
-from named.trainer.train import train
+from named.trainer.loop.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = "\n".join(f"def h_{i}(a, b):\n    return a * {i} + b\n" for i in range(300))
@@ -169,7 +169,7 @@ def test_retention_counts_only_checkpoints_up_to_the_one_saved(tmp_path):
 _HOLDER = """
 import sys, time
 from pathlib import Path
-from named.trainer.rundir import RunLock
+from named.trainer.checkpoint.rundir import RunLock
 lock = RunLock(Path(sys.argv[1]))
 print("locked", flush=True)
 time.sleep(600)
@@ -234,7 +234,7 @@ def test_zero_steps_checks_everything_and_compiles_and_writes_nothing(corpus, fi
 def test_zero_steps_from_the_cli_prints_one_line_and_exits_0(corpus, tmp_path):
     run_dir = tmp_path / "run"
     env = {**os.environ, "XLA_FLAGS": xla_flags(2), "JAX_PLATFORMS": "cpu"}
-    r = subprocess.run([sys.executable, "-c", "import sys; from named.trainer.cli import main_train; sys.exit(main_train())",
+    r = subprocess.run([sys.executable, "-c", "import sys; from named.trainer.commands.cli import main_train; sys.exit(main_train())",
                         *_args(corpus, run_dir, **{"trainer.num_train_steps": 0})],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -29,7 +29,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 from named.trainer import checkpoint as ck
-from named.trainer import checkpoint_store, checkpoint_write
+from named.trainer.checkpoint import store as checkpoint_store, write as checkpoint_write
 from _procs import run_workers
 from test_checkpoint import abstract, assert_bitwise_equal, fsdp_state, train_state
 
@@ -161,7 +161,7 @@ def test_retention_deletes_the_record_first_and_temporary_checkpoints_go(url, mo
         raise ck.CheckpointError("stopped on purpose")
 
     monkeypatch.setattr(checkpoint_store, "delete_prefix", stop_after_records)
-    import named.trainer.checkpoint_retention as retention
+    import named.trainer.checkpoint.retention as retention
 
     monkeypatch.setattr(retention, "delete_prefix", stop_after_records)
     ckpt.save(4, train_state(seed=4), {"step": 4})
@@ -393,8 +393,8 @@ STEPS, INTERVAL = 12, 3  # shorter than test_kill_resume's run: every save goes 
 def _restore_numpy(base: str, step: int, workdir: Path):
     """A checkpoint of the run under ``base`` as host numpy arrays: no mesh at all (resharded on restore)."""
     from named.trainer.config import load_config
-    from named.trainer.optim import build_optimizer
-    from named.trainer.registry import model_class
+    from named.trainer.loop.optim import build_optimizer
+    from named.trainer.loop.registry import model_class
     from test_kill_resume import _args
 
     cfg = load_config(workdir / "gpt2_nano.yaml", _args(workdir, workdir / "unused")[2:])

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from named.trainer.config import ConfigError, TrackerConfig, load_config
-from named.trainer.trackers import check_trackers
-from named.trainer.train import train
+from named.trainer.loop.trackers import check_trackers
+from named.trainer.loop.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
 NANO = ROOT / "config/gpt2_nano.yaml"

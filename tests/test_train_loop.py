@@ -21,9 +21,9 @@ import jax
 import numpy as np
 import pytest
 
-from named.trainer import train as train_mod
+from named.trainer.loop import train as train_mod
 from named.trainer.config import load_config
-from named.trainer.train import TrainingError, train
+from named.trainer.loop.train import TrainingError, train
 
 ROOT = Path(__file__).resolve().parents[1]
 NANO = ROOT / "config/gpt2_nano.yaml"

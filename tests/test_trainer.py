@@ -17,7 +17,7 @@ import named as nm
 
 from named.trainer import checkpoint as ckpt
 from named.trainer.config import load_config
-from named.trainer.train import train
+from named.trainer.loop.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -141,7 +141,7 @@ def _cli(args, cwd=ROOT, env_extra=None, timeout=600):
     env = dict(os.environ)
     env["XLA_FLAGS"] = xla_flags(2)
     env.update(env_extra or {})
-    return subprocess.run([sys.executable, "-c", "import sys; from named.trainer.cli import main_train; sys.exit(main_train())", *args],
+    return subprocess.run([sys.executable, "-c", "import sys; from named.trainer.commands.cli import main_train; sys.exit(main_train())", *args],
                           cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -152,7 +152,7 @@ def test_cli_end_to_end(corpus, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "[train 5]" in r.stdout and "[eval 3]" in r.stdout and "[sample 6]" in r.stdout
     assert "done: 6 steps" in r.stdout
-    s = subprocess.run([sys.executable, "-c", "import sys; from named.trainer.cli import main_sample; sys.exit(main_sample())",
+    s = subprocess.run([sys.executable, "-c", "import sys; from named.trainer.commands.cli import main_sample; sys.exit(main_sample())",
                         "--checkpoint", str(tmp_path / "cli"), "--prompt", "def ", "--tokens", "5"],
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert s.returncode == 0, s.stderr[-3000:]

@@ -21,7 +21,7 @@ How the fp8 state is updated: the new state is computed inside the forward and b
 and handed out as the *gradient* of the state (Flax's and Haliax's "overwrite with gradient").
 An optimizer must then replace, not follow, that gradient: ``without_overwrites`` hides the
 state from it and ``overwrite_updates`` turns the gradient into the update that sets the new
-value (``named.trainer.optim`` does both). Train steps scale and sum gradients (a mean over
+value (``named.trainer.loop.optim`` does both). Train steps scale and sum gradients (a mean over
 tokens, microbatches, clipping), so the state carries ``probe``, a leaf whose gradient is 1 per
 call: the new state is the state's gradient divided by the probe's, whatever common factor
 the step applied. With gradient accumulation (or a layer called twice) that ratio is the mean

@@ -51,14 +51,14 @@ Every bad input raises ``DataError`` naming the file, pattern or key, before tok
 starts where it can be known then, and never leaves a partial file behind.
 """
 
-from ._build import Data, DataConfig, build_data, token_stream
+from ..config.data_section import STDLIB, DataConfig, DataError, SourceSpec  # the section, declared with the others
+from ._build import Data, build_data, token_stream
 from ._cache import cached_tokens, token_dtype
 from ._encode import atomic_write
-from ._errors import DataError
 from ._loader import TrainBatches, eval_batches, loader_throughput, num_eval_batches
-from ._mixture import Mixture, SourceSpec
+from ._mixture import Mixture
 from ._packing import PAD_SEGMENT, Batch, Sequences, TokenStream, pack
-from ._sources import STDLIB, SourceFile, open_pretokenized, resolve_sources, stdlib_files
+from ._sources import SourceFile, open_pretokenized, resolve_sources, stdlib_files
 from ._tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer
 
 __all__ = [

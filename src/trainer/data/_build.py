@@ -1,64 +1,22 @@
-"""The ``data`` config section and the one call that turns it into train/validation splits."""
+"""The one call that turns the ``data`` config section (``config.data_section``) into train/validation splits."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Union
 
 import numpy as np
 
-from .._rules import NONEMPTY, key
+from ..config.data_section import DataConfig, DataError, SourceSpec
 from ._cache import cached_chat, cached_tokens
-from ._errors import DataError
-from ._mixture import Mixture, SourceSpec, parse_sources
+from ._mixture import Mixture
 from ._packing import Sequences, TokenStream
-from ._sources import BIN_DTYPES, STDLIB, SourceFile, check_token_ids, open_pretokenized, resolve_sources
+from ._sources import SourceFile, check_token_ids, open_pretokenized, resolve_sources
 from ._tokenizer import Tokenizer, check_tokenizer, load_tokenizer
 from .chat import ChatFormat
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class DataConfig:
-    """Where the tokens come from and how they are cut. The section checks its own values
-    (``DataError``) when it is made, from a config or in code."""
-
-    train: list[Union[dict[str, Any], str]] = key(
-        factory=lambda: [STDLIB], rule=NONEMPTY,
-        doc="paths, globs, directories or `stdlib` (the embedded corpus), or named sources "
-            "`{name, paths, weight, text_field, format}` drawn by weight (see Mixtures, Chat data)")
-    validation: list[Union[dict[str, Any], str]] = key(
-        factory=list, doc="validation sources in either form; empty: the last val_fraction of the train sequences")
-    val_fraction: float = key(0.05, doc="share of the sequences held out for validation (0: none)")
-    tokenizer: str = key("byte", doc="`byte`, or a local tokenizer.json (or a folder holding one)")
-    chat_template: str | None = key(None, doc="a Jinja chat template file for chat sources (null: the tokenizer "
-                                              "folder's)")
-    eos_token: str | None = key(None, doc="the end-of-document token of an HF tokenizer, where it cannot be found")
-    seq_len: int = key(256, doc="tokens per packed sequence")
-    bin_dtype: str = key("uint16", doc="the token dtype of `.bin` files (`.npy` files say their own)")
-    cache_dir: str = key("~/.cache/named/data", free=True, doc="where tokenised text is cached")
-    stdlib_bytes: int = key(8_000_000, doc="how much of the standard library the `stdlib` corpus takes")
-
-    def __post_init__(self):
-        self.sources("train")
-        self.sources("validation")
-        if self.seq_len < 2:
-            raise DataError(f"data.seq_len must be at least 2 (a token and its target), got {self.seq_len}")
-        if not 0.0 <= self.val_fraction < 1.0:
-            raise DataError(f"data.val_fraction must be in [0, 1), got {self.val_fraction}")
-        if self.bin_dtype not in BIN_DTYPES:
-            raise DataError(f"data.bin_dtype must be one of {BIN_DTYPES}, got {self.bin_dtype!r}")
-        if self.stdlib_bytes < 1:
-            raise DataError(f"data.stdlib_bytes must be positive, got {self.stdlib_bytes}")
-        if self.chat_template is not None and not self.chat_template.strip():
-            raise DataError("data.chat_template must be a path to a Jinja template file, or null, got ''")
-
-    def sources(self, key: str) -> list[SourceSpec]:
-        """``data.train`` or ``data.validation`` as sources: one unnamed source for plain specs."""
-        return parse_sources(getattr(self, key), f"data.{key}", weighted=key == "train")
 
 
 @dataclass(frozen=True)

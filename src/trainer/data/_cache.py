@@ -29,11 +29,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ..config.data_section import DataError
 from ._chat import CHAT_FORMAT, encode_chat_into
-from ._errors import DataError
-from ._sources import FIELD_KINDS, SourceFile, iter_documents, iter_records, memmap_tokens
 from ._encode import _TEMP_PREFIX, CACHE_FORMAT, atomic_write, empty_corpus, encode_into
 from ._shards import build_sharded, use_shards
+from ._sources import FIELD_KINDS, SourceFile, iter_documents, iter_records, memmap_tokens
 from ._tokenizer import Tokenizer, check_tokenizer
 from .chat import ChatFormat
 

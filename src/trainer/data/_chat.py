@@ -30,8 +30,8 @@ from typing import BinaryIO
 
 import numpy as np
 
+from ..config.data_section import DataError
 from ._encode import check_ids, chunked
-from ._errors import DataError
 from ._packing import LOSS, START
 from ._sources import has_surrogate, json_kind
 from .chat import ChatFormat, ChatTemplate, assistant_spans

@@ -18,7 +18,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-from ._errors import DataError
+from ..config.data_section import DataError
 
 _ROWS_PER_READ = 4096  # rows decoded at once from a Parquet row group
 _ARROW_FILE_MAGIC = b"ARROW1"  # the random-access IPC format; the stream format has no magic

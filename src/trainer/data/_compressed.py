@@ -15,7 +15,7 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from ._errors import DataError
+from ..config.data_section import DataError
 
 _BLOCK = 1 << 16  # compressed bytes per decompress call: bounds memory and the error's byte range
 _GZIP_WBITS = 16 + zlib.MAX_WBITS  # gzip header and trailer, CRC and length checked by zlib

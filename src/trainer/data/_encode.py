@@ -14,7 +14,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from ._errors import DataError
+from ..config.data_section import DataError
 from ._sources import SourceFile, first_out_of_range
 from ._tokenizer import Tokenizer
 

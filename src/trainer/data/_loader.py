@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._errors import DataError
+from ..config.data_section import DataError
 from ._mixture import Mixture, MixtureOrder
 from ._packing import Batch, Sequences, TokenStream, padding_rows
 from ._sources import open_pretokenized, resolve_sources

@@ -23,95 +23,16 @@ process computes its own rows without talking to the others:
 
 from __future__ import annotations
 
-import difflib
-import math
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from ._errors import DataError
+from ..config.data_section import DataError
 from ._packing import Batch, Sequences
 
 BLOCK_ROWS = 4096  # the finest share a weight can get is one row in a block of at least this many
 _MIX_TAG, _SOURCE_TAG = 0x6D6978, 0x737263  # keep the block and source generators apart from the epoch order's
-_KEYS = ("name", "paths", "weight", "text_field", "format")
-FORMATS = ("text", "chat")  # a source's documents: text (by file kind) or chat records (_chat)
-
-
-@dataclass(frozen=True)
-class SourceSpec:
-    """One source of ``data.train`` / ``data.validation``: its files, share, text field and format.
-
-    Plain specs (strings) form a single unnamed source (``name == ""``) of text."""
-
-    name: str
-    paths: tuple[str, ...]
-    weight: float = 1.0
-    text_field: str = "text"
-    format: str = "text"
-
-
-def parse_sources(entries: Sequence[Any], key: str, *, weighted: bool) -> list[SourceSpec]:
-    """The sources an entry list describes; raises DataError naming ``key[i].field``."""
-    named = [isinstance(e, dict) for e in entries]
-    if not any(named):
-        for i, spec in enumerate(entries):
-            if not isinstance(spec, str) or not spec:
-                raise DataError(f"{key}[{i}] must be a non-empty path, glob or 'stdlib', got {spec!r}")
-        return [SourceSpec("", tuple(entries))] if entries else []
-    if not all(named):
-        i = named.index(False)
-        raise DataError(f"{key}[{i}] is {entries[i]!r} but other entries are named sources; give every entry as "
-                        "{name: ..., paths: [...], weight: ...}")
-    out = [_parse_one(e, f"{key}[{i}]", weighted) for i, e in enumerate(entries)]
-    names = [s.name for s in out]
-    for i, name in enumerate(names):
-        if names.index(name) != i:
-            first = names.index(name)
-            raise DataError(f"{key}[{i}].name {name!r} is also the name of {key}[{first}]; names must differ")
-    total = sum(s.weight for s in out)
-    if weighted and not total > 0:
-        raise DataError(f"{key}: the weights of the sources sum to 0; give at least one source a positive weight")
-    if weighted and not math.isfinite(total):  # each is finite, their sum overflows: every share would be 0 or NaN
-        raise DataError(f"{key}: the weights of the sources sum to {total} (past the largest float); only their ratios "
-                        "count, so scale them down (e.g. 3 and 1)")
-    return out
-
-
-def _parse_one(entry: dict, key: str, weighted: bool) -> SourceSpec:
-    allowed = [x for x in _KEYS if weighted or x != "weight"]
-    for k in entry:
-        if k not in allowed:
-            near = difflib.get_close_matches(str(k), allowed, n=1)
-            why = f"; did you mean {near[0]}?" if near else ""
-            why = " (validation sources have no weight)" if k == "weight" else why
-            raise DataError(f"{key}.{k} is not a key of a source{why}; its keys: {', '.join(allowed)}")
-    name = entry.get("name")
-    if not isinstance(name, str) or not name.strip():
-        raise DataError(f"{key}.name must be a non-empty string, got {name!r}")
-    paths = entry.get("paths")
-    paths = [paths] if isinstance(paths, str) else paths
-    if not isinstance(paths, list) or not paths:
-        raise DataError(f"{key}.paths must be a path, glob or 'stdlib', or a non-empty list of them; got {paths!r}")
-    for j, p in enumerate(paths):
-        if not isinstance(p, str) or not p:
-            raise DataError(f"{key}.paths[{j}] must be a non-empty path, glob or 'stdlib', got {p!r}")
-    weight = entry.get("weight", 1.0)
-    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight < 0:
-        raise DataError(f"{key}.weight must be a finite number >= 0, got {weight!r}")
-    field = entry.get("text_field", "text")
-    if not isinstance(field, str) or not field:
-        raise DataError(f"{key}.text_field must be a non-empty column or field name, got {field!r}")
-    fmt = entry.get("format", "text")
-    if fmt not in FORMATS:
-        raise DataError(f"{key}.format must be one of {', '.join(FORMATS)}, got {fmt!r}")
-    if fmt == "chat" and "text_field" in entry:
-        raise DataError(f"{key}.text_field: a chat source reads whole records ('messages', or 'prompt' and "
-                        "'completion'), not one field; leave text_field out")
-    return SourceSpec(name, tuple(paths), float(weight), field, fmt)
 
 
 class Mixture:

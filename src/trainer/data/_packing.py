@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._errors import DataError
+from ..config.data_section import DataError
 
 PAD_SEGMENT = -1
 LOSS, START = 1, 2  # flag bits: the token is a target that carries loss; the token starts a document

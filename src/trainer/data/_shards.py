@@ -34,8 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..config.data_section import DataError
 from ._encode import CACHE_FORMAT, atomic_write, empty_corpus, encode_into
-from ._errors import DataError
 from ._sources import SourceFile, iter_documents
 from ._tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer
 

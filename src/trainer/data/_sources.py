@@ -33,11 +33,9 @@ from typing import Literal
 
 import numpy as np
 
+from ..config.data_section import BIN_DTYPES, STDLIB, DataError
 from . import _columnar, _compressed
-from ._errors import DataError
 
-STDLIB = "stdlib"
-BIN_DTYPES = ("uint16", "uint32")
 _SKIPPED_STDLIB_DIRS = {"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test"}
 _SCAN_CHUNK = 1 << 24  # tokens per chunk when checking ids of a pre-tokenised file
 # JSON escapes can produce lone surrogates, which no tokenizer can encode.

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from ._errors import DataError
+from ..config.data_section import DataError
 
 # Tried in order when neither the caller nor a neighbouring tokenizer_config.json names
 # the end-of-document token.

@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import DataError
+from ..config.data_section import DataError
 from ._packing import LOSS, START
 from ._tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer
 

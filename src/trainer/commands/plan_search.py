@@ -9,7 +9,7 @@ abstract inputs (nothing is allocated), then ranked by a roofline estimate of on
     time ≈ FLOPs / peak FLOP/s  +  HBM bytes / HBM bandwidth  +  collective bytes sent / link bandwidth
 
 all per device, from the compiled program (loop bodies counted once per iteration) and the
-device row of :mod:`named.trainer.hardware`; the peak is the one of the config's compute dtype
+device row of :mod:`named.trainer.loop.hardware`; the peak is the one of the config's compute dtype
 (``Device.matmul_peak``: a float32 run on an H100 runs its matmuls as TF32, at half the bf16
 peak). The three terms are added, not overlapped: the estimate is an upper bound that ranks
 layouts; it is no prediction of a measured step time. Recomputation moves at least the bytes of
@@ -25,8 +25,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 
-from .config import ConfigError, TrainConfig
-from .hardware import Device
+from ..config import ConfigError, TrainConfig
+from ..loop.hardware import Device
 from .plan import Target, train_step_report
 
 _TP_AXES = ("mlp", "heads", "kv_heads")
@@ -106,7 +106,7 @@ def search(cfg: TrainConfig, roof: Roofline, *, memory_budget: float, progress=N
 
     import named as nm
 
-    from .checks import check_against_devices
+    from ..loop.checks import check_against_devices
 
     out = []
     for c in candidates(len(jax.devices()), _param_axes(cfg), cfg.trainer.train_batch_size):
@@ -148,7 +148,7 @@ def _param_axes(cfg: TrainConfig) -> set[str]:
 
     import named as nm
 
-    from .checks import model_config_for
+    from ..loop.checks import model_config_for
 
     model_cfg, cls = model_config_for(cfg)
     shapes = jax.eval_shape(lambda k: cls.init(model_cfg, key=k), jax.random.key(0))

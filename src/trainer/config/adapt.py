@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._rules import NONEMPTY, above, at_least, between, key, one_of
+from .rules import NONEMPTY, above, at_least, between, key, one_of
 
 
 @dataclass

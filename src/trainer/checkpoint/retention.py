@@ -22,8 +22,8 @@ import shutil
 import uuid
 from pathlib import Path
 
-from .checkpoint_read import _read_commit, list_checkpoints, uncommitted_steps
-from .checkpoint_store import COMMIT_FILE, CheckpointError, Location, ObjectPath, delete_objects, delete_prefix
+from .read import _read_commit, list_checkpoints, uncommitted_steps
+from .store import COMMIT_FILE, CheckpointError, Location, ObjectPath, delete_objects, delete_prefix
 
 LEFTOVER_DIR = re.compile(r"^step_\d+\.(tmp|deleting|replaced)-[0-9a-f]+$")
 

@@ -21,8 +21,8 @@ from named.models.hf import CheckpointFormatError, check_folder
 from named import nn
 from named.nn.loss import _block_error  # the blockwise loss's own message, with the nearest divisors
 
-from .config import ConfigError, TrainConfig, data_parallel_size, to_mapping
-from .data import Tokenizer, load_tokenizer
+from ..config import ConfigError, TrainConfig, data_parallel_size, to_mapping
+from ..data import Tokenizer, load_tokenizer
 from .loss import token_losses
 from .model_init import layer_driver, model_shapes
 from .registry import max_positions, model_class, model_type

@@ -46,13 +46,13 @@ from named.models.hf import CheckpointFormatError, save_pretrained
 from named.models._hf_config import folder_file
 from named.models.registry import family_for
 
-from . import checkpoint as ckpt
-from . import run_places
-from .config import ConfigError, TrainConfig, load_config, to_mapping
-from .data import DataError, load_tokenizer
-from .model_init import hf_linears, model_shapes
-from .registry import model_class
-from .rundir import checkpoint_root
+from .. import checkpoint as ckpt
+from ..checkpoint import run_places
+from ..checkpoint.rundir import checkpoint_root
+from ..config import ConfigError, TrainConfig, load_config, to_mapping
+from ..data import DataError, load_tokenizer
+from ..loop.model_init import hf_linears, model_shapes
+from ..loop.registry import model_class
 from .sample import _model_config
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")

@@ -11,7 +11,7 @@ import optax
 import named as nm
 from named import nn
 
-from .config import OptimizerConfig, TrainConfig
+from ..config import OptimizerConfig, TrainConfig
 from .model_init import trainable
 
 def schedule(cfg: OptimizerConfig, num_steps: int) -> optax.Schedule:

@@ -8,7 +8,7 @@ import dataclasses
 
 from named.models.registry import FAMILIES, family_for
 
-from .config import ConfigError
+from ..config import ConfigError
 
 
 def _family(model_cfg):

@@ -19,10 +19,10 @@ import jax.numpy as jnp
 
 import named as nm
 
-from . import hardware
-from .checks import Setup, check_against_devices
-from .config import ConfigError, TrainConfig, data_parallel_size
-from .registry import flops_per_token
+from ..config import ConfigError, TrainConfig, data_parallel_size
+from ..loop import hardware
+from ..loop.checks import Setup, check_against_devices
+from ..loop.registry import flops_per_token
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +88,7 @@ def plan_report(cfg: TrainConfig, *, compile: bool = False, target: Target | Non
                else "")
     acts = activation_bytes(cfg, s)
     # Gradients and the optimizer state exist for the trainable parameters only (LoRA: the adapters).
-    from .optim import init_opt_state, trainable_part
+    from ..loop.optim import init_opt_state, trainable_part
 
     trained = nm.param_report(trainable_part(cfg, s.shapes), param, mesh)
     moments = nm.param_report(jax.eval_shape(lambda m: init_opt_state(cfg, m), s.shapes), param, mesh)
@@ -154,11 +154,9 @@ def abstract_train_step(cfg: TrainConfig, s: Setup | None = None) -> tuple:
     parameter mapping, the batch by the compute mapping), so that ``step.lower(*args)`` under the
     run's mesh compiles it without allocating anything. ``s``: the result of
     ``check_against_devices(cfg)``, when the caller has it."""
-    from named.nn.precision import get_policy
-
-    from .optim import build_optimizer, init_opt_state
-    from .stop import flags_layout
-    from .train import make_train_step
+    from ..loop.optim import build_optimizer, init_opt_state
+    from ..loop.stop import flags_layout
+    from ..loop.train import make_train_step
 
     s = s if s is not None else check_against_devices(cfg)
     mesh, compute, param = s.mesh, s.compute, s.param
@@ -181,7 +179,7 @@ def abstract_train_step(cfg: TrainConfig, s: Setup | None = None) -> tuple:
     rows = (nm.Axis("batch", t.train_batch_size), nm.Axis("position", cfg.data.seq_len))
     batch = {name: nm.NamedArray(jax.ShapeDtypeStruct((rows[0].size, rows[1].size), dtype), rows)
              for name, dtype in (("input_ids", jnp.int32), ("segment_ids", jnp.int32), ("loss_mask", jnp.bool_))}
-    step = make_train_step(s.model_cls, optimizer, get_policy(t.precision), cfg, compute, param)
+    step = make_train_step(cfg, s, optimizer)
     return step, (abstract(model, param), abstract(opt_state, param), abstract(batch, compute), jax.random.key(0),
                   flags_layout(mesh))
 

@@ -20,12 +20,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .checkpoint_retention import LEFTOVER_DIR
-from .checkpoint_store import COMMIT_FILE, STEP_DIR
+from .retention import LEFTOVER_DIR
+from .store import COMMIT_FILE, STEP_DIR
 
 CONFIG_FILE = "config.yaml"
 LOCK_FILE = ".lock"
 RUN_FILE = "run.json"  # the run's identity (see rundir)
+METRICS_FILE = "metrics.jsonl"  # one JSON object per line, each with the "step" it describes (loop.trackers)
 
 RUN_DIR, CHECKPOINT_FOLDER, CHECKPOINT = "run directory", "checkpoint folder", "checkpoint"
 KINDS = (CHECKPOINT, CHECKPOINT_FOLDER, RUN_DIR)  # innermost first: a checkpoint lies in a folder, in a run

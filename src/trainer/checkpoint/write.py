@@ -44,11 +44,11 @@ import tensorstore as ts
 from named import NamedArray, is_named_array
 from named._compat import distributed_client, is_tracer
 
-from .checkpoint_read import latest_checkpoint, restore
-from .checkpoint_retention import apply_retention, fsync_dir
-from .checkpoint_store import (COMMIT_FILE, FORMAT, IO_THREADS, CheckpointError, Location, ObjectPath, checkpoint_dir,
-                               delete_objects, hash_file, kvstore_spec, list_objects, location, read_object,
-                               safe_relpath, self_digest, show, write_objects, zarr_spec)
+from .read import latest_checkpoint, restore
+from .retention import apply_retention, fsync_dir
+from .store import (COMMIT_FILE, FORMAT, IO_THREADS, CheckpointError, Location, ObjectPath, checkpoint_dir,
+                    delete_objects, hash_file, kvstore_spec, list_objects, location, read_object,
+                    safe_relpath, self_digest, show, write_objects, zarr_spec)
 
 # ---- snapshot: the tree, flattened, with host copies of this process's shards --------
 
@@ -394,7 +394,7 @@ class Checkpointer:
 
     def save(self, step: int, tree: Any, metadata: dict | None = None, *, temporary: bool = False) -> None:
         """Snapshot ``tree`` to host memory and commit it as ``step_<step>`` in the background.
-        A ``temporary`` checkpoint is deleted once a newer one commits (checkpoint_retention)."""
+        A ``temporary`` checkpoint is deleted once a newer one commits (checkpoint.retention)."""
         self.wait()
         step = int(step)
         if step < 0:

@@ -14,14 +14,15 @@ from pathlib import Path
 
 import jax
 
-from . import checkpoint as ckpt
-from .config import RULES, ConfigError, ModelChoice, load_config
-from .config_check import check_section
-from .data import load_tokenizer
-from .data.chat import prompt_ids as chat_ids
-from .data.chat import stop_token_ids
-from .model_init import model_shapes
-from .registry import max_positions, model_class, model_config_from_dict
+from .. import checkpoint as ckpt
+from ..config import RULES, ConfigError, ModelChoice, load_config
+from ..config.check import check_section
+from ..data import load_tokenizer
+from ..data.chat import prompt_ids as chat_ids
+from ..data.chat import stop_token_ids
+from ..loop.generate import continue_ids
+from ..loop.model_init import model_shapes
+from ..loop.registry import max_positions, model_class, model_config_from_dict
 
 
 def check_flags(n_tokens: int, temperature: float, seed: int) -> None:
@@ -95,7 +96,5 @@ def sample_from_checkpoint(path: Path, prompt: str, n_tokens: int, *, temperatur
     # The checkpoint holds (model, optimizer state): the model alone is read, built as the run built it.
     target = model_shapes(cfg, model_class(model_cfg), model_cfg)
     (model, _), _ = ckpt.restore(checkpoint, (target, None), partial=True)
-    from .train import continue_ids
-
     new = continue_ids(model, ids, n_tokens, temperature=temperature, key=jax.random.key(seed), stop_ids=stops)
     return tokenizer.decode(new) if chat is not None else prompt + tokenizer.decode(new)

@@ -28,7 +28,7 @@ from named.models.hf import load_pretrained
 from named.models.registry import family_for
 from named.nn.precision import get_policy, keeps_full_precision
 
-from .config import ConfigError, TrainConfig
+from ..config import ConfigError, TrainConfig
 
 
 def adapt(cfg: TrainConfig, model, key):

@@ -21,16 +21,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from named import models, nn
 import named as nm
+from named import nn
 from named.nn.precision import cast_for_compute, get_policy
 
-from . import checkpoint as ckpt
+from .. import checkpoint as ckpt
+from ..checkpoint import rundir
+from ..config import TrainConfig, dump_config
+from ..data import Batch, Data, Sequences, TrainBatches, build_data, eval_batches, num_eval_batches
 from . import hardware
-from . import rundir
 from .checks import Setup, check_against_devices
-from .config import TrainConfig, dump_config
-from .data import Batch, Data, Sequences, TrainBatches, build_data, eval_batches, num_eval_batches
+from .generate import sample_text
 from .loss import token_losses
 from .model_init import init_model, layer_driver, trainable
 from .optim import build_optimizer, init_opt_state, schedule
@@ -69,12 +70,14 @@ def _all_finite(tree) -> jax.Array:
     return jnp.all(jnp.stack([jnp.isfinite(x).all() for x in leaves])) if leaves else jnp.bool_(True)
 
 
-def make_train_step(model_cls, optimizer, policy, cfg: TrainConfig, compute, param):
-    """The jitted step: microbatched loss and gradients (exactly the full-batch mean over
-    tokens), clipping and AdamW. ``finite`` is false when the loss, the gradient, the update,
+def make_train_step(cfg: TrainConfig, setup: Setup, optimizer):
+    """The jitted step of the model ``setup`` describes, laid out by its mappings, in the precision
+    of ``trainer.precision``: microbatched loss and gradients (exactly the full-batch mean over
+    tokens), clipping and ``optimizer`` (AdamW: ``optim.build_optimizer``). ``finite`` is false when the loss, the gradient, the update,
     the new parameters or the new optimizer state is not finite; under ``nan_policy: skip``
     such a step leaves the state untouched. ``flags`` (``stop.flags_layout``) come back agreed
     over every device as ``stop_flags``: the stop and save decisions ride in this one program."""
+    compute, param, policy = setup.compute, setup.param, get_policy(cfg.trainer.precision)
     n_micro = cfg.trainer.microbatches
     skip_bad = cfg.trainer.nan_policy == "skip"
     lora_dropout = cfg.lora is not None and cfg.lora.dropout > 0
@@ -126,12 +129,15 @@ def make_train_step(model_cls, optimizer, policy, cfg: TrainConfig, compute, par
     return nm.named_jit(step, mapping=compute, out_mapping=param, donate_args=(True, True, False, False, False))
 
 
-def make_eval_step(policy, compute, block_size: int | None = None):
+def make_eval_step(cfg: TrainConfig, setup: Setup):
+    """The jitted summed token loss of a batch and its count of loss tokens, as the train step computes them."""
+    policy, block_size = get_policy(cfg.trainer.precision), cfg.trainer.loss_block_size
+
     def eval_step(model, batch):
         per_token, _ = token_losses(cast_for_compute(model, policy), batch, block_size=block_size)
         return per_token.sum().scalar(), batch["loss_mask"][Pos, :-1].astype(jnp.float32).sum().scalar()
 
-    return nm.named_jit(eval_step, mapping=compute)
+    return nm.named_jit(eval_step, mapping=setup.compute)
 
 
 def device_batch(batch: Batch, mesh, compute, global_rows: int) -> dict[str, nm.NamedArray]:
@@ -200,9 +206,8 @@ def train(cfg: TrainConfig) -> TrainResult:
 
 
 def _train(cfg: TrainConfig, run: Run) -> TrainResult:
-    t, plan, data, train_batches = cfg.trainer, run.plan, run.data, run.train_batches
-    model_cfg, model_cls, mesh, compute, param = (run.setup.model_cfg, run.setup.model_cls, run.setup.mesh,
-                                                  run.setup.compute, run.setup.param)
+    t, plan, data, train_batches, setup = cfg.trainer, run.plan, run.data, run.train_batches, run.setup
+    mesh, compute = setup.mesh, setup.compute
     run_dir, restore_from, pid = plan.run_dir, plan.restore_from, jax.process_index()
     try:
         setup_logging(run_dir, pid)
@@ -224,17 +229,17 @@ def _train(cfg: TrainConfig, run: Run) -> TrainResult:
         stop = stack.enter_context(StopRequests(t.stop_signals, cfg.checkpoint.every_minutes, mesh))
         stopped = 0
         # A resume restores every weight from our checkpoint: the pretrained folder is not read again.
-        model = init_model(cfg, model_cls, model_cfg, param=param, mesh=mesh, key=init_key,
+        model = init_model(cfg, setup.model_cls, setup.model_cfg, param=setup.param, mesh=mesh, key=init_key,
                            pretrained=restore_from is None, dtype=policy.param_dtype)
-        opt_state = nm.named_jit(lambda m: init_opt_state(cfg, m, optimizer), mapping=param)(model)
+        opt_state = nm.named_jit(lambda m: init_opt_state(cfg, m, optimizer), mapping=setup.param)(model)
         start = 0
         if restore_from is not None:
             (model, opt_state), meta = ckpt.restore(restore_from, (model, opt_state))
             start = int(meta["step"])
             log.info(f"resumed from {restore_from} at step {start}")
-        train_step = make_train_step(model_cls, optimizer, policy, cfg, compute, param)
-        eval_step = make_eval_step(policy, compute, t.loss_block_size)
-        flops_tok = flops_per_token(model_cfg, cfg.data.seq_len)
+        train_step = make_train_step(cfg, setup, optimizer)
+        eval_step = make_eval_step(cfg, setup)
+        flops_tok = flops_per_token(setup.model_cfg, cfg.data.seq_len)
         peak = peak_flops(cfg)
         n_dev = len(jax.devices())
         losses: list[float] = []
@@ -324,7 +329,7 @@ class Due:
     sample: bool
     checkpoint: bool
     read: bool
-    temporary: bool = False  # the checkpoint is time-based or a stop's (checkpoint_retention)
+    temporary: bool = False  # the checkpoint is time-based or a stop's (checkpoint.retention)
     stop: bool = False  # a stop signal: save, wait for the commit, end the run
 
 
@@ -439,24 +444,6 @@ def _eval_sums(loss_sum, rows: Sequences, t) -> tuple[float, float, int]:
         s, c = loss_sum(b)
         total, count = total + float(s), count + float(c)
     return total, count, min(limit * t.train_batch_size, len(rows))
-
-
-def sample_text(model, tokenizer, prompt: str, n_tokens: int, *, temperature: float = 0.0, top_k: int | None = None,
-                key=None, stop_ids: tuple[int, ...] = ()) -> str:
-    """``prompt`` and its continuation, cut before the first of ``stop_ids`` (which is not shown)."""
-    ids = tokenizer.encode(prompt) or [tokenizer.eos_id]
-    return prompt + tokenizer.decode(continue_ids(model, ids, n_tokens, temperature=temperature, top_k=top_k, key=key,
-                                                  stop_ids=stop_ids))
-
-
-def continue_ids(model, ids: list[int], n_tokens: int, *, temperature: float = 0.0, top_k: int | None = None,
-                 key=None, stop_ids: tuple[int, ...] = ()) -> list[int]:
-    """Up to ``n_tokens`` new ids after ``ids``, ending before the first of ``stop_ids``."""
-    prompt_ids = nm.named(jnp.asarray([ids], jnp.int32), ("batch", Pos))
-    out = models.generate(model, prompt_ids, n_tokens, temperature=temperature, top_k=top_k, key=key, stop_ids=stop_ids)
-    new = [int(i) for i in np.asarray(out.array)[0, len(ids):]]
-    ends = [k for k, i in enumerate(new) if i in stop_ids]
-    return new[:ends[0]] if ends else new
 
 
 def _progress(t, start: int, pid: int, stack: contextlib.ExitStack):

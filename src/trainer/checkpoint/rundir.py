@@ -58,8 +58,8 @@ from typing import Any
 import jax
 import yaml
 
-from . import checkpoint as ckpt
-from .config import (  # noqa: F401  (TRAJECTORY_FREE, checkpoint_root: also this module's public face)
+from .. import checkpoint as ckpt
+from ..config import (  # noqa: F401  (TRAJECTORY_FREE, checkpoint_root: also this module's public face)
     TRAJECTORY_FREE,
     ConfigError,
     TrainConfig,
@@ -68,8 +68,7 @@ from .config import (  # noqa: F401  (TRAJECTORY_FREE, checkpoint_root: also thi
     dump_config,
     explicit_checkpoint,
 )
-from .run_places import CHECKPOINT, CHECKPOINT_FOLDER, CONFIG_FILE, LOCK_FILE, RUN_FILE, enclosing
-from .trackers import METRICS_FILE
+from .run_places import CHECKPOINT, CHECKPOINT_FOLDER, CONFIG_FILE, LOCK_FILE, METRICS_FILE, RUN_FILE, enclosing
 
 __all__ = ["TRAJECTORY_FREE", "RunPlan", "check_outside_checkpoints", "check_writable", "checkpoint_root", "claim",
            "os_error", "plan_run", "trajectory_changes"]

@@ -1,8 +1,8 @@
 """Where checkpoints live: a local directory or a prefix in an object store (``s3://``, ``gs://``).
 
-``location`` is the one rule that turns a configured value into a place: a string starting with
-``s3://`` or ``gs://`` is an ``ObjectPath`` (bucket and key prefix), any other ``scheme://`` is
-refused, everything else is a local ``Path``. Object stores are read and written through
+``config.location`` is the one rule that turns a configured value into a place: a string starting
+with ``s3://`` or ``gs://`` is an ``ObjectPath`` (bucket and key prefix), any other ``scheme://``
+is refused, everything else is a local ``Path``. Object stores are read and written through
 tensorstore's own kvstore drivers (``s3``, ``gcs``), never by HTTP code of ours:
 
 - ``s3://``: credentials as the AWS CLI finds them (``AWS_ACCESS_KEY_ID`` /
@@ -14,7 +14,7 @@ tensorstore's own kvstore drivers (``s3``, ``gcs``), never by HTTP code of ours:
   metadata server), as tensorstore's ``gcs`` driver finds them.
 
 Objects have no atomic rename, so the commit protocol on a store differs from the local one
-(``checkpoint_write``): the error types and the small file-level helpers both use are here.
+(``write``): the small file-level helpers both use are here.
 """
 
 from __future__ import annotations
@@ -30,12 +30,11 @@ from typing import Iterable
 
 import tensorstore as ts
 
-from named import NamedError
+from ..config.location import CheckpointError, Location, ObjectPath, location
 
 FORMAT = "named-checkpoint/1"
 COMMIT_FILE = "commit.json"
 STEP_DIR = re.compile(r"^step_(\d+)$")
-SCHEMES = ("s3", "gs")
 IO_THREADS = min(16, (os.cpu_count() or 4))
 
 # Transient errors (throttling, a dropped connection) are retried with exponential backoff, up
@@ -44,74 +43,8 @@ IO_THREADS = min(16, (os.cpu_count() or 4))
 RETRIES = {"max_retries": 8, "initial_delay": "0.5s", "max_delay": "16s"}
 
 
-class CheckpointError(NamedError, RuntimeError):
-    """A checkpoint cannot be written, found, verified or matched to the target tree."""
-
-
 class CheckpointWarning(UserWarning):
     """A checkpoint was skipped (corrupted, truncated or never committed) and an older one is used instead."""
-
-
-# ---- the one rule: a value to a place ------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class ObjectPath:
-    """A key prefix in an object-store bucket, e.g. ``s3://bucket/runs/exp1``."""
-
-    scheme: str
-    bucket: str
-    key: str = ""  # no leading or trailing '/'; "" is the bucket's root
-
-    def __str__(self) -> str:
-        return f"{self.scheme}://{self.bucket}" + (f"/{self.key}" if self.key else "")
-
-    def __truediv__(self, rel: str) -> ObjectPath:
-        parts = [p for p in str(rel).split("/") if p not in ("", ".")]
-        if ".." in parts:
-            raise CheckpointError(f"{self}: refuses the relative path {rel!r}, which leaves it ('..')")
-        return ObjectPath(self.scheme, self.bucket, "/".join([self.key, *parts] if self.key else parts))
-
-    @property
-    def name(self) -> str:
-        return self.key.rsplit("/", 1)[-1]
-
-    @property
-    def parent(self) -> ObjectPath:
-        return ObjectPath(self.scheme, self.bucket, self.key.rsplit("/", 1)[0] if "/" in self.key else "")
-
-    def is_relative_to(self, other: ObjectPath) -> bool:
-        return (self.scheme, self.bucket) == (other.scheme, other.bucket) and (
-            not other.key or self.key == other.key or self.key.startswith(other.key + "/"))
-
-
-Location = Path | ObjectPath
-
-
-def location(value: str | os.PathLike | ObjectPath) -> Location:
-    """``s3://bucket/prefix`` or ``gs://bucket/prefix`` -> ObjectPath; another ``scheme://`` ->
-    CheckpointError naming it; anything else -> a local Path."""
-    if isinstance(value, (Path, ObjectPath)):
-        return value
-    text = os.fspath(value)
-    m = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$", text)
-    if m is None:
-        return Path(text)
-    scheme, rest = m.group(1).lower(), m.group(2)
-    if scheme not in SCHEMES:
-        raise CheckpointError(f"{text}: unsupported storage scheme {scheme}://; checkpoints go to a local path, "
-                              "s3://bucket/prefix or gs://bucket/prefix")
-    bucket, _, key = rest.partition("/")
-    if not re.fullmatch(r"[a-z0-9][a-z0-9._-]{1,221}[a-z0-9]", bucket):
-        raise CheckpointError(f"{text}: {bucket!r} is not a bucket name (3 or more lower-case letters, digits, '.', '-', '_')")
-    parts = [p for p in key.split("/") if p]
-    if any(p in (".", "..") for p in parts):
-        raise CheckpointError(f"{text}: the key prefix may not contain '.' or '..' parts")
-    return ObjectPath(scheme, bucket, "/".join(parts))
-
-
-def is_remote(loc: Location) -> bool:
-    return isinstance(loc, ObjectPath)
 
 
 def checkpoint_dir(root: str | os.PathLike | ObjectPath, subdir: str = "checkpoints") -> Location:
@@ -131,20 +64,6 @@ def checkpoint_dir(root: str | os.PathLike | ObjectPath, subdir: str = "checkpoi
             f"checkpoint dir {out} resolves to {out.resolve()}, outside the run directory {run.resolve()}"
         )
     return out
-
-
-def inside(root: Location, value: str) -> Location | None:
-    """``value`` (relative to ``root``, or absolute / a URL) as a place, or None if it is outside ``root``."""
-    root = location(root)
-    target = location(value) if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", value) else None
-    if isinstance(root, ObjectPath):
-        target = target if target is not None else root / value
-        return target if isinstance(target, ObjectPath) and target.is_relative_to(root) else None
-    if target is not None:
-        return None
-    path = Path(value)
-    path = path if path.is_absolute() else root / path
-    return path if path.resolve().is_relative_to(root.resolve()) else None
 
 
 # ---- small shared helpers ----------------------------------------------------------------

@@ -32,9 +32,9 @@ from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from named import NamedArray, is_named_array
 
-from .checkpoint_store import (COMMIT_FILE, FORMAT, IO_THREADS, STEP_DIR, CheckpointError, CheckpointWarning, Location,
-                               ObjectPath, checkpoint_dir, hash_file, kvstore_spec, list_objects, location, read_object,
-                               read_objects, safe_relpath, self_digest, show, zarr_spec)
+from .store import (COMMIT_FILE, FORMAT, IO_THREADS, STEP_DIR, CheckpointError, CheckpointWarning, Location,
+                    ObjectPath, checkpoint_dir, hash_file, kvstore_spec, list_objects, location, read_object,
+                    read_objects, safe_relpath, self_digest, show, zarr_spec)
 
 _SCALAR_TYPES = {"bool": bool, "int": int, "float": float, "str": str}
 _COMMIT_KEY = re.compile(r"^step_(\d+)/" + re.escape(COMMIT_FILE) + "$")

@@ -4,7 +4,7 @@
 
 Every key is declared once, as its section's dataclass field: the annotation gives its type, the
 default its default, and ``key(...)`` the values it may take beyond its type, whether a resumed
-run may change it, and one line of doc (``_rules``). The rules table (``RULES``), the keys a
+run may change it, and one line of doc (``rules``). The rules table (``RULES``), the keys a
 resume may change (``TRAJECTORY_FREE``), the docs' keys table (``keys_table``) and ``--help``
 are derived from these declarations.
 
@@ -15,7 +15,7 @@ value against its declaration (no ``true`` for an integer, no null where the ann
 ``None``, no unknown key, each key's rule), draccus' decoding into the dataclasses, then the
 checks that tie keys together (``validate_static``). Each failure raises ``ConfigError`` naming
 the key (or the ``DataError`` of the data section's own checks). The checks that need the
-devices, the tokenizer or the model's shapes are in ``checks.py``.
+devices, the tokenizer or the model's shapes are in ``loop/checks.py``.
 """
 
 from __future__ import annotations
@@ -38,7 +38,12 @@ import named as nm
 from named.models.registry import FAMILIES
 
 from . import pretrained
-from ._rules import (  # ConfigError: also this module's public face
+from .adapt import LoraConfig, QuantizationConfig  # re-exported: sections of TrainConfig
+from .check import check_flag_keys, check_section, describe_type
+from .data_section import DataConfig, DataError
+from .location import CheckpointError, inside, location
+from .read import CONFIG_PATH, HELP, Flag, check_flag_values, override, read_file, read_flags, read_value
+from .rules import (  # ConfigError: also this module's public face
     NONEMPTY,
     ConfigError,
     Key,
@@ -50,10 +55,6 @@ from ._rules import (  # ConfigError: also this module's public face
     key,
     one_of,
 )
-from .config_adapt import LoraConfig, QuantizationConfig  # re-exported: sections of TrainConfig
-from .config_check import check_flag_keys, check_section, describe_type
-from .config_read import CONFIG_PATH, HELP, Flag, check_flag_values, override, read_file, read_flags, read_value
-from .data import DataConfig, DataError
 
 
 # ---- sections: every key declared once ------------------------------------------------
@@ -313,7 +314,7 @@ def _model_declarations() -> list[Declared]:
 # The allowed values of every key beyond its type (docs/trainer.md shows them in its keys table).
 # On top of these: every number must be finite, every integer fit int32 unless its rule bounds it,
 # and the rules that tie two keys together are in validate_static; the data section checks its own
-# keys (DataError), and the checks that need devices or the model's shapes are in checks.py.
+# keys (DataError, data_section), and the checks that need devices or the model's shapes are in loop/checks.py.
 RULES: dict[str, Rule] = {d.name: d.key.rule for d in declarations() if d.key.rule is not None}
 
 
@@ -528,8 +529,6 @@ def checkpoint_root_setting(cfg: TrainConfig) -> tuple[str, str]:
 def checkpoint_root(cfg: TrainConfig):
     """The checkpoint root (``checkpoint_root_setting``) as a place: ``checkpoint.base`` is a path
     or an ``s3://`` / ``gs://`` URL, ``trainer.run_dir`` always a local path."""
-    from .checkpoint_store import CheckpointError, location
-
     root_key, value = checkpoint_root_setting(cfg)
     if root_key == "trainer.run_dir":
         return Path(value)
@@ -545,8 +544,6 @@ def explicit_checkpoint(cfg: TrainConfig):
     value = cfg.trainer.load_checkpoint
     if value in (None, "auto"):
         return None
-    from .checkpoint_store import inside
-
     path = inside(checkpoint_root(cfg), value)
     if path is None:
         root_key, root = checkpoint_root_setting(cfg)

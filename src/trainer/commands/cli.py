@@ -27,7 +27,7 @@ class _ArgumentParser(argparse.ArgumentParser):
     """argparse that raises ConfigError naming the flag, where argparse would print its usage and exit."""
 
     def error(self, message: str):
-        from .config import ConfigError
+        from ..config import ConfigError
 
         raise ConfigError(message)
 
@@ -38,7 +38,7 @@ def shipped_configs() -> list[str]:
 
 def resolve_config(name: str) -> str:
     """``--config NAME``: a YAML file at that path, else the shipped config of that name."""
-    from .config import ConfigError
+    from ..config import ConfigError
 
     if Path(name).is_file():
         return name
@@ -54,7 +54,7 @@ def _config_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _config_of(a: argparse.Namespace) -> str | None:
-    from .config import ConfigError
+    from ..config import ConfigError
 
     if a.config_path is not None and a.config is not None:
         raise ConfigError("give --config_path FILE or --config NAME, not both")
@@ -105,7 +105,7 @@ def main_train(argv: list[str] | None = None) -> int:
         return code
     from named import NamedError
 
-    from .config import ConfigError, load_config
+    from ..config import ConfigError, load_config
 
     try:
         cfg = load_config(*_split_config_path(argv))
@@ -113,7 +113,7 @@ def main_train(argv: list[str] | None = None) -> int:
         return _fail(e)
     except SystemExit as e:  # --help: every key, from the config's declarations
         return int(e.code or 0)
-    from .distributed import describe_failure, exit_now, maybe_initialize, peer_failed
+    from ..loop.distributed import describe_failure, exit_now, maybe_initialize, peer_failed
 
     try:
         multi = maybe_initialize(cfg.distributed)
@@ -124,7 +124,7 @@ def main_train(argv: list[str] | None = None) -> int:
         exit_now(1)
     import jax
 
-    from .train import train
+    from ..loop.train import train
 
     try:
         result = train(cfg)
@@ -146,7 +146,7 @@ def main_train(argv: list[str] | None = None) -> int:
             exit_now(130 if isinstance(e, KeyboardInterrupt) else 1)
         raise
     if result.stopped_by:  # a stop signal: checkpoint committed, resumable (trainer.stop_signals)
-        from .stop import exit_code
+        from ..loop.stop import exit_code
 
         return exit_code(result.stopped_by)
     if result.losses and jax.process_index() == 0:
@@ -215,7 +215,7 @@ def main_plan(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if (code := _missing_extras("named-plan")) is not None:
         return code
-    from .config import ConfigError, load_config
+    from ..config import ConfigError, load_config
 
     p = _ArgumentParser(prog="named-plan", allow_abbrev=False, description="What a config would do on a set of devices, without training: the mesh, every "
                         "parameter's layout and bytes per device, an activation estimate and the microbatch plan.",
@@ -244,7 +244,7 @@ def main_plan(argv: list[str] | None = None) -> int:
         if a.search:
             roofline(cfg, target)
         if a.devices is not None:
-            from .checks import check_device_count
+            from ..loop.checks import check_device_count
 
             check_device_count(cfg, a.devices, 1)
             if not _stand_in_devices(a.devices):
@@ -285,11 +285,11 @@ def _with_device_count(flags: str, n: int) -> str:
 
 def _plan_in_child(argv: list[str], n: int) -> int:
     env = {**os.environ, "XLA_FLAGS": _with_device_count(os.environ.get("XLA_FLAGS", ""), n), "JAX_PLATFORMS": "cpu"}
-    return subprocess.run([sys.executable, "-m", "named.trainer.cli", "plan", *argv], env=env).returncode
+    return subprocess.run([sys.executable, "-m", "named.trainer.commands.cli", "plan", *argv], env=env).returncode
 
 
-if __name__ == "__main__":  # `python -m named.trainer.cli plan|train|sample ...`
+if __name__ == "__main__":  # `python -m named.trainer.commands.cli plan|train|sample ...`
     _MAINS = {"plan": main_plan, "train": main_train, "sample": main_sample, "export": main_export}
     if len(sys.argv) < 2 or sys.argv[1] not in _MAINS:
-        sys.exit(f"usage: python -m named.trainer.cli {{{'|'.join(_MAINS)}}} ...")
+        sys.exit(f"usage: python -m named.trainer.commands.cli {{{'|'.join(_MAINS)}}} ...")
     sys.exit(_MAINS[sys.argv[1]](sys.argv[2:]))

@@ -24,7 +24,7 @@ from typing import NoReturn
 
 from named import NamedError
 
-from .config import RULES, ConfigError, DistributedConfig
+from ..config import RULES, ConfigError, DistributedConfig
 
 
 class DistributedError(NamedError, RuntimeError):

@@ -1,14 +1,19 @@
 """Checkpoints: asynchronous, atomically committed, checksummed, restorable onto any mesh,
 on a local disk or in an object store (``s3://``, ``gs://``).
 
-This module is the public surface (``from named.trainer import checkpoint as ckpt``); the work
-is split along its seams:
+This package's ``__init__`` is the public surface of checkpoint files (``from named.trainer import
+checkpoint as ckpt``); the work is split along its seams:
 
-- ``checkpoint_store``: where checkpoints live (the one rule from a path or URL to a place,
-  tensorstore kvstore specs, object reads and writes), the error types, shared helpers;
-- ``checkpoint_write``: the snapshot to host memory, writing and committing (``Checkpointer``);
-- ``checkpoint_read``: finding, verifying and restoring;
-- ``checkpoint_retention``: which checkpoints are kept after a commit.
+- ``store``: where checkpoints live (tensorstore kvstore specs, object reads and writes), shared
+  helpers; the one rule from a path or URL to a place, and ``CheckpointError``, lie in
+  ``config.location``, where ``load_config`` uses them too;
+- ``write``: the snapshot to host memory, writing and committing (``Checkpointer``);
+- ``read``: finding, verifying and restoring;
+- ``retention``: which checkpoints are kept after a commit.
+
+Beside them, what a run keeps on disk: ``rundir`` (a run directory: new run or resume, its lock
+and identity) and ``run_places`` (run directories, checkpoint folders and checkpoints recognised
+from outside).
 
 Layout of one checkpoint, ``<run_dir>/checkpoints/step_<N>/``::
 
@@ -18,7 +23,7 @@ Layout of one checkpoint, ``<run_dir>/checkpoints/step_<N>/``::
     commit.json                                   written last; its presence is the commit
 
 (On an object store the arrays lie under ``step_<N>/data-<token>/arrays/``: see
-``checkpoint_write``.) ``commit.json`` holds the format tag, the step, whether the checkpoint
+``write``.) ``commit.json`` holds the format tag, the step, whether the checkpoint
 is temporary, the user's JSON metadata (data position, RNG key data, config, ...), every leaf
 of the tree in flatten order (its key path, and for arrays the directory, shape, dtype, chunk
 shape and NamedArray axis names; Python scalars are stored inline), the sha256 and size of
@@ -40,13 +45,12 @@ to be worked around rather than used.
 
 from __future__ import annotations
 
-from . import checkpoint_read, checkpoint_retention, checkpoint_store, checkpoint_write  # noqa: F401 - the parts
-from .checkpoint_read import (check_restorable, latest_checkpoint, list_checkpoints, read_commit, restore,
-                              uncommitted_steps, verify_checkpoint)
-from .checkpoint_store import (COMMIT_FILE, CheckpointError, CheckpointWarning, Location, ObjectPath,
-                               checkpoint_dir, check_access, inside, is_remote, location)
-from .checkpoint_store import self_digest as _self_digest  # noqa: F401 - tests build commit records
-from .checkpoint_write import Checkpointer, save_checkpoint
+from ..config.location import CheckpointError, Location, ObjectPath, inside, is_remote, location
+from .read import (check_restorable, latest_checkpoint, list_checkpoints, read_commit, restore, uncommitted_steps,
+                   verify_checkpoint)
+from .store import COMMIT_FILE, CheckpointWarning, check_access, checkpoint_dir
+from .store import self_digest as _self_digest  # noqa: F401 - tests build commit records
+from .write import Checkpointer, save_checkpoint
 
 __all__ = [
     "COMMIT_FILE",

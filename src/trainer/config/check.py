@@ -1,5 +1,5 @@
 """Every config value against its field's declaration, key by key: its type annotation, and the
-rule its ``key(...)`` gives (``_rules``).
+rule its ``key(...)`` gives (``rules``).
 
 ``load_config`` runs these on the YAML + CLI values before draccus converts them (draccus reads
 YAML's true as the integer 1 and lets null into any field). Each failure raises ``ConfigError``
@@ -16,7 +16,7 @@ from typing import Any
 
 import draccus
 
-from ._rules import INT_LIMIT, ConfigError, Key, declared
+from .rules import INT_LIMIT, ConfigError, Key, declared
 
 
 _KINDS = {bool: ("true or false", "booleans"), int: ("an integer", "integers"), float: ("a number", "numbers"),

@@ -16,12 +16,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .config import ConfigError, TrackerConfig
-from .data import atomic_write
+from ..checkpoint.run_places import METRICS_FILE
+from ..config import ConfigError, TrackerConfig
+from ..data import atomic_write
 
 log = logging.getLogger("named.trainer")
-
-METRICS_FILE = "metrics.jsonl"  # one JSON object per line, each with the "step" it describes
 
 
 def setup_logging(run_dir: Path, process_index: int) -> None:

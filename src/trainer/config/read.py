@@ -16,8 +16,8 @@ from typing import Any
 
 import yaml
 
-from ._rules import ConfigError
-from .config_check import join_key
+from .check import join_key
+from .rules import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,33 @@
+"""The training configuration: every key declared once, a config read from YAML and flags, and
+the checks on its values alone. The lowest layer of the trainer: it imports nothing of its siblings.
+
+- ``rules``: how a key is declared (``key(...)``) and ``ConfigError``;
+- ``train_config``: the sections and ``TrainConfig``, ``load_config`` and the checks that tie keys
+  together, the tables derived from the declarations (``RULES``, ``keys_table``, ``--help``);
+- ``data_section``: the ``data`` section and ``DataError`` (``named.trainer.data`` re-exports them);
+- ``location``: the rule from a value to a place for checkpoints, and ``CheckpointError``;
+- ``check``, ``read``, ``adapt``, ``pretrained``: per-value checks, the YAML file and the flags,
+  the ``lora`` and ``quantization`` sections, a Hugging Face folder's config.
+
+Every name of ``train_config`` is also this package's (``from named.trainer.config import
+load_config``). That module is imported on first use: it needs draccus and the model families,
+which the data pipeline, built on ``data_section`` and ``rules`` alone, must not pull in.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+# the error types and the data section, without draccus or the models
+from .data_section import DataConfig, DataError  # noqa: F401
+from .location import CheckpointError  # noqa: F401
+from .rules import ConfigError  # noqa: F401
+
+
+def __getattr__(name: str):
+    if not name.startswith("_"):
+        module = importlib.import_module(".train_config", __name__)
+        if hasattr(module, name):
+            return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+

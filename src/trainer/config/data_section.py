@@ -1,0 +1,145 @@
+"""The ``data`` section of a config: its keys, the sources they name, and ``DataError``.
+
+The section is declared here, with the other sections, so that the config's declarations lie
+below the code that reads data (``named.trainer.data`` builds splits from a ``DataConfig`` and
+re-exports these names: it is their public face). Everything here checks values alone: no
+file is opened. A ``DataConfig`` checks its own values when it is made, from a config or in code.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Union
+
+from named import NamedError
+
+from .rules import NONEMPTY, key
+
+STDLIB = "stdlib"  # the source spec of the embedded corpus: this Python's standard library
+BIN_DTYPES = ("uint16", "uint32")
+_KEYS = ("name", "paths", "weight", "text_field", "format")
+FORMATS = ("text", "chat")  # a source's documents: text (by file kind) or chat records (_chat)
+
+
+class DataError(NamedError, ValueError):
+    """Bad data input: a missing or corrupt file, an empty corpus, an impossible setting.
+
+    The message always names the culprit (the file, the glob pattern, the config key) and,
+    where there is one, the fix.
+    """
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """One source of ``data.train`` / ``data.validation``: its files, share, text field and format.
+
+    Plain specs (strings) form a single unnamed source (``name == ""``) of text."""
+
+    name: str
+    paths: tuple[str, ...]
+    weight: float = 1.0
+    text_field: str = "text"
+    format: str = "text"
+
+
+def parse_sources(entries: Sequence[Any], key: str, *, weighted: bool) -> list[SourceSpec]:
+    """The sources an entry list describes; raises DataError naming ``key[i].field``."""
+    named = [isinstance(e, dict) for e in entries]
+    if not any(named):
+        for i, spec in enumerate(entries):
+            if not isinstance(spec, str) or not spec:
+                raise DataError(f"{key}[{i}] must be a non-empty path, glob or 'stdlib', got {spec!r}")
+        return [SourceSpec("", tuple(entries))] if entries else []
+    if not all(named):
+        i = named.index(False)
+        raise DataError(f"{key}[{i}] is {entries[i]!r} but other entries are named sources; give every entry as "
+                        "{name: ..., paths: [...], weight: ...}")
+    out = [_parse_one(e, f"{key}[{i}]", weighted) for i, e in enumerate(entries)]
+    names = [s.name for s in out]
+    for i, name in enumerate(names):
+        if names.index(name) != i:
+            first = names.index(name)
+            raise DataError(f"{key}[{i}].name {name!r} is also the name of {key}[{first}]; names must differ")
+    total = sum(s.weight for s in out)
+    if weighted and not total > 0:
+        raise DataError(f"{key}: the weights of the sources sum to 0; give at least one source a positive weight")
+    if weighted and not math.isfinite(total):  # each is finite, their sum overflows: every share would be 0 or NaN
+        raise DataError(f"{key}: the weights of the sources sum to {total} (past the largest float); only their ratios "
+                        "count, so scale them down (e.g. 3 and 1)")
+    return out
+
+
+def _parse_one(entry: dict, key: str, weighted: bool) -> SourceSpec:
+    allowed = [x for x in _KEYS if weighted or x != "weight"]
+    for k in entry:
+        if k not in allowed:
+            near = difflib.get_close_matches(str(k), allowed, n=1)
+            why = f"; did you mean {near[0]}?" if near else ""
+            why = " (validation sources have no weight)" if k == "weight" else why
+            raise DataError(f"{key}.{k} is not a key of a source{why}; its keys: {', '.join(allowed)}")
+    name = entry.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise DataError(f"{key}.name must be a non-empty string, got {name!r}")
+    paths = entry.get("paths")
+    paths = [paths] if isinstance(paths, str) else paths
+    if not isinstance(paths, list) or not paths:
+        raise DataError(f"{key}.paths must be a path, glob or 'stdlib', or a non-empty list of them; got {paths!r}")
+    for j, p in enumerate(paths):
+        if not isinstance(p, str) or not p:
+            raise DataError(f"{key}.paths[{j}] must be a non-empty path, glob or 'stdlib', got {p!r}")
+    weight = entry.get("weight", 1.0)
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight < 0:
+        raise DataError(f"{key}.weight must be a finite number >= 0, got {weight!r}")
+    field = entry.get("text_field", "text")
+    if not isinstance(field, str) or not field:
+        raise DataError(f"{key}.text_field must be a non-empty column or field name, got {field!r}")
+    fmt = entry.get("format", "text")
+    if fmt not in FORMATS:
+        raise DataError(f"{key}.format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    if fmt == "chat" and "text_field" in entry:
+        raise DataError(f"{key}.text_field: a chat source reads whole records ('messages', or 'prompt' and "
+                        "'completion'), not one field; leave text_field out")
+    return SourceSpec(name, tuple(paths), float(weight), field, fmt)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the tokens come from and how they are cut. The section checks its own values
+    (``DataError``) when it is made, from a config or in code."""
+
+    train: list[Union[dict[str, Any], str]] = key(
+        factory=lambda: [STDLIB], rule=NONEMPTY,
+        doc="paths, globs, directories or `stdlib` (the embedded corpus), or named sources "
+            "`{name, paths, weight, text_field, format}` drawn by weight (see Mixtures, Chat data)")
+    validation: list[Union[dict[str, Any], str]] = key(
+        factory=list, doc="validation sources in either form; empty: the last val_fraction of the train sequences")
+    val_fraction: float = key(0.05, doc="share of the sequences held out for validation (0: none)")
+    tokenizer: str = key("byte", doc="`byte`, or a local tokenizer.json (or a folder holding one)")
+    chat_template: str | None = key(None, doc="a Jinja chat template file for chat sources (null: the tokenizer "
+                                              "folder's)")
+    eos_token: str | None = key(None, doc="the end-of-document token of an HF tokenizer, where it cannot be found")
+    seq_len: int = key(256, doc="tokens per packed sequence")
+    bin_dtype: str = key("uint16", doc="the token dtype of `.bin` files (`.npy` files say their own)")
+    cache_dir: str = key("~/.cache/named/data", free=True, doc="where tokenised text is cached")
+    stdlib_bytes: int = key(8_000_000, doc="how much of the standard library the `stdlib` corpus takes")
+
+    def __post_init__(self):
+        self.sources("train")
+        self.sources("validation")
+        if self.seq_len < 2:
+            raise DataError(f"data.seq_len must be at least 2 (a token and its target), got {self.seq_len}")
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise DataError(f"data.val_fraction must be in [0, 1), got {self.val_fraction}")
+        if self.bin_dtype not in BIN_DTYPES:
+            raise DataError(f"data.bin_dtype must be one of {BIN_DTYPES}, got {self.bin_dtype!r}")
+        if self.stdlib_bytes < 1:
+            raise DataError(f"data.stdlib_bytes must be positive, got {self.stdlib_bytes}")
+        if self.chat_template is not None and not self.chat_template.strip():
+            raise DataError("data.chat_template must be a path to a Jinja template file, or null, got ''")
+
+    def sources(self, key: str) -> list[SourceSpec]:
+        """``data.train`` or ``data.validation`` as sources: one unnamed source for plain specs."""
+        return parse_sources(getattr(self, key), f"data.{key}", weighted=key == "train")
