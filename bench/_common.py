@@ -36,7 +36,9 @@ LEARNING_RATE = 1e-3
 
 def _git(*args: str) -> str:
     try:
-        return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return ""
 
@@ -64,7 +66,11 @@ def machine() -> dict:
             versions[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             pass
-    dirty = [] if os.environ.get("BENCH_COMMIT") else [line.strip() for line in _git("status", "--porcelain", "--", "src").splitlines()]
+    dirty = (
+        []
+        if os.environ.get("BENCH_COMMIT")
+        else [line.strip() for line in _git("status", "--porcelain", "--", "src").splitlines()]
+    )
     return {
         "cpu": _cpu_model(),
         "cores": os.cpu_count(),
@@ -79,7 +85,7 @@ def machine() -> dict:
         "commit": os.environ.get("BENCH_COMMIT") or _git("rev-parse", "--short=12", "HEAD"),
         "dirty_src": dirty,
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
 
 
@@ -140,9 +146,14 @@ def alternate(sides: dict, rounds: int, per_round: int) -> tuple[dict[str, list[
                 step()
                 wall[name].append(time.perf_counter() - t0)
                 cpu[name].append(time.process_time() - c0)
-        print(f"  round {r + 1}/{rounds}: " + ", ".join(
-            f"{k} {statistics.median(v[-per_round:]):.4f}s (cpu {statistics.median(cpu[k][-per_round:]):.3f}s)"
-            for k, v in wall.items()), flush=True)
+        print(
+            f"  round {r + 1}/{rounds}: "
+            + ", ".join(
+                f"{k} {statistics.median(v[-per_round:]):.4f}s (cpu {statistics.median(cpu[k][-per_round:]):.3f}s)"
+                for k, v in wall.items()
+            ),
+            flush=True,
+        )
     return wall, cpu
 
 
@@ -181,18 +192,31 @@ def hlo_stats(hlo_text: str) -> dict:
         if base in coll:
             coll[base]["count"] += 1
             coll[base]["bytes"] += _nbytes(shape)
-    return {"total_instructions": sum(ops.values()), "fusions": ops["fusion"], "collectives": coll,
-            "opcodes": dict(sorted(ops.items()))}
+    return {
+        "total_instructions": sum(ops.values()),
+        "fusions": ops["fusion"],
+        "collectives": coll,
+        "opcodes": dict(sorted(ops.items())),
+    }
 
 
 def memory_stats(compiled) -> dict:
     """``compiled.memory_analysis()`` in bytes, with per-device peak = temp + argument + output − alias."""
     m = compiled.memory_analysis()
-    keys = ("temp_size_in_bytes", "argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
-            "generated_code_size_in_bytes")
+    keys = (
+        "temp_size_in_bytes",
+        "argument_size_in_bytes",
+        "output_size_in_bytes",
+        "alias_size_in_bytes",
+        "generated_code_size_in_bytes",
+    )
     out = {k: int(getattr(m, k)) for k in keys}
-    out["peak_bytes"] = (out["temp_size_in_bytes"] + out["argument_size_in_bytes"] + out["output_size_in_bytes"]
-                         - out["alias_size_in_bytes"])
+    out["peak_bytes"] = (
+        out["temp_size_in_bytes"]
+        + out["argument_size_in_bytes"]
+        + out["output_size_in_bytes"]
+        - out["alias_size_in_bytes"]
+    )
     return out
 
 
@@ -207,8 +231,10 @@ def trainer_config(base: str, over: dict):
     return load_config(ROOT / "config" / base, [x for k, v in over.items() for x in (f"--{k}", str(v))])
 
 
-PRECISION = {"f32": "params=float32,compute=float32,output=float32",
-             "bf16": "params=float32,compute=bfloat16,output=float32"}
+PRECISION = {
+    "f32": "params=float32,compute=float32,output=float32",
+    "bf16": "params=float32,compute=bfloat16,output=float32",
+}
 # The optimizer of every CPU comparison: the trainer's AdamW with its defaults (betas 0.9 / 0.95,
 # eps 1e-8, weight decay 0.1 off norms and biases, global-norm clipping at 1.0) at a constant rate.
 OPTIMIZER = {"optimizer.learning_rate": LEARNING_RATE, "optimizer.schedule": "constant", "optimizer.warmup_steps": 0}
@@ -218,16 +244,37 @@ def _flow(d: dict) -> str:
     return "{" + ", ".join(f"{k}: {v}" for k, v in d.items()) + "}"
 
 
-def step_config(model: dict, *, batch: int, seq: int, dtype: str = "f32", base: str = "gpt2_small.yaml",
-                mesh: dict = MESH, param: dict = PARAM_MAPPING, compute: dict = COMPUTE_MAPPING, over: dict | None = None):
+def step_config(
+    model: dict,
+    *,
+    batch: int,
+    seq: int,
+    dtype: str = "f32",
+    base: str = "gpt2_small.yaml",
+    mesh: dict = MESH,
+    param: dict = PARAM_MAPPING,
+    compute: dict = COMPUTE_MAPPING,
+    over: dict | None = None,
+):
     """The trainer config of the CPU comparisons: ``model`` (the fields of ``base``'s family) on
     the FSDP layout above (or ``mesh``, ``param``, ``compute``), one microbatch of ``batch`` rows
     of ``seq`` tokens, ``dtype`` compute (``PRECISION``), ``OPTIMIZER``; ``over``: more dotted keys."""
-    return trainer_config(base, {
-        **{f"model.{k}": v for k, v in model.items()}, "data.seq_len": seq,
-        "mesh.shape": _flow(mesh), "mesh.param_mapping": _flow(param), "mesh.compute_mapping": _flow(compute),
-        "trainer.train_batch_size": batch, "trainer.microbatches": 1, "trainer.sample_interval": 0,
-        "trainer.precision": PRECISION[dtype], **OPTIMIZER, **(over or {})})
+    return trainer_config(
+        base,
+        {
+            **{f"model.{k}": v for k, v in model.items()},
+            "data.seq_len": seq,
+            "mesh.shape": _flow(mesh),
+            "mesh.param_mapping": _flow(param),
+            "mesh.compute_mapping": _flow(compute),
+            "trainer.train_batch_size": batch,
+            "trainer.microbatches": 1,
+            "trainer.sample_interval": 0,
+            "trainer.precision": PRECISION[dtype],
+            **OPTIMIZER,
+            **(over or {}),
+        },
+    )
 
 
 def compile_trainer_step(cfg) -> dict:
@@ -237,8 +284,8 @@ def compile_trainer_step(cfg) -> dict:
     import jax
 
     import named as nm
-    from named.trainer.loop.checks import check_against_devices
     from named.trainer.commands.plan import abstract_train_step
+    from named.trainer.loop.checks import check_against_devices
 
     s = check_against_devices(cfg)
     step, args = abstract_train_step(cfg, s)
@@ -316,7 +363,9 @@ class TrainerStep:
         import named as nm
 
         with nm.set_mesh(self.mesh):
-            self.model, self.opt_state, metrics = self.step(self.model, self.opt_state, self.batch, self.key, self.flags)
+            self.model, self.opt_state, metrics = self.step(
+                self.model, self.opt_state, self.batch, self.key, self.flags
+            )
         if wait:
             block((self.model, self.opt_state, metrics))
             self.losses.append(float(metrics["loss"]))

@@ -14,9 +14,9 @@ within each repeat; the median per depth is reported. ``Stacked`` runs the block
 
 from __future__ import annotations
 
-import _common as C  # sets XLA_FLAGS before jax is imported
-
 import argparse
+
+import _common as C  # sets XLA_FLAGS before jax is imported
 
 
 def measure(depth: int, cfg: dict, batch: int, seq: int, remat: str) -> tuple[float, float, int, dict]:
@@ -54,15 +54,33 @@ def main(argv=None):
     rows = []
     for d in args.depths:
         total = [a + b for a, b in zip(lower[d], comp[d])]
-        rows.append({"layers": d, "params": params[d], "lower_s": C.summary(lower[d]), "compile_s": C.summary(comp[d]),
-                     "lower_plus_compile_s": C.summary(total), "optimized_hlo": programs[d]})
+        rows.append(
+            {
+                "layers": d,
+                "params": params[d],
+                "lower_s": C.summary(lower[d]),
+                "compile_s": C.summary(comp[d]),
+                "lower_plus_compile_s": C.summary(total),
+                "optimized_hlo": programs[d],
+            }
+        )
     med = {row["layers"]: row["lower_plus_compile_s"]["median_s"] for row in rows}
     result = {
-        "benchmark": "compile_depth", "command": C.command_line(), "machine": C.machine(),
-        "config": {**cfg, "seq": seq, "batch": batch, "mesh": C.MESH, "param_mapping": C.PARAM_MAPPING,
-                   "compute_mapping": C.COMPUTE_MAPPING, "remat": args.remat, "dtype": "f32",
-                   "step": "train.make_train_step (the trainer's loss, clipping, AdamW, finite checks), donated state",
-                   "optimizer": C.OPTIMIZER},
+        "benchmark": "compile_depth",
+        "command": C.command_line(),
+        "machine": C.machine(),
+        "config": {
+            **cfg,
+            "seq": seq,
+            "batch": batch,
+            "mesh": C.MESH,
+            "param_mapping": C.PARAM_MAPPING,
+            "compute_mapping": C.COMPUTE_MAPPING,
+            "remat": args.remat,
+            "dtype": "f32",
+            "step": "train.make_train_step (the trainer's loss, clipping, AdamW, finite checks), donated state",
+            "optimizer": C.OPTIMIZER,
+        },
         "rows": rows,
         "ratios_to_smallest_reference": {},
         "goal": "lower_plus_compile(48) / lower_plus_compile(4) <= 1.3",
@@ -73,8 +91,10 @@ def main(argv=None):
     if 48 in med and 4 in med:
         result["ratio_48_over_4"] = med[48] / med[4]
     for row in rows:
-        print(f"{row['layers']:3d} layers: lower+compile median {row['lower_plus_compile_s']['median_s']:.2f}s "
-              f"(x{med[row['layers']] / med[base]:.2f} of {base} layers)")
+        print(
+            f"{row['layers']:3d} layers: lower+compile median {row['lower_plus_compile_s']['median_s']:.2f}s "
+            f"(x{med[row['layers']] / med[base]:.2f} of {base} layers)"
+        )
     C.write_result("compile_depth" + ("_tiny" if args.tiny else ""), result, args.out)
     return result
 

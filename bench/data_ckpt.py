@@ -24,14 +24,13 @@ restore fetches each needed object once, checks its sha256 and decodes it from m
 
 from __future__ import annotations
 
-import _common as C  # sets XLA_FLAGS before jax is imported
-
 import argparse
 import shutil
 import tempfile
 import time
 from pathlib import Path
 
+import _common as C  # sets XLA_FLAGS before jax is imported
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -53,10 +52,19 @@ def bench_loader(tmp: Path, n_tokens: int, cases, steps: int, repeats: int) -> l
     write_tokens(path, n_tokens)
     rows = []
     for seq_len, batch in cases:
-        rates = [loader_throughput(path, seq_len=seq_len, batch_size=batch, steps=steps, bin_dtype="uint16", eos_id=0)
-                 for _ in range(repeats)]
-        rows.append({"seq_len": seq_len, "batch_size": batch, "steps": steps, "file_tokens": n_tokens,
-                     "tokens_per_s": C.summary(rates)})
+        rates = [
+            loader_throughput(path, seq_len=seq_len, batch_size=batch, steps=steps, bin_dtype="uint16", eos_id=0)
+            for _ in range(repeats)
+        ]
+        rows.append(
+            {
+                "seq_len": seq_len,
+                "batch_size": batch,
+                "steps": steps,
+                "file_tokens": n_tokens,
+                "tokens_per_s": C.summary(rates),
+            }
+        )
         print(f"loader seq {seq_len} batch {batch}: median {np.median(rates) / 1e6:.2f}M tokens/s", flush=True)
     return rows
 
@@ -92,20 +100,32 @@ def bench_checkpoint(tmp, total_mb: int, repeats: int, mesh, tree=None) -> dict:
         out, _ = restore(path, target)
         jax.block_until_ready(out)
         restores.append(time.perf_counter() - t0)
-        assert all(bool(jnp.array_equal(a.array, b.array)) for a, b in zip(jax.tree.leaves(tree, is_leaf=nm.is_named_array),
-                                                                        jax.tree.leaves(out, is_leaf=nm.is_named_array)))
+        assert all(
+            bool(jnp.array_equal(a.array, b.array))
+            for a, b in zip(
+                jax.tree.leaves(tree, is_leaf=nm.is_named_array), jax.tree.leaves(out, is_leaf=nm.is_named_array)
+            )
+        )
         if isinstance(run, str):
             from named.trainer.checkpoint import location, store
 
             store.delete_prefix(location(run))
         else:
             shutil.rmtree(run)
-        print(f"checkpoint {run if isinstance(run, str) else 'local'} {nbytes / 2**20:.0f} MiB: save {saves[-1]:.2f}s ({nbytes / 1e6 / saves[-1]:.0f} MB/s), "
-              f"restore {restores[-1]:.2f}s ({nbytes / 1e6 / restores[-1]:.0f} MB/s)", flush=True)
-    return {"bytes": nbytes, "leaves": len(tree), "layout": "(rows, embed/data) f32 on 8 devices",
-            "save_s": C.summary(saves), "restore_s": C.summary(restores),
-            "save_MB_per_s": nbytes / 1e6 / C.summary(saves)["median_s"],
-            "restore_MB_per_s": nbytes / 1e6 / C.summary(restores)["median_s"]}
+        print(
+            f"checkpoint {run if isinstance(run, str) else 'local'} {nbytes / 2**20:.0f} MiB: save {saves[-1]:.2f}s ({nbytes / 1e6 / saves[-1]:.0f} MB/s), "
+            f"restore {restores[-1]:.2f}s ({nbytes / 1e6 / restores[-1]:.0f} MB/s)",
+            flush=True,
+        )
+    return {
+        "bytes": nbytes,
+        "leaves": len(tree),
+        "layout": "(rows, embed/data) f32 on 8 devices",
+        "save_s": C.summary(saves),
+        "restore_s": C.summary(restores),
+        "save_MB_per_s": nbytes / 1e6 / C.summary(saves)["median_s"],
+        "restore_MB_per_s": nbytes / 1e6 / C.summary(restores)["median_s"],
+    }
 
 
 def main(argv=None):
@@ -117,7 +137,9 @@ def main(argv=None):
     ap.add_argument("--tmp", default=None, help="directory for the temporary files (default: the system's)")
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--out", default=None)
-    ap.add_argument("--s3", action="store_true", help="checkpoints only: local disk and a local S3 server, taking turns")
+    ap.add_argument(
+        "--s3", action="store_true", help="checkpoints only: local disk and a local S3 server, taking turns"
+    )
     args = ap.parse_args(argv)
     if args.s3:
         return main_s3(args)
@@ -133,8 +155,15 @@ def main(argv=None):
             ckpt = bench_checkpoint(tmp, args.ckpt_mb, args.repeats, mesh)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    result = {"benchmark": "data_ckpt", "command": C.command_line(), "machine": C.machine(), "tmp_dir": str(tmp.parent),
-              "loader": loader, "loader_goal": "tokens_per_s >= 5e6 per host", "checkpoint": ckpt}
+    result = {
+        "benchmark": "data_ckpt",
+        "command": C.command_line(),
+        "machine": C.machine(),
+        "tmp_dir": str(tmp.parent),
+        "loader": loader,
+        "loader_goal": "tokens_per_s >= 5e6 per host",
+        "checkpoint": ckpt,
+    }
     C.write_result("data_ckpt" + ("_tiny" if args.tiny else ""), result, args.out)
     return result
 
@@ -169,15 +198,24 @@ def main_s3(args) -> dict:
         saves = [t for row in rows for t in row["save_s"]["all_s"]]
         restores = [t for row in rows for t in row["restore_s"]["all_s"]]
         nbytes = rows[0]["bytes"]
-        return {**{k: rows[0][k] for k in ("bytes", "leaves", "layout")}, "save_s": C.summary(saves),
-                "restore_s": C.summary(restores), "save_MB_per_s": nbytes / 1e6 / C.summary(saves)["median_s"],
-                "restore_MB_per_s": nbytes / 1e6 / C.summary(restores)["median_s"]}
+        return {
+            **{k: rows[0][k] for k in ("bytes", "leaves", "layout")},
+            "save_s": C.summary(saves),
+            "restore_s": C.summary(restores),
+            "save_MB_per_s": nbytes / 1e6 / C.summary(saves)["median_s"],
+            "restore_MB_per_s": nbytes / 1e6 / C.summary(restores)["median_s"],
+        }
 
     import moto
 
-    result = {"benchmark": "data_ckpt_s3", "command": C.command_line(), "machine": C.machine(),
-              "s3_server": f"moto {moto.__version__} standalone server on 127.0.0.1 (in-memory)",
-              "local": merged(local), "s3": merged(s3)}
+    result = {
+        "benchmark": "data_ckpt_s3",
+        "command": C.command_line(),
+        "machine": C.machine(),
+        "s3_server": f"moto {moto.__version__} standalone server on 127.0.0.1 (in-memory)",
+        "local": merged(local),
+        "s3": merged(s3),
+    }
     C.write_result("data_ckpt_s3" + ("_tiny" if args.tiny else ""), result, args.out)
     return result
 

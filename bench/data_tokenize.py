@@ -46,8 +46,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 
-from named.trainer.data import HFTokenizer, Mixture, Sequences, TokenStream, TrainBatches, stdlib_files  # noqa: E402
-from named.trainer.data import _cache, _shards  # noqa: E402
+from named.trainer.data import HFTokenizer, Mixture, Sequences, TokenStream, TrainBatches, _cache, _shards, stdlib_files  # noqa: E402  # noqa: E402
 from named.trainer.data._sources import SourceFile  # noqa: E402
 
 _PIPELINE_CHARS = _cache._ENCODE_CHUNK_CHARS
@@ -59,8 +58,9 @@ def train_tokenizer(folder: Path, vocab: int) -> Path:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tok.train([str(p) for p in stdlib_files(8_000_000)], trainer)
     path = folder / "tokenizer.json"
     tok.save(str(path))
@@ -99,8 +99,13 @@ def reference(tokenizer_path: Path, shards: list[Path]) -> dict:
     t0, c0 = time.perf_counter(), time.process_time()
     tokens = sum(len(ids) for b in batches for ids in tok.encode_batch(b))
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
-    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds, "cpu_s_per_M_tokens": cpu / tokens * 1e6,
-            "bytes_per_s": sum(s.stat().st_size for s in shards) / seconds}
+    return {
+        "tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_s": tokens / seconds,
+        "cpu_s_per_M_tokens": cpu / tokens * 1e6,
+        "bytes_per_s": sum(s.stat().st_size for s in shards) / seconds,
+    }
 
 
 def build_child(tokenizer_path: str, cache: str, mode: str, shards: list[str]) -> dict:
@@ -114,13 +119,18 @@ def build_child(tokenizer_path: str, cache: str, mode: str, shards: list[str]) -
     t0, c0 = time.perf_counter(), _cpu_s()
     tokens = _cache.cached_tokens(files, tok, cache)
     seconds, cpu = time.perf_counter() - t0, _cpu_s() - c0
-    return {"mode": mode, "tokens": int(len(tokens)), "seconds": seconds, "tokens_per_s": len(tokens) / seconds,
-            "bytes_per_s": sum(Path(s).stat().st_size for s in shards) / seconds,
-            "cpu_s_per_M_tokens": cpu / len(tokens) * 1e6,
-            "rss_mb_before_build": before,
-            "peak_rss_mb_builder": _rss_mb("VmHWM"),
-            "peak_rss_mb_largest_worker": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
-            "workers": 1 if mode != "shards-all" else min(len(os.sched_getaffinity(0)), len(shards))}
+    return {
+        "mode": mode,
+        "tokens": int(len(tokens)),
+        "seconds": seconds,
+        "tokens_per_s": len(tokens) / seconds,
+        "bytes_per_s": sum(Path(s).stat().st_size for s in shards) / seconds,
+        "cpu_s_per_M_tokens": cpu / len(tokens) * 1e6,
+        "rss_mb_before_build": before,
+        "peak_rss_mb_builder": _rss_mb("VmHWM"),
+        "peak_rss_mb_largest_worker": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
+        "workers": 1 if mode != "shards-all" else min(len(os.sched_getaffinity(0)), len(shards)),
+    }
 
 
 def _rss_mb(field: str) -> float:
@@ -156,8 +166,13 @@ def loader(caches: list[str], steps: int, seq_len: int = 1024, batch: int = 32) 
     for s in range(1, steps + 1):
         batches.batch_at(s)
     seconds = time.perf_counter() - t0
-    return {"seq_len": seq_len, "batch_size": batch, "steps": steps, "tokens_per_s": steps * batch * seq_len / seconds,
-            "rows_per_source": [len(s) for s in sources]}
+    return {
+        "seq_len": seq_len,
+        "batch_size": batch,
+        "steps": steps,
+        "tokens_per_s": steps * batch * seq_len / seconds,
+        "rows_per_source": [len(s) for s in sources],
+    }
 
 
 def main(argv=None):
@@ -175,24 +190,34 @@ def main(argv=None):
         args.mb, args.big_mb, args.shard_mb, args.vocab, args.steps = 4, 0, 1, 1024, 50
     tmp = Path(tempfile.mkdtemp(prefix="named-bench-data-", dir=args.tmp))
     try:
-        result = {"benchmark": "data_tokenize", "command": C.command_line(), "machine": C.machine(),
-                  "corpus_mb": args.mb, "shard_mb": args.shard_mb, "vocab": args.vocab}
+        result = {
+            "benchmark": "data_tokenize",
+            "command": C.command_line(),
+            "machine": C.machine(),
+            "corpus_mb": args.mb,
+            "shard_mb": args.shard_mb,
+            "vocab": args.vocab,
+        }
         t0 = time.perf_counter()
         tokenizer_path = train_tokenizer(tmp, args.vocab)
         result["tokenizer_train_s"] = time.perf_counter() - t0
         shards = write_corpus(tmp / "corpus", args.mb, args.shard_mb)
         result["reference"] = ref = reference(tokenizer_path, shards)
-        print(f"encode_batch alone: {ref['tokens_per_s'] / 1e6:.2f}M tokens/s, CPU {ref['cpu_s_per_M_tokens']:.2f}s/M tokens",
-          flush=True)
+        print(
+            f"encode_batch alone: {ref['tokens_per_s'] / 1e6:.2f}M tokens/s, CPU {ref['cpu_s_per_M_tokens']:.2f}s/M tokens",
+            flush=True,
+        )
         runs = {}
         for mode in ("single", "shards-1", "shards-all"):
             runs[mode] = r = pipeline(tokenizer_path, shards, tmp, mode)
             r["ratio_to_reference"] = r["tokens_per_s"] / ref["tokens_per_s"]
             r["cpu_ratio_reference_over_pipeline"] = ref["cpu_s_per_M_tokens"] / r["cpu_s_per_M_tokens"]
-            print(f"pipeline {mode}: {r['tokens_per_s'] / 1e6:.2f}M tokens/s ({r['ratio_to_reference']:.2f}x; "
-                  f"CPU {r['cpu_s_per_M_tokens']:.2f}s/M tokens against {ref['cpu_s_per_M_tokens']:.2f}), "
-                  f"peak RSS {r['peak_rss_mb_builder']:.0f} MB, {r['rss_mb_before_build']:.0f} before (largest worker {r['peak_rss_mb_largest_worker']:.0f} MB)",
-                  flush=True)
+            print(
+                f"pipeline {mode}: {r['tokens_per_s'] / 1e6:.2f}M tokens/s ({r['ratio_to_reference']:.2f}x; "
+                f"CPU {r['cpu_s_per_M_tokens']:.2f}s/M tokens against {ref['cpu_s_per_M_tokens']:.2f}), "
+                f"peak RSS {r['peak_rss_mb_builder']:.0f} MB, {r['rss_mb_before_build']:.0f} before (largest worker {r['peak_rss_mb_largest_worker']:.0f} MB)",
+                flush=True,
+            )
         again = reference(tokenizer_path, shards)  # the machine is shared: the reference on both sides of the runs
         print(f"encode_batch alone, again: {again['tokens_per_s'] / 1e6:.2f}M tokens/s", flush=True)
         result["reference_after"] = again
@@ -204,8 +229,11 @@ def main(argv=None):
             big = write_corpus(tmp / "big", args.big_mb, args.shard_mb)
             result["big"] = b = pipeline(tokenizer_path, big, tmp, "shards-all")
             b["corpus_mb"] = args.big_mb
-            print(f"{args.big_mb} MB sharded build: {b['tokens_per_s'] / 1e6:.2f}M tokens/s, peak RSS "
-                  f"{b['peak_rss_mb_builder']:.0f} MB, {b['rss_mb_before_build']:.0f} before (largest worker {b['peak_rss_mb_largest_worker']:.0f} MB)", flush=True)
+            print(
+                f"{args.big_mb} MB sharded build: {b['tokens_per_s'] / 1e6:.2f}M tokens/s, peak RSS "
+                f"{b['peak_rss_mb_builder']:.0f} MB, {b['rss_mb_before_build']:.0f} before (largest worker {b['peak_rss_mb_largest_worker']:.0f} MB)",
+                flush=True,
+            )
             shutil.rmtree(tmp / "big")
         cache = runs["single"]["cache_file"]
         result["loader"] = lo = loader([cache] * 3, args.steps)

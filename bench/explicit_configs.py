@@ -15,13 +15,12 @@ tests/test_config_fuzz.py) and trains representative families in both modes for 
 
 from __future__ import annotations
 
-import _common as C  # sets XLA_FLAGS before jax is imported
-
 import argparse
 import tempfile
 import time
 from pathlib import Path
 
+import _common as C  # sets XLA_FLAGS before jax is imported
 import numpy as np
 import yaml
 
@@ -30,9 +29,15 @@ from named.trainer.loop.train import train
 STEPS = 3
 SHRINK = {
     "gpt2": {"model.n_layer": 2, "model.n_head": 2, "model.n_embd": 32, "model.n_positions": 64},
-    "decoder": {"model.hidden_size": 32, "model.intermediate_size": 48, "model.num_hidden_layers": 2,
-                "model.max_position_embeddings": 64, "model.num_attention_heads": 4,
-                "model.num_key_value_heads": 2, "model.head_dim": 8},
+    "decoder": {
+        "model.hidden_size": 32,
+        "model.intermediate_size": 48,
+        "model.num_hidden_layers": 2,
+        "model.max_position_embeddings": 64,
+        "model.num_attention_heads": 4,
+        "model.num_key_value_heads": 2,
+        "model.head_dim": 8,
+    },
 }
 
 
@@ -48,16 +53,31 @@ def configs(names: list[str] | None) -> list[Path]:
 
 def run(path: Path, mode: str, work: Path) -> list[float]:
     model = yaml.safe_load(path.read_text())["model"]
-    over = {"trainer.num_train_steps": STEPS, "trainer.train_batch_size": 16, "trainer.microbatches": 1,
-            "trainer.log_interval": 1, "trainer.eval_interval": 0, "trainer.sample_interval": 0,
-            "trainer.progress_bar": "false", "trainer.run_dir": str(work / f"{path.stem}-{mode}"),
-            "trainer.load_checkpoint": "null", "optimizer.warmup_steps": 1,
-            # see tests/test_explicit_train.py: GPT-2's key bias has a gradient that is pure rounding
-            "optimizer.epsilon": 1e-4, "data.train": f"[{work / 'code.txt'}]", "data.seq_len": 32,
-            "data.tokenizer": "byte", "data.val_fraction": 0.05, "data.cache_dir": str(work / "cache"),
-            "checkpoint.interval": 0, "checkpoint.save_at_end": "false", "tracker.console": "false",
-            "mesh.mode": mode, "model.vocab_size": 264,
-            **SHRINK["gpt2" if model["type"] == "gpt2" else "decoder"]}
+    over = {
+        "trainer.num_train_steps": STEPS,
+        "trainer.train_batch_size": 16,
+        "trainer.microbatches": 1,
+        "trainer.log_interval": 1,
+        "trainer.eval_interval": 0,
+        "trainer.sample_interval": 0,
+        "trainer.progress_bar": "false",
+        "trainer.run_dir": str(work / f"{path.stem}-{mode}"),
+        "trainer.load_checkpoint": "null",
+        "optimizer.warmup_steps": 1,
+        # see tests/test_explicit_train.py: GPT-2's key bias has a gradient that is pure rounding
+        "optimizer.epsilon": 1e-4,
+        "data.train": f"[{work / 'code.txt'}]",
+        "data.seq_len": 32,
+        "data.tokenizer": "byte",
+        "data.val_fraction": 0.05,
+        "data.cache_dir": str(work / "cache"),
+        "checkpoint.interval": 0,
+        "checkpoint.save_at_end": "false",
+        "tracker.console": "false",
+        "mesh.mode": mode,
+        "model.vocab_size": 264,
+        **SHRINK["gpt2" if model["type"] == "gpt2" else "decoder"],
+    }
     if model.get("moe_intermediate_size"):
         over["model.moe_intermediate_size"] = 24
     return train(C.trainer_config(path.name, over)).losses
@@ -71,18 +91,28 @@ def main(argv=None) -> None:
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        (work / "code.txt").write_text("\n".join(f"def g_{i}(a, b):\n    return a * {i} - b // {i % 5 + 1}\n"
-                                                 for i in range(300)))
+        (work / "code.txt").write_text(
+            "\n".join(f"def g_{i}(a, b):\n    return a * {i} - b // {i % 5 + 1}\n" for i in range(300))
+        )
         for path in configs(args.configs):
             start = time.perf_counter()
             losses = {mode: run(path, mode, work) for mode in ("auto", "explicit")}
             a, e = np.asarray(losses["auto"]), np.asarray(losses["explicit"])
-            rows[path.stem] = {"losses": losses, "max_relative_difference": float(np.max(np.abs(e - a) / np.abs(a))),
-                               "seconds": time.perf_counter() - start}
-            print(f"{path.stem:24s} explicit vs auto: max relative loss difference "
-                  f"{rows[path.stem]['max_relative_difference']:.1e}", flush=True)
-    C.write_result("explicit_configs", {"command": C.command_line(), "machine": C.machine(), "steps": STEPS,
-                                        "rows": rows}, args.out)
+            rows[path.stem] = {
+                "losses": losses,
+                "max_relative_difference": float(np.max(np.abs(e - a) / np.abs(a))),
+                "seconds": time.perf_counter() - start,
+            }
+            print(
+                f"{path.stem:24s} explicit vs auto: max relative loss difference "
+                f"{rows[path.stem]['max_relative_difference']:.1e}",
+                flush=True,
+            )
+    C.write_result(
+        "explicit_configs",
+        {"command": C.command_line(), "machine": C.machine(), "steps": STEPS, "rows": rows},
+        args.out,
+    )
 
 
 if __name__ == "__main__":

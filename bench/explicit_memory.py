@@ -20,34 +20,59 @@ recomputation in both modes) and none (explicit mode still recomputes each layer
 
 from __future__ import annotations
 
-import _common as C  # sets XLA_FLAGS before jax is imported
-
 import argparse
 
+import _common as C  # sets XLA_FLAGS before jax is imported
 import numpy as np
 
-GPT2_124M = {"model.n_layer": 12, "model.n_head": 12, "model.n_embd": 768, "model.n_positions": 1024,
-             "model.vocab_size": 50304, "data.seq_len": 1024}
+GPT2_124M = {
+    "model.n_layer": 12,
+    "model.n_head": 12,
+    "model.n_embd": 768,
+    "model.n_positions": 1024,
+    "model.vocab_size": 50304,
+    "data.seq_len": 1024,
+}
 # trainer.loss_block_size for the rows without full logits: 16 blocks of GPT-2's vocabulary
 LOSS_BLOCK = {50304: 3144, 384: 96}
 # 48 layers at GPT-2's vocabulary and sequence; width 512 keeps each compile to a couple of minutes
 # on 2 cores (the scan compiles one layer whatever the depth; the width sets the buffer sizes).
 DEEP_48 = {**GPT2_124M, "model.n_layer": 48, "model.n_head": 8, "model.n_embd": 512}
 # A step of about a second on 2 CPU cores: long enough to time, short enough for many rounds.
-STEP_GPT2 = {"model.n_layer": 6, "model.n_head": 4, "model.n_embd": 256, "model.n_positions": 256,
-             "model.vocab_size": 8192, "data.seq_len": 256}
-TINY = {"model.n_layer": 2, "model.n_head": 2, "model.n_embd": 64, "model.n_positions": 64,
-        "model.vocab_size": 384, "data.seq_len": 32}
+STEP_GPT2 = {
+    "model.n_layer": 6,
+    "model.n_head": 4,
+    "model.n_embd": 256,
+    "model.n_positions": 256,
+    "model.vocab_size": 8192,
+    "data.seq_len": 256,
+}
+TINY = {
+    "model.n_layer": 2,
+    "model.n_head": 2,
+    "model.n_embd": 64,
+    "model.n_positions": 64,
+    "model.vocab_size": 384,
+    "data.seq_len": 32,
+}
 BATCH = 8
 MODES = ("auto", "explicit")
 
 
 def config(model: dict, remat: str, mode: str, loss_block: int | None = None):
-    over = {**model, "model.remat": remat, "mesh.mode": mode, "mesh.shape": "{data: 8}",
-            "trainer.loss_block_size": "null" if loss_block is None else loss_block,
-            "mesh.param_mapping": "{embed: data}", "mesh.compute_mapping": "{batch: data}",
-            "trainer.train_batch_size": BATCH, "trainer.microbatches": 1, "trainer.sample_interval": 0,
-            "trainer.precision": "params=float32,compute=float32,output=float32"}
+    over = {
+        **model,
+        "model.remat": remat,
+        "mesh.mode": mode,
+        "mesh.shape": "{data: 8}",
+        "trainer.loss_block_size": "null" if loss_block is None else loss_block,
+        "mesh.param_mapping": "{embed: data}",
+        "mesh.compute_mapping": "{batch: data}",
+        "trainer.train_batch_size": BATCH,
+        "trainer.microbatches": 1,
+        "trainer.sample_interval": 0,
+        "trainer.precision": "params=float32,compute=float32,output=float32",
+    }
     return C.trainer_config("gpt2_small.yaml", over)
 
 
@@ -55,8 +80,13 @@ def measure(model: dict, remat: str, mode: str, loss_block: int | None) -> dict:
     from named.trainer.commands.plan import train_step_report
 
     rep = train_step_report(config(model, remat, mode, loss_block))
-    return {"peak_bytes": rep.peak_bytes, "memory": rep.memory,
-            "collectives": [dict(zip(("kind", "mesh_axes", "count", "bytes", "sent", "in_loop"), row)) for row in rep.summary()]}
+    return {
+        "peak_bytes": rep.peak_bytes,
+        "memory": rep.memory,
+        "collectives": [
+            dict(zip(("kind", "mesh_axes", "count", "bytes", "sent", "in_loop"), row)) for row in rep.summary()
+        ],
+    }
 
 
 def memory_table(model: dict) -> dict:
@@ -74,12 +104,19 @@ def memory_table(model: dict) -> dict:
         by_mode = {mode: measure(model, remat, mode, block) for mode in MODES}
         peak = {mode: by_mode[mode]["peak_bytes"] for mode in MODES}
         rows[f"remat_{remat}" + ("" if block is None else "_loss_blocks")] = {
-            **by_mode, "loss_block_size": block, "explicit_over_auto": peak["explicit"] / peak["auto"],
-            "explicit_over_ideal": peak["explicit"] / ideal, "auto_over_ideal": peak["auto"] / ideal,
-            "explicit_over_ideal_plus_layer": peak["explicit"] / (ideal + layer)}
-        print(f"{layers} layers, remat {remat}, loss_block_size {block}: peak per device auto {peak['auto'] / 2**20:.1f} MiB, explicit "
-              f"{peak['explicit'] / 2**20:.1f} MiB (explicit/auto {peak['explicit'] / peak['auto']:.3f}); "
-              f"16N/8 = {ideal / 2**20:.1f} MiB, + one layer {(ideal + layer) / 2**20:.1f} MiB", flush=True)
+            **by_mode,
+            "loss_block_size": block,
+            "explicit_over_auto": peak["explicit"] / peak["auto"],
+            "explicit_over_ideal": peak["explicit"] / ideal,
+            "auto_over_ideal": peak["auto"] / ideal,
+            "explicit_over_ideal_plus_layer": peak["explicit"] / (ideal + layer),
+        }
+        print(
+            f"{layers} layers, remat {remat}, loss_block_size {block}: peak per device auto {peak['auto'] / 2**20:.1f} MiB, explicit "
+            f"{peak['explicit'] / 2**20:.1f} MiB (explicit/auto {peak['explicit'] / peak['auto']:.3f}); "
+            f"16N/8 = {ideal / 2**20:.1f} MiB, + one layer {(ideal + layer) / 2**20:.1f} MiB",
+            flush=True,
+        )
     return {"params": n, "ideal_bytes": ideal, "layer_bytes": layer, "seq": model["data.seq_len"], "rows": rows}
 
 
@@ -88,7 +125,9 @@ def step_times(model: dict, rounds: int, per_round: int, warmup: int) -> dict:
 
     import named as nm
 
-    ids = np.random.default_rng(0).integers(0, model["model.vocab_size"], (BATCH, model["data.seq_len"]), dtype=np.int32)
+    ids = np.random.default_rng(0).integers(
+        0, model["model.vocab_size"], (BATCH, model["data.seq_len"]), dtype=np.int32
+    )
     out = {}
     for remat in ("full", "none"):
         sides = {mode: C.TrainerStep(config(model, remat, mode), ids) for mode in ("explicit", "auto")}
@@ -99,13 +138,18 @@ def step_times(model: dict, rounds: int, per_round: int, warmup: int) -> dict:
             print(f"step time, remat {remat}:", flush=True)
             wall, cpu = C.alternate({m: s.run for m, s in sides.items()}, rounds, per_round)
         out[f"remat_{remat}"] = {
-            "wall": {m: C.summary(v) for m, v in wall.items()}, "cpu": {m: C.summary(v) for m, v in cpu.items()},
+            "wall": {m: C.summary(v) for m, v in wall.items()},
+            "cpu": {m: C.summary(v) for m, v in cpu.items()},
             "explicit_over_auto_wall": C.summary(wall["explicit"])["median_s"] / C.summary(wall["auto"])["median_s"],
             "explicit_over_auto_cpu": C.summary(cpu["explicit"])["median_s"] / C.summary(cpu["auto"])["median_s"],
             # the same init and tokens: the two modes' losses agree to rounding, step for step
-            "losses": {m: s.losses for m, s in sides.items()}}
+            "losses": {m: s.losses for m, s in sides.items()},
+        }
         r = out[f"remat_{remat}"]
-        print(f"  explicit/auto wall {r['explicit_over_auto_wall']:.3f}, cpu {r['explicit_over_auto_cpu']:.3f}", flush=True)
+        print(
+            f"  explicit/auto wall {r['explicit_over_auto_wall']:.3f}, cpu {r['explicit_over_auto_cpu']:.3f}",
+            flush=True,
+        )
         del sides
         jax.clear_caches()
     return out
@@ -126,8 +170,13 @@ def main(argv=None) -> None:
     result.update({k: first[k] for k in ("params", "ideal_bytes", "layer_bytes", "seq", "rows")})
     if deep is not None:  # the same measurement as the first: the smoke test skips it
         result["deep"] = memory_table(deep)
-    result["step_time"] = {"model": step_model, "batch": BATCH, "rounds": args.rounds, "per_round": args.per_round,
-                           **step_times(step_model, args.rounds, args.per_round, warmup=2)}
+    result["step_time"] = {
+        "model": step_model,
+        "batch": BATCH,
+        "rounds": args.rounds,
+        "per_round": args.per_round,
+        **step_times(step_model, args.rounds, args.per_round, warmup=2),
+    }
     C.write_result("explicit_memory_tiny" if args.tiny else "explicit_memory", result, args.out)
 
 

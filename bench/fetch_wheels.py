@@ -25,9 +25,30 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # Distributions the GPU image provides, itself or as dependencies of what it has (normalised
 # names): never carried.
-IN_IMAGE = {"jax", "jaxlib", "numpy", "ml_dtypes", "opt_einsum", "scipy", "equinox", "jaxtyping", "wadler_lindig",
-            "typing_extensions", "optax", "absl_py", "tensorstore", "tokenizers", "huggingface_hub", "pyyaml",
-            "safetensors", "packaging", "filelock", "fsspec", "tqdm", "requests"}
+IN_IMAGE = {
+    "jax",
+    "jaxlib",
+    "numpy",
+    "ml_dtypes",
+    "opt_einsum",
+    "scipy",
+    "equinox",
+    "jaxtyping",
+    "wadler_lindig",
+    "typing_extensions",
+    "optax",
+    "absl_py",
+    "tensorstore",
+    "tokenizers",
+    "huggingface_hub",
+    "pyyaml",
+    "safetensors",
+    "packaging",
+    "filelock",
+    "fsspec",
+    "tqdm",
+    "requests",
+}
 # Resolution needs the platform of binary wheels in the closure (PyYAML has no pure wheel);
 # those are then dropped as IN_IMAGE.
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "any"]
@@ -38,8 +59,11 @@ def requirements(with_tests: bool) -> list[str]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
     wanted = {"jmp", "draccus"} | ({"pytest", "hypothesis"} if with_tests else set())
-    specs = [r for r in project["dependencies"] + extras["train"] + extras["test"]
-             if re.split(r"[<>=!~\[ ;]", r, maxsplit=1)[0].lower() in wanted]
+    specs = [
+        r
+        for r in project["dependencies"] + extras["train"] + extras["test"]
+        if re.split(r"[<>=!~\[ ;]", r, maxsplit=1)[0].lower() in wanted
+    ]
     build = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
     return specs + build
 
@@ -57,8 +81,21 @@ def main(argv=None) -> int:
     dest = Path(args.dest)
     dest.mkdir(parents=True, exist_ok=True)
     reqs = requirements(args.tests)
-    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--only-binary=:all:",
-           "--python-version", args.python_version, *[f"--platform={p}" for p in PLATFORMS], "-d", str(dest), *reqs]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--quiet",
+        "--disable-pip-version-check",
+        "--only-binary=:all:",
+        "--python-version",
+        args.python_version,
+        *[f"--platform={p}" for p in PLATFORMS],
+        "-d",
+        str(dest),
+        *reqs,
+    ]
     subprocess.run(cmd, check=True)
     for wheel in sorted(dest.glob("*.whl")):
         if _name(wheel) in IN_IMAGE:

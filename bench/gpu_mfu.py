@@ -84,9 +84,18 @@ MODELS = {
     # Llama-3.2-1B-shaped: 16 layers, hidden 2048, GQA 32/8, SwiGLU 8192, tied 128256 vocab (1.24B), seq 2048.
     "llama": {"config": "llama_1b.yaml", "overrides": {}, "batch": 8},
     # Seconds on a CPU: checks the script itself (what the smoke test runs).
-    "tiny": {"config": "gpt2_small.yaml", "batch": 8,
-             "overrides": {"model.n_layer": 2, "model.n_head": 2, "model.n_embd": 64, "model.n_positions": 64,
-                           "model.vocab_size": 384, "data.seq_len": 64}},
+    "tiny": {
+        "config": "gpt2_small.yaml",
+        "batch": 8,
+        "overrides": {
+            "model.n_layer": 2,
+            "model.n_head": 2,
+            "model.n_embd": 64,
+            "model.n_positions": 64,
+            "model.vocab_size": 384,
+            "data.seq_len": 64,
+        },
+    },
 }
 # (model, settings), most wanted first. Missing settings: batch and loss_block (the trainer's
 # loss_block_size) those of the model's best run so far, remat none, attention auto, mode auto,
@@ -118,8 +127,14 @@ SEGMENTS_PLAN = [
     ("gpt2", {"batch": 64, "segments": "none"}),
     ("llama", {"batch": 8, "segments": "none", "mode": "explicit"}),
 ]
-TINY_PLAN = [("attention", {}), ("tiny", {"batch": 8}), ("tiny", {"batch": 8, "loss_block": 96}),
-             ("tiny", {"attention": "xla"}), ("tiny", {"remat": "offload"}), ("tiny", {"mode": "explicit"})]
+TINY_PLAN = [
+    ("attention", {}),
+    ("tiny", {"batch": 8}),
+    ("tiny", {"batch": 8, "loss_block": 96}),
+    ("tiny", {"attention": "xla"}),
+    ("tiny", {"remat": "offload"}),
+    ("tiny", {"mode": "explicit"}),
+]
 # Attention alone: (name, batch, seq, heads, kv heads, head size); the first two are the models'.
 ATTENTION_SHAPES = [("gpt2", 16, 1024, 12, 12, 64), ("llama", 8, 2048, 32, 8, 64)]
 TINY_ATTENTION_SHAPES = [("tiny", 2, 64, 4, 2, 16)]
@@ -144,9 +159,16 @@ def train_worker(spec: dict) -> dict:
     from named.trainer.loop import hardware
 
     m = MODELS[spec["model"]]
-    over = {**m["overrides"], "trainer.train_batch_size": spec["batch"], "trainer.microbatches": 1,
-            "trainer.sample_interval": 0, "model.remat": spec["remat"], "mesh.mode": spec["mode"],
-            "mesh.shape": "{data: -1}", "trainer.loss_block_size": spec["loss_block"] or "null"}
+    over = {
+        **m["overrides"],
+        "trainer.train_batch_size": spec["batch"],
+        "trainer.microbatches": 1,
+        "trainer.sample_interval": 0,
+        "model.remat": spec["remat"],
+        "mesh.mode": spec["mode"],
+        "mesh.shape": "{data: -1}",
+        "trainer.loss_block_size": spec["loss_block"] or "null",
+    }
     cfg = C.trainer_config(m["config"], over)
     seq, batch = cfg.data.seq_len, spec["batch"]
     vocab = 256  # token ids of the byte tokenizer the configs name: any valid ids do
@@ -186,14 +208,28 @@ def train_worker(spec: dict) -> dict:
     tokens_s = batch * seq / step_s
     device = hardware.local()
     stats = jax.devices()[0].memory_stats() or {}
-    return {**spec, "seq": seq, "params": num_params(step.setup.model_cfg), "flops_per_token": fpt,
-            "build_s": build_s, "compile_s": compile_s, "step_s": C.summary(waited), "queued_step_s": queued_s,
-            "tokens_per_s": tokens_s, "peak_flops": device.peak_flops if device else None,
-            "mfu": fpt * tokens_s / device.peak_flops if device else None,
-            "cudnn_attention": cudnn, "attention_paths": sorted(set(chosen)), "losses": step.losses,
-            "compiled_memory": memory, "peak_bytes_in_use": stats.get("peak_bytes_in_use"),
-            "device_kind": jax.devices()[0].device_kind, "jax": jax.__version__, "cudnn": cudnn_version(),
-            "xla_flags": os.environ.get("XLA_FLAGS", "")}
+    return {
+        **spec,
+        "seq": seq,
+        "params": num_params(step.setup.model_cfg),
+        "flops_per_token": fpt,
+        "build_s": build_s,
+        "compile_s": compile_s,
+        "step_s": C.summary(waited),
+        "queued_step_s": queued_s,
+        "tokens_per_s": tokens_s,
+        "peak_flops": device.peak_flops if device else None,
+        "mfu": fpt * tokens_s / device.peak_flops if device else None,
+        "cudnn_attention": cudnn,
+        "attention_paths": sorted(set(chosen)),
+        "losses": step.losses,
+        "compiled_memory": memory,
+        "peak_bytes_in_use": stats.get("peak_bytes_in_use"),
+        "device_kind": jax.devices()[0].device_kind,
+        "jax": jax.__version__,
+        "cudnn": cudnn_version(),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+    }
 
 
 class _Collect(logging.Handler):
@@ -224,8 +260,14 @@ def attention_worker(spec: dict) -> dict:
 
     rows = []
     for name, b, t, h, kv, d in spec["shapes"]:
-        Batch, Pos, KPos, Heads, KVHeads, Hd = (nm.Axis("batch", b), nm.Axis("position", t), nm.Axis("key_position", t),
-                                                nm.Axis("heads", h), nm.Axis("kv_heads", kv), nm.Axis("head_size", d))
+        Batch, Pos, KPos, Heads, KVHeads, Hd = (
+            nm.Axis("batch", b),
+            nm.Axis("position", t),
+            nm.Axis("key_position", t),
+            nm.Axis("heads", h),
+            nm.Axis("kv_heads", kv),
+            nm.Axis("head_size", d),
+        )
         keys = jax.random.split(jax.random.key(0), 4)
         grouped = kv != h
         q = nm.random.normal(keys[0], (Batch, Pos, Heads, Hd))
@@ -256,8 +298,10 @@ def attention_worker(spec: dict) -> dict:
                 row[impl] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
                 continue
             got = [np.asarray(x.astype(jnp.float32).array, np.float64) for x in (out, gq, gk, gv)]
-            errors = {what: float(np.linalg.norm(g - r) / np.linalg.norm(r))
-                      for what, g, r in zip(("out", "dq", "dk", "dv"), got, ref)}
+            errors = {
+                what: float(np.linalg.norm(g - r) / np.linalg.norm(r))
+                for what, g, r in zip(("out", "dq", "dk", "dv"), got, ref)
+            }
             hlo = f.lower(*args).compile().as_text()
             times = []
             for _ in range(spec["repeats"]):
@@ -265,8 +309,13 @@ def attention_worker(spec: dict) -> dict:
                 jax.block_until_ready(f(*args))
                 times.append(time.perf_counter() - t0)
             med = statistics.median(times)
-            row[impl] = {"median_s": med, "min_s": min(times), "tflop_per_s": flops / med / 1e12,
-                         "relative_error_vs_f32": errors, "cudnn_call": "cudnn$fmha" in hlo}
+            row[impl] = {
+                "median_s": med,
+                "min_s": min(times),
+                "tflop_per_s": flops / med / 1e12,
+                "relative_error_vs_f32": errors,
+                "cudnn_call": "cudnn$fmha" in hlo,
+            }
         if "median_s" in row.get("cudnn", {}) and "median_s" in row.get("xla", {}):
             row["xla_over_cudnn"] = row["xla"]["median_s"] / row["cudnn"]["median_s"]
         rows.append(row)
@@ -299,8 +348,12 @@ def _fingerprint() -> str:
 def _imports(pythonpath: str | None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update({"JAX_PLATFORMS": "cpu", **({"PYTHONPATH": pythonpath} if pythonpath else {})})
-    return subprocess.run([sys.executable, "-c", "import named.models, named.trainer.loop.train, jmp, draccus, optax, equinox"],
-                          capture_output=True, text=True, env=env)
+    return subprocess.run(
+        [sys.executable, "-c", "import named.models, named.trainer.loop.train, jmp, draccus, optax, equinox"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
 
 
 def ensure_importable(wheels: Path) -> str:
@@ -317,16 +370,31 @@ def ensure_importable(wheels: Path) -> str:
     if not (stamp.exists() and stamp.read_text() == _fingerprint() and _imports(str(SITE)).returncode == 0):
         files = sorted(wheels.glob("*.whl"))
         if not files:
-            raise SystemExit(f"named does not import here and {wheels} holds no wheels: run bench/fetch_wheels.py "
-                             f"where there is a package index, and bring {wheels.name}/ along")
+            raise SystemExit(
+                f"named does not import here and {wheels} holds no wheels: run bench/fetch_wheels.py "
+                f"where there is a package index, and bring {wheels.name}/ along"
+            )
         shutil.rmtree(SITE, ignore_errors=True)
-        pip = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-index",
-               "--no-deps", "--target", str(SITE)]
+        pip = [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-index",
+            "--no-deps",
+            "--target",
+            str(SITE),
+        ]
         subprocess.run(pip + [str(f) for f in files], check=True)
         # built with the carried setuptools (on PYTHONPATH), not in an isolated build environment
         # (that would need an index for the backend's own dependencies)
-        subprocess.run(pip + ["--no-build-isolation", "--upgrade", str(ROOT)], check=True,
-                       env={**os.environ, "PYTHONPATH": str(SITE)})
+        subprocess.run(
+            pip + ["--no-build-isolation", "--upgrade", str(ROOT)],
+            check=True,
+            env={**os.environ, "PYTHONPATH": str(SITE)},
+        )
         stamp.write_text(_fingerprint())
         check = _imports(str(SITE))
         if check.returncode != 0:
@@ -342,10 +410,16 @@ def _worker_env() -> dict:
 def usable_flags(flags: list[str]) -> tuple[list[str], list[str], str]:
     """(kept, dropped, backend): ``flags`` less those this jaxlib's XLA names as unknown when it
     starts, and the backend jax then chose."""
-    probe = [sys.executable, "-c", "import jax, jax.numpy as jnp; jnp.ones(2).block_until_ready(); print(jax.default_backend())"]
+    probe = [
+        sys.executable,
+        "-c",
+        "import jax, jax.numpy as jnp; jnp.ones(2).block_until_ready(); print(jax.default_backend())",
+    ]
 
     def start(fl):
-        return subprocess.run(probe, capture_output=True, text=True, timeout=300, env={**_worker_env(), "XLA_FLAGS": " ".join(fl)})
+        return subprocess.run(
+            probe, capture_output=True, text=True, timeout=300, env={**_worker_env(), "XLA_FLAGS": " ".join(fl)}
+        )
 
     proc = start(flags)
     if proc.returncode == 0:
@@ -386,12 +460,39 @@ def best(runs: list[dict], model: str) -> dict | None:
 
 def _brief(r: dict) -> dict:
     if r["model"] == "attention":
-        return {"attention": [{k: (v if not isinstance(v, dict) else {kk: v[kk] for kk in ("median_s", "tflop_per_s", "error")
-                                                                     if kk in v}) for k, v in row.items()
-                               if k in ("shape", "cudnn", "xla", "xla_over_cudnn")} for row in r.get("rows", [])]}
-    keys = ("model", "batch", "loss_block", "remat", "attention", "mode", "flags", "segments", "tokens_per_s", "mfu", "compile_s",
-            "cudnn_attention")
-    return {k: r.get(k) for k in keys} if "error" not in r else {**{k: r.get(k) for k in keys[:8]}, "error": r["error"][-400:]}
+        return {
+            "attention": [
+                {
+                    k: (
+                        v
+                        if not isinstance(v, dict)
+                        else {kk: v[kk] for kk in ("median_s", "tflop_per_s", "error") if kk in v}
+                    )
+                    for k, v in row.items()
+                    if k in ("shape", "cudnn", "xla", "xla_over_cudnn")
+                }
+                for row in r.get("rows", [])
+            ]
+        }
+    keys = (
+        "model",
+        "batch",
+        "loss_block",
+        "remat",
+        "attention",
+        "mode",
+        "flags",
+        "segments",
+        "tokens_per_s",
+        "mfu",
+        "compile_s",
+        "cudnn_attention",
+    )
+    return (
+        {k: r.get(k) for k in keys}
+        if "error" not in r
+        else {**{k: r.get(k) for k in keys[:8]}, "error": r["error"][-400:]}
+    )
 
 
 def main(argv=None):
@@ -418,16 +519,24 @@ def main(argv=None):
 
     tuned, dropped, backend = usable_flags(TUNED_FLAGS)
     if backend != "gpu" and not args.tiny:
-        raise SystemExit(f"jax's backend here is {backend!r}: the GPU plan would take hours (--tiny runs it at toy size)")
+        raise SystemExit(
+            f"jax's backend here is {backend!r}: the GPU plan would take hours (--tiny runs it at toy size)"
+        )
     plan = TINY_PLAN if args.tiny else SEGMENTS_PLAN if args.plan == "segments" else PLAN
     if args.models:
         plan = [(m, s) for m, s in plan if m == "attention" or m in args.models]
     runs: list[dict] = []
     name = "gpu_mfu_tiny" if args.tiny else "gpu_mfu" if args.plan == "main" else f"gpu_mfu_{args.plan}"
-    result = {"benchmark": "gpu_mfu", "command": C.command_line(), "models": {k: MODELS[k] for k in {m for m, _ in plan}
-                                                                              if k in MODELS},
-              "mfu_formula": "(6N + 12 L d T) * tokens/s / peak (trainer/loop/hardware.py's dense bf16 peak)",
-              "tuned_xla_flags": tuned, "dropped_xla_flags": dropped, "install": installed, "runs": runs}
+    result = {
+        "benchmark": "gpu_mfu",
+        "command": C.command_line(),
+        "models": {k: MODELS[k] for k in {m for m, _ in plan} if k in MODELS},
+        "mfu_formula": "(6N + 12 L d T) * tokens/s / peak (trainer/loop/hardware.py's dense bf16 peak)",
+        "tuned_xla_flags": tuned,
+        "dropped_xla_flags": dropped,
+        "install": installed,
+        "runs": runs,
+    }
     try:
         result["machine"] = C.machine()
     except Exception as e:  # noqa: BLE001 - a record, not a reason to stop
@@ -435,7 +544,10 @@ def main(argv=None):
     try:
         result["machine"]["gpu"] = subprocess.run(
             ["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=60).stdout.strip()
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         result["machine"]["gpu"] = None
 
@@ -453,10 +565,15 @@ def main(argv=None):
         else:
             b = best(runs, model)
             inherit = {"batch": b["batch"], "loss_block": b["loss_block"]} if b else {"batch": MODELS[model]["batch"]}
-            spec.update(batch=settings.get("batch") or inherit["batch"],
-                        loss_block=settings.get("loss_block") if "batch" in settings else inherit.get("loss_block"),
-                        remat=settings.get("remat", "none"), attention=settings.get("attention", default_attention),
-                        mode=settings.get("mode", "auto"), segments=settings.get("segments", "packed"), steps=args.steps)
+            spec.update(
+                batch=settings.get("batch") or inherit["batch"],
+                loss_block=settings.get("loss_block") if "batch" in settings else inherit.get("loss_block"),
+                remat=settings.get("remat", "none"),
+                attention=settings.get("attention", default_attention),
+                mode=settings.get("mode", "auto"),
+                segments=settings.get("segments", "packed"),
+                steps=args.steps,
+            )
         r = run_one(spec, left())
         runs.append(r)
         print(json.dumps(_brief(r)), flush=True)
@@ -467,8 +584,10 @@ def main(argv=None):
         b = best(runs, m)
         if b:
             mfu = f", MFU {b['mfu']:.1%}" if b["mfu"] is not None else ""
-            print(f"best {m}: batch {b['batch']} remat {b['remat']} attention {b['attention']} mode {b['mode']} "
-                  f"flags {b['flags']}: {b['tokens_per_s']:,.0f} tokens/s{mfu}")
+            print(
+                f"best {m}: batch {b['batch']} remat {b['remat']} attention {b['attention']} mode {b['mode']} "
+                f"flags {b['flags']}: {b['tokens_per_s']:,.0f} tokens/s{mfu}"
+            )
     print(report.gpu_block(Path(args.out) if args.out else C.RESULTS, name))
 
 

@@ -21,20 +21,36 @@ state alone is split without replication.
 
 from __future__ import annotations
 
-import _common as C  # sets XLA_FLAGS before jax is imported
-
 import argparse
 import math
+
+import _common as C  # sets XLA_FLAGS before jax is imported
 
 # name -> (model config, batch, seq, remat, loss)
 CONFIGS = {
     "gpt2_4L_256_issue": (dict(C.SMALL_GPT2), C.BATCH, C.SEQ, "none", "full"),
     "gpt2_4L_256_issue_remat_blockwise": (dict(C.SMALL_GPT2), C.BATCH, C.SEQ, "full", "blockwise"),
-    "gpt2_48L_512_b8": (dict(n_layer=48, n_head=8, n_embd=512, n_positions=256, vocab_size=8192), 8, 256, "full", "blockwise"),
-    "gpt2_48L_1024_b8": (dict(n_layer=48, n_head=16, n_embd=1024, n_positions=256, vocab_size=8192), 8, 256, "full",
-                         "blockwise"),
-    "gpt2_124M_seq1024_b8": (dict(n_layer=12, n_head=12, n_embd=768, n_positions=1024, vocab_size=50304), 8, 1024, "full",
-                             "blockwise"),
+    "gpt2_48L_512_b8": (
+        dict(n_layer=48, n_head=8, n_embd=512, n_positions=256, vocab_size=8192),
+        8,
+        256,
+        "full",
+        "blockwise",
+    ),
+    "gpt2_48L_1024_b8": (
+        dict(n_layer=48, n_head=16, n_embd=1024, n_positions=256, vocab_size=8192),
+        8,
+        256,
+        "full",
+        "blockwise",
+    ),
+    "gpt2_124M_seq1024_b8": (
+        dict(n_layer=12, n_head=12, n_embd=768, n_positions=1024, vocab_size=50304),
+        8,
+        1024,
+        "full",
+        "blockwise",
+    ),
 }
 TINY = {"tiny": (dict(n_layer=2, n_head=2, n_embd=64, n_positions=32, vocab_size=384), 8, 32, "none", "full")}
 
@@ -49,8 +65,14 @@ def measure(cfg: dict, batch: int, seq: int, remat: str, loss: str) -> dict:
     floor = 16 * n / n_dev
     state = mem["argument_size_in_bytes"] + mem["output_size_in_bytes"] - mem["alias_size_in_bytes"]
     return {
-        "config": {**cfg, "batch": batch, "seq": seq, "remat": remat, "loss": loss,
-                   "loss_block_size": block if loss == "blockwise" else None},
+        "config": {
+            **cfg,
+            "batch": batch,
+            "seq": seq,
+            "remat": remat,
+            "loss": loss,
+            "loss_block_size": block if loss == "blockwise" else None,
+        },
         "params": n,
         "memory": mem,
         "floor_16N_over_8_bytes": floor,
@@ -71,16 +93,24 @@ def main(argv=None):
     for name, (cfg, batch, seq, remat, loss) in configs.items():
         row = rows[name] = measure(cfg, batch, seq, remat, loss)
         m = row["memory"]
-        print(f"{name}: N={row['params']:,} peak {m['peak_bytes'] / 2**20:.1f} MiB/device "
-              f"(temp {m['temp_size_in_bytes'] / 2**20:.1f}, arg {m['argument_size_in_bytes'] / 2**20:.1f}, "
-              f"out {m['output_size_in_bytes'] / 2**20:.1f}, alias {m['alias_size_in_bytes'] / 2**20:.1f}); "
-              f"16N/8 = {row['floor_16N_over_8_bytes'] / 2**20:.1f} MiB; ratio {row['ratio_peak_over_floor']:.3f}; "
-              f"state ratio {row['state_ratio']:.3f}", flush=True)
+        print(
+            f"{name}: N={row['params']:,} peak {m['peak_bytes'] / 2**20:.1f} MiB/device "
+            f"(temp {m['temp_size_in_bytes'] / 2**20:.1f}, arg {m['argument_size_in_bytes'] / 2**20:.1f}, "
+            f"out {m['output_size_in_bytes'] / 2**20:.1f}, alias {m['alias_size_in_bytes'] / 2**20:.1f}); "
+            f"16N/8 = {row['floor_16N_over_8_bytes'] / 2**20:.1f} MiB; ratio {row['ratio_peak_over_floor']:.3f}; "
+            f"state ratio {row['state_ratio']:.3f}",
+            flush=True,
+        )
     result = {
-        "benchmark": "memory", "command": C.command_line(), "machine": C.machine(),
+        "benchmark": "memory",
+        "command": C.command_line(),
+        "machine": C.machine(),
         "formula": "peak = temp + argument + output - alias (compiled.memory_analysis(), one device); "
-                   "floor = 16 * N / 8 (f32 params, grads, Adam mu and nu over 8 devices)",
-        "mesh": C.MESH, "param_mapping": C.PARAM_MAPPING, "compute_mapping": C.COMPUTE_MAPPING, "dtype": "f32",
+        "floor = 16 * N / 8 (f32 params, grads, Adam mu and nu over 8 devices)",
+        "mesh": C.MESH,
+        "param_mapping": C.PARAM_MAPPING,
+        "compute_mapping": C.COMPUTE_MAPPING,
+        "dtype": "f32",
         "step": "train.make_train_step (the trainer's loss, clipping, AdamW, finite checks), donated state",
         "rows": rows,
         "goal": "ratio_peak_over_floor <= 1.05",

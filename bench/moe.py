@@ -21,10 +21,9 @@ Collective counts come from the optimized HLO of each step.
 
 from __future__ import annotations
 
-import _common as C  # sets XLA_FLAGS before jax is imported
-
 import argparse
 
+import _common as C  # sets XLA_FLAGS before jax is imported
 import numpy as np
 
 FULL = dict(embed=256, mlp=512, experts=8, top_k=2, layers=2, heads=4, kv_heads=2, vocab=512, batch=16, seq=256)
@@ -39,22 +38,42 @@ SIDES = {
     "placement": {
         "replicated experts": (EXPERT, {"batch": "expert"}, {}, {}),
         "EP auto": (EXPERT, {"batch": "expert", "experts": "expert"}, {"experts": "expert"}, {}),
-        "EP explicit": (EXPERT, {"batch": "expert", "experts": "expert"}, {"experts": "expert"},
-                        {"expert_parallel": "explicit"}),
+        "EP explicit": (
+            EXPERT,
+            {"batch": "expert", "experts": "expert"},
+            {"experts": "expert"},
+            {"expert_parallel": "explicit"},
+        ),
     },
 }
 
 
 def model_fields(s: dict) -> dict:
-    return {"hidden_size": s["embed"], "intermediate_size": s["mlp"], "num_hidden_layers": s["layers"],
-            "num_attention_heads": s["heads"], "num_key_value_heads": s["kv_heads"], "max_position_embeddings": s["seq"],
-            "num_experts": s["experts"], "num_experts_per_tok": s["top_k"], "vocab_size": s["vocab"],
-            "router_aux_loss_coef": 0.01, "router_z_loss_coef": 0.001}
+    return {
+        "hidden_size": s["embed"],
+        "intermediate_size": s["mlp"],
+        "num_hidden_layers": s["layers"],
+        "num_attention_heads": s["heads"],
+        "num_key_value_heads": s["kv_heads"],
+        "max_position_embeddings": s["seq"],
+        "num_experts": s["experts"],
+        "num_experts_per_tok": s["top_k"],
+        "vocab_size": s["vocab"],
+        "router_aux_loss_coef": 0.01,
+        "router_z_loss_coef": 0.001,
+    }
 
 
 def _side(s: dict, ids: np.ndarray, mesh, compute, param, model) -> tuple[C.TrainerStep, dict]:
-    cfg = C.step_config({**model_fields(s), **model}, batch=s["batch"], seq=s["seq"], base="mixtral_tiny.yaml",
-                        mesh=mesh, compute=compute, param=param)
+    cfg = C.step_config(
+        {**model_fields(s), **model},
+        batch=s["batch"],
+        seq=s["seq"],
+        base="mixtral_tiny.yaml",
+        mesh=mesh,
+        compute=compute,
+        param=param,
+    )
     step = C.TrainerStep(cfg, ids, segments=False)
     hlo = C.hlo_stats(step.compile().as_text())["collectives"]
     step.run()  # compiled, warm
@@ -71,9 +90,15 @@ def main(argv=None) -> dict:
     s = TINY if args.tiny else FULL
     rounds, per_round = (2, 1) if args.tiny else (args.rounds, args.per_round)
     ids = np.random.default_rng(0).integers(0, s["vocab"], size=(s["batch"], s["seq"]), dtype=np.int32)
-    result = {"benchmark": "moe", "machine": C.machine(), "command": C.command_line(), "settings": s,
-              "step": "train.make_train_step on config/mixtral_tiny.yaml with these sizes", "optimizer": C.OPTIMIZER,
-              "comparisons": {}}
+    result = {
+        "benchmark": "moe",
+        "machine": C.machine(),
+        "command": C.command_line(),
+        "settings": s,
+        "step": "train.make_train_step on config/mixtral_tiny.yaml with these sizes",
+        "optimizer": C.OPTIMIZER,
+        "comparisons": {},
+    }
     for comparison, cases in SIDES.items():
         steps, collectives = {}, {}
         for name, case in cases.items():
@@ -81,19 +106,28 @@ def main(argv=None) -> dict:
         print(f"{comparison}:", flush=True)
         wall, cpu = C.alternate({name: step.run for name, step in steps.items()}, rounds, per_round)
         result["comparisons"][comparison] = {
-            name: {"wall": C.summary(wall[name]), "cpu": C.summary(cpu[name]), "collectives": collectives[name],
-                   "losses_first_and_last": [steps[name].losses[0], steps[name].losses[-1]]}
-            for name in cases}
+            name: {
+                "wall": C.summary(wall[name]),
+                "cpu": C.summary(cpu[name]),
+                "collectives": collectives[name],
+                "losses_first_and_last": [steps[name].losses[0], steps[name].losses[-1]],
+            }
+            for name in cases
+        }
         del steps
     tokens = s["batch"] * s["seq"]
-    print(f"\n{tokens} tokens, {s['layers']} layers of width {s['embed']}, {s['experts']} experts of {s['mlp']}, "
-          f"top-{s['top_k']}; median train step, 8 CPU devices")
+    print(
+        f"\n{tokens} tokens, {s['layers']} layers of width {s['embed']}, {s['experts']} experts of {s['mlp']}, "
+        f"top-{s['top_k']}; median train step, 8 CPU devices"
+    )
     print("| comparison | side | wall (ms) | CPU (ms) | collectives |\n|---|---|---|---|---|")
     for comparison, cases in result["comparisons"].items():
         for name, r in cases.items():
             coll = ", ".join(f"{k} {v}" for k, v in r["collectives"].items()) or "none"
-            print(f"| {comparison} | {name} | {1e3 * r['wall']['median_s']:.1f} | {1e3 * r['cpu']['median_s']:.1f} | "
-                  f"{coll} |")
+            print(
+                f"| {comparison} | {name} | {1e3 * r['wall']['median_s']:.1f} | {1e3 * r['cpu']['median_s']:.1f} | "
+                f"{coll} |"
+            )
     C.write_result("moe_tiny" if args.tiny else "moe", result, args.out)
     return result
 

@@ -40,25 +40,51 @@ SKIP = 5  # steps left out of the median: compilation
 
 def args_for(model: str, corpus: Path, run_dir: Path, steps: int) -> list[str]:
     over = {
-        "trainer.num_train_steps": steps, "trainer.train_batch_size": 16, "trainer.log_interval": 1,
-        "trainer.eval_interval": 0, "trainer.sample_interval": 0, "trainer.progress_bar": "false",
-        "trainer.run_dir": run_dir, "data.train": f"[{corpus}]", "data.val_fraction": 0.05,
-        "data.cache_dir": corpus.parent / "cache", "optimizer.warmup_steps": 2, "checkpoint.interval": 0,
-        "checkpoint.save_at_end": "false", "tracker.console": "false",
-        "mesh.shape": "{data: 8}", "mesh.param_mapping": "{embed: data}", "mesh.compute_mapping": "{batch: data}",
+        "trainer.num_train_steps": steps,
+        "trainer.train_batch_size": 16,
+        "trainer.log_interval": 1,
+        "trainer.eval_interval": 0,
+        "trainer.sample_interval": 0,
+        "trainer.progress_bar": "false",
+        "trainer.run_dir": run_dir,
+        "data.train": f"[{corpus}]",
+        "data.val_fraction": 0.05,
+        "data.cache_dir": corpus.parent / "cache",
+        "optimizer.warmup_steps": 2,
+        "checkpoint.interval": 0,
+        "checkpoint.save_at_end": "false",
+        "tracker.console": "false",
+        "mesh.shape": "{data: 8}",
+        "mesh.param_mapping": "{embed: data}",
+        "mesh.compute_mapping": "{batch: data}",
         **MODELS[model],
     }
-    return ["--config_path", str(ROOT / "config" / "gpt2_nano.yaml"), *[x for k, v in over.items() for x in (f"--{k}", str(v))]]
+    return [
+        "--config_path",
+        str(ROOT / "config" / "gpt2_nano.yaml"),
+        *[x for k, v in over.items() for x in (f"--{k}", str(v))],
+    ]
 
 
 def run(layout: str, model: str, corpus: Path, run_dir: Path, steps: int) -> float:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NAMED_") and k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("NAMED_") and k not in ("XLA_FLAGS", "JAX_PLATFORMS")
+    }
     args = args_for(model, corpus, run_dir, steps)
     if layout == "1x8":
         env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8")
         cmd = [str(BIN / "named-train"), *args]
     else:
-        cmd = [str(BIN / "named-launch"), "--nproc", "2", "--devices-per-process", "4", "--", str(BIN / "named-train"), *args]
+        cmd = [
+            str(BIN / "named-launch"),
+            "--nproc",
+            "2",
+            "--devices-per-process",
+            "4",
+            "--",
+            str(BIN / "named-train"),
+            *args,
+        ]
     r = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
     if r.returncode:
         raise SystemExit(f"{layout} {model} failed ({r.returncode}):\n{r.stderr[-3000:]}")
@@ -86,9 +112,16 @@ def main() -> None:
                     times[layout].append(t)
                     print(f"{model} round {r} {layout}: median step {t * 1e3:.1f} ms", flush=True)
             med = {k: statistics.median(v) for k, v in times.items()}
-            out["models"][model] = {"step_s": times, "median_step_s": med, "ratio_2x4_over_1x8": med["2x4"] / med["1x8"]}
-            print(f"{model}: 1x8 {med['1x8'] * 1e3:.1f} ms, 2x4 {med['2x4'] * 1e3:.1f} ms, "
-                  f"ratio 2x4/1x8 = {med['2x4'] / med['1x8']:.1f}", flush=True)
+            out["models"][model] = {
+                "step_s": times,
+                "median_step_s": med,
+                "ratio_2x4_over_1x8": med["2x4"] / med["1x8"],
+            }
+            print(
+                f"{model}: 1x8 {med['1x8'] * 1e3:.1f} ms, 2x4 {med['2x4'] * 1e3:.1f} ms, "
+                f"ratio 2x4/1x8 = {med['2x4'] / med['1x8']:.1f}",
+                flush=True,
+            )
         out["machine"]["load_after"] = os.getloadavg()
         out["time"] = time.strftime("%Y-%m-%d %H:%M:%S")
         print(json.dumps(out, indent=1))

@@ -24,19 +24,18 @@ modules, which is where a real difference in the program would show.
 
 from __future__ import annotations
 
-import _common as C  # sets XLA_FLAGS before jax is imported
-
 import argparse
 import statistics
 import time
 
+import _common as C  # sets XLA_FLAGS before jax is imported
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
-
 import reference_gpt2 as ref
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 TINY = dict(n_layer=2, n_head=2, n_embd=64, n_positions=32, vocab_size=384)
 
@@ -49,19 +48,38 @@ class Plain:
         o, t, m = cfg.optimizer, cfg.trainer, cfg.model
         if o.schedule != "constant" or o.warmup(t.num_train_steps):
             raise SystemExit("the plain side runs a constant learning rate: set optimizer.schedule constant, no warmup")
-        optimizer = ref.make_optimizer(o.learning_rate, b1=o.beta1, b2=o.beta2, eps=o.epsilon,
-                                       weight_decay=o.weight_decay, max_grad_norm=o.max_grad_norm)
-        self.model = model if model is not None else ref.sharded_init(
-            mesh, jax.random.key(0), n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd, n_positions=m.n_positions,
-            vocab_size=m.vocab_size)
+        optimizer = ref.make_optimizer(
+            o.learning_rate,
+            b1=o.beta1,
+            b2=o.beta2,
+            eps=o.epsilon,
+            weight_decay=o.weight_decay,
+            max_grad_norm=o.max_grad_norm,
+        )
+        self.model = (
+            model
+            if model is not None
+            else ref.sharded_init(
+                mesh,
+                jax.random.key(0),
+                n_layer=m.n_layer,
+                n_head=m.n_head,
+                n_embd=m.n_embd,
+                n_positions=m.n_positions,
+                vocab_size=m.vocab_size,
+            )
+        )
         self.opt_state = ref.init_optimizer(optimizer, self.model, mesh)
         rows = NamedSharding(mesh, P(ref.DATA, None))
-        self.batch = {"input_ids": jax.device_put(jnp.asarray(ids_np), rows),
-                      "loss_mask": jax.device_put(jnp.ones(ids_np.shape, bool), rows)}
+        self.batch = {
+            "input_ids": jax.device_put(jnp.asarray(ids_np), rows),
+            "loss_mask": jax.device_put(jnp.ones(ids_np.shape, bool), rows),
+        }
         self.flags = ref.flags(mesh)
         compute_dtype = jnp.bfloat16 if "compute=bfloat16" in t.precision else jnp.float32
-        self.step = ref.make_train_step(optimizer, mesh, self.model, self.opt_state, microbatches=t.microbatches,
-                                        compute_dtype=compute_dtype)
+        self.step = ref.make_train_step(
+            optimizer, mesh, self.model, self.opt_state, microbatches=t.microbatches, compute_dtype=compute_dtype
+        )
         self.losses: list[float] = []
 
     def lower(self):
@@ -105,16 +123,29 @@ def main(argv=None):
     cfg = C.step_config(model, batch=batch, seq=seq, dtype=args.dtype)
     ids_np = token_ids(model, batch, seq)
     o = cfg.optimizer
-    result = {"benchmark": "overhead", "command": C.command_line(), "machine": C.machine(),
-              "config": {**model, "seq": seq, "batch": batch, "dtype": args.dtype, "mesh": C.MESH,
-                         "param_mapping": C.PARAM_MAPPING, "compute_mapping": C.COMPUTE_MAPPING,
-                         "microbatches": cfg.trainer.microbatches,
-                         "optimizer": f"clip_by_global_norm({o.max_grad_norm}) + adamw({o.learning_rate}, constant, "
-                                      f"b1={o.beta1}, b2={o.beta2}, eps={o.epsilon}, weight_decay={o.weight_decay} "
-                                      "off biases and norms)",
-                         "layers_run_with": "scan (Stacked / lax.scan)",
-                         "sides": {"named": "train.make_train_step (the trainer's step, loss and optimizer)",
-                                   "plain": "bench/reference_gpt2.py make_train_step (the same step in plain JAX)"}}}
+    result = {
+        "benchmark": "overhead",
+        "command": C.command_line(),
+        "machine": C.machine(),
+        "config": {
+            **model,
+            "seq": seq,
+            "batch": batch,
+            "dtype": args.dtype,
+            "mesh": C.MESH,
+            "param_mapping": C.PARAM_MAPPING,
+            "compute_mapping": C.COMPUTE_MAPPING,
+            "microbatches": cfg.trainer.microbatches,
+            "optimizer": f"clip_by_global_norm({o.max_grad_norm}) + adamw({o.learning_rate}, constant, "
+            f"b1={o.beta1}, b2={o.beta2}, eps={o.epsilon}, weight_decay={o.weight_decay} "
+            "off biases and norms)",
+            "layers_run_with": "scan (Stacked / lax.scan)",
+            "sides": {
+                "named": "train.make_train_step (the trainer's step, loss and optimizer)",
+                "plain": "bench/reference_gpt2.py make_train_step (the same step in plain JAX)",
+            },
+        },
+    }
     named = C.TrainerStep(cfg, ids_np, segments=False)
     mesh = named.mesh
     with jax.set_mesh(mesh):
@@ -134,7 +165,7 @@ def main(argv=None):
         hlo = {k: C.hlo_stats(c.as_text()) for k, c in compiled.items()}
         memory = {k: C.memory_stats(c) for k, c in compiled.items()}
 
-        for k, s in sides.items():  # the call path compiles again (untimed), then warms up
+        for s in sides.values():  # the call path compiles again (untimed), then warms up
             for _ in range(args.warmup):
                 s.run()
         print("steps, alternating:", flush=True)
@@ -148,33 +179,43 @@ def main(argv=None):
 
     total = {k: [a + b for a, b in zip(lower_t[k], compile_t[k])] for k in sides}
     step = {k: C.summary(v) for k, v in times.items()}
-    per_round = [statistics.median(times["named"][i:i + args.per_round]) / statistics.median(times["plain"][i:i + args.per_round])
-                 for i in range(0, len(times["named"]), args.per_round)]
-    result.update({
-        "step": step,
-        "step_ratio_named_over_plain": step["named"]["median_s"] / step["plain"]["median_s"],
-        "step_ratio_min_named_over_plain": step["named"]["min_s"] / step["plain"]["min_s"],
-        "step_cpu": {k: C.summary(v) for k, v in cpu.items()},
-        "step_cpu_ratio_named_over_plain": statistics.median(cpu["named"]) / statistics.median(cpu["plain"]),
-        "step_ratio_per_round": [round(r, 4) for r in per_round],
-        "step_ratio_median_of_rounds": statistics.median(per_round),
-        "lower_s": {k: C.summary(v) for k, v in lower_t.items()},
-        "compile_s": {k: C.summary(v) for k, v in compile_t.items()},
-        "lower_plus_compile_s": {k: C.summary(v) for k, v in total.items()},
-        "compile_ratio_named_over_plain": statistics.median(total["named"]) / statistics.median(total["plain"]),
-        "losses_first_and_last": {k: [s.losses[0], s.losses[-1]] for k, s in sides.items()},
-        "hlo": {k: {kk: v for kk, v in h.items() if kk != "opcodes"} for k, h in hlo.items()},
-        "hlo_opcode_difference_named_minus_plain": {
-            op: hlo["named"]["opcodes"].get(op, 0) - hlo["plain"]["opcodes"].get(op, 0)
-            for op in sorted(set(hlo["named"]["opcodes"]) | set(hlo["plain"]["opcodes"]))
-            if hlo["named"]["opcodes"].get(op, 0) != hlo["plain"]["opcodes"].get(op, 0)},
-        "memory": memory,
-        "goal": "step_ratio_named_over_plain <= 1.00",
-    })
-    print(f"step median: named {step['named']['median_s']:.4f}s plain {step['plain']['median_s']:.4f}s "
-          f"ratio {result['step_ratio_named_over_plain']:.3f} (CPU time ratio {result['step_cpu_ratio_named_over_plain']:.3f}); "
-          f"compile ratio {result['compile_ratio_named_over_plain']:.3f}")
-    print("collectives:", {k: {c: v['count'] for c, v in h['collectives'].items() if v['count']} for k, h in hlo.items()})
+    per_round = [
+        statistics.median(times["named"][i : i + args.per_round])
+        / statistics.median(times["plain"][i : i + args.per_round])
+        for i in range(0, len(times["named"]), args.per_round)
+    ]
+    result.update(
+        {
+            "step": step,
+            "step_ratio_named_over_plain": step["named"]["median_s"] / step["plain"]["median_s"],
+            "step_ratio_min_named_over_plain": step["named"]["min_s"] / step["plain"]["min_s"],
+            "step_cpu": {k: C.summary(v) for k, v in cpu.items()},
+            "step_cpu_ratio_named_over_plain": statistics.median(cpu["named"]) / statistics.median(cpu["plain"]),
+            "step_ratio_per_round": [round(r, 4) for r in per_round],
+            "step_ratio_median_of_rounds": statistics.median(per_round),
+            "lower_s": {k: C.summary(v) for k, v in lower_t.items()},
+            "compile_s": {k: C.summary(v) for k, v in compile_t.items()},
+            "lower_plus_compile_s": {k: C.summary(v) for k, v in total.items()},
+            "compile_ratio_named_over_plain": statistics.median(total["named"]) / statistics.median(total["plain"]),
+            "losses_first_and_last": {k: [s.losses[0], s.losses[-1]] for k, s in sides.items()},
+            "hlo": {k: {kk: v for kk, v in h.items() if kk != "opcodes"} for k, h in hlo.items()},
+            "hlo_opcode_difference_named_minus_plain": {
+                op: hlo["named"]["opcodes"].get(op, 0) - hlo["plain"]["opcodes"].get(op, 0)
+                for op in sorted(set(hlo["named"]["opcodes"]) | set(hlo["plain"]["opcodes"]))
+                if hlo["named"]["opcodes"].get(op, 0) != hlo["plain"]["opcodes"].get(op, 0)
+            },
+            "memory": memory,
+            "goal": "step_ratio_named_over_plain <= 1.00",
+        }
+    )
+    print(
+        f"step median: named {step['named']['median_s']:.4f}s plain {step['plain']['median_s']:.4f}s "
+        f"ratio {result['step_ratio_named_over_plain']:.3f} (CPU time ratio {result['step_cpu_ratio_named_over_plain']:.3f}); "
+        f"compile ratio {result['compile_ratio_named_over_plain']:.3f}"
+    )
+    print(
+        "collectives:", {k: {c: v["count"] for c, v in h["collectives"].items() if v["count"]} for k, h in hlo.items()}
+    )
     print("opcode difference (named - plain):", result["hlo_opcode_difference_named_minus_plain"])
     C.write_result(f"overhead_{args.dtype}" + ("_tiny" if args.tiny else ""), result, args.out)
     return result

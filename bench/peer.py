@@ -37,8 +37,6 @@ own default loss instead, ``model.compute_next_token_loss`` (a fused, vocabulary
 
 from __future__ import annotations
 
-import _common as C  # sets XLA_FLAGS before jax is imported
-
 import argparse
 import json
 import os
@@ -50,6 +48,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import _common as C  # sets XLA_FLAGS before jax is imported
+
 HERE = Path(__file__).resolve().parent
 PEER_VENV = HERE / ".venv-peer"
 PEER_PY = PEER_VENV / "bin" / "python"
@@ -57,18 +57,39 @@ PEER_PY = PEER_VENV / "bin" / "python"
 # and marin-haliax (dev builds only). It imports git (GitPython) and chex without declaring them.
 PEER_PACKAGES = ["marin-levanter==0.2.20.dev202606180959", "marin-haliax==0.2.20.dev202606180959", "GitPython", "chex"]
 PEER_DISTS = ("marin-levanter", "marin-haliax", "jax", "jaxlib", "equinox", "optax")
-PEER_IMPORTS = ("import levanter, haliax, levanter.models.gpt2, levanter.models.llama, levanter.models.loss, "
-                "levanter.layers.attention")
+PEER_IMPORTS = (
+    "import levanter, haliax, levanter.models.gpt2, levanter.models.llama, levanter.models.loss, "
+    "levanter.layers.attention"
+)
 # The Llama next to C.SMALL_GPT2: 4 layers, hidden 256, 4 query heads over 2 key/value heads
 # (GQA), SwiGLU 1024, untied head, vocab 8192.
-SMALL_LLAMA = dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4,
-                   num_key_value_heads=2, rope_theta=10000.0, rms_norm_eps=1e-5, max_position_embeddings=256,
-                   tie_word_embeddings=False, vocab_size=8192)
+SMALL_LLAMA = dict(
+    hidden_size=256,
+    intermediate_size=1024,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    rope_theta=10000.0,
+    rms_norm_eps=1e-5,
+    max_position_embeddings=256,
+    tie_word_embeddings=False,
+    vocab_size=8192,
+)
 MODELS = {  # (the config, its tiny version for the smoke test)
     "gpt2": (C.SMALL_GPT2, dict(n_layer=2, n_head=2, n_embd=64, n_positions=32, vocab_size=384)),
-    "llama": (SMALL_LLAMA, dict(SMALL_LLAMA, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,
-                                vocab_size=384)),
+    "llama": (
+        SMALL_LLAMA,
+        dict(
+            SMALL_LLAMA,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            max_position_embeddings=32,
+            vocab_size=384,
+        ),
+    ),
 }
 
 
@@ -90,7 +111,10 @@ def ensure_peer_venv() -> tuple[bool, str]:
         subprocess.run(pip + ["--upgrade", "pip"], check=True, capture_output=True, text=True, timeout=600)
         subprocess.run(pip + ["--pre", *PEER_PACKAGES], check=True, capture_output=True, text=True, timeout=1800)
     except subprocess.CalledProcessError as e:
-        return False, f"building {PEER_VENV.name} failed: {' '.join(e.cmd)}: {(e.stderr or e.stdout or '').strip()[-800:]}"
+        return (
+            False,
+            f"building {PEER_VENV.name} failed: {' '.join(e.cmd)}: {(e.stderr or e.stdout or '').strip()[-800:]}",
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         return False, f"building {PEER_VENV.name} failed: {e}"
     check = _peer_imports()
@@ -158,16 +182,27 @@ def _levanter_config(model_type: str, cfg: dict, seq: int, remat: str):
 
         if cfg["n_positions"] != seq:
             raise SystemExit("the peer ties max_seq_len to the position table: n_positions must equal seq")
-        return Gpt2Config(hidden_dim=cfg["n_embd"], num_layers=cfg["n_layer"], num_heads=cfg["n_head"],
-                          use_flash_attention=False, **common)
+        return Gpt2Config(
+            hidden_dim=cfg["n_embd"],
+            num_layers=cfg["n_layer"],
+            num_heads=cfg["n_head"],
+            use_flash_attention=False,
+            **common,
+        )
     from levanter.layers.rotary import DefaultRotaryEmbeddingsConfig
     from levanter.models.llama import LlamaConfig
 
-    return LlamaConfig(hidden_dim=cfg["hidden_size"], intermediate_dim=cfg["intermediate_size"],
-                       num_layers=cfg["num_hidden_layers"], num_heads=cfg["num_attention_heads"],
-                       num_kv_heads=cfg["num_key_value_heads"], layer_norm_epsilon=cfg["rms_norm_eps"],
-                       tie_word_embeddings=cfg["tie_word_embeddings"],
-                       rope=DefaultRotaryEmbeddingsConfig(theta=cfg["rope_theta"]), **common)
+    return LlamaConfig(
+        hidden_dim=cfg["hidden_size"],
+        intermediate_dim=cfg["intermediate_size"],
+        num_layers=cfg["num_hidden_layers"],
+        num_heads=cfg["num_attention_heads"],
+        num_kv_heads=cfg["num_key_value_heads"],
+        layer_norm_epsilon=cfg["rms_norm_eps"],
+        tie_word_embeddings=cfg["tie_word_embeddings"],
+        rope=DefaultRotaryEmbeddingsConfig(theta=cfg["rope_theta"]),
+        **common,
+    )
 
 
 def worker_peer(model_type, cfg, batch, seq, dtype, remat, peer_loss, optimizer) -> dict:
@@ -204,16 +239,26 @@ def worker_peer(model_type, cfg, batch, seq, dtype, remat, peer_loss, optimizer)
 
     o = optimizer
     clip = [] if o["max_grad_norm"] is None else [optax.clip_by_global_norm(o["max_grad_norm"])]
-    tx = optax.chain(*clip, optax.adamw(optax.constant_schedule(o["learning_rate"]), b1=o["b1"], b2=o["b2"],
-                                        eps=o["eps"], weight_decay=o["weight_decay"], mask=decay_mask))
+    tx = optax.chain(
+        *clip,
+        optax.adamw(
+            optax.constant_schedule(o["learning_rate"]),
+            b1=o["b1"],
+            b2=o["b2"],
+            eps=o["eps"],
+            weight_decay=o["weight_decay"],
+            mask=decay_mask,
+        ),
+    )
 
     def loss_sum(model, example):
         model = policy.cast_to_compute(model)
         if peer_loss == "levanter":  # the peer's own default: fused, blockwise over the vocabulary
             return model.compute_next_token_loss(example, reduction=hax.sum).scalar()
         logits = model(example.tokens, example.attn_mask)
-        return next_token_loss(model.Pos, model.Vocab, logits, example.tokens, loss_weight=example.loss_weight,
-                               reduction=hax.sum).scalar()
+        return next_token_loss(
+            model.Pos, model.Vocab, logits, example.tokens, loss_weight=example.loss_weight, reduction=hax.sum
+        ).scalar()
 
     def all_finite(tree):
         leaves = jax.tree.leaves(eqx.filter(tree, eqx.is_inexact_array))
@@ -231,22 +276,28 @@ def worker_peer(model_type, cfg, batch, seq, dtype, remat, peer_loss, optimizer)
         new_model = eqx.apply_updates(model, updates)
         finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & all_finite((updates, new_model, new_opt))
         agreed = jax.lax.with_sharding_constraint(flags.max(axis=0), PartitionSpec())
-        return new_model, new_opt, {"loss": loss, "grad_norm": grad_norm, "finite": finite, "tokens": count,
-                                    "stop_flags": agreed}
+        return (
+            new_model,
+            new_opt,
+            {"loss": loss, "grad_norm": grad_norm, "finite": finite, "tokens": count, "stop_flags": agreed},
+        )
 
     with jax.set_mesh(mesh), hax.axis_mapping(compute_map):
         init = hax.named_jit(lambda k: config.build(Vocab, key=k), axis_resources=param_map)
         model = init(jax.random.PRNGKey(0))
-        opt_state = hax.named_jit(lambda m: tx.init(eqx.filter(m, eqx.is_inexact_array)),
-                                  axis_resources=param_map)(model)
+        opt_state = hax.named_jit(lambda m: tx.init(eqx.filter(m, eqx.is_inexact_array)), axis_resources=param_map)(
+            model
+        )
         Pos = config.max_Pos
         tokens = hax.shard(hax.named(jnp.asarray(ids_np), (Batch, Pos)), compute_map)
-        weight = hax.shard(hax.broadcast_to(LmExample.causal_loss_mask(Pos).astype(jnp.float32), (Batch, Pos)),
-                           compute_map)
+        weight = hax.shard(
+            hax.broadcast_to(LmExample.causal_loss_mask(Pos).astype(jnp.float32), (Batch, Pos)), compute_map
+        )
         example = LmExample(tokens=tokens, loss_weight=weight, attn_mask=AttentionMask.causal())
         flags = jax.device_put(np.zeros((8, 2), np.int32), NamedSharding(mesh, PartitionSpec("data")))
-        jstep = hax.named_jit(step, axis_resources=compute_map, out_axis_resources=param_map,
-                              donate_args=(True, True, False, False))
+        jstep = hax.named_jit(
+            step, axis_resources=compute_map, out_axis_resources=param_map, donate_args=(True, True, False, False)
+        )
         state = {"model": model, "opt": opt_state}
         t0 = time.perf_counter()
         compiled = jstep.lower(model, opt_state, example, flags).compile()
@@ -272,14 +323,31 @@ class Worker:
 
     def __init__(self, side: str, args, cfg, batch, seq, optimizer: dict, log_dir: Path):
         python = str(PEER_PY) if side == "peer" else sys.executable
-        cmd = [python, str(Path(__file__).resolve()), "--worker", side, "--worker-config",
-               json.dumps({"model_type": args.model, "cfg": cfg, "batch": batch, "seq": seq, "dtype": args.dtype,
-                           "remat": args.remat, "peer_loss": args.peer_loss,
-                           "optimizer": optimizer})]
+        cmd = [
+            python,
+            str(Path(__file__).resolve()),
+            "--worker",
+            side,
+            "--worker-config",
+            json.dumps(
+                {
+                    "model_type": args.model,
+                    "cfg": cfg,
+                    "batch": batch,
+                    "seq": seq,
+                    "dtype": args.dtype,
+                    "remat": args.remat,
+                    "peer_loss": args.peer_loss,
+                    "optimizer": optimizer,
+                }
+            ),
+        ]
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
         self.side, self.log = side, log_dir / f"{side}-{time.monotonic_ns()}.log"
         self._stderr = open(self.log, "w")
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, text=True, env=env)
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, text=True, env=env
+        )
         self.info = self._reply()
 
     def _reply(self) -> dict:
@@ -309,8 +377,12 @@ class Worker:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=tuple(MODELS), default="gpt2")
-    ap.add_argument("--peer-loss", choices=("full", "levanter"), default="full",
-                    help="the peer's loss: the same full-logits loss as ours, or its own default (fused, blockwise)")
+    ap.add_argument(
+        "--peer-loss",
+        choices=("full", "levanter"),
+        default="full",
+        help="the peer's loss: the same full-logits loss as ours, or its own default (fused, blockwise)",
+    )
     ap.add_argument("--dtype", choices=("f32", "bf16"), default="f32")
     ap.add_argument("--remat", choices=("none", "full"), default="none")
     ap.add_argument("--repeats", type=int, default=2, help="pairs of fresh worker processes (one compile each)")
@@ -327,35 +399,64 @@ def main(argv=None):
     if args.worker:
         w = json.loads(args.worker_config)
         fn = worker_named if args.worker == "named" else worker_peer
-        return fn(w["model_type"], w["cfg"], w["batch"], w["seq"], w["dtype"], w["remat"], w["peer_loss"],
-                  w["optimizer"])
+        return fn(
+            w["model_type"], w["cfg"], w["batch"], w["seq"], w["dtype"], w["remat"], w["peer_loss"], w["optimizer"]
+        )
 
     full, tiny = MODELS[args.model]
     cfg, batch, seq = (dict(tiny), 8, 32) if args.tiny else (dict(full), C.BATCH, C.SEQ)
     if args.tiny:
         args.repeats, args.rounds, args.per_round, args.warmup = 1, 1, 1, 1
-    name = ("peer" + ("" if args.model == "gpt2" else f"_{args.model}") + f"_{args.dtype}"
-            + ("" if args.remat == "none" else f"_remat_{args.remat}")
-            + ("" if args.peer_loss == "full" else f"_peerloss_{args.peer_loss}") + ("_tiny" if args.tiny else ""))
+    name = (
+        "peer"
+        + ("" if args.model == "gpt2" else f"_{args.model}")
+        + f"_{args.dtype}"
+        + ("" if args.remat == "none" else f"_remat_{args.remat}")
+        + ("" if args.peer_loss == "full" else f"_peerloss_{args.peer_loss}")
+        + ("_tiny" if args.tiny else "")
+    )
     o = trainer_config(args.model, cfg, batch, seq, args.dtype, args.remat).optimizer
-    optimizer = {"learning_rate": o.learning_rate, "b1": o.beta1, "b2": o.beta2, "eps": o.epsilon,
-                 "weight_decay": o.weight_decay, "max_grad_norm": o.max_grad_norm}
+    optimizer = {
+        "learning_rate": o.learning_rate,
+        "b1": o.beta1,
+        "b2": o.beta2,
+        "eps": o.epsilon,
+        "weight_decay": o.weight_decay,
+        "max_grad_norm": o.max_grad_norm,
+    }
     if o.schedule != "constant" or o.warmup(1):
         raise SystemExit("the peer runs a constant learning rate: the config must say optimizer.schedule constant")
-    result = {"benchmark": "peer", "command": C.command_line(), "machine": C.machine(),
-              "config": {"model": args.model, **cfg, "seq": seq, "batch": batch, "dtype": args.dtype, "remat": args.remat,
-                         "mesh": C.MESH, "param_mapping": C.PARAM_MAPPING, "compute_mapping": C.COMPUTE_MAPPING,
-                         "optimizer": f"clip_by_global_norm({o.max_grad_norm}) + adamw({o.learning_rate}, constant, "
-                                      f"b1={o.beta1}, b2={o.beta2}, eps={o.epsilon}, weight_decay={o.weight_decay} "
-                                      "off biases and norms), on both sides",
-                         "sides": {"named": "train.make_train_step (the trainer's step, loss and optimizer)",
-                                   "peer": "Levanter's model in a haliax.named_jit step computing the same"},
-                         "peer_attention": "vanilla",
-                         "peer_loss": {"full": "levanter.models.loss.next_token_loss on the logits (like ours)",
-                                       "levanter": "model.compute_next_token_loss (fused, blockwise)"}[args.peer_loss]},
-              "protocol": f"{args.repeats} pairs of worker processes; per pair {args.warmup} warm-up steps each, then "
-                          f"{args.rounds} turns of {args.per_round} steps (named, peer, named, peer, ...)",
-              "goal": "step_ratio_named_over_peer <= 0.9"}
+    result = {
+        "benchmark": "peer",
+        "command": C.command_line(),
+        "machine": C.machine(),
+        "config": {
+            "model": args.model,
+            **cfg,
+            "seq": seq,
+            "batch": batch,
+            "dtype": args.dtype,
+            "remat": args.remat,
+            "mesh": C.MESH,
+            "param_mapping": C.PARAM_MAPPING,
+            "compute_mapping": C.COMPUTE_MAPPING,
+            "optimizer": f"clip_by_global_norm({o.max_grad_norm}) + adamw({o.learning_rate}, constant, "
+            f"b1={o.beta1}, b2={o.beta2}, eps={o.epsilon}, weight_decay={o.weight_decay} "
+            "off biases and norms), on both sides",
+            "sides": {
+                "named": "train.make_train_step (the trainer's step, loss and optimizer)",
+                "peer": "Levanter's model in a haliax.named_jit step computing the same",
+            },
+            "peer_attention": "vanilla",
+            "peer_loss": {
+                "full": "levanter.models.loss.next_token_loss on the logits (like ours)",
+                "levanter": "model.compute_next_token_loss (fused, blockwise)",
+            }[args.peer_loss],
+        },
+        "protocol": f"{args.repeats} pairs of worker processes; per pair {args.warmup} warm-up steps each, then "
+        f"{args.rounds} turns of {args.per_round} steps (named, peer, named, peer, ...)",
+        "goal": "step_ratio_named_over_peer <= 0.9",
+    }
     if args.no_build and not PEER_PY.exists():
         ok, why = False, f"{PEER_VENV.name} does not exist and --no-build was given"
     else:
@@ -403,29 +504,34 @@ def main(argv=None):
     shutil.rmtree(log_dir, ignore_errors=True)
     step = {k: C.summary(v) for k, v in times.items()}
     comp = {k: C.summary(v) for k, v in compile_s.items()}
-    result.update({
-        "peer_versions": info["peer"].get("versions"),
-        "params": {k: v["params"] for k, v in info.items()},
-        "step": step,
-        "step_ratio_named_over_peer": step["named"]["median_s"] / step["peer"]["median_s"],
-        "step_ratio_min_named_over_peer": step["named"]["min_s"] / step["peer"]["min_s"],
-        "step_cpu": {k: C.summary(v) for k, v in cpu.items()},
-        "step_cpu_ratio_named_over_peer": statistics.median(cpu["named"]) / statistics.median(cpu["peer"]),
-        "step_ratio_per_round": [round(x, 4) for x in per_round],
-        "step_ratio_median_of_rounds": statistics.median(per_round),
-        "compile_s": comp,
-        "compile_ratio_named_over_peer": comp["named"]["median_s"] / comp["peer"]["median_s"],
-        "losses_first_and_last": {k: [v[0][0], v[0][-1]] for k, v in losses.items()},
-        "hlo": {k: {kk: vv for kk, vv in v["hlo"].items() if kk != "opcodes"} for k, v in info.items()},
-        "hlo_opcode_difference_named_minus_peer": {
-            op: info["named"]["hlo"]["opcodes"].get(op, 0) - info["peer"]["hlo"]["opcodes"].get(op, 0)
-            for op in sorted(set(info["named"]["hlo"]["opcodes"]) | set(info["peer"]["hlo"]["opcodes"]))
-            if info["named"]["hlo"]["opcodes"].get(op, 0) != info["peer"]["hlo"]["opcodes"].get(op, 0)},
-        "memory": {k: v["memory"] for k, v in info.items()},
-    })
-    print(f"step median: named {step['named']['median_s']:.4f}s peer {step['peer']['median_s']:.4f}s "
-          f"ratio {result['step_ratio_named_over_peer']:.3f} (median of turns {result['step_ratio_median_of_rounds']:.3f}, "
-          f"min {result['step_ratio_min_named_over_peer']:.3f}, CPU time {result['step_cpu_ratio_named_over_peer']:.3f})")
+    result.update(
+        {
+            "peer_versions": info["peer"].get("versions"),
+            "params": {k: v["params"] for k, v in info.items()},
+            "step": step,
+            "step_ratio_named_over_peer": step["named"]["median_s"] / step["peer"]["median_s"],
+            "step_ratio_min_named_over_peer": step["named"]["min_s"] / step["peer"]["min_s"],
+            "step_cpu": {k: C.summary(v) for k, v in cpu.items()},
+            "step_cpu_ratio_named_over_peer": statistics.median(cpu["named"]) / statistics.median(cpu["peer"]),
+            "step_ratio_per_round": [round(x, 4) for x in per_round],
+            "step_ratio_median_of_rounds": statistics.median(per_round),
+            "compile_s": comp,
+            "compile_ratio_named_over_peer": comp["named"]["median_s"] / comp["peer"]["median_s"],
+            "losses_first_and_last": {k: [v[0][0], v[0][-1]] for k, v in losses.items()},
+            "hlo": {k: {kk: vv for kk, vv in v["hlo"].items() if kk != "opcodes"} for k, v in info.items()},
+            "hlo_opcode_difference_named_minus_peer": {
+                op: info["named"]["hlo"]["opcodes"].get(op, 0) - info["peer"]["hlo"]["opcodes"].get(op, 0)
+                for op in sorted(set(info["named"]["hlo"]["opcodes"]) | set(info["peer"]["hlo"]["opcodes"]))
+                if info["named"]["hlo"]["opcodes"].get(op, 0) != info["peer"]["hlo"]["opcodes"].get(op, 0)
+            },
+            "memory": {k: v["memory"] for k, v in info.items()},
+        }
+    )
+    print(
+        f"step median: named {step['named']['median_s']:.4f}s peer {step['peer']['median_s']:.4f}s "
+        f"ratio {result['step_ratio_named_over_peer']:.3f} (median of turns {result['step_ratio_median_of_rounds']:.3f}, "
+        f"min {result['step_ratio_min_named_over_peer']:.3f}, CPU time {result['step_cpu_ratio_named_over_peer']:.3f})"
+    )
     C.write_result(name, result, args.out)
     return result
 

@@ -26,7 +26,8 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import optax
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 DATA = "data"
 
@@ -42,12 +43,18 @@ class Gpt2(eqx.Module):
 
 # The PartitionSpec of every weight (and so of its gradient and Adam moments): embed over data.
 BLOCK_SPECS = {
-    "ln1_w": P(None, DATA), "ln1_b": P(None, DATA),
-    "attn_w": P(None, DATA, None), "attn_b": P(None, None),  # [L, D, 3D] / [L, 3D]
-    "proj_w": P(None, None, DATA), "proj_b": P(None, DATA),  # [L, D, D] (in = heads*head_size) / [L, D]
-    "ln2_w": P(None, DATA), "ln2_b": P(None, DATA),
-    "up_w": P(None, DATA, None), "up_b": P(None, None),  # [L, D, M] / [L, M]
-    "down_w": P(None, None, DATA), "down_b": P(None, DATA),  # [L, M, D] / [L, D]
+    "ln1_w": P(None, DATA),
+    "ln1_b": P(None, DATA),
+    "attn_w": P(None, DATA, None),
+    "attn_b": P(None, None),  # [L, D, 3D] / [L, 3D]
+    "proj_w": P(None, None, DATA),
+    "proj_b": P(None, DATA),  # [L, D, D] (in = heads*head_size) / [L, D]
+    "ln2_w": P(None, DATA),
+    "ln2_b": P(None, DATA),
+    "up_w": P(None, DATA, None),
+    "up_b": P(None, None),  # [L, D, M] / [L, M]
+    "down_w": P(None, None, DATA),
+    "down_b": P(None, DATA),  # [L, M, D] / [L, D]
 }
 
 
@@ -64,12 +71,18 @@ def init(key, *, n_layer, n_head, n_embd, n_positions, vocab_size) -> Gpt2:
 
     out_scale = 1 / math.sqrt(2 * L)
     blocks = {
-        "ln1_w": jnp.ones((L, D)), "ln1_b": jnp.zeros((L, D)),
-        "attn_w": normal(ks[0], (L, D, 3 * D), 1 / math.sqrt(D)), "attn_b": jnp.zeros((L, 3 * D)),
-        "proj_w": normal(ks[1], (L, D, D), out_scale / math.sqrt(D)), "proj_b": jnp.zeros((L, D)),
-        "ln2_w": jnp.ones((L, D)), "ln2_b": jnp.zeros((L, D)),
-        "up_w": normal(ks[2], (L, D, M), 1 / math.sqrt(D)), "up_b": jnp.zeros((L, M)),
-        "down_w": normal(ks[3], (L, M, D), 1 / math.sqrt(M)), "down_b": jnp.zeros((L, D)),
+        "ln1_w": jnp.ones((L, D)),
+        "ln1_b": jnp.zeros((L, D)),
+        "attn_w": normal(ks[0], (L, D, 3 * D), 1 / math.sqrt(D)),
+        "attn_b": jnp.zeros((L, 3 * D)),
+        "proj_w": normal(ks[1], (L, D, D), out_scale / math.sqrt(D)),
+        "proj_b": jnp.zeros((L, D)),
+        "ln2_w": jnp.ones((L, D)),
+        "ln2_b": jnp.zeros((L, D)),
+        "up_w": normal(ks[2], (L, D, M), 1 / math.sqrt(D)),
+        "up_b": jnp.zeros((L, M)),
+        "down_w": normal(ks[3], (L, M, D), 1 / math.sqrt(M)),
+        "down_b": jnp.zeros((L, D)),
     }
     wte = 0.02 * jax.random.normal(ks[4], (vocab_size, D))
     wpe = 0.02 * jax.random.normal(ks[5], (n_positions, D))
@@ -147,17 +160,28 @@ def token_losses(logits: jax.Array, ids: jax.Array, loss_mask: jax.Array) -> jax
 
 def decay_mask(model: Gpt2) -> Gpt2:
     """Weight decay for the matrices and embeddings, not for the biases and LayerNorm parameters."""
-    return Gpt2(True, True, {k: not (k.startswith("ln") or k.endswith("_b")) for k in model.blocks}, (False, False),
-                model.n_head, model.eps)
+    return Gpt2(
+        True,
+        True,
+        {k: not (k.startswith("ln") or k.endswith("_b")) for k in model.blocks},
+        (False, False),
+        model.n_head,
+        model.eps,
+    )
 
 
-def make_optimizer(learning_rate: float, *, b1: float, b2: float, eps: float, weight_decay: float,
-                   max_grad_norm: float | None):
+def make_optimizer(
+    learning_rate: float, *, b1: float, b2: float, eps: float, weight_decay: float, max_grad_norm: float | None
+):
     """Global-norm clipping (unless ``max_grad_norm`` is None), then AdamW at a constant rate with
     ``decay_mask``."""
     clip = [] if max_grad_norm is None else [optax.clip_by_global_norm(max_grad_norm)]
-    return optax.chain(*clip, optax.adamw(optax.constant_schedule(learning_rate), b1=b1, b2=b2, eps=eps,
-                                          weight_decay=weight_decay, mask=decay_mask))
+    return optax.chain(
+        *clip,
+        optax.adamw(
+            optax.constant_schedule(learning_rate), b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=decay_mask
+        ),
+    )
 
 
 def _all_finite(tree) -> jax.Array:
@@ -169,6 +193,7 @@ def make_train_step(optimizer, mesh, model: Gpt2, opt_state, *, microbatches: in
     """jit of ``(model, opt_state, batch, flags) -> (model, opt_state, metrics)``: ``batch`` holds
     ``input_ids`` and ``loss_mask`` [B, T], ``flags`` one int32 row per device; model and optimizer
     state donated and returned in their FSDP layouts."""
+
     def loss_sum(m, ids, mask):
         per_token = token_losses(forward(m, ids, mesh, compute_dtype=compute_dtype), ids, mask)
         return per_token.sum(), mask[:, :-1].astype(jnp.float32).sum()
@@ -192,8 +217,11 @@ def make_train_step(optimizer, mesh, model: Gpt2, opt_state, *, microbatches: in
         new_model = eqx.apply_updates(model, updates)
         finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & _all_finite((updates, new_model, new_opt))
         agreed = jax.lax.with_sharding_constraint(flags.max(axis=0), NamedSharding(mesh, P()))
-        return new_model, new_opt, {"loss": loss, "grad_norm": grad_norm, "finite": finite, "tokens": count,
-                                    "stop_flags": agreed}
+        return (
+            new_model,
+            new_opt,
+            {"loss": loss, "grad_norm": grad_norm, "finite": finite, "tokens": count, "stop_flags": agreed},
+        )
 
     replicated = NamedSharding(mesh, P())
     metrics = {k: replicated for k in ("loss", "grad_norm", "finite", "tokens", "stop_flags")}
@@ -209,6 +237,7 @@ def flags(mesh) -> jax.Array:
 def shardings(tree, mesh):
     """NamedShardings for a pytree holding Gpt2 modules (a model, Adam moments): FSDP specs for
     their weights, replicated for everything else (step counts)."""
+
     def leaf(x):
         if isinstance(x, Gpt2):
             return jax.tree.map(lambda s: NamedSharding(mesh, s), param_specs(x), is_leaf=lambda s: isinstance(s, P))

@@ -50,8 +50,9 @@ def load_note(r: dict) -> str:
 def provenance(r: dict) -> str:
     m = r["machine"]
     dirty = m.get("dirty_src") or []
-    code = f"commit `{m.get('commit')}`" + (f" + uncommitted changes in {len(dirty)} src/ paths (others' work in progress)"
-                                            if dirty else "")
+    code = f"commit `{m.get('commit')}`" + (
+        f" + uncommitted changes in {len(dirty)} src/ paths (others' work in progress)" if dirty else ""
+    )
     return f"Run {m.get('date_utc')}, {code}; {load_note(r)}.\n\n```\n{r['command']}\n```"
 
 
@@ -61,10 +62,12 @@ def machine_block() -> str:
         return "_no results yet: run `make bench`_"
     m = r["machine"]
     v = m["versions"]
-    rows = [["CPU", f"{m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB"],
-            ["devices", f"{m['devices']} fake `{m['backend']}` devices (`--xla_force_host_platform_device_count=8`)"],
-            ["Python / JAX", f"{v['python']} / jax {v['jax']}, jaxlib {v.get('jaxlib')}"],
-            ["libraries", ", ".join(f"{k} {v[k]}" for k in ("equinox", "optax", "numpy", "tensorstore") if k in v)]]
+    rows = [
+        ["CPU", f"{m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB"],
+        ["devices", f"{m['devices']} fake `{m['backend']}` devices (`--xla_force_host_platform_device_count=8`)"],
+        ["Python / JAX", f"{v['python']} / jax {v['jax']}, jaxlib {v.get('jaxlib')}"],
+        ["libraries", ", ".join(f"{k} {v[k]}" for k in ("equinox", "optax", "numpy", "tensorstore") if k in v)],
+    ]
     peer = load("peer_f32")
     if peer and peer.get("peer_versions"):
         pv = peer["peer_versions"]
@@ -79,36 +82,82 @@ def overhead_block(name: str) -> str:
         return f"_not run: bench/results/{name}.json is missing_"
     st, lc = r["step"], r["lower_plus_compile_s"]
     cpu = r["step_cpu"]
-    rows = [[side, ms(st[side]["median_s"]), f"{ms(st[side]['min_s'])} – {ms(st[side]['max_s'])}", st[side]["n"],
-             ms(cpu[side]["median_s"]), sec(r["lower_s"][side]["median_s"]), sec(r["compile_s"][side]["median_s"]),
-             sec(lc[side]["median_s"])]
-            for side in ("named", "plain")]
-    rows.append(["**named / plain**", f"**{r['step_ratio_named_over_plain']:.3f}**", "", "",
-                 f"**{r['step_cpu_ratio_named_over_plain']:.3f}**",
-                 f"{r['lower_s']['named']['median_s'] / r['lower_s']['plain']['median_s']:.2f}",
-                 f"{r['compile_s']['named']['median_s'] / r['compile_s']['plain']['median_s']:.2f}",
-                 f"**{r['compile_ratio_named_over_plain']:.3f}**"])
-    t1 = table(["side", "step wall (median)", "wall range", "steps", "step CPU time (median)", "lower", "XLA compile",
-                "lower + compile"], rows)
+    rows = [
+        [
+            side,
+            ms(st[side]["median_s"]),
+            f"{ms(st[side]['min_s'])} – {ms(st[side]['max_s'])}",
+            st[side]["n"],
+            ms(cpu[side]["median_s"]),
+            sec(r["lower_s"][side]["median_s"]),
+            sec(r["compile_s"][side]["median_s"]),
+            sec(lc[side]["median_s"]),
+        ]
+        for side in ("named", "plain")
+    ]
+    rows.append(
+        [
+            "**named / plain**",
+            f"**{r['step_ratio_named_over_plain']:.3f}**",
+            "",
+            "",
+            f"**{r['step_cpu_ratio_named_over_plain']:.3f}**",
+            f"{r['lower_s']['named']['median_s'] / r['lower_s']['plain']['median_s']:.2f}",
+            f"{r['compile_s']['named']['median_s'] / r['compile_s']['plain']['median_s']:.2f}",
+            f"**{r['compile_ratio_named_over_plain']:.3f}**",
+        ]
+    )
+    t1 = table(
+        [
+            "side",
+            "step wall (median)",
+            "wall range",
+            "steps",
+            "step CPU time (median)",
+            "lower",
+            "XLA compile",
+            "lower + compile",
+        ],
+        rows,
+    )
     per_round = ", ".join(f"{x:.3f}" for x in r["step_ratio_per_round"])
-    robust = (f"median of the per-turn ratios {r['step_ratio_median_of_rounds']:.3f}, ratio of the fastest steps "
-              f"{r['step_ratio_min_named_over_plain']:.3f}")
+    robust = (
+        f"median of the per-turn ratios {r['step_ratio_median_of_rounds']:.3f}, ratio of the fastest steps "
+        f"{r['step_ratio_min_named_over_plain']:.3f}"
+    )
     h = r["hlo"]
     hrows = []
     for side in ("named", "plain"):
         c = h[side]["collectives"]
-        hrows.append([side, h[side]["total_instructions"], h[side]["fusions"]] +
-                     [f"{c[k]['count']} ({mib(c[k]['bytes'])})" if c[k]["count"] else "0"
-                      for k in ("all-gather", "reduce-scatter", "all-reduce", "all-to-all")] +
-                     [mib(r["memory"][side]["peak_bytes"])])
-    t2 = table(["side", "HLO instructions", "fusions", "all-gather", "reduce-scatter", "all-reduce", "all-to-all",
-                "peak memory/device"], hrows)
+        hrows.append(
+            [side, h[side]["total_instructions"], h[side]["fusions"]]
+            + [
+                f"{c[k]['count']} ({mib(c[k]['bytes'])})" if c[k]["count"] else "0"
+                for k in ("all-gather", "reduce-scatter", "all-reduce", "all-to-all")
+            ]
+            + [mib(r["memory"][side]["peak_bytes"])]
+        )
+    t2 = table(
+        [
+            "side",
+            "HLO instructions",
+            "fusions",
+            "all-gather",
+            "reduce-scatter",
+            "all-reduce",
+            "all-to-all",
+            "peak memory/device",
+        ],
+        hrows,
+    )
     diff = ", ".join(f"{k} {v:+d}" for k, v in r["hlo_opcode_difference_named_minus_plain"].items())
     cfg = r["config"]
-    return (f"{cfg['n_layer']} layers, embed {cfg['n_embd']}, {cfg['n_head']} heads, seq {cfg['seq']}, batch {cfg['batch']}, "
-            f"vocab {cfg['vocab_size']}, {cfg['dtype']}, FSDP on 8 devices, {r['params']['named']:,} parameters on each side.\n\n"
-            f"{t1}\n\nPer-turn step ratios (named / plain): {per_round}; {robust}.\n\nOptimized HLO of the two steps:\n\n{t2}\n\n"
-            f"Opcode counts, named minus plain: {diff or 'none'}.\n\n{provenance(r)}")
+    return (
+        f"{cfg['n_layer']} layers, embed {cfg['n_embd']}, {cfg['n_head']} heads, seq {cfg['seq']}, batch {cfg['batch']}, "
+        f"vocab {cfg['vocab_size']}, {cfg['dtype']}, FSDP on 8 devices, {r['params']['named']:,} parameters on each side.\n\n"
+        f"{t1}\n\nPer-turn step ratios (named / plain): {per_round}; {robust}.\n\nOptimized HLO of the two steps:\n\n{t2}\n\n"
+        f"Opcode counts, named minus plain: {diff or 'none'}.\n\n{provenance(r)}"
+    )
 
 
 def peer_block(name: str) -> str:
@@ -119,22 +168,53 @@ def peer_block(name: str) -> str:
         return f"**Skipped**: {r['reason']}\n\n{provenance(r)}"
     st, c = r["step"], r["compile_s"]
     cpu = r["step_cpu"]
-    rows = [[side, ms(st[side]["median_s"]), f"{ms(st[side]['min_s'])} – {ms(st[side]['max_s'])}", st[side]["n"],
-             ms(cpu[side]["median_s"]), sec(c[side]["median_s"]),
-             f"{r['losses_first_and_last'][side][0]:.3f} → {r['losses_first_and_last'][side][1]:.3f}"]
-            for side in ("named", "peer")]
-    rows.append(["**named / peer**", f"**{r['step_ratio_named_over_peer']:.3f}**", "", "",
-                 f"**{r['step_cpu_ratio_named_over_peer']:.3f}**", f"{r['compile_ratio_named_over_peer']:.2f}", ""])
+    rows = [
+        [
+            side,
+            ms(st[side]["median_s"]),
+            f"{ms(st[side]['min_s'])} – {ms(st[side]['max_s'])}",
+            st[side]["n"],
+            ms(cpu[side]["median_s"]),
+            sec(c[side]["median_s"]),
+            f"{r['losses_first_and_last'][side][0]:.3f} → {r['losses_first_and_last'][side][1]:.3f}",
+        ]
+        for side in ("named", "peer")
+    ]
+    rows.append(
+        [
+            "**named / peer**",
+            f"**{r['step_ratio_named_over_peer']:.3f}**",
+            "",
+            "",
+            f"**{r['step_cpu_ratio_named_over_peer']:.3f}**",
+            f"{r['compile_ratio_named_over_peer']:.2f}",
+            "",
+        ]
+    )
     per = ", ".join(f"{x:.3f}" for x in r["step_ratio_per_round"])
-    robust = (f"median of the per-turn ratios {r['step_ratio_median_of_rounds']:.3f}, ratio of the fastest steps "
-              f"{r['step_ratio_min_named_over_peer']:.3f}")
+    robust = (
+        f"median of the per-turn ratios {r['step_ratio_median_of_rounds']:.3f}, ratio of the fastest steps "
+        f"{r['step_ratio_min_named_over_peer']:.3f}"
+    )
     cfg = r["config"]
     loss = f"; peer loss: {cfg['peer_loss']}" if "peer_loss" in cfg else ""
-    return (f"{cfg.get('model', 'gpt2')}, {cfg['dtype']}, remat `{cfg['remat']}`{loss}; {r['params']['named']:,} parameters "
-            f"(named), {r['params']['peer']:,} (peer).\n\n"
-            + table(["side", "step wall (median)", "wall range", "steps", "step CPU time (median)", "compile (lower + compile)",
-                     "loss (first → last)"], rows)
-            + f"\n\nPer-turn step ratios (named / peer): {per}; {robust}. Protocol: {r['protocol']}.\n\n{provenance(r)}")
+    return (
+        f"{cfg.get('model', 'gpt2')}, {cfg['dtype']}, remat `{cfg['remat']}`{loss}; {r['params']['named']:,} parameters "
+        f"(named), {r['params']['peer']:,} (peer).\n\n"
+        + table(
+            [
+                "side",
+                "step wall (median)",
+                "wall range",
+                "steps",
+                "step CPU time (median)",
+                "compile (lower + compile)",
+                "loss (first → last)",
+            ],
+            rows,
+        )
+        + f"\n\nPer-turn step ratios (named / peer): {per}; {robust}. Protocol: {r['protocol']}.\n\n{provenance(r)}"
+    )
 
 
 def compile_block() -> str:
@@ -142,15 +222,35 @@ def compile_block() -> str:
     if r is None:
         return "_not run: bench/results/compile_depth.json is missing_"
     base = r["reference_depth"]
-    rows = [[row["layers"], f"{row['params']:,}", sec(row["lower_s"]["median_s"]), sec(row["compile_s"]["median_s"]),
-             sec(row["lower_plus_compile_s"]["median_s"]),
-             f"{sec(row['lower_plus_compile_s']['min_s'])} – {sec(row['lower_plus_compile_s']['max_s'])}",
-             f"**{r['ratios_to_smallest_reference'][str(row['layers'])]:.2f}**",
-             f"{row['optimized_hlo']['instructions']:,} / {row['optimized_hlo']['while_loops']}"]
-            for row in r["rows"]]
-    return (table(["layers", "parameters", "lower", "XLA compile", "lower + compile (median)", "range",
-                   f"÷ {base} layers", "optimized HLO instructions / while loops"], rows)
-            + f"\n\n{provenance(r)}")
+    rows = [
+        [
+            row["layers"],
+            f"{row['params']:,}",
+            sec(row["lower_s"]["median_s"]),
+            sec(row["compile_s"]["median_s"]),
+            sec(row["lower_plus_compile_s"]["median_s"]),
+            f"{sec(row['lower_plus_compile_s']['min_s'])} – {sec(row['lower_plus_compile_s']['max_s'])}",
+            f"**{r['ratios_to_smallest_reference'][str(row['layers'])]:.2f}**",
+            f"{row['optimized_hlo']['instructions']:,} / {row['optimized_hlo']['while_loops']}",
+        ]
+        for row in r["rows"]
+    ]
+    return (
+        table(
+            [
+                "layers",
+                "parameters",
+                "lower",
+                "XLA compile",
+                "lower + compile (median)",
+                "range",
+                f"÷ {base} layers",
+                "optimized HLO instructions / while loops",
+            ],
+            rows,
+        )
+        + f"\n\n{provenance(r)}"
+    )
 
 
 def memory_block() -> str:
@@ -160,25 +260,74 @@ def memory_block() -> str:
     rows = []
     for name, row in r["rows"].items():
         c, m = row["config"], row["memory"]
-        rows.append([f"`{name}`", f"{row['params']:,}", f"{c['batch']}×{c['seq']}", c["remat"], c["loss"],
-                     mib(m["argument_size_in_bytes"]), mib(m["output_size_in_bytes"]), mib(m["alias_size_in_bytes"]),
-                     mib(m["temp_size_in_bytes"]), mib(m["peak_bytes"]), mib(row["floor_16N_over_8_bytes"]),
-                     f"**{row['ratio_peak_over_floor']:.2f}**", f"{row['state_ratio']:.3f}"])
-    return (table(["config", "N", "batch×seq", "remat", "loss", "argument", "output", "alias", "temp", "peak",
-                   "16·N/8", "peak ÷ 16·N/8", "state ratio"], rows) + f"\n\n{provenance(r)}")
+        rows.append(
+            [
+                f"`{name}`",
+                f"{row['params']:,}",
+                f"{c['batch']}×{c['seq']}",
+                c["remat"],
+                c["loss"],
+                mib(m["argument_size_in_bytes"]),
+                mib(m["output_size_in_bytes"]),
+                mib(m["alias_size_in_bytes"]),
+                mib(m["temp_size_in_bytes"]),
+                mib(m["peak_bytes"]),
+                mib(row["floor_16N_over_8_bytes"]),
+                f"**{row['ratio_peak_over_floor']:.2f}**",
+                f"{row['state_ratio']:.3f}",
+            ]
+        )
+    return (
+        table(
+            [
+                "config",
+                "N",
+                "batch×seq",
+                "remat",
+                "loss",
+                "argument",
+                "output",
+                "alias",
+                "temp",
+                "peak",
+                "16·N/8",
+                "peak ÷ 16·N/8",
+                "state ratio",
+            ],
+            rows,
+        )
+        + f"\n\n{provenance(r)}"
+    )
 
 
 def data_block() -> str:
     r = load("data_ckpt")
     if r is None:
         return "_not run: bench/results/data_ckpt.json is missing_"
-    rows = [[row["seq_len"], row["batch_size"], row["steps"], f"{row['tokens_per_s']['median_s'] / 1e6:.1f} M",
-             f"{row['tokens_per_s']['min_s'] / 1e6:.1f} – {row['tokens_per_s']['max_s'] / 1e6:.1f} M"] for row in r["loader"]]
+    rows = [
+        [
+            row["seq_len"],
+            row["batch_size"],
+            row["steps"],
+            f"{row['tokens_per_s']['median_s'] / 1e6:.1f} M",
+            f"{row['tokens_per_s']['min_s'] / 1e6:.1f} – {row['tokens_per_s']['max_s'] / 1e6:.1f} M",
+        ]
+        for row in r["loader"]
+    ]
     t1 = table(["seq_len", "batch", "batches timed", "tokens/s (median)", "range"], rows)
     c = r["checkpoint"]
-    t2 = table(["tree", "save (median)", "save MB/s", "restore (median)", "restore MB/s"],
-               [[f"{c['bytes'] / 1e6:,.0f} MB, {c['leaves']} leaves, {c['layout']}", sec(c["save_s"]["median_s"]),
-                 f"{c['save_MB_per_s']:,.0f}", sec(c["restore_s"]["median_s"]), f"{c['restore_MB_per_s']:,.0f}"]])
+    t2 = table(
+        ["tree", "save (median)", "save MB/s", "restore (median)", "restore MB/s"],
+        [
+            [
+                f"{c['bytes'] / 1e6:,.0f} MB, {c['leaves']} leaves, {c['layout']}",
+                sec(c["save_s"]["median_s"]),
+                f"{c['save_MB_per_s']:,.0f}",
+                sec(c["restore_s"]["median_s"]),
+                f"{c['restore_MB_per_s']:,.0f}",
+            ]
+        ],
+    )
     return f"{t1}\n\n{t2}\n\n{provenance(r)}"
 
 
@@ -186,8 +335,10 @@ def moe_block() -> str:
     r = load("moe")
     if r is None:
         return "_not run: bench/results/moe.json is missing_"
-    what = {"dispatch": "dispatch (parameters replicated, `{batch: data}`)",
-            "placement": "placement (dropless, `{batch: expert}`)"}
+    what = {
+        "dispatch": "dispatch (parameters replicated, `{batch: data}`)",
+        "placement": "placement (dropless, `{batch: expert}`)",
+    }
     rows = []
     for comparison, sides in r["comparisons"].items():
         best = {k: min(v[k]["median_s"] for v in sides.values()) for k in ("wall", "cpu")}
@@ -197,11 +348,17 @@ def moe_block() -> str:
             coll = ", ".join(f"{k} {n}" for k, n in v["collectives"].items()) or "none"
             rows.append([what.get(comparison, comparison) if i == 0 else "", name, *cells, coll])
     s = r["settings"]
-    head = (f"Mixtral-style, {s['layers']} layers of width {s['embed']} ({s['heads']} heads over {s['kv_heads']} "
-            f"key/value heads), {s['experts']} experts of {s['mlp']} per layer, top-{s['top_k']}, vocab {s['vocab']}; "
-            f"batch {s['batch']} × seq {s['seq']}, f32; median train step (lower is better).")
-    return (head + "\n\n" + table(["comparison", "side", "wall (ms)", "CPU (ms)", "collectives in the step"], rows)
-            + f"\n\n{provenance(r)}")
+    head = (
+        f"Mixtral-style, {s['layers']} layers of width {s['embed']} ({s['heads']} heads over {s['kv_heads']} "
+        f"key/value heads), {s['experts']} experts of {s['mlp']} per layer, top-{s['top_k']}, vocab {s['vocab']}; "
+        f"batch {s['batch']} × seq {s['seq']}, f32; median train step (lower is better)."
+    )
+    return (
+        head
+        + "\n\n"
+        + table(["comparison", "side", "wall (ms)", "CPU (ms)", "collectives in the step"], rows)
+        + f"\n\n{provenance(r)}"
+    )
 
 
 def gpu_block(results: Path = RESULTS, name: str = "gpu_mfu") -> str:
@@ -214,39 +371,97 @@ def gpu_block(results: Path = RESULTS, name: str = "gpu_mfu") -> str:
         return "_No GPU was lent to this task: no GPU numbers yet._"
     rows = []
     for x in train:
-        head = [x["model"], x["batch"], x.get("loss_block") or "", x["remat"], x["attention"], x["mode"], x["flags"],
-                x.get("segments", "packed")]
+        head = [
+            x["model"],
+            x["batch"],
+            x.get("loss_block") or "",
+            x["remat"],
+            x["attention"],
+            x["mode"],
+            x["flags"],
+            x.get("segments", "packed"),
+        ]
         if "error" in x:
             last = next((ln.strip() for ln in reversed(x["error"].splitlines()) if ln.strip()), "")
             rows.append(head + ["error: " + last[:120].replace("|", "/"), "", "", "", "", ""])
             continue
         peak = x.get("peak_bytes_in_use")
-        rows.append(head + [f"{x['step_s']['median_s'] * 1e3:,.1f} ms", f"{x['tokens_per_s']:,.0f}",
-                            "n/a" if x["mfu"] is None else f"{x['mfu']:.1%}", "yes" if x["cudnn_attention"] else "no",
-                            "" if peak is None else f"{peak / 2**30:,.1f} GiB", f"{x['compile_s']:.0f} s"])
-    out = [table(["model", "batch", "loss block", "remat", "attention", "mode", "XLA flags", "segment ids", "step", "tokens/s", "MFU",
-                  "cuDNN fMHA in program", "peak memory", "compile"], rows)]
+        rows.append(
+            head
+            + [
+                f"{x['step_s']['median_s'] * 1e3:,.1f} ms",
+                f"{x['tokens_per_s']:,.0f}",
+                "n/a" if x["mfu"] is None else f"{x['mfu']:.1%}",
+                "yes" if x["cudnn_attention"] else "no",
+                "" if peak is None else f"{peak / 2**30:,.1f} GiB",
+                f"{x['compile_s']:.0f} s",
+            ]
+        )
+    out = [
+        table(
+            [
+                "model",
+                "batch",
+                "loss block",
+                "remat",
+                "attention",
+                "mode",
+                "XLA flags",
+                "segment ids",
+                "step",
+                "tokens/s",
+                "MFU",
+                "cuDNN fMHA in program",
+                "peak memory",
+                "compile",
+            ],
+            rows,
+        )
+    ]
     att = [x for x in runs if x.get("model") == "attention" and "error" not in x]
     arows = []
-    for row in (att[0]["rows"] if att else []):
-        cells = [row["shape"], f"{row['batch']} × {row['seq']}, heads {row['heads']}/{row['kv_heads']}, d {row['head_size']}"]
+    for row in att[0]["rows"] if att else []:
+        cells = [
+            row["shape"],
+            f"{row['batch']} × {row['seq']}, heads {row['heads']}/{row['kv_heads']}, d {row['head_size']}",
+        ]
         for impl in ("cudnn", "xla"):
             v = row.get(impl, {})
-            cells.append("unavailable" if "error" in v else f"{v['median_s'] * 1e3:.2f} ms ({v['tflop_per_s']:.0f} TFLOP/s)")
+            cells.append(
+                "unavailable" if "error" in v else f"{v['median_s'] * 1e3:.2f} ms ({v['tflop_per_s']:.0f} TFLOP/s)"
+            )
         cells.append(f"{row['xla_over_cudnn']:.2f}" if "xla_over_cudnn" in row else "")
         err = row.get("cudnn", {}).get("relative_error_vs_f32")
         cells.append(", ".join(f"{k} {v:.1e}" for k, v in err.items()) if err else "")
         arows.append(cells)
     if arows:
-        out.append(table(["attention alone (fwd + bwd, causal)", "shape", "cuDNN", "XLA", "XLA / cuDNN",
-                          "cuDNN vs f32 (relative L2)"], arows))
+        out.append(
+            table(
+                [
+                    "attention alone (fwd + bwd, causal)",
+                    "shape",
+                    "cuDNN",
+                    "XLA",
+                    "XLA / cuDNN",
+                    "cuDNN vs f32 (relative L2)",
+                ],
+                arows,
+            )
+        )
     m = r["machine"]
     ok = [x for x in train if "error" not in x]
     b = ok[0] if ok else train[0]
-    out.append(f"{m.get('gpu') or b.get('device_kind')} (name, driver, memory, max SM clock); jax {b.get('jax')}, "
-               f"jaxlib {m.get('versions', {}).get('jaxlib')}, cuDNN {b.get('cudnn')}; tuned XLA flags "
-               f"`{' '.join(r['tuned_xla_flags'])}`" + (f" (dropped as unknown to this XLA: `{' '.join(r['dropped_xla_flags'])}`)"
-                                                      if r.get("dropped_xla_flags") else "") + f". {provenance(r)}")
+    out.append(
+        f"{m.get('gpu') or b.get('device_kind')} (name, driver, memory, max SM clock); jax {b.get('jax')}, "
+        f"jaxlib {m.get('versions', {}).get('jaxlib')}, cuDNN {b.get('cudnn')}; tuned XLA flags "
+        f"`{' '.join(r['tuned_xla_flags'])}`"
+        + (
+            f" (dropped as unknown to this XLA: `{' '.join(r['dropped_xla_flags'])}`)"
+            if r.get("dropped_xla_flags")
+            else ""
+        )
+        + f". {provenance(r)}"
+    )
     return "\n\n".join(out)
 
 

@@ -13,4 +13,8 @@ _spec.loader.exec_module(_module)
 
 CHATML, CHATS, SPECIAL = _module.CHATML, _module.CHATS, _module.SPECIAL
 hf_logits, make_chat_folder, make_tokenizer, write_chats = (
-    _module.hf_logits, _module.make_chat_folder, _module.make_tokenizer, _module.write_chats)
+    _module.hf_logits,
+    _module.make_chat_folder,
+    _module.make_tokenizer,
+    _module.write_chats,
+)

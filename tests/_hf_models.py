@@ -18,19 +18,52 @@ import named as nm
 
 GPT2 = {
     "gpt2-tied": dict(n_layer=2, n_head=4, n_embd=48, n_positions=32, vocab_size=97),
-    "gpt2-untied-n_inner": dict(n_layer=2, n_head=5, n_embd=40, n_positions=24, vocab_size=83, n_inner=72,
-                                tie_word_embeddings=False, activation_function="gelu", layer_norm_epsilon=1e-4),
+    "gpt2-untied-n_inner": dict(
+        n_layer=2,
+        n_head=5,
+        n_embd=40,
+        n_positions=24,
+        vocab_size=83,
+        n_inner=72,
+        tie_word_embeddings=False,
+        activation_function="gelu",
+        layer_norm_epsilon=1e-4,
+    ),
 }
 LLAMA = {
-    "llama-gqa4/2-untied": dict(hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4,
-                                num_key_value_heads=2, vocab_size=97, max_position_embeddings=32,
-                                tie_word_embeddings=False),
-    "llama-gqa4/1-tied": dict(hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4,
-                              num_key_value_heads=1, vocab_size=97, max_position_embeddings=32, tie_word_embeddings=True,
-                              rope_theta=500.0),
-    "llama-mha-head_dim10": dict(hidden_size=48, intermediate_size=56, num_hidden_layers=2, num_attention_heads=3,
-                                 num_key_value_heads=3, head_dim=10, vocab_size=61, max_position_embeddings=24,
-                                 tie_word_embeddings=False, rms_norm_eps=1e-5),
+    "llama-gqa4/2-untied": dict(
+        hidden_size=48,
+        intermediate_size=80,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=97,
+        max_position_embeddings=32,
+        tie_word_embeddings=False,
+    ),
+    "llama-gqa4/1-tied": dict(
+        hidden_size=48,
+        intermediate_size=80,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        vocab_size=97,
+        max_position_embeddings=32,
+        tie_word_embeddings=True,
+        rope_theta=500.0,
+    ),
+    "llama-mha-head_dim10": dict(
+        hidden_size=48,
+        intermediate_size=56,
+        num_hidden_layers=2,
+        num_attention_heads=3,
+        num_key_value_heads=3,
+        head_dim=10,
+        vocab_size=61,
+        max_position_embeddings=24,
+        tie_word_embeddings=False,
+        rms_norm_eps=1e-5,
+    ),
 }
 CONFIGS = {**GPT2, **LLAMA}
 
@@ -39,42 +72,141 @@ CONFIGS = {**GPT2, **LLAMA}
 # sliding windows (4-5) shorter than the sequences the tests run (13 tokens; 25 when decoding).
 _SMALL = dict(num_hidden_layers=2, vocab_size=97, max_position_embeddings=64)
 FAMILY_CONFIGS = {
-    "llama3.2-llama3rope-gqa6/2-tied": ("LlamaConfig", dict(
-        _SMALL, hidden_size=48, intermediate_size=80, num_attention_heads=6, num_key_value_heads=2, head_dim=8,
-        tie_word_embeddings=True, rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=32.0,
-                                                       low_freq_factor=1.0, high_freq_factor=4.0,
-                                                       original_max_position_embeddings=16))),
-    "llama-linear-mqa3/1-bias": ("LlamaConfig", dict(
-        _SMALL, hidden_size=30, intermediate_size=56, num_attention_heads=3, num_key_value_heads=1, head_dim=10,
-        attention_bias=True, rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=4.0))),
-    "llama-yarn-mha5": ("LlamaConfig", dict(
-        _SMALL, hidden_size=40, intermediate_size=72, num_attention_heads=5, num_key_value_heads=5,
-        rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=16))),
-    "llama-dynamic-gqa4/2": ("LlamaConfig", dict(
-        _SMALL, hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
-        rope_parameters=dict(rope_type="dynamic", rope_theta=10000.0, factor=2.0))),
-    "mistral-window5-mqa5/1": ("MistralConfig", dict(
-        _SMALL, hidden_size=40, intermediate_size=64, num_attention_heads=5, num_key_value_heads=1, head_dim=8,
-        sliding_window=5)),
-    "qwen2-bias-window4-gqa6/3-tied": ("Qwen2Config", dict(
-        _SMALL, num_hidden_layers=3, hidden_size=36, intermediate_size=60, num_attention_heads=6,
-        num_key_value_heads=3, tie_word_embeddings=True, use_sliding_window=True, sliding_window=4,
-        max_window_layers=1)),
-    "qwen3-qknorm-gqa6/2-bias": ("Qwen3Config", dict(
-        _SMALL, hidden_size=40, intermediate_size=64, num_attention_heads=6, num_key_value_heads=2, head_dim=8,
-        attention_bias=True)),
-    "olmo2-gqa6/2": ("Olmo2Config", dict(
-        _SMALL, hidden_size=48, intermediate_size=80, num_attention_heads=6, num_key_value_heads=2)),
-    "gemma2-softcap-window4-mqa3/1-untied": ("Gemma2Config", dict(
-        _SMALL, num_hidden_layers=3, hidden_size=30, intermediate_size=56, num_attention_heads=3,
-        num_key_value_heads=1, head_dim=8, sliding_window=4, query_pre_attn_scalar=10, attn_logit_softcapping=4.0,
-        final_logit_softcapping=8.0, tie_word_embeddings=False)),
-    "gemma3-local:global-window4-gqa4/2-untied": ("Gemma3TextConfig", dict(
-        _SMALL, num_hidden_layers=3, hidden_size=32, intermediate_size=48, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=6, sliding_window=4, query_pre_attn_scalar=12, tie_word_embeddings=False,
-        layer_types=["sliding_attention", "sliding_attention", "full_attention"],
-        rope_parameters={"full_attention": dict(rope_type="linear", factor=2.0, rope_theta=5000.0),
-                         "sliding_attention": dict(rope_type="default", rope_theta=50.0)})),
+    "llama3.2-llama3rope-gqa6/2-tied": (
+        "LlamaConfig",
+        dict(
+            _SMALL,
+            hidden_size=48,
+            intermediate_size=80,
+            num_attention_heads=6,
+            num_key_value_heads=2,
+            head_dim=8,
+            tie_word_embeddings=True,
+            rope_parameters=dict(
+                rope_type="llama3",
+                rope_theta=500000.0,
+                factor=32.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=16,
+            ),
+        ),
+    ),
+    "llama-linear-mqa3/1-bias": (
+        "LlamaConfig",
+        dict(
+            _SMALL,
+            hidden_size=30,
+            intermediate_size=56,
+            num_attention_heads=3,
+            num_key_value_heads=1,
+            head_dim=10,
+            attention_bias=True,
+            rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=4.0),
+        ),
+    ),
+    "llama-yarn-mha5": (
+        "LlamaConfig",
+        dict(
+            _SMALL,
+            hidden_size=40,
+            intermediate_size=72,
+            num_attention_heads=5,
+            num_key_value_heads=5,
+            rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=16),
+        ),
+    ),
+    "llama-dynamic-gqa4/2": (
+        "LlamaConfig",
+        dict(
+            _SMALL,
+            hidden_size=32,
+            intermediate_size=48,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rope_parameters=dict(rope_type="dynamic", rope_theta=10000.0, factor=2.0),
+        ),
+    ),
+    "mistral-window5-mqa5/1": (
+        "MistralConfig",
+        dict(
+            _SMALL,
+            hidden_size=40,
+            intermediate_size=64,
+            num_attention_heads=5,
+            num_key_value_heads=1,
+            head_dim=8,
+            sliding_window=5,
+        ),
+    ),
+    "qwen2-bias-window4-gqa6/3-tied": (
+        "Qwen2Config",
+        dict(
+            _SMALL,
+            num_hidden_layers=3,
+            hidden_size=36,
+            intermediate_size=60,
+            num_attention_heads=6,
+            num_key_value_heads=3,
+            tie_word_embeddings=True,
+            use_sliding_window=True,
+            sliding_window=4,
+            max_window_layers=1,
+        ),
+    ),
+    "qwen3-qknorm-gqa6/2-bias": (
+        "Qwen3Config",
+        dict(
+            _SMALL,
+            hidden_size=40,
+            intermediate_size=64,
+            num_attention_heads=6,
+            num_key_value_heads=2,
+            head_dim=8,
+            attention_bias=True,
+        ),
+    ),
+    "olmo2-gqa6/2": (
+        "Olmo2Config",
+        dict(_SMALL, hidden_size=48, intermediate_size=80, num_attention_heads=6, num_key_value_heads=2),
+    ),
+    "gemma2-softcap-window4-mqa3/1-untied": (
+        "Gemma2Config",
+        dict(
+            _SMALL,
+            num_hidden_layers=3,
+            hidden_size=30,
+            intermediate_size=56,
+            num_attention_heads=3,
+            num_key_value_heads=1,
+            head_dim=8,
+            sliding_window=4,
+            query_pre_attn_scalar=10,
+            attn_logit_softcapping=4.0,
+            final_logit_softcapping=8.0,
+            tie_word_embeddings=False,
+        ),
+    ),
+    "gemma3-local:global-window4-gqa4/2-untied": (
+        "Gemma3TextConfig",
+        dict(
+            _SMALL,
+            num_hidden_layers=3,
+            hidden_size=32,
+            intermediate_size=48,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=6,
+            sliding_window=4,
+            query_pre_attn_scalar=12,
+            tie_word_embeddings=False,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+            rope_parameters={
+                "full_attention": dict(rope_type="linear", factor=2.0, rope_theta=5000.0),
+                "sliding_attention": dict(rope_type="default", rope_theta=50.0),
+            },
+        ),
+    ),
 }
 
 
@@ -158,5 +290,6 @@ def gradient_errors(hf, model, ids: np.ndarray) -> tuple[float, dict[str, float]
     ours = models.hf_state_dict(grads)
     theirs = {n: p.grad.numpy() for n, p in hf.named_parameters()}
     assert set(ours) == set(theirs)
-    return abs(float(ours_loss) - loss.item()), {n: float(np.abs(ours[n] - ref).max() / np.abs(ref).max())
-                                                 for n, ref in theirs.items()}
+    return abs(float(ours_loss) - loss.item()), {
+        n: float(np.abs(ours[n] - ref).max() / np.abs(ref).max()) for n, ref in theirs.items()
+    }

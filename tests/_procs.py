@@ -18,8 +18,10 @@ def xla_flags(devices: int | None = None) -> str:
 
 def run_workers(argvs: list[list[str]], env: dict, timeout: float) -> tuple[list[int], list[str]]:
     """``python -c ...`` per argument list, run at once; their exit codes and combined outputs."""
-    procs = [subprocess.Popen([sys.executable, *argv], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True) for argv in argvs]
+    procs = [
+        subprocess.Popen([sys.executable, *argv], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for argv in argvs
+    ]
     try:
         outs = [p.communicate(timeout=timeout)[0] for p in procs]
     finally:

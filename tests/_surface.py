@@ -9,8 +9,17 @@ import inspect
 import named as nm
 from named import nn
 
-WALKED = {"nm": nm, "nn": nn, "nn.lora": nn.lora, "nn.mup": nn.mup, "nn.loss": nn.loss,
-          "nn.precision": nn.precision, "nm.explicit": nm.explicit, "nm.random": nm.random, "nm.debug": nm.debug}
+WALKED = {
+    "nm": nm,
+    "nn": nn,
+    "nn.lora": nn.lora,
+    "nn.mup": nn.mup,
+    "nn.loss": nn.loss,
+    "nn.precision": nn.precision,
+    "nm.explicit": nm.explicit,
+    "nm.random": nm.random,
+    "nm.debug": nm.debug,
+}
 
 
 def public_surface() -> dict[str, object]:
@@ -26,8 +35,11 @@ def public_surface() -> dict[str, object]:
                 continue
             if inspect.ismodule(obj):
                 # the models and the trainer install under named's name but are not the library
-                if obj in WALKED.values() or obj.__name__.split(".")[:2] in (["named", "models"], ["named", "trainer"],
-                                                                             ["named", "configs"]):
+                if obj in WALKED.values() or obj.__name__.split(".")[:2] in (
+                    ["named", "models"],
+                    ["named", "trainer"],
+                    ["named", "configs"],
+                ):
                     continue
             elif not callable(obj) or id(obj) in seen:
                 continue

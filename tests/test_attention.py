@@ -14,7 +14,12 @@ from named import nn
 from named.nn._attention import _fused_attention
 
 Batch, Pos, KPos = nm.Axis("batch", 2), nm.Axis("position", 8), nm.Axis("key_position", 8)
-Heads, KVHeads, HeadSize, Embed = nm.Axis("heads", 4), nm.Axis("kv_heads", 2), nm.Axis("head_size", 8), nm.Axis("embed", 16)
+Heads, KVHeads, HeadSize, Embed = (
+    nm.Axis("heads", 4),
+    nm.Axis("kv_heads", 2),
+    nm.Axis("head_size", 8),
+    nm.Axis("embed", 16),
+)
 
 
 def randn(axes, seed, dtype=jnp.float32):
@@ -76,7 +81,9 @@ QN, KN = ("batch", "position", "heads", "head_size"), ("batch", "key_position", 
 @pytest.mark.parametrize("theta", [10000.0, 500000.0])
 def test_rope_matches_hf_rotate_half(theta):
     x = randn((Batch, Pos, Heads, HeadSize), 1)
-    positions = nm.named(jnp.asarray([[0, 1, 2, 3, 4, 5, 6, 7], [5, 9, 13, 100, 2, 0, 1, 4000]], jnp.int32), (Batch, Pos))
+    positions = nm.named(
+        jnp.asarray([[0, 1, 2, 3, 4, 5, 6, 7], [5, 9, 13, 100, 2, 0, 1, 4000]], jnp.int32), (Batch, Pos)
+    )
     y = jcall(nn.rotary_embedding, x, positions, theta=theta)
     assert y.axes == x.axes
     close(y.array, hf_rope(np64(x, QN), np.asarray(positions.array), theta))
@@ -148,8 +155,9 @@ def test_packed_sequence_equals_the_separate_sequences():
 def test_attention_block_matches_eqx_multihead_attention():
     """Projections as nn.Linear with eqx's weights copied in, then our attention, equal
     eqx.nn.MultiheadAttention with a causal mask."""
-    mha = eqx.nn.MultiheadAttention(Heads.size, Embed.size, qk_size=HeadSize.size, vo_size=HeadSize.size,
-                                    key=jax.random.PRNGKey(0))
+    mha = eqx.nn.MultiheadAttention(
+        Heads.size, Embed.size, qk_size=HeadSize.size, vo_size=HeadSize.size, key=jax.random.PRNGKey(0)
+    )
     E = Embed.size
     rng = np.random.default_rng(0)
 
@@ -186,12 +194,16 @@ def test_attention_matches_repeat_kv_reference(kv, causal):
 def test_attention_mask_bias_and_scale():
     q, k, v = qkv()
     rng = np.random.default_rng(5)
-    bias = nm.named(jnp.asarray(rng.standard_normal((4, 8, 8)), jnp.float32), (Heads, Pos, KPos))  # per query head, under GQA
+    bias = nm.named(
+        jnp.asarray(rng.standard_normal((4, 8, 8)), jnp.float32), (Heads, Pos, KPos)
+    )  # per query head, under GQA
     keep = rng.random((2, 8, 8)) < 0.7
     keep[..., 0] = True  # every query sees at least one key
     mask = nm.named(jnp.asarray(keep), (Batch, Pos, KPos))
     out = jcall(nn.dot_product_attention, q, k, v, bias=bias, mask=mask, scale=0.3)
-    want = ref_attention(np64(q, QN), np64(k, KN), np64(v, KN), mask=keep[:, None], bias=np.asarray(bias.array)[None], scale=0.3)
+    want = ref_attention(
+        np64(q, QN), np64(k, KN), np64(v, KN), mask=keep[:, None], bias=np.asarray(bias.array)[None], scale=0.3
+    )
     close(out.array, want)
     # causal and a mask combine (logical and)
     out = jcall(nn.dot_product_attention, q, k, v, mask=mask, causal=True)
@@ -212,13 +224,29 @@ def test_xla_path_equals_jax_nn_dot_product_attention(causal):
     q, k, v = qkv()
     rng = np.random.default_rng(6)
     bias = rng.standard_normal((2, 4, 8, 8)).astype(np.float32)
-    ours = jcall(nn.dot_product_attention, q, k, v, causal=causal, bias=nm.named(jnp.asarray(bias), (Batch, Heads, Pos, KPos)),
-                                    implementation="xla")
-    theirs = jcall(jax.nn.dot_product_attention, q.rearrange(QN).array, k.rearrange(KN).array, v.rearrange(KN).array,
-                                          bias=jnp.asarray(bias), is_causal=causal, implementation="xla")
+    ours = jcall(
+        nn.dot_product_attention,
+        q,
+        k,
+        v,
+        causal=causal,
+        bias=nm.named(jnp.asarray(bias), (Batch, Heads, Pos, KPos)),
+        implementation="xla",
+    )
+    theirs = jcall(
+        jax.nn.dot_product_attention,
+        q.rearrange(QN).array,
+        k.rearrange(KN).array,
+        v.rearrange(KN).array,
+        bias=jnp.asarray(bias),
+        is_causal=causal,
+        implementation="xla",
+    )
     close(ours.array, theirs)
     # "auto" on CPU is the same XLA path
-    auto = jcall(nn.dot_product_attention, q, k, v, causal=causal, bias=nm.named(jnp.asarray(bias), (Batch, Heads, Pos, KPos)))
+    auto = jcall(
+        nn.dot_product_attention, q, k, v, causal=causal, bias=nm.named(jnp.asarray(bias), (Batch, Heads, Pos, KPos))
+    )
     np.testing.assert_array_equal(np.asarray(auto.array), np.asarray(ours.array))
 
 
@@ -230,14 +258,21 @@ def test_fused_layout_code_equals_the_reference_on_cpu():
     G = nm.Axis("heads_per_kv_heads", 2)
     qg = q.unflatten_axis("heads", (KVHeads, G))
     rng = np.random.default_rng(7)
-    bias = nm.named(jnp.asarray(rng.standard_normal((4, 8, 8)), jnp.float32), (Heads, Pos, KPos)).unflatten_axis("heads", (KVHeads, G))
+    bias = nm.named(jnp.asarray(rng.standard_normal((4, 8, 8)), jnp.float32), (Heads, Pos, KPos)).unflatten_axis(
+        "heads", (KVHeads, G)
+    )
     keep = rng.random((2, 8, 8)) < 0.7
     keep[..., 0] = True
     mask = nm.named(jnp.asarray(keep), (Batch, Pos, KPos))
     out = jcall(_fused_attention, qg, k, v, "position", "key_position", "head_size", True, mask, bias, None, "xla")
     out = out.flatten_axes(("kv_heads", "heads_per_kv_heads"), "heads")
-    want = ref_attention(np64(q, QN), np64(k, KN), np64(v, KN), mask=(keep & np.tril(np.ones((8, 8), bool)))[:, None],
-                         bias=np.asarray(bias.flatten_axes(("kv_heads", "heads_per_kv_heads"), "heads").array)[None])
+    want = ref_attention(
+        np64(q, QN),
+        np64(k, KN),
+        np64(v, KN),
+        mask=(keep & np.tril(np.ones((8, 8), bool)))[:, None],
+        bias=np.asarray(bias.flatten_axes(("kv_heads", "heads_per_kv_heads"), "heads").array)[None],
+    )
     close(out.rearrange(QN).array, want)
 
 
@@ -262,7 +297,9 @@ def test_attention_implementation_scope_sets_what_auto_means():
     with nn.attention_implementation("cudnn"):
         with pytest.raises(nm.NamedError, match=r"implementation='cudnn'.*backend is 'cpu'"):
             jax.eval_shape(lambda q, k, v: nn.dot_product_attention(q, k, v, causal=True), q, k, v)
-        named_xla = jax.jit(lambda q, k, v: nn.dot_product_attention(q, k, v, causal=True, implementation="xla"))(q, k, v)
+        named_xla = jax.jit(lambda q, k, v: nn.dot_product_attention(q, k, v, causal=True, implementation="xla"))(
+            q, k, v
+        )
     with nn.attention_implementation("xla"):
         scoped = jax.jit(lambda q, k, v: nn.dot_product_attention(q, k, v, causal=True))(q, k, v)
     np.testing.assert_array_equal(np.asarray(scoped.array, np.float32), np.asarray(want.array, np.float32))
@@ -323,13 +360,16 @@ def test_attention_under_mappings(mapping):
     seg = nm.named(jnp.asarray(np.repeat([[0, 0, 0, 1, 1, 1, 1, 1]], 8, 0)), (B8, Pos))
 
     def attend(_, q, k, v, seg):
-        return nn.dot_product_attention(nn.rotary_embedding(q, nn.positions_from_segments(seg)), k, v,
-                                        causal=True, segment_ids=seg)
+        return nn.dot_product_attention(
+            nn.rotary_embedding(q, nn.positions_from_segments(seg)), k, v, causal=True, segment_ids=seg
+        )
 
     want = jcall(attend, None, q, k, v, seg)
     out, mesh, compute = run_sharded(attend, None, q, k, v, seg, mapping=mapping)
     close(out.array, want.array)
-    assert_follows_mapping(out, mesh, compute, traced_constraints(attend, None, q, k, v, seg, mesh=mesh, compute=compute))
+    assert_follows_mapping(
+        out, mesh, compute, traced_constraints(attend, None, q, k, v, seg, mesh=mesh, compute=compute)
+    )
 
 
 @pytest.mark.parametrize("kv", [4, 2])
@@ -341,9 +381,14 @@ def test_xla_path_never_transposes_the_scores(kv):
     KV = nm.Axis("heads" if kv == 4 else "kv_heads", kv)
     k, v = randn((Batch, KPos, KV, HeadSize), 1), randn((Batch, KPos, KV, HeadSize), 2)
     seg = nm.named(jnp.zeros((2, 8), jnp.int32), (Batch, Pos))
-    jaxpr = jax.make_jaxpr(lambda q, k, v, s: nn.dot_product_attention(q, k, v, causal=True, segment_ids=s))(q, k, v, seg)
-    float_transposes = [e.invars[0].aval.size for e in jaxpr.jaxpr.eqns
-                        if e.primitive.name == "transpose" and jnp.issubdtype(e.invars[0].aval.dtype, jnp.floating)]
+    jaxpr = jax.make_jaxpr(lambda q, k, v, s: nn.dot_product_attention(q, k, v, causal=True, segment_ids=s))(
+        q, k, v, seg
+    )
+    float_transposes = [
+        e.invars[0].aval.size
+        for e in jaxpr.jaxpr.eqns
+        if e.primitive.name == "transpose" and jnp.issubdtype(e.invars[0].aval.dtype, jnp.floating)
+    ]
     assert float_transposes == [q.size], float_transposes
 
 
@@ -373,8 +418,10 @@ def test_attention_weights_and_a_query_without_positions_match_numpy():
     out = jcall(lambda q, k, v: nn.dot_product_attention(q, k, v, causal=True, q_offset=5), q5, k, v)
     assert out.axes == (Batch, Heads, HeadSize)
     sees = (np.arange(8) <= 5)[None, None, None, :]
-    close(out.array, ref_attention(np64(q5, ("batch", "heads", "head_size"))[:, None], np64(k, KN), np64(v, KN),
-                                   mask=sees)[:, 0])
+    close(
+        out.array,
+        ref_attention(np64(q5, ("batch", "heads", "head_size"))[:, None], np64(k, KN), np64(v, KN), mask=sees)[:, 0],
+    )
     w5 = nn.dot_product_attention_weights(q5, k, causal=True, q_offset=5)
     assert w5.axes == (Batch, Heads, KPos)
     close(w5.array, ref_weights(np64(q5, ("batch", "heads", "head_size"))[:, None], np64(k, KN), mask=sees)[:, :, 0])

@@ -59,9 +59,21 @@ def test_alibi_bias_under_gqa_and_causal_equals_the_reference():
     close(out.rearrange(QN).array, ref_attention(qn, kn, vn, bias=want_bias[None], mask=(j <= i)[None, None]))
     # a continuing query (offset 7 in a cache of 10) with a sliding window of 4, the two combined
     q1 = q["position", 0:1]
-    out = jcall(nn.dot_product_attention, q1, k, v, bias=nn.alibi_bias(Heads, Pos.resize(1), KPos, q_offset=7),
-                causal=True, q_offset=7, window=4)
+    out = jcall(
+        nn.dot_product_attention,
+        q1,
+        k,
+        v,
+        bias=nn.alibi_bias(Heads, Pos.resize(1), KPos, q_offset=7),
+        causal=True,
+        q_offset=7,
+        window=4,
+    )
     jj = np.arange(10)
     keep = (jj <= 7) & (jj > 7 - 4)
-    close(out.rearrange(QN).array, ref_attention(qn[:, :1], kn, vn, bias=(slopes[:, None] * (jj - 7))[None, :, None, :],
-                                                 mask=keep[None, None, None, :]))
+    close(
+        out.rearrange(QN).array,
+        ref_attention(
+            qn[:, :1], kn, vn, bias=(slopes[:, None] * (jj - 7))[None, :, None, :], mask=keep[None, None, None, :]
+        ),
+    )

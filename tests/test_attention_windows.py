@@ -26,8 +26,11 @@ def randn(axes, seed, scale=1.0):
 
 
 def qkv(T=Pos, S=KPos, scale=1.0):
-    return (randn((Batch, T, Heads, HeadSize), 0, scale), randn((Batch, S, KVHeads, HeadSize), 1, scale),
-            randn((Batch, S, KVHeads, HeadSize), 2))
+    return (
+        randn((Batch, T, Heads, HeadSize), 0, scale),
+        randn((Batch, S, KVHeads, HeadSize), 1, scale),
+        randn((Batch, S, KVHeads, HeadSize), 2),
+    )
 
 
 def reference(q, k, v, *, window=None, segments=None, softcap=None, offset=0, scale=None):
@@ -59,8 +62,9 @@ def arrays(q, k, v):
 def test_window_segments_and_softcap_combine(window):
     q, k, v = qkv(scale=2.0)
     seg = np.array([[0] * 4 + [1] * 5, [2] * 9], np.int32)
-    out = jax.jit(lambda q, k, v, s: nn.dot_product_attention(q, k, v, causal=True, window=window, softcap=3.0,
-                                                               segment_ids=s))(q, k, v, nm.named(jnp.asarray(seg), (Batch, Pos)))
+    out = jax.jit(
+        lambda q, k, v, s: nn.dot_product_attention(q, k, v, causal=True, window=window, softcap=3.0, segment_ids=s)
+    )(q, k, v, nm.named(jnp.asarray(seg), (Batch, Pos)))
     ref = reference(*arrays(q, k, v), window=window, segments=seg, softcap=3.0)
     np.testing.assert_allclose(np.asarray(out.rearrange(QN).array), ref, atol=2e-5)
     # each part matters where it binds: the window (shorter than a segment), the cap (with more
@@ -78,8 +82,13 @@ def test_a_traced_window_with_a_cache_offset():
 
     @jax.jit
     def run(q, k, v, windows, pos):
-        return nm.stack("layers", [nn.dot_product_attention(q, k, v, causal=True, q_offset=pos, window=windows["layers", i])
-                                   for i in range(2)])
+        return nm.stack(
+            "layers",
+            [
+                nn.dot_product_attention(q, k, v, causal=True, q_offset=pos, window=windows["layers", i])
+                for i in range(2)
+            ],
+        )
 
     out = run(q, k, v, windows, jnp.int32(3))
     for i, w in enumerate((2, 4)):
@@ -92,11 +101,17 @@ def test_the_fused_layout_takes_a_window():
     q, k, v = qkv()
     group = nm.Axis("heads_per_kv_heads", 3)
     qg = nm.unflatten_axis(q, "heads", (KVHeads, group))
-    fused = jax.jit(lambda q, k, v: _fused_attention(q, k, v, "position", "key_position", "head_size", True, None,
-                                                     None, None, "xla", 3))(qg, k, v)
+    fused = jax.jit(
+        lambda q, k, v: _fused_attention(
+            q, k, v, "position", "key_position", "head_size", True, None, None, None, "xla", 3
+        )
+    )(qg, k, v)
     ours = jax.jit(lambda q, k, v: nn.dot_product_attention(q, k, v, causal=True, window=3))(q, k, v)
-    np.testing.assert_allclose(np.asarray(nm.flatten_axes(fused, ("kv_heads", group.name), "heads").rearrange(QN).array),
-                               np.asarray(ours.rearrange(QN).array), atol=2e-5)
+    np.testing.assert_allclose(
+        np.asarray(nm.flatten_axes(fused, ("kv_heads", group.name), "heads").rearrange(QN).array),
+        np.asarray(ours.rearrange(QN).array),
+        atol=2e-5,
+    )
 
 
 def test_per_layer_rotary_frequencies_and_scale():
@@ -107,14 +122,20 @@ def test_per_layer_rotary_frequencies_and_scale():
     default = nn.rotary_embedding(x, positions, theta=theta)
     given = nn.rotary_embedding(x, positions, inv_freq=nm.named(jnp.asarray(inv, jnp.float32), ("rotary",)))
     np.testing.assert_allclose(np.asarray(given.array), np.asarray(default.array), atol=1e-5)
-    scaled = nn.rotary_embedding(x, positions, inv_freq=nm.named(jnp.asarray(inv / 4, jnp.float32), ("rotary",)),
-                                 scale=nm.named(jnp.asarray(1.5), ()))
+    scaled = nn.rotary_embedding(
+        x,
+        positions,
+        inv_freq=nm.named(jnp.asarray(inv / 4, jnp.float32), ("rotary",)),
+        scale=nm.named(jnp.asarray(1.5), ()),
+    )
     # by hand: rotate-half with the quartered frequencies, cos and sin times 1.5
     ang = np.arange(9)[:, None] * (inv / 4)
     cos, sin = np.cos(np.concatenate([ang, ang], -1)), np.sin(np.concatenate([ang, ang], -1))
     xa = np.asarray(x.array, np.float64)
     rot = np.concatenate([-xa[..., 4:], xa[..., :4]], -1)
-    np.testing.assert_allclose(np.asarray(scaled.array), 1.5 * (xa * cos[:, None]) + 1.5 * (rot * sin[:, None]), atol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(scaled.array), 1.5 * (xa * cos[:, None]) + 1.5 * (rot * sin[:, None]), atol=1e-5
+    )
     with pytest.raises(nm.AxisError, match="inv_freq"):
         nn.rotary_embedding(x, positions, inv_freq=nm.named(jnp.ones(3), ("rotary",)))
 

@@ -24,12 +24,11 @@ import equinox as eqx
 import jax
 import numpy as np
 import pytest
-
 from _procs import xla_flags
 from safetensors.numpy import load_file, save_file
 
-from named import models
 import named as nm
+from named import models
 from named.models import CheckpointFormatError, Gpt2Config, Gpt2LMHeadModel
 from named.trainer import checkpoint as ckpt
 from named.trainer.config import ConfigError, load_config
@@ -102,8 +101,21 @@ def files(tmp_path_factory) -> dict[str, Path]:
 
     (d / "tok_no_eos").mkdir()
     Tokenizer(WordLevel({"a": 0, "b": 1, "[UNK]": 2}, unk_token="[UNK]")).save(str(d / "tok_no_eos" / "tokenizer.json"))
-    for name in ("code.txt", "empty.txt", "short.txt", "one_row.txt", "odd.bin", "big_ids.bin", "empty.bin",
-                 "bad_header.npy", "truncated.npy", "two_d.npy", "floats.npy", "bad.jsonl", "no_text.jsonl"):
+    for name in (
+        "code.txt",
+        "empty.txt",
+        "short.txt",
+        "one_row.txt",
+        "odd.bin",
+        "big_ids.bin",
+        "empty.bin",
+        "bad_header.npy",
+        "truncated.npy",
+        "two_d.npy",
+        "floats.npy",
+        "bad.jsonl",
+        "no_text.jsonl",
+    ):
         f[name] = d / name
     return f
 
@@ -151,7 +163,11 @@ YAML_CASES = {
     "wrong type: float for int": ("trainer:\n  num_train_steps: 2.5\n", ConfigError, r"trainer\.num_train_steps.*2\.5"),
     "wrong type: list for int": ("trainer:\n  train_batch_size: [1, 2]\n", ConfigError, r"trainer\.train_batch_size"),
     "wrong type: bool": ("trainer:\n  progress_bar: maybe\n", ConfigError, r"trainer\.progress_bar.*maybe"),
-    "wrong type: str for float": ("optimizer:\n  learning_rate: fast\n", ConfigError, r"optimizer\.learning_rate.*fast"),
+    "wrong type: str for float": (
+        "optimizer:\n  learning_rate: fast\n",
+        ConfigError,
+        r"optimizer\.learning_rate.*fast",
+    ),
     "wrong type: str for dict": ("mesh:\n  shape: data\n", ConfigError, r"mesh\.shape"),
     "wrong type in dict value": ("mesh:\n  shape: {data: x}\n", ConfigError, r"mesh\.shape\.data.*'x'"),
     "missing value": ("trainer:\n  num_train_steps:\n", ConfigError, r"trainer\.num_train_steps.*None"),
@@ -171,12 +187,22 @@ YAML_CASES = {
     "data.bin_dtype": ("data:\n  bin_dtype: float32\n", DataError, r"data\.bin_dtype.*float32"),
     "model.n_layer zero": ("model:\n  type: gpt2\n  n_layer: 0\n", ConfigError, r"model\.n_layer.*0"),
     "model.dropout": ("model:\n  type: gpt2\n  dropout: 1.5\n", ConfigError, r"model\.dropout"),
-    "model heads vs width (model __post_init__)": ("model:\n  type: gpt2\n  n_embd: 100\n  n_head: 3\n", ConfigError,
-                                                   r"model: n_embd=100 is not divisible by n_head=3"),
-    "llama kv heads": ("model:\n  type: llama\n  num_attention_heads: 4\n  num_key_value_heads: 3\n", ConfigError,
-                       r"model: num_attention_heads=4 is not a multiple of num_key_value_heads=3"),
+    "model heads vs width (model __post_init__)": (
+        "model:\n  type: gpt2\n  n_embd: 100\n  n_head: 3\n",
+        ConfigError,
+        r"model: n_embd=100 is not divisible by n_head=3",
+    ),
+    "llama kv heads": (
+        "model:\n  type: llama\n  num_attention_heads: 4\n  num_key_value_heads: 3\n",
+        ConfigError,
+        r"model: num_attention_heads=4 is not a multiple of num_key_value_heads=3",
+    ),
     "mapping value type": ("mesh:\n  param_mapping: {embed: 3}\n", ConfigError, r"mesh\.param_mapping\.embed"),
-    "unknown mesh axis": ("mesh:\n  compute_mapping: {batch: dta}\n", ConfigError, r"mesh\.compute_mapping\.batch.*'dta'"),
+    "unknown mesh axis": (
+        "mesh:\n  compute_mapping: {batch: dta}\n",
+        ConfigError,
+        r"mesh\.compute_mapping\.batch.*'dta'",
+    ),
     "checkpoint.keep_last": ("checkpoint:\n  keep_last: 0\n", ConfigError, r"checkpoint\.keep_last"),
 }
 
@@ -202,16 +228,27 @@ CLI_CASES = {
     "unknown section flag": (["--trainr.seed", "3"], ConfigError, r"--trainr\.seed"),
     "stray positional": (["bare"], ConfigError, "on the command line: unrecognized arguments: bare"),
     "bad int": (["--trainer.num_train_steps", "abc"], ConfigError, r"trainer\.num_train_steps.*abc"),
-    "flag without value": (["--trainer.num_train_steps"], ConfigError,
-                           r"on the command line: .*--trainer\.num_train_steps.*expected one argument"),
+    "flag without value": (
+        ["--trainer.num_train_steps"],
+        ConfigError,
+        r"on the command line: .*--trainer\.num_train_steps.*expected one argument",
+    ),
     "bad choice": (["--model.type", "gpt3"], ConfigError, r"--model\.type.*gpt3"),
     "negative lr": (["--optimizer.learning_rate", "-1"], ConfigError, r"optimizer\.learning_rate"),
     "bad dict": (["--mesh.shape", "{data: x}"], ConfigError, r"mesh\.shape\.data"),
     "seq_len in __post_init__": (["--data.seq_len", "1"], DataError, r"data\.seq_len"),
     "warmup longer than run": (["--optimizer.warmup_steps", "1000"], ConfigError, r"optimizer\.warmup_steps=1000"),
     "batch vs microbatches": (["--trainer.microbatches", "3"], ConfigError, r"train_batch_size=16 .*microbatches=3"),
-    "checkpoint outside run_dir": (["--trainer.load_checkpoint", "/etc/x"], ConfigError, r"trainer\.load_checkpoint.*outside"),
-    "checkpoint escaping with ..": (["--trainer.load_checkpoint", "../other/checkpoints/step_3"], ConfigError, "outside"),
+    "checkpoint outside run_dir": (
+        ["--trainer.load_checkpoint", "/etc/x"],
+        ConfigError,
+        r"trainer\.load_checkpoint.*outside",
+    ),
+    "checkpoint escaping with ..": (
+        ["--trainer.load_checkpoint", "../other/checkpoints/step_3"],
+        ConfigError,
+        "outside",
+    ),
 }
 
 
@@ -230,70 +267,149 @@ TRAIN_CASES = {
     "mesh wildcard": ({"mesh.shape": "{data: -1, model: 3}"}, nm.ShardingError, "8 is not divisible by 3"),
     "mesh zero": ({"mesh.shape": "{data: 0}"}, nm.ShardingError, "sizes must be positive"),
     # mappings: unknown names, unknown mesh axes, divisibility
-    "unknown axis in param mapping": ({"mesh.param_mapping": "{embd: data}"}, ConfigError,
-                                      r"mesh\.param_mapping\.embd: the gpt2 model has no axis 'embd'"),
-    "unknown axis in compute mapping": ({"mesh.shape": "{data: 4, model: 2}", "mesh.compute_mapping": "{batch: data, hedas: model}"},
-                                        ConfigError, r"mesh\.compute_mapping\.hedas"),
-    "llama axis in a gpt2 mapping": ({"mesh.shape": "{data: 4, model: 2}", "mesh.param_mapping": "{kv_heads: model}"},
-                                     ConfigError, "no axis 'kv_heads'"),
-    "param mapping names a missing mesh axis": ({"mesh.param_mapping": "{embed: model}"}, ConfigError,
-                                                r"mesh\.param_mapping\.embed: axis 'embed' is mapped to mesh axis 'model', which "
-                                                r"the mesh does not have \(mesh axes: \{'data': -1\}\)"),
-    "heads not divisible (param)": ({"mesh.shape": "{data: 2, model: 4}", "mesh.param_mapping": "{heads: model}"},
-                                    ConfigError, r"mesh\.param_mapping: axis 'heads' of size 2 .* not divisible by 4"),
-    "heads not divisible (compute only)": ({"mesh.shape": "{data: 2, model: 4}", "mesh.compute_mapping": "{batch: data, heads: model}"},
-                                           ConfigError, r"mesh\.compute_mapping: axis 'heads' of size 2 .* not divisible by 4"),
-    "mlp not divisible": ({"mesh.shape": "{data: 1, model: 8}", "model.n_inner": 36, "mesh.param_mapping": "{mlp: model}"},
-                          ConfigError, "axis 'mlp' of size 36"),
-    "vocab not divisible": ({"model.vocab_size": 260, "mesh.param_mapping": "{vocab: data}"}, ConfigError,
-                            "axis 'vocab' of size 260"),
-    "position not divisible": ({"mesh.shape": "{data: 1, seq: 8}", "mesh.compute_mapping": "{position: seq}", "data.seq_len": 36},
-                               ConfigError, "axis 'position' of size 36"),
+    "unknown axis in param mapping": (
+        {"mesh.param_mapping": "{embd: data}"},
+        ConfigError,
+        r"mesh\.param_mapping\.embd: the gpt2 model has no axis 'embd'",
+    ),
+    "unknown axis in compute mapping": (
+        {"mesh.shape": "{data: 4, model: 2}", "mesh.compute_mapping": "{batch: data, hedas: model}"},
+        ConfigError,
+        r"mesh\.compute_mapping\.hedas",
+    ),
+    "llama axis in a gpt2 mapping": (
+        {"mesh.shape": "{data: 4, model: 2}", "mesh.param_mapping": "{kv_heads: model}"},
+        ConfigError,
+        "no axis 'kv_heads'",
+    ),
+    "param mapping names a missing mesh axis": (
+        {"mesh.param_mapping": "{embed: model}"},
+        ConfigError,
+        r"mesh\.param_mapping\.embed: axis 'embed' is mapped to mesh axis 'model', which "
+        r"the mesh does not have \(mesh axes: \{'data': -1\}\)",
+    ),
+    "heads not divisible (param)": (
+        {"mesh.shape": "{data: 2, model: 4}", "mesh.param_mapping": "{heads: model}"},
+        ConfigError,
+        r"mesh\.param_mapping: axis 'heads' of size 2 .* not divisible by 4",
+    ),
+    "heads not divisible (compute only)": (
+        {"mesh.shape": "{data: 2, model: 4}", "mesh.compute_mapping": "{batch: data, heads: model}"},
+        ConfigError,
+        r"mesh\.compute_mapping: axis 'heads' of size 2 .* not divisible by 4",
+    ),
+    "mlp not divisible": (
+        {"mesh.shape": "{data: 1, model: 8}", "model.n_inner": 36, "mesh.param_mapping": "{mlp: model}"},
+        ConfigError,
+        "axis 'mlp' of size 36",
+    ),
+    "vocab not divisible": (
+        {"model.vocab_size": 260, "mesh.param_mapping": "{vocab: data}"},
+        ConfigError,
+        "axis 'vocab' of size 260",
+    ),
+    "position not divisible": (
+        {"mesh.shape": "{data: 1, seq: 8}", "mesh.compute_mapping": "{position: seq}", "data.seq_len": 36},
+        ConfigError,
+        "axis 'position' of size 36",
+    ),
     # batch vs data axis
-    "batch not divisible by data axis": ({"trainer.train_batch_size": 6}, ConfigError,
-                                         r"trainer\.train_batch_size=6 .* 8 devices"),
-    "microbatch not divisible by data axis": ({"trainer.train_batch_size": 16, "trainer.microbatches": 4}, ConfigError,
-                                              r"microbatch of 4 sequences .*microbatches=4"),
+    "batch not divisible by data axis": (
+        {"trainer.train_batch_size": 6},
+        ConfigError,
+        r"trainer\.train_batch_size=6 .* 8 devices",
+    ),
+    "microbatch not divisible by data axis": (
+        {"trainer.train_batch_size": 16, "trainer.microbatches": 4},
+        ConfigError,
+        r"microbatch of 4 sequences .*microbatches=4",
+    ),
     # lengths and vocabulary
     "seq_len over positions": ({"data.seq_len": 128}, ConfigError, r"data\.seq_len=128 .* 64 positions"),
-    "sample over positions": ({"trainer.sample_interval": 2, "trainer.sample_tokens": 70}, ConfigError,
-                              r"trainer\.sample_tokens=70 .* 74 positions"),
+    "sample over positions": (
+        {"trainer.sample_interval": 2, "trainer.sample_tokens": 70},
+        ConfigError,
+        r"trainer\.sample_tokens=70 .* 74 positions",
+    ),
     "vocab smaller than tokenizer": ({"model.vocab_size": 100}, ConfigError, r"model\.vocab_size=100 .* 257"),
     "unknown remat policy": ({"model.remat": "sometimes"}, ConfigError, "model: unknown remat policy 'sometimes'"),
     # data
     "empty corpus": ({"data.train": lambda f: f"[{f['empty.txt']}]"}, DataError, r"corpus is empty.*empty\.txt"),
-    "corpus shorter than a sequence": ({"data.train": lambda f: f"[{f['short.txt']}]"}, DataError,
-                                       r"fewer than one sequence of data\.seq_len=32"),
+    "corpus shorter than a sequence": (
+        {"data.train": lambda f: f"[{f['short.txt']}]"},
+        DataError,
+        r"fewer than one sequence of data\.seq_len=32",
+    ),
     "corpus smaller than a batch": ({"trainer.train_batch_size": 4096}, DataError, "fewer than one batch of 4096"),
-    "nothing left to train after validation": ({"data.train": lambda f: f"[{f['one_row.txt']}]", "data.val_fraction": 0.05},
-                                               DataError, r"data\.val_fraction"),
+    "nothing left to train after validation": (
+        {"data.train": lambda f: f"[{f['one_row.txt']}]", "data.val_fraction": 0.05},
+        DataError,
+        r"data\.val_fraction",
+    ),
     "missing source": ({"data.train": lambda f: f"[{f['dir'] / 'nope.txt'}]"}, DataError, r"nope\.txt.*does not exist"),
-    "glob matching nothing": ({"data.train": lambda f: f"[{f['dir'] / '*.parquet'}]"}, DataError, r"no files match.*\.parquet"),
+    "glob matching nothing": (
+        {"data.train": lambda f: f"[{f['dir'] / '*.parquet'}]"},
+        DataError,
+        r"no files match.*\.parquet",
+    ),
     "directory as source": ({"data.train": lambda f: f"[{f['dir'] / 'sources'}]"}, DataError, "is a directory"),
-    ".bin of odd size": ({"data.train": lambda f: f"[{f['odd.bin']}]"}, DataError, r"odd\.bin.*201 bytes, not a multiple of 2"),
-    ".bin with ids over the vocabulary": ({"data.train": lambda f: f"[{f['big_ids.bin']}]"}, DataError,
-                                          r"big_ids\.bin.*token id 300 .* vocabulary of 257"),
+    ".bin of odd size": (
+        {"data.train": lambda f: f"[{f['odd.bin']}]"},
+        DataError,
+        r"odd\.bin.*201 bytes, not a multiple of 2",
+    ),
+    ".bin with ids over the vocabulary": (
+        {"data.train": lambda f: f"[{f['big_ids.bin']}]"},
+        DataError,
+        r"big_ids\.bin.*token id 300 .* vocabulary of 257",
+    ),
     "empty .bin": ({"data.train": lambda f: f"[{f['empty.bin']}]"}, DataError, r"empty\.bin.*no tokens"),
-    ".npy with a bad header": ({"data.train": lambda f: f"[{f['bad_header.npy']}]"}, DataError,
-                               r"bad_header\.npy.*not a readable \.npy"),
+    ".npy with a bad header": (
+        {"data.train": lambda f: f"[{f['bad_header.npy']}]"},
+        DataError,
+        r"bad_header\.npy.*not a readable \.npy",
+    ),
     "truncated .npy": ({"data.train": lambda f: f"[{f['truncated.npy']}]"}, DataError, r"truncated\.npy.*truncated"),
     "2-D .npy": ({"data.train": lambda f: f"[{f['two_d.npy']}]"}, DataError, r"two_d\.npy.*1-D integer"),
     "float .npy": ({"data.train": lambda f: f"[{f['floats.npy']}]"}, DataError, r"floats\.npy.*float32"),
     "malformed JSONL": ({"data.train": lambda f: f"[{f['bad.jsonl']}]"}, DataError, r"bad\.jsonl:2: not valid JSON"),
-    "JSONL without text": ({"data.train": lambda f: f"[{f['no_text.jsonl']}]"}, DataError, r"no_text\.jsonl:2: .*'text'"),
+    "JSONL without text": (
+        {"data.train": lambda f: f"[{f['no_text.jsonl']}]"},
+        DataError,
+        r"no_text\.jsonl:2: .*'text'",
+    ),
     # tokenizer files
-    "missing tokenizer": ({"data.tokenizer": lambda f: f["dir"] / "nope" / "tokenizer.json"}, DataError,
-                          r"nope/tokenizer\.json' does not exist"),
-    "tokenizer folder without tokenizer.json": ({"data.tokenizer": lambda f: f["dir"] / "tok_dir"}, DataError,
-                                                r"tok_dir/tokenizer\.json' does not exist"),
-    "malformed tokenizer.json": ({"data.tokenizer": lambda f: f["dir"] / "tok_bad"}, DataError,
-                                 r"tok_bad/tokenizer\.json' cannot be read"),
-    "tokenizer without an eos token": ({"data.tokenizer": lambda f: f["dir"] / "tok_no_eos"}, DataError, r"data\.eos_token"),
-    "eos token not in the vocabulary": ({"data.tokenizer": lambda f: f["dir"] / "tok_no_eos", "data.eos_token": "</s>"},
-                                        DataError, "has no token '</s>'"),
+    "missing tokenizer": (
+        {"data.tokenizer": lambda f: f["dir"] / "nope" / "tokenizer.json"},
+        DataError,
+        r"nope/tokenizer\.json' does not exist",
+    ),
+    "tokenizer folder without tokenizer.json": (
+        {"data.tokenizer": lambda f: f["dir"] / "tok_dir"},
+        DataError,
+        r"tok_dir/tokenizer\.json' does not exist",
+    ),
+    "malformed tokenizer.json": (
+        {"data.tokenizer": lambda f: f["dir"] / "tok_bad"},
+        DataError,
+        r"tok_bad/tokenizer\.json' cannot be read",
+    ),
+    "tokenizer without an eos token": (
+        {"data.tokenizer": lambda f: f["dir"] / "tok_no_eos"},
+        DataError,
+        r"data\.eos_token",
+    ),
+    "eos token not in the vocabulary": (
+        {"data.tokenizer": lambda f: f["dir"] / "tok_no_eos", "data.eos_token": "</s>"},
+        DataError,
+        "has no token '</s>'",
+    ),
     # resuming
-    "explicit checkpoint that does not exist": ({"trainer.load_checkpoint": "checkpoints/step_5"}, ckpt.CheckpointError,
-                                                r"checkpoints/step_5 has no commit\.json"),
+    "explicit checkpoint that does not exist": (
+        {"trainer.load_checkpoint": "checkpoints/step_5"},
+        ckpt.CheckpointError,
+        r"checkpoints/step_5 has no commit\.json",
+    ),
 }
 
 
@@ -326,7 +442,9 @@ def test_resume_with_another_model_fails_before_compiling(files, tmp_path):
     before = _listing(run_dir)
     cfg = load_config(NANO, _args(files, run_dir, **{"model.n_embd": 64, "trainer.load_checkpoint": "auto"}))
     _fails(ckpt.CheckpointError, r"leaf .*: the checkpoint has float32\[.*32.*\], the target float32\[.*64", train, cfg)
-    cfg = load_config(NANO, _args(files, run_dir, **{"model.n_layer": 2, "trainer.load_checkpoint": "checkpoints/step_2"}))
+    cfg = load_config(
+        NANO, _args(files, run_dir, **{"model.n_layer": 2, "trainer.load_checkpoint": "checkpoints/step_2"})
+    )
     _fails(ckpt.CheckpointError, "leaf", train, cfg)
     assert _listing(run_dir) == before
 
@@ -351,19 +469,36 @@ def _x(**axes):
 
 NAMED_CASES = {
     "add with mismatched sizes": (lambda: _x(batch=2, embed=4) + _x(embed=5), nm.AxisError, r"embed.*4.*5|embed.*5.*4"),
-    "dot with mismatched sizes": (lambda: nm.dot(_x(batch=2, embed=4), _x(embed=5, mlp=3), axis="embed"), nm.AxisError, "embed"),
-    "einsum with an unknown axis": (lambda: nm.einsum("batch nope -> batch", _x(batch=2, embed=4)), nm.AxisError, "nope"),
+    "dot with mismatched sizes": (
+        lambda: nm.dot(_x(batch=2, embed=4), _x(embed=5, mlp=3), axis="embed"),
+        nm.AxisError,
+        "embed",
+    ),
+    "einsum with an unknown axis": (
+        lambda: nm.einsum("batch nope -> batch", _x(batch=2, embed=4)),
+        nm.AxisError,
+        "nope",
+    ),
     "reduce over an unknown axis": (lambda: _x(batch=2, embed=4).sum("embd"), nm.AxisError, "embd"),
     "index an unknown axis": (lambda: _x(batch=2, embed=4)["embd", 0], nm.AxisError, "embd"),
     "too few names": (lambda: nm.named(np.zeros((2, 3)), ("batch",)), nm.AxisError, "batch"),
     "duplicate names": (lambda: nm.named(np.zeros((2, 3)), ("batch", "batch")), nm.AxisError, "batch"),
     "rename onto an existing name": (lambda: _x(batch=2, embed=4).rename({"batch": "embed"}), nm.AxisError, "embed"),
-    "concatenate with other axes mismatched": (lambda: nm.concatenate("batch", [_x(batch=2, embed=4), _x(batch=2, embed=5)]),
-                                               nm.AxisError, "embed"),
-    "shard an axis that does not divide": (lambda: nm.shard(_x(batch=3, embed=4), {"batch": "data"}, nm.make_mesh({"data": -1})),
-                                           nm.ShardingError, "axis 'batch' of size 3 .* 8"),
-    "mapping names a missing mesh axis": (lambda: nm.sharding_for(_x(batch=8).axes, {"batch": "dp"}, nm.make_mesh({"data": -1})),
-                                          nm.ShardingError, "mesh axis 'dp'"),
+    "concatenate with other axes mismatched": (
+        lambda: nm.concatenate("batch", [_x(batch=2, embed=4), _x(batch=2, embed=5)]),
+        nm.AxisError,
+        "embed",
+    ),
+    "shard an axis that does not divide": (
+        lambda: nm.shard(_x(batch=3, embed=4), {"batch": "data"}, nm.make_mesh({"data": -1})),
+        nm.ShardingError,
+        "axis 'batch' of size 3 .* 8",
+    ),
+    "mapping names a missing mesh axis": (
+        lambda: nm.sharding_for(_x(batch=8).axes, {"batch": "dp"}, nm.make_mesh({"data": -1})),
+        nm.ShardingError,
+        "mesh axis 'dp'",
+    ),
 }
 
 
@@ -415,31 +550,64 @@ def _header(n: int, body: bytes = b"{}") -> bytes:
 
 
 HF_CASES = {
-    "missing tensor": (lambda f: _edit_tensors(f, lambda t: t.pop("transformer.h.0.mlp.c_fc.weight")),
-                       r"missing tensor 'transformer\.h\.0\.mlp\.c_fc\.weight'"),
-    "extra tensor": (lambda f: _edit_tensors(f, lambda t: t.update({"transformer.h.0.attn.extra": np.zeros(3, np.float32)})),
-                     r"unexpected tensor 'transformer\.h\.0\.attn\.extra'"),
-    "mis-shaped tensor": (lambda f: _edit_tensors(f, lambda t: t.update({"transformer.wte.weight": np.zeros((63, 16), np.float32)})),
-                          r"'transformer\.wte\.weight' has shape \[63, 16\], expected \[64, 16\]"),
-    "transposed tensor": (lambda f: _edit_tensors(f, lambda t: t.update({"transformer.h.0.mlp.c_fc.weight": np.zeros((64, 16), np.float32)})),
-                          r"'transformer\.h\.0\.mlp\.c_fc\.weight' has shape \[64, 16\], expected \[16, 64\]"),
+    "missing tensor": (
+        lambda f: _edit_tensors(f, lambda t: t.pop("transformer.h.0.mlp.c_fc.weight")),
+        r"missing tensor 'transformer\.h\.0\.mlp\.c_fc\.weight'",
+    ),
+    "extra tensor": (
+        lambda f: _edit_tensors(f, lambda t: t.update({"transformer.h.0.attn.extra": np.zeros(3, np.float32)})),
+        r"unexpected tensor 'transformer\.h\.0\.attn\.extra'",
+    ),
+    "mis-shaped tensor": (
+        lambda f: _edit_tensors(f, lambda t: t.update({"transformer.wte.weight": np.zeros((63, 16), np.float32)})),
+        r"'transformer\.wte\.weight' has shape \[63, 16\], expected \[64, 16\]",
+    ),
+    "transposed tensor": (
+        lambda f: _edit_tensors(
+            f, lambda t: t.update({"transformer.h.0.mlp.c_fc.weight": np.zeros((64, 16), np.float32)})
+        ),
+        r"'transformer\.h\.0\.mlp\.c_fc\.weight' has shape \[64, 16\], expected \[16, 64\]",
+    ),
     "missing config.json": (lambda f: (f / "config.json").unlink(), r"config\.json: not found"),
     "config.json not JSON": (lambda f: (f / "config.json").write_text("{"), r"config\.json: not valid JSON"),
-    "config.json missing a field": (lambda f: _edit_config(f, lambda d: d.pop("n_embd")), r"config\.json: missing field 'n_embd'"),
-    "config.json field of the wrong type": (lambda f: _edit_config(f, lambda d: d.update(n_head="2")), r"field 'n_head' should be int"),
-    "unsupported model type": (lambda f: _edit_config(f, lambda d: d.update(model_type="bert")), r"unsupported model_type 'bert'"),
-    "no safetensors, only a pickle": (lambda f: ((f / "model.safetensors").rename(f / "pytorch_model.bin")),
-                                      r"pytorch_model\.bin: pickles are never loaded"),
-    "index lists a missing shard": (lambda f: ((f / "model.safetensors").unlink(), (f / "model.safetensors.index.json").write_text(
-        json.dumps({"weight_map": {"transformer.wte.weight": "model-00001-of-00002.safetensors"}}))),
-        r"model-00001-of-00002\.safetensors: listed in model\.safetensors\.index\.json but not found"),
-    "huge header length": (lambda f: (f / "model.safetensors").write_bytes(_header(2**62)),
-                           r"model\.safetensors: corrupted safetensors header: it claims 4611686018427387904 bytes"),
-    "header past the end of the file": (lambda f: (f / "model.safetensors").write_bytes(_header(1000)),
-                                        r"corrupted safetensors header: it claims 1000 bytes in a file of 10"),
+    "config.json missing a field": (
+        lambda f: _edit_config(f, lambda d: d.pop("n_embd")),
+        r"config\.json: missing field 'n_embd'",
+    ),
+    "config.json field of the wrong type": (
+        lambda f: _edit_config(f, lambda d: d.update(n_head="2")),
+        r"field 'n_head' should be int",
+    ),
+    "unsupported model type": (
+        lambda f: _edit_config(f, lambda d: d.update(model_type="bert")),
+        r"unsupported model_type 'bert'",
+    ),
+    "no safetensors, only a pickle": (
+        lambda f: (f / "model.safetensors").rename(f / "pytorch_model.bin"),
+        r"pytorch_model\.bin: pickles are never loaded",
+    ),
+    "index lists a missing shard": (
+        lambda f: (
+            (f / "model.safetensors").unlink(),
+            (f / "model.safetensors.index.json").write_text(
+                json.dumps({"weight_map": {"transformer.wte.weight": "model-00001-of-00002.safetensors"}})
+            ),
+        ),
+        r"model-00001-of-00002\.safetensors: listed in model\.safetensors\.index\.json but not found",
+    ),
+    "huge header length": (
+        lambda f: (f / "model.safetensors").write_bytes(_header(2**62)),
+        r"model\.safetensors: corrupted safetensors header: it claims 4611686018427387904 bytes",
+    ),
+    "header past the end of the file": (
+        lambda f: (f / "model.safetensors").write_bytes(_header(1000)),
+        r"corrupted safetensors header: it claims 1000 bytes in a file of 10",
+    ),
     "file shorter than a header": (lambda f: (f / "model.safetensors").write_bytes(b"\x01\x02"), "too short"),
-    "truncated tensor data": (lambda f: (f / "model.safetensors").write_bytes((f / "model.safetensors").read_bytes()[:-100]),
-                              r"tensor '.*' lies outside the file"),
+    "truncated tensor data": (
+        lambda f: (f / "model.safetensors").write_bytes((f / "model.safetensors").read_bytes()[:-100]),
+        r"tensor '.*' lies outside the file",
+    ),
 }
 
 
@@ -471,9 +639,21 @@ def test_cli_exit_code_and_nothing_written(files, tmp_path, name):
     over, needle = CLI_SUBPROCESS[name]
     run_dir = tmp_path / "run"
     env = {**os.environ, "XLA_FLAGS": xla_flags(2), "JAX_PLATFORMS": "cpu"}
-    r = subprocess.run([sys.executable, "-c", "import sys; from named.trainer.commands.cli import main_train; sys.exit(main_train())",
-                        "--config_path", str(NANO), *_args(files, run_dir, **{"trainer.train_batch_size": 2, **over})],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from named.trainer.commands.cli import main_train; sys.exit(main_train())",
+            "--config_path",
+            str(NANO),
+            *_args(files, run_dir, **{"trainer.train_batch_size": 2, **over}),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 2, r.stderr[-2000:]
     assert r.stderr.startswith("error: ") and needle in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert not run_dir.exists()
@@ -509,9 +689,12 @@ _TORCH_IMPORT = re.compile(r"^\s*(import\s+torch|from\s+torch\b)")
 def test_nothing_in_src_unpickles():
     sources = sorted((ROOT / "src").rglob("*.py"))
     assert len(sources) > 20
-    hits = [f"{p.relative_to(ROOT)}:{n}: {line.strip()}" for p in sources for n, line in _code_lines(p).items()
-            if UNPICKLING.search(line)
-            and not (str(p.relative_to(ROOT)) in TORCH_ALLOWED and _TORCH_IMPORT.match(line))]
+    hits = [
+        f"{p.relative_to(ROOT)}:{n}: {line.strip()}"
+        for p in sources
+        for n, line in _code_lines(p).items()
+        if UNPICKLING.search(line) and not (str(p.relative_to(ROOT)) in TORCH_ALLOWED and _TORCH_IMPORT.match(line))
+    ]
     assert hits == []
     for name in TORCH_ALLOWED:
         code = " ".join(_code_lines(ROOT / name).values())
@@ -519,8 +702,15 @@ def test_nothing_in_src_unpickles():
 
 
 def test_the_unpickling_grep_catches_what_it_should():
-    for bad in ("import pickle", "from dill import loads", "x = torch.load(f)", "np.load(p, allow_pickle=True)",
-                "cloudpickle.loads(b)", "yaml.load(s)", "import cloudpickle"):
+    for bad in (
+        "import pickle",
+        "from dill import loads",
+        "x = torch.load(f)",
+        "np.load(p, allow_pickle=True)",
+        "cloudpickle.loads(b)",
+        "yaml.load(s)",
+        "import cloudpickle",
+    ):
         assert UNPICKLING.search(bad), bad
     for fine in ("np.load(p)", "yaml.safe_load(s)", "json.loads(s)", "safe_open(path)"):
         assert not UNPICKLING.search(fine), fine
@@ -552,9 +742,25 @@ def test_run_paths_from_the_config_stay_in_the_run_dir(files, tmp_path):
     # every path the trainer writes is under trainer.run_dir (the token cache is the one other
     # place, written atomically); load_checkpoint may only point inside it
     run_dir = tmp_path / "run"
-    for target in (str(tmp_path / "other" / "checkpoints" / "step_2"), "../other/checkpoints/step_2", "checkpoints/../../x"):
-        _fails(ConfigError, "outside trainer.run_dir", load_config, NANO, _args(files, run_dir, **{"trainer.load_checkpoint": target}))
+    for target in (
+        str(tmp_path / "other" / "checkpoints" / "step_2"),
+        "../other/checkpoints/step_2",
+        "checkpoints/../../x",
+    ):
+        _fails(
+            ConfigError,
+            "outside trainer.run_dir",
+            load_config,
+            NANO,
+            _args(files, run_dir, **{"trainer.load_checkpoint": target}),
+        )
     run_dir.mkdir()
     (tmp_path / "other").mkdir()
     (run_dir / "link").symlink_to(tmp_path / "other", target_is_directory=True)
-    _fails(ConfigError, "outside trainer.run_dir", load_config, NANO, _args(files, run_dir, **{"trainer.load_checkpoint": "link/step_2"}))
+    _fails(
+        ConfigError,
+        "outside trainer.run_dir",
+        load_config,
+        NANO,
+        _args(files, run_dir, **{"trainer.load_checkpoint": "link/step_2"}),
+    )

@@ -16,15 +16,13 @@ import re
 from pathlib import Path
 
 import pytest
+from test_bad_input import NANO, _args, _fails, _save_run, files, no_compile  # noqa: F401 (fixtures)
 
+from named.trainer.checkpoint import CheckpointError, rundir
 from named.trainer.commands import cli
-from named.trainer.loop import distributed as dist
-from named.trainer.checkpoint import CheckpointError
-from named.trainer.checkpoint import rundir
 from named.trainer.config import RULES, ConfigError, declarations, dump_config, keys_table, load_config
 from named.trainer.data import DataError
-
-from test_bad_input import NANO, _args, _fails, _save_run, files, no_compile  # noqa: F401 (fixtures)
+from named.trainer.loop import distributed as dist
 
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA = ROOT / "config/llama_tiny.yaml"
@@ -33,40 +31,84 @@ LLAMA = ROOT / "config/llama_tiny.yaml"
 # ---- types: YAML files -----------------------------------------------------------------------
 
 YAML = {
-    "true for an integer": ("trainer:\n  num_train_steps: true\n", r"trainer\.num_train_steps must be an integer, got true"),
-    "false for a number": ("optimizer:\n  learning_rate: false\n", r"optimizer\.learning_rate must be a number, got false"),
-    "true for a model integer": ("model:\n  type: gpt2\n  n_layer: true\n", r"model\.n_layer must be an integer, got true"),
+    "true for an integer": (
+        "trainer:\n  num_train_steps: true\n",
+        r"trainer\.num_train_steps must be an integer, got true",
+    ),
+    "false for a number": (
+        "optimizer:\n  learning_rate: false\n",
+        r"optimizer\.learning_rate must be a number, got false",
+    ),
+    "true for a model integer": (
+        "model:\n  type: gpt2\n  n_layer: true\n",
+        r"model\.n_layer must be an integer, got true",
+    ),
     "integer for a boolean": ("trainer:\n  progress_bar: 1\n", r"trainer\.progress_bar must be true or false, got 1"),
     "integer for a string": ("trainer:\n  sample_prompt: 5\n", r"trainer\.sample_prompt must be a string, got 5"),
     "null for a string": ("trainer:\n  run_dir: null\n", r"trainer\.run_dir must be a string, got null"),
-    "empty value for a boolean": ("checkpoint:\n  save_at_end:\n", r"checkpoint\.save_at_end must be true or false, got null"),
+    "empty value for a boolean": (
+        "checkpoint:\n  save_at_end:\n",
+        r"checkpoint\.save_at_end must be true or false, got null",
+    ),
     "null for a mapping": ("mesh:\n  shape: null\n", r"mesh\.shape must be a mapping of names to integers, got null"),
-    "string for a list": ("data:\n  train: stdlib\n", r"data\.train must be a list of strings or mappings, got 'stdlib'"),
-    "integer in a list of strings": ("data:\n  train: [stdlib, 3]\n", r"data\.train\[1\] must be a string or a mapping .*, got 3"),
-    "true in a list of integers": ("distributed:\n  local_device_ids: [0, true]\n", r"distributed\.local_device_ids\[1\]"),
+    "string for a list": (
+        "data:\n  train: stdlib\n",
+        r"data\.train must be a list of strings or mappings, got 'stdlib'",
+    ),
+    "integer in a list of strings": (
+        "data:\n  train: [stdlib, 3]\n",
+        r"data\.train\[1\] must be a string or a mapping .*, got 3",
+    ),
+    "true in a list of integers": (
+        "distributed:\n  local_device_ids: [0, true]\n",
+        r"distributed\.local_device_ids\[1\]",
+    ),
     "true for a mesh size": ("mesh:\n  shape: {data: true}\n", r"mesh\.shape\.data must be an integer, got true"),
-    "no space after the colon": ("mesh:\n  shape: {model:2}\n", r"mesh\.shape\.model:2 must be an integer, got null.*\{model: 2\}"),
+    "no space after the colon": (
+        "mesh:\n  shape: {model:2}\n",
+        r"mesh\.shape\.model:2 must be an integer, got null.*\{model: 2\}",
+    ),
     "nan": ("optimizer:\n  learning_rate: .nan\n", r"optimizer\.learning_rate must be a finite number, got nan"),
     "inf": ("optimizer:\n  epsilon: .inf\n", r"optimizer\.epsilon must be a finite number, got inf"),
     "-inf": ("optimizer:\n  weight_decay: -.inf\n", r"optimizer\.weight_decay must be a finite number, got -inf"),
     "nan in the model": ("model:\n  type: gpt2\n  dropout: .nan\n", r"model\.dropout must be a finite number"),
     "empty run_dir": ("trainer:\n  run_dir: ''\n", r"trainer\.run_dir must be non-empty"),
     "empty data.train": ("data:\n  train: []\n", r"data\.train must be non-empty"),
-    "an integer past int32": ("model:\n  type: gpt2\n  n_positions: 1000000000000\n",
-                              r"model\.n_positions must be at most 2147483647 in size.*1000000000000"),
-    "a negative integer past int32": ("trainer:\n  log_interval: -9223372036854775808\n", r"trainer\.log_interval must be at most"),
-    "seed past 32 bits": ("trainer:\n  seed: 4294967296\n", r"trainer\.seed must be in \[0, 4294967295\], got 4294967296"),
-    "duplicate key": ("trainer:\n  seed: 1\n  log_interval: 3\n  seed: 2\n",
-                      r"key trainer\.seed is given twice, at lines 2 and 4"),
-    "duplicate model key": ("model:\n  type: gpt2\n  n_layer: 2\n  n_layer: 3\n", r"key model\.n_layer is given twice, at lines 3 and 4"),
-    "duplicate section": ("trainer:\n  seed: 1\nmodel:\n  type: gpt2\ntrainer:\n  seed: 2\n",
-                          r"section trainer is given twice, at lines 1 and 5"),
+    "an integer past int32": (
+        "model:\n  type: gpt2\n  n_positions: 1000000000000\n",
+        r"model\.n_positions must be at most 2147483647 in size.*1000000000000",
+    ),
+    "a negative integer past int32": (
+        "trainer:\n  log_interval: -9223372036854775808\n",
+        r"trainer\.log_interval must be at most",
+    ),
+    "seed past 32 bits": (
+        "trainer:\n  seed: 4294967296\n",
+        r"trainer\.seed must be in \[0, 4294967295\], got 4294967296",
+    ),
+    "duplicate key": (
+        "trainer:\n  seed: 1\n  log_interval: 3\n  seed: 2\n",
+        r"key trainer\.seed is given twice, at lines 2 and 4",
+    ),
+    "duplicate model key": (
+        "model:\n  type: gpt2\n  n_layer: 2\n  n_layer: 3\n",
+        r"key model\.n_layer is given twice, at lines 3 and 4",
+    ),
+    "duplicate section": (
+        "trainer:\n  seed: 1\nmodel:\n  type: gpt2\ntrainer:\n  seed: 2\n",
+        r"section trainer is given twice, at lines 1 and 5",
+    ),
     "duplicate in a flow mapping": ("mesh:\n  shape: {data: 2, data: 4}\n", r"key mesh\.shape\.data is given twice"),
-    "no model section": ("trainer:\n  seed: 1\n", r"model: missing.*`model: \{type: gpt2, \.\.\.\}`.*registered types: gpt2, llama"),
+    "no model section": (
+        "trainer:\n  seed: 1\n",
+        r"model: missing.*`model: \{type: gpt2, \.\.\.\}`.*registered types: gpt2, llama",
+    ),
     "model without a type": ("model:\n  n_layer: 2\n", r"model\.type missing.*registered types: gpt2, llama"),
     "unregistered model type": ("model:\n  type: [gpt2]\n", r"model\.type \['gpt2'\] is not a registered model type"),
-    "unknown key, with a suggestion": ("trainer:\n  num_train_step: 3\n",
-                                       r"trainer\.num_train_step is not a key of the trainer section; did you mean trainer\.num_train_steps\?"),
+    "unknown key, with a suggestion": (
+        "trainer:\n  num_train_step: 3\n",
+        r"trainer\.num_train_step is not a key of the trainer section; did you mean trainer\.num_train_steps\?",
+    ),
     "unknown model key": ("model:\n  type: llama\n  n_layer: 2\n", r"model\.n_layer is not a key of the model section"),
     "draccus' !include is not safe YAML": ("trainer: !include other.yaml\n", r"not valid YAML.*'!include'"),
     "a Python tag": ("trainer:\n  seed: !!python/name:os.getcwd\n", r"not valid YAML"),
@@ -99,7 +141,10 @@ def test_a_yaml_anchor_merge_is_not_a_duplicate(tmp_path):
 # ---- types: CLI overrides ------------------------------------------------------------------
 
 CLI = {
-    "true for an integer": (["--trainer.num_train_steps", "true"], r"trainer\.num_train_steps must be an integer, got true"),
+    "true for an integer": (
+        ["--trainer.num_train_steps", "true"],
+        r"trainer\.num_train_steps must be an integer, got true",
+    ),
     "nan": (["--optimizer.learning_rate", "nan"], r"optimizer\.learning_rate must be a finite number, got nan"),
     "inf": (["--optimizer.max_grad_norm", "inf"], r"optimizer\.max_grad_norm must be a finite number, got inf"),
     "a mapping with a null value": (["--mesh.shape", "{model:2}"], r"mesh\.shape\.model"),
@@ -108,11 +153,20 @@ CLI = {
     "empty run_dir": (["--trainer.run_dir", ""], r"trainer\.run_dir must be non-empty"),
     "num_processes 0": (["--distributed.num_processes", "0"], r"distributed\.num_processes must be >= 1, got 0"),
     "a mapping key that is no name": (["--mesh.compute_mapping", "{1: data}"], r"mesh\.compute_mapping: the key 1"),
-    "draccus' include tag": (["--trainer.sample_prompt", "!include other.yaml"], r"^--trainer\.sample_prompt: .*'!include'"),
+    "draccus' include tag": (
+        ["--trainer.sample_prompt", "!include other.yaml"],
+        r"^--trainer\.sample_prompt: .*'!include'",
+    ),
     "a value that is not YAML": (["--trainer.seed", "[1"], r"^--trainer\.seed: '\[1' is not a YAML value"),
-    "a Python tag in a value": (["--data.train", "[a, !!python/name:os.getcwd]"], r"^--data\.train: .* is not a YAML value"),
+    "a Python tag in a value": (
+        ["--data.train", "[a, !!python/name:os.getcwd]"],
+        r"^--data\.train: .* is not a YAML value",
+    ),
     "a key given twice in a value": (["--mesh.shape", "{data: 1, data: 2}"], r"key mesh\.shape\.data is given twice"),
-    "a flag under a choice's type": (["--model.type.x", "5"], r"^--model\.type\.x is not a key: model\.type takes one value"),
+    "a flag under a choice's type": (
+        ["--model.type.x", "5"],
+        r"^--model\.type\.x is not a key: model\.type takes one value",
+    ),
 }
 
 
@@ -125,14 +179,26 @@ def test_cli_values(name):
 # A key typo gets one message and one suggestion, from the file and from the command line alike
 # (argparse alone said "unrecognized arguments" and blamed the file).
 TYPOS = {  # the file's YAML, the same on the command line, the message for each
-    "trainer key": ("trainer:\n  num_train_step: 3\n", ["--trainer.num_train_step", "3"],
-                    "{0}trainer.num_train_step is not a key of the trainer section; did you mean {0}trainer.num_train_steps?"),
-    "model key": ("model:\n  type: gpt2\n  n_headd: 2\n", ["--model.n_headd", "2"],
-                  "{0}model.n_headd is not a key of the model section; did you mean {0}model.n_head?"),
-    "lora key": ("lora:\n  rnak: 4\n", ["--lora.rnak", "4"],
-                 "{0}lora.rnak is not a key of the lora section; did you mean {0}lora.rank?"),
-    "section": ("modle:\n  n_head: 2\n", ["--modle.n_head", "2"],  # a flag is shown whole, and corrected whole
-                "{0}modle{1} is not a key of the config; did you mean {0}model{1}?"),
+    "trainer key": (
+        "trainer:\n  num_train_step: 3\n",
+        ["--trainer.num_train_step", "3"],
+        "{0}trainer.num_train_step is not a key of the trainer section; did you mean {0}trainer.num_train_steps?",
+    ),
+    "model key": (
+        "model:\n  type: gpt2\n  n_headd: 2\n",
+        ["--model.n_headd", "2"],
+        "{0}model.n_headd is not a key of the model section; did you mean {0}model.n_head?",
+    ),
+    "lora key": (
+        "lora:\n  rnak: 4\n",
+        ["--lora.rnak", "4"],
+        "{0}lora.rnak is not a key of the lora section; did you mean {0}lora.rank?",
+    ),
+    "section": (
+        "modle:\n  n_head: 2\n",
+        ["--modle.n_head", "2"],  # a flag is shown whole, and corrected whole
+        "{0}modle{1} is not a key of the config; did you mean {0}model{1}?",
+    ),
 }
 
 
@@ -143,7 +209,9 @@ def test_a_key_typo_gets_the_same_suggestion_in_the_file_and_on_the_command_line
     path.write_text(text)
     _fails(ConfigError, "^" + re.escape(message.format("", "")), load_config, path)
     rest = flags[0].partition(".")[2] if name == "section" else ""
-    err = _fails(ConfigError, "^" + re.escape(message.format("--", "." + rest if rest else "")), load_config, NANO, flags)
+    err = _fails(
+        ConfigError, "^" + re.escape(message.format("--", "." + rest if rest else "")), load_config, NANO, flags
+    )
     assert "unrecognized" not in str(err) and str(NANO) not in str(err)
     assert cli.main_train(["--config_path", str(NANO), *flags]) == 2
     assert capsys.readouterr().err.strip() == f"error: {err}"
@@ -160,21 +228,35 @@ def test_a_value_on_the_command_line_is_never_a_file_to_include(tmp_path, monkey
 
 def test_a_negative_number_is_a_flag_value():
     # argparse took -1e-8 for a flag and said "expected one argument"
-    _fails(ConfigError, r"^optimizer\.epsilon must be > 0, got -1e-08$", load_config, NANO, ["--optimizer.epsilon", "-1e-8"])
+    _fails(
+        ConfigError,
+        r"^optimizer\.epsilon must be > 0, got -1e-08$",
+        load_config,
+        NANO,
+        ["--optimizer.epsilon", "-1e-8"],
+    )
     assert load_config(NANO, ["--trainer.seed", "-0"]).trainer.seed == 0
 
 
 def test_a_flag_under_a_single_value_is_named():
-    _fails(ConfigError, r"^--mesh\.shape\.data is not a key: mesh\.shape takes one value .*--mesh\.shape VALUE",
-           load_config, NANO, ["--mesh.shape.data", "4"])
+    _fails(
+        ConfigError,
+        r"^--mesh\.shape\.data is not a key: mesh\.shape takes one value .*--mesh\.shape VALUE",
+        load_config,
+        NANO,
+        ["--mesh.shape.data", "4"],
+    )
 
 
 # A value that only its section's own check refuses (the model config's __post_init__) is blamed on
 # where it came from: the command line's flags, or the file.
 FROM_THE_CLI = {
     "heads that do not divide the width": (NANO, ["--model.n_head", "3"], "n_embd=128 is not divisible by n_head=3"),
-    "top-k above the experts": (ROOT / "config/mixtral_tiny.yaml", ["--model.num_experts_per_tok=9"],
-                                r"num_experts_per_tok=9 must be in \[1, num_experts=8\]"),
+    "top-k above the experts": (
+        ROOT / "config/mixtral_tiny.yaml",
+        ["--model.num_experts_per_tok=9"],
+        r"num_experts_per_tok=9 must be in \[1, num_experts=8\]",
+    ),
 }
 
 
@@ -183,8 +265,13 @@ def test_a_bad_value_from_the_command_line_is_blamed_on_it(tmp_path, name):
     config, flags, problem = FROM_THE_CLI[name]
     flag = flags[0].partition("=")[0]
     value = flags[-1].rpartition("=")[2]
-    err = _fails(ConfigError, re.escape(f"({flag} {value} on the command line, the rest of model from {config}): model: ")
-                 + problem, load_config, config, flags)
+    err = _fails(
+        ConfigError,
+        re.escape(f"({flag} {value} on the command line, the rest of model from {config}): model: ") + problem,
+        load_config,
+        config,
+        flags,
+    )
     assert f"in {config}" not in str(err)
     # the same value written in a file is blamed on the file
     path = tmp_path / "bad.yaml"
@@ -285,9 +372,17 @@ def test_the_docs_keys_table_is_the_declarations():
 
 
 def test_every_range_of_the_declarations_is_tested():
-    untested = set(RULES) - set(RANGES) - {"model.<every integer>", "trainer.run_dir", "data.train",
-                                           "trainer.stop_signals",  # a list: tests/test_preemption.py
-                                           "model.type"}  # tests/test_bad_input.py, "bad choice"
+    untested = (
+        set(RULES)
+        - set(RANGES)
+        - {
+            "model.<every integer>",
+            "trainer.run_dir",
+            "data.train",
+            "trainer.stop_signals",  # a list: tests/test_preemption.py
+            "model.type",
+        }
+    )  # tests/test_bad_input.py, "bad choice"
     assert untested == set(), untested
 
 
@@ -343,21 +438,41 @@ def test_help_lists_every_key_from_its_declaration(capsys):
 
 DIST = {
     "initialize without a coordinator": ({"initialize": True}, {}, r"distributed\.coordinator_address is not set"),
-    "process_id past num_processes": ({"coordinator_address": "127.0.0.1:1234", "num_processes": 2, "process_id": 2}, {},
-                                      r"distributed\.process_id=2 must be below distributed\.num_processes=2"),
-    "a coordinator without a port": ({"coordinator_address": "127.0.0.1", "num_processes": 2, "process_id": 0}, {},
-                                     r"distributed\.coordinator_address '127\.0\.0\.1' must be host:port"),
-    "num_processes 0 from the environment": ({}, {"NAMED_NUM_PROCESSES": "0", "NAMED_PROCESS_ID": "0",
-                                                  "NAMED_COORDINATOR": "h:1"}, r"NAMED_NUM_PROCESSES must be >= 1"),
-    "process id from the environment past the count": ({"num_processes": 2}, {"NAMED_PROCESS_ID": "5", "NAMED_COORDINATOR": "h:1"},
-                                                        r"NAMED_PROCESS_ID=5 must be below distributed\.num_processes=2"),
+    "process_id past num_processes": (
+        {"coordinator_address": "127.0.0.1:1234", "num_processes": 2, "process_id": 2},
+        {},
+        r"distributed\.process_id=2 must be below distributed\.num_processes=2",
+    ),
+    "a coordinator without a port": (
+        {"coordinator_address": "127.0.0.1", "num_processes": 2, "process_id": 0},
+        {},
+        r"distributed\.coordinator_address '127\.0\.0\.1' must be host:port",
+    ),
+    "num_processes 0 from the environment": (
+        {},
+        {"NAMED_NUM_PROCESSES": "0", "NAMED_PROCESS_ID": "0", "NAMED_COORDINATOR": "h:1"},
+        r"NAMED_NUM_PROCESSES must be >= 1",
+    ),
+    "process id from the environment past the count": (
+        {"num_processes": 2},
+        {"NAMED_PROCESS_ID": "5", "NAMED_COORDINATOR": "h:1"},
+        r"NAMED_PROCESS_ID=5 must be below distributed\.num_processes=2",
+    ),
 }
 
 
 @pytest.fixture
 def no_cluster(monkeypatch):
-    for name in ("JAX_COORDINATOR_ADDRESS", "SLURM_JOB_ID", "OMPI_MCA_orte_hnp_uri", "KUBERNETES_SERVICE_HOST",
-                 "NAMED_COORDINATOR", "NAMED_NUM_PROCESSES", "NAMED_PROCESS_ID", "NAMED_HEARTBEAT_TIMEOUT"):
+    for name in (
+        "JAX_COORDINATOR_ADDRESS",
+        "SLURM_JOB_ID",
+        "OMPI_MCA_orte_hnp_uri",
+        "KUBERNETES_SERVICE_HOST",
+        "NAMED_COORDINATOR",
+        "NAMED_NUM_PROCESSES",
+        "NAMED_PROCESS_ID",
+        "NAMED_HEARTBEAT_TIMEOUT",
+    ):
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
 
@@ -373,8 +488,17 @@ def test_distributed_settings(no_cluster, name):
 
 def test_distributed_settings_that_are_fine(no_cluster):
     # the control: a full set from the config, and one from named-launch's variables
-    cfg = load_config(NANO, ["--distributed.coordinator_address", "127.0.0.1:1234", "--distributed.num_processes", "2",
-                             "--distributed.process_id", "1"])
+    cfg = load_config(
+        NANO,
+        [
+            "--distributed.coordinator_address",
+            "127.0.0.1:1234",
+            "--distributed.num_processes",
+            "2",
+            "--distributed.process_id",
+            "1",
+        ],
+    )
     assert dist.settings(cfg.distributed)["process_id"] == 1
     for k, v in {"NAMED_COORDINATOR": "127.0.0.1:99", "NAMED_NUM_PROCESSES": "4", "NAMED_PROCESS_ID": "3"}.items():
         no_cluster.setenv(k, v)
@@ -385,12 +509,15 @@ def test_distributed_settings_that_are_fine(no_cluster):
 # ---- the CLI boundary: named-train and named-plan refuse the same configs ----------------------
 
 SAME = {
-    "two axes of one activation on one mesh axis": ({"mesh.compute_mapping": "{batch: data, embed: data}"},
-                                                    r"mesh\.compute_mapping\.batch and mesh\.compute_mapping\.embed both map "
-                                                    r"to mesh axis 'data'"),
-    "heads and head_size on one mesh axis": ({"mesh.shape": "{data: 4, model: 2}",
-                                              "mesh.compute_mapping": "{batch: data, heads: model, head_size: model}"},
-                                             r"mesh\.compute_mapping\.heads and mesh\.compute_mapping\.head_size"),
+    "two axes of one activation on one mesh axis": (
+        {"mesh.compute_mapping": "{batch: data, embed: data}"},
+        r"mesh\.compute_mapping\.batch and mesh\.compute_mapping\.embed both map "
+        r"to mesh axis 'data'",
+    ),
+    "heads and head_size on one mesh axis": (
+        {"mesh.shape": "{data: 4, model: 2}", "mesh.compute_mapping": "{batch: data, heads: model, head_size: model}"},
+        r"mesh\.compute_mapping\.heads and mesh\.compute_mapping\.head_size",
+    ),
     "sequence longer than the positions": ({"data.seq_len": 128}, r"data\.seq_len=128 .* 64 positions"),
     "batch that does not split": ({"trainer.train_batch_size": 6}, r"trainer\.train_batch_size=6"),
     "vocabulary below the tokenizer's": ({"model.vocab_size": 100}, r"model\.vocab_size=100"),
@@ -400,10 +527,16 @@ SAME = {
     "a value draccus would take": ({"trainer.log_interval": "true"}, r"trainer\.log_interval must be an integer"),
     "a loss block that does not divide the vocabulary": (
         {"trainer.loss_block_size": 100},
-        r"trainer\.loss_block_size: block_size=100 does not divide the size 384 of axis 'vocab'; try 96 or 128"),
+        r"trainer\.loss_block_size: block_size=100 does not divide the size 384 of axis 'vocab'; try 96 or 128",
+    ),
     "a loss block that does not split like the vocabulary": (
-        {"trainer.loss_block_size": 3, "mesh.shape": "{data: 4, model: 2}", "mesh.compute_mapping": "{batch: data, vocab: model}"},
-        r"trainer\.loss_block_size=3: a block of the vocab must split like the vocab .*3 is not divisible by 2"),
+        {
+            "trainer.loss_block_size": 3,
+            "mesh.shape": "{data: 4, model: 2}",
+            "mesh.compute_mapping": "{batch: data, vocab: model}",
+        },
+        r"trainer\.loss_block_size=3: a block of the vocab must split like the vocab .*3 is not divisible by 2",
+    ),
 }
 
 
@@ -430,19 +563,36 @@ def test_plan_refuses_what_train_refuses(files, tmp_path, capsys, no_cluster, na
 
 def test_the_shipped_layouts_pass_the_activation_check(files, tmp_path, capsys):
     # the control for the clash cases: TP over heads and mlp (and Llama's kv_heads) is fine
-    for config, over in ((NANO, {"mesh.shape": "{data: 4, model: 2}", "mesh.compute_mapping": "{batch: data, heads: model, mlp: model}"}),
-                         (ROOT / "config/llama_1b_fsdp_tp.yaml", {})):
-        code = cli.main_plan(["--config_path", str(config), "--trainer.run_dir", str(tmp_path / "run"), *[
-            a for k, v in over.items() for a in (f"--{k}", v)]])
+    for config, over in (
+        (
+            NANO,
+            {"mesh.shape": "{data: 4, model: 2}", "mesh.compute_mapping": "{batch: data, heads: model, mlp: model}"},
+        ),
+        (ROOT / "config/llama_1b_fsdp_tp.yaml", {}),
+    ):
+        code = cli.main_plan(
+            [
+                "--config_path",
+                str(config),
+                "--trainer.run_dir",
+                str(tmp_path / "run"),
+                *[a for k, v in over.items() for a in (f"--{k}", v)],
+            ]
+        )
         assert code == 0, capsys.readouterr().err
     assert not (tmp_path / "run").exists()
 
 
 def test_train_runs_in_check_only_mode_with_warmup_longer_than_zero_steps(files, tmp_path, capsys):
     # gpt2_nano has warmup_steps 30: with num_train_steps 0 that is no error
-    cfg = load_config(NANO, _args(files, tmp_path / "run", **{"trainer.num_train_steps": 0, "optimizer.warmup_steps": 30}))
+    cfg = load_config(
+        NANO, _args(files, tmp_path / "run", **{"trainer.num_train_steps": 0, "optimizer.warmup_steps": 30})
+    )
     assert cfg.trainer.num_train_steps == 0 and cfg.optimizer.warmup_steps == 30
-    assert cli.main_plan(["--config_path", str(NANO), *_args(files, tmp_path / "run", **{"trainer.num_train_steps": 0})]) == 0
+    assert (
+        cli.main_plan(["--config_path", str(NANO), *_args(files, tmp_path / "run", **{"trainer.num_train_steps": 0})])
+        == 0
+    )
     assert not (tmp_path / "run").exists()
 
 
@@ -456,10 +606,12 @@ def test_run_dir_that_is_a_file(files, tmp_path, capsys):
 
 
 def test_bad_flags_of_the_cli_itself(capsys):
-    for main, args, needle in ((cli.main_train, ["--config_path"], "--config_path"),
-                               (cli.main_plan, ["--config_path", "/nonexistent/x.yaml"], "/nonexistent/x.yaml"),
-                               (cli.main_sample, [], "--checkpoint"),
-                               (cli.main_sample, ["--checkpoint", "x", "--tokens", "many"], "--tokens")):
+    for main, args, needle in (
+        (cli.main_train, ["--config_path"], "--config_path"),
+        (cli.main_plan, ["--config_path", "/nonexistent/x.yaml"], "/nonexistent/x.yaml"),
+        (cli.main_sample, [], "--checkpoint"),
+        (cli.main_sample, ["--checkpoint", "x", "--tokens", "many"], "--tokens"),
+    ):
         code, err = _run_main(main, args, capsys)
         assert code == 2 and err.startswith("error: ") and needle in err and "Traceback" not in err, (args, err)
 
@@ -481,8 +633,11 @@ def sample_run(files, tmp_path_factory) -> Path:
 
 SAMPLE = {
     "negative --tokens": (["--tokens", "-3"], ConfigError, r"--tokens must be an integer >= 0, got -3"),
-    "--tokens past the positions": (["--tokens", "500"], ConfigError,
-                                    r"--tokens 500 after the 4 tokens of --prompt needs 504 positions; the model has 64"),
+    "--tokens past the positions": (
+        ["--tokens", "500"],
+        ConfigError,
+        r"--tokens 500 after the 4 tokens of --prompt needs 504 positions; the model has 64",
+    ),
     "negative --temperature": (["--temperature", "-1"], ConfigError, r"--temperature must be a finite number >= 0.*-1"),
     "nan --temperature": (["--temperature", "nan"], ConfigError, r"--temperature .*nan"),
     "--seed past 32 bits": (["--seed", "4294967296"], ConfigError, r"--seed must be in \[0, 4294967295\]"),
@@ -502,8 +657,13 @@ def _sample(args):
     from named.trainer.commands.sample import sample_from_checkpoint
 
     a = dict(zip(args[::2], args[1::2]))
-    return sample_from_checkpoint(Path(a["--checkpoint"]), a["--prompt"], int(a.get("--tokens", 10)),
-                                  temperature=float(a.get("--temperature", 0)), seed=int(a.get("--seed", 0)))
+    return sample_from_checkpoint(
+        Path(a["--checkpoint"]),
+        a["--prompt"],
+        int(a.get("--tokens", 10)),
+        temperature=float(a.get("--temperature", 0)),
+        seed=int(a.get("--seed", 0)),
+    )
 
 
 def test_sample_paths(sample_run, tmp_path, capsys):
@@ -512,10 +672,12 @@ def test_sample_paths(sample_run, tmp_path, capsys):
     stray = tmp_path / "stray_step"
     stray.mkdir()
     (stray / "commit.json").write_text("{}")
-    for path, match in ((tmp_path / "nope", r"nope: no such directory"),
-                        (tmp_path / "a_file", r"a_file is a file"),
-                        (tmp_path / "empty", r"empty holds no committed checkpoint"),
-                        (stray, r"stray_step is a checkpoint outside a run directory")):
+    for path, match in (
+        (tmp_path / "nope", r"nope: no such directory"),
+        (tmp_path / "a_file", r"a_file is a file"),
+        (tmp_path / "empty", r"empty holds no committed checkpoint"),
+        (stray, r"stray_step is a checkpoint outside a run directory"),
+    ):
         _fails(CheckpointError, match, _sample, ["--checkpoint", str(path), "--prompt", "x"])
         code, err = _run_main(cli.main_sample, ["--checkpoint", str(path)], capsys)
         assert code == 2 and err.startswith("error: ") and str(path) in err and "Traceback" not in err, err
@@ -526,13 +688,26 @@ def test_sample_run_dir_with_a_broken_model_config(files, sample_run, tmp_path):
     _save_run(files, run_dir)  # a committed checkpoint, and nothing else
     _fails(CheckpointError, r"model_config\.json is missing", _sample, ["--checkpoint", str(run_dir), "--prompt", "x"])
     (run_dir / "model_config.json").write_text("{not json")
-    _fails(CheckpointError, r"model_config\.json is not a model config", _sample, ["--checkpoint", str(run_dir), "--prompt", "x"])
+    _fails(
+        CheckpointError,
+        r"model_config\.json is not a model config",
+        _sample,
+        ["--checkpoint", str(run_dir), "--prompt", "x"],
+    )
     (run_dir / "model_config.json").write_text(json.dumps({"type": "gpt2", "n_layer": "two"}))
-    _fails(CheckpointError, r"model_config\.json: model\.n_layer must be an integer, got 'two'", _sample,
-           ["--checkpoint", str(run_dir), "--prompt", "x"])
+    _fails(
+        CheckpointError,
+        r"model_config\.json: model\.n_layer must be an integer, got 'two'",
+        _sample,
+        ["--checkpoint", str(run_dir), "--prompt", "x"],
+    )
     (run_dir / "model_config.json").write_text(json.dumps({"type": "gpt2", "n_positions": 0}))
-    _fails(CheckpointError, r"model_config\.json: model\.n_positions must be >= 1, got 0", _sample,
-           ["--checkpoint", str(run_dir), "--prompt", "x"])
+    _fails(
+        CheckpointError,
+        r"model_config\.json: model\.n_positions must be >= 1, got 0",
+        _sample,
+        ["--checkpoint", str(run_dir), "--prompt", "x"],
+    )
     (run_dir / "model_config.json").write_text((sample_run / "model_config.json").read_text())
     _fails(CheckpointError, r"config\.yaml is missing", _sample, ["--checkpoint", str(run_dir), "--prompt", "x"])
 

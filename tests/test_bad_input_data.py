@@ -16,8 +16,7 @@ from tokenizers import Tokenizer as HFTok
 from tokenizers import models, pre_tokenizers
 
 from named.trainer.config import ConfigError, load_config
-from named.trainer.data import DataConfig, DataError, HFTokenizer, build_data
-from named.trainer.data import _encode
+from named.trainer.data import DataConfig, DataError, HFTokenizer, _encode, build_data
 
 ROOT = Path(__file__).resolve().parents[1]
 NANO = ROOT / "config/gpt2_nano.yaml"
@@ -104,10 +103,32 @@ def test_sparse_tokenizer_sizes_the_model_past_its_largest_id(tmp_path):
 
     path = wordlevel(tmp_path / "tok", SPARSE)
     src = write(tmp_path / "c.txt", "a b " * 200)
-    args = ["--data.tokenizer", str(path), "--data.train", f"[{src}]", "--data.cache_dir", str(tmp_path / "cache"),
-            "--data.seq_len", "16", "--data.val_fraction", "0", "--trainer.train_batch_size", "8",
-            "--trainer.sample_interval", "0", "--trainer.run_dir", str(tmp_path / "run"),
-            "--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32", "--model.n_positions", "16"]
+    args = [
+        "--data.tokenizer",
+        str(path),
+        "--data.train",
+        f"[{src}]",
+        "--data.cache_dir",
+        str(tmp_path / "cache"),
+        "--data.seq_len",
+        "16",
+        "--data.val_fraction",
+        "0",
+        "--trainer.train_batch_size",
+        "8",
+        "--trainer.sample_interval",
+        "0",
+        "--trainer.run_dir",
+        str(tmp_path / "run"),
+        "--model.n_layer",
+        "1",
+        "--model.n_head",
+        "2",
+        "--model.n_embd",
+        "32",
+        "--model.n_positions",
+        "16",
+    ]
     run = build_run(load_config(NANO, args))
     data, model_cfg = run.data, run.setup.model_cfg
     assert model_cfg.vocab_size >= 1001 and stream_ids(data).max() == 1000
@@ -264,26 +285,39 @@ def _only_dirs(t: Path) -> Path:
 
 
 BAD_SOURCES = {
-    "binary file as text": (lambda t: write(t / "blob.txt", b"hi\n\x1f\x8b\x08\x00\x00\x00"),
-                            r"blob\.txt:2: a NUL byte.*binary"),
+    "binary file as text": (
+        lambda t: write(t / "blob.txt", b"hi\n\x1f\x8b\x08\x00\x00\x00"),
+        r"blob\.txt:2: a NUL byte.*binary",
+    ),
     "UTF-16 text": (lambda t: write(t / "wide.txt", "hello".encode("utf-16")), r"wide\.txt:1: .*NUL byte"),
-    "invalid UTF-8 text": (lambda t: write(t / "latin.txt", "ok\ncaf\xe9\n".encode("latin-1")),
-                           r"latin\.txt:2: not valid UTF-8"),
-    "invalid UTF-8 in JSONL": (lambda t: write(t / "b.jsonl", b'{"text": "ok"}\n{"text": "caf\xe9"}\n'),
-                               r"b\.jsonl:2: not valid UTF-8"),
-    "JSONL line is an array": (lambda t: write(t / "l.jsonl", '{"text": "ok"}\n["text"]\n'),
-                               r"l\.jsonl:2: expected an object .* got an array"),
-    "JSONL line is a number": (lambda t: write(t / "n.jsonl", "3\n"),
-                               r"n\.jsonl:1: expected an object .* got a number"),
+    "invalid UTF-8 text": (
+        lambda t: write(t / "latin.txt", "ok\ncaf\xe9\n".encode("latin-1")),
+        r"latin\.txt:2: not valid UTF-8",
+    ),
+    "invalid UTF-8 in JSONL": (
+        lambda t: write(t / "b.jsonl", b'{"text": "ok"}\n{"text": "caf\xe9"}\n'),
+        r"b\.jsonl:2: not valid UTF-8",
+    ),
+    "JSONL line is an array": (
+        lambda t: write(t / "l.jsonl", '{"text": "ok"}\n["text"]\n'),
+        r"l\.jsonl:2: expected an object .* got an array",
+    ),
+    "JSONL line is a number": (
+        lambda t: write(t / "n.jsonl", "3\n"),
+        r"n\.jsonl:1: expected an object .* got a number",
+    ),
     "JSONL line is null": (lambda t: write(t / "z.jsonl", "null\n"), r"z\.jsonl:1: .*got null"),
-    "text field not a string": (lambda t: write(t / "t.jsonl", '{"text": ["a"]}\n'),
-                                r"t\.jsonl:1: .*'text' is an array"),
+    "text field not a string": (
+        lambda t: write(t / "t.jsonl", '{"text": ["a"]}\n'),
+        r"t\.jsonl:1: .*'text' is an array",
+    ),
     "text field missing": (lambda t: write(t / "m.jsonl", '{"body": "a"}\n'), r"m\.jsonl:1: .*no 'text' field"),
-    "JSONL nested too deep": (lambda t: write(t / "deep.jsonl", "[" * 100_000 + "]" * 100_000 + "\n"),
-                              r"deep\.jsonl:1: not valid JSON"),
+    "JSONL nested too deep": (
+        lambda t: write(t / "deep.jsonl", "[" * 100_000 + "]" * 100_000 + "\n"),
+        r"deep\.jsonl:1: not valid JSON",
+    ),
     "lone surrogate": (lambda t: write(t / "s.jsonl", '{"text": "a\\ud800b"}\n'), r"s\.jsonl:1: .*surrogate"),
-    "directory given as a file": (lambda t: (t / "folder").mkdir() or t / "folder",
-                                  r"'.*folder' is a directory"),
+    "directory given as a file": (lambda t: (t / "folder").mkdir() or t / "folder", r"'.*folder' is a directory"),
     "glob matching nothing": (lambda t: t / "*.parquet", r"no files match the pattern '.*\*\.parquet'"),
     "glob matching only folders": (_only_dirs, r"no files match the pattern '.*d\*\.txt'"),
     "fifo": (_fifo, r"pipe\.txt' is not a regular file"),

@@ -53,55 +53,87 @@ ZST = zstandard.ZstdCompressor(write_checksum=True).compress(LINES)
 CASES = {
     "parquet without the text column": (
         lambda t: _parquet(t, "notext.parquet", pa.table({"body": ["a", "b"]})),
-        r"notext\.parquet: no column 'text' \(its columns: body\).*text_field"),
+        r"notext\.parquet: no column 'text' \(its columns: body\).*text_field",
+    ),
     "parquet with a non-string text column": (
         lambda t: _parquet(t, "ints.parquet", pa.table({"text": [1, 2, 3]})),
-        r"ints\.parquet: column 'text' holds int64, not strings"),
+        r"ints\.parquet: column 'text' holds int64, not strings",
+    ),
     "parquet with a null text": (
         lambda t: _parquet(t, "nulls.parquet", pa.table({"text": ["a", "b", "c", None, "e"]}), row_group_size=2),
-        r"nulls\.parquet: row group 1, row 1: the 'text' value is null"),
+        r"nulls\.parquet: row group 1, row 1: the 'text' value is null",
+    ),
     "truncated parquet": (
-        lambda t: _write(t, "cut.parquet", (_parquet(t, "whole.parquet", pa.table({"text": ["abc"] * 99})).read_bytes()[:-30])),
-        r"cut\.parquet: not a readable Parquet file"),
+        lambda t: _write(
+            t, "cut.parquet", (_parquet(t, "whole.parquet", pa.table({"text": ["abc"] * 99})).read_bytes()[:-30])
+        ),
+        r"cut\.parquet: not a readable Parquet file",
+    ),
     "parquet with no rows": (
         lambda t: _parquet(t, "norows.parquet", pa.table({"text": pa.array([], pa.string())})),
-        r"corpus is empty.*norows\.parquet"),
+        r"corpus is empty.*norows\.parquet",
+    ),
     "corrupt .jsonl.gz": (  # deflate may decode damage into text; the CRC at the end catches it if JSON does not
         lambda t: _write(t, "bad.jsonl.gz", _corrupt_middle(GZ)),
-        r"bad\.jsonl\.gz(:\d+: not valid JSON|: corrupt gzip data in compressed bytes)"),
+        r"bad\.jsonl\.gz(:\d+: not valid JSON|: corrupt gzip data in compressed bytes)",
+    ),
     ".jsonl.gz with a wrong CRC": (
         lambda t: _write(t, "crc.jsonl.gz", GZ[:-8] + bytes(b ^ 1 for b in GZ[-8:-4]) + GZ[-4:]),
         rf"crc\.jsonl\.gz: corrupt gzip data in compressed bytes 131072-{len(GZ)} \(.*incorrect data check\); "
-        r"the lines before it \(1-\d+\) were read"),
+        r"the lines before it \(1-\d+\) were read",
+    ),
     "truncated .jsonl.gz": (
         lambda t: _write(t, "cut.jsonl.gz", GZ[: len(GZ) * 2 // 3]),
-        rf"cut\.jsonl\.gz: truncated: the gzip stream stops at byte {len(GZ) * 2 // 3} .*lines before it \(1-\d+\)"),
+        rf"cut\.jsonl\.gz: truncated: the gzip stream stops at byte {len(GZ) * 2 // 3} .*lines before it \(1-\d+\)",
+    ),
     "corrupt .jsonl.zst": (
         lambda t: _write(t, "bad.jsonl.zst", _corrupt_middle(ZST)),
-        r"bad\.jsonl\.zst: corrupt zstd data in compressed bytes 65536-\d+"),
+        r"bad\.jsonl\.zst: corrupt zstd data in compressed bytes 65536-\d+",
+    ),
     "truncated .txt.zst": (
         lambda t: _write(t, "cut.txt.zst", ZST[: len(ZST) // 2]),
-        rf"cut\.txt\.zst: truncated: the zstd stream stops at byte {len(ZST) // 2}"),
+        rf"cut\.txt\.zst: truncated: the zstd stream stops at byte {len(ZST) // 2}",
+    ),
     "gzip that is not gzip": (
         lambda t: _write(t, "plain.txt.gz", b"just text, never compressed\n"),
-        r"plain\.txt\.gz: corrupt gzip data in compressed bytes 0-28"),
-    "unknown extension": (lambda t: _write(t, "corpus.jsonl.bz2", b"BZh9"), r"corpus\.jsonl\.bz2.*\.bz2 is not a data format"),
-    "compressed unknown content": (lambda t: _write(t, "table.csv.gz", GZ), r"table\.csv\.gz.*\.gz file of \.csv content"),
-    "compressed parquet": (lambda t: _write(t, "x.parquet.zst", ZST), r"x\.parquet\.zst.*\.zst file of \.parquet content"),
+        r"plain\.txt\.gz: corrupt gzip data in compressed bytes 0-28",
+    ),
+    "unknown extension": (
+        lambda t: _write(t, "corpus.jsonl.bz2", b"BZh9"),
+        r"corpus\.jsonl\.bz2.*\.bz2 is not a data format",
+    ),
+    "compressed unknown content": (
+        lambda t: _write(t, "table.csv.gz", GZ),
+        r"table\.csv\.gz.*\.gz file of \.csv content",
+    ),
+    "compressed parquet": (
+        lambda t: _write(t, "x.parquet.zst", ZST),
+        r"x\.parquet\.zst.*\.zst file of \.parquet content",
+    ),
     "jsonl without the text field": (
-        lambda t: _write(t, "other.jsonl", b'{"content": "x"}\n'), r"other\.jsonl:1: .*no 'text' field"),
+        lambda t: _write(t, "other.jsonl", b'{"content": "x"}\n'),
+        r"other\.jsonl:1: .*no 'text' field",
+    ),
     "save_to_disk state naming a file outside the folder": (
         lambda t: _saved(t, {"_data_files": [{"filename": "../escape.arrow"}]}),
-        r"state\.json.*_data_files\[0\] must name a file in the folder"),
+        r"state\.json.*_data_files\[0\] must name a file in the folder",
+    ),
     "save_to_disk state naming a missing shard": (
         lambda t: _saved(t, {"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}),
-        r"lists 'data-00000-of-00001\.arrow', which is not a file"),
+        r"lists 'data-00000-of-00001\.arrow', which is not a file",
+    ),
     "DatasetDict folder": (
-        lambda t: _saved(t, {"_data_files": []}, dict_folder=True), r"holds a DatasetDict \(splits: test, train\).*saved/test"),
-    "arrow file that is not arrow": (lambda t: _write(t, "x.arrow", b"not arrow at all"), r"x\.arrow: not a readable Arrow"),
+        lambda t: _saved(t, {"_data_files": []}, dict_folder=True),
+        r"holds a DatasetDict \(splits: test, train\).*saved/test",
+    ),
+    "arrow file that is not arrow": (
+        lambda t: _write(t, "x.arrow", b"not arrow at all"),
+        r"x\.arrow: not a readable Arrow",
+    ),
     "directory without data files": (
         lambda t: (t / "empty_dir").mkdir() or _write(t / "empty_dir", "notes.md", b"hi").parent,
-        r"empty_dir' is a directory holding no data files"),
+        r"empty_dir' is a directory holding no data files",
+    ),
 }
 
 
@@ -121,8 +153,15 @@ def test_corrupt_shard_after_good_ones_leaves_nothing(tmp_path):
         _write(tmp_path, f"part-{i}.jsonl.gz", GZ)
     _write(tmp_path, "part-2.jsonl.gz", GZ[:-8])  # only the trailer (CRC, length) is missing
     with pytest.raises(DataError, match=r"part-2\.jsonl\.gz: truncated"):
-        build_data(DataConfig(train=[str(tmp_path / "part-*.jsonl.gz")], seq_len=4, val_fraction=0.0,
-                              cache_dir=str(tmp_path / "cache")), BYTE)
+        build_data(
+            DataConfig(
+                train=[str(tmp_path / "part-*.jsonl.gz")],
+                seq_len=4,
+                val_fraction=0.0,
+                cache_dir=str(tmp_path / "cache"),
+            ),
+            BYTE,
+        )
     assert not list((tmp_path / "cache").iterdir())
 
 

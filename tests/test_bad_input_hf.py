@@ -23,17 +23,25 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _hf_models import random_ids, random_model
 from safetensors.numpy import load_file, save_file
 
 import named as nm
 from named import models
 from named.models import CheckpointFormatError, Gpt2Config, Gpt2LMHeadModel, hf
-from _hf_models import random_ids, random_model
 
 CONFIG = Gpt2Config(n_layer=2, n_head=2, n_embd=16, n_positions=16, vocab_size=64)
-LLAMA = dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=16, intermediate_size=24,
-             num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, vocab_size=10,
-             max_position_embeddings=8)
+LLAMA = dict(
+    model_type="llama",
+    architectures=["LlamaForCausalLM"],
+    hidden_size=16,
+    intermediate_size=24,
+    num_hidden_layers=1,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=10,
+    max_position_embeddings=8,
+)
 
 # ---- watching what is opened and compiled ---------------------------------------------------------
 
@@ -152,8 +160,11 @@ def _hub_snapshot(src: Path, root: Path) -> Path:
 @pytest.mark.parametrize("layout", ["single", "sharded", "hub cache snapshot"])
 def test_good_folders_still_load_with_the_same_logits(good, tmp_path, monkeypatch, layout):
     model, single, sharded = good
-    folder = {"single": single, "sharded": sharded,
-              "hub cache snapshot": _hub_snapshot(sharded, tmp_path) if layout.startswith("hub") else None}[layout]
+    folder = {
+        "single": single,
+        "sharded": sharded,
+        "hub cache snapshot": _hub_snapshot(sharded, tmp_path) if layout.startswith("hub") else None,
+    }[layout]
     with _watch(monkeypatch) as opened:
         config, loaded = models.load_pretrained(folder)
     assert config == CONFIG
@@ -193,7 +204,9 @@ ESCAPES = {
     "../ path": lambda moved, folder: f"../outside/{moved.name}",
     "symlink inside leading out": lambda moved, folder: _symlink_in(folder, moved),
     "subfolder symlink leading out": lambda moved, folder: (
-        (folder / "sub").symlink_to(moved.parent, target_is_directory=True), f"sub/{moved.name}")[1],
+        (folder / "sub").symlink_to(moved.parent, target_is_directory=True),
+        f"sub/{moved.name}",
+    )[1],
 }
 
 
@@ -246,10 +259,10 @@ def _rewrite_header(path: Path, edit) -> None:
     """Edits the JSON header of a safetensors file in place, keeping its data bytes."""
     raw = path.read_bytes()
     n = int.from_bytes(raw[:8], "little")
-    header = json.loads(raw[8:8 + n])
+    header = json.loads(raw[8 : 8 + n])
     edit(header)
     body = json.dumps(header).encode()
-    path.write_bytes(len(body).to_bytes(8, "little") + body + raw[8 + n:])
+    path.write_bytes(len(body).to_bytes(8, "little") + body + raw[8 + n :])
 
 
 def _set(name: str, field: str, value):
@@ -285,17 +298,23 @@ HEADER_CASES = {
     "negative shape": (_set(WTE, "shape", [-64, -16]), [repr(WTE), "'shape'"]),
     "shape missing": (lambda h: h[WTE].pop("shape"), [repr(WTE), "'shape'"]),
     "data_offsets of three": (lambda h: h[WTE]["data_offsets"].append(0), [repr(WTE), "'data_offsets'"]),
-    "data_offsets of strings": (lambda h: h[WTE].update(data_offsets=[str(o) for o in h[WTE]["data_offsets"]]),
-                                [repr(WTE), "'data_offsets'"]),
-    "data_offsets of floats": (lambda h: h[WTE].update(data_offsets=[float(o) for o in h[WTE]["data_offsets"]]),
-                               [repr(WTE), "'data_offsets'"]),
+    "data_offsets of strings": (
+        lambda h: h[WTE].update(data_offsets=[str(o) for o in h[WTE]["data_offsets"]]),
+        [repr(WTE), "'data_offsets'"],
+    ),
+    "data_offsets of floats": (
+        lambda h: h[WTE].update(data_offsets=[float(o) for o in h[WTE]["data_offsets"]]),
+        [repr(WTE), "'data_offsets'"],
+    ),
     "data_offsets reversed": (lambda h: h[WTE].update(data_offsets=h[WTE]["data_offsets"][::-1]), [repr(WTE)]),
     "metadata not strings": (lambda h: h.__setitem__("__metadata__", {"format": 1}), ["'__metadata__'"]),
     # the layout of the bytes
     "overlapping tensors": (_overlap, ["'transformer.h.0.ln_1.weight' overlaps"]),
     "a gap": (lambda h: h.pop(BIAS), ["unused"]),
-    "shape and offsets of a tensor shrunk": (lambda h: h[BIAS].update(shape=[63], data_offsets=[
-        h[BIAS]["data_offsets"][0], h[BIAS]["data_offsets"][1] - 4]), ["unused"]),
+    "shape and offsets of a tensor shrunk": (
+        lambda h: h[BIAS].update(shape=[63], data_offsets=[h[BIAS]["data_offsets"][0], h[BIAS]["data_offsets"][1] - 4]),
+        ["unused"],
+    ),
 }
 
 
@@ -330,8 +349,15 @@ def test_layers_of_different_dtypes_need_a_dtype(good, single, monkeypatch):
     name = "transformer.h.1.mlp.c_fc.weight"
     tensors[name] = tensors[name].astype(np.float16)
     save_file(tensors, path)
-    _rejects(monkeypatch, single, str(path), repr(name), "F16", "transformer.h.0.mlp.c_fc.weight",
-             load=lambda f: models.load_pretrained(f, dtype=None))
+    _rejects(
+        monkeypatch,
+        single,
+        str(path),
+        repr(name),
+        "F16",
+        "transformer.h.0.mlp.c_fc.weight",
+        load=lambda f: models.load_pretrained(f, dtype=None),
+    )
     _, loaded = models.load_pretrained(single)  # converted to float32: fine
     np.testing.assert_array_equal(models.hf_state_dict(loaded)[name], tensors[name].astype(np.float32))
 
@@ -381,9 +407,12 @@ def _replace_with_dir(path: Path) -> None:
 
 
 def test_a_directory_where_a_file_is_expected(single, sharded, monkeypatch):
-    for folder, name in ((single, "config.json"), (single, "model.safetensors"),
-                         (sharded, sorted(p.name for p in sharded.glob("model-*.safetensors"))[1]),
-                         (sharded, "model.safetensors.index.json")):
+    for folder, name in (
+        (single, "config.json"),
+        (single, "model.safetensors"),
+        (sharded, sorted(p.name for p in sharded.glob("model-*.safetensors"))[1]),
+        (sharded, "model.safetensors.index.json"),
+    ):
         path = folder / name
         backup = path.read_bytes()
         _replace_with_dir(path)
@@ -437,22 +466,32 @@ GPT2_CONFIG_CASES = {
 }
 
 LLAMA_CONFIG_CASES = {
-    "heads not a multiple of kv heads": ({"num_key_value_heads": 3},
-                                         ["num_attention_heads=4 is not a multiple of num_key_value_heads=3"]),
-    "hidden_size not divisible by heads": ({"hidden_size": 18},
-                                           ["hidden_size=18 is not divisible by num_attention_heads=4"]),
+    "heads not a multiple of kv heads": (
+        {"num_key_value_heads": 3},
+        ["num_attention_heads=4 is not a multiple of num_key_value_heads=3"],
+    ),
+    "hidden_size not divisible by heads": (
+        {"hidden_size": 18},
+        ["hidden_size=18 is not divisible by num_attention_heads=4"],
+    ),
     "head_dim zero (was silently the default)": ({"head_dim": 0}, ["'head_dim'"]),
     "num_key_value_heads zero": ({"num_key_value_heads": 0}, ["'num_key_value_heads'"]),
     "rope_theta a string": ({"rope_theta": "10000"}, ["'rope_theta'"]),
     "rope_theta inf": ({"rope_theta": float("inf")}, ["'rope_theta'"]),
-    "rope_parameters.rope_theta a string (was ValueError)": ({"rope_parameters": {"rope_theta": "1e4"}},
-                                                             ["'rope_parameters.rope_theta'"]),
-    "rope_parameters.rope_theta zero": ({"rope_parameters": {"rope_type": "default", "rope_theta": 0}},
-                                        ["'rope_parameters.rope_theta'"]),
+    "rope_parameters.rope_theta a string (was ValueError)": (
+        {"rope_parameters": {"rope_theta": "1e4"}},
+        ["'rope_parameters.rope_theta'"],
+    ),
+    "rope_parameters.rope_theta zero": (
+        {"rope_parameters": {"rope_type": "default", "rope_theta": 0}},
+        ["'rope_parameters.rope_theta'"],
+    ),
     "rope_scaling a string (was AttributeError)": ({"rope_scaling": "linear"}, ["'rope_scaling'"]),
     "rope_scaling.rope_type a list": ({"rope_scaling": {"rope_type": ["default"]}}, ["'rope_scaling.rope_type'"]),
-    "rope_scaling unsupported": ({"rope_scaling": {"type": "longrope", "factor": 2.0}},
-                                 ["unsupported rope_scaling.rope_type='longrope'"]),
+    "rope_scaling unsupported": (
+        {"rope_scaling": {"type": "longrope", "factor": 2.0}},
+        ["unsupported rope_scaling.rope_type='longrope'"],
+    ),
     "rms_norm_eps negative": ({"rms_norm_eps": -1e-6}, ["'rms_norm_eps'"]),
     "mlp_bias a string": ({"mlp_bias": "false"}, ["'mlp_bias'"]),
     "hidden_act unsupported": ({"hidden_act": "gelu"}, ["unsupported hidden_act='gelu'"]),
@@ -480,8 +519,11 @@ def test_bad_llama_config(tmp_path, monkeypatch, case):
     _rejects(monkeypatch, tmp_path, str(tmp_path / "config.json"), *needles, load=models.config_from_hf)
 
 
-@pytest.mark.parametrize("text", [b"[" * 100_000, b'{"n_embd": 1' + b"0" * 5000 + b"}", b'{"model_type": "\xff"}'],
-                         ids=["nested too deep", "an int of 5001 digits", "not UTF-8"])
+@pytest.mark.parametrize(
+    "text",
+    [b"[" * 100_000, b'{"n_embd": 1' + b"0" * 5000 + b"}", b'{"model_type": "\xff"}'],
+    ids=["nested too deep", "an int of 5001 digits", "not UTF-8"],
+)
 def test_config_json_python_cannot_parse(single, monkeypatch, text):
     (single / "config.json").write_bytes(text)
     _rejects(monkeypatch, single, f"{single / 'config.json'}: not valid JSON")
@@ -504,9 +546,13 @@ def test_a_symlink_loop(single, monkeypatch):
 
 def test_good_llama_configs_read_as_before(tmp_path):
     # the controls for the cases above: each layout transformers writes
-    for extra, theta in (({}, 10000.0), ({"rope_theta": 500}, 500.0), ({"rope_scaling": None, "rope_theta": 7.0}, 7.0),
-                         ({"rope_parameters": {"rope_type": "default", "rope_theta": 123.0}}, 123.0),
-                         ({"rope_scaling": {"type": "default"}, "head_dim": 8}, 10000.0)):
+    for extra, theta in (
+        ({}, 10000.0),
+        ({"rope_theta": 500}, 500.0),
+        ({"rope_scaling": None, "rope_theta": 7.0}, 7.0),
+        ({"rope_parameters": {"rope_type": "default", "rope_theta": 123.0}}, 123.0),
+        ({"rope_scaling": {"type": "default"}, "head_dim": 8}, 10000.0),
+    ):
         _write_config(tmp_path, {**LLAMA, **extra})
         config = models.config_from_hf(tmp_path)
         assert (config.rope_theta, config.num_key_value_heads, config.num_attention_heads) == (theta, 2, 4)

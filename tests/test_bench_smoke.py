@@ -10,7 +10,6 @@ import json
 import sys
 from pathlib import Path
 
-import equinox as eqx
 import jax
 import numpy as np
 import pytest
@@ -46,19 +45,38 @@ def _plain_weights(model, mesh):
 
     sd = models.hf_state_dict(model)
     layer = lambda name: np.stack([sd[f"transformer.h.{i}.{name}"] for i in range(model.config.n_layer)])  # noqa: E731
-    blocks = {"ln1_w": "ln_1.weight", "ln1_b": "ln_1.bias", "attn_w": "attn.c_attn.weight", "attn_b": "attn.c_attn.bias",
-              "proj_w": "attn.c_proj.weight", "proj_b": "attn.c_proj.bias", "ln2_w": "ln_2.weight", "ln2_b": "ln_2.bias",
-              "up_w": "mlp.c_fc.weight", "up_b": "mlp.c_fc.bias", "down_w": "mlp.c_proj.weight", "down_b": "mlp.c_proj.bias"}
-    g = ref.Gpt2(sd["transformer.wte.weight"], sd["transformer.wpe.weight"], {k: layer(v) for k, v in blocks.items()},
-                 (sd["transformer.ln_f.weight"], sd["transformer.ln_f.bias"]), model.config.n_head)
+    blocks = {
+        "ln1_w": "ln_1.weight",
+        "ln1_b": "ln_1.bias",
+        "attn_w": "attn.c_attn.weight",
+        "attn_b": "attn.c_attn.bias",
+        "proj_w": "attn.c_proj.weight",
+        "proj_b": "attn.c_proj.bias",
+        "ln2_w": "ln_2.weight",
+        "ln2_b": "ln_2.bias",
+        "up_w": "mlp.c_fc.weight",
+        "up_b": "mlp.c_fc.bias",
+        "down_w": "mlp.c_proj.weight",
+        "down_b": "mlp.c_proj.bias",
+    }
+    g = ref.Gpt2(
+        sd["transformer.wte.weight"],
+        sd["transformer.wpe.weight"],
+        {k: layer(v) for k, v in blocks.items()},
+        (sd["transformer.ln_f.weight"], sd["transformer.ln_f.bias"]),
+        model.config.n_head,
+    )
     return jax.device_put(g, ref.shardings(g, mesh))
 
 
 def _adam_moment(state):
     import optax
 
-    adam = [x for x in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState))
-            if isinstance(x, optax.ScaleByAdamState)]
+    adam = [
+        x
+        for x in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState))
+        if isinstance(x, optax.ScaleByAdamState)
+    ]
     return adam[0].mu
 
 
@@ -86,12 +104,13 @@ def test_the_plain_side_is_the_trainers_step_in_plain_jax():
     # the key bias: softmax ignores it, so its gradient is rounding, which Adam scales up to the rate
     D = model["n_embd"]
     for w in (new, plain_model):
-        w.blocks["attn_b"] = w.blocks["attn_b"].at[:, D:2 * D].set(0)
+        w.blocks["attn_b"] = w.blocks["attn_b"].at[:, D : 2 * D].set(0)
     pairs = [(new, plain_model), (_plain_weights(_adam_moment(named.opt_state), mesh), _adam_moment(plain_opt))]
     for ours_tree, theirs_tree in pairs:
         for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(ours_tree), jax.tree.leaves(theirs_tree)):
-            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6,
-                                       err_msg=jax.tree_util.keystr(path))
+            np.testing.assert_allclose(
+                np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6, err_msg=jax.tree_util.keystr(path)
+            )
 
 
 def test_compile_depth_tiny(tmp_path):
@@ -108,7 +127,10 @@ def test_memory_tiny(tmp_path):
     memory.main(["--tiny", "--out", str(tmp_path)])
     row = _load(tmp_path, "memory_tiny")["rows"]["tiny"]
     m = row["memory"]
-    assert m["peak_bytes"] == m["temp_size_in_bytes"] + m["argument_size_in_bytes"] + m["output_size_in_bytes"] - m["alias_size_in_bytes"]
+    assert (
+        m["peak_bytes"]
+        == m["temp_size_in_bytes"] + m["argument_size_in_bytes"] + m["output_size_in_bytes"] - m["alias_size_in_bytes"]
+    )
     assert m["alias_size_in_bytes"] > 0  # the donated state aliases the outputs
 
 
@@ -121,6 +143,7 @@ def test_moe_tiny(tmp_path):
     assert "all-to-all" not in r["placement"]["replicated experts"]["collectives"]
     assert r["placement"]["EP auto"]["collectives"]["all-to-all"] > 0  # the tokens travel to their experts
     assert r["placement"]["EP explicit"]["collectives"]["all-to-all"] > 0
+
 
 def test_data_ckpt_tiny(tmp_path):
     import data_ckpt
@@ -142,7 +165,11 @@ def test_gpu_mfu_driver_runs_the_plan_and_prints_the_table(tmp_path, capsys):
     r = _load(tmp_path, "gpu_mfu_tiny")
     best = r["best"]["tiny"]
     assert r["install"] == "named was importable" and best["tokens_per_s"] > 0 and best["mfu"] is None  # no CPU peak
-    assert best["jax"] == jax.__version__ and "cudnn" in best and "xla_gpu_enable_latency_hiding_scheduler" in best["xla_flags"]
+    assert (
+        best["jax"] == jax.__version__
+        and "cudnn" in best
+        and "xla_gpu_enable_latency_hiding_scheduler" in best["xla_flags"]
+    )
     runs = {(x["model"], x.get("loss_block"), x.get("remat"), x.get("attention"), x.get("mode")): x for x in r["runs"]}
     # runs after the first two take the loss block of the fastest run so far, which depends on timing
     one = {(x.get("remat"), x.get("attention"), x.get("mode")): x for x in r["runs"][3:]}
@@ -158,7 +185,10 @@ def test_gpu_mfu_driver_runs_the_plan_and_prints_the_table(tmp_path, capsys):
     assert "backend is 'cpu'" in attention["cudnn"]["error"] and attention["xla"]["relative_error_vs_f32"]["out"] < 2e-2
     out = capsys.readouterr().out
     block = xla["loss_block"] or ""
-    assert f"| tiny | 8 | {block} | none | xla | auto | tuned | packed | {xla['step_s']['median_s'] * 1e3:,.1f} ms |" in out
+    assert (
+        f"| tiny | 8 | {block} | none | xla | auto | tuned | packed | {xla['step_s']['median_s'] * 1e3:,.1f} ms |"
+        in out
+    )
 
 
 def test_fetch_wheels_asks_for_what_pyproject_pins():

@@ -53,7 +53,9 @@ def loop(blocks, x, *args):
 
 
 def leaves(tree):
-    return [np.asarray(x.array) for x in jax.tree.leaves(tree, is_leaf=nm.is_named_array) if isinstance(x, nm.NamedArray)]
+    return [
+        np.asarray(x.array) for x in jax.tree.leaves(tree, is_leaf=nm.is_named_array) if isinstance(x, nm.NamedArray)
+    ]
 
 
 # ---- per-layer access and editing ------------------------------------------------------------------
@@ -138,7 +140,10 @@ def test_blockseq_init_matches_stacked_and_runs_the_same_interface():
     for a, b in zip(leaves(seq.unstacked()), leaves(s.unstacked())):
         np.testing.assert_array_equal(a, b)
     scale = nm.named(jnp.array([1.0, -1.0, 0.5, 2.0]), (Layers,))  # sliced per layer in both
-    close(jcall(lambda m, x, sc: m.fold(x, sc), seq, x, scale).array, jcall(lambda m, x, sc: m.fold(x, sc), s, x, scale).array)
+    close(
+        jcall(lambda m, x, sc: m.fold(x, sc), seq, x, scale).array,
+        jcall(lambda m, x, sc: m.fold(x, sc), s, x, scale).array,
+    )
     cache = nm.named(jnp.ones((4, 2)), (Layers, Batch))
     got = jcall(lambda m, x, c: m.scan_via("decode")(x, c, shift=1.0), seq, x, cache)
     want = jcall(lambda m, x, c: m.scan_via("decode")(x, c, shift=1.0), s, x, cache)
@@ -151,8 +156,12 @@ def test_blockseq_init_matches_stacked_and_runs_the_same_interface():
 def test_blockseq_holds_different_blocks():
     x = x_input()
     sizes = [3, 5, 7]
-    seq = nn.BlockSeq.init(Layers.resize(3), [lambda *, key, m=m: Block.init(Embed, Mlp.resize(m), key=key) for m in sizes],
-                           key=jax.random.key(4), remat="full")
+    seq = nn.BlockSeq.init(
+        Layers.resize(3),
+        [lambda *, key, m=m: Block.init(Embed, Mlp.resize(m), key=key) for m in sizes],
+        key=jax.random.key(4),
+        remat="full",
+    )
     assert [b.up.weight.axis_size("mlp") for b in seq.unstacked()] == sizes
     out = jcall(lambda m, x: m.fold(x), seq, x)
     close(out.array, jcall(loop, seq.unstacked(), x).array)

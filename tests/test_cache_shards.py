@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from named.trainer.data import ByteTokenizer, DataConfig, DataError, token_stream
-from named.trainer.data import _shards
+from named.trainer.data import ByteTokenizer, DataConfig, DataError, _shards, token_stream
 
 ROOT = Path(__file__).resolve().parents[1]
 N_FILES = 6
@@ -169,4 +168,6 @@ def test_a_build_killed_with_sigkill_resumes_to_the_same_cache(corpus, reference
     build(corpus, cache, again)
     assert len(again.seen) == N_FILES - done
     assert cache_file(cache).read_bytes() == reference[1]
-    assert sorted(p.name for p in cache.iterdir()) == [reference[0]]  # the killed shard's temp file went with its folder
+    assert sorted(p.name for p in cache.iterdir()) == [
+        reference[0]
+    ]  # the killed shard's temp file went with its folder

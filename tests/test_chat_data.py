@@ -13,14 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import transformers
+from _chat_folder import CHATML, CHATS, make_chat_folder, write_chats
 from tokenizers import Tokenizer as HFTok
 
-from named.trainer.data import ByteTokenizer, DataConfig, DataError, Sequences, TokenStream, build_data
-from named.trainer.data import _cache
+from named.trainer.data import ByteTokenizer, DataConfig, DataError, Sequences, TokenStream, _cache, build_data
 from named.trainer.data import chat as chat_api
 from named.trainer.data._packing import LOSS, START
-
-from _chat_folder import CHATML, CHATS, make_chat_folder, write_chats
 
 # ChatML with the assistant's text marked for transformers' return_assistant_tokens_mask: the
 # independent reference for our masks (it renders the same text as CHATML).
@@ -64,8 +62,11 @@ GEMMA = (
 CONVERSATIONS = [
     [{"role": "user", "content": "Hello"}],
     CHATS[1]["messages"],
-    [{"role": "user", "content": "  Spaces ü\n"}, {"role": "assistant", "content": " Trimmed? \n"},
-     {"role": "user", "content": "Yes: {{ not jinja }} <b>&</b>"}],
+    [
+        {"role": "user", "content": "  Spaces ü\n"},
+        {"role": "assistant", "content": " Trimmed? \n"},
+        {"role": "user", "content": "Yes: {{ not jinja }} <b>&</b>"},
+    ],
 ]
 
 
@@ -103,8 +104,14 @@ def hf_tokenizer(path: Path):
 
 def data_cfg(tmp_path, paths, tokenizer, *, seq_len=16, **kw) -> DataConfig:
     source = {"name": "chat", "paths": [str(p) for p in paths], "format": "chat"}
-    return DataConfig(train=[source], tokenizer=str(tokenizer), seq_len=seq_len, val_fraction=0,
-                      cache_dir=str(tmp_path / "cache"), **kw)
+    return DataConfig(
+        train=[source],
+        tokenizer=str(tokenizer),
+        seq_len=seq_len,
+        val_fraction=0,
+        cache_dir=str(tmp_path / "cache"),
+        **kw,
+    )
 
 
 def write_jsonl(path: Path, records) -> Path:
@@ -118,7 +125,8 @@ def write_jsonl(path: Path, records) -> Path:
 @pytest.mark.parametrize("name", ["chatml", "chatml-generation", "llama3", "gemma"])
 def test_templates_render_as_transformers(folder, tmp_path, name):
     template, special, config = {
-        "chatml": (CHATML, (), {}), "chatml-generation": (CHATML_GEN, (), {}),
+        "chatml": (CHATML, (), {}),
+        "chatml-generation": (CHATML_GEN, (), {}),
         "llama3": (LLAMA3, LLAMA3_SPECIAL, {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}),
         "gemma": (GEMMA, (), {"bos_token": "<|endoftext|>", "image_token": "<|im_start|>"}),  # a model's own token
     }[name]
@@ -133,12 +141,16 @@ def test_templates_render_as_transformers(folder, tmp_path, name):
     tools = [{"type": "function", "function": {"name": "f", "description": "é <x>", "parameters": {}}}]
     fmt = chat_api.ChatFormat.load(str(path))
     assert fmt.template.render(CONVERSATIONS[0], tools=tools) == hf.apply_chat_template(
-        CONVERSATIONS[0], tools=tools, tokenize=False)
+        CONVERSATIONS[0], tools=tools, tokenize=False
+    )
 
 
 def test_where_the_template_comes_from(folder, tmp_path):
-    listed = variant(folder, tmp_path / "listed", [{"name": "default", "template": CHATML},
-                                                    {"name": "tool_use", "template": "{{ 'tools' }}"}])
+    listed = variant(
+        folder,
+        tmp_path / "listed",
+        [{"name": "default", "template": CHATML}, {"name": "tool_use", "template": "{{ 'tools' }}"}],
+    )
     jinja = variant(folder, tmp_path / "jinja", CHATML)
     (jinja / "chat_template.jinja").write_text(GEMMA)  # transformers prefers the file to the config's
     for path in (listed, jinja):
@@ -146,8 +158,10 @@ def test_where_the_template_comes_from(folder, tmp_path):
         assert chat_api.render_prompt(str(path), CHATS[1]["messages"], False) == want
     given = tmp_path / "given.jinja"
     given.write_text("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}")
-    assert chat_api.render_prompt(str(folder), CHATS[1]["messages"][:1], False, chat_template=str(given)) == \
-        "user: Capital of France?\n"
+    assert (
+        chat_api.render_prompt(str(folder), CHATS[1]["messages"][:1], False, chat_template=str(given))
+        == "user: Capital of France?\n"
+    )
 
 
 def test_raise_exception_is_a_data_error_like_transformers_refusal(folder, tmp_path):
@@ -155,8 +169,11 @@ def test_raise_exception_is_a_data_error_like_transformers_refusal(folder, tmp_p
     system = CHATS[0]["messages"]
     with pytest.raises(Exception, match="System role not supported"):
         hf_tokenizer(path).apply_chat_template(system, tokenize=False)
-    with pytest.raises(DataError, match=r"chat template .*tokenizer_config.json.* failed to render: "
-                                        r"raise_exception\('System role not supported'\)"):
+    with pytest.raises(
+        DataError,
+        match=r"chat template .*tokenizer_config.json.* failed to render: "
+        r"raise_exception\('System role not supported'\)",
+    ):
         chat_api.render_prompt(str(path), system)
 
 
@@ -180,8 +197,9 @@ def _reference_stream(hf, records):
     ids, doc, loss = [], [], []
     for d, r in enumerate(records):
         if "messages" in r:
-            out = hf.apply_chat_template(r["messages"], tokenize=True, return_dict=True,
-                                         return_assistant_tokens_mask=True)
+            out = hf.apply_chat_template(
+                r["messages"], tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+            )
             t, m = out["input_ids"], out["assistant_masks"]
         else:
             p = hf(r["prompt"], add_special_tokens=False)["input_ids"]
@@ -205,8 +223,11 @@ def test_the_mask_is_the_assistant_tokens(folder, tmp_path, name, chats):
         plain = LLAMA3.replace("{% generation %}", "").replace("{% endgeneration %}", "")
         ours = variant(folder, tmp_path / "plain", plain, **special)
         reference = variant(folder, tmp_path / "gen", LLAMA3, **special)
-        records = [{"messages": [{"role": "system", "content": "Be brief. "}, *m["messages"][-2:]]}
-                   for m in CHATS if "messages" in m] * 3
+        records = [
+            {"messages": [{"role": "system", "content": "Be brief. "}, *m["messages"][-2:]]}
+            for m in CHATS
+            if "messages" in m
+        ] * 3
         end = "<|eot_id|>"
     path = write_jsonl(tmp_path / "chats.jsonl", records)
     data = build_data(data_cfg(tmp_path, [path], ours, seq_len=16))
@@ -240,10 +261,14 @@ def test_the_mask_is_the_assistant_tokens(folder, tmp_path, name, chats):
 
 def test_byte_tokenizer_and_a_template_file(tmp_path):
     template = tmp_path / "t.jinja"
-    template.write_text("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</>{% endfor %}"
-                        "{% if add_generation_prompt %}<assistant>{% endif %}")
-    records = [{"messages": [{"role": "user", "content": "hé"}, {"role": "assistant", "content": "ça va"}]},
-               {"prompt": "1+1=", "completion": "2"}]
+    template.write_text(
+        "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</>{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
+    records = [
+        {"messages": [{"role": "user", "content": "hé"}, {"role": "assistant", "content": "ça va"}]},
+        {"prompt": "1+1=", "completion": "2"},
+    ]
     path = write_jsonl(tmp_path / "c.jsonl", records)
     data = build_data(data_cfg(tmp_path, [path], "byte", seq_len=8, chat_template=str(template)))
     stream = data.train.stream
@@ -258,11 +283,17 @@ def test_tool_messages_when_the_template_knows_them(tmp_path):
     template.write_text(
         "{% for m in messages %}<{{ m['role'] }}>"
         "{% if m['role'] == 'assistant' and m['tool_calls'] is defined %}{{ m['tool_calls'] | tojson }}"
-        "{% else %}{{ m['content'] }}{% endif %}</>{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}")
+        "{% else %}{{ m['content'] }}{% endif %}</>{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
     call = [{"type": "function", "function": {"name": "add", "arguments": {"a": 1}}}]
-    record = {"messages": [{"role": "user", "content": "1+1?"},
-                           {"role": "assistant", "content": None, "tool_calls": call},
-                           {"role": "tool", "content": "2"}, {"role": "assistant", "content": "Two."}]}
+    record = {
+        "messages": [
+            {"role": "user", "content": "1+1?"},
+            {"role": "assistant", "content": None, "tool_calls": call},
+            {"role": "tool", "content": "2"},
+            {"role": "assistant", "content": "Two."},
+        ]
+    }
     path = write_jsonl(tmp_path / "c.jsonl", [record] * 2)
     stream = build_data(data_cfg(tmp_path, [path], "byte", seq_len=8, chat_template=str(template))).train.stream
     tokens, flags = np.asarray(stream.arrays[0]), np.asarray(stream.flags[0])
@@ -319,10 +350,11 @@ def test_packing_flagged_and_plain_arrays_matches_a_reference(seq_len):
         assert batch.loss_mask[r].tolist() == mask
     # the rows of a split, concatenated, keep their flags
     half = len(seqs) // 2
-    joined = Sequences.concat([Sequences(seqs.stream, seq_len, half, len(seqs) - half),
-                               Sequences(seqs.stream, seq_len, 0, half)])
+    joined = Sequences.concat(
+        [Sequences(seqs.stream, seq_len, half, len(seqs) - half), Sequences(seqs.stream, seq_len, 0, half)]
+    )
     again = joined.rows(np.arange(len(joined)))
-    order = np.r_[half:len(seqs), 0:half]
+    order = np.r_[half : len(seqs), 0:half]
     for a, b in zip(again, batch):
         np.testing.assert_array_equal(a, b[order])
 
@@ -330,9 +362,16 @@ def test_packing_flagged_and_plain_arrays_matches_a_reference(seq_len):
 def test_a_mixture_of_chat_and_text_and_held_out_validation(folder, chats, tmp_path):
     text = tmp_path / "t.txt"
     text.write_text("The quick brown fox jumps over the lazy dog. " * 20)
-    cfg = DataConfig(train=[{"name": "chat", "paths": [str(chats)], "format": "chat", "weight": 1},
-                            {"name": "text", "paths": [str(text)], "weight": 1}],
-                     tokenizer=str(folder), seq_len=16, val_fraction=0.2, cache_dir=str(tmp_path / "cache"))
+    cfg = DataConfig(
+        train=[
+            {"name": "chat", "paths": [str(chats)], "format": "chat", "weight": 1},
+            {"name": "text", "paths": [str(text)], "weight": 1},
+        ],
+        tokenizer=str(folder),
+        seq_len=16,
+        val_fraction=0.2,
+        cache_dir=str(tmp_path / "cache"),
+    )
     data = build_data(cfg)
     chat_rows, text_rows = data.validation_sources["chat"], data.validation_sources["text"]
     b_chat, b_text = chat_rows.rows(np.arange(len(chat_rows))), text_rows.rows(np.arange(len(text_rows)))
@@ -389,27 +428,43 @@ def test_text_sources_are_untouched_by_chat_support(tmp_path):
 
 GOOD = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]}
 BAD = {
-    "no messages": ({"text": "hi"},
-                    r"a chat record needs 'messages' .* or 'prompt' and 'completion'; its keys: 'text'"),
+    "no messages": (
+        {"text": "hi"},
+        r"a chat record needs 'messages' .* or 'prompt' and 'completion'; its keys: 'text'",
+    ),
     "not an object": ([1, 2], r"expected an object with 'messages', or 'prompt' and 'completion'; got an array"),
     "empty messages": ({"messages": []}, r"'messages' must be a non-empty list .* got an empty list"),
     "messages not a list": ({"messages": "hi"}, r"'messages' must be a non-empty list .* got a string"),
-    "unknown role": ({"messages": [{"role": "bot", "content": "x"}]}, r"messages\[0\]: unknown role 'bot'; roles: "
-                                                                     r"system, user, assistant$"),
-    "no role": ({"messages": [{"content": "x"}]}, r"messages\[0\] has no 'role' field; give each message a role: "
-                                                 r"system, user, assistant$"),
+    "unknown role": (
+        {"messages": [{"role": "bot", "content": "x"}]},
+        r"messages\[0\]: unknown role 'bot'; roles: "
+        r"system, user, assistant$",
+    ),
+    "no role": (
+        {"messages": [{"content": "x"}]},
+        r"messages\[0\] has no 'role' field; give each message a role: "
+        r"system, user, assistant$",
+    ),
     "null role": ({"messages": [{"role": None, "content": "x"}]}, r"messages\[0\] has a null 'role'; give each "),
-    "tool role without tools": ({"messages": [{"role": "tool", "content": "x"}]},
-                                r"messages\[0\]: unknown role 'tool' \(the chat template .* has no tool messages\)"),
+    "tool role without tools": (
+        {"messages": [{"role": "tool", "content": "x"}]},
+        r"messages\[0\]: unknown role 'tool' \(the chat template .* has no tool messages\)",
+    ),
     "message not an object": ({"messages": ["hi"]}, r"messages\[0\] must be an object with 'role' and 'content'"),
-    "content parts": ({"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}]},
-                      r"messages\[0\]: 'content' must be a string, got an array"),
+    "content parts": (
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}]},
+        r"messages\[0\]: 'content' must be a string, got an array",
+    ),
     "no content": ({"messages": [{"role": "user"}]}, r"messages\[0\]: 'content' must be a string, got missing"),
-    "blank assistant": ({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": " "}]},
-                        r"messages\[1\]: an assistant message with blank content"),
+    "blank assistant": (
+        {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": " "}]},
+        r"messages\[1\]: an assistant message with blank content",
+    ),
     "no assistant": ({"messages": [{"role": "user", "content": "Hi"}]}, r"no assistant message, so no token"),
-    "both kinds": ({**GOOD, "prompt": "a", "completion": "b"},
-                   r"a record has either 'messages' or 'prompt' and 'completion', not both"),
+    "both kinds": (
+        {**GOOD, "prompt": "a", "completion": "b"},
+        r"a record has either 'messages' or 'prompt' and 'completion', not both",
+    ),
     "prompt only": ({"prompt": "a"}, r"'completion' must be a string, got missing"),
     "blank completion": ({"prompt": "a", "completion": ""}, r"'completion' is blank"),
     "tools not a list": ({**GOOD, "tools": "x"}, r"'tools' must be a list of objects"),
@@ -439,16 +494,22 @@ def test_bad_templates(folder, chats, tmp_path):
     with pytest.raises(DataError, match=rf"{chats}:1: the chat template {failing} failed to render: TypeError"):
         build_data(data_cfg(tmp_path, [chats], folder, chat_template=str(failing)))
     gemma = variant(folder, tmp_path / "gemma", GEMMA, bos_token="<|endoftext|>")
-    with pytest.raises(DataError, match=rf"{chats}:1: the chat template .*gemma.*failed to render: "
-                                        r"raise_exception\('System role not supported'\)"):
+    with pytest.raises(
+        DataError,
+        match=rf"{chats}:1: the chat template .*gemma.*failed to render: "
+        r"raise_exception\('System role not supported'\)",
+    ):
         build_data(data_cfg(tmp_path, [chats], gemma))
     assert _cache_files(tmp_path) == []
 
 
 def test_a_folder_without_a_template(folder, chats, tmp_path):
     bare = variant(folder, tmp_path / "bare", None)
-    with pytest.raises(DataError, match=rf"{chats}:1: a conversation needs a chat template and {bare} has none "
-                                        r".*give a Jinja file as data.chat_template"):
+    with pytest.raises(
+        DataError,
+        match=rf"{chats}:1: a conversation needs a chat template and {bare} has none "
+        r".*give a Jinja file as data.chat_template",
+    ):
         build_data(data_cfg(tmp_path, [chats], bare))
     with pytest.raises(DataError, match=r"has none"):
         chat_api.render_prompt(str(bare), GOOD["messages"])
@@ -471,13 +532,17 @@ def test_bad_source_settings(folder, chats, tmp_path):
     with pytest.raises(DataError, match=r"chat data needs the byte tokenizer or a tokenizer.json"):
         build_data(data_cfg(tmp_path, [chats], folder), tokenizer=_OtherTokenizer())
     template = tmp_path / "t.jinja"
-    template.write_text("{% for m in messages %}{% if m['role'] != 'assistant' %}{{ m['content'] }}{% endif %}"
-                        "{% endfor %}")
+    template.write_text(
+        "{% for m in messages %}{% if m['role'] != 'assistant' %}{{ m['content'] }}{% endif %}{% endfor %}"
+    )
     with pytest.raises(DataError, match=r":1: the chat template .* renders nothing for message 2 \(assistant\)"):
         build_data(data_cfg(tmp_path, [chats], "byte", chat_template=str(template)))
     template.write_text("{% for m in messages %}{{ m['content'] }}{% if loop.last %}!{% endif %}{% endfor %}")
-    with pytest.raises(DataError, match=r":1: the chat template .* renders message 2 \(assistant\) differently "
-                                        r"depending on what follows it"):
+    with pytest.raises(
+        DataError,
+        match=r":1: the chat template .* renders message 2 \(assistant\) differently "
+        r"depending on what follows it",
+    ):
         build_data(data_cfg(tmp_path, [chats], "byte", chat_template=str(template)))
     assert _cache_files(tmp_path) == []
 
@@ -501,12 +566,24 @@ def test_sft_from_the_folder_lowers_the_assistant_loss(folder, chats, tmp_path):
     from named.trainer.config import load_config
     from named.trainer.loop.train import train
 
-    over = {"model.init_from_hf": str(folder), "trainer.num_train_steps": 8, "trainer.train_batch_size": 8,
-            "trainer.log_interval": 1, "trainer.eval_interval": 0, "trainer.progress_bar": "false",
-            "trainer.run_dir": str(tmp_path / "run"), "optimizer.warmup_steps": 0, "optimizer.learning_rate": 3e-3,
-            "data.train": f"[{{name: chat, paths: [{chats}], format: chat}}]", "data.seq_len": 32,
-            "data.val_fraction": 0, "data.cache_dir": str(tmp_path / "cache"), "mesh.shape": "{data: 8}",
-            "mesh.param_mapping": "{embed: data}", "tracker.console": "false"}
+    over = {
+        "model.init_from_hf": str(folder),
+        "trainer.num_train_steps": 8,
+        "trainer.train_batch_size": 8,
+        "trainer.log_interval": 1,
+        "trainer.eval_interval": 0,
+        "trainer.progress_bar": "false",
+        "trainer.run_dir": str(tmp_path / "run"),
+        "optimizer.warmup_steps": 0,
+        "optimizer.learning_rate": 3e-3,
+        "data.train": f"[{{name: chat, paths: [{chats}], format: chat}}]",
+        "data.seq_len": 32,
+        "data.val_fraction": 0,
+        "data.cache_dir": str(tmp_path / "cache"),
+        "mesh.shape": "{data: 8}",
+        "mesh.param_mapping": "{embed: data}",
+        "tracker.console": "false",
+    }
     cfg = load_config(None, [x for k, v in over.items() for x in (f"--{k}", str(v))])
     assert cfg.data.train[0]["format"] == "chat" and cfg.data.tokenizer == str(folder)
     result = train(cfg)

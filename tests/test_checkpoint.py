@@ -12,13 +12,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from _procs import run_workers
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import named as nm
 from named.trainer import checkpoint as ck
-from named.trainer.checkpoint import CheckpointError, CheckpointWarning, Checkpointer
-
-from _procs import run_workers
+from named.trainer.checkpoint import Checkpointer, CheckpointError, CheckpointWarning
 
 
 class Block(eqx.Module):
@@ -198,7 +198,9 @@ def test_edge_shapes_and_dtypes_and_partial_replication(tmp_path):
     path = ck.save_checkpoint(tmp_path, 0, tree)
     commit = ck.verify_checkpoint(path)
     half_dir = next(r["dir"] for r in commit["leaves"] if r["path"] == "['half']")
-    assert sorted(f for f in commit["files"] if f.startswith(half_dir + "/c/")) == [f"{half_dir}/c/{i}/0" for i in range(4)]
+    assert sorted(f for f in commit["files"] if f.startswith(half_dir + "/c/")) == [
+        f"{half_dir}/c/{i}/0" for i in range(4)
+    ]
     out, _ = ck.restore(path, abstract(tree))
     assert_bitwise_equal(out, tree)
     assert out["half"].sharding == half and out["empty"].shape == (0, 3)

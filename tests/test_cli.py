@@ -34,11 +34,14 @@ def test_unknown_config_names_the_choices(capsys):
     assert "not both" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("override, expected", [
-    (["--mesh.param_mapping", "{}"], {}),  # FSDP -> DP: draccus alone would have kept embed: data
-    (["--mesh.param_mapping={mlp: data}"], {"mlp": "data"}),
-    ([], {"embed": "data"}),
-])
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        (["--mesh.param_mapping", "{}"], {}),  # FSDP -> DP: draccus alone would have kept embed: data
+        (["--mesh.param_mapping={mlp: data}"], {"mlp": "data"}),
+        ([], {"embed": "data"}),
+    ],
+)
 def test_a_mapping_on_the_command_line_replaces_the_yaml(override, expected):
     cfg = load_config(ROOT / "config/gpt2_nano_fsdp.yaml", override)
     assert cfg.mesh.param_mapping == expected
@@ -52,8 +55,9 @@ def test_replaced_mappings_are_still_checked(capsys):
     assert "--mesh.compute_mapping" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("main, prog", [(cli.main_train, "named-train"), (cli.main_plan, "named-plan"),
-                                        (cli.main_sample, "named-sample")])
+@pytest.mark.parametrize(
+    "main, prog", [(cli.main_train, "named-train"), (cli.main_plan, "named-plan"), (cli.main_sample, "named-sample")]
+)
 def test_without_the_training_extras_one_line_says_what_to_install(monkeypatch, capsys, main, prog):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "draccus" else real(name, *a))

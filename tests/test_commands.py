@@ -25,7 +25,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from _procs import xla_flags
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,7 +84,9 @@ def test_page_commands_run_as_written(page, checkout):
         if command in _ran:
             continue
         _ran.add(command)
-        done = subprocess.run(["bash", "-c", command], cwd=checkout, env=env, capture_output=True, text=True,
-                              timeout=900)
+        done = subprocess.run(
+            ["bash", "-c", command], cwd=checkout, env=env, capture_output=True, text=True, timeout=900
+        )
         assert done.returncode == 0 and "Traceback" not in done.stderr, (
-            f"{page}: `{command}` exited {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+            f"{page}: `{command}` exited {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+        )

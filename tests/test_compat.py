@@ -73,8 +73,9 @@ def test_only_the_compat_module_depends_on_the_jax_version():
     offenders = []
     for what, pattern in VERSION_DEPENDENT.items():
         assert re.search(pattern, compat, re.M), f"pattern for {what} matches nothing in _compat.py"
-        offenders += [f"{p.relative_to(ROOT)}: {what}" for p in sources
-                      if p != COMPAT and re.search(pattern, _code(p), re.M)]
+        offenders += [
+            f"{p.relative_to(ROOT)}: {what}" for p in sources if p != COMPAT and re.search(pattern, _code(p), re.M)
+        ]
     for what, pattern in REMOVED_OR_RENAMED.items():
         offenders += [f"{p.relative_to(ROOT)}: {what}" for p in sources if re.search(pattern, _code(p), re.M)]
     assert offenders == []
@@ -108,8 +109,10 @@ def test_threefry_partitionable_is_on_and_random_init_is_mesh_independent():
 
 
 def test_backends_initialized_before_and_after_first_use():
-    code = ("from named._compat import backends_initialized as b; before = b(); import jax; jax.devices(); "
-            "print(before, b())")
+    code = (
+        "from named._compat import backends_initialized as b; before = b(); import jax; jax.devices(); "
+        "print(before, b())"
+    )
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.stdout.split() == ["False", "True"], out.stderr[-2000:]
@@ -120,8 +123,13 @@ def test_distributed_client_is_none_without_initialize():
     assert jax.process_count() == 1 and _compat.distributed_client() is None
 
 
-SLURM = {"SLURM_JOB_ID": "7", "SLURM_STEP_NODELIST": "node1", "SLURM_NTASKS": "2", "SLURM_PROCID": "0",
-         "SLURM_LOCALID": "0"}
+SLURM = {
+    "SLURM_JOB_ID": "7",
+    "SLURM_STEP_NODELIST": "node1",
+    "SLURM_NTASKS": "2",
+    "SLURM_PROCID": "0",
+    "SLURM_LOCALID": "0",
+}
 
 
 def test_cluster_detected_reads_the_environment(monkeypatch):
@@ -137,8 +145,9 @@ def test_cluster_detected_reads_the_environment(monkeypatch):
 def test_shard_map_runs_a_collective_and_checks_varying_outputs():
     mesh = nm.make_mesh({"data": -1})
     x = np.arange(len(jax.devices()) * 3, dtype=np.float32).reshape(len(jax.devices()), 3)
-    total = _compat.shard_map(lambda b: jax.lax.psum(b, "data"), mesh=mesh, in_specs=P("data"), out_specs=P(),
-                              check_vma=True)(x)
+    total = _compat.shard_map(
+        lambda b: jax.lax.psum(b, "data"), mesh=mesh, in_specs=P("data"), out_specs=P(), check_vma=True
+    )(x)
     np.testing.assert_allclose(np.asarray(total), x.sum(0, keepdims=True))
     # check_vma=True refuses a block that varies over "data" returned as if replicated
     with pytest.raises(Exception, match="vary|varying|replicat"):

@@ -21,14 +21,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from _procs import xla_flags
 import yaml
+from _chat_folder import make_chat_folder
+from _procs import xla_flags
+from test_bad_input import no_compile  # noqa: F401 (autouse: nothing compiles)
 
 from named.trainer.commands import cli
-
-from _chat_folder import make_chat_folder
-from test_bad_input import no_compile  # noqa: F401 (autouse: nothing compiles)
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "config").glob("*.yaml"))
@@ -101,7 +99,7 @@ def mutate(d: dict, kind: str, rng: random.Random) -> tuple[str, str | None]:
         return yaml.safe_dump(d, sort_keys=False), ".".join(path)
     if kind == "out of range":
         path, _ = rng.choice([(p, v) for p, v in leaves if isinstance(v, (int, float)) and not isinstance(v, bool)])
-        _set(d, path, rng.choice([-1, 0, -10**6, 10**12, -0.5, 1e300]))
+        _set(d, path, rng.choice([-1, 0, -(10**6), 10**12, -0.5, 1e300]))
         return yaml.safe_dump(d, sort_keys=False), None
     if kind == "not finite":
         path, _ = rng.choice([(p, v) for p, v in leaves if isinstance(v, (int, float)) and not isinstance(v, bool)])
@@ -179,8 +177,9 @@ def test_mutated_config(corpus, tmp_path, capsys, monkeypatch, case):
     if config.name in CPU_SIZED:
         # the CLI's num_train_steps replaces the file's, so a mutation of that key decides nothing here
         masked = expect == "trainer.num_train_steps" and kind != "duplicate"
-        code, stderr, err = _run(cli.main_train, ["--config_path", str(path), "--trainer.num_train_steps", "0"], capsys,
-                                 monkeypatch)
+        code, stderr, err = _run(
+            cli.main_train, ["--config_path", str(path), "--trainer.num_train_steps", "0"], capsys, monkeypatch
+        )
         _check(code, stderr, err, None if masked else expect, "named-train " + what)
         assert not run_dir.exists()
 
@@ -209,7 +208,9 @@ def test_every_config_passes_the_explicit_mode_checks(corpus, tmp_path, capsys, 
     for config in CONFIGS:
         path = tmp_path / config.name
         path.write_text(yaml.safe_dump(_base(config, corpus, tmp_path / "run"), sort_keys=False))
-        code, out = _run(cli.main_plan, ["--config_path", str(path), "--mesh.mode", "explicit"], capsys, monkeypatch)[:2]
+        code, out = _run(cli.main_plan, ["--config_path", str(path), "--mesh.mode", "explicit"], capsys, monkeypatch)[
+            :2
+        ]
         assert code == 0, (config, out)
 
 
@@ -217,8 +218,13 @@ def test_every_config_passes_the_explicit_mode_checks(corpus, tmp_path, capsys, 
 _NANO, _TINY = [c.name for c in CONFIGS].index("gpt2_nano.yaml"), [c.name for c in CONFIGS].index("llama_tiny.yaml")
 
 
-@pytest.mark.parametrize("script, case", [("named-plan", len(CONFIGS) * KINDS.index("duplicate") + _NANO),
-                                          ("named-train", len(CONFIGS) * KINDS.index("unknown key") + _TINY)])
+@pytest.mark.parametrize(
+    "script, case",
+    [
+        ("named-plan", len(CONFIGS) * KINDS.index("duplicate") + _NANO),
+        ("named-train", len(CONFIGS) * KINDS.index("unknown key") + _TINY),
+    ],
+)
 def test_console_scripts(corpus, tmp_path, script, case):
     # one duplicate-key case and one unknown-key case, through the installed console scripts
     rng = random.Random(case)
@@ -231,8 +237,14 @@ def test_console_scripts(corpus, tmp_path, script, case):
     path.write_text(text)
     env = {**os.environ, "XLA_FLAGS": xla_flags(8), "JAX_PLATFORMS": "cpu"}
     extra = ["--trainer.num_train_steps", "0"] if script == "named-train" else []
-    r = subprocess.run([str(Path(sys.executable).parent / script), "--config_path", str(path), *extra], cwd=tmp_path,
-                       env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [str(Path(sys.executable).parent / script), "--config_path", str(path), *extra],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 2, r.stderr[-2000:]
     assert r.stderr.startswith("error: ") and expect in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert not run_dir.exists()

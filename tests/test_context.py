@@ -60,8 +60,12 @@ def test_equal_mappings_share_a_program_whatever_their_order_or_container(mesh):
     traces = []
     f = jax.jit(lambda x: traces.append(1) or nm.shard(x + 1))
     with jax.set_mesh(mesh):
-        for m in ({"batch": "data", "embed": "model"}, {"embed": "model", "batch": "data"},
-                  {"embed": ["model"], "batch": "data"}, {"embed": ("model",), "batch": "data"}):
+        for m in (
+            {"batch": "data", "embed": "model"},
+            {"embed": "model", "batch": "data"},
+            {"embed": ["model"], "batch": "data"},
+            {"embed": ("model",), "batch": "data"},
+        ):
             with nm.axis_mapping(m):
                 f(X)
     assert len(traces) == 2  # a one-element tuple is a different (if equivalent) mapping value
@@ -166,8 +170,9 @@ def test_ambient_state_lives_in_context_under_one_rule():
     contextvars.ContextVar there is the trace-local collective order, which its docstring names."""
     src = pathlib.Path(nm.__file__).parent
     stateful = re.compile(r"ContextVar\(|threading\.local\(|make_user_context\(")
-    elsewhere = sorted(str(f.relative_to(src)) for f in src.rglob("*.py")
-                       if f.name != "_context.py" and stateful.search(f.read_text()))
+    elsewhere = sorted(
+        str(f.relative_to(src)) for f in src.rglob("*.py") if f.name != "_context.py" and stateful.search(f.read_text())
+    )
     assert elsewhere == []
     context = (src / "_context.py").read_text()
     assert len(re.findall(r"ContextVar\(", context)) == 1 and "collective order" in context.split('"""')[1]

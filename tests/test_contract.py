@@ -90,8 +90,12 @@ def with_extra(x: nm.NamedArray, seed: int = 2) -> nm.NamedArray:
 
 def describe(out) -> str:
     leaves = jax.tree.leaves(out, is_leaf=nm.is_named_array)
-    return ", ".join(repr(leaf)[:80] if not isinstance(leaf, nm.NamedArray) else f"NamedArray{leaf.shape}"
-                     for leaf in leaves[:3]) or repr(out)[:80]
+    return (
+        ", ".join(
+            repr(leaf)[:80] if not isinstance(leaf, nm.NamedArray) else f"NamedArray{leaf.shape}" for leaf in leaves[:3]
+        )
+        or repr(out)[:80]
+    )
 
 
 def refused(thunk: Callable[[], Any], exc: type = nm.NamedError, *words: str) -> None:
@@ -146,8 +150,9 @@ def per_slice(call: Callable[[nm.NamedArray], Any], x: nm.NamedArray, axis: str 
     slice ``i`` of the result is ``call`` of slice ``i`` of ``x``."""
     out = runs(lambda: call(x))
     leaves = _named_leaves(out)
-    assert leaves and all(isinstance(v, nm.NamedArray) and axis in v.names for v in leaves), \
+    assert leaves and all(isinstance(v, nm.NamedArray) and axis in v.names for v in leaves), (
         f"the extra axis {axis!r} is not in every result: {describe(out)}"
+    )
     for i in range(x.axis_size(axis)):
         same(jax.tree.map(lambda v: v[axis, i], out, is_leaf=nm.is_named_array), call(x[axis, i]), f"slice {axis}={i}")
 
@@ -217,6 +222,7 @@ def must(thunk: Callable[[], Any], exc: type = nm.NamedError, *words: str) -> Ca
 def gives(thunk: Callable[[], Any], want: Callable[[], Any]) -> Callable[[], None]:
     """A check: ``thunk()`` gives what ``want()`` gives (a NamedArray: the same axes and entries; else the
     same entries, as numpy's reference)."""
+
     def check():
         got, expected = runs(thunk), want()
         if isinstance(expected, nm.NamedArray):
@@ -237,6 +243,7 @@ def checks(*cs: Callable[[], None]) -> Callable[[], None]:
 
 def by_member(table: dict[str, dict[str, Callable[[], None]]], column: str):
     """A column's probe that runs each member's own check for it (a member without one has no such input)."""
+
     def probe(name, fn):
         case = table[name].get(column)
         if case is not None:
@@ -333,13 +340,20 @@ UNARY = kind(
     "nm.angle nm.absolute nm.fabs nm.positive nm.rint nm.degrees nm.radians nm.conjugate nm.i0 nm.isneginf "
     "nm.isposinf nm.isreal nm.iscomplex nm.bitwise_invert nn.celu nn.selu nn.hard_sigmoid nn.hard_silu nn.hard_tanh "
     "nn.soft_sign nn.mish nn.relu_squared nn.quick_gelu",
-    plain=Rule("an array with dimensions: `AxisError` (wrap it with `nm.named`); a 0-d array or a number is a scalar",
-               _elementwise_plain),
+    plain=Rule(
+        "an array with dimensions: `AxisError` (wrap it with `nm.named`); a 0-d array or a number is a scalar",
+        _elementwise_plain,
+    ),
     extra=Rule("kept: computed entry by entry", _unary_extra),
-    zero=Rule("an empty result with the same axes",
-              lambda name, fn: _same_names(abstract(fn, *_operands(name, fn, (A, Z))), ("a", "z"))),
-    dtype=Rule("jnp's promotion; a dtype jnp refuses (a float into a bitwise op, a bool into `negative`): "
-               "`ArgumentTypeError` naming the dtype", _elementwise_dtype),
+    zero=Rule(
+        "an empty result with the same axes",
+        lambda name, fn: _same_names(abstract(fn, *_operands(name, fn, (A, Z))), ("a", "z")),
+    ),
+    dtype=Rule(
+        "jnp's promotion; a dtype jnp refuses (a float into a bitwise op, a bool into `negative`): "
+        "`ArgumentTypeError` naming the dtype",
+        _elementwise_dtype,
+    ),
 )
 
 
@@ -374,9 +388,12 @@ kind(
     plain=UNARY.rules["plain"],
     extra=Rule("the union of the operands' axes, each entry from the entries it broadcasts from", _union_case),
     size=Rule("`AxisError` naming the axis and both sizes", _mismatch_case),
-    zero=Rule("an empty result over the union of the axes",
-              lambda name, fn: _same_names(abstract(fn, *_operands(name, fn, (A, Z), *[(Z,)] * (_arity(name) - 1))),
-                                           ("a", "z"))),
+    zero=Rule(
+        "an empty result over the union of the axes",
+        lambda name, fn: _same_names(
+            abstract(fn, *_operands(name, fn, (A, Z), *[(Z,)] * (_arity(name) - 1))), ("a", "z")
+        ),
+    ),
     dtype=UNARY.rules["dtype"],
 )
 
@@ -393,6 +410,7 @@ def _np_reduction(name: str):
 
 def _where_probe(check):
     """A probe for the members that take ``where=``; the others have no such input."""
+
     def probe(name, fn):
         if takes(fn, "where"):
             check(name, fn)
@@ -415,43 +433,76 @@ kind(
     "reductions over names",
     "nm.sum nm.mean nm.prod nm.max nm.min nm.std nm.var nm.logsumexp nm.any nm.all nm.nansum nm.nanmean nm.nanprod "
     "nm.nanstd nm.nanvar nm.nanmax nm.nanmin nm.amax nm.amin nm.median nm.nanmedian nm.ptp nm.count_nonzero",
-    plain=Rule("reduced whole to a 0-d NamedArray (Haliax's `nm.all(a == b)`); an `axis` is refused "
-               "(`ArgumentTypeError`: a plain array has no names)", _reduction_plain),
-    missing=Rule("`AxisError` naming it and the array's axes; a name given twice too",
-                 lambda name, fn: (refused(lambda: fn(X, "nope"), nm.AxisError, "'nope'", "a=3, b=4"),
-                                   refused(lambda: fn(X, ("a", "a")), nm.AxisError, "'a'", "twice"))),
+    plain=Rule(
+        "reduced whole to a 0-d NamedArray (Haliax's `nm.all(a == b)`); an `axis` is refused "
+        "(`ArgumentTypeError`: a plain array has no names)",
+        _reduction_plain,
+    ),
+    missing=Rule(
+        "`AxisError` naming it and the array's axes; a name given twice too",
+        lambda name, fn: (
+            refused(lambda: fn(X, "nope"), nm.AxisError, "'nope'", "a=3, b=4"),
+            refused(lambda: fn(X, ("a", "a")), nm.AxisError, "'a'", "twice"),
+        ),
+    ),
     extra=Rule("kept; a `where=` mask with an axis the array lacks: `AxisError`", _reduction_extra),
-    size=Rule("a `where=` mask with another size: `AxisError` naming the axis",
-              _where_probe(lambda name, fn: refused(lambda: fn(X, "b", where=resized(MASK_B, "b", 5) > 0),
-                                                    nm.AxisError, "'b'"))),
-    zero=Rule("numpy's result (sum 0, prod 1, any False, all True, logsumexp -inf, count 0; mean, var, std and "
-              "median NaN); where numpy has none (max, min, ptp of nothing): `AxisError` naming the axis",
-              lambda name, fn: numpy_or_refused(lambda: fn(values(A, Z), "z"),
-                                                lambda: _np_reduction(name)(np.ones((3, 0), np.float32), axis=1),
-                                                nm.AxisError, "'z'")),
-    dtype=Rule("a bool or int array reduces as in numpy; a `where=` mask that is not boolean: `ArgumentTypeError`",
-               lambda name, fn: (numpy_or_refused(lambda: fn(values(A, B, dtype=jnp.bool_), "b"),
-                                                  lambda: _np_reduction(name)(np.asarray(values(A, B, dtype=jnp.bool_)
-                                                                                         .array), axis=1),
-                                                  nm.ArgumentTypeError),
-                                 _where_probe(lambda n, f: refused(lambda: f(X, "b", where=MASK_B.astype(jnp.float32)),
-                                                                   nm.ArgumentTypeError, "boolean"))(name, fn))),
+    size=Rule(
+        "a `where=` mask with another size: `AxisError` naming the axis",
+        _where_probe(
+            lambda name, fn: refused(lambda: fn(X, "b", where=resized(MASK_B, "b", 5) > 0), nm.AxisError, "'b'")
+        ),
+    ),
+    zero=Rule(
+        "numpy's result (sum 0, prod 1, any False, all True, logsumexp -inf, count 0; mean, var, std and "
+        "median NaN); where numpy has none (max, min, ptp of nothing): `AxisError` naming the axis",
+        lambda name, fn: numpy_or_refused(
+            lambda: fn(values(A, Z), "z"),
+            lambda: _np_reduction(name)(np.ones((3, 0), np.float32), axis=1),
+            nm.AxisError,
+            "'z'",
+        ),
+    ),
+    dtype=Rule(
+        "a bool or int array reduces as in numpy; a `where=` mask that is not boolean: `ArgumentTypeError`",
+        lambda name, fn: (
+            numpy_or_refused(
+                lambda: fn(values(A, B, dtype=jnp.bool_), "b"),
+                lambda: _np_reduction(name)(np.asarray(values(A, B, dtype=jnp.bool_).array), axis=1),
+                nm.ArgumentTypeError,
+            ),
+            _where_probe(
+                lambda n, f: refused(
+                    lambda: f(X, "b", where=MASK_B.astype(jnp.float32)), nm.ArgumentTypeError, "boolean"
+                )
+            )(name, fn),
+        ),
+    ),
 )
 
 kind(
     "arg reductions",
     "nm.argmax nm.argmin nm.nanargmax nm.nanargmin",
-    plain=Rule("numpy's flat index over the whole array; an `axis` is refused (`ArgumentTypeError`)",
-               lambda name, fn: (numpy_or_refused(lambda: fn(plain()),
-                                                  lambda: getattr(np, name[3:])(np.asarray(plain())),
-                                                  nm.ArgumentTypeError),
-                                 refused(lambda: fn(plain(), "a"), nm.ArgumentTypeError, "nm.named"))),
-    missing=Rule("`AxisError` naming it; several names too (one axis, or None for the flat index)",
-                 lambda name, fn: (refused(lambda: fn(X, "nope"), nm.AxisError, "'nope'"),
-                                   refused(lambda: fn(X, ("a", "b")), nm.AxisError, "one axis"))),
+    plain=Rule(
+        "numpy's flat index over the whole array; an `axis` is refused (`ArgumentTypeError`)",
+        lambda name, fn: (
+            numpy_or_refused(
+                lambda: fn(plain()), lambda: getattr(np, name[3:])(np.asarray(plain())), nm.ArgumentTypeError
+            ),
+            refused(lambda: fn(plain(), "a"), nm.ArgumentTypeError, "nm.named"),
+        ),
+    ),
+    missing=Rule(
+        "`AxisError` naming it; several names too (one axis, or None for the flat index)",
+        lambda name, fn: (
+            refused(lambda: fn(X, "nope"), nm.AxisError, "'nope'"),
+            refused(lambda: fn(X, ("a", "b")), nm.AxisError, "one axis"),
+        ),
+    ),
     extra=Rule("kept", lambda name, fn: per_slice(lambda v: fn(v, "b"), with_extra(X))),
-    zero=Rule("`AxisError` naming the axis: an empty axis has no largest entry (numpy's ValueError)",
-              lambda name, fn: refused(lambda: fn(values(A, Z), "z"), nm.AxisError, "'z'")),
+    zero=Rule(
+        "`AxisError` naming the axis: an empty axis has no largest entry (numpy's ValueError)",
+        lambda name, fn: refused(lambda: fn(values(A, Z), "z"), nm.AxisError, "'z'"),
+    ),
 )
 
 
@@ -464,23 +515,36 @@ kind(
     "along one axis, the shape kept",
     "nm.softmax nm.log_softmax nm.standardize nm.cumsum nm.cumprod nm.nancumsum nm.nancumprod nm.sort nm.argsort "
     "nm.fftshift nm.ifftshift",
-    plain=Rule("`ArgumentTypeError`: wrap it with `nm.named`",
-               lambda name, fn: refused(lambda: fn(plain(), "b"), nm.ArgumentTypeError, WRAP)),
+    plain=Rule(
+        "`ArgumentTypeError`: wrap it with `nm.named`",
+        lambda name, fn: refused(lambda: fn(plain(), "b"), nm.ArgumentTypeError, WRAP),
+    ),
     missing=Rule("`AxisError` naming it", lambda name, fn: refused(lambda: fn(X, "nope"), nm.AxisError, "'nope'")),
-    extra=Rule("kept: each slice on its own; a `where=` mask with an axis the array lacks: `AxisError`",
-               lambda name, fn: (per_slice(lambda v: fn(v, "b"), with_extra(X)),
-                                 _where_probe(lambda n, f: refused(
-                                     lambda: f(X, "b", where=nm.broadcast_axis(MASK_B, C)), nm.AxisError, "c=2"))(
-                                     name, fn))),
-    size=Rule("a `where=` mask with another size: `AxisError` naming the axis",
-              _where_probe(lambda name, fn: refused(lambda: fn(X, "b", where=resized(MASK_B, "b", 5) > 0),
-                                                    nm.AxisError, "'b'"))),
+    extra=Rule(
+        "kept: each slice on its own; a `where=` mask with an axis the array lacks: `AxisError`",
+        lambda name, fn: (
+            per_slice(lambda v: fn(v, "b"), with_extra(X)),
+            _where_probe(
+                lambda n, f: refused(lambda: f(X, "b", where=nm.broadcast_axis(MASK_B, C)), nm.AxisError, "c=2")
+            )(name, fn),
+        ),
+    ),
+    size=Rule(
+        "a `where=` mask with another size: `AxisError` naming the axis",
+        _where_probe(
+            lambda name, fn: refused(lambda: fn(X, "b", where=resized(MASK_B, "b", 5) > 0), nm.AxisError, "'b'")
+        ),
+    ),
     zero=Rule("an empty result with the same axes", _along_zero),
-    dtype=Rule("an int or bool array computes as jnp computes it; a `where=` mask that is not boolean: "
-               "`ArgumentTypeError`",
-               lambda name, fn: (_same_names(runs(lambda: fn(values(A, B, dtype=jnp.int32), "b")), ("a", "b")),
-                                 _where_probe(lambda n, f: refused(lambda: f(X, "b", where=MASK_B.astype(jnp.int32)),
-                                                                   nm.ArgumentTypeError, "boolean"))(name, fn))),
+    dtype=Rule(
+        "an int or bool array computes as jnp computes it; a `where=` mask that is not boolean: `ArgumentTypeError`",
+        lambda name, fn: (
+            _same_names(runs(lambda: fn(values(A, B, dtype=jnp.int32), "b")), ("a", "b")),
+            _where_probe(
+                lambda n, f: refused(lambda: f(X, "b", where=MASK_B.astype(jnp.int32)), nm.ArgumentTypeError, "boolean")
+            )(name, fn),
+        ),
+    ),
 )
 
 
@@ -494,21 +558,34 @@ def _fft_reference(name):
 kind(
     "Fourier transforms",
     "nm.fft nm.ifft nm.rfft nm.irfft nm.hfft nm.ihfft",
-    plain=Rule("`ArgumentTypeError`: wrap it with `nm.named`",
-               lambda name, fn: refused(lambda: fn(plain(), "b"), nm.ArgumentTypeError, WRAP)),
+    plain=Rule(
+        "`ArgumentTypeError`: wrap it with `nm.named`",
+        lambda name, fn: refused(lambda: fn(plain(), "b"), nm.ArgumentTypeError, WRAP),
+    ),
     missing=Rule("`AxisError` naming it", lambda name, fn: refused(lambda: fn(X, "nope"), nm.AxisError, "'nope'")),
     extra=Rule("kept: each slice on its own", lambda name, fn: per_slice(lambda v: fn(v, "b"), with_extra(X))),
-    zero=Rule("`AxisError` naming the axis (numpy: no FFT of 0 points)",
-              lambda name, fn: refused(lambda: fn(values(A, Z), "z"), nm.AxisError, "'z'")),
-    dtype=Rule("numpy's: an int array is transformed as float; a complex one into a real transform: "
-               "`ArgumentTypeError`",
-               lambda name, fn: [numpy_or_refused(lambda: fn(v, "b"), lambda: getattr(jnp.fft, name[3:])(v.array, axis=1),
-                                                  nm.ArgumentTypeError, "complex")
-                                 for v in (values(A, B, dtype=jnp.int32), values(A, B).astype(jnp.complex64) * 1j)]),
-    range=Rule("`n=` below 1 (no points) or a result axis of no points: `ArgumentError` naming it",
-               lambda name, fn: (refused(lambda: fn(X, "b", n=0), nm.ArgumentError, "n=0"),
-                                 numpy_or_refused(lambda: fn(X1, "b"), lambda: _fft_reference(name)(X1.array, axis=1),
-                                                  nm.ArgumentError, "'b'"))),
+    zero=Rule(
+        "`AxisError` naming the axis (numpy: no FFT of 0 points)",
+        lambda name, fn: refused(lambda: fn(values(A, Z), "z"), nm.AxisError, "'z'"),
+    ),
+    dtype=Rule(
+        "numpy's: an int array is transformed as float; a complex one into a real transform: `ArgumentTypeError`",
+        lambda name, fn: [
+            numpy_or_refused(
+                lambda: fn(v, "b"), lambda: getattr(jnp.fft, name[3:])(v.array, axis=1), nm.ArgumentTypeError, "complex"
+            )
+            for v in (values(A, B, dtype=jnp.int32), values(A, B).astype(jnp.complex64) * 1j)
+        ],
+    ),
+    range=Rule(
+        "`n=` below 1 (no points) or a result axis of no points: `ArgumentError` naming it",
+        lambda name, fn: (
+            refused(lambda: fn(X, "b", n=0), nm.ArgumentError, "n=0"),
+            numpy_or_refused(
+                lambda: fn(X1, "b"), lambda: _fft_reference(name)(X1.array, axis=1), nm.ArgumentError, "'b'"
+            ),
+        ),
+    ),
 )
 
 
@@ -559,52 +636,97 @@ def _numpy_equal(ours: Callable[[], Any], want) -> Callable[[], None]:
 U8 = values(A, B, dtype=jnp.uint8)
 X_NP = np.asarray(X.array)
 SHAPE_OPS: dict[str, Op] = {
-    "nm.rename": Op(lambda x, ax: nm.rename(x, {ax: "r"}),
-                    clash=must(lambda: nm.rename(X, {"a": "b"}), nm.AxisError, "'b'")),
+    "nm.rename": Op(
+        lambda x, ax: nm.rename(x, {ax: "r"}), clash=must(lambda: nm.rename(X, {"a": "b"}), nm.AxisError, "'b'")
+    ),
     "nm.rearrange": Op(lambda x, ax: nm.rearrange(x, (ax, ...))),
-    "nm.flatten_axes": Op(lambda x, ax: nm.flatten_axes(x, ("a", ax), "f"),
-                          clash=must(lambda: nm.flatten_axes(with_extra(X), ("a", "b"), "c"), nm.AxisError, "'c'")),
-    "nm.unflatten_axis": Op(lambda x, ax: nm.unflatten_axis(x, ax, _halves(x, ax)),
-                            size=must(lambda: nm.unflatten_axis(X, "b", (Axis("p", 3), Axis("q", 2))), nm.AxisError, "'b'"),
-                            clash=must(lambda: nm.unflatten_axis(X, "b", (Axis("a", 2), Axis("q", 2))), nm.AxisError,
-                                       "'a'")),
-    "nm.split": Op(lambda x, ax: nm.split(x, ax, [Axis(ax, n) for n in _parts(x, ax)]),
-                   size=must(lambda: nm.split(X, "b", [Axis("b", 1), Axis("b", 2)]), nm.AxisError, "'b'")),
+    "nm.flatten_axes": Op(
+        lambda x, ax: nm.flatten_axes(x, ("a", ax), "f"),
+        clash=must(lambda: nm.flatten_axes(with_extra(X), ("a", "b"), "c"), nm.AxisError, "'c'"),
+    ),
+    "nm.unflatten_axis": Op(
+        lambda x, ax: nm.unflatten_axis(x, ax, _halves(x, ax)),
+        size=must(lambda: nm.unflatten_axis(X, "b", (Axis("p", 3), Axis("q", 2))), nm.AxisError, "'b'"),
+        clash=must(lambda: nm.unflatten_axis(X, "b", (Axis("a", 2), Axis("q", 2))), nm.AxisError, "'a'"),
+    ),
+    "nm.split": Op(
+        lambda x, ax: nm.split(x, ax, [Axis(ax, n) for n in _parts(x, ax)]),
+        size=must(lambda: nm.split(X, "b", [Axis("b", 1), Axis("b", 2)]), nm.AxisError, "'b'"),
+    ),
     "nm.unbind": Op(lambda x, ax: nm.unbind(x, ax), zero=lambda out: _assert(out == [], f"{out} is not []")),
-    "nm.stack": Op(lambda x, ax: nm.stack("s", [x, x]), missing=False,
-                   clash=must(lambda: nm.stack("a", [X, X]), nm.AxisError, "'a'"),
-                   size=must(lambda: nm.stack("s", [X, resized(X, "b", 5)]), nm.AxisError, "'b'")),
-    "nm.concatenate": Op(lambda x, ax: nm.concatenate(ax, [x, x]),
-                         size=must(lambda: nm.concatenate("b", [X, resized(X, "a", 2)]), nm.AxisError, "'a'")),
-    "nm.broadcast_axis": Op(lambda x, ax: nm.broadcast_axis(x, Axis("n", 2)), missing=False,
-                            size=must(lambda: nm.broadcast_axis(X, Axis("a", 5)), nm.AxisError, "'a'")),
-    "nm.broadcast_to": Op(lambda x, ax: nm.broadcast_to(x, (Axis("n", 2), *(x.axes if nm.is_named_array(x) else (A, B)))),
-                          missing=False, clash=must(lambda: nm.broadcast_to(X, (A,)), nm.AxisError, "b=4"),
-                          size=must(lambda: nm.broadcast_to(X, (A, B.resize(5))), nm.AxisError, "'b'")),
-    "nm.pad": Op(lambda x, ax: nm.pad(x, {ax: (1, 2)}),
-                 range=must(lambda: nm.pad(X, {"b": (-1, 0)}), nm.ArgumentError, "-1")),
-    "nm.roll": Op(lambda x, ax: nm.roll(x, 1, ax), range=_numpy_equal(lambda: nm.roll(X, 9, "b"), np.roll(X_NP, 9, axis=1))),
-    "nm.tril": Op(lambda x, ax: nm.tril(x, "a", ax),
-                  range=_numpy_equal(lambda: nm.tril(X, "a", "b", k=-7), np.tril(X_NP, -7))),
-    "nm.triu": Op(lambda x, ax: nm.triu(x, "a", ax),
-                  range=_numpy_equal(lambda: nm.triu(X, "a", "b", k=9), np.triu(X_NP, 9))),
+    "nm.stack": Op(
+        lambda x, ax: nm.stack("s", [x, x]),
+        missing=False,
+        clash=must(lambda: nm.stack("a", [X, X]), nm.AxisError, "'a'"),
+        size=must(lambda: nm.stack("s", [X, resized(X, "b", 5)]), nm.AxisError, "'b'"),
+    ),
+    "nm.concatenate": Op(
+        lambda x, ax: nm.concatenate(ax, [x, x]),
+        size=must(lambda: nm.concatenate("b", [X, resized(X, "a", 2)]), nm.AxisError, "'a'"),
+    ),
+    "nm.broadcast_axis": Op(
+        lambda x, ax: nm.broadcast_axis(x, Axis("n", 2)),
+        missing=False,
+        size=must(lambda: nm.broadcast_axis(X, Axis("a", 5)), nm.AxisError, "'a'"),
+    ),
+    "nm.broadcast_to": Op(
+        lambda x, ax: nm.broadcast_to(x, (Axis("n", 2), *(x.axes if nm.is_named_array(x) else (A, B)))),
+        missing=False,
+        clash=must(lambda: nm.broadcast_to(X, (A,)), nm.AxisError, "b=4"),
+        size=must(lambda: nm.broadcast_to(X, (A, B.resize(5))), nm.AxisError, "'b'"),
+    ),
+    "nm.pad": Op(
+        lambda x, ax: nm.pad(x, {ax: (1, 2)}), range=must(lambda: nm.pad(X, {"b": (-1, 0)}), nm.ArgumentError, "-1")
+    ),
+    "nm.roll": Op(
+        lambda x, ax: nm.roll(x, 1, ax), range=_numpy_equal(lambda: nm.roll(X, 9, "b"), np.roll(X_NP, 9, axis=1))
+    ),
+    "nm.tril": Op(
+        lambda x, ax: nm.tril(x, "a", ax), range=_numpy_equal(lambda: nm.tril(X, "a", "b", k=-7), np.tril(X_NP, -7))
+    ),
+    "nm.triu": Op(
+        lambda x, ax: nm.triu(x, "a", ax), range=_numpy_equal(lambda: nm.triu(X, "a", "b", k=9), np.triu(X_NP, 9))
+    ),
     "nm.ravel": Op(lambda x, ax: nm.ravel(x, "f"), missing=False, per_slice=False),
-    "nm.repeat": Op(lambda x, ax: nm.repeat(x, 2, ax), range=must(lambda: nm.repeat(X, -1, "b"), nm.ArgumentError, "-1"),
-                    size=must(lambda: nm.repeat(X, jnp.asarray([1, 2, 3]), "b"), nm.AxisError, "'b'")),
-    "nm.tile": Op(lambda x, ax: nm.tile(x, {ax: 2}), missing=False,
-                  range=must(lambda: nm.tile(X, {"b": -1}), nm.ArgumentError, "-1")),
-    "nm.top_k": Op(lambda x, ax: nm.top_k(x, ax, 2), range=must(lambda: nm.top_k(X, "b", 5), nm.AxisError, "k=5"),
-                   zero="refused", keeps_dtype=False),
-    "nm.trace": Op(lambda x, ax: nm.trace(x, "a", ax), keeps_dtype=False,
-                   range=_numpy_equal(lambda: nm.trace(X, "a", "b", offset=9), np.trace(X_NP, 9))),
-    "nm.packbits": Op(lambda x, ax: nm.packbits(x > 0.3, ax), keeps_dtype=False,
-                      dtype=must(lambda: nm.packbits(X, "b"), nm.ArgumentTypeError, "float32")),
-    "nm.unpackbits": Op(lambda x, ax: nm.unpackbits(x.astype(jnp.uint8), ax), keeps_dtype=False,
-                        dtype=must(lambda: nm.unpackbits(X, "b"), nm.ArgumentTypeError, "float32"),
-                        range=_numpy_equal(lambda: nm.unpackbits(U8, "b", count=-3),
-                                           np.unpackbits(np.asarray(U8.array), axis=1, count=-3))),
-    "nn.glu": Op(lambda x, ax: nn.glu(x, ax), keeps_dtype=False,
-                 size=must(lambda: nn.glu(values(A, B.resize(3)), "b"), nm.ArgumentError, "'b'")),
+    "nm.repeat": Op(
+        lambda x, ax: nm.repeat(x, 2, ax),
+        range=must(lambda: nm.repeat(X, -1, "b"), nm.ArgumentError, "-1"),
+        size=must(lambda: nm.repeat(X, jnp.asarray([1, 2, 3]), "b"), nm.AxisError, "'b'"),
+    ),
+    "nm.tile": Op(
+        lambda x, ax: nm.tile(x, {ax: 2}),
+        missing=False,
+        range=must(lambda: nm.tile(X, {"b": -1}), nm.ArgumentError, "-1"),
+    ),
+    "nm.top_k": Op(
+        lambda x, ax: nm.top_k(x, ax, 2),
+        range=must(lambda: nm.top_k(X, "b", 5), nm.AxisError, "k=5"),
+        zero="refused",
+        keeps_dtype=False,
+    ),
+    "nm.trace": Op(
+        lambda x, ax: nm.trace(x, "a", ax),
+        keeps_dtype=False,
+        range=_numpy_equal(lambda: nm.trace(X, "a", "b", offset=9), np.trace(X_NP, 9)),
+    ),
+    "nm.packbits": Op(
+        lambda x, ax: nm.packbits(x > 0.3, ax),
+        keeps_dtype=False,
+        dtype=must(lambda: nm.packbits(X, "b"), nm.ArgumentTypeError, "float32"),
+    ),
+    "nm.unpackbits": Op(
+        lambda x, ax: nm.unpackbits(x.astype(jnp.uint8), ax),
+        keeps_dtype=False,
+        dtype=must(lambda: nm.unpackbits(X, "b"), nm.ArgumentTypeError, "float32"),
+        range=_numpy_equal(
+            lambda: nm.unpackbits(U8, "b", count=-3), np.unpackbits(np.asarray(U8.array), axis=1, count=-3)
+        ),
+    ),
+    "nn.glu": Op(
+        lambda x, ax: nn.glu(x, ax),
+        keeps_dtype=False,
+        size=must(lambda: nn.glu(values(A, B.resize(3)), "b"), nm.ArgumentError, "'b'"),
+    ),
 }
 
 
@@ -646,26 +768,41 @@ def _shape_dtype(name, fn):
 kind(
     "shape ops",
     " ".join(SHAPE_OPS),
-    plain=Rule("`ArgumentTypeError`: wrap it with `nm.named`",
-               lambda name, fn: refused(lambda: SHAPE_OPS[name].call(plain(), "b"), nm.ArgumentTypeError, WRAP)),
-    missing=Rule("`AxisError` naming it (an axis the op acts on)",
-                 lambda name, fn: SHAPE_OPS[name].missing and refused(lambda: SHAPE_OPS[name].call(X, "nope"),
-                                                                       nm.AxisError, "'nope'")),
-    extra=Rule("kept, each slice on its own; a new axis name the array already has: `AxisError`",
-               lambda name, fn: (SHAPE_OPS[name].per_slice and per_slice(lambda v: SHAPE_OPS[name].call(v, "b"),
-                                                                          with_extra(X)),
-                                 SHAPE_OPS[name].clash and SHAPE_OPS[name].clash())),
-    size=Rule("sizes that do not add up (split, unflatten, per-entry repeats, an odd `glu` axis) or one name with two "
-              "sizes (stack, concatenate, broadcast): `AxisError`/`ArgumentError` naming the axis",
-              lambda name, fn: SHAPE_OPS[name].size and SHAPE_OPS[name].size()),
-    zero=Rule("as any other size: the same axes, empty (unbind: no slices; top_k's k > 0: refused as out of range)",
-              _shape_zero),
-    dtype=Rule("any dtype, kept; `packbits` takes bool or integers and `unpackbits` uint8: `ArgumentTypeError`",
-               _shape_dtype),
-    range=Rule("counts and widths as numpy checks them (a negative count or width, `top_k`'s k outside `[0, size]`: "
-               "`ArgumentError`/`AxisError` naming it); offsets as numpy takes them (`roll` wraps, `tril`/`triu`'s "
-               "k and `trace`'s offset may lie past the edge)",
-               lambda name, fn: SHAPE_OPS[name].range and SHAPE_OPS[name].range()),
+    plain=Rule(
+        "`ArgumentTypeError`: wrap it with `nm.named`",
+        lambda name, fn: refused(lambda: SHAPE_OPS[name].call(plain(), "b"), nm.ArgumentTypeError, WRAP),
+    ),
+    missing=Rule(
+        "`AxisError` naming it (an axis the op acts on)",
+        lambda name, fn: (
+            SHAPE_OPS[name].missing and refused(lambda: SHAPE_OPS[name].call(X, "nope"), nm.AxisError, "'nope'")
+        ),
+    ),
+    extra=Rule(
+        "kept, each slice on its own; a new axis name the array already has: `AxisError`",
+        lambda name, fn: (
+            SHAPE_OPS[name].per_slice and per_slice(lambda v: SHAPE_OPS[name].call(v, "b"), with_extra(X)),
+            SHAPE_OPS[name].clash and SHAPE_OPS[name].clash(),
+        ),
+    ),
+    size=Rule(
+        "sizes that do not add up (split, unflatten, per-entry repeats, an odd `glu` axis) or one name with two "
+        "sizes (stack, concatenate, broadcast): `AxisError`/`ArgumentError` naming the axis",
+        lambda name, fn: SHAPE_OPS[name].size and SHAPE_OPS[name].size(),
+    ),
+    zero=Rule(
+        "as any other size: the same axes, empty (unbind: no slices; top_k's k > 0: refused as out of range)",
+        _shape_zero,
+    ),
+    dtype=Rule(
+        "any dtype, kept; `packbits` takes bool or integers and `unpackbits` uint8: `ArgumentTypeError`", _shape_dtype
+    ),
+    range=Rule(
+        "counts and widths as numpy checks them (a negative count or width, `top_k`'s k outside `[0, size]`: "
+        "`ArgumentError`/`AxisError` naming it); offsets as numpy takes them (`roll` wraps, `tril`/`triu`'s "
+        "k and `trace`'s offset may lie past the edge)",
+        lambda name, fn: SHAPE_OPS[name].range and SHAPE_OPS[name].range(),
+    ),
 )
 
 
@@ -685,27 +822,44 @@ def _ref_write(ref, idx, value):
 
 INDEXING = {
     "nm.NamedArray": {
-        "plain": checks(must(lambda: X["b", jnp.asarray([0, 1])], nm.AxisError, "integer NamedArray"),
-                        must(lambda: nm.NamedArray(plain(), (A, B.resize(5))), nm.AxisError, "does not match")),
-        "missing": checks(must(lambda: X["nope", 0], nm.AxisError, "'nope'"),
-                          must(lambda: X.at["nope", 0].set(1.0), nm.AxisError, "'nope'")),
-        "extra": checks(lambda: per_slice(lambda v: v["b", IDX], with_extra(X)),
-                        lambda: per_slice(lambda v: v.at["b", 1:3].add(1.0), with_extra(X))),
+        "plain": checks(
+            must(lambda: X["b", jnp.asarray([0, 1])], nm.AxisError, "integer NamedArray"),
+            must(lambda: nm.NamedArray(plain(), (A, B.resize(5))), nm.AxisError, "does not match"),
+        ),
+        "missing": checks(
+            must(lambda: X["nope", 0], nm.AxisError, "'nope'"),
+            must(lambda: X.at["nope", 0].set(1.0), nm.AxisError, "'nope'"),
+        ),
+        "extra": checks(
+            lambda: per_slice(lambda v: v["b", IDX], with_extra(X)),
+            lambda: per_slice(lambda v: v.at["b", 1:3].add(1.0), with_extra(X)),
+        ),
         "size": must(lambda: X["b", nm.named(jnp.asarray([0, 1]), "a")], nm.AxisError, "'a'"),
-        "zero": checks(must(lambda: values(A, Z)["z", 0], nm.AxisError, "'z'"),
-                       must(lambda: values(A, Z)["z", IDX], nm.AxisError, "'z'"),
-                       lambda: _same_names(runs(lambda: values(A, Z)["z", 0:2]), ("a", "z"))),
-        "dtype": checks(must(lambda: X["b", 1.0], nm.AxisError, "1.0"), must(lambda: X["b", True], nm.AxisError, "bool"),
-                        must(lambda: X["b", IDX.astype(jnp.float32)], nm.AxisError, "float32")),
-        "range": checks(must(lambda: X["b", 4], nm.AxisError, "index 4", "'b'"),
-                        must(lambda: X["b", nm.named(jnp.asarray([0, 7]), "k")], nm.AxisError, "index 7", "k=1"),
-                        must(lambda: X.at["b", -5].set(0.0), nm.AxisError, "index -5"),
-                        gives(lambda: X["b", nm.named(jnp.asarray([-1]), "k")],
-                              lambda: nm.named(np.asarray(X.array)[:, [-1]], (A, Axis("k", 1))))),
+        "zero": checks(
+            must(lambda: values(A, Z)["z", 0], nm.AxisError, "'z'"),
+            must(lambda: values(A, Z)["z", IDX], nm.AxisError, "'z'"),
+            lambda: _same_names(runs(lambda: values(A, Z)["z", 0:2]), ("a", "z")),
+        ),
+        "dtype": checks(
+            must(lambda: X["b", 1.0], nm.AxisError, "1.0"),
+            must(lambda: X["b", True], nm.AxisError, "bool"),
+            must(lambda: X["b", IDX.astype(jnp.float32)], nm.AxisError, "float32"),
+        ),
+        "range": checks(
+            must(lambda: X["b", 4], nm.AxisError, "index 4", "'b'"),
+            must(lambda: X["b", nm.named(jnp.asarray([0, 7]), "k")], nm.AxisError, "index 7", "k=1"),
+            must(lambda: X.at["b", -5].set(0.0), nm.AxisError, "index -5"),
+            gives(
+                lambda: X["b", nm.named(jnp.asarray([-1]), "k")],
+                lambda: nm.named(np.asarray(X.array)[:, [-1]], (A, Axis("k", 1))),
+            ),
+        ),
     },
     "nm.take": {
-        "plain": checks(must(lambda: nm.take(plain(), "b", IDX), nm.ArgumentTypeError, WRAP),
-                        must(lambda: nm.take(X, "b", jnp.asarray([0, 1])), nm.AxisError, "integer NamedArray")),
+        "plain": checks(
+            must(lambda: nm.take(plain(), "b", IDX), nm.ArgumentTypeError, WRAP),
+            must(lambda: nm.take(X, "b", jnp.asarray([0, 1])), nm.AxisError, "integer NamedArray"),
+        ),
         "missing": must(lambda: nm.take(X, "nope", IDX), nm.AxisError, "'nope'"),
         "extra": lambda: per_slice(lambda v: nm.take(v, "b", IDX), with_extra(X)),
         "zero": must(lambda: nm.take(values(A, Z), "z", IDX), nm.AxisError, "'z'"),
@@ -717,15 +871,21 @@ INDEXING = {
         "size": must(lambda: X["b", nm.ds(nm.named(jnp.asarray([0, 1]), "a"), 2)], nm.AxisError, "a=2", "a=3"),
         "zero": lambda: _same_names(runs(lambda: values(A, Z)["z", nm.ds(0, 0)]), ("a", "z")),
         "dtype": must(lambda: X["b", nm.ds(1.0, 2)], nm.AxisError, "integer"),
-        "range": checks(must(lambda: X["b", nm.ds(3, 2)], nm.AxisError, "offset 3", "'b'"),
-                        must(lambda: X["b", nm.ds(0, 5)], nm.AxisError, "'b'")),
+        "range": checks(
+            must(lambda: X["b", nm.ds(3, 2)], nm.AxisError, "offset 3", "'b'"),
+            must(lambda: X["b", nm.ds(0, 5)], nm.AxisError, "'b'"),
+        ),
     },
     "nm.updated_slice": {
-        "plain": checks(must(lambda: nm.updated_slice(plain(), {"b": 0}, U2), nm.ArgumentTypeError, WRAP),
-                        must(lambda: nm.updated_slice(X, {"b": 0}, plain(U2)), nm.ArgumentTypeError, WRAP)),
+        "plain": checks(
+            must(lambda: nm.updated_slice(plain(), {"b": 0}, U2), nm.ArgumentTypeError, WRAP),
+            must(lambda: nm.updated_slice(X, {"b": 0}, plain(U2)), nm.ArgumentTypeError, WRAP),
+        ),
         "missing": must(lambda: nm.updated_slice(X, {"nope": 0}, U2), nm.AxisError, "'nope'"),
-        "extra": checks(lambda: per_slice(lambda v: nm.updated_slice(v, {"b": 1}, U2), with_extra(X)),
-                        must(lambda: nm.updated_slice(X, {"b": 1}, with_extra(U2)), nm.AxisError, "'c'")),
+        "extra": checks(
+            lambda: per_slice(lambda v: nm.updated_slice(v, {"b": 1}, U2), with_extra(X)),
+            must(lambda: nm.updated_slice(X, {"b": 1}, with_extra(U2)), nm.AxisError, "'c'"),
+        ),
         "size": must(lambda: nm.updated_slice(X, {"b": 0}, values(A.resize(5), B.resize(2))), nm.AxisError, "'a'"),
         "zero": lambda: _same_names(runs(lambda: nm.updated_slice(values(A, Z), {"z": 0}, values(Z))), ("a", "z")),
         "dtype": must(lambda: nm.updated_slice(X, {"b": 0.5}, U2), nm.AxisError, "integer"),
@@ -738,35 +898,49 @@ INDEXING = {
         "size": must(lambda: _ref_write(_ref(), {"b": 0}, values(A.resize(5))), nm.AxisError, "'a'"),
         "zero": must(lambda: _ref(values(A, Z))[{"z": 0}], nm.AxisError, "'z'"),
         "dtype": must(lambda: _ref()[{"b": 1.0}], nm.AxisError, "1.0"),
-        "range": checks(must(lambda: _ref()[{"b": 7}], nm.AxisError, "index 7"),
-                        must(lambda: _ref()[{"b": nm.ds(3, 2)}], nm.AxisError, "offset 3"),
-                        must(lambda: _ref().slice({"b": 9}), nm.AxisError, "index 9")),
+        "range": checks(
+            must(lambda: _ref()[{"b": 7}], nm.AxisError, "index 7"),
+            must(lambda: _ref()[{"b": nm.ds(3, 2)}], nm.AxisError, "offset 3"),
+            must(lambda: _ref().slice({"b": 9}), nm.AxisError, "index 9"),
+        ),
     },
-    "nm.new_ref": {"plain": must(lambda: nm.new_ref(plain()), nm.ArgumentTypeError, "NamedArray"),
-                   "zero": lambda: _same_names(_ref(values(A, Z)).value(), ("a", "z"))},
-    "nm.get": {"plain": must(lambda: nm.get(plain(), {"a": 0}), nm.ArgumentTypeError, "NamedRef"),
-               "missing": must(lambda: nm.get(_ref(), {"nope": 0}), nm.AxisError, "'nope'"),
-               "range": must(lambda: nm.get(_ref(), {"b": 4}), nm.AxisError, "index 4")},
-    "nm.swap": {"plain": must(lambda: nm.swap(plain(), {"a": 0}, 1.0), nm.ArgumentTypeError, "NamedRef"),
-                "size": must(lambda: nm.swap(_ref(), {"b": 0}, values(A.resize(5))), nm.AxisError, "'a'"),
-                "range": must(lambda: nm.swap(_ref(), {"b": 9}, 1.0), nm.AxisError, "index 9")},
+    "nm.new_ref": {
+        "plain": must(lambda: nm.new_ref(plain()), nm.ArgumentTypeError, "NamedArray"),
+        "zero": lambda: _same_names(_ref(values(A, Z)).value(), ("a", "z")),
+    },
+    "nm.get": {
+        "plain": must(lambda: nm.get(plain(), {"a": 0}), nm.ArgumentTypeError, "NamedRef"),
+        "missing": must(lambda: nm.get(_ref(), {"nope": 0}), nm.AxisError, "'nope'"),
+        "range": must(lambda: nm.get(_ref(), {"b": 4}), nm.AxisError, "index 4"),
+    },
+    "nm.swap": {
+        "plain": must(lambda: nm.swap(plain(), {"a": 0}, 1.0), nm.ArgumentTypeError, "NamedRef"),
+        "size": must(lambda: nm.swap(_ref(), {"b": 0}, values(A.resize(5))), nm.AxisError, "'a'"),
+        "range": must(lambda: nm.swap(_ref(), {"b": 9}, 1.0), nm.AxisError, "index 9"),
+    },
     "nm.freeze": {"plain": must(lambda: nm.freeze(plain()), nm.ArgumentTypeError, "NamedRef")},
 }
 
 cases_kind(
     "indexing and refs",
     INDEXING,
-    plain=("the array: `ArgumentTypeError` (wrap it with `nm.named`); a plain index or value with dimensions: "
-           "`AxisError`/`ArgumentTypeError` (indices are integer NamedArrays)"),
+    plain=(
+        "the array: `ArgumentTypeError` (wrap it with `nm.named`); a plain index or value with dimensions: "
+        "`AxisError`/`ArgumentTypeError` (indices are integer NamedArrays)"
+    ),
     missing="`AxisError` naming it",
-    extra=("kept, each slice on its own; a gather's index axes replace the indexed axis; an update or a written "
-           "value with an axis the target lacks: `AxisError`"),
+    extra=(
+        "kept, each slice on its own; a gather's index axes replace the indexed axis; an update or a written "
+        "value with an axis the target lacks: `AxisError`"
+    ),
     size="`AxisError` naming the axis (per-row starts, gathers and updates over an axis of the array, at its size)",
     zero="nothing to index: an int or a gather is out of range (`AxisError`); a slice or `ds` of size 0 is empty",
     dtype="an index, start or offset must be an integer: a float or a bool is an `AxisError`",
-    range=("known before tracing: numpy's rule (an int or gathered index in `[-size, size)`, a `ds` window or an "
-           "update inside the axis), else `AxisError` naming the axis, its size and the index; traced: clamped as "
-           "XLA clamps (documented under Indexing)"),
+    range=(
+        "known before tracing: numpy's rule (an int or gathered index in `[-size, size)`, a `ds` window or an "
+        "update inside the axis), else `AxisError` naming the axis, its size and the index; traced: clamped as "
+        "XLA clamps (documented under Indexing)"
+    ),
 )
 
 
@@ -779,15 +953,21 @@ W = values(B, D, seed=4)
 CONTRACTIONS = {
     "nm.dot": {
         "plain": must(lambda: nm.dot(plain(), W, axis="b"), nm.ArgumentTypeError, WRAP),
-        "missing": checks(must(lambda: nm.dot(X, W, axis="nope"), nm.AxisError, "'nope'"),
-                          # in one operand only: summed over, as einsum (and Haliax's dot) does
-                          gives(lambda: nm.dot(X, W, axis="a"),
-                                lambda: nm.named(np.einsum("ab,bd->bd", np.asarray(X.array), np.asarray(W.array)), (B, D)))),
+        "missing": checks(
+            must(lambda: nm.dot(X, W, axis="nope"), nm.AxisError, "'nope'"),
+            # in one operand only: summed over, as einsum (and Haliax's dot) does
+            gives(
+                lambda: nm.dot(X, W, axis="a"),
+                lambda: nm.named(np.einsum("ab,bd->bd", np.asarray(X.array), np.asarray(W.array)), (B, D)),
+            ),
+        ),
         "extra": lambda: per_slice(lambda v: nm.dot(v, W, axis="b"), with_extra(X)),
         "size": must(lambda: nm.dot(X, resized(W, "b", 5), axis="b"), nm.AxisError, "'b'", "4", "5"),
         "zero": gives(lambda: nm.dot(values(A, Z), values(Z, D), axis="z"), lambda: nm.zeros((A, D))),
-        "dtype": lambda: [abstract(lambda u, v: nm.dot(u, v, axis="b"), values(A, B, dtype=dt), values(B, D, dtype=dt))
-                          for dt in (jnp.int32, jnp.bool_)],
+        "dtype": lambda: [
+            abstract(lambda u, v: nm.dot(u, v, axis="b"), values(A, B, dtype=dt), values(B, D, dtype=dt))
+            for dt in (jnp.int32, jnp.bool_)
+        ],
     },
     "nm.einsum": {
         "plain": must(lambda: nm.einsum("a b, b d -> a d", plain(), W), nm.ArgumentTypeError, "NamedArray"),
@@ -795,8 +975,11 @@ CONTRACTIONS = {
         "extra": lambda: per_slice(lambda v: nm.einsum("... a b, b d -> ... a d", v, W), with_extra(X)),
         "size": must(lambda: nm.einsum("a b, b d -> a d", X, resized(W, "b", 5)), nm.AxisError, "'b'", "4", "5"),
         "zero": gives(lambda: nm.einsum("a z, z d -> a d", values(A, Z), values(Z, D)), lambda: nm.zeros((A, D))),
-        "dtype": lambda: abstract(lambda u, v: nm.einsum("a b, b d -> a d", u, v), values(A, B, dtype=jnp.int32),
-                                  values(B, D, dtype=jnp.int32)),
+        "dtype": lambda: abstract(
+            lambda u, v: nm.einsum("a b, b d -> a d", u, v),
+            values(A, B, dtype=jnp.int32),
+            values(B, D, dtype=jnp.int32),
+        ),
     },
 }
 
@@ -804,8 +987,10 @@ cases_kind(
     "contraction",
     CONTRACTIONS,
     plain="`ArgumentTypeError`: wrap it with `nm.named`",
-    missing=("an axis in none of the operands: `AxisError`; in some of them: summed over there, as einsum (and "
-             "Haliax's `dot`) does"),
+    missing=(
+        "an axis in none of the operands: `AxisError`; in some of them: summed over there, as einsum (and "
+        "Haliax's `dot`) does"
+    ),
     extra="kept, each slice on its own",
     size="`AxisError` naming the axis and both sizes",
     zero="a sum over nothing: zeros",
@@ -828,15 +1013,21 @@ SEARCH = {
         "plain": must(lambda: nm.unique(plain(), Found), nm.ArgumentTypeError, WRAP),
         "missing": must(lambda: nm.unique(X, Found, axis="nope"), nm.AxisError, "'nope'"),
         "extra": must(lambda: nm.unique(X, Axis("a", 2), axis="b"), nm.AxisError, "'a'"),
-        "zero": checks(must(lambda: nm.unique(values(A, Z), Found), nm.ArgumentError, "fill_value"),
-                       gives(lambda: nm.unique(values(A, Z), Found, fill_value=-1.0), lambda: nm.full((Found,), -1.0))),
+        "zero": checks(
+            must(lambda: nm.unique(values(A, Z), Found), nm.ArgumentError, "fill_value"),
+            gives(lambda: nm.unique(values(A, Z), Found, fill_value=-1.0), lambda: nm.full((Found,), -1.0)),
+        ),
     },
-    "nm.unique_values": {"plain": must(lambda: nm.unique_values(plain(), Found), nm.ArgumentTypeError, WRAP),
-                         "zero": must(lambda: nm.unique_values(values(A, Z), Found), nm.ArgumentError, "fill_value")},
+    "nm.unique_values": {
+        "plain": must(lambda: nm.unique_values(plain(), Found), nm.ArgumentTypeError, WRAP),
+        "zero": must(lambda: nm.unique_values(values(A, Z), Found), nm.ArgumentError, "fill_value"),
+    },
     "nm.unique_counts": {"plain": must(lambda: nm.unique_counts(plain(), Found), nm.ArgumentTypeError, WRAP)},
     "nm.unique_inverse": {"plain": must(lambda: nm.unique_inverse(plain(), Found), nm.ArgumentTypeError, WRAP)},
-    "nm.unique_all": {"plain": must(lambda: nm.unique_all(plain(), Found), nm.ArgumentTypeError, WRAP),
-                      "missing": must(lambda: nm.unique_all(X, Found, axis="nope"), nm.AxisError, "'nope'")},
+    "nm.unique_all": {
+        "plain": must(lambda: nm.unique_all(plain(), Found), nm.ArgumentTypeError, WRAP),
+        "missing": must(lambda: nm.unique_all(X, Found, axis="nope"), nm.AxisError, "'nope'"),
+    },
     "nm.nonzero": {
         "plain": must(lambda: nm.nonzero(plain(), Found), nm.ArgumentTypeError, WRAP),
         "extra": must(lambda: nm.nonzero(X, Axis("a", 3)), nm.AxisError, "'a'"),
@@ -857,19 +1048,33 @@ SEARCH = {
         "zero": gives(lambda: nm.bincount(values(A, Z, dtype=jnp.int32), Found), lambda: nm.zeros((Found,), jnp.int32)),
         "dtype": must(lambda: nm.bincount(X, Found), nm.ArgumentTypeError, "float32"),
         # numpy refuses a negative value; the documented rule drops values outside [0, n) (a fixed length)
-        "range": gives(lambda: nm.bincount(nm.named(jnp.asarray([-1, 2, 7, 0]), "k"), Axis("n", 3)),
-                       lambda: np.asarray([1, 0, 1])),
+        "range": gives(
+            lambda: nm.bincount(nm.named(jnp.asarray([-1, 2, 7, 0]), "k"), Axis("n", 3)), lambda: np.asarray([1, 0, 1])
+        ),
     },
     "nm.one_hot": {
         "plain": gives(lambda: nm.one_hot(jnp.asarray(2), Axis("v", 3)), lambda: np.asarray([0.0, 0.0, 1.0])),
-        "extra": checks(lambda: per_slice(lambda v: nm.one_hot(v, Axis("v", 3)), with_extra(IDS) % 3),
-                        must(lambda: nm.one_hot(IDS, Axis("a", 3)), nm.AxisError, "'a'")),
-        "zero": lambda: _same_names(runs(lambda: nm.one_hot(values(A, Z, dtype=jnp.int32), Axis("v", 3))), ("a", "z", "v")),
+        "extra": checks(
+            lambda: per_slice(lambda v: nm.one_hot(v, Axis("v", 3)), with_extra(IDS) % 3),
+            must(lambda: nm.one_hot(IDS, Axis("a", 3)), nm.AxisError, "'a'"),
+        ),
+        "zero": lambda: _same_names(
+            runs(lambda: nm.one_hot(values(A, Z, dtype=jnp.int32), Axis("v", 3))), ("a", "z", "v")
+        ),
         "dtype": must(lambda: nm.one_hot(X, Axis("v", 3)), nm.ArgumentTypeError, "float32"),
-        "range": checks(must(lambda: nm.one_hot(nm.named(jnp.asarray([1, 5]), "k"), Axis("v", 3)), nm.ArgumentError,
-                             "index 5", "k=1", "[0, 3)"),
-                        gives(lambda: jax.jit(lambda i: nm.one_hot(i, Axis("v", 3)))(nm.named(jnp.asarray([1, 5, -1]), "k")),
-                              lambda: np.asarray([[0.0, 1.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]))),
+        "range": checks(
+            must(
+                lambda: nm.one_hot(nm.named(jnp.asarray([1, 5]), "k"), Axis("v", 3)),
+                nm.ArgumentError,
+                "index 5",
+                "k=1",
+                "[0, 3)",
+            ),
+            gives(
+                lambda: jax.jit(lambda i: nm.one_hot(i, Axis("v", 3)))(nm.named(jnp.asarray([1, 5, -1]), "k")),
+                lambda: np.asarray([[0.0, 1.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]),
+            ),
+        ),
     },
 }
 
@@ -880,23 +1085,36 @@ cases_kind(
     missing="`AxisError` naming it",
     extra="kept, each slice on its own; a result axis the array already has: `AxisError`",
     size="`AxisError` naming the axis (weights, values and sorted arrays share their axes at one size)",
-    zero=("as any size (counts 0, `searchsorted` 0); `unique` of nothing needs `fill_value=` for its sized result "
-          "(`ArgumentError`)"),
+    zero=(
+        "as any size (counts 0, `searchsorted` 0); `unique` of nothing needs `fill_value=` for its sized result "
+        "(`ArgumentError`)"
+    ),
     dtype="ids, values to count and one-hot indices are integers: a float is an `ArgumentTypeError`",
-    range=("`bincount` drops values outside `[0, n)`; `one_hot` refuses an index outside `[0, n)` known before "
-           "tracing (`ArgumentError`) and gives a row of zeros for a traced one (`jax.nn.one_hot`'s)"),
+    range=(
+        "`bincount` drops values outside `[0, n)`; `one_hot` refuses an index outside `[0, n)` known before "
+        "tracing (`ArgumentError`) and gives a row of zeros for a traced one (`jax.nn.one_hot`'s)"
+    ),
 )
 
 PREDICATES = {
     name: {
-        "plain": checks(must(lambda f=f: f(X, plain()), nm.AxisError, WRAP),
-                        gives(lambda f=f: f(plain(), plain()), lambda: np.asarray(True))),
+        "plain": checks(
+            must(lambda f=f: f(X, plain()), nm.AxisError, WRAP),
+            gives(lambda f=f: f(plain(), plain()), lambda: np.asarray(True)),
+        ),
         "extra": gives(lambda f=f: f(nm.broadcast_axis(X, C), X), lambda f=f: np.asarray(f.__name__ != "array_equal")),
-        "size": (must(lambda f=f: f(X, resized(X, "b", 5)), nm.AxisError, "'b'") if name == "nm.allclose" else
-                 gives(lambda f=f: f(X, resized(X, "b", 5)), lambda: np.asarray(False))),
+        "size": (
+            must(lambda f=f: f(X, resized(X, "b", 5)), nm.AxisError, "'b'")
+            if name == "nm.allclose"
+            else gives(lambda f=f: f(X, resized(X, "b", 5)), lambda: np.asarray(False))
+        ),
         "zero": gives(lambda f=f: f(values(A, Z), values(A, Z)), lambda: np.asarray(True)),
     }
-    for name, f in (("nm.allclose", nm.allclose), ("nm.array_equal", nm.array_equal), ("nm.array_equiv", nm.array_equiv))
+    for name, f in (
+        ("nm.allclose", nm.allclose),
+        ("nm.array_equal", nm.array_equal),
+        ("nm.array_equiv", nm.array_equiv),
+    )
 }
 cases_kind(
     "predicates over whole arrays",
@@ -920,48 +1138,76 @@ def _np_poly(fn, *args, **kwargs):
 
 
 POLYS = {
-    "nm.poly": {"plain": gives(lambda: nm.poly(jnp.asarray([1.0, 2.0])), _np_poly(np.poly, [1.0, 2.0])),
-                "extra": must(lambda: nm.poly(X), nm.AxisError, "1-d"),
-                "zero": gives(lambda: nm.poly(values(Z)), _np_poly(np.poly, np.zeros(0)))},
-    "nm.polyadd": {"plain": gives(lambda: nm.polyadd(P3, [1.0]), _np_poly(np.polyadd, P3, [1.0])),
-                   "extra": must(lambda: nm.polyadd(X, P3), nm.AxisError, "1-d"),
-                   "size": gives(lambda: nm.polyadd(P3, P2), _np_poly(np.polyadd, P3, P2)),
-                   "dtype": gives(lambda: nm.polyadd(P3.astype(jnp.int32), P2),
-                                  _np_poly(np.polyadd, P3.astype(jnp.int32), P2))},
-    "nm.polysub": {"plain": gives(lambda: nm.polysub(P3, [1.0]), _np_poly(np.polysub, P3, [1.0])),
-                   "size": gives(lambda: nm.polysub(P3, P2), _np_poly(np.polysub, P3, P2))},
-    "nm.polymul": {"plain": gives(lambda: nm.polymul(P3, [2.0]), _np_poly(np.polymul, P3, [2.0])),
-                   "size": gives(lambda: nm.polymul(P3, P2), _np_poly(np.polymul, P3, P2))},
-    "nm.polydiv": {"plain": gives(lambda: nm.polydiv(P3, [1.0, -1.0])[0], _np_poly(lambda a, b: np.polydiv(a, b)[0], P3,
-                                                                                  [1.0, -1.0]))},
-    "nm.polyint": {"range": must(lambda: nm.polyint(P3, -1), nm.ArgumentError, "m=-1"),
-                   "zero": gives(lambda: nm.polyint(values(Z)), _np_poly(np.polyint, np.zeros(0)))},
-    "nm.polyder": {"range": checks(must(lambda: nm.polyder(P3, -1), nm.ArgumentError, "m=-1"),
-                                   gives(lambda: nm.polyder(P3, 5), _np_poly(np.polyder, P3, 5)))},
-    "nm.polyfit": {"size": must(lambda: nm.polyfit(S4, values(Axis("s", 3)), 1), nm.AxisError, "s=3"),
-                   "extra": must(lambda: nm.polyfit(values(A, B), values(A, B), 1), nm.AxisError, "one axis"),
-                   "zero": must(lambda: nm.polyfit(values(Z), values(Z), 1), nm.ArgumentError, "'z'"),
-                   "range": must(lambda: nm.polyfit(S4, S4, -1), nm.ArgumentError, "deg=-1")},
-    "nm.roots": {"plain": gives(lambda: np.sort(np.asarray(nm.roots([1.0, -3.0, 2.0]).array).real),
-                                lambda: np.asarray([1.0, 2.0])),
-                 "zero": gives(lambda: nm.roots(values(Z)), _np_poly(np.roots, np.zeros(0)))},
-    "nm.trim_zeros": {"plain": gives(lambda: nm.trim_zeros([0.0, 1.0, 0.0]),
-                                     _np_poly(np.trim_zeros, np.asarray([0.0, 1.0, 0.0])))},
-    "nm.vander": {"plain": must(lambda: nm.vander(jnp.arange(3.0), "d"), nm.ArgumentTypeError, WRAP),
-                  "extra": must(lambda: nm.vander(X, "d"), nm.AxisError, "1-d"),
-                  "zero": lambda: _same_names(runs(lambda: nm.vander(values(Z), "d")), ("z", "d"))},
-    "nm.polyval": {"plain": gives(lambda: nm.polyval(jnp.asarray([1.0, 2.0]), 3.0), lambda: np.asarray(5.0)),
-                   "missing": must(lambda: nm.polyval(values(A, B), X, "nope"), nm.AxisError, "'nope'"),
-                   "extra": lambda: per_slice(lambda v: nm.polyval(P3, v), with_extra(X)),
-                   "size": must(lambda: nm.polyval(values(A.resize(5), B), X, "b"), nm.AxisError, "'a'")},
+    "nm.poly": {
+        "plain": gives(lambda: nm.poly(jnp.asarray([1.0, 2.0])), _np_poly(np.poly, [1.0, 2.0])),
+        "extra": must(lambda: nm.poly(X), nm.AxisError, "1-d"),
+        "zero": gives(lambda: nm.poly(values(Z)), _np_poly(np.poly, np.zeros(0))),
+    },
+    "nm.polyadd": {
+        "plain": gives(lambda: nm.polyadd(P3, [1.0]), _np_poly(np.polyadd, P3, [1.0])),
+        "extra": must(lambda: nm.polyadd(X, P3), nm.AxisError, "1-d"),
+        "size": gives(lambda: nm.polyadd(P3, P2), _np_poly(np.polyadd, P3, P2)),
+        "dtype": gives(lambda: nm.polyadd(P3.astype(jnp.int32), P2), _np_poly(np.polyadd, P3.astype(jnp.int32), P2)),
+    },
+    "nm.polysub": {
+        "plain": gives(lambda: nm.polysub(P3, [1.0]), _np_poly(np.polysub, P3, [1.0])),
+        "size": gives(lambda: nm.polysub(P3, P2), _np_poly(np.polysub, P3, P2)),
+    },
+    "nm.polymul": {
+        "plain": gives(lambda: nm.polymul(P3, [2.0]), _np_poly(np.polymul, P3, [2.0])),
+        "size": gives(lambda: nm.polymul(P3, P2), _np_poly(np.polymul, P3, P2)),
+    },
+    "nm.polydiv": {
+        "plain": gives(
+            lambda: nm.polydiv(P3, [1.0, -1.0])[0], _np_poly(lambda a, b: np.polydiv(a, b)[0], P3, [1.0, -1.0])
+        )
+    },
+    "nm.polyint": {
+        "range": must(lambda: nm.polyint(P3, -1), nm.ArgumentError, "m=-1"),
+        "zero": gives(lambda: nm.polyint(values(Z)), _np_poly(np.polyint, np.zeros(0))),
+    },
+    "nm.polyder": {
+        "range": checks(
+            must(lambda: nm.polyder(P3, -1), nm.ArgumentError, "m=-1"),
+            gives(lambda: nm.polyder(P3, 5), _np_poly(np.polyder, P3, 5)),
+        )
+    },
+    "nm.polyfit": {
+        "size": must(lambda: nm.polyfit(S4, values(Axis("s", 3)), 1), nm.AxisError, "s=3"),
+        "extra": must(lambda: nm.polyfit(values(A, B), values(A, B), 1), nm.AxisError, "one axis"),
+        "zero": must(lambda: nm.polyfit(values(Z), values(Z), 1), nm.ArgumentError, "'z'"),
+        "range": must(lambda: nm.polyfit(S4, S4, -1), nm.ArgumentError, "deg=-1"),
+    },
+    "nm.roots": {
+        "plain": gives(
+            lambda: np.sort(np.asarray(nm.roots([1.0, -3.0, 2.0]).array).real), lambda: np.asarray([1.0, 2.0])
+        ),
+        "zero": gives(lambda: nm.roots(values(Z)), _np_poly(np.roots, np.zeros(0))),
+    },
+    "nm.trim_zeros": {
+        "plain": gives(lambda: nm.trim_zeros([0.0, 1.0, 0.0]), _np_poly(np.trim_zeros, np.asarray([0.0, 1.0, 0.0])))
+    },
+    "nm.vander": {
+        "plain": must(lambda: nm.vander(jnp.arange(3.0), "d"), nm.ArgumentTypeError, WRAP),
+        "extra": must(lambda: nm.vander(X, "d"), nm.AxisError, "1-d"),
+        "zero": lambda: _same_names(runs(lambda: nm.vander(values(Z), "d")), ("z", "d")),
+    },
+    "nm.polyval": {
+        "plain": gives(lambda: nm.polyval(jnp.asarray([1.0, 2.0]), 3.0), lambda: np.asarray(5.0)),
+        "missing": must(lambda: nm.polyval(values(A, B), X, "nope"), nm.AxisError, "'nope'"),
+        "extra": lambda: per_slice(lambda v: nm.polyval(P3, v), with_extra(X)),
+        "size": must(lambda: nm.polyval(values(A.resize(5), B), X, "b"), nm.AxisError, "'a'"),
+    },
 }
 cases_kind(
     "polynomials",
     POLYS,
     plain="a sequence or a 1-d plain array is a polynomial (numpy's form); `vander` takes a 1-d NamedArray",
     missing="`AxisError` naming it (`polyval`'s coefficient axis)",
-    extra=("a polynomial has one axis: more is an `AxisError`; `polyval` broadcasts its points and the other axes of "
-           "its coefficients by name"),
+    extra=(
+        "a polynomial has one axis: more is an `AxisError`; `polyval` broadcasts its points and the other axes of "
+        "its coefficients by name"
+    ),
     size="coefficients of different lengths combine as in numpy; `polyfit`'s samples share one axis (`AxisError`)",
     zero="numpy's (the empty polynomial); `polyfit` of no points: `ArgumentError`",
     dtype="numpy's promotion",
@@ -972,44 +1218,68 @@ cases_kind(
 # ---- creation ----------------------------------------------------------------------------------------------
 
 CREATION = {
-    "nm.zeros": {"missing": must(lambda: nm.zeros(("a", "b")), nm.AxisError, "'a'"),
-                 "zero": lambda: _same_names(nm.zeros((A, Z)), ("a", "z")),
-                 "plain": must(lambda: nm.zeros(plain()), nm.AxisError, "Axis")},
-    "nm.ones": {"missing": must(lambda: nm.ones("a"), nm.AxisError, "'a'"),
-                "zero": lambda: _same_names(nm.ones((Z,)), ("z",))},
-    "nm.full": {"zero": lambda: _same_names(nm.full((A, Z), 1.0), ("a", "z")),
-                "plain": must(lambda: nm.full((A,), jnp.ones(3)), nm.ArgumentTypeError, "fill_value"),
-                "extra": must(lambda: nm.full((A,), values(B)), nm.ArgumentTypeError, "fill_value"),
-                "dtype": gives(lambda: nm.full((A,), 2.5, jnp.int32), lambda: np.full(3, 2))},
-    "nm.full_like": {"plain": must(lambda: nm.full_like(plain(), 1.0), nm.ArgumentTypeError, WRAP),
-                     "zero": lambda: _same_names(nm.full_like(values(A, Z), 1.0), ("a", "z")),
-                     "extra": must(lambda: nm.full_like(X, values(C)), nm.ArgumentTypeError, "fill_value")},
+    "nm.zeros": {
+        "missing": must(lambda: nm.zeros(("a", "b")), nm.AxisError, "'a'"),
+        "zero": lambda: _same_names(nm.zeros((A, Z)), ("a", "z")),
+        "plain": must(lambda: nm.zeros(plain()), nm.AxisError, "Axis"),
+    },
+    "nm.ones": {
+        "missing": must(lambda: nm.ones("a"), nm.AxisError, "'a'"),
+        "zero": lambda: _same_names(nm.ones((Z,)), ("z",)),
+    },
+    "nm.full": {
+        "zero": lambda: _same_names(nm.full((A, Z), 1.0), ("a", "z")),
+        "plain": must(lambda: nm.full((A,), jnp.ones(3)), nm.ArgumentTypeError, "fill_value"),
+        "extra": must(lambda: nm.full((A,), values(B)), nm.ArgumentTypeError, "fill_value"),
+        "dtype": gives(lambda: nm.full((A,), 2.5, jnp.int32), lambda: np.full(3, 2)),
+    },
+    "nm.full_like": {
+        "plain": must(lambda: nm.full_like(plain(), 1.0), nm.ArgumentTypeError, WRAP),
+        "zero": lambda: _same_names(nm.full_like(values(A, Z), 1.0), ("a", "z")),
+        "extra": must(lambda: nm.full_like(X, values(C)), nm.ArgumentTypeError, "fill_value"),
+    },
     "nm.zeros_like": {"plain": must(lambda: nm.zeros_like(plain()), nm.ArgumentTypeError, WRAP)},
     "nm.ones_like": {"plain": must(lambda: nm.ones_like(plain()), nm.ArgumentTypeError, WRAP)},
-    "nm.arange": {"missing": must(lambda: nm.arange("a"), nm.AxisError, "'a'"),
-                  "zero": lambda: _same_names(nm.arange(Z), ("z",))},
-    "nm.linspace": {"missing": gives(lambda: nm.linspace("a", start=0.0, stop=1.0), lambda: np.linspace(0.0, 1.0)),
-                    "zero": gives(lambda: nm.linspace(Z, start=0.0, stop=1.0), lambda: np.linspace(0.0, 1.0, 0))},
+    "nm.arange": {
+        "missing": must(lambda: nm.arange("a"), nm.AxisError, "'a'"),
+        "zero": lambda: _same_names(nm.arange(Z), ("z",)),
+    },
+    "nm.linspace": {
+        "missing": gives(lambda: nm.linspace("a", start=0.0, stop=1.0), lambda: np.linspace(0.0, 1.0)),
+        "zero": gives(lambda: nm.linspace(Z, start=0.0, stop=1.0), lambda: np.linspace(0.0, 1.0, 0)),
+    },
     "nm.logspace": {"zero": gives(lambda: nm.logspace(Z, start=0.0, stop=1.0), lambda: np.logspace(0.0, 1.0, 0))},
-    "nm.geomspace": {"zero": gives(lambda: nm.geomspace(Z, start=1.0, stop=2.0), lambda: np.geomspace(1.0, 2.0, 0)),
-                     "range": must(lambda: nm.geomspace(B, start=0.0, stop=1.0), nm.ArgumentError, "0")},
-    "nm.fftfreq": {"missing": must(lambda: nm.fftfreq("b"), nm.AxisError, "'b'"),
-                   "zero": lambda: numpy_or_refused(lambda: nm.fftfreq(Z), lambda: np.fft.fftfreq(0), nm.AxisError, "'z'")},
-    "nm.named": {"plain": gives(lambda: nm.named(plain(), ("a", "b")), lambda: X),
-                 "missing": must(lambda: nm.named(plain(), ("a",)), nm.AxisError, "2 dimensions", "1 axes"),
-                 "extra": must(lambda: nm.named(plain(), ("a", "b", "c")), nm.AxisError, "3 axes"),
-                 "size": must(lambda: nm.named(plain(), (A, B.resize(5))), nm.AxisError, "'b'", "5"),
-                 "zero": lambda: _same_names(nm.named(jnp.zeros((3, 0)), ("a", "z")), ("a", "z"))},
+    "nm.geomspace": {
+        "zero": gives(lambda: nm.geomspace(Z, start=1.0, stop=2.0), lambda: np.geomspace(1.0, 2.0, 0)),
+        "range": must(lambda: nm.geomspace(B, start=0.0, stop=1.0), nm.ArgumentError, "0"),
+    },
+    "nm.fftfreq": {
+        "missing": must(lambda: nm.fftfreq("b"), nm.AxisError, "'b'"),
+        "zero": lambda: numpy_or_refused(lambda: nm.fftfreq(Z), lambda: np.fft.fftfreq(0), nm.AxisError, "'z'"),
+    },
+    "nm.named": {
+        "plain": gives(lambda: nm.named(plain(), ("a", "b")), lambda: X),
+        "missing": must(lambda: nm.named(plain(), ("a",)), nm.AxisError, "2 dimensions", "1 axes"),
+        "extra": must(lambda: nm.named(plain(), ("a", "b", "c")), nm.AxisError, "3 axes"),
+        "size": must(lambda: nm.named(plain(), (A, B.resize(5))), nm.AxisError, "'b'", "5"),
+        "zero": lambda: _same_names(nm.named(jnp.zeros((3, 0)), ("a", "z")), ("a", "z")),
+    },
 }
 cases_kind(
     "creation",
     CREATION,
-    plain=("`nm.named` wraps it (the way in); the `*_like` functions: `ArgumentTypeError`; a fill value with "
-           "dimensions: `ArgumentTypeError`"),
-    missing=("a bare name where a size is needed: `AxisError` naming it (`linspace` and friends: numpy's 50 samples, "
-             "as Haliax); `nm.named`'s names must count the dimensions"),
-    extra=("a fill value with axes: `ArgumentTypeError` (use `nm.broadcast_to`); `nm.named` with more names than "
-           "dimensions: `AxisError`"),
+    plain=(
+        "`nm.named` wraps it (the way in); the `*_like` functions: `ArgumentTypeError`; a fill value with "
+        "dimensions: `ArgumentTypeError`"
+    ),
+    missing=(
+        "a bare name where a size is needed: `AxisError` naming it (`linspace` and friends: numpy's 50 samples, "
+        "as Haliax); `nm.named`'s names must count the dimensions"
+    ),
+    extra=(
+        "a fill value with axes: `ArgumentTypeError` (use `nm.broadcast_to`); `nm.named` with more names than "
+        "dimensions: `AxisError`"
+    ),
     size="`nm.named`: an Axis whose size is not the dimension's: `AxisError`",
     zero="an empty array (numpy's); `fftfreq` of no points: `AxisError`, as numpy refuses",
     dtype="`dtype=` as jnp takes it (a fill value is cast)",
@@ -1019,7 +1289,13 @@ cases_kind(
 
 # ---- layers ------------------------------------------------------------------------------------------------
 
-Batch, Pos, Embed, Mlp, Vocab = Axis("batch", 2), Axis("position", 3), Axis("embed", 4), Axis("mlp", 6), Axis("vocab", 5)
+Batch, Pos, Embed, Mlp, Vocab = (
+    Axis("batch", 2),
+    Axis("position", 3),
+    Axis("embed", 4),
+    Axis("mlp", 6),
+    Axis("vocab", 5),
+)
 Experts, Layers, Out = Axis("experts", 2), Axis("layers", 2), Axis("out", 4)
 H = values(Batch, Pos, Embed, seed=7)
 
@@ -1064,34 +1340,70 @@ LAYERS: dict[str, Layer] = {
     "nn.Int8Linear": Layer(lambda: nn.quantize(nn.Linear.init(Embed, Mlp, key=KEY), "int8")),
     "nn.Int8WeightLinear": Layer(lambda: nn.quantize(nn.Linear.init(Embed, Mlp, key=KEY), "int8_weight")),
     "nn.Fp8Linear": Layer(lambda: nn.quantize(nn.Linear.init(Embed, Mlp, key=KEY), "fp8"), per_slice=False),
-    "nn.MoELinear": Layer(lambda: nn.MoELinear.init(Experts, Embed, Mlp, key=KEY),
-                          lambda m, x: m(x, _group_sizes(x) if nm.is_named_array(x) else jnp.asarray([3, 3])),
-                          per_slice=False,
-                          range=must(lambda: nn.MoELinear.init(Experts, Embed, Mlp, key=KEY)(H, jnp.asarray([1, 1])),
-                                     nm.ArgumentError, "6")),
+    "nn.MoELinear": Layer(
+        lambda: nn.MoELinear.init(Experts, Embed, Mlp, key=KEY),
+        lambda m, x: m(x, _group_sizes(x) if nm.is_named_array(x) else jnp.asarray([3, 3])),
+        per_slice=False,
+        range=must(
+            lambda: nn.MoELinear.init(Experts, Embed, Mlp, key=KEY)(H, jnp.asarray([1, 1])), nm.ArgumentError, "6"
+        ),
+    ),
     "nn.MoE": Layer(_moe, lambda m, x: m(x)[0], clash=None),
     "nn.LayerNorm": Layer(lambda: nn.LayerNorm.init(Embed), clash=None),
     "nn.RMSNorm": Layer(lambda: nn.RMSNorm.init(Embed), clash=None),
-    "nn.Dropout": Layer(lambda: nn.Dropout(0.5), lambda m, x: m(x, key=KEY), In=None, clash=None, per_slice=False,
-                        sized=False,
-                        range=must(lambda: nn.Dropout(1.5)(H, key=KEY), nm.ArgumentError, "1.5")),
-    "nn.Conv": Layer(lambda: nn.Conv.init("position", Embed, Out, 2, key=KEY), clash="out",
-                     range=must(lambda: nn.Conv.init("position", Embed, Out, 5, key=KEY)(H), nm.ArgumentError, "5")),
+    "nn.Dropout": Layer(
+        lambda: nn.Dropout(0.5),
+        lambda m, x: m(x, key=KEY),
+        In=None,
+        clash=None,
+        per_slice=False,
+        sized=False,
+        range=must(lambda: nn.Dropout(1.5)(H, key=KEY), nm.ArgumentError, "1.5"),
+    ),
+    "nn.Conv": Layer(
+        lambda: nn.Conv.init("position", Embed, Out, 2, key=KEY),
+        clash="out",
+        range=must(lambda: nn.Conv.init("position", Embed, Out, 5, key=KEY)(H), nm.ArgumentError, "5"),
+    ),
     "nn.ConvTranspose": Layer(lambda: nn.ConvTranspose.init("position", Embed, Out, 2, key=KEY), clash="out"),
-    "nn.Stacked": Layer(lambda: nn.Stacked.init(Layers, _block, key=KEY), lambda m, x: m.fold(x), clash=None,
-                        # a scanned carry keeps its dtype: float blocks on an int input are refused, naming it
-                        dtype=must(lambda: _layer("nn.Stacked")[1].fold(H.astype(jnp.int32)), nm.AxisError,
-                                   "int32 -> float32")),
+    "nn.Stacked": Layer(
+        lambda: nn.Stacked.init(Layers, _block, key=KEY),
+        lambda m, x: m.fold(x),
+        clash=None,
+        # a scanned carry keeps its dtype: float blocks on an int input are refused, naming it
+        dtype=must(lambda: _layer("nn.Stacked")[1].fold(H.astype(jnp.int32)), nm.AxisError, "int32 -> float32"),
+    ),
     "nn.BlockSeq": Layer(lambda: nn.BlockSeq.init(Layers, _block, key=KEY), lambda m, x: m.fold(x), clash=None),
-    "nn.max_pool": Layer(lambda: None, lambda m, x: nn.max_pool(x, {"position": 2}), In="position", clash=None,
-                         sized=False, range=must(lambda: nn.max_pool(H, {"position": 4}), nm.ArgumentError, "4")),
-    "nn.min_pool": Layer(lambda: None, lambda m, x: nn.min_pool(x, {"position": 2}), In="position", clash=None,
-                         sized=False, range=must(lambda: nn.min_pool(H, {"position": 0}), nm.ArgumentError, "0")),
-    "nn.mean_pool": Layer(lambda: None, lambda m, x: nn.mean_pool(x, {"position": 2}), In="position", clash=None,
-                          sized=False),
-    "nn.Embedding": Layer(lambda: nn.Embedding.init(Vocab, Embed, key=KEY), lambda m, x: m.unembed(x), clash="vocab",
-                          range=must(lambda: nn.Embedding.init(Vocab, Embed, key=KEY)(nm.named(jnp.asarray([1, 5]), "k")),
-                                     nm.AxisError, "index 5", "'vocab'")),
+    "nn.max_pool": Layer(
+        lambda: None,
+        lambda m, x: nn.max_pool(x, {"position": 2}),
+        In="position",
+        clash=None,
+        sized=False,
+        range=must(lambda: nn.max_pool(H, {"position": 4}), nm.ArgumentError, "4"),
+    ),
+    "nn.min_pool": Layer(
+        lambda: None,
+        lambda m, x: nn.min_pool(x, {"position": 2}),
+        In="position",
+        clash=None,
+        sized=False,
+        range=must(lambda: nn.min_pool(H, {"position": 0}), nm.ArgumentError, "0"),
+    ),
+    "nn.mean_pool": Layer(
+        lambda: None, lambda m, x: nn.mean_pool(x, {"position": 2}), In="position", clash=None, sized=False
+    ),
+    "nn.Embedding": Layer(
+        lambda: nn.Embedding.init(Vocab, Embed, key=KEY),
+        lambda m, x: m.unembed(x),
+        clash="vocab",
+        range=must(
+            lambda: nn.Embedding.init(Vocab, Embed, key=KEY)(nm.named(jnp.asarray([1, 5]), "k")),
+            nm.AxisError,
+            "index 5",
+            "'vocab'",
+        ),
+    ),
 }
 _BUILT: dict[str, Any] = {}
 
@@ -1124,8 +1436,11 @@ def _layer_extra(name, fn):
     else:
         assert "c" in runs(lambda: call(x)).names
     if spec.clash:
-        refused(lambda: spec.call(m, nm.broadcast_axis(_layer_input(spec), Axis(spec.clash, 2))), nm.AxisError,
-                f"{spec.clash!r}")
+        refused(
+            lambda: spec.call(m, nm.broadcast_axis(_layer_input(spec), Axis(spec.clash, 2))),
+            nm.AxisError,
+            f"{spec.clash!r}",
+        )
 
 
 def _layer_zero(name, fn):
@@ -1152,27 +1467,56 @@ def _layer_dtype(name, fn):
 kind(
     "layers",
     " ".join(LAYERS),
-    plain=Rule("`ArgumentTypeError`: wrap it with `nm.named`",
-               lambda name, fn: refused(lambda: _layer(name)[0].call(_layer(name)[1], plain(_layer_input(_layer(name)[0]))),
-                                        nm.ArgumentTypeError, WRAP)),
-    missing=Rule("an input without the axis the layer consumes: `AxisError` naming it",
-                 lambda name, fn: _layer(name)[0].In and refused(lambda: _layer(name)[0].call(_layer(name)[1], renamed(
-                     _layer_input(_layer(name)[0]), _layer(name)[0].In, "other")), nm.AxisError,
-                     f"'{_layer(name)[0].In}'")),
-    extra=Rule("a batch axis: kept, each slice on its own; an input that already has an axis the layer makes: "
-               "`AxisError`", _layer_extra),
-    size=Rule("the consumed axis at another size than the layer's: `AxisError` naming it",
-              lambda name, fn: _layer(name)[0].sized and refused(
-                  lambda: _layer(name)[0].call(_layer(name)[1], resized(_layer_input(_layer(name)[0]),
-                                                                        _layer(name)[0].In, 5)),
-                  nm.AxisError, f"'{_layer(name)[0].In}'")),
+    plain=Rule(
+        "`ArgumentTypeError`: wrap it with `nm.named`",
+        lambda name, fn: refused(
+            lambda: _layer(name)[0].call(_layer(name)[1], plain(_layer_input(_layer(name)[0]))),
+            nm.ArgumentTypeError,
+            WRAP,
+        ),
+    ),
+    missing=Rule(
+        "an input without the axis the layer consumes: `AxisError` naming it",
+        lambda name, fn: (
+            _layer(name)[0].In
+            and refused(
+                lambda: _layer(name)[0].call(
+                    _layer(name)[1], renamed(_layer_input(_layer(name)[0]), _layer(name)[0].In, "other")
+                ),
+                nm.AxisError,
+                f"'{_layer(name)[0].In}'",
+            )
+        ),
+    ),
+    extra=Rule(
+        "a batch axis: kept, each slice on its own; an input that already has an axis the layer makes: `AxisError`",
+        _layer_extra,
+    ),
+    size=Rule(
+        "the consumed axis at another size than the layer's: `AxisError` naming it",
+        lambda name, fn: (
+            _layer(name)[0].sized
+            and refused(
+                lambda: _layer(name)[0].call(
+                    _layer(name)[1], resized(_layer_input(_layer(name)[0]), _layer(name)[0].In, 5)
+                ),
+                nm.AxisError,
+                f"'{_layer(name)[0].In}'",
+            )
+        ),
+    ),
     zero=Rule("a batch of 0: an empty result with the axes of any batch", _layer_zero),
-    dtype=Rule("an int or bool input computes as its float value (the result is floating, never truncated); "
-               "`Embedding` ids must be integers (`AxisError`); `Stacked`'s carry keeps its dtype (`AxisError` naming "
-               "the change)", _layer_dtype),
-    range=Rule("`Dropout`'s rate outside [0, 1], a window larger than the padded axis: `ArgumentError`; "
-               "`Embedding` ids: the gather rule (`AxisError` when known before tracing)",
-               lambda name, fn: LAYERS[name].range and LAYERS[name].range()),
+    dtype=Rule(
+        "an int or bool input computes as its float value (the result is floating, never truncated); "
+        "`Embedding` ids must be integers (`AxisError`); `Stacked`'s carry keeps its dtype (`AxisError` naming "
+        "the change)",
+        _layer_dtype,
+    ),
+    range=Rule(
+        "`Dropout`'s rate outside [0, 1], a window larger than the padded axis: `ArgumentError`; "
+        "`Embedding` ids: the gather rule (`AxisError` when known before tracing)",
+        lambda name, fn: LAYERS[name].range and LAYERS[name].range(),
+    ),
 )
 
 
@@ -1209,27 +1553,43 @@ LOSSES = {
     "nn.cross_entropy_loss": {
         "plain": must(lambda: _ce(plain(LOGITS), TOKENS), nm.ArgumentTypeError, WRAP),
         "missing": must(lambda: _ce(renamed(LOGITS, "vocab", "v"), TOKENS), nm.AxisError, "'vocab'"),
-        "extra": checks(lambda: _extra_pair(_per_token(_ce), LOGITS, TOKENS),
-                        must(lambda: _ce(LOGITS, nm.broadcast_axis(TOKENS, C)), nm.AxisError, "c=2"),
-                        must(lambda: _ce(LOGITS, TOKENS, where=values(C) > 0), nm.AxisError, "c=2")),
+        "extra": checks(
+            lambda: _extra_pair(_per_token(_ce), LOGITS, TOKENS),
+            must(lambda: _ce(LOGITS, nm.broadcast_axis(TOKENS, C)), nm.AxisError, "c=2"),
+            must(lambda: _ce(LOGITS, TOKENS, where=values(C) > 0), nm.AxisError, "c=2"),
+        ),
         "size": must(lambda: _ce(LOGITS, resized(TOKENS, "position", 4) % 5), nm.AxisError, "position=4"),
-        "zero": checks(gives(lambda: _ce(values(Batch.resize(0), Pos, Vocab), values(Batch.resize(0), Pos, dtype=jnp.int32)),
-                             lambda: np.asarray(0.0)),
-                       gives(lambda: _ce(LOGITS, nm.full((Batch, Pos), -100, jnp.int32)), lambda: np.asarray(0.0))),
-        "dtype": checks(must(lambda: _ce(LOGITS, TOKENS.astype(jnp.float32)), nm.ArgumentTypeError, "float32"),
-                        must(lambda: _ce(LOGITS, TOKENS > 0), nm.ArgumentTypeError, "bool")),
-        "range": checks(must(lambda: _ce(LOGITS, TOKENS + 3), nm.ArgumentError, "outside [0, 5)"),
-                        lambda: _assert(bool(np.isnan(jax.jit(_ce)(LOGITS, TOKENS + 3).scalar())), "not NaN under jit"),
-                        must(lambda: _ce(LOGITS, TOKENS, label_smoothing=2.0), nm.ArgumentError, "label_smoothing")),
+        "zero": checks(
+            gives(
+                lambda: _ce(values(Batch.resize(0), Pos, Vocab), values(Batch.resize(0), Pos, dtype=jnp.int32)),
+                lambda: np.asarray(0.0),
+            ),
+            gives(lambda: _ce(LOGITS, nm.full((Batch, Pos), -100, jnp.int32)), lambda: np.asarray(0.0)),
+        ),
+        "dtype": checks(
+            must(lambda: _ce(LOGITS, TOKENS.astype(jnp.float32)), nm.ArgumentTypeError, "float32"),
+            must(lambda: _ce(LOGITS, TOKENS > 0), nm.ArgumentTypeError, "bool"),
+        ),
+        "range": checks(
+            must(lambda: _ce(LOGITS, TOKENS + 3), nm.ArgumentError, "outside [0, 5)"),
+            lambda: _assert(bool(np.isnan(jax.jit(_ce)(LOGITS, TOKENS + 3).scalar())), "not NaN under jit"),
+            must(lambda: _ce(LOGITS, TOKENS, label_smoothing=2.0), nm.ArgumentError, "label_smoothing"),
+        ),
     },
     "nn.next_token_loss": {
         "plain": must(lambda: nn.next_token_loss(LOGITS, plain(TOKENS)), nm.ArgumentTypeError, WRAP),
-        "missing": must(lambda: nn.next_token_loss(renamed(LOGITS, "position", "p"), renamed(TOKENS, "position", "p")),
-                        nm.AxisError, "'position'"),
+        "missing": must(
+            lambda: nn.next_token_loss(renamed(LOGITS, "position", "p"), renamed(TOKENS, "position", "p")),
+            nm.AxisError,
+            "'position'",
+        ),
         "extra": lambda: _extra_pair(_per_token(nn.next_token_loss), LOGITS, TOKENS),
-        "zero": gives(lambda: nn.next_token_loss(values(Batch, Pos.resize(1), Vocab),
-                                                 values(Batch, Pos.resize(1), dtype=jnp.int32) % 5),
-                      lambda: np.asarray(0.0)),
+        "zero": gives(
+            lambda: nn.next_token_loss(
+                values(Batch, Pos.resize(1), Vocab), values(Batch, Pos.resize(1), dtype=jnp.int32) % 5
+            ),
+            lambda: np.asarray(0.0),
+        ),
         "range": must(lambda: nn.next_token_loss(LOGITS, TOKENS + 3), nm.ArgumentError, "outside [0, 5)"),
     },
     "nn.next_token_targets": {
@@ -1240,31 +1600,52 @@ LOSSES = {
         "plain": must(lambda: _bw(plain(H), TOKENS), nm.ArgumentTypeError, WRAP),
         "missing": must(lambda: _bw(renamed(H, "embed", "e"), TOKENS), nm.AxisError, "'embed'"),
         "extra": lambda: _extra_pair(_per_token(_bw), H, TOKENS),
-        "size": must(lambda: nn.blockwise_cross_entropy_loss(H, resized(WV, "embed", 5), TOKENS, block_size=5),
-                     nm.AxisError, "'embed'"),
-        "zero": gives(lambda: _bw(values(Batch.resize(0), Pos, Embed), values(Batch.resize(0), Pos, dtype=jnp.int32)),
-                      lambda: np.asarray(0.0)),
-        "range": checks(must(lambda: _bw(H, TOKENS + 3), nm.ArgumentError, "outside [0, 5)"),
-                        must(lambda: nn.blockwise_cross_entropy_loss(H, WV, TOKENS, block_size=3), nm.ArgumentError,
-                             "block_size=3")),
+        "size": must(
+            lambda: nn.blockwise_cross_entropy_loss(H, resized(WV, "embed", 5), TOKENS, block_size=5),
+            nm.AxisError,
+            "'embed'",
+        ),
+        "zero": gives(
+            lambda: _bw(values(Batch.resize(0), Pos, Embed), values(Batch.resize(0), Pos, dtype=jnp.int32)),
+            lambda: np.asarray(0.0),
+        ),
+        "range": checks(
+            must(lambda: _bw(H, TOKENS + 3), nm.ArgumentError, "outside [0, 5)"),
+            must(
+                lambda: nn.blockwise_cross_entropy_loss(H, WV, TOKENS, block_size=3), nm.ArgumentError, "block_size=3"
+            ),
+        ),
     },
     "nn.blockwise_next_token_loss": {
-        "plain": must(lambda: nn.blockwise_next_token_loss(H, WV, plain(TOKENS), block_size=5), nm.ArgumentTypeError, WRAP),
-        "extra": lambda: _extra_pair(_per_token(lambda h, t, **kw: nn.blockwise_next_token_loss(h, WV, t, block_size=5,
-                                                                                               **kw)), H, TOKENS),
-        "range": must(lambda: nn.blockwise_next_token_loss(H, WV, TOKENS + 3, block_size=5), nm.ArgumentError, "[0, 5)"),
+        "plain": must(
+            lambda: nn.blockwise_next_token_loss(H, WV, plain(TOKENS), block_size=5), nm.ArgumentTypeError, WRAP
+        ),
+        "extra": lambda: _extra_pair(
+            _per_token(lambda h, t, **kw: nn.blockwise_next_token_loss(h, WV, t, block_size=5, **kw)), H, TOKENS
+        ),
+        "range": must(
+            lambda: nn.blockwise_next_token_loss(H, WV, TOKENS + 3, block_size=5), nm.ArgumentError, "[0, 5)"
+        ),
     },
     "nn.binary_cross_entropy_loss": {
         "plain": must(lambda: nn.binary_cross_entropy_loss(plain(LOGITS), LOGITS > 0), nm.ArgumentTypeError, WRAP),
-        "extra": checks(lambda: per_slice(lambda v: nn.binary_cross_entropy_loss(v, nm.sigmoid(v * 2.0),
-                                                                                  reduction="none"), with_extra(LOGITS)),
-                        must(lambda: nn.binary_cross_entropy_loss(with_extra(LOGITS), nm.sigmoid(LOGITS)), nm.AxisError,
-                             "'c'")),
-        "size": must(lambda: nn.binary_cross_entropy_loss(LOGITS, resized(LOGITS, "vocab", 4)), nm.AxisError, "vocab=4"),
-        "zero": gives(lambda: nn.binary_cross_entropy_loss(values(Batch.resize(0), Vocab), values(Batch.resize(0), Vocab)),
-                      lambda: np.asarray(0.0)),
-        "dtype": gives(lambda: nn.binary_cross_entropy_loss(LOGITS, (LOGITS > 0).astype(jnp.int32)),
-                       lambda: nn.binary_cross_entropy_loss(LOGITS, (LOGITS > 0).astype(jnp.float32))),
+        "extra": checks(
+            lambda: per_slice(
+                lambda v: nn.binary_cross_entropy_loss(v, nm.sigmoid(v * 2.0), reduction="none"), with_extra(LOGITS)
+            ),
+            must(lambda: nn.binary_cross_entropy_loss(with_extra(LOGITS), nm.sigmoid(LOGITS)), nm.AxisError, "'c'"),
+        ),
+        "size": must(
+            lambda: nn.binary_cross_entropy_loss(LOGITS, resized(LOGITS, "vocab", 4)), nm.AxisError, "vocab=4"
+        ),
+        "zero": gives(
+            lambda: nn.binary_cross_entropy_loss(values(Batch.resize(0), Vocab), values(Batch.resize(0), Vocab)),
+            lambda: np.asarray(0.0),
+        ),
+        "dtype": gives(
+            lambda: nn.binary_cross_entropy_loss(LOGITS, (LOGITS > 0).astype(jnp.int32)),
+            lambda: nn.binary_cross_entropy_loss(LOGITS, (LOGITS > 0).astype(jnp.float32)),
+        ),
     },
 }
 cases_kind(
@@ -1272,15 +1653,21 @@ cases_kind(
     LOSSES,
     plain="`ArgumentTypeError`: wrap it with `nm.named`",
     missing="`AxisError` naming the axis the loss reads (`vocab`, `position`, `embed`)",
-    extra=("a batch axis on the inputs: kept by `reduction=\"none\"`, each slice on its own; a target or `where=` "
-           "axis the logits lack: `AxisError`"),
+    extra=(
+        'a batch axis on the inputs: kept by `reduction="none"`, each slice on its own; a target or `where=` '
+        "axis the logits lack: `AxisError`"
+    ),
     size="`AxisError` naming the axis and both sizes",
     zero="no token to score (a batch of 0, all ignored or masked): a mean of 0, not NaN",
-    dtype=("targets are integer ids (or, for `cross_entropy_loss`, float probabilities over `vocab`): a bool or a "
-           "float without `vocab` is an `ArgumentTypeError`; binary targets may be 0/1 integers"),
-    range=("an id outside `[0, vocab)` other than `ignore_index` (-100): `ArgumentError` naming the first, when known "
-           "before tracing; NaN under `jit`; a `block_size` that does not divide the vocab, a smoothing outside "
-           "[0, 1]: `ArgumentError`"),
+    dtype=(
+        "targets are integer ids (or, for `cross_entropy_loss`, float probabilities over `vocab`): a bool or a "
+        "float without `vocab` is an `ArgumentTypeError`; binary targets may be 0/1 integers"
+    ),
+    range=(
+        "an id outside `[0, vocab)` other than `ignore_index` (-100): `ArgumentError` naming the first, when known "
+        "before tracing; NaN under `jit`; a `block_size` that does not divide the vocab, a smoothing outside "
+        "[0, 1]: `ArgumentError`"
+    ),
 )
 
 
@@ -1306,12 +1693,14 @@ ATTENTION = {
         "missing": must(lambda: _attend(q=renamed(Q, "head_size", "d")), nm.AxisError, "'head_size'"),
         "extra": lambda: per_slice(lambda v: _attend(q=v), with_extra(Q)),
         "size": must(lambda: _attend(k=resized(KV, "head_size", 3)), nm.AxisError, "'head_size'"),
-        "zero": checks(lambda: _same_names(runs(lambda: _attend(Q["batch", 0:0], KV["batch", 0:0], KV["batch", 0:0])),
-                                           Q.names),
-                       gives(lambda: _attend(k=KV["key_position", 0:0], v=KV["key_position", 0:0]),
-                             lambda: nm.zeros(Q.axes))),
-        "dtype": checks(must(lambda: _attend(mask=nm.ones((Pos, KPos))), nm.ArgumentTypeError, "boolean"),
-                        must(lambda: _attend(mask=nm.ones((Pos, KPos), jnp.int32)), nm.ArgumentTypeError, "boolean")),
+        "zero": checks(
+            lambda: _same_names(runs(lambda: _attend(Q["batch", 0:0], KV["batch", 0:0], KV["batch", 0:0])), Q.names),
+            gives(lambda: _attend(k=KV["key_position", 0:0], v=KV["key_position", 0:0]), lambda: nm.zeros(Q.axes)),
+        ),
+        "dtype": checks(
+            must(lambda: _attend(mask=nm.ones((Pos, KPos))), nm.ArgumentTypeError, "boolean"),
+            must(lambda: _attend(mask=nm.ones((Pos, KPos), jnp.int32)), nm.ArgumentTypeError, "boolean"),
+        ),
         "range": must(lambda: _attend(causal=True, window=0), nm.ArgumentError, "window=0"),
     },
     "nn.dot_product_attention_weights": {
@@ -1323,37 +1712,53 @@ ATTENTION = {
     },
     "nn.rotary_embedding": {
         "plain": must(lambda: nn.rotary_embedding(plain(Q), POSITIONS), nm.ArgumentTypeError, WRAP),
-        "missing": must(lambda: nn.rotary_embedding(renamed(Q, "head_size", "d"), POSITIONS), nm.AxisError, "'head_size'"),
+        "missing": must(
+            lambda: nn.rotary_embedding(renamed(Q, "head_size", "d"), POSITIONS), nm.AxisError, "'head_size'"
+        ),
         "extra": lambda: per_slice(lambda v: nn.rotary_embedding(v, POSITIONS), with_extra(Q)),
-        "size": checks(must(lambda: nn.rotary_embedding(Q, resized(POSITIONS, "position", 4)), nm.AxisError, "'position'"),
-                       must(lambda: nn.rotary_embedding(resized(Q, "head_size", 3), POSITIONS), nm.AxisError, "even")),
-        "zero": lambda: _same_names(runs(lambda: nn.rotary_embedding(Q["batch", 0:0], POSITIONS["batch", 0:0])), Q.names),
+        "size": checks(
+            must(lambda: nn.rotary_embedding(Q, resized(POSITIONS, "position", 4)), nm.AxisError, "'position'"),
+            must(lambda: nn.rotary_embedding(resized(Q, "head_size", 3), POSITIONS), nm.AxisError, "even"),
+        ),
+        "zero": lambda: _same_names(
+            runs(lambda: nn.rotary_embedding(Q["batch", 0:0], POSITIONS["batch", 0:0])), Q.names
+        ),
     },
-    "nn.alibi_bias": {"zero": lambda: _same_names(runs(lambda: nn.alibi_bias(Heads.resize(0), Pos, KPos)),
-                                                  ("heads", "position", "key_position")),
-                      "size": must(lambda: nn.alibi_bias(Heads, Pos, KPos, slopes=values(Heads.resize(3))), nm.AxisError,
-                                   "'heads'")},
+    "nn.alibi_bias": {
+        "zero": lambda: _same_names(
+            runs(lambda: nn.alibi_bias(Heads.resize(0), Pos, KPos)), ("heads", "position", "key_position")
+        ),
+        "size": must(lambda: nn.alibi_bias(Heads, Pos, KPos, slopes=values(Heads.resize(3))), nm.AxisError, "'heads'"),
+    },
     "nn.alibi_slopes": {"zero": lambda: _same_names(runs(lambda: nn.alibi_slopes(Heads.resize(0))), ("heads",))},
-    "nn.causal_mask": {"zero": lambda: _same_names(runs(lambda: nn.causal_mask(Pos, KPos.resize(0))),
-                                                   ("position", "key_position")),
-                       "range": must(lambda: nn.causal_mask(Pos, KPos, window=0), nm.ArgumentError, "window=0")},
+    "nn.causal_mask": {
+        "zero": lambda: _same_names(runs(lambda: nn.causal_mask(Pos, KPos.resize(0))), ("position", "key_position")),
+        "range": must(lambda: nn.causal_mask(Pos, KPos, window=0), nm.ArgumentError, "window=0"),
+    },
     "nn.chunked_mask": {"range": must(lambda: nn.chunked_mask(Pos, KPos, 0), nm.ArgumentError, "chunk")},
-    "nn.forgetful_causal_mask": {"range": must(lambda: nn.forgetful_causal_mask(KPos, 2.0, key=KEY), nm.ArgumentError,
-                                               "mask_prob")},
+    "nn.forgetful_causal_mask": {
+        "range": must(lambda: nn.forgetful_causal_mask(KPos, 2.0, key=KEY), nm.ArgumentError, "mask_prob")
+    },
     "nn.padding_mask": {
         "plain": must(lambda: nn.padding_mask(jnp.asarray([1, 2]), KPos), nm.ArgumentTypeError, WRAP),
         "missing": must(lambda: nn.padding_mask(POSITIONS > 0, "kp", Pos="p"), nm.AxisError, "'p'"),
-        "dtype": must(lambda: nn.padding_mask(nm.named(jnp.asarray([1.0, 2.0]), (Batch,)), KPos), nm.ArgumentTypeError,
-                      "float32"),
+        "dtype": must(
+            lambda: nn.padding_mask(nm.named(jnp.asarray([1.0, 2.0]), (Batch,)), KPos), nm.ArgumentTypeError, "float32"
+        ),
     },
-    "nn.segment_mask": {"plain": must(lambda: nn.segment_mask(plain(POSITIONS), POSITIONS), nm.ArgumentTypeError, WRAP),
-                        "size": must(lambda: nn.segment_mask(POSITIONS, resized(POSITIONS, "batch", 3)), nm.AxisError,
-                                     "'batch'")},
+    "nn.segment_mask": {
+        "plain": must(lambda: nn.segment_mask(plain(POSITIONS), POSITIONS), nm.ArgumentTypeError, WRAP),
+        "size": must(lambda: nn.segment_mask(POSITIONS, resized(POSITIONS, "batch", 3)), nm.AxisError, "'batch'"),
+    },
     "nn.positions_from_segments": {
         "plain": must(lambda: nn.positions_from_segments(plain(POSITIONS)), nm.ArgumentTypeError, WRAP),
-        "missing": must(lambda: nn.positions_from_segments(renamed(POSITIONS, "position", "p")), nm.AxisError, "'position'"),
+        "missing": must(
+            lambda: nn.positions_from_segments(renamed(POSITIONS, "position", "p")), nm.AxisError, "'position'"
+        ),
         "extra": lambda: per_slice(nn.positions_from_segments, with_extra(POSITIONS) % 2),
-        "dtype": must(lambda: nn.positions_from_segments(POSITIONS.astype(jnp.float32)), nm.ArgumentTypeError, "float32"),
+        "dtype": must(
+            lambda: nn.positions_from_segments(POSITIONS.astype(jnp.float32)), nm.ArgumentTypeError, "float32"
+        ),
     },
 }
 cases_kind(
@@ -1363,8 +1768,10 @@ cases_kind(
     missing="`AxisError` naming the axis (`head_size`, `key_position`, `position`)",
     extra="batch and head axes: kept, each slice on its own",
     size="`AxisError` naming the axis (`head_size`, `heads`, per-row offsets, positions)",
-    zero=("an empty batch: an empty result; no key at all: zeros; every key masked: uniform weights (documented "
-          "under `dot_product_attention`), never NaN"),
+    zero=(
+        "an empty batch: an empty result; no key at all: zeros; every key masked: uniform weights (documented "
+        "under `dot_product_attention`), never NaN"
+    ),
     dtype="masks are boolean, lengths and segment ids integers: otherwise `ArgumentTypeError`",
     range="a `window`, `chunk` below 1 or a probability outside [0, 1]: `ArgumentError` naming it",
 )
@@ -1375,21 +1782,29 @@ cases_kind(
 ROUTER = values(Batch, Pos, Experts, seed=13)
 
 ROUTING = {
-    "nn.route": {"plain": must(lambda: nn.route(plain(ROUTER), 1), nm.ArgumentTypeError, WRAP),
-                 "missing": must(lambda: nn.route(renamed(ROUTER, "experts", "e"), 1), nm.AxisError, "'experts'"),
-                 "extra": lambda: per_slice(lambda v: nn.route(v, 1), with_extra(ROUTER)),
-                 "zero": lambda: _same_names(runs(lambda: nn.route(ROUTER["batch", 0:0], 1)[0]),
-                                             ("batch", "position", "topk")),
-                 "range": checks(must(lambda: nn.route(ROUTER, 3), nm.ArgumentError, "k=3"),
-                                 must(lambda: nn.route(ROUTER, 0), nm.ArgumentError, "k=0"))},
-    "nn.router_stats": {"plain": must(lambda: nn.router_stats(plain(ROUTER), *nn.route(ROUTER, 1)[::-1][:2][::-1]),
-                                      nm.ArgumentTypeError, WRAP)},
+    "nn.route": {
+        "plain": must(lambda: nn.route(plain(ROUTER), 1), nm.ArgumentTypeError, WRAP),
+        "missing": must(lambda: nn.route(renamed(ROUTER, "experts", "e"), 1), nm.AxisError, "'experts'"),
+        "extra": lambda: per_slice(lambda v: nn.route(v, 1), with_extra(ROUTER)),
+        "zero": lambda: _same_names(runs(lambda: nn.route(ROUTER["batch", 0:0], 1)[0]), ("batch", "position", "topk")),
+        "range": checks(
+            must(lambda: nn.route(ROUTER, 3), nm.ArgumentError, "k=3"),
+            must(lambda: nn.route(ROUTER, 0), nm.ArgumentError, "k=0"),
+        ),
+    },
+    "nn.router_stats": {
+        "plain": must(
+            lambda: nn.router_stats(plain(ROUTER), *nn.route(ROUTER, 1)[::-1][:2][::-1]), nm.ArgumentTypeError, WRAP
+        )
+    },
     "nn.router_losses": {"missing": must(lambda: nn.router_losses({}), nm.ArgumentError, "expert_share")},
-    "nn.load_balancing_loss": {"plain": must(lambda: nn.load_balancing_loss(plain(ROUTER), nn.route(ROUTER, 1)[1]),
-                                             nm.ArgumentTypeError, WRAP)},
-    "nn.router_z_loss": {"plain": must(lambda: nn.router_z_loss(plain(ROUTER)), nm.ArgumentTypeError, WRAP),
-                         "missing": must(lambda: nn.router_z_loss(renamed(ROUTER, "experts", "e")), nm.AxisError,
-                                         "'experts'")},
+    "nn.load_balancing_loss": {
+        "plain": must(lambda: nn.load_balancing_loss(plain(ROUTER), nn.route(ROUTER, 1)[1]), nm.ArgumentTypeError, WRAP)
+    },
+    "nn.router_z_loss": {
+        "plain": must(lambda: nn.router_z_loss(plain(ROUTER)), nm.ArgumentTypeError, WRAP),
+        "missing": must(lambda: nn.router_z_loss(renamed(ROUTER, "experts", "e")), nm.AxisError, "'experts'"),
+    },
 }
 cases_kind(
     "routing",
@@ -1411,9 +1826,13 @@ def _step(c, r):
 
 TRANSFORMS = {
     "nm.vmap": {
-        "plain": checks(gives(lambda: nm.vmap(lambda r, q: r * q, "a")(X, jnp.arange(3.0)),
-                              lambda: np.asarray(X.array) * np.arange(3.0)[:, None]),
-                        must(lambda: nm.vmap(lambda r, q: r, "a")(X, jnp.ones(5)), nm.AxisError, "'a'", "5")),
+        "plain": checks(
+            gives(
+                lambda: nm.vmap(lambda r, q: r * q, "a")(X, jnp.arange(3.0)),
+                lambda: np.asarray(X.array) * np.arange(3.0)[:, None],
+            ),
+            must(lambda: nm.vmap(lambda r, q: r, "a")(X, jnp.ones(5)), nm.AxisError, "'a'", "5"),
+        ),
         "missing": must(lambda: nm.vmap(lambda r: r, "nope")(X), nm.AxisError, "'nope'"),
         "extra": lambda: per_slice(nm.vmap(lambda r: nm.softmax(r, "b"), "a"), with_extra(X)),
         "size": must(lambda: nm.vmap(lambda r, q: r, "a")(X, values(A.resize(5))), nm.AxisError, "'a'", "5"),
@@ -1422,18 +1841,27 @@ TRANSFORMS = {
     "nm.scan": {
         "plain": must(lambda: nm.scan(_step, "a")(0.0, X, jnp.ones(5)), nm.AxisError, "'a'", "5"),
         "missing": must(lambda: nm.scan(_step, "nope")(0.0, X), nm.AxisError, "'nope'"),
-        "extra": must(lambda: nm.scan(lambda c, r: (c * r, r), "a")(nm.zeros((B,)), with_extra(X)), nm.AxisError,
-                      "carry"),
+        "extra": must(
+            lambda: nm.scan(lambda c, r: (c * r, r), "a")(nm.zeros((B,)), with_extra(X)), nm.AxisError, "carry"
+        ),
         "size": must(lambda: nm.scan(lambda c, r, q: (c, r), "a")(0.0, X, values(A.resize(5))), nm.AxisError, "'a'"),
-        "zero": gives(lambda: nm.scan(_step, "z")(nm.named(jnp.float32(1.0), ()), values(Z, A))[0], lambda: np.asarray(1.0)),
+        "zero": gives(
+            lambda: nm.scan(_step, "z")(nm.named(jnp.float32(1.0), ()), values(Z, A))[0], lambda: np.asarray(1.0)
+        ),
         "dtype": must(lambda: nm.fold(lambda c, r: c * r, "a")(nm.zeros((B,), jnp.int32), X), nm.AxisError, "int32"),
     },
-    "nm.fold": {"missing": must(lambda: nm.fold(lambda c, r: c, "nope")(0.0, X), nm.AxisError, "'nope'"),
-                "zero": gives(lambda: nm.fold(lambda c, r: c + r.sum(), "z")(nm.named(jnp.float32(1.0), ()), values(Z, A)),
-                              lambda: np.asarray(1.0))},
-    "nm.map": {"missing": must(lambda: nm.map(lambda r: r, "nope")(X), nm.AxisError, "'nope'"),
-               "extra": lambda: per_slice(nm.map(lambda r: nm.softmax(r, "b"), "a"), with_extra(X)),
-               "zero": lambda: _same_names(runs(lambda: nm.map(lambda r: r * 2.0, "z")(values(Z, A))), ("z", "a"))},
+    "nm.fold": {
+        "missing": must(lambda: nm.fold(lambda c, r: c, "nope")(0.0, X), nm.AxisError, "'nope'"),
+        "zero": gives(
+            lambda: nm.fold(lambda c, r: c + r.sum(), "z")(nm.named(jnp.float32(1.0), ()), values(Z, A)),
+            lambda: np.asarray(1.0),
+        ),
+    },
+    "nm.map": {
+        "missing": must(lambda: nm.map(lambda r: r, "nope")(X), nm.AxisError, "'nope'"),
+        "extra": lambda: per_slice(nm.map(lambda r: nm.softmax(r, "b"), "a"), with_extra(X)),
+        "zero": lambda: _same_names(runs(lambda: nm.map(lambda r: r * 2.0, "z")(values(Z, A))), ("z", "a")),
+    },
     "nm.nmap": {
         "plain": must(lambda: nm.nmap(jnp.sum, consume="b", produce=())(plain()), nm.AxisError, "NamedArray"),
         "missing": must(lambda: nm.nmap(jnp.sum, consume="nope", produce=())(X), nm.AxisError, "'nope'"),
@@ -1446,29 +1874,43 @@ TRANSFORMS = {
         "dtype": must(lambda: nm.grad(lambda w: w.sum())(X.astype(jnp.int32)), nm.ArgumentTypeError, "int32"),
     },
     "nm.value_and_grad": {"extra": must(lambda: nm.value_and_grad(lambda w: w)(X), nm.AxisError, "reduce it first")},
-    "nm.tree_map_layers": {"plain": gives(lambda: nm.tree_map_layers(lambda v: v, plain()), lambda: plain()),
-                           "dtype": must(lambda: nm.tree_map_layers(3, X), nm.ArgumentTypeError, "function")},
-    "nm.resize_axis": {"missing": must(lambda: nm.resize_axis(X, "nope", 2), nm.AxisError, "'nope'"),
-                       "plain": gives(lambda: nm.resize_axis({"x": X, "p": plain()}, "b", 2)["p"], lambda: plain()),
-                       "zero": lambda: _same_names(runs(lambda: nm.resize_axis(X, "b", 0)), ("a", "b")),
-                       "range": must(lambda: nm.resize_axis(X, "b", -1), nm.ArgumentError, "-1")},
-    "nn.checkpoint_name": {"plain": must(lambda: nn.checkpoint_name(plain(), "h"), nm.ArgumentTypeError, WRAP),
-                           "dtype": must(lambda: nn.checkpoint_name(X, 3), nm.ArgumentTypeError, "3")},
-    "nm.tree_checkpoint_name": {"plain": lambda: runs(lambda: nm.tree_checkpoint_name(plain(), "h")),
-                                "dtype": must(lambda: nm.tree_checkpoint_name(X, 3), nm.ArgumentTypeError, "3")},
+    "nm.tree_map_layers": {
+        "plain": gives(lambda: nm.tree_map_layers(lambda v: v, plain()), lambda: plain()),
+        "dtype": must(lambda: nm.tree_map_layers(3, X), nm.ArgumentTypeError, "function"),
+    },
+    "nm.resize_axis": {
+        "missing": must(lambda: nm.resize_axis(X, "nope", 2), nm.AxisError, "'nope'"),
+        "plain": gives(lambda: nm.resize_axis({"x": X, "p": plain()}, "b", 2)["p"], lambda: plain()),
+        "zero": lambda: _same_names(runs(lambda: nm.resize_axis(X, "b", 0)), ("a", "b")),
+        "range": must(lambda: nm.resize_axis(X, "b", -1), nm.ArgumentError, "-1"),
+    },
+    "nn.checkpoint_name": {
+        "plain": must(lambda: nn.checkpoint_name(plain(), "h"), nm.ArgumentTypeError, WRAP),
+        "dtype": must(lambda: nn.checkpoint_name(X, 3), nm.ArgumentTypeError, "3"),
+    },
+    "nm.tree_checkpoint_name": {
+        "plain": lambda: runs(lambda: nm.tree_checkpoint_name(plain(), "h")),
+        "dtype": must(lambda: nm.tree_checkpoint_name(X, 3), nm.ArgumentTypeError, "3"),
+    },
 }
 cases_kind(
     "transforms and tree utilities",
     TRANSFORMS,
-    plain=("mapped (`vmap`, `scan`, `fold`, `map`) along its first dimension, whose size must be the axis' (else "
-           "`AxisError`); a tree utility leaves a plain leaf as it is; `nmap` and `checkpoint_name` need NamedArrays"),
+    plain=(
+        "mapped (`vmap`, `scan`, `fold`, `map`) along its first dimension, whose size must be the axis' (else "
+        "`AxisError`); a tree utility leaves a plain leaf as it is; `nmap` and `checkpoint_name` need NamedArrays"
+    ),
     missing="an axis that no input has (or that `nmap` consumes, `resize_axis` resizes): `AxisError` naming it",
-    extra=("inputs without the mapped axis are passed whole; `vmap` and `map` keep an extra axis per slice; a scan "
-           "carry must keep its axes, and a loss to differentiate must have none (`AxisError`)"),
+    extra=(
+        "inputs without the mapped axis are passed whole; `vmap` and `map` keep an extra axis per slice; a scan "
+        "carry must keep its axes, and a loss to differentiate must have none (`AxisError`)"
+    ),
     size="the mapped axis at two sizes: `AxisError` naming it and both sizes",
     zero="a mapped axis of size 0: no step runs (an empty result, the initial carry)",
-    dtype=("a scan carry keeps its dtype (`AxisError` naming the change); a loss to differentiate is floating, a "
-           "checkpoint name a string, a mapped function callable (`ArgumentTypeError`)"),
+    dtype=(
+        "a scan carry keeps its dtype (`AxisError` naming the change); a loss to differentiate is floating, a "
+        "checkpoint name a string, a mapped function callable (`ArgumentTypeError`)"
+    ),
     range="`resize_axis` to a negative size: `ArgumentError`",
 )
 
@@ -1483,10 +1925,16 @@ DRAW_PARAMS = {
     "bernoulli": ({"p": 0.5}, {"p": 1.5}),
     "randint": ({"minval": 0, "maxval": 5}, {"minval": 9}),
     **{n: ({p: 1.0 for p in nm.random.DRAWS[n][1]}, None) for n in nm.random.DRAWS},
-    "beta": ({"a": 1.0, "b": 1.0}, {"a": -1.0}), "gamma": ({"a": 1.0}, {"a": 0.0}), "loggamma": ({"a": 1.0}, {"a": -2.0}),
-    "poisson": ({"lam": 2.0}, {"lam": -1.0}), "t": ({"df": 3.0}, {"df": 0.0}), "chisquare": ({"df": 3.0}, {"df": -1.0}),
-    "pareto": ({"b": 2.0}, {"b": 0.0}), "geometric": ({"p": 0.5}, {"p": 2.0}),
-    "weibull_min": ({"scale": 1.0, "concentration": 1.0}, {"scale": -1.0}), "binomial": ({"n": 5.0, "p": 0.5}, {"p": -0.5}),
+    "beta": ({"a": 1.0, "b": 1.0}, {"a": -1.0}),
+    "gamma": ({"a": 1.0}, {"a": 0.0}),
+    "loggamma": ({"a": 1.0}, {"a": -2.0}),
+    "poisson": ({"lam": 2.0}, {"lam": -1.0}),
+    "t": ({"df": 3.0}, {"df": 0.0}),
+    "chisquare": ({"df": 3.0}, {"df": -1.0}),
+    "pareto": ({"b": 2.0}, {"b": 0.0}),
+    "geometric": ({"p": 0.5}, {"p": 2.0}),
+    "weibull_min": ({"scale": 1.0, "concentration": 1.0}, {"scale": -1.0}),
+    "binomial": ({"n": 5.0, "p": 0.5}, {"p": -0.5}),
     "block_draw": (None, None),
 }
 
@@ -1500,6 +1948,7 @@ def _draw(name, axes, **params):
 
 def _with_param(check):
     """A probe for the draws that take parameters: ``check(name, first parameter's name)``."""
+
     def probe(n, fn):
         params = DRAW_PARAMS[n.split(".")[-1]][0]
         if params:
@@ -1522,56 +1971,92 @@ def _draw_zero(name, fn):
 kind(
     "random draws over axes",
     " ".join(f"nm.random.{n}" for n in DRAW_PARAMS),
-    plain=Rule("a parameter with dimensions: `AxisError` (wrap it with `nm.named`); a number or a 0-d array is one "
-               "value for every entry",
-               _with_param(lambda n, p: refused(lambda: _draw(n, (A, B), **{p: jnp.ones((3, 4))}), nm.AxisError, WRAP))),
-    missing=Rule("an axis given by name alone (a draw needs its size): `AxisError` naming it",
-                 lambda name, fn: refused(lambda: _draw(name, ("a", "b")), nm.AxisError, "'a'")),
-    extra=Rule("a parameter's axes must be among the drawn ones: another is an `AxisError` naming it",
-               _with_param(lambda n, p: refused(lambda: _draw(n, (A,), **{p: _param_value(n, p, (C,))}), nm.AxisError,
-                                                "c=2"))),
-    size=Rule("a parameter axis of another size: `AxisError` naming it",
-              _with_param(lambda n, p: refused(lambda: _draw(n, (A, B), **{p: _param_value(n, p, (B.resize(5),))}),
-                                               nm.AxisError, "'b'"))),
+    plain=Rule(
+        "a parameter with dimensions: `AxisError` (wrap it with `nm.named`); a number or a 0-d array is one "
+        "value for every entry",
+        _with_param(lambda n, p: refused(lambda: _draw(n, (A, B), **{p: jnp.ones((3, 4))}), nm.AxisError, WRAP)),
+    ),
+    missing=Rule(
+        "an axis given by name alone (a draw needs its size): `AxisError` naming it",
+        lambda name, fn: refused(lambda: _draw(name, ("a", "b")), nm.AxisError, "'a'"),
+    ),
+    extra=Rule(
+        "a parameter's axes must be among the drawn ones: another is an `AxisError` naming it",
+        _with_param(lambda n, p: refused(lambda: _draw(n, (A,), **{p: _param_value(n, p, (C,))}), nm.AxisError, "c=2")),
+    ),
+    size=Rule(
+        "a parameter axis of another size: `AxisError` naming it",
+        _with_param(
+            lambda n, p: refused(
+                lambda: _draw(n, (A, B), **{p: _param_value(n, p, (B.resize(5),))}), nm.AxisError, "'b'"
+            )
+        ),
+    ),
     zero=Rule("an empty draw with the requested axes (`block_draw`: the raw array, of their sizes)", _draw_zero),
-    dtype=Rule("a dtype `jax.random` cannot draw (an int normal, a float randint): `ArgumentTypeError` naming it",
-               lambda name, fn: name in ("nm.random.normal", "nm.random.randint") and refused(
-                   lambda: fn(KEY, (A,), **DRAW_PARAMS[name.split(".")[-1]][0],
-                              dtype=jnp.int32 if name.endswith("normal") else jnp.float32),
-                   nm.ArgumentTypeError, "dtype")),
-    range=Rule("a parameter known before tracing outside its domain (a probability outside [0, 1], a shape or scale "
-               "<= 0, an interval in the wrong order): `ArgumentError` naming it; traced: jax.random's",
-               lambda name, fn: DRAW_PARAMS[name.split(".")[-1]][1] and refused(
-                   lambda: _draw(name, (A,), **DRAW_PARAMS[name.split(".")[-1]][1]), nm.ArgumentError,
-                   next(iter(DRAW_PARAMS[name.split(".")[-1]][1])))),
+    dtype=Rule(
+        "a dtype `jax.random` cannot draw (an int normal, a float randint): `ArgumentTypeError` naming it",
+        lambda name, fn: (
+            name in ("nm.random.normal", "nm.random.randint")
+            and refused(
+                lambda: fn(
+                    KEY,
+                    (A,),
+                    **DRAW_PARAMS[name.split(".")[-1]][0],
+                    dtype=jnp.int32 if name.endswith("normal") else jnp.float32,
+                ),
+                nm.ArgumentTypeError,
+                "dtype",
+            )
+        ),
+    ),
+    range=Rule(
+        "a parameter known before tracing outside its domain (a probability outside [0, 1], a shape or scale "
+        "<= 0, an interval in the wrong order): `ArgumentError` naming it; traced: jax.random's",
+        lambda name, fn: (
+            DRAW_PARAMS[name.split(".")[-1]][1]
+            and refused(
+                lambda: _draw(name, (A,), **DRAW_PARAMS[name.split(".")[-1]][1]),
+                nm.ArgumentError,
+                next(iter(DRAW_PARAMS[name.split(".")[-1]][1])),
+            )
+        ),
+    ),
 )
 
 KEYS = nm.named(jax.random.split(KEY, 3), (A,))
 FROM_ARRAYS = {
-    "nm.random.permutation": {"plain": must(lambda: nm.random.permutation(KEY, plain(), "b"), nm.ArgumentTypeError,
-                                            "NamedArray"),
-                              "missing": must(lambda: nm.random.permutation(KEY, X, "nope"), nm.AxisError, "'nope'"),
-                              "zero": lambda: _same_names(runs(lambda: nm.random.permutation(KEY, Z)), ("z",))},
-    "nm.random.choice": {"plain": must(lambda: nm.random.choice(KEY, plain(), (C,), axis="b"), nm.ArgumentTypeError,
-                                       "NamedArray"),
-                         "missing": must(lambda: nm.random.choice(KEY, X, (C,), axis="nope"), nm.AxisError, "'nope'"),
-                         "size": must(lambda: nm.random.choice(KEY, X, (C,), axis="b", p=values(B.resize(5))),
-                                      nm.AxisError, "b=5"),
-                         "zero": must(lambda: nm.random.choice(KEY, values(A, Z), (C,), axis="z"), nm.AxisError, "'z'"),
-                         "range": must(lambda: nm.random.choice(KEY, X, (Axis("d", 9),), axis="b", replace=False),
-                                       nm.ArgumentError, "d=9")},
-    "nm.random.categorical": {"plain": must(lambda: nm.random.categorical(KEY, plain(), "b"), nm.ArgumentTypeError, WRAP),
-                              "missing": must(lambda: nm.random.categorical(KEY, X, "nope"), nm.AxisError, "'nope'"),
-                              "zero": must(lambda: nm.random.categorical(KEY, values(A, Z), "z"), nm.AxisError, "'z'")},
-    "nm.random.dirichlet": {"plain": must(lambda: nm.random.dirichlet(KEY, jnp.ones(3), "a"), nm.ArgumentTypeError, WRAP),
-                            "missing": must(lambda: nm.random.dirichlet(KEY, X + 2.0, "nope"), nm.AxisError, "'nope'"),
-                            "range": must(lambda: nm.random.dirichlet(KEY, X, "b"), nm.ArgumentError, "> 0")},
-    "nm.random.split": {"plain": must(lambda: nm.random.split(jax.random.split(KEY, 3)), nm.ArgumentTypeError,
-                                      "nm.named"),
-                        "extra": must(lambda: nm.random.split(KEYS, A), nm.AxisError, "'a'"),
-                        "dtype": must(lambda: nm.random.split(nm.named(jnp.zeros((3, 2), jnp.uint32), (A, C))),
-                                      nm.ArgumentTypeError, "uint32"),
-                        "range": must(lambda: nm.random.split(KEY, -1), nm.ArgumentError, "-1")},
+    "nm.random.permutation": {
+        "plain": must(lambda: nm.random.permutation(KEY, plain(), "b"), nm.ArgumentTypeError, "NamedArray"),
+        "missing": must(lambda: nm.random.permutation(KEY, X, "nope"), nm.AxisError, "'nope'"),
+        "zero": lambda: _same_names(runs(lambda: nm.random.permutation(KEY, Z)), ("z",)),
+    },
+    "nm.random.choice": {
+        "plain": must(lambda: nm.random.choice(KEY, plain(), (C,), axis="b"), nm.ArgumentTypeError, "NamedArray"),
+        "missing": must(lambda: nm.random.choice(KEY, X, (C,), axis="nope"), nm.AxisError, "'nope'"),
+        "size": must(lambda: nm.random.choice(KEY, X, (C,), axis="b", p=values(B.resize(5))), nm.AxisError, "b=5"),
+        "zero": must(lambda: nm.random.choice(KEY, values(A, Z), (C,), axis="z"), nm.AxisError, "'z'"),
+        "range": must(
+            lambda: nm.random.choice(KEY, X, (Axis("d", 9),), axis="b", replace=False), nm.ArgumentError, "d=9"
+        ),
+    },
+    "nm.random.categorical": {
+        "plain": must(lambda: nm.random.categorical(KEY, plain(), "b"), nm.ArgumentTypeError, WRAP),
+        "missing": must(lambda: nm.random.categorical(KEY, X, "nope"), nm.AxisError, "'nope'"),
+        "zero": must(lambda: nm.random.categorical(KEY, values(A, Z), "z"), nm.AxisError, "'z'"),
+    },
+    "nm.random.dirichlet": {
+        "plain": must(lambda: nm.random.dirichlet(KEY, jnp.ones(3), "a"), nm.ArgumentTypeError, WRAP),
+        "missing": must(lambda: nm.random.dirichlet(KEY, X + 2.0, "nope"), nm.AxisError, "'nope'"),
+        "range": must(lambda: nm.random.dirichlet(KEY, X, "b"), nm.ArgumentError, "> 0"),
+    },
+    "nm.random.split": {
+        "plain": must(lambda: nm.random.split(jax.random.split(KEY, 3)), nm.ArgumentTypeError, "nm.named"),
+        "extra": must(lambda: nm.random.split(KEYS, A), nm.AxisError, "'a'"),
+        "dtype": must(
+            lambda: nm.random.split(nm.named(jnp.zeros((3, 2), jnp.uint32), (A, C))), nm.ArgumentTypeError, "uint32"
+        ),
+        "range": must(lambda: nm.random.split(KEY, -1), nm.ArgumentError, "-1"),
+    },
 }
 cases_kind(
     "random draws from arrays and keys",
@@ -1582,8 +2067,10 @@ cases_kind(
     size="`p=` over the chosen axis at another size: `AxisError`",
     zero="drawing from an axis of size 0: `AxisError`; a permutation of nothing is empty",
     dtype="keys are typed keys (`jax.random.key`): raw uint32 key data is an `ArgumentTypeError`",
-    range=("more draws without replacement than entries, a negative count, concentrations <= 0 known before "
-           "tracing: `ArgumentError`"),
+    range=(
+        "more draws without replacement than entries, a negative count, concentrations <= 0 known before "
+        "tracing: `ArgumentError`"
+    ),
 )
 
 
@@ -1599,25 +2086,43 @@ def _in_block(body: Callable[[nm.NamedArray], Any]) -> Callable[[], Any]:
 
 
 EXPLICIT = {
-    "nm.psum": {"plain": must(_in_block(lambda v: nm.psum(v.array, "batch")), nm.ArgumentTypeError, WRAP),
-                "missing": must(_in_block(lambda v: nm.psum(v, "nope")), nm.AxisError, "'nope'")},
-    "nm.pmean": {"plain": must(_in_block(lambda v: nm.pmean(v.array, "batch")), nm.ArgumentTypeError, WRAP),
-                 "missing": must(_in_block(lambda v: nm.pmean(v, "nope")), nm.AxisError, "'nope'")},
+    "nm.psum": {
+        "plain": must(_in_block(lambda v: nm.psum(v.array, "batch")), nm.ArgumentTypeError, WRAP),
+        "missing": must(_in_block(lambda v: nm.psum(v, "nope")), nm.AxisError, "'nope'"),
+    },
+    "nm.pmean": {
+        "plain": must(_in_block(lambda v: nm.pmean(v.array, "batch")), nm.ArgumentTypeError, WRAP),
+        "missing": must(_in_block(lambda v: nm.pmean(v, "nope")), nm.AxisError, "'nope'"),
+    },
     "nm.pmax": {"missing": must(_in_block(lambda v: nm.pmax(v, "nope")), nm.AxisError, "'nope'")},
-    "nm.all_gather": {"plain": must(_in_block(lambda v: nm.all_gather(v.array, "batch")), nm.ArgumentTypeError, WRAP),
-                      "missing": must(_in_block(lambda v: nm.all_gather(v, "nope")), nm.AxisError, "'nope'")},
+    "nm.all_gather": {
+        "plain": must(_in_block(lambda v: nm.all_gather(v.array, "batch")), nm.ArgumentTypeError, WRAP),
+        "missing": must(_in_block(lambda v: nm.all_gather(v, "nope")), nm.AxisError, "'nope'"),
+    },
     "nm.psum_scatter": {"missing": must(_in_block(lambda v: nm.psum_scatter(v, "nope")), nm.NamedError, "'nope'")},
-    "nm.all_to_all": {"missing": must(_in_block(lambda v: nm.all_to_all(v, split="nope", concat="batch")), nm.AxisError,
-                                      "'nope'")},
+    "nm.all_to_all": {
+        "missing": must(_in_block(lambda v: nm.all_to_all(v, split="nope", concat="batch")), nm.AxisError, "'nope'")
+    },
     "nm.axis_index": {"missing": must(lambda: nm.axis_index("batch"), nm.NamedError, "shard_map")},
-    "nm.einsum_unreduced": {"plain": must(lambda: nm.einsum_unreduced("batch embed -> batch", plain(XR)),
-                                          nm.ArgumentTypeError, "NamedArray")},
-    "nm.with_layout": {"plain": must(lambda: nm.with_layout(plain(XR), "batch embed"), nm.ArgumentTypeError, WRAP),
-                       "missing": must(lambda: nm.with_layout(XR, "batch nope"), nm.AxisError, "'nope'")},
-    "nm.explicit.block_layout": {"plain": must(lambda: nm.explicit.block_layout(plain(XR)), nm.ArgumentTypeError, WRAP)},
-    "nm.shard_map": {"size": must(lambda: nm.shard_map(lambda v: v, mesh=_mesh8(),
-                                                       in_mapping={"embed": "data"})(values(Rows, Embed)),
-                                  nm.ShardingError, "'embed'")},
+    "nm.einsum_unreduced": {
+        "plain": must(
+            lambda: nm.einsum_unreduced("batch embed -> batch", plain(XR)), nm.ArgumentTypeError, "NamedArray"
+        )
+    },
+    "nm.with_layout": {
+        "plain": must(lambda: nm.with_layout(plain(XR), "batch embed"), nm.ArgumentTypeError, WRAP),
+        "missing": must(lambda: nm.with_layout(XR, "batch nope"), nm.AxisError, "'nope'"),
+    },
+    "nm.explicit.block_layout": {
+        "plain": must(lambda: nm.explicit.block_layout(plain(XR)), nm.ArgumentTypeError, WRAP)
+    },
+    "nm.shard_map": {
+        "size": must(
+            lambda: nm.shard_map(lambda v: v, mesh=_mesh8(), in_mapping={"embed": "data"})(values(Rows, Embed)),
+            nm.ShardingError,
+            "'embed'",
+        )
+    },
     "nm.Unreduced": {"plain": must(lambda: nm.Unreduced(plain(XR), ("data",)), nm.ArgumentTypeError, "NamedArray")},
     "nm.ShardedAxis": {"range": must(lambda: nm.ShardedAxis("a", -1), nm.AxisError, "-1")},
 }
@@ -1633,30 +2138,54 @@ cases_kind(
 
 # ---- layout and partitioning -------------------------------------------------------------------------------
 
+
 def _mesh8():
     return nm.make_mesh({"data": 8})  # made when a probe runs (the test session has 8 devices), not on import
 
 
 PARTITIONING = {
-    "nm.shard": {"plain": gives(lambda: nm.shard(plain(XR), {"batch": "data"}, _mesh8()), lambda: plain(XR)),
-                 "missing": lambda: _same_names(runs(lambda: nm.shard(XR, {"nope": "data"}, _mesh8())), XR.names),
-                 "size": must(lambda: nm.shard(values(Rows, Embed), {"embed": "data"}, _mesh8()), nm.ShardingError,
-                              "'embed'"),
-                 "zero": lambda: _same_names(runs(lambda: nm.shard(values(Rows.resize(0), Wide), {"batch": "data"},
-                                                                   _mesh8())), XR.names)},
-    "nm.named_jit": {"size": must(lambda: nm.named_jit(lambda v: v, mapping={"embed": "data"}, mesh=_mesh8())(
-        values(Rows, Embed)), nm.ShardingError, "'embed'")},
-    "nm.sharding_for": {"size": must(lambda: nm.sharding_for(values(Rows, Embed), {"embed": "data"}, _mesh8()),
-                                     nm.ShardingError, "'embed'"),
-                        "missing": must(lambda: nm.sharding_for(XR, {"batch": "nope"}, _mesh8()), nm.ShardingError,
-                                        "'nope'")},
-    "nm.pspec_for": {"missing": must(lambda: nm.pspec_for(XR, {"batch": "nope"}, _mesh8()), nm.ShardingError, "'nope'"),
-                     "plain": lambda: _assert(nm.pspec_for(plain(XR), {"batch": "data"}, _mesh8()) == jax.P(), "not P()")},
-    "nm.infer_shardings": {"size": must(lambda: nm.infer_shardings({"w": values(Rows, Embed)}, {"embed": "data"}, _mesh8()),
-                                        nm.ShardingError, "'embed'")},
-    "nm.check_sharding": {"size": must(lambda: nm.check_sharding({"w": values(Rows, Embed)}, {"embed": "data"}, _mesh8()),
-                                       nm.ShardingError, "'embed'")},
-    "nm.check_mapping": {"missing": must(lambda: nm.check_mapping({"batch": "nope"}, _mesh8()), nm.ShardingError, "'nope'")},
+    "nm.shard": {
+        "plain": gives(lambda: nm.shard(plain(XR), {"batch": "data"}, _mesh8()), lambda: plain(XR)),
+        "missing": lambda: _same_names(runs(lambda: nm.shard(XR, {"nope": "data"}, _mesh8())), XR.names),
+        "size": must(lambda: nm.shard(values(Rows, Embed), {"embed": "data"}, _mesh8()), nm.ShardingError, "'embed'"),
+        "zero": lambda: _same_names(
+            runs(lambda: nm.shard(values(Rows.resize(0), Wide), {"batch": "data"}, _mesh8())), XR.names
+        ),
+    },
+    "nm.named_jit": {
+        "size": must(
+            lambda: nm.named_jit(lambda v: v, mapping={"embed": "data"}, mesh=_mesh8())(values(Rows, Embed)),
+            nm.ShardingError,
+            "'embed'",
+        )
+    },
+    "nm.sharding_for": {
+        "size": must(
+            lambda: nm.sharding_for(values(Rows, Embed), {"embed": "data"}, _mesh8()), nm.ShardingError, "'embed'"
+        ),
+        "missing": must(lambda: nm.sharding_for(XR, {"batch": "nope"}, _mesh8()), nm.ShardingError, "'nope'"),
+    },
+    "nm.pspec_for": {
+        "missing": must(lambda: nm.pspec_for(XR, {"batch": "nope"}, _mesh8()), nm.ShardingError, "'nope'"),
+        "plain": lambda: _assert(nm.pspec_for(plain(XR), {"batch": "data"}, _mesh8()) == jax.P(), "not P()"),
+    },
+    "nm.infer_shardings": {
+        "size": must(
+            lambda: nm.infer_shardings({"w": values(Rows, Embed)}, {"embed": "data"}, _mesh8()),
+            nm.ShardingError,
+            "'embed'",
+        )
+    },
+    "nm.check_sharding": {
+        "size": must(
+            lambda: nm.check_sharding({"w": values(Rows, Embed)}, {"embed": "data"}, _mesh8()),
+            nm.ShardingError,
+            "'embed'",
+        )
+    },
+    "nm.check_mapping": {
+        "missing": must(lambda: nm.check_mapping({"batch": "nope"}, _mesh8()), nm.ShardingError, "'nope'")
+    },
     "nm.make_mesh": {"size": must(lambda: nm.make_mesh({"data": 3}), nm.ShardingError, "3")},
     "nm.mesh_sizes": {"size": must(lambda: nm.mesh_sizes({"data": -1, "model": 3}, 8), nm.ShardingError, "3")},
     "nm.set_mesh": {"dtype": must(lambda: nm.set_mesh(3), nm.ArgumentTypeError, "Mesh")},
@@ -1676,8 +2205,10 @@ cases_kind(
     "layout and partitioning",
     PARTITIONING,
     plain="a plain leaf has no names: it is left as it is, replicated (`P()`)",
-    missing=("a mapping may name axes an array lacks (they are skipped); a mesh axis the mesh lacks: `ShardingError` "
-             "naming it"),
+    missing=(
+        "a mapping may name axes an array lacks (they are skipped); a mesh axis the mesh lacks: `ShardingError` "
+        "naming it"
+    ),
     size="an axis whose size its mesh axes do not divide, a mesh shape the devices do not fill: `ShardingError`",
     zero="as any size (0 divides)",
     dtype="a mesh, mapping or program of another type: `ArgumentTypeError` / `ShardingError`",
@@ -1689,27 +2220,38 @@ cases_kind(
 LIN = nn.Linear.init(Embed, Mlp, key=KEY)
 SD = nm.state_dict(LIN)
 STATE = {
-    "nm.state_dict": {"plain": gives(lambda: nm.state_dict({"w": plain()})["w"], lambda: plain()),
-                      "zero": lambda: _assert(nm.state_dict(nn.Linear.init(Embed.resize(0), Mlp, key=KEY))["weight"].shape
-                                              == (0, 6), "not (0, 6)")},
+    "nm.state_dict": {
+        "plain": gives(lambda: nm.state_dict({"w": plain()})["w"], lambda: plain()),
+        "zero": lambda: _assert(
+            nm.state_dict(nn.Linear.init(Embed.resize(0), Mlp, key=KEY))["weight"].shape == (0, 6), "not (0, 6)"
+        ),
+    },
     "nm.state_dict_entries": {"plain": lambda: _assert(nm.state_dict_entries({"w": plain()})[0].path == "w", "no 'w'")},
     "nm.load_state_dict": {
         "missing": must(lambda: nm.load_state_dict(LIN, {"weight": SD["weight"]}), nm.StateDictError, "'bias'"),
         "extra": must(lambda: nm.load_state_dict(LIN, {**SD, "zzz": np.ones(3)}), nm.StateDictError, "'zzz'"),
         "size": must(lambda: nm.load_state_dict(LIN, {**SD, "weight": np.ones((3, 6))}), nm.StateDictError, "'weight'"),
-        "zero": lambda: runs(lambda: nm.load_state_dict(nn.Linear.init(Embed.resize(0), Mlp, key=KEY),
-                                                        nm.state_dict(nn.Linear.init(Embed.resize(0), Mlp, key=KEY)))),
-        "dtype": must(lambda: nm.load_state_dict(LIN, {**SD, "weight": np.ones((4, 6), np.int32)}), nm.StateDictError,
-                      "integer"),
+        "zero": lambda: runs(
+            lambda: nm.load_state_dict(
+                nn.Linear.init(Embed.resize(0), Mlp, key=KEY),
+                nm.state_dict(nn.Linear.init(Embed.resize(0), Mlp, key=KEY)),
+            )
+        ),
+        "dtype": must(
+            lambda: nm.load_state_dict(LIN, {**SD, "weight": np.ones((4, 6), np.int32)}), nm.StateDictError, "integer"
+        ),
     },
-    "nm.load_state_dict_file": {"missing": must(lambda: nm.load_state_dict_file(LIN, "no-such-file.safetensors"),
-                                                nm.NamedError, "no-such-file")},
+    "nm.load_state_dict_file": {
+        "missing": must(lambda: nm.load_state_dict_file(LIN, "no-such-file.safetensors"), nm.NamedError, "no-such-file")
+    },
     "nm.save_state_dict": {},
-    "nm.save_safetensors": {"dtype": must(lambda: nm.save_safetensors(plain(), "unused.safetensors"),
-                                          nm.ArgumentTypeError, "mapping")},
+    "nm.save_safetensors": {
+        "dtype": must(lambda: nm.save_safetensors(plain(), "unused.safetensors"), nm.ArgumentTypeError, "mapping")
+    },
     "nm.flatten_modules_for_export": {"plain": gives(lambda: nm.flatten_modules_for_export(plain()), lambda: plain())},
-    "nm.unflatten_modules_from_export": {"extra": must(lambda: nm.unflatten_modules_from_export({"x": 1}, LIN),
-                                                       nm.StateDictError, "template")},
+    "nm.unflatten_modules_from_export": {
+        "extra": must(lambda: nm.unflatten_modules_from_export({"x": 1}, LIN), nm.StateDictError, "template")
+    },
     "nm.StateDictEntry": {},
 }
 cases_kind(
@@ -1728,22 +2270,31 @@ cases_kind(
 
 POLICY = "params=float32,compute=bfloat16,output=float32"
 MODEL_TRANSFORMS = {
-    "nn.quantize": {"plain": gives(lambda: nn.quantize(plain(), "int8"), lambda: plain()),
-                    "range": must(lambda: nn.quantize(LIN, "fp4"), nm.ArgumentError, "fp4")},
-    "nn.lora.apply": {"missing": must(lambda: nn.lora.apply({"l": LIN}, "nope", rank=2, key=KEY), nm.ArgumentError, "nope"),
-                      "range": must(lambda: nn.lora.apply({"l": LIN}, "l", rank=0, key=KEY), nm.ArgumentError, "rank 0")},
+    "nn.quantize": {
+        "plain": gives(lambda: nn.quantize(plain(), "int8"), lambda: plain()),
+        "range": must(lambda: nn.quantize(LIN, "fp4"), nm.ArgumentError, "fp4"),
+    },
+    "nn.lora.apply": {
+        "missing": must(lambda: nn.lora.apply({"l": LIN}, "nope", rank=2, key=KEY), nm.ArgumentError, "nope"),
+        "range": must(lambda: nn.lora.apply({"l": LIN}, "l", rank=0, key=KEY), nm.ArgumentError, "rank 0"),
+    },
     "nn.lora.merge": {"plain": gives(lambda: nn.lora.merge(plain()), lambda: plain())},
     "nn.lora.trainable": {},
     "nn.lora.with_dropout_keys": {},
-    "nn.lora.linear_paths": {"plain": lambda: _assert(nn.lora.linear_paths(plain()) == [], "a Linear in a plain array")},
+    "nn.lora.linear_paths": {
+        "plain": lambda: _assert(nn.lora.linear_paths(plain()) == [], "a Linear in a plain array")
+    },
     "nn.mup.roles": {"missing": must(lambda: nn.mup.roles(LIN, {"nope": 2}), nm.ArgumentError, "nope")},
     "nn.mup.rescale_init": {"missing": must(lambda: nn.mup.rescale_init(LIN, {"nope": 2}), nm.ArgumentError, "nope")},
     "nn.mup.scale_updates": {"missing": must(lambda: nn.mup.scale_updates(LIN, {"nope": 2}), nm.ArgumentError, "nope")},
-    "nn.mup.scale_reparam_updates": {"plain": gives(lambda: nn.mup.scale_reparam_updates(plain(), plain()),
-                                                    lambda: plain())},
+    "nn.mup.scale_reparam_updates": {
+        "plain": gives(lambda: nn.mup.scale_reparam_updates(plain(), plain()), lambda: plain())
+    },
     "nn.cast_for_compute": {"dtype": must(lambda: nn.cast_for_compute(LIN, "params=foo"), nm.ArgumentError, "foo")},
     "nn.cast_output": {"plain": lambda: _assert(nn.cast_output(plain(), POLICY).dtype == jnp.float32, "not float32")},
-    "nn.cast_to_param": {"plain": lambda: _assert(nn.cast_to_param(plain(), POLICY).dtype == jnp.float32, "not float32")},
+    "nn.cast_to_param": {
+        "plain": lambda: _assert(nn.cast_to_param(plain(), POLICY).dtype == jnp.float32, "not float32")
+    },
     "nn.get_policy": {"dtype": must(lambda: nn.get_policy("params=foo"), nm.ArgumentError, "foo")},
     "nn.keeps_full_precision": {"plain": lambda: _assert(nn.keeps_full_precision(plain()) is False, "a plain array")},
     "nn.is_overwrite_state": {"plain": lambda: _assert(nn.is_overwrite_state(plain()) is False, "a plain array")},
@@ -1764,14 +2315,27 @@ cases_kind(
 # ---- types, errors and configuration ---------------------------------------------------------------------
 
 CONFIG = {
-    "nm.Axis": {"range": must(lambda: Axis("a", -1), nm.AxisError, "-1"),
-                "dtype": must(lambda: Axis("a", 2.5), nm.AxisError, "2.5")},
-    "nm.AxisSelection": {}, "nm.AxisSelector": {}, "nm.ResourceMapping": {},
-    "nm.NamedError": {}, "nm.AxisError": {}, "nm.ArgumentError": {}, "nm.ArgumentTypeError": {},
-    "nm.FileWriteError": {}, "nm.ShardingError": {}, "nm.StateDictError": {}, "nm.UnreducedError": {},
-    "nm.ShardingCheck": {}, "nm.debug.ModuleProblems": {},
-    "nm.axes_of": {"plain": must(lambda: nm.axes_of(plain()), nm.AxisError, WRAP),
-                   "dtype": must(lambda: nm.axes_of([1, 2]), nm.ArgumentTypeError, "list")},
+    "nm.Axis": {
+        "range": must(lambda: Axis("a", -1), nm.AxisError, "-1"),
+        "dtype": must(lambda: Axis("a", 2.5), nm.AxisError, "2.5"),
+    },
+    "nm.AxisSelection": {},
+    "nm.AxisSelector": {},
+    "nm.ResourceMapping": {},
+    "nm.NamedError": {},
+    "nm.AxisError": {},
+    "nm.ArgumentError": {},
+    "nm.ArgumentTypeError": {},
+    "nm.FileWriteError": {},
+    "nm.ShardingError": {},
+    "nm.StateDictError": {},
+    "nm.UnreducedError": {},
+    "nm.ShardingCheck": {},
+    "nm.debug.ModuleProblems": {},
+    "nm.axes_of": {
+        "plain": must(lambda: nm.axes_of(plain()), nm.AxisError, WRAP),
+        "dtype": must(lambda: nm.axes_of([1, 2]), nm.ArgumentTypeError, "list"),
+    },
     "nm.is_named_array": {"plain": lambda: _assert(nm.is_named_array(plain()) is False, "a plain array")},
     "nm.axis_spec_to_tuple": {"dtype": must(lambda: nm.axis_spec_to_tuple(3), nm.AxisError, "3")},
     "nm.typecheck": {"dtype": must(lambda: nm.typecheck(3), nm.ArgumentTypeError, "int")},
@@ -1780,13 +2344,18 @@ CONFIG = {
     "nn.Remat": {"range": must(lambda: nn.Remat(every=0), nm.ArgumentError, "every=0")},
     "nm.ScanCheckpointPolicy": {"dtype": must(lambda: nm.ScanCheckpointPolicy(save_carries=3), nm.ArgumentError, "3")},
     "nn.remat_policy": {"missing": must(lambda: nn.remat_policy("whatever"), nm.ArgumentError, "whatever")},
-    "nn.ExplicitStack": {"range": must(lambda: nn.ExplicitStack({}, {}, batch_split=0), nm.ArgumentError, "batch_split")},
+    "nn.ExplicitStack": {
+        "range": must(lambda: nn.ExplicitStack({}, {}, batch_split=0), nm.ArgumentError, "batch_split")
+    },
     "nn.explicit_layers": {"dtype": must(lambda: nn.explicit_layers(3).__enter__(), nm.ArgumentTypeError, "int")},
-    "nn.attention_implementation": {"missing": must(lambda: nn.attention_implementation("nope").__enter__(),
-                                                    nm.ArgumentError, "nope")},
+    "nn.attention_implementation": {
+        "missing": must(lambda: nn.attention_implementation("nope").__enter__(), nm.ArgumentError, "nope")
+    },
     "nn.activation": {"missing": must(lambda: nn.activation("nope"), nm.ArgumentError, "nope")},
     "nn.mup.AbstractLinearReparam": {"dtype": must(lambda: nn.mup.AbstractLinearReparam(3, 4), nm.AxisError, "3")},
-    "nn.mup.LinearStandardParam": {}, "nn.mup.InputLinearMup": {}, "nn.mup.HiddenLinearMup": {},
+    "nn.mup.LinearStandardParam": {},
+    "nn.mup.InputLinearMup": {},
+    "nn.mup.HiddenLinearMup": {},
     "nn.mup.OutputLinearMup": {},
 }
 cases_kind(
@@ -1808,14 +2377,16 @@ _BLOCK = re.compile(r"(<!-- contract:table -->\n).*?(<!-- /contract:table -->)",
 def render() -> str:
     """The docs' table of KINDS (one row per kind, a cell per column, "—" where a kind takes no such
     input) and the list of each kind's members."""
+
     def cell(text: str) -> str:
         return text.replace("|", "\\|")
 
     head = "| kind | " + " | ".join(COLUMNS.values()) + " |"
     lines = [head, "|" + "---|" * (len(COLUMNS) + 1)]
     for k in KINDS:
-        lines.append(f"| **{k.title}** | " + " | ".join(cell(k.rules[c].text) if c in k.rules else "—"
-                                                        for c in COLUMNS) + " |")
+        lines.append(
+            f"| **{k.title}** | " + " | ".join(cell(k.rules[c].text) if c in k.rules else "—" for c in COLUMNS) + " |"
+        )
     lines += ["", "The members of each kind:", ""]
     lines += [f"- **{k.title}**: " + ", ".join(f"`{m}`" for m in k.members) for k in KINDS]
     return "\n".join(lines) + "\n"
@@ -1862,7 +2433,7 @@ def test_the_docs_table_is_the_contract():
     """docs/named_arrays.md shows KINDS as they are here: ``python tests/test_contract.py`` rewrites it."""
     found = _BLOCK.search(DOCS.read_text())
     assert found, f"{DOCS.name} has no <!-- contract:table --> block"
-    shown = found.group(0)[len(found.group(1)):-len(found.group(2))]
+    shown = found.group(0)[len(found.group(1)) : -len(found.group(2))]
     assert shown == render(), "the contract's table in docs/named_arrays.md is stale: run python tests/test_contract.py"
 
 

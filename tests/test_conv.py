@@ -73,8 +73,15 @@ def test_conv_matches_torch(n, kw):
         dilation = tuple(dilation[s] for s in SPATIAL[n])
     ks = kw["kernel_size"]
     assert conv.kernel_size == (tuple(ks[s] for s in SPATIAL[n]) if isinstance(ks, dict) else conv.kernel_size)
-    want = TORCH_CONV[n](xt, weight, bias, stride=kw.get("stride", 1), padding=torch_padding, dilation=dilation,
-                         groups=kw.get("groups", 1))
+    want = TORCH_CONV[n](
+        xt,
+        weight,
+        bias,
+        stride=kw.get("stride", 1),
+        padding=torch_padding,
+        dilation=dilation,
+        groups=kw.get("groups", 1),
+    )
     got = y.rearrange(("batch", "cout", *SPATIAL[n])).array
     assert got.shape == tuple(want.shape)
     np.testing.assert_allclose(got, want.numpy(), atol=2e-5, rtol=1e-5)
@@ -99,14 +106,20 @@ def test_conv_in_and_out_may_share_a_name():
     x = randn((Batch, Ch, Axis("length", 9)), seed=1)
     y = conv(x)
     assert y.axes == (Batch, Ch8, Axis("length", 7))
-    want = F.conv1d(torch.tensor(np.asarray(x.array)), torch.tensor(np.asarray(conv.weight.array)),
-                    torch.tensor(np.asarray(conv.bias.array)), groups=2)
+    want = F.conv1d(
+        torch.tensor(np.asarray(x.array)),
+        torch.tensor(np.asarray(conv.weight.array)),
+        torch.tensor(np.asarray(conv.bias.array)),
+        groups=2,
+    )
     np.testing.assert_allclose(y.array, want.numpy(), atol=2e-5)
 
 
 def test_conv_init_is_fan_in_uniform():
     # equinox's and torch's default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = in/groups * kernel
-    conv = nn.Conv.init("height width", Axis("cin", 8), Axis("cout", 64), kernel_size=3, groups=2, key=jax.random.key(3))
+    conv = nn.Conv.init(
+        "height width", Axis("cin", 8), Axis("cout", 64), kernel_size=3, groups=2, key=jax.random.key(3)
+    )
     lim = 1 / np.sqrt(4 * 9)
     for w in (np.asarray(conv.weight.array), np.asarray(conv.bias.array)):
         assert np.abs(w).max() <= lim and np.abs(w).max() > 0.9 * lim
@@ -133,10 +146,16 @@ def test_conv_transpose_matches_torch(n, kw):
     x = _input(n, seed=n + 10)
     y = jax.jit(lambda m, a: m(a))(ct, x)
     bias = None if ct.bias is None else torch.tensor(np.asarray(ct.bias.array))
-    want = TORCH_TRANSPOSE[n](_torch_layout(x, n), torch.tensor(np.asarray(ct.weight.array)), bias,
-                              stride=kw.get("stride", 1), padding=kw.get("padding", 0),
-                              output_padding=kw.get("output_padding", 0), groups=kw.get("groups", 1),
-                              dilation=kw.get("dilation", 1))
+    want = TORCH_TRANSPOSE[n](
+        _torch_layout(x, n),
+        torch.tensor(np.asarray(ct.weight.array)),
+        bias,
+        stride=kw.get("stride", 1),
+        padding=kw.get("padding", 0),
+        output_padding=kw.get("output_padding", 0),
+        groups=kw.get("groups", 1),
+        dilation=kw.get("dilation", 1),
+    )
     got = y.rearrange(("batch", "cout", *SPATIAL[n])).array
     assert got.shape == tuple(want.shape)
     np.testing.assert_allclose(got, want.numpy(), atol=2e-5, rtol=1e-5)
@@ -147,8 +166,17 @@ def test_conv_transpose_is_the_transpose_of_conv(padding, stride, kernel):
     """ConvTranspose(In -> Out) with weight W is the linear transpose of Conv(Out -> In) with the
     same W; with "SAME" the output is ``stride`` times the input."""
     L = Axis("length", 5)
-    ct = nn.ConvTranspose.init("length", Cin, Cout, kernel_size=kernel, stride=stride, padding=padding, groups=2,
-                               use_bias=False, key=jax.random.key(0))
+    ct = nn.ConvTranspose.init(
+        "length",
+        Cin,
+        Cout,
+        kernel_size=kernel,
+        stride=stride,
+        padding=padding,
+        groups=2,
+        use_bias=False,
+        key=jax.random.key(0),
+    )
     # the transposed kernel's axes (cin, cout / groups, length) are those of a Conv from cout to cin
     conv = nn.Conv(ct.weight, None, ("length",), Cout, Cin, (kernel,), (stride,), padding, (1,), 2)
     x = randn((Batch, Cin, L), seed=2)

@@ -17,9 +17,10 @@ from named.trainer.data import (
     DataConfig,
     DataError,
     Sequences,
-    TokenStream,
     Tokenizer,
+    TokenStream,
     TrainBatches,
+    _encode,
     atomic_write,
     build_data,
     eval_batches,
@@ -30,7 +31,6 @@ from named.trainer.data import (
     token_dtype,
     token_stream,
 )
-from named.trainer.data import _encode
 
 BYTE = ByteTokenizer()
 EOS = BYTE.eos_id
@@ -494,7 +494,9 @@ ERROR_CASES = {
     "empty corpus": (_empty_texts, {}, "corpus is empty.*e1.txt"),
     "empty bin": (_empty_bin, {}, "empty.bin.*no tokens"),
     "shorter than a sequence": (
-        lambda t: write(t / "short.txt", "abc"), {"seq_len": 64}, "train data holds 4 tokens.*seq_len=64"
+        lambda t: write(t / "short.txt", "abc"),
+        {"seq_len": 64},
+        "train data holds 4 tokens.*seq_len=64",
     ),
     "too short to split": (lambda t: write(t / "short.txt", "abc"), {"seq_len": 4}, "only 1 sequences.*val_fraction"),
 }

@@ -17,8 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from named.trainer.data import ByteTokenizer, DataConfig, build_data, token_stream
-from named.trainer.data import _compressed
+from named.trainer.data import ByteTokenizer, DataConfig, _compressed, build_data, token_stream
 
 BYTE = ByteTokenizer()
 
@@ -68,12 +67,24 @@ def save_to_disk_folder(folder: Path, table: pa.Table, shards: int) -> Path:
             part = table.slice(a, b - a)
             for batch in part.to_batches(max_chunksize=50):
                 writer.write_batch(batch)
-    state = {"_data_files": [{"filename": n} for n in names], "_fingerprint": "0123456789abcdef",
-             "_format_columns": None, "_format_kwargs": {}, "_format_type": None, "_output_all_columns": False,
-             "_split": "train"}
-    info = {"citation": "", "description": "", "homepage": "", "license": "",
-            "features": {name: {"dtype": "string" if name == "text" else "int64", "_type": "Value"}
-                         for name in table.column_names}}
+    state = {
+        "_data_files": [{"filename": n} for n in names],
+        "_fingerprint": "0123456789abcdef",
+        "_format_columns": None,
+        "_format_kwargs": {},
+        "_format_type": None,
+        "_output_all_columns": False,
+        "_split": "train",
+    }
+    info = {
+        "citation": "",
+        "description": "",
+        "homepage": "",
+        "license": "",
+        "features": {
+            name: {"dtype": "string" if name == "text" else "int64", "_type": "Value"} for name in table.column_names
+        },
+    }
     (folder / "state.json").write_text(json.dumps(state, indent=2))
     (folder / "dataset_info.json").write_text(json.dumps(info, indent=2))
     return folder
@@ -105,8 +116,11 @@ def corpus(tmp_path_factory) -> dict[str, tuple[str, str]]:
     out["jsonl.zst, text_field"] = (str(d / "content.jsonl.zst"), "content")
     table = pa.table({"id": pa.array(range(len(DOCS)), pa.int64()), "text": pa.array(DOCS, pa.string())})
     pq.write_table(table, d / "c.parquet", row_group_size=37)  # several row groups
-    pq.write_table(table.rename_columns(["id", "body"]).cast(pa.schema([("id", pa.int64()), ("body", pa.large_string())])),
-                   d / "body.parquet", row_group_size=100)
+    pq.write_table(
+        table.rename_columns(["id", "body"]).cast(pa.schema([("id", pa.int64()), ("body", pa.large_string())])),
+        d / "body.parquet",
+        row_group_size=100,
+    )
     out["parquet"] = (str(d / "c.parquet"), "text")
     out["parquet, large_string text_field"] = (str(d / "body.parquet"), "body")
     with pa.OSFile(str(d / "c.arrow"), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
@@ -132,9 +146,23 @@ def tokens_of(spec: str, field: str, cache: Path) -> list[int]:
     return np.concatenate([np.asarray(a, np.int64) for a in stream.arrays]).tolist()
 
 
-FORMATS = ["txt", "txt.gz", "txt.zst", "jsonl", "json", "jsonl.gz", "json.gz", "jsonl.zst", "jsonl.zst, text_field",
-           "parquet", "parquet, large_string text_field", "arrow (IPC file)", "save_to_disk folder",
-           "directory of shards", "glob over shards"]
+FORMATS = [
+    "txt",
+    "txt.gz",
+    "txt.zst",
+    "jsonl",
+    "json",
+    "jsonl.gz",
+    "json.gz",
+    "jsonl.zst",
+    "jsonl.zst, text_field",
+    "parquet",
+    "parquet, large_string text_field",
+    "arrow (IPC file)",
+    "save_to_disk folder",
+    "directory of shards",
+    "glob over shards",
+]
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -160,8 +188,12 @@ def test_compressed_formats_with_tiny_blocks(corpus, fmt, monkeypatch, tmp_path)
 
 def test_named_source_passes_its_text_field_through_the_config(corpus, tmp_path):
     spec, field = corpus["jsonl.zst, text_field"]
-    cfg = DataConfig(train=[{"name": "only", "paths": [spec], "text_field": field}], seq_len=16,
-                     val_fraction=0.0, cache_dir=str(tmp_path / "c"))
+    cfg = DataConfig(
+        train=[{"name": "only", "paths": [spec], "text_field": field}],
+        seq_len=16,
+        val_fraction=0.0,
+        cache_dir=str(tmp_path / "c"),
+    )
     data = build_data(cfg, BYTE)
     got = np.concatenate([np.asarray(a, np.int64) for a in data.train.stream.arrays]).tolist()
     assert got == expected_ids(DOCS)

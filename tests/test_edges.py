@@ -47,8 +47,11 @@ def test_ignore_index_minus_100_is_skipped_and_not_counted():
     np.testing.assert_allclose(got.scalar(), _torch_like(logits, labels), **TOL)
     # with where= as well: both take tokens out of the mean
     w = np.array([[1, 1, 1, 0, 1], [1, 0, 1, 1, 1]], bool)
-    got = nn.cross_entropy_loss(nm.named(logits, "batch position vocab"), nm.named(labels, "batch position"),
-                                where=nm.named(w, "batch position"))
+    got = nn.cross_entropy_loss(
+        nm.named(logits, "batch position vocab"),
+        nm.named(labels, "batch position"),
+        where=nm.named(w, "batch position"),
+    )
     np.testing.assert_allclose(got.scalar(), _torch_like(logits, labels, weight=w), **TOL)
     # next-token and blockwise take the same default
     h = np.random.default_rng(1).standard_normal((B, T, E)).astype(np.float32)
@@ -56,8 +59,12 @@ def test_ignore_index_minus_100_is_skipped_and_not_counted():
     full = nn.next_token_loss(nm.named(h @ wv, "batch position vocab"), nm.named(labels, "batch position"))
     want = _torch_like((h @ wv)[:, :-1], labels[:, 1:])
     np.testing.assert_allclose(full.scalar(), want, **TOL)
-    blocked = nn.blockwise_next_token_loss(nm.named(h, "batch position embed"), nm.named(wv, "embed vocab"),
-                                           nm.named(labels, "batch position"), block_size=V)
+    blocked = nn.blockwise_next_token_loss(
+        nm.named(h, "batch position embed"),
+        nm.named(wv, "embed vocab"),
+        nm.named(labels, "batch position"),
+        block_size=V,
+    )
     np.testing.assert_allclose(blocked.scalar(), want, **TOL)
 
 
@@ -69,8 +76,13 @@ def test_ids_outside_the_vocab_are_refused_naming_the_first(bad):
     ignore = None if bad == -100 else -100  # -100 is only an ignore label when ignore_index says so
     with pytest.raises(nm.ArgumentError, match=rf"target id {bad} at \(batch=1, position=3\) is outside \[0, {V}\)"):
         nn.cross_entropy_loss(lg, tg, ignore_index=ignore)
-    hidden, w = nm.named(np.ones((B, T, E), np.float32), "batch position embed"), nm.named(np.ones((E, V), np.float32), "embed vocab")
-    with pytest.raises(nm.ArgumentError, match=rf"blockwise_cross_entropy_loss: target id {bad} at \(batch=1, position=3\)"):
+    hidden, w = (
+        nm.named(np.ones((B, T, E), np.float32), "batch position embed"),
+        nm.named(np.ones((E, V), np.float32), "embed vocab"),
+    )
+    with pytest.raises(
+        nm.ArgumentError, match=rf"blockwise_cross_entropy_loss: target id {bad} at \(batch=1, position=3\)"
+    ):
         nn.blockwise_cross_entropy_loss(hidden, w, tg, block_size=V, ignore_index=ignore)
     # masked out by where=, the same id is no mistake
     mask = np.ones((B, T), bool)
@@ -86,8 +98,13 @@ def test_ids_outside_the_vocab_under_jit_give_nan_not_a_number():
     per_token = jax.jit(lambda a, b: nn.cross_entropy_loss(a, b, reduction="none"))(lg, tg)
     assert np.isnan(per_token.array[0, 2]) and np.isfinite(np.delete(per_token.array.ravel(), 2)).all()
     assert np.isnan(jax.jit(nn.cross_entropy_loss)(lg, tg).scalar())
-    hidden, w = nm.named(np.ones((B, T, E), np.float32), "batch position embed"), nm.named(np.ones((E, V), np.float32), "embed vocab")
-    assert np.isnan(jax.jit(lambda h, w, t: nn.blockwise_cross_entropy_loss(h, w, t, block_size=V))(hidden, w, tg).scalar())
+    hidden, w = (
+        nm.named(np.ones((B, T, E), np.float32), "batch position embed"),
+        nm.named(np.ones((E, V), np.float32), "embed vocab"),
+    )
+    assert np.isnan(
+        jax.jit(lambda h, w, t: nn.blockwise_cross_entropy_loss(h, w, t, block_size=V))(hidden, w, tg).scalar()
+    )
     # the gradient stays finite (the NaN is a constant), and -100 under jit is still skipped
     grad = jax.grad(lambda x: jax.jit(nn.cross_entropy_loss)(x, tg).scalar())(lg)
     assert np.isfinite(grad.array).all()
@@ -102,8 +119,14 @@ def test_ids_outside_the_vocab_under_jit_give_nan_not_a_number():
 def _qkv(seed=0, n=4, d=8):
     rng = np.random.default_rng(seed)
     q, k, v = (rng.standard_normal((n, d)).astype(np.float32) for _ in range(3))
-    return (nm.named(q, "position head_size"), nm.named(k, "key_position head_size"),
-            nm.named(v, "key_position head_size"), q, k, v)
+    return (
+        nm.named(q, "position head_size"),
+        nm.named(k, "key_position head_size"),
+        nm.named(v, "key_position head_size"),
+        q,
+        k,
+        v,
+    )
 
 
 def _ref_attention(q, k, v, allowed):
@@ -118,12 +141,15 @@ def test_a_float_or_int_attention_mask_is_refused_and_bias_takes_the_additive_on
     allowed[:, 0] = True
     additive = nm.named(np.where(allowed, 0.0, -np.inf).astype(np.float32), "position key_position")  # torch / HF
     for wrong in (additive, nm.named(allowed.astype(np.int32), "position key_position")):
-        with pytest.raises(nm.ArgumentTypeError, match=r"mask must be a boolean mask \(True = attend\), got dtype .*bias="):
+        with pytest.raises(
+            nm.ArgumentTypeError, match=r"mask must be a boolean mask \(True = attend\), got dtype .*bias="
+        ):
             nn.dot_product_attention(q, k, v, mask=wrong)
     want = _ref_attention(qn, kn, vn, allowed)
     np.testing.assert_allclose(nn.dot_product_attention(q, k, v, bias=additive).array, want, **TOL)
-    np.testing.assert_allclose(nn.dot_product_attention(q, k, v, mask=nm.named(allowed, "position key_position")).array,
-                               want, **TOL)
+    np.testing.assert_allclose(
+        nn.dot_product_attention(q, k, v, mask=nm.named(allowed, "position key_position")).array, want, **TOL
+    )
     # reductions and softmax take where= as a boolean mask too (numpy refuses a float one)
     x = nm.named(qn, "position head_size")
     with pytest.raises(nm.ArgumentTypeError, match="where= must be a boolean mask"):
@@ -165,7 +191,9 @@ def test_negative_static_indices_count_from_the_end_as_in_numpy():
 def test_a_static_window_that_does_not_fit_is_an_error_everywhere():
     x, xn = _grid()
     u = nm.named(jnp.full((4,), 9.0), "seq")
-    with pytest.raises(nm.AxisError, match=r"window of size 4 at offset 3 does not fit in axis 'seq' of size 5.*\[-5, 1\]"):
+    with pytest.raises(
+        nm.AxisError, match=r"window of size 4 at offset 3 does not fit in axis 'seq' of size 5.*\[-5, 1\]"
+    ):
         x["seq", nm.ds(3, 4)]  # lax would read [1, 5) instead
     with pytest.raises(nm.AxisError, match=r"window of size 4 at offset 3 does not fit.*overwrite"):
         x.at["seq", nm.ds(3, 4)].set(u)
@@ -197,7 +225,13 @@ def test_updated_slice_broadcasts_an_update_that_lacks_an_axis_as_at_does():
 
 # ---- a plain jax array into a layer: one message everywhere ----------------------------------------
 
-Emb, Mlp_, Voc, Bt, Ps = nm.Axis("embed", 4), nm.Axis("mlp", 8), nm.Axis("vocab", 5), nm.Axis("batch", 2), nm.Axis("position", 3)
+Emb, Mlp_, Voc, Bt, Ps = (
+    nm.Axis("embed", 4),
+    nm.Axis("mlp", 8),
+    nm.Axis("vocab", 5),
+    nm.Axis("batch", 2),
+    nm.Axis("position", 3),
+)
 _K = jax.random.key(0)
 _PLAIN, _IDS = jnp.ones((2, 3, 4)), jnp.ones((2, 3), jnp.int32)
 _QKV = nm.ones((Bt, Ps, Emb.alias("head_size")))
@@ -227,8 +261,11 @@ LAYER_ENTRIES = {
 
 @pytest.mark.parametrize("entry", sorted(LAYER_ENTRIES))
 def test_a_plain_array_into_a_layer_gets_the_wrap_it_message(entry):
-    with pytest.raises(nm.ArgumentTypeError, match=r"takes a NamedArray.*got a positional array of shape \(2, 3(, 4)?\); "
-                                                   r"wrap it with nm.named\(array, axes\)"):
+    with pytest.raises(
+        nm.ArgumentTypeError,
+        match=r"takes a NamedArray.*got a positional array of shape \(2, 3(, 4)?\); "
+        r"wrap it with nm.named\(array, axes\)",
+    ):
         LAYER_ENTRIES[entry]()
 
 
@@ -239,12 +276,17 @@ def test_a_stacked_block_that_changes_its_carry_names_the_axes():
     Layers = nm.Axis("layers", 3)
     stack = nn.Stacked.init(Layers, nn.Linear.init, Emb, Mlp_, key=_K)  # embed -> mlp: cannot be a carry
     x = nm.ones((Bt, Emb))
-    with pytest.raises(nm.AxisError, match=r"scan over 'layers': the step changed the carry it passes on: the carry "
-                                           r"\(batch=2, embed=4\) -> \(batch=2, mlp=8\).*nn.BlockSeq"):
+    with pytest.raises(
+        nm.AxisError,
+        match=r"scan over 'layers': the step changed the carry it passes on: the carry "
+        r"\(batch=2, embed=4\) -> \(batch=2, mlp=8\).*nn.BlockSeq",
+    ):
         stack.fold(x)
     with pytest.raises(nm.AxisError, match=r"\['h'\] dtype float32 -> bfloat16"):
         nm.fold(lambda c, w: {"h": (c["h"] * w).astype(jnp.bfloat16)}, "layers")({"h": x}, nm.ones((Layers,)))
-    with pytest.raises(nm.AxisError, match=r"the carry a NamedArray \(batch=2, embed=4\) -> a plain array of shape \(2, 4\)"):
+    with pytest.raises(
+        nm.AxisError, match=r"the carry a NamedArray \(batch=2, embed=4\) -> a plain array of shape \(2, 4\)"
+    ):
         nm.fold(lambda c, w: (c * w).array, "layers")(x, nm.ones((Layers,)))
     # the same axes in another order are put back in order, not refused
     out = nm.fold(lambda c, w: (c * w).rearrange(("embed", "batch")), "layers")(x, nm.ones((Layers,)))
@@ -255,16 +297,23 @@ def test_per_row_offsets_of_the_wrong_size_name_the_argument_not_vmap():
     Bq, S = nm.Axis("batch", 4), nm.Axis("seq", 7)
     x = nm.zeros((Bq, S, Emb))
     off = nm.named(jnp.array([0, 1, 2]), "batch")
-    with pytest.raises(nm.AxisError, match=r"updated_slice: the offsets for axis 'seq' are over batch=3 but the array "
-                                           r"has batch=4"):
+    with pytest.raises(
+        nm.AxisError,
+        match=r"updated_slice: the offsets for axis 'seq' are over batch=3 but the array "
+        r"has batch=4",
+    ):
         jax.jit(lambda x, o: nm.updated_slice(x, {"seq": o}, nm.ones((S.resize(1), Emb))))(x, off)
-    with pytest.raises(nm.AxisError, match=r"the nm.ds starts for axis 'seq' are over batch=3 but the array has batch=4"):
+    with pytest.raises(
+        nm.AxisError, match=r"the nm.ds starts for axis 'seq' are over batch=3 but the array has batch=4"
+    ):
         x["seq", nm.ds(off, 2)]
     with pytest.raises(nm.AxisError, match=r"updated_slice: the update has batch=3 but the array has batch=4"):
         nm.updated_slice(x, {"seq": nm.named(jnp.arange(4), "batch")}, nm.ones((Bq.resize(3), S.resize(1), Emb)))
     q = nm.ones((Bq, Ps, Emb.alias("head_size")))
     k = nm.ones((Bq, nm.Axis("key_position", 7), Emb.alias("head_size")))
-    with pytest.raises(nm.AxisError, match=r"dot_product_attention: q_offset has batch=3, but the query .* has batch=4"):
+    with pytest.raises(
+        nm.AxisError, match=r"dot_product_attention: q_offset has batch=3, but the query .* has batch=4"
+    ):
         nn.dot_product_attention(q, k, k, causal=True, q_offset=off)
 
 
@@ -279,15 +328,20 @@ def test_grad_of_a_named_loss_takes_the_0d_array_and_names_the_axes_left():
     assert isinstance(value, nm.NamedArray) and value.axes == () and np.isclose(value.item(), 9.0)
     np.testing.assert_allclose(g.array, want, **TOL)
     np.testing.assert_allclose(jax.jit(nm.grad(loss))(w, x).array, want, **TOL)
-    with pytest.raises(nm.AxisError, match=r"nm.grad\(<lambda>\): the function returned a NamedArray with axes "
-                                           r"\(batch=2\).*reduce it first"):
+    with pytest.raises(
+        nm.AxisError,
+        match=r"nm.grad\(<lambda>\): the function returned a NamedArray with axes "
+        r"\(batch=2\).*reduce it first",
+    ):
         nm.grad(lambda w, x: nm.dot(x, w, axis="embed"))(w, x)
     with pytest.raises(nm.AxisError, match=r"scalar\(\) needs an array with no axes.*reduce it first"):
         nm.dot(x, w, axis="embed").scalar()
 
 
 def test_haliax_typed_axes_spelling_names_ours():
-    with pytest.raises(nm.AxisError, match=r"Float\[NamedArray, \.\.\.\] is Haliax's spelling.*write nm.Float\['batch embed'\]"):
+    with pytest.raises(
+        nm.AxisError, match=r"Float\[NamedArray, \.\.\.\] is Haliax's spelling.*write nm.Float\['batch embed'\]"
+    ):
         nm.Float[nm.NamedArray, "batch embed"]
 
 
@@ -295,7 +349,8 @@ def test_haliax_typed_axes_spelling_names_ours():
 
 
 def test_named_jit_and_shard_accept_a_mesh_made_by_jax_make_mesh():
-    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     explicit = jax.make_mesh((4, 2), ("data", "model"))  # jax's default axis types: Explicit
     assert set(explicit.axis_types) == {AxisType.Explicit}
@@ -351,8 +406,11 @@ def test_a_pattern_haliax_would_read_by_position_is_refused_not_read_otherwise()
     hw = nm.named(hn, "w h")
     # Haliax binds 'h' to the first axis (named w) and 'w' to the second, so 'h w -> w h' is a
     # transpose to (h, w) there; matching names, it would leave (w, h). Neither guess is made.
-    with pytest.raises(nm.AxisError, match=r"rearrange: 'h w' names the axes of \(w=3, h=2\) in another order.*'h' would "
-                                           r"be axis 'w'.*braces \('\{h w\}'\)"):
+    with pytest.raises(
+        nm.AxisError,
+        match=r"rearrange: 'h w' names the axes of \(w=3, h=2\) in another order.*'h' would "
+        r"be axis 'w'.*braces \('\{h w\}'\)",
+    ):
         nm.rearrange(hw, "h w -> w h")
     with pytest.raises(nm.AxisError, match=r"'\.\.\. w' names the axes"):
         nm.rearrange(hw, "... w -> w ...")  # after '...' counts from the end: 'w' would be axis 'h'
@@ -392,15 +450,20 @@ def test_a_damaged_safetensors_file_is_caught_by_its_digest(tmp_path):
         assert f.metadata()["note"] == "kept" and set(json.loads(f.metadata()["named.sha256"])) == {"bias", "weight"}
     np.testing.assert_array_equal(nm.load_state_dict_file(lin, path).weight.array, lin.weight.array)
     _flip_last_tensor_byte(path)
-    with pytest.raises(nm.StateDictError, match=r"lin.safetensors: tensor 'weight' does not match the sha256 it was saved with"):
+    with pytest.raises(
+        nm.StateDictError, match=r"lin.safetensors: tensor 'weight' does not match the sha256 it was saved with"
+    ):
         nm.load_state_dict_file(lin, path)
     # a file without digests (another writer's, or digest=False) loads as before: the flip goes unseen
     nm.save_state_dict(lin, path, digest=False)
     _flip_last_tensor_byte(path)
     assert not np.array_equal(nm.load_state_dict_file(lin, path).weight.array, lin.weight.array)
     # a digest table that does not cover the file is refused too
-    save_file({"weight": np.asarray(lin.weight.array), "bias": np.asarray(lin.bias.array)}, str(path),
-              metadata={"named.sha256": json.dumps({"weight": "0" * 64})})
+    save_file(
+        {"weight": np.asarray(lin.weight.array), "bias": np.asarray(lin.bias.array)},
+        str(path),
+        metadata={"named.sha256": json.dumps({"weight": "0" * 64})},
+    )
     with pytest.raises(nm.StateDictError, match=r"tensor 'bias' has no digest"):
         nm.load_state_dict_file(lin, path)
     with pytest.raises(nm.StateDictError, match=r"'named.sha256' holds the tensors' digests"):

@@ -34,9 +34,16 @@ def test_einsum_aliases_stand_for_axes():
         nm.einsum("{x} -> ...", a, b, x=3)
 
 
-@pytest.mark.parametrize("out_axes, letters", [
-    ((D, H, ...), "dhw"), ((..., D, H), "wdh"), ((..., D, ...), "hwd"), ((..., D, H, ...), "dhw"), ((W, ..., H, ...), "whd"),
-])
+@pytest.mark.parametrize(
+    "out_axes, letters",
+    [
+        ((D, H, ...), "dhw"),
+        ((..., D, H), "wdh"),
+        ((..., D, ...), "hwd"),
+        ((..., D, H, ...), "dhw"),
+        ((W, ..., H, ...), "whd"),
+    ],
+)
 def test_several_ellipses_are_a_partial_order(out_axes, letters):
     a, b = _arrays()
     out = nm.dot(a, b, axis=(), out_axes=out_axes)  # an outer product, ordered by the partial order
@@ -45,4 +52,6 @@ def test_several_ellipses_are_a_partial_order(out_axes, letters):
     np.testing.assert_allclose(np.asarray(out.array), want, rtol=1e-6)
     moved = a.rearrange(out_axes)
     assert "".join(x.name[0] for x in moved.axes) == letters
-    np.testing.assert_array_equal(np.asarray(moved.array), np.transpose(np.asarray(a.array), ["hwd".index(c) for c in letters]))
+    np.testing.assert_array_equal(
+        np.asarray(moved.array), np.transpose(np.asarray(a.array), ["hwd".index(c) for c in letters])
+    )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _reference import first_seen_names, make, sizes, axis_subsets
+from _reference import axis_subsets, first_seen_names, make, sizes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -101,7 +101,9 @@ def test_dot_out_axes_orders_the_result(data):
 def test_dot_errors_name_the_callers_arguments():
     x = nm.zeros((nm.Axis("batch", 2), nm.Axis("embed", 3)))
     w = nm.zeros((nm.Axis("embed", 3), nm.Axis("mlp", 4)))
-    with pytest.raises(nm.ArgumentTypeError, match=r"nm.dot got unexpected keyword arguments \['preferred_type'\]") as e:
+    with pytest.raises(
+        nm.ArgumentTypeError, match=r"nm.dot got unexpected keyword arguments \['preferred_type'\]"
+    ) as e:
         nm.dot(x, w, axis="embed", preferred_type=np.float32)
     assert "_contract" not in str(e.value)
     with pytest.raises(nm.AxisError, match=r"out_axes names 'embed', which axis= contracts"):

@@ -8,7 +8,6 @@ compiled gradient turns every weight all-gather into a reduce-scatter.
 
 from __future__ import annotations
 
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -175,8 +174,14 @@ def block_run(request, mesh):
     gspmd = _value_and_grad(gspmd_block, mesh, compute)
     (_, ye), (gp_e, gx_e) = explicit(*args)
     (_, yg), (gp_g, gx_g) = gspmd(*args)
-    return dict(name=request.param, compute=compute, y=(ye, yg), gx=(gx_e, gx_g), gp=(gp_e, gp_g),
-                report=nm.compiled_report(explicit, *args))
+    return dict(
+        name=request.param,
+        compute=compute,
+        y=(ye, yg),
+        gx=(gx_e, gx_g),
+        gp=(gp_e, gp_g),
+        report=nm.compiled_report(explicit, *args),
+    )
 
 
 def test_explicit_block_forward_equals_gspmd(block_run):
@@ -242,8 +247,10 @@ def test_blocks_keep_names_local_sizes_and_layouts(mesh):
 
 def test_works_inside_named_jit_and_under_grad(mesh):
     w, x = _fsdp_pair(mesh)
-    f = nm.shard_map(lambda w, x: nm.einsum("batch embed, embed mlp -> batch mlp", x, nm.all_gather(w, "embed")),
-                     in_mapping=(PARAM, COMPUTE))
+    f = nm.shard_map(
+        lambda w, x: nm.einsum("batch embed, embed mlp -> batch mlp", x, nm.all_gather(w, "embed")),
+        in_mapping=(PARAM, COMPUTE),
+    )
     g = nm.named_jit(jax.grad(lambda w, x: (f(w, x) ** 2).sum().scalar()), mesh=mesh)(w, x)
     ref = jax.grad(lambda w, x: jnp.sum((x @ w) ** 2))(np.asarray(w.array), np.asarray(x.array))
     np.testing.assert_allclose(g.array, ref, rtol=1e-5, atol=1e-4)
@@ -265,7 +272,9 @@ def test_psum_scatter_all_to_all_and_reductions_match_numpy(mesh):
         # sequence -> feature parallel: batch becomes whole, feat split over data
         out["a2a"] = nm.all_to_all(x, split="feat", concat="batch")
         # a fresh axis has no layout; this one differs across data, so say it is split there
-        out["index"] = nm.with_layout(nm.named(nm.axis_index("batch", of=x) * jnp.ones((1,), jnp.int32), "one"), "one/data")
+        out["index"] = nm.with_layout(
+            nm.named(nm.axis_index("batch", of=x) * jnp.ones((1,), jnp.int32), "one"), "one/data"
+        )
         return out
 
     out = nm.shard_map(body, mesh=mesh, in_mapping={"batch": "data"})(x)
@@ -280,7 +289,6 @@ def test_psum_scatter_all_to_all_and_reductions_match_numpy(mesh):
     np.testing.assert_array_equal(out["index"].array, [0, 1, 2, 3])
 
 
-
 def test_pmax_has_jnp_max_gradient_under_jit(mesh):
     """nm.pmax differentiates like jnp.max over the whole axis: the gradient goes to the entries
     that hold the maximum, split equally among ties (lax.pmax alone has no differentiation rule)."""
@@ -293,6 +301,7 @@ def test_pmax_has_jnp_max_gradient_under_jit(mesh):
     want = jax.grad(lambda v: (jnp.max(v, axis=0) * r).sum())(a)
     np.testing.assert_allclose(got.array, want, rtol=1e-6)
     assert got.array[2, 2] == got.array[13, 2] == r[2] / 2
+
 
 def test_all_gather_over_two_mesh_axes_keeps_the_order(mesh):
     a = np.arange(32, dtype=np.float32)
@@ -332,7 +341,13 @@ def test_unreduced_refuses_ops_and_says_how_to_fix(mesh):
         u = nm.einsum_unreduced("batch mlp, embed mlp -> batch embed", h, nm.all_gather(w, "embed"))
         assert isinstance(u, nm.Unreduced) and u.over == ("model",)
         assert nm.layout(u) == "batch/data embed {U: model}"
-        for attempt in (lambda: nm.exp(u), lambda: u + x, lambda: u * x, lambda: u.sum("embed"), lambda: jnp.asarray(u)):
+        for attempt in (
+            lambda: nm.exp(u),
+            lambda: u + x,
+            lambda: u * x,
+            lambda: u.sum("embed"),
+            lambda: jnp.asarray(u),
+        ):
             with pytest.raises(nm.UnreducedError) as e:
                 attempt()
             errors.append(str(e.value))
@@ -363,8 +378,11 @@ def test_returning_an_unreduced_value_is_an_error(mesh):
 def test_mismatched_blocks_name_the_axis_and_both_layouts(mesh):
     w, x = _fsdp_pair(mesh)
     with pytest.raises(nm.ShardingError) as e:
-        nm.shard_map(lambda w, x: nm.psum(nm.einsum_unreduced("batch embed, embed mlp -> batch mlp", x, w)),
-                     mesh=mesh, in_mapping=(PARAM, COMPUTE))(w, x)
+        nm.shard_map(
+            lambda w, x: nm.psum(nm.einsum_unreduced("batch embed, embed mlp -> batch mlp", x, w)),
+            mesh=mesh,
+            in_mapping=(PARAM, COMPUTE),
+        )(w, x)
     msg = str(e.value)
     assert "'embed'" in msg and "embed/data mlp/model" in msg and "batch/data embed" in msg and "all_gather" in msg
 
@@ -388,11 +406,14 @@ def test_out_axis_resources_are_a_checked_contract(mesh):
     w, _ = _fsdp_pair(mesh)
     y = nm.shard_map(lambda w: w * 2, mesh=mesh, in_mapping=PARAM, out_mapping=PARAM)(w)
     assert nm.layout(y) == "embed/data mlp/model"
-    with pytest.raises(nm.ShardingError, match=r"says 'embed mlp/model': axis 'embed' is split over \('data',\), not whole"):
+    with pytest.raises(
+        nm.ShardingError, match=r"says 'embed mlp/model': axis 'embed' is split over \('data',\), not whole"
+    ):
         nm.shard_map(lambda w: w * 2, mesh=mesh, in_mapping=PARAM, out_mapping={"mlp": "model"})(w)
     with pytest.raises(nm.ShardingError, match=r"axis 'embed' is whole here.*with_layout"):
-        nm.shard_map(lambda w: nm.all_gather(w, "embed", invariant=True), mesh=mesh, in_mapping=PARAM,
-                     out_mapping=PARAM)(w)
+        nm.shard_map(
+            lambda w: nm.all_gather(w, "embed", invariant=True), mesh=mesh, in_mapping=PARAM, out_mapping=PARAM
+        )(w)
     with pytest.raises(nm.ShardingError, match=r"embed/data mlp/model.*'mlp' is split over \('model',\)"):
         nm.shard_map(lambda w: w * 2, mesh=mesh, in_mapping=PARAM, out_mapping={"embed": "data"})(w)
 
@@ -435,8 +456,9 @@ def test_settling_part_of_a_sum_and_scattering_a_plain_partial_sum(mesh):
     whole, scattered = nm.named_jit(nm.shard_map(body, in_mapping=split), mesh=mesh)(x, w)
     np.testing.assert_allclose(whole.array, a @ b, rtol=1e-5)
     # nm.einsum on the same blocks owes nothing: it sums over the mesh axes that split embed itself
-    settled = nm.named_jit(nm.shard_map(lambda x, w: nm.einsum("batch embed, embed out -> batch out", x, w),
-                                        in_mapping=split), mesh=mesh)(x, w)
+    settled = nm.named_jit(
+        nm.shard_map(lambda x, w: nm.einsum("batch embed, embed out -> batch out", x, w), in_mapping=split), mesh=mesh
+    )(x, w)
     np.testing.assert_allclose(settled.array, a @ b, rtol=1e-5)
     np.testing.assert_allclose(scattered.array, a @ b, rtol=1e-5)
     assert nm.layout(scattered) == "batch/data+model out"

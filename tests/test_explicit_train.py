@@ -21,21 +21,33 @@ from named.trainer.loop.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
 FSDP = {"mesh.shape": "{data: 8}", "mesh.param_mapping": "{embed: data}", "mesh.compute_mapping": "{batch: data}"}
-TP = {"mesh.shape": "{data: 4, model: 2}", "mesh.param_mapping": "{embed: data, mlp: model, heads: model}",
-      "mesh.compute_mapping": "{batch: data, mlp: model, heads: model}"}
+TP = {
+    "mesh.shape": "{data: 4, model: 2}",
+    "mesh.param_mapping": "{embed: data, mlp: model, heads: model}",
+    "mesh.compute_mapping": "{batch: data, mlp: model, heads: model}",
+}
 CASES = {
     "plain": {},
     "remat+microbatches": {"model.remat": "full", "trainer.microbatches": 2},
-    "2-D mesh": {"mesh.shape": "{data: 4, replica: 2}", "mesh.param_mapping": "{embed: [data, replica]}",
-                 "mesh.compute_mapping": "{batch: [data, replica]}", "model.remat": "save_dots"},
+    "2-D mesh": {
+        "mesh.shape": "{data: 4, replica: 2}",
+        "mesh.param_mapping": "{embed: [data, replica]}",
+        "mesh.compute_mapping": "{batch: [data, replica]}",
+        "model.remat": "save_dots",
+    },
     # tensor parallelism: mlp and heads stay split over model; the blocks' contractions over them are psum'd
     "fsdp+tp+dropout": {**TP, "model.dropout": 0.1},
-    "fsdp+tp (gqa)": {"mesh.shape": "{data: 4, model: 2}",
-                      "mesh.param_mapping": "{embed: data, mlp: model, heads: model, kv_heads: model}",
-                      "mesh.compute_mapping": "{batch: data, mlp: model, heads: model, kv_heads: model}"},
+    "fsdp+tp (gqa)": {
+        "mesh.shape": "{data: 4, model: 2}",
+        "mesh.param_mapping": "{embed: data, mlp: model, heads: model, kv_heads: model}",
+        "mesh.compute_mapping": "{batch: data, mlp: model, heads: model, kv_heads: model}",
+    },
     # expert parallelism: each device holds 2 of the 4 experts; tokens travel by all-to-all
-    "experts over 2": {"mesh.shape": "{data: 4, expert: 2}", "mesh.param_mapping": "{embed: data, experts: expert}",
-                       "mesh.compute_mapping": "{batch: [data, expert], experts: expert}"},
+    "experts over 2": {
+        "mesh.shape": "{data: 4, expert: 2}",
+        "mesh.param_mapping": "{embed: data, experts: expert}",
+        "mesh.compute_mapping": "{batch: [data, expert], experts: expert}",
+    },
 }
 GPT2_CASES = ["plain", "remat+microbatches", "2-D mesh", "fsdp+tp+dropout"]
 
@@ -43,29 +55,49 @@ GPT2_CASES = ["plain", "remat+microbatches", "2-D mesh", "fsdp+tp+dropout"]
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("corpus")
-    (d / "code.txt").write_text("\n".join(f"def g_{i}(a, b):\n    return a * {i} - b // {i % 5 + 1}\n" for i in range(300)))
+    (d / "code.txt").write_text(
+        "\n".join(f"def g_{i}(a, b):\n    return a * {i} - b // {i % 5 + 1}\n" for i in range(300))
+    )
     return d
 
 
 def _run(corpus: Path, run_dir: Path, config: str = "gpt2_nano.yaml", **over):
     args = {
-        "trainer.num_train_steps": 20, "trainer.train_batch_size": 16, "trainer.log_interval": 1,
-        "trainer.eval_interval": 0, "trainer.sample_interval": 0, "trainer.progress_bar": "false",
-        "trainer.run_dir": str(run_dir), "trainer.load_checkpoint": "null", "optimizer.warmup_steps": 2,
+        "trainer.num_train_steps": 20,
+        "trainer.train_batch_size": 16,
+        "trainer.log_interval": 1,
+        "trainer.eval_interval": 0,
+        "trainer.sample_interval": 0,
+        "trainer.progress_bar": "false",
+        "trainer.run_dir": str(run_dir),
+        "trainer.load_checkpoint": "null",
+        "optimizer.warmup_steps": 2,
         "optimizer.learning_rate": 0.003,
         # GPT-2's key bias has a gradient of zero in exact arithmetic (softmax ignores a shift of a
         # query's logits), so it is pure rounding, which differs with the order of the sums; Adam
         # with its default epsilon (1e-8) turns that rounding into steps of learning-rate size. A
         # larger epsilon keeps the comparison about the model, not about that rounding.
-        "optimizer.epsilon": 1e-4, "data.train": f"[{corpus / 'code.txt'}]", "data.seq_len": 32,
-        "data.val_fraction": 0.05, "data.cache_dir": str(corpus / "cache"), "checkpoint.interval": 10,
-        "checkpoint.save_at_end": "false", "tracker.console": "false", **FSDP,
+        "optimizer.epsilon": 1e-4,
+        "data.train": f"[{corpus / 'code.txt'}]",
+        "data.seq_len": 32,
+        "data.val_fraction": 0.05,
+        "data.cache_dir": str(corpus / "cache"),
+        "checkpoint.interval": 10,
+        "checkpoint.save_at_end": "false",
+        "tracker.console": "false",
+        **FSDP,
     }
     if config == "gpt2_nano.yaml":
         args.update({"model.n_layer": 2, "model.n_head": 2, "model.n_embd": 32, "model.n_positions": 64})
     else:
-        args.update({"model.hidden_size": 32, "model.intermediate_size": 48, "model.num_hidden_layers": 2,
-                     "model.max_position_embeddings": 64})
+        args.update(
+            {
+                "model.hidden_size": 32,
+                "model.intermediate_size": 48,
+                "model.num_hidden_layers": 2,
+                "model.max_position_embeddings": 64,
+            }
+        )
     if config == "gemma3_tiny.yaml":  # a local and a global layer: windows and rope differ per layer
         args.update({"model.sliding_window": 8, "model.sliding_window_pattern": 2})
     args.update(over)
@@ -82,8 +114,11 @@ def runs(corpus, tmp_path_factory):
         if (case, mode, config, batch_split) not in cache:
             over = CASES.get(case, {})
             cache[case, mode, config, batch_split] = _run(
-                corpus, base / f"{config}-{case}-{mode}-{batch_split}", config,
-                **{**over, "mesh.mode": mode, "mesh.batch_split": batch_split})
+                corpus,
+                base / f"{config}-{case}-{mode}-{batch_split}",
+                config,
+                **{**over, "mesh.mode": mode, "mesh.batch_split": batch_split},
+            )
         return cache[case, mode, config, batch_split]
 
     return get
@@ -113,20 +148,26 @@ def test_gpt2_explicit_trains_like_auto(case, runs):
             assert x.array.addressable_shards[0].data.size * split == x.array.size
 
 
-@pytest.mark.parametrize("config, case", [
-    ("llama3_tiny.yaml", "plain"),
-    ("gemma3_tiny.yaml", "plain"),  # per-layer windows and rope
-    ("llama3_tiny.yaml", "fsdp+tp (gqa)"),
-    ("mixtral_tiny.yaml", "experts over 2"),  # the router losses are the whole batch's in both modes
-])
+@pytest.mark.parametrize(
+    "config, case",
+    [
+        ("llama3_tiny.yaml", "plain"),
+        ("gemma3_tiny.yaml", "plain"),  # per-layer windows and rope
+        ("llama3_tiny.yaml", "fsdp+tp (gqa)"),
+        ("mixtral_tiny.yaml", "experts over 2"),  # the router losses are the whole batch's in both modes
+    ],
+)
 def test_decoder_explicit_trains_like_auto(config, case, runs):
     _assert_same(runs(case, "explicit", config), runs(case, "auto", config), f"{config} {case}")
 
 
-@pytest.mark.parametrize("config, case", [
-    ("gpt2_nano.yaml", "fsdp+tp+dropout"),  # dropout: each half draws its part of the whole batch's mask
-    ("mixtral_tiny.yaml", "experts over 2"),  # router statistics averaged over the halves: the whole batch's losses
-])
+@pytest.mark.parametrize(
+    "config, case",
+    [
+        ("gpt2_nano.yaml", "fsdp+tp+dropout"),  # dropout: each half draws its part of the whole batch's mask
+        ("mixtral_tiny.yaml", "experts over 2"),  # router statistics averaged over the halves: the whole batch's losses
+    ],
+)
 def test_batch_split_trains_like_auto(config, case, runs):
     _assert_same(runs(case, "explicit", config, batch_split=2), runs(case, "auto", config), f"{config} {case} split")
 
@@ -149,10 +190,16 @@ def test_bad_modes_and_layouts_are_refused(corpus, tmp_path):
     with pytest.raises(ConfigError, match="mesh.mode must be one of auto, explicit"):
         load_config(ROOT / "config" / "gpt2_nano.yaml", ["--mesh.mode", "manual"])
     # activations split over mlp while the weights keep it whole: the blocks would contract halves
-    odd = {"mesh.shape": "{data: 4, model: 2}", "mesh.param_mapping": "{embed: data}",
-           "mesh.compute_mapping": "{batch: data, mlp: model}"}
-    with pytest.raises(ConfigError, match=r"mesh.mode: explicit: .*splits 'mlp' over \['model'\] but the parameter "
-                                          r"mapping keeps it whole"):
+    odd = {
+        "mesh.shape": "{data: 4, model: 2}",
+        "mesh.param_mapping": "{embed: data}",
+        "mesh.compute_mapping": "{batch: data, mlp: model}",
+    }
+    with pytest.raises(
+        ConfigError,
+        match=r"mesh.mode: explicit: .*splits 'mlp' over \['model'\] but the parameter "
+        r"mapping keeps it whole",
+    ):
         _run(corpus, tmp_path / "run", **{**odd, "mesh.mode": "explicit"})
     assert not (tmp_path / "run").exists()  # refused before anything was written
     # positions split: attention mixes them
@@ -184,8 +231,12 @@ def test_prefetched_gathers_and_one_reduce_scatter_per_layer_weight():
     param, compute = {"embed": "data"}, {"batch": "data"}
     cfg = Gpt2Config(n_embd=32, n_layer=3, n_head=4, vocab_size=96, n_positions=32)
     model = nm.shard(Gpt2LMHeadModel.init(cfg, key=jax.random.key(0)), param, mesh)
-    ids = nm.shard(nm.named(jax.random.randint(jax.random.key(1), (8, 16), 0, 96), ("batch", "position")), compute, mesh)
-    layer = [w for w in jax.tree.leaves(model.blocks.stacked, is_leaf=nm.is_named_array) if isinstance(w, nm.NamedArray)]
+    ids = nm.shard(
+        nm.named(jax.random.randint(jax.random.key(1), (8, 16), 0, 96), ("batch", "position")), compute, mesh
+    )
+    layer = [
+        w for w in jax.tree.leaves(model.blocks.stacked, is_leaf=nm.is_named_array) if isinstance(w, nm.NamedArray)
+    ]
     split = [w for w in layer if "embed" in w.names]
     matrices = [w for w in split if w.ndim > 2]  # layers axis + at least two more
     replicated = [w for w in layer if "embed" not in w.names]
@@ -196,8 +247,9 @@ def test_prefetched_gathers_and_one_reduce_scatter_per_layer_weight():
             with nn.explicit_layers(driver):
                 return (m(ids).array ** 2).mean()
 
-        return nm.compiled_report(nm.named_jit(eqx.filter_grad(loss), mapping=compute, out_mapping=param, mesh=mesh),
-                                  model, ids)
+        return nm.compiled_report(
+            nm.named_jit(eqx.filter_grad(loss), mapping=compute, out_mapping=param, mesh=mesh), model, ids
+        )
 
     rep = report(nn.ExplicitStack(param, compute))
     in_loop = [c for c in rep.collectives if c.in_loop]
@@ -231,7 +283,9 @@ def test_batch_split_runs_each_layer_on_two_halves():
     compute = {"batch": "data", "mlp": "model", "heads": "model"}
     cfg = Gpt2Config(n_embd=32, n_layer=3, n_head=4, vocab_size=96, n_positions=32)
     model = nm.shard(Gpt2LMHeadModel.init(cfg, key=jax.random.key(0)), param, mesh)
-    ids = nm.shard(nm.named(jax.random.randint(jax.random.key(1), (8, 16), 0, 96), ("batch", "position")), compute, mesh)
+    ids = nm.shard(
+        nm.named(jax.random.randint(jax.random.key(1), (8, 16), 0, 96), ("batch", "position")), compute, mesh
+    )
 
     def grad_fn(split):
         def loss(m, ids):
@@ -241,8 +295,10 @@ def test_batch_split_runs_each_layer_on_two_halves():
         return nm.named_jit(eqx.filter_grad(loss), mapping=compute, out_mapping=param, mesh=mesh)
 
     reports = {n: nm.compiled_report(grad_fn(n), model, ids) for n in (1, 2)}
-    tp = {n: [c for c in r.collectives if c.in_loop and c.kind == "all-reduce" and c.mesh_axes == ("model",)]
-          for n, r in reports.items()}
+    tp = {
+        n: [c for c in r.collectives if c.in_loop and c.kind == "all-reduce" and c.mesh_axes == ("model",)]
+        for n, r in reports.items()
+    }
     assert len(tp[1]) > 0 and sum(c.bytes * c.runs for c in tp[2]) == sum(c.bytes * c.runs for c in tp[1])
     # each half's all-reduce holds half a layer's activations (XLA:CPU may put two in one instruction)
     assert {s for c in tp[2] for s in c.shape.split(", ")} == {"f32[1,16,32]"}
@@ -312,10 +368,15 @@ def test_lora_adapters_alone_are_differentiated_and_reduce_scattered():
     base = Gpt2LMHeadModel.init(cfg, key=jax.random.key(0))
     model = nn.lora.apply(base, lambda path, _: path.endswith(("c_attn", "up")), rank=4, key=jax.random.key(2))
     # non-zero B, so that A's gradient is not zero either
-    model = jax.tree.map(lambda x: x + 0.1 if isinstance(x, nm.NamedArray) and "lora_rank" in x.names else x,
-                         model, is_leaf=nm.is_named_array)
+    model = jax.tree.map(
+        lambda x: x + 0.1 if isinstance(x, nm.NamedArray) and "lora_rank" in x.names else x,
+        model,
+        is_leaf=nm.is_named_array,
+    )
     model = nm.shard(model, param, mesh)
-    ids = nm.shard(nm.named(jax.random.randint(jax.random.key(1), (8, 16), 0, 96), ("batch", "position")), compute, mesh)
+    ids = nm.shard(
+        nm.named(jax.random.randint(jax.random.key(1), (8, 16), 0, 96), ("batch", "position")), compute, mesh
+    )
     adapters, frozen = eqx.partition(model, nn.lora.trainable(model), is_leaf=nm.is_named_array)
 
     def grad_of(driver):
@@ -329,12 +390,16 @@ def test_lora_adapters_alone_are_differentiated_and_reduce_scattered():
     got, want = explicit(adapters, frozen, ids), grad_of(None)(adapters, frozen, ids)
     leaves = [(a, b) for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want))]
     assert len(leaves) == 4 and all(  # A and B of c_attn and up, each stacked over the layers
-        np.abs(np.asarray(b)).max() > 0 for _, b in leaves)
+        np.abs(np.asarray(b)).max() > 0 for _, b in leaves
+    )
     for a, b in leaves:
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
     rep = nm.compiled_report(explicit, adapters, frozen, ids)
-    split_adapters = [x for x in jax.tree.leaves(adapters.blocks, is_leaf=nm.is_named_array)
-                      if isinstance(x, nm.NamedArray) and "embed" in x.names]
+    split_adapters = [
+        x
+        for x in jax.tree.leaves(adapters.blocks, is_leaf=nm.is_named_array)
+        if isinstance(x, nm.NamedArray) and "embed" in x.names
+    ]
     assert len(split_adapters) == 2  # c_attn's and up's A: (layers, embed, lora_rank); their Bs have no embed
     # per step: each split adapter's gradient, once per layer (the base's ten split weights would add 20)
     assert rep.count("reduce-scatter", "data") == len(split_adapters) * cfg.n_layer

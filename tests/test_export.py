@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from _chat_folder import hf_logits, make_chat_folder
 from safetensors.numpy import load_file
 
 import named as nm
@@ -28,13 +29,11 @@ from named.models.hf import save_pretrained
 from named.trainer import checkpoint as ckpt
 from named.trainer.commands import export as export_module
 from named.trainer.commands.cli import main_export
+from named.trainer.commands.sample import _model_config
 from named.trainer.config import load_config
 from named.trainer.loop.model_init import model_shapes
 from named.trainer.loop.registry import model_class
-from named.trainer.commands.sample import _model_config
 from named.trainer.loop.train import train
-
-from _chat_folder import hf_logits, make_chat_folder
 
 TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 ALL_LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -47,13 +46,30 @@ def folder(tmp_path_factory) -> Path:
 
 
 def _config(folder, root: Path, name: str, **more):
-    (root / "text.txt").write_text("The quick brown fox jumps over the lazy dog. Paris is the capital of France.\n" * 60)
-    over = {"model.init_from_hf": str(folder), "trainer.num_train_steps": 3, "trainer.train_batch_size": 8,
-            "trainer.log_interval": 1, "trainer.eval_interval": 0, "trainer.progress_bar": "false",
-            "trainer.run_dir": str(root / name), "optimizer.learning_rate": 1e-2, "optimizer.warmup_steps": 1,
-            "data.train": f"[{root / 'text.txt'}]", "data.seq_len": 32, "data.val_fraction": 0,
-            "data.cache_dir": str(root / "cache"), "mesh.shape": "{data: 8}", "mesh.param_mapping": "{embed: data}",
-            "checkpoint.interval": 1, "checkpoint.keep_last": 3, "tracker.console": "false", **more}
+    (root / "text.txt").write_text(
+        "The quick brown fox jumps over the lazy dog. Paris is the capital of France.\n" * 60
+    )
+    over = {
+        "model.init_from_hf": str(folder),
+        "trainer.num_train_steps": 3,
+        "trainer.train_batch_size": 8,
+        "trainer.log_interval": 1,
+        "trainer.eval_interval": 0,
+        "trainer.progress_bar": "false",
+        "trainer.run_dir": str(root / name),
+        "optimizer.learning_rate": 1e-2,
+        "optimizer.warmup_steps": 1,
+        "data.train": f"[{root / 'text.txt'}]",
+        "data.seq_len": 32,
+        "data.val_fraction": 0,
+        "data.cache_dir": str(root / "cache"),
+        "mesh.shape": "{data: 8}",
+        "mesh.param_mapping": "{embed: data}",
+        "checkpoint.interval": 1,
+        "checkpoint.keep_last": 3,
+        "tracker.console": "false",
+        **more,
+    }
     return load_config(None, [x for k, v in over.items() for x in (f"--{k}", str(v))])
 
 
@@ -116,7 +132,10 @@ def test_config_json_names_the_run_tokenizers_special_tokens(folder, tmp_path):
     save_pretrained(model_class(model_cfg).init(model_cfg, key=jax.random.key(0)), model_cfg, out)
     assert export_module._write_token_ids(cfg, 384, out) == []
     assert {k: json.loads((out / "config.json").read_text())[k] for k in TOKEN_IDS} == {
-        "bos_token_id": None, "eos_token_id": 256, "pad_token_id": None}
+        "bos_token_id": None,
+        "eos_token_id": 256,
+        "pad_token_id": None,
+    }
     read = transformers.AutoConfig.from_pretrained(out)
     assert (read.bos_token_id, read.eos_token_id, read.pad_token_id) == (None, 256, None)
     # a tokenizer folder: eos as the run read it, pad as its tokenizer_config.json names it
@@ -128,11 +147,16 @@ def test_config_json_names_the_run_tokenizers_special_tokens(folder, tmp_path):
     ids, notes = export_module.token_ids(hf, 384, tmp_path / "empty")
     vocab = json.loads((folder / "tokenizer.json").read_text())["added_tokens"]
     special = {t["content"]: t["id"] for t in vocab}
-    assert notes == [] and ids == {"bos_token_id": None, "eos_token_id": special["<|im_end|>"],
-                                   "pad_token_id": special["<|endoftext|>"]}
+    assert notes == [] and ids == {
+        "bos_token_id": None,
+        "eos_token_id": special["<|im_end|>"],
+        "pad_token_id": special["<|endoftext|>"],
+    }
 
 
-def test_a_full_fine_tune_exports_a_sharded_folder_transformers_loads_with_our_logits(full_run, folder, tmp_path, capsys):
+def test_a_full_fine_tune_exports_a_sharded_folder_transformers_loads_with_our_logits(
+    full_run, folder, tmp_path, capsys
+):
     out = tmp_path / "final"
     assert _export("--checkpoint", full_run, "--out", out, "--max-shard-size", "40KB") == 0
     assert "from step 3" in capsys.readouterr().out
@@ -162,7 +186,12 @@ def test_the_peft_adapter_folder_loads_in_peft_with_the_lora_runs_logits(lora_ru
     out = tmp_path / "adapters"
     assert _export("--checkpoint", lora_run, "--out", out, "--adapters-only") == 0
     config = json.loads((out / "adapter_config.json").read_text())
-    assert (config["peft_type"], config["task_type"], config["r"], config["lora_alpha"]) == ("LORA", "CAUSAL_LM", RANK, 8)
+    assert (config["peft_type"], config["task_type"], config["r"], config["lora_alpha"]) == (
+        "LORA",
+        "CAUSAL_LM",
+        RANK,
+        8,
+    )
     assert sorted(config["target_modules"]) == sorted(ALL_LINEARS) and config["base_model_name_or_path"] == str(folder)
     tensors, base = load_file(out / "adapter_model.safetensors"), load_file(folder / "model.safetensors")
     layers = json.loads((folder / "config.json").read_text())["num_hidden_layers"]
@@ -198,9 +227,18 @@ def test_bad_input_is_refused_naming_it_before_anything_is_written(full_run, lor
     _refused(capsys, out, "has no LoRA adapters", "--checkpoint", full_run, "--adapters-only")
     _refused(capsys, out, "give --merge (a plain Hugging Face folder", "--checkpoint", lora_run)
     _refused(capsys, out, "not allowed with argument", "--checkpoint", lora_run, "--merge", "--adapters-only")
-    _refused(capsys, out, f"--checkpoint {tmp_path / 'nowhere'}: no such directory", "--checkpoint", tmp_path / "nowhere")
-    _refused(capsys, out, "has no committed checkpoint of step 7; its checkpoints: steps 1, 2, 3",
-             "--checkpoint", full_run, "--step", 7)
+    _refused(
+        capsys, out, f"--checkpoint {tmp_path / 'nowhere'}: no such directory", "--checkpoint", tmp_path / "nowhere"
+    )
+    _refused(
+        capsys,
+        out,
+        "has no committed checkpoint of step 7; its checkpoints: steps 1, 2, 3",
+        "--checkpoint",
+        full_run,
+        "--step",
+        7,
+    )
     _refused(capsys, out, "--max-shard-size", "--checkpoint", full_run, "--max-shard-size", "lots")
     out.mkdir()
     (out / "keep.txt").write_text("mine")
@@ -233,17 +271,35 @@ def test_an_out_in_or_over_what_a_run_keeps_is_refused(full_run, tmp_path, capsy
     # --overwrite used to delete every checkpoint of the run (--out RUN/checkpoints) and exit 0
     ckdir = full_run / "checkpoints"
     kept = [s for s, _ in ckpt.list_checkpoints(full_run)]
-    _refused(capsys, ckdir, f"--out {ckdir} is the checkpoint folder {ckdir}; an export never writes into",
-             "--checkpoint", full_run, "--overwrite")
+    _refused(
+        capsys,
+        ckdir,
+        f"--out {ckdir} is the checkpoint folder {ckdir}; an export never writes into",
+        "--checkpoint",
+        full_run,
+        "--overwrite",
+    )
     _refused(capsys, ckdir / "step_2", f"is the checkpoint {ckdir / 'step_2'}", "--checkpoint", full_run, "--overwrite")
     _refused(capsys, full_run / "hf", f"lies inside the run directory {full_run}", "--checkpoint", full_run)
     # the parent of the run, spelled with '..' or reached through a link, holds it
-    _refused(capsys, full_run / "..", f"holds the run directory {full_run}, which --overwrite would delete",
-             "--checkpoint", full_run, "--overwrite")
+    _refused(
+        capsys,
+        full_run / "..",
+        f"holds the run directory {full_run}, which --overwrite would delete",
+        "--checkpoint",
+        full_run,
+        "--overwrite",
+    )
     link = tmp_path / "link"
     link.symlink_to(full_run)
-    _refused(capsys, link, f"--out {link} (a link to {full_run}) is the run directory", "--checkpoint", full_run,
-             "--overwrite")
+    _refused(
+        capsys,
+        link,
+        f"--out {link} (a link to {full_run}) is the run directory",
+        "--checkpoint",
+        full_run,
+        "--overwrite",
+    )
     assert link.is_symlink() and sorted(p.name for p in tmp_path.iterdir()) == ["link"]  # no .link.old-* left
     # a checkpoint folder of any run (a checkpoint.base's holds committed step_N)
     base = tmp_path / "base" / "checkpoints"
@@ -267,6 +323,8 @@ def test_a_failed_safetensors_write_names_the_file_and_leaves_nothing(full_run, 
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
     err = capsys.readouterr().err
     assert code == 1, err
-    assert err == f"error: cannot write {out / 'model.safetensors'}: File too large; --out is unchanged (an export " \
-                  "is renamed into place whole, or not at all)\n"
+    assert (
+        err == f"error: cannot write {out / 'model.safetensors'}: File too large; --out is unchanged (an export "
+        "is renamed into place whole, or not at all)\n"
+    )
     assert list(tmp_path.iterdir()) == []  # neither --out nor a temporary folder

@@ -22,12 +22,18 @@ TP = "mlp: model, heads: model, kv_heads: model"
 LAYOUTS = {
     "unsharded": {"mesh.shape": "{data: 8}", "mesh.param_mapping": "{}", "mesh.compute_mapping": "{}"},
     "fsdp": {"mesh.shape": "{data: 8}", "mesh.param_mapping": "{embed: data}", "mesh.compute_mapping": "{batch: data}"},
-    "fsdp+tp": {"mesh.shape": "{data: 4, model: 2}", "mesh.param_mapping": f"{{embed: data, {TP}}}",
-                "mesh.compute_mapping": f"{{batch: data, {TP}}}"},
+    "fsdp+tp": {
+        "mesh.shape": "{data: 4, model: 2}",
+        "mesh.param_mapping": f"{{embed: data, {TP}}}",
+        "mesh.compute_mapping": f"{{batch: data, {TP}}}",
+    },
 }
 # windows of 8 in sequences of 32, and for Gemma 3 a local:global pattern that two layers show
-WINDOWS = {"mistral": {"model.sliding_window": 8}, "gemma2": {"model.sliding_window": 8},
-           "gemma3": {"model.sliding_window": 8, "model.sliding_window_pattern": 2}}
+WINDOWS = {
+    "mistral": {"model.sliding_window": 8},
+    "gemma2": {"model.sliding_window": 8},
+    "gemma3": {"model.sliding_window": 8, "model.sliding_window_pattern": 2},
+}
 
 
 @pytest.fixture(scope="module")
@@ -39,16 +45,33 @@ def corpus(tmp_path_factory) -> Path:
 
 def _run(family: str, layout: str, corpus: Path, run_dir: Path):
     over = {
-        "trainer.num_train_steps": 20, "trainer.train_batch_size": 8, "trainer.log_interval": 1,
-        "trainer.eval_interval": 0, "trainer.sample_interval": 0, "trainer.progress_bar": "false",
-        "trainer.run_dir": str(run_dir), "trainer.load_checkpoint": "null", "optimizer.warmup_steps": 1,
-        "model.hidden_size": 32, "model.intermediate_size": 48, "model.num_hidden_layers": 2,
-        "model.max_position_embeddings": 64, **WINDOWS.get(family, {}),
-        "data.train": f"[{corpus / 'code.txt'}]", "data.seq_len": 32, "data.val_fraction": 0.05,
-        "data.cache_dir": str(corpus / "cache"), "checkpoint.interval": 0, "checkpoint.save_at_end": "false",
-        "tracker.console": "false", "tracker.jsonl": "false", **LAYOUTS[layout],
+        "trainer.num_train_steps": 20,
+        "trainer.train_batch_size": 8,
+        "trainer.log_interval": 1,
+        "trainer.eval_interval": 0,
+        "trainer.sample_interval": 0,
+        "trainer.progress_bar": "false",
+        "trainer.run_dir": str(run_dir),
+        "trainer.load_checkpoint": "null",
+        "optimizer.warmup_steps": 1,
+        "model.hidden_size": 32,
+        "model.intermediate_size": 48,
+        "model.num_hidden_layers": 2,
+        "model.max_position_embeddings": 64,
+        **WINDOWS.get(family, {}),
+        "data.train": f"[{corpus / 'code.txt'}]",
+        "data.seq_len": 32,
+        "data.val_fraction": 0.05,
+        "data.cache_dir": str(corpus / "cache"),
+        "checkpoint.interval": 0,
+        "checkpoint.save_at_end": "false",
+        "tracker.console": "false",
+        "tracker.jsonl": "false",
+        **LAYOUTS[layout],
     }
-    return train(load_config(ROOT / "config" / f"{family}_tiny.yaml", [x for k, v in over.items() for x in (f"--{k}", str(v))]))
+    return train(
+        load_config(ROOT / "config" / f"{family}_tiny.yaml", [x for k, v in over.items() for x in (f"--{k}", str(v))])
+    )
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -60,8 +83,11 @@ def test_fsdp_and_tp_train_like_one_device(family, corpus, tmp_path):
     assert len(expected) == 20 and expected[-1] < expected[0]
     for layout in layouts[1:]:
         np.testing.assert_allclose(runs[layout].losses, expected, rtol=0, atol=1e-5, err_msg=layout)
-    specs = [str(x.array.sharding.spec) for x in jax.tree.leaves(runs["fsdp+tp"].model, is_leaf=nm.is_named_array)
-             if isinstance(x, nm.NamedArray)]
+    specs = [
+        str(x.array.sharding.spec)
+        for x in jax.tree.leaves(runs["fsdp+tp"].model, is_leaf=nm.is_named_array)
+        if isinstance(x, nm.NamedArray)
+    ]
     assert any("model" in s for s in specs) and any("data" in s for s in specs)
 
 

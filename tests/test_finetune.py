@@ -17,18 +17,17 @@ import peft
 import pytest
 import torch
 import transformers
+from _chat_folder import CHATS, make_chat_folder, write_chats
 
 import named as nm
 from named.trainer import checkpoint as ckpt
 from named.trainer.commands.cli import main_export, main_sample, main_train
+from named.trainer.commands.sample import _model_config
 from named.trainer.config import load_config
 from named.trainer.data import TrainBatches, build_data
 from named.trainer.data.chat import prompt_ids
 from named.trainer.loop.model_init import model_shapes
 from named.trainer.loop.registry import model_class
-from named.trainer.commands.sample import _model_config
-
-from _chat_folder import CHATS, make_chat_folder, write_chats
 
 QUESTION = "What is two plus two?"
 
@@ -42,13 +41,41 @@ def demo(tmp_path_factory) -> Path:
 
 
 def _train_args(config: str, demo: Path, run: str, *more: str) -> list[str]:
-    return ["--config", config, "--model.init_from_hf", str(demo / "tiny-llama"),
-            "--data.train", f"[{{name: chat, paths: [{demo / 'chats.jsonl'}], format: chat}}]",
-            "--data.seq_len", "64", "--data.val_fraction", "0", "--data.cache_dir", str(demo / "cache"),
-            "--trainer.train_batch_size", "8", "--trainer.num_train_steps", "30", "--trainer.eval_interval", "0",
-            "--trainer.log_interval", "1", "--trainer.progress_bar", "false", "--trainer.run_dir", str(demo / run),
-            "--checkpoint.interval", "0", "--tracker.console", "false",
-            "--mesh.shape", "{data: 8}", "--mesh.param_mapping", "{embed: data}", *more]
+    return [
+        "--config",
+        config,
+        "--model.init_from_hf",
+        str(demo / "tiny-llama"),
+        "--data.train",
+        f"[{{name: chat, paths: [{demo / 'chats.jsonl'}], format: chat}}]",
+        "--data.seq_len",
+        "64",
+        "--data.val_fraction",
+        "0",
+        "--data.cache_dir",
+        str(demo / "cache"),
+        "--trainer.train_batch_size",
+        "8",
+        "--trainer.num_train_steps",
+        "30",
+        "--trainer.eval_interval",
+        "0",
+        "--trainer.log_interval",
+        "1",
+        "--trainer.progress_bar",
+        "false",
+        "--trainer.run_dir",
+        str(demo / run),
+        "--checkpoint.interval",
+        "0",
+        "--tracker.console",
+        "false",
+        "--mesh.shape",
+        "{data: 8}",
+        "--mesh.param_mapping",
+        "{embed: data}",
+        *more,
+    ]
 
 
 def _losses(run_dir: Path) -> list[float]:
@@ -73,10 +100,11 @@ def _theirs(model, ids: np.ndarray) -> np.ndarray:
 
 
 def _reply(model, tokenizer) -> str:
-    inputs = tokenizer.apply_chat_template([{"role": "user", "content": QUESTION}], add_generation_prompt=True,
-                                           return_tensors="pt", return_dict=True)
+    inputs = tokenizer.apply_chat_template(
+        [{"role": "user", "content": QUESTION}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
     out = model.generate(**inputs, max_new_tokens=12, do_sample=False)
-    return tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+    return tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
 @pytest.mark.slow
@@ -91,18 +119,21 @@ def test_sft_from_a_folder_then_export_loads_in_transformers_with_our_logits(dem
     data = build_data(cfg.data)
     batch = TrainBatches(data.train, batch_size=8, seed=0).batch_at(0)
     tok = data.tokenizer
-    targets = [tok.decode([int(t)]) for row, mask in zip(batch.input_ids, batch.loss_mask)
-               for t in row[1:][mask[:-1]]]
-    answers = "".join(m["content"] + "<|im_end|>" for r in CHATS for m in r.get("messages", []) if m["role"] == "assistant")
+    targets = [tok.decode([int(t)]) for row, mask in zip(batch.input_ids, batch.loss_mask) for t in row[1:][mask[:-1]]]
+    answers = "".join(
+        m["content"] + "<|im_end|>" for r in CHATS for m in r.get("messages", []) if m["role"] == "assistant"
+    )
     assert targets and all(t in answers + " six.<|im_end|>" for t in targets)
 
     capsys.readouterr()
     assert main_sample(["--checkpoint", str(run), "--chat", QUESTION, "--tokens", "12"]) == 0
     ours_reply = capsys.readouterr().out.strip()
     assert ours_reply == "Four."  # learned from the data; the reply stops at <|im_end|>
-    for bad, culprit in ((["--chat", QUESTION, "--prompt", "x"], "--prompt or --chat, not both"),
-                         (["--chat", "  "], "--chat: the user message is empty"),
-                         (["--chat", QUESTION, "--tokens", "60"], "--tokens 60 after the")):
+    for bad, culprit in (
+        (["--chat", QUESTION, "--prompt", "x"], "--prompt or --chat, not both"),
+        (["--chat", "  "], "--chat: the user message is empty"),
+        (["--chat", QUESTION, "--tokens", "60"], "--tokens 60 after the"),
+    ):
         assert main_sample(["--checkpoint", str(run), *bad]) == 2
         assert culprit in capsys.readouterr().err
 
@@ -119,8 +150,22 @@ def test_lora_from_a_folder_then_merge_and_peft_give_the_runs_logits(demo, capsy
     run = demo / "lora"
     # float32 base: PEFT applies the adapters to the folder's own float32 weights, so only a run
     # trained against those same weights can match it to 1e-4 (see docs/finetune.md on bfloat16)
-    assert main_train(_train_args("finetune_llama3.2_1b_lora", demo, "lora", "--lora.rank", "4",
-                                  "--lora.base_dtype", "float32", "--optimizer.learning_rate", "1e-2")) == 0
+    assert (
+        main_train(
+            _train_args(
+                "finetune_llama3.2_1b_lora",
+                demo,
+                "lora",
+                "--lora.rank",
+                "4",
+                "--lora.base_dtype",
+                "float32",
+                "--optimizer.learning_rate",
+                "1e-2",
+            )
+        )
+        == 0
+    )
     losses = _losses(run)
     assert losses[-1] < losses[0] - 0.5
     ids = np.asarray([prompt_ids(str(demo / "tiny-llama"), [{"role": "user", "content": QUESTION}])])
@@ -129,13 +174,17 @@ def test_lora_from_a_folder_then_merge_and_peft_give_the_runs_logits(demo, capsy
     merged, adapters = demo / "lora-merged", demo / "lora-adapters"
     assert main_export(["--checkpoint", str(run), "--merge", "--out", str(merged)]) == 0
     assert main_export(["--checkpoint", str(run), "--adapters-only", "--out", str(adapters)]) == 0
-    hf = transformers.AutoModelForCausalLM.from_pretrained(merged, attn_implementation="eager", dtype=torch.float32).eval()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        merged, attn_implementation="eager", dtype=torch.float32
+    ).eval()
     np.testing.assert_allclose(ours, _theirs(hf, ids), atol=1e-4, rtol=0)
-    base = transformers.AutoModelForCausalLM.from_pretrained(demo / "tiny-llama", attn_implementation="eager",
-                                                             dtype=torch.float32)
+    base = transformers.AutoModelForCausalLM.from_pretrained(
+        demo / "tiny-llama", attn_implementation="eager", dtype=torch.float32
+    )
     with_adapters = peft.PeftModel.from_pretrained(base, adapters).eval()
     np.testing.assert_allclose(ours, _theirs(with_adapters, ids), atol=1e-4, rtol=0)
     # and the adapters did something: the base folder alone gives other logits
-    plain = transformers.AutoModelForCausalLM.from_pretrained(demo / "tiny-llama", attn_implementation="eager",
-                                                              dtype=torch.float32).eval()
+    plain = transformers.AutoModelForCausalLM.from_pretrained(
+        demo / "tiny-llama", attn_implementation="eager", dtype=torch.float32
+    ).eval()
     assert np.abs(ours - _theirs(plain, ids)).max() > 1e-2

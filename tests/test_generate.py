@@ -9,12 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from _hf_models import build, random_ids, random_model
 
 import named as nm
 from named import models
 from named.models import Gpt2Config, Gpt2LMHeadModel, LlamaConfig, LlamaLMHeadModel
-
-from _hf_models import build, random_ids, random_model
 
 NEW = 12
 
@@ -49,8 +48,12 @@ def test_greedy_equals_transformers(pairs, name):
     hf, model, prompt = pairs(name)
     hf.generation_config.pad_token_id = 0
     with torch.no_grad():
-        ref = hf.generate(torch.tensor(prompt, dtype=torch.long), attention_mask=torch.ones(prompt.shape, dtype=torch.long),
-                          max_new_tokens=NEW, do_sample=False).numpy()
+        ref = hf.generate(
+            torch.tensor(prompt, dtype=torch.long),
+            attention_mask=torch.ones(prompt.shape, dtype=torch.long),
+            max_new_tokens=NEW,
+            do_sample=False,
+        ).numpy()
     ours = _greedy(model, prompt)
     assert ours.shape == (2, 5 + NEW)
     np.testing.assert_array_equal(ours, ref)
@@ -65,15 +68,20 @@ def test_stop_ids_end_each_row_where_transformers_stops(pairs):
     ours = np.asarray(models.generate(model, _named(prompt), NEW, temperature=0, stop_ids=[stop]).array)
     hf.generation_config.pad_token_id = stop
     with torch.no_grad():  # transformers pads a finished row with pad_token_id: here the stop id itself
-        ref = hf.generate(torch.tensor(prompt, dtype=torch.long), attention_mask=torch.ones(prompt.shape, dtype=torch.long),
-                          max_new_tokens=NEW, do_sample=False, eos_token_id=stop).numpy()
+        ref = hf.generate(
+            torch.tensor(prompt, dtype=torch.long),
+            attention_mask=torch.ones(prompt.shape, dtype=torch.long),
+            max_new_tokens=NEW,
+            do_sample=False,
+            eos_token_id=stop,
+        ).numpy()
     for row in range(2):
         hits = np.flatnonzero(greedy[row, 5:] == stop)
         cut = 5 + (hits[0] + 1 if len(hits) else NEW)
         np.testing.assert_array_equal(ours[row, :cut], greedy[row, :cut])  # identical up to the stop
         assert (ours[row, cut:] == stop).all()  # then the stop id repeated
-        np.testing.assert_array_equal(ours[row, :ref.shape[1]][:cut], ref[row, :cut])
-    assert ours[0, 5 + 3:].tolist() == [stop] * (NEW - 3)
+        np.testing.assert_array_equal(ours[row, : ref.shape[1]][:cut], ref[row, :cut])
+    assert ours[0, 5 + 3 :].tolist() == [stop] * (NEW - 3)
 
 
 def test_top_k_1_and_tiny_top_p_are_greedy(pairs):
@@ -96,7 +104,9 @@ def test_sampling_is_reproducible_from_the_key(pairs):
     assert (a != c).any()
     np.testing.assert_array_equal(a[:, :5], prompt)
     assert a.min() >= 0 and a.max() < model.config.vocab_size
-    one = models.generate(model, nm.named(jnp.asarray(prompt[0]), "position"), NEW, temperature=1.5, key=jax.random.key(0))
+    one = models.generate(
+        model, nm.named(jnp.asarray(prompt[0]), "position"), NEW, temperature=1.5, key=jax.random.key(0)
+    )
     assert one.shape == {"position": 5 + NEW}
     np.testing.assert_array_equal(np.asarray(one.array)[:5], prompt[0])
 
@@ -121,9 +131,18 @@ def test_cached_decoding_equals_the_full_forward(kind):
     if kind == "gpt2":
         model = random_model(Gpt2LMHeadModel, Gpt2Config(n_layer=2, n_head=4, n_embd=48, n_positions=32, vocab_size=97))
     else:
-        model = random_model(LlamaLMHeadModel, LlamaConfig(hidden_size=48, intermediate_size=80, num_hidden_layers=2,
-                                                           num_attention_heads=4, num_key_value_heads=1, vocab_size=97,
-                                                           max_position_embeddings=32))
+        model = random_model(
+            LlamaLMHeadModel,
+            LlamaConfig(
+                hidden_size=48,
+                intermediate_size=80,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=1,
+                vocab_size=97,
+                max_position_embeddings=32,
+            ),
+        )
     ids = _named(random_ids(97, (2, 8)))
 
     @eqx.filter_jit
@@ -133,12 +152,14 @@ def test_cached_decoding_equals_the_full_forward(kind):
         first, cache = model.decode(ids["position", 0:6], cache, 0)
         rest = []
         for t in (6, 7):
-            logits, cache = model.decode(ids["position", t:t + 1], cache, jnp.int32(t))
+            logits, cache = model.decode(ids["position", t : t + 1], cache, jnp.int32(t))
             rest.append(logits)
         return full, nm.concatenate("position", [first, *rest])
 
     full, cached = run(model, ids)
-    np.testing.assert_allclose(np.asarray(cached.rearrange(full.names).array), np.asarray(full.array), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(
+        np.asarray(cached.rearrange(full.names).array), np.asarray(full.array), atol=1e-5, rtol=0
+    )
 
 
 def test_generate_checks_its_arguments():

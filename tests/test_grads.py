@@ -105,8 +105,7 @@ def f64(module):
 # ---- the check -----------------------------------------------------------------------------------------
 
 
-def fd_check(f: Callable, params, *, tol: float = F64["tol"], eps: float = F64["eps"],
-             jit: Callable = jax.jit) -> None:
+def fd_check(f: Callable, params, *, tol: float = F64["tol"], eps: float = F64["eps"], jit: Callable = jax.jit) -> None:
     """The VJP of ``f`` at ``params``, computed by ``jit(vjp)``, against finite differences of ``jit(f)``."""
     forward = jit(f)
     pullback = jit(lambda p, ct: jax.vjp(f, p)[1](ct))
@@ -116,6 +115,7 @@ def fd_check(f: Callable, params, *, tol: float = F64["tol"], eps: float = F64["
 def same_vjp(f: Callable, reference: Callable, params, cotangent, *, tol: float = 1e-12) -> None:
     """``jit(vjp(f))`` equals ``jit(vjp(reference))`` for ``cotangent``: for layers whose gradient is
     defined to be another function's (a quantized Linear's is the float Linear's)."""
+
     def vjp(fn):
         return jax.jit(lambda p, ct: jax.vjp(fn, p)[1](ct)[0])(params, cotangent)
 
@@ -131,6 +131,7 @@ CASES: dict[str, tuple[tuple[str, ...], Callable[[], None]]] = {}
 
 def case(*covers: str, name: str | None = None):
     """Register a gradient case; ``covers``: the public names (``nm.exp``, ``nn.Linear``) it differentiates."""
+
     def register(fn):
         CASES[name or fn.__name__] = (covers, fn)
         return fn
@@ -141,43 +142,127 @@ def case(*covers: str, name: str | None = None):
 # elementwise, one input: name -> the inputs' domain
 REAL, POS, UNIT, ABOVE_ONE = grid, positive, unit, above_one
 UNARY = {
-    "nm.abs": REAL, "nm.negative": REAL, "nm.sign": REAL, "nm.exp": REAL, "nm.exp2": REAL, "nm.expm1": REAL,
-    "nm.log": POS, "nm.log2": POS, "nm.log10": POS, "nm.log1p": POS, "nm.sqrt": POS, "nm.rsqrt": POS, "nm.cbrt": REAL,
-    "nm.square": REAL, "nm.reciprocal": POS, "nm.sin": REAL, "nm.cos": REAL, "nm.tan": UNIT, "nm.arcsin": UNIT,
-    "nm.arccos": UNIT, "nm.arctan": REAL, "nm.sinh": REAL, "nm.cosh": REAL, "nm.tanh": REAL, "nm.arcsinh": REAL,
-    "nm.arccosh": ABOVE_ONE, "nm.arctanh": UNIT, "nm.floor": REAL, "nm.ceil": REAL, "nm.round": REAL, "nm.trunc": REAL,
-    "nm.erf": REAL, "nm.erfc": REAL, "nm.sigmoid": REAL, "nm.log_sigmoid": REAL, "nm.softplus": REAL, "nm.relu": REAL,
-    "nm.relu6": REAL, "nm.silu": REAL, "nm.elu": REAL, "nm.leaky_relu": REAL, "nm.gelu": REAL, "nm.deg2rad": REAL,
-    "nm.rad2deg": REAL, "nm.sinc": REAL, "nm.nan_to_num": REAL, "nm.absolute": REAL, "nm.fabs": REAL,
-    "nm.positive": REAL, "nm.rint": REAL, "nm.degrees": REAL, "nm.radians": REAL, "nm.i0": REAL,
-    "nn.celu": REAL, "nn.selu": REAL, "nn.hard_sigmoid": REAL, "nn.hard_silu": REAL, "nn.hard_tanh": REAL,
-    "nn.soft_sign": REAL, "nn.mish": REAL, "nn.relu_squared": REAL, "nn.quick_gelu": REAL,
+    "nm.abs": REAL,
+    "nm.negative": REAL,
+    "nm.sign": REAL,
+    "nm.exp": REAL,
+    "nm.exp2": REAL,
+    "nm.expm1": REAL,
+    "nm.log": POS,
+    "nm.log2": POS,
+    "nm.log10": POS,
+    "nm.log1p": POS,
+    "nm.sqrt": POS,
+    "nm.rsqrt": POS,
+    "nm.cbrt": REAL,
+    "nm.square": REAL,
+    "nm.reciprocal": POS,
+    "nm.sin": REAL,
+    "nm.cos": REAL,
+    "nm.tan": UNIT,
+    "nm.arcsin": UNIT,
+    "nm.arccos": UNIT,
+    "nm.arctan": REAL,
+    "nm.sinh": REAL,
+    "nm.cosh": REAL,
+    "nm.tanh": REAL,
+    "nm.arcsinh": REAL,
+    "nm.arccosh": ABOVE_ONE,
+    "nm.arctanh": UNIT,
+    "nm.floor": REAL,
+    "nm.ceil": REAL,
+    "nm.round": REAL,
+    "nm.trunc": REAL,
+    "nm.erf": REAL,
+    "nm.erfc": REAL,
+    "nm.sigmoid": REAL,
+    "nm.log_sigmoid": REAL,
+    "nm.softplus": REAL,
+    "nm.relu": REAL,
+    "nm.relu6": REAL,
+    "nm.silu": REAL,
+    "nm.elu": REAL,
+    "nm.leaky_relu": REAL,
+    "nm.gelu": REAL,
+    "nm.deg2rad": REAL,
+    "nm.rad2deg": REAL,
+    "nm.sinc": REAL,
+    "nm.nan_to_num": REAL,
+    "nm.absolute": REAL,
+    "nm.fabs": REAL,
+    "nm.positive": REAL,
+    "nm.rint": REAL,
+    "nm.degrees": REAL,
+    "nm.radians": REAL,
+    "nm.i0": REAL,
+    "nn.celu": REAL,
+    "nn.selu": REAL,
+    "nn.hard_sigmoid": REAL,
+    "nn.hard_silu": REAL,
+    "nn.hard_tanh": REAL,
+    "nn.soft_sign": REAL,
+    "nn.mish": REAL,
+    "nn.relu_squared": REAL,
+    "nn.quick_gelu": REAL,
 }
 COMPLEX_UNARY = ("nm.conj", "nm.conjugate", "nm.real", "nm.imag", "nm.angle")
 # elementwise, two inputs: name -> (x's domain, y's domain); "mod" keeps x / y away from the integers
 BINARY = {
-    "nm.add": (REAL, REAL), "nm.subtract": (REAL, REAL), "nm.multiply": (REAL, REAL), "nm.divide": (REAL, POS),
-    "nm.power": (POS, REAL), "nm.maximum": (REAL, REAL), "nm.minimum": (REAL, REAL), "nm.arctan2": (REAL, REAL),
-    "nm.hypot": (REAL, REAL), "nm.logaddexp": (REAL, REAL), "nm.fmax": (REAL, REAL), "nm.fmin": (REAL, REAL),
-    "nm.copysign": (REAL, REAL), "nm.heaviside": (REAL, REAL), "nm.logaddexp2": (REAL, REAL),
-    "nm.float_power": (POS, REAL), "nm.mod": "mod", "nm.floor_divide": "mod", "nm.fmod": "mod",
+    "nm.add": (REAL, REAL),
+    "nm.subtract": (REAL, REAL),
+    "nm.multiply": (REAL, REAL),
+    "nm.divide": (REAL, POS),
+    "nm.power": (POS, REAL),
+    "nm.maximum": (REAL, REAL),
+    "nm.minimum": (REAL, REAL),
+    "nm.arctan2": (REAL, REAL),
+    "nm.hypot": (REAL, REAL),
+    "nm.logaddexp": (REAL, REAL),
+    "nm.fmax": (REAL, REAL),
+    "nm.fmin": (REAL, REAL),
+    "nm.copysign": (REAL, REAL),
+    "nm.heaviside": (REAL, REAL),
+    "nm.logaddexp2": (REAL, REAL),
+    "nm.float_power": (POS, REAL),
+    "nm.mod": "mod",
+    "nm.floor_divide": "mod",
+    "nm.fmod": "mod",
 }
 # reductions over names: name -> (takes where=, skips NaN: its input then holds one)
 REDUCTIONS = {
-    "nm.sum": (True, False), "nm.mean": (True, False), "nm.prod": (True, False), "nm.max": (True, False),
-    "nm.min": (True, False), "nm.std": (True, False), "nm.var": (True, False), "nm.logsumexp": (True, False),
-    "nm.nansum": (True, True), "nm.nanmean": (True, True), "nm.nanprod": (True, True), "nm.nanstd": (True, True),
-    "nm.nanvar": (True, True), "nm.nanmax": (True, True), "nm.nanmin": (True, True), "nm.median": (False, False),
-    "nm.nanmedian": (False, True), "nm.ptp": (False, False), "nm.amax": (True, False), "nm.amin": (True, False),
+    "nm.sum": (True, False),
+    "nm.mean": (True, False),
+    "nm.prod": (True, False),
+    "nm.max": (True, False),
+    "nm.min": (True, False),
+    "nm.std": (True, False),
+    "nm.var": (True, False),
+    "nm.logsumexp": (True, False),
+    "nm.nansum": (True, True),
+    "nm.nanmean": (True, True),
+    "nm.nanprod": (True, True),
+    "nm.nanstd": (True, True),
+    "nm.nanvar": (True, True),
+    "nm.nanmax": (True, True),
+    "nm.nanmin": (True, True),
+    "nm.median": (False, False),
+    "nm.nanmedian": (False, True),
+    "nm.ptp": (False, False),
+    "nm.amax": (True, False),
+    "nm.amin": (True, False),
 }
 # along one name, the shape kept
 ALONG = {
     "nm.softmax": lambda x: nm.softmax(x, "b", where=mask()),
     "nm.log_softmax": lambda x: nm.log_softmax(x, "b", where=mask()),
-    "nm.standardize": lambda x: nm.standardize(x, "b", where=mask()), "nm.cumsum": lambda x: nm.cumsum(x, "b"),
-    "nm.cumprod": lambda x: nm.cumprod(x, "b", reverse=True), "nm.nancumsum": lambda x: nm.nancumsum(x, "b"),
-    "nm.nancumprod": lambda x: nm.nancumprod(x, "b"), "nm.sort": lambda x: nm.sort(x, "b", descending=True),
-    "nm.fftshift": lambda x: nm.fftshift(x, "b"), "nm.ifftshift": lambda x: nm.ifftshift(x, ("a", "b")),
+    "nm.standardize": lambda x: nm.standardize(x, "b", where=mask()),
+    "nm.cumsum": lambda x: nm.cumsum(x, "b"),
+    "nm.cumprod": lambda x: nm.cumprod(x, "b", reverse=True),
+    "nm.nancumsum": lambda x: nm.nancumsum(x, "b"),
+    "nm.nancumprod": lambda x: nm.nancumprod(x, "b"),
+    "nm.sort": lambda x: nm.sort(x, "b", descending=True),
+    "nm.fftshift": lambda x: nm.fftshift(x, "b"),
+    "nm.ifftshift": lambda x: nm.ifftshift(x, ("a", "b")),
 }
 
 
@@ -252,21 +337,48 @@ for _name, _op in ALONG.items():
 def where_and_clip():
     cond = nm.named(np.arange(8).reshape(2, 4) % 3 == 0, (C, B))
     lo, hi = grid((B,), 3, offset=0.2) - 1.0, grid((C,), 4, offset=0.2) + 1.0
-    fd_check(lambda p: {"where": nm.where(cond, p[0], p[1]), "clip": nm.clip(p[0], p[2], p[3]),
-                        "below": nm.clip(p[0], upper=0.3)}, (grid((A, B), 1), grid((B,), 2, offset=0.2), lo, hi))
+    fd_check(
+        lambda p: {
+            "where": nm.where(cond, p[0], p[1]),
+            "clip": nm.clip(p[0], p[2], p[3]),
+            "below": nm.clip(p[0], upper=0.3),
+        },
+        (grid((A, B), 1), grid((B,), 2, offset=0.2), lo, hi),
+    )
 
 
 @case("nm.fft", "nm.ifft", "nm.rfft", "nm.irfft", "nm.hfft", "nm.ihfft")
 def fourier():
     z = grid((A, B), 1) + 1j * grid((A, B), 2, offset=0.2)
-    fd_check(lambda v: {"fft": nm.fft(v, "b"), "fft2": nm.fft(v, ("a", "b")), "irfft": nm.irfft(v, "b"),
-                        "ifft": nm.ifft(v, "b", norm="ortho"), "hfft": nm.hfft(v, "a", n=4)}, z)
-    fd_check(lambda v: {"rfft": nm.rfft(v, "b"), "rfft2": nm.rfft(v, ("a", "b")), "ihfft": nm.ihfft(v, "a")},
-             grid((A, B), 3))
+    fd_check(
+        lambda v: {
+            "fft": nm.fft(v, "b"),
+            "fft2": nm.fft(v, ("a", "b")),
+            "irfft": nm.irfft(v, "b"),
+            "ifft": nm.ifft(v, "b", norm="ortho"),
+            "hfft": nm.hfft(v, "a", n=4),
+        },
+        z,
+    )
+    fd_check(
+        lambda v: {"rfft": nm.rfft(v, "b"), "rfft2": nm.rfft(v, ("a", "b")), "ihfft": nm.ihfft(v, "a")}, grid((A, B), 3)
+    )
 
 
-@case("nm.top_k", "nm.unique", "nm.unique_values", "nm.unique_counts", "nm.unique_inverse", "nm.unique_all", "nm.ravel",
-      "nm.repeat", "nm.tile", "nm.trace", "nm.polyval", "nm.bincount")
+@case(
+    "nm.top_k",
+    "nm.unique",
+    "nm.unique_values",
+    "nm.unique_counts",
+    "nm.unique_inverse",
+    "nm.unique_all",
+    "nm.ravel",
+    "nm.repeat",
+    "nm.tile",
+    "nm.trace",
+    "nm.polyval",
+    "nm.bincount",
+)
 def numpy_shapes():
     x, w = grid((A, B), 1), grid((A, B), 2)
     counted = ids((A, B), 5)
@@ -275,33 +387,64 @@ def numpy_shapes():
     def f(p):
         x, w, coeffs = p
         # the distinct values carry the gradient of the entries they are; counts, indices, inverse are integers
-        shortcuts = {n: getattr(nm, n)(x, Found) for n in ("unique_values", "unique_counts", "unique_inverse", "unique_all")}
-        return {**{n: v if isinstance(v, nm.NamedArray) else v[0] for n, v in shortcuts.items()},
-                "top_k": nm.top_k(x, "b", 2)[0], "unique": nm.unique(x, Found),
-                "ravel": nm.ravel(x, "flat"), "repeat": nm.repeat(x, 2, "a"), "tile": nm.tile(x, {"b": 2}),
-                "trace": nm.trace(x, "a", "b", offset=1), "bincount": nm.bincount(counted, Axis("bin", 5), weights=w),
-                "polyval": nm.polyval(coeffs, x, "c") + nm.polyval([0.5, -1.0, 2.0], x)}
+        shortcuts = {
+            n: getattr(nm, n)(x, Found) for n in ("unique_values", "unique_counts", "unique_inverse", "unique_all")
+        }
+        return {
+            **{n: v if isinstance(v, nm.NamedArray) else v[0] for n, v in shortcuts.items()},
+            "top_k": nm.top_k(x, "b", 2)[0],
+            "unique": nm.unique(x, Found),
+            "ravel": nm.ravel(x, "flat"),
+            "repeat": nm.repeat(x, 2, "a"),
+            "tile": nm.tile(x, {"b": 2}),
+            "trace": nm.trace(x, "a", "b", offset=1),
+            "bincount": nm.bincount(counted, Axis("bin", 5), weights=w),
+            "polyval": nm.polyval(coeffs, x, "c") + nm.polyval([0.5, -1.0, 2.0], x),
+        }
 
     fd_check(f, (x, w, grid((C,), 3)))
 
 
-@case("nm.rename", "nm.rearrange", "nm.flatten_axes", "nm.unflatten_axis", "nm.split", "nm.unbind", "nm.stack",
-      "nm.concatenate", "nm.broadcast_axis", "nm.broadcast_to", "nm.pad", "nm.roll", "nm.tril", "nm.triu", "nm.named",
-      "nm.full", "nm.full_like")
+@case(
+    "nm.rename",
+    "nm.rearrange",
+    "nm.flatten_axes",
+    "nm.unflatten_axis",
+    "nm.split",
+    "nm.unbind",
+    "nm.stack",
+    "nm.concatenate",
+    "nm.broadcast_axis",
+    "nm.broadcast_to",
+    "nm.pad",
+    "nm.roll",
+    "nm.tril",
+    "nm.triu",
+    "nm.named",
+    "nm.full",
+    "nm.full_like",
+)
 def shapes():
     def f(p):
         x, y = p  # (a, b) and (c, b)
-        return {"rename": nm.rename(x, {"a": "z"}), "rearrange": nm.rearrange(x, ("b", "a")),
-                "unflatten": nm.unflatten_axis(nm.flatten_axes(x, ("a", "b"), "ab"), "ab", (A, B)),
-                "split": nm.split(x, "b", (Axis("b", 1), Axis("b", 3)))[1] * 2.0, "unbind": nm.unbind(x, "a")[2],
-                "stack": nm.stack("s", [x, x * x]), "concatenate": nm.concatenate("a", [x, y.rename({"c": "a"})]),
-                "broadcast": nm.broadcast_axis(y, A) + nm.broadcast_to(nm.unbind(y, "c")[0], (A, B)),
-                "pad": nm.pad(x, {"b": (1, 2)}, constant_values=0.5),
-                "reflect": nm.pad(x, {"a": (1, 1)}, mode="reflect"),
-                "roll": nm.roll(x, 2, "b"), "tril": nm.tril(x, "a", "b", k=1), "triu": nm.triu(x, "a", "b"),
-                "named": nm.named(x.array * 2.0, ("a", "b")),
-                # the fill value is a raw 0-d array: nm.full does not take a 0-d NamedArray
-                "full": nm.full((A, C), y["b", 1, "c", 0].array) + nm.full_like(x, x["a", 0, "b", 2].array)}
+        return {
+            "rename": nm.rename(x, {"a": "z"}),
+            "rearrange": nm.rearrange(x, ("b", "a")),
+            "unflatten": nm.unflatten_axis(nm.flatten_axes(x, ("a", "b"), "ab"), "ab", (A, B)),
+            "split": nm.split(x, "b", (Axis("b", 1), Axis("b", 3)))[1] * 2.0,
+            "unbind": nm.unbind(x, "a")[2],
+            "stack": nm.stack("s", [x, x * x]),
+            "concatenate": nm.concatenate("a", [x, y.rename({"c": "a"})]),
+            "broadcast": nm.broadcast_axis(y, A) + nm.broadcast_to(nm.unbind(y, "c")[0], (A, B)),
+            "pad": nm.pad(x, {"b": (1, 2)}, constant_values=0.5),
+            "reflect": nm.pad(x, {"a": (1, 1)}, mode="reflect"),
+            "roll": nm.roll(x, 2, "b"),
+            "tril": nm.tril(x, "a", "b", k=1),
+            "triu": nm.triu(x, "a", "b"),
+            "named": nm.named(x.array * 2.0, ("a", "b")),
+            # the fill value is a raw 0-d array: nm.full does not take a 0-d NamedArray
+            "full": nm.full((A, C), y["b", 1, "c", 0].array) + nm.full_like(x, x["a", 0, "b", 2].array),
+        }
 
     fd_check(f, (grid((A, B), 1), grid((C, B), 2)))
 
@@ -312,11 +455,18 @@ def indexing():
 
     def f(p):
         x, u = p  # (a, b) and (a, b=2)
-        return {"int": x["a", 1], "slice": x["b", 1:3], "ids": x["a", where], "take": nm.take(x, "a", where),
-                "ds": x["b", nm.ds(start, 2)], "rows": x["b", nm.ds(nm.named(jnp.asarray([0, 2, 1]), (A,)), 2)],
-                "set": x.at["b", 1:3].set(u), "add": x.at["a", 0].add(x["a", 2] * 3.0),
-                "updated_slice": nm.updated_slice(x, {"b": start}, u),
-                "operators": (x * 2.0 - x / 3.0) ** 2 + abs(-x) + x % 7.0}
+        return {
+            "int": x["a", 1],
+            "slice": x["b", 1:3],
+            "ids": x["a", where],
+            "take": nm.take(x, "a", where),
+            "ds": x["b", nm.ds(start, 2)],
+            "rows": x["b", nm.ds(nm.named(jnp.asarray([0, 2, 1]), (A,)), 2)],
+            "set": x.at["b", 1:3].set(u),
+            "add": x.at["a", 0].add(x["a", 2] * 3.0),
+            "updated_slice": nm.updated_slice(x, {"b": start}, u),
+            "operators": (x * 2.0 - x / 3.0) ** 2 + abs(-x) + x % 7.0,
+        }
 
     fd_check(f, (grid((A, B), 1), grid((A, B.resize(2)), 2)))
 
@@ -325,9 +475,13 @@ def indexing():
 def contractions():
     def f(p):
         x, w, v = p  # (a, b), (b, c), (c,)
-        return {"dot": nm.dot(x, w, axis="b"), "dot3": nm.dot(x, w, v, axis=("b", "c")),
-                "outer": nm.dot(x, v, axis=None), "einsum": nm.einsum("a b, b c -> c a", x, w),
-                "trace": nm.einsum("a b, b c, c ->", x, w, v)}
+        return {
+            "dot": nm.dot(x, w, axis="b"),
+            "dot3": nm.dot(x, w, v, axis=("b", "c")),
+            "outer": nm.dot(x, v, axis=None),
+            "einsum": nm.einsum("a b, b c -> c a", x, w),
+            "trace": nm.einsum("a b, b c, c ->", x, w, v),
+        }
 
     fd_check(f, (grid((A, B), 1), grid((B, C), 2), grid((C,), 3)))
 
@@ -342,9 +496,13 @@ def transforms():
             return carry * 0.5 + nm.dot(h, w, axis="c"), h
 
         carry, ys = nm.scan(step, "a")(nm.zeros((B,)), x)
-        return {"vmap": nm.vmap(lambda row: nm.dot(nm.sin(row), w, axis="b"), "a")(x), "scan": carry, "ys": ys,
-                "fold": nm.fold(lambda c, row: c * row + 1.0, "a", reverse=True)(nm.ones((B,)), x),
-                "nmap": nm.nmap(lambda v: jnp.cumsum(v ** 2), consume="b")(x)}
+        return {
+            "vmap": nm.vmap(lambda row: nm.dot(nm.sin(row), w, axis="b"), "a")(x),
+            "scan": carry,
+            "ys": ys,
+            "fold": nm.fold(lambda c, row: c * row + 1.0, "a", reverse=True)(nm.ones((B,)), x),
+            "nmap": nm.nmap(lambda v: jnp.cumsum(v**2), consume="b")(x),
+        }
 
     fd_check(f, (grid((A, B), 1, scale=0.5), grid((B, C), 2, scale=0.5)))
 
@@ -367,8 +525,18 @@ def sharded():
     _mesh_case(f, (grid((Rows, Wide), 1, scale=0.1), grid((Wide, Mlp), 2, scale=0.1)), {"batch": "data", "mlp": None})
 
 
-@case("nm.shard_map", "nm.all_gather", "nm.psum_scatter", "nm.psum", "nm.pmean", "nm.pmax", "nm.all_to_all",
-      "nm.einsum_unreduced", "nm.with_layout", "nm.Unreduced")
+@case(
+    "nm.shard_map",
+    "nm.all_gather",
+    "nm.psum_scatter",
+    "nm.psum",
+    "nm.pmean",
+    "nm.pmax",
+    "nm.all_to_all",
+    "nm.einsum_unreduced",
+    "nm.with_layout",
+    "nm.Unreduced",
+)
 def explicit_collectives():
     Rows, Wide = Axis("batch", 8), Axis("embed", 8)
 
@@ -378,10 +546,15 @@ def explicit_collectives():
         u = nm.einsum_unreduced("batch mlp, embed mlp -> batch embed", h, wg)  # batch is split: owed nothing
         owed = nm.einsum_unreduced("batch mlp, mlp -> mlp", h, nm.named(jnp.ones(8), ("mlp",)))
         flat = nm.with_layout(h.flatten_axes(("mlp",), "m"), "batch/data m")
-        return {"h": h + nm.pmean(h, "batch") * 0.5 + nm.pmax(h, "batch") * 0.25, "u": u,
-                "sum": nm.psum(owed), "total": nm.psum(h, "batch"), "flat": flat,
-                "scattered": nm.psum_scatter(h.sum("batch"), "mlp", mesh_axes="data"),  # partial sums in
-                "a2a": nm.all_to_all(x, split="embed", concat="batch")}
+        return {
+            "h": h + nm.pmean(h, "batch") * 0.5 + nm.pmax(h, "batch") * 0.25,
+            "u": u,
+            "sum": nm.psum(owed),
+            "total": nm.psum(h, "batch"),
+            "flat": flat,
+            "scattered": nm.psum_scatter(h.sum("batch"), "mlp", mesh_axes="data"),  # partial sums in
+            "a2a": nm.all_to_all(x, split="embed", concat="batch"),
+        }
 
     def f(p):
         return nm.shard_map(body, in_mapping=({"batch": "data"}, {"embed": "data"}))(*p)
@@ -407,29 +580,41 @@ def tree_map_layers():
 @case("nm.resize_axis")
 def resize_axis():
     """Shrinking keeps entries; growing with a key draws new ones at the old entries' standard deviation."""
-    fd_check(lambda p: {"shrink": nm.resize_axis(p, "b", 2), "grow": nm.resize_axis(p, "b", 6, key=key(1))},
-             {"x": grid((A, B), 1), "y": grid((B, C), 2)}, **F32)  # the new entries are drawn in float32
+    fd_check(
+        lambda p: {"shrink": nm.resize_axis(p, "b", 2), "grow": nm.resize_axis(p, "b", 6, key=key(1))},
+        {"x": grid((A, B), 1), "y": grid((B, C), 2)},
+        **F32,
+    )  # the new entries are drawn in float32
 
 
 @case("nm.random.permutation", "nm.random.choice")
 def random_gathers():
     """Draws of a NamedArray's entries carry those entries' gradients."""
     p = nm.named(jnp.asarray([0.1, 0.2, 0.3, 0.4]), (B,))
-    fd_check(lambda x: {"permutation": nm.random.permutation(key(1), x, "b", independent=True),
-                        "choice": nm.random.choice(key(2), x, (Axis("draw", 5),), axis="b", p=p)}, grid((A, B), 1))
+    fd_check(
+        lambda x: {
+            "permutation": nm.random.permutation(key(1), x, "b", independent=True),
+            "choice": nm.random.choice(key(2), x, (Axis("draw", 5),), axis="b", p=p),
+        },
+        grid((A, B), 1),
+    )
 
 
-@case("nm.random.normal", "nm.random.uniform", "nm.random.truncated_normal", "nm.random.pareto",
-      "nm.random.weibull_min")
+@case(
+    "nm.random.normal", "nm.random.uniform", "nm.random.truncated_normal", "nm.random.pareto", "nm.random.weibull_min"
+)
 def reparameterised_draws():
     """Draws whose parameters enter by a transform of the key's noise: a draw is a smooth function of them."""
+
     def f(p):
         mean, std, lo, hi = p
-        return {"normal": nm.random.normal(key(1), (A, B), jnp.float64, mean=mean, stddev=std),
-                "uniform": nm.random.uniform(key(2), (A, B), jnp.float64, minval=lo, maxval=hi),
-                "truncated": nm.random.truncated_normal(key(3), (A, B), jnp.float64, lower=lo, upper=hi),
-                "pareto": nm.random.pareto(key(4), (A, B), std, dtype=jnp.float64),
-                "weibull": nm.random.weibull_min(key(5), (A, B), std, hi, dtype=jnp.float64)}
+        return {
+            "normal": nm.random.normal(key(1), (A, B), jnp.float64, mean=mean, stddev=std),
+            "uniform": nm.random.uniform(key(2), (A, B), jnp.float64, minval=lo, maxval=hi),
+            "truncated": nm.random.truncated_normal(key(3), (A, B), jnp.float64, lower=lo, upper=hi),
+            "pareto": nm.random.pareto(key(4), (A, B), std, dtype=jnp.float64),
+            "weibull": nm.random.weibull_min(key(5), (A, B), std, hi, dtype=jnp.float64),
+        }
 
     fd_check(f, (grid((A,), 1), positive((B,), 2), grid((A, B), 3) - 2.0, positive((A, B), 4) + 0.5))
 
@@ -465,8 +650,10 @@ def norms():
 
 @case("nn.MLP", "nn.activation", "nn.glu")
 def mlp():
-    blocks = (nn.MLP.init(Embed, Mlp, activation="gelu_new", gated=True, key=key(1)),
-              nn.MLP.init(Embed, C, width=3, depth=2, activation="silu", key=key(2)))
+    blocks = (
+        nn.MLP.init(Embed, Mlp, activation="gelu_new", gated=True, key=key(1)),
+        nn.MLP.init(Embed, C, width=3, depth=2, activation="silu", key=key(2)),
+    )
 
     def call(m, v):
         acts = {name: nn.activation(name)(v) for name in nn.ACTIVATIONS}  # every activation by name
@@ -477,28 +664,41 @@ def mlp():
 
 @case("nn.Dropout")
 def dropout():
-    layer_check(nn.Dropout(0.5), grid((Batch, Embed), 1),
-                lambda m, v: {"drop": m(v, key=key(3)), "named_key": m(v, key=nm.named(key(4), ())),
-                              "all": nn.Dropout(1.0)(v, key=key(5))})
+    layer_check(
+        nn.Dropout(0.5),
+        grid((Batch, Embed), 1),
+        lambda m, v: {
+            "drop": m(v, key=key(3)),
+            "named_key": m(v, key=nm.named(key(4), ())),
+            "all": nn.Dropout(1.0)(v, key=key(5)),
+        },
+    )
 
 
 @case("nn.Conv", "nn.ConvTranspose")
 def convolutions():
     H, W, Ch, Out = Axis("height", 5), Axis("width", 6), Axis("ch", 4), Axis("out", 2)
-    convs = (nn.Conv.init(("height", "width"), Ch, Out, (3, 2), stride=(2, 1), padding=1, dilation=(1, 2), groups=2,
-                          key=key(1)),
-             nn.Conv.init("width", Ch, Ch, 3, padding="SAME", key=key(2)),
-             nn.ConvTranspose.init(("height", "width"), Ch, Out, 3, stride=2, padding=1, output_padding=1, key=key(3)))
+    convs = (
+        nn.Conv.init(
+            ("height", "width"), Ch, Out, (3, 2), stride=(2, 1), padding=1, dilation=(1, 2), groups=2, key=key(1)
+        ),
+        nn.Conv.init("width", Ch, Ch, 3, padding="SAME", key=key(2)),
+        nn.ConvTranspose.init(("height", "width"), Ch, Out, 3, stride=2, padding=1, output_padding=1, key=key(3)),
+    )
     layer_check(convs, randn((Batch, H, W, Ch), 4), lambda m, v: [c(v) for c in m])
 
 
 @case("nn.max_pool", "nn.min_pool", "nn.mean_pool")
 def pools():
     H, W = Axis("height", 5), Axis("width", 6)
-    fd_check(lambda v: {"max": nn.max_pool(v, {"height": 2, "width": 3}, stride=2, padding=1, use_ceil=True),
-                        "min": nn.min_pool(v, {"height": 3}, padding="SAME"),
-                        "mean": nn.mean_pool(v, {"width": 2, "height": 2}, padding=(1, 0), count_include_pad=False)},
-             grid((Batch, H, W), 1))
+    fd_check(
+        lambda v: {
+            "max": nn.max_pool(v, {"height": 2, "width": 3}, stride=2, padding=1, use_ceil=True),
+            "min": nn.min_pool(v, {"height": 3}, padding="SAME"),
+            "mean": nn.mean_pool(v, {"width": 2, "height": 2}, padding=(1, 0), count_include_pad=False),
+        },
+        grid((Batch, H, W), 1),
+    )
 
 
 # ---- named.nn: attention -------------------------------------------------------------------------------
@@ -554,6 +754,7 @@ for _name in ATTENTION:
 @case("nn.alibi_bias", "nn.dot_product_attention")
 def attention_bias():
     """ALiBi with learned slopes under GQA, and a chunked mask beside it."""
+
     def f(p):
         q, k, v, slopes = p
         bias = nn.alibi_bias(Heads, Pos, KPos, slopes=slopes)
@@ -566,9 +767,14 @@ def attention_bias():
 def rotary():
     positions = nm.named(jnp.asarray([[0, 1, 2, 3], [5, 6, 7, 8]]), (Batch, Pos))
     scale = nm.named(jnp.asarray(1.3), ())
-    fd_check(lambda p: {"theta": nn.rotary_embedding(p[0], positions),
-                        "scaled": nn.rotary_embedding(p[0], positions, inv_freq=p[1], scale=p[2])},
-             (randn((Batch, Pos, Heads, HeadSize), 1), positive((Axis("freq", 2),), 2), scale), **F32)
+    fd_check(
+        lambda p: {
+            "theta": nn.rotary_embedding(p[0], positions),
+            "scaled": nn.rotary_embedding(p[0], positions, inv_freq=p[1], scale=p[2]),
+        },
+        (randn((Batch, Pos, Heads, HeadSize), 1), positive((Axis("freq", 2),), 2), scale),
+        **F32,
+    )
 
 
 # ---- named.nn: mixture of experts ----------------------------------------------------------------------
@@ -593,9 +799,15 @@ def routing():
         weights, chosen, probs = nn.route(logits, 2)
         top_weights = nn.route(logits, 2, routing="topk_softmax")[0]
         stats = nn.router_stats(logits, probs, chosen)
-        return {"weights": weights, "topk_softmax": top_weights, "probs": probs, "stats": stats,
-                "losses": nn.router_losses(stats), "balance": nn.load_balancing_loss(probs, chosen),
-                "z": nn.router_z_loss(logits)}
+        return {
+            "weights": weights,
+            "topk_softmax": top_weights,
+            "probs": probs,
+            "stats": stats,
+            "losses": nn.router_losses(stats),
+            "balance": nn.load_balancing_loss(probs, chosen),
+            "z": nn.router_z_loss(logits),
+        }
 
     fd_check(f, grid((Batch, Pos, Experts), 1), **F32)
 
@@ -610,13 +822,16 @@ def losses():
 
     def f(p):
         logits, probs, labels = p
-        return {"targets_mask": nn.next_token_targets(tokens, loss_mask=nm.exp(labels["vocab", 0]))[1],
-                "ids": nn.cross_entropy_loss(logits, tokens, where=weights, z_loss_weight=1e-2, label_smoothing=0.1),
-                "sum": nn.cross_entropy_loss(logits, tokens, reduction="none"),
-                "probs": nn.cross_entropy_loss(logits, nm.softmax(probs, "vocab")),
-                "next": nn.next_token_loss(logits, tokens, loss_mask=weights, reduction="sum"),
-                "binary": nn.binary_cross_entropy_loss(logits, nm.sigmoid(labels),
-                                                       pos_weight=nm.exp(probs["batch", 0, "position", 0]))}
+        return {
+            "targets_mask": nn.next_token_targets(tokens, loss_mask=nm.exp(labels["vocab", 0]))[1],
+            "ids": nn.cross_entropy_loss(logits, tokens, where=weights, z_loss_weight=1e-2, label_smoothing=0.1),
+            "sum": nn.cross_entropy_loss(logits, tokens, reduction="none"),
+            "probs": nn.cross_entropy_loss(logits, nm.softmax(probs, "vocab")),
+            "next": nn.next_token_loss(logits, tokens, loss_mask=weights, reduction="sum"),
+            "binary": nn.binary_cross_entropy_loss(
+                logits, nm.sigmoid(labels), pos_weight=nm.exp(probs["batch", 0, "position", 0])
+            ),
+        }
 
     fd_check(f, tuple(randn((Batch, Pos, Vocab), seed) for seed in (1, 2, 3)), **F32)
 
@@ -627,9 +842,10 @@ def blockwise_losses():
 
     def f(p):
         hidden, w = p
-        return {"ce": nn.blockwise_cross_entropy_loss(hidden, w, tokens, block_size=2, z_loss_weight=1e-2,
-                                                      softcap=3.0),
-                "next": nn.blockwise_next_token_loss(hidden, w, tokens, block_size=4, reduction="none")}
+        return {
+            "ce": nn.blockwise_cross_entropy_loss(hidden, w, tokens, block_size=2, z_loss_weight=1e-2, softcap=3.0),
+            "next": nn.blockwise_next_token_loss(hidden, w, tokens, block_size=4, reduction="none"),
+        }
 
     fd_check(f, (randn((Batch, Pos, Embed), 2), randn((Vocab, Embed), 3)), **F32)
 
@@ -651,13 +867,17 @@ def powers_of_two(axes, seed: int) -> nm.NamedArray:
 def fp8_straight_through():
     """fp8's backward is straight-through: on values fp8 holds exactly, rounding changes nothing
     and its gradients are the float Linear's; the state's gradient carries the new amax history."""
-    lin = eqx.tree_at(lambda m: (m.weight, m.bias), nn.Linear.init(Embed, Mlp, key=key(0)),
-                      (powers_of_two((Embed, Mlp), 1), powers_of_two((Mlp,), 2)))
+    lin = eqx.tree_at(
+        lambda m: (m.weight, m.bias),
+        nn.Linear.init(Embed, Mlp, key=key(0)),
+        (powers_of_two((Embed, Mlp), 1), powers_of_two((Mlp,), 2)),
+    )
     params, rebuild = split(lin)
     x, ct = powers_of_two((Batch, Embed), 3), powers_of_two((Batch, Mlp), 4)
     # to 1e-6: the scales are float32 (amax / fp8 max), as the state is
-    same_vjp(lambda p: nn.quantize(rebuild(p[0]), "fp8")(p[1]), lambda p: rebuild(p[0])(p[1]), (params, x), ct,
-             tol=1e-6)
+    same_vjp(
+        lambda p: nn.quantize(rebuild(p[0]), "fp8")(p[1]), lambda p: rebuild(p[0])(p[1]), (params, x), ct, tol=1e-6
+    )
     fp8 = nn.quantize(lin, nn.QuantConfig("fp8", history=3))
     state = jax.jit(jax.grad(lambda m: (m(x) * ct).sum().scalar()))(fp8).fp8
     for got, amax in ((state.x, 1.0), (state.w, 1.0), (state.g, 1.0)):
@@ -672,20 +892,34 @@ def int8():
     differentiates in its float scale, bias and input (its int8 weight takes no gradient)."""
     params, rebuild = split(f64(nn.Linear.init((Embed, C), Mlp, key=key(1))))
     x = randn((Batch, C, Embed), 2)
-    same_vjp(lambda p: nn.quantize(rebuild(p[0]), "int8")(p[1]), lambda p: rebuild(p[0])(p[1]), (params, x),
-             randn((Batch, Mlp), 3), tol=1e-10)
+    same_vjp(
+        lambda p: nn.quantize(rebuild(p[0]), "int8")(p[1]),
+        lambda p: rebuild(p[0])(p[1]),
+        (params, x),
+        randn((Batch, Mlp), 3),
+        tol=1e-10,
+    )
     layer_check(nn.quantize(rebuild(params), "int8_weight"), x)
 
 
 @case("nn.LoraLinear", "nn.lora.apply", "nn.lora.merge", "nn.lora.with_dropout_keys")
 def lora():
     Rank = Axis("lora_rank", 2)
-    model = nn.lora.apply(nn.MLP.init(Embed, Mlp, key=key(1), dtype=jnp.float64), ("up", "down"), rank=Rank.size,
-                          key=key(2), alpha=4.0, dropout=0.25)
+    model = nn.lora.apply(
+        nn.MLP.init(Embed, Mlp, key=key(1), dtype=jnp.float64),
+        ("up", "down"),
+        rank=Rank.size,
+        key=key(2),
+        alpha=4.0,
+        dropout=0.25,
+    )
     # B starts at zero, which would zero A's gradient
     model = eqx.tree_at(lambda m: (m.up.lora_b, m.down.lora_b), model, (randn((Rank, Mlp), 3), randn((Rank, Embed), 4)))
-    layer_check(model, randn((Batch, Embed), 5),
-                lambda m, v: {"dropout": nn.lora.with_dropout_keys(m, key(6))(v), "merged": nn.lora.merge(m)(v)})
+    layer_check(
+        model,
+        randn((Batch, Embed), 5),
+        lambda m, v: {"dropout": nn.lora.with_dropout_keys(m, key(6))(v), "merged": nn.lora.merge(m)(v)},
+    )
 
 
 @case("nn.cast_for_compute", "nn.cast_output", "nn.cast_to_param")
@@ -723,9 +957,15 @@ class Block(eqx.Module):
 
 
 # every policy that runs on CPU; "offload" needs host memory spaces (GPU/TPU) and is refused here
-REMATS = {"none": "none", "full": "full", "save_dots": "save_dots", "save_names": "save_names:hidden",
-          "every2": "full every=2", "save_and_dots": nn.Remat(save=("hidden",), dots="save"),
-          "scan_policy": nm.ScanCheckpointPolicy(save_carries=True, save_block_internals=("hidden",))}
+REMATS = {
+    "none": "none",
+    "full": "full",
+    "save_dots": "save_dots",
+    "save_names": "save_names:hidden",
+    "every2": "full every=2",
+    "save_and_dots": nn.Remat(save=("hidden",), dots="save"),
+    "scan_policy": nm.ScanCheckpointPolicy(save_carries=True, save_block_internals=("hidden",)),
+}
 
 
 def _stack(kind, policy):
@@ -745,8 +985,11 @@ def _stack(kind, policy):
 
 for _kind in (nn.Stacked, nn.BlockSeq):
     for _policy in REMATS:
-        _covers = (f"nn.{_kind.__name__}",) + (("nn.Remat", "nn.checkpoint_name") if _policy == "save_and_dots" else ()) \
+        _covers = (
+            (f"nn.{_kind.__name__}",)
+            + (("nn.Remat", "nn.checkpoint_name") if _policy == "save_and_dots" else ())
             + (("nm.ScanCheckpointPolicy",) if _policy == "scan_policy" else ())
+        )
         case(*_covers, name=f"{_kind.__name__}_{_policy}")(_stack(_kind, _policy))
 
 
@@ -774,22 +1017,44 @@ def explicit_stack():
 @case("nm.linspace", "nm.logspace", "nm.geomspace")
 def spaced():
     """Evenly (log-, geometrically) spaced values are smooth functions of their end points."""
-    fd_check(lambda p: {"lin": nm.linspace(B, start=p[0], stop=p[1]), "log": nm.logspace(B, start=p[0], stop=p[1]),
-                        "geom": nm.geomspace(B, start=p[0] + 1.0, stop=p[1], endpoint=False)},
-             (jnp.asarray(0.3), jnp.asarray(1.7)))
+    fd_check(
+        lambda p: {
+            "lin": nm.linspace(B, start=p[0], stop=p[1]),
+            "log": nm.logspace(B, start=p[0], stop=p[1]),
+            "geom": nm.geomspace(B, start=p[0] + 1.0, stop=p[1], endpoint=False),
+        },
+        (jnp.asarray(0.3), jnp.asarray(1.7)),
+    )
 
 
 P3, P2, Roots, Samples = Axis("p", 3), Axis("q", 2), Axis("r", 3), Axis("s", 6)
 
 
-@case("nm.poly", "nm.polyadd", "nm.polysub", "nm.polymul", "nm.polydiv", "nm.polyint", "nm.polyder", "nm.polyfit",
-      "nm.vander")
+@case(
+    "nm.poly",
+    "nm.polyadd",
+    "nm.polysub",
+    "nm.polymul",
+    "nm.polydiv",
+    "nm.polyint",
+    "nm.polyder",
+    "nm.polyfit",
+    "nm.vander",
+)
 def polynomials():
     def f(p):
         a, b, zeros, xs, ys = p  # coefficients over p and q, roots, samples
-        return {"poly": nm.poly(zeros), "add": nm.polyadd(a, b), "sub": nm.polysub(a, b), "mul": nm.polymul(a, b),
-                "div": nm.polydiv(a, b), "int": nm.polyint(a, 2, k=[0.5, -1.0]), "der": nm.polyder(nm.polymul(a, a)),
-                "fit": nm.polyfit(xs, ys, 2), "vander": nm.vander(xs, Axis("power", 3))}
+        return {
+            "poly": nm.poly(zeros),
+            "add": nm.polyadd(a, b),
+            "sub": nm.polysub(a, b),
+            "mul": nm.polymul(a, b),
+            "div": nm.polydiv(a, b),
+            "int": nm.polyint(a, 2, k=[0.5, -1.0]),
+            "der": nm.polyder(nm.polymul(a, a)),
+            "fit": nm.polyfit(xs, ys, 2),
+            "vander": nm.vander(xs, Axis("power", 3)),
+        }
 
     fd_check(f, (grid((P3,), 1), positive((P2,), 2), grid((Roots,), 3), grid((Samples,), 4), grid((Samples,), 5)))
 
@@ -802,8 +1067,10 @@ def eager_polynomials():
     edge = nm.zeros((Axis("r", 1),), jnp.float64)  # exact zeros, outside the perturbed parameters: the size stays
 
     def f(c):
-        return {"roots": nm.sort(nm.real(nm.roots(c)), "r"),
-                "trim": nm.trim_zeros(nm.concatenate("r", [edge, c, edge, edge]))}
+        return {
+            "roots": nm.sort(nm.real(nm.roots(c)), "r"),
+            "trim": nm.trim_zeros(nm.concatenate("r", [edge, c, edge, edge])),
+        }
 
     fd_check(f, coeffs, jit=lambda fn: fn)
 
@@ -811,6 +1078,7 @@ def eager_polynomials():
 @case("nm.NamedRef", "nm.new_ref", "nm.get", "nm.swap", "nm.freeze")
 def refs():
     """Reads and writes of a ref inside the differentiated function carry the values' gradients."""
+
     def f(v):
         ref = nm.new_ref(v)  # (a, b)
         ref[{"a": 0}] = ref[{"a": 1}] * 3.0
@@ -823,19 +1091,24 @@ def refs():
 
 @case("nm.map")
 def lax_map():
-    fd_check(lambda p: nm.map(lambda row: nm.tanh(nm.dot(row, p[1], axis="b")), "a")(p[0]),
-             (grid((A, B), 1, scale=0.5), grid((B, C), 2, scale=0.5)))
+    fd_check(
+        lambda p: nm.map(lambda row: nm.tanh(nm.dot(row, p[1], axis="b")), "a")(p[0]),
+        (grid((A, B), 1, scale=0.5), grid((B, C), 2, scale=0.5)),
+    )
 
 
 @case("nm.grad", "nm.value_and_grad")
 def gradients_of_gradients():
     """nm.grad's gradient (a Hessian-vector product under jit) against finite differences of nm.grad."""
+
     def loss(w, x):
         return (nm.tanh(nm.dot(x, w, axis="b")) ** 2).mean()  # a 0-d NamedArray
 
     x = grid((A, B), 3, scale=0.5)
-    fd_check(lambda w: {"grad": nm.grad(loss)(w, x), "value_and_grad": nm.value_and_grad(loss)(w * 2.0, x)},
-             grid((B, C), 2, scale=0.5))
+    fd_check(
+        lambda w: {"grad": nm.grad(loss)(w, x), "value_and_grad": nm.value_and_grad(loss)(w * 2.0, x)},
+        grid((B, C), 2, scale=0.5),
+    )
 
 
 @case("nm.tree_checkpoint_name")
@@ -881,9 +1154,12 @@ def attention_weights():
 @case("nn.mup.LinearStandardParam", "nn.mup.InputLinearMup", "nn.mup.HiddenLinearMup", "nn.mup.OutputLinearMup")
 def mup_linears():
     """A Linear under each parametrization: its init scale and its output multiplier (the readout's 1/fan_in)."""
-    layers = [nn.Linear.init(Embed, Mlp, key=key(i), reparam_cls=cls)
-              for i, cls in enumerate((nn.mup.LinearStandardParam, nn.mup.InputLinearMup, nn.mup.HiddenLinearMup,
-                                       nn.mup.OutputLinearMup))]
+    layers = [
+        nn.Linear.init(Embed, Mlp, key=key(i), reparam_cls=cls)
+        for i, cls in enumerate(
+            (nn.mup.LinearStandardParam, nn.mup.InputLinearMup, nn.mup.HiddenLinearMup, nn.mup.OutputLinearMup)
+        )
+    ]
     layer_check(layers, grid((Batch, Embed), 2), lambda m, v: [layer(v) for layer in m])
 
 
@@ -925,58 +1201,202 @@ _DISCRETE = "boolean or integer results: nothing to differentiate"
 _CONSTANT = "builds an array from axes (and a dtype) alone: no float input"
 _LAYOUT = "mesh, mapping and layout machinery: no array computation of its own"
 _NO_PARAMETER = "a draw that depends on the key alone: no parameter to differentiate"
-_IMPLICIT = ("jax.random's implicit reparameterisation gradient: right in distribution, not equal to "
-             "the finite differences of one draw (the sampler is a rejection loop)")
+_IMPLICIT = (
+    "jax.random's implicit reparameterisation gradient: right in distribution, not equal to "
+    "the finite differences of one draw (the sampler is a rejection loop)"
+)
 _MASK = "a boolean mask for dot_product_attention (the attention cases use them): nothing to differentiate"
 EXCLUDED: dict[str, str] = {
-    **dict.fromkeys(["nm.ArgumentError", "nm.FileWriteError", "nm.ArgumentTypeError", "nm.Axis", "nm.AxisError", "nm.AxisSelection",
-                     "nm.AxisSelector", "nm.NamedError", "nm.ResourceMapping", "nm.ShardedAxis", "nm.ShardingCheck",
-                     "nm.ShardingError", "nm.StateDictEntry", "nm.StateDictError", "nm.UnreducedError"], _NOT_AN_OP),
-    **dict.fromkeys(["nm.all", "nm.any", "nm.allclose", "nm.array_equal", "nm.argmax", "nm.argmin", "nm.argsort",
-                     "nm.nanargmax", "nm.nanargmin", "nm.count_nonzero", "nm.nonzero", "nm.searchsorted", "nm.equal",
-                     "nm.not_equal", "nm.greater", "nm.greater_equal", "nm.less", "nm.less_equal", "nm.isclose",
-                     "nm.isfinite", "nm.isinf", "nm.isnan", "nm.signbit", "nm.logical_and", "nm.logical_not",
-                     "nm.logical_or", "nm.logical_xor", "nm.invert", "nm.bitwise_and", "nm.bitwise_or",
-                     "nm.bitwise_xor", "nm.bitwise_not", "nm.bitwise_count", "nm.left_shift", "nm.right_shift",
-                     "nm.gcd", "nm.lcm", "nm.axis_index", "nn.positions_from_segments", "nm.array_equiv", "nm.packbits",
-                     "nm.unpackbits", "nm.bitwise_invert", "nm.bitwise_left_shift", "nm.bitwise_right_shift",
-                     "nm.iscomplex", "nm.isreal", "nm.isneginf", "nm.isposinf"], _DISCRETE),
-    **dict.fromkeys(["nm.arange", "nm.zeros", "nm.ones", "nm.zeros_like", "nm.ones_like", "nm.one_hot", "nm.fftfreq",
-                     "nn.alibi_slopes"], _CONSTANT),
-    **dict.fromkeys(["nm.axes_of", "nm.is_named_array", "nm.axis_mapping", "nm.current_mapping", "nm.current_mesh",
-                     "nm.make_mesh", "nm.mesh_sizes", "nm.set_mesh", "nm.check_mapping", "nm.check_sharding", "nm.infer_shardings",
-                     "nm.pspec_for", "nm.sharding_for", "nm.layout", "nm.parse_layout", "nm.explicit.block_layout",
-                     "nm.typecheck", "nm.axis_spec_to_tuple", "nm.field"], _LAYOUT),
+    **dict.fromkeys(
+        [
+            "nm.ArgumentError",
+            "nm.FileWriteError",
+            "nm.ArgumentTypeError",
+            "nm.Axis",
+            "nm.AxisError",
+            "nm.AxisSelection",
+            "nm.AxisSelector",
+            "nm.NamedError",
+            "nm.ResourceMapping",
+            "nm.ShardedAxis",
+            "nm.ShardingCheck",
+            "nm.ShardingError",
+            "nm.StateDictEntry",
+            "nm.StateDictError",
+            "nm.UnreducedError",
+        ],
+        _NOT_AN_OP,
+    ),
+    **dict.fromkeys(
+        [
+            "nm.all",
+            "nm.any",
+            "nm.allclose",
+            "nm.array_equal",
+            "nm.argmax",
+            "nm.argmin",
+            "nm.argsort",
+            "nm.nanargmax",
+            "nm.nanargmin",
+            "nm.count_nonzero",
+            "nm.nonzero",
+            "nm.searchsorted",
+            "nm.equal",
+            "nm.not_equal",
+            "nm.greater",
+            "nm.greater_equal",
+            "nm.less",
+            "nm.less_equal",
+            "nm.isclose",
+            "nm.isfinite",
+            "nm.isinf",
+            "nm.isnan",
+            "nm.signbit",
+            "nm.logical_and",
+            "nm.logical_not",
+            "nm.logical_or",
+            "nm.logical_xor",
+            "nm.invert",
+            "nm.bitwise_and",
+            "nm.bitwise_or",
+            "nm.bitwise_xor",
+            "nm.bitwise_not",
+            "nm.bitwise_count",
+            "nm.left_shift",
+            "nm.right_shift",
+            "nm.gcd",
+            "nm.lcm",
+            "nm.axis_index",
+            "nn.positions_from_segments",
+            "nm.array_equiv",
+            "nm.packbits",
+            "nm.unpackbits",
+            "nm.bitwise_invert",
+            "nm.bitwise_left_shift",
+            "nm.bitwise_right_shift",
+            "nm.iscomplex",
+            "nm.isreal",
+            "nm.isneginf",
+            "nm.isposinf",
+        ],
+        _DISCRETE,
+    ),
+    **dict.fromkeys(
+        [
+            "nm.arange",
+            "nm.zeros",
+            "nm.ones",
+            "nm.zeros_like",
+            "nm.ones_like",
+            "nm.one_hot",
+            "nm.fftfreq",
+            "nn.alibi_slopes",
+        ],
+        _CONSTANT,
+    ),
+    **dict.fromkeys(
+        [
+            "nm.axes_of",
+            "nm.is_named_array",
+            "nm.axis_mapping",
+            "nm.current_mapping",
+            "nm.current_mesh",
+            "nm.make_mesh",
+            "nm.mesh_sizes",
+            "nm.set_mesh",
+            "nm.check_mapping",
+            "nm.check_sharding",
+            "nm.infer_shardings",
+            "nm.pspec_for",
+            "nm.sharding_for",
+            "nm.layout",
+            "nm.parse_layout",
+            "nm.explicit.block_layout",
+            "nm.typecheck",
+            "nm.axis_spec_to_tuple",
+            "nm.field",
+        ],
+        _LAYOUT,
+    ),
     **dict.fromkeys(["nm.compiled_report", "nm.param_report"], "reports on a compiled program or a model's layout"),
-    **dict.fromkeys(["nm.state_dict", "nm.state_dict_entries", "nm.load_state_dict", "nm.load_state_dict_file",
-                     "nm.save_state_dict", "nm.save_safetensors"], "moves a model's arrays to and from files and flat dicts"),
+    **dict.fromkeys(
+        [
+            "nm.state_dict",
+            "nm.state_dict_entries",
+            "nm.load_state_dict",
+            "nm.load_state_dict_file",
+            "nm.save_state_dict",
+            "nm.save_safetensors",
+        ],
+        "moves a model's arrays to and from files and flat dicts",
+    ),
     "nm.inspect": "reports; its public functions are re-exported at the top (nm.layout, nm.compiled_report, ...)",
     "nm.partitioning": "mesh and mapping machinery; its differentiable parts (nm.shard, nm.named_jit) are at the top",
-    **dict.fromkeys(["nm.random.gumbel", "nm.random.laplace", "nm.random.logistic", "nm.random.exponential",
-                     "nm.random.cauchy", "nm.random.maxwell", "nm.random.block_draw"], _NO_PARAMETER),
-    **dict.fromkeys(["nm.random.gamma", "nm.random.beta", "nm.random.loggamma", "nm.random.chisquare", "nm.random.t",
-                     "nm.random.dirichlet"], _IMPLICIT),
-    **dict.fromkeys(["nm.random.bernoulli", "nm.random.binomial", "nm.random.poisson", "nm.random.geometric",
-                     "nm.random.rademacher", "nm.random.randint", "nm.random.categorical", "nm.random.split"],
-                    _DISCRETE),
-    **dict.fromkeys(["nn.causal_mask", "nn.chunked_mask", "nn.padding_mask", "nn.segment_mask", "nn.forgetful_causal_mask"],
-                    _MASK),
-    "nn.attention_implementation": ("a trace-time switch; on CPU every implementation it may name but 'cudnn' (refused "
-                                    "without a GPU) is the XLA path that the attention cases differentiate"),
+    **dict.fromkeys(
+        [
+            "nm.random.gumbel",
+            "nm.random.laplace",
+            "nm.random.logistic",
+            "nm.random.exponential",
+            "nm.random.cauchy",
+            "nm.random.maxwell",
+            "nm.random.block_draw",
+        ],
+        _NO_PARAMETER,
+    ),
+    **dict.fromkeys(
+        [
+            "nm.random.gamma",
+            "nm.random.beta",
+            "nm.random.loggamma",
+            "nm.random.chisquare",
+            "nm.random.t",
+            "nm.random.dirichlet",
+        ],
+        _IMPLICIT,
+    ),
+    **dict.fromkeys(
+        [
+            "nm.random.bernoulli",
+            "nm.random.binomial",
+            "nm.random.poisson",
+            "nm.random.geometric",
+            "nm.random.rademacher",
+            "nm.random.randint",
+            "nm.random.categorical",
+            "nm.random.split",
+        ],
+        _DISCRETE,
+    ),
+    **dict.fromkeys(
+        ["nn.causal_mask", "nn.chunked_mask", "nn.padding_mask", "nn.segment_mask", "nn.forgetful_causal_mask"], _MASK
+    ),
+    "nn.attention_implementation": (
+        "a trace-time switch; on CPU every implementation it may name but 'cudnn' (refused "
+        "without a GPU) is the XLA path that the attention cases differentiate"
+    ),
     "nn.QuantConfig": "a configuration for nn.quantize",
     "nn.remat_policy": "jax's checkpoint policy for a Remat; the stack cases differentiate each policy through a stack",
     "nn.get_policy": "parses a precision policy",
     "nn.keeps_full_precision": "says whether a module keeps float32 parameters under a policy",
-    **dict.fromkeys(["nn.is_overwrite_state", "nn.without_overwrites", "nn.overwrite_updates"],
-                    "the optimizer's side of fp8's state: tree surgery on gradients, not a differentiated function"),
+    **dict.fromkeys(
+        ["nn.is_overwrite_state", "nn.without_overwrites", "nn.overwrite_updates"],
+        "the optimizer's side of fp8's state: tree surgery on gradients, not a differentiated function",
+    ),
     "nn.lora.linear_paths": "lists a model's Linears by path",
     "nn.mup.AbstractLinearReparam": "the base class of the parametrizations; the mup_linears case differentiates a Linear "
-                                    "under each of its subclasses",
-    **dict.fromkeys(["nm.debug.ModuleProblems", "nm.debug.diagnose_common_issues", "nm.debug.visualize_shardings"],
-                    "debug reports on a module or on where a tree's arrays live"),
-    "nm.nextafter": ("jax defines no derivative for nextafter (the adjacent float: a step, 1 almost everywhere); "
-                     "jax.grad raises its NotImplementedError"),
+    "under each of its subclasses",
+    **dict.fromkeys(
+        ["nm.debug.ModuleProblems", "nm.debug.diagnose_common_issues", "nm.debug.visualize_shardings"],
+        "debug reports on a module or on where a tree's arrays live",
+    ),
+    "nm.nextafter": (
+        "jax defines no derivative for nextafter (the adjacent float: a step, 1 almost everywhere); "
+        "jax.grad raises its NotImplementedError"
+    ),
     "nn.lora.trainable": "a boolean tree that marks the adapters (for eqx.partition)",
-    **dict.fromkeys(["nn.mup.rescale_init", "nn.mup.scale_updates", "nn.mup.roles", "nn.mup.scale_reparam_updates"],
-                    "muP's scaling of an init and of optimizer updates, applied outside the differentiated function"),
+    **dict.fromkeys(
+        ["nn.mup.rescale_init", "nn.mup.scale_updates", "nn.mup.roles", "nn.mup.scale_reparam_updates"],
+        "muP's scaling of an init and of optimizer updates, applied outside the differentiated function",
+    ),
 }

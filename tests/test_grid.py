@@ -106,7 +106,7 @@ def test_text_grid_names_each_devices_block(mesh_shape, axes, mapping):
     got = _text_cells(str(grid), axes)
     assert {d: b for d, (_, _, b) in got.items()} == expected
     # same block <-> same letter, and the copy count is how many devices hold it
-    for d, (letter, copies, blocks) in got.items():
+    for letter, copies, blocks in got.values():
         same = [e for e, b in expected.items() if b == blocks]
         assert copies == len(same)
         assert {got[e][0] for e in same} == {letter}
@@ -146,8 +146,10 @@ def test_abstract_and_mapped_arrays_draw_the_placed_layout():
     mesh = nm.make_mesh({"data": 4, "model": 2})
     mapping = {"batch": "data", "embed": "model"}
     placed = nm.shard(nm.zeros((Batch, Pos, Embed)), mapping, mesh)
-    abstract = nm.NamedArray(jax.ShapeDtypeStruct(placed.array.shape, jnp.float32,
-                                                  sharding=nm.sharding_for(placed, mapping, mesh)), placed.axes)
+    abstract = nm.NamedArray(
+        jax.ShapeDtypeStruct(placed.array.shape, jnp.float32, sharding=nm.sharding_for(placed, mapping, mesh)),
+        placed.axes,
+    )
     want = _expected(placed)
     assert {d: device_grid(abstract).block(d) for d in want} == want
     assert {d: device_grid((Batch, Pos, Embed), mapping, mesh).block(d) for d in want} == want

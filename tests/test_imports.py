@@ -46,8 +46,11 @@ def _graph() -> dict[str, set[str]]:
                 deps |= {a.name for a in node.names if a.name in files}
             elif isinstance(node, ast.ImportFrom):
                 base = mod.split(".") if is_pkg else mod.split(".")[:-1]
-                prefix = (".".join(base[: len(base) - node.level + 1] + ([node.module] if node.module else []))
-                          if node.level else node.module)
+                prefix = (
+                    ".".join(base[: len(base) - node.level + 1] + ([node.module] if node.module else []))
+                    if node.level
+                    else node.module
+                )
                 for a in node.names:  # `from pkg import module` depends on the module, not the package
                     target = f"{prefix}.{a.name}" if f"{prefix}.{a.name}" in files else prefix
                     if target in files:
@@ -98,7 +101,8 @@ def test_the_one_import_circle_is_the_method_delegates():
     circles = _circles({m: {d for d in deps if library(d)} for m, deps in _graph().items() if library(m)})
     assert [sorted(c) for c in circles] == [sorted(CIRCLE)], (
         "src/named may hold one import circle, NamedArray's method delegates (CIRCLE); a module that joins "
-        "it, or a new circle, ties more of the library to the core (a circle that shrank: shrink CIRCLE)")
+        "it, or a new circle, ties more of the library to the core (a circle that shrank: shrink CIRCLE)"
+    )
 
 
 def test_imports_point_one_way():
@@ -131,8 +135,9 @@ def _against_the_order(arrows: dict[str, set[str]], layers) -> list[tuple[str, s
     trainer's ``__init__``, or from or to a sub-package no layer declares."""
     rank = {pkg: i for i, layer in enumerate(layers) for pkg in layer}
     rank[""] = -1  # the trainer's __init__: anything may import it; it imports nothing of its own
-    return sorted((a, b) for a, deps in arrows.items() for b in deps
-                  if a not in rank or b not in rank or rank[b] >= rank[a])
+    return sorted(
+        (a, b) for a, deps in arrows.items() for b in deps if a not in rank or b not in rank or rank[b] >= rank[a]
+    )
 
 
 def test_an_arrow_against_the_order_or_a_circle_is_found():
@@ -157,13 +162,17 @@ def test_the_trainer_sub_packages_import_only_the_ones_below():
     arrows = _package_arrows(_graph())
     assert _circles(arrows) == [], "the trainer's sub-packages import each other in a circle"
     assert _against_the_order(arrows, TRAINER_LAYERS) == [], (
-        f"(importer, imported) against the order {TRAINER_LAYERS}: move what the lower one needs down")
+        f"(importer, imported) against the order {TRAINER_LAYERS}: move what the lower one needs down"
+    )
     assert set(arrows) - {""} == {pkg for layer in TRAINER_LAYERS for pkg in layer}, (
-        "every module of named.trainer lies in a sub-package of TRAINER_LAYERS")
+        "every module of named.trainer lies in a sub-package of TRAINER_LAYERS"
+    )
 
 
 def test_import_named_loads_no_model_or_trainer_code():
-    code = ("import sys, named\n"
-            "bad = sorted(m for m in sys.modules if m.startswith(('named.models', 'named.trainer')))\n"
-            "assert not bad, bad")
+    code = (
+        "import sys, named\n"
+        "bad = sorted(m for m in sys.modules if m.startswith(('named.models', 'named.trainer')))\n"
+        "assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, env={"JAX_PLATFORMS": "cpu", "PATH": ""})

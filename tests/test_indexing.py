@@ -51,7 +51,9 @@ def _materialise(size_of, names, spec, seed):
     for n, v in spec.items():
         if isinstance(v, tuple):
             inames = v[1]
-            arr = rng.integers(-size_of[n], size_of[n], tuple(size_of[m] if m != n else size_of[n] for m in inames)).astype(np.int32)
+            arr = rng.integers(
+                -size_of[n], size_of[n], tuple(size_of[m] if m != n else size_of[n] for m in inames)
+            ).astype(np.int32)
             idx[n] = nm.named(arr, inames)
             idx_np[n] = (arr, inames)
         else:

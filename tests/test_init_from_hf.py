@@ -15,16 +15,15 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from _chat_folder import make_chat_folder, make_tokenizer
 from safetensors.numpy import load_file, save_file
 
 import named as nm
 from named.models import hf_state_dict
-from named.trainer.loop.checks import check_against_devices
 from named.trainer.config import ConfigError, load_config
+from named.trainer.loop.checks import check_against_devices
 from named.trainer.loop.model_init import init_model
 from named.trainer.loop.train import train
-
-from _chat_folder import make_chat_folder, make_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -40,12 +39,25 @@ def corpus(tmp_path_factory) -> Path:
 
 
 def _config(folder, corpus, run_dir, *, steps=4, **more):
-    over = {"model.init_from_hf": str(folder), "trainer.num_train_steps": steps, "trainer.train_batch_size": 8,
-            "trainer.log_interval": 1, "trainer.eval_interval": 0, "trainer.progress_bar": "false",
-            "trainer.run_dir": str(run_dir), "optimizer.warmup_steps": 0, "optimizer.learning_rate": 3e-3,
-            "data.train": f"[{corpus / 'text.txt'}]", "data.seq_len": 32, "data.val_fraction": 0,
-            "data.cache_dir": str(corpus / "cache"), "mesh.shape": "{data: 8}",
-            "mesh.param_mapping": "{embed: data}", "tracker.console": "false", **more}
+    over = {
+        "model.init_from_hf": str(folder),
+        "trainer.num_train_steps": steps,
+        "trainer.train_batch_size": 8,
+        "trainer.log_interval": 1,
+        "trainer.eval_interval": 0,
+        "trainer.progress_bar": "false",
+        "trainer.run_dir": str(run_dir),
+        "optimizer.warmup_steps": 0,
+        "optimizer.learning_rate": 3e-3,
+        "data.train": f"[{corpus / 'text.txt'}]",
+        "data.seq_len": 32,
+        "data.val_fraction": 0,
+        "data.cache_dir": str(corpus / "cache"),
+        "mesh.shape": "{data: 8}",
+        "mesh.param_mapping": "{embed: data}",
+        "tracker.console": "false",
+        **more,
+    }
     return load_config(None, [x for k, v in over.items() for x in (f"--{k}", str(v))])
 
 
@@ -53,8 +65,12 @@ def test_the_model_section_is_the_folders(folder, corpus, tmp_path):
     cfg = _config(folder, corpus, tmp_path / "run", **{"model.remat": "full"})
     hf = json.loads((folder / "config.json").read_text())
     assert type(cfg.model).__name__ == "LlamaConfigSection"
-    assert (cfg.model.hidden_size, cfg.model.num_hidden_layers, cfg.model.num_key_value_heads, cfg.model.vocab_size) == (
-        hf["hidden_size"], hf["num_hidden_layers"], hf["num_key_value_heads"], hf["vocab_size"])
+    assert (
+        cfg.model.hidden_size,
+        cfg.model.num_hidden_layers,
+        cfg.model.num_key_value_heads,
+        cfg.model.vocab_size,
+    ) == (hf["hidden_size"], hf["num_hidden_layers"], hf["num_key_value_heads"], hf["vocab_size"])
     assert cfg.model.remat == "full"  # a safe override
     assert cfg.data.tokenizer == str(folder)  # the folder's tokenizer unless data names another
     # repeating the folder's value is allowed; changing it is not
@@ -119,12 +135,18 @@ def test_bad_folders_are_refused_before_anything_is_written(folder, corpus, tmp_
     tensors = load_file(wrong_shape / "model.safetensors")
     tensors["model.norm.weight"] = np.ones(7, np.float32)
     save_file(tensors, str(wrong_shape / "model.safetensors"), metadata={"format": "pt"})
-    _refused(lambda: _config(wrong_shape, corpus, run), r"model.init_from_hf: .*'model.norm.weight' has shape \[7\]", run)
+    _refused(
+        lambda: _config(wrong_shape, corpus, run), r"model.init_from_hf: .*'model.norm.weight' has shape \[7\]", run
+    )
 
     no_tokenizer = tmp_path / "no_tokenizer"
     shutil.copytree(folder, no_tokenizer)
     (no_tokenizer / "tokenizer.json").unlink()
-    _refused(lambda: _config(no_tokenizer, corpus, run), "no_tokenizer has no tokenizer.json; name a tokenizer with data.tokenizer", run)
+    _refused(
+        lambda: _config(no_tokenizer, corpus, run),
+        "no_tokenizer has no tokenizer.json; name a tokenizer with data.tokenizer",
+        run,
+    )
 
     _refused(lambda: _config(tmp_path / "absent", corpus, run), r"model.init_from_hf: .*absent: not found", run)
 
@@ -136,5 +158,8 @@ def test_a_tokenizer_of_another_vocabulary_is_refused(folder, corpus, tmp_path):
     tok.add_tokens([f"<extra_{i}>" for i in range(40)])  # 340 ids for a model of 300
     tok.save(str(other / "tokenizer.json"))
     run = tmp_path / "run"
-    _refused(lambda: _config(folder, corpus, run, **{"data.tokenizer": str(other), "data.eos_token": "<|im_end|>"}),
-             r"model.vocab_size=300 of .* \(model.init_from_hf\) is smaller than the tokenizer's 340 tokens", run)
+    _refused(
+        lambda: _config(folder, corpus, run, **{"data.tokenizer": str(other), "data.eos_token": "<|im_end|>"}),
+        r"model.vocab_size=300 of .* \(model.init_from_hf\) is smaller than the tokenizer's 340 tokens",
+        run,
+    )

@@ -17,13 +17,16 @@ Embed, Mlp, Batch = Axis("embed", 64), Axis("mlp", 256), Axis("batch", 16)
 # ---- layout notation ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("text", [
-    "batch/data position embed/model",
-    "embed",
-    "layers embed/data mlp/model",
-    "batch/data+model position",
-    "",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "batch/data position embed/model",
+        "embed",
+        "layers embed/data mlp/model",
+        "batch/data+model position",
+        "",
+    ],
+)
 def test_layout_round_trips_through_parse_layout(text):
     names, mapping = nm.parse_layout(text)
     axes = tuple(Axis(n, 8) for n in names)
@@ -31,20 +34,25 @@ def test_layout_round_trips_through_parse_layout(text):
 
 
 def test_parse_layout_reads_mappings_and_seqax_nesting():
-    assert nm.parse_layout("batch/data position embed/model") == (("batch", "position", "embed"),
-                                                                   {"batch": "data", "embed": "model"})
+    assert nm.parse_layout("batch/data position embed/model") == (
+        ("batch", "position", "embed"),
+        {"batch": "data", "embed": "model"},
+    )
     # seqax writes d_model/t/d for "split over t, then d"
     assert nm.parse_layout("d_model/t/d") == (("d_model",), {"d_model": ("t", "d")})
     assert nm.parse_layout("d_model/t+d") == nm.parse_layout("d_model/t/d")
 
 
-@pytest.mark.parametrize("text, match", [
-    ("batch/data batch", "axis 'batch' appears twice"),
-    ("batch/data embed/data", "mesh axis 'data' splits both 'batch' and 'embed'"),
-    ("batch//data", "cannot read 'batch//data'"),
-    ("emb@d", "cannot read 'emb@d'"),
-    ("batch/", "cannot read 'batch/'"),
-])
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("batch/data batch", "axis 'batch' appears twice"),
+        ("batch/data embed/data", "mesh axis 'data' splits both 'batch' and 'embed'"),
+        ("batch//data", "cannot read 'batch//data'"),
+        ("emb@d", "cannot read 'emb@d'"),
+        ("batch/", "cannot read 'batch/'"),
+    ],
+)
 def test_parse_layout_errors_name_the_token(text, match):
     with pytest.raises(nm.AxisError, match=match):
         nm.parse_layout(text)
@@ -155,8 +163,10 @@ def test_compiled_report_takes_lowered_and_compiled_stages(fsdp_matmul):
 
 def test_explicit_fsdp_gradient_reports_a_reduce_scatter(fsdp_matmul):
     mesh, _, w, x = fsdp_matmul
-    mm = nm.shard_map(lambda w, x: nm.einsum("batch embed, embed out -> batch out", x, nm.all_gather(w, "embed")),
-                      in_mapping=({"embed": "data"}, {"batch": "data"}))
+    mm = nm.shard_map(
+        lambda w, x: nm.einsum("batch embed, embed out -> batch out", x, nm.all_gather(w, "embed")),
+        in_mapping=({"embed": "data"}, {"batch": "data"}),
+    )
     g = nm.named_jit(jax.grad(lambda w, x: (mm(w, x) ** 2).sum().scalar()), mesh=mesh)
     rep = nm.compiled_report(g, w, x)
     assert rep.count("reduce-scatter", "data") == 1 and rep.count("all-gather", "data") == 1
@@ -265,12 +275,23 @@ def _gpt2_grad_step(n_layer: int, *, unrolled: bool = False):
     mesh = nm.make_mesh({"data": 8})
 
     def abstract(tree, mapping):
-        return jax.tree.map(lambda x: nm.NamedArray(jax.ShapeDtypeStruct(x.array.shape, x.array.dtype,
-                                                                         sharding=nm.sharding_for(x, mapping, mesh)), x.axes)
-                            if isinstance(x, nm.NamedArray) else x, tree, is_leaf=nm.is_named_array)
+        return jax.tree.map(
+            lambda x: (
+                nm.NamedArray(
+                    jax.ShapeDtypeStruct(x.array.shape, x.array.dtype, sharding=nm.sharding_for(x, mapping, mesh)),
+                    x.axes,
+                )
+                if isinstance(x, nm.NamedArray)
+                else x
+            ),
+            tree,
+            is_leaf=nm.is_named_array,
+        )
 
     model = abstract(jax.eval_shape(lambda k: Gpt2LMHeadModel.init(cfg, key=k), jax.random.key(0)), {"embed": "data"})
-    ids = abstract(nm.NamedArray(jax.ShapeDtypeStruct((16, 32), jnp.int32), (Batch, Axis("position", 32))), {"batch": "data"})
+    ids = abstract(
+        nm.NamedArray(jax.ShapeDtypeStruct((16, 32), jnp.int32), (Batch, Axis("position", 32))), {"batch": "data"}
+    )
 
     def logits(m, ids):
         if not unrolled:
@@ -280,8 +301,9 @@ def _gpt2_grad_step(n_layer: int, *, unrolled: bool = False):
             x, _ = block(x)
         return m.wte.unembed(m.ln_f(x))
 
-    grad = nm.named_jit(jax.grad(lambda m, ids: next_token_loss(logits(m, ids), ids).scalar()),
-                        mapping={"batch": "data"}, mesh=mesh)
+    grad = nm.named_jit(
+        jax.grad(lambda m, ids: next_token_loss(logits(m, ids), ids).scalar()), mapping={"batch": "data"}, mesh=mesh
+    )
     return cfg, nm.compiled_report(grad, model, ids)
 
 
@@ -334,9 +356,25 @@ def test_named_plan_compile_counts_microbatches_and_layers():
     from named.trainer.config import load_config
 
     config = Path(__file__).parent.parent / "config" / "gpt2_nano_fsdp.yaml"
-    cfg = load_config(config, ["--model.n_layer", "2", "--model.n_embd", "128", "--model.n_head", "4",
-                               "--model.vocab_size", "384", "--data.seq_len", "32", "--trainer.train_batch_size", "16",
-                               "--trainer.microbatches", "2"])
+    cfg = load_config(
+        config,
+        [
+            "--model.n_layer",
+            "2",
+            "--model.n_embd",
+            "128",
+            "--model.n_head",
+            "4",
+            "--model.vocab_size",
+            "384",
+            "--data.seq_len",
+            "32",
+            "--trainer.train_batch_size",
+            "16",
+            "--trainer.microbatches",
+            "2",
+        ],
+    )
     rep = plan.train_step_report(cfg)
     model_cfg = Gpt2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=384)  # what FLOPs/token depends on
     want = flops_per_token(model_cfg, 32) * 16 * 32 / 8

@@ -33,7 +33,6 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-
 from _procs import xla_flags
 
 from named.trainer import checkpoint as ckpt
@@ -91,18 +90,20 @@ def _args(workdir: Path, run_dir: Path, **over) -> list[str]:
 def _env(workdir: Path, write_delay: float | None = None) -> dict:
     env = dict(os.environ)
     env.pop("NAMED_TEST_CHECKPOINT_WRITE_DELAY", None)
-    env.update({
-        "XLA_FLAGS": xla_flags(2),
-        "JAX_PLATFORMS": "cpu",
-        # The persistent compilation cache works on CPU in jax 0.10; the thresholds make it
-        # keep every program, so only the reference run compiles.
-        "JAX_COMPILATION_CACHE_DIR": str(workdir / "jax-cache"),
-        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
-        "PYTHONWARNINGS": "default::UserWarning",
-        "PYTHONUNBUFFERED": "1",  # the log of a killed process must hold what it printed
-        "PYTHONPATH": os.pathsep.join([str(workdir / "src"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-    })
+    env.update(
+        {
+            "XLA_FLAGS": xla_flags(2),
+            "JAX_PLATFORMS": "cpu",
+            # The persistent compilation cache works on CPU in jax 0.10; the thresholds make it
+            # keep every program, so only the reference run compiles.
+            "JAX_COMPILATION_CACHE_DIR": str(workdir / "jax-cache"),
+            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+            "PYTHONWARNINGS": "default::UserWarning",
+            "PYTHONUNBUFFERED": "1",  # the log of a killed process must hold what it printed
+            "PYTHONPATH": os.pathsep.join([str(workdir / "src"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        }
+    )
     if write_delay:
         env["NAMED_TEST_CHECKPOINT_WRITE_DELAY"] = str(write_delay)
     return env
@@ -114,8 +115,13 @@ _MAIN = "import sys; from named.trainer.commands.cli import main_train; sys.exit
 def _start(workdir: Path, run_dir: Path, log: Path, write_delay: float | None = None, **over) -> subprocess.Popen:
     out = open(log, "w")
     try:
-        return subprocess.Popen([sys.executable, "-c", _MAIN, *_args(workdir, run_dir, **over)], cwd=ROOT,
-                                env=_env(workdir, write_delay), stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            [sys.executable, "-c", _MAIN, *_args(workdir, run_dir, **over)],
+            cwd=ROOT,
+            env=_env(workdir, write_delay),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     finally:
         out.close()
 
@@ -250,7 +256,9 @@ def test_sigkill_at_random_moments_resumes_exactly(workdir, reference):
                 if save > STEPS:
                     save = start + INTERVAL
                 reached = _wait_for(
-                    lambda: any(n.startswith(f"step_{save}.tmp-") for n in set(_partial_saves(run_dir)) - leftovers), proc)
+                    lambda: any(n.startswith(f"step_{save}.tmp-") for n in set(_partial_saves(run_dir)) - leftovers),
+                    proc,
+                )
                 time.sleep(rng.uniform(0.0, 3 * WRITE_DELAY_S))
             else:
                 reached = False
@@ -291,7 +299,9 @@ def test_sigkill_at_random_moments_resumes_exactly(workdir, reference):
     modes = [k["mode"] for k in kills]
     in_write = [k for k in kills if k["partial"]]
     print(f"\n{len(kills)} SIGKILLs in {campaigns} campaign(s): {modes}")
-    print(f"resumed from steps {[k['start'] for k in kills]}; killed with its own partial save on disk {len(in_write)} times")
+    print(
+        f"resumed from steps {[k['start'] for k in kills]}; killed with its own partial save on disk {len(in_write)} times"
+    )
     assert len(kills) >= N_KILLS
     assert "step" in modes and "write" in modes
     assert len(in_write) >= 3  # a partial checkpoint was on disk at the kill, and was never resumed from
@@ -372,9 +382,11 @@ def test_a_killed_mixture_run_resumes_with_the_same_batches(workdir):
     bit; the batch of a step depends on (seed, step) alone, whichever process reads it when."""
     lines = CORPUS.splitlines(keepends=True)
     (workdir / "mix_a.txt").write_text("".join(lines[: len(lines) // 2]))
-    (workdir / "mix_b.txt").write_text("".join(lines[len(lines) // 2:]).upper())
-    mix = {"data.train": f"[{{name: a, paths: [{workdir / 'mix_a.txt'}], weight: 3}}, "
-                         f"{{name: b, paths: [{workdir / 'mix_b.txt'}], weight: 1}}]"}
+    (workdir / "mix_b.txt").write_text("".join(lines[len(lines) // 2 :]).upper())
+    mix = {
+        "data.train": f"[{{name: a, paths: [{workdir / 'mix_a.txt'}], weight: 3}}, "
+        f"{{name: b, paths: [{workdir / 'mix_b.txt'}], weight: 1}}]"
+    }
     reference = workdir / "mix-reference"
     text = _run(workdir, reference, workdir / "mix-reference.log", **mix)
     ref_losses = dict(_losses(reference))

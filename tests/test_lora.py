@@ -18,22 +18,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _chat_folder import make_chat_folder
 from safetensors.numpy import load_file
 
 import named as nm
 from named import nn
 from named.models import hf_state_dict
 from named.trainer import checkpoint as ckpt
-from named.trainer.loop.checks import check_against_devices
 from named.trainer.commands.cli import main_train
+from named.trainer.commands.sample import _model_config
 from named.trainer.config import ConfigError, load_config
+from named.trainer.loop.checks import check_against_devices
 from named.trainer.loop.model_init import model_shapes
 from named.trainer.loop.optim import init_opt_state
 from named.trainer.loop.registry import model_class
-from named.trainer.commands.sample import _model_config
 from named.trainer.loop.train import train
-
-from _chat_folder import make_chat_folder
 
 E, H, D, M = nm.Axis("embed", 8), nm.Axis("heads", 2), nm.Axis("head_size", 3), nm.Axis("mlp", 5)
 Batch = nm.Axis("batch", 4)
@@ -60,10 +59,14 @@ def test_a_lora_linear_starts_as_its_base_and_adds_scaled_a_times_b():
     a, b = _np(lora.lora_a, "embed", "lora_rank"), _np(lora.lora_b, "lora_rank", "heads", "head_size").reshape(2, 6)
     bias = _np(lin.bias, "heads", "head_size").reshape(6)
     expected = _np(x, "batch", "embed") @ (w + 3.0 * a @ b) + bias  # scale = alpha / rank = 3
-    np.testing.assert_allclose(_np(lora(x), "batch", "heads", "head_size").reshape(4, 6), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        _np(lora(x), "batch", "heads", "head_size").reshape(4, 6), expected, rtol=1e-5, atol=1e-5
+    )
     merged = lora.merged()
     assert type(merged) is nn.Linear and merged.weight.axes == lin.weight.axes
-    np.testing.assert_allclose(_np(merged(x), "batch", "heads", "head_size").reshape(4, 6), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        _np(merged(x), "batch", "heads", "head_size").reshape(4, 6), expected, rtol=1e-5, atol=1e-5
+    )
 
 
 class _Block(eqx.Module):
@@ -81,6 +84,7 @@ class _Block(eqx.Module):
 
 def _randomised_b(model, key):
     """The adapters' B drawn at random (as after training), so that they change the output."""
+
     def node(m):
         if isinstance(m, nn.LoraLinear):
             return eqx.tree_at(lambda lin: lin.lora_b, m, nm.random.normal(key, m.lora_b.axes) * 0.3)
@@ -95,7 +99,11 @@ def test_adapters_in_a_stack_are_per_layer_and_merge_folds_them():
     x = nm.random.normal(jax.random.key(1), (Batch, E))
     adapted = nn.lora.apply(stack, ["up", "stacked.down"], rank=2, alpha=4.0, key=jax.random.key(2))
     up = adapted.stacked.up
-    assert up.lora_a.axes == (Layers, E, nm.Axis("lora_rank", 2)) and up.lora_b.axes == (Layers, nm.Axis("lora_rank", 2), M)
+    assert up.lora_a.axes == (Layers, E, nm.Axis("lora_rank", 2)) and up.lora_b.axes == (
+        Layers,
+        nm.Axis("lora_rank", 2),
+        M,
+    )
     assert not np.allclose(np.asarray(up.lora_a.array[0]), np.asarray(up.lora_a.array[1]))  # each layer its own draw
     np.testing.assert_array_equal(np.asarray(adapted.fold(x).array), np.asarray(stack.fold(x).array))
 
@@ -103,13 +111,19 @@ def test_adapters_in_a_stack_are_per_layer_and_merge_folds_them():
     h = _np(x, "batch", "embed")
     for i in range(Layers.size):  # numpy, layer by layer: W + 2 A B for both projections
         layer = adapted.get_layer(i)
-        w_up = _np(layer.up.linear.weight, "embed", "mlp") + 2 * _np(layer.up.lora_a, "embed", "lora_rank") @ _np(layer.up.lora_b, "lora_rank", "mlp")
-        w_dn = _np(layer.down.linear.weight, "mlp", "embed") + 2 * _np(layer.down.lora_a, "mlp", "lora_rank") @ _np(layer.down.lora_b, "lora_rank", "embed")
+        w_up = _np(layer.up.linear.weight, "embed", "mlp") + 2 * _np(layer.up.lora_a, "embed", "lora_rank") @ _np(
+            layer.up.lora_b, "lora_rank", "mlp"
+        )
+        w_dn = _np(layer.down.linear.weight, "mlp", "embed") + 2 * _np(layer.down.lora_a, "mlp", "lora_rank") @ _np(
+            layer.down.lora_b, "lora_rank", "embed"
+        )
         u = np.maximum(h @ w_up + _np(layer.up.linear.bias, "mlp"), 0)
         h = h + u @ w_dn + _np(layer.down.linear.bias, "embed")
     np.testing.assert_allclose(_np(adapted.fold(x), "batch", "embed"), h, rtol=1e-5, atol=1e-5)
     merged = nn.lora.merge(adapted)
-    assert not any(isinstance(m, nn.LoraLinear) for m in jax.tree.leaves(merged, is_leaf=lambda m: isinstance(m, nn.LoraLinear)))
+    assert not any(
+        isinstance(m, nn.LoraLinear) for m in jax.tree.leaves(merged, is_leaf=lambda m: isinstance(m, nn.LoraLinear))
+    )
     np.testing.assert_allclose(_np(merged.fold(x), "batch", "embed"), h, rtol=1e-5, atol=1e-5)
 
 
@@ -171,8 +185,14 @@ def yaml_file(folder, tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("lora")
     (d / "text.txt").write_text("The quick brown fox jumps over the lazy dog. Paris is the capital of France.\n" * 60)
     config = {
-        "trainer": {"num_train_steps": 4, "train_batch_size": 8, "log_interval": 1, "eval_interval": 0,
-                    "progress_bar": False, "run_dir": str(d / "run")},
+        "trainer": {
+            "num_train_steps": 4,
+            "train_batch_size": 8,
+            "log_interval": 1,
+            "eval_interval": 0,
+            "progress_bar": False,
+            "run_dir": str(d / "run"),
+        },
         "model": {"init_from_hf": str(folder)},
         "optimizer": {"learning_rate": 1e-2, "warmup_steps": 0, "schedule": "constant"},
         "data": {"train": [str(d / "text.txt")], "seq_len": 32, "val_fraction": 0, "cache_dir": str(d / "cache")},
@@ -208,8 +228,9 @@ def _restored(run_dir: Path, step: int | None = None):
 
 def _base(model):
     """The model without its adapters (each LoraLinear's frozen Linear)."""
-    return jax.tree.map(lambda m: m.linear if isinstance(m, nn.LoraLinear) else m, model,
-                        is_leaf=lambda m: isinstance(m, nn.LoraLinear))
+    return jax.tree.map(
+        lambda m: m.linear if isinstance(m, nn.LoraLinear) else m, model, is_leaf=lambda m: isinstance(m, nn.LoraLinear)
+    )
 
 
 def test_a_lora_run_from_the_cli_trains_the_adapters_and_leaves_the_base_bitwise(lora_run, folder):
@@ -221,7 +242,11 @@ def test_a_lora_run_from_the_cli_trains_the_adapters_and_leaves_the_base_bitwise
     assert sorted(base) == sorted(saved)
     for name, value in saved.items():
         np.testing.assert_array_equal(base[name], value, err_msg=name)  # frozen: not one bit moved
-    adapted = [m for m in jax.tree.leaves(model, is_leaf=lambda m: isinstance(m, nn.LoraLinear)) if isinstance(m, nn.LoraLinear)]
+    adapted = [
+        m
+        for m in jax.tree.leaves(model, is_leaf=lambda m: isinstance(m, nn.LoraLinear))
+        if isinstance(m, nn.LoraLinear)
+    ]
     assert len(adapted) == len(TARGETS)
     assert all(np.abs(np.asarray(m.lora_b.array)).max() > 0 for m in adapted)  # trained away from B = 0
 
@@ -230,9 +255,11 @@ def _adapter_bytes(folder: Path) -> int:
     """Bytes of the adapters, from the folder's config.json alone: per layer and target, r·(in + out) float32s."""
     c = json.loads((folder / "config.json").read_text())
     hd = c["hidden_size"] // c["num_attention_heads"]
-    sides = {"q_proj": (c["hidden_size"], c["num_attention_heads"] * hd),
-             "v_proj": (c["hidden_size"], c["num_key_value_heads"] * hd),
-             "down_proj": (c["intermediate_size"], c["hidden_size"])}
+    sides = {
+        "q_proj": (c["hidden_size"], c["num_attention_heads"] * hd),
+        "v_proj": (c["hidden_size"], c["num_key_value_heads"] * hd),
+        "down_proj": (c["intermediate_size"], c["hidden_size"]),
+    }
     return c["num_hidden_layers"] * sum(RANK * (i + o) for i, o in (sides[t] for t in TARGETS)) * 4
 
 
@@ -248,7 +275,9 @@ def test_the_optimizer_state_holds_only_the_adapters(lora_run, folder):
     assert len(opt) == 2 * 2 * len(TARGETS)  # mu and nu of each A and B
     assert all(r["path"].endswith(("lora_a", "lora_b")) for r in opt)
     assert nbytes(opt) == 2 * _adapter_bytes(folder)  # two Adam moments of the adapters, nothing else
-    assert nbytes(model) == sum(v.nbytes for v in load_file(folder / "model.safetensors").values()) + _adapter_bytes(folder)
+    assert nbytes(model) == sum(v.nbytes for v in load_file(folder / "model.safetensors").values()) + _adapter_bytes(
+        folder
+    )
 
 
 def test_a_resumed_lora_run_is_bitwise_the_uninterrupted_one(lora_run, yaml_file, tmp_path):
@@ -262,12 +291,24 @@ def test_a_resumed_lora_run_is_bitwise_the_uninterrupted_one(lora_run, yaml_file
 
 
 def test_a_bfloat16_base_keeps_adapters_and_norms_in_float32(yaml_file, folder, tmp_path):
-    cfg = load_config(yaml_file, ["--trainer.run_dir", str(tmp_path / "bf16"), "--trainer.num_train_steps", "2",
-                                  "--lora.base_dtype", "bfloat16"])
+    cfg = load_config(
+        yaml_file,
+        [
+            "--trainer.run_dir",
+            str(tmp_path / "bf16"),
+            "--trainer.num_train_steps",
+            "2",
+            "--lora.base_dtype",
+            "bfloat16",
+        ],
+    )
     result = train(cfg)
     assert all(math.isfinite(x) for x in result.losses)
     model = result.model
-    dtypes = {jax.tree_util.keystr(p): x.dtype for p, x in jax.tree_util.tree_leaves_with_path(model, is_leaf=nm.is_named_array)}
+    dtypes = {
+        jax.tree_util.keystr(p): x.dtype
+        for p, x in jax.tree_util.tree_leaves_with_path(model, is_leaf=nm.is_named_array)
+    }
     assert dtypes[".layers.stacked.self_attn.q_proj.linear.weight"] == jnp.bfloat16
     assert dtypes[".embed_tokens.weight"] == jnp.bfloat16
     assert dtypes[".layers.stacked.self_attn.q_proj.lora_a"] == jnp.float32
@@ -290,19 +331,27 @@ def test_bad_lora_sections_are_refused_before_anything_is_written(yaml_file, tmp
             train(load_config(yaml_file, ["--trainer.run_dir", str(run), *args]))
         assert not run.exists()
 
-    refused(r"lora.targets: 'c_attn', 'wq' are not a linear module of the llama model; its linear modules: "
-            r"q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj", "--lora.targets", "[q_proj, c_attn, wq]")
+    refused(
+        r"lora.targets: 'c_attn', 'wq' are not a linear module of the llama model; its linear modules: "
+        r"q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj",
+        "--lora.targets",
+        "[q_proj, c_attn, wq]",
+    )
     refused(r"lora.rank must be >= 1, got 0", "--lora.rank", "0")
     # v_proj maps hidden 32 -> kv_heads 2 x head_size 8 = 16
-    refused(r"lora.rank=17 is larger than v_proj \(layers.stacked.self_attn.v_proj: in 32, out 16\)", "--lora.rank", "17")
+    refused(
+        r"lora.rank=17 is larger than v_proj \(layers.stacked.self_attn.v_proj: in 32, out 16\)", "--lora.rank", "17"
+    )
     refused(r"lora.base_dtype must be one of float32, bfloat16", "--lora.base_dtype", "float16")
     refused(r"lora.dropout must be in \[0, 1\)", "--lora.dropout", "1.0")
     refused(r"lora.targets must be non-empty", "--lora.targets", "[]")
 
 
 def test_gpt2_targets_are_its_hf_module_names():
-    cfg = load_config("config/gpt2_nano.yaml", ["--lora.targets", "[c_attn, c_proj]", "--lora.rank", "2",
-                                                "--trainer.sample_interval", "0"])
+    cfg = load_config(
+        "config/gpt2_nano.yaml",
+        ["--lora.targets", "[c_attn, c_proj]", "--lora.rank", "2", "--trainer.sample_interval", "0"],
+    )
     s = check_against_devices(cfg)
     block = s.shapes.blocks.stacked
     # c_proj names both projections, as in PEFT's target_modules (attn.c_proj and mlp.c_proj)

@@ -92,7 +92,9 @@ def test_cross_entropy_gradient_matches_reference():
     hidden, w, targets, mask = _data()
     logits = hidden @ w
     tg, m = nm.named(targets, "batch position"), nm.named(mask, "batch position")
-    got = jax.grad(lambda x: cross_entropy_loss(x, tg, where=m, z_loss_weight=1e-3).array)(nm.named(logits, "batch position vocab"))
+    got = jax.grad(lambda x: cross_entropy_loss(x, tg, where=m, z_loss_weight=1e-3).array)(
+        nm.named(logits, "batch position vocab")
+    )
     want = jax.grad(lambda x: ref_loss(x, targets, mask, z=1e-3))(logits)
     assert got.names == ("batch", "position", "vocab")
     np.testing.assert_allclose(got.array, want, **TOL)
@@ -181,7 +183,9 @@ def test_blockwise_value_and_gradients_equal_naive(block_size, reduction):
     z = 1e-3
 
     def blockwise(h, w_):
-        out = blockwise_cross_entropy_loss(h, w_, nt, where=nmask, block_size=block_size, reduction=reduction, z_loss_weight=z)
+        out = blockwise_cross_entropy_loss(
+            h, w_, nt, where=nmask, block_size=block_size, reduction=reduction, z_loss_weight=z
+        )
         return out.array if reduction == "mean" else (out.array * cot).sum()
 
     def reference(h, w_):  # positional, independent of named
@@ -198,14 +202,22 @@ def test_blockwise_value_and_gradients_equal_naive(block_size, reduction):
 
     # and the naive named loss on materialised logits agrees with it too
     naive = cross_entropy_loss(nm.dot(nh, nw, axis="embed"), nt, where=nmask, reduction=reduction, z_loss_weight=z)
-    np.testing.assert_allclose(naive.array, blockwise_cross_entropy_loss(nh, nw, nt, where=nmask, block_size=block_size, reduction=reduction, z_loss_weight=z).array, **TOL)
+    np.testing.assert_allclose(
+        naive.array,
+        blockwise_cross_entropy_loss(
+            nh, nw, nt, where=nmask, block_size=block_size, reduction=reduction, z_loss_weight=z
+        ).array,
+        **TOL,
+    )
 
 
 def test_blockwise_with_tied_embedding_layout_and_next_token():
     hidden, w, ids, mask = _data()
     nh = nm.named(hidden, "batch position embed")
     table = nm.named(w.T.copy(), "vocab embed")  # Embedding.weight layout: (vocab, embed)
-    got = blockwise_next_token_loss(nh, table, nm.named(ids, "batch position"), loss_mask=nm.named(mask, "batch position"), block_size=6)
+    got = blockwise_next_token_loss(
+        nh, table, nm.named(ids, "batch position"), loss_mask=nm.named(mask, "batch position"), block_size=6
+    )
     want = ref_loss((hidden @ w)[:, :-1], ids[:, 1:], mask[:, :-1])
     np.testing.assert_allclose(got.array, want, **TOL)
 
@@ -248,12 +260,19 @@ def _all_avals(jaxpr):
 def _all_reduces_of(hlo, shape):
     """The all-reduce instructions of ``hlo`` whose result holds an f32 array of ``shape``."""
     pattern = "f32[" + ",".join(map(str, shape)) + "]"
-    return [ln for ln in hlo.splitlines() if " all-reduce(" in ln and pattern in ln.split(" all-reduce(")[0].split("=", 1)[-1]]
+    return [
+        ln
+        for ln in hlo.splitlines()
+        if " all-reduce(" in ln and pattern in ln.split(" all-reduce(")[0].split("=", 1)[-1]
+    ]
 
 
 def _hlo_shapes(text):
     """Every array shape in an HLO module's text, as tuples of dims."""
-    return [tuple(int(d) for d in dims.split(",") if d) for dims in re.findall(r"\b(?:f32|bf16|f16|s32|pred)\[([\d,]*)\]", text)]
+    return [
+        tuple(int(d) for d in dims.split(",") if d)
+        for dims in re.findall(r"\b(?:f32|bf16|f16|s32|pred)\[([\d,]*)\]", text)
+    ]
 
 
 def test_blockwise_never_materialises_tokens_by_vocab():
@@ -265,8 +284,12 @@ def test_blockwise_never_materialises_tokens_by_vocab():
     def grads(loss_fn):
         return jax.value_and_grad(loss_fn, argnums=(0, 1))
 
-    blockwise = grads(lambda h, w_: blockwise_cross_entropy_loss(h, w_, nt, where=nmask, block_size=BS, z_loss_weight=1e-4).array)
-    naive = grads(lambda h, w_: cross_entropy_loss(nm.dot(h, w_, axis="embed"), nt, where=nmask, z_loss_weight=1e-4).array)
+    blockwise = grads(
+        lambda h, w_: blockwise_cross_entropy_loss(h, w_, nt, where=nmask, block_size=BS, z_loss_weight=1e-4).array
+    )
+    naive = grads(
+        lambda h, w_: cross_entropy_loss(nm.dot(h, w_, axis="embed"), nt, where=nmask, z_loss_weight=1e-4).array
+    )
 
     def largest_in_jaxpr(f):
         return max(int(np.prod(a.shape)) for a in _all_avals(jax.make_jaxpr(f)(nh, nw).jaxpr) if hasattr(a, "shape"))
@@ -348,7 +371,9 @@ def test_vocab_parallel_equals_single_device(mesh_name, kind):
     assert not [s for s in shapes if V in s], f"a full-vocab buffer: {sorted({s for s in shapes if V in s})}"
     assert any(V // tp in s for s in shapes)
     assert "all-gather" not in hlo
-    assert _all_reduces_of(hlo, (B // mesh_shape.get("data", 1), T)), "no [batch, position] all-reduce: not vocab-parallel"
+    assert _all_reduces_of(hlo, (B // mesh_shape.get("data", 1), T)), (
+        "no [batch, position] all-reduce: not vocab-parallel"
+    )
 
 
 def test_vocab_parallel_naive_logits_stay_sharded_in_the_hlo():

@@ -11,23 +11,30 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from named.trainer.config import load_config
-from named.trainer.commands.plan import train_step_report
-from named.trainer.loop.train import train
-
 from test_loss import _hlo_shapes
+
+from named.trainer.commands.plan import train_step_report
+from named.trainer.config import load_config
+from named.trainer.loop.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
 FSDP = {"mesh.shape": "{data: 8}", "mesh.param_mapping": "{embed: data}", "mesh.compute_mapping": "{batch: data}"}
 # Megatron's vocab-parallel loss: the head's vocab split over `model`, each block spread over both devices
-VOCAB_PARALLEL = {"mesh.shape": "{data: 4, model: 2}", "mesh.param_mapping": "{vocab: model}",
-                  "mesh.compute_mapping": "{batch: data, vocab: model}"}
+VOCAB_PARALLEL = {
+    "mesh.shape": "{data: 4, model: 2}",
+    "mesh.param_mapping": "{vocab: model}",
+    "mesh.compute_mapping": "{batch: data, vocab: model}",
+}
 TINY = {
     "gpt2_nano.yaml": {"model.n_layer": 1, "model.n_head": 2, "model.n_embd": 32, "model.n_positions": 64},
     # a soft-cap well below the logits it meets, so that a loss without it would differ
-    "gemma2_tiny.yaml": {"model.hidden_size": 32, "model.intermediate_size": 48, "model.num_hidden_layers": 2,
-                         "model.max_position_embeddings": 64, "model.final_logit_softcapping": 0.05},
+    "gemma2_tiny.yaml": {
+        "model.hidden_size": 32,
+        "model.intermediate_size": 48,
+        "model.num_hidden_layers": 2,
+        "model.max_position_embeddings": 64,
+        "model.final_logit_softcapping": 0.05,
+    },
 }
 # config, overrides, block size (the byte tokenizer's vocabulary is 384 after rounding up)
 CASES = {
@@ -39,19 +46,34 @@ CASES = {
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("corpus")
-    (d / "code.txt").write_text("\n".join(f"def g_{i}(a, b):\n    return a * {i} - b // {i % 5 + 1}\n" for i in range(300)))
+    (d / "code.txt").write_text(
+        "\n".join(f"def g_{i}(a, b):\n    return a * {i} - b // {i % 5 + 1}\n" for i in range(300))
+    )
     return d
 
 
 def _run(corpus: Path, run_dir: Path, config: str, **over) -> tuple[list[float], float]:
     """Three steps, then one eval batch: the train losses and the eval loss."""
     args = {
-        "trainer.num_train_steps": 3, "trainer.train_batch_size": 16, "trainer.log_interval": 1,
-        "trainer.eval_interval": 3, "trainer.eval_batches": 1, "trainer.sample_interval": 0,
-        "trainer.progress_bar": "false", "trainer.run_dir": str(run_dir), "trainer.load_checkpoint": "null",
-        "optimizer.warmup_steps": 1, "optimizer.learning_rate": 0.003, "data.train": f"[{corpus / 'code.txt'}]",
-        "data.seq_len": 32, "data.val_fraction": 0.05, "data.cache_dir": str(corpus / "cache"),
-        "checkpoint.save_at_end": "false", "tracker.console": "false", **TINY[config], **over,
+        "trainer.num_train_steps": 3,
+        "trainer.train_batch_size": 16,
+        "trainer.log_interval": 1,
+        "trainer.eval_interval": 3,
+        "trainer.eval_batches": 1,
+        "trainer.sample_interval": 0,
+        "trainer.progress_bar": "false",
+        "trainer.run_dir": str(run_dir),
+        "trainer.load_checkpoint": "null",
+        "optimizer.warmup_steps": 1,
+        "optimizer.learning_rate": 0.003,
+        "data.train": f"[{corpus / 'code.txt'}]",
+        "data.seq_len": 32,
+        "data.val_fraction": 0.05,
+        "data.cache_dir": str(corpus / "cache"),
+        "checkpoint.save_at_end": "false",
+        "tracker.console": "false",
+        **TINY[config],
+        **over,
     }
     result = train(load_config(ROOT / "config" / config, [x for k, v in args.items() for x in (f"--{k}", str(v))]))
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -72,15 +94,34 @@ def test_compiled_step_holds_no_full_logits():
     # A config whose logits dominate: one device's [1, 64, 8192] float32 logits are 2 MiB, the
     # whole FSDP-sharded model (with gradients and Adam's moments) well under 1 MiB per device.
     B, T, V = 8, 64, 8192
-    args = ["--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32", "--model.n_positions", str(T),
-            "--trainer.sample_interval", "0",
-            "--model.vocab_size", str(V), "--data.seq_len", str(T), "--trainer.train_batch_size", str(B),
-            *[a for k, v in FSDP.items() for a in (f"--{k}", v)]]
-    full, block = (train_step_report(load_config(ROOT / "config/gpt2_nano.yaml", args + extra))
-                   for extra in ([], ["--trainer.loss_block_size", "512"]))
+    args = [
+        "--model.n_layer",
+        "1",
+        "--model.n_head",
+        "2",
+        "--model.n_embd",
+        "32",
+        "--model.n_positions",
+        str(T),
+        "--trainer.sample_interval",
+        "0",
+        "--model.vocab_size",
+        str(V),
+        "--data.seq_len",
+        str(T),
+        "--trainer.train_batch_size",
+        str(B),
+        *[a for k, v in FSDP.items() for a in (f"--{k}", v)],
+    ]
+    full, block = (
+        train_step_report(load_config(ROOT / "config/gpt2_nano.yaml", args + extra))
+        for extra in ([], ["--trainer.loss_block_size", "512"])
+    )
     logits = B // 8 * T * V  # elements on one device
-    print(f"peak per device: full logits {full.peak_bytes / 2**20:.2f} MiB, "
-          f"blocks of 512 {block.peak_bytes / 2**20:.2f} MiB; the logits {4 * logits / 2**20:.2f} MiB")
+    print(
+        f"peak per device: full logits {full.peak_bytes / 2**20:.2f} MiB, "
+        f"blocks of 512 {block.peak_bytes / 2**20:.2f} MiB; the logits {4 * logits / 2**20:.2f} MiB"
+    )
     assert full.peak_bytes - block.peak_bytes >= 4 * logits
     largest = {name: max(int(np.prod(s)) for s in _hlo_shapes(r.hlo)) for name, r in (("full", full), ("block", block))}
     assert largest["full"] >= logits > largest["block"], largest  # the detector finds them in the full step

@@ -81,8 +81,10 @@ def test_another_seed_gives_another_order(uninterrupted):
 
 @pytest.mark.parametrize("processes", [2, 4])
 def test_processes_read_disjoint_rows_that_make_the_global_batch(uninterrupted, processes):
-    shares = [TrainBatches(mixture(), batch_size=B, seed=3, process_index=p, process_count=processes)
-              for p in range(processes)]
+    shares = [
+        TrainBatches(mixture(), batch_size=B, seed=3, process_index=p, process_count=processes)
+        for p in range(processes)
+    ]
     for step in (0, 9, STEPS_PER_BLOCK + 3):
         parts = [s.batch_at(step) for s in shares]
         assert all(len(p.input_ids) == B // processes for p in parts)
@@ -151,10 +153,14 @@ def test_eval_loss_of_a_mixture_stands_for_every_source():
 
     from named.trainer.loop.train import eval_losses
 
-    flat = {"small": Sequences(TokenStream([np.full(7 * SEQ, 10, np.uint32)], EOS), SEQ),
-            "large": Sequences(TokenStream([np.full(60 * SEQ, 20, np.uint32)], EOS), SEQ)}
+    flat = {
+        "small": Sequences(TokenStream([np.full(7 * SEQ, 10, np.uint32)], EOS), SEQ),
+        "large": Sequences(TokenStream([np.full(60 * SEQ, 20, np.uint32)], EOS), SEQ),
+    }
     for eval_batches in (1, 2, 0):
-        got = eval_losses(_row_values, _validation(flat), SimpleNamespace(eval_batches=eval_batches, train_batch_size=4))
+        got = eval_losses(
+            _row_values, _validation(flat), SimpleNamespace(eval_batches=eval_batches, train_batch_size=4)
+        )
         assert got == {"loss": pytest.approx(_exact(flat), rel=1e-12), "small/loss": 10.0, "large/loss": 20.0}
     # Rows that differ: with every batch evaluated, the overall loss is the loss over all rows.
     varied = {"a": labelled(1, 9), "b": labelled(2, 30)}
@@ -175,9 +181,11 @@ def _files(tmp_path: Path) -> dict[str, Path]:
 
 def test_build_data_gives_a_mixture_and_per_source_validation(tmp_path):
     f = _files(tmp_path)
-    sources = [{"name": "web", "paths": [str(f["web"])], "weight": 3},
-               {"name": "code", "paths": [str(f["code"])], "weight": 1, "text_field": "content"},
-               {"name": "off", "paths": [str(tmp_path / "absent-but-unread.txt")], "weight": 0}]
+    sources = [
+        {"name": "web", "paths": [str(f["web"])], "weight": 3},
+        {"name": "code", "paths": [str(f["code"])], "weight": 1, "text_field": "content"},
+        {"name": "off", "paths": [str(tmp_path / "absent-but-unread.txt")], "weight": 0},
+    ]
     common = {"seq_len": 16, "val_fraction": 0.1, "cache_dir": str(tmp_path / "cache")}
     data = build_data(DataConfig(train=sources, **common), ByteTokenizer())
     assert isinstance(data.train, Mixture) and data.train.names == ["web", "code"]
@@ -199,10 +207,13 @@ def test_mixture_from_yaml_through_load_config(tmp_path):
     yaml_text = (ROOT / "config/gpt2_nano.yaml").read_text()
     cfg_path = tmp_path / "mix.yaml"
     cfg_path.write_text(yaml_text)
-    mix = (f"[{{name: web, paths: [{f['web']}], weight: 2}}, "
-           f"{{name: code, paths: [{f['code']}], weight: 1, text_field: content}}]")
-    cfg = load_config(cfg_path, ["--data.train", mix, "--data.cache_dir", str(tmp_path / "cache"),
-                                 "--data.seq_len", "16"])
+    mix = (
+        f"[{{name: web, paths: [{f['web']}], weight: 2}}, "
+        f"{{name: code, paths: [{f['code']}], weight: 1, text_field: content}}]"
+    )
+    cfg = load_config(
+        cfg_path, ["--data.train", mix, "--data.cache_dir", str(tmp_path / "cache"), "--data.seq_len", "16"]
+    )
     assert [s.name for s in cfg.data.sources("train")] == ["web", "code"]
     data = build_data(cfg.data, ByteTokenizer())
     assert isinstance(data.train, Mixture) and data.train.weights == [2.0, 1.0]
@@ -212,14 +223,32 @@ def test_trainer_logs_tokens_and_eval_loss_per_source(tmp_path):
     from named.trainer.loop.train import train
 
     f = _files(tmp_path)
-    mix = (f"[{{name: web, paths: [{f['web']}], weight: 3}}, "
-           f"{{name: code, paths: [{f['code']}], weight: 1, text_field: content}}]")
-    over = {"trainer.num_train_steps": 2, "trainer.train_batch_size": 8, "trainer.log_interval": 1,
-            "trainer.eval_interval": 2, "trainer.eval_batches": 1, "trainer.sample_interval": 0,
-            "trainer.progress_bar": "false", "trainer.run_dir": str(tmp_path / "run"), "model.n_layer": 1,
-            "model.n_head": 2, "model.n_embd": 16, "model.n_positions": 32, "data.train": mix, "data.seq_len": 16,
-            "data.val_fraction": 0.1, "data.cache_dir": str(tmp_path / "cache"), "optimizer.warmup_steps": 0,
-            "checkpoint.interval": 0, "checkpoint.save_at_end": "false", "tracker.console": "false"}
+    mix = (
+        f"[{{name: web, paths: [{f['web']}], weight: 3}}, "
+        f"{{name: code, paths: [{f['code']}], weight: 1, text_field: content}}]"
+    )
+    over = {
+        "trainer.num_train_steps": 2,
+        "trainer.train_batch_size": 8,
+        "trainer.log_interval": 1,
+        "trainer.eval_interval": 2,
+        "trainer.eval_batches": 1,
+        "trainer.sample_interval": 0,
+        "trainer.progress_bar": "false",
+        "trainer.run_dir": str(tmp_path / "run"),
+        "model.n_layer": 1,
+        "model.n_head": 2,
+        "model.n_embd": 16,
+        "model.n_positions": 32,
+        "data.train": mix,
+        "data.seq_len": 16,
+        "data.val_fraction": 0.1,
+        "data.cache_dir": str(tmp_path / "cache"),
+        "optimizer.warmup_steps": 0,
+        "checkpoint.interval": 0,
+        "checkpoint.save_at_end": "false",
+        "tracker.console": "false",
+    }
     args = [a for k, v in over.items() for a in (f"--{k}", str(v))]
     cfg = load_config(ROOT / "config/gpt2_nano.yaml", args)
     train(cfg)
@@ -229,9 +258,12 @@ def test_trainer_logs_tokens_and_eval_loss_per_source(tmp_path):
     block = TrainBatches(build_data(cfg.data).train, batch_size=8, seed=cfg.trainer.seed)
     for r in logged:
         assert {k: v for k, v in r.items() if k.startswith("train/tokens/")} == {
-            f"train/{k}": v for k, v in block.tokens_by_source(r["step"]).items()}
+            f"train/{k}": v for k, v in block.tokens_by_source(r["step"]).items()
+        }
         assert sum(v for k, v in r.items() if k.startswith("train/tokens/")) == r["step"] * 8 * 16
     evals = [r for r in rows if "eval/loss" in r]
     assert evals and all(np.isfinite(r["eval/web/loss"]) and np.isfinite(r["eval/code/loss"]) for r in evals)
     for r in evals:  # both sources count in the overall loss, not the first one alone
-        assert min(r["eval/web/loss"], r["eval/code/loss"]) < r["eval/loss"] < max(r["eval/web/loss"], r["eval/code/loss"])
+        assert (
+            min(r["eval/web/loss"], r["eval/code/loss"]) < r["eval/loss"] < max(r["eval/web/loss"], r["eval/code/loss"])
+        )

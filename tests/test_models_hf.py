@@ -12,12 +12,22 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from _hf_models import (
+    CONFIGS,
+    GPT2,
+    build,
+    forward,
+    gradient_errors,
+    hf_logits,
+    load_hf,
+    named_ids,
+    random_ids,
+    random_model,
+)
 from safetensors.numpy import load_file, save_file
 
 from named import models
 from named.models import CheckpointFormatError, Gpt2Config, Gpt2LMHeadModel, LlamaConfig, LlamaLMHeadModel
-
-from _hf_models import CONFIGS, GPT2, build, forward, gradient_errors, hf_logits, load_hf, named_ids, random_ids, random_model
 
 BATCH, SEQ = 2, 13
 
@@ -136,21 +146,29 @@ def test_packed_documents_equal_separate_documents(kind):
         config = Gpt2Config(n_layer=2, n_head=4, n_embd=48, n_positions=32, vocab_size=97)
         model = random_model(Gpt2LMHeadModel, config)
     else:
-        config = LlamaConfig(hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4,
-                             num_key_value_heads=2, vocab_size=97, max_position_embeddings=32)
+        config = LlamaConfig(
+            hidden_size=48,
+            intermediate_size=80,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=97,
+            max_position_embeddings=32,
+        )
         model = random_model(LlamaLMHeadModel, config)
     docs = [random_ids(97, (n,), seed=n) for n in (5, 7, 4, 8)]
     packed = np.stack([np.concatenate(docs[:2]), np.concatenate(docs[2:])])  # two rows of 12
     segments = np.array([[0] * 5 + [1] * 7, [3] * 4 + [4] * 8], dtype=np.int32)
-    together = eqx.filter_jit(lambda m, ids, seg: m(ids, segment_ids=seg).rearrange(("batch", "position", "vocab")).array)(
-        model, named_ids(packed), named_ids(segments))
+    together = eqx.filter_jit(
+        lambda m, ids, seg: m(ids, segment_ids=seg).rearrange(("batch", "position", "vocab")).array
+    )(model, named_ids(packed), named_ids(segments))
     together = np.asarray(together)
     # each document alone, at the start of a row: the filler after it cannot reach it (causal)
     alone = np.stack([np.concatenate([d, np.zeros(12 - len(d), np.int32)]) for d in docs])
     alone = np.asarray(forward(model, named_ids(alone)))
     for d, (row, start) in enumerate([(0, 0), (0, 5), (1, 0), (1, 4)]):
         n = len(docs[d])
-        np.testing.assert_allclose(together[row, start:start + n], alone[d, :n], atol=1e-5, rtol=0)
+        np.testing.assert_allclose(together[row, start : start + n], alone[d, :n], atol=1e-5, rtol=0)
     # without segment ids the second document would see the first: the test can fail
     unsegmented = np.asarray(forward(model, named_ids(packed)))
     assert np.abs(unsegmented[0, 5:] - alone[1, :7]).max() > 1e-3
@@ -189,8 +207,16 @@ def test_num_params_and_flops_closed_forms():
     D, I, L, V = 4096, 11008, 32, 32000
     assert models.flops_per_token(lcfg, 4096) == 6 * (L * (4 * D * D + 3 * D * I) + D * V) + 12 * L * D * 4096
     # GQA and a head_dim of its own: q/o use heads*head_dim, k/v kv_heads*head_dim
-    gqa = LlamaConfig(hidden_size=64, intermediate_size=100, num_hidden_layers=3, num_attention_heads=8,
-                      num_key_value_heads=2, head_dim=16, vocab_size=50, tie_word_embeddings=True)
+    gqa = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=100,
+        num_hidden_layers=3,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=50,
+        tie_word_embeddings=True,
+    )
     per_layer = 64 * 128 + 2 * 64 * 32 + 128 * 64 + 3 * 64 * 100
     assert models.num_params(gqa) == 50 * 64 + 3 * (per_layer + 2 * 64) + 64
     assert models.flops_per_token(gqa, 10) == 6 * (3 * per_layer + 64 * 50) + 12 * 3 * 128 * 10
@@ -248,13 +274,16 @@ def test_wrong_shape(good_folder, tmp_path):
     assert "'transformer.h.0.attn.c_attn.weight' has shape [24, 8], expected [8, 24]" in msg
 
 
-@pytest.mark.parametrize("field, value, expect", [
-    ("model_type", "deepseek_v3", "unsupported model_type 'deepseek_v3'"),
-    ("architectures", ["GPT2ForSequenceClassification"], "unsupported architectures"),
-    ("scale_attn_by_inverse_layer_idx", True, "unsupported scale_attn_by_inverse_layer_idx=True"),
-    ("activation_function", "swiglu_v9", "unsupported activation_function='swiglu_v9'"),
-    ("n_embd", "eight", "field 'n_embd' should be int"),
-])
+@pytest.mark.parametrize(
+    "field, value, expect",
+    [
+        ("model_type", "deepseek_v3", "unsupported model_type 'deepseek_v3'"),
+        ("architectures", ["GPT2ForSequenceClassification"], "unsupported architectures"),
+        ("scale_attn_by_inverse_layer_idx", True, "unsupported scale_attn_by_inverse_layer_idx=True"),
+        ("activation_function", "swiglu_v9", "unsupported activation_function='swiglu_v9'"),
+        ("n_embd", "eight", "field 'n_embd' should be int"),
+    ],
+)
 def test_unsupported_config(good_folder, tmp_path, field, value, expect):
     msg = _error(_copy(good_folder, tmp_path, edit_config=lambda c: c.__setitem__(field, value)))
     assert expect in msg and "config.json" in msg
@@ -267,15 +296,25 @@ def test_missing_config_field(good_folder, tmp_path, field):
 
 
 def test_llama_config_fields(tmp_path):
-    base = dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=16, intermediate_size=24,
-                num_hidden_layers=1, num_attention_heads=2, vocab_size=10, max_position_embeddings=8)
+    base = dict(
+        model_type="llama",
+        architectures=["LlamaForCausalLM"],
+        hidden_size=16,
+        intermediate_size=24,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        vocab_size=10,
+        max_position_embeddings=8,
+    )
     (tmp_path / "config.json").write_text(json.dumps({**base, "rope_theta": 123.0}))  # pre-v5 layout
     config = models.config_from_hf(tmp_path)
     assert config.rope_theta == 123.0 and config.num_key_value_heads == 2 and not config.tie_word_embeddings
     (tmp_path / "config.json").write_text(json.dumps({**base, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}))
     with pytest.raises(CheckpointFormatError, match=r"missing field 'rope_scaling.low_freq_factor'"):
         models.config_from_hf(tmp_path)  # llama3 reads four fields, all required
-    (tmp_path / "config.json").write_text(json.dumps({**base, "rope_scaling": {"rope_type": "longrope", "factor": 8.0}}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({**base, "rope_scaling": {"rope_type": "longrope", "factor": 8.0}})
+    )
     with pytest.raises(CheckpointFormatError, match=r"unsupported rope_scaling.rope_type='longrope'"):
         models.config_from_hf(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({**base, "mlp_bias": True}))

@@ -7,24 +7,34 @@ import equinox as eqx
 import jax
 import numpy as np
 import pytest
+from _hf_models import random_model
 
 import named as nm
 from named import models
 from named.models import Gpt2Config, Gpt2LMHeadModel, LlamaConfig, LlamaLMHeadModel
 
-from _hf_models import random_model
-
 TP = {"mlp": "model", "heads": "model"}
 LAYOUTS = {  # mesh, parameter mapping, compute mapping
     "fsdp": ({"data": 8}, {"embed": "data"}, {"batch": "data"}),
     "tp": ({"model": 8}, TP, TP),
-    "fsdp+tp-4x2": ({"data": 4, "model": 2}, {"embed": "data", **TP, "kv_heads": "model"},
-                    {"batch": "data", **TP, "kv_heads": "model"}),
+    "fsdp+tp-4x2": (
+        {"data": 4, "model": 2},
+        {"embed": "data", **TP, "kv_heads": "model"},
+        {"batch": "data", **TP, "kv_heads": "model"},
+    ),
 }
 CONFIGS = {  # 8 heads and an MLP width divisible by 8; 4 kv heads (sharded only on the 4×2 mesh)
     "gpt2": Gpt2Config(n_layer=2, n_head=8, n_embd=48, n_positions=16, vocab_size=97, tie_word_embeddings=False),
-    "llama": LlamaConfig(hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=8,
-                         num_key_value_heads=4, vocab_size=97, max_position_embeddings=16, tie_word_embeddings=True),
+    "llama": LlamaConfig(
+        hidden_size=48,
+        intermediate_size=80,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        vocab_size=97,
+        max_position_embeddings=16,
+        tie_word_embeddings=True,
+    ),
 }
 
 
@@ -54,10 +64,11 @@ def test_sharded_load_and_forward_match_single_device(saved, layout, tmp_path):
     some = [x for x in jax.tree.leaves(sharded, is_leaf=nm.is_named_array) if x.array.sharding.spec != (None,) * x.ndim]
     assert len(some) >= 4  # not everything stayed replicated
 
-    forward = nm.named_jit(lambda m, x: m(x).rearrange(("batch", "position", "vocab")),
-                           mapping=compute_map, mesh=mesh)
+    forward = nm.named_jit(lambda m, x: m(x).rearrange(("batch", "position", "vocab")), mapping=compute_map, mesh=mesh)
     logits = forward(sharded, nm.shard(ids, compute_map, mesh))
-    np.testing.assert_allclose(np.asarray(logits.array), expected, atol=1e-5, rtol=1e-5)  # f32 sums in another order: ~5e-6 relative seen
+    np.testing.assert_allclose(
+        np.asarray(logits.array), expected, atol=1e-5, rtol=1e-5
+    )  # f32 sums in another order: ~5e-6 relative seen
     if "batch" in compute_map:
         assert logits.array.sharding.spec[0] == "data"
 

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from _hf_models import _SMALL, forward, hf_logits, load_hf, named_ids, random_ids
 
 import named as nm
 from named import models, nn
@@ -26,8 +27,6 @@ from named.models import CheckpointFormatError
 from named.trainer.commands import cli
 from named.trainer.config import load_config
 from named.trainer.loop.train import train
-
-from _hf_models import _SMALL, forward, hf_logits, load_hf, named_ids, random_ids
 
 ROOT = Path(__file__).resolve().parents[1]
 Embed, Mlp, Experts = nm.Axis("embed", 16), nm.Axis("mlp", 24), nm.Axis("experts", 8)
@@ -48,10 +47,12 @@ def _silu(z):
 
 def _arrays(moe: nn.MoE):
     e = moe.experts.stacked
-    return (np.asarray(moe.router.weight.rearrange(("embed", "experts")).array),
-            np.asarray(e.gate.weight.rearrange(("experts", "embed", "mlp")).array),
-            np.asarray(e.up.weight.rearrange(("experts", "embed", "mlp")).array),
-            np.asarray(e.down.weight.rearrange(("experts", "mlp", "embed")).array))
+    return (
+        np.asarray(moe.router.weight.rearrange(("embed", "experts")).array),
+        np.asarray(e.gate.weight.rearrange(("experts", "embed", "mlp")).array),
+        np.asarray(e.up.weight.rearrange(("experts", "embed", "mlp")).array),
+        np.asarray(e.down.weight.rearrange(("experts", "mlp", "embed")).array),
+    )
 
 
 def numpy_moe(moe: nn.MoE, x: np.ndarray) -> np.ndarray:
@@ -61,7 +62,7 @@ def numpy_moe(moe: nn.MoE, x: np.ndarray) -> np.ndarray:
     probs = _softmax(logits)
     y = np.zeros_like(x)
     for t in range(x.shape[0]):
-        top = np.argsort(-probs[t], kind="stable")[:moe.top_k]
+        top = np.argsort(-probs[t], kind="stable")[: moe.top_k]
         w = _softmax(logits[t, top]) if moe.routing == "topk_softmax" else probs[t, top]
         if moe.routing == "softmax_topk" and moe.normalize:
             w = w / w.sum()
@@ -89,13 +90,16 @@ def _flat(y: nm.NamedArray) -> np.ndarray:
     return np.asarray(y.rearrange(("batch", "position", "embed")).array).reshape(-1, Embed.size)
 
 
-@pytest.mark.parametrize("kw", [
-    dict(top_k=2),
-    dict(top_k=3, normalize=False),
-    dict(top_k=2, routing="topk_softmax"),
-    dict(top_k=1, shared_mlp=nm.Axis("mlp", 12), shared_gate=True),
-    dict(top_k=2, shared_mlp=nm.Axis("mlp", 12)),
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(top_k=2),
+        dict(top_k=3, normalize=False),
+        dict(top_k=2, routing="topk_softmax"),
+        dict(top_k=1, shared_mlp=nm.Axis("mlp", 12), shared_gate=True),
+        dict(top_k=2, shared_mlp=nm.Axis("mlp", 12)),
+    ],
+)
 @pytest.mark.parametrize("dispatch", ["dropless", "dense"])
 def test_layer_equals_numpy_token_by_token(kw, dispatch):
     moe = dataclasses.replace(_layer(**kw), dispatch=dispatch)
@@ -120,17 +124,22 @@ def test_router_losses_equal_transformers_and_st_moe():
     theirs = load_balancing_loss_func((torch.tensor(logits),), Experts.size, 2)
     assert float(losses["load_balancing"]) == pytest.approx(float(theirs), rel=1e-5)
     lse = np.log(np.exp(logits).sum(-1))
-    assert float(losses["router_z"]) == pytest.approx(float((lse ** 2).mean()), rel=1e-5)
+    assert float(losses["router_z"]) == pytest.approx(float((lse**2).mean()), rel=1e-5)
     # the loss is k when the load is even and grows as it gathers on few experts
     even = nm.named(jnp.zeros((64, 8)), ("tokens", "experts"))
     ids = nm.named(jnp.stack([jnp.arange(64) % 8, (jnp.arange(64) + 1) % 8], -1), ("tokens", "topk"))
     assert float(nn.load_balancing_loss(nm.softmax(even, "experts"), ids)) == pytest.approx(2.0)
 
 
-@pytest.mark.parametrize("bad, match", [
-    (dict(top_k=9), "top_k=9 must be an int in"), (dict(routing="sigmoid"), "routing='sigmoid'"),
-    (dict(dispatch="capacity"), "dispatch='capacity'"), (dict(shared_gate=True), "shared_gate=True needs"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (dict(top_k=9), "top_k=9 must be an int in"),
+        (dict(routing="sigmoid"), "routing='sigmoid'"),
+        (dict(dispatch="capacity"), "dispatch='capacity'"),
+        (dict(shared_gate=True), "shared_gate=True needs"),
+    ],
+)
 def test_bad_settings_are_named(bad, match):
     with pytest.raises(nm.NamedError, match=match):
         _layer(**bad)
@@ -139,22 +148,37 @@ def test_bad_settings_are_named(bad, match):
 # ---- expert parallelism on 8 devices -----------------------------------------------------------------
 
 EP = {  # name: (mesh, compute mapping, parameter mapping)
-    "ep4 tokens over all": ({"data": 2, "expert": 4}, {"batch": ("data", "expert"), "experts": "expert"},
-                            {"experts": "expert"}),
-    "ep4 + fsdp": ({"data": 2, "expert": 4}, {"batch": ("data", "expert"), "experts": "expert"},
-                   {"experts": "expert", "embed": "data"}),
-    "ep4 tokens whole over expert": ({"data": 2, "expert": 4}, {"batch": "data", "experts": "expert"},
-                                     {"experts": "expert"}),
-    "ep8 over two mesh axes": ({"data": 2, "expert": 4}, {"batch": ("data", "expert"), "experts": ("expert", "data")},
-                               {"experts": ("expert", "data")}),
-    "ep4 + tp inside experts": ({"expert": 4, "model": 2}, {"batch": "expert", "experts": "expert", "mlp": "model"},
-                                {"experts": "expert", "mlp": "model"}),
+    "ep4 tokens over all": (
+        {"data": 2, "expert": 4},
+        {"batch": ("data", "expert"), "experts": "expert"},
+        {"experts": "expert"},
+    ),
+    "ep4 + fsdp": (
+        {"data": 2, "expert": 4},
+        {"batch": ("data", "expert"), "experts": "expert"},
+        {"experts": "expert", "embed": "data"},
+    ),
+    "ep4 tokens whole over expert": (
+        {"data": 2, "expert": 4},
+        {"batch": "data", "experts": "expert"},
+        {"experts": "expert"},
+    ),
+    "ep8 over two mesh axes": (
+        {"data": 2, "expert": 4},
+        {"batch": ("data", "expert"), "experts": ("expert", "data")},
+        {"experts": ("expert", "data")},
+    ),
+    "ep4 + tp inside experts": (
+        {"expert": 4, "model": 2},
+        {"batch": "expert", "experts": "expert", "mlp": "model"},
+        {"experts": "expert", "mlp": "model"},
+    ),
 }
 
 
 def _objective(m, x):
     y, losses = m(x)
-    return jnp.sum(y.array ** 2) + losses["load_balancing"] + losses["router_z"]
+    return jnp.sum(y.array**2) + losses["load_balancing"] + losses["router_z"]
 
 
 @pytest.fixture(scope="module")
@@ -187,8 +211,9 @@ def test_expert_parallel_layer_equals_one_device(one_device, parallel, layout):
     assert experts_spec[0] is not None, "the experts are not split: the test would prove nothing"
     np.testing.assert_allclose(_flat(y), _flat(y1), atol=1e-5, rtol=0)
     for a, b in zip(jax.tree.leaves(g, is_leaf=nm.is_named_array), jax.tree.leaves(g1, is_leaf=nm.is_named_array)):
-        np.testing.assert_allclose(np.asarray(a.rearrange(b.axes).array), np.asarray(b.array),
-                                   atol=1e-5 * float(np.abs(b.array).max()), rtol=0)
+        np.testing.assert_allclose(
+            np.asarray(a.rearrange(b.axes).array), np.asarray(b.array), atol=1e-5 * float(np.abs(b.array).max()), rtol=0
+        )
 
 
 @pytest.mark.parametrize("parallel", ["auto", "explicit"])
@@ -218,20 +243,57 @@ def test_the_hlo_holds_the_expected_all_to_alls(one_device, parallel):
 # ---- the families against transformers --------------------------------------------------------------
 
 MOE_CONFIGS = {
-    "mixtral-window5-mqa5/1": ("MixtralConfig", dict(
-        _SMALL, hidden_size=40, intermediate_size=24, num_attention_heads=5, num_key_value_heads=1, head_dim=8,
-        num_local_experts=6, num_experts_per_tok=2, sliding_window=5)),
-    "qwen3moe-qknorm-normtopk": ("Qwen3MoeConfig", dict(
-        _SMALL, hidden_size=36, intermediate_size=64, moe_intermediate_size=20, num_attention_heads=6,
-        num_key_value_heads=2, head_dim=8, num_experts=8, num_experts_per_tok=3, norm_topk_prob=True)),
-    "qwen2moe-shared-gated": ("Qwen2MoeConfig", dict(
-        _SMALL, hidden_size=36, intermediate_size=64, moe_intermediate_size=20, shared_expert_intermediate_size=28,
-        num_attention_heads=6, num_key_value_heads=3, num_experts=5, num_experts_per_tok=2)),
+    "mixtral-window5-mqa5/1": (
+        "MixtralConfig",
+        dict(
+            _SMALL,
+            hidden_size=40,
+            intermediate_size=24,
+            num_attention_heads=5,
+            num_key_value_heads=1,
+            head_dim=8,
+            num_local_experts=6,
+            num_experts_per_tok=2,
+            sliding_window=5,
+        ),
+    ),
+    "qwen3moe-qknorm-normtopk": (
+        "Qwen3MoeConfig",
+        dict(
+            _SMALL,
+            hidden_size=36,
+            intermediate_size=64,
+            moe_intermediate_size=20,
+            num_attention_heads=6,
+            num_key_value_heads=2,
+            head_dim=8,
+            num_experts=8,
+            num_experts_per_tok=3,
+            norm_topk_prob=True,
+        ),
+    ),
+    "qwen2moe-shared-gated": (
+        "Qwen2MoeConfig",
+        dict(
+            _SMALL,
+            hidden_size=36,
+            intermediate_size=64,
+            moe_intermediate_size=20,
+            shared_expert_intermediate_size=28,
+            num_attention_heads=6,
+            num_key_value_heads=3,
+            num_experts=5,
+            num_experts_per_tok=2,
+        ),
+    ),
 }
 NAMES = list(MOE_CONFIGS)
 # a setting of each test model's MoE layers that must show (changing it changes the logits)
-FEATURES = {"mixtral-window5-mqa5/1": dict(top_k=1), "qwen3moe-qknorm-normtopk": dict(normalize=False),
-            "qwen2moe-shared-gated": dict(shared_expert_gate=None)}
+FEATURES = {
+    "mixtral-window5-mqa5/1": dict(top_k=1),
+    "qwen3moe-qknorm-normtopk": dict(normalize=False),
+    "qwen2moe-shared-gated": dict(shared_expert_gate=None),
+}
 
 
 def _transformers_model(name: str):
@@ -296,8 +358,9 @@ def test_logits_and_gradients_match_transformers(pairs, name):
     diff = np.abs(ours - hf_logits(hf, ids)).max()
     print(f"\n{name}: max |logit difference| = {diff:.2e}")
     assert diff < 1e-4
-    changed = eqx.tree_at(lambda m: m.layers.stacked.mlp, model,
-                          replace_fn=lambda moe: dataclasses.replace(moe, **FEATURES[name]))
+    changed = eqx.tree_at(
+        lambda m: m.layers.stacked.mlp, model, replace_fn=lambda moe: dataclasses.replace(moe, **FEATURES[name])
+    )
     assert np.abs(np.asarray(forward(changed, named_ids(ids))) - ours).max() > 1e-3, f"{FEATURES[name]} has no effect"
 
     grad_ids = random_ids(config.vocab_size, (2, 13), seed=1)
@@ -332,22 +395,29 @@ def test_greedy_decoding_equals_transformers(pairs):
     prompt = random_ids(config.vocab_size, (2, 5), seed=4)
     hf.generation_config.pad_token_id = 0
     with torch.no_grad():
-        ref = hf.generate(torch.tensor(prompt, dtype=torch.long), attention_mask=torch.ones(prompt.shape, dtype=torch.long),
-                          max_new_tokens=20, do_sample=False).numpy()
+        ref = hf.generate(
+            torch.tensor(prompt, dtype=torch.long),
+            attention_mask=torch.ones(prompt.shape, dtype=torch.long),
+            max_new_tokens=20,
+            do_sample=False,
+        ).numpy()
     ours = np.asarray(models.generate(model, named_ids(prompt), 20, temperature=0).array)
     np.testing.assert_array_equal(ours, ref)
     assert len(np.unique(ours[:, 5:])) > 8
 
 
-@pytest.mark.parametrize("name, field, value, expect", [
-    ("qwen3moe-qknorm-normtopk", "mlp_only_layers", [1], "unsupported mlp_only_layers=[1]"),
-    ("qwen3moe-qknorm-normtopk", "decoder_sparse_step", 2, "unsupported decoder_sparse_step=2"),
-    ("qwen3moe-qknorm-normtopk", "use_sliding_window", True, "unsupported use_sliding_window=True"),
-    ("mixtral-window5-mqa5/1", "router_jitter_noise", 0.1, "unsupported router_jitter_noise=0.1"),
-    ("mixtral-window5-mqa5/1", "num_local_experts", 0, "field 'num_local_experts' should be a positive int"),
-    ("qwen2moe-shared-gated", "qkv_bias", False, "unsupported qkv_bias=False"),
-    ("qwen3moe-qknorm-normtopk", "num_experts", 7, "'num_experts' (7) and 'num_local_experts' (8) disagree"),
-])
+@pytest.mark.parametrize(
+    "name, field, value, expect",
+    [
+        ("qwen3moe-qknorm-normtopk", "mlp_only_layers", [1], "unsupported mlp_only_layers=[1]"),
+        ("qwen3moe-qknorm-normtopk", "decoder_sparse_step", 2, "unsupported decoder_sparse_step=2"),
+        ("qwen3moe-qknorm-normtopk", "use_sliding_window", True, "unsupported use_sliding_window=True"),
+        ("mixtral-window5-mqa5/1", "router_jitter_noise", 0.1, "unsupported router_jitter_noise=0.1"),
+        ("mixtral-window5-mqa5/1", "num_local_experts", 0, "field 'num_local_experts' should be a positive int"),
+        ("qwen2moe-shared-gated", "qkv_bias", False, "unsupported qkv_bias=False"),
+        ("qwen3moe-qknorm-normtopk", "num_experts", 7, "'num_experts' (7) and 'num_local_experts' (8) disagree"),
+    ],
+)
 def test_config_fields_we_do_not_implement_are_named(pairs, tmp_path, name, field, value, expect):
     d = {**json.loads((pairs(name)[1] / "config.json").read_text()), field: value}
     (tmp_path / "config.json").write_text(json.dumps(d))
@@ -359,23 +429,68 @@ def test_config_fields_we_do_not_implement_are_named(pairs, tmp_path, name, fiel
 # config.json of published checkpoints (as on the hub), read without their weights
 PUBLISHED = {
     "Mixtral-8x7B-v0.1": {
-        "architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2,
-        "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336,
-        "max_position_embeddings": 32768, "model_type": "mixtral", "num_attention_heads": 32, "num_experts_per_tok": 2,
-        "num_hidden_layers": 32, "num_key_value_heads": 8, "num_local_experts": 8, "output_router_logits": False,
-        "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.02, "sliding_window": None,
-        "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.36.0.dev0",
-        "use_cache": True, "vocab_size": 32000},
+        "architectures": ["MixtralForCausalLM"],
+        "attention_dropout": 0.0,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "hidden_act": "silu",
+        "hidden_size": 4096,
+        "initializer_range": 0.02,
+        "intermediate_size": 14336,
+        "max_position_embeddings": 32768,
+        "model_type": "mixtral",
+        "num_attention_heads": 32,
+        "num_experts_per_tok": 2,
+        "num_hidden_layers": 32,
+        "num_key_value_heads": 8,
+        "num_local_experts": 8,
+        "output_router_logits": False,
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 1000000.0,
+        "router_aux_loss_coef": 0.02,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "transformers_version": "4.36.0.dev0",
+        "use_cache": True,
+        "vocab_size": 32000,
+    },
     "Qwen3-30B-A3B": {
-        "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
-        "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128,
-        "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 6144,
-        "max_position_embeddings": 40960, "max_window_layers": 48, "mlp_only_layers": [], "model_type": "qwen3_moe",
-        "moe_intermediate_size": 768, "norm_topk_prob": True, "num_attention_heads": 32, "num_experts": 128,
-        "num_experts_per_tok": 8, "num_hidden_layers": 48, "num_key_value_heads": 4, "output_router_logits": False,
-        "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001,
-        "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-        "transformers_version": "4.51.0", "use_cache": True, "use_sliding_window": False, "vocab_size": 151936},
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": 151643,
+        "decoder_sparse_step": 1,
+        "eos_token_id": 151645,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "hidden_size": 2048,
+        "initializer_range": 0.02,
+        "intermediate_size": 6144,
+        "max_position_embeddings": 40960,
+        "max_window_layers": 48,
+        "mlp_only_layers": [],
+        "model_type": "qwen3_moe",
+        "moe_intermediate_size": 768,
+        "norm_topk_prob": True,
+        "num_attention_heads": 32,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "num_hidden_layers": 48,
+        "num_key_value_heads": 4,
+        "output_router_logits": False,
+        "rms_norm_eps": 1e-06,
+        "rope_scaling": None,
+        "rope_theta": 1000000.0,
+        "router_aux_loss_coef": 0.001,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "transformers_version": "4.51.0",
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": 151936,
+    },
 }
 
 
@@ -415,13 +530,23 @@ def test_published_configs_count_parameters_and_active_flops_as_transformers(tmp
 
 LAYOUTS = {
     "one device": {"mesh.shape": "{data: 8}", "mesh.param_mapping": "{}", "mesh.compute_mapping": "{}"},
-    "ep4 + fsdp auto": {"mesh.shape": "{data: 2, expert: 4}", "mesh.param_mapping": "{embed: data, experts: expert}",
-                        "mesh.compute_mapping": "{batch: [data, expert], experts: expert}"},
-    "ep4 + fsdp explicit": {"mesh.shape": "{data: 2, expert: 4}", "mesh.param_mapping": "{embed: data, experts: expert}",
-                            "mesh.compute_mapping": "{batch: [data, expert], experts: expert}",
-                            "model.expert_parallel": "explicit"},
-    "ep8 explicit": {"mesh.shape": "{expert: 8}", "mesh.param_mapping": "{experts: expert}",
-                     "mesh.compute_mapping": "{batch: expert, experts: expert}", "model.expert_parallel": "explicit"},
+    "ep4 + fsdp auto": {
+        "mesh.shape": "{data: 2, expert: 4}",
+        "mesh.param_mapping": "{embed: data, experts: expert}",
+        "mesh.compute_mapping": "{batch: [data, expert], experts: expert}",
+    },
+    "ep4 + fsdp explicit": {
+        "mesh.shape": "{data: 2, expert: 4}",
+        "mesh.param_mapping": "{embed: data, experts: expert}",
+        "mesh.compute_mapping": "{batch: [data, expert], experts: expert}",
+        "model.expert_parallel": "explicit",
+    },
+    "ep8 explicit": {
+        "mesh.shape": "{expert: 8}",
+        "mesh.param_mapping": "{experts: expert}",
+        "mesh.compute_mapping": "{batch: expert, experts: expert}",
+        "model.expert_parallel": "explicit",
+    },
 }
 RUNS = {"mixtral": list(LAYOUTS), "qwen3_moe": ["one device", "ep4 + fsdp explicit"]}
 SMALL = {"mixtral": {}, "qwen3_moe": {"model.moe_intermediate_size": 24, "model.head_dim": 8}}
@@ -444,16 +569,34 @@ def trained(corpus, tmp_path_factory):
         if key not in cache:
             run_dir = tmp_path_factory.mktemp(re.sub(r"\W", "_", f"{family}-{layout}"))
             over = {
-                "trainer.num_train_steps": 20, "trainer.train_batch_size": 8, "trainer.log_interval": 1,
-                "trainer.eval_interval": 0, "trainer.sample_interval": 0, "trainer.progress_bar": "false",
-                "trainer.run_dir": str(run_dir), "trainer.load_checkpoint": "null", "optimizer.warmup_steps": 1,
-                "model.hidden_size": 32, "model.intermediate_size": 48, "model.num_hidden_layers": 2,
-                "model.max_position_embeddings": 64, **SMALL[family],
-                "data.train": f"[{corpus / 'code.txt'}]", "data.seq_len": 32, "data.val_fraction": 0.05,
-                "data.cache_dir": str(corpus / "cache"), "checkpoint.interval": 0, "checkpoint.save_at_end": "false",
-                "tracker.console": "false", "tracker.jsonl": "true", **LAYOUTS[layout], **extra,
+                "trainer.num_train_steps": 20,
+                "trainer.train_batch_size": 8,
+                "trainer.log_interval": 1,
+                "trainer.eval_interval": 0,
+                "trainer.sample_interval": 0,
+                "trainer.progress_bar": "false",
+                "trainer.run_dir": str(run_dir),
+                "trainer.load_checkpoint": "null",
+                "optimizer.warmup_steps": 1,
+                "model.hidden_size": 32,
+                "model.intermediate_size": 48,
+                "model.num_hidden_layers": 2,
+                "model.max_position_embeddings": 64,
+                **SMALL[family],
+                "data.train": f"[{corpus / 'code.txt'}]",
+                "data.seq_len": 32,
+                "data.val_fraction": 0.05,
+                "data.cache_dir": str(corpus / "cache"),
+                "checkpoint.interval": 0,
+                "checkpoint.save_at_end": "false",
+                "tracker.console": "false",
+                "tracker.jsonl": "true",
+                **LAYOUTS[layout],
+                **extra,
             }
-            config = load_config(ROOT / "config" / f"{family}_tiny.yaml", [x for k, v in over.items() for x in (f"--{k}", str(v))])
+            config = load_config(
+                ROOT / "config" / f"{family}_tiny.yaml", [x for k, v in over.items() for x in (f"--{k}", str(v))]
+            )
             result = train(config)
             rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
             cache[key] = (result, rows)
@@ -479,8 +622,10 @@ def test_expert_parallel_training_equals_one_device(family, trained):
 
 def test_the_router_losses_are_part_of_the_training_loss(trained):
     # step 1 trains the same model on the same batch: the losses differ by exactly the weighted terms
-    (with_aux, rows), (without, _) = trained("mixtral", "one device"), trained(
-        "mixtral", "one device", **{"model.router_aux_loss_coef": 0.0, "model.router_z_loss_coef": 0.0})
+    (with_aux, rows), (without, _) = (
+        trained("mixtral", "one device"),
+        trained("mixtral", "one device", **{"model.router_aux_loss_coef": 0.0, "model.router_z_loss_coef": 0.0}),
+    )
     weighted = 0.01 * rows[0]["train/aux/moe_load_balancing"] + 0.001 * rows[0]["train/aux/moe_router_z"]
     assert with_aux.losses[0] - without.losses[0] == pytest.approx(weighted, rel=1e-3)
     assert with_aux.losses[1] != without.losses[1]  # and its gradient trained another model

@@ -28,7 +28,7 @@ def test_moe_linear_is_one_linear_per_group_of_rows(out_first):
     xs = np.asarray(x.array).T
     want, start = np.zeros((6, 3), np.float32), 0
     for e, n in enumerate(sizes):
-        want[start:start + n] = xs[start:start + n] @ w[e]
+        want[start : start + n] = xs[start : start + n] @ w[e]
         start += n
     want[:5] += [0.5, -1.0, 2.0]  # the bias, on the rows of the groups
     np.testing.assert_allclose(np.asarray(y.array).T[:5], want[:5], rtol=1e-5, atol=1e-6)

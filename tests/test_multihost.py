@@ -22,26 +22,33 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-
 from _procs import xla_flags
-
 from test_trainer import CORPUS, FSDP, tiny_args
+
 from named.trainer import checkpoint as ck
+from named.trainer.commands.launch import child_env, free_port, parse_args
 from named.trainer.config import load_config
 from named.trainer.data import TrainBatches, build_data
 from named.trainer.loop.distributed import settings
-from named.trainer.commands.launch import child_env, free_port, parse_args
 from named.trainer.loop.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "config" / "gpt2_nano.yaml")
-TRAIN = [sys.executable, "-c", "import sys; from named.trainer.commands.cli import main_train; sys.exit(main_train())",
-         "--config_path", CONFIG]
+TRAIN = [
+    sys.executable,
+    "-c",
+    "import sys; from named.trainer.commands.cli import main_train; sys.exit(main_train())",
+    "--config_path",
+    CONFIG,
+]
 LAUNCH = [sys.executable, "-m", "named.trainer.commands.launch"]
 # named-train whose process 1 reaches its first train step SKEW_S seconds after process 0:
 # longer than the 30 s gloo waits when it connects a group of devices (see connect_collectives).
 SKEW_S = 35
-TRAIN_SKEWED = [sys.executable, "-c", f"""
+TRAIN_SKEWED = [
+    sys.executable,
+    "-c",
+    f"""
 import os, sys, time
 import named.trainer.loop.train as tt
 make = tt.make_train_step
@@ -52,12 +59,22 @@ def late(*a, **k):
 tt.make_train_step = late
 from named.trainer.commands.cli import main_train
 sys.exit(main_train())
-""", "--config_path", CONFIG]
+""",
+    "--config_path",
+    CONFIG,
+]
 STEPS, CKPT_EVERY = 20, 10
 # The same run in every comparison: log every step, checkpoint at 10 (and at the end), and at
 # the end an eval and a greedy sample (both run on the global mesh, so on every process).
-RUN = {**FSDP, "trainer.log_interval": 1, "checkpoint.interval": CKPT_EVERY, "checkpoint.keep_last": 5,
-       "trainer.eval_interval": STEPS, "trainer.sample_interval": STEPS, "trainer.sample_tokens": 8}
+RUN = {
+    **FSDP,
+    "trainer.log_interval": 1,
+    "checkpoint.interval": CKPT_EVERY,
+    "checkpoint.keep_last": 5,
+    "trainer.eval_interval": STEPS,
+    "trainer.sample_interval": STEPS,
+    "trainer.sample_tokens": 8,
+}
 
 
 @pytest.fixture(scope="module")
@@ -85,14 +102,18 @@ def compile_cache(tmp_path_factory):
     """One persistent compilation cache for the processes this module starts: later runs of
     the same program load it instead of compiling again (about 40 % of a short run's CPU).
     The pytest process itself does not use it."""
-    _COMPILE_CACHE.update(JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("jax_cache")),
-                          JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+    _COMPILE_CACHE.update(
+        JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("jax_cache")),
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+    )
     yield
     _COMPILE_CACHE.clear()
 
 
 def _base_env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS") and not k.startswith("NAMED_")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS") and not k.startswith("NAMED_")
+    }
     env["XLA_FLAGS"] = xla_flags()  # the launcher adds each process's device count
     env["NAMED_LOG_LEVEL"] = "DEBUG"  # the per-process log files record the data rows read at each step
     env.update(_COMPILE_CACHE)
@@ -199,7 +220,12 @@ def test_each_process_reads_only_its_rows(corpus, two_processes):
 def test_only_process_zero_writes_console_and_trackers(two_processes):
     run_dir, out = two_processes
     stdout_0, stdout_1 = read(out, "stdout_0.txt"), read(out, "stdout_1.txt")
-    assert "[train 20]" in stdout_0 and "[eval 20]" in stdout_0 and "[sample 20]" in stdout_0 and "done: 20 steps" in stdout_0
+    assert (
+        "[train 20]" in stdout_0
+        and "[eval 20]" in stdout_0
+        and "[sample 20]" in stdout_0
+        and "done: 20 steps" in stdout_0
+    )
     assert "[train" not in stdout_1 and "[eval" not in stdout_1 and "[sample" not in stdout_1, stdout_1[-2000:]
     assert "done:" not in stdout_1 and "loss" not in stdout_1, stdout_1[-2000:]
     assert "[train" not in read(out, "stderr_1.txt")
@@ -215,7 +241,9 @@ def test_two_process_checkpoint_resumes_in_one_process(corpus, one_process, two_
     # FSDP over 8 devices: both processes wrote chunks of every embed-sharded weight.
     assert sum(1 for f in commit["files"] if "/c/" in f) > len(commit["leaves"])
     copy_checkpoint(run_dir, CKPT_EVERY, tmp_path / "run")
-    resumed = train(load_config(CONFIG, tiny_args(corpus, tmp_path / "run", **RUN, **{"trainer.load_checkpoint": "auto"})))
+    resumed = train(
+        load_config(CONFIG, tiny_args(corpus, tmp_path / "run", **RUN, **{"trainer.load_checkpoint": "auto"}))
+    )
     assert len(resumed.losses) == STEPS - CKPT_EVERY
     np.testing.assert_allclose(resumed.losses, one_process.losses[CKPT_EVERY:], rtol=0, atol=1e-5)
     for a, b in zip(jax.tree.leaves(resumed.model), jax.tree.leaves(one_process.model)):
@@ -226,24 +254,38 @@ def test_one_process_checkpoint_resumes_in_two_processes_under_the_launcher(corp
     """Also: process 1 starts its first step SKEW_S seconds late, and nothing times out."""
     copy_checkpoint(one_process.run_dir, CKPT_EVERY, tmp_path / "run")
     args = tiny_args(corpus, tmp_path / "run", **RUN, **{"trainer.load_checkpoint": "auto"})
-    r = subprocess.run([*LAUNCH, "--nproc", "2", "--devices-per-process", "4", "--", *TRAIN_SKEWED, *args], cwd=ROOT,
-                       env=_base_env(), capture_output=True, text=True, timeout=400)
+    r = subprocess.run(
+        [*LAUNCH, "--nproc", "2", "--devices-per-process", "4", "--", *TRAIN_SKEWED, *args],
+        cwd=ROOT,
+        env=_base_env(),
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     two = metrics(tmp_path / "run")
     assert sorted(two) == list(range(CKPT_EVERY + 1, STEPS + 1))
     np.testing.assert_allclose([two[s] for s in sorted(two)], one_process.losses[CKPT_EVERY:], rtol=0, atol=1e-5)
     assert abs(metrics(tmp_path / "run", "eval/loss")[STEPS] - metrics(one_process.run_dir, "eval/loss")[STEPS]) <= 1e-5
     for i in range(2):
-        assert f"resumed from {tmp_path / 'run' / 'checkpoints' / f'step_{CKPT_EVERY}'} at step {CKPT_EVERY}" in \
-            (tmp_path / "run" / "logs" / f"process_{i}.log").read_text()
+        assert (
+            f"resumed from {tmp_path / 'run' / 'checkpoints' / f'step_{CKPT_EVERY}'} at step {CKPT_EVERY}"
+            in (tmp_path / "run" / "logs" / f"process_{i}.log").read_text()
+        )
     assert ck.verify_checkpoint(tmp_path / "run" / "checkpoints" / f"step_{STEPS}")["process_count"] == 2
 
 
 # ---- a process dies ---------------------------------------------------------------------
 
 # Long enough never to finish in these tests; a checkpoint every 2 steps.
-ENDLESS = {**FSDP, "trainer.num_train_steps": 100000, "trainer.log_interval": 1, "checkpoint.interval": 2,
-           "checkpoint.keep_last": 2, "trainer.progress_bar": "false"}
+ENDLESS = {
+    **FSDP,
+    "trainer.num_train_steps": 100000,
+    "trainer.log_interval": 1,
+    "checkpoint.interval": 2,
+    "checkpoint.keep_last": 2,
+    "trainer.progress_bar": "false",
+}
 
 
 def wait_for_commit(run_dir: Path, procs, timeout: float = 300) -> int:
@@ -284,9 +326,22 @@ def test_killed_process_stops_the_launch_and_the_last_checkpoint_stays_valid(cor
     # gloo::allreduce; seen in about one run in three, before and after the stop flags moved into
     # the train step): then the heartbeat ends the survivor, here after 10 s instead of 100.
     with open(tmp_path / "out.txt", "w") as so, open(tmp_path / "err.txt", "w") as se:
-        launcher = subprocess.Popen([*LAUNCH, "--nproc", "2", "--devices-per-process", "4", "--", *TRAIN,
-                                     *tiny_args(corpus, run_dir, **ENDLESS)], cwd=ROOT,
-                                    env=_base_env(NAMED_HEARTBEAT_TIMEOUT="10"), stdout=so, stderr=se)
+        launcher = subprocess.Popen(
+            [
+                *LAUNCH,
+                "--nproc",
+                "2",
+                "--devices-per-process",
+                "4",
+                "--",
+                *TRAIN,
+                *tiny_args(corpus, run_dir, **ENDLESS),
+            ],
+            cwd=ROOT,
+            env=_base_env(NAMED_HEARTBEAT_TIMEOUT="10"),
+            stdout=so,
+            stderr=se,
+        )
     try:
         committed = wait_for_commit(run_dir, [launcher])
         kids = children_by_process_id(launcher.pid)
@@ -359,9 +414,26 @@ time.sleep(120)
 
 
 def launch_children(tmp_path: Path, mode: str, *launcher_args: str) -> tuple[subprocess.Popen, dict[int, int]]:
-    p = subprocess.Popen([*LAUNCH, "--nproc", "2", "--devices-per-process", "3", *launcher_args, "--",
-                          sys.executable, "-c", CHILD, str(tmp_path), mode], env=_base_env(),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [
+            *LAUNCH,
+            "--nproc",
+            "2",
+            "--devices-per-process",
+            "3",
+            *launcher_args,
+            "--",
+            sys.executable,
+            "-c",
+            CHILD,
+            str(tmp_path),
+            mode,
+        ],
+        env=_base_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while not all((tmp_path / f"{i}.pid").exists() and (tmp_path / f"{i}.pid").read_text() for i in range(2)):
         assert time.monotonic() < deadline and p.poll() is None, p.communicate()
@@ -393,7 +465,11 @@ def test_launcher_environment_for_gpus():
     env = child_env({"XLA_FLAGS": "--xla_cpu_foo"}, 1, 4, 1234, 2, cpu=False)
     assert env["JAX_LOCAL_DEVICE_IDS"] == "2,3" and env["XLA_FLAGS"] == "--xla_cpu_foo"
     assert "JAX_PLATFORMS" not in env and "NAMED_CPU_COLLECTIVES" not in env
-    assert (env["NAMED_COORDINATOR"], env["NAMED_NUM_PROCESSES"], env["NAMED_PROCESS_ID"]) == ("127.0.0.1:1234", "4", "1")
+    assert (env["NAMED_COORDINATOR"], env["NAMED_NUM_PROCESSES"], env["NAMED_PROCESS_ID"]) == (
+        "127.0.0.1:1234",
+        "4",
+        "1",
+    )
 
 
 def test_launcher_forwards_sigterm_and_exits_143(tmp_path):
@@ -430,22 +506,47 @@ def test_launcher_death_takes_its_children_along(tmp_path):
 
 
 def test_launcher_exit_code_and_argument_parsing(tmp_path):
-    ok = subprocess.run([*LAUNCH, "--nproc", "3", "--", sys.executable, "-c",
-                         "import os, sys; sys.stdout.write(f\"{os.environ['NAMED_PROCESS_ID']} {sys.argv[1:]}\\n\")", "--", "--nproc", "9"],
-                        env=_base_env(), capture_output=True, text=True, timeout=60)
+    ok = subprocess.run(
+        [
+            *LAUNCH,
+            "--nproc",
+            "3",
+            "--",
+            sys.executable,
+            "-c",
+            "import os, sys; sys.stdout.write(f\"{os.environ['NAMED_PROCESS_ID']} {sys.argv[1:]}\\n\")",
+            "--",
+            "--nproc",
+            "9",
+        ],
+        env=_base_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert ok.returncode == 0, ok.stderr
     # Everything after the first -- belongs to the command, later -- and --nproc included.
     assert sorted(ok.stdout.splitlines()) == [f"{i} ['--', '--nproc', '9']" for i in range(3)]
-    bad = subprocess.run([*LAUNCH, "--nproc", "2", sys.executable, "-c", "pass"], env=_base_env(),
-                         capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [*LAUNCH, "--nproc", "2", sys.executable, "-c", "pass"],
+        env=_base_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and "put the command after --" in bad.stderr
     none = subprocess.run([*LAUNCH, "--nproc", "2", "--"], env=_base_env(), capture_output=True, text=True, timeout=60)
     assert none.returncode == 2 and "give the command after --" in none.stderr
     a, cmd = parse_args(["--nproc", "4", "--grace", "2", "--", "named-train", "--trainer.num_train_steps", "3"])
     assert (a.nproc, a.grace, a.devices_per_process, a.gpu) == (4, 2.0, None, False)
     assert cmd == ["named-train", "--trainer.num_train_steps", "3"]
-    missing = subprocess.run([*LAUNCH, "--nproc", "2", "--", str(tmp_path / "no-such-program")], env=_base_env(),
-                             capture_output=True, text=True, timeout=60)
+    missing = subprocess.run(
+        [*LAUNCH, "--nproc", "2", "--", str(tmp_path / "no-such-program")],
+        env=_base_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert missing.returncode == 127 and "cannot start" in missing.stderr
 
 
@@ -475,8 +576,14 @@ def test_distributed_settings(monkeypatch):
     monkeypatch.setenv("NAMED_PROCESS_ID", "1")
     monkeypatch.setenv("NAMED_HEARTBEAT_TIMEOUT", "7")
     kw = settings(DistributedConfig(local_device_ids=[0, 1]))
-    assert kw == {"coordinator_address": "127.0.0.1:1234", "num_processes": 2, "process_id": 1,
-                  "local_device_ids": [0, 1], "initialization_timeout": 300, "heartbeat_timeout_seconds": 7}
+    assert kw == {
+        "coordinator_address": "127.0.0.1:1234",
+        "num_processes": 2,
+        "process_id": 1,
+        "local_device_ids": [0, 1],
+        "initialization_timeout": 300,
+        "heartbeat_timeout_seconds": 7,
+    }
     assert settings(DistributedConfig(process_id=0))["process_id"] == 0  # the config wins over the environment
     monkeypatch.setenv("NAMED_HEARTBEAT_TIMEOUT", "soon")
     with pytest.raises(ConfigError, match="NAMED_HEARTBEAT_TIMEOUT"):
@@ -505,14 +612,24 @@ raise SystemExit("jax.distributed.initialize was not called")
     env = child_env(_base_env(), 1, 2, 1234, 4, cpu=True)
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "initialize ['coordinator_address', 'heartbeat_timeout_seconds', 'initialization_timeout', " \
-           "'num_processes', 'process_id']" in r.stdout
+    assert (
+        "initialize ['coordinator_address', 'heartbeat_timeout_seconds', 'initialization_timeout', "
+        "'num_processes', 'process_id']" in r.stdout
+    )
 
 
-@pytest.mark.parametrize("raised, traceback_kept", [
-    (jax.errors.JaxRuntimeError("INTERNAL: Gloo all-reduce failed: [127.0.0.1]:40000: Connection closed by peer"), False),
-    (ZeroDivisionError("a bug of this process"), True),
-])
+@pytest.mark.parametrize(
+    "raised, traceback_kept",
+    [
+        (
+            jax.errors.JaxRuntimeError(
+                "INTERNAL: Gloo all-reduce failed: [127.0.0.1]:40000: Connection closed by peer"
+            ),
+            False,
+        ),
+        (ZeroDivisionError("a bug of this process"), True),
+    ],
+)
 def test_a_survivor_of_a_dead_peer_prints_one_line_and_a_bug_its_traceback(monkeypatch, capsys, raised, traceback_kept):
     """In-process: named-train of a 2-process run whose train() raises what a killed peer leaves
     its survivor (gloo's broken connection), or a bug. The first is one ``error:`` line naming the

@@ -27,8 +27,16 @@ def mlp(width: int):
 def test_roles_follow_the_axis_names():
     m = 4.0  # 128 / 32
     assert nn.mup.roles(mlp(128), BASE) == {"up": ("input", 1.0), "hidden.0": ("hidden", m), "down": ("readout", m)}
-    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=128, max_position_embeddings=32, tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+        max_position_embeddings=32,
+        tie_word_embeddings=False,
+    )
     llama = jax.eval_shape(lambda: LlamaLMHeadModel.init(cfg, key=jax.random.key(1)))  # roles need only the axes
     # a 4x wider llama than its base: embed 16 -> 64, mlp 32 -> 128, heads 1 -> 4, kv_heads 1 -> 2
     roles = nn.mup.roles(llama, {"embed": 16, "mlp": 32, "heads": 1, "kv_heads": 1}, readouts=["lm_head"])
@@ -91,12 +99,15 @@ def test_coordinate_check():
     assert (sp[-1, 1:] / sp[0, 1:] > 10).all(), sp
 
 
-@pytest.mark.parametrize("call, match", [
-    (lambda m: nn.mup.roles(m, {"mpl": 32}), r"base names \['mpl'\], which no Linear or Embedding.*mlp"),
-    (lambda m: nn.mup.roles(m, {"mlp": 0}), r"base\['mlp'\] must be an axis name and a size >= 1"),
-    (lambda m: nn.mup.roles(m, {}), r"base maps each width axis name"),
-    (lambda m: nn.mup.rescale_init(m, BASE, readouts=["down"]), r"readouts \['down'\] are not Embeddings"),
-])
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda m: nn.mup.roles(m, {"mpl": 32}), r"base names \['mpl'\], which no Linear or Embedding.*mlp"),
+        (lambda m: nn.mup.roles(m, {"mlp": 0}), r"base\['mlp'\] must be an axis name and a size >= 1"),
+        (lambda m: nn.mup.roles(m, {}), r"base maps each width axis name"),
+        (lambda m: nn.mup.rescale_init(m, BASE, readouts=["down"]), r"readouts \['down'\] are not Embeddings"),
+    ],
+)
 def test_errors_name_the_culprit(call, match):
     with pytest.raises(nm.NamedError, match=match):
         call(mlp(64))
@@ -112,7 +123,11 @@ def test_reparam_cls_scales_init_output_and_learning_rate(out_first):
     std = nn.Linear.init((I, J), O, key=key, use_bias=False, out_first=out_first)
     assert std.weight.axes == ((O, I, J) if out_first else (I, J, O)) and std.reparam.lr_scale == 1
     # the same draw, scaled: standard and hidden 1/sqrt(fan_in), input and output 1
-    for cls, factor in [(nn.mup.HiddenLinearMup, 1.0), (nn.mup.InputLinearMup, np.sqrt(6)), (nn.mup.OutputLinearMup, np.sqrt(6))]:
+    for cls, factor in [
+        (nn.mup.HiddenLinearMup, 1.0),
+        (nn.mup.InputLinearMup, np.sqrt(6)),
+        (nn.mup.OutputLinearMup, np.sqrt(6)),
+    ]:
         w = nn.Linear.init((I, J), O, key=key, use_bias=False, out_first=out_first, reparam_cls=cls).weight
         np.testing.assert_allclose(np.asarray(w.array), np.asarray(std.weight.array) * factor, rtol=1e-5)
     head = nn.Linear.init((I, J), O, key=key, reparam_cls=nn.mup.OutputLinearMup, out_first=out_first)

@@ -241,7 +241,9 @@ def test_lower_of_a_function_with_named_static_outputs():
 def test_lower_from_shapes_alone():
     # lowering needs no data: NamedArrays of ShapeDtypeStructs (with shardings) are enough
     mesh = nm.make_mesh({"data": 8})
-    spec = jax.ShapeDtypeStruct((Batch.size, Embed.size), jnp.float32, sharding=nm.sharding_for((Batch, Embed), {"batch": "data"}, mesh))
+    spec = jax.ShapeDtypeStruct(
+        (Batch.size, Embed.size), jnp.float32, sharding=nm.sharding_for((Batch, Embed), {"batch": "data"}, mesh)
+    )
     f = nm.named_jit(lambda x: x.sum("embed"), mapping={"batch": "data"})
     with jax.set_mesh(mesh):
         compiled = f.lower(nm.NamedArray(spec, (Batch, Embed))).compile()
@@ -365,13 +367,16 @@ def test_haliax_spellings_are_accepted_in_one_place():
     mesh = nm.make_mesh({"data": 8})
     x = nm.zeros((nm.Axis("batch", 8), nm.Axis("embed", 4)))
     ours = nm.named_jit(lambda v: v * 2, mapping={"batch": "data"}, out_mapping={"batch": "data"}, mesh=mesh)(x)
-    theirs = nm.named_jit(lambda v: v * 2, axis_resources={"batch": "data"}, out_axis_resources={"batch": "data"},
-                          mesh=mesh)(x)
+    theirs = nm.named_jit(
+        lambda v: v * 2, axis_resources={"batch": "data"}, out_axis_resources={"batch": "data"}, mesh=mesh
+    )(x)
     assert ours.array.sharding.is_equivalent_to(theirs.array.sharding, 2)
     assert nm.layout(theirs) == "batch/data embed"
     with pytest.raises(nm.NamedError, match="not both"):
         nm.named_jit(lambda v: v, mapping={}, axis_resources={})
-    blocks = nm.shard_map(lambda v: v, mesh=mesh, in_axis_resources={"batch": "data"}, out_axis_resources={"batch": "data"})
+    blocks = nm.shard_map(
+        lambda v: v, mesh=mesh, in_axis_resources={"batch": "data"}, out_axis_resources={"batch": "data"}
+    )
     assert nm.layout(blocks(x)) == "batch/data embed"
     with pytest.raises(TypeError, match="unexpected keyword"):
         nm.shard_map(lambda v: v, mesh=mesh, in_axis_resource={"batch": "data"})

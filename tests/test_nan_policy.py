@@ -25,7 +25,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-
 from _procs import xla_flags
 
 import named as nm
@@ -52,12 +51,25 @@ def corpus(tmp_path_factory) -> Path:
 
 def _args(corpus: Path, run_dir: Path, **over) -> list[str]:
     args = {
-        "trainer.num_train_steps": 4, "trainer.train_batch_size": 8, "trainer.log_interval": 1,
-        "trainer.eval_interval": 0, "trainer.sample_interval": 0, "trainer.progress_bar": "false",
-        "trainer.run_dir": str(run_dir), "model.n_layer": 1, "model.n_head": 2, "model.n_embd": 16,
-        "model.n_positions": 32, "data.train": f"[{corpus / 'code.txt'}]", "data.seq_len": 16,
-        "data.val_fraction": 0.0, "data.cache_dir": str(corpus / "cache"), "optimizer.warmup_steps": 0,
-        "checkpoint.interval": 1, "checkpoint.keep_last": 10, "tracker.console": "false",
+        "trainer.num_train_steps": 4,
+        "trainer.train_batch_size": 8,
+        "trainer.log_interval": 1,
+        "trainer.eval_interval": 0,
+        "trainer.sample_interval": 0,
+        "trainer.progress_bar": "false",
+        "trainer.run_dir": str(run_dir),
+        "model.n_layer": 1,
+        "model.n_head": 2,
+        "model.n_embd": 16,
+        "model.n_positions": 32,
+        "data.train": f"[{corpus / 'code.txt'}]",
+        "data.seq_len": 16,
+        "data.val_fraction": 0.0,
+        "data.cache_dir": str(corpus / "cache"),
+        "optimizer.warmup_steps": 0,
+        "checkpoint.interval": 1,
+        "checkpoint.keep_last": 10,
+        "tracker.console": "false",
     }
     args.update(over)
     return [x for k, v in args.items() for x in (f"--{k}", str(v))]
@@ -80,8 +92,15 @@ def test_check_finite():
 
 def _setup(model_cfg, mesh, compute, param) -> Setup:
     # what make_train_step reads of a run's setup; no tokenizer or shapes: the step needs neither
-    return Setup(tokenizer=None, model_cfg=model_cfg, model_cls=model_class(model_cfg), shapes=None, mesh=mesh,
-                 compute=compute, param=param)
+    return Setup(
+        tokenizer=None,
+        model_cfg=model_cfg,
+        model_cls=model_class(model_cfg),
+        shapes=None,
+        mesh=mesh,
+        compute=compute,
+        param=param,
+    )
 
 
 def test_skip_leaves_parameters_and_optimizer_state_untouched(corpus, tmp_path):
@@ -112,7 +131,7 @@ def test_skip_leaves_parameters_and_optimizer_state_untouched(corpus, tmp_path):
     assert len(after) == len(before) > 10
     for a, b in zip(after, before):
         np.testing.assert_array_equal(a, b, strict=True)
-    assert sum(np.abs(b).sum() > 0 for b in before[len(jax.tree.leaves(model)):]) > 10  # real Adam moments
+    assert sum(np.abs(b).sum() > 0 for b in before[len(jax.tree.leaves(model)) :]) > 10  # real Adam moments
 
 
 def test_skip_in_a_real_run_keeps_the_state_of_the_last_finite_step(corpus, tmp_path):
@@ -126,8 +145,10 @@ def test_skip_in_a_real_run_keeps_the_state_of_the_last_finite_step(corpus, tmp_
         assert f"non-finite loss or gradient in step {s} " in log and "update skipped" in log
     # step_1 .. step_4 were saved after steps 1..4: the three skipped steps changed no bit of
     # the model or the optimizer state (the files' sha256 are equal)
-    files = [{k: v["sha256"] for k, v in ckpt.verify_checkpoint(run_dir / "checkpoints" / f"step_{s}")["files"].items()}
-             for s in (1, 2, 3, 4)]
+    files = [
+        {k: v["sha256"] for k, v in ckpt.verify_checkpoint(run_dir / "checkpoints" / f"step_{s}")["files"].items()}
+        for s in (1, 2, 3, 4)
+    ]
     assert len(files[0]) > 10 and files[1] == files[0] and files[2] == files[0] and files[3] == files[0]
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(result.model))
 
@@ -135,9 +156,21 @@ def test_skip_in_a_real_run_keeps_the_state_of_the_last_finite_step(corpus, tmp_
 def test_stop_from_the_cli_names_the_step_and_exits_2(corpus, tmp_path):
     run_dir = tmp_path / "run"
     env = {**os.environ, "XLA_FLAGS": xla_flags(2), "JAX_PLATFORMS": "cpu"}
-    r = subprocess.run([sys.executable, "-c", "import sys; from named.trainer.commands.cli import main_train; sys.exit(main_train())",
-                        "--config_path", str(NANO), *_args(corpus, run_dir, **EXPLODE, **{"trainer.nan_policy": "stop"})],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from named.trainer.commands.cli import main_train; sys.exit(main_train())",
+            "--config_path",
+            str(NANO),
+            *_args(corpus, run_dir, **EXPLODE, **{"trainer.nan_policy": "stop"}),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 2, r.stderr[-3000:]
     assert "error: non-finite loss or gradient in step 2 (loss=nan" in r.stderr, r.stderr[-3000:]
     assert "trainer.nan_policy=stop" in r.stderr and "Traceback" not in r.stderr
@@ -162,10 +195,14 @@ def _optimizers(cfg, how: str):
     """(a good optimizer, one whose step is non-finite in ``how``), with the same state structure."""
     steps = cfg.trainer.num_train_steps
     if how == "nan learning rate":
-        return (build_optimizer(cfg.optimizer, steps),
-                build_optimizer(dataclasses.replace(cfg.optimizer, learning_rate=float("nan")), steps))
-    return (optax.chain(build_optimizer(cfg.optimizer, steps), _state_scaler(1.0)),
-            optax.chain(build_optimizer(cfg.optimizer, steps), _state_scaler(float("nan"))))
+        return (
+            build_optimizer(cfg.optimizer, steps),
+            build_optimizer(dataclasses.replace(cfg.optimizer, learning_rate=float("nan")), steps),
+        )
+    return (
+        optax.chain(build_optimizer(cfg.optimizer, steps), _state_scaler(1.0)),
+        optax.chain(build_optimizer(cfg.optimizer, steps), _state_scaler(float("nan"))),
+    )
 
 
 @pytest.mark.parametrize("how", ["nan learning rate", "nan optimizer state"])
@@ -183,11 +220,13 @@ def test_skip_drops_a_non_finite_update_of_a_finite_step(corpus, tmp_path, how):
         batch = lambda: device_batch(pack(tokens, 256), mesh, compute, 8)  # noqa: E731 (donated each call)
         flags = StopRequests([], None, mesh).flags()  # no signal, no time-based checkpoint
         model, opt_state, metrics = make_train_step(cfg, setup, good)(
-            model, opt_state, batch(), jax.random.key(1), flags)
+            model, opt_state, batch(), jax.random.key(1), flags
+        )
         assert bool(metrics["finite"])  # real Adam moments to protect
         before = [np.array(x) for x in jax.tree.leaves((model, opt_state))]
         model, opt_state, metrics = make_train_step(cfg, setup, bad)(
-            model, opt_state, batch(), jax.random.key(2), flags)
+            model, opt_state, batch(), jax.random.key(2), flags
+        )
         after = [np.asarray(x) for x in jax.tree.leaves((model, opt_state))]
     # the loss and gradient were fine; the update was not, and it was dropped whole
     assert math.isfinite(float(metrics["loss"])) and math.isfinite(float(metrics["grad_norm"]))
@@ -201,8 +240,14 @@ def test_skip_drops_a_non_finite_update_of_a_finite_step(corpus, tmp_path, how):
 
 
 def _nan_lr_run(corpus: Path, run_dir: Path, policy: str):
-    cfg = load_config(NANO, _args(corpus, run_dir, **{"trainer.num_train_steps": 2, "optimizer.schedule": "constant",
-                                                      "trainer.nan_policy": policy}))
+    cfg = load_config(
+        NANO,
+        _args(
+            corpus,
+            run_dir,
+            **{"trainer.num_train_steps": 2, "optimizer.schedule": "constant", "trainer.nan_policy": policy},
+        ),
+    )
     cfg.optimizer.learning_rate = float("nan")
     return cfg
 
@@ -215,8 +260,9 @@ def test_a_nan_learning_rate_under_skip_commits_only_finite_checkpoints(corpus, 
     assert all(f"non-finite update in step {s}: " in log for s in (1, 2)) and "update skipped" in log
     model_cfg = cfg.model.model_config(vocab_size=384)
     shapes = jax.eval_shape(lambda: model_class(model_cfg).init(model_cfg, key=jax.random.key(0)))
-    target = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype),
-                          (shapes, jax.eval_shape(build_optimizer(cfg.optimizer, 2).init, shapes)))
+    target = jax.tree.map(
+        lambda s: np.zeros(s.shape, s.dtype), (shapes, jax.eval_shape(build_optimizer(cfg.optimizer, 2).init, shapes))
+    )
     for s in (1, 2):
         tree, _ = ckpt.restore(run_dir / "checkpoints" / f"step_{s}", target)
         leaves = jax.tree.leaves(tree)

@@ -55,8 +55,12 @@ def test_linear_matches_eqx_linear(use_bias):
 def test_linear_multi_axis_in_and_out_is_a_reshaped_matmul():
     # Out = (qkv, heads, head_size) as in a fused attention projection, and back.
     # built from their fields (init is tested above; each new weight shape costs a compile)
-    up = nn.Linear(randn((Embed, Qkv, Heads, HeadSize), seed=2), randn((Qkv, Heads, HeadSize), seed=3),
-                   (Embed,), (Qkv, Heads, HeadSize))
+    up = nn.Linear(
+        randn((Embed, Qkv, Heads, HeadSize), seed=2),
+        randn((Qkv, Heads, HeadSize), seed=3),
+        (Embed,),
+        (Qkv, Heads, HeadSize),
+    )
     down = nn.Linear(randn((Heads, HeadSize, Embed), seed=5), randn(Embed, seed=4), (Heads, HeadSize), (Embed,))
     x = randn((Batch, Pos, Embed))
     h = jcall(up, x)
@@ -69,7 +73,10 @@ def test_linear_multi_axis_in_and_out_is_a_reshaped_matmul():
     y = jcall(down, q)
     assert y.axes == (Batch, Pos, Embed)
     w_down = np.asarray(down.weight.rearrange(("heads", "head_size", "embed")).array).reshape(-1, Embed.size)
-    want_y = np.asarray(q.rearrange(("batch", "position", "heads", "head_size")).array).reshape(Batch.size, Pos.size, -1) @ w_down
+    want_y = (
+        np.asarray(q.rearrange(("batch", "position", "heads", "head_size")).array).reshape(Batch.size, Pos.size, -1)
+        @ w_down
+    )
     close(y.array, want_y + np.asarray(down.bias.array))
 
 

@@ -61,12 +61,13 @@ def test_pools_match_torch(n, window, stride, padding, use_ceil):
     want = TORCH_MAX[n](xt, window, stride, padding, ceil_mode=use_ceil)
     np.testing.assert_array_equal(_ours(got, n), want.numpy())
     got = nn.min_pool(x, win, stride, padding, use_ceil)
-    np.testing.assert_array_equal(_ours(got, n), -TORCH_MAX[n](-xt, window, stride, padding, ceil_mode=use_ceil).numpy())
+    np.testing.assert_array_equal(
+        _ours(got, n), -TORCH_MAX[n](-xt, window, stride, padding, ceil_mode=use_ceil).numpy()
+    )
     for include in (True, False):
         got = nn.mean_pool(x, win, stride, padding, use_ceil, count_include_pad=include)
         want = TORCH_AVG[n](xt, window, stride, padding, ceil_mode=use_ceil, count_include_pad=include)
         np.testing.assert_allclose(_ours(got, n), want.numpy(), atol=1e-6)
-
 
 
 @pytest.mark.parametrize("n,window,stride,padding,use_ceil", POOL_CASES[:2] + POOL_CASES[3:4])
@@ -76,12 +77,18 @@ def test_pool_gradients_under_jit_match_torch(n, window, stride, padding, use_ce
     win = dict(zip(SPATIAL[n], window if isinstance(window, tuple) else (window,) * n))
     ct = randn(nn.max_pool(x, win, stride, padding, use_ceil).axes, seed=n + 20)  # the output's cotangent
     pools = {
-        "max": (lambda v: nn.max_pool(v, win, stride, padding, use_ceil),
-                lambda t: TORCH_MAX[n](t, window, stride, padding, ceil_mode=use_ceil)),
-        "min": (lambda v: nn.min_pool(v, win, stride, padding, use_ceil),
-                lambda t: -TORCH_MAX[n](-t, window, stride, padding, ceil_mode=use_ceil)),
-        "mean": (lambda v: nn.mean_pool(v, win, stride, padding, use_ceil, count_include_pad=False),
-                 lambda t: TORCH_AVG[n](t, window, stride, padding, ceil_mode=use_ceil, count_include_pad=False)),
+        "max": (
+            lambda v: nn.max_pool(v, win, stride, padding, use_ceil),
+            lambda t: TORCH_MAX[n](t, window, stride, padding, ceil_mode=use_ceil),
+        ),
+        "min": (
+            lambda v: nn.min_pool(v, win, stride, padding, use_ceil),
+            lambda t: -TORCH_MAX[n](-t, window, stride, padding, ceil_mode=use_ceil),
+        ),
+        "mean": (
+            lambda v: nn.mean_pool(v, win, stride, padding, use_ceil, count_include_pad=False),
+            lambda t: TORCH_AVG[n](t, window, stride, padding, ceil_mode=use_ceil, count_include_pad=False),
+        ),
     }
     for name, (ours, theirs) in pools.items():
         got = jax.jit(jax.grad(lambda v: (ours(v) * ct).sum().scalar()))(x)
@@ -89,13 +96,14 @@ def test_pool_gradients_under_jit_match_torch(n, window, stride, padding, use_ce
         (theirs(xt) * _torch(ct, n)).sum().backward()
         np.testing.assert_allclose(_ours(got, n), xt.grad.numpy(), atol=1e-6, err_msg=name)
 
+
 def _numpy_pool(v, window, stride, pads, fill, reduce):
     """Sliding windows over the last two axes of ``v`` in numpy; ``count`` averages over the real entries."""
     padded = np.pad(v, [(0, 0)] * (v.ndim - 2) + list(pads), constant_values=fill)
-    win = np.lib.stride_tricks.sliding_window_view(padded, window, axis=(-2, -1))[..., ::stride[0], ::stride[1], :, :]
+    win = np.lib.stride_tricks.sliding_window_view(padded, window, axis=(-2, -1))[..., :: stride[0], :: stride[1], :, :]
     if reduce == "count":
         real = np.pad(np.ones(v.shape[-2:]), pads)
-        real = np.lib.stride_tricks.sliding_window_view(real, window)[::stride[0], ::stride[1]]
+        real = np.lib.stride_tricks.sliding_window_view(real, window)[:: stride[0], :: stride[1]]
         return win.sum((-2, -1)) / real.sum((-2, -1))
     return getattr(win, reduce)((-2, -1))
 
@@ -109,8 +117,13 @@ def test_pools_by_name_match_numpy_with_same_and_asymmetric_padding():
     want = _numpy_pool(v, (3, 2), (2, 2), [(1, 1), (0, 0)], np.inf, "min")
     np.testing.assert_array_equal(got.rearrange(("batch", "ch", "height", "width")).array, want)
     # asymmetric padding by name, mean over the real entries only
-    got = nn.mean_pool(x, {"height": 3, "width": 3}, stride=(1, 2), padding={"height": (2, 0), "width": (0, 1)},
-                       count_include_pad=False)
+    got = nn.mean_pool(
+        x,
+        {"height": 3, "width": 3},
+        stride=(1, 2),
+        padding={"height": (2, 0), "width": (0, 1)},
+        count_include_pad=False,
+    )
     want = _numpy_pool(v, (3, 3), (1, 2), [(2, 0), (0, 1)], 0.0, "count")
     np.testing.assert_allclose(got.rearrange(("batch", "ch", "height", "width")).array, want, atol=1e-6)
 
@@ -119,8 +132,10 @@ def test_pools_keep_integer_dtypes_and_work_under_jit():
     ids = nm.named(np.arange(2 * 7, dtype=np.int32).reshape(2, 7) % 5, ("batch", "length"))
     got = jax.jit(lambda a: nn.max_pool(a, {"length": 2}, stride=2, padding=(1,)))(ids)
     assert got.dtype == jnp.int32  # integer padding is the dtype's lowest, never picked
-    np.testing.assert_array_equal(got.array, F.max_pool1d(torch.tensor(np.asarray(ids.array))[:, None].float(), 2, 2, 1)
-                                  [:, 0].numpy().astype(np.int32))
+    np.testing.assert_array_equal(
+        got.array,
+        F.max_pool1d(torch.tensor(np.asarray(ids.array))[:, None].float(), 2, 2, 1)[:, 0].numpy().astype(np.int32),
+    )
     mean = nn.mean_pool(ids, {"length": 7})
     assert mean.dtype == jnp.float32 and mean.shape == {"batch": 2, "length": 1}
     np.testing.assert_allclose(mean.array[:, 0], np.asarray(ids.array).mean(1))
@@ -227,8 +242,25 @@ def test_every_new_activation_matches_torch():
     for name, ref in MORE_ACTIVATIONS.items():
         np.testing.assert_allclose(ours[name].array, ref(xt).numpy(), atol=1e-6, rtol=1e-5, err_msg=name)
     # the functions by name are the table's, and Haliax's spellings exist
-    for name in ("selu", "celu", "hard_sigmoid", "hard_silu", "hard_swish", "hard_tanh", "relu_squared", "mish",
-                 "soft_sign", "quick_gelu", "relu", "gelu", "silu", "swish", "sigmoid", "softplus", "log_sigmoid"):
+    for name in (
+        "selu",
+        "celu",
+        "hard_sigmoid",
+        "hard_silu",
+        "hard_swish",
+        "hard_tanh",
+        "relu_squared",
+        "mish",
+        "soft_sign",
+        "quick_gelu",
+        "relu",
+        "gelu",
+        "silu",
+        "swish",
+        "sigmoid",
+        "softplus",
+        "log_sigmoid",
+    ):
         fn = getattr(nn, name)
         np.testing.assert_allclose(fn(x).array, nn.activation(name)(x).array, err_msg=name)
     assert nn.activation(nn.selu) is nn.selu
@@ -258,7 +290,9 @@ def _t(x, order):
 def test_binary_cross_entropy_matches_torch():
     logits = randn((Batch, Axis("position", 3), Label), seed=5, scale=60.0)
     assert np.abs(logits.array).max() > 100  # exp(-x) of a naive form overflows float32 past 88
-    targets = nm.named(np.random.default_rng(6).uniform(size=(5, 2, 3)).astype(np.float32), ("label", "batch", "position"))
+    targets = nm.named(
+        np.random.default_rng(6).uniform(size=(5, 2, 3)).astype(np.float32), ("label", "batch", "position")
+    )
     pos = nm.named(np.linspace(0.5, 3.0, 5).astype(np.float32), "label")
     order = ("batch", "position", "label")
     lt, tt = _t(logits, order).requires_grad_(), _t(targets, order)
@@ -267,8 +301,12 @@ def test_binary_cross_entropy_matches_torch():
             got = nn.binary_cross_entropy_loss(logits, targets, pos_weight=pw, reduction=reduction)
             want = F.binary_cross_entropy_with_logits(lt, tt, pos_weight=pw_t, reduction=reduction)
             assert np.all(np.isfinite(got.array))
-            np.testing.assert_allclose(got.rearrange(order).array if reduction == "none" else got.array,
-                                       want.detach().numpy(), rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(
+                got.rearrange(order).array if reduction == "none" else got.array,
+                want.detach().numpy(),
+                rtol=1e-5,
+                atol=1e-5,
+            )
     g = jax.grad(lambda a: nn.binary_cross_entropy_loss(a, targets, pos_weight=pos).scalar())(logits)
     F.binary_cross_entropy_with_logits(lt, tt, pos_weight=torch.tensor(np.asarray(pos.array))).backward()
     np.testing.assert_allclose(g.rearrange(order).array, lt.grad.numpy(), rtol=1e-5, atol=1e-7)
@@ -298,15 +336,21 @@ def test_soft_target_cross_entropy_and_label_smoothing_match_torch():
     # one-hot probabilities are the ids; the z-loss is added to both alike
     one_hot = nm.one_hot(ids, Label)
     for z in (0.0, 1e-2):
-        np.testing.assert_allclose(nn.cross_entropy_loss(logits, one_hot, axis="label", z_loss_weight=z).array,
-                                   nn.cross_entropy_loss(logits, ids, axis="label", z_loss_weight=z).array, rtol=1e-6)
+        np.testing.assert_allclose(
+            nn.cross_entropy_loss(logits, one_hot, axis="label", z_loss_weight=z).array,
+            nn.cross_entropy_loss(logits, ids, axis="label", z_loss_weight=z).array,
+            rtol=1e-6,
+        )
     # next-token loss with smoothing: torch's on the shifted ids
     V, P = Axis("vocab", 7), Axis("position", 4)
     lg = randn((Batch, P, V), seed=9)
     tok = nm.named(np.random.default_rng(10).integers(0, 7, (2, 4)).astype(np.int32), ("batch", "position"))
     got = nn.next_token_loss(lg, tok, label_smoothing=0.1)
-    want = F.cross_entropy(torch.tensor(np.asarray(lg.array))[:, :-1].reshape(-1, 7),
-                           torch.tensor(np.asarray(tok.array))[:, 1:].reshape(-1).long(), label_smoothing=0.1)
+    want = F.cross_entropy(
+        torch.tensor(np.asarray(lg.array))[:, :-1].reshape(-1, 7),
+        torch.tensor(np.asarray(tok.array))[:, 1:].reshape(-1).long(),
+        label_smoothing=0.1,
+    )
     np.testing.assert_allclose(got.array, want.numpy(), rtol=1e-5)
 
 

@@ -28,7 +28,9 @@ def _kernel_name() -> str:
     except NoSuchKernel:
         pytest.fail("no python3 kernelspec: `pip install ipykernel` in this environment (make install does)")
     exe = spec.argv[0]
-    assert exe in ("python", "python3", sys.executable) or os.path.realpath(exe) == os.path.realpath(sys.executable), spec.argv
+    assert exe in ("python", "python3", sys.executable) or os.path.realpath(exe) == os.path.realpath(sys.executable), (
+        spec.argv
+    )
     return "python3"
 
 
@@ -41,7 +43,9 @@ def test_notebook_executes(path):
     nb = nbformat.read(path, as_version=4)
     assert "xla_force_host_platform_device_count=8" in nb.cells[1].source and "import jax" in nb.cells[1].source
     env_before = os.environ.get("XLA_FLAGS")
-    client = nbclient.NotebookClient(nb, kernel_name=_kernel_name(), timeout=120, resources={"metadata": {"path": str(path.parent)}})
+    client = nbclient.NotebookClient(
+        nb, kernel_name=_kernel_name(), timeout=120, resources={"metadata": {"path": str(path.parent)}}
+    )
     client.execute()
     assert os.environ.get("XLA_FLAGS") == env_before
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
@@ -56,7 +60,11 @@ def test_every_collective_shown_is_explained(path):
     """A reader meets no collective in an output that the notebook's prose does not explain."""
     nb = nbformat.read(path, as_version=4)
     prose = " ".join(c.source for c in nb.cells if c.cell_type == "markdown")
-    shown = " ".join(str(o.get("text", "")) + str(o.get("data", {}).get("text/plain", ""))
-                     for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    shown = " ".join(
+        str(o.get("text", "")) + str(o.get("data", {}).get("text/plain", ""))
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+    )
     unexplained = [k for k in _KINDS if k in shown and k not in prose]
     assert not unexplained, f"{path.name} shows {unexplained} without a word about them"

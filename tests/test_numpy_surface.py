@@ -68,13 +68,27 @@ ELEMENTWISE = {
     "bitwise_right_shift": (("int", "small"), np.right_shift),
 }
 REDUCE = {
-    "nansum": np.nansum, "nanmean": np.nanmean, "nanprod": np.nanprod, "nanstd": np.nanstd, "nanvar": np.nanvar,
-    "nanmax": np.nanmax, "nanmin": np.nanmin, "amax": np.amax, "amin": np.amin,
+    "nansum": np.nansum,
+    "nanmean": np.nanmean,
+    "nanprod": np.nanprod,
+    "nanstd": np.nanstd,
+    "nanvar": np.nanvar,
+    "nanmax": np.nanmax,
+    "nanmin": np.nanmin,
+    "amax": np.amax,
+    "amin": np.amin,
 }
 REDUCE_PLAIN = {"median": np.median, "nanmedian": np.nanmedian, "ptp": np.ptp, "count_nonzero": np.count_nonzero}
 ARG = {"nanargmax": np.nanargmax, "nanargmin": np.nanargmin}
 ALONG = {"nancumsum": np.nancumsum, "nancumprod": np.nancumprod}
-FFT = {"fft": np.fft.fft, "ifft": np.fft.ifft, "rfft": np.fft.rfft, "irfft": np.fft.irfft, "hfft": np.fft.hfft, "ihfft": np.fft.ihfft}
+FFT = {
+    "fft": np.fft.fft,
+    "ifft": np.fft.ifft,
+    "rfft": np.fft.rfft,
+    "irfft": np.fft.irfft,
+    "hfft": np.fft.hfft,
+    "ihfft": np.fft.ihfft,
+}
 FFTN = {"fft": np.fft.fftn, "ifft": np.fft.ifftn, "rfft": np.fft.rfftn, "irfft": np.fft.irfftn}
 SHIFT = {"fftshift": np.fft.fftshift, "ifftshift": np.fft.ifftshift}
 
@@ -283,7 +297,9 @@ def test_repeat_tile_ravel_trace():
     np.testing.assert_array_equal(np.asarray(nm.tile(x, {"c": 2, "a": 3}).array), np.tile(a, (3, 1, 2)))
     r = nm.ravel(x.rearrange("c a b"), "flat")
     np.testing.assert_array_equal(np.asarray(r.array), a.transpose(2, 0, 1).ravel())
-    np.testing.assert_allclose(np.asarray(nm.trace(x, "c", "b", offset=1).array), np.trace(a, offset=1, axis1=2, axis2=1), rtol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(nm.trace(x, "c", "b", offset=1).array), np.trace(a, offset=1, axis1=2, axis2=1), rtol=1e-5
+    )
     with pytest.raises(nm.ArgumentError, match=r"repeats must be an int >= 0, got -1"):
         nm.repeat(x, -1, "b")
 
@@ -296,7 +312,11 @@ def test_polyval_with_named_coefficients():
     assert set(out.names) == {"curve", "point"}
     want = np.stack([np.polyval(c, xs) for c in coeffs])
     np.testing.assert_allclose(as_numpy(out, ("curve", "point")), want, rtol=1e-5)
-    np.testing.assert_allclose(np.asarray(nm.polyval([2.0, -1.0, 0.5], nm.named(xs, "point")).array), np.polyval([2.0, -1.0, 0.5], xs), rtol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(nm.polyval([2.0, -1.0, 0.5], nm.named(xs, "point")).array),
+        np.polyval([2.0, -1.0, 0.5], xs),
+        rtol=1e-5,
+    )
 
 
 def test_allclose_and_array_equal_by_name():
@@ -320,9 +340,15 @@ def test_argmax_argsort_over_all_axes_and_stable():
     np.testing.assert_array_equal(np.asarray(flat.array), np.argsort(a, axis=None, kind="stable"))
     np.testing.assert_array_equal(np.asarray(nm.sort(x, None, new_axis="flat").array), np.sort(a, axis=None))
     ties = nm.named(np.array([2, 1, 2, 1, 2], np.int32), "i")
-    np.testing.assert_array_equal(np.asarray(nm.argsort(ties, "i", stable=True).array), np.argsort(ties.array, kind="stable"))
-    np.testing.assert_array_equal(np.asarray(nm.argsort(x, "c", descending=True).array), np.argsort(-a, axis=1, kind="stable"))
-    with pytest.raises(nm.AxisError, match=r"argsort\(axis=None\) flattens \(r=2, c=3\): name the flat axis with new_axis="):
+    np.testing.assert_array_equal(
+        np.asarray(nm.argsort(ties, "i", stable=True).array), np.argsort(ties.array, kind="stable")
+    )
+    np.testing.assert_array_equal(
+        np.asarray(nm.argsort(x, "c", descending=True).array), np.argsort(-a, axis=1, kind="stable")
+    )
+    with pytest.raises(
+        nm.AxisError, match=r"argsort\(axis=None\) flattens \(r=2, c=3\): name the flat axis with new_axis="
+    ):
         nm.argsort(x, None)
 
 
@@ -340,7 +366,14 @@ def test_standardize_where_uses_only_the_masked_statistics():
 
 def test_the_new_functions_work_under_jit():
     x, a = make(np.random.default_rng(8), ("a", "b"), {"a": 3, "b": 4})
-    f = jax.jit(lambda v: (nm.unique(v > 0, Axis("u", 2)), nm.nonzero(v > 0, Axis("hit", 12))["b"], nm.rfft(v, "b"), nm.nanmax(v)))
+    f = jax.jit(
+        lambda v: (
+            nm.unique(v > 0, Axis("u", 2)),
+            nm.nonzero(v > 0, Axis("hit", 12))["b"],
+            nm.rfft(v, "b"),
+            nm.nanmax(v),
+        )
+    )
     u, hits, spec, top = f(x)
     assert (a > 0).any() and (a <= 0).any()  # so that exactly two distinct values exist
     np.testing.assert_array_equal(np.asarray(u.array), np.unique(a > 0))
@@ -354,8 +387,16 @@ def test_the_new_functions_work_under_jit():
 
 def test_reductions_and_predicates_take_plain_arrays_whole():
     a = np.random.default_rng(9).standard_normal((3, 4)).astype(np.float32)
-    for name, ref in [("sum", np.sum), ("mean", np.mean), ("max", np.max), ("min", np.min), ("std", np.std),
-                      ("argmax", np.argmax), ("nansum", np.nansum), ("median", np.median)]:
+    for name, ref in [
+        ("sum", np.sum),
+        ("mean", np.mean),
+        ("max", np.max),
+        ("min", np.min),
+        ("std", np.std),
+        ("argmax", np.argmax),
+        ("nansum", np.nansum),
+        ("median", np.median),
+    ]:
         out = getattr(nm, name)(jax.numpy.asarray(a))
         assert isinstance(out, nm.NamedArray) and out.axes == ()
         np.testing.assert_allclose(np.asarray(out.array), ref(a), rtol=1e-5, err_msg=name)
@@ -370,7 +411,9 @@ def test_array_equiv_unique_along_an_axis_and_packbits_match_numpy():
     x, a = make(np.random.default_rng(10), ("a", "b"), {"a": 2, "b": 3})
     assert nm.array_equiv(x, x["a", 0:1]).item() is np.array_equiv(a, a[0:1])  # both False: values differ
     row = nm.named(a[0], "b")
-    assert nm.array_equiv(nm.broadcast_to(row, x.axes), row).item() and np.array_equiv(np.broadcast_to(a[0], a.shape), a[0])
+    assert nm.array_equiv(nm.broadcast_to(row, x.axes), row).item() and np.array_equiv(
+        np.broadcast_to(a[0], a.shape), a[0]
+    )
     assert not nm.array_equiv(x, nm.zeros(Axis("b", 5))).item()  # a name with two sizes: False, not an error
     rows = np.array([[1, 2], [3, 4], [1, 2], [0, 9]], np.int32)
     r = nm.named(rows, "row col").rearrange("col row")  # the axis is found by name, not position
@@ -386,17 +429,23 @@ def test_array_equiv_unique_along_an_axis_and_packbits_match_numpy():
     packed = nm.packbits(nm.named(bits, "r bit"), "bit", bitorder="little")
     np.testing.assert_array_equal(np.asarray(packed.array), np.packbits(bits, axis=1, bitorder="little"))
     back = nm.unpackbits(packed, "bit", count=11, bitorder="little")
-    np.testing.assert_array_equal(np.asarray(back.array), np.unpackbits(np.packbits(bits, axis=1, bitorder="little"), axis=1,
-                                                                         count=11, bitorder="little"))
+    np.testing.assert_array_equal(
+        np.asarray(back.array),
+        np.unpackbits(np.packbits(bits, axis=1, bitorder="little"), axis=1, count=11, bitorder="little"),
+    )
 
 
 def test_repeat_by_array_tile_onto_new_axes_searchsorted_sorter_standardize_stats():
     x, a = make(np.random.default_rng(12), ("a", "b"), {"a": 2, "b": 3})
     counts = np.array([2, 0, 3])
-    np.testing.assert_array_equal(np.asarray(nm.repeat(x, jax.numpy.asarray(counts), "b").array), np.repeat(a, counts, axis=1))
+    np.testing.assert_array_equal(
+        np.asarray(nm.repeat(x, jax.numpy.asarray(counts), "b").array), np.repeat(a, counts, axis=1)
+    )
     assert nm.repeat(x, nm.named(counts, "b"), "b").shape == {"a": 2, "b": 5}
     padded = jax.jit(lambda v, c: nm.repeat(v, c, "b", total_repeat_length=6))(x, jax.numpy.asarray(counts))
-    np.testing.assert_array_equal(np.asarray(padded.array), np.asarray(jax.numpy.repeat(a, counts, axis=1, total_repeat_length=6)))
+    np.testing.assert_array_equal(
+        np.asarray(padded.array), np.asarray(jax.numpy.repeat(a, counts, axis=1, total_repeat_length=6))
+    )
     with pytest.raises(nm.ArgumentError, match="traced per-entry repeats need total_repeat_length"):
         jax.jit(lambda v, c: nm.repeat(v, c, "b"))(x, jax.numpy.asarray(counts))
     tiled = nm.tile(x, {"copy": 2, "a": 2})
@@ -407,8 +456,9 @@ def test_repeat_by_array_tile_onto_new_axes_searchsorted_sorter_standardize_stat
     v = nm.named(np.array([0.7, 2.5, 9.0], np.float32), "query")
     for sorter in (nm.argsort(s, "bins"), np.argsort(unsorted)):
         got = nm.searchsorted(s, v, "bins", side="right", sorter=sorter)
-        np.testing.assert_array_equal(np.asarray(got.array), np.searchsorted(unsorted, v.array, side="right",
-                                                                              sorter=np.argsort(unsorted)))
+        np.testing.assert_array_equal(
+            np.asarray(got.array), np.searchsorted(unsorted, v.array, side="right", sorter=np.argsort(unsorted))
+        )
     mean, var = nm.named(np.array([0.5, -1.0], np.float32), "a"), 4.0
     out = nm.standardize(x, "b", mean=mean, variance=var, epsilon=0.0)
     np.testing.assert_allclose(as_numpy(out, ("a", "b")), (a - np.array([[0.5], [-1.0]])) / 2.0, rtol=1e-5)

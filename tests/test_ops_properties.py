@@ -65,7 +65,11 @@ UNARY = [
     (nm.elu, lambda a: np.where(a > 0, a, np.expm1(a)), "float"),
     (nm.leaky_relu, lambda a: np.where(a >= 0, a, 0.01 * a), "float"),
     (nm.gelu, lambda a: 0.5 * a * (1 + np.vectorize(__import__("math").erf)(a / np.sqrt(2))), "float"),
-    (lambda x: nm.gelu(x, approximate=True), lambda a: 0.5 * a * (1 + np.tanh(np.sqrt(2 / np.pi) * (a + 0.044715 * a**3))), "float"),
+    (
+        lambda x: nm.gelu(x, approximate=True),
+        lambda a: 0.5 * a * (1 + np.tanh(np.sqrt(2 / np.pi) * (a + 0.044715 * a**3))),
+        "float",
+    ),
     (nm.erf, np.vectorize(__import__("math").erf), "float"),
     (nm.erfc, np.vectorize(__import__("math").erfc), "float"),
 ]
@@ -131,7 +135,9 @@ def _check(out, ref, out_names, size_of, rtol=RTOL, atol=ATOL):
 # ---- elementwise -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("op, ref, kind", UNARY, ids=[getattr(u[1], "__name__", f"unary{i}") for i, u in enumerate(UNARY)])
+@pytest.mark.parametrize(
+    "op, ref, kind", UNARY, ids=[getattr(u[1], "__name__", f"unary{i}") for i, u in enumerate(UNARY)]
+)
 @settings(max_examples=5, deadline=None)
 @given(size_of=sizes(), names=axis_subsets(), seed=st.integers(0, 2**31))
 def test_unary_matches_numpy(op, ref, kind, size_of, names, seed):
@@ -172,7 +178,9 @@ def test_scalars_broadcast_on_either_side(size_of, na, nb, scalar, seed):
     np.testing.assert_allclose(np.asarray((a + scalar).array), an + np.float32(scalar), rtol=RTOL)
     np.testing.assert_allclose(np.asarray((scalar - a).array), np.float32(scalar) - an, rtol=RTOL, atol=ATOL)
     zero_d = np.float32(scalar)
-    np.testing.assert_allclose(np.asarray((a * np.asarray(zero_d)).array), an * zero_d, rtol=RTOL, atol=ATOL)  # XLA:CPU flushes denormal products to zero
+    np.testing.assert_allclose(
+        np.asarray((a * np.asarray(zero_d)).array), an * zero_d, rtol=RTOL, atol=ATOL
+    )  # XLA:CPU flushes denormal products to zero
     assert (a + scalar).names == na
 
 
@@ -352,7 +360,9 @@ def test_softmax_log_softmax_cumsum_sort_along_one_axis(data):
     i = names.index(axis)
     x, xn = make(np.random.default_rng(data.draw(st.integers(0, 2**31))), names, size_of)
     e = np.exp(xn - xn.max(axis=i, keepdims=True))
-    np.testing.assert_allclose(np.asarray(nm.softmax(x, axis).array), e / e.sum(axis=i, keepdims=True), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(nm.softmax(x, axis).array), e / e.sum(axis=i, keepdims=True), rtol=1e-5, atol=1e-6
+    )
     lse = np.log(np.sum(np.exp(xn.astype(np.float64)), axis=i, keepdims=True))
     np.testing.assert_allclose(np.asarray(nm.log_softmax(x, axis).array), xn - lse, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(np.asarray(nm.cumsum(x, axis).array), np.cumsum(xn, axis=i), rtol=1e-5, atol=1e-5)
@@ -439,8 +449,8 @@ def test_einsum_random_specs(data):
         # them otherwise: refused (tests/test_edges.py), never a different number
         def positional_reading_differs(g, spec):  # Haliax's: front items from the start, the rest from the end
             t = spec.split()
-            front, back = (t[:t.index("...")], t[t.index("...") + 1:]) if "..." in t else (t, [])
-            placed = list(zip(front, g)) + list(zip(back, g[len(g) - len(back):]))
+            front, back = (t[: t.index("...")], t[t.index("...") + 1 :]) if "..." in t else (t, [])
+            placed = list(zip(front, g)) + list(zip(back, g[len(g) - len(back) :]))
             return any(name != axis for name, axis in placed)
 
         assert "in another order" in str(e), (equation, str(e))
@@ -503,7 +513,9 @@ def test_flatten_then_unflatten_round_trips(data):
     after = [n for n in rest if names.index(n) > first]
     assert flat.names == tuple(before) + ("merged",) + tuple(after)
     order = before + list(merge) + after
-    want = np.transpose(xn, [names.index(n) for n in order]).reshape([size_of[n] for n in before] + [-1] + [size_of[n] for n in after])
+    want = np.transpose(xn, [names.index(n) for n in order]).reshape(
+        [size_of[n] for n in before] + [-1] + [size_of[n] for n in after]
+    )
     np.testing.assert_array_equal(np.asarray(flat.array), want)
     back = flat.unflatten_axis("merged", tuple(Axis(n, size_of[n]) for n in merge))
     np.testing.assert_array_equal(np.asarray(back.rearrange(names).array), xn)
@@ -570,7 +582,9 @@ def test_tril_triu_roll_pad(data):
         _check(op(x, r, c, k), want, names, size_of)
     shift = data.draw(st.integers(-5, 5))
     _check(nm.roll(x, shift, r), np.roll(xn, shift, axis=names.index(r)), names, size_of)
-    _check(nm.roll(x, (shift, 1), (r, c)), np.roll(xn, (shift, 1), axis=(names.index(r), names.index(c))), names, size_of)
+    _check(
+        nm.roll(x, (shift, 1), (r, c)), np.roll(xn, (shift, 1), axis=(names.index(r), names.index(c))), names, size_of
+    )
     lo, hi = data.draw(st.integers(0, 2)), data.draw(st.integers(0, 2))
     widths = [(0, 0)] * len(names)
     widths[names.index(r)] = (lo, hi)

@@ -4,8 +4,8 @@ import jax
 import numpy as np
 import pytest
 
-from named import models
 import named as nm
+from named import models
 from named.trainer.config import OptimizerConfig
 from named.trainer.loop.optim import decay_mask, schedule
 
@@ -22,8 +22,15 @@ def test_decay_mask_skips_norms_and_biases(which):
         cfg = models.Gpt2Config(n_layer=2, n_head=2, n_embd=16, n_positions=16, vocab_size=32)
         cls = models.Gpt2LMHeadModel
     else:
-        cfg = models.LlamaConfig(hidden_size=16, intermediate_size=24, num_hidden_layers=2, num_attention_heads=2,
-                                 num_key_value_heads=1, max_position_embeddings=16, vocab_size=32)
+        cfg = models.LlamaConfig(
+            hidden_size=16,
+            intermediate_size=24,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            max_position_embeddings=16,
+            vocab_size=32,
+        )
         cls = models.LlamaLMHeadModel
     model = jax.eval_shape(lambda k: cls.init(cfg, key=k), jax.random.key(0))
     mask = _mask_by_path(model)

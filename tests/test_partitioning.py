@@ -138,9 +138,7 @@ def run(name: str) -> Run:
         model = nm.named_jit(Net.init, mapping=layout.param)(jax.random.key(0))
         opt_state = nm.named_jit(OPT.init, mapping=layout.param)(model)
         x, y = nm.shard(_data(), layout.compute)
-        step = nm.named_jit(
-            train_step, mapping=layout.compute, out_mapping=layout.param, donate_args=(True, True)
-        )
+        step = nm.named_jit(train_step, mapping=layout.compute, out_mapping=layout.param, donate_args=(True, True))
         hlo = step.lower(model, opt_state, x, y).compile().as_text()
         losses = []
         for _ in range(STEPS):
@@ -235,7 +233,10 @@ def _mesh_groups(text: str) -> list[list[int]]:
 
 
 def _groups(line: str) -> frozenset:
-    m = re.search(r"replica_groups=(\{(?:\{[\d,]*\},?)*\}|\[[\d,]+\]<=\[[\d,]+\](?:T\([\d,]+\))?|mesh\[[^\]]*\]\s*\{[^}]*\})", line)
+    m = re.search(
+        r"replica_groups=(\{(?:\{[\d,]*\},?)*\}|\[[\d,]+\]<=\[[\d,]+\](?:T\([\d,]+\))?|mesh\[[^\]]*\]\s*\{[^}]*\})",
+        line,
+    )
     if not m:
         raise ValueError(f"no replica_groups in {line.strip()[:200]!r}")
     text = m[1]
@@ -289,9 +290,9 @@ def test_hlo_collective_parser_formats():
     mesh = nm.make_mesh({"data": 4, "model": 2})
     assert mesh_groups(mesh, "data") == {frozenset({0, 2, 4, 6}), frozenset({1, 3, 5, 7})}
     assert mesh_groups(mesh, "model") == {frozenset({2 * i, 2 * i + 1}) for i in range(4)}
-    assert result_shapes("%d = f32[16,256]{1,0} dynamic-slice(%p, %i, %j), dynamic_slice_sizes={16,256}", "dynamic-slice") == {
-        (16, 256)
-    }
+    assert result_shapes(
+        "%d = f32[16,256]{1,0} dynamic-slice(%p, %i, %j), dynamic_slice_sizes={16,256}", "dynamic-slice"
+    ) == {(16, 256)}
 
 
 # ---- the train step under each layout -----------------------------------------------------------
@@ -525,8 +526,11 @@ def test_check_mapping_takes_a_mesh_or_its_axis_sizes():
     # a config's mappings are checked against mesh.shape before there are devices, by the same check
     for mesh in (nm.make_mesh({"data": 4, "model": 2}), {"data": -1, "model": 2}):
         nm.check_mapping({"batch": "data", "mlp": ["data", "model"], "embed": None}, mesh)
-        with pytest.raises(nm.ShardingError, match=r"axis 'embed' is mapped to mesh axis 'expert', which the mesh "
-                                                   r"does not have \(mesh axes: \{'data': (4|-1), 'model': 2\}\)"):
+        with pytest.raises(
+            nm.ShardingError,
+            match=r"axis 'embed' is mapped to mesh axis 'expert', which the mesh "
+            r"does not have \(mesh axes: \{'data': (4|-1), 'model': 2\}\)",
+        ):
             nm.check_mapping({"batch": "data", "embed": ("model", "expert")}, mesh)
 
 
@@ -584,7 +588,9 @@ def _full_shape_instructions(hlo: str) -> list[str]:
     bad = []
     for line in hlo.splitlines():
         m = re.match(r"\s*(?:ROOT\s+)?%?[\w.\-]+ = (.+?) [a-z\-]+\(", line)
-        if m and any(s in full for s in (tuple(int(d) for d in dims.split(",") if d) for _, dims in _SHAPE.findall(m[1]))):
+        if m and any(
+            s in full for s in (tuple(int(d) for d in dims.split(",") if d) for _, dims in _SHAPE.findall(m[1]))
+        ):
             bad.append(line.strip()[:160])
     return bad
 
@@ -645,7 +651,9 @@ def test_non_divisible_axis_is_named_with_its_size_and_mesh_axes():
 
 def test_non_divisible_message_for_heads():
     mesh = nm.make_mesh({"data": 4, "model": 2})
-    with pytest.raises(nm.ShardingError, match=r"'heads' of size 3 cannot be split over mesh axes \('model',\) \(2 devices\)"):
+    with pytest.raises(
+        nm.ShardingError, match=r"'heads' of size 3 cannot be split over mesh axes \('model',\) \(2 devices\)"
+    ):
         nm.pspec_for((Axis("embed", 8), Axis("heads", 3)), {"heads": "model"}, mesh)
 
 
@@ -717,7 +725,9 @@ def test_check_sharding_reports_replicated_params():
     # TP shards mlp (and so the bias) too: nothing stays replicated
     assert nm.check_sharding(model, {"mlp": "data", "heads": "data"}, mesh).replicated == []
     # plain data parallel replicates everything, which a tolerance catches
-    with pytest.raises(nm.ShardingError, match=r"100\.0% .* replicated[\s\S]*\.w_up[\s\S]*max_replicated_fraction=0\.1"):
+    with pytest.raises(
+        nm.ShardingError, match=r"100\.0% .* replicated[\s\S]*\.w_up[\s\S]*max_replicated_fraction=0\.1"
+    ):
         nm.check_sharding(model, {"batch": "data"}, mesh, max_replicated_fraction=0.1)
 
 
@@ -736,15 +746,21 @@ def test_pspec_for_a_pytree_and_plain_fields_with_axis_names():
     rows = np.arange(32, dtype=np.float32).reshape(8, 4)
     m = WithBuffer(nm.zeros((Axis("embed", 4), Axis("mlp", 8))), jnp.asarray(rows), jnp.ones(3))
     specs = nm.pspec_for(m, mapping, mesh)
-    assert (specs.w, specs.buf, specs.other) == (PartitionSpec(None, "model"), PartitionSpec("data", None), PartitionSpec())
+    assert (specs.w, specs.buf, specs.other) == (
+        PartitionSpec(None, "model"),
+        PartitionSpec("data", None),
+        PartitionSpec(),
+    )
     assert nm.pspec_for(("batch", "mlp"), mapping) == PartitionSpec("data", "model")  # axes still give one spec
     for placed in (nm.shard(m, mapping, mesh), nm.named_jit(lambda v: v, out_mapping=mapping, mesh=mesh)(m)):
         assert isinstance(placed.buf, jax.Array)
         for shard in placed.buf.addressable_shards:  # each device holds its rows of the buffer, by name
             i = mesh.devices.ravel().tolist().index(shard.device) // 2
-            np.testing.assert_array_equal(np.asarray(shard.data), rows[2 * i:2 * i + 2])
+            np.testing.assert_array_equal(np.asarray(shard.data), rows[2 * i : 2 * i + 2])
         assert placed.other.sharding.is_fully_replicated
-    with pytest.raises(nm.AxisError, match=r"field \.buf declares axis_names \('batch', 'embed'\) but holds an array of shape \(3,\)"):
+    with pytest.raises(
+        nm.AxisError, match=r"field \.buf declares axis_names \('batch', 'embed'\) but holds an array of shape \(3,\)"
+    ):
         nm.shard(WithBuffer(m.w, jnp.ones(3)), mapping, mesh)
     with pytest.raises(nm.ArgumentError, match="a static field holds no array"):
         nm.field(axis_names="batch", static=True)

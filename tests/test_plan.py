@@ -46,14 +46,22 @@ def test_help_lists_the_plan_flags(capsys):
 def test_activation_estimate_follows_the_formula():
     # GPT-2 nano under FSDP+TP: 4 layers, width 128, 4 heads, seq 32; 8 sequences over 4 data
     # devices = 2 per device; heads over model=2. Korthikanti et al. eq. 2, 16-bit, x2 for float32.
-    cfg = load_config(Path(CONFIG).parent / "gpt2_nano_fsdp_tp.yaml", ["--data.seq_len", "32", "--trainer.train_batch_size", "8"])
+    cfg = load_config(
+        Path(CONFIG).parent / "gpt2_nano_fsdp_tp.yaml", ["--data.seq_len", "32", "--trainer.train_batch_size", "8"]
+    )
     s, b, h, a, t, L = 32, 2, 128, 4, 2, 4
     expected = L * s * b * h * (10 + 24 / t + 5 * a * s / (h * t)) * 4 / 2
     text = plan.plan_report(cfg)
-    got = float(re.search(r"activations per device \(estimate, one microbatch, remat none\): ([\d.]+) MiB", text).group(1))
+    got = float(
+        re.search(r"activations per device \(estimate, one microbatch, remat none\): ([\d.]+) MiB", text).group(1)
+    )
     assert got == pytest.approx(expected / 2**20, abs=0.01)
-    full = plan.plan_report(load_config(Path(CONFIG).parent / "gpt2_nano_fsdp_tp.yaml",
-                                        ["--data.seq_len", "32", "--trainer.train_batch_size", "8", "--model.remat", "full"]))
+    full = plan.plan_report(
+        load_config(
+            Path(CONFIG).parent / "gpt2_nano_fsdp_tp.yaml",
+            ["--data.seq_len", "32", "--trainer.train_batch_size", "8", "--model.remat", "full"],
+        )
+    )
     got_full = float(re.search(r"remat full\): ([\d.]+) MiB", full).group(1))
     assert got_full == pytest.approx((2 * s * b * h * L + expected / L / 2) * 2 / 2**20, abs=0.01)
 
@@ -80,6 +88,7 @@ def test_plan_refuses_unknown_devices_and_sizes(capsys):
 def test_absurd_device_counts_and_device_free_refusals_come_before_any_stand_in(monkeypatch, capsys):
     """--devices 2^31 used to abort in XLA's flag parser, 100000 to crash after 83 s, and 10000 to
     take minutes to reach a refusal that needs no devices (issue 30)."""
+
     def never(*args):
         raise AssertionError("devices were stood in for a plan that needs none")
 
@@ -90,7 +99,7 @@ def test_absurd_device_counts_and_device_free_refusals_come_before_any_stand_in(
         assert f"--devices must be in [1, {cli.MAX_STAND_INS}], got {n}" in capsys.readouterr().err
     refusals = {  # flags: what the one error line says
         ("--devices", "10000"): "the microbatch of 16 sequences (trainer.train_batch_size=16 / trainer.microbatches=1) "
-                                "does not split over the 10000 devices of the batch mesh axes",
+        "does not split over the 10000 devices of the batch mesh axes",
         ("--devices", "9", "--mesh.shape", "{data: -1, model: 2}"): "9 is not divisible by 2",
         ("--devices", "16", "--search"): "--search ranks layouts by a device's speeds: name it with --device-kind",
         ("--devices", "16", "--device-kind", "Z80"): "--device-kind 'Z80' is not in the device table",
@@ -103,8 +112,8 @@ def test_absurd_device_counts_and_device_free_refusals_come_before_any_stand_in(
 
 
 def test_the_roofline_uses_the_peak_of_the_compute_dtype():
-    from named.trainer.loop import hardware
     from named.trainer.commands.plan_search import Roofline
+    from named.trainer.loop import hardware
 
     h100, v5e = hardware.find("H100"), hardware.find("v5e")
     f32 = load_config(CONFIG)  # compute=float32
@@ -118,18 +127,32 @@ def test_the_roofline_uses_the_peak_of_the_compute_dtype():
 
 
 def test_recomputation_ranks_after_the_same_layout_without_it_when_that_fits():
-    from named.trainer.loop import hardware
     from named.trainer.commands.plan_search import Candidate, Roofline, format_table, rank
+    from named.trainer.loop import hardware
 
     roof = Roofline(hardware.find("H100"), 494e12, "TF32")
     gib = 2**30
 
     def layout(name, remat, flops, hbm, peak):  # XLA:CPU counts fewer HBM bytes for the recomputing program
-        return Candidate(name, {"data": 8}, {"batch": "data"}, {}, remat, 1, flops=flops, hbm_bytes=hbm,
-                         comm_bytes=1e9 if name == "FSDP" else 1e6, peak_bytes=peak)
+        return Candidate(
+            name,
+            {"data": 8},
+            {"batch": "data"},
+            {},
+            remat,
+            1,
+            flops=flops,
+            hbm_bytes=hbm,
+            comm_bytes=1e9 if name == "FSDP" else 1e6,
+            peak_bytes=peak,
+        )
 
-    found = [layout("FSDP", "full", 1.3e12, 1e9, 1 * gib), layout("FSDP", "none", 1e12, 2e9, 2 * gib),
-             layout("DP", "full", 1.3e12, 1e9, 9 * gib), layout("DP", "none", 1e12, 2e9, 20 * gib)]
+    found = [
+        layout("FSDP", "full", 1.3e12, 1e9, 1 * gib),
+        layout("FSDP", "none", 1e12, 2e9, 2 * gib),
+        layout("DP", "full", 1.3e12, 1e9, 9 * gib),
+        layout("DP", "none", 1e12, 2e9, 20 * gib),
+    ]
     ranked = rank(found, roof, memory_budget=10 * gib)
     # DP without recomputation is over the budget, so DP with it is the best layout; FSDP fits without it
     assert [(c.name, c.remat) for c in ranked] == [("DP", "full"), ("FSDP", "none"), ("FSDP", "full"), ("DP", "none")]
@@ -139,15 +162,34 @@ def test_recomputation_ranks_after_the_same_layout_without_it_when_that_fits():
     assert plenty[0] == ("DP", "none")
     assert all(plenty.index((name, "none")) < plenty.index((name, "full")) for name in ("DP", "FSDP"))
     header = format_table(ranked, roof, 10 * gib).splitlines()[0].split("  ")
-    assert [h.strip() for h in header if h.strip()][4:] == ["microbatches", "est. ms/step", "compute ms", "HBM ms",
-                                                            "comm ms", "peak GiB/device"]
+    assert [h.strip() for h in header if h.strip()][4:] == [
+        "microbatches",
+        "est. ms/step",
+        "compute ms",
+        "HBM ms",
+        "comm ms",
+        "peak GiB/device",
+    ]
 
 
 @pytest.mark.slow
 def test_search_ranks_the_layouts_that_fit(capsys):
-    tiny = ["--model.n_layer", "1", "--model.n_embd", "32", "--model.n_head", "2", "--data.seq_len", "32",
-            "--trainer.train_batch_size", "8"]
-    assert cli.main_plan(["--config", "gpt2_nano", "--device-kind", "H100", "--device-memory", "5MiB", "--search", *tiny]) == 0
+    tiny = [
+        "--model.n_layer",
+        "1",
+        "--model.n_embd",
+        "32",
+        "--model.n_head",
+        "2",
+        "--data.seq_len",
+        "32",
+        "--trainer.train_batch_size",
+        "8",
+    ]
+    assert (
+        cli.main_plan(["--config", "gpt2_nano", "--device-kind", "H100", "--device-memory", "5MiB", "--search", *tiny])
+        == 0
+    )
     table = capsys.readouterr().out.split("layouts for 8 x H100")[1]
     rows = [r for r in table.splitlines() if re.match(r"\d+\s", r)]
     ok = [r for r in rows if "cannot run" not in r and "over budget" not in r]

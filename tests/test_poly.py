@@ -26,7 +26,7 @@ def test_arithmetic_calculus_and_roots_match_numpy():
     q, r = nm.polydiv(p1, P2)  # a plain sequence mixes with a named one
     wq, wr = np.polydiv(P1, P2)
     np.testing.assert_allclose(_np(q), wq, rtol=1e-6)
-    np.testing.assert_allclose(_np(r)[-len(wr):], wr, atol=1e-6)
+    np.testing.assert_allclose(_np(r)[-len(wr) :], wr, atol=1e-6)
     np.testing.assert_allclose(_np(nm.polyder(p1, 2)), np.polyder(P1, 2), rtol=1e-6)
     np.testing.assert_allclose(_np(nm.polyint(p1, 2, k=[1.0, 2.0])), np.polyint(P1, 2, k=[1.0, 2.0]), rtol=1e-6)
     np.testing.assert_allclose(np.sort_complex(_np(nm.roots(p1))), np.sort_complex(np.roots(P1)), rtol=1e-4)

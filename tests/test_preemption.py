@@ -19,16 +19,26 @@ import time
 import jax
 import numpy as np
 import pytest
-
-from named.trainer import checkpoint as ckpt
-from named.trainer.loop import train as train_mod
-from named.trainer.config import ConfigError, load_config
-from named.trainer.loop.stop import StopRequests, exit_code
-from named.trainer.loop.train import _due, train
-from test_kill_resume import (INTERVAL, STEPS, WRITE_DELAY_S, _committed, _files, _losses, _partial_saves,
-                              _restore_numpy, _start, _wait_for, reference, workdir)  # noqa: F401 - fixtures
+from test_kill_resume import (
+    INTERVAL,
+    STEPS,
+    WRITE_DELAY_S,
+    _committed,
+    _files,
+    _losses,
+    _partial_saves,
+    _restore_numpy,
+    _start,
+    _wait_for,
+)  # noqa: F401 - fixtures
 from test_multihost import CONFIG, compile_cache, corpus, finish, no_core_dumps, start_two  # noqa: F401 - fixtures
 from test_trainer import FSDP, tiny_args
+
+from named.trainer import checkpoint as ckpt
+from named.trainer.config import ConfigError, load_config
+from named.trainer.loop import train as train_mod
+from named.trainer.loop.stop import StopRequests, exit_code
+from named.trainer.loop.train import _due, train
 
 N_TRIALS = 6
 SEED = 20251125
@@ -44,16 +54,26 @@ def test_bad_stop_signals_are_named():
         with pytest.raises(ConfigError, match=r"^trainer\.stop_signals"):
             load_config(CONFIG, [f"--trainer.stop_signals={value}"])
     assert load_config(CONFIG, ["--trainer.stop_signals=[]"]).trainer.stop_signals == []  # no handler at all
-    assert load_config(CONFIG, ["--trainer.stop_signals=[SIGUSR2, SIGHUP]"]).trainer.stop_signals == ["SIGUSR2", "SIGHUP"]
+    assert load_config(CONFIG, ["--trainer.stop_signals=[SIGUSR2, SIGHUP]"]).trainer.stop_signals == [
+        "SIGUSR2",
+        "SIGHUP",
+    ]
 
 
 def test_due_saves_a_temporary_checkpoint_and_stops_before_the_end():
-    cfg = load_config(CONFIG, ["--trainer.num_train_steps", "10", "--checkpoint.interval", "4",
-                               "--trainer.eval_interval", "2"])
+    cfg = load_config(
+        CONFIG, ["--trainer.num_train_steps", "10", "--checkpoint.interval", "4", "--trainer.eval_interval", "2"]
+    )
     plain = _due(3, cfg, True, 1)
     assert not (plain.checkpoint or plain.stop)
     stopping = _due(3, cfg, True, 1, stop=True)
-    assert (stopping.checkpoint, stopping.temporary, stopping.stop, stopping.read, stopping.eval) == (True, True, True, True, False)
+    assert (stopping.checkpoint, stopping.temporary, stopping.stop, stopping.read, stopping.eval) == (
+        True,
+        True,
+        True,
+        True,
+        False,
+    )
     on_interval = _due(4, cfg, True, 1, stop=True)
     assert on_interval.checkpoint and not on_interval.temporary  # an interval step stays permanent
     timed = _due(5, cfg, True, 1, timed=True)
@@ -119,11 +139,27 @@ def test_the_train_steps_own_output_decides_over_every_devices_row(corpus, tmp_p
 
     monkeypatch.setattr(train_mod, "make_train_step", make_train_step)
     monkeypatch.setattr(ckpt.Checkpointer, "save", record)
-    mesh = {"mesh.shape": "{data: 4, model: 2}", "mesh.param_mapping": "{embed: data}",
-            "mesh.compute_mapping": "{batch: data}"}
-    result = train(load_config(CONFIG, tiny_args(corpus, tmp_path / "run", **mesh, **{
-        "trainer.num_train_steps": 10, "trainer.log_interval": 0, "trainer.train_batch_size": 8,
-        "model.n_layer": 1})))
+    mesh = {
+        "mesh.shape": "{data: 4, model: 2}",
+        "mesh.param_mapping": "{embed: data}",
+        "mesh.compute_mapping": "{batch: data}",
+    }
+    result = train(
+        load_config(
+            CONFIG,
+            tiny_args(
+                corpus,
+                tmp_path / "run",
+                **mesh,
+                **{
+                    "trainer.num_train_steps": 10,
+                    "trainer.log_interval": 0,
+                    "trainer.train_batch_size": 8,
+                    "model.n_layer": 1,
+                },
+            ),
+        )
+    )
     assert (result.stopped_by, result.final_step) == (signal.SIGUSR1, 6)
     assert saves == [(3, True), (6, True)]  # the time-based one, then the stop's
     assert _committed(tmp_path / "run") == [6]  # the temporary step_3 went when step_6 committed
@@ -144,8 +180,16 @@ def test_time_based_checkpoints_are_temporary(corpus, tmp_path, monkeypatch):
 
     monkeypatch.setattr(ckpt.Checkpointer, "save", record)
     run_dir = tmp_path / "run"
-    train(load_config(CONFIG, tiny_args(corpus, run_dir, **{"checkpoint.every_minutes": 0.001, "checkpoint.interval": 10,
-                                                             "checkpoint.keep_last": 5})))
+    train(
+        load_config(
+            CONFIG,
+            tiny_args(
+                corpus,
+                run_dir,
+                **{"checkpoint.every_minutes": 0.001, "checkpoint.interval": 10, "checkpoint.keep_last": 5},
+            ),
+        )
+    )
     temporary = [s for s, temp in saves if temp]
     assert len(temporary) >= 2 and (10, False) in saves and (20, False) in saves, saves
     # each temporary one was deleted when a newer one committed; the permanent ones stay
@@ -197,7 +241,9 @@ def test_sigterm_at_random_moments_commits_and_resumes_bitwise(workdir, referenc
             stopped = _stopped_at(text)
             after = _committed(run_dir)
             assert after[-1] == stopped > start  # the stop's checkpoint is committed and is the newest
-            assert ckpt.read_commit(run_dir / "checkpoints" / f"step_{stopped}")["temporary"] == (stopped % INTERVAL != 0)
+            assert ckpt.read_commit(run_dir / "checkpoints" / f"step_{stopped}")["temporary"] == (
+                stopped % INTERVAL != 0
+            )
             with warnings_as_errors():
                 assert ckpt.latest_checkpoint(run_dir) == run_dir / "checkpoints" / f"step_{stopped}"
             assert [s for s, _ in _losses(run_dir)][-1] == stopped  # every step up to the stop was logged
@@ -246,8 +292,13 @@ def test_a_second_signal_stops_at_once_and_leaves_the_last_commit_whole(workdir,
 # ---- 2 processes x 4 devices --------------------------------------------------------------
 
 MP_STEPS = 20
-MP_RUN = {**FSDP, "trainer.num_train_steps": MP_STEPS, "trainer.log_interval": 1, "checkpoint.interval": 10,
-          "checkpoint.keep_last": 3}
+MP_RUN = {
+    **FSDP,
+    "trainer.num_train_steps": MP_STEPS,
+    "trainer.log_interval": 1,
+    "checkpoint.interval": 10,
+    "checkpoint.keep_last": 3,
+}
 
 
 def test_sigterm_to_one_of_two_processes_stops_both_at_one_step(corpus, tmp_path):
@@ -273,6 +324,8 @@ def test_sigterm_to_one_of_two_processes_stops_both_at_one_step(corpus, tmp_path
 
     out2 = tmp_path / "out2"
     finish(start_two(tiny_args(corpus, run_dir, **MP_RUN), out2), out2)
-    assert f"resumed from {run_dir / 'checkpoints' / f'step_{step}'} at step {step}" in \
-        (run_dir / "logs" / "process_1.log").read_text()
+    assert (
+        f"resumed from {run_dir / 'checkpoints' / f'step_{step}'} at step {step}"
+        in (run_dir / "logs" / "process_1.log").read_text()
+    )
     assert _files(run_dir / "checkpoints" / f"step_{MP_STEPS}") == _files(ref_dir / "checkpoints" / f"step_{MP_STEPS}")

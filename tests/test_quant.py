@@ -19,16 +19,15 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from test_trainer import CORPUS, FSDP, tiny_args
 
 import named as nm
 from named import Axis, nn
 from named.models import Gpt2Config, Gpt2LMHeadModel, LlamaConfig, LlamaLMHeadModel
-from named.trainer.loop.checks import check_against_devices
 from named.trainer.config import ConfigError, OptimizerConfig, load_config
+from named.trainer.loop.checks import check_against_devices
 from named.trainer.loop.optim import build_optimizer
 from named.trainer.loop.train import train
-
-from test_trainer import CORPUS, FSDP, tiny_args
 
 ROOT = Path(__file__).resolve().parents[1]
 E4M3, E5M2 = ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2
@@ -131,7 +130,9 @@ def test_fp8_state_after_steps_holds_the_observed_maxima():
     with a history of four: each layer's histories are its last four amaxes of input, weight and
     output gradient, newest first, untouched by decay or moments."""
     keys = jax.random.split(jax.random.key(1), 12)
-    stack = nn.quantize(nn.Stacked.init(Layers, nn.Linear.init, Embed, Mlp, key=keys[0]), nn.QuantConfig("fp8", history=4))
+    stack = nn.quantize(
+        nn.Stacked.init(Layers, nn.Linear.init, Embed, Mlp, key=keys[0]), nn.QuantConfig("fp8", history=4)
+    )
     assert stack.stacked.fp8.x.axes == (Layers, Axis("amax_history", 4))
     opt = build_optimizer(OptimizerConfig(learning_rate=0.05, weight_decay=0.1, schedule="constant"), 10)
     opt_state = opt.init(stack)
@@ -150,7 +151,7 @@ def test_fp8_state_after_steps_holds_the_observed_maxima():
     seen = {"x": [], "w": [], "g": []}
     for t in range(5):
         x = nm.random.normal(keys[2 + 2 * t], (Batch, Embed)) * (t + 1)
-        r = nm.random.normal(keys[3 + 2 * t], (Layers, Batch, Mlp)) * 10.0 ** -t
+        r = nm.random.normal(keys[3 + 2 * t], (Layers, Batch, Mlp)) * 10.0**-t
         seen["x"].append([float(np.abs(x.array).max())] * 2)
         seen["w"].append(np.abs(np.asarray(stack.stacked.weight.array)).max(axis=(1, 2)))
         seen["g"].append(np.abs(np.asarray(r.array)).max(axis=(1, 2)))
@@ -204,7 +205,9 @@ def test_int8_weight_only_forward_and_bytes(data):
     lin, x, _ = data
     q = nn.quantize(lin, "int8_weight")
     qw, sw = np_int8(lin.weight.array, axis=0)
-    np.testing.assert_allclose(q(x).array, np.asarray(x.array) @ (qw * sw) + np.asarray(lin.bias.array), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        q(x).array, np.asarray(x.array) @ (qw * sw) + np.asarray(lin.bias.array), rtol=1e-5, atol=1e-5
+    )
     assert rel(q(x).array, lin(x).array) < INT8_TOL
     np.testing.assert_allclose(q.dequantized().array, qw * sw, rtol=1e-6)
 
@@ -230,8 +233,15 @@ def test_int8_weight_only_forward_and_bytes(data):
 
 @pytest.fixture(scope="module")
 def llama():
-    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=128, max_position_embeddings=32)
+    cfg = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+        max_position_embeddings=32,
+    )
     model = LlamaLMHeadModel.init(cfg, key=jax.random.key(4))
     ids = nm.named(jax.random.randint(jax.random.key(5), (2, 16), 0, 128), ("batch", "position"))
     return model, ids
@@ -253,7 +263,10 @@ def test_quantize_swaps_every_linear_of_a_model_inside_its_stack(llama):
     fp8 = nn.quantize(model, "fp8")
     assert fp8.layers.stacked.mlp.up.fp8.x.axes[0] == fp8.layers.Layers  # one state per layer
     only_mlp = nn.quantize(model, nn.QuantConfig("int8", targets=(r"\.mlp\.",)))
-    assert {type(only_mlp.layers.stacked.mlp.up), type(only_mlp.layers.stacked.self_attn.q_proj)} == {nn.Int8Linear, nn.Linear}
+    assert {type(only_mlp.layers.stacked.mlp.up), type(only_mlp.layers.stacked.self_attn.q_proj)} == {
+        nn.Int8Linear,
+        nn.Linear,
+    }
 
 
 def test_quantize_leaves_lora_adapted_linears_as_they_are(llama):
@@ -265,14 +278,23 @@ def test_quantize_leaves_lora_adapted_linears_as_they_are(llama):
     assert type(q.layers.stacked.self_attn.k_proj) is nn.Int8Linear
 
 
-@pytest.mark.parametrize("call, match", [
-    (lambda m: nn.quantize(m, nn.QuantConfig("fp8", targets=("mlp", "attn_typo"))), r"\['attn_typo'\] match no Linear.*layers.stacked.mlp.gate"),
-    (lambda m: nn.quantize(nn.quantize(m, "int8"), "fp8"), r"quantized already"),
-    (lambda m: nn.quantize(m, "fp4"), r"kind 'fp4' is not one of fp8, int8, int8_weight"),
-    (lambda m: nn.quantize(m, nn.QuantConfig("fp8", targets=("mlp[",))), r"target 'mlp\[' is not a regular expression"),
-    (lambda m: nn.quantize(m, nn.QuantConfig("fp8", targets=())), r"targets is empty"),
-    (lambda m: nn.quantize(m, nn.QuantConfig("fp8", history=0)), r"history must be an integer >= 1"),
-])
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (
+            lambda m: nn.quantize(m, nn.QuantConfig("fp8", targets=("mlp", "attn_typo"))),
+            r"\['attn_typo'\] match no Linear.*layers.stacked.mlp.gate",
+        ),
+        (lambda m: nn.quantize(nn.quantize(m, "int8"), "fp8"), r"quantized already"),
+        (lambda m: nn.quantize(m, "fp4"), r"kind 'fp4' is not one of fp8, int8, int8_weight"),
+        (
+            lambda m: nn.quantize(m, nn.QuantConfig("fp8", targets=("mlp[",))),
+            r"target 'mlp\[' is not a regular expression",
+        ),
+        (lambda m: nn.quantize(m, nn.QuantConfig("fp8", targets=())), r"targets is empty"),
+        (lambda m: nn.quantize(m, nn.QuantConfig("fp8", history=0)), r"history must be an integer >= 1"),
+    ],
+)
 def test_quantize_errors_name_the_culprit(llama, call, match):
     with pytest.raises(nm.NamedError, match=match):
         call(llama[0])
@@ -328,6 +350,8 @@ def test_quantization_config_composes_with_lora_or_refuses(corpus, tmp_path):
     fp8 = load_config(_yaml(tmp_path, "quantization:\n  kind: fp8\n"), tiny_args(corpus, tmp_path / "r", **lora))
     with pytest.raises(ConfigError, match=r"quantization.kind=fp8 with lora"):
         check_against_devices(fp8)
-    typo = load_config(_yaml(tmp_path, "quantization:\n  kind: int8\n  targets: [mlpp]\n"), tiny_args(corpus, tmp_path / "r"))
+    typo = load_config(
+        _yaml(tmp_path, "quantization:\n  kind: int8\n  targets: [mlpp]\n"), tiny_args(corpus, tmp_path / "r")
+    )
     with pytest.raises(ConfigError, match=r"^quantization.targets: .*\['mlpp'\] match no Linear"):
         check_against_devices(typo)

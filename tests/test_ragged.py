@@ -34,12 +34,13 @@ def test_updated_slice_with_per_row_offsets_is_a_loop_over_rows(update_has_batch
     # the cache in another axis order, to check the result keeps the array's order
     x = nm.named(jnp.asarray(cache), (Batch, Seq, Embed)).rearrange(("seq", "embed", "batch"))
     out = jax.jit(lambda x, o, u: nm.updated_slice(x, {"seq": o}, u))(
-        x, nm.named(jnp.asarray(offsets), (Batch,)), nm.named(jnp.asarray(up), up_axes))
+        x, nm.named(jnp.asarray(offsets), (Batch,)), nm.named(jnp.asarray(up), up_axes)
+    )
     assert out.names == ("seq", "embed", "batch")
     want = cache.copy()
     for b, o in enumerate(offsets):
         s = placed(int(o), 2, 7)
-        want[b, s:s + 2] = up[b] if update_has_batch else up
+        want[b, s : s + 2] = up[b] if update_has_batch else up
     close(out.rearrange(("batch", "seq", "embed")).array, want)
 
 
@@ -72,8 +73,8 @@ def test_ds_with_per_row_starts_reads_and_writes_each_rows_window():
     want_window, want_zeroed = [], cache.copy()
     for b, o in enumerate(starts):
         s = placed(int(o), 3, 7)
-        want_window.append(cache[b, s:s + 3])
-        want_zeroed[b, s:s + 3] = 0.0
+        want_window.append(cache[b, s : s + 3])
+        want_zeroed[b, s : s + 3] = 0.0
     assert dict(window.shape) == {"batch": 4, "seq": 3, "embed": 3}
     close(window.rearrange(("batch", "seq", "embed")).array, np.stack(want_window))
     close(zeroed.array, want_zeroed)
@@ -94,14 +95,19 @@ def test_a_ragged_decode_step_equals_per_row_attention():
         vc = nm.updated_slice(vc, {"key_position": pos}, v_new.rename({"position": "key_position"}))
         return nn.dot_product_attention(q, kc, vc, causal=True, q_offset=pos), kc
 
-    out, kc_after = step(nm.named(jnp.asarray(kc), KN), nm.named(jnp.asarray(vc), KN), nm.named(jnp.asarray(q), QN),
-                         nm.named(jnp.asarray(k_new), QN[:2] + KN[2:]), nm.named(jnp.asarray(v_new), QN[:2] + KN[2:]),
-                         nm.named(jnp.asarray(pos), (B,)))
+    out, kc_after = step(
+        nm.named(jnp.asarray(kc), KN),
+        nm.named(jnp.asarray(vc), KN),
+        nm.named(jnp.asarray(q), QN),
+        nm.named(jnp.asarray(k_new), QN[:2] + KN[2:]),
+        nm.named(jnp.asarray(v_new), QN[:2] + KN[2:]),
+        nm.named(jnp.asarray(pos), (B,)),
+    )
     assert out.axes == (B, T, Heads, HeadSize)
     for b, p in enumerate(pos):
         k_row, v_row = kc[b].copy(), vc[b].copy()
         k_row[p], v_row[p] = k_new[b, 0], v_new[b, 0]
         close(kc_after.array[b], k_row)
         # the row's query sees keys 0..p only: the reference is attention over exactly those
-        want = ref_attention(q[b:b + 1].astype(np.float64), k_row[None, :p + 1], v_row[None, :p + 1])
-        close(out.array[b:b + 1], want)
+        want = ref_attention(q[b : b + 1].astype(np.float64), k_row[None, : p + 1], v_row[None, : p + 1])
+        close(out.array[b : b + 1], want)

@@ -31,7 +31,11 @@ def test_the_issue_example_splits_an_axis_the_left_side_does_not_name():
 def test_the_left_side_is_matched_by_name_not_position():
     x, a = _named({"batch": 2, "position": 3, "embed": 8})
     # The same pattern with the left side in any order gives the same result.
-    for left in ("batch position (embed: heads hd)", "(embed: heads hd) batch position", "position (embed: heads hd) batch"):
+    for left in (
+        "batch position (embed: heads hd)",
+        "(embed: heads hd) batch position",
+        "position (embed: heads hd) batch",
+    ):
         y = x.rearrange(f"{left} -> batch heads position hd", heads=4)
         np.testing.assert_array_equal(np.asarray(y.array), a.reshape(2, 3, 4, 2).transpose(0, 2, 1, 3))
 
@@ -51,7 +55,9 @@ def test_patches_entry_by_entry():
     # An image [batch, height, width, channel] cut into 2x2 patches: each output entry is
     # located by index arithmetic, independently of any reshape.
     x, a = _named({"batch": 2, "height": 4, "width": 6, "channel": 3})
-    y = x.rearrange("batch (height: ph hh) (width: pw ww) channel -> batch (patch: ph pw) (pixel: hh ww channel)", hh=2, ww=2)
+    y = x.rearrange(
+        "batch (height: ph hh) (width: pw ww) channel -> batch (patch: ph pw) (pixel: hh ww channel)", hh=2, ww=2
+    )
     assert y.axes == (Axis("batch", 2), Axis("patch", 6), Axis("pixel", 12))
     got = np.asarray(y.array)
     for b in range(2):
@@ -98,7 +104,10 @@ def test_under_jit_a_split_is_one_reshape_and_no_transpose():
     x, a = _named({"batch": 2, "embed": 8})
     f = jax.jit(lambda v: v.rearrange("(embed: heads hd) ... -> batch heads hd", heads=2))
     np.testing.assert_array_equal(np.asarray(f(x).array), a.reshape(2, 2, 4))
-    prims = [e.primitive.name for e in jax.make_jaxpr(lambda v: v.rearrange("(embed: heads hd) ... -> batch heads hd", heads=2).array)(x).eqns]
+    prims = [
+        e.primitive.name
+        for e in jax.make_jaxpr(lambda v: v.rearrange("(embed: heads hd) ... -> batch heads hd", heads=2).array)(x).eqns
+    ]
     assert prims == ["reshape"]
 
 
@@ -116,7 +125,11 @@ def _case(draw):
         mid += [(f"{n}1", p), (f"{n}2", q)] if n == target else [(n, sizes[n])]
     left = [f"({target}: {target}1 {target}2)"] + [n for n in names if n != target]
     left = draw(st.permutations(left))
-    hidden = draw(st.lists(st.sampled_from([n for n in names if n != target] or ["-"]), unique=True)) if len(names) > 1 else []
+    hidden = (
+        draw(st.lists(st.sampled_from([n for n in names if n != target] or ["-"]), unique=True))
+        if len(names) > 1
+        else []
+    )
     left = [t for t in left if t not in hidden] + (["..."] if hidden or draw(st.booleans()) else [])
     order = draw(st.permutations([m for m, _ in mid]))
     k = draw(st.integers(0, len(order)))
@@ -132,7 +145,7 @@ def test_split_transpose_merge_match_numpy(case, seed):
     merged = order[k : k + length]
     right = order[:k] + ([f"(merged: {' '.join(merged)})"] if merged else []) + order[k + length :]
     listed = [t.strip("(").split(":")[0] for t in left if t != "..."]
-    if listed != names[:len(listed)]:  # one-letter names out of the array's order: by name only in braces
+    if listed != names[: len(listed)]:  # one-letter names out of the array's order: by name only in braces
         left = ["{"] + left + ["}"]
     pattern = f"{' '.join(left)} -> {' '.join(right)}"
     out = nm.rearrange(x, pattern, **{f"{target}1": p})
@@ -141,8 +154,11 @@ def test_split_transpose_merge_match_numpy(case, seed):
     mid_names = [m for m, _ in mid]
     want = a.reshape(tuple(s for _, s in mid)).transpose([mid_names.index(m) for m in order])
     sizes_mid = dict(mid)
-    out_shape = [sizes_mid[m] for m in order[:k]] + ([int(np.prod([sizes_mid[m] for m in merged]))] if merged else []) \
+    out_shape = (
+        [sizes_mid[m] for m in order[:k]]
+        + ([int(np.prod([sizes_mid[m] for m in merged]))] if merged else [])
         + [sizes_mid[m] for m in order[k + length :]]
+    )
     want = want.reshape(out_shape)
     expected_names = tuple(order[:k]) + (("merged",) if merged else ()) + tuple(order[k + length :])
     assert out.names == expected_names
@@ -150,7 +166,12 @@ def test_split_transpose_merge_match_numpy(case, seed):
 
 
 ERRORS = [
-    ("b p (h d) -> b h p d", {}, nm.ArgumentError, r"splitting 'embed' \(size 8\) into \(h d\) needs the sizes of all parts but one"),
+    (
+        "b p (h d) -> b h p d",
+        {},
+        nm.ArgumentError,
+        r"splitting 'embed' \(size 8\) into \(h d\) needs the sizes of all parts but one",
+    ),
     ("b p (h d) -> b h p d", {"h": 3}, nm.AxisError, r"'embed' of size 8 does not split into \(h d\)"),
     ("b p (h d) -> b h p d", {"h": 2, "d": 2}, nm.AxisError, r"multiply to 4, not to the size 8 of 'embed'"),
     ("b p -> b p", {}, nm.AxisError, r"leaves out axes \['embed'\] .*name them or add '\.\.\.'"),
@@ -167,7 +188,12 @@ ERRORS = [
     ("b p embed -> {b p embed}", {}, nm.AxisError, r"braces select axes on the left side only"),
     ("... ... -> ...", {}, nm.AxisError, r"left side .* has more than one '\.\.\.'"),
     ("... -> ... (f: ...)", {}, nm.AxisError, r"right side .* has more than one '\.\.\.'"),
-    ("b p (embed: h d) -> b p (e: h d)", {"h": 2, "e": Axis("e", 9)}, nm.AxisError, r"merged axis 'e' has size 8, not the 9 given"),
+    (
+        "b p (embed: h d) -> b p (e: h d)",
+        {"h": 2, "e": Axis("e", 9)},
+        nm.AxisError,
+        r"merged axis 'e' has size 8, not the 9 given",
+    ),
 ]
 
 

@@ -47,6 +47,7 @@ def test_refs_under_jit_scan_and_grad():
         def body(carry, i):  # a plain array is scanned along its first dimension (i is traced)
             ref.slice({"x": i})[{"y": 1}] = (i * i).astype(jnp.float32)
             return carry, i * 2
+
         return nm.scan(body, X)(None, steps)[1]
 
     doubled = fill(ref, jnp.arange(X.size))

@@ -23,10 +23,9 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-
 from _procs import xla_flags
-
 from test_bad_input import _COMPILES, _on_event
+
 from named.trainer import checkpoint as ckpt
 from named.trainer.checkpoint import rundir
 from named.trainer.config import ConfigError, load_config
@@ -48,13 +47,28 @@ def _args(corpus: Path, run_dir: Path, **over) -> list[str]:
     # No YAML file: trainer.load_checkpoint is the dataclass default. A constant learning rate
     # makes the trajectory independent of num_train_steps, so 2 + 2 steps equal 4.
     args = {
-        "trainer.num_train_steps": STEPS, "trainer.train_batch_size": 8, "trainer.log_interval": 1,
-        "trainer.eval_interval": 0, "trainer.sample_interval": 0, "trainer.progress_bar": "false",
-        "trainer.run_dir": str(run_dir), "model.type": "gpt2", "model.n_layer": 1, "model.n_head": 2, "model.n_embd": 16,
-        "model.n_positions": 32, "data.train": f"[{corpus / 'code.txt'}]", "data.seq_len": 16,
-        "data.val_fraction": 0.0, "data.cache_dir": str(corpus / "cache"), "optimizer.warmup_steps": 0,
-        "optimizer.schedule": "constant", "optimizer.learning_rate": 0.003, "checkpoint.interval": 1,
-        "checkpoint.keep_last": 10, "tracker.console": "false",
+        "trainer.num_train_steps": STEPS,
+        "trainer.train_batch_size": 8,
+        "trainer.log_interval": 1,
+        "trainer.eval_interval": 0,
+        "trainer.sample_interval": 0,
+        "trainer.progress_bar": "false",
+        "trainer.run_dir": str(run_dir),
+        "model.type": "gpt2",
+        "model.n_layer": 1,
+        "model.n_head": 2,
+        "model.n_embd": 16,
+        "model.n_positions": 32,
+        "data.train": f"[{corpus / 'code.txt'}]",
+        "data.seq_len": 16,
+        "data.val_fraction": 0.0,
+        "data.cache_dir": str(corpus / "cache"),
+        "optimizer.warmup_steps": 0,
+        "optimizer.schedule": "constant",
+        "optimizer.learning_rate": 0.003,
+        "checkpoint.interval": 1,
+        "checkpoint.keep_last": 10,
+        "tracker.console": "false",
     }
     args.update(over)
     return [x for k, v in args.items() for x in (f"--{k}", str(v))]
@@ -65,8 +79,10 @@ def _cfg(corpus: Path, run_dir: Path, **over):
 
 
 def _hashes(d: Path) -> dict[str, str]:
-    return {str(p.relative_to(d)): (hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir")
-            for p in sorted(d.rglob("*"))}
+    return {
+        str(p.relative_to(d)): (hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir")
+        for p in sorted(d.rglob("*"))
+    }
 
 
 @contextlib.contextmanager
@@ -110,34 +126,57 @@ def test_second_run_with_the_default_config_resumes_and_replaces_nothing(corpus,
     resumed = train(_cfg(corpus, run_dir, **{"trainer.num_train_steps": 4}))
     # the losses continue the first run's trajectory: those of an uninterrupted 4-step run
     assert resumed.losses == full.losses[STEPS:]
-    assert f"resumed from {run_dir / 'checkpoints' / 'step_2'} at step 2" in (run_dir / "logs" / "process_0.log").read_text()
+    assert (
+        f"resumed from {run_dir / 'checkpoints' / 'step_2'} at step 2"
+        in (run_dir / "logs" / "process_0.log").read_text()
+    )
     after = _hashes(run_dir)
     assert {k: after[k] for k in kept} == kept  # step_1, step_2 and config.yaml: not a byte changed
     assert [s for s, _ in ckpt.list_checkpoints(run_dir)] == [1, 2, 3, 4]
     assert "trainer.num_train_steps 2 -> 4" in (run_dir / "logs" / "process_0.log").read_text()
 
 
-@pytest.mark.parametrize("over, keys", [
-    ({"trainer.seed": 1}, [r"trainer\.seed 0 -> 1"]),
-    ({"optimizer.learning_rate": 0.01, "model.n_embd": 32},
-     [r"model\.n_embd 16 -> 32", r"optimizer\.learning_rate 0\.003 -> 0\.01"]),
-])
+@pytest.mark.parametrize(
+    "over, keys",
+    [
+        ({"trainer.seed": 1}, [r"trainer\.seed 0 -> 1"]),
+        (
+            {"optimizer.learning_rate": 0.01, "model.n_embd": 32},
+            [r"model\.n_embd 16 -> 32", r"optimizer\.learning_rate 0\.003 -> 0\.01"],
+        ),
+    ],
+)
 def test_second_run_with_another_trajectory_is_refused(corpus, first, tmp_path, over, keys):
     run_dir = _copy(first, tmp_path)
-    _refused(ConfigError, f"{run_dir} holds a run whose config.yaml differs.*" + ".*".join(keys) +
-             ".*restore these values.*choose another trainer.run_dir", _cfg(corpus, run_dir, **over), run_dir)
+    _refused(
+        ConfigError,
+        f"{run_dir} holds a run whose config.yaml differs.*"
+        + ".*".join(keys)
+        + ".*restore these values.*choose another trainer.run_dir",
+        _cfg(corpus, run_dir, **over),
+        run_dir,
+    )
 
 
 def test_null_starts_new_runs_only(corpus, first, tmp_path):
     run_dir = _copy(first, tmp_path)
-    _refused(ConfigError, r"already holds a run \(config.yaml, checkpoints/step_1, checkpoints/step_2\).*"
-             r"load_checkpoint is null", _cfg(corpus, run_dir, **{"trainer.load_checkpoint": "null"}), run_dir)
+    _refused(
+        ConfigError,
+        r"already holds a run \(config.yaml, checkpoints/step_1, checkpoints/step_2\).*"
+        r"load_checkpoint is null",
+        _cfg(corpus, run_dir, **{"trainer.load_checkpoint": "null"}),
+        run_dir,
+    )
 
 
 def test_shorter_second_run_is_refused_and_an_equal_one_has_nothing_to_do(corpus, first, tmp_path):
     run_dir = _copy(first, tmp_path)
-    _refused(ConfigError, r"num_train_steps=1, but .*step_2 in trainer.run_dir is at step 2",
-             _cfg(corpus, run_dir, **{"trainer.num_train_steps": 1}), run_dir)
+    _refused(
+        ConfigError,
+        r"num_train_steps=1, but .*step_2 in trainer.run_dir is at step 2",
+        _cfg(corpus, run_dir, **{"trainer.num_train_steps": 1}),
+        run_dir,
+    )
     before = _hashes(run_dir)
     with _no_compile():
         result = train(_cfg(corpus, run_dir))
@@ -147,9 +186,12 @@ def test_shorter_second_run_is_refused_and_an_equal_one_has_nothing_to_do(corpus
 
 def test_an_older_explicit_checkpoint_is_refused_when_later_ones_exist(corpus, first, tmp_path):
     run_dir = _copy(first, tmp_path)
-    _refused(ConfigError, r"checkpoints/step_1'? is older than checkpoints step_2.*fork",
-             _cfg(corpus, run_dir, **{"trainer.load_checkpoint": "checkpoints/step_1", "trainer.num_train_steps": 3}),
-             run_dir)
+    _refused(
+        ConfigError,
+        r"checkpoints/step_1'? is older than checkpoints step_2.*fork",
+        _cfg(corpus, run_dir, **{"trainer.load_checkpoint": "checkpoints/step_1", "trainer.num_train_steps": 3}),
+        run_dir,
+    )
 
 
 def test_retention_counts_only_checkpoints_up_to_the_one_saved(tmp_path):
@@ -178,12 +220,20 @@ time.sleep(600)
 
 def test_a_live_holder_is_named_and_a_killed_one_blocks_nothing(corpus, first, tmp_path):
     run_dir = _copy(first, tmp_path)
-    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(run_dir)], stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(run_dir)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
-        _refused(ConfigError, f"trainer.run_dir {run_dir} is in use by another run \\(pid {holder.pid} on host ",
-                 _cfg(corpus, run_dir, **{"trainer.num_train_steps": 3}), run_dir)
+        _refused(
+            ConfigError,
+            f"trainer.run_dir {run_dir} is in use by another run \\(pid {holder.pid} on host ",
+            _cfg(corpus, run_dir, **{"trainer.num_train_steps": 3}),
+            run_dir,
+        )
     finally:
         holder.send_signal(signal.SIGKILL)
         assert holder.wait(timeout=60) == -signal.SIGKILL
@@ -227,16 +277,31 @@ def test_zero_steps_checks_everything_and_compiles_and_writes_nothing(corpus, fi
     with _no_compile():
         result = train(_cfg(corpus, old, **{"trainer.num_train_steps": 0}))
     assert f"resume from {old / 'checkpoints' / 'step_2'}" in result.message
-    _refused(ConfigError, r"trainer\.seed 0 -> 3", _cfg(corpus, old, **{"trainer.num_train_steps": 0, "trainer.seed": 3}), old)
+    _refused(
+        ConfigError,
+        r"trainer\.seed 0 -> 3",
+        _cfg(corpus, old, **{"trainer.num_train_steps": 0, "trainer.seed": 3}),
+        old,
+    )
     assert _hashes(old) == before
 
 
 def test_zero_steps_from_the_cli_prints_one_line_and_exits_0(corpus, tmp_path):
     run_dir = tmp_path / "run"
     env = {**os.environ, "XLA_FLAGS": xla_flags(2), "JAX_PLATFORMS": "cpu"}
-    r = subprocess.run([sys.executable, "-c", "import sys; from named.trainer.commands.cli import main_train; sys.exit(main_train())",
-                        *_args(corpus, run_dir, **{"trainer.num_train_steps": 0})],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from named.trainer.commands.cli import main_train; sys.exit(main_train())",
+            *_args(corpus, run_dir, **{"trainer.num_train_steps": 0}),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     lines = r.stdout.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("checked: ") and "nothing to train" in lines[0], r.stdout
@@ -250,12 +315,18 @@ def test_a_run_dir_that_is_a_file_is_named_before_compiling(corpus, tmp_path):
     f = tmp_path / "file"
     f.write_text("not a directory")
     _refused(ConfigError, f"trainer.run_dir {f} exists and is not a directory", _cfg(corpus, f), tmp_path)
-    _refused(ConfigError, f"trainer.run_dir {f / 'run'} cannot be created: {f} is a file", _cfg(corpus, f / "run"), tmp_path)
+    _refused(
+        ConfigError, f"trainer.run_dir {f / 'run'} cannot be created: {f} is a file", _cfg(corpus, f / "run"), tmp_path
+    )
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "checkpoints").write_text("")
-    _refused(ConfigError, f"{run_dir / 'checkpoints'} is a file; the trainer writes a directory there",
-             _cfg(corpus, run_dir), run_dir)
+    _refused(
+        ConfigError,
+        f"{run_dir / 'checkpoints'} is a file; the trainer writes a directory there",
+        _cfg(corpus, run_dir),
+        run_dir,
+    )
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root may write into a read-only directory")
@@ -264,8 +335,12 @@ def test_a_read_only_parent_is_named_before_compiling(corpus, tmp_path):
     parent.mkdir()
     parent.chmod(0o555)
     try:
-        _refused(ConfigError, f"{parent / 'run'} cannot be created: {parent} is not writable",
-                 _cfg(corpus, parent / "run"), parent)
+        _refused(
+            ConfigError,
+            f"{parent / 'run'} cannot be created: {parent} is not writable",
+            _cfg(corpus, parent / "run"),
+            parent,
+        )
     finally:
         parent.chmod(0o755)
 
@@ -290,14 +365,31 @@ def test_a_run_dir_or_base_inside_a_checkpoint_folder_is_refused(corpus, first, 
     # the outer run's retention deletes step_<N> with everything in it; nothing inside its folder is safe
     outer = _copy(first, tmp_path)
     folder, step = outer / "checkpoints", outer / "checkpoints" / "step_1"
-    _refused(ConfigError, f"trainer.run_dir {folder / 'inner'} lies inside the checkpoint folder {folder}: "
-             "the retention of the run that owns it", _cfg(corpus, folder / "inner"), outer)
-    _refused(ConfigError, f"trainer.run_dir {step / 'inner'} lies inside the checkpoint {step}:",
-             _cfg(corpus, step / "inner"), outer)
-    _refused(ConfigError, f"trainer.run_dir {folder} lies inside the checkpoint folder {folder}:",
-             _cfg(corpus, folder), outer)
-    _refused(ConfigError, f"checkpoint.base {step} lies inside the checkpoint {step}: .*Choose a checkpoint.base outside",
-             _cfg(corpus, tmp_path / "new", **{"checkpoint.base": str(step)}), outer)
+    _refused(
+        ConfigError,
+        f"trainer.run_dir {folder / 'inner'} lies inside the checkpoint folder {folder}: "
+        "the retention of the run that owns it",
+        _cfg(corpus, folder / "inner"),
+        outer,
+    )
+    _refused(
+        ConfigError,
+        f"trainer.run_dir {step / 'inner'} lies inside the checkpoint {step}:",
+        _cfg(corpus, step / "inner"),
+        outer,
+    )
+    _refused(
+        ConfigError,
+        f"trainer.run_dir {folder} lies inside the checkpoint folder {folder}:",
+        _cfg(corpus, folder),
+        outer,
+    )
+    _refused(
+        ConfigError,
+        f"checkpoint.base {step} lies inside the checkpoint {step}: .*Choose a checkpoint.base outside",
+        _cfg(corpus, tmp_path / "new", **{"checkpoint.base": str(step)}),
+        outer,
+    )
     assert not (tmp_path / "new").exists()
 
 
@@ -307,15 +399,27 @@ def test_an_unwritable_local_checkpoint_base_is_named_before_compiling(corpus, t
     f.write_text("not a directory")
     run_dir = tmp_path / "run"
     bare = {"checkpoint.interval": 0}
-    _refused(ConfigError, f"checkpoint.base {f} exists and is not a directory",
-             _cfg(corpus, run_dir, **bare, **{"checkpoint.base": str(f)}), tmp_path)
-    _refused(ConfigError, f"checkpoint.base {f / 'b'} cannot be created: {f} is a file",
-             _cfg(corpus, run_dir, **bare, **{"checkpoint.base": str(f / "b")}), tmp_path)
+    _refused(
+        ConfigError,
+        f"checkpoint.base {f} exists and is not a directory",
+        _cfg(corpus, run_dir, **bare, **{"checkpoint.base": str(f)}),
+        tmp_path,
+    )
+    _refused(
+        ConfigError,
+        f"checkpoint.base {f / 'b'} cannot be created: {f} is a file",
+        _cfg(corpus, run_dir, **bare, **{"checkpoint.base": str(f / "b")}),
+        tmp_path,
+    )
     base = tmp_path / "base"
     base.mkdir()
     (base / "checkpoints").write_text("")
-    _refused(ConfigError, f"checkpoint.base: {base / 'checkpoints'} is a file; the trainer writes a directory there",
-             _cfg(corpus, run_dir, **bare, **{"checkpoint.base": str(base)}), tmp_path)
+    _refused(
+        ConfigError,
+        f"checkpoint.base: {base / 'checkpoints'} is a file; the trainer writes a directory there",
+        _cfg(corpus, run_dir, **bare, **{"checkpoint.base": str(base)}),
+        tmp_path,
+    )
     assert not run_dir.exists()
 
 
@@ -325,8 +429,12 @@ def test_a_read_only_checkpoint_base_is_named_before_compiling(corpus, tmp_path)
     base.mkdir()
     base.chmod(0o555)
     try:
-        _refused(ConfigError, f"checkpoint.base {base} is not writable",
-                 _cfg(corpus, tmp_path / "run", **{"checkpoint.base": str(base)}), tmp_path)
+        _refused(
+            ConfigError,
+            f"checkpoint.base {base} is not writable",
+            _cfg(corpus, tmp_path / "run", **{"checkpoint.base": str(base)}),
+            tmp_path,
+        )
     finally:
         base.chmod(0o755)
 
@@ -341,10 +449,15 @@ def test_two_runs_sharing_a_checkpoint_base_never_resume_each_other(corpus, tmp_
     train(_cfg(corpus, a, **shared))
     # a second run on the same base: refused, naming both runs and the keys, writing nothing
     before = _hashes(base)
-    _refused(ConfigError, f"checkpoint.base {base}: the checkpoint {base / 'checkpoints' / 'step_2'} was saved by "
-             f"another run \\(trainer.run_dir {a}, run id [0-9a-f]{{32}}\\), not by this one \\(trainer.run_dir {b}, "
-             f"a new run\\).*checkpoint.base of its own \\(e.g. {base}/b\\).*trainer.run_dir {a}.*"
-             "trainer.load_checkpoint checkpoints/step_2. Nothing was written", _cfg(corpus, b, **shared), b)
+    _refused(
+        ConfigError,
+        f"checkpoint.base {base}: the checkpoint {base / 'checkpoints' / 'step_2'} was saved by "
+        f"another run \\(trainer.run_dir {a}, run id [0-9a-f]{{32}}\\), not by this one \\(trainer.run_dir {b}, "
+        f"a new run\\).*checkpoint.base of its own \\(e.g. {base}/b\\).*trainer.run_dir {a}.*"
+        "trainer.load_checkpoint checkpoints/step_2. Nothing was written",
+        _cfg(corpus, b, **shared),
+        b,
+    )
     assert _hashes(base) == before
     ida = _run_id(a)
     saved = ckpt.read_commit(base / "checkpoints" / "step_2")["metadata"]["run"]
@@ -356,16 +469,21 @@ def test_two_runs_sharing_a_checkpoint_base_never_resume_each_other(corpus, tmp_
         assert train(_cfg(corpus, a, **shared)).message.startswith("already at step 2 ")
     (a / "run.json").write_text(json.dumps({"id": ida}))
     # naming the checkpoint is the one way to continue another run's checkpoint on purpose
-    explicit = train(_cfg(corpus, b, **shared, **{"trainer.load_checkpoint": "checkpoints/step_2",
-                                                  "trainer.num_train_steps": 3}))
+    explicit = train(
+        _cfg(corpus, b, **shared, **{"trainer.load_checkpoint": "checkpoints/step_2", "trainer.num_train_steps": 3})
+    )
     assert len(explicit.losses) == 1
     assert "a checkpoint of another run" in (b / "logs" / "process_0.log").read_text()
     idb = _run_id(b)
     assert idb != ida and ckpt.read_commit(base / "checkpoints" / "step_3")["metadata"]["run"]["id"] == idb
     # and the first run no longer resumes from what the second saved there
-    _refused(ConfigError, f"the checkpoint {base / 'checkpoints' / 'step_3'} was saved by another run "
-             f"\\(trainer.run_dir {b}, run id {idb}\\), not by this one \\(trainer.run_dir {a}, run id {ida}\\)",
-             _cfg(corpus, a, **shared, **{"trainer.num_train_steps": 4}), a)
+    _refused(
+        ConfigError,
+        f"the checkpoint {base / 'checkpoints' / 'step_3'} was saved by another run "
+        f"\\(trainer.run_dir {b}, run id {idb}\\), not by this one \\(trainer.run_dir {a}, run id {ida}\\)",
+        _cfg(corpus, a, **shared, **{"trainer.num_train_steps": 4}),
+        a,
+    )
 
 
 def test_a_checkpoint_copied_into_a_new_run_dir_is_that_run_dirs(corpus, first, tmp_path):
@@ -390,7 +508,9 @@ def test_a_failing_checkpoint_base_mkdir_names_the_key(tmp_path, monkeypatch):
 
     monkeypatch.setattr(Path, "mkdir", refuse)
     plan = rundir.RunPlan(run_dir, base, fingerprint=(None, ()), run_id="0" * 32)
-    with pytest.raises(ConfigError, match=f"checkpoint.base {base}: cannot create {base / 'checkpoints'}: Permission denied"):
+    with pytest.raises(
+        ConfigError, match=f"checkpoint.base {base}: cannot create {base / 'checkpoints'}: Permission denied"
+    ):
         with rundir.claim(plan, {}):
             pass
     assert not (run_dir / "run.json").exists()

@@ -26,12 +26,14 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from _procs import run_workers
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+from test_checkpoint import abstract, assert_bitwise_equal, fsdp_state, train_state
 
 from named.trainer import checkpoint as ck
-from named.trainer.checkpoint import store as checkpoint_store, write as checkpoint_write
-from _procs import run_workers
-from test_checkpoint import abstract, assert_bitwise_equal, fsdp_state, train_state
+from named.trainer.checkpoint import store as checkpoint_store
+from named.trainer.checkpoint import write as checkpoint_write
 
 BUCKET = "named-ckpt"
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,17 +51,21 @@ class MotoServer:
     def __init__(self, **env):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **env})
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, **env},
+        )
         deadline = time.monotonic() + 60
         while True:
             try:
                 urllib.request.urlopen(self.url + "/moto-api/", timeout=2)
                 break
-            except OSError:
+            except OSError as e:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     self.stop()
-                    raise RuntimeError(f"moto server did not start on {self.url}")
+                    raise RuntimeError(f"moto server did not start on {self.url}") from e
                 time.sleep(0.1)
 
     def create_bucket(self, name: str) -> None:
@@ -76,8 +82,12 @@ class MotoServer:
 
 
 def s3_env(endpoint: str) -> dict:
-    return {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_REGION": "us-east-1"}
+    return {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_REGION": "us-east-1",
+    }
 
 
 @pytest.fixture(scope="module")
@@ -136,8 +146,14 @@ def test_roundtrip_and_reshard_bitwise_with_the_bytes_of_a_local_save(url, tmp_p
     assert meta == {"step": 1}
     assert_bitwise_equal(restored, state)
     mesh42 = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto))
-    target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh42, P(None, "model")))
-                          if isinstance(x, jax.ShapeDtypeStruct) and len(x.shape) == 2 else x, abstract(state))
+    target = jax.tree.map(
+        lambda x: (
+            jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh42, P(None, "model")))
+            if isinstance(x, jax.ShapeDtypeStruct) and len(x.shape) == 2
+            else x
+        ),
+        abstract(state),
+    )
     out, _ = ck.restore(path, target)
     assert_bitwise_equal(out, state)
     assert out["model"].block.w.array.sharding.spec == P(None, "model")
@@ -295,7 +311,9 @@ def test_a_server_that_goes_away_mid_save_fails_the_save_and_keeps_the_previous(
 
         monkeypatch.setattr(checkpoint_write, "_test_pause", pause)
         ckpt.save(2, train_state(seed=2), {"step": 2})
-        with pytest.raises(ck.CheckpointError, match=rf"step 2 to {re.escape(url)}/checkpoints failed: .*{re.escape(url)}"):
+        with pytest.raises(
+            ck.CheckpointError, match=rf"step 2 to {re.escape(url)}/checkpoints failed: .*{re.escape(url)}"
+        ):
             ckpt.wait()
     finally:
         proxy.close()
@@ -378,8 +396,13 @@ def _train(workdir: Path, run_dir: Path, base: str, log: Path, *, write_delay=No
 
     env = {**_env(workdir, write_delay), **{k: os.environ[k] for k in s3_env("")}}
     with open(log, "w") as out:
-        return subprocess.Popen([sys.executable, "-c", _MAIN, *_args(workdir, run_dir, **{"checkpoint.base": base, **over})],
-                                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            [sys.executable, "-c", _MAIN, *_args(workdir, run_dir, **{"checkpoint.base": base, **over})],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def _final_sha(base: str, step: int) -> dict:
@@ -392,10 +415,11 @@ STEPS, INTERVAL = 12, 3  # shorter than test_kill_resume's run: every save goes 
 
 def _restore_numpy(base: str, step: int, workdir: Path):
     """A checkpoint of the run under ``base`` as host numpy arrays: no mesh at all (resharded on restore)."""
+    from test_kill_resume import _args
+
     from named.trainer.config import load_config
     from named.trainer.loop.optim import build_optimizer
     from named.trainer.loop.registry import model_class
-    from test_kill_resume import _args
 
     cfg = load_config(workdir / "gpt2_nano.yaml", _args(workdir, workdir / "unused")[2:])
     model_cfg = cfg.model.model_config(vocab_size=384)

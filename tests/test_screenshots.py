@@ -24,8 +24,20 @@ def test_the_explorer_views_render_without_errors(tmp_path):
     name, view = grids[0]
     page = tmp_path / "grid.html"
     page.write_text(shots._page(view), encoding="utf-8")
-    dom = subprocess.run([shots.browser(), "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
-                          "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+    dom = subprocess.run(
+        [
+            shots.browser(),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--enable-logging=stderr",
+            "--dump-dom",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert "<table" in dom.stdout and "dev 7" in dom.stdout
     assert "Uncaught" not in dom.stderr and ":CONSOLE" not in dom.stderr, dom.stderr[-2000:]

@@ -52,7 +52,9 @@ def x_input(seed=1):
 
 
 def leaves(tree):
-    return [np.asarray(x.array) for x in jax.tree.leaves(tree, is_leaf=nm.is_named_array) if isinstance(x, nm.NamedArray)]
+    return [
+        np.asarray(x.array) for x in jax.tree.leaves(tree, is_leaf=nm.is_named_array) if isinstance(x, nm.NamedArray)
+    ]
 
 
 # ---- init, fold, scan ------------------------------------------------------------------------------
@@ -185,7 +187,9 @@ def test_remat_save_dots_saves_the_matmul_outputs():
     x = x_input()
     blk = make().unstacked()[0]
     # one block: exactly the weight matmul the backward needs (up's output), nothing else
-    per_block = saved_residuals(jax.checkpoint(lambda b, x: b(x).sum().scalar(), policy=nn.remat_policy("save_dots")), blk, x)
+    per_block = saved_residuals(
+        jax.checkpoint(lambda b, x: b(x).sum().scalar(), policy=nn.remat_policy("save_dots")), blk, x
+    )
     assert [(s, d.split(" from ")[0]) for s, d in per_block] == [((B, M), "output of dot_general")], per_block
     stacked = make("save_dots")
     assert sorted(s for s, _ in saved_residuals(stack_loss, stacked, x)) == [(L, B, E), (L, B, M)]
@@ -199,7 +203,9 @@ def test_remat_save_names_saves_exactly_the_tagged_values(remat):
     blk = make().unstacked()[0]
     per_block = saved_residuals(jax.checkpoint(lambda b, x: b(x).sum().scalar(), policy=nn.remat_policy(remat)), blk, x)
     assert [(s, d.split(" from ")[0]) for s, d in per_block] == [((B, M), "named 'hidden'")], per_block
-    both = saved_residuals(jax.checkpoint(lambda b, x: b(x).sum().scalar(), policy=nn.remat_policy("save_names:hidden,normed")), blk, x)
+    both = saved_residuals(
+        jax.checkpoint(lambda b, x: b(x).sum().scalar(), policy=nn.remat_policy("save_names:hidden,normed")), blk, x
+    )
     assert sorted(d.split(" from ")[0] for _, d in both) == ["named 'hidden'", "named 'normed'"]
     # in the stack: the tagged [batch, mlp] per layer, plus the layer inputs
     assert sorted(s for s, _ in saved_residuals(stack_loss, make(remat), x)) == [(L, B, E), (L, B, M)]
@@ -299,11 +305,20 @@ def test_haliax_curried_init_and_plain_per_layer_keys_match_a_loop():
         nn.Stacked.init(Layers, Noisy, gradient_checkpointing="offload")
 
 
-@pytest.mark.parametrize("policy, remat", [
-    (False, None), (True, nn.Remat()), ("recompute", nn.Remat()), ("save_all", None),
-    ("nested", nn.Remat(every=Layers.size)),  # 3 layers: the largest divisor up to sqrt(3) is 1 group
-    (nn.ScanCheckpointPolicy(save_block_internals=["hidden"], offload_block_internals=()), nn.Remat(save=("hidden",))),
-])
+@pytest.mark.parametrize(
+    "policy, remat",
+    [
+        (False, None),
+        (True, nn.Remat()),
+        ("recompute", nn.Remat()),
+        ("save_all", None),
+        ("nested", nn.Remat(every=Layers.size)),  # 3 layers: the largest divisor up to sqrt(3) is 1 group
+        (
+            nn.ScanCheckpointPolicy(save_block_internals=["hidden"], offload_block_internals=()),
+            nn.Remat(save=("hidden",)),
+        ),
+    ],
+)
 def test_scan_checkpoint_policy_reads_as_a_remat(policy, remat):
     s = nn.Stacked.init(Layers, Block.init, Embed, Mlp, key=jax.random.key(0), gradient_checkpointing=policy)
     assert nn.Remat.parse(s.remat, Layers.size) == remat

@@ -41,8 +41,11 @@ class Net(eqx.Module):
     @staticmethod
     def init(stack=nn.Stacked, *, key):
         k1, k2, k3 = jax.random.split(key, 3)
-        return Net(nn.Embedding.init(Vocab, Embed, key=k1), stack.init(Layers, Block.init, key=k2),
-                   nn.Linear.init(Embed, Axis("out", 5), key=k3))
+        return Net(
+            nn.Embedding.init(Vocab, Embed, key=k1),
+            stack.init(Layers, Block.init, key=k2),
+            nn.Linear.init(Embed, Axis("out", 5), key=k3),
+        )
 
     def __call__(self, ids):
         return self.head(self.layers.fold(self.emb(ids)))
@@ -141,8 +144,10 @@ def test_nested_stacks_and_lists():
 
     outer = _perturbed(nn.Stacked.init(Outer, pair, key=jax.random.key(0)), jax.random.key(1))
     sd = nm.state_dict(outer)
-    assert set(sd) == ({f"{o}.blocks.0.{w}" for o in range(3) for w in ("weight", "bias")}
-                       | {f"{o}.stack.{i}.weight" for o in range(3) for i in range(2)})
+    assert set(sd) == (
+        {f"{o}.blocks.0.{w}" for o in range(3) for w in ("weight", "bias")}
+        | {f"{o}.stack.{i}.weight" for o in range(3) for i in range(2)}
+    )
     norms = np.asarray(outer.stacked.stack.stacked.weight.array)  # (outer, inner, embed)
     np.testing.assert_array_equal(np.asarray(sd["2.stack.1.weight"]), norms[2, 1])
     loaded = nm.load_state_dict(nn.Stacked.init(Outer, pair, key=jax.random.key(5)), sd)
@@ -169,16 +174,22 @@ def test_missing_unexpected_and_misshapen_keys(net):
         nm.load_state_dict(template, {k: v for k, v in sd.items() if k != "layers.2.down.bias"})
     with pytest.raises(nm.StateDictError, match=r"unexpected key 'layers\.3\.up\.weight'"):
         nm.load_state_dict(template, {**sd, "layers.3.up.weight": sd["layers.0.up.weight"]})
-    with pytest.raises(nm.StateDictError, match=r"'layers\.1\.up\.weight' has shape \[6, 4\], expected \[4, 6\] "
-                                                 r"\(embed mlp\)"):
+    with pytest.raises(
+        nm.StateDictError,
+        match=r"'layers\.1\.up\.weight' has shape \[6, 4\], expected \[4, 6\] "
+        r"\(embed mlp\)",
+    ):
         nm.load_state_dict(template, {**sd, "layers.1.up.weight": sd["layers.1.up.weight"].T})
     with pytest.raises(nm.StateDictError, match=r"'emb\.weight' holds integer values"):
         nm.load_state_dict(template, {**sd, "emb.weight": sd["emb.weight"].astype(np.int32)})
     with pytest.raises(nm.StateDictError, match=r"'head\.bias' holds a NamedArray"):
         nm.load_state_dict(template, {**sd, "head.bias": net.head.bias})
     with pytest.raises(nm.StateDictError, match="missing key 'emb.weight'.*abstract"):
-        nm.load_state_dict(eqx.filter_eval_shape(Net.init, key=jax.random.key(0)),
-                           {k: v for k, v in sd.items() if k != "emb.weight"}, strict=False)
+        nm.load_state_dict(
+            eqx.filter_eval_shape(Net.init, key=jax.random.key(0)),
+            {k: v for k, v in sd.items() if k != "emb.weight"},
+            strict=False,
+        )
 
 
 def test_non_strict_keeps_the_template_and_ignores_extras(net):
@@ -203,8 +214,11 @@ def test_bad_files(net, tmp_path):
     nm.save_state_dict(net, good)
     small = Net.init(key=jax.random.key(2))
     small = eqx.tree_at(lambda n: n.head, small, nn.Linear.init(Embed, Axis("out", 3), key=jax.random.key(0)))
-    with pytest.raises(nm.StateDictError, match=r"good.safetensors: key 'head.weight' has shape \[4, 5\], "
-                                                 r"expected \[4, 3\]"):
+    with pytest.raises(
+        nm.StateDictError,
+        match=r"good.safetensors: key 'head.weight' has shape \[4, 5\], "
+        r"expected \[4, 3\]",
+    ):
         nm.load_state_dict_file(small, good)
     with pytest.raises(nm.StateDictError, match="is a directory"):
         nm.save_state_dict(net, tmp_path)
@@ -218,8 +232,10 @@ def test_loading_places_arrays_like_the_template_or_by_mapping(net):
     mapping = {"embed": "data", "mlp": "model"}
     sd = {k: np.asarray(v) for k, v in nm.state_dict(net).items()}
     sharded_template = nm.shard(Net.init(key=jax.random.key(2)), mapping, mesh)
-    for loaded in (nm.load_state_dict(sharded_template, sd),
-                   nm.load_state_dict(Net.init(key=jax.random.key(2)), sd, mapping=mapping, mesh=mesh)):
+    for loaded in (
+        nm.load_state_dict(sharded_template, sd),
+        nm.load_state_dict(Net.init(key=jax.random.key(2)), sd, mapping=mapping, mesh=mesh),
+    ):
         up = loaded.layers.stacked.up.weight
         assert nm.layout(up) == "layers embed/data mlp/model"  # where it lives
         assert up.array.sharding.is_equivalent_to(nm.sharding_for(up, mapping, mesh), up.ndim)
@@ -274,22 +290,39 @@ def test_torch_state_dict_loads_into_the_equivalent_module():
 
 @pytest.fixture(scope="module")
 def llama():
-    config = models.LlamaConfig(hidden_size=16, intermediate_size=24, num_hidden_layers=2, num_attention_heads=2,
-                                num_key_value_heads=1, vocab_size=31, max_position_embeddings=16)
+    config = models.LlamaConfig(
+        hidden_size=16,
+        intermediate_size=24,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=31,
+        max_position_embeddings=16,
+    )
     return config, _perturbed(models.LlamaLMHeadModel.init(config, key=jax.random.key(0)), jax.random.key(1))
 
 
 def test_llama_round_trip(llama, tmp_path):
     config, model = llama
     sd = nm.state_dict(model)
-    per_layer = {"input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_proj.weight",
-                 "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
-                 "mlp.gate.weight", "mlp.up.weight", "mlp.down.weight"}
+    per_layer = {
+        "input_layernorm.weight",
+        "post_attention_layernorm.weight",
+        "self_attn.q_proj.weight",
+        "self_attn.k_proj.weight",
+        "self_attn.v_proj.weight",
+        "self_attn.o_proj.weight",
+        "mlp.gate.weight",
+        "mlp.up.weight",
+        "mlp.down.weight",
+    }
     assert set(sd) == {"embed_tokens.weight", "norm.weight", "lm_head.weight"} | {
-        f"layers.{i}.{k}" for i in range(2) for k in per_layer}
+        f"layers.{i}.{k}" for i in range(2) for k in per_layer
+    }
     nm.save_state_dict(model, tmp_path / "llama.safetensors")
-    loaded = nm.load_state_dict_file(models.LlamaLMHeadModel.init(config, key=jax.random.key(7)),
-                                     tmp_path / "llama.safetensors")
+    loaded = nm.load_state_dict_file(
+        models.LlamaLMHeadModel.init(config, key=jax.random.key(7)), tmp_path / "llama.safetensors"
+    )
     ids = nm.named(jnp.array([[3, 1, 4, 1, 5]]), ("batch", "position"))
     np.testing.assert_array_equal(np.asarray(loaded(ids).array), np.asarray(model(ids).array))
 
@@ -330,17 +363,26 @@ def test_flatten_exports_torch_layouts_that_torch_computes_with(tmp_path):
     assert set(sd) == {f"{i}.qkv.{w}" for i in range(3) for w in ("weight", "bias")}
     assert sd["1.qkv.weight"].shape == (6, 4) and sd["1.qkv.bias"].shape == (6,)  # torch: [out, in], [out]
     torch_layer = torch.nn.Linear(4, 6)
-    torch_layer.load_state_dict({k.split(".", 2)[2]: torch.tensor(np.asarray(v)) for k, v in sd.items() if k.startswith("1.")})
+    torch_layer.load_state_dict(
+        {k.split(".", 2)[2]: torch.tensor(np.asarray(v)) for k, v in sd.items() if k.startswith("1.")}
+    )
     x = nm.random.normal(jax.random.key(4), (Axis("batch", 5), Embed))
     want = torch_layer(torch.tensor(np.asarray(x.array))).detach().numpy().reshape(5, 2, 3)
     got = stack.get_layer(1).qkv(x)
-    np.testing.assert_allclose(np.asarray(got.rearrange(("batch", "heads", "head_size")).array), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(got.rearrange(("batch", "heads", "head_size")).array), want, rtol=1e-5, atol=1e-6
+    )
     # and back: the template's axes and order return, from a dict and from a file
     template = nn.Stacked.init(Layers, Proj.init, key=jax.random.key(9))
-    for loaded in (nm.load_state_dict(template, sd, flatten=True),
-                   (nm.save_state_dict(stack, tmp_path / "flat.safetensors", flatten=True),
-                    nm.load_state_dict_file(eqx.filter_eval_shape(lambda: template), tmp_path / "flat.safetensors",
-                                            flatten=True))[1]):
+    for loaded in (
+        nm.load_state_dict(template, sd, flatten=True),
+        (
+            nm.save_state_dict(stack, tmp_path / "flat.safetensors", flatten=True),
+            nm.load_state_dict_file(
+                eqx.filter_eval_shape(lambda: template), tmp_path / "flat.safetensors", flatten=True
+            ),
+        )[1],
+    ):
         assert loaded.stacked.qkv.weight.axes == stack.stacked.qkv.weight.axes
         _same(loaded, stack)
     with pytest.raises(nm.StateDictError, match=r"key '0.qkv.weight' has shape \[4, 2, 3\], expected \[6, 4\]"):

@@ -25,12 +25,27 @@ def no_wandb(monkeypatch):
 
 def _cfg(tmp_path: Path, mode: str):
     (tmp_path / "code.txt").write_text("\n".join(f"def f_{i}(a):\n    return a * {i}\n" for i in range(200)))
-    args = {"trainer.num_train_steps": 1, "trainer.train_batch_size": 8, "trainer.log_interval": 1,
-            "trainer.eval_interval": 0, "trainer.sample_interval": 0, "trainer.progress_bar": "false",
-            "trainer.run_dir": str(tmp_path / "run"), "model.n_layer": 1, "model.n_head": 2, "model.n_embd": 16,
-            "model.n_positions": 32, "data.train": f"[{tmp_path / 'code.txt'}]", "data.seq_len": 16,
-            "data.val_fraction": 0.0, "data.cache_dir": str(tmp_path / "cache"), "checkpoint.interval": 0,
-            "checkpoint.save_at_end": "false", "tracker.console": "false", "tracker.wandb_mode": mode}
+    args = {
+        "trainer.num_train_steps": 1,
+        "trainer.train_batch_size": 8,
+        "trainer.log_interval": 1,
+        "trainer.eval_interval": 0,
+        "trainer.sample_interval": 0,
+        "trainer.progress_bar": "false",
+        "trainer.run_dir": str(tmp_path / "run"),
+        "model.n_layer": 1,
+        "model.n_head": 2,
+        "model.n_embd": 16,
+        "model.n_positions": 32,
+        "data.train": f"[{tmp_path / 'code.txt'}]",
+        "data.seq_len": 16,
+        "data.val_fraction": 0.0,
+        "data.cache_dir": str(tmp_path / "cache"),
+        "checkpoint.interval": 0,
+        "checkpoint.save_at_end": "false",
+        "tracker.console": "false",
+        "tracker.wandb_mode": mode,
+    }
     return load_config(NANO, [x for k, v in args.items() for x in (f"--{k}", str(v))])
 
 

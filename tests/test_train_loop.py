@@ -21,8 +21,8 @@ import jax
 import numpy as np
 import pytest
 
-from named.trainer.loop import train as train_mod
 from named.trainer.config import load_config
+from named.trainer.loop import train as train_mod
 from named.trainer.loop.train import TrainingError, train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,12 +41,25 @@ def corpus(tmp_path_factory) -> Path:
 
 def _cfg(corpus: Path, run_dir: Path, **over):
     args = {
-        "trainer.num_train_steps": 7, "trainer.train_batch_size": 8, "trainer.log_interval": 3,
-        "trainer.eval_interval": 0, "trainer.sample_interval": 0, "trainer.progress_bar": "false",
-        "trainer.run_dir": str(run_dir), "model.n_layer": 1, "model.n_head": 2, "model.n_embd": 16,
-        "model.n_positions": 32, "data.train": f"[{corpus / 'code.txt'}]", "data.seq_len": 16,
-        "data.val_fraction": 0.0, "data.cache_dir": str(corpus / "cache"), "optimizer.warmup_steps": 0,
-        "checkpoint.interval": 0, "checkpoint.save_at_end": "false", "tracker.console": "false",
+        "trainer.num_train_steps": 7,
+        "trainer.train_batch_size": 8,
+        "trainer.log_interval": 3,
+        "trainer.eval_interval": 0,
+        "trainer.sample_interval": 0,
+        "trainer.progress_bar": "false",
+        "trainer.run_dir": str(run_dir),
+        "model.n_layer": 1,
+        "model.n_head": 2,
+        "model.n_embd": 16,
+        "model.n_positions": 32,
+        "data.train": f"[{corpus / 'code.txt'}]",
+        "data.seq_len": 16,
+        "data.val_fraction": 0.0,
+        "data.cache_dir": str(corpus / "cache"),
+        "optimizer.warmup_steps": 0,
+        "checkpoint.interval": 0,
+        "checkpoint.save_at_end": "false",
+        "tracker.console": "false",
     }
     args.update(over)
     return load_config(NANO, [x for k, v in args.items() for x in (f"--{k}", str(v))])
@@ -95,8 +108,14 @@ def observed(monkeypatch):
             events.append(("dispatch", k))
             model, opt_state, metrics = step_fn(*args)
             losses.append(metrics["loss"])
-            return model, opt_state, {name: _Tripwire(v, k, events, "flags" if name == "stop_flags" else "read")
-                                      for name, v in metrics.items()}
+            return (
+                model,
+                opt_state,
+                {
+                    name: _Tripwire(v, k, events, "flags" if name == "stop_flags" else "read")
+                    for name, v in metrics.items()
+                },
+            )
 
         return step
 
@@ -127,46 +146,111 @@ def test_steps_are_dispatched_ahead_and_read_only_at_read_points(corpus, tmp_pat
     # queued while step k may still run, and then reads nothing but step k-1's stop flags (after
     # a read point, step k-1 has finished: no wait).
     assert train_mod.MAX_IN_FLIGHT == 2
-    expected = [("batch", 1), ("dispatch", 1), ("batch", 2), ("dispatch", 2), ("batch", 3), ("wait", 1),
-                ("flags", 1), ("dispatch", 3), ("batch", 4), ("wait", 2), ("flags", 2), ("read", 1), ("read", 2),
-                ("read", 3), ("dispatch", 4), ("batch", 5), ("flags", 3), ("dispatch", 5), ("batch", 6), ("wait", 4),
-                ("flags", 4), ("dispatch", 6), ("batch", 7), ("wait", 5), ("flags", 5), ("read", 4), ("read", 5),
-                ("read", 6), ("dispatch", 7), ("flags", 6), ("read", 7)]
+    expected = [
+        ("batch", 1),
+        ("dispatch", 1),
+        ("batch", 2),
+        ("dispatch", 2),
+        ("batch", 3),
+        ("wait", 1),
+        ("flags", 1),
+        ("dispatch", 3),
+        ("batch", 4),
+        ("wait", 2),
+        ("flags", 2),
+        ("read", 1),
+        ("read", 2),
+        ("read", 3),
+        ("dispatch", 4),
+        ("batch", 5),
+        ("flags", 3),
+        ("dispatch", 5),
+        ("batch", 6),
+        ("wait", 4),
+        ("flags", 4),
+        ("dispatch", 6),
+        ("batch", 7),
+        ("wait", 5),
+        ("flags", 5),
+        ("read", 4),
+        ("read", 5),
+        ("read", 6),
+        ("dispatch", 7),
+        ("flags", 6),
+        ("read", 7),
+    ]
     assert _collapsed(events) == expected
     # every step's loss is in the result, as the step computed it
     assert result.losses == [float(np.asarray(x)) for x in step_losses] and len(result.losses) == 7
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [(r["step"], r["train/loss"]) for r in rows] == [(3, result.losses[2]), (6, result.losses[5]),
-                                                            (7, result.losses[6])]
+    assert [(r["step"], r["train/loss"]) for r in rows] == [
+        (3, result.losses[2]),
+        (6, result.losses[5]),
+        (7, result.losses[6]),
+    ]
     assert all(r["train/tokens_per_s"] > 0 and r["train/step_time_s"] > 0 for r in rows)
 
 
 def test_a_checkpoint_is_a_read_point(corpus, tmp_path, observed):
     events, _ = observed
-    train(_cfg(corpus, tmp_path / "run", **{"trainer.num_train_steps": 4, "trainer.log_interval": 0,
-                                            "checkpoint.interval": 2}))
+    train(
+        _cfg(
+            corpus,
+            tmp_path / "run",
+            **{"trainer.num_train_steps": 4, "trainer.log_interval": 0, "checkpoint.interval": 2},
+        )
+    )
     # no log lines: the checkpoint after step 2 and the end are the only read points; step 2's
     # NaN check is done before its checkpoint is written
-    assert _collapsed(events) == [("batch", 1), ("dispatch", 1), ("batch", 2), ("dispatch", 2), ("batch", 3),
-                                  ("wait", 1), ("flags", 1), ("read", 1), ("read", 2), ("dispatch", 3), ("batch", 4),
-                                  ("flags", 2), ("dispatch", 4), ("wait", 3), ("flags", 3), ("read", 3), ("read", 4)]
+    assert _collapsed(events) == [
+        ("batch", 1),
+        ("dispatch", 1),
+        ("batch", 2),
+        ("dispatch", 2),
+        ("batch", 3),
+        ("wait", 1),
+        ("flags", 1),
+        ("read", 1),
+        ("read", 2),
+        ("dispatch", 3),
+        ("batch", 4),
+        ("flags", 2),
+        ("dispatch", 4),
+        ("wait", 3),
+        ("flags", 3),
+        ("read", 3),
+        ("read", 4),
+    ]
 
 
 def test_stop_names_the_first_bad_step_when_read_later(corpus, tmp_path):
     run_dir = tmp_path / "run"
-    cfg = _cfg(corpus, run_dir, **EXPLODE, **{"trainer.nan_policy": "stop", "trainer.num_train_steps": 6,
-                                              "trainer.log_interval": 4})
+    cfg = _cfg(
+        corpus,
+        run_dir,
+        **EXPLODE,
+        **{"trainer.nan_policy": "stop", "trainer.num_train_steps": 6, "trainer.log_interval": 4},
+    )
     # steps 2..4 are all non-finite and are first read after step 4: the error names step 2
-    with pytest.raises(TrainingError, match=r"non-finite loss or gradient in step 2 \(loss=nan.*nan_policy=stop.*"
-                                            r"the last committed checkpoint is None"):
+    with pytest.raises(
+        TrainingError,
+        match=r"non-finite loss or gradient in step 2 \(loss=nan.*nan_policy=stop.*"
+        r"the last committed checkpoint is None",
+    ):
         train(cfg)
     assert not (run_dir / "metrics.jsonl").exists() or (run_dir / "metrics.jsonl").read_text() == ""
 
 
 def test_skip_reports_every_bad_step_of_the_window(corpus, tmp_path):
     run_dir = tmp_path / "run"
-    result = train(_cfg(corpus, run_dir, **EXPLODE, **{"trainer.nan_policy": "skip", "trainer.num_train_steps": 4,
-                                                       "trainer.log_interval": 4}))
+    result = train(
+        _cfg(
+            corpus,
+            run_dir,
+            **EXPLODE,
+            **{"trainer.nan_policy": "skip", "trainer.num_train_steps": 4, "trainer.log_interval": 4},
+        )
+    )
     assert math.isfinite(result.losses[0]) and all(math.isnan(x) for x in result.losses[1:]) and len(result.losses) == 4
     log = (run_dir / "logs" / "process_0.log").read_text()
     assert [s for s in range(1, 5) if f"non-finite loss or gradient in step {s} " in log] == [2, 3, 4]

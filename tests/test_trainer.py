@@ -10,11 +10,9 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-
 from _procs import xla_flags
 
 import named as nm
-
 from named.trainer import checkpoint as ckpt
 from named.trainer.config import load_config
 from named.trainer.loop.train import train
@@ -90,8 +88,11 @@ def test_fsdp_run_learns_and_shards(corpus, tmp_path):
 
 def test_resume_reproduces_uninterrupted_run(corpus, tmp_path):
     full = run(corpus, tmp_path / "full", **FSDP)
-    first = run(corpus, tmp_path / "split", **{**FSDP, "trainer.num_train_steps": 20, "checkpoint.interval": 10,
-                                                "checkpoint.save_at_end": "false"})
+    first = run(
+        corpus,
+        tmp_path / "split",
+        **{**FSDP, "trainer.num_train_steps": 20, "checkpoint.interval": 10, "checkpoint.save_at_end": "false"},
+    )
     # Pretend the first run died after step 10: drop everything after the step-10 checkpoint.
     ck = tmp_path / "split" / "checkpoints"
     assert sorted(p.name for p in ck.iterdir()) == ["step_10"]
@@ -103,16 +104,23 @@ def test_resume_reproduces_uninterrupted_run(corpus, tmp_path):
     assert resumed.losses == full.losses[10:]
     # metrics.jsonl holds each step once: the rows past step 10 are the resumed run's
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
-    assert [(r["step"], r["train/loss"]) for r in rows] == [(5, first.losses[4]), (10, first.losses[9]),
-                                                          (15, resumed.losses[4]), (20, resumed.losses[9])]
+    assert [(r["step"], r["train/loss"]) for r in rows] == [
+        (5, first.losses[4]),
+        (10, first.losses[9]),
+        (15, resumed.losses[4]),
+        (20, resumed.losses[9]),
+    ]
     for a, b in zip(jax.tree.leaves(resumed.model), jax.tree.leaves(full.model)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_restore_onto_another_mesh(corpus, tmp_path):
     eight = run(corpus, tmp_path / "run", **{**FSDP, "trainer.num_train_steps": 10})
-    two_d = {"mesh.shape": "{data: 4, model: 2}", "mesh.param_mapping": "{embed: data, mlp: model, heads: model}",
-             "mesh.compute_mapping": "{batch: data, mlp: model, heads: model}"}
+    two_d = {
+        "mesh.shape": "{data: 4, model: 2}",
+        "mesh.param_mapping": "{embed: data, mlp: model, heads: model}",
+        "mesh.compute_mapping": "{batch: data, mlp: model, heads: model}",
+    }
     more = run(corpus, tmp_path / "run", **{**two_d, "trainer.num_train_steps": 12, "trainer.load_checkpoint": "auto"})
     assert len(more.losses) == 2
     # What the continued run started from: step 10 restored onto the 4x2 layout of its own state
@@ -127,8 +135,11 @@ def test_restore_onto_another_mesh(corpus, tmp_path):
 
 def test_gradient_accumulation_equals_full_batch(corpus, tmp_path):
     one = run(corpus, tmp_path / "a", **{**FSDP, "trainer.num_train_steps": 4})
-    four = run(corpus, tmp_path / "b", **{**FSDP, "trainer.num_train_steps": 4, "trainer.microbatches": 2,
-                                          "mesh.shape": "{data: 8}"})
+    four = run(
+        corpus,
+        tmp_path / "b",
+        **{**FSDP, "trainer.num_train_steps": 4, "trainer.microbatches": 2, "mesh.shape": "{data: 8}"},
+    )
     np.testing.assert_allclose(four.losses, one.losses, rtol=1e-6)
     # Parameters agree to 1e-4, not bitwise: the attention key bias has an exactly-zero true
     # gradient (softmax ignores a constant shift of the keys), so its gradient is float noise
@@ -141,20 +152,59 @@ def _cli(args, cwd=ROOT, env_extra=None, timeout=600):
     env = dict(os.environ)
     env["XLA_FLAGS"] = xla_flags(2)
     env.update(env_extra or {})
-    return subprocess.run([sys.executable, "-c", "import sys; from named.trainer.commands.cli import main_train; sys.exit(main_train())", *args],
-                          cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from named.trainer.commands.cli import main_train; sys.exit(main_train())",
+            *args,
+        ],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_cli_end_to_end(corpus, tmp_path):
-    r = _cli(["--config_path", "config/gpt2_nano.yaml", *tiny_args(corpus, tmp_path / "cli", **{
-        "trainer.num_train_steps": 6, "trainer.sample_interval": 6, "trainer.sample_tokens": 8,
-        "tracker.console": "true", "trainer.eval_interval": 3})])
+    r = _cli(
+        [
+            "--config_path",
+            "config/gpt2_nano.yaml",
+            *tiny_args(
+                corpus,
+                tmp_path / "cli",
+                **{
+                    "trainer.num_train_steps": 6,
+                    "trainer.sample_interval": 6,
+                    "trainer.sample_tokens": 8,
+                    "tracker.console": "true",
+                    "trainer.eval_interval": 3,
+                },
+            ),
+        ]
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "[train 5]" in r.stdout and "[eval 3]" in r.stdout and "[sample 6]" in r.stdout
     assert "done: 6 steps" in r.stdout
-    s = subprocess.run([sys.executable, "-c", "import sys; from named.trainer.commands.cli import main_sample; sys.exit(main_sample())",
-                        "--checkpoint", str(tmp_path / "cli"), "--prompt", "def ", "--tokens", "5"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    s = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from named.trainer.commands.cli import main_sample; sys.exit(main_sample())",
+            "--checkpoint",
+            str(tmp_path / "cli"),
+            "--prompt",
+            "def ",
+            "--tokens",
+            "5",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert s.returncode == 0, s.stderr[-3000:]
     assert s.stdout.startswith("def ")
 

@@ -157,7 +157,9 @@ def test_nmap_broadcasts_arguments_by_union(data):
 def test_plain_arrays_are_scanned_along_their_first_dimension():
     # Haliax's rule: jax.random.split(key, n) gives each step its own key; 0-d values go whole
     xs = np.arange(6.0, dtype=np.float32).reshape(3, 2)
-    carry, ys = nm.scan(lambda c, row, k: (c + row.sum() * k, row * 2), Axis("step", 3))(0.0, jnp.asarray(xs), jnp.float32(10))
+    carry, ys = nm.scan(lambda c, row, k: (c + row.sum() * k, row * 2), Axis("step", 3))(
+        0.0, jnp.asarray(xs), jnp.float32(10)
+    )
     np.testing.assert_allclose(float(carry), xs.sum() * 10)
     assert ys.shape == (3, 2)  # a plain output gets a leading dimension
     np.testing.assert_allclose(np.asarray(ys), xs * 2)
@@ -194,11 +196,16 @@ def test_scan_remat_and_unroll_keep_the_numbers():
     for i in range(4):
         h = np.tanh(h @ wa[i])
     want = jax.grad(loss)(ws, None, 1)
-    for remat, unroll in [(True, 2), ("full every=2", None), (nm.ScanCheckpointPolicy(nested=2), True),
-                          (nm.ScanCheckpointPolicy(save_block_internals=["x"]), 1)]:
+    for remat, unroll in [
+        (True, 2),
+        ("full every=2", None),
+        (nm.ScanCheckpointPolicy(nested=2), True),
+        (nm.ScanCheckpointPolicy(save_block_internals=["x"]), 1),
+    ]:
         np.testing.assert_allclose(float(loss(ws, remat, unroll)), h.sum(), rtol=1e-5)
-        np.testing.assert_allclose(np.asarray(jax.grad(loss)(ws, remat, unroll).array), np.asarray(want.array),
-                                   rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            np.asarray(jax.grad(loss)(ws, remat, unroll).array), np.asarray(want.array), rtol=1e-5, atol=1e-6
+        )
     with pytest.raises(nm.NamedError, match="every=3 groups steps 3 at a time, but 'step' has 4"):
         loss(ws, "full every=3", 1)
 
@@ -206,12 +213,21 @@ def test_scan_remat_and_unroll_keep_the_numbers():
 def test_map_linspace_family_and_tree_checkpoint_name_match_numpy():
     xs = nm.random.normal(jax.random.key(5), (Layers, Batch, Embed))
     norms = nm.map(lambda v: nm.sqrt((v * v).sum()), "layers")(xs)  # one slice at a time (lax.map)
-    np.testing.assert_allclose(np.asarray(norms.array), np.linalg.norm(np.asarray(xs.array).reshape(2, -1), axis=1), rtol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(norms.array), np.linalg.norm(np.asarray(xs.array).reshape(2, -1), axis=1), rtol=1e-5
+    )
     X = Axis("x", 7)
-    np.testing.assert_allclose(np.asarray(nm.linspace(X, start=-1.0, stop=2.0).array), np.linspace(-1, 2, 7), rtol=1e-6, atol=1e-7)
-    np.testing.assert_allclose(np.asarray(nm.logspace(X, start=0.0, stop=2.0, base=2.0).array), np.logspace(0, 2, 7, base=2.0), rtol=1e-5)
-    np.testing.assert_allclose(np.asarray(nm.geomspace(X, start=1.0, stop=64.0, endpoint=False).array),
-                               np.geomspace(1, 64, 7, endpoint=False), rtol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(nm.linspace(X, start=-1.0, stop=2.0).array), np.linspace(-1, 2, 7), rtol=1e-6, atol=1e-7
+    )
+    np.testing.assert_allclose(
+        np.asarray(nm.logspace(X, start=0.0, stop=2.0, base=2.0).array), np.logspace(0, 2, 7, base=2.0), rtol=1e-5
+    )
+    np.testing.assert_allclose(
+        np.asarray(nm.geomspace(X, start=1.0, stop=64.0, endpoint=False).array),
+        np.geomspace(1, 64, 7, endpoint=False),
+        rtol=1e-5,
+    )
     assert nm.linspace("s", start=0.0, stop=1.0).shape == {"s": 50}  # numpy's default count for a bare name
     tagged = nm.tree_checkpoint_name({"a": xs, "b": jnp.ones(2)}, "saved")
     jaxpr = str(jax.make_jaxpr(lambda t: nm.tree_checkpoint_name(t, "saved"))({"a": xs, "b": jnp.ones(2)}))

@@ -25,8 +25,11 @@ class Lm(eqx.Module):
 @pytest.fixture(scope="module")
 def lm():
     k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
-    return Lm(nn.Embedding.init(Vocab, Embed, key=k1), nm.random.normal(k2, (Embed, Pos)),
-              nn.Linear.init(Embed, Vocab, key=k3))
+    return Lm(
+        nn.Embedding.init(Vocab, Embed, key=k1),
+        nm.random.normal(k2, (Embed, Pos)),
+        nn.Linear.init(Embed, Vocab, key=k3),
+    )
 
 
 def _np(x):
@@ -67,8 +70,9 @@ def test_each_grown_array_draws_its_own_values(lm):
 
 
 def test_custom_init_and_shrink(lm):
-    sevens = nm.resize_axis(lm, "vocab", 6, key=jax.random.key(0),
-                            init=lambda k, axes, dtype: nm.full(axes, 7.0, dtype))
+    sevens = nm.resize_axis(
+        lm, "vocab", 6, key=jax.random.key(0), init=lambda k, axes, dtype: nm.full(axes, 7.0, dtype)
+    )
     np.testing.assert_array_equal(_np(sevens.tokens.weight)[5], np.full(4, 7.0))
     short = nm.resize_axis(lm, "position", 3)
     np.testing.assert_array_equal(_np(short.positions), _np(lm.positions)[:, :3])

@@ -55,7 +55,7 @@ def test_the_return_value_is_checked():
 
 def test_ellipsis_fixed_sizes_optional_and_plain_jaxtyping():
     @nm.typecheck(enabled=True)
-    def f(x: nm.f32["embed ..."], y: nm.f32[Axis("batch", 2), "position"] | None, ids: Int[Array, "batch"]):
+    def f(x: nm.f32["embed ..."], y: nm.f32[Axis("batch", 2), position] | None, ids: Int[Array, batch]):  # noqa: F821 - axis names, not Python names
         return x
 
     f(X, None, jnp.zeros(2, jnp.int32))
@@ -64,8 +64,9 @@ def test_ellipsis_fixed_sizes_optional_and_plain_jaxtyping():
         f(X, nm.ones((Axis("batch", 3), Pos)), jnp.zeros(3, jnp.int32))
     f(X, None, jnp.zeros(7, jnp.int32))  # x lets "batch" through "..." unbound
     # y binds "batch" for this call, and the plain array's jaxtyping annotation must agree
-    with pytest.raises(nm.ArgumentTypeError,
-                       match=r"argument 'ids' of .*f: expected Int\[.*Array, 'batch'\], but got int32\[7\]"):
+    with pytest.raises(
+        nm.ArgumentTypeError, match=r"argument 'ids' of .*f: expected Int\[.*Array, 'batch'\], but got int32\[7\]"
+    ):
         f(X, nm.ones((Batch, Pos)), jnp.zeros(7, jnp.int32))
 
 

@@ -39,8 +39,13 @@ def test_argmax_result_is_an_offset_everywhere_under_jit():
     @jax.jit
     def run(x, u):
         s = nm.argmax(x["W", 0], "H")  # a traced 0-d NamedArray
-        return (nm.roll(x, s, "H"), x["H", nm.ds(s, 2)], nm.updated_slice(x, {"H": s}, u),
-                x.at["H", nm.ds(s, 2)].set(u), nm.roll(x, (s, 1), ("H", "W")))
+        return (
+            nm.roll(x, s, "H"),
+            x["H", nm.ds(s, 2)],
+            nm.updated_slice(x, {"H": s}, u),
+            x.at["H", nm.ds(s, 2)].set(u),
+            nm.roll(x, (s, 1), ("H", "W")),
+        )
 
     rolled, window, updated, at_set, rolled2 = run(x, u)
     close(rolled.array, np.roll(xn, 2, axis=0))
@@ -68,7 +73,9 @@ def test_offsets_that_are_not_integers_are_named_errors():
 def test_updated_slice_static_overflow_is_an_error_naming_the_axis():
     S = nm.Axis("seq", 4)
     cache, update = nm.zeros((S,)), nm.ones(S.resize(3))
-    with pytest.raises(nm.AxisError, match=r"update of size 3 at offset 2 does not fit in axis 'seq' of size 4.*\[-4, 1\]"):
+    with pytest.raises(
+        nm.AxisError, match=r"update of size 3 at offset 2 does not fit in axis 'seq' of size 4.*\[-4, 1\]"
+    ):
         nm.updated_slice(cache, {"seq": 2}, update)
     with pytest.raises(nm.AxisError, match="at offset 5 does not fit"):
         nm.updated_slice(cache, {"seq": jnp.int32(5)}, update)  # a concrete array is static too
@@ -82,10 +89,11 @@ def test_updated_slice_traced_offset_clamps_as_documented(offset):
     S = nm.Axis("seq", 5)
     base = np.arange(5, dtype=np.float32)
     out = jax.jit(lambda c, o: nm.updated_slice(c, {"seq": o}, nm.named(jnp.array([10.0, 20.0]), "seq")))(
-        nm.named(jnp.asarray(base), (S,)), jnp.int32(offset))
+        nm.named(jnp.asarray(base), (S,)), jnp.int32(offset)
+    )
     start = min(max(offset + 5 if offset < 0 else offset, 0), 5 - 2)  # the docstring's rule
     want = base.copy()
-    want[start:start + 2] = [10.0, 20.0]
+    want[start : start + 2] = [10.0, 20.0]
     close(out.array, want)
 
 

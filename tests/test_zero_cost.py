@@ -80,7 +80,9 @@ def attention_named(x, w_q, w_k, w_v, w_o, *, mask_layout="scores"):
     q = _project(x, w_q)
     k = _project(x, w_k).rename({"position": "key_position"})
     v = _project(x, w_v).rename({"position": "key_position"})
-    scores = nm.einsum("... position heads head_size, ... key_position heads head_size -> ... heads position key_position", q, k)
+    scores = nm.einsum(
+        "... position heads head_size, ... key_position heads head_size -> ... heads position key_position", q, k
+    )
     scores = scores / jnp.sqrt(jnp.float32(HeadSize.size))
     causal = nm.arange(Pos) >= nm.arange(KeyPos)  # [position, key_position] by the union rule
     if mask_layout == "scores":
@@ -88,7 +90,9 @@ def attention_named(x, w_q, w_k, w_v, w_o, *, mask_layout="scores"):
     else:
         scores = nm.where(causal, scores, -1e9)
     weights = nm.softmax(scores, "key_position")
-    out = nm.einsum("... heads position key_position, ... key_position heads head_size -> ... position heads head_size", weights, v)
+    out = nm.einsum(
+        "... heads position key_position, ... key_position heads head_size -> ... position heads head_size", weights, v
+    )
     return nm.einsum("batch position heads head_size, heads head_size embed -> batch position embed", out, w_o)
 
 
@@ -110,7 +114,13 @@ def attention_jnp(x, w_q, w_k, w_v, w_o):
 
 
 def _attention_args():
-    return _params((Batch, Pos, Embed), (Embed, Heads, HeadSize), (Embed, Heads, HeadSize), (Embed, Heads, HeadSize), (Heads, HeadSize, Embed))
+    return _params(
+        (Batch, Pos, Embed),
+        (Embed, Heads, HeadSize),
+        (Embed, Heads, HeadSize),
+        (Embed, Heads, HeadSize),
+        (Heads, HeadSize, Embed),
+    )
 
 
 def test_named_attention_compiles_to_the_plain_jnp_program():

@@ -14,8 +14,18 @@ from . import decoder, gpt2
 from ._common import Head, HfLayout, KVCache, forward_with_aux, hidden_with_aux
 from ._rope import RopeScaling
 from .decoder import DecoderConfig, DecoderLMHeadModel
-from .families import (Gemma2Config, Gemma3Config, LlamaConfig, MistralConfig, MixtralConfig, Olmo2Config,
-                       Qwen2Config, Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig)
+from .families import (
+    Gemma2Config,
+    Gemma3Config,
+    LlamaConfig,
+    MistralConfig,
+    MixtralConfig,
+    Olmo2Config,
+    Qwen2Config,
+    Qwen2MoeConfig,
+    Qwen3Config,
+    Qwen3MoeConfig,
+)
 from .generate import generate, sample_token
 from .gpt2 import Gpt2Config, Gpt2LMHeadModel
 from .hf import CheckpointFormatError, check_pretrained, config_from_hf, hf_state_dict, load_pretrained, save_pretrained

@@ -53,9 +53,18 @@ class Head(NamedTuple):
         return logits if self.softcap is None else nm.tanh(logits / self.softcap) * self.softcap
 
 
-def causal_attention(q: NamedArray, k: NamedArray, v: NamedArray, *, segment_ids=None, cache: KVCache | None = None,
-                     pos=None, window=None, scale: float | None = None, softcap: float | None = None
-                     ) -> tuple[NamedArray, KVCache | None]:
+def causal_attention(
+    q: NamedArray,
+    k: NamedArray,
+    v: NamedArray,
+    *,
+    segment_ids=None,
+    cache: KVCache | None = None,
+    pos=None,
+    window=None,
+    scale: float | None = None,
+    softcap: float | None = None,
+) -> tuple[NamedArray, KVCache | None]:
     """Causal attention of ``q`` over ``k, v``, all three with a ``position`` axis.
 
     Without a cache the keys are the queries' own positions (``segment_ids`` keep packed
@@ -106,8 +115,9 @@ def token_positions(input_ids: NamedArray, segment_ids: NamedArray | None = None
 # ---- what a loss asks of a model ---------------------------------------------------------------
 
 
-def forward_with_aux(model, input_ids: NamedArray, *, segment_ids: NamedArray | None = None, key=None
-                     ) -> tuple[NamedArray, dict]:
+def forward_with_aux(
+    model, input_ids: NamedArray, *, segment_ids: NamedArray | None = None, key=None
+) -> tuple[NamedArray, dict]:
     """``(logits, {name: (weight, value)})``: the protocol by which a model hands auxiliary losses
     to the trainer. A model with a ``forward_with_aux`` method of this signature returns its
     logits and its auxiliary losses, each a scalar ``value`` (a mean over the batch's tokens) with
@@ -120,8 +130,9 @@ def forward_with_aux(model, input_ids: NamedArray, *, segment_ids: NamedArray | 
     return method(input_ids, segment_ids=segment_ids, key=key)
 
 
-def hidden_with_aux(model, input_ids: NamedArray, *, segment_ids: NamedArray | None = None, key=None
-                    ) -> tuple[NamedArray, Head, dict]:
+def hidden_with_aux(
+    model, input_ids: NamedArray, *, segment_ids: NamedArray | None = None, key=None
+) -> tuple[NamedArray, Head, dict]:
     """``(hidden, head, aux)``: ``forward_with_aux`` short of the logits, so that a loss can make them a
     vocab block at a time and never hold all of them (``nn.blockwise_next_token_loss(hidden,
     head.weight, ..., softcap=head.softcap)``). ``hidden`` are the final hidden states (after the
@@ -130,8 +141,10 @@ def hidden_with_aux(model, input_ids: NamedArray, *, segment_ids: NamedArray | N
     """
     method = getattr(model, "hidden_with_aux", None)
     if method is None:
-        raise nm.ArgumentError(f"{type(model).__name__} has no hidden_with_aux method: it hands out only its logits, "
-                               "so its loss cannot be made a vocab block at a time")
+        raise nm.ArgumentError(
+            f"{type(model).__name__} has no hidden_with_aux method: it hands out only its logits, "
+            "so its loss cannot be made a vocab block at a time"
+        )
     return method(input_ids, segment_ids=segment_ids, key=key)
 
 

@@ -50,8 +50,9 @@ def folder_file(folder: Path, name: str, *, named_by: str = "") -> Path:
         raise CheckpointFormatError(f"{named_by or path}: cannot follow {name!r} ({e})") from None
     if not any(root in resolved.parents for root in _roots(folder)):
         where = f"{named_by} names {name!r}" if named_by else f"{path} resolves to {resolved}"
-        raise CheckpointFormatError(f"{where}, which is not inside the folder {folder}: "
-                                    "only files inside the folder are read")
+        raise CheckpointFormatError(
+            f"{where}, which is not inside the folder {folder}: only files inside the folder are read"
+        )
     return path
 
 
@@ -178,15 +179,30 @@ class HfConfigFormat(Protocol):
 
 
 _GPT2 = (
-    _Hf("n_layer", ours="n_layer"), _Hf("n_head", ours="n_head"), _Hf("n_embd", ours="n_embd"),
-    _Hf("n_positions", ours="n_positions"), _Hf("vocab_size", ours="vocab_size"),
-    _Hf("resid_pdrop", 0.0, ours="dropout"), _Hf("layer_norm_epsilon", 1e-5, ours="layer_norm_epsilon"),
-    _Hf("activation_function", "gelu_new", ours="activation", allowed=nn.ACTIVATIONS,
-        why=f"known: {', '.join(sorted(nn.ACTIVATIONS))}"),
-    _Hf("tie_word_embeddings", True, ours="tie_word_embeddings"), _Hf("n_inner", None, ours="n_inner"),
-    *(_Hf(name, ok, kind=bool, allowed=(ok,), why=f"our GPT-2 implements {name}={ok} only")
-      for name, ok in (("add_cross_attention", False), ("scale_attn_by_inverse_layer_idx", False),
-                       ("scale_attn_weights", True))),
+    _Hf("n_layer", ours="n_layer"),
+    _Hf("n_head", ours="n_head"),
+    _Hf("n_embd", ours="n_embd"),
+    _Hf("n_positions", ours="n_positions"),
+    _Hf("vocab_size", ours="vocab_size"),
+    _Hf("resid_pdrop", 0.0, ours="dropout"),
+    _Hf("layer_norm_epsilon", 1e-5, ours="layer_norm_epsilon"),
+    _Hf(
+        "activation_function",
+        "gelu_new",
+        ours="activation",
+        allowed=nn.ACTIVATIONS,
+        why=f"known: {', '.join(sorted(nn.ACTIVATIONS))}",
+    ),
+    _Hf("tie_word_embeddings", True, ours="tie_word_embeddings"),
+    _Hf("n_inner", None, ours="n_inner"),
+    *(
+        _Hf(name, ok, kind=bool, allowed=(ok,), why=f"our GPT-2 implements {name}={ok} only")
+        for name, ok in (
+            ("add_cross_attention", False),
+            ("scale_attn_by_inverse_layer_idx", False),
+            ("scale_attn_weights", True),
+        )
+    ),
 )
 
 
@@ -201,6 +217,11 @@ class HfGpt2:
 
     def write(self, family, c: gpt2.Gpt2Config) -> dict:
         out = {f.name: getattr(c, f.ours) if f.ours is not None else f.default for f in self.fields}
-        return {**out, "n_ctx": c.n_positions, "reorder_and_upcast_attn": False,
-                # our dropout acts on the embeddings and the residual branches, not on attention weights
-                "embd_pdrop": c.dropout, "attn_pdrop": 0.0}
+        return {
+            **out,
+            "n_ctx": c.n_positions,
+            "reorder_and_upcast_attn": False,
+            # our dropout acts on the embeddings and the residual branches, not on attention weights
+            "embd_pdrop": c.dropout,
+            "attn_pdrop": 0.0,
+        }

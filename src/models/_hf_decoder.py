@@ -17,18 +17,53 @@ from ._rope import ROPE_TYPES, RopeScaling
 from .decoder import LAYER_TYPES
 
 # fields that change nothing in the model's numbers: generation and tokenizer ids, init, bookkeeping
-_NO_EFFECT = frozenset({"architectures", "model_type", "transformers_version", "torch_dtype", "dtype", "bos_token_id",
-                        "eos_token_id", "pad_token_id", "initializer_range", "use_cache", "_name_or_path",
-                        "output_attentions", "output_hidden_states", "return_dict"})
-_SIZES = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size",
-          "max_position_embeddings")
+_NO_EFFECT = frozenset(
+    {
+        "architectures",
+        "model_type",
+        "transformers_version",
+        "torch_dtype",
+        "dtype",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "initializer_range",
+        "use_cache",
+        "_name_or_path",
+        "output_attentions",
+        "output_hidden_states",
+        "return_dict",
+    }
+)
+_SIZES = (
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "vocab_size",
+    "max_position_embeddings",
+)
 # per rope_type, the rope_parameters keys besides rope_type / type / rope_theta, and whether required
 _ROPE_KEYS = {
-    "default": {}, "dynamic": {"factor": True}, "linear": {"factor": True},
-    "llama3": {"factor": True, "low_freq_factor": True, "high_freq_factor": True,
-               "original_max_position_embeddings": True},
-    "yarn": {"factor": True, "original_max_position_embeddings": False, "attention_factor": False,
-             "beta_fast": False, "beta_slow": False, "mscale": False, "mscale_all_dim": False, "truncate": False},
+    "default": {},
+    "dynamic": {"factor": True},
+    "linear": {"factor": True},
+    "llama3": {
+        "factor": True,
+        "low_freq_factor": True,
+        "high_freq_factor": True,
+        "original_max_position_embeddings": True,
+    },
+    "yarn": {
+        "factor": True,
+        "original_max_position_embeddings": False,
+        "attention_factor": False,
+        "beta_fast": False,
+        "beta_slow": False,
+        "mscale": False,
+        "mscale_all_dim": False,
+        "truncate": False,
+    },
 }
 _ROPE_KINDS = {"original_max_position_embeddings": int, "truncate": bool}
 
@@ -103,8 +138,9 @@ class _Reader:
         return CheckpointFormatError(f"{self.where}: {msg}")
 
 
-def _rope_dict(r: _Reader, rope: Mapping, field: str, theta_default: float, max_positions: int
-               ) -> tuple[float, RopeScaling]:
+def _rope_dict(
+    r: _Reader, rope: Mapping, field: str, theta_default: float, max_positions: int
+) -> tuple[float, RopeScaling]:
     """``(rope_theta, RopeScaling)`` from one flat ``rope_parameters`` / ``rope_scaling`` dict."""
     kind = _checked(rope, "rope_type", str, None, where=r.where, prefix=f"{field}.")
     kind = kind or _checked(rope, "type", str, "default", where=r.where, prefix=f"{field}.")
@@ -114,12 +150,15 @@ def _rope_dict(r: _Reader, rope: Mapping, field: str, theta_default: float, max_
     keys = _ROPE_KEYS[kind]
     extra = sorted(set(rope) - set(keys) - {"rope_type", "type", "rope_theta"})
     if extra:
-        raise r.error(f"unsupported {field}.{extra[0]} for rope_type={kind!r} (it reads "
-                      f"{', '.join(['rope_theta', *keys]) or 'rope_theta only'})")
+        raise r.error(
+            f"unsupported {field}.{extra[0]} for rope_type={kind!r} (it reads "
+            f"{', '.join(['rope_theta', *keys]) or 'rope_theta only'})"
+        )
     values = {}
     for key, required in keys.items():
-        value = _checked(rope, key, _ROPE_KINDS.get(key, float), _REQUIRED if required else None, where=r.where,
-                         prefix=f"{field}.")
+        value = _checked(
+            rope, key, _ROPE_KINDS.get(key, float), _REQUIRED if required else None, where=r.where, prefix=f"{field}."
+        )
         if value is not None:
             values[key] = value
     if kind == "yarn":
@@ -151,8 +190,10 @@ def _rope(r: _Reader, spec: HfDecoder, max_positions: int) -> dict:
                 raise r.error(f"field '{field}.sliding_attention' should be a dict (a JSON object), got {sliding!r}")
             local_theta, local_scaling = _rope_dict(r, sliding, f"{field}.sliding_attention", local, max_positions)
             if local_scaling.rope_type != "default":
-                raise r.error(f"unsupported {field}.sliding_attention.rope_type={local_scaling.rope_type!r} "
-                              "(the local layers use the default rotary embedding)")
+                raise r.error(
+                    f"unsupported {field}.sliding_attention.rope_type={local_scaling.rope_type!r} "
+                    "(the local layers use the default rotary embedding)"
+                )
             local = local_theta
             field, rope = f"{field}.full_attention", rope.get("full_attention") or {}
             if not isinstance(rope, dict):
@@ -189,11 +230,15 @@ def _windows(r: _Reader, spec: HfDecoder, n_layers: int) -> dict:
             window = None
         first_local = r.get("max_window_layers", int, 28)
         types = _layer_types(r, n_layers) or tuple(
-            "sliding_attention" if window is not None and i >= first_local else "full_attention" for i in range(n_layers))
+            "sliding_attention" if window is not None and i >= first_local else "full_attention"
+            for i in range(n_layers)
+        )
         if window is None:
             if "sliding_attention" in types:
-                raise r.error("field 'layer_types' has sliding_attention layers but use_sliding_window is false "
-                              "or sliding_window is null")
+                raise r.error(
+                    "field 'layer_types' has sliding_attention layers but use_sliding_window is false "
+                    "or sliding_window is null"
+                )
             return {"sliding_window": None}
         return {"sliding_window": window, "layer_types": types}
     out = {"sliding_window": window, "layer_types": _layer_types(r, n_layers)}
@@ -208,14 +253,18 @@ def _gemma(r: _Reader, spec: HfDecoder) -> dict:
     if not spec.gemma:
         return {}
     r.only("use_bidirectional_attention", bool, (False,), "we build causal language models")
-    out = {"query_pre_attn_scalar": r.field("query_pre_attn_scalar", float),
-           "final_logit_softcapping": r.field("final_logit_softcapping", float, null_is_none=True)}
+    out = {
+        "query_pre_attn_scalar": r.field("query_pre_attn_scalar", float),
+        "final_logit_softcapping": r.field("final_logit_softcapping", float, null_is_none=True),
+    }
     cap = r.field("attn_logit_softcapping", float, null_is_none=True)
     if spec.attn_softcap:
         out["attn_logit_softcapping"] = cap
     elif cap is not None:
-        raise r.error(f"unsupported attn_logit_softcapping={cap!r} (transformers' model for this model_type does "
-                      "not apply it, so a value here has no agreed meaning)")
+        raise r.error(
+            f"unsupported attn_logit_softcapping={cap!r} (transformers' model for this model_type does "
+            "not apply it, so a value here has no agreed meaning)"
+        )
     return out
 
 
@@ -231,19 +280,25 @@ def _coefficient(r: _Reader, name: str, default: float) -> float:
 def _moe(r: _Reader, spec: HfDecoder) -> dict:
     if spec.moe == "none":
         return {}
-    out = {"num_experts_per_tok": r.field("num_experts_per_tok", int),
-           "router_aux_loss_coef": _coefficient(r, "router_aux_loss_coef", r.defaults["router_aux_loss_coef"])}
+    out = {
+        "num_experts_per_tok": r.field("num_experts_per_tok", int),
+        "router_aux_loss_coef": _coefficient(r, "router_aux_loss_coef", r.defaults["router_aux_loss_coef"]),
+    }
     if spec.moe == "mixtral":
         out["num_experts"] = r.get("num_local_experts", int, r.defaults["num_experts"])
         if _coefficient(r, "router_jitter_noise", 0.0):
-            raise r.error(f"unsupported router_jitter_noise={r.d['router_jitter_noise']!r} (router jitter noise is "
-                          "not implemented)")
+            raise r.error(
+                f"unsupported router_jitter_noise={r.d['router_jitter_noise']!r} (router jitter noise is "
+                "not implemented)"
+            )
         return out
     # transformers 5 writes num_local_experts, earlier versions num_experts
     counts = {n: r.get(n, int, None) for n in ("num_experts", "num_local_experts") if n in r.d}
     if len(set(counts.values())) > 1:
-        raise r.error(f"fields 'num_experts' ({counts['num_experts']}) and 'num_local_experts' "
-                      f"({counts['num_local_experts']}) disagree")
+        raise r.error(
+            f"fields 'num_experts' ({counts['num_experts']}) and 'num_local_experts' "
+            f"({counts['num_local_experts']}) disagree"
+        )
     out["num_experts"] = next(iter(counts.values()), None) or r.defaults["num_experts"]
     out["moe_intermediate_size"] = r.field("moe_intermediate_size", int)
     out["norm_topk_prob"] = r.field("norm_topk_prob", bool)
@@ -266,8 +321,9 @@ def _read(spec: HfDecoder, family, d: Mapping, where: Path):
     kw["tie_word_embeddings"] = r.field("tie_word_embeddings", bool)
     act = r.get(spec.activation_field, str, cls.hidden_act)
     if act != cls.hidden_act:
-        raise r.error(f"unsupported {spec.activation_field}={act!r} (our {family.name} is tested with "
-                      f"{cls.hidden_act} only)")
+        raise r.error(
+            f"unsupported {spec.activation_field}={act!r} (our {family.name} is tested with {cls.hidden_act} only)"
+        )
     if spec.bias == "attention_bias":
         kw["qkv_bias"] = kw["o_bias"] = r.get("attention_bias", bool, False)
     r.only("attention_dropout", float, (0.0,), "attention dropout is not implemented")
@@ -280,8 +336,10 @@ def _read(spec: HfDecoder, family, d: Mapping, where: Path):
     unknown = sorted(set(d) - r.seen - _NO_EFFECT - spec.no_effect - (_MOE_NO_EFFECT if spec.moe != "none" else set()))
     if unknown:
         more = f" (and {', '.join(map(repr, unknown[1:]))})" if len(unknown) > 1 else ""
-        raise r.error(f"unsupported field {unknown[0]!r}{more}: our {family.name} does not implement it, and "
-                      "ignoring it could change the model")
+        raise r.error(
+            f"unsupported field {unknown[0]!r}{more}: our {family.name} does not implement it, and "
+            "ignoring it could change the model"
+        )
     return _build(cls, kw, where)
 
 
@@ -312,16 +370,24 @@ def _moe_out(spec: HfDecoder, c, out: dict) -> set[str]:
     """Writes the MoE fields of ``c`` into ``out``; returns the config fields they hold."""
     if spec.moe == "none":
         return set()
-    out.update(num_experts_per_tok=c.num_experts_per_tok, router_aux_loss_coef=c.router_aux_loss_coef,
-               output_router_logits=False)
+    out.update(
+        num_experts_per_tok=c.num_experts_per_tok,
+        router_aux_loss_coef=c.router_aux_loss_coef,
+        output_router_logits=False,
+    )
     held = {"num_experts", "num_experts_per_tok", "router_aux_loss_coef", *_MOE_OURS}
     if c.router_softmax == "after_topk" and c.norm_topk_prob:
         held.add("router_softmax")  # top-k then softmax is softmax then renormalised top-k
     if spec.moe == "mixtral":
         out.update(num_local_experts=c.num_experts, router_jitter_noise=0.0)
         return held
-    out.update(num_experts=c.num_experts, moe_intermediate_size=c.ExpertMlp.size, norm_topk_prob=c.norm_topk_prob,
-               decoder_sparse_step=1, mlp_only_layers=[])
+    out.update(
+        num_experts=c.num_experts,
+        moe_intermediate_size=c.ExpertMlp.size,
+        norm_topk_prob=c.norm_topk_prob,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+    )
     held |= {"moe_intermediate_size", "norm_topk_prob"}
     if spec.moe == "qwen2":
         out["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size
@@ -332,12 +398,25 @@ def _moe_out(spec: HfDecoder, c, out: dict) -> set[str]:
 def _write(spec: HfDecoder, family, c) -> dict:
     out: dict[str, Any] = {
         **{name: getattr(c, name) for name in _SIZES},
-        "num_key_value_heads": c.num_key_value_heads, "head_dim": c.HeadSize.size, "rms_norm_eps": c.rms_norm_eps,
-        "tie_word_embeddings": c.tie_word_embeddings, spec.activation_field: c.hidden_act, "attention_dropout": 0.0,
+        "num_key_value_heads": c.num_key_value_heads,
+        "head_dim": c.HeadSize.size,
+        "rms_norm_eps": c.rms_norm_eps,
+        "tie_word_embeddings": c.tie_word_embeddings,
+        spec.activation_field: c.hidden_act,
+        "attention_dropout": 0.0,
         **{name: allowed[0] for name, allowed in spec.only.items()},
     }
-    held = {*_SIZES, "num_key_value_heads", "head_dim", "rms_norm_eps", "tie_word_embeddings", "hidden_act",
-            "rope_theta", "rope_scaling", "remat"}
+    held = {
+        *_SIZES,
+        "num_key_value_heads",
+        "head_dim",
+        "rms_norm_eps",
+        "tie_word_embeddings",
+        "hidden_act",
+        "rope_theta",
+        "rope_scaling",
+        "remat",
+    }
     if spec.bias == "attention_bias" and c.qkv_bias == c.o_bias:
         out["attention_bias"] = c.qkv_bias
         held |= {"qkv_bias", "o_bias"}
@@ -349,15 +428,22 @@ def _write(spec: HfDecoder, family, c) -> dict:
         held |= window_fields
     elif spec.windows == "qwen":
         leading = local.index(True) if any(local) else c.num_hidden_layers
-        out.update(use_sliding_window=any(local), sliding_window=c.sliding_window if any(local) else None,
-                   max_window_layers=leading, layer_types=types)
+        out.update(
+            use_sliding_window=any(local),
+            sliding_window=c.sliding_window if any(local) else None,
+            max_window_layers=leading,
+            layer_types=types,
+        )
         held |= window_fields
     elif spec.windows == "layer_types":
         out.update(sliding_window=c.sliding_window, layer_types=types)
         held |= window_fields
     if spec.gemma:
-        out.update(query_pre_attn_scalar=_number(c.query_pre_attn_scalar or c.HeadSize.size),
-                   final_logit_softcapping=c.final_logit_softcapping, attn_logit_softcapping=None)
+        out.update(
+            query_pre_attn_scalar=_number(c.query_pre_attn_scalar or c.HeadSize.size),
+            final_logit_softcapping=c.final_logit_softcapping,
+            attn_logit_softcapping=None,
+        )
         held |= {"query_pre_attn_scalar", "final_logit_softcapping"}
         if spec.attn_softcap:
             out["attn_logit_softcapping"] = c.attn_logit_softcapping
@@ -378,5 +464,6 @@ def _write(spec: HfDecoder, family, c) -> dict:
             raise CheckpointFormatError(
                 f"{type(c).__name__}.{name}={getattr(c, name)!r}: {family.architecture} has no such setting "
                 f"({family.name} has {name}={default!r}); this model cannot be saved as model_type "
-                f"{family.model_type!r}")
+                f"{family.model_type!r}"
+            )
     return out

@@ -31,8 +31,10 @@ class ParityReport:
 
     def __str__(self) -> str:
         diff = "no reference" if self.max_logit_diff is None else f"max |logit difference| {self.max_logit_diff:.2e}"
-        return (f"{self.family}: {self.tensors} tensors mapped, logits of {self.tokens[0]}x{self.tokens[1]} tokens "
-                f"checked; {diff} vs {self.reference}")
+        return (
+            f"{self.family}: {self.tensors} tensors mapped, logits of {self.tokens[0]}x{self.tokens[1]} tokens "
+            f"checked; {diff} vs {self.reference}"
+        )
 
 
 def check_ids(vocab_size: int, max_positions: int) -> np.ndarray:
@@ -64,8 +66,9 @@ def transformers_logits(folder: Path, ids: np.ndarray) -> tuple[np.ndarray | Non
     import transformers
 
     # safetensors only: transformers would otherwise fall back to a pickled pytorch_model.bin
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager",
-                                                              use_safetensors=True)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, attn_implementation="eager", use_safetensors=True
+    )
     with torch.no_grad():
         logits = model.eval()(torch.tensor(ids, dtype=torch.long)).logits.numpy()
     return logits, f"transformers {transformers.__version__} {type(model).__name__}"

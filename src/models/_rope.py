@@ -50,14 +50,24 @@ class RopeScaling:
     def __post_init__(self):
         if self.rope_type not in ROPE_TYPES:
             raise nm.ArgumentError(f"rope_scaling.rope_type={self.rope_type!r} is not one of {', '.join(ROPE_TYPES)}")
-        for name in ("factor", "low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow", "attention_factor",
-                     "mscale", "mscale_all_dim"):
+        for name in (
+            "factor",
+            "low_freq_factor",
+            "high_freq_factor",
+            "beta_fast",
+            "beta_slow",
+            "attention_factor",
+            "mscale",
+            "mscale_all_dim",
+        ):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise nm.ArgumentError(f"rope_scaling.{name} must be a finite positive number, got {value!r}")
         if self.rope_type == "llama3" and self.high_freq_factor <= self.low_freq_factor:
-            raise nm.ArgumentError(f"rope_scaling.high_freq_factor={self.high_freq_factor} must exceed "
-                             f"low_freq_factor={self.low_freq_factor}")
+            raise nm.ArgumentError(
+                f"rope_scaling.high_freq_factor={self.high_freq_factor} must exceed "
+                f"low_freq_factor={self.low_freq_factor}"
+            )
 
 
 def _default(head_size: int, theta: float) -> np.ndarray:
@@ -105,8 +115,9 @@ def _yarn(head_size: int, theta: float, s: RopeScaling, original: int) -> tuple[
     return inv.astype(np.float32), float(factor)
 
 
-def rope_frequencies(head_size: int, theta: float, scaling: RopeScaling, max_position_embeddings: int
-                     ) -> tuple[np.ndarray, float]:
+def rope_frequencies(
+    head_size: int, theta: float, scaling: RopeScaling, max_position_embeddings: int
+) -> tuple[np.ndarray, float]:
     """``(inverse frequencies [head_size / 2] float32, attention factor)`` for one kind of layer."""
     inv = _default(head_size, theta)
     original = scaling.original_max_position_embeddings or max_position_embeddings

@@ -63,8 +63,12 @@ LAYER_TYPES = ("full_attention", "sliding_attention")
 NORM_ROLES = {
     "pre": ("input_layernorm", None, "post_attention_layernorm", None),
     "post": (None, "post_attention_layernorm", None, "post_feedforward_layernorm"),
-    "sandwich": ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
-                 "post_feedforward_layernorm"),
+    "sandwich": (
+        "input_layernorm",
+        "post_attention_layernorm",
+        "pre_feedforward_layernorm",
+        "post_feedforward_layernorm",
+    ),
 }
 
 
@@ -116,11 +120,15 @@ class DecoderConfig:
 
     def __post_init__(self):
         if self.num_attention_heads % self.num_key_value_heads:
-            raise nm.ArgumentError(f"num_attention_heads={self.num_attention_heads} is not a multiple of "
-                             f"num_key_value_heads={self.num_key_value_heads}")
+            raise nm.ArgumentError(
+                f"num_attention_heads={self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}"
+            )
         if self.head_dim is None and self.hidden_size % self.num_attention_heads:
-            raise nm.ArgumentError(f"hidden_size={self.hidden_size} is not divisible by num_attention_heads="
-                             f"{self.num_attention_heads}; set head_dim")
+            raise nm.ArgumentError(
+                f"hidden_size={self.hidden_size} is not divisible by num_attention_heads="
+                f"{self.num_attention_heads}; set head_dim"
+            )
         if self.HeadSize.size % 2:
             raise nm.ArgumentError(f"head_dim={self.HeadSize.size} is odd; rotary embeddings need an even head size")
         for name, allowed in (("qk_norm", QK_NORMS), ("norm_layout", tuple(NORM_ROLES))):
@@ -128,8 +136,12 @@ class DecoderConfig:
                 raise nm.ArgumentError(f"{name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
         if self.hidden_act not in nn.ACTIVATIONS:
             raise nm.ArgumentError(f"hidden_act={self.hidden_act!r} is not one of {', '.join(sorted(nn.ACTIVATIONS))}")
-        for name in ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
-                     "rope_local_base_freq"):
+        for name in (
+            "query_pre_attn_scalar",
+            "attn_logit_softcapping",
+            "final_logit_softcapping",
+            "rope_local_base_freq",
+        ):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise nm.ArgumentError(f"{name} must be a finite positive number or null, got {value!r}")
@@ -139,13 +151,16 @@ class DecoderConfig:
             except TypeError as e:
                 raise nm.ArgumentError(f"rope_scaling: {e}") from None
         if not isinstance(self.rope_scaling, RopeScaling):
-            raise nm.ArgumentError(f"rope_scaling should be a RopeScaling or a mapping of its fields, got {self.rope_scaling!r}")
+            raise nm.ArgumentError(
+                f"rope_scaling should be a RopeScaling or a mapping of its fields, got {self.rope_scaling!r}"
+            )
         _check_moe(self)
         if self.layer_types is not None:
             object.__setattr__(self, "layer_types", tuple(self.layer_types))  # a YAML list; hashable
             if len(self.layer_types) != self.num_hidden_layers:
-                raise nm.ArgumentError(f"layer_types has {len(self.layer_types)} entries for num_hidden_layers="
-                                 f"{self.num_hidden_layers}")
+                raise nm.ArgumentError(
+                    f"layer_types has {len(self.layer_types)} entries for num_hidden_layers={self.num_hidden_layers}"
+                )
             bad = [t for t in self.layer_types if t not in LAYER_TYPES]
             if bad:
                 raise nm.ArgumentError(f"layer_types: {bad[0]!r} is not one of {', '.join(LAYER_TYPES)}")
@@ -178,8 +193,11 @@ class DecoderConfig:
         return tuple(self.sliding_window if local else None for local in self.local_layers)
 
 
-MOE_CHOICES = {"router_softmax": ("before_topk", "after_topk"), "moe_dispatch": nn.MoE.DISPATCHES,
-               "expert_parallel": nn.MoE.PARALLEL}
+MOE_CHOICES = {
+    "router_softmax": ("before_topk", "after_topk"),
+    "moe_dispatch": nn.MoE.DISPATCHES,
+    "expert_parallel": nn.MoE.PARALLEL,
+}
 
 
 def _check_moe(c: DecoderConfig) -> None:
@@ -191,10 +209,13 @@ def _check_moe(c: DecoderConfig) -> None:
         if not (math.isfinite(value) and value >= 0):
             raise nm.ArgumentError(f"{name} must be a finite number >= 0, got {value!r}")
     if c.num_experts is not None and not 1 <= c.num_experts_per_tok <= c.num_experts:
-        raise nm.ArgumentError(f"num_experts_per_tok={c.num_experts_per_tok} must be in [1, num_experts="
-                               f"{c.num_experts}]")
+        raise nm.ArgumentError(
+            f"num_experts_per_tok={c.num_experts_per_tok} must be in [1, num_experts={c.num_experts}]"
+        )
     if c.num_experts is None and c.shared_expert_intermediate_size is not None:
-        raise nm.ArgumentError("shared_expert_intermediate_size needs num_experts (a shared expert sits beside routed ones)")
+        raise nm.ArgumentError(
+            "shared_expert_intermediate_size needs num_experts (a shared expert sits beside routed ones)"
+        )
     if c.shared_expert_gate and c.shared_expert_intermediate_size is None:
         raise nm.ArgumentError("shared_expert_gate needs shared_expert_intermediate_size (the expert it gates)")
 
@@ -228,19 +249,41 @@ class Attention(eqx.Module):
             nn.Linear.init(c.Embed, (c.KVHeads, c.HeadSize), key=kk, use_bias=c.qkv_bias),
             nn.Linear.init(c.Embed, (c.KVHeads, c.HeadSize), key=kv, use_bias=c.qkv_bias),
             nn.Linear.init((c.Heads, c.HeadSize), c.Embed, key=ko, use_bias=c.o_bias),
-            q_norm, k_norm,
+            q_norm,
+            k_norm,
         )
 
-    def __call__(self, x: NamedArray, positions: NamedArray, *, inv_freq, rope_scale, window, scale, softcap,
-                 segment_ids=None, cache=None, pos=None):
+    def __call__(
+        self,
+        x: NamedArray,
+        positions: NamedArray,
+        *,
+        inv_freq,
+        rope_scale,
+        window,
+        scale,
+        softcap,
+        segment_ids=None,
+        cache=None,
+        pos=None,
+    ):
         q, k = self.q_proj(x), self.k_proj(x)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         # HF checkpoints already hold q/k in the rotate-half layout nn.rotary_embedding uses: no permutation.
         q = nn.rotary_embedding(q, positions, inv_freq=inv_freq, scale=rope_scale)
         k = nn.rotary_embedding(k, positions, inv_freq=inv_freq, scale=rope_scale)
-        out, cache = causal_attention(q, k, self.v_proj(x), segment_ids=segment_ids, cache=cache, pos=pos,
-                                      window=window, scale=scale, softcap=softcap)
+        out, cache = causal_attention(
+            q,
+            k,
+            self.v_proj(x),
+            segment_ids=segment_ids,
+            cache=cache,
+            pos=pos,
+            window=window,
+            scale=scale,
+            softcap=softcap,
+        )
         return self.o_proj(out), cache
 
 
@@ -261,30 +304,60 @@ class DecoderLayer(eqx.Module):
     def init(config: DecoderConfig, *, key) -> DecoderLayer:
         k_attn, k_mlp = jax.random.split(key)
         present = set(NORM_ROLES[config.norm_layout])
-        norms = {name: _norm(config, config.Embed) if name in present else None
-                 for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
-                              "post_feedforward_layernorm")}
+        norms = {
+            name: _norm(config, config.Embed) if name in present else None
+            for name in (
+                "input_layernorm",
+                "post_attention_layernorm",
+                "pre_feedforward_layernorm",
+                "post_feedforward_layernorm",
+            )
+        }
         if config.num_experts is None:
-            mlp = nn.MLP.init(config.Embed, config.Mlp, key=k_mlp, activation=config.hidden_act, gated=True,
-                              use_bias=False)
+            mlp = nn.MLP.init(
+                config.Embed, config.Mlp, key=k_mlp, activation=config.hidden_act, gated=True, use_bias=False
+            )
         else:
             mlp = _moe(config, k_mlp)
-        return DecoderLayer(self_attn=Attention.init(config, key=k_attn), mlp=mlp, norm_layout=config.norm_layout,
-                            **norms)
+        return DecoderLayer(
+            self_attn=Attention.init(config, key=k_attn), mlp=mlp, norm_layout=config.norm_layout, **norms
+        )
 
     def __call__(self, x: NamedArray, **kwargs):
         x, (cache, _) = self.forward_with_aux(x, **kwargs)
         return x, cache
 
-    def forward_with_aux(self, x: NamedArray, *, positions, inv_freq, rope_scale=1.0, window=None, scale=None,
-                         softcap=None, segment_ids=None, cache=None, pos=None):
+    def forward_with_aux(
+        self,
+        x: NamedArray,
+        *,
+        positions,
+        inv_freq,
+        rope_scale=1.0,
+        window=None,
+        scale=None,
+        softcap=None,
+        segment_ids=None,
+        cache=None,
+        pos=None,
+    ):
         """``(x, (cache, stats))``: the layer and its MoE router's statistics (``nn.router_stats``;
         none for a dense MLP), from which ``aux_losses`` makes the losses after the stack."""
         before_attn, after_attn, before_mlp, after_mlp = (
-            None if name is None else getattr(self, name) for name in NORM_ROLES[self.norm_layout])
-        h, cache = self.self_attn(_apply(before_attn, x), positions, inv_freq=inv_freq, rope_scale=rope_scale,
-                                  window=window, scale=scale, softcap=softcap, segment_ids=segment_ids, cache=cache,
-                                  pos=pos)
+            None if name is None else getattr(self, name) for name in NORM_ROLES[self.norm_layout]
+        )
+        h, cache = self.self_attn(
+            _apply(before_attn, x),
+            positions,
+            inv_freq=inv_freq,
+            rope_scale=rope_scale,
+            window=window,
+            scale=scale,
+            softcap=softcap,
+            segment_ids=segment_ids,
+            cache=cache,
+            pos=pos,
+        )
         x = x + _apply(after_attn, h)
         if isinstance(self.mlp, nn.MoE):
             h, stats = self.mlp.with_stats(_apply(before_mlp, x))
@@ -296,10 +369,20 @@ class DecoderLayer(eqx.Module):
 
 def _moe(c: DecoderConfig, key) -> nn.MoE:
     shared = None if c.shared_expert_intermediate_size is None else Axis("mlp", c.shared_expert_intermediate_size)
-    return nn.MoE.init(c.Embed, c.ExpertMlp, c.Experts, c.num_experts_per_tok, key=key, activation=c.hidden_act,
-                       routing="softmax_topk" if c.router_softmax == "before_topk" else "topk_softmax",
-                       normalize=c.norm_topk_prob, shared_mlp=shared, shared_gate=c.shared_expert_gate,
-                       dispatch=c.moe_dispatch, parallel=c.expert_parallel)
+    return nn.MoE.init(
+        c.Embed,
+        c.ExpertMlp,
+        c.Experts,
+        c.num_experts_per_tok,
+        key=key,
+        activation=c.hidden_act,
+        routing="softmax_topk" if c.router_softmax == "before_topk" else "topk_softmax",
+        normalize=c.norm_topk_prob,
+        shared_mlp=shared,
+        shared_gate=c.shared_expert_gate,
+        dispatch=c.moe_dispatch,
+        parallel=c.expert_parallel,
+    )
 
 
 def aux_losses(config: DecoderConfig, per_layer: dict) -> dict[str, tuple[float, jax.Array]]:
@@ -308,8 +391,10 @@ def aux_losses(config: DecoderConfig, per_layer: dict) -> dict[str, tuple[float,
     if config.num_experts is None:
         return {}
     losses = nn.router_losses(per_layer)  # one value per layer
-    return {"moe_load_balancing": (config.router_aux_loss_coef, losses["load_balancing"].mean()),
-            "moe_router_z": (config.router_z_loss_coef, losses["router_z"].mean())}
+    return {
+        "moe_load_balancing": (config.router_aux_loss_coef, losses["load_balancing"].mean()),
+        "moe_router_z": (config.router_z_loss_coef, losses["router_z"].mean()),
+    }
 
 
 # ---- what the layers take from the config, at each call ------------------------------------------
@@ -342,10 +427,18 @@ def layer_data(config: DecoderConfig) -> dict:
     else:
         inv_freq = nm.named(jnp.asarray(inv), (L, c.Rotary))
     rope_scale = scales[0] if len(set(scales)) == 1 else nm.named(jnp.asarray(scales, jnp.float32), (L,))
-    window = windows[0] if len(set(windows)) == 1 else nm.named(
-        jnp.asarray([NO_WINDOW if w is None else w for w in windows], jnp.int32), (L,))
-    return dict(inv_freq=inv_freq, rope_scale=rope_scale, window=window,
-                scale=(c.query_pre_attn_scalar or hs) ** -0.5, softcap=c.attn_logit_softcapping)
+    window = (
+        windows[0]
+        if len(set(windows)) == 1
+        else nm.named(jnp.asarray([NO_WINDOW if w is None else w for w in windows], jnp.int32), (L,))
+    )
+    return dict(
+        inv_freq=inv_freq,
+        rope_scale=rope_scale,
+        window=window,
+        scale=(c.query_pre_attn_scalar or hs) ** -0.5,
+        softcap=c.attn_logit_softcapping,
+    )
 
 
 # ---- the model -----------------------------------------------------------------------------------
@@ -379,16 +472,18 @@ class DecoderLMHeadModel(eqx.Module):
         """
         return self.forward_with_aux(input_ids, segment_ids=segment_ids, key=key)[0]
 
-    def forward_with_aux(self, input_ids: NamedArray, *, segment_ids: NamedArray | None = None, key=None
-                         ) -> tuple[NamedArray, dict[str, tuple[float, jax.Array]]]:
+    def forward_with_aux(
+        self, input_ids: NamedArray, *, segment_ids: NamedArray | None = None, key=None
+    ) -> tuple[NamedArray, dict[str, tuple[float, jax.Array]]]:
         """The logits and the auxiliary training losses ``{name: (weight, value)}`` (the MoE
         router's, see ``aux_losses``; none for a dense model): the protocol ``models.forward_with_aux``
         reads, through which the trainer adds ``weight * value`` to the loss and reports ``value``."""
         hidden, head, aux = self.hidden_with_aux(input_ids, segment_ids=segment_ids, key=key)
         return head.logits(hidden), aux
 
-    def hidden_with_aux(self, input_ids: NamedArray, *, segment_ids: NamedArray | None = None, key=None
-                        ) -> tuple[NamedArray, Head, dict[str, tuple[float, jax.Array]]]:
+    def hidden_with_aux(
+        self, input_ids: NamedArray, *, segment_ids: NamedArray | None = None, key=None
+    ) -> tuple[NamedArray, Head, dict[str, tuple[float, jax.Array]]]:
         """``forward_with_aux`` short of the logits: the final hidden states ``(batch, position, embed)``,
         the head that makes the logits of them (with Gemma 2's soft-cap), and the auxiliary losses
         (``models.hidden_with_aux``)."""
@@ -412,8 +507,9 @@ class DecoderLMHeadModel(eqx.Module):
     def init_cache(self, Batch: Axis, max_length: int) -> KVCache:
         c = self.config
         if max_length > c.max_position_embeddings:
-            raise nm.ArgumentError(f"a cache of {max_length} positions exceeds "
-                             f"max_position_embeddings={c.max_position_embeddings}")
+            raise nm.ArgumentError(
+                f"a cache of {max_length} positions exceeds max_position_embeddings={c.max_position_embeddings}"
+            )
         KeyPos = Axis("key_position", max_length)
         return KVCache.init(c.Layers, Batch, KeyPos, c.KVHeads, c.HeadSize, self.embed_tokens.weight.dtype)
 
@@ -423,7 +519,8 @@ class DecoderLMHeadModel(eqx.Module):
         if c.scale_embeddings:
             x = x * jnp.asarray(math.sqrt(c.hidden_size), x.dtype)  # rounded to the compute dtype, as Gemma does
         x, (cache, stats) = self.layers.scan_via("forward_with_aux")(
-            x, positions=positions, segment_ids=segment_ids, cache=cache, pos=pos, **layer_data(c))
+            x, positions=positions, segment_ids=segment_ids, cache=cache, pos=pos, **layer_data(c)
+        )
         return self.norm(x), cache, stats
 
 
@@ -445,8 +542,14 @@ def _matmul_params_per_layer(c: DecoderConfig, *, active: bool = False) -> int:
 def num_params(config: DecoderConfig) -> int:
     """Every parameter of the model (a tied embedding counted once)."""
     c = config
-    D, V, L, H, KV, hd = c.hidden_size, c.vocab_size, c.num_hidden_layers, c.num_attention_heads, \
-        c.num_key_value_heads, c.HeadSize.size
+    D, V, L, H, KV, hd = (
+        c.hidden_size,
+        c.vocab_size,
+        c.num_hidden_layers,
+        c.num_attention_heads,
+        c.num_key_value_heads,
+        c.HeadSize.size,
+    )
     biases = (H + 2 * KV) * hd * c.qkv_bias + D * c.o_bias
     qk_norms = {"none": 0, "head": 2 * hd, "projection": (H + KV) * hd}[c.qk_norm]
     norms = sum(name is not None for name in set(NORM_ROLES[c.norm_layout])) * D
@@ -487,9 +590,15 @@ def flops_per_token(config: DecoderConfig, seq_len: int) -> float:
 # flattened, e.g. q_proj [heads * head_size, embed]. OLMo 2's q/k norm weight over (heads,
 # head_size) is stored flat, [heads * head_size].
 
-_LAYER = ["input_layernorm.weight", "post_attention_layernorm.weight", "pre_feedforward_layernorm.weight",
-          "post_feedforward_layernorm.weight", "self_attn.q_norm.weight", "self_attn.k_norm.weight",
-          *(f"self_attn.{p}_proj.{w}" for p in "qkvo" for w in ("weight", "bias"))]
+_LAYER = [
+    "input_layernorm.weight",
+    "post_attention_layernorm.weight",
+    "pre_feedforward_layernorm.weight",
+    "post_feedforward_layernorm.weight",
+    "self_attn.q_norm.weight",
+    "self_attn.k_norm.weight",
+    *(f"self_attn.{p}_proj.{w}" for p in "qkvo" for w in ("weight", "bias")),
+]
 
 
 def moe_hf_keys(block: str, experts: dict[str, str]) -> dict[str, str]:
@@ -497,10 +606,14 @@ def moe_hf_keys(block: str, experts: dict[str, str]) -> dict[str, str]:
     (``gate``), each expert ``{j}`` (``experts`` names our gate/up/down there) and the shared expert."""
     return {
         "layers.stacked.mlp.router.weight": f"model.layers.{{i}}.{block}.gate.weight",
-        **{f"layers.stacked.mlp.experts.stacked.{p}.weight": f"model.layers.{{i}}.{block}.experts.{{j}}.{name}.weight"
-           for p, name in experts.items()},
-        **{f"layers.stacked.mlp.shared_expert.{p}.weight": f"model.layers.{{i}}.{block}.shared_expert.{p}_proj.weight"
-           for p in ("gate", "up", "down")},
+        **{
+            f"layers.stacked.mlp.experts.stacked.{p}.weight": f"model.layers.{{i}}.{block}.experts.{{j}}.{name}.weight"
+            for p, name in experts.items()
+        },
+        **{
+            f"layers.stacked.mlp.shared_expert.{p}.weight": f"model.layers.{{i}}.{block}.shared_expert.{p}_proj.weight"
+            for p in ("gate", "up", "down")
+        },
         "layers.stacked.mlp.shared_expert_gate.weight": f"model.layers.{{i}}.{block}.shared_expert_gate.weight",
     }
 

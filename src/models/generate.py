@@ -20,9 +20,17 @@ from named import Axis, NamedArray
 from ._common import split_key
 
 
-def generate(model, prompt_ids: NamedArray, max_new_tokens: int, *, temperature: float = 1.0,
-             top_k: int | None = None, top_p: float | None = None, key=None,
-             stop_ids: Sequence[int] = ()) -> NamedArray:
+def generate(
+    model,
+    prompt_ids: NamedArray,
+    max_new_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    key=None,
+    stop_ids: Sequence[int] = (),
+) -> NamedArray:
     """Continue ``prompt_ids`` by ``max_new_tokens`` tokens.
 
     Args:
@@ -69,8 +77,9 @@ def generate(model, prompt_ids: NamedArray, max_new_tokens: int, *, temperature:
 
 
 @eqx.filter_jit
-def _generate(model, prompt: NamedArray, cache, key, n: int, temperature: float, top_k, top_p,
-              stops: tuple[int, ...]) -> NamedArray:
+def _generate(
+    model, prompt: NamedArray, cache, key, n: int, temperature: float, top_k, top_p, stops: tuple[int, ...]
+) -> NamedArray:
     P = prompt.axis_size("position")
     keys = split_key(key, n)
     logits, cache = model.decode(prompt, cache, 0)
@@ -91,8 +100,9 @@ def _generate(model, prompt: NamedArray, cache, key, n: int, temperature: float,
     return NamedArray(tokens.T, (first.resolve_axis("batch"), Axis("position", n)))
 
 
-def sample_token(logits: NamedArray, key, *, temperature: float = 1.0, top_k: int | None = None,
-                 top_p: float | None = None) -> NamedArray:
+def sample_token(
+    logits: NamedArray, key, *, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None
+) -> NamedArray:
     """One token id per row of ``logits`` (axes ``(..., vocab)``); ``temperature=0`` is argmax."""
     if temperature == 0:
         return logits.argmax("vocab").astype(jnp.int32)

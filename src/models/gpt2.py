@@ -26,7 +26,16 @@ import jax
 import named as nm
 from named import Axis, NamedArray, nn
 
-from ._common import Head, HfLayout, KVCache, causal_attention, check_sequence_length, layer_keys, split_key, token_positions
+from ._common import (
+    Head,
+    HfLayout,
+    KVCache,
+    causal_attention,
+    check_sequence_length,
+    layer_keys,
+    split_key,
+    token_positions,
+)
 
 Qkv = Axis("qkv", 3)
 
@@ -149,8 +158,9 @@ class Gpt2LMHeadModel(eqx.Module):
         hidden, head, _ = self.hidden_with_aux(input_ids, segment_ids=segment_ids, key=key)
         return head.logits(hidden)
 
-    def hidden_with_aux(self, input_ids: NamedArray, *, segment_ids: NamedArray | None = None, key=None
-                        ) -> tuple[NamedArray, Head, dict]:
+    def hidden_with_aux(
+        self, input_ids: NamedArray, *, segment_ids: NamedArray | None = None, key=None
+    ) -> tuple[NamedArray, Head, dict]:
         """The call short of its logits: the final hidden states ``(batch, position, embed)``, the
         head that makes the logits of them, and no auxiliary losses (``models.hidden_with_aux``)."""
         check_sequence_length(input_ids, self.config.n_positions, "n_positions")
@@ -180,8 +190,9 @@ class Gpt2LMHeadModel(eqx.Module):
         k_embed, k_layers = split_key(key, 2) if key is not None else (None, None)
         x = self.wte(input_ids) + self.wpe(positions)
         x = self.dropout(x, key=k_embed, inference=key is None)
-        x, cache = self.blocks.scan(x, segment_ids=segment_ids, cache=cache, pos=pos,
-                                    key=layer_keys(k_layers, self.config.Layers))
+        x, cache = self.blocks.scan(
+            x, segment_ids=segment_ids, cache=cache, pos=pos, key=layer_keys(k_layers, self.config.Layers)
+        )
         return self.ln_f(x), cache
 
 

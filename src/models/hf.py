@@ -41,8 +41,14 @@ from .registry import Family, family_for, family_for_hf
 
 _LOG = logging.getLogger("named.models")
 
-__all__ = ["CheckpointFormatError", "check_pretrained", "config_from_hf", "hf_state_dict", "load_pretrained",
-           "save_pretrained"]
+__all__ = [
+    "CheckpointFormatError",
+    "check_pretrained",
+    "config_from_hf",
+    "hf_state_dict",
+    "load_pretrained",
+    "save_pretrained",
+]
 
 # ---- our parameters <-> Hugging Face tensors ---------------------------------------------------
 
@@ -102,10 +108,22 @@ def _params(model, arch: Family) -> tuple[list[_Param], list[NamedArray], Any]:
         attr = path.rsplit(".", 1)[-1]
         linear = None
         if isinstance(owner, nn.Linear) and attr == "weight":
-            linear = (math.prod(a.size for a in nm.axis_spec_to_tuple(owner.In)), math.prod(a.size for a in nm.axis_spec_to_tuple(owner.Out)))
+            linear = (
+                math.prod(a.size for a in nm.axis_spec_to_tuple(owner.In)),
+                math.prod(a.size for a in nm.axis_spec_to_tuple(owner.Out)),
+            )
         flat = linear is None and not isinstance(owner, nn.Embedding)
-        params.append(_Param(path, axes, names, tuple(a.size for a in leaf.axes[:n]), linear, flat,
-                             linear is not None and arch.layout.linear == "out_in"))
+        params.append(
+            _Param(
+                path,
+                axes,
+                names,
+                tuple(a.size for a in leaf.axes[:n]),
+                linear,
+                flat,
+                linear is not None and arch.layout.linear == "out_in",
+            )
+        )
         leaves.append(leaf)
     return params, leaves, jax.tree.structure(model, is_leaf=nm.is_named_array)
 
@@ -126,9 +144,20 @@ def hf_state_dict(model) -> dict[str, np.ndarray]:
 # ---- safetensors files ---------------------------------------------------------------------------
 
 _MAX_HEADER = 100_000_000  # safetensors' own limit
-_NUMPY_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32,
-                 "I16": np.int16, "I8": np.int8, "U64": np.uint64, "U32": np.uint32, "U16": np.uint16, "U8": np.uint8,
-                 "BOOL": np.bool_}
+_NUMPY_DTYPES = {
+    "F64": np.float64,
+    "F32": np.float32,
+    "F16": np.float16,
+    "I64": np.int64,
+    "I32": np.int32,
+    "I16": np.int16,
+    "I8": np.int8,
+    "U64": np.uint64,
+    "U32": np.uint32,
+    "U16": np.uint16,
+    "U8": np.uint8,
+    "BOOL": np.bool_,
+}
 _EXTRA_DTYPES = {"BF16": ml_dtypes.bfloat16, "F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2}
 _DTYPES = {**_NUMPY_DTYPES, **_EXTRA_DTYPES}
 
@@ -164,12 +193,15 @@ def _tensor_entry(path: Path, name: str, info, data_size: int) -> _Tensor:
         raise bad(f"field 'data_offsets' should be two non-negative integers, got {offsets!r}")
     begin, end = offsets
     if not begin <= end <= data_size:
-        raise CheckpointFormatError(f"{path}: tensor {name!r} lies outside the file "
-                                    f"(bytes {begin}..{end} of {data_size})")
+        raise CheckpointFormatError(
+            f"{path}: tensor {name!r} lies outside the file (bytes {begin}..{end} of {data_size})"
+        )
     nbytes = math.prod(shape) * np.dtype(_DTYPES[dtype]).itemsize
     if end - begin != nbytes:
-        raise CheckpointFormatError(f"{path}: tensor {name!r} of shape {shape} {dtype} needs {nbytes} bytes, "
-                                    f"but its data_offsets give {end - begin}")
+        raise CheckpointFormatError(
+            f"{path}: tensor {name!r} of shape {shape} {dtype} needs {nbytes} bytes, "
+            f"but its data_offsets give {end - begin}"
+        )
     return _Tensor(dtype, tuple(shape), begin, end)
 
 
@@ -200,8 +232,9 @@ def _read_header(path: Path) -> tuple[int, dict[str, _Tensor]]:
                 raise CheckpointFormatError(f"{path}: {size} bytes is too short for a safetensors file")
             n = int.from_bytes(head, "little")
             if n > min(size - 8, _MAX_HEADER):
-                raise CheckpointFormatError(f"{path}: corrupted safetensors header: it claims {n} bytes "
-                                            f"in a file of {size}")
+                raise CheckpointFormatError(
+                    f"{path}: corrupted safetensors header: it claims {n} bytes in a file of {size}"
+                )
             raw = f.read(n)
     try:
         header = json.loads(raw)
@@ -211,8 +244,9 @@ def _read_header(path: Path) -> tuple[int, dict[str, _Tensor]]:
         raise CheckpointFormatError(f"{path}: corrupted safetensors header (not a JSON object)")
     metadata = header.pop("__metadata__", None)
     if metadata is not None and not (isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())):
-        raise CheckpointFormatError(f"{path}: corrupted safetensors header: '__metadata__' should map names to "
-                                    f"strings, got {metadata!r}")
+        raise CheckpointFormatError(
+            f"{path}: corrupted safetensors header: '__metadata__' should map names to strings, got {metadata!r}"
+        )
     data_size = size - 8 - n
     tensors = {name: _tensor_entry(path, name, info, data_size) for name, info in header.items()}
     _check_layout(path, tensors, data_size)
@@ -236,8 +270,9 @@ def _index_files(folder: Path, index: Path) -> list[Path]:
     """The shards ``index`` lists, each checked to lie inside ``folder`` before any is opened."""
     weight_map = read_json(index).get("weight_map")
     if not isinstance(weight_map, dict):
-        raise CheckpointFormatError(f"{index}: field 'weight_map' should map tensor names to file names, "
-                                    f"got {weight_map!r}")
+        raise CheckpointFormatError(
+            f"{index}: field 'weight_map' should map tensor names to file names, got {weight_map!r}"
+        )
     files: dict[str, Path] = {}
     for tensor, name in weight_map.items():
         if not isinstance(name, str) or not name:
@@ -265,12 +300,12 @@ def _checkpoint_files(folder: Path) -> list[Path]:
 # ---- placement ---------------------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _zeros(shape, dtype, sharding):
     return jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=sharding)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _write_layer(sharding):
     # donating the stacked buffer: a stacked parameter is only ever held once (plus one layer)
     def write(buf, x, index):  # index: the tensor's place along the stacked axes (layer, expert)
@@ -285,7 +320,9 @@ class _Placer:
         if mapping is not None and mesh is None:
             mesh = nm.current_mesh()
             if mesh is None:
-                raise nm.ArgumentError("load_pretrained got a mapping but no mesh: pass mesh= (e.g. nm.make_mesh({'data': -1}))")
+                raise nm.ArgumentError(
+                    "load_pretrained got a mapping but no mesh: pass mesh= (e.g. nm.make_mesh({'data': -1}))"
+                )
         self.mapping, self.mesh = mapping or {}, mesh
 
     def sharding(self, axes):
@@ -310,8 +347,10 @@ class _Placer:
 def read_config(folder: Path) -> tuple[Family, Any, Path]:
     """The family and our config for the ``config.json`` in ``folder``, and that file's path."""
     if not folder.is_dir():
-        raise CheckpointFormatError(f"{folder}: {'not a directory' if folder.exists() else 'not found'}; "
-                                    "a Hugging Face model is a folder holding config.json and safetensors files")
+        raise CheckpointFormatError(
+            f"{folder}: {'not a directory' if folder.exists() else 'not found'}; "
+            "a Hugging Face model is a folder holding config.json and safetensors files"
+        )
     where = folder_file(folder, "config.json")
     d = read_json(where)
     family = family_for_hf(d, where)
@@ -337,8 +376,15 @@ def _our_name(name: str, family: Family, wanted, config) -> str | None:
 # ---- load and save -----------------------------------------------------------------------------------
 
 
-def load_pretrained(folder: str | Path, *, mapping: Mapping | None = None, mesh=None, dtype=jnp.float32,
-                    check: bool = False, tolerance: float = 1e-3) -> tuple[Any, Any]:
+def load_pretrained(
+    folder: str | Path,
+    *,
+    mapping: Mapping | None = None,
+    mesh=None,
+    dtype=jnp.float32,
+    check: bool = False,
+    tolerance: float = 1e-3,
+) -> tuple[Any, Any]:
     """``(config, model)`` from a Hugging Face folder of any family in ``models.FAMILIES``.
 
     Args:
@@ -373,7 +419,7 @@ def load_pretrained(folder: str | Path, *, mapping: Mapping | None = None, mesh=
                     value = p.to_ours(_read_tensor(handle, path, data_start, name, t))
                     if dtype is not None:
                         value = value.astype(dtype)
-                    layers = leaves[k].axes[:len(p.stacks)]
+                    layers = leaves[k].axes[: len(p.stacks)]
                     arrays[k] = placer.put(arrays[k], p, layer, layers, value)
         except SafetensorError as e:
             raise CheckpointFormatError(f"{path}: safetensors cannot read it ({e})") from None
@@ -382,8 +428,10 @@ def load_pretrained(folder: str | Path, *, mapping: Mapping | None = None, mesh=
         report = check_pretrained(folder, model)
         _LOG.info("load_pretrained check: %s", report)
         if report.max_logit_diff is not None and not report.max_logit_diff <= tolerance:
-            raise CheckpointFormatError(f"{folder}: our logits differ from {report.reference}'s by "
-                                        f"{report.max_logit_diff:.2e} (> tolerance {tolerance:g})")
+            raise CheckpointFormatError(
+                f"{folder}: our logits differ from {report.reference}'s by "
+                f"{report.max_logit_diff:.2e} (> tolerance {tolerance:g})"
+            )
     return config, model
 
 
@@ -401,8 +449,10 @@ def check_pretrained(folder: str | Path, model) -> ParityReport:
     saved = {_our_name(name, family, wanted, model.config) for name in in_folder} - {None}
     if saved != wanted:
         missing, extra = sorted(wanted - saved), sorted(saved - wanted)
-        raise CheckpointFormatError(f"{folder}: the folder's tensors and the model's parameters differ: missing "
-                                    f"{missing[:3]}, unexpected {extra[:3]}")
+        raise CheckpointFormatError(
+            f"{folder}: the folder's tensors and the model's parameters differ: missing "
+            f"{missing[:3]}, unexpected {extra[:3]}"
+        )
     ids = check_ids(model.config.vocab_size, family.max_positions(model.config))
     ours = our_logits(model, ids)
     theirs, reference = transformers_logits(folder, ids)
@@ -451,24 +501,30 @@ def _plan(folder: Path, arch: Family, config, params: list[_Param], leaves: list
             if key is None:
                 continue
             if key not in wanted:
-                raise CheckpointFormatError(f"{path}: unexpected tensor {name!r}: {arch.architecture} with this "
-                                            "config.json has no such parameter")
+                raise CheckpointFormatError(
+                    f"{path}: unexpected tensor {name!r}: {arch.architecture} with this "
+                    "config.json has no such parameter"
+                )
             if key in found:
                 raise CheckpointFormatError(f"{path}: tensor {name!r} appears again (also in {found[key]})")
             k, layer = wanted[key]
             p = params[k]
             expected = _number_kind(leaves[k].dtype)
             if _number_kind(_DTYPES[t.dtype]) != expected:
-                raise CheckpointFormatError(f"{path}: tensor {name!r} has dtype {t.dtype}, expected a {expected} "
-                                            f"dtype for parameter {p.path}")
+                raise CheckpointFormatError(
+                    f"{path}: tensor {name!r} has dtype {t.dtype}, expected a {expected} dtype for parameter {p.path}"
+                )
             if t.shape != p.hf_shape:
-                raise CheckpointFormatError(f"{path}: tensor {name!r} has shape {list(t.shape)}, "
-                                            f"expected {list(p.hf_shape)} from config.json")
+                raise CheckpointFormatError(
+                    f"{path}: tensor {name!r} has shape {list(t.shape)}, expected {list(p.hf_shape)} from config.json"
+                )
             first_dtype, first = dtypes.setdefault(k, (t.dtype, name))
             if keep_dtype and first_dtype != t.dtype:
                 # one stacked buffer holds every layer: with dtype=None there is no common dtype to convert to
-                raise CheckpointFormatError(f"{path}: tensor {name!r} has dtype {t.dtype}, but {first!r} of the same "
-                                            f"parameter has {first_dtype}; pass a dtype to convert them")
+                raise CheckpointFormatError(
+                    f"{path}: tensor {name!r} has dtype {t.dtype}, but {first!r} of the same "
+                    f"parameter has {first_dtype}; pass a dtype to convert them"
+                )
             found[key] = path
             todo[name] = (k, layer, t)
         plan.append((path, data_start, todo))

@@ -54,33 +54,95 @@ class Family:
 
 
 def _decoder(name, config_cls, model_type, architecture, layout=decoder.HF_LAYOUT, **hf) -> Family:
-    return Family(name, config_cls, decoder.DecoderLMHeadModel, model_type, architecture, "max_position_embeddings",
-                  layout, HfDecoder(**hf), decoder.num_params, decoder.flops_per_token)
+    return Family(
+        name,
+        config_cls,
+        decoder.DecoderLMHeadModel,
+        model_type,
+        architecture,
+        "max_position_embeddings",
+        layout,
+        HfDecoder(**hf),
+        decoder.num_params,
+        decoder.flops_per_token,
+    )
 
 
-_GEMMA = dict(activation_field="hidden_activation", windows="layer_types", gemma=True,
-              no_effect=frozenset({"hidden_act", "cache_implementation"}))  # transformers reads hidden_activation only
+_GEMMA = dict(
+    activation_field="hidden_activation",
+    windows="layer_types",
+    gemma=True,
+    no_effect=frozenset({"hidden_act", "cache_implementation"}),
+)  # transformers reads hidden_activation only
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (
-    Family("gpt2", gpt2.Gpt2Config, gpt2.Gpt2LMHeadModel, "gpt2", "GPT2LMHeadModel", "n_positions", gpt2.HF_LAYOUT,
-           HfGpt2(), gpt2.num_params, gpt2.flops_per_token),
-    _decoder("llama", families.LlamaConfig, "llama", "LlamaForCausalLM",
-             only={"mlp_bias": (False,), "pretraining_tp": (1,)}),
-    _decoder("mistral", families.MistralConfig, "mistral", "MistralForCausalLM", bias="fixed", windows="all"),
-    _decoder("qwen2", families.Qwen2Config, "qwen2", "Qwen2ForCausalLM", bias="fixed", windows="qwen"),
-    _decoder("qwen3", families.Qwen3Config, "qwen3", "Qwen3ForCausalLM", windows="qwen"),
-    _decoder("olmo2", families.Olmo2Config, "olmo2", "Olmo2ForCausalLM"),
-    _decoder("gemma2", families.Gemma2Config, "gemma2", "Gemma2ForCausalLM", attn_softcap=True, **_GEMMA),
-    _decoder("gemma3", families.Gemma3Config, "gemma3_text", "Gemma3ForCausalLM", nested_rope=True,
-             pattern_fields=("sliding_window_pattern", "_sliding_window_pattern"), **_GEMMA),
-    # mixtures of experts: the decoder with nn.MoE in place of the MLP
-    _decoder("mixtral", families.MixtralConfig, "mixtral", "MixtralForCausalLM", layout=decoder.MIXTRAL_HF_LAYOUT,
-             bias="fixed", windows="all", moe="mixtral"),
-    _decoder("qwen3_moe", families.Qwen3MoeConfig, "qwen3_moe", "Qwen3MoeForCausalLM", moe="qwen3",
-             only={"use_sliding_window": (False,)}, no_effect=frozenset({"sliding_window", "max_window_layers"})),
-    _decoder("qwen2_moe", families.Qwen2MoeConfig, "qwen2_moe", "Qwen2MoeForCausalLM", bias="fixed", windows="qwen",
-             moe="qwen2", only={"qkv_bias": (True,)}),
-)}
+FAMILIES: dict[str, Family] = {
+    f.name: f
+    for f in (
+        Family(
+            "gpt2",
+            gpt2.Gpt2Config,
+            gpt2.Gpt2LMHeadModel,
+            "gpt2",
+            "GPT2LMHeadModel",
+            "n_positions",
+            gpt2.HF_LAYOUT,
+            HfGpt2(),
+            gpt2.num_params,
+            gpt2.flops_per_token,
+        ),
+        _decoder(
+            "llama",
+            families.LlamaConfig,
+            "llama",
+            "LlamaForCausalLM",
+            only={"mlp_bias": (False,), "pretraining_tp": (1,)},
+        ),
+        _decoder("mistral", families.MistralConfig, "mistral", "MistralForCausalLM", bias="fixed", windows="all"),
+        _decoder("qwen2", families.Qwen2Config, "qwen2", "Qwen2ForCausalLM", bias="fixed", windows="qwen"),
+        _decoder("qwen3", families.Qwen3Config, "qwen3", "Qwen3ForCausalLM", windows="qwen"),
+        _decoder("olmo2", families.Olmo2Config, "olmo2", "Olmo2ForCausalLM"),
+        _decoder("gemma2", families.Gemma2Config, "gemma2", "Gemma2ForCausalLM", attn_softcap=True, **_GEMMA),
+        _decoder(
+            "gemma3",
+            families.Gemma3Config,
+            "gemma3_text",
+            "Gemma3ForCausalLM",
+            nested_rope=True,
+            pattern_fields=("sliding_window_pattern", "_sliding_window_pattern"),
+            **_GEMMA,
+        ),
+        # mixtures of experts: the decoder with nn.MoE in place of the MLP
+        _decoder(
+            "mixtral",
+            families.MixtralConfig,
+            "mixtral",
+            "MixtralForCausalLM",
+            layout=decoder.MIXTRAL_HF_LAYOUT,
+            bias="fixed",
+            windows="all",
+            moe="mixtral",
+        ),
+        _decoder(
+            "qwen3_moe",
+            families.Qwen3MoeConfig,
+            "qwen3_moe",
+            "Qwen3MoeForCausalLM",
+            moe="qwen3",
+            only={"use_sliding_window": (False,)},
+            no_effect=frozenset({"sliding_window", "max_window_layers"}),
+        ),
+        _decoder(
+            "qwen2_moe",
+            families.Qwen2MoeConfig,
+            "qwen2_moe",
+            "Qwen2MoeForCausalLM",
+            bias="fixed",
+            windows="qwen",
+            moe="qwen2",
+            only={"qkv_bias": (True,)},
+        ),
+    )
+}
 _BY_MODEL_TYPE = {f.model_type: f for f in FAMILIES.values()}
 SUPPORTED = ", ".join(f"{f.model_type} ({f.architecture})" for f in FAMILIES.values())
 
@@ -92,7 +154,9 @@ def family_for(obj) -> Family:
     for cls in type(config).__mro__:
         if cls in by_class:
             return by_class[cls]
-    raise nm.ArgumentTypeError(f"{type(obj).__name__} is not a config or model of a known family; known: {', '.join(FAMILIES)}")
+    raise nm.ArgumentTypeError(
+        f"{type(obj).__name__} is not a config or model of a known family; known: {', '.join(FAMILIES)}"
+    )
 
 
 def family_for_hf(d: Mapping, where: Path) -> Family:
@@ -107,6 +171,8 @@ def family_for_hf(d: Mapping, where: Path) -> Family:
     if not all(isinstance(a, str) for a in archs):
         raise CheckpointFormatError(f"{where}: field 'architectures' should be a list of names, got {archs!r}")
     if family.architecture not in archs:
-        raise CheckpointFormatError(f"{where}: unsupported architectures {archs!r}; for model_type {model_type!r} "
-                                    f"we load {family.architecture!r} (a causal LM with its head)")
+        raise CheckpointFormatError(
+            f"{where}: unsupported architectures {archs!r}; for model_type {model_type!r} "
+            f"we load {family.architecture!r} (a causal LM with its head)"
+        )
     return family

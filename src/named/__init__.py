@@ -17,9 +17,11 @@ from ._axis import (
 from ._core import NamedArray, axes_of, is_named_array, named
 from ._einsum import dot, einsum
 from ._index import ds, take, updated_slice
-from ._ops import *  # noqa: F403  (elementwise math and reductions, listed in _ops.__all__)
 from ._numpy import *  # noqa: F403  (the rest of the numpy surface, generated from _numpy.SURFACE)
+from ._ops import *  # noqa: F403  (elementwise math and reductions, listed in _ops.__all__)
 from ._poly import *  # noqa: F403  (the polynomial family: poly, polyadd, ..., polyfit, roots, vander)
+from ._ref import NamedRef, freeze, get, new_ref, swap
+from ._remat import ScanCheckpointPolicy, tree_checkpoint_name
 from ._shape import (
     arange,
     broadcast_axis,
@@ -48,9 +50,6 @@ from ._shape import (
     zeros,
     zeros_like,
 )
-from ._ref import NamedRef, freeze, get, new_ref, swap
-from ._remat import ScanCheckpointPolicy, tree_checkpoint_name
-from ._transforms import fold, grad, map, nmap, scan, value_and_grad, vmap
 from ._state_dict import (
     FileWriteError,
     StateDictEntry,
@@ -64,6 +63,7 @@ from ._state_dict import (
     state_dict_entries,
     unflatten_modules_from_export,
 )
+from ._transforms import fold, grad, map, nmap, scan, value_and_grad, vmap
 from ._tree import resize_axis, tree_map_layers
 from ._typing import Bool, Float, Int, Named, bf16, f16, f32, f64, i8, i16, i32, i64, typecheck, u8, u16, u32, u64
 from .explicit import (

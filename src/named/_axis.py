@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import operator
 from collections.abc import Iterable, Sequence
-from typing import Union
 
 
 class NamedError(Exception):
@@ -56,10 +55,10 @@ class Axis:
         return f"Axis({self.name!r}, {self.size})"
 
 
-AxisSelector = Union[Axis, str]
+AxisSelector = Axis | str
 """An Axis, or just its name where the size is known from an array."""
 
-AxisSelection = Union[AxisSelector, Sequence[AxisSelector]]
+AxisSelection = AxisSelector | Sequence[AxisSelector]
 """One axis selector or several; a space-separated string also names several axes."""
 
 
@@ -124,7 +123,9 @@ def index_of(axes: Sequence[Axis], axis: AxisSelector) -> int:
     for i, a in enumerate(axes):
         if a.name == name:
             if isinstance(axis, Axis) and axis.size != a.size:
-                raise AxisError(f"axis {name!r} has size {a.size} in the array {format_axes(axes)} but {axis.size} was given")
+                raise AxisError(
+                    f"axis {name!r} has size {a.size} in the array {format_axes(axes)} but {axis.size} was given"
+                )
             return i
     raise AxisError(
         f"axis {name!r} not found in array with axes {format_axes(axes)}; "
@@ -140,8 +141,10 @@ def indices_of(axes: Sequence[Axis], selection: AxisSelection, what: str) -> tup
     names = [name_of(s) for s in sels]
     for i, name in enumerate(names):
         if names.index(name) != i:
-            raise AxisError(f"{what}: axis {name!r} is given twice in {selection!r}; name each axis once "
-                            f"(the array has axes {format_axes(axes)})")
+            raise AxisError(
+                f"{what}: axis {name!r} is given twice in {selection!r}; name each axis once "
+                f"(the array has axes {format_axes(axes)})"
+            )
     return tuple(index_of(axes, s) for s in sels)
 
 

@@ -31,8 +31,11 @@ SUPPORTED = ((0, 10), (0, 13))  # [low, high): pyproject's jax>=0.10,<0.13
 # pip enforces the range, but a tree put on PYTHONPATH beside another JAX (a borrowed GPU
 # image, say) is not checked by anyone else.
 if not SUPPORTED[0] <= JAX_VERSION[:2] < SUPPORTED[1]:
-    warnings.warn(f"named is tested with jax>={SUPPORTED[0][0]}.{SUPPORTED[0][1]},<{SUPPORTED[1][0]}.{SUPPORTED[1][1]}; "
-                  f"this is jax {jax.__version__}", stacklevel=2)
+    warnings.warn(
+        f"named is tested with jax>={SUPPORTED[0][0]}.{SUPPORTED[0][1]},<{SUPPORTED[1][0]}.{SUPPORTED[1][1]}; "
+        f"this is jax {jax.__version__}",
+        stacklevel=2,
+    )
 
 # ``jax.core`` is outside JAX's API policy (0.10 deprecated most of it in favour of
 # ``jax.extend.core``); ``Tracer`` is the one name named takes from it.

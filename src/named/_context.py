@@ -29,13 +29,13 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Protocol, Union
+from typing import Any, Protocol
 
 import jax
 
 from ._axis import NamedError
 
-MeshAxes = Union[str, tuple[str, ...], None]
+MeshAxes = str | tuple[str, ...] | None
 ResourceMapping = Mapping[str, MeshAxes]
 
 

@@ -117,8 +117,10 @@ class NamedArray:
     def scalar(self) -> jax.Array:
         """The 0-d jax array of a NamedArray with no axes (e.g. a loss to differentiate)."""
         if self.axes:
-            raise AxisError(f"scalar() needs an array with no axes, this one has {format_axes(self.axes)}; reduce it "
-                            "first (x.sum(), x.mean(...))")
+            raise AxisError(
+                f"scalar() needs an array with no axes, this one has {format_axes(self.axes)}; reduce it "
+                "first (x.sum(), x.mean(...))"
+            )
         return self.array
 
     def __repr__(self) -> str:
@@ -130,7 +132,9 @@ class NamedArray:
         return bool(self.array)
 
     def __len__(self) -> int:
-        raise ArgumentTypeError("len() is positional and NamedArray has no first axis; use x.shape[name] or x.axis_size(name)")
+        raise ArgumentTypeError(
+            "len() is positional and NamedArray has no first axis; use x.shape[name] or x.axis_size(name)"
+        )
 
     def __iter__(self):
         raise ArgumentTypeError("iteration is positional; use nm.unbind(x, axis) to split along a named axis")
@@ -312,7 +316,9 @@ def _unflatten(axes, children):
     return NamedArray._unchecked(children[0], axes)
 
 
-jax.tree_util.register_pytree_with_keys(NamedArray, _flatten_with_keys, _unflatten, flatten_func=lambda x: ((x.array,), x.axes))
+jax.tree_util.register_pytree_with_keys(
+    NamedArray, _flatten_with_keys, _unflatten, flatten_func=lambda x: ((x.array,), x.axes)
+)
 
 
 def is_named_array(x: Any) -> bool:
@@ -330,12 +336,16 @@ def named(array: Any, axes: AxisSelection) -> NamedArray:
         array = jnp.asarray(array)
     sels = as_selectors(axes)
     if len(sels) != array.ndim:
-        raise AxisError(f"array of shape {tuple(array.shape)} has {array.ndim} dimensions but {len(sels)} axes were given: {sels}")
+        raise AxisError(
+            f"array of shape {tuple(array.shape)} has {array.ndim} dimensions but {len(sels)} axes were given: {sels}"
+        )
     out = []
     for sel, n in zip(sels, array.shape):
         if isinstance(sel, Axis):
             if sel.size != n:
-                raise AxisError(f"axis {sel.name!r} has size {sel.size} but the array's dimension is {n} (shape {tuple(array.shape)})")
+                raise AxisError(
+                    f"axis {sel.name!r} has size {sel.size} but the array's dimension is {n} (shape {tuple(array.shape)})"
+                )
             out.append(sel)
         elif sel is Ellipsis:
             raise AxisError("nm.named does not take '...'; name every dimension")

@@ -41,12 +41,16 @@ def _letters(names) -> dict[str, str]:
 def _options(what: str, kwargs: dict, takes: str) -> dict:
     unknown = sorted(k for k in kwargs if k not in _EINSUM_OPTIONS)
     if unknown:
-        raise ArgumentTypeError(f"{what} got unexpected keyword arguments {unknown}; it takes {takes}"
-                                f"{', '.join(o + '=' for o in _EINSUM_OPTIONS)}")
+        raise ArgumentTypeError(
+            f"{what} got unexpected keyword arguments {unknown}; it takes {takes}"
+            f"{', '.join(o + '=' for o in _EINSUM_OPTIONS)}"
+        )
     return kwargs
 
 
-def _contract(arrays: tuple[NamedArray, ...], out_axes: tuple[Axis, ...], options: dict, settle: bool = True) -> NamedArray:
+def _contract(
+    arrays: tuple[NamedArray, ...], out_axes: tuple[Axis, ...], options: dict, settle: bool = True
+) -> NamedArray:
     all_axes = union(*(a.axes for a in arrays))
     letters = _letters([a.name for a in all_axes])
     ins = ",".join("".join(letters[a.name] for a in x.axes) for x in arrays)
@@ -80,7 +84,9 @@ def dot(*arrays: NamedArray, axis: AxisSelection | None, out_axes: AxisSelection
         contracted = {name_of(a) for a in as_selectors(axis)}
         for c in contracted:
             if not any(c in x.names for x in arrays):
-                raise AxisError(f"nm.dot: axis {c!r} is in none of the operands {' , '.join(format_axes(x.axes) for x in arrays)}")
+                raise AxisError(
+                    f"nm.dot: axis {c!r} is in none of the operands {' , '.join(format_axes(x.axes) for x in arrays)}"
+                )
     kept = tuple(a for a in all_axes if a.name not in contracted)
     if out_axes is not None:
         from ._shape import order_of
@@ -132,20 +138,26 @@ def _dealias(equation: str, aliases: dict, arrays) -> str:
     """``equation`` with each alias token replaced by its axis' name (sizes of Axis aliases checked)."""
     for key, target in aliases.items():
         if not isinstance(target, (Axis, str)):
-            raise ArgumentTypeError(f"nm.einsum got {key}={target!r}; a keyword is an einsum option "
-                                    f"({', '.join(_EINSUM_OPTIONS)}) or an axis alias (an Axis or a name)")
+            raise ArgumentTypeError(
+                f"nm.einsum got {key}={target!r}; a keyword is an einsum option "
+                f"({', '.join(_EINSUM_OPTIONS)}) or an axis alias (an Axis or a name)"
+            )
         if isinstance(target, Axis):
             for k, x in enumerate(arrays):
                 if isinstance(x, NamedArray) and target.name in x.names and x.axis_size(target.name) != target.size:
-                    raise AxisError(f"nm.einsum alias {key}={target!r}: operand {k} has {target.name!r} of size "
-                                    f"{x.axis_size(target.name)}")
+                    raise AxisError(
+                        f"nm.einsum alias {key}={target!r}: operand {k} has {target.name!r} of size "
+                        f"{x.axis_size(target.name)}"
+                    )
     parts = _TOKEN.split(equation)
     used = {p for p in parts if p in aliases}
     unused = sorted(set(aliases) - used)
     if unused:
-        raise ArgumentTypeError(f"nm.einsum got unexpected keyword arguments {unused}: not einsum options "
-                                f"({', '.join(o + '=' for o in _EINSUM_OPTIONS)}), and as axis aliases they do not "
-                                f"occur in {equation!r}")
+        raise ArgumentTypeError(
+            f"nm.einsum got unexpected keyword arguments {unused}: not einsum options "
+            f"({', '.join(o + '=' for o in _EINSUM_OPTIONS)}), and as axis aliases they do not "
+            f"occur in {equation!r}"
+        )
     return "".join(name_of(aliases[p]) if p in aliases else p for p in parts)
 
 
@@ -159,7 +171,9 @@ def local_einsum(equation: str, *arrays: NamedArray, settle: bool, **kwargs) -> 
             raise ArgumentTypeError(f"einsum operand {k} is a {type(x).__name__}, not a NamedArray")
     if any(c in equation for c in "{}()"):
         if _shared_spec(lhs) is None or any(c in rhs for c in "{}()"):
-            raise AxisError(f"einsum {equation!r}: braces enclose the whole left side ({{a b}} -> ...); einsum has no groups")
+            raise AxisError(
+                f"einsum {equation!r}: braces enclose the whole left side ({{a b}} -> ...); einsum has no groups"
+            )
     shared = _shared_spec(lhs)
     all_axes = union(*(x.axes for x in arrays))
     by_name = {a.name: a for a in all_axes}
@@ -181,13 +195,21 @@ def local_einsum(equation: str, *arrays: NamedArray, settle: bool, **kwargs) -> 
                 raise AxisError(f"einsum operand {k}: spec {' '.join(map(str, names))!r} repeats a name")
             missing = [n for n in names if n not in x.names]
             if missing:
-                raise AxisError(f"einsum operand {k}: axes {missing} are not in its axes {format_axes(x.axes)} (a spec "
-                                "names axes, never positions)")
+                raise AxisError(
+                    f"einsum operand {k}: axes {missing} are not in its axes {format_axes(x.axes)} (a spec "
+                    "names axes, never positions)"
+                )
             if Ellipsis not in spec and set(names) != set(x.names):
                 extra = [n for n in x.names if n not in names]
                 raise AxisError(f"einsum operand {k} has axes {extra} that its spec does not list (add them or '...')")
-            refuse_positional_misreading(f"einsum operand {k}", " ".join("..." if t is Ellipsis else t for t in spec),
-                                         spec, x.axes, [None if t is Ellipsis else t for t in spec], braces=False)
+            refuse_positional_misreading(
+                f"einsum operand {k}",
+                " ".join("..." if t is Ellipsis else t for t in spec),
+                spec,
+                x.axes,
+                [None if t is Ellipsis else t for t in spec],
+                braces=False,
+            )
         # Axes named in some input spec but not in the output are contracted; axes covered only
         # by an input's '...' pass through to the output's '...'.
         explicit, rest_contracted = {s for spec in in_specs for s in spec if s is not Ellipsis}, False

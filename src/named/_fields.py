@@ -21,8 +21,10 @@ def field(*, axis_names=None, static: bool = False, converter: Callable[[Any], A
     (a tuple of names, or ``"batch embed"``)."""
     if axis_names is not None:
         if static:
-            raise ArgumentError("nm.field: axis_names describe an array's dimensions, and a static field holds no array "
-                                "to lay out; drop static=True or axis_names")
+            raise ArgumentError(
+                "nm.field: axis_names describe an array's dimensions, and a static field holds no array "
+                "to lay out; drop static=True or axis_names"
+            )
         axis_names = tuple(name_of(a) for a in as_selectors(axis_names))
     metadata = dict(kwargs.pop("metadata", {}) or {})
     metadata["axis_names"] = axis_names
@@ -45,8 +47,10 @@ def field_axis_names(tree) -> dict[str, tuple[str, ...]]:
                 names = f.metadata.get("axis_names")
                 if names is not None and eqx.is_array(value):
                     if len(names) != value.ndim:
-                        raise AxisError(f"field {jax.tree_util.keystr(here)} declares axis_names {names} but holds an "
-                                        f"array of shape {tuple(value.shape)}")
+                        raise AxisError(
+                            f"field {jax.tree_util.keystr(here)} declares axis_names {names} but holds an "
+                            f"array of shape {tuple(value.shape)}"
+                        )
                     found[jax.tree_util.keystr(here)] = tuple(names)
                 else:
                     visit(value, here)

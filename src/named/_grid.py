@@ -81,7 +81,7 @@ class DeviceGrid:
     def _rows(self) -> list[list[Cell]]:
         sizes = [s for _, s in self.mesh_axes] or [1]
         n_cols = math.prod(sizes[1:])
-        return [self.cells[r * n_cols:(r + 1) * n_cols] for r in range(sizes[0])]
+        return [self.cells[r * n_cols : (r + 1) * n_cols] for r in range(sizes[0])]
 
     def _col_labels(self) -> list[str]:
         rest = self.mesh_axes[1:]
@@ -93,7 +93,10 @@ class DeviceGrid:
         return f"{self.mesh_axes[0][0]} {r}" if self.mesh_axes else ""
 
     def _axis_text(self, cell: Cell) -> list[str]:
-        return [f"{a.name}[:]" if (lo, hi) == (0, a.size) else f"{a.name}[{lo}:{hi}]" for a, (lo, hi) in zip(self.axes, cell.blocks)]
+        return [
+            f"{a.name}[:]" if (lo, hi) == (0, a.size) else f"{a.name}[{lo}:{hi}]"
+            for a, (lo, hi) in zip(self.axes, cell.blocks)
+        ]
 
     def _head(self) -> str:
         shape = f"{self.dtype}[{' '.join(f'{a.name}={a.size}' for a in self.axes)}]"
@@ -109,13 +112,24 @@ class DeviceGrid:
             return f"replicated: every one of the {n} devices holds the whole array"
         if copies == {1}:
             return f"{self.n_blocks} distinct blocks, one per device (nothing replicated)"
-        return (f"{self.n_blocks} distinct blocks (letters); xk: the block is on k devices, replicated over the "
-                "mesh axes that split none of its axes")
+        return (
+            f"{self.n_blocks} distinct blocks (letters); xk: the block is on k devices, replicated over the "
+            "mesh axes that split none of its axes"
+        )
 
     def __str__(self) -> str:
         rows = self._rows()
-        texts = [[[f"dev {c.device if c.device is not None else '?'}: {_letters(c.block_id)}"
-                   + (f" x{c.copies}" if c.copies > 1 else "")] + self._axis_text(c) for c in row] for row in rows]
+        texts = [
+            [
+                [
+                    f"dev {c.device if c.device is not None else '?'}: {_letters(c.block_id)}"
+                    + (f" x{c.copies}" if c.copies > 1 else "")
+                ]
+                + self._axis_text(c)
+                for c in row
+            ]
+            for row in rows
+        ]
         col_labels = self._col_labels()
         width = max([len(line) for row in texts for cell in row for line in cell] + [len(s) for s in col_labels])
         left = max(len(self._row_label(r)) for r in range(len(rows)))
@@ -142,27 +156,36 @@ class DeviceGrid:
         head = ""
         if len(self.mesh_axes) > 1:
             rest = " x ".join(f"{n} ({s})" for n, s in self.mesh_axes[1:])
-            head = (f"<thead><tr><th colspan=\"2\"></th><th colspan=\"{len(col_labels)}\">{esc(rest)}</th></tr>"
-                    "<tr><th colspan=\"2\"></th>" + "".join(f"<th>{esc(s)}</th>" for s in col_labels) + "</tr></thead>")
+            head = (
+                f'<thead><tr><th colspan="2"></th><th colspan="{len(col_labels)}">{esc(rest)}</th></tr>'
+                '<tr><th colspan="2"></th>' + "".join(f"<th>{esc(s)}</th>" for s in col_labels) + "</tr></thead>"
+            )
         body = []
         for r, row in enumerate(rows):
             side = ""
             if r == 0:
                 name = f"{self.mesh_axes[0][0]} ({self.mesh_axes[0][1]})" if self.mesh_axes else ""
-                side = f"<th rowspan=\"{len(rows)}\" style=\"writing-mode:vertical-lr\">{esc(name)}</th>"
+                side = f'<th rowspan="{len(rows)}" style="writing-mode:vertical-lr">{esc(name)}</th>'
             tds = []
             for c in row:
-                hatch = (";background-image:repeating-linear-gradient(45deg,rgba(0,0,0,.12) 0 3px,transparent 3px 9px)"
-                         if c.copies > 1 else "")
+                hatch = (
+                    ";background-image:repeating-linear-gradient(45deg,rgba(0,0,0,.12) 0 3px,transparent 3px 9px)"
+                    if c.copies > 1
+                    else ""
+                )
                 mark = f" <small>x{c.copies} replicated</small>" if c.copies > 1 else ""
                 dev = c.device if c.device is not None else "?"
                 lines = "".join(f"<div><code>{esc(t)}</code></div>" for t in self._axis_text(c))
-                tds.append(f"<td style=\"{cell_style};background-color:{_colour(c.block_id)}{hatch}\">"
-                           f"<div><b>dev {dev}</b> {esc(_letters(c.block_id))}{mark}</div>{lines}</td>")
+                tds.append(
+                    f'<td style="{cell_style};background-color:{_colour(c.block_id)}{hatch}">'
+                    f"<div><b>dev {dev}</b> {esc(_letters(c.block_id))}{mark}</div>{lines}</td>"
+                )
             body.append(f"<tr>{side}<th>{esc(str(r))}</th>{''.join(tds)}</tr>")
-        table = f"<table style=\"border-collapse:collapse\">{head}<tbody>{''.join(body)}</tbody></table>"
-        return (f"<div><div><code>{esc(self._head())}</code></div>{table}"
-                f"<div><small>{esc(self._legend())}</small></div></div>")
+        table = f'<table style="border-collapse:collapse">{head}<tbody>{"".join(body)}</tbody></table>'
+        return (
+            f"<div><div><code>{esc(self._head())}</code></div>{table}"
+            f"<div><small>{esc(self._legend())}</small></div></div>"
+        )
 
 
 @dataclasses.dataclass(repr=False)
@@ -196,7 +219,9 @@ def _mesh_devices(mesh) -> np.ndarray | None:
         return None
 
 
-def _cells(shape: tuple[int, ...], entries: list[tuple[str, ...]], mesh) -> tuple[tuple[tuple[str, int], ...], list[Cell]]:
+def _cells(
+    shape: tuple[int, ...], entries: list[tuple[str, ...]], mesh
+) -> tuple[tuple[tuple[str, int], ...], list[Cell]]:
     """Each device's block, from the mesh axes that split each array axis (major first)."""
     names = tuple(mesh.axis_names)
     sizes = tuple(mesh.shape[n] for n in names)
@@ -238,7 +263,9 @@ def _placement(x: NamedArray, mapping, mesh) -> tuple[Any, list[tuple[str, ...]]
     return None, None, sharding
 
 
-def device_grid(x: Any, mapping: ResourceMapping | None = None, mesh=None, *, title: str = "") -> DeviceGrid | DeviceGrids:
+def device_grid(
+    x: Any, mapping: ResourceMapping | None = None, mesh=None, *, title: str = ""
+) -> DeviceGrid | DeviceGrids:
     """Draw where ``x`` lives: a grid of the mesh's devices, each cell naming the block of every
     array axis that device holds.
 
@@ -254,8 +281,13 @@ def device_grid(x: Any, mapping: ResourceMapping | None = None, mesh=None, *, ti
         return device_grid(NamedArray._unchecked(shaped, axes), mapping, mesh, title=title)
     if not isinstance(x, NamedArray):
         leaves = jax.tree_util.tree_flatten_with_path(x, is_leaf=is_named_array)[0]
-        return DeviceGrids([device_grid(v, mapping, mesh, title=jax.tree_util.keystr(p))
-                            for p, v in leaves if isinstance(v, NamedArray)])
+        return DeviceGrids(
+            [
+                device_grid(v, mapping, mesh, title=jax.tree_util.keystr(p))
+                for p, v in leaves
+                if isinstance(v, NamedArray)
+            ]
+        )
     named_mesh, entries, other = _placement(x, mapping, mesh)
     shape = tuple(a.size for a in x.axes)
     dtype = str(np.dtype(x.array.dtype)) if hasattr(x.array, "dtype") else "?"
@@ -265,8 +297,10 @@ def device_grid(x: Any, mapping: ResourceMapping | None = None, mesh=None, *, ti
     # another kind of sharding (one device, or positional): its own devices in a row
     index_map = other.devices_indices_map(shape)
     devices = sorted(index_map, key=lambda d: d.id)
-    raw = [(d.id, (i,), tuple((s.start or 0, n if s.stop is None else s.stop) for s, n in zip(index_map[d], shape)))
-           for i, d in enumerate(devices)]
+    raw = [
+        (d.id, (i,), tuple((s.start or 0, n if s.stop is None else s.stop) for s, n in zip(index_map[d], shape)))
+        for i, d in enumerate(devices)
+    ]
     whole = [all(c[2][i] == (0, n) for c in raw) for i, n in enumerate(shape)]
     lay = _format_layout(x.axes, [() if w else ("?",) for w in whole])
     return DeviceGrid(x.axes, dtype, lay, (("device", len(devices)),), _number(raw), title)

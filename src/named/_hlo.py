@@ -30,10 +30,34 @@ import re
 
 import numpy as np
 
-_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
-                "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16, "s4": 1, "u4": 1}
-KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute", "ragged-all-to-all",
-         "collective-broadcast")
+_DTYPE_BYTES = {
+    "pred": 1,
+    "s8": 1,
+    "u8": 1,
+    "s16": 2,
+    "u16": 2,
+    "f16": 2,
+    "bf16": 2,
+    "s32": 4,
+    "u32": 4,
+    "f32": 4,
+    "s64": 8,
+    "u64": 8,
+    "f64": 8,
+    "c64": 8,
+    "c128": 16,
+    "s4": 1,
+    "u4": 1,
+}
+KINDS = (
+    "all-gather",
+    "reduce-scatter",
+    "all-reduce",
+    "all-to-all",
+    "collective-permute",
+    "ragged-all-to-all",
+    "collective-broadcast",
+)
 _ARRAY = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
 _IOTA = re.compile(r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?")
 _LIST = re.compile(r"replica_groups=\{((?:\{[\d,]*\},?)*)\}")
@@ -42,14 +66,20 @@ _COMMENT = re.compile(r"/\*.*?\*/")
 _HEAD = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->.*\{\s*$")
 _LHS = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*")
 
-_ELEMENTWISE = frozenset("""add subtract multiply divide remainder maximum minimum negate abs sign compare select clamp
+_ELEMENTWISE = frozenset(
+    """add subtract multiply divide remainder maximum minimum negate abs sign compare select clamp
 and or xor not shift-left shift-right-logical shift-right-arithmetic floor ceil round-nearest-afz round-nearest-even
-convert is-finite real imag complex popcnt clz stochastic-convert""".split())
-_TRANSCENDENTAL = frozenset("""exponential exponential-minus-one log log-plus-one tanh logistic rsqrt sqrt cbrt power
-sine cosine tan atan2 erf""".split())
+convert is-finite real imag complex popcnt clz stochastic-convert""".split()
+)
+_TRANSCENDENTAL = frozenset(
+    """exponential exponential-minus-one log log-plus-one tanh logistic rsqrt sqrt cbrt power
+sine cosine tan atan2 erf""".split()
+)
 # Instructions that move no data of their own (aliases, bookkeeping, or costed in what they call).
-_FREE = frozenset("""parameter constant tuple get-tuple-element bitcast while call conditional after-all partition-id
-replica-id opt-barrier add-dependency domain""".split())
+_FREE = frozenset(
+    """parameter constant tuple get-tuple-element bitcast while call conditional after-all partition-id
+replica-id opt-barrier add-dependency domain""".split()
+)
 _SLICES = frozenset(("slice", "dynamic-slice", "gather"))
 
 
@@ -105,7 +135,7 @@ def _instr(line: str) -> Instr | None:
     m = _LHS.match(line)
     if not m:
         return None
-    rest = line[m.end():]
+    rest = line[m.end() :]
     if rest.startswith("("):
         end = _balanced(rest, 0)
     else:
@@ -116,7 +146,7 @@ def _instr(line: str) -> Instr | None:
     if not op_m:
         return None
     close = _balanced(rest, op_m.end() - 1)
-    operands = [o.split()[-1].lstrip("%") for o in _split_top(rest[op_m.end():close - 1])]
+    operands = [o.split()[-1].lstrip("%") for o in _split_top(rest[op_m.end() : close - 1])]
     return Instr(m.group(1), shape, op_m.group(1), operands, rest[close:], line)
 
 
@@ -247,12 +277,12 @@ def _mesh_axes_of(groups: list[list[int]], mesh) -> tuple[str, ...]:
 
 
 def _collective(ins: Instr, mesh, n_devices: int) -> Collective | None:
-    kind = ins.op[:-len("-start")] if ins.op.endswith("-start") else ins.op
+    kind = ins.op[: -len("-start")] if ins.op.endswith("-start") else ins.op
     if kind not in KINDS:
         return None
     arrays = _ARRAY.findall(ins.shape)
     if ins.op.endswith("-start") and len(arrays) > 1:  # async start: (operands, results, ...); the result comes second
-        arrays = arrays[len(arrays) // 2: len(arrays) // 2 + 1] if len(arrays) % 2 == 0 else arrays[-1:]
+        arrays = arrays[len(arrays) // 2 : len(arrays) // 2 + 1] if len(arrays) % 2 == 0 else arrays[-1:]
     nbytes = sum(math.prod(int(v) for v in s.split(",") if v) * _itemsize(d) for d, s in arrays)
     shape = ", ".join(f"{d}[{s}]" for d, s in arrays)
     groups = _groups(ins.line, n_devices)
@@ -265,8 +295,16 @@ def _collective(ins: Instr, mesh, n_devices: int) -> Collective | None:
         sent = 2 * nbytes * (n - 1) // n
     else:
         sent = nbytes * (n - 1) // n
-    return Collective(kind, _mesh_axes_of(groups, mesh), n if kind != "collective-permute" else 2, shape,
-                      nbytes, sent, False, ins.name)
+    return Collective(
+        kind,
+        _mesh_axes_of(groups, mesh),
+        n if kind != "collective-permute" else 2,
+        shape,
+        nbytes,
+        sent,
+        False,
+        ins.name,
+    )
 
 
 # ---- costs -----------------------------------------------------------------------------------
@@ -286,10 +324,20 @@ class HloCost:
     conditionals: int = 0
 
     def scaled(self, n: int, *, loop: bool = False, known: bool = True) -> HloCost:
-        colls = [dataclasses.replace(c, runs=c.runs * n, in_loop=c.in_loop or loop, runs_known=c.runs_known and known)
-                 for c in self.collectives]
-        return HloCost(self.flops * n, self.matmul_flops * n, self.transcendentals * n, self.bytes_accessed * n,
-                       colls, list(self.loops), list(self.unknown_loops), self.conditionals)
+        colls = [
+            dataclasses.replace(c, runs=c.runs * n, in_loop=c.in_loop or loop, runs_known=c.runs_known and known)
+            for c in self.collectives
+        ]
+        return HloCost(
+            self.flops * n,
+            self.matmul_flops * n,
+            self.transcendentals * n,
+            self.bytes_accessed * n,
+            colls,
+            list(self.loops),
+            list(self.unknown_loops),
+            self.conditionals,
+        )
 
     def add(self, other: HloCost) -> None:
         self.flops += other.flops
@@ -356,11 +404,14 @@ class _Walker:
             if body:
                 c.add(self.cost(body[0], False).scaled(runs, loop=True, known=n is not None))
             if cond:
-                c.add(self.cost(cond[0], False).scaled(runs + 1 if n is not None else 1, loop=True, known=n is not None))
+                c.add(
+                    self.cost(cond[0], False).scaled(runs + 1 if n is not None else 1, loop=True, known=n is not None)
+                )
             return c
         if op == "conditional":
             branches = _called(ins.attrs, "branch_computations") or (
-                _called(ins.attrs, "true_computation") + _called(ins.attrs, "false_computation"))
+                _called(ins.attrs, "true_computation") + _called(ins.attrs, "false_computation")
+            )
             costs = [self.cost(b, False) for b in branches]
             if costs:
                 c.add(max(costs, key=lambda k: (k.flops, k.bytes_accessed)).scaled(1))
@@ -373,7 +424,9 @@ class _Walker:
                 c.bytes_accessed += self._fusion_bytes(ins, comp)
             return c
         if op in ("call", "async-start", "custom-call"):
-            for callee in _called(ins.attrs, "to_apply") + _called(ins.attrs, "calls") + _called(ins.attrs, "called_computations"):
+            for callee in (
+                _called(ins.attrs, "to_apply") + _called(ins.attrs, "calls") + _called(ins.attrs, "called_computations")
+            ):
                 c.add(self.cost(callee, fused).scaled(1))
         coll = _collective(ins, self.mesh, self.n_devices)
         if coll is not None:
@@ -433,7 +486,9 @@ class _Walker:
         params = [i for i in callee.instrs if i.op == "parameter"]
         reads = sum(read(p.name) for p in params)
         root = next((i for i in callee.instrs if i.line.lstrip().startswith("ROOT")), None)
-        outs = [by_name[o] for o in root.operands if o in by_name] if root is not None and root.op == "tuple" else [root]
+        outs = (
+            [by_name[o] for o in root.operands if o in by_name] if root is not None and root.op == "tuple" else [root]
+        )
         writes = 0.0
         for out in outs:
             if out is not None and out.op == "dynamic-update-slice" and len(out.operands) > 1:

@@ -37,7 +37,9 @@ def as_offset(value, what: str = "offset"):
             raise AxisError(f"{what} must be a single integer, got a NamedArray with axes {format_axes(value.axes)}")
         value = value.array
     integer = isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-    if not integer and not (hasattr(value, "dtype") and np.ndim(value) == 0 and jnp.issubdtype(value.dtype, jnp.integer)):
+    if not integer and not (
+        hasattr(value, "dtype") and np.ndim(value) == 0 and jnp.issubdtype(value.dtype, jnp.integer)
+    ):
         raise AxisError(f"{what} must be an integer (an int, or a 0-d integer array or NamedArray), got {value!r}")
     return value
 
@@ -79,7 +81,9 @@ def _parse(x: NamedArray, idx) -> dict[int, Any]:
     elif isinstance(idx, tuple) and len(idx) % 2 == 0 and all(isinstance(k, (str, Axis)) for k in idx[::2]):
         items = list(zip(idx[::2], idx[1::2]))
     elif isinstance(idx, (str, Axis)):
-        raise AxisError(f"x[{name_of(idx)!r}] needs an index after the name: x[{name_of(idx)!r}, 0] or x[{name_of(idx)!r}, 2:5]")
+        raise AxisError(
+            f"x[{name_of(idx)!r}] needs an index after the name: x[{name_of(idx)!r}, 0] or x[{name_of(idx)!r}, 2:5]"
+        )
     else:
         raise AxisError(
             f"index NamedArrays by name: x['batch', 0:4] or x[{{'batch': 0}}], got {idx!r}; array axes {format_axes(x.axes)}"
@@ -98,7 +102,9 @@ def _kind(value) -> str:
         if jnp.issubdtype(value.dtype, jnp.bool_):
             raise AxisError("boolean NamedArray masks give data-dependent shapes; use nm.where(mask, x, fill) instead")
         if not jnp.issubdtype(value.dtype, jnp.integer):
-            raise AxisError(f"an index NamedArray must hold integers, got dtype {value.dtype} {format_axes(value.axes)}")
+            raise AxisError(
+                f"an index NamedArray must hold integers, got dtype {value.dtype} {format_axes(value.axes)}"
+            )
         return "int" if value.ndim == 0 else "gather"
     if isinstance(value, slice):
         return "slice"
@@ -106,8 +112,9 @@ def _kind(value) -> str:
         return "ds"
     if isinstance(value, (bool, np.bool_)):  # numpy reads a bool as a mask, jax as 0 or 1: say which is meant
         raise AxisError(f"unsupported index {value!r}: a bool is not an index; use 0 or 1, or nm.where for a mask")
-    if isinstance(value, (int, np.integer)) or (hasattr(value, "shape") and np.ndim(value) == 0
-                                                and jnp.issubdtype(value.dtype, jnp.integer)):
+    if isinstance(value, (int, np.integer)) or (
+        hasattr(value, "shape") and np.ndim(value) == 0 and jnp.issubdtype(value.dtype, jnp.integer)
+    ):
         return "int"
     raise AxisError(f"unsupported index {value!r}: use an int, a slice, nm.ds(start, size) or an integer NamedArray")
 
@@ -118,16 +125,20 @@ def _check_gather(a: Axis, index: NamedArray) -> None:
     indices cannot be checked and are clamped as any XLA gather clamps them (docs/named_arrays.md).
     A zero-size axis has no entry to gather, traced or not."""
     if a.size == 0 and index.size:
-        raise AxisError(f"a gather of {format_axes(index.axes)} indices from axis {a.name!r} of size 0: it has no entry")
+        raise AxisError(
+            f"a gather of {format_axes(index.axes)} indices from axis {a.name!r} of size 0: it has no entry"
+        )
     known = concrete(index)
     if known is None:
         return
     off = (known < -a.size) | (known >= a.size)
     if off.any():
         where, at = first_flagged(off, index.axes)
-        raise AxisError(f"index {int(known[where])} at ({at}) is out of range for axis {a.name!r} of size {a.size}; "
-                        f"an index lies in [{-a.size}, {a.size - 1}] (a negative one counts from the end, as in numpy); "
-                        f"{int(off.sum())} index(es) out of range in all")
+        raise AxisError(
+            f"index {int(known[where])} at ({at}) is out of range for axis {a.name!r} of size {a.size}; "
+            f"an index lies in [{-a.size}, {a.size - 1}] (a negative one counts from the end, as in numpy); "
+            f"{int(off.sum())} index(es) out of range in all"
+        )
 
 
 def check_window(what: str, a: Axis, start, size: int, effect: str) -> None:
@@ -142,9 +153,11 @@ def check_window(what: str, a: Axis, start, size: int, effect: str) -> None:
     at = np.where(known < 0, known + a.size, known)
     off = (at < 0) | (at > a.size - size)
     if off.any():
-        raise AxisError(f"{what} of size {size} at offset {int(known.flat[np.argmax(off)])} does not fit in axis "
-                        f"{a.name!r} of size {a.size}; offsets must lie in [{-a.size}, {a.size - size}] (lax would "
-                        f"clamp it and {effect})")
+        raise AxisError(
+            f"{what} of size {size} at offset {int(known.flat[np.argmax(off)])} does not fit in axis "
+            f"{a.name!r} of size {a.size}; offsets must lie in [{-a.size}, {a.size - size}] (lax would "
+            f"clamp it and {effect})"
+        )
 
 
 def check_rows(what: str, rows: NamedArray, x: NamedArray) -> None:
@@ -153,8 +166,10 @@ def check_rows(what: str, rows: NamedArray, x: NamedArray) -> None:
     the caller never mapped."""
     for r in rows.axes:
         if r.name in x.names and x.axis_size(r.name) != r.size:
-            raise AxisError(f"{what} are over {r.name}={r.size} but the array has {r.name}={x.axis_size(r.name)} "
-                            f"{format_axes(x.axes)}; per-row values need one entry for each row of {r.name!r}")
+            raise AxisError(
+                f"{what} are over {r.name}={r.size} but the array has {r.name}={x.axis_size(r.name)} "
+                f"{format_axes(x.axes)}; per-row values need one entry for each row of {r.name!r}"
+            )
 
 
 def _check_ds(a: Axis, v: ds, writes: bool = False) -> None:
@@ -170,8 +185,10 @@ def _check_int(a: Axis, value) -> None:
     JAX's behaviour."""
     known = concrete(value)
     if known is not None and not -a.size <= int(known) < a.size:
-        raise AxisError(f"index {int(known)} is out of range for axis {a.name!r} of size {a.size}; an index lies in "
-                        f"[{-a.size}, {a.size - 1}] (a negative one counts from the end, as in numpy)")
+        raise AxisError(
+            f"index {int(known)} is out of range for axis {a.name!r} of size {a.size}; an index lies in "
+            f"[{-a.size}, {a.size - 1}] (a negative one counts from the end, as in numpy)"
+        )
 
 
 def _int(value):
@@ -236,7 +253,9 @@ def _plan(x: NamedArray, idx, writes: bool = False) -> _Plan:
 
     idx_axes = broadcast_axes(*(g.axes for g in gathers.values()))
     # Index axes the array also has, and which nothing indexes, are matched pointwise.
-    shared = [index_of(x.axes, a.name) for a in idx_axes if a.name in x.names and index_of(x.axes, a.name) not in parsed]
+    shared = [
+        index_of(x.axes, a.name) for a in idx_axes if a.name in x.names and index_of(x.axes, a.name) not in parsed
+    ]
     for i in shared:
         union(idx_axes, (x.axes[i],))
         gathers[i] = NamedArray(jnp.arange(x.axes[i].size), (x.axes[i],))
@@ -330,7 +349,9 @@ class _AtRef:
         if isinstance(values, NamedArray):
             extra = [a for a in values.axes if a.name not in {b.name for b in plan.pre_axes}]
             if extra:
-                raise AxisError(f"update values have axes {format_axes(extra)} that the indexed region {format_axes(plan.out_axes)} lacks")
+                raise AxisError(
+                    f"update values have axes {format_axes(extra)} that the indexed region {format_axes(plan.out_axes)} lacks"
+                )
             union(plan.pre_axes, values.axes)
             v = jnp.broadcast_to(raw(values, plan.pre_axes), tuple(a.size for a in plan.pre_axes))
         else:
@@ -378,8 +399,10 @@ def updated_slice(x: NamedArray, start: Mapping, update: NamedArray) -> NamedArr
     if missing:
         raise AxisError(f"updated_slice: update axes {missing} are not in the array {format_axes(x.axes)}")
     given = {x.axes[index_of(x.axes, sel)].name for sel in start}
-    up_axes = tuple(Axis(a.name, update.axis_size(a.name)) if a.name in update.names else
-                    Axis(a.name, 1) if a.name in given else a for a in x.axes)
+    up_axes = tuple(
+        Axis(a.name, update.axis_size(a.name)) if a.name in update.names else Axis(a.name, 1) if a.name in given else a
+        for a in x.axes
+    )
     for a, b in zip(up_axes, x.axes):
         if a.size > b.size:
             raise AxisError(f"updated_slice: update axis {a.name!r} has size {a.size} > {b.size}")
@@ -402,13 +425,17 @@ def updated_slice(x: NamedArray, start: Mapping, update: NamedArray) -> NamedArr
     if rows:
         bad = [r.name for r in rows if r.name not in x.names or r.name in offsets]
         if bad:
-            raise AxisError(f"updated_slice: per-row offsets have axes {bad} that are not other axes of the array "
-                            f"{format_axes(x.axes)}")
+            raise AxisError(
+                f"updated_slice: per-row offsets have axes {bad} that are not other axes of the array "
+                f"{format_axes(x.axes)}"
+            )
         for r in rows:
             if r.name in update.names and update.axis_size(r.name) != x.axis_size(r.name):
-                raise AxisError(f"updated_slice: the update has {r.name}={update.axis_size(r.name)} but the array has "
-                                f"{r.name}={x.axis_size(r.name)}; with offsets per row of {r.name!r} the update has "
-                                "every row, or no such axis (then each row gets the same update)")
+                raise AxisError(
+                    f"updated_slice: the update has {r.name}={update.axis_size(r.name)} but the array has "
+                    f"{r.name}={x.axis_size(r.name)}; with offsets per row of {r.name!r} the update has "
+                    "every row, or no such axis (then each row gets the same update)"
+                )
         # One dynamic_update_slice per row; under vmap XLA emits a single scatter that clamps
         # each row's window exactly as the unbatched write does.
         out = vmap(updated_slice, tuple(x.resolve_axis(r.name) for r in rows))(x, offsets, update)

@@ -59,8 +59,10 @@ def parse_layout(text: str) -> tuple[tuple[str, ...], dict[str, Any]]:
             parts = tuple(re.split(r"[+/]", mesh_axes))
             for p in parts:
                 if p in used:
-                    raise AxisError(f"mesh axis {p!r} splits both {used[p]!r} and {name!r} in layout {text!r}; "
-                                    "an array can use a mesh axis once")
+                    raise AxisError(
+                        f"mesh axis {p!r} splits both {used[p]!r} and {name!r} in layout {text!r}; "
+                        "an array can use a mesh axis once"
+                    )
                 used[p] = name
             mapping[name] = parts[0] if len(parts) == 1 else parts
     return tuple(names), mapping

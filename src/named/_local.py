@@ -23,7 +23,6 @@ from ._core import NamedArray, expect_named
 from ._layout import parse_layout
 from .partitioning import ResourceMapping, _check_mapping_values, _mesh_axes
 
-
 # ---- local blocks ----------------------------------------------------------------------------
 
 
@@ -61,8 +60,12 @@ def split_block(x: NamedArray, name: str, parts: int) -> list[NamedArray]:
         raise AxisError(f"cannot split this device's block of axis {name!r} (size {a.size}) into {parts} equal parts")
     n = a.size // parts
     piece = _with_split(a, n, _split_over(a))
-    return [NamedArray._unchecked(jax.lax.slice_in_dim(x.array, k * n, (k + 1) * n, axis=i),
-                                  x.axes[:i] + (piece,) + x.axes[i + 1:]) for k in range(parts)]
+    return [
+        NamedArray._unchecked(
+            jax.lax.slice_in_dim(x.array, k * n, (k + 1) * n, axis=i), x.axes[:i] + (piece,) + x.axes[i + 1 :]
+        )
+        for k in range(parts)
+    ]
 
 
 def join_blocks(pieces: Sequence[NamedArray], name: str) -> NamedArray:
@@ -70,8 +73,9 @@ def join_blocks(pieces: Sequence[NamedArray], name: str) -> NamedArray:
     i = pieces[0].names.index(name)
     a = pieces[0].axes[i]
     whole = _with_split(a, sum(p.axes[i].size for p in pieces), _split_over(a))
-    return NamedArray._unchecked(jnp.concatenate([p.array for p in pieces], axis=i),
-                                 pieces[0].axes[:i] + (whole,) + pieces[0].axes[i + 1:])
+    return NamedArray._unchecked(
+        jnp.concatenate([p.array for p in pieces], axis=i), pieces[0].axes[:i] + (whole,) + pieces[0].axes[i + 1 :]
+    )
 
 
 # Explicit mode's batch split traces a layer once per piece of the batch. The pieces do not depend
@@ -80,6 +84,7 @@ def join_blocks(pieces: Sequence[NamedArray], name: str) -> NamedArray:
 # below makes piece p's k-th collective wait for piece p-1's k-th in the forward pass, and piece
 # p-1's wait for piece p's in the backward pass: never merged, and each piece's collective has
 # the neighbouring piece's compute beside it (the seed's staggered batch split).
+
 
 class CollectiveOrder:
     """Orders the collectives of the pieces traced one after another under :meth:`piece`: those
@@ -330,8 +335,10 @@ class Unreduced:
         if isinstance(other, Unreduced) and other.over == self.over:
             return Unreduced(self.value + other.value, self.over)
         if isinstance(other, Unreduced):
-            raise UnreducedError(f"adding partial sums owed over different mesh axes ({self.over} and {other.over}); "
-                                 "psum one of them first")
+            raise UnreducedError(
+                f"adding partial sums owed over different mesh axes ({self.over} and {other.over}); "
+                "psum one of them first"
+            )
         raise self._refuse("+ with a value that is not a partial sum (it would be counted once per device)")
 
     __radd__ = __add__
@@ -379,8 +386,9 @@ def _unreduced_unflatten(over, children):
     return u
 
 
-jax.tree_util.register_pytree_with_keys(Unreduced, _unreduced_flatten, _unreduced_unflatten,
-                                        flatten_func=lambda u: ((u.value,), u.over))
+jax.tree_util.register_pytree_with_keys(
+    Unreduced, _unreduced_flatten, _unreduced_unflatten, flatten_func=lambda u: ((u.value,), u.over)
+)
 
 
 def _is_leaf(x) -> bool:

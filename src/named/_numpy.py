@@ -50,8 +50,10 @@ _SAME = "same"  # fft size rules: output size from the input size m (or n= when 
 _HALF = "half"  # m // 2 + 1 (a real input's spectrum)
 _FULL = "full"  # 2 * (m - 1) (back from a half spectrum)
 
+
 def _nan_when_empty(fn: Callable) -> Callable:
     """``fn`` (a median), NaN over a zero-size axis as in numpy (jnp's gather fails on one)."""
+
     @functools.wraps(fn)
     def median(a, axis=None, **kwargs):
         dims = range(a.ndim) if axis is None else (axis if isinstance(axis, tuple) else (axis,))
@@ -143,30 +145,38 @@ def _fft_size(rule: str, m: int, n: int | None) -> int:
 
 
 def _fft(name: str, fn1: Callable, fnn: Callable | None, rule: str) -> Callable:
-    def op(x, axis: AxisSelection, *, n: int | None = None, norm: str | None = None, new_axis: AxisSelector | None = None):
+    def op(
+        x, axis: AxisSelection, *, n: int | None = None, norm: str | None = None, new_axis: AxisSelector | None = None
+    ):
         expect_named(x, f"nm.{name}")
         dims = list(indices_of(x.axes, axis, f"nm.{name}"))
         if not dims:
             raise AxisError(f"nm.{name} needs an axis name; the array has axes {format_axes(x.axes)}")
         for i in dims:  # numpy refuses a transform of no points too; jnp returns nothing or fails to lower
             if x.axes[i].size == 0:
-                raise AxisError(f"nm.{name} along the zero-size axis {x.axes[i].name!r} of {format_axes(x.axes)}: a "
-                                "Fourier transform needs at least one point")
+                raise AxisError(
+                    f"nm.{name} along the zero-size axis {x.axes[i].name!r} of {format_axes(x.axes)}: a "
+                    "Fourier transform needs at least one point"
+                )
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise ArgumentError(f"nm.{name}: n={n!r} points; n must be an int >= 1")
         axes = list(x.axes)
         last = dims[-1]  # the n-dimensional real transforms halve (or restore) only the last axis they are given
         size = _fft_size(rule, x.axes[last].size, n)
         if size < 1:
-            raise ArgumentError(f"nm.{name} of the {x.axes[last].size} point(s) along {x.axes[last].name!r} gives no "
-                                "points; give n= (the size of the result along it)")
+            raise ArgumentError(
+                f"nm.{name} of the {x.axes[last].size} point(s) along {x.axes[last].name!r} gives no "
+                "points; give n= (the size of the result along it)"
+            )
         try:
             if len(dims) == 1:
                 out = fn1(x.array, n=n, axis=last, norm=norm)
             else:
                 if fnn is None or n is not None or new_axis is not None:
-                    raise ArgumentError(f"nm.{name} over several axes {[x.axes[i].name for i in dims]} takes neither n= "
-                                        "nor new_axis=" + ("" if fnn is not None else f" (and jnp has no n-dimensional {name})"))
+                    raise ArgumentError(
+                        f"nm.{name} over several axes {[x.axes[i].name for i in dims]} takes neither n= "
+                        "nor new_axis=" + ("" if fnn is not None else f" (and jnp has no n-dimensional {name})")
+                    )
                 out = fnn(x.array, axes=dims, norm=norm)
         except (TypeError, ValueError) as e:  # a complex array into a real transform
             raise ArgumentTypeError(f"nm.{name} does not take an array of dtype {x.dtype}: {e}") from e
@@ -183,6 +193,7 @@ def _make(name: str, row: tuple) -> Callable:
     if kind == "elementwise":
         return _ops._wrap(fn, name)
     if kind in ("reduce", "reduce_max", "reduce_min"):
+
         def op(x, axis: AxisSelection | None = None, *, where=None, **kwargs):
             if where is not None and kind != "reduce":
                 kwargs.setdefault("initial", _ops._lowest(x.dtype, highest=kind == "reduce_min"))
@@ -190,16 +201,19 @@ def _make(name: str, row: tuple) -> Callable:
 
         how = "over names (None: all axes), with where="
     elif kind == "reduce_plain":
+
         def op(x, axis: AxisSelection | None = None, **kwargs):
             return _ops._reduce(fn, x, axis, name=name, **kwargs)
 
         how = "over names (None: all axes)"
     elif kind == "arg":
+
         def op(x, axis: AxisSelector | None = None):
             return _ops._arg_reduce(fn, x, axis, name)
 
         how = "along one name, or None for a flat index over all axes"
     elif kind == "along":
+
         def op(x, axis: AxisSelector, **kwargs):
             return _ops._along(fn, x, axis, **kwargs)
 
@@ -207,6 +221,7 @@ def _make(name: str, row: tuple) -> Callable:
     elif kind == "fft":
         op, how = _fft(name, fn, row[2], row[3]), "along one name (n=, new_axis=) or several"
     else:
+
         def op(x, axis: AxisSelection | None = None):
             expect_named(x, f"nm.{name}")
             dims = tuple(range(x.ndim)) if axis is None else indices_of(x.axes, axis, f"nm.{name}")
@@ -226,8 +241,10 @@ globals().update({name: _make(name, row) for name, row in SURFACE.items()})
 
 def _sized(axis, what: str) -> Axis:
     if not isinstance(axis, Axis):
-        raise ArgumentError(f"nm.{what} needs the result's size as an Axis (e.g. Axis('found', 8)) so that the shape is "
-                            f"static under jit; got {axis!r}")
+        raise ArgumentError(
+            f"nm.{what} needs the result's size as an Axis (e.g. Axis('found', 8)) so that the shape is "
+            f"static under jit; got {axis!r}"
+        )
     return axis
 
 
@@ -239,8 +256,16 @@ def ravel(x: NamedArray, new_axis: AxisSelector) -> NamedArray:
     return flatten_axes(x, x.names, new_axis)
 
 
-def unique(x: NamedArray, size: Axis, *, fill_value=None, return_index: bool = False, return_inverse: bool = False,
-           return_counts: bool = False, axis: AxisSelector | None = None):
+def unique(
+    x: NamedArray,
+    size: Axis,
+    *,
+    fill_value=None,
+    return_index: bool = False,
+    return_inverse: bool = False,
+    return_counts: bool = False,
+    axis: AxisSelector | None = None,
+):
     """The sorted distinct values of ``x`` (all axes) along ``size``, padded with ``fill_value``
     (default: the smallest value). ``return_index``: flat indices into ``nm.ravel(x, ...)``;
     ``return_inverse``: over x's axes; ``return_counts``: along ``size``. A tuple when any is set.
@@ -251,17 +276,26 @@ def unique(x: NamedArray, size: Axis, *, fill_value=None, return_index: bool = F
     expect_named(x, "nm.unique")
     size = _sized(size, "unique")
     if x.size == 0 and size.size and fill_value is None:
-        raise ArgumentError(f"nm.unique of the empty array {format_axes(x.axes)} into {size!r}: every entry of the "
-                            "result is a fill; give fill_value=")
-    kw = dict(return_index=return_index, return_inverse=return_inverse, return_counts=return_counts, size=size.size,
-              fill_value=fill_value)
+        raise ArgumentError(
+            f"nm.unique of the empty array {format_axes(x.axes)} into {size!r}: every entry of the "
+            "result is a fill; give fill_value="
+        )
+    kw = dict(
+        return_index=return_index,
+        return_inverse=return_inverse,
+        return_counts=return_counts,
+        size=size.size,
+        fill_value=fill_value,
+    )
     if axis is None:
         out = jnp.unique(x.array, **kw)
         value_axes, inverse_axes = (size,), x.axes
     else:
         i = index_of(x.axes, axis)
         if size.name in x.names and size.name != x.axes[i].name:
-            raise AxisError(f"nm.unique: the result axis {size.name!r} is already another axis of {format_axes(x.axes)}")
+            raise AxisError(
+                f"nm.unique: the result axis {size.name!r} is already another axis of {format_axes(x.axes)}"
+            )
         out = jnp.unique(x.array, axis=i, **kw)
         value_axes, inverse_axes = x.axes[:i] + (size,) + x.axes[i + 1 :], (x.axes[i],)
     if not (return_index or return_inverse or return_counts):
@@ -309,8 +343,15 @@ def nonzero(x: NamedArray, size: Axis, *, fill_value=None) -> dict[str, NamedArr
     return {a.name: NamedArray._unchecked(i, (size,)) for a, i in zip(x.axes, idx)}
 
 
-def searchsorted(sorted_x: NamedArray, values, axis: AxisSelector | None = None, *, side: str = "left",
-                 sorter=None, method: str = "scan") -> NamedArray:
+def searchsorted(
+    sorted_x: NamedArray,
+    values,
+    axis: AxisSelector | None = None,
+    *,
+    side: str = "left",
+    sorter=None,
+    method: str = "scan",
+) -> NamedArray:
     """Where ``values`` would go along ``axis`` of ``sorted_x`` to keep it sorted. Other axes of
     ``sorted_x`` are batch axes, matched with ``values``' by name. ``sorter`` (numpy's) holds the
     indices that sort an unsorted ``sorted_x`` along ``axis``: a NamedArray with its axes (or a
@@ -325,17 +366,25 @@ def searchsorted(sorted_x: NamedArray, values, axis: AxisSelector | None = None,
         axes_of(values)  # a positional array with dimensions is refused with the usual message
         values = NamedArray(jnp.asarray(values), ())
     if a in values.names:
-        raise AxisError(f"nm.searchsorted: the values {format_axes(values.axes)} have the searched axis {a!r}; rename it")
+        raise AxisError(
+            f"nm.searchsorted: the values {format_axes(values.axes)} have the searched axis {a!r}; rename it"
+        )
     if sorter is None:
-        return nmap(functools.partial(jnp.searchsorted, side=side, method=method), consume=a, produce=())(sorted_x, values)
+        return nmap(functools.partial(jnp.searchsorted, side=side, method=method), consume=a, produce=())(
+            sorted_x, values
+        )
     if not isinstance(sorter, NamedArray):
         if sorted_x.ndim != 1:
-            raise AxisError(f"nm.searchsorted: a plain sorter fits a 1-d array; give one over {format_axes(sorted_x.axes)} "
-                            "as a NamedArray (nm.argsort(x, axis))")
+            raise AxisError(
+                f"nm.searchsorted: a plain sorter fits a 1-d array; give one over {format_axes(sorted_x.axes)} "
+                "as a NamedArray (nm.argsort(x, axis))"
+            )
         sorter = NamedArray(jnp.asarray(sorter), sorted_x.axes)
     if set(sorter.axes) != set(sorted_x.axes) or not jnp.issubdtype(sorter.dtype, jnp.integer):
-        raise AxisError(f"nm.searchsorted: sorter {format_axes(sorter.axes)} ({sorter.dtype}) must be integer indices with "
-                        f"the axes of the searched array {format_axes(sorted_x.axes)}")
+        raise AxisError(
+            f"nm.searchsorted: sorter {format_axes(sorter.axes)} ({sorter.dtype}) must be integer indices with "
+            f"the axes of the searched array {format_axes(sorted_x.axes)}"
+        )
 
     def search(s, v, order):
         return jnp.searchsorted(s, v, side=side, sorter=order, method=method)
@@ -343,7 +392,9 @@ def searchsorted(sorted_x: NamedArray, values, axis: AxisSelector | None = None,
     return nmap(search, consume=a, produce=())(sorted_x, values, sorter)
 
 
-def bincount(x: NamedArray, length: Axis, *, weights: NamedArray | None = None, axis: AxisSelection | None = None) -> NamedArray:
+def bincount(
+    x: NamedArray, length: Axis, *, weights: NamedArray | None = None, axis: AxisSelection | None = None
+) -> NamedArray:
     """How often each value ``0 .. length.size - 1`` occurs in ``x`` over ``axis`` (default: all
     axes), per entry of the other axes, along the new axis ``length``; values outside are
     dropped. ``weights`` (x's axes) sums weights instead of counting."""
@@ -353,7 +404,9 @@ def bincount(x: NamedArray, length: Axis, *, weights: NamedArray | None = None, 
         raise ArgumentTypeError(f"nm.bincount counts integers, got dtype {x.dtype} {format_axes(x.axes)}")
     counted = x.names if axis is None else tuple(x.axes[i].name for i in indices_of(x.axes, axis, "nm.bincount"))
     if weights is not None and set(axes_of(weights)) != set(x.axes):
-        raise AxisError(f"nm.bincount: weights {format_axes(axes_of(weights))} must have the axes of x {format_axes(x.axes)}")
+        raise AxisError(
+            f"nm.bincount: weights {format_axes(axes_of(weights))} must have the axes of x {format_axes(x.axes)}"
+        )
 
     def count(v, w):
         v = v.reshape(-1)
@@ -361,7 +414,8 @@ def bincount(x: NamedArray, length: Axis, *, weights: NamedArray | None = None, 
         inside = (v >= 0) & (v < length.size)
         w = inside.astype(jnp.int32) if w is None else jnp.where(inside, w.reshape(-1), 0)
         return jnp.bincount(jnp.where(inside, v, 0), w, length=length.size).astype(
-            jnp.int32 if weights is None else w.dtype)
+            jnp.int32 if weights is None else w.dtype
+        )
 
     return nmap(count, consume=counted, produce=length.name)(x, weights)
 
@@ -378,8 +432,12 @@ def repeat(x: NamedArray, repeats, axis: AxisSelector, total_repeat_length: int 
         if repeats.names not in ((), (a.name,)):
             raise AxisError(f"nm.repeat: per-entry repeats {format_axes(repeats.axes)} must be along {a.name!r} only")
         repeats = repeats.array
-    if isinstance(repeats, bool) or not (isinstance(repeats, int) or hasattr(repeats, "shape") or isinstance(repeats, (list, tuple))):
-        raise ArgumentError(f"nm.repeat: repeats must be an int >= 0 or one count per entry of {a.name!r}, got {repeats!r}")
+    if isinstance(repeats, bool) or not (
+        isinstance(repeats, int) or hasattr(repeats, "shape") or isinstance(repeats, (list, tuple))
+    ):
+        raise ArgumentError(
+            f"nm.repeat: repeats must be an int >= 0 or one count per entry of {a.name!r}, got {repeats!r}"
+        )
     if isinstance(repeats, int):
         if repeats < 0:
             raise ArgumentError(f"nm.repeat: repeats must be an int >= 0, got {repeats!r}")
@@ -389,15 +447,18 @@ def repeat(x: NamedArray, repeats, axis: AxisSelector, total_repeat_length: int 
         if repeats.ndim == 1 and repeats.shape[0] != a.size:
             raise AxisError(f"nm.repeat: {repeats.shape[0]} counts for axis {a.name!r} of size {a.size}")
         if repeats.ndim > 1 or not jnp.issubdtype(repeats.dtype, jnp.integer):
-            raise ArgumentError(f"nm.repeat: per-entry repeats must be a 1-d integer array, got shape {repeats.shape} "
-                                f"{repeats.dtype}")
+            raise ArgumentError(
+                f"nm.repeat: per-entry repeats must be a 1-d integer array, got shape {repeats.shape} {repeats.dtype}"
+            )
         known = _concrete(repeats)
         if known is not None and (known < 0).any():
             raise ArgumentError(f"nm.repeat: repeats must be >= 0, got {known.tolist()}")
         if total_repeat_length is None:
             if known is None:
-                raise ArgumentError("nm.repeat: traced per-entry repeats need total_repeat_length= (the result's size "
-                                    "must be known before tracing)")
+                raise ArgumentError(
+                    "nm.repeat: traced per-entry repeats need total_repeat_length= (the result's size "
+                    "must be known before tracing)"
+                )
             n = int(known.sum()) if known.ndim else a.size * int(known)
         else:
             n = total_repeat_length
@@ -436,12 +497,14 @@ def packbits(x: NamedArray, axis: AxisSelector, *, bitorder: str = "big") -> Nam
     shrinks to ``ceil(size / 8)`` (zero-padded at the end)."""
     expect_named(x, "nm.packbits")
     if not (jnp.issubdtype(x.dtype, jnp.integer) or jnp.issubdtype(x.dtype, jnp.bool_)):
-        raise ArgumentTypeError(f"nm.packbits packs booleans (or 0/1 integers), got dtype {x.dtype}; compare first "
-                                "(x > 0)")
+        raise ArgumentTypeError(
+            f"nm.packbits packs booleans (or 0/1 integers), got dtype {x.dtype}; compare first (x > 0)"
+        )
     i = index_of(x.axes, axis)
     a = x.axes[i]
-    return NamedArray._unchecked(jnp.packbits(x.array, axis=i, bitorder=bitorder),
-                                 x.axes[:i] + (a.resize((a.size + 7) // 8),) + x.axes[i + 1 :])
+    return NamedArray._unchecked(
+        jnp.packbits(x.array, axis=i, bitorder=bitorder), x.axes[:i] + (a.resize((a.size + 7) // 8),) + x.axes[i + 1 :]
+    )
 
 
 def unpackbits(x: NamedArray, axis: AxisSelector, *, count: int | None = None, bitorder: str = "big") -> NamedArray:
@@ -453,8 +516,9 @@ def unpackbits(x: NamedArray, axis: AxisSelector, *, count: int | None = None, b
     i = index_of(x.axes, axis)
     a = x.axes[i]
     n = a.size * 8 if count is None else count if count >= 0 else max(a.size * 8 + count, 0)
-    return NamedArray._unchecked(jnp.unpackbits(x.array, axis=i, count=count, bitorder=bitorder),
-                                 x.axes[:i] + (a.resize(n),) + x.axes[i + 1 :])
+    return NamedArray._unchecked(
+        jnp.unpackbits(x.array, axis=i, count=count, bitorder=bitorder), x.axes[:i] + (a.resize(n),) + x.axes[i + 1 :]
+    )
 
 
 def trace(x: NamedArray, axis1: AxisSelector, axis2: AxisSelector, *, offset: int = 0, dtype=None) -> NamedArray:
@@ -482,7 +546,11 @@ def polyval(coeffs, x, axis: AxisSelector | None = None) -> NamedArray:
     else:
         terms = list(coeffs)
     # Horner from zeros, as np.polyval does (so that inf and nan inputs give what numpy gives)
-    acc = NamedArray._unchecked(jnp.zeros_like(x.array), x.axes) if isinstance(x, NamedArray) else NamedArray(jnp.zeros_like(x), ())
+    acc = (
+        NamedArray._unchecked(jnp.zeros_like(x.array), x.axes)
+        if isinstance(x, NamedArray)
+        else NamedArray(jnp.zeros_like(x), ())
+    )
     for c in terms:
         acc = acc * x + c
     return acc
@@ -539,6 +607,25 @@ def fftfreq(axis: Axis, d: float = 1.0, *, rfft: bool = False, new_axis: AxisSel
     return NamedArray._unchecked(out, (Axis(name_of(new_axis) if new_axis is not None else axis.name, out.shape[0]),))
 
 
-__all__ = [*SURFACE, "ravel", "unique", "unique_values", "unique_counts", "unique_inverse", "unique_all", "nonzero",
-           "searchsorted", "bincount", "repeat", "tile", "packbits", "unpackbits", "trace", "polyval", "allclose",
-           "array_equal", "array_equiv", "fftfreq"]
+__all__ = [
+    *SURFACE,
+    "ravel",
+    "unique",
+    "unique_values",
+    "unique_counts",
+    "unique_inverse",
+    "unique_all",
+    "nonzero",
+    "searchsorted",
+    "bincount",
+    "repeat",
+    "tile",
+    "packbits",
+    "unpackbits",
+    "trace",
+    "polyval",
+    "allclose",
+    "array_equal",
+    "array_equiv",
+    "fftfreq",
+]

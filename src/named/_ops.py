@@ -17,8 +17,19 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ._axis import (ArgumentTypeError, Axis, AxisError, AxisSelection, as_selectors, broadcast_axes, format_axes, index_of,
-                    indices_of, name_of, union)
+from ._axis import (
+    ArgumentTypeError,
+    Axis,
+    AxisError,
+    AxisSelection,
+    as_selectors,
+    broadcast_axes,
+    format_axes,
+    index_of,
+    indices_of,
+    name_of,
+    union,
+)
 from ._core import NamedArray, axes_of, expect_named, raw
 
 
@@ -30,8 +41,9 @@ def _elementwise(fn: Callable, *args, name: str | None = None, **kwargs):
     except (TypeError, ValueError) as e:
         # the operands broadcast (checked above), so what jnp refuses is their dtypes (a float into a bitwise op)
         dtypes = ", ".join(str(jnp.result_type(a)) for a in args)
-        raise ArgumentTypeError(f"nm.{name or getattr(fn, '__name__', 'op')} does not take operands of dtype {dtypes}: "
-                                f"{e}") from e
+        raise ArgumentTypeError(
+            f"nm.{name or getattr(fn, '__name__', 'op')} does not take operands of dtype {dtypes}: {e}"
+        ) from e
     if not named:
         return NamedArray(out, ())  # scalars in, 0-d NamedArray out
     return NamedArray._unchecked(out, axes)
@@ -172,8 +184,10 @@ def check_bool_mask(mask, what: str, keep: str = "keep", more: str = "") -> None
     -inf = drop) would mean the exact inverse, and a 0.5 weight would count in full."""
     dtype = mask.dtype if hasattr(mask, "dtype") else jnp.asarray(mask).dtype
     if not jnp.issubdtype(dtype, jnp.bool_):
-        raise ArgumentTypeError(f"{what} must be a boolean mask (True = {keep}), got dtype {dtype}; convert a 0/1 mask "
-                                f"with `mask != 0` and an additive one (0 = {keep}, -inf = not) with `mask == 0`{more}")
+        raise ArgumentTypeError(
+            f"{what} must be a boolean mask (True = {keep}), got dtype {dtype}; convert a 0/1 mask "
+            f"with `mask != 0` and an additive one (0 = {keep}, -inf = not) with `mask == 0`{more}"
+        )
 
 
 def _where_mask(x: NamedArray, where):
@@ -196,9 +210,11 @@ def _positional(x, axis, what: str):
     if not (_is_positional(x) or isinstance(x, (int, float, complex, bool))):
         raise ArgumentTypeError(f"{what} takes a NamedArray (or a plain array, reduced whole), got {type(x).__name__}")
     if axis is not None:
-        raise ArgumentTypeError(f"{what}(x, axis={axis!r}) on a plain array of shape {tuple(jnp.shape(x))}: axes are "
-                                "names, and a plain array has none; wrap it with nm.named(x, names), or give axis=None "
-                                "to reduce all of it")
+        raise ArgumentTypeError(
+            f"{what}(x, axis={axis!r}) on a plain array of shape {tuple(jnp.shape(x))}: axes are "
+            "names, and a plain array has none; wrap it with nm.named(x, names), or give axis=None "
+            "to reduce all of it"
+        )
     x = jnp.asarray(x)
     return x, tuple(Axis(f"dim{i}", n) for i, n in enumerate(x.shape))
 
@@ -218,9 +234,11 @@ def reduce_over(fn: Callable, array, axes: tuple[Axis, ...], dims, what: str, **
         reduced = range(len(axes)) if dims is None else (dims if isinstance(dims, tuple) else (dims,))
         empty = [axes[i].name for i in reduced if axes[i].size == 0]
         if empty:
-            raise AxisError(f"{what} over the zero-size axis {empty[0]!r} of {format_axes(axes)}: there is no entry to "
-                            "give (numpy refuses too); give where= with the value for an empty axis, or check the "
-                            "size first") from e
+            raise AxisError(
+                f"{what} over the zero-size axis {empty[0]!r} of {format_axes(axes)}: there is no entry to "
+                "give (numpy refuses too); give where= with the value for an empty axis, or check the "
+                "size first"
+            ) from e
         raise ArgumentTypeError(f"{what} does not take an array of dtype {array.dtype}: {e}") from e
 
 
@@ -303,8 +321,10 @@ def _arg_reduce(fn, x: NamedArray, axis, name: str | None = None) -> NamedArray:
     if axis is None:  # numpy's flat index: row-major over the array's own axis order
         return NamedArray._unchecked(reduce_over(fn, x.array, x.axes, None, what), ())
     if len(as_selectors(axis)) != 1:
-        raise AxisError(f"{what} needs exactly one axis name, or None for a flat index; the array has axes "
-                        f"{format_axes(x.axes)}, got {axis!r}")
+        raise AxisError(
+            f"{what} needs exactly one axis name, or None for a flat index; the array has axes "
+            f"{format_axes(x.axes)}, got {axis!r}"
+        )
     (sel,) = as_selectors(axis)
     i = index_of(x.axes, sel)
     return NamedArray._unchecked(reduce_over(fn, x.array, x.axes, i, what), x.axes[:i] + x.axes[i + 1 :])
@@ -327,7 +347,9 @@ def _along(fn: Callable, x: NamedArray, axis, **kwargs) -> NamedArray:
     expect_named(x, f"nm.{getattr(fn, '__name__', 'op')}")
     sels = as_selectors(axis)
     if len(sels) != 1:
-        raise AxisError(f"{getattr(fn, '__name__', 'op')} needs exactly one axis name, got {axis!r}; the array has axes {format_axes(x.axes)}")
+        raise AxisError(
+            f"{getattr(fn, '__name__', 'op')} needs exactly one axis name, got {axis!r}; the array has axes {format_axes(x.axes)}"
+        )
     i = index_of(x.axes, sels[0])
     return NamedArray._unchecked(fn(x.array, axis=i, **kwargs), x.axes)
 

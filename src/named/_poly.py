@@ -21,7 +21,9 @@ def _coeffs(p, what: str):
     """The raw 1-d coefficients of ``p`` and its axis name (None for a plain sequence)."""
     if isinstance(p, NamedArray):
         if p.ndim != 1:
-            raise AxisError(f"nm.{what}: a polynomial is a 1-d NamedArray of coefficients, got axes {format_axes(p.axes)}")
+            raise AxisError(
+                f"nm.{what}: a polynomial is a 1-d NamedArray of coefficients, got axes {format_axes(p.axes)}"
+            )
         return p.array, p.axes[0].name
     arr = jnp.asarray(p)
     if arr.ndim > 1:
@@ -138,5 +140,16 @@ def vander(x: NamedArray, degree: AxisSelector) -> NamedArray:
     return NamedArray(jnp.vander(x.array, N=D.size), (x.axes[0], D))
 
 
-__all__ = ["poly", "polyadd", "polysub", "polymul", "polydiv", "polyint", "polyder", "polyfit", "roots", "trim_zeros",
-           "vander"]
+__all__ = [
+    "poly",
+    "polyadd",
+    "polysub",
+    "polymul",
+    "polydiv",
+    "polyint",
+    "polyder",
+    "polyfit",
+    "roots",
+    "trim_zeros",
+    "vander",
+]

@@ -108,16 +108,22 @@ def _split_sizes(axis: Axis, parts: list[str], bind: _Bindings) -> list[Axis]:
     unknown = [p for p, (_, s) in zip(parts, bound) if s is None]
     known = math.prod(s for _, s in bound if s is not None)
     if len(unknown) > 1:
-        raise ArgumentError(f"rearrange: splitting {axis.name!r} (size {axis.size}) into ({' '.join(parts)}) needs the sizes "
-                            f"of all parts but one; pass them as keywords, e.g. {unknown[0]}=...")
+        raise ArgumentError(
+            f"rearrange: splitting {axis.name!r} (size {axis.size}) into ({' '.join(parts)}) needs the sizes "
+            f"of all parts but one; pass them as keywords, e.g. {unknown[0]}=..."
+        )
     if unknown:
         if known == 0 or axis.size % known:
-            raise AxisError(f"rearrange: axis {axis.name!r} of size {axis.size} does not split into ({' '.join(parts)}) "
-                            f"with the given sizes (their product {known} does not divide it)")
+            raise AxisError(
+                f"rearrange: axis {axis.name!r} of size {axis.size} does not split into ({' '.join(parts)}) "
+                f"with the given sizes (their product {known} does not divide it)"
+            )
         fill = axis.size // known
         bound = [(n, fill if s is None else s) for n, s in bound]
     elif known != axis.size:
-        raise AxisError(f"rearrange: the sizes of ({' '.join(parts)}) multiply to {known}, not to the size {axis.size} of {axis.name!r}")
+        raise AxisError(
+            f"rearrange: the sizes of ({' '.join(parts)}) multiply to {known}, not to the size {axis.size} of {axis.name!r}"
+        )
     return [Axis(n, s) for n, s in bound]
 
 
@@ -138,14 +144,14 @@ def refuse_positional_misreading(what: str, side: str, items: list, axes, names:
     n = len(axes)
     if Ellipsis in items:
         k = items.index(Ellipsis)
-        front, back = names[:k], names[k + 1:]
+        front, back = names[:k], names[k + 1 :]
         if len(front) + len(back) > n:
             return
     else:
         front, back = names, []
         if len(front) != n:
             return  # Haliax would refuse it: no second reading
-    placed = list(zip(front, axes[:len(front)])) + list(zip(back, axes[n - len(back):]))
+    placed = list(zip(front, axes[: len(front)])) + list(zip(back, axes[n - len(back) :]))
     present = {a.name for a in axes}
     for name, axis in placed:
         if name is not None and name in present and name != axis.name:
@@ -154,7 +160,12 @@ def refuse_positional_misreading(what: str, side: str, items: list, axes, names:
                 f"matched by name ({name!r} is axis {name!r}), but Haliax and einops bind an unbraced one by position, "
                 f"where {name!r} would be axis {axis.name!r}, and the result would differ. List the axes in the array's "
                 f"order ({' '.join(a.name for a in axes)})"
-                + (f", or put the left side in braces ('{{{side.strip()}}}') to match by name in both" if braces else ""))
+                + (
+                    f", or put the left side in braces ('{{{side.strip()}}}') to match by name in both"
+                    if braces
+                    else ""
+                )
+            )
 
 
 def rearrange_pattern(x: NamedArray, pattern: str, kwargs: dict) -> NamedArray:
@@ -165,9 +176,12 @@ def rearrange_pattern(x: NamedArray, pattern: str, kwargs: dict) -> NamedArray:
     left, braced = _parse(left_s, "the left side")
     right, right_braced = _parse(right_s, "the right side")
     if right_braced:
-        raise AxisError(f"rearrange: braces select axes on the left side only; the right side of {pattern!r} is an order")
+        raise AxisError(
+            f"rearrange: braces select axes on the left side only; the right side of {pattern!r} is an order"
+        )
     bind = _Bindings(kwargs)
     if not braced:
+
         def stands_for(item):
             token = item.name if isinstance(item, _Group) else item
             if token is None or token is Ellipsis:
@@ -187,7 +201,9 @@ def rearrange_pattern(x: NamedArray, pattern: str, kwargs: dict) -> NamedArray:
 
     def claim(i: int, what: str):
         if i in pieces:
-            raise AxisError(f"rearrange: axis {x.axes[i].name!r} appears twice on the left side of {pattern!r} ({what})")
+            raise AxisError(
+                f"rearrange: axis {x.axes[i].name!r} appears twice on the left side of {pattern!r} ({what})"
+            )
 
     def define(token: str, axis: Axis):
         if token in var:
@@ -218,19 +234,25 @@ def rearrange_pattern(x: NamedArray, pattern: str, kwargs: dict) -> NamedArray:
     unnamed = [i for i in range(x.ndim) if i not in pieces]
     if anonymous:
         if ellipsis:
-            raise AxisError(f"rearrange: with '...' on the left, say which axis a group splits: "
-                            f"'({{axis}}: {' '.join(anonymous[0].parts)})' in {pattern!r}")
+            raise AxisError(
+                f"rearrange: with '...' on the left, say which axis a group splits: "
+                f"'({{axis}}: {' '.join(anonymous[0].parts)})' in {pattern!r}"
+            )
         if len(anonymous) != len(unnamed):
-            raise AxisError(f"rearrange: the left side of {pattern!r} has {len(anonymous)} unnamed groups for the "
-                            f"{len(unnamed)} axes it does not name {[x.axes[i].name for i in unnamed]}")
+            raise AxisError(
+                f"rearrange: the left side of {pattern!r} has {len(anonymous)} unnamed groups for the "
+                f"{len(unnamed)} axes it does not name {[x.axes[i].name for i in unnamed]}"
+            )
         for g, i in zip(anonymous, unnamed):
             pieces[i] = _split_sizes(x.axes[i], g.parts, bind)
             for t, a in zip(g.parts, pieces[i]):
                 define(t, a)
         unnamed = []
     if unnamed and not ellipsis:
-        raise AxisError(f"rearrange: the left side of {pattern!r} leaves out axes {[x.axes[i].name for i in unnamed]} "
-                        f"of {format_axes(x.axes)}; name them or add '...'")
+        raise AxisError(
+            f"rearrange: the left side of {pattern!r} leaves out axes {[x.axes[i].name for i in unnamed]} "
+            f"of {format_axes(x.axes)}; name them or add '...'"
+        )
     for i in unnamed:
         pieces[i] = [x.axes[i]]
     mid = [a for i in range(x.ndim) for a in pieces[i]]  # the array's order, split axes in place
@@ -245,8 +267,10 @@ def rearrange_pattern(x: NamedArray, pattern: str, kwargs: dict) -> NamedArray:
             return by_name[var[token].name]
         name, size = bind(token)
         if name not in hidden:
-            raise AxisError(f"rearrange: {token!r} on the right side of {pattern!r} is not an axis of the left side "
-                            f"(axes after the split: {format_axes(mid)})")
+            raise AxisError(
+                f"rearrange: {token!r} on the right side of {pattern!r} is not an axis of the left side "
+                f"(axes after the split: {format_axes(mid)})"
+            )
         return index_of(mid, Axis(name, size) if size is not None else name)
 
     def names_in(items) -> list[int]:
@@ -262,13 +286,17 @@ def rearrange_pattern(x: NamedArray, pattern: str, kwargs: dict) -> NamedArray:
     twice = sorted({mid[k].name for k in explicit if explicit.count(k) > 1})
     if twice:
         raise AxisError(f"rearrange: axes {twice} appear twice on the right side of {pattern!r}")
-    n_ellipses = sum(1 for t in right if t is Ellipsis) + sum(g.parts.count(Ellipsis) for g in right if isinstance(g, _Group))
+    n_ellipses = sum(1 for t in right if t is Ellipsis) + sum(
+        g.parts.count(Ellipsis) for g in right if isinstance(g, _Group)
+    )
     if n_ellipses > 1:
         raise AxisError(f"rearrange: the right side of {pattern!r} has more than one '...'")
     rest = [k for k in range(len(mid)) if k not in explicit]
     if rest and not n_ellipses:
-        raise AxisError(f"rearrange: axes {[mid[k].name for k in rest]} are not on the right side of {pattern!r}; "
-                        "rearrange does not drop axes (name them or add '...')")
+        raise AxisError(
+            f"rearrange: axes {[mid[k].name for k in rest]} are not on the right side of {pattern!r}; "
+            "rearrange does not drop axes (name them or add '...')"
+        )
 
     def expand(items) -> list[int]:
         out = []

@@ -39,10 +39,14 @@ def _index_value(value, what: str):
     """An int index (an int, a 0-d integer array, a 0-d NamedArray), possibly traced."""
     if isinstance(value, NamedArray):
         if value.ndim:
-            raise ArgumentError(f"{what}: a NamedRef takes ints, slices and nm.ds; a gather by a NamedArray over "
-                                f"{format_axes(value.axes)} is not supported (read the value, then index it)")
+            raise ArgumentError(
+                f"{what}: a NamedRef takes ints, slices and nm.ds; a gather by a NamedArray over "
+                f"{format_axes(value.axes)} is not supported (read the value, then index it)"
+            )
         value = value.array
-    if _static_int(value) or (hasattr(value, "dtype") and np.ndim(value) == 0 and jnp.issubdtype(value.dtype, jnp.integer)):
+    if _static_int(value) or (
+        hasattr(value, "dtype") and np.ndim(value) == 0 and jnp.issubdtype(value.dtype, jnp.integer)
+    ):
         return value
     raise AxisError(f"{what}: unsupported index {value!r}; a NamedRef takes ints, static slices and nm.ds(start, size)")
 
@@ -137,7 +141,9 @@ class NamedRef:
     def _raw_index(self, selection: tuple) -> tuple:
         from jax.experimental.pallas import dslice  # a strided window of a ref, possibly at a traced start
 
-        return tuple(slice(None) if s is _ALL else s[1] if s[0] == "int" else dslice(s[1], s[2], s[3]) for s in selection)
+        return tuple(
+            slice(None) if s is _ALL else s[1] if s[0] == "int" else dslice(s[1], s[2], s[3]) for s in selection
+        )
 
     def __getitem__(self, idx=Ellipsis) -> NamedArray:
         selection = self._staged(idx, "NamedRef read")
@@ -169,11 +175,15 @@ def _payload(value, axes: tuple[Axis, ...], dtype):
     if isinstance(value, NamedArray):
         extra = [a for a in value.axes if a.name not in {b.name for b in axes}]
         if extra:
-            raise AxisError(f"NamedRef write: the value has axes {format_axes(extra)} that the target {format_axes(axes)} lacks")
+            raise AxisError(
+                f"NamedRef write: the value has axes {format_axes(extra)} that the target {format_axes(axes)} lacks"
+            )
         return broadcast_to(value, axes).array.astype(dtype)
     if hasattr(value, "shape") and np.ndim(value):
-        raise ArgumentTypeError(f"NamedRef write: a positional array of shape {tuple(np.shape(value))}; wrap it with "
-                                f"nm.named so that its dimensions have names (target {format_axes(axes)})")
+        raise ArgumentTypeError(
+            f"NamedRef write: a positional array of shape {tuple(np.shape(value))}; wrap it with "
+            f"nm.named so that its dimensions have names (target {format_axes(axes)})"
+        )
     return jnp.broadcast_to(jnp.asarray(value, dtype), tuple(a.size for a in axes))
 
 

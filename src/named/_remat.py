@@ -32,7 +32,7 @@ import equinox as eqx
 import jax
 from jax.ad_checkpoint import checkpoint_name as _checkpoint_name
 
-from ._axis import ArgumentError, ArgumentTypeError, NamedError
+from ._axis import ArgumentError, ArgumentTypeError
 from ._core import NamedArray, expect_named
 
 _DOTS = ("recompute", "save", "offload")
@@ -89,14 +89,18 @@ class Remat:
         if self.dots not in _DOTS:
             raise ArgumentError(f"Remat dots={self.dots!r}; use one of {', '.join(_DOTS)}")
         if isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1:
-            raise ArgumentError(f"Remat every={self.every!r}; it must be a positive int (layers per checkpointed group)")
+            raise ArgumentError(
+                f"Remat every={self.every!r}; it must be a positive int (layers per checkpointed group)"
+            )
 
     @property
     def offloads(self) -> bool:
         return bool(self.offload) or self.dots == "offload"
 
     @staticmethod
-    def parse(remat: Remat | ScanCheckpointPolicy | str | tuple | bool | None, length: int | None = None) -> Remat | None:
+    def parse(
+        remat: Remat | ScanCheckpointPolicy | str | tuple | bool | None, length: int | None = None
+    ) -> Remat | None:
         """The policy a ``remat=`` argument stands for; None means no checkpointing. ``length``
         (the number of layers) is needed only by a ``ScanCheckpointPolicy`` with ``nested``."""
         if remat is None or isinstance(remat, Remat):
@@ -143,11 +147,16 @@ def _parse_string(text: str) -> Remat | None:
             none = shorthand is None
             fields.update(shorthand or {})
         elif eq and key in _KEYS:
-            fields[key] = int(value) if key == "every" and value.isdigit() else (
-                value if key in ("dots", "every") else tuple(n for n in value.split(",") if n))
+            fields[key] = (
+                int(value)
+                if key == "every" and value.isdigit()
+                else (value if key in ("dots", "every") else tuple(n for n in value.split(",") if n))
+            )
         else:
-            raise ArgumentError(f"unknown remat policy {text!r} (at {word!r}); use none, full, save_dots, "
-                             f"save_names:<names> or offload, optionally followed by {', '.join(k + '=' for k in _KEYS)}")
+            raise ArgumentError(
+                f"unknown remat policy {text!r} (at {word!r}); use none, full, save_dots, "
+                f"save_names:<names> or offload, optionally followed by {', '.join(k + '=' for k in _KEYS)}"
+            )
     if none:
         if len(words) > 1:
             raise ArgumentError(f"remat policy {text!r}: 'none' takes no options")
@@ -162,17 +171,26 @@ def remat_policy(remat, length: int | None = None) -> Callable | None | bool:
     if r is None:
         return False
     if r.offloads and jax.default_backend() == "cpu":
-        raise ArgumentError(f"remat {remat!r} offloads to host memory, which needs host memory spaces (GPU or TPU); "
-                         "the CPU backend has none")
+        raise ArgumentError(
+            f"remat {remat!r} offloads to host memory, which needs host memory spaces (GPU or TPU); "
+            "the CPU backend has none"
+        )
     cp = jax.checkpoint_policies
     if not r.save and not r.offload:
-        return {"recompute": None, "save": cp.dots_with_no_batch_dims_saveable,
-                "offload": cp.offload_dot_with_no_batch_dims(*_HOST)}[r.dots]
+        return {
+            "recompute": None,
+            "save": cp.dots_with_no_batch_dims_saveable,
+            "offload": cp.offload_dot_with_no_batch_dims(*_HOST),
+        }[r.dots]
     if not r.offload:
         names = cp.save_only_these_names(*r.save)
     else:
-        names = cp.save_and_offload_only_these_names(names_which_can_be_saved=r.save, names_which_can_be_offloaded=r.offload,
-                                                     offload_src=_HOST[0], offload_dst=_HOST[1])
+        names = cp.save_and_offload_only_these_names(
+            names_which_can_be_saved=r.save,
+            names_which_can_be_offloaded=r.offload,
+            offload_src=_HOST[0],
+            offload_dst=_HOST[1],
+        )
     if r.dots == "recompute":
         return names
     dots = cp.dots_with_no_batch_dims_saveable if r.dots == "save" else cp.offload_dot_with_no_batch_dims(*_HOST)
@@ -230,27 +248,39 @@ class ScanCheckpointPolicy:
 
     def __post_init__(self):
         # lists become tuples, so that the policy can be a static (hashed) field of a module
-        object.__setattr__(self, "save_block_internals", _names_or_flag(self.save_block_internals, "save_block_internals"))
-        object.__setattr__(self, "offload_block_internals", _names(self.offload_block_internals, "offload_block_internals"))
+        object.__setattr__(
+            self, "save_block_internals", _names_or_flag(self.save_block_internals, "save_block_internals")
+        )
+        object.__setattr__(
+            self, "offload_block_internals", _names(self.offload_block_internals, "offload_block_internals")
+        )
         for what in ("save_carries", "save_inputs"):
             value = getattr(self, what)
             if value == "offload":
-                raise ArgumentError(f"ScanCheckpointPolicy({what}='offload'): offloading a layer's carry or inputs is not "
-                                 "supported; offload tagged activations with offload_block_internals=[...] "
-                                 "(Remat(offload=...))")
+                raise ArgumentError(
+                    f"ScanCheckpointPolicy({what}='offload'): offloading a layer's carry or inputs is not "
+                    "supported; offload tagged activations with offload_block_internals=[...] "
+                    "(Remat(offload=...))"
+                )
             if not isinstance(value, bool):
                 raise ArgumentError(f"ScanCheckpointPolicy({what}={value!r}); it takes True or False")
         if isinstance(self.nested, bool) or self.nested is None:
             return
         if not isinstance(self.nested, int) or self.nested < 1:
-            raise ArgumentError(f"ScanCheckpointPolicy(nested={self.nested!r}); it takes a bool or a number of groups >= 1")
+            raise ArgumentError(
+                f"ScanCheckpointPolicy(nested={self.nested!r}); it takes a bool or a number of groups >= 1"
+            )
 
     @staticmethod
     def from_bool_or_str(policy: bool | str) -> ScanCheckpointPolicy:
         """Haliax's shorthands: True (``simple``), False (no checkpointing), ``"recompute"`` or
         ``"full"``, ``"save_all"``, ``"nested"``. Its ``"offload"`` (carries to host) is refused."""
-        table = {"recompute": dict(save_carries=False), "full": dict(save_carries=False),
-                 "save_all": dict(save_inputs=True, save_block_internals=True), "nested": dict(nested=True)}
+        table = {
+            "recompute": dict(save_carries=False),
+            "full": dict(save_carries=False),
+            "save_all": dict(save_inputs=True, save_block_internals=True),
+            "nested": dict(nested=True),
+        }
         if policy is True:
             return ScanCheckpointPolicy(simple=True)
         if policy is False:
@@ -259,8 +289,10 @@ class ScanCheckpointPolicy:
             return ScanCheckpointPolicy(save_carries="offload")  # raises with the alternative
         if isinstance(policy, str) and policy in table:
             return ScanCheckpointPolicy(**table[policy])
-        raise ArgumentError(f"unknown gradient_checkpointing {policy!r}; use True, False, 'recompute', 'full', "
-                         "'save_all', 'nested' or a ScanCheckpointPolicy")
+        raise ArgumentError(
+            f"unknown gradient_checkpointing {policy!r}; use True, False, 'recompute', 'full', "
+            "'save_all', 'nested' or a ScanCheckpointPolicy"
+        )
 
     @staticmethod
     def _mk(policy) -> ScanCheckpointPolicy:
@@ -273,16 +305,22 @@ class ScanCheckpointPolicy:
         every = 1
         if self.nested is not False:
             if length is None:
-                raise ArgumentError("ScanCheckpointPolicy(nested=...) needs the number of layers; give it to a Stacked, "
-                                 "a BlockSeq or nm.scan, which know it")
+                raise ArgumentError(
+                    "ScanCheckpointPolicy(nested=...) needs the number of layers; give it to a Stacked, "
+                    "a BlockSeq or nm.scan, which know it"
+                )
             groups = _largest_divisor_up_to_sqrt(length) if self.nested is True else self.nested
             if length % groups:
-                raise ArgumentError(f"ScanCheckpointPolicy(nested={groups}): {length} layers do not split into {groups} groups")
+                raise ArgumentError(
+                    f"ScanCheckpointPolicy(nested={groups}): {length} layers do not split into {groups} groups"
+                )
             every = length // groups
         if self.save_block_internals is True:
             if every > 1:
-                raise ArgumentError("ScanCheckpointPolicy: save_block_internals=True keeps every activation, which nested "
-                                 "groups would recompute; give a list of names instead")
+                raise ArgumentError(
+                    "ScanCheckpointPolicy: save_block_internals=True keeps every activation, which nested "
+                    "groups would recompute; give a list of names instead"
+                )
             return None
         if self.simple:
             return Remat(every=every)
@@ -290,4 +328,4 @@ class ScanCheckpointPolicy:
 
 
 def _largest_divisor_up_to_sqrt(n: int) -> int:
-    return max(d for d in range(1, int(n ** 0.5) + 1) if n % d == 0)
+    return max(d for d in range(1, int(n**0.5) + 1) if n % d == 0)

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from . import _index  # roll's shift is an offset: _index.as_offset
 from ._axis import (
     ArgumentError,
     ArgumentTypeError,
@@ -28,7 +29,6 @@ from ._axis import (
     union,
 )
 from ._core import NamedArray, axes_of, expect_named
-from . import _index  # roll's shift is an offset: _index.as_offset
 
 # ---- creation ----------------------------------------------------------------------
 
@@ -57,12 +57,15 @@ def _fill(value, what: str):
     would broadcast by position (or by name, to axes the caller did not ask for)."""
     if isinstance(value, NamedArray):
         if value.ndim:
-            raise ArgumentTypeError(f"{what}: fill_value has axes {format_axes(value.axes)}; give one value, or "
-                                    "nm.broadcast_to the array")
+            raise ArgumentTypeError(
+                f"{what}: fill_value has axes {format_axes(value.axes)}; give one value, or nm.broadcast_to the array"
+            )
         return value.array
     if jnp.ndim(value):
-        raise ArgumentTypeError(f"{what}: fill_value has shape {jnp.shape(value)}; give one value, or wrap the array "
-                                "with nm.named and nm.broadcast_to it")
+        raise ArgumentTypeError(
+            f"{what}: fill_value has shape {jnp.shape(value)}; give one value, or wrap the array "
+            "with nm.named and nm.broadcast_to it"
+        )
     return value
 
 
@@ -152,7 +155,9 @@ def order_of(axes: tuple[Axis, ...], order, what: str = "rearrange") -> tuple[in
     if Ellipsis not in sels:
         if len(named_idx) != len(axes):
             missing = [a.name for i, a in enumerate(axes) if i not in named_idx]
-            raise AxisError(f"{what}: {order!r} leaves out axes {missing} of {format_axes(axes)}; list them or use '...'")
+            raise AxisError(
+                f"{what}: {order!r} leaves out axes {missing} of {format_axes(axes)}; list them or use '...'"
+            )
         return tuple(named_idx)
     if sels.count(Ellipsis) == 1:
         rest = [i for i in range(len(axes)) if i not in named_idx]
@@ -197,7 +202,9 @@ def rearrange(x: NamedArray, order: AxisSelection, **sizes) -> NamedArray:
 
         return rearrange_pattern(x, order, sizes)
     if sizes:
-        raise ArgumentError(f"rearrange: sizes {sorted(sizes)} are for a pattern with '->'; {order!r} is an order of names")
+        raise ArgumentError(
+            f"rearrange: sizes {sorted(sizes)} are for a pattern with '->'; {order!r} is an order of names"
+        )
     if isinstance(order, str):
         order = tuple(Ellipsis if t == "..." else t for t in order.split())
     perm = order_of(x.axes, order)
@@ -237,7 +244,9 @@ def unflatten_axis(x: NamedArray, axis: AxisSelector, new_axes: Sequence[Axis]) 
         if not isinstance(a, Axis):
             raise AxisError(f"unflatten_axis needs Axis objects with sizes, got {a!r}")
     if int(np.prod([a.size for a in new_axes])) != x.axes[i].size:
-        raise AxisError(f"unflatten_axis: {format_axes(new_axes)} do not multiply to the size {x.axes[i].size} of {x.axes[i].name!r}")
+        raise AxisError(
+            f"unflatten_axis: {format_axes(new_axes)} do not multiply to the size {x.axes[i].size} of {x.axes[i].name!r}"
+        )
     out_axes = x.axes[:i] + new_axes + x.axes[i + 1 :]
     check_unique(out_axes, "the unflattened")
     return NamedArray._unchecked(x.array.reshape(tuple(a.size for a in out_axes)), out_axes)
@@ -310,7 +319,9 @@ def concatenate(axis: AxisSelector, arrays: Sequence[NamedArray]) -> NamedArray:
         j = index_of(a.axes, name)
         rest = a.axes[:j] + a.axes[j + 1 :]
         if set(b.name for b in rest) != set(b.name for b in others):
-            raise AxisError(f"concatenate along {name!r}: arrays have different other axes {format_axes(others)} and {format_axes(rest)}")
+            raise AxisError(
+                f"concatenate along {name!r}: arrays have different other axes {format_axes(others)} and {format_axes(rest)}"
+            )
         union(others, rest)
         total += a.axes[j].size
         parts.append(rearrange(a, first.names).array)
@@ -353,7 +364,9 @@ def broadcast_to(x, axes: AxisSelection) -> NamedArray:
     check_unique(out_axes, "the target")
     missing = [a for a in x_axes if a.name not in {b.name for b in out_axes}]
     if missing:
-        raise AxisError(f"broadcast_to: the array's axes {format_axes(missing)} are not in the target {format_axes(out_axes)}")
+        raise AxisError(
+            f"broadcast_to: the array's axes {format_axes(missing)} are not in the target {format_axes(out_axes)}"
+        )
     union(out_axes, x_axes)
     from ._core import raw
 
@@ -391,7 +404,9 @@ def roll(x: NamedArray, shift, axis: AxisSelection) -> NamedArray:
     return NamedArray._unchecked(jnp.roll(x.array, shifts, axis=dims), x.axes)
 
 
-def pad(x: NamedArray, pad_width: Mapping[AxisSelector, tuple[int, int]], *, mode: str = "constant", constant_values=0) -> NamedArray:
+def pad(
+    x: NamedArray, pad_width: Mapping[AxisSelector, tuple[int, int]], *, mode: str = "constant", constant_values=0
+) -> NamedArray:
     """Pad named axes: ``nm.pad(x, {"position": (0, 3)})``; the axes keep their names."""
     expect_named(x, "nm.pad")
     widths = [(0, 0)] * x.ndim
@@ -399,8 +414,10 @@ def pad(x: NamedArray, pad_width: Mapping[AxisSelector, tuple[int, int]], *, mod
         i = index_of(x.axes, a)
         for w in (lo, hi):
             if isinstance(w, bool) or not isinstance(w, (int, np.integer)) or w < 0:
-                raise ArgumentError(f"nm.pad: the widths for axis {x.axes[i].name!r} must be ints >= 0 (as numpy's), got "
-                                    f"({lo!r}, {hi!r})")
+                raise ArgumentError(
+                    f"nm.pad: the widths for axis {x.axes[i].name!r} must be ints >= 0 (as numpy's), got "
+                    f"({lo!r}, {hi!r})"
+                )
         widths[i] = (int(lo), int(hi))
     kwargs = {"constant_values": constant_values} if mode == "constant" else {}
     arr = jnp.pad(x.array, widths, mode=mode, **kwargs)
@@ -408,7 +425,9 @@ def pad(x: NamedArray, pad_width: Mapping[AxisSelector, tuple[int, int]], *, mod
     return NamedArray._unchecked(arr, out_axes)
 
 
-def top_k(x: NamedArray, axis: AxisSelector, k: int, new_axis: AxisSelector | None = None) -> tuple[NamedArray, NamedArray]:
+def top_k(
+    x: NamedArray, axis: AxisSelector, k: int, new_axis: AxisSelector | None = None
+) -> tuple[NamedArray, NamedArray]:
     """The ``k`` largest values along ``axis`` and their indices; the axis becomes ``new_axis``
     (same name by default) of size k."""
     expect_named(x, "nm.top_k")
@@ -443,6 +462,7 @@ def one_hot(index, axis: Axis, *, dtype=jnp.float32) -> NamedArray:
         off = (known < 0) | (known >= axis.size)
         if off.any():
             where, at = _index.first_flagged(off, idx_axes)
-            raise ArgumentError(f"nm.one_hot: index {int(known[where])} at ({at}) is outside [0, {axis.size}) "
-                                f"(axis {axis.name!r})")
+            raise ArgumentError(
+                f"nm.one_hot: index {int(known[where])} at ({at}) is outside [0, {axis.size}) (axis {axis.name!r})"
+            )
     return NamedArray._unchecked(jax.nn.one_hot(raw, axis.size, dtype=dtype), idx_axes + (axis,))

@@ -36,9 +36,19 @@ from .nn._blockseq import BlockSeq
 from .nn._stacked import Stacked
 from .partitioning import sharding_for
 
-__all__ = ["FileWriteError", "StateDictEntry", "StateDictError", "flatten_modules_for_export", "load_state_dict",
-           "load_state_dict_file", "save_safetensors", "save_state_dict", "state_dict", "state_dict_entries",
-           "unflatten_modules_from_export"]
+__all__ = [
+    "FileWriteError",
+    "StateDictEntry",
+    "StateDictError",
+    "flatten_modules_for_export",
+    "load_state_dict",
+    "load_state_dict_file",
+    "save_safetensors",
+    "save_state_dict",
+    "state_dict",
+    "state_dict_entries",
+    "unflatten_modules_from_export",
+]
 
 
 class StateDictError(NamedError, ValueError):
@@ -53,8 +63,9 @@ class FileWriteError(NamedError, OSError):
         return f"cannot write {self.filename}: {self.strerror}"
 
 
-def save_safetensors(arrays: Mapping[str, np.ndarray], path: str | os.PathLike,
-                     metadata: Mapping[str, str] | None = None) -> None:
+def save_safetensors(
+    arrays: Mapping[str, np.ndarray], path: str | os.PathLike, metadata: Mapping[str, str] | None = None
+) -> None:
     """safetensors' ``save_file``, whose I/O failures (a ``SafetensorError``, which is no OSError,
     carrying the OS error's number in its text) become a FileWriteError naming ``path``."""
     from safetensors import SafetensorError
@@ -157,6 +168,7 @@ def _exports(x) -> bool:
 def flatten_modules_for_export(tree):
     """``tree`` with every module that has a torch layout (a Linear) in it: ``flatten_for_export``.
     An abstract tree (``eqx.filter_eval_shape``) gives an abstract result."""
+
     def flatten(t):
         return jax.tree.map(lambda m: m.flatten_for_export() if _exports(m) else m, t, is_leaf=_exports)
 
@@ -169,10 +181,13 @@ def unflatten_modules_from_export(flat, template):
     """The inverse of ``flatten_modules_for_export``: each flattened module back in the axes of
     the module at its place in ``template``."""
     try:
-        return jax.tree.map(lambda f, t: f.unflatten_from_export(t) if _exports(t) else f, flat, template,
-                            is_leaf=_exports)
+        return jax.tree.map(
+            lambda f, t: f.unflatten_from_export(t) if _exports(t) else f, flat, template, is_leaf=_exports
+        )
     except ValueError as e:  # jax's pytree mismatch
-        raise StateDictError(f"unflatten_modules_from_export: the flattened tree is not shaped as the template: {e}") from e
+        raise StateDictError(
+            f"unflatten_modules_from_export: the flattened tree is not shaped as the template: {e}"
+        ) from e
 
 
 def state_dict(tree, *, flatten: bool = False) -> dict[str, jax.Array]:
@@ -197,8 +212,12 @@ def state_dict(tree, *, flatten: bool = False) -> dict[str, jax.Array]:
 
 # ---- loading -----------------------------------------------------------------------------------------
 
-_KINDS = ((jnp.floating, "floating-point"), (jnp.complexfloating, "complex"), (jnp.integer, "integer"),
-          (jnp.bool_, "boolean"))
+_KINDS = (
+    (jnp.floating, "floating-point"),
+    (jnp.complexfloating, "complex"),
+    (jnp.integer, "integer"),
+    (jnp.bool_, "boolean"),
+)
 
 
 def _kind(dtype) -> str:
@@ -235,17 +254,21 @@ def _check(entries: list[StateDictEntry], found: Mapping[str, _Found], strict: b
                 wanted[e.key(*idx)] = e
     unexpected = [k for k in found if k not in wanted]
     if strict and unexpected:
-        raise StateDictError(f"{where}: unexpected key {_missing_text(unexpected)}: the module has no such parameter "
-                             "(pass strict=False to ignore it)")
+        raise StateDictError(
+            f"{where}: unexpected key {_missing_text(unexpected)}: the module has no such parameter "
+            "(pass strict=False to ignore it)"
+        )
     missing = [k for k in wanted if k not in found]
     if missing and strict:
-        raise StateDictError(f"{where}: missing key {_missing_text(missing)} (pass strict=False to keep the "
-                             "template's values)")
+        raise StateDictError(
+            f"{where}: missing key {_missing_text(missing)} (pass strict=False to keep the template's values)"
+        )
     for key, e in wanted.items():
         if key not in found:
             if not eqx.is_array(_raw(e.leaf)):
-                raise StateDictError(f"{where}: missing key {key!r}, and the template is abstract: it has no value "
-                                     "to keep")
+                raise StateDictError(
+                    f"{where}: missing key {key!r}, and the template is abstract: it has no value to keep"
+                )
             continue
         f, shape = found[key], _expected_shape(e)
         if f.shape != shape:
@@ -254,8 +277,9 @@ def _check(entries: list[StateDictEntry], found: Mapping[str, _Found], strict: b
                 axes = " (" + " ".join(a.name for a in e.leaf.axes if a not in e.stacks) + ")"
             raise StateDictError(f"{where}: key {key!r} has shape {list(f.shape)}, expected {list(shape)}{axes}")
         if f.kind != _kind(e.leaf.dtype):
-            raise StateDictError(f"{where}: key {key!r} holds {f.kind} values, but parameter {e.path} is "
-                                 f"{e.leaf.dtype}")
+            raise StateDictError(
+                f"{where}: key {key!r} holds {f.kind} values, but parameter {e.path} is {e.leaf.dtype}"
+            )
 
 
 def _placement(leaf, mapping, mesh):
@@ -288,7 +312,8 @@ def _rebuild(template, found, get, strict, mapping, mesh, where, flatten: bool):
         return _rebuild_flat(template, state_dict_entries(template), found, get, strict, mapping, mesh, where)
     flat = flatten_modules_for_export(template)
     loaded = unflatten_modules_from_export(
-        _rebuild_flat(flat, state_dict_entries(flat), found, get, strict, None, None, where), template)
+        _rebuild_flat(flat, state_dict_entries(flat), found, get, strict, None, None, where), template
+    )
 
     def place(value, t):  # where the template (or mapping) puts it, now that its axes are back
         if not isinstance(value, NamedArray):
@@ -316,8 +341,10 @@ def _rebuild_flat(template, entries, found, get, strict, mapping, mesh, where):
 
 def _as_array(key, v):
     if isinstance(v, NamedArray):
-        raise StateDictError(f"state dict key {key!r} holds a NamedArray; state dicts hold plain arrays (pass "
-                             "x.array, in the template's axis order)")
+        raise StateDictError(
+            f"state dict key {key!r} holds a NamedArray; state dicts hold plain arrays (pass "
+            "x.array, in the template's axis order)"
+        )
     if isinstance(v, (np.ndarray, jax.Array)):
         return v
     try:  # a CPU torch tensor, a list, ...
@@ -329,8 +356,9 @@ def _as_array(key, v):
     return v
 
 
-def load_state_dict(template, state_dict: Mapping[str, Any], *, strict: bool = True, mapping=None, mesh=None,
-                    flatten: bool = False):
+def load_state_dict(
+    template, state_dict: Mapping[str, Any], *, strict: bool = True, mapping=None, mesh=None, flatten: bool = False
+):
     """A copy of ``template`` with its arrays taken from ``state_dict`` (as ``nm.state_dict`` makes).
 
     Args:
@@ -360,6 +388,7 @@ def load_state_dict(template, state_dict: Mapping[str, Any], *, strict: bool = T
 
 # ---- safetensors files ----------------------------------------------------------------------------
 
+
 def _safetensors_kind(dtype: str) -> str:
     if dtype == "BOOL":
         return "boolean"
@@ -377,8 +406,14 @@ def _sha256(array: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(array).reshape(-1).view(np.uint8)).hexdigest()
 
 
-def save_state_dict(tree, path: str | os.PathLike, *, metadata: Mapping[str, str] | None = None,
-                    flatten: bool = False, digest: bool = True) -> None:
+def save_state_dict(
+    tree,
+    path: str | os.PathLike,
+    *,
+    metadata: Mapping[str, str] | None = None,
+    flatten: bool = False,
+    digest: bool = True,
+) -> None:
     """Write ``nm.state_dict(tree, flatten=flatten)`` to ``path`` as safetensors.
 
     The file is written beside ``path`` and renamed into place, so a failed save leaves no
@@ -391,8 +426,9 @@ def save_state_dict(tree, path: str | os.PathLike, *, metadata: Mapping[str, str
         raise StateDictError(f"{path}: is a directory; save_state_dict writes one file (e.g. model.safetensors)")
     metadata = dict(metadata) if metadata else {}
     if digest and DIGEST_KEY in metadata:
-        raise StateDictError(f"{path}: metadata key {DIGEST_KEY!r} holds the tensors' digests; use another name "
-                             "(or digest=False)")
+        raise StateDictError(
+            f"{path}: metadata key {DIGEST_KEY!r} holds the tensors' digests; use another name (or digest=False)"
+        )
     arrays = {k: np.ascontiguousarray(np.asarray(v)) for k, v in state_dict(tree, flatten=flatten).items()}
     if digest:
         metadata[DIGEST_KEY] = json.dumps({k: _sha256(v) for k, v in arrays.items()}, sort_keys=True)
@@ -417,17 +453,22 @@ def _digests(path: Path, metadata: Mapping[str, str] | None, keys) -> dict[str, 
     except ValueError:
         digests = None
     if not isinstance(digests, dict) or not all(isinstance(v, str) for v in digests.values()):
-        raise StateDictError(f"{path}: its {DIGEST_KEY!r} metadata is not a JSON object of sha256 digests; the header "
-                             "was changed after the file was saved")
+        raise StateDictError(
+            f"{path}: its {DIGEST_KEY!r} metadata is not a JSON object of sha256 digests; the header "
+            "was changed after the file was saved"
+        )
     unlisted = [k for k in keys if k not in digests]
     if unlisted:
-        raise StateDictError(f"{path}: tensor {_missing_text(unlisted)} has no digest in its {DIGEST_KEY!r} metadata; "
-                             "the file was changed after it was saved")
+        raise StateDictError(
+            f"{path}: tensor {_missing_text(unlisted)} has no digest in its {DIGEST_KEY!r} metadata; "
+            "the file was changed after it was saved"
+        )
     return digests
 
 
-def load_state_dict_file(template, path: str | os.PathLike, *, strict: bool = True, mapping=None, mesh=None,
-                         flatten: bool = False):
+def load_state_dict_file(
+    template, path: str | os.PathLike, *, strict: bool = True, mapping=None, mesh=None, flatten: bool = False
+):
     """``load_state_dict(template, <the safetensors file at path>)``: every key, shape and dtype
     in the file's header is checked against ``template`` before a tensor is read, and each
     tensor goes to its device(s) as it is read. Never unpickles anything.
@@ -450,12 +491,16 @@ def load_state_dict_file(template, path: str | os.PathLike, *, strict: bool = Tr
             digests = _digests(path, f.metadata(), found)
             get = f.get_tensor
             if digests is not None:
+
                 def get(key):
                     value = f.get_tensor(key)
                     if _sha256(value) != digests[key]:
-                        raise StateDictError(f"{path}: tensor {key!r} does not match the sha256 it was saved with: its "
-                                             "bytes changed since (a damaged or partly copied file); nothing was loaded")
+                        raise StateDictError(
+                            f"{path}: tensor {key!r} does not match the sha256 it was saved with: its "
+                            "bytes changed since (a damaged or partly copied file); nothing was loaded"
+                        )
                     return value
+
             return _rebuild(template, found, get, strict, mapping, mesh, str(path), flatten)
     except SafetensorError as e:
         raise StateDictError(f"{path}: safetensors cannot read it ({e})") from None

@@ -21,14 +21,27 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ._axis import (ArgumentError, ArgumentTypeError, Axis, AxisError, AxisSelection, AxisSelector, NamedError,
-                    as_selectors, format_axes, name_of, union)
+from ._axis import (
+    ArgumentError,
+    ArgumentTypeError,
+    Axis,
+    AxisError,
+    AxisSelection,
+    AxisSelector,
+    NamedError,
+    as_selectors,
+    format_axes,
+    name_of,
+    union,
+)
 from ._core import NamedArray, is_named_array
 from ._remat import Remat, with_remat
 
 
 def _is_array(x) -> bool:
-    return isinstance(x, (jax.Array, jnp.ndarray)) or (hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, NamedArray))
+    return isinstance(x, (jax.Array, jnp.ndarray)) or (
+        hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, NamedArray)
+    )
 
 
 def is_named_or_shaped_array_like(x) -> bool:
@@ -68,8 +81,10 @@ class _Split:
                 sizes.append((leaf.axes[i].size, f"one input {format_axes(leaf.axes)}"))
             elif is_scanned is not None and _is_array(leaf) and is_scanned(leaf):
                 if not leaf.shape:
-                    raise AxisError(f"{what}: the plain array at {_where(flat[k][0])} has no dimension to map over "
-                                    f"{name!r}; pass it whole (is_scanned=) or give it a leading dimension")
+                    raise AxisError(
+                        f"{what}: the plain array at {_where(flat[k][0])} has no dimension to map over "
+                        f"{name!r}; pass it whole (is_scanned=) or give it a leading dimension"
+                    )
                 i = 0
                 self.inner_axes[k] = None
                 sizes.append((leaf.shape[0], f"the plain array at {_where(flat[k][0])} (its first dimension)"))
@@ -81,8 +96,14 @@ class _Split:
             if self.size is None:
                 self.size = n
             elif n != self.size:
-                hint = ("; a plain array is mapped along its first dimension: wrap one that every step shares with "
-                        "nm.named(...), or close over it") if "plain" in where else ""
+                hint = (
+                    (
+                        "; a plain array is mapped along its first dimension: wrap one that every step shares with "
+                        "nm.named(...), or close over it"
+                    )
+                    if "plain" in where
+                    else ""
+                )
                 raise AxisError(f"{what}: axis {name!r} has size {n} in {where} but {self.size} elsewhere{hint}")
         if self.size is None:
             raise AxisError(f"{what}: no input has axis {name!r}; pass an Axis with a size to map over a new axis")
@@ -145,7 +166,9 @@ class _Outputs:
                 leaves.append(next(it))
             else:
                 if new_axis.name in {a.name for a in kind}:
-                    raise AxisError(f"an output already has axis {new_axis.name!r} {format_axes(kind)}; it cannot be added again")
+                    raise AxisError(
+                        f"an output already has axis {new_axis.name!r} {format_axes(kind)}; it cannot be added again"
+                    )
                 leaves.append(NamedArray._unchecked(next(it), (new_axis,) + kind))
         return jax.tree.unflatten(self.treedef, leaves)
 
@@ -175,7 +198,9 @@ def vmap(fn: Callable, axis: AxisSelection) -> Callable:
             return outs.strip(fn(*a, **kw))
 
         in_axes = tuple(split.positions[k] for k in split.mapped)
-        result = jax.vmap(body, in_axes=in_axes, out_axes=0, axis_size=split.size, axis_name=split.name)(*split.mapped_arrays(front=False))
+        result = jax.vmap(body, in_axes=in_axes, out_axes=0, axis_size=split.size, axis_name=split.name)(
+            *split.mapped_arrays(front=False)
+        )
         return outs.restore(result, Axis(split.name, split.size))
 
     return wrapped
@@ -196,14 +221,21 @@ def _same_carry(before, after, what: str):
     b_leaves, b_def = jax.tree_util.tree_flatten_with_path(before, is_leaf=is_named_array)
     a_leaves, a_def = jax.tree.flatten(after, is_leaf=is_named_array)
     if a_def != b_def:
-        raise AxisError(f"{what}: the step returned a carry of another structure than it got ({a_def} instead of "
-                        f"{b_def}); each step must return the carry it takes, changed in value only")
+        raise AxisError(
+            f"{what}: the step returned a carry of another structure than it got ({a_def} instead of "
+            f"{b_def}); each step must return the carry it takes, changed in value only"
+        )
     changed, out = [], []
     for (path, b), a in zip(b_leaves, a_leaves):
         if isinstance(b, NamedArray) != isinstance(a, NamedArray):
-            kinds = [f"a NamedArray {format_axes(v.axes)}" if isinstance(v, NamedArray) else
-                     f"a plain array of shape {tuple(v.shape)}" if hasattr(v, "shape") else f"a {type(v).__name__}"
-                     for v in (b, a)]
+            kinds = [
+                f"a NamedArray {format_axes(v.axes)}"
+                if isinstance(v, NamedArray)
+                else f"a plain array of shape {tuple(v.shape)}"
+                if hasattr(v, "shape")
+                else f"a {type(v).__name__}"
+                for v in (b, a)
+            ]
             changed.append(f"{jax.tree_util.keystr(path) or 'the carry'} {kinds[0]} -> {kinds[1]}")
             out.append(a)
             continue
@@ -211,19 +243,30 @@ def _same_carry(before, after, what: str):
             if a.axes != b.axes and set(a.axes) == set(b.axes):
                 a = a.rearrange(b.names)
             if a.axes != b.axes:
-                changed.append(f"{jax.tree_util.keystr(path) or 'the carry'} {format_axes(b.axes)} -> {format_axes(a.axes)}")
+                changed.append(
+                    f"{jax.tree_util.keystr(path) or 'the carry'} {format_axes(b.axes)} -> {format_axes(a.axes)}"
+                )
         if hasattr(a, "dtype") and hasattr(b, "dtype") and a.dtype != b.dtype and not _weakly_typed(b):
             changed.append(f"{jax.tree_util.keystr(path) or 'the carry'} dtype {b.dtype} -> {a.dtype}")
         out.append(a)
     if changed:
-        raise AxisError(f"{what}: the step changed the carry it passes on: {'; '.join(changed)}. Each step must "
-                        "return the carry with the axes (and dtype) it got; a stack whose blocks change them is an "
-                        "nn.BlockSeq, not an nn.Stacked")
+        raise AxisError(
+            f"{what}: the step changed the carry it passes on: {'; '.join(changed)}. Each step must "
+            "return the carry with the axes (and dtype) it got; a stack whose blocks change them is an "
+            "nn.BlockSeq, not an nn.Stacked"
+        )
     return jax.tree.unflatten(b_def, out)
 
 
-def scan(fn: Callable, axis: AxisSelector, *, remat=None, reverse: bool = False, unroll: int | bool | None = 1,
-         is_scanned: bool | Callable[[Any], bool] = is_named_or_shaped_array_like) -> Callable:
+def scan(
+    fn: Callable,
+    axis: AxisSelector,
+    *,
+    remat=None,
+    reverse: bool = False,
+    unroll: int | bool | None = 1,
+    is_scanned: bool | Callable[[Any], bool] = is_named_or_shaped_array_like,
+) -> Callable:
     """``scan(f, axis)(init, *xs)``: ``f(carry, *x_slices) -> (carry, y)`` over ``axis``.
 
     Inputs with ``axis`` are sliced along it, plain arrays along their first dimension;
@@ -258,7 +301,9 @@ def scan(fn: Callable, axis: AxisSelector, *, remat=None, reverse: bool = False,
             carry, ys = lax.scan(step, init, xs, length=n, reverse=reverse, unroll=unroll)
         else:
             if n % k:
-                raise NamedError(f"remat every={k} groups steps {k} at a time, but {split.name!r} has {n}: pick a divisor of {n}")
+                raise NamedError(
+                    f"remat every={k} groups steps {k} at a time, but {split.name!r} has {n}: pick a divisor of {n}"
+                )
 
             def group(carry, chunk):  # k steps, checkpointed whole: only the group's input is kept
                 return lax.scan(step, carry, chunk, length=k, reverse=reverse, unroll=unroll)
@@ -282,8 +327,15 @@ def _unroll(unroll):
     return unroll
 
 
-def fold(fn: Callable, axis: AxisSelector, *, remat=None, reverse: bool = False, unroll: int | bool | None = 1,
-         is_scanned: bool | Callable[[Any], bool] = is_named_or_shaped_array_like) -> Callable:
+def fold(
+    fn: Callable,
+    axis: AxisSelector,
+    *,
+    remat=None,
+    reverse: bool = False,
+    unroll: int | bool | None = 1,
+    is_scanned: bool | Callable[[Any], bool] = is_named_or_shaped_array_like,
+) -> Callable:
     """``fold(f, axis)(init, *xs)``: ``f(carry, *x_slices) -> carry`` over ``axis``; returns the
     carry. The arguments are ``scan``'s."""
 
@@ -299,13 +351,26 @@ def fold(fn: Callable, axis: AxisSelector, *, remat=None, reverse: bool = False,
     return wrapped
 
 
-def map(fn: Callable, axis: AxisSelector, *, remat=None, reverse: bool = False, unroll: int | bool | None = 1,
-        is_mapped: bool | Callable[[Any], bool] = is_named_or_shaped_array_like) -> Callable:
+def map(
+    fn: Callable,
+    axis: AxisSelector,
+    *,
+    remat=None,
+    reverse: bool = False,
+    unroll: int | bool | None = 1,
+    is_mapped: bool | Callable[[Any], bool] = is_named_or_shaped_array_like,
+) -> Callable:
     """``map(f, axis)(*xs)``: ``f`` applied to each slice along ``axis`` one after another (a
     scan without a carry, as ``jax.lax.map``; Haliax's ``hax.map``), to bound the memory that
     ``vmap`` would use at once. The results are stacked along ``axis``."""
-    scanned = scan(lambda _, *a, **kw: (None, fn(*a, **kw)), axis, remat=remat, reverse=reverse, unroll=unroll,
-                   is_scanned=is_mapped)
+    scanned = scan(
+        lambda _, *a, **kw: (None, fn(*a, **kw)),
+        axis,
+        remat=remat,
+        reverse=reverse,
+        unroll=unroll,
+        is_scanned=is_mapped,
+    )
 
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
@@ -335,8 +400,10 @@ def nmap(fn: Callable, *, consume: AxisSelection = (), produce: AxisSelection | 
         had = {a.name for i in named_pos for a in args[i].axes}
         absent = [n for n in consumed if n not in had]
         if absent:  # fn would be handed arrays without the dimensions it consumes
-            raise AxisError(f"nmap: consume names {absent}, which no argument has (their axes: "
-                            f"{', '.join(format_axes(args[i].axes) for i in named_pos)})")
+            raise AxisError(
+                f"nmap: consume names {absent}, which no argument has (their axes: "
+                f"{', '.join(format_axes(args[i].axes) for i in named_pos)})"
+            )
         batch = union(*(tuple(ax for ax in args[i].axes if ax.name not in consumed) for i in named_pos))
         # Lay every named argument out as [its batch axes in global order..., its consumed axes].
         prepared = {}
@@ -382,14 +449,18 @@ def _loss_value(out, what: str):
     call "not a scalar-output function"."""
     if isinstance(out, NamedArray):
         if out.axes:
-            raise AxisError(f"{what}: the function returned a NamedArray with axes {format_axes(out.axes)}, but a gradient "
-                            "is taken of one number: reduce it first (loss.mean(), loss.sum(...)) to a NamedArray "
-                            "without axes")
+            raise AxisError(
+                f"{what}: the function returned a NamedArray with axes {format_axes(out.axes)}, but a gradient "
+                "is taken of one number: reduce it first (loss.mean(), loss.sum(...)) to a NamedArray "
+                "without axes"
+            )
         out = out.array
     dtype = getattr(out, "dtype", None)
     if dtype is not None and not jnp.issubdtype(dtype, jnp.floating):
-        raise ArgumentTypeError(f"{what}: the loss has dtype {dtype}; a gradient is taken of a floating loss (cast the "
-                                "inputs or the loss to float first)")
+        raise ArgumentTypeError(
+            f"{what}: the loss has dtype {dtype}; a gradient is taken of a floating loss (cast the "
+            "inputs or the loss to float first)"
+        )
     return out
 
 
@@ -410,7 +481,9 @@ def _value_and_grad(fn: Callable, has_aux: bool, caller: str) -> Callable:
         out = fn(*args, **kwargs)
         if has_aux:
             if not (isinstance(out, tuple) and len(out) == 2):
-                raise ArgumentTypeError(f"{what}: has_aux=True needs the function to return (loss, aux), got {type(out).__name__}")
+                raise ArgumentTypeError(
+                    f"{what}: has_aux=True needs the function to return (loss, aux), got {type(out).__name__}"
+                )
             loss, aux = out
         else:
             loss, aux = out, None

@@ -21,8 +21,15 @@ from .random import normal
 __all__ = ["resize_axis", "tree_map_layers"]
 
 
-def resize_axis(tree, axis: AxisSelector, new_size: int, *, key=None, std: float | None = None,
-                init: Callable[..., NamedArray] | None = None):
+def resize_axis(
+    tree,
+    axis: AxisSelector,
+    new_size: int,
+    *,
+    key=None,
+    std: float | None = None,
+    init: Callable[..., NamedArray] | None = None,
+):
     """``tree`` with axis ``axis`` resized to ``new_size`` in every NamedArray that has it.
 
     Shrinking keeps the first ``new_size`` entries. Growing appends entries (a vocabulary, a
@@ -72,8 +79,10 @@ def resize_axis(tree, axis: AxisSelector, new_size: int, *, key=None, std: float
 
 def _normal(key, x: NamedArray, axes, std, name: str) -> NamedArray:
     if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise ArgumentError(f"resize_axis: an array with axes {x.names} holds {x.dtype}; normal draws need a "
-                            "floating-point dtype (grow it without key= to fill with zeros)")
+        raise ArgumentError(
+            f"resize_axis: an array with axes {x.names} holds {x.dtype}; normal draws need a "
+            "floating-point dtype (grow it without key= to fill with zeros)"
+        )
     scale = jnp.std(x.array.astype(jnp.float32)) if std is None else std
     return normal(key, axes, jnp.float32) * scale
 
@@ -95,8 +104,10 @@ def _resize_static_axes(tree, name: str, size: int):
         if not _is_module(m):
             return m
         if isinstance(m, BlockSeq) and m.Layers.name == name and m.Layers.size != size:
-            raise ArgumentError(f"resize_axis({name!r}): a BlockSeq's layers are its blocks; edit them with "
-                                "unstacked() and BlockSeq.from_layers")
+            raise ArgumentError(
+                f"resize_axis({name!r}): a BlockSeq's layers are its blocks; edit them with "
+                "unstacked() and BlockSeq.from_layers"
+            )
         # Static fields live in the treedef, out of reach of tree maps; a module is rebuilt the way
         # Equinox unflattens one: a bare instance with each field set.
         out = object.__new__(type(m))

@@ -27,8 +27,25 @@ import numpy as np
 from ._axis import ArgumentTypeError, Axis, AxisError
 from ._core import NamedArray
 
-__all__ = ["Bool", "Float", "Int", "Named", "bf16", "f16", "f32", "f64", "i8", "i16", "i32", "i64", "typecheck",
-           "u8", "u16", "u32", "u64"]
+__all__ = [
+    "Bool",
+    "Float",
+    "Int",
+    "Named",
+    "bf16",
+    "f16",
+    "f32",
+    "f64",
+    "i8",
+    "i16",
+    "i32",
+    "i64",
+    "typecheck",
+    "u8",
+    "u16",
+    "u32",
+    "u64",
+]
 
 
 class _AxesMeta(type):
@@ -91,7 +108,7 @@ def _fits(dtypes, array, spec: str) -> bool:
     return isinstance(array, _jaxtyping_type(dtypes, kind, spec))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _jaxtyping_type(dtypes, kind, spec: str):
     # one type per array kind: jaxtyping turns a union of kinds into a typing.Union, which isinstance refuses
     return dtypes[kind, spec]
@@ -138,29 +155,49 @@ class _Family:
         try:
             hash(spec)
         except TypeError:
-            raise AxisError(f"{self._name}[...] takes a string of axis names, or a tuple of names and Axis "
-                            f"objects, got {spec!r}") from None
+            raise AxisError(
+                f"{self._name}[...] takes a string of axis names, or a tuple of names and Axis objects, got {spec!r}"
+            ) from None
         if isinstance(spec, type) or (isinstance(spec, tuple) and spec and isinstance(spec[0], type)):
             # haliax.haxtyping's Float[NamedArray, "batch embed"]: the array type is implied here
             spec = spec if isinstance(spec, tuple) else (spec,)
             rest = spec[1:]
             ours = repr(rest[0]) if len(rest) == 1 else repr(rest) if rest else "'batch embed'"
-            raise AxisError(f"{self._name}[{spec[0].__name__}, ...] is Haliax's spelling of a typed NamedArray; here the "
-                            f"array type is implied: write nm.{self._name}[{ours}]")
+            raise AxisError(
+                f"{self._name}[{spec[0].__name__}, ...] is Haliax's spelling of a typed NamedArray; here the "
+                f"array type is implied: write nm.{self._name}[{ours}]"
+            )
         return _annotation(self._name, self._dtypes, " ".join(spec.split()) if isinstance(spec, str) else spec)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _annotation(family: str, dtypes, spec) -> type:
     """One class per (family, spec), so ``f32["a b"] is f32["a b"]``."""
     names, sizes, more, text = _parse(spec)
-    return _AxesMeta(f"{family}[{text!r}]", (_TypedAxes,), {
-        "_text": f"{family}[{text!r}]", "_dtypes": dtypes, "_family": family, "_names": names, "_sizes": sizes,
-        "_more": more, "__module__": "named"})
+    return _AxesMeta(
+        f"{family}[{text!r}]",
+        (_TypedAxes,),
+        {
+            "_text": f"{family}[{text!r}]",
+            "_dtypes": dtypes,
+            "_family": family,
+            "_names": names,
+            "_sizes": sizes,
+            "_more": more,
+            "__module__": "named",
+        },
+    )
 
 
-f16, bf16, f32, f64 = (_Family(n, d) for n, d in (("f16", jaxtyping.Float16), ("bf16", jaxtyping.BFloat16),
-                                                   ("f32", jaxtyping.Float32), ("f64", jaxtyping.Float64)))
+f16, bf16, f32, f64 = (
+    _Family(n, d)
+    for n, d in (
+        ("f16", jaxtyping.Float16),
+        ("bf16", jaxtyping.BFloat16),
+        ("f32", jaxtyping.Float32),
+        ("f64", jaxtyping.Float64),
+    )
+)
 i8, i16, i32, i64 = (_Family(f"i{b}", getattr(jaxtyping, f"Int{b}")) for b in (8, 16, 32, 64))
 u8, u16, u32, u64 = (_Family(f"u{b}", getattr(jaxtyping, f"UInt{b}")) for b in (8, 16, 32, 64))
 Float, Int, Bool = _Family("Float", jaxtyping.Float), _Family("Int", jaxtyping.Int), _Family("Bool", jaxtyping.Bool)
@@ -241,8 +278,11 @@ def typecheck(fn: Callable | None = None, *, enabled: bool | None = None):
                 if ann is None:
                     continue
                 kind = signature.parameters[name].kind
-                values = value if kind is inspect.Parameter.VAR_POSITIONAL else (
-                    value.values() if kind is inspect.Parameter.VAR_KEYWORD else (value,))
+                values = (
+                    value
+                    if kind is inspect.Parameter.VAR_POSITIONAL
+                    else (value.values() if kind is inspect.Parameter.VAR_KEYWORD else (value,))
+                )
                 for v in values:
                     check(ann, v, f"argument {name!r}")
             out = fn(*args, **kwargs)

@@ -37,10 +37,16 @@ class ModuleProblems(NamedError, ValueError):
         self.reused_arrays = reused_arrays
         self.static_arrays = static_arrays
         lines = ["the module has problems that break its gradients or its compiled cache:"]
-        lines += [f"  one {_describe(a)} is stored at {', '.join(paths)} (an optimizer updates each copy on its own; "
-                  "share it by referring to one field)" for a, paths in reused_arrays]
-        lines += [f"  {path} is a static field holding an array (it is hashed into every trace and gets no gradient; "
-                  "make it an ordinary field)" for path in static_arrays]
+        lines += [
+            f"  one {_describe(a)} is stored at {', '.join(paths)} (an optimizer updates each copy on its own; "
+            "share it by referring to one field)"
+            for a, paths in reused_arrays
+        ]
+        lines += [
+            f"  {path} is a static field holding an array (it is hashed into every trace and gets no gradient; "
+            "make it an ordinary field)"
+            for path in static_arrays
+        ]
         super().__init__("\n".join(lines))
 
     def __bool__(self) -> bool:

@@ -92,8 +92,10 @@ def _group(mesh_axes: Sequence[str]):
 
 def _mapped(body: LocalBody, name: str, what: str) -> tuple[str, ...]:
     if name in body.ambiguous:
-        raise ShardingError(f"nm.{what}: axis {name!r} is mapped to different mesh axes by different inputs "
-                            f"({body.ambiguous[name]}); pass mesh_axes= to say which")
+        raise ShardingError(
+            f"nm.{what}: axis {name!r} is mapped to different mesh axes by different inputs "
+            f"({body.ambiguous[name]}); pass mesh_axes= to say which"
+        )
     return body.mapping.get(name, ())
 
 
@@ -106,8 +108,9 @@ def _prefix_mappings(resources, args: tuple, what: str) -> list:
     if resources is None or isinstance(resources, Mapping):
         return [resources] * len(leaves)
     if not isinstance(resources, (tuple, list)):
-        raise ShardingError(f"{what} is a mapping (axis name -> mesh axes) or a tuple of them, one per argument; "
-                            f"got {resources!r}")
+        raise ShardingError(
+            f"{what} is a mapping (axis name -> mesh axes) or a tuple of them, one per argument; got {resources!r}"
+        )
     if len(resources) != len(args):
         raise ShardingError(f"{what} has {len(resources)} entries but the function got {len(args)} arguments")
     out = []
@@ -149,12 +152,20 @@ def _is_dynamic_leaf(x) -> bool:
 class _ShardMapped:
     def __init__(self, fn, mesh, in_res, out_res, axis_res, check_vma):
         self.fn, self.mesh, self.in_res, self.out_res, self.axis_res, self.check_vma = (
-            fn, mesh, in_res, out_res, axis_res, check_vma)
+            fn,
+            mesh,
+            in_res,
+            out_res,
+            axis_res,
+            check_vma,
+        )
 
     def __call__(self, *args, **kwargs):
         if kwargs:
-            raise NamedError(f"nm.shard_map passes positional arguments only, got keywords {sorted(kwargs)}; "
-                             "bind them first with functools.partial")
+            raise NamedError(
+                f"nm.shard_map passes positional arguments only, got keywords {sorted(kwargs)}; "
+                "bind them first with functools.partial"
+            )
         mesh = self.mesh if self.mesh is not None else current_mesh()
         if mesh is None:
             raise ShardingError("nm.shard_map needs a mesh: pass mesh=, or call it under jax.set_mesh / named_jit")
@@ -184,8 +195,10 @@ class _ShardMapped:
 
         def run(record: list, *arrays):
             it = iter(arrays)
-            local = [k.value if isinstance(k, _Static) else next(it) if k == "array" else NamedArray._unchecked(next(it), k)
-                     for k in kinds]
+            local = [
+                k.value if isinstance(k, _Static) else next(it) if k == "array" else NamedArray._unchecked(next(it), k)
+                for k in kinds
+            ]
             with body_context(body):
                 out = self.fn(*jax.tree.unflatten(treedef, local))
             return self._outputs(out, record)
@@ -194,13 +207,22 @@ class _ShardMapped:
         # (its blocks' layouts, or the out mapping applied to its names): read them off a first,
         # abstract trace.
         probe: list = []
-        jax.eval_shape(_compat.shard_map(functools.partial(run, probe), mesh=mesh, in_specs=tuple(specs),
-                                         out_specs=PartitionSpec(), check_vma=False), *dyn)
+        jax.eval_shape(
+            _compat.shard_map(
+                functools.partial(run, probe),
+                mesh=mesh,
+                in_specs=tuple(specs),
+                out_specs=PartitionSpec(),
+                check_vma=False,
+            ),
+            *dyn,
+        )
         record: list = []
         final = functools.partial(run, record)
         functools.update_wrapper(final, self.fn)
-        outs = _compat.shard_map(final, mesh=mesh, in_specs=tuple(specs), out_specs=tuple(probe[0]["specs"]),
-                                 check_vma=self.check_vma)(*dyn)
+        outs = _compat.shard_map(
+            final, mesh=mesh, in_specs=tuple(specs), out_specs=tuple(probe[0]["specs"]), check_vma=self.check_vma
+        )(*dyn)
         meta = record[-1]
         it = iter(outs)
         result = []
@@ -253,7 +275,8 @@ class _ShardMapped:
                     raise ShardingError(
                         f"{where} is a plain array, returned replicated, but it may differ across mesh axes "
                         f"{sorted(_varying(leaf))} (a statistic of this device's rows only?): reduce it over them "
-                        f"(jax.lax.psum / pmean) or return it as a NamedArray split along an axis")
+                        f"(jax.lax.psum / pmean) or return it as a NamedArray split along an axis"
+                    )
                 arrays.append(leaf)
                 specs.append(PartitionSpec())
                 kinds.append("array")
@@ -331,8 +354,9 @@ def shard_map(
     ``fn`` is traced twice per call (jax needs the out_specs before the trace that uses them,
     and they depend on what ``fn`` returns); under ``jit`` that is once per compilation.
     """
-    mapping, in_mapping, out_mapping = haliax_spellings("shard_map", haliax_names, mapping=mapping,
-                                                        in_mapping=in_mapping, out_mapping=out_mapping)
+    mapping, in_mapping, out_mapping = haliax_spellings(
+        "shard_map", haliax_names, mapping=mapping, in_mapping=in_mapping, out_mapping=out_mapping
+    )
     if haliax_names:
         raise ArgumentTypeError(f"shard_map got unexpected keyword arguments {sorted(haliax_names)}")
     for m in (mapping,) + (tuple(in_mapping) if isinstance(in_mapping, (tuple, list)) else (in_mapping,)):
@@ -384,7 +408,9 @@ def all_gather(x: NamedArray, axis: AxisSelection, *, invariant: bool = False) -
     return NamedArray._unchecked(arr, tuple(axes))
 
 
-def psum_scatter(x: NamedArray | Unreduced, axis: str | Axis, *, mesh_axes: str | Sequence[str] | None = None) -> NamedArray:
+def psum_scatter(
+    x: NamedArray | Unreduced, axis: str | Axis, *, mesh_axes: str | Sequence[str] | None = None
+) -> NamedArray:
     """Sum partial sums across devices and leave each device its slice of ``axis``: a reduce-scatter.
 
     For an :class:`Unreduced` value the sum is over the mesh axes it is owed over, and ``axis``
@@ -397,7 +423,9 @@ def psum_scatter(x: NamedArray | Unreduced, axis: str | Axis, *, mesh_axes: str 
     name = name_of(axis)
     if isinstance(x, Unreduced):
         if mesh_axes is not None and tuple(_mesh_axes(mesh_axes)) != x.over:
-            raise ShardingError(f"nm.psum_scatter: the value is owed a sum over {x.over}, not {tuple(_mesh_axes(mesh_axes))}")
+            raise ShardingError(
+                f"nm.psum_scatter: the value is owed a sum over {x.over}, not {tuple(_mesh_axes(mesh_axes))}"
+            )
         over, value = x.over, x.value
     else:
         value = _check_named(x, "psum_scatter")
@@ -411,8 +439,10 @@ def psum_scatter(x: NamedArray | Unreduced, axis: str | Axis, *, mesh_axes: str 
     a = value.axes[i]
     n = _size(body, over)
     if a.size % n:
-        raise ShardingError(f"nm.psum_scatter: axis {name!r} of the block {block_layout(value)!r} has local size {a.size}, "
-                            f"which does not split over mesh axes {over} ({n} devices)")
+        raise ShardingError(
+            f"nm.psum_scatter: axis {name!r} of the block {block_layout(value)!r} has local size {a.size}, "
+            f"which does not split over mesh axes {over} ({n} devices)"
+        )
     clash = [b.name for b in value.axes if set(_split_over(b)) & set(over)]
     if clash:
         raise ShardingError(f"nm.psum_scatter: axes {clash} of {block_layout(value)!r} are already split over {over}")
@@ -428,8 +458,10 @@ def _reduce(x, axis, mesh_axes, what: str, local_fn, collective):
         if what != "psum":
             raise x._refuse(f"nm.{what}")
         if axis is not None:
-            raise NamedError("nm.psum of an Unreduced value takes no axis: it settles the sum it is owed "
-                             "(to also reduce an axis, sum it first: nm.psum(u).sum(axis))")
+            raise NamedError(
+                "nm.psum of an Unreduced value takes no axis: it settles the sum it is owed "
+                "(to also reduce an axis, sum it first: nm.psum(u).sum(axis))"
+            )
         over = x.over if mesh_axes is None else tuple(_mesh_axes(mesh_axes))
         extra = [m for m in over if m not in x.over]
         if extra:
@@ -453,8 +485,9 @@ def _reduce(x, axis, mesh_axes, what: str, local_fn, collective):
     return out
 
 
-def psum(x: NamedArray | Unreduced, axis: AxisSelection | None = None, *,
-         mesh_axes: str | Sequence[str] | None = None) -> NamedArray | Unreduced:
+def psum(
+    x: NamedArray | Unreduced, axis: AxisSelection | None = None, *, mesh_axes: str | Sequence[str] | None = None
+) -> NamedArray | Unreduced:
     """Sums across devices, by name.
 
     - ``nm.psum(u)`` for an :class:`Unreduced` value: settle the sum it is owed (an all-reduce);
@@ -482,14 +515,18 @@ def _pmax_jvp(axis_name, primals, tangents):
     return out, lax.psum(t * at_max, axis_name) / lax.psum(at_max, axis_name)
 
 
-def pmax(x: NamedArray, axis: AxisSelection | None = None, *, mesh_axes: str | Sequence[str] | None = None) -> NamedArray:
+def pmax(
+    x: NamedArray, axis: AxisSelection | None = None, *, mesh_axes: str | Sequence[str] | None = None
+) -> NamedArray:
     """The maximum over the whole named ``axis`` (the block's, then across the mesh axes that split it),
     or elementwise across ``mesh_axes``. Its gradient goes to the entries that hold the maximum
     (split equally among ties), as ``jnp.max``'s does."""
     return _reduce(x, axis, mesh_axes, "pmax", lambda v, n: v.max(n), _pmax)
 
 
-def pmean(x: NamedArray, axis: AxisSelection | None = None, *, mesh_axes: str | Sequence[str] | None = None) -> NamedArray:
+def pmean(
+    x: NamedArray, axis: AxisSelection | None = None, *, mesh_axes: str | Sequence[str] | None = None
+) -> NamedArray:
     """The mean over the whole named ``axis`` (or elementwise across ``mesh_axes``)."""
     body = _body("pmean")
     x = _check_named(x, "pmean")
@@ -502,8 +539,9 @@ def pmean(x: NamedArray, axis: AxisSelection | None = None, *, mesh_axes: str | 
     return psum(x, axis, mesh_axes=mesh_axes) / count
 
 
-def all_to_all(x: NamedArray, *, split: str | Axis, concat: str | Axis,
-               mesh_axes: str | Sequence[str] | None = None) -> NamedArray:
+def all_to_all(
+    x: NamedArray, *, split: str | Axis, concat: str | Axis, mesh_axes: str | Sequence[str] | None = None
+) -> NamedArray:
     """Move the split from one axis to another: ``concat`` (split over some mesh axes) becomes
     whole and ``split`` (whole) becomes split over those mesh axes. ``position/model heads`` with
     ``split="heads", concat="position"`` is ``position heads/model`` (sequence -> head parallel).
@@ -515,13 +553,17 @@ def all_to_all(x: NamedArray, *, split: str | Axis, concat: str | Axis,
     s, c = x.axes[si], x.axes[ci]
     over = tuple(_mesh_axes(mesh_axes)) if mesh_axes is not None else _split_over(c)
     if not over:
-        raise ShardingError(f"nm.all_to_all: axis {c.name!r} is whole in the block {block_layout(x)!r}; "
-                            "there is nothing to concatenate (pass mesh_axes= if an op dropped its layout)")
-    if _split_over(c) and _split_over(c)[-len(over):] != over:
+        raise ShardingError(
+            f"nm.all_to_all: axis {c.name!r} is whole in the block {block_layout(x)!r}; "
+            "there is nothing to concatenate (pass mesh_axes= if an op dropped its layout)"
+        )
+    if _split_over(c) and _split_over(c)[-len(over) :] != over:
         raise ShardingError(f"nm.all_to_all: {c.name!r} is split over {_split_over(c)}, not (minor-most) over {over}")
     n = _size(body, over)
     if s.size % n:
-        raise ShardingError(f"nm.all_to_all: axis {s.name!r} (local size {s.size}) does not split over {over} ({n} devices)")
+        raise ShardingError(
+            f"nm.all_to_all: axis {s.name!r} (local size {s.size}) does not split over {over} ({n} devices)"
+        )
     arr = issue(lax.all_to_all, x.array, _group(over), split_axis=si, concat_axis=ci, tiled=True)
     axes = list(x.axes)
     axes[si] = _with_split(s, s.size // n, _split_over(s) + over)
@@ -530,8 +572,9 @@ def all_to_all(x: NamedArray, *, split: str | Axis, concat: str | Axis,
     return NamedArray._unchecked(arr, tuple(axes))
 
 
-def axis_index(axis: str | Axis | None = None, *, of: NamedArray | None = None,
-               mesh_axes: str | Sequence[str] | None = None) -> jax.Array:
+def axis_index(
+    axis: str | Axis | None = None, *, of: NamedArray | None = None, mesh_axes: str | Sequence[str] | None = None
+) -> jax.Array:
     """This device's block number along a named axis (0 .. number of blocks - 1): from the
     layout of ``of`` when given, else from the active mapping; or along ``mesh_axes``.
     ``axis_index("position", of=x) * x.axis_size("position")`` is where the block starts."""

@@ -31,8 +31,8 @@ import jax
 import numpy as np
 
 from . import _hlo
-from ._compat import is_tracer
 from ._axis import ArgumentTypeError, Axis, AxisError, as_selectors
+from ._compat import is_tracer
 from ._core import NamedArray, expect_named, is_named_array
 from ._grid import DeviceGrid, DeviceGrids, device_grid
 from ._hlo import Collective
@@ -79,19 +79,28 @@ def _human(n: float) -> str:
 # Every cell gets its own background: Jupyter stripes alternate table rows in light grey, and a
 # marked row shaded in a light colour of its own would read as one of those stripes.
 _PLAIN_CELL = "background-color:#ffffff;color:#000000"
-_MARKED_CELL = ("background-color:#ffffff;color:#000000;"
-                "background-image:repeating-linear-gradient(135deg,#ffd8a8 0 3px,#ffffff 3px 9px)")
+_MARKED_CELL = (
+    "background-color:#ffffff;color:#000000;"
+    "background-image:repeating-linear-gradient(135deg,#ffd8a8 0 3px,#ffffff 3px 9px)"
+)
 
 
-def _table_html(head: tuple[str, ...], rows: list[tuple], numeric: set[int] = frozenset(), marked: list[bool] | None = None) -> str:
-    th = "".join(f"<th style='text-align:{'right' if i in numeric else 'left'}'>{html.escape(h)}</th>" for i, h in enumerate(head))
+def _table_html(
+    head: tuple[str, ...], rows: list[tuple], numeric: set[int] = frozenset(), marked: list[bool] | None = None
+) -> str:
+    th = "".join(
+        f"<th style='text-align:{'right' if i in numeric else 'left'}'>{html.escape(h)}</th>"
+        for i, h in enumerate(head)
+    )
     body = []
     for k, r in enumerate(rows):
         is_marked = bool(marked and marked[k])
         tds = "".join(
             f"<td style='text-align:{'right' if i in numeric else 'left'};{_MARKED_CELL if is_marked else _PLAIN_CELL}"
-            + (";border-left:4px solid #e8590c" if is_marked and i == 0 else "") + "'>"
-            + (html.escape(str(c)) if i in numeric else f"<code>{html.escape(str(c))}</code>") + "</td>"
+            + (";border-left:4px solid #e8590c" if is_marked and i == 0 else "")
+            + "'>"
+            + (html.escape(str(c)) if i in numeric else f"<code>{html.escape(str(c))}</code>")
+            + "</td>"
             for i, c in enumerate(r)
         )
         body.append(f"<tr>{tds}</tr>")
@@ -163,13 +172,24 @@ class ParamReport:
     _HEAD = ("path", "axes", "layout", "dtype", "bytes", "bytes/device")
 
     def _cells(self):
-        return [(r.path or "(root)", " ".join(f"{a.name}={a.size}" for a in r.axes), r.layout, r.dtype,
-                 _human(r.global_bytes), _human(r.bytes_per_device)) for r in self.rows]
+        return [
+            (
+                r.path or "(root)",
+                " ".join(f"{a.name}={a.size}" for a in r.axes),
+                r.layout,
+                r.dtype,
+                _human(r.global_bytes),
+                _human(r.bytes_per_device),
+            )
+            for r in self.rows
+        ]
 
     def _summary(self) -> str:
-        return (f"{len(self.rows)} arrays, {self.n_params:,} elements, {_human(self.total_bytes)} in all over mesh "
-                f"{self.mesh_shape}: {_human(self.bytes_per_device)} per device, {self.replicated_fraction:.1%} of the "
-                f"bytes replicated")
+        return (
+            f"{len(self.rows)} arrays, {self.n_params:,} elements, {_human(self.total_bytes)} in all over mesh "
+            f"{self.mesh_shape}: {_human(self.bytes_per_device)} per device, {self.replicated_fraction:.1%} of the "
+            f"bytes replicated"
+        )
 
     def __str__(self) -> str:
         return "\n".join(_table_text(self._HEAD, self._cells(), {4, 5}) + [self._summary()])
@@ -188,7 +208,11 @@ class ParamReport:
         rows = [r for r in self.rows if r.path == path] or [r for r in self.rows if path in r.path]
         if len(rows) != 1:
             known = ", ".join(r.path for r in self.rows[:8]) + (", ..." if len(self.rows) > 8 else "")
-            what = "matches no array" if not rows else f"matches {len(rows)} arrays ({', '.join(r.path for r in rows[:4])})"
+            what = (
+                "matches no array"
+                if not rows
+                else f"matches {len(rows)} arrays ({', '.join(r.path for r in rows[:4])})"
+            )
             raise AxisError(f"param_report.grid({path!r}) {what}; paths: {known}")
         return self._grid(rows[0])
 
@@ -214,8 +238,16 @@ def param_report(tree: Any, mapping: ResourceMapping | None, mesh=None) -> Param
         for e in _spec_entries(spec):
             parts *= math.prod(mesh_shape[m] for m in e) if e else 1
         nbytes = int(np.prod([a.size for a in x.axes], dtype=np.int64)) * np.dtype(x.array.dtype).itemsize
-        rows.append(ParamRow(jax.tree_util.keystr(path), x.axes, layout(x, mapping or {}), str(np.dtype(x.array.dtype)),
-                             nbytes, nbytes // parts))
+        rows.append(
+            ParamRow(
+                jax.tree_util.keystr(path),
+                x.axes,
+                layout(x, mapping or {}),
+                str(np.dtype(x.array.dtype)),
+                nbytes,
+                nbytes // parts,
+            )
+        )
     return ParamReport(rows, mesh_shape, mapping, mesh)
 
 
@@ -332,8 +364,11 @@ class CompiledReport:
     def _select(self, kind, mesh_axes):
         if isinstance(mesh_axes, str):
             mesh_axes = (mesh_axes,)
-        return [c for c in self.collectives if (kind is None or c.kind == kind)
-                and (mesh_axes is None or tuple(c.mesh_axes) == tuple(mesh_axes))]
+        return [
+            c
+            for c in self.collectives
+            if (kind is None or c.kind == kind) and (mesh_axes is None or tuple(c.mesh_axes) == tuple(mesh_axes))
+        ]
 
     @property
     def peak_bytes(self) -> int:
@@ -350,9 +385,23 @@ class CompiledReport:
             groups.setdefault((c.kind, c.mesh_axes), []).append(c)
         rows = []
         for (k, m), cs in sorted(groups.items()):
-            loop = "" if not any(c.in_loop for c in cs) else "yes" if all(c.runs_known for c in cs) else "yes, trip unknown"
-            rows.append((k, "+".join(m) or "-", sum(c.runs for c in cs), sum(c.bytes * c.runs for c in cs),
-                         sum(c.sent_bytes * c.runs for c in cs), loop))
+            loop = (
+                ""
+                if not any(c.in_loop for c in cs)
+                else "yes"
+                if all(c.runs_known for c in cs)
+                else "yes, trip unknown"
+            )
+            rows.append(
+                (
+                    k,
+                    "+".join(m) or "-",
+                    sum(c.runs for c in cs),
+                    sum(c.bytes * c.runs for c in cs),
+                    sum(c.sent_bytes * c.runs for c in cs),
+                    loop,
+                )
+            )
         return rows
 
     _HEAD = ("collective", "mesh axes", "count", "bytes", "sent/device", "in loop")
@@ -367,15 +416,20 @@ class CompiledReport:
             trips = ", ".join(f"{name} x{n if n is not None else '?'}" for name, n in self.loops)
             lines.append(f"while loops (trip count): {trips}; counts, bytes and FLOPs include every iteration")
         if self.unknown_loops:
-            lines.append(f"trip count unknown for {', '.join(self.unknown_loops)}: counted once, so the figures "
-                         "are lower bounds")
+            lines.append(
+                f"trip count unknown for {', '.join(self.unknown_loops)}: counted once, so the figures are lower bounds"
+            )
         if m:
-            lines.append(f"memory per device: arguments {_human(m.get('argument', 0))}, outputs {_human(m.get('output', 0))}, "
-                         f"temporaries {_human(m.get('temp', 0))}, aliased {_human(m.get('alias', 0))}; "
-                         f"peak {_human(self.peak_bytes)}")
-        lines.append(f"FLOPs per device: {self.flops:,.0f} ({self.matmul_flops:,.0f} in matmuls; elementwise and "
-                     f"reductions 1 per element) and {self.transcendentals:,.0f} transcendentals; bytes accessed "
-                     f"~{_human(self.bytes_accessed)}")
+            lines.append(
+                f"memory per device: arguments {_human(m.get('argument', 0))}, outputs {_human(m.get('output', 0))}, "
+                f"temporaries {_human(m.get('temp', 0))}, aliased {_human(m.get('alias', 0))}; "
+                f"peak {_human(self.peak_bytes)}"
+            )
+        lines.append(
+            f"FLOPs per device: {self.flops:,.0f} ({self.matmul_flops:,.0f} in matmuls; elementwise and "
+            f"reductions 1 per element) and {self.transcendentals:,.0f} transcendentals; bytes accessed "
+            f"~{_human(self.bytes_accessed)}"
+        )
         if self.xla_flops is not None and self.loops:
             lines.append(f"XLA cost_analysis: {self.xla_flops:,.0f} FLOPs (each loop body counted once)")
         if self.cost.conditionals:
@@ -392,8 +446,10 @@ class CompiledReport:
     def _repr_html_(self) -> str:
         table = _table_html(self._HEAD, self._cells(), {2, 3, 4}) if self.collectives else "<p>no collectives</p>"
         foot = "".join(f"<p>{html.escape(line)}</p>" for line in self._footer())
-        return (f"<div><b>compiled program</b> on mesh <code>{html.escape(str(self.mesh_shape))}</code>, per device and "
-                f"execution{table}{foot}</div>")
+        return (
+            f"<div><b>compiled program</b> on mesh <code>{html.escape(str(self.mesh_shape))}</code>, per device and "
+            f"execution{table}{foot}</div>"
+        )
 
 
 def _compile(fn_or_stage, args, kwargs):
@@ -405,8 +461,10 @@ def _compile(fn_or_stage, args, kwargs):
     if isinstance(stage, jax.stages.Lowered):
         stage = stage.compile()
     if not isinstance(stage, jax.stages.Compiled):
-        raise ArgumentTypeError(f"compiled_report takes a named_jit / jax.jit function (with its arguments), a Lowered or a "
-                        f"Compiled, got {type(fn_or_stage).__name__}")
+        raise ArgumentTypeError(
+            f"compiled_report takes a named_jit / jax.jit function (with its arguments), a Lowered or a "
+            f"Compiled, got {type(fn_or_stage).__name__}"
+        )
     return stage
 
 

@@ -45,8 +45,7 @@ def make_mesh(shape: Mapping[str, int], *, devices: Sequence[Any] | None = None)
     """
     devices = list(devices) if devices is not None else jax.devices()
     sizes = mesh_sizes(shape, len(devices))
-    return jax.make_mesh(tuple(sizes.values()), tuple(sizes), axis_types=(AxisType.Auto,) * len(sizes),
-                         devices=devices)
+    return jax.make_mesh(tuple(sizes.values()), tuple(sizes), axis_types=(AxisType.Auto,) * len(sizes), devices=devices)
 
 
 def mesh_sizes(shape: Mapping[str, int], n: int) -> dict[str, int]:
@@ -85,10 +84,16 @@ def auto_mesh(mesh: Mesh) -> Mesh:
 def _onto(mesh: Mesh, tree: Any) -> Any:
     """The arrays of ``tree`` that lie on the Explicit twin of ``mesh``, put on ``mesh`` (same devices
     and layout: only the mesh in their sharding changes)."""
+
     def leaf(x):
         sharding = getattr(x, "sharding", None)
-        if isinstance(x, jax.Array) and isinstance(sharding, NamedSharding) and sharding.mesh is not mesh \
-                and sharding.mesh.axis_names == mesh.axis_names and auto_mesh(sharding.mesh) == mesh:
+        if (
+            isinstance(x, jax.Array)
+            and isinstance(sharding, NamedSharding)
+            and sharding.mesh is not mesh
+            and sharding.mesh.axis_names == mesh.axis_names
+            and auto_mesh(sharding.mesh) == mesh
+        ):
             return jax.device_put(x, NamedSharding(mesh, sharding.spec))
         return x
 
@@ -98,8 +103,9 @@ def _onto(mesh: Mesh, tree: Any) -> Any:
 def set_mesh(mesh: Mesh):
     """``with nm.set_mesh(mesh):`` (the same as ``jax.set_mesh``)."""
     if not isinstance(mesh, Mesh):
-        raise ArgumentTypeError(f"nm.set_mesh takes a jax.sharding.Mesh (nm.make_mesh({{'data': -1}})), got "
-                                f"{type(mesh).__name__}")
+        raise ArgumentTypeError(
+            f"nm.set_mesh takes a jax.sharding.Mesh (nm.make_mesh({{'data': -1}})), got {type(mesh).__name__}"
+        )
     return jax.set_mesh(mesh)
 
 
@@ -153,8 +159,9 @@ def pspec_for(x, mapping: ResourceMapping | None = None, mesh: Mesh | None = Non
     arrays get ``PartitionSpec()`` (replicated), other leaves None.
     """
     if not isinstance(x, NamedArray) and not _is_axes(x):
-        return map_named(lambda a: pspec_for(a, mapping, mesh), x,
-                         plain=lambda v: PartitionSpec() if eqx.is_array(v) else None)
+        return map_named(
+            lambda a: pspec_for(a, mapping, mesh), x, plain=lambda v: PartitionSpec() if eqx.is_array(v) else None
+        )
     mapping = current_mapping() if mapping is None else mapping
     mesh = mesh if mesh is not None else current_mesh()
     axes = _axes(x)
@@ -189,7 +196,9 @@ def pspec_for(x, mapping: ResourceMapping | None = None, mesh: Mesh | None = Non
     return PartitionSpec(*entries)
 
 
-def sharding_for(x: NamedArray | AxisSelection, mapping: ResourceMapping | None = None, mesh: Mesh | None = None) -> NamedSharding:
+def sharding_for(
+    x: NamedArray | AxisSelection, mapping: ResourceMapping | None = None, mesh: Mesh | None = None
+) -> NamedSharding:
     """The NamedSharding of an array (or of its axes) under ``mapping`` on ``mesh`` (defaults: current)."""
     mesh = mesh if mesh is not None else current_mesh()
     if mesh is None:
@@ -231,7 +240,6 @@ def constrain(arr: jax.Array, mesh, spec: PartitionSpec) -> jax.Array:
     arr = jax.sharding.reshard(arr, NamedSharding(mesh, part(lambda m: m in explicit)))
     auto = part(lambda m: m not in explicit)
     return jax.lax.with_sharding_constraint(arr, NamedSharding(mesh, auto)) if any(e is not None for e in auto) else arr
-
 
 
 def shard(tree: Any, mapping: ResourceMapping | None = None, mesh: Mesh | None = None) -> Any:
@@ -287,8 +295,10 @@ def _donated(prefix, tree, what: str) -> list[bool]:
     try:
         return jax.tree.leaves(jax.tree.broadcast(prefix, tree))
     except ValueError as e:  # jax's message says where the structures part
-        raise NamedError(f"{what} must be a bool, or a pytree prefix of the arguments with a bool (or None) "
-                         f"for each subtree; it does not match the arguments:\n{e}") from None
+        raise NamedError(
+            f"{what} must be a bool, or a pytree prefix of the arguments with a bool (or None) "
+            f"for each subtree; it does not match the arguments:\n{e}"
+        ) from None
 
 
 class NamedJitWrapped:
@@ -297,8 +307,9 @@ class NamedJitWrapped:
     def __init__(self, fn: Callable, axis, inputs, outputs, donate: tuple, mesh: Mesh | None, jit_kwargs: dict):
         def traced(donated, kept, static):
             treedef, fixed = static
-            args, kwargs = jax.tree.unflatten(treedef, [d if d is not None else k if k is not None else s
-                                                        for d, k, s in zip(donated, kept, fixed)])
+            args, kwargs = jax.tree.unflatten(
+                treedef, [d if d is not None else k if k is not None else s for d, k, s in zip(donated, kept, fixed)]
+            )
             mesh = current_mesh()
             for m in (current_mapping(), inputs, outputs) if mesh is not None else ():
                 if m is not None:
@@ -337,15 +348,18 @@ class NamedJitWrapped:
         donate_args, donate_kwargs = self._donate
         if isinstance(donate_args, (tuple, list)):
             if len(donate_args) > len(args):
-                raise NamedError(f"donate_args has {len(donate_args)} entries but the function got "
-                                 f"{len(args)} positional arguments")
+                raise NamedError(
+                    f"donate_args has {len(donate_args)} entries but the function got {len(args)} positional arguments"
+                )
             donate_args = tuple(donate_args) + (False,) * (len(args) - len(donate_args))
         donate = _donated(donate_args, args, "donate_args") + _donated(donate_kwargs, kwargs, "donate_kwargs")
         leaves, treedef = jax.tree.flatten((args, kwargs))
         dyn = [_is_dynamic(x) for x in leaves]
-        return ([x if y and d else None for x, y, d in zip(leaves, dyn, donate)],
-                [x if y and not d else None for x, y, d in zip(leaves, dyn, donate)],
-                (treedef, tuple(None if y else x for x, y in zip(leaves, dyn))))
+        return (
+            [x if y and d else None for x, y, d in zip(leaves, dyn, donate)],
+            [x if y and not d else None for x, y, d in zip(leaves, dyn, donate)],
+            (treedef, tuple(None if y else x for x, y in zip(leaves, dyn))),
+        )
 
     def __call__(self, *args, **kwargs):
         mesh, args, kwargs = self._placed(args, kwargs)
@@ -383,9 +397,17 @@ def haliax_spellings(fn_name: str, extra: dict, **given) -> tuple:
     return tuple(given.values())
 
 
-def named_jit(fn: Callable | None = None, *, mapping: ResourceMapping | None = None,
-              in_mapping: ResourceMapping | None = None, out_mapping: ResourceMapping | None = None,
-              donate_args: Any = None, donate_kwargs: Any = None, mesh: Mesh | None = None, **jit_kwargs):
+def named_jit(
+    fn: Callable | None = None,
+    *,
+    mapping: ResourceMapping | None = None,
+    in_mapping: ResourceMapping | None = None,
+    out_mapping: ResourceMapping | None = None,
+    donate_args: Any = None,
+    donate_kwargs: Any = None,
+    mesh: Mesh | None = None,
+    **jit_kwargs,
+):
     """jit whose layouts come from axis names; ``@named_jit`` or ``@named_jit(mapping=...)``.
 
     - ``mapping``: the compute mapping while ``fn`` is traced (default: the current one).
@@ -396,8 +418,9 @@ def named_jit(fn: Callable | None = None, *, mapping: ResourceMapping | None = N
       Programs are cached, keyed also on the mesh and the compute mapping around the call.
     - Haliax's ``axis_resources=``/``in_axis_resources=``/``out_axis_resources=`` are accepted.
     """
-    mapping, in_mapping, out_mapping = haliax_spellings("named_jit", jit_kwargs, mapping=mapping,
-                                                        in_mapping=in_mapping, out_mapping=out_mapping)
+    mapping, in_mapping, out_mapping = haliax_spellings(
+        "named_jit", jit_kwargs, mapping=mapping, in_mapping=in_mapping, out_mapping=out_mapping
+    )
     for m in (mapping, in_mapping, out_mapping):
         if m is not None:
             _check_mapping_values(m)
@@ -405,8 +428,7 @@ def named_jit(fn: Callable | None = None, *, mapping: ResourceMapping | None = N
                 check_mapping(m, mesh)
 
     def wrap(f):
-        return NamedJitWrapped(f, mapping, in_mapping, out_mapping,
-                               (donate_args, donate_kwargs), mesh, jit_kwargs)
+        return NamedJitWrapped(f, mapping, in_mapping, out_mapping, (donate_args, donate_kwargs), mesh, jit_kwargs)
 
     return wrap if fn is None else wrap(fn)
 

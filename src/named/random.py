@@ -7,6 +7,8 @@ parameter mapping never builds a whole parameter on one device.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -39,7 +41,9 @@ def _key(key):
     """A jax key; a 0-d NamedArray of a key (what nm.vmap over a named key array hands in) is unwrapped."""
     if isinstance(key, NamedArray):
         if key.axes:
-            raise AxisError(f"a random key must be a single key, got keys with axes {format_axes(key.axes)}; nm.vmap over them")
+            raise AxisError(
+                f"a random key must be a single key, got keys with axes {format_axes(key.axes)}; nm.vmap over them"
+            )
         return key.array
     return key
 
@@ -63,9 +67,14 @@ def block_draw(draw, axes):
 # (jax.random would return NaN, or a constant draw, without a word); traced ones cannot be checked.
 _DOMAINS = {
     "p": (lambda v: (v >= 0) & (v <= 1), "in [0, 1]"),
-    "a": (lambda v: v > 0, "> 0"), "b": (lambda v: v > 0, "> 0"), "df": (lambda v: v > 0, "> 0"),
-    "scale": (lambda v: v > 0, "> 0"), "concentration": (lambda v: v > 0, "> 0"),
-    "lam": (lambda v: v >= 0, ">= 0"), "n": (lambda v: v >= 0, ">= 0"), "stddev": (lambda v: v >= 0, ">= 0"),
+    "a": (lambda v: v > 0, "> 0"),
+    "b": (lambda v: v > 0, "> 0"),
+    "df": (lambda v: v > 0, "> 0"),
+    "scale": (lambda v: v > 0, "> 0"),
+    "concentration": (lambda v: v > 0, "> 0"),
+    "lam": (lambda v: v >= 0, ">= 0"),
+    "n": (lambda v: v >= 0, ">= 0"),
+    "stddev": (lambda v: v >= 0, ">= 0"),
 }
 
 
@@ -80,8 +89,10 @@ def _ordered(lo, hi, names: str, draw: str) -> None:
     """``lo < hi`` for a range known before tracing (numpy refuses the other order too)."""
     known_lo, known_hi = concrete(lo), concrete(hi)
     if known_lo is not None and known_hi is not None and not np.all(known_lo < known_hi):
-        raise ArgumentError(f"nm.random.{draw}: {names} must be an interval with the first below the second, got "
-                            f"{known_lo.tolist()} and {known_hi.tolist()}")
+        raise ArgumentError(
+            f"nm.random.{draw}: {names} must be an interval with the first below the second, got "
+            f"{known_lo.tolist()} and {known_hi.tolist()}"
+        )
 
 
 def _call(draw: str, fn, *args, dtype=None):
@@ -89,7 +100,9 @@ def _call(draw: str, fn, *args, dtype=None):
     try:
         return fn(*args)
     except (TypeError, ValueError) as e:
-        raise ArgumentTypeError(f"nm.random.{draw} does not draw dtype {jnp.dtype(dtype) if dtype else 'given'}: {e}") from e
+        raise ArgumentTypeError(
+            f"nm.random.{draw} does not draw dtype {jnp.dtype(dtype) if dtype else 'given'}: {e}"
+        ) from e
 
 
 def _param(value, axes, what: str, draw: str = ""):
@@ -121,8 +134,9 @@ def truncated_normal(key, axes: AxisSelection, dtype=jnp.float32, *, lower=-2.0,
     ax = _axes_for_creation(axes)
     lo, hi = _param(lower, ax, "lower"), _param(upper, ax, "upper")
     _ordered(lo, hi, "lower, upper", "truncated_normal")
-    return NamedArray(_call("truncated_normal", jax.random.truncated_normal, _key(key), lo, hi, _shape(ax), dtype,
-                            dtype=dtype), ax)
+    return NamedArray(
+        _call("truncated_normal", jax.random.truncated_normal, _key(key), lo, hi, _shape(ax), dtype, dtype=dtype), ax
+    )
 
 
 def bernoulli(key, axes: AxisSelection, p=0.5) -> NamedArray:
@@ -170,15 +184,21 @@ def split(key, num: int | Axis = 2):
         n = num
     if not isinstance(key, NamedArray):
         if jnp.ndim(key):
-            raise ArgumentTypeError(f"nm.random.split: a plain array of {jnp.shape(key)} keys; give one key, or wrap them "
-                                    "with nm.named (nm.named(keys, 'layers')) to split each")
+            raise ArgumentTypeError(
+                f"nm.random.split: a plain array of {jnp.shape(key)} keys; give one key, or wrap them "
+                "with nm.named (nm.named(keys, 'layers')) to split each"
+            )
         keys = jax.random.split(key, n)
         return NamedArray(keys, (num,)) if isinstance(num, Axis) else keys
     if not jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
-        raise ArgumentTypeError(f"nm.random.split: a NamedArray of keys must hold typed keys (jax.random.key), got dtype "
-                                f"{key.dtype}; convert raw keys with jax.random.wrap_key_data")
+        raise ArgumentTypeError(
+            f"nm.random.split: a NamedArray of keys must hold typed keys (jax.random.key), got dtype "
+            f"{key.dtype}; convert raw keys with jax.random.wrap_key_data"
+        )
     if isinstance(num, Axis) and num.name in key.names:
-        raise AxisError(f"nm.random.split: the new axis {num.name!r} is already an axis of the keys {format_axes(key.axes)}")
+        raise AxisError(
+            f"nm.random.split: the new axis {num.name!r} is already an axis of the keys {format_axes(key.axes)}"
+        )
     flat = key.array.reshape(-1)
     keys = jax.vmap(lambda k: jax.random.split(k, n))(flat).reshape(key.array.shape + (n,))
     if isinstance(num, Axis):
@@ -214,13 +234,17 @@ DRAWS: dict[str, tuple] = {
 def _draw(name: str, fn, params: tuple[str, ...]):
     def draw(key, axes: AxisSelection, *args, dtype=None, **kwargs) -> NamedArray:
         if len(args) > len(params):
-            raise ArgumentTypeError(f"nm.random.{name} takes {len(params)} parameters ({', '.join(params) or 'none'}) after the axes, "
-                                    f"got {len(args)}")
+            raise ArgumentTypeError(
+                f"nm.random.{name} takes {len(params)} parameters ({', '.join(params) or 'none'}) after the axes, "
+                f"got {len(args)}"
+            )
         values = dict(zip(params, args))
         for k, v in kwargs.items():
             if k not in params or k in values:
-                raise ArgumentTypeError(f"nm.random.{name} got an unexpected or repeated keyword {k!r}; its parameters: "
-                                        f"{', '.join(params) or 'none'}")
+                raise ArgumentTypeError(
+                    f"nm.random.{name} got an unexpected or repeated keyword {k!r}; its parameters: "
+                    f"{', '.join(params) or 'none'}"
+                )
             values[k] = v
         missing = [p for p in params if p not in values]
         if missing:
@@ -230,8 +254,11 @@ def _draw(name: str, fn, params: tuple[str, ...]):
         return NamedArray(_call(name, fn, _key(key), *raw_params, _shape(ax), dtype, dtype=dtype), ax)
 
     draw.__name__ = draw.__qualname__ = name
-    draw.__doc__ = (f"``jax.random.{name}`` over named axes: ``nm.random.{name}(key, axes"
-                    + "".join(f", {p}" for p in params) + ", dtype=None)``.")
+    draw.__doc__ = (
+        f"``jax.random.{name}`` over named axes: ``nm.random.{name}(key, axes"
+        + "".join(f", {p}" for p in params)
+        + ", dtype=None)``."
+    )
     return draw
 
 
@@ -260,7 +287,9 @@ def permutation(key, x, axis: AxisSelector | None = None, *, independent: bool =
     return NamedArray._unchecked(jax.random.permutation(_key(key), x.array, axis=i, independent=independent), x.axes)
 
 
-def choice(key, a, axes: AxisSelection = (), *, axis: AxisSelector | None = None, replace: bool = True, p=None) -> NamedArray:
+def choice(
+    key, a, axes: AxisSelection = (), *, axis: AxisSelector | None = None, replace: bool = True, p=None
+) -> NamedArray:
     """Draw from ``0 .. a.size - 1`` (``a`` an Axis) or from a NamedArray's entries along ``axis``;
     the draws have the new ``axes``, which take the chosen axis' place. ``p`` (a NamedArray
     along the chosen axis) weights the choice."""
@@ -275,16 +304,22 @@ def choice(key, a, axes: AxisSelection = (), *, axis: AxisSelector | None = None
         if chosen.size == 0 and new and math.prod(n.size for n in new):
             raise AxisError(f"nm.random.choice from the zero-size axis {chosen.name!r}: no entry to draw")
     else:
-        raise ArgumentTypeError(f"nm.random.choice takes an Axis or a NamedArray to choose from, got {type(a).__name__}")
+        raise ArgumentTypeError(
+            f"nm.random.choice takes an Axis or a NamedArray to choose from, got {type(a).__name__}"
+        )
     if p is not None:
         if not isinstance(p, NamedArray) or p.axes != (chosen,):
-            raise AxisError(f"nm.random.choice: p must be a NamedArray along the chosen axis {format_axes((chosen,))}, got "
-                            f"{format_axes(p.axes) if isinstance(p, NamedArray) else type(p).__name__}")
+            raise AxisError(
+                f"nm.random.choice: p must be a NamedArray along the chosen axis {format_axes((chosen,))}, got "
+                f"{format_axes(p.axes) if isinstance(p, NamedArray) else type(p).__name__}"
+            )
         p = p.array
     out_axes = rest_before + new + rest_after
     check_unique(out_axes, "the chosen")
     if not replace and int(np.prod([n.size for n in new])) > chosen.size:
-        raise ArgumentError(f"nm.random.choice: {format_axes(new)} draws without replacement from {chosen.size} entries of {chosen.name!r}")
+        raise ArgumentError(
+            f"nm.random.choice: {format_axes(new)} draws without replacement from {chosen.size} entries of {chosen.name!r}"
+        )
     out = jax.random.choice(_key(key), pool, tuple(n.size for n in new), replace=replace, p=p, axis=i)
     return NamedArray._unchecked(out, out_axes)
 

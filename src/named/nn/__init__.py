@@ -1,5 +1,8 @@
 """named.nn: Equinox modules over NamedArrays."""
 
+from .._remat import Remat, ScanCheckpointPolicy, checkpoint_name, remat_policy
+from . import _lora as lora  # nn.lora.apply / merge / trainable
+from . import _mup as mup  # nn.mup.rescale_init / scale_updates / roles
 from ._attention import (
     attention_implementation,
     dot_product_attention,
@@ -7,17 +10,11 @@ from ._attention import (
     positions_from_segments,
     rotary_embedding,
 )
-from ._masks import (
-    alibi_bias,
-    alibi_slopes,
-    causal_mask,
-    chunked_mask,
-    forgetful_causal_mask,
-    padding_mask,
-    segment_mask,
-)
-from ._basic import ACTIVATIONS, MLP, Dropout, activation
 from ._basic import (  # activations by function; nn.activation(name) finds each by name
+    ACTIVATIONS,
+    MLP,
+    Dropout,
+    activation,
     celu,
     elu,
     gelu,
@@ -40,13 +37,24 @@ from ._basic import (  # activations by function; nn.activation(name) finds each
     softplus,
     swish,
 )
+from ._blockseq import BlockSeq
 from ._conv import Conv, ConvTranspose
-from ._pool import max_pool, mean_pool, min_pool
+from ._explicit_stack import ExplicitStack, explicit_layers
 from ._linear import Embedding, Linear
-from . import _lora as lora  # nn.lora.apply / merge / trainable
 from ._lora import LoraLinear
+from ._masks import (
+    alibi_bias,
+    alibi_slopes,
+    causal_mask,
+    chunked_mask,
+    forgetful_causal_mask,
+    padding_mask,
+    segment_mask,
+)
+from ._moe import MoE, load_balancing_loss, route, router_losses, router_stats, router_z_loss
+from ._moe_linear import MoELinear
 from ._norm import LayerNorm, RMSNorm
-from . import _mup as mup  # nn.mup.rescale_init / scale_updates / roles
+from ._pool import max_pool, mean_pool, min_pool
 from ._quant import (  # low-precision Linears: nn.quantize(model, "fp8")
     Fp8Linear,
     Fp8State,
@@ -58,12 +66,7 @@ from ._quant import (  # low-precision Linears: nn.quantize(model, "fp8")
     quantize,
     without_overwrites,
 )
-from ._blockseq import BlockSeq
-from .._remat import Remat, ScanCheckpointPolicy, checkpoint_name, remat_policy
 from ._stacked import Stacked
-from ._explicit_stack import ExplicitStack, explicit_layers
-from ._moe import MoE, load_balancing_loss, route, router_losses, router_stats, router_z_loss
-from ._moe_linear import MoELinear
 from .loss import (
     binary_cross_entropy_loss,
     blockwise_cross_entropy_loss,

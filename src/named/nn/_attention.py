@@ -17,13 +17,13 @@ from collections.abc import Iterator
 import jax
 import jax.numpy as jnp
 
+from .. import _ops as ops
 from .._axis import ArgumentError, ArgumentTypeError, Axis, AxisError, AxisSelector, NamedError, format_axes, name_of
 from .._context import attention_context, current_attention
 from .._core import NamedArray, expect_named
 from .._einsum import dot, einsum
-from .. import _ops as ops
-from ..partitioning import shard
 from .._shape import arange, broadcast_to, concatenate, flatten_axes, rename, unflatten_axis
+from ..partitioning import shard
 from ._masks import causal_mask, check_segment_ids, segment_mask
 
 _LOG = logging.getLogger("named.nn")
@@ -47,8 +47,15 @@ def positions_from_segments(segment_ids: NamedArray, Pos: AxisSelector = "positi
     return NamedArray._unchecked(idx - start_idx, ids.axes).rearrange(segment_ids.names)
 
 
-def rotary_embedding(x: NamedArray, positions: NamedArray, *, HeadSize: AxisSelector = "head_size",
-                     theta: float = 10000.0, inv_freq: NamedArray | None = None, scale=1.0) -> NamedArray:
+def rotary_embedding(
+    x: NamedArray,
+    positions: NamedArray,
+    *,
+    HeadSize: AxisSelector = "head_size",
+    theta: float = 10000.0,
+    inv_freq: NamedArray | None = None,
+    scale=1.0,
+) -> NamedArray:
     """Rotate pairs (i, i + d/2) of ``HeadSize`` by ``position * theta^(-2i/d)`` (Llama's rotate-half
     layout). ``positions`` is an integer NamedArray whose axes ``x`` has (e.g. ``position`` or
     ``(batch, position)``). Computed in float32, returned in ``x.dtype``.
@@ -65,7 +72,9 @@ def rotary_embedding(x: NamedArray, positions: NamedArray, *, HeadSize: AxisSele
     if inv_freq is None:
         inv_freq = 1.0 / (theta ** (arange(half, dtype=jnp.float32) * (2.0 / hs.size)))
     elif inv_freq.ndim != 1 or inv_freq.size != half.size:
-        raise AxisError(f"rotary_embedding: inv_freq needs one axis of {half.size} entries, got {format_axes(inv_freq.axes)}")
+        raise AxisError(
+            f"rotary_embedding: inv_freq needs one axis of {half.size} entries, got {format_axes(inv_freq.axes)}"
+        )
     else:
         inv_freq = NamedArray(inv_freq.array.astype(jnp.float32), (half,))
     angles = positions.astype(jnp.float32) * inv_freq
@@ -109,7 +118,9 @@ def _cudnn_unmet(query: NamedArray, key: NamedArray, value: NamedArray, hs: str)
         why.append(f"query/key/value dtypes are {sorted(str(d) for d in dtypes)}; cuDNN needs one of bfloat16, float16")
     d = query.axis_size(hs)
     if d % 8 or d > 128 or value.axis_size(hs) != d:
-        why.append(f"{hs!r} is {d} (query) and {value.axis_size(hs)} (value); cuDNN needs equal sizes, a multiple of 8, <= 128")
+        why.append(
+            f"{hs!r} is {d} (query) and {value.axis_size(hs)} (value); cuDNN needs equal sizes, a multiple of 8, <= 128"
+        )
     return why
 
 
@@ -179,14 +190,28 @@ def dot_product_attention(
     if implementation == "auto":
         implementation = current_attention()
     _check_order("dot_product_attention", query, key, value, *extra)  # first: Haliax's order has Axes in front
-    _expect_named_inputs("dot_product_attention", query=query, key=key, value=value, mask=mask, bias=bias,
-                         segment_ids=segment_ids)
+    _expect_named_inputs(
+        "dot_product_attention", query=query, key=key, value=value, mask=mask, bias=bias, segment_ids=segment_ids
+    )
     qpos, kpos, hs = name_of(QPos), name_of(KPos), name_of(HeadSize)
     _check_mask("dot_product_attention", mask)
     if qpos not in query.names:  # one query per row (Haliax's form, a decoding step)
-        args = dict(QPos=QPos, KPos=KPos, HeadSize=HeadSize, Heads=Heads, KVHeads=KVHeads, causal=causal, mask=mask,
-                    bias=bias, segment_ids=segment_ids, scale=scale, window=window, softcap=softcap, q_offset=q_offset,
-                    implementation=implementation)
+        args = dict(
+            QPos=QPos,
+            KPos=KPos,
+            HeadSize=HeadSize,
+            Heads=Heads,
+            KVHeads=KVHeads,
+            causal=causal,
+            mask=mask,
+            bias=bias,
+            segment_ids=segment_ids,
+            scale=scale,
+            window=window,
+            softcap=softcap,
+            q_offset=q_offset,
+            implementation=implementation,
+        )
         return _with_one_query(dot_product_attention, query, (key, value), args)
     _check_axes("dot_product_attention", query, key, value, qpos, kpos, hs, mask, bias)
     heads, kvheads = name_of(Heads), name_of(KVHeads)
@@ -195,16 +220,21 @@ def dot_product_attention(
     if isinstance(q_offset, NamedArray):
         for r in q_offset.axes:
             if r.name not in query.names or query.axis_size(r.name) != r.size:
-                raise AxisError(f"dot_product_attention: q_offset has {r.name}={r.size}, but the query "
-                                f"{format_axes(query.axes)} has {r.name}={query.axis_size(r.name) if r.name in query.names else 'no such axis'}; "
-                                "per-row offsets need one entry for each row")
+                raise AxisError(
+                    f"dot_product_attention: q_offset has {r.name}={r.size}, but the query "
+                    f"{format_axes(query.axes)} has {r.name}={query.axis_size(r.name) if r.name in query.names else 'no such axis'}; "
+                    "per-row offsets need one entry for each row"
+                )
     if window is not None and not causal:
         raise ArgumentError("dot_product_attention: a sliding window needs causal=True")
     if implementation == "cudnn":
         why = _cudnn_unmet(query, key, value, hs) + _fused_unmet(None, None, None, softcap, window, q_offset)
         if why:
-            raise NamedError("dot_product_attention(implementation='cudnn') cannot run here: " + "; ".join(why)
-                             + ". Use implementation='auto' (falls back to XLA) or 'xla'.")
+            raise NamedError(
+                "dot_product_attention(implementation='cudnn') cannot run here: "
+                + "; ".join(why)
+                + ". Use implementation='auto' (falls back to XLA) or 'xla'."
+            )
     # A boolean mask and segment ids go to cuDNN as a dense bias: on an H200 the trainer's step on
     # packed rows ran 1.9x faster than on the XLA path, whose f32 scores it keeps per layer
     # (docs/benchmarks.md §6). An additive bias is not sent there unasked (not measured).
@@ -233,19 +263,24 @@ def _check_order(what: str, *arrays) -> None:
     haliax = any(isinstance(a, (Axis, str)) for a in arrays)
     if len(arrays) != n or haliax:
         got = ", ".join(type(a).__name__ for a in arrays)
-        raise ArgumentTypeError(f"{what} takes the query, key (and value) NamedArrays first and the axis names by keyword "
-                                f"(QPos=, KPos=, HeadSize=), got ({got}); Haliax's order, {what}(KPos, Key, query, "
-                                f"key, ...), reads here as {what}(query, key, ..., KPos=KPos, HeadSize=Key)")
+        raise ArgumentTypeError(
+            f"{what} takes the query, key (and value) NamedArrays first and the axis names by keyword "
+            f"(QPos=, KPos=, HeadSize=), got ({got}); Haliax's order, {what}(KPos, Key, query, "
+            f"key, ...), reads here as {what}(query, key, ..., KPos=KPos, HeadSize=Key)"
+        )
 
 
 def _expect_named_inputs(what: str, **inputs) -> None:
     for arg, x in inputs.items():
         if x is not None:
             expect_named(x, what, arg)
+
+
 def _check_mask(what: str, mask) -> None:
     if mask is not None:
-        ops.check_bool_mask(mask, f"{what}: mask", "attend", "; pass an additive mask as bias= instead (it is added to "
-                            "the scores)")
+        ops.check_bool_mask(
+            mask, f"{what}: mask", "attend", "; pass an additive mask as bias= instead (it is added to the scores)"
+        )
 
 
 def _check_axes(what: str, query, key, value, qpos: str, kpos: str, hs: str, mask, bias) -> None:
@@ -263,8 +298,10 @@ def _with_one_query(fn, query, others, args: dict) -> NamedArray:
     """``fn`` for a query without a position axis: run with one of size 1, then drop it."""
     qpos = name_of(args["QPos"])
     if args.get("segment_ids") is not None:
-        raise AxisError(f"attention: segment_ids are per query position, but the query {format_axes(query.axes)} has no "
-                        f"{qpos!r} axis")
+        raise AxisError(
+            f"attention: segment_ids are per query position, but the query {format_axes(query.axes)} has no "
+            f"{qpos!r} axis"
+        )
     out = fn(query.broadcast_axis(Axis(qpos, 1)), *others, **args)
     return out[qpos, 0]
 
@@ -310,12 +347,26 @@ def dot_product_attention_weights(
     ``dot_product_attention``; the result has the query's axes without ``HeadSize``, then
     ``KPos``, in the query's dtype (the scores and softmax are computed in float32)."""
     _check_order("dot_product_attention_weights", query, key, *extra)
-    _expect_named_inputs("dot_product_attention_weights", query=query, key=key, mask=mask, bias=bias,
-                         segment_ids=segment_ids)
+    _expect_named_inputs(
+        "dot_product_attention_weights", query=query, key=key, mask=mask, bias=bias, segment_ids=segment_ids
+    )
     _check_mask("dot_product_attention_weights", mask)
     qpos, kpos, hs = name_of(QPos), name_of(KPos), name_of(HeadSize)
-    args = dict(QPos=QPos, KPos=KPos, HeadSize=HeadSize, Heads=Heads, KVHeads=KVHeads, causal=causal, mask=mask,
-                bias=bias, segment_ids=segment_ids, scale=scale, window=window, softcap=softcap, q_offset=q_offset)
+    args = dict(
+        QPos=QPos,
+        KPos=KPos,
+        HeadSize=HeadSize,
+        Heads=Heads,
+        KVHeads=KVHeads,
+        causal=causal,
+        mask=mask,
+        bias=bias,
+        segment_ids=segment_ids,
+        scale=scale,
+        window=window,
+        softcap=softcap,
+        q_offset=q_offset,
+    )
     if qpos not in query.names:
         return _with_one_query(dot_product_attention_weights, query, (key,), args)
     _check_axes("dot_product_attention_weights", query, key, None, qpos, kpos, hs, mask, bias)
@@ -338,8 +389,14 @@ def _check_scores_term(what: str, t, query, key, qpos: str, kpos: str) -> None:
     if t is None:
         return
     if kpos not in t.names:
-        hint = (f"; it has the query axis {qpos!r}: a per-token mask is over keys, build it with "
-                f"nn.padding_mask(...) (or rename {qpos!r} to {kpos!r})") if qpos in t.names else ""
+        hint = (
+            (
+                f"; it has the query axis {qpos!r}: a per-token mask is over keys, build it with "
+                f"nn.padding_mask(...) (or rename {qpos!r} to {kpos!r})"
+            )
+            if qpos in t.names
+            else ""
+        )
         raise AxisError(f"dot_product_attention: the {what} {format_axes(t.axes)} lacks the key axis {kpos!r}{hint}")
     extra = [a for a in t.axes if a.name not in query.names and a.name not in key.names]
     if extra:
@@ -348,8 +405,11 @@ def _check_scores_term(what: str, t, query, key, qpos: str, kpos: str) -> None:
 
 def _fused_unmet(mask, bias, segment_ids, softcap, window, q_offset) -> list[str]:
     """Why the fused kernel cannot take these arguments (besides the inputs: ``_cudnn_unmet``)."""
-    why = [f"{what} is given" for what, x in (("mask", mask), ("bias", bias), ("segment_ids", segment_ids),
-                                              ("softcap", softcap)) if x is not None]
+    why = [
+        f"{what} is given"
+        for what, x in (("mask", mask), ("bias", bias), ("segment_ids", segment_ids), ("softcap", softcap))
+        if x is not None
+    ]
     if window is not None and not isinstance(window, int):
         why.append("the window is traced (per-layer data), not an int")
     if not (isinstance(q_offset, int) and q_offset == 0):
@@ -377,7 +437,9 @@ def _combined_mask(query, key, qpos, kpos, causal, mask, segment_ids, q_offset=0
 def _xla_attention(query, key, value, qpos, kpos, hs, m, bias, scale, softcap):
     weights = _weights(query, key, kpos, hs, m, bias, scale, softcap).astype(value.dtype)
     out = dot(weights, value, axis=kpos)
-    return out.rearrange(tuple(n for n in query.names if n in out.names) + tuple(n for n in out.names if n not in query.names))
+    return out.rearrange(
+        tuple(n for n in query.names if n in out.names) + tuple(n for n in out.names if n not in query.names)
+    )
 
 
 def _weights(query, key, kpos, hs, m, bias, scale, softcap):
@@ -387,9 +449,17 @@ def _weights(query, key, kpos, hs, m, bias, scale, softcap):
     # Scores in dot_general's own output order (shared axes such as batch and heads, then the
     # query's, then the key's): any other order costs a transpose of the largest array here.
     shared = [n for n in query.names if n in key.names and n != hs]
-    order = shared + [n for n in query.names if n not in shared and n != hs] + [n for n in key.names if n not in shared and n != hs]
-    scores = einsum(f"{' '.join(query.names)}, {' '.join(key.names)} -> {' '.join(order)}", query, key,
-                    preferred_element_type=jnp.float32)
+    order = (
+        shared
+        + [n for n in query.names if n not in shared and n != hs]
+        + [n for n in key.names if n not in shared and n != hs]
+    )
+    scores = einsum(
+        f"{' '.join(query.names)}, {' '.join(key.names)} -> {' '.join(order)}",
+        query,
+        key,
+        preferred_element_type=jnp.float32,
+    )
     # Scale the float32 scores, not the query: q * scale in bf16 would round (as jax.nn does).
     scores = scores.astype(jnp.float32) * jnp.float32(scale)
     if softcap is not None:
@@ -430,10 +500,21 @@ def _fused_attention(query, key, value, qpos, kpos, hs, causal, mask, bias, scal
         return arr.reshape(math.prod(q.axis_size(n) for n in b), math.prod(q.axis_size(n) for n in g), T, S)
 
     out = jax.nn.dot_product_attention(
-        q.array.reshape(B, T, G, D), k.array.reshape(B, S, 1, D), v.array.reshape(B, S, 1, v.axis_size(hs)),
-        bias=bnts(None if bias is None else bias.astype(query.dtype)), mask=bnts(mask), scale=scale, is_causal=causal,
-        local_window_size=None if window is None else (window - 1, 0), implementation=implementation)
-    out_axes = tuple(q.resolve_axis(n) for n in batch_axes) + (q.resolve_axis(qpos),) + tuple(
-        q.resolve_axis(n) for n in q_only) + (v.resolve_axis(hs),)
+        q.array.reshape(B, T, G, D),
+        k.array.reshape(B, S, 1, D),
+        v.array.reshape(B, S, 1, v.axis_size(hs)),
+        bias=bnts(None if bias is None else bias.astype(query.dtype)),
+        mask=bnts(mask),
+        scale=scale,
+        is_causal=causal,
+        local_window_size=None if window is None else (window - 1, 0),
+        implementation=implementation,
+    )
+    out_axes = (
+        tuple(q.resolve_axis(n) for n in batch_axes)
+        + (q.resolve_axis(qpos),)
+        + tuple(q.resolve_axis(n) for n in q_only)
+        + (v.resolve_axis(hs),)
+    )
     res = NamedArray(out.reshape(tuple(a.size for a in out_axes)), out_axes)
     return res.rearrange(query.names)

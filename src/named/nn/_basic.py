@@ -8,10 +8,19 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._axis import (ArgumentError, ArgumentTypeError, Axis, AxisError, AxisSelection, AxisSelector, NamedError,
-                     format_axes, names_of)
+from .. import _ops as ops
+from .. import random as nm_random
+from .._axis import (
+    ArgumentError,
+    ArgumentTypeError,
+    Axis,
+    AxisError,
+    AxisSelection,
+    AxisSelector,
+    format_axes,
+    names_of,
+)
 from .._core import NamedArray, expect_named
-from .. import _ops as ops, random as nm_random
 from .._ops import elu, gelu, leaky_relu, log_sigmoid, relu, relu6, sigmoid, silu, softplus, swish  # noqa: F401  (nn.relu, ...)
 from .._shape import split
 from ._linear import Linear
@@ -115,7 +124,9 @@ class Dropout(eqx.Module):
         if inference or self.pdrop == 0.0:
             return x
         if key is None:
-            raise ArgumentError(f"Dropout(pdrop={self.pdrop}) is active and needs key=; pass inference=True to disable it")
+            raise ArgumentError(
+                f"Dropout(pdrop={self.pdrop}) is active and needs key=; pass inference=True to disable it"
+            )
         if isinstance(key, NamedArray):  # a per-layer key sliced from nm.named(keys, "layers") by Stacked
             if key.axes:
                 raise ArgumentError(f"Dropout needs a single key, got keys with axes {format_axes(key.axes)}")
@@ -145,9 +156,19 @@ class MLP(eqx.Module):
     hidden: tuple[Linear, ...] = ()  # the layers between up and down (depth >= 2)
 
     @staticmethod
-    def init(In: AxisSelection, Out: AxisSelection, width: int | Axis | None = None, depth: int | None = None,
-             activation: str | Callable[[NamedArray], NamedArray] = "gelu", *, key, gated: bool = False,
-             use_bias: bool = True, use_final_bias: bool | None = None, dtype=jnp.float32) -> MLP:
+    def init(
+        In: AxisSelection,
+        Out: AxisSelection,
+        width: int | Axis | None = None,
+        depth: int | None = None,
+        activation: str | Callable[[NamedArray], NamedArray] = "gelu",
+        *,
+        key,
+        gated: bool = False,
+        use_bias: bool = True,
+        use_final_bias: bool | None = None,
+        dtype=jnp.float32,
+    ) -> MLP:
         """Two forms.
 
         ``MLP.init(Embed, Mlp, key=k)`` (no ``width``/``depth``) is the Transformer feed-forward
@@ -187,7 +208,9 @@ class MLP(eqx.Module):
         ends = set(names_of(In)) | set(names_of(Out))
         clash = sorted(ends & ({Width.name, Width2.name} if depth > 1 else {Width.name} if depth else set()))
         if clash:
-            raise AxisError(f"MLP: the hidden axis {clash[0]!r} is also an input or output axis; pass width=Axis('hidden', n)")
+            raise AxisError(
+                f"MLP: the hidden axis {clash[0]!r} is also an input or output axis; pass width=Axis('hidden', n)"
+            )
         final_bias = use_bias if use_final_bias is None else use_final_bias
         if depth == 0:
             return MLP(None, Linear.init(In, Out, key=key, use_bias=final_bias, dtype=dtype), None, activation)

@@ -16,8 +16,18 @@ import jax
 
 from .._axis import Axis, AxisError, NamedError
 from .._remat import Remat, remat_policy, with_remat
-from ._stacked import (M, _call, argument_slices, as_method, block_init_function, check_every, checkpointing, layer_index,
-                       layers_axis, stack_layers)
+from ._stacked import (
+    M,
+    _call,
+    argument_slices,
+    as_method,
+    block_init_function,
+    check_every,
+    checkpointing,
+    layer_index,
+    layers_axis,
+    stack_layers,
+)
 
 
 class BlockSeq(eqx.Module, Generic[M]):
@@ -34,8 +44,16 @@ class BlockSeq(eqx.Module, Generic[M]):
         check_every(self.remat, self.Layers)
 
     @staticmethod
-    def init(Layers: Axis, block_init: Callable[..., M] | Sequence[Callable[..., M]], *args, key=None, remat="none",
-             gradient_checkpointing=None, prevent_cse=None, **kwargs):
+    def init(
+        Layers: Axis,
+        block_init: Callable[..., M] | Sequence[Callable[..., M]],
+        *args,
+        key=None,
+        remat="none",
+        gradient_checkpointing=None,
+        prevent_cse=None,
+        **kwargs,
+    ):
         """``block_init(*args, key=k, **kwargs)`` for each layer, or the i-th of a list of such
         functions for layer i; the keys are those of ``Stacked.init`` (split ``Layers.size`` ways),
         so the same ``block_init`` gives the same weights. Without ``key=``, Haliax's curried
@@ -43,20 +61,26 @@ class BlockSeq(eqx.Module, Generic[M]):
         layer's slice of the arguments, as ``Stacked.init`` does."""
         if not isinstance(Layers, Axis):
             raise AxisError(f"BlockSeq needs a Layers Axis with a size, got {Layers!r}")
-        inits = [block_init_function(block_init)] * Layers.size if callable(block_init) else [
-            block_init_function(f) for f in block_init]
+        inits = (
+            [block_init_function(block_init)] * Layers.size
+            if callable(block_init)
+            else [block_init_function(f) for f in block_init]
+        )
         if len(inits) != Layers.size:
             raise AxisError(f"BlockSeq.init: {len(inits)} block functions for {Layers.name!r} of size {Layers.size}")
         remat = checkpointing(remat, gradient_checkpointing, prevent_cse, Layers)
         if key is None:
             if args or kwargs:
-                raise NamedError("BlockSeq.init without key= is Haliax's curried form: BlockSeq.init(Layers, Block)(*args, "
-                                 "key=jax.random.split(key, n), ...); ours takes the block's arguments and key= at once")
+                raise NamedError(
+                    "BlockSeq.init without key= is Haliax's curried form: BlockSeq.init(Layers, Block)(*args, "
+                    "key=jax.random.split(key, n), ...); ours takes the block's arguments and key= at once"
+                )
 
             def curried(*a, **kw) -> BlockSeq:
                 layer = argument_slices((a, kw), Layers, "BlockSeq.init")
-                return BlockSeq(tuple(f(*la, **lkw) for f, (la, lkw) in zip(inits, map(layer, range(Layers.size)))),
-                                Layers, remat)
+                return BlockSeq(
+                    tuple(f(*la, **lkw) for f, (la, lkw) in zip(inits, map(layer, range(Layers.size)))), Layers, remat
+                )
 
             return curried
         keys = jax.random.split(key, Layers.size)
@@ -128,7 +152,7 @@ class BlockSeq(eqx.Module, Generic[M]):
         for g in range(0, len(self.blocks), k):
             # As in Stacked: a group of ``every`` layers is checkpointed whole, keeping only its input.
             group = run_layers if k == 1 else eqx.filter_checkpoint(run_layers, policy=None, prevent_cse=False)
-            x, group_ys = group(x, g, self.blocks[g:g + k])
+            x, group_ys = group(x, g, self.blocks[g : g + k])
             ys += group_ys
         if not with_ys:
             return x
@@ -151,4 +175,3 @@ class BlockSeq(eqx.Module, Generic[M]):
 
     def unstacked(self) -> list[M]:
         return list(self.blocks)
-

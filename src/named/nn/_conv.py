@@ -15,9 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import random as nmr
 from .._axis import ArgumentError, Axis, AxisError, AxisSelection, format_axes, name_of, names_of
 from .._core import NamedArray, expect_named
-from .. import random as nmr
 from ..partitioning import shard
 
 _BATCH = "__conv_batch__"  # the batch axes folded into one, for the few calls that need exactly one
@@ -74,14 +74,21 @@ def padding_spec(padding, names: tuple[str, ...], what: str):
     elif isinstance(padding, (tuple, list)) and len(padding) == len(names):
         entries = tuple(padding)
     else:
-        raise ArgumentError(f"{what}: padding={padding!r}; give one int, one int or (low, high) pair per axis {names}, "
-                            "or a dict by name")
+        raise ArgumentError(
+            f"{what}: padding={padding!r}; give one int, one int or (low, high) pair per axis {names}, "
+            "or a dict by name"
+        )
     pairs = []
     for n, e in zip(names, entries):
         pair = (e, e) if isinstance(e, (int, np.integer)) else tuple(e) if isinstance(e, (tuple, list)) else None
-        if pair is None or len(pair) != 2 or any(isinstance(p, bool) or not isinstance(p, (int, np.integer)) or p < 0
-                                                 for p in pair):
-            raise ArgumentError(f"{what}: padding of axis {n!r} must be an int >= 0 or a (low, high) pair of them, got {e!r}")
+        if (
+            pair is None
+            or len(pair) != 2
+            or any(isinstance(p, bool) or not isinstance(p, (int, np.integer)) or p < 0 for p in pair)
+        ):
+            raise ArgumentError(
+                f"{what}: padding of axis {n!r} must be an int >= 0 or a (low, high) pair of them, got {e!r}"
+            )
         pairs.append((int(pair[0]), int(pair[1])))
     return tuple(pairs)
 
@@ -97,8 +104,10 @@ def output_size(what: str, axis: Axis, pad: tuple[int, int], window: int, stride
     """Windows that fit along ``axis`` after padding; a window larger than the padded axis is an error."""
     span = axis.size + pad[0] + pad[1]
     if window > span:
-        raise ArgumentError(f"{what}: the window of {window} along axis {axis.name!r} is larger than the axis "
-                            f"(size {axis.size}, padded {pad} to {span}); pad it or use a smaller kernel")
+        raise ArgumentError(
+            f"{what}: the window of {window} along axis {axis.name!r} is larger than the axis "
+            f"(size {axis.size}, padded {pad} to {span}); pad it or use a smaller kernel"
+        )
     return (span - window) // stride + 1
 
 
@@ -127,8 +136,13 @@ def _geometry(what: str, Spatial, In: Axis, Out: Axis, groups, kernel_size, stri
     if set(names) & {In.name, Out.name}:
         raise AxisError(f"{what}: the channel axes {In.name!r}/{Out.name!r} cannot also be spatial axes {names}")
     groups = _check_groups(groups, In, Out, what)
-    return (names, groups, per_axis(kernel_size, names, f"{what} kernel_size"), per_axis(stride, names, f"{what} stride"),
-            per_axis(dilation, names, f"{what} dilation"))
+    return (
+        names,
+        groups,
+        per_axis(kernel_size, names, f"{what} kernel_size"),
+        per_axis(stride, names, f"{what} stride"),
+        per_axis(dilation, names, f"{what} dilation"),
+    )
 
 
 def _layout(x: NamedArray, spatial: tuple[str, ...], In: Axis, what: str):
@@ -206,8 +220,20 @@ class Conv(eqx.Module):
     groups: int = eqx.field(static=True)
 
     @staticmethod
-    def init(Spatial: AxisSelection, In: Axis, Out: Axis, kernel_size, stride=1, padding=0, dilation=1, groups: int = 1,
-             use_bias: bool = True, *, key, dtype=jnp.float32) -> Conv:
+    def init(
+        Spatial: AxisSelection,
+        In: Axis,
+        Out: Axis,
+        kernel_size,
+        stride=1,
+        padding=0,
+        dilation=1,
+        groups: int = 1,
+        use_bias: bool = True,
+        *,
+        key,
+        dtype=jnp.float32,
+    ) -> Conv:
         """Args:
             Spatial: the names of the 1, 2 or 3 spatial axes (``"height width"``, ``("height", "width")``).
             In, Out: the input and output channel axes (they may share a name: the output's replaces the input's).
@@ -221,8 +247,9 @@ class Conv(eqx.Module):
 
         Weights and bias are uniform in ``±1/sqrt(fan_in)``, ``fan_in = In.size / groups * prod(kernel_size)``.
         """
-        names, groups, kernel_size, stride, dilation = _geometry("Conv", Spatial, In, Out, groups, kernel_size, stride,
-                                                                 dilation)
+        names, groups, kernel_size, stride, dilation = _geometry(
+            "Conv", Spatial, In, Out, groups, kernel_size, stride, dilation
+        )
         padding = padding_spec(padding, names, "Conv")
         kernel_in = _kernel_axis(In, Out, groups, "_in")
         axes = (Out, kernel_in, *(Axis(n, k) for n, k in zip(names, kernel_size)))
@@ -237,9 +264,19 @@ class Conv(eqx.Module):
         windows = [d * (k - 1) + 1 for k, d in zip(self.kernel_size, self.dilation)]
         pads = explicit_padding(self.padding, [a.size for a in axes], windows, self.stride)
         out_sizes = [output_size("Conv", a, p, w, s) for a, p, w, s in zip(axes, pads, windows, self.stride)]
-        y = _convolve(folded, self.weight.array, self.In, self.Out, self.Spatial, batch, out_sizes,
-                      window_strides=self.stride, padding=pads, rhs_dilation=self.dilation,
-                      feature_group_count=self.groups)
+        y = _convolve(
+            folded,
+            self.weight.array,
+            self.In,
+            self.Out,
+            self.Spatial,
+            batch,
+            out_sizes,
+            window_strides=self.stride,
+            padding=pads,
+            rhs_dilation=self.dilation,
+            feature_group_count=self.groups,
+        )
         return _finish(y, x.axes, self.In, self.Out, self.bias)
 
 
@@ -267,18 +304,34 @@ class ConvTranspose(eqx.Module):
     groups: int = eqx.field(static=True)
 
     @staticmethod
-    def init(Spatial: AxisSelection, In: Axis, Out: Axis, kernel_size, stride=1, padding=0, output_padding=0,
-             dilation=1, groups: int = 1, use_bias: bool = True, *, key, dtype=jnp.float32) -> ConvTranspose:
+    def init(
+        Spatial: AxisSelection,
+        In: Axis,
+        Out: Axis,
+        kernel_size,
+        stride=1,
+        padding=0,
+        output_padding=0,
+        dilation=1,
+        groups: int = 1,
+        use_bias: bool = True,
+        *,
+        key,
+        dtype=jnp.float32,
+    ) -> ConvTranspose:
         """Arguments as :meth:`Conv.init`, plus ``output_padding`` (per axis, as ``stride``): extra
         entries at the high end of each spatial axis, smaller than that axis's stride or dilation
         (it picks among the input sizes a strided Conv maps to the same output size)."""
-        names, groups, kernel_size, stride, dilation = _geometry("ConvTranspose", Spatial, In, Out, groups, kernel_size,
-                                                                 stride, dilation)
+        names, groups, kernel_size, stride, dilation = _geometry(
+            "ConvTranspose", Spatial, In, Out, groups, kernel_size, stride, dilation
+        )
         output_padding = per_axis(output_padding, names, "ConvTranspose output_padding", minimum=0)
         for n, op, s, d in zip(names, output_padding, stride, dilation):
             if op >= max(s, d):
-                raise ArgumentError(f"ConvTranspose: output_padding {op} on axis {n!r} must be smaller than its stride "
-                                    f"{s} or dilation {d}")
+                raise ArgumentError(
+                    f"ConvTranspose: output_padding {op} on axis {n!r} must be smaller than its stride "
+                    f"{s} or dilation {d}"
+                )
         padding = padding_spec(padding, names, "ConvTranspose")
         if padding == "VALID":
             padding = ((0, 0),) * len(names)
@@ -292,7 +345,9 @@ class ConvTranspose(eqx.Module):
         axes = (In, kernel_out, *(Axis(n, k) for n, k in zip(names, kernel_size)))
         # torch's fan-in for a transposed kernel: its dimension 1 (Out / groups) times the kernel size
         weight, bias = _init_weights(key, axes, kernel_out.size * math.prod(kernel_size), Out, use_bias, dtype)
-        return ConvTranspose(weight, bias, names, In, Out, kernel_size, stride, padding, output_padding, dilation, groups)
+        return ConvTranspose(
+            weight, bias, names, In, Out, kernel_size, stride, padding, output_padding, dilation, groups
+        )
 
     def _conv_kernel(self) -> jax.Array:
         """The kernel of the equivalent forward convolution: (Out, In / groups, *spatial), flipped in space."""
@@ -304,11 +359,14 @@ class ConvTranspose(eqx.Module):
 
     def __call__(self, x: NamedArray, *, key=None) -> NamedArray:
         if self.Out.name != self.In.name and self.Out.name in getattr(x, "names", ()):
-            raise AxisError(f"ConvTranspose makes axis {self.Out.name!r} but the input {format_axes(x.axes)} already has it")
+            raise AxisError(
+                f"ConvTranspose makes axis {self.Out.name!r} but the input {format_axes(x.axes)} already has it"
+            )
         folded, batch = _layout(x, self.Spatial, self.In, "ConvTranspose")
         pads, out_sizes = [], []
-        for n, k, s, d, (lo, hi), op in zip(self.Spatial, self.kernel_size, self.stride, self.dilation, self.padding,
-                                            self.output_padding):
+        for n, k, s, d, (lo, hi), op in zip(
+            self.Spatial, self.kernel_size, self.stride, self.dilation, self.padding, self.output_padding
+        ):
             a, reach = folded.resolve_axis(n), d * (k - 1)
             # the input dilated by the stride, padded so that a plain conv of the flipped kernel is the transpose
             pads.append((reach - lo, reach - hi + op))
@@ -316,7 +374,18 @@ class ConvTranspose(eqx.Module):
             if size < 1:
                 raise ArgumentError(f"ConvTranspose: padding {(lo, hi)} on axis {n!r} (size {a.size}) leaves no output")
             out_sizes.append(size)
-        y = _convolve(folded, self._conv_kernel(), self.In, self.Out, self.Spatial, batch, out_sizes,
-                      window_strides=(1,) * len(self.Spatial), padding=pads, lhs_dilation=self.stride,
-                      rhs_dilation=self.dilation, feature_group_count=self.groups)
+        y = _convolve(
+            folded,
+            self._conv_kernel(),
+            self.In,
+            self.Out,
+            self.Spatial,
+            batch,
+            out_sizes,
+            window_strides=(1,) * len(self.Spatial),
+            padding=pads,
+            lhs_dilation=self.stride,
+            rhs_dilation=self.dilation,
+            feature_group_count=self.groups,
+        )
         return _finish(y, x.axes, self.In, self.Out, self.bias)

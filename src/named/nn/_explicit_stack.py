@@ -40,13 +40,21 @@ from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
 from .. import _compat
 from .._axis import ArgumentError, ArgumentTypeError, Axis, NamedError
-from .._context import (FrozenMapping, _check_mapping_values, body_context, current_body, current_layer_driver,
-                        layer_driver_context, part_of_block)
+from .._context import (
+    FrozenMapping,
+    _check_mapping_values,
+    body_context,
+    current_body,
+    current_layer_driver,
+    layer_driver_context,
+    part_of_block,
+)
 from .._core import NamedArray, is_named_array
 from .._local import CollectiveOrder, _split_over, join_blocks, split_block
 from .._transforms import _Outputs, _Split, _where
 from ..explicit import all_gather, shard_map
 from ..partitioning import ShardingError, _mesh_axes
+
 
 @dataclasses.dataclass(frozen=True)
 class ExplicitStack:
@@ -70,8 +78,10 @@ class ExplicitStack:
                 raise ShardingError(f"ExplicitStack {field}: {e}") from None
             object.__setattr__(self, field, FrozenMapping(mapping))
         if self.mesh is not None and not isinstance(self.mesh, (jax.sharding.Mesh, jax.sharding.AbstractMesh)):
-            raise ShardingError(f"ExplicitStack: mesh= takes a jax mesh (nm.make_mesh) or None (the current one), "
-                                f"got {type(self.mesh).__name__}")
+            raise ShardingError(
+                f"ExplicitStack: mesh= takes a jax mesh (nm.make_mesh) or None (the current one), "
+                f"got {type(self.mesh).__name__}"
+            )
         independent = (self.independent,) if isinstance(self.independent, str) else tuple(self.independent)
         object.__setattr__(self, "independent", independent)
         if isinstance(self.batch_split, bool) or not isinstance(self.batch_split, int) or self.batch_split < 1:
@@ -90,12 +100,14 @@ class ExplicitStack:
                 raise ShardingError(
                     f"explicit mode: the compute mapping splits {n!r} over {list(c)} but the parameter mapping "
                     f"{'over ' + str(list(p)) if p else 'keeps it whole'}; a weight axis that activations split "
-                    f"(tensor or expert parallelism) must be stored split the same way")
+                    f"(tensor or expert parallelism) must be stored split the same way"
+                )
             if n not in weight_axes and n in carried_axes and n not in self.independent:
                 raise ShardingError(
                     f"explicit mode: the compute mapping splits {n!r}, an axis the layers mix (attention over "
                     f"positions, norms over features); only {list(self.independent)} and the weights' own "
-                    f"axes may be split in the layer stack")
+                    f"axes may be split in the layer stack"
+                )
 
     def keeps_split(self, a: Axis) -> bool:
         """A stored weight axis the layers use split as it is (tensor/expert parallelism)."""
@@ -103,24 +115,34 @@ class ExplicitStack:
 
     def run(self, stacked, step, x, args, kwargs):
         """``step(block, x, *args, **kwargs) -> (x, y)`` over the layers of ``stacked``, per device."""
+
         def names(tree):
-            return {n for w in jax.tree.leaves(tree, is_leaf=is_named_array) if isinstance(w, NamedArray) for n in w.names}
+            return {
+                n for w in jax.tree.leaves(tree, is_leaf=is_named_array) if isinstance(w, NamedArray) for n in w.names
+            }
 
         self.check(names(stacked.stacked) - {stacked.Layers.name}, names((x, args, kwargs)))
         for path, leaf in jax.tree_util.tree_leaves_with_path((args, kwargs), is_leaf=is_named_array):
             if not isinstance(leaf, NamedArray) and eqx.is_array(leaf) and leaf.ndim:
                 # the local stack slices what names say: a plain per-layer argument would reach every layer whole
-                raise ShardingError(f"explicit mode: the layer argument {_where(path)} is a plain array of "
-                                    f"shape {tuple(leaf.shape)}; give per-layer arguments as NamedArrays "
-                                    f"(nm.named(a, ({stacked.Layers.name!r}, ...))) so that each device slices them")
+                raise ShardingError(
+                    f"explicit mode: the layer argument {_where(path)} is a plain array of "
+                    f"shape {tuple(leaf.shape)}; give per-layer arguments as NamedArrays "
+                    f"(nm.named(a, ({stacked.Layers.name!r}, ...))) so that each device slices them"
+                )
         if self.batch_split > 1:
             cut = self.independent[0]
-            whole = [w for w in jax.tree.leaves(x, is_leaf=is_named_array) if not (isinstance(w, NamedArray) and cut in w.names)]
+            whole = [
+                w
+                for w in jax.tree.leaves(x, is_leaf=is_named_array)
+                if not (isinstance(w, NamedArray) and cut in w.names)
+            ]
             if whole:
                 raise ShardingError(
                     f"explicit mode: batch_split={self.batch_split} cuts the layers' carry along {cut!r}, but a carried "
                     f"value {'has axes ' + str(whole[0].axes) if isinstance(whole[0], NamedArray) else 'is not a NamedArray'} "
-                    f"without it")
+                    f"without it"
+                )
 
         def body(weights, carry, a, kw):
             return _PrefetchedScan(self, step, stacked.Layers, weights, a, kw)(carry)
@@ -147,13 +169,18 @@ class _PrefetchedScan:
         n_weights = len(jax.tree.leaves(weights, is_leaf=is_named_array))
         self.weights = [j for j, k in enumerate(self.split.mapped) if k < n_weights]  # positions among mapped
         self.layered = self.split.mapped_arrays(front=True)  # weights and per-layer arguments, layers in front
-        self.shared = [k for k, leaf in enumerate(self.split.leaves)
-                       if k not in self.split.positions and eqx.is_array(leaf if not isinstance(leaf, NamedArray) else leaf.array)]
+        self.shared = [
+            k
+            for k, leaf in enumerate(self.split.leaves)
+            if k not in self.split.positions and eqx.is_array(leaf if not isinstance(leaf, NamedArray) else leaf.array)
+        ]
         # What each weight's gather makes whole: the axes its stored layout splits and the layers do not.
         self.gather_axes: dict[int, list[str]] = {}
         for j in self.weights:
             k = self.split.mapped[j]
-            self.gather_axes[j] = [a.name for a in self.split.inner_axes[k] if _split_over(a) and not driver.keeps_split(a)]
+            self.gather_axes[j] = [
+                a.name for a in self.split.inner_axes[k] if _split_over(a) and not driver.keeps_split(a)
+            ]
 
     # -- pieces of one layer --
 
@@ -177,7 +204,9 @@ class _PrefetchedScan:
             axes = self.split.inner_axes[k]
             if j in self.gather_axes:
                 raw = next(it_g)
-                axes = tuple(a if a.name not in self.gather_axes[j] else Axis(a.name, n) for a, n in zip(axes, raw.shape))
+                axes = tuple(
+                    a if a.name not in self.gather_axes[j] else Axis(a.name, n) for a, n in zip(axes, raw.shape)
+                )
                 leaves[k] = NamedArray._unchecked(raw, axes)
             else:
                 leaves[k] = NamedArray._unchecked(next(it_a), axes)
@@ -219,15 +248,20 @@ class _PrefetchedScan:
         return _join([o[0] for o in outs], cut), _join([o[1] for o in outs], cut)
 
     def _args_at(self, layered, i):
-        return [lax.dynamic_index_in_dim(layered[j], i, keepdims=False)
-                for j in range(len(self.split.mapped)) if j not in self.gather_axes]
+        return [
+            lax.dynamic_index_in_dim(layered[j], i, keepdims=False)
+            for j in range(len(self.split.mapped))
+            if j not in self.gather_axes
+        ]
 
     # -- the scan --
 
     def __call__(self, carry):
         self.outs = _Outputs()
-        shared = [self.split.leaves[k].array if isinstance(self.split.leaves[k], NamedArray) else self.split.leaves[k]
-                  for k in self.shared]
+        shared = [
+            self.split.leaves[k].array if isinstance(self.split.leaves[k], NamedArray) else self.split.leaves[k]
+            for k in self.shared
+        ]
         carry_out, ys = self._scan(self.layered, carry, shared)
         return carry_out, self.outs.restore(ys, Axis(self.split.name, self.L))
 
@@ -271,7 +305,7 @@ class _PrefetchedScan:
         layered, inputs, shared = saved
         ct_carry, ct_ys = cotangents
         L = self.L
-        want_layered, want_shared = self.wanted[:len(layered)], self.wanted[len(layered):]
+        want_layered, want_shared = self.wanted[: len(layered)], self.wanted[len(layered) :]
         want_w = [want_layered[j] for j in self.weights]
         args_j = [j for j in range(len(layered)) if j not in self.gather_axes]
         want_args = [want_layered[j] for j in args_j]
@@ -283,21 +317,30 @@ class _PrefetchedScan:
             layer_args = self._args_at(layered, i)
 
             def layer(w_diff, x, args_diff, shared_diff):
-                return self._call(_merge(gathered, w_diff, want_w), x, _merge(layer_args, args_diff, want_args),
-                                  _merge(shared, shared_diff, want_shared))
+                return self._call(
+                    _merge(gathered, w_diff, want_w),
+                    x,
+                    _merge(layer_args, args_diff, want_args),
+                    _merge(shared, shared_diff, want_shared),
+                )
 
-            _, vjp = jax.vjp(layer, _only(gathered, want_w), x, _only(layer_args, want_args), _only(shared, want_shared))
+            _, vjp = jax.vjp(
+                layer, _only(gathered, want_w), x, _only(layer_args, want_args), _only(shared, want_shared)
+            )
             ct_g, ct_x, ct_args, ct_sh = vjp((ct_x, ct_y))
             # The transpose of this layer's gathers: each weight's gradient reduce-scattered now.
-            ct_w = [self._scatter(j, lax.dynamic_index_in_dim(layered[j], i, keepdims=False), g)
-                    for j, g in zip(_only(self.weights, want_w), ct_g)]
+            ct_w = [
+                self._scatter(j, lax.dynamic_index_in_dim(layered[j], i, keepdims=False), g)
+                for j, g in zip(_only(self.weights, want_w), ct_g)
+            ]
             ct_shared = jax.tree.map(jnp.add, ct_shared, ct_sh)
             return (ct_x, prefetched, ct_shared), (ct_w, ct_args)
 
         last = self._gathered_layer(layered, L - 1)
         zero_shared = [jnp.zeros_like(v) for v in _only(shared, want_shared)]
         (ct_carry, _, ct_sh), (ct_w, ct_args) = lax.scan(
-            body, (ct_carry, last, zero_shared), (jnp.arange(L), inputs, ct_ys), reverse=True)
+            body, (ct_carry, last, zero_shared), (jnp.arange(L), inputs, ct_ys), reverse=True
+        )
         ct_layered = [None] * len(layered)  # None: no gradient (frozen, integer or key inputs)
         for j, g in zip(_only(self.weights, want_w), ct_w):
             ct_layered[j] = g
@@ -326,8 +369,10 @@ def _join(outs: list, cut: str):
             mean = sum((c.array if isinstance(c, NamedArray) else c) for c in col) / len(col)
             joined.append(NamedArray._unchecked(mean, v.axes) if isinstance(v, NamedArray) else mean)
         elif eqx.is_array(raw):
-            raise NamedError(f"explicit mode's batch split: a layer output of dtype {raw.dtype} without axis {cut!r} "
-                             f"cannot be put together from the pieces of the batch; give it the {cut!r} axis")
+            raise NamedError(
+                f"explicit mode's batch split: a layer output of dtype {raw.dtype} without axis {cut!r} "
+                f"cannot be put together from the pieces of the batch; give it the {cut!r} axis"
+            )
         else:
             joined.append(v)
     return jax.tree.unflatten(flat[0][1], joined)

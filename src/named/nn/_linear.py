@@ -9,15 +9,14 @@ import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 
+from .. import random as nmr
 from .._axis import ArgumentError, Axis, AxisError, AxisSelection, NamedError, as_selectors, format_axes
 from .._core import NamedArray, expect_named
 from .._einsum import dot
 from .._index import concrete, first_flagged
-from .. import random as nmr
-from ..partitioning import shard
 from .._shape import zeros
+from ..partitioning import shard
 from ._reparam import AbstractLinearReparam, LinearStandardParam
-
 
 # std of a standard normal truncated to [-2, 2] (jax.random.truncated_normal's default bounds);
 # dividing by it makes the weights' std what init() says (as jax.nn.initializers.variance_scaling does).
@@ -57,9 +56,17 @@ class Linear(eqx.Module):
     reparam_cls: type[AbstractLinearReparam] = eqx.field(static=True, default=LinearStandardParam)
 
     @staticmethod
-    def init(In: AxisSelection, Out: AxisSelection, *, key, use_bias: bool = True, init_scale: float = 1.0,
-             dtype=jnp.float32, out_first: bool = False,
-             reparam_cls: type[AbstractLinearReparam] = LinearStandardParam) -> Linear:
+    def init(
+        In: AxisSelection,
+        Out: AxisSelection,
+        *,
+        key,
+        use_bias: bool = True,
+        init_scale: float = 1.0,
+        dtype=jnp.float32,
+        out_first: bool = False,
+        reparam_cls: type[AbstractLinearReparam] = LinearStandardParam,
+    ) -> Linear:
         """Weights ~ normal truncated at two standard deviations, with std ``init_scale *
         reparam_cls.init_scale(In, Out)`` (the standard ``1 / sqrt(fan_in)``, fan_in = product of
         the In sizes); bias zero."""
@@ -69,8 +76,10 @@ class Linear(eqx.Module):
         if clash:
             raise AxisError(f"Linear: axes {sorted(clash)} are both input and output; rename the output axis")
         if not (isinstance(reparam_cls, type) and issubclass(reparam_cls, AbstractLinearReparam)):
-            raise ArgumentError(f"Linear: reparam_cls must be a class from nn.mup (LinearStandardParam, InputLinearMup, "
-                                f"HiddenLinearMup, OutputLinearMup), got {reparam_cls!r}")
+            raise ArgumentError(
+                f"Linear: reparam_cls must be a class from nn.mup (LinearStandardParam, InputLinearMup, "
+                f"HiddenLinearMup, OutputLinearMup), got {reparam_cls!r}"
+            )
         std = init_scale * reparam_cls.init_scale(In, Out) / _TRUNCATED_NORMAL_STD
         w = nmr.truncated_normal(key, (outs + ins) if out_first else (ins + outs), dtype) * std
         b = zeros(outs, dtype) if use_bias else None
@@ -91,7 +100,6 @@ class Linear(eqx.Module):
             y = y + self.bias
         return shard(y)
 
-
     # -- torch's layout, for state dicts with flatten=True (Haliax's flatten_for_export) --
 
     def flatten_for_export(self) -> Linear:
@@ -104,8 +112,17 @@ class Linear(eqx.Module):
         extra = tuple(a.name for a in self.weight.axes if a not in ins + outs)
         w = self.weight.rearrange(extra + tuple(a.name for a in outs + ins))
         w = _merge(_merge(w, outs, Out), ins, In)
-        b = None if self.bias is None else _merge(self.bias.rearrange(
-            tuple(a.name for a in self.bias.axes if a not in outs) + tuple(a.name for a in outs)), outs, Out)
+        b = (
+            None
+            if self.bias is None
+            else _merge(
+                self.bias.rearrange(
+                    tuple(a.name for a in self.bias.axes if a not in outs) + tuple(a.name for a in outs)
+                ),
+                outs,
+                Out,
+            )
+        )
         return dataclasses.replace(self, weight=w, bias=b, In=In, Out=Out)
 
     def unflatten_from_export(self, template: Linear) -> Linear:
@@ -114,8 +131,11 @@ class Linear(eqx.Module):
         ins, outs = as_selectors(template.In), as_selectors(template.Out)
         w = _split(_split(self.weight, _flat_axis(outs, "__OUT__"), outs), _flat_axis(ins, "__IN__"), ins)
         b = None if self.bias is None else _split(self.bias, _flat_axis(outs, "__OUT__"), outs)
-        return dataclasses.replace(template, weight=w.rearrange(template.weight.names),
-                                   bias=None if b is None else b.rearrange(template.bias.names))
+        return dataclasses.replace(
+            template,
+            weight=w.rearrange(template.weight.names),
+            bias=None if b is None else b.rearrange(template.bias.names),
+        )
 
 
 def _flat_axis(axes: tuple[Axis, ...], name: str) -> Axis:
@@ -127,7 +147,7 @@ def _merge(x: NamedArray, axes: tuple[Axis, ...], into: Axis) -> NamedArray:
     if len(axes) == 1:
         return x
     i = x.index_of(axes[0])
-    new = x.axes[:i] + (into,) + x.axes[i + len(axes):]
+    new = x.axes[:i] + (into,) + x.axes[i + len(axes) :]
     return NamedArray._unchecked(x.array.reshape(tuple(a.size for a in new)), new)
 
 
@@ -135,7 +155,7 @@ def _split(x: NamedArray, flat: Axis, axes: tuple[Axis, ...]) -> NamedArray:
     if len(axes) == 1:
         return x
     i = x.index_of(flat)
-    new = x.axes[:i] + axes + x.axes[i + 1:]
+    new = x.axes[:i] + axes + x.axes[i + 1 :]
     return NamedArray._unchecked(x.array.reshape(tuple(a.size for a in new)), new)
 
 
@@ -151,8 +171,10 @@ def check_input(layer, x: NamedArray) -> None:
     # (a silent wrong answer), not created.
     taken = [a.name for a in outs if a.name in x.names]
     if taken:
-        raise AxisError(f"{what} produces axes {format_axes(outs)} but the input {format_axes(x.axes)} already has "
-                        f"{taken}; rename that input axis first")
+        raise AxisError(
+            f"{what} produces axes {format_axes(outs)} but the input {format_axes(x.axes)} already has "
+            f"{taken}; rename that input axis first"
+        )
 
 
 class Embedding(eqx.Module):
@@ -174,8 +196,9 @@ class Embedding(eqx.Module):
     check_ids: bool = eqx.field(static=True, default=False)
 
     @staticmethod
-    def init(Vocab: Axis, Embed: Axis, *, key, init_scale: float = 0.02, dtype=jnp.float32,
-             check_ids: bool = False) -> Embedding:
+    def init(
+        Vocab: Axis, Embed: Axis, *, key, init_scale: float = 0.02, dtype=jnp.float32, check_ids: bool = False
+    ) -> Embedding:
         w = nmr.normal(key, (Vocab, Embed), dtype) * init_scale
         return Embedding(w, Vocab, Embed, check_ids)
 
@@ -187,9 +210,16 @@ class Embedding(eqx.Module):
         bad = _outside(ids, self.Vocab) if self.check_ids else None  # before the gather's own, wider, check
         out = self.weight.take(self.Vocab.name, ids)
         if bad is not None:
-            out = NamedArray._unchecked(eqx.error_if(out.array, jnp.any(bad), f"Embedding: a token id is outside [0, "
-                                                     f"{self.Vocab.size}) (vocab {self.Vocab.name!r}); it would have "
-                                                     "been clamped"), out.axes)
+            out = NamedArray._unchecked(
+                eqx.error_if(
+                    out.array,
+                    jnp.any(bad),
+                    f"Embedding: a token id is outside [0, "
+                    f"{self.Vocab.size}) (vocab {self.Vocab.name!r}); it would have "
+                    "been clamped",
+                ),
+                out.axes,
+            )
         return shard(out)
 
     def unembed(self, x: NamedArray) -> NamedArray:
@@ -197,8 +227,10 @@ class Embedding(eqx.Module):
         expect_named(x, "Embedding.unembed")
         x.resolve_axis(self.Embed)  # dot would sum the weight over Embed alone for an input without it
         if self.Vocab.name in x.names:
-            raise AxisError(f"Embedding.unembed makes the axis {self.Vocab.name!r}, which the input "
-                            f"{format_axes(x.axes)} already has; rename it first")
+            raise AxisError(
+                f"Embedding.unembed makes the axis {self.Vocab.name!r}, which the input "
+                f"{format_axes(x.axes)} already has; rename it first"
+            )
         return shard(dot(x, self.weight, axis=self.Embed.name))
 
 
@@ -209,6 +241,8 @@ def _outside(ids: NamedArray, Vocab: Axis):
     known = concrete(bad)
     if known is not None and known.any():
         where, at = first_flagged(known, ids.axes)
-        raise NamedError(f"Embedding: token id {int(np.asarray(ids.array)[where])} at ({at}) is outside "
-                         f"[0, {Vocab.size}) (vocab {Vocab.name!r}); {int(known.sum())} id(s) out of range in all")
+        raise NamedError(
+            f"Embedding: token id {int(np.asarray(ids.array)[where])} at ({at}) is outside "
+            f"[0, {Vocab.size}) (vocab {Vocab.name!r}); {int(known.sum())} id(s) out of range in all"
+        )
     return None if known is not None else bad

@@ -25,12 +25,12 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from .. import random as nmr
 from .._axis import ArgumentError, Axis, as_selectors, format_axes
 from .._core import NamedArray, expect_named, is_named_array, named
 from .._einsum import dot
-from .. import random as nmr
-from ..partitioning import shard
 from .._shape import zeros
+from ..partitioning import shard
 from ._basic import Dropout
 from ._linear import Linear
 
@@ -56,8 +56,16 @@ class LoraLinear(eqx.Module):
     rank = property(lambda self: self.lora_a.axis_size(RANK))
 
     @staticmethod
-    def init(linear: Linear, rank: int, *, key, alpha: float | None = None, dropout: float = 0.0,
-             dtype=None, name: str = "Linear") -> LoraLinear:
+    def init(
+        linear: Linear,
+        rank: int,
+        *,
+        key,
+        alpha: float | None = None,
+        dropout: float = 0.0,
+        dtype=None,
+        name: str = "Linear",
+    ) -> LoraLinear:
         """Adapters of ``rank`` for ``linear``; ``alpha`` defaults to ``rank`` (scale 1), ``dtype``
         to the weight's. ``name`` names the layer in errors."""
         if not isinstance(linear, Linear):
@@ -65,8 +73,10 @@ class LoraLinear(eqx.Module):
         ins, outs = as_selectors(linear.In), as_selectors(linear.Out)
         fan_in, fan_out = math.prod(a.size for a in ins), math.prod(a.size for a in outs)
         if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= min(fan_in, fan_out):
-            raise ArgumentError(f"LoRA rank {rank!r} for {name}, {format_axes(ins)} -> {format_axes(outs)}: "
-                                f"a rank is an integer from 1 to the layer's smaller side, {min(fan_in, fan_out)}")
+            raise ArgumentError(
+                f"LoRA rank {rank!r} for {name}, {format_axes(ins)} -> {format_axes(outs)}: "
+                f"a rank is an integer from 1 to the layer's smaller side, {min(fan_in, fan_out)}"
+            )
         alpha = float(rank if alpha is None else alpha)
         if not (math.isfinite(alpha) and alpha > 0):
             raise ArgumentError(f"LoRA alpha for {name} must be a finite number > 0, got {alpha}")
@@ -96,8 +106,13 @@ class LoraLinear(eqx.Module):
         """``scale · A · B``, the update to the weight, with the weight's axes (float32 or wider)."""
         w = self.linear.weight
         dtype = jnp.result_type(self.lora_a.dtype, self.lora_b.dtype, jnp.float32)
-        d = dot(self.lora_a.astype(dtype), self.lora_b.astype(dtype), axis=RANK, out_axes=w.names,
-                precision=jax.lax.Precision.HIGHEST)  # a merge should not round through TF32
+        d = dot(
+            self.lora_a.astype(dtype),
+            self.lora_b.astype(dtype),
+            axis=RANK,
+            out_axes=w.names,
+            precision=jax.lax.Precision.HIGHEST,
+        )  # a merge should not round through TF32
         return d * jnp.asarray(self.scale, dtype)
 
     def merged(self) -> Linear:
@@ -133,8 +148,16 @@ def _matcher(targets) -> Callable[[str, Linear], bool]:
     return lambda path, _: any(path == t or path.endswith("." + t) for t in names)
 
 
-def apply(model, targets: str | Sequence[str] | Callable[[str, Linear], bool], *, rank: int, key,
-          alpha: float | None = None, dropout: float = 0.0, dtype=None):
+def apply(
+    model,
+    targets: str | Sequence[str] | Callable[[str, Linear], bool],
+    *,
+    rank: int,
+    key,
+    alpha: float | None = None,
+    dropout: float = 0.0,
+    dtype=None,
+):
     """``model`` with every Linear that ``targets`` names wrapped in a ``LoraLinear``.
 
     Args:
@@ -154,8 +177,10 @@ def apply(model, targets: str | Sequence[str] | Callable[[str, Linear], bool], *
         names = [targets] if isinstance(targets, str) else list(targets)
         missing = [t for t in names if not any(_matcher(t)(p, None) for p in layers)]
         if missing:
-            raise ArgumentError(f"LoRA targets {missing} match no Linear of {type(model).__name__}; its Linears: "
-                                f"{', '.join(layers) or 'none'}")
+            raise ArgumentError(
+                f"LoRA targets {missing} match no Linear of {type(model).__name__}; its Linears: "
+                f"{', '.join(layers) or 'none'}"
+            )
     match = _matcher(targets)
     chosen = [i for i, (p, (_, x)) in enumerate(zip(paths, flat)) if _is_layer(x) and match(p, x)]
     if not chosen:
@@ -172,17 +197,25 @@ def apply(model, targets: str | Sequence[str] | Callable[[str, Linear], bool], *
 
 def merge(model):
     """``model`` with every ``LoraLinear`` folded into a plain Linear (``LoraLinear.merged``)."""
-    return jax.tree.map(lambda x: x.merged() if isinstance(x, LoraLinear) else x, model,
-                        is_leaf=lambda x: isinstance(x, LoraLinear))
+    return jax.tree.map(
+        lambda x: x.merged() if isinstance(x, LoraLinear) else x, model, is_leaf=lambda x: isinstance(x, LoraLinear)
+    )
 
 
 def trainable(model):
     """A pytree of bools over ``model`` (NamedArrays as leaves): True for the adapter arrays.
     ``eqx.partition(model, trainable(model), is_leaf=nm.is_named_array)`` splits off the rest."""
+
     def node(x):
         if isinstance(x, LoraLinear):
-            return LoraLinear(jax.tree.map(lambda _: False, x.linear, is_leaf=is_named_array), True, True,
-                              x.scale, x.dropout, None if x.dropout_key is None else False)
+            return LoraLinear(
+                jax.tree.map(lambda _: False, x.linear, is_leaf=is_named_array),
+                True,
+                True,
+                x.scale,
+                x.dropout,
+                None if x.dropout_key is None else False,
+            )
         return False
 
     return jax.tree.map(node, model, is_leaf=lambda x: isinstance(x, LoraLinear) or is_named_array(x))

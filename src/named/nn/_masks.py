@@ -9,11 +9,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from .. import random as nmr
 from .._axis import ArgumentError, ArgumentTypeError, Axis, AxisError, AxisSelector, format_axes, name_of, union
 from .._core import NamedArray, expect_named
 from .._index import concrete
 from .._shape import arange, rename
-from .. import random as nmr
 
 
 def _query_positions(QPos: Axis, q_offset) -> NamedArray:
@@ -59,8 +59,9 @@ def segment_mask(q_segments: NamedArray, k_segments: NamedArray) -> NamedArray:
     return q_segments == k_segments
 
 
-def padding_mask(valid_or_lengths: NamedArray, KPos: AxisSelector = "key_position", *,
-                 Pos: AxisSelector = "position") -> NamedArray:
+def padding_mask(
+    valid_or_lengths: NamedArray, KPos: AxisSelector = "key_position", *, Pos: AxisSelector = "position"
+) -> NamedArray:
     """A mask over the key axis that hides padding, for ``dot_product_attention(mask=...)``.
 
     From integer lengths (e.g. over ``batch``, with ``KPos`` an Axis): True at key positions
@@ -108,6 +109,7 @@ def alibi_slopes(Heads: Axis) -> NamedArray:
     """ALiBi's per-head slopes (Press et al. 2022): for ``n`` heads, a power of two, the geometric
     sequence ``2^(-8/n), 2^(-16/n), ...``; otherwise those of the largest power of two below
     ``n``, then every other slope of twice that many."""
+
     def geometric(m):
         return [2.0 ** (-8.0 * i / m) for i in range(1, m + 1)]
 

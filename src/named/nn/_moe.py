@@ -34,17 +34,18 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
+from .. import _ops as ops
+from .. import partitioning
 from .._axis import ArgumentError, Axis, AxisError, as_selectors, format_axes
 from .._context import current_body, current_mapping, current_mesh
 from .._core import NamedArray, expect_named
 from .._einsum import dot
-from .. import _ops as ops
-from .._shape import one_hot
 from .._local import ShardedAxis, _split_over, issue
+from .._shape import one_hot
 from ..explicit import all_gather, all_to_all, axis_index, psum, shard_map
-from .. import partitioning
 from ..partitioning import _mesh_axes, shard
-from ._basic import MLP, activation as _activation
+from ._basic import MLP
+from ._basic import activation as _activation
 from ._linear import Linear
 from ._stacked import Stacked
 
@@ -69,7 +70,9 @@ def route(logits: NamedArray, k: int, *, routing: str = "softmax_topk", normaliz
         raise ArgumentError(f"routing={routing!r} is not one of {', '.join(ROUTINGS)}")
     n = expect_named(logits, "nn.route", "logits").axis_size(EXPERTS)
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= n:
-        raise ArgumentError(f"nn.route: k={k!r} experts per token; k must be an int in [1, {n}], the size of {EXPERTS!r}")
+        raise ArgumentError(
+            f"nn.route: k={k!r} experts per token; k must be an int in [1, {n}], the size of {EXPERTS!r}"
+        )
     logits = logits.astype(jnp.float32)  # routing decisions in full precision: bf16 ties flip experts
     probs = ops.softmax(logits, EXPERTS)
     if routing == "topk_softmax":
@@ -110,9 +113,13 @@ def router_losses(stats: dict[str, NamedArray]) -> dict[str, jax.Array]:
     from :func:`router_stats`, as raw arrays. Statistics stacked over layers give one value per layer."""
     missing = [k for k in ("expert_share", "expert_probability", "router_z") if k not in stats]
     if missing:
-        raise ArgumentError(f"nn.router_losses needs nn.router_stats' statistics; {missing} missing from {sorted(stats)}")
-    return {"load_balancing": _balance(stats["expert_share"], stats["expert_probability"]).array,
-            "router_z": stats["router_z"].array}
+        raise ArgumentError(
+            f"nn.router_losses needs nn.router_stats' statistics; {missing} missing from {sorted(stats)}"
+        )
+    return {
+        "load_balancing": _balance(stats["expert_share"], stats["expert_probability"]).array,
+        "router_z": stats["router_z"].array,
+    }
 
 
 def load_balancing_loss(probs: NamedArray, ids: NamedArray) -> jax.Array:
@@ -191,10 +198,22 @@ class MoE(eqx.Module):
             raise ArgumentError(f"MoE: top_k={self.top_k!r} must be an int in [1, {n}] (the number of experts)")
 
     @staticmethod
-    def init(Embed: Axis, Mlp: Axis, Experts: Axis, top_k: int, *, key, activation: str = "silu",
-             routing: str = "softmax_topk", normalize: bool = True, shared_mlp: Axis | None = None,
-             shared_gate: bool = False, dispatch: str = "dropless", parallel: str = "auto",
-             dtype=jnp.float32) -> MoE:
+    def init(
+        Embed: Axis,
+        Mlp: Axis,
+        Experts: Axis,
+        top_k: int,
+        *,
+        key,
+        activation: str = "silu",
+        routing: str = "softmax_topk",
+        normalize: bool = True,
+        shared_mlp: Axis | None = None,
+        shared_gate: bool = False,
+        dispatch: str = "dropless",
+        parallel: str = "auto",
+        dtype=jnp.float32,
+    ) -> MoE:
         """``Experts.size`` gated MLPs ``Embed -> Mlp -> Embed`` and a router ``Embed -> Experts``.
 
         Args:
@@ -212,12 +231,14 @@ class MoE(eqx.Module):
         _activation(activation)
         k_router, k_experts, k_shared, k_gate = jax.random.split(key, 4)
         router = Linear.init(Embed, Experts, key=k_router, use_bias=False, dtype=dtype)
-        experts = Stacked.init(Experts, MLP.init, Embed, Mlp, key=k_experts, activation=activation, gated=True,
-                               use_bias=False, dtype=dtype)
+        experts = Stacked.init(
+            Experts, MLP.init, Embed, Mlp, key=k_experts, activation=activation, gated=True, use_bias=False, dtype=dtype
+        )
         shared = gate = None
         if shared_mlp is not None:
-            shared = MLP.init(Embed, shared_mlp, key=k_shared, activation=activation, gated=True, use_bias=False,
-                              dtype=dtype)
+            shared = MLP.init(
+                Embed, shared_mlp, key=k_shared, activation=activation, gated=True, use_bias=False, dtype=dtype
+            )
             if shared_gate:
                 gate = Linear.init(Embed, (), key=k_gate, use_bias=False, dtype=dtype)
         elif shared_gate:
@@ -267,7 +288,9 @@ class MoE(eqx.Module):
         e = self.experts.stacked
         Embed = as_selectors(e.down.Out)[0]
         ws = (e.gate.weight, e.up.weight, e.down.weight)
-        names = _Names(Embed.name, as_selectors(e.up.Out)[0].name, tuple(a.name for a in x.axes if a.name != Embed.name))
+        names = _Names(
+            Embed.name, as_selectors(e.up.Out)[0].name, tuple(a.name for a in x.axes if a.name != Embed.name)
+        )
         block = functools.partial(_block, names=names, n_experts=self.Experts.size, act=self.experts.stacked.act)
         if current_body() is not None:  # already per device (a caller's nm.shard_map): the blocks say the split
             return block(x, ids, weights, *ws)
@@ -341,8 +364,18 @@ def _combine(back, w, dst, pos):
     return jnp.einsum("tk,tkd->td", w, out.astype(jnp.float32)).astype(back.dtype)
 
 
-def _block(x: NamedArray, ids: NamedArray, w: NamedArray, gate: NamedArray, up: NamedArray, down: NamedArray, *,
-           names: _Names, n_experts: int, act) -> NamedArray:
+def _block(
+    x: NamedArray,
+    ids: NamedArray,
+    w: NamedArray,
+    gate: NamedArray,
+    up: NamedArray,
+    down: NamedArray,
+    *,
+    names: _Names,
+    n_experts: int,
+    act,
+) -> NamedArray:
     """One block of tokens through their experts. Outside ``nm.shard_map`` the block is every
     token and every expert; inside, the experts axis of the weight blocks says which mesh axes
     split it (then rows travel by ``nm.all_to_all``), and a split ``mlp`` (TP) is summed by ``psum``."""
@@ -363,13 +396,18 @@ def _block(x: NamedArray, ids: NamedArray, w: NamedArray, gate: NamedArray, up: 
     if copies:
         n = math.prod(current_body().mesh.shape[m] for m in copies)
         if T % n:
-            raise ArgumentError(f"MoE: a block of {T} tokens ({format_axes(x.axes)}) does not split over mesh axes "
-                                f"{copies} ({n} devices) of the experts that split no token axis")
+            raise ArgumentError(
+                f"MoE: a block of {T} tokens ({format_axes(x.axes)}) does not split over mesh axes "
+                f"{copies} ({n} devices) of the experts that split no token axis"
+            )
         start = axis_index(mesh_axes=copies) * (T // n)
         xa, ida, wa = (jax.lax.dynamic_slice_in_dim(a, start, T // n) for a in (xa, ida, wa))
     send, send_ids, (dst, pos) = _pack(xa, ida, n_dst, E_l)
-    weights = (g.array, up.rearrange((EXPERTS, names.embed, names.mlp)).array,
-               down.rearrange((EXPERTS, names.mlp, names.embed)).array)
+    weights = (
+        g.array,
+        up.rearrange((EXPERTS, names.embed, names.mlp)).array,
+        down.rearrange((EXPERTS, names.mlp, names.embed)).array,
+    )
     if n_dst == 1:
         out = _grouped_mlp(send[0], send_ids[0], *weights, act, presorted=True)[None]
     else:
@@ -468,12 +506,14 @@ def _auto(x, ids, w, weights, names: _Names, n_experts: int, act, mapping, mesh)
         arr = weight.rearrange(order).array
         arr = arr.reshape(*(size[m] for m in expert_axes), E_l, *arr.shape[1:])
         # the expert mesh axes in canonical order, size-1 axes for the others, then broadcast
-        arr = arr.transpose(*sorted(range(len(expert_axes)), key=lambda j: canon.index(expert_axes[j])),
-                            *range(len(expert_axes), arr.ndim))
+        arr = arr.transpose(
+            *sorted(range(len(expert_axes)), key=lambda j: canon.index(expert_axes[j])),
+            *range(len(expert_axes), arr.ndim),
+        )
         shape = [size[m] if m in expert_axes else 1 for m in canon]
-        arr = arr.reshape(*shape, *arr.shape[len(expert_axes):])
-        arr = jnp.broadcast_to(arr, tuple(size[m] for m in canon) + arr.shape[len(canon):])
-        arr = arr.reshape(n_blocks, *arr.shape[len(canon):])
+        arr = arr.reshape(*shape, *arr.shape[len(expert_axes) :])
+        arr = jnp.broadcast_to(arr, tuple(size[m] for m in canon) + arr.shape[len(canon) :])
+        arr = arr.reshape(n_blocks, *arr.shape[len(canon) :])
         inner = [_free(mapping.get(n), canon) for n in order[1:]]
         return constrain(arr, blocks_spec, None, *inner)
 
@@ -485,8 +525,11 @@ def _auto(x, ids, w, weights, names: _Names, n_experts: int, act, mapping, mesh)
     d = expert_blocks(down, (EXPERTS, names.mlp, names.embed))
     recv, recv_ids = exchange(send), exchange(send_ids)
     D = recv.shape[-1]
-    mlp = jax.vmap(lambda r, i, a, b, c: _grouped_mlp(r.reshape(-1, D), i.reshape(-1), a, b, c, act,
-                                                      presorted=n_dst == 1).reshape(r.shape))
+    mlp = jax.vmap(
+        lambda r, i, a, b, c: _grouped_mlp(r.reshape(-1, D), i.reshape(-1), a, b, c, act, presorted=n_dst == 1).reshape(
+            r.shape
+        )
+    )
     out = exchange(mlp(recv, recv_ids, g, u, d))
     y = jax.vmap(_combine)(out, wb, dst, pos)
     return shard(from_blocks(y, x), mapping, mesh)

@@ -34,8 +34,18 @@ class MoELinear(eqx.Module):
     use_gmm: bool = eqx.field(static=True, default=False)
 
     @staticmethod
-    def init(Experts: Axis, In: Axis, Out: Axis, *, key, use_bias: bool = True, out_first: bool = False,
-             init_scale: float = 1.0, use_gmm: bool = False, dtype=jnp.float32) -> MoELinear:
+    def init(
+        Experts: Axis,
+        In: Axis,
+        Out: Axis,
+        *,
+        key,
+        use_bias: bool = True,
+        out_first: bool = False,
+        init_scale: float = 1.0,
+        use_gmm: bool = False,
+        dtype=jnp.float32,
+    ) -> MoELinear:
         """Each expert's weights as ``Linear.init``'s: std ``init_scale / sqrt(In.size)``, truncated
         at two standard deviations. ``use_gmm`` (Haliax's Pallas kernel switch) is kept for code
         that passes it; the product is always ``jax.lax.ragged_dot``, whose kernel XLA picks."""
@@ -43,7 +53,9 @@ class MoELinear(eqx.Module):
             if not isinstance(a, Axis):
                 raise AxisError(f"MoELinear.init: {what} must be one Axis with a size, got {a!r}")
         if len({Experts.name, In.name, Out.name}) != 3:
-            raise AxisError(f"MoELinear.init: Experts, In and Out need three names, got {format_axes((Experts, In, Out))}")
+            raise AxisError(
+                f"MoELinear.init: Experts, In and Out need three names, got {format_axes((Experts, In, Out))}"
+            )
         std = init_scale / math.sqrt(In.size) / _TRUNCATED_NORMAL_STD
         w = nmr.truncated_normal(key, (Experts, Out, In) if out_first else (Experts, In, Out), dtype) * std
         return MoELinear(w.astype(dtype), zeros(Out, dtype) if use_bias else None, Experts, In, Out, use_gmm)
@@ -62,18 +74,28 @@ class MoELinear(eqx.Module):
             raise AxisError(f"MoELinear expects input axis {self.In.name!r}; the input has {format_axes(x.axes)}")
         x.resolve_axis(self.In)  # at the weight's size
         if self.Out.name in x.names or self.Experts.name in x.names:
-            raise AxisError(f"MoELinear: the input {format_axes(x.axes)} already has {self.Out.name!r} or "
-                            f"{self.Experts.name!r}; rename it first")
-        sizes = group_sizes.rearrange((self.Experts.name,)).array if isinstance(group_sizes, NamedArray) else jnp.asarray(group_sizes)
+            raise AxisError(
+                f"MoELinear: the input {format_axes(x.axes)} already has {self.Out.name!r} or "
+                f"{self.Experts.name!r}; rename it first"
+            )
+        sizes = (
+            group_sizes.rearrange((self.Experts.name,)).array
+            if isinstance(group_sizes, NamedArray)
+            else jnp.asarray(group_sizes)
+        )
         if sizes.shape != (self.Experts.size,) or not jnp.issubdtype(sizes.dtype, jnp.integer):
-            raise ArgumentTypeError(f"MoELinear: group_sizes must be {self.Experts.size} integers (one per expert), "
-                                    f"got shape {tuple(sizes.shape)} {sizes.dtype}")
+            raise ArgumentTypeError(
+                f"MoELinear: group_sizes must be {self.Experts.size} integers (one per expert), "
+                f"got shape {tuple(sizes.shape)} {sizes.dtype}"
+            )
         rows = tuple(a for a in x.axes if a.name != self.In.name)
         known = concrete(sizes)
         if known is not None and int(known.sum()) != math.prod(a.size for a in rows):
-            raise ArgumentError(f"MoELinear: group_sizes {known.tolist()} count {int(known.sum())} rows, but the input "
-                                f"{format_axes(x.axes)} has {math.prod(a.size for a in rows)}; rows past the groups would "
-                                "come out as zeros")
+            raise ArgumentError(
+                f"MoELinear: group_sizes {known.tolist()} count {int(known.sum())} rows, but the input "
+                f"{format_axes(x.axes)} has {math.prod(a.size for a in rows)}; rows past the groups would "
+                "come out as zeros"
+            )
         lhs = x.rearrange(tuple(a.name for a in rows) + (self.In.name,)).array.reshape(-1, self.In.size)
         rhs = self.weight.rearrange((self.Experts.name, self.In.name, self.Out.name)).array
         out = jax.lax.ragged_dot(lhs, rhs, sizes.astype(jnp.int32))

@@ -55,19 +55,31 @@ from .._axis import ArgumentError, Axis, as_selectors
 from .._core import NamedArray
 from ._linear import Embedding, Linear
 from ._quant import Fp8Linear, Int8Linear
-
 from ._reparam import AbstractLinearReparam, HiddenLinearMup, InputLinearMup, LinearStandardParam, OutputLinearMup
 
-__all__ = ["INPUT", "HIDDEN", "READOUT", "roles", "rescale_init", "scale_updates", "scale_reparam_updates",
-           "AbstractLinearReparam", "LinearStandardParam", "InputLinearMup", "HiddenLinearMup", "OutputLinearMup"]
+__all__ = [
+    "INPUT",
+    "HIDDEN",
+    "READOUT",
+    "roles",
+    "rescale_init",
+    "scale_updates",
+    "scale_reparam_updates",
+    "AbstractLinearReparam",
+    "LinearStandardParam",
+    "InputLinearMup",
+    "HiddenLinearMup",
+    "OutputLinearMup",
+]
 
 INPUT, HIDDEN, READOUT = "input", "hidden", "readout"
 
 
 def _check_base(base: Mapping[str, int]) -> dict[str, int]:
     if not isinstance(base, Mapping) or not base:
-        raise ArgumentError(f"muP: base maps each width axis name to its size in the base model, e.g. "
-                            f"{{'embed': 64}}; got {base!r}")
+        raise ArgumentError(
+            f"muP: base maps each width axis name to its size in the base model, e.g. {{'embed': 64}}; got {base!r}"
+        )
     for name, size in base.items():
         if not isinstance(name, str) or isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ArgumentError(f"muP: base[{name!r}] must be an axis name and a size >= 1, got {size!r}")
@@ -100,13 +112,17 @@ def _layers(tree, base: Mapping[str, int], readouts: Sequence[str]):
     embeddings = {p for _, p, x in found if isinstance(x, Embedding)}
     bad = [r for r in ([readouts] if isinstance(readouts, str) else readouts) if r not in embeddings]
     if bad:
-        raise ArgumentError(f"muP: readouts {bad} are not Embeddings of {type(tree).__name__} (an output head called "
-                            f"through unembed); its Embeddings: {', '.join(sorted(embeddings)) or 'none'}")
+        raise ArgumentError(
+            f"muP: readouts {bad} are not Embeddings of {type(tree).__name__} (an output head called "
+            f"through unembed); its Embeddings: {', '.join(sorted(embeddings)) or 'none'}"
+        )
     names = {a.name for _, _, x in found for side in _axes(x, False) for a in side}
     unknown = sorted(set(base) - names)
     if unknown:
-        raise ArgumentError(f"muP: base names {unknown}, which no Linear or Embedding of {type(tree).__name__} has; "
-                            f"their axes: {', '.join(sorted(names)) or 'none'}")
+        raise ArgumentError(
+            f"muP: base names {unknown}, which no Linear or Embedding of {type(tree).__name__} has; "
+            f"their axes: {', '.join(sorted(names)) or 'none'}"
+        )
     return [(k, x, *_role(*_axes(x, p in readouts), base)) for k, p, x in found]
 
 
@@ -163,8 +179,10 @@ def scale_reparam_updates(updates: Any, params: Any):
     rest are unchanged. With optax: ``optax.stateless(lambda u, p: mup.scale_reparam_updates(u, p))``
     after the optimizer, which then needs ``params=`` in its ``update``."""
     if params is None:
-        raise ArgumentError("scale_reparam_updates needs the parameters the updates are for (params=), whose Linears "
-                            "say their learning-rate scale")
+        raise ArgumentError(
+            "scale_reparam_updates needs the parameters the updates are for (params=), whose Linears "
+            "say their learning-rate scale"
+        )
 
     def node(u, p):
         if not isinstance(p, Linear) or not isinstance(u, Linear) or not isinstance(u.weight, NamedArray):

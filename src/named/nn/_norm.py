@@ -7,9 +7,9 @@ from typing import ClassVar
 import equinox as eqx
 import jax.numpy as jnp
 
+from .. import _ops as ops
 from .._axis import ArgumentError, Axis
 from .._core import NamedArray, expect_named
-from .. import _ops as ops
 from .._shape import ones, zeros
 
 
@@ -51,8 +51,9 @@ class RMSNorm(eqx.Module):
     keep_full_precision: ClassVar[bool] = True
 
     @staticmethod
-    def init(axis: Axis | tuple[Axis, ...], *, eps: float = 1e-6, use_weight: bool = True,
-             unit_offset: bool = False) -> RMSNorm:
+    def init(
+        axis: Axis | tuple[Axis, ...], *, eps: float = 1e-6, use_weight: bool = True, unit_offset: bool = False
+    ) -> RMSNorm:
         if unit_offset and not use_weight:
             raise ArgumentError("RMSNorm: unit_offset scales by (1 + weight), so it needs use_weight=True")
         axis = tuple(axis) if isinstance(axis, (tuple, list)) else axis

@@ -15,8 +15,11 @@ from ._conv import explicit_padding, output_size, padding_spec, per_axis
 
 
 def _window(x, window, what: str) -> dict[str, int]:
-    hint = " (named takes the array first: Haliax's pool(Window, x) is pool(x, Window) here)" if isinstance(
-        window, NamedArray) else ""
+    hint = (
+        " (named takes the array first: Haliax's pool(Window, x) is pool(x, Window) here)"
+        if isinstance(window, NamedArray)
+        else ""
+    )
     expect_named(x, what, hint=hint)
     if isinstance(window, Axis):
         window = (window,)
@@ -25,8 +28,9 @@ def _window(x, window, what: str) -> dict[str, int]:
     elif isinstance(window, (tuple, list)) and window and all(isinstance(a, Axis) for a in window):
         sizes = {a.name: a.size for a in window}
     else:
-        raise ArgumentTypeError(f"{what}: window must be {{name: size}} or Axis objects whose sizes are the window's, "
-                                f"got {window!r}")
+        raise ArgumentTypeError(
+            f"{what}: window must be {{name: size}} or Axis objects whose sizes are the window's, got {window!r}"
+        )
     for n in sizes:
         if n not in x.names:
             raise AxisError(f"{what}: window axis {n!r} is not among the input's axes {format_axes(x.axes)}")
@@ -64,8 +68,9 @@ def _pool(what, x, window, stride, padding, use_ceil, init, combine, weights: bo
         # The count is static: a small array over the window axes only, which XLA folds into a
         # constant. Explicit padding counts if ``weights``; use_ceil's extra entries never do.
         ones = np.pad(np.ones([a.size for a in axes], np.float32), pads, constant_values=float(weights))
-        counts = jax.lax.reduce_window(jnp.asarray(ones), 0.0, jax.lax.add, tuple(sizes.values()), strides,
-                                       [(0, e) for e in extra])
+        counts = jax.lax.reduce_window(
+            jnp.asarray(ones), 0.0, jax.lax.add, tuple(sizes.values()), strides, [(0, e) for e in extra]
+        )
         divisor = NamedArray._unchecked(counts, tuple(a.resize(counts.shape[i]) for i, a in enumerate(axes)))
     return NamedArray._unchecked(pooled, out_axes), divisor
 
@@ -91,8 +96,9 @@ def min_pool(x: NamedArray, window, stride=None, padding="VALID", use_ceil: bool
     return _pool("min_pool", x, window, stride, padding, use_ceil, lambda d: _lowest(d, highest=True), jax.lax.min)[0]
 
 
-def mean_pool(x: NamedArray, window, stride=None, padding="VALID", use_ceil: bool = False,
-              count_include_pad: bool = True) -> NamedArray:
+def mean_pool(
+    x: NamedArray, window, stride=None, padding="VALID", use_ceil: bool = False, count_include_pad: bool = True
+) -> NamedArray:
     """The mean of each window; arguments as :func:`max_pool`.
 
     Padding adds zeros. ``count_include_pad=True`` (torch's default) divides by the window size
@@ -101,6 +107,7 @@ def mean_pool(x: NamedArray, window, stride=None, padding="VALID", use_ceil: boo
     """
     if isinstance(x, NamedArray) and not jnp.issubdtype(x.dtype, jnp.inexact):
         x = x.astype(jnp.float32)
-    total, count = _pool("mean_pool", x, window, stride, padding, use_ceil, lambda d: 0, jax.lax.add,
-                         weights=count_include_pad)
+    total, count = _pool(
+        "mean_pool", x, window, stride, padding, use_ceil, lambda d: 0, jax.lax.add, weights=count_include_pad
+    )
     return (total / count).astype(x.dtype)

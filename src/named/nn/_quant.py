@@ -42,14 +42,25 @@ import jax.numpy as jnp
 from .._axis import ArgumentError, Axis, AxisError, NamedError, as_selectors, format_axes
 from .._core import NamedArray, is_named_array
 from .._einsum import dot
-from .._ops import abs as nabs, floating, where
+from .._ops import abs as nabs
+from .._ops import floating, where
 from .._shape import zeros
 from ..partitioning import shard
 from ._linear import Linear, check_input
 from ._lora import LoraLinear
 
-__all__ = ["KINDS", "Fp8Linear", "Fp8State", "Int8Linear", "Int8WeightLinear", "QuantConfig", "is_overwrite_state",
-           "overwrite_updates", "quantize", "without_overwrites"]
+__all__ = [
+    "KINDS",
+    "Fp8Linear",
+    "Fp8State",
+    "Int8Linear",
+    "Int8WeightLinear",
+    "QuantConfig",
+    "is_overwrite_state",
+    "overwrite_updates",
+    "quantize",
+    "without_overwrites",
+]
 
 KINDS = ("fp8", "int8", "int8_weight")
 HISTORY = "amax_history"  # the axis of an fp8 amax history; no mapping names it, so it is replicated
@@ -79,11 +90,15 @@ class QuantConfig:
         if self.kind not in KINDS:
             raise ArgumentError(f"QuantConfig: kind {self.kind!r} is not one of {', '.join(KINDS)}")
         if isinstance(self.history, bool) or not isinstance(self.history, int) or self.history < 1:
-            raise ArgumentError(f"QuantConfig: history must be an integer >= 1 (steps of amax kept), got {self.history!r}")
+            raise ArgumentError(
+                f"QuantConfig: history must be an integer >= 1 (steps of amax kept), got {self.history!r}"
+            )
         if self.targets is not None:
             targets = (self.targets,) if isinstance(self.targets, str) else tuple(self.targets)
             if not targets:
-                raise ArgumentError("QuantConfig: targets is empty, so nothing would be quantized; None means every Linear")
+                raise ArgumentError(
+                    "QuantConfig: targets is empty, so nothing would be quantized; None means every Linear"
+                )
             for t in targets:
                 try:
                     re.compile(t)
@@ -189,8 +204,10 @@ class Fp8Linear(eqx.Module):
     def __call__(self, x: NamedArray, *, key=None) -> NamedArray:
         check_input(self, x)
         if self.fp8.probe.axes:
-            raise AxisError(f"Fp8Linear: its fp8 state has axes {format_axes(self.fp8.probe.axes)} (one scale per layer "
-                            "of a stack); call it through its Stacked, which gives each layer its own slice")
+            raise AxisError(
+                f"Fp8Linear: its fp8 state has axes {format_axes(self.fp8.probe.axes)} (one scale per layer "
+                "of a stack); call it through its Stacked, which gives each layer its own slice"
+            )
         y = _fp8_dot(tuple(a.name for a in as_selectors(self.In)), x, self.weight, self.fp8)
         if self.bias is not None:
             y = y + self.bias
@@ -328,15 +345,26 @@ def quantize(model, config: QuantConfig | str):
     if targets is not None:
         missing = [t for t in targets if not any(re.search(t, p) for p in linears)]
         if missing:
-            raise ArgumentError(f"quantize: targets {missing} match no Linear of {type(model).__name__}; its Linears: "
-                                f"{', '.join(linears) or 'none'}")
-    scaled = [p for p in linears if (targets is None or any(re.search(t, p) for t in targets))
-              and dict((_path(k), x) for k, x in flat)[p].reparam.active_scale != 1]
+            raise ArgumentError(
+                f"quantize: targets {missing} match no Linear of {type(model).__name__}; its Linears: "
+                f"{', '.join(linears) or 'none'}"
+            )
+    scaled = [
+        p
+        for p in linears
+        if (targets is None or any(re.search(t, p) for t in targets))
+        and dict((_path(k), x) for k, x in flat)[p].reparam.active_scale != 1
+    ]
     if scaled:
-        raise ArgumentError(f"quantize: {', '.join(scaled)} scale their output (a muP reparam_cls such as "
-                            "OutputLinearMup), which the quantized Linears do not carry; leave them out of targets")
-    swap = {"fp8": lambda lin: Fp8Linear.from_linear(lin, config.history), "int8": Int8Linear.from_linear,
-            "int8_weight": Int8WeightLinear.from_linear}[config.kind]
+        raise ArgumentError(
+            f"quantize: {', '.join(scaled)} scale their output (a muP reparam_cls such as "
+            "OutputLinearMup), which the quantized Linears do not carry; leave them out of targets"
+        )
+    swap = {
+        "fp8": lambda lin: Fp8Linear.from_linear(lin, config.history),
+        "int8": Int8Linear.from_linear,
+        "int8_weight": Int8WeightLinear.from_linear,
+    }[config.kind]
     leaves = []
     for k, x in flat:
         chosen = type(x) is Linear and (targets is None or any(re.search(t, _path(k)) for t in targets))
@@ -368,15 +396,19 @@ def overwrite_updates(updates, grads, params):
     if not states:
         return updates
     if params is None:
-        raise NamedError(f"overwrite_updates: the gradients hold {len(states)} {type(states[0]).__name__}(s), whose "
-                         "new values replace the parameters' own: pass params= to the optimizer's update")
+        raise NamedError(
+            f"overwrite_updates: the gradients hold {len(states)} {type(states[0]).__name__}(s), whose "
+            "new values replace the parameters' own: pass params= to the optimizer's update"
+        )
 
     def node(g, u, p):
         if not is_overwrite_state(g):
             return u
         if not is_overwrite_state(p):
-            raise NamedError(f"overwrite_updates: the gradient holds a {type(g).__name__} where the parameters hold "
-                             f"{type(p).__name__}; pass the parameters the gradient was taken of")
+            raise NamedError(
+                f"overwrite_updates: the gradient holds a {type(g).__name__} where the parameters hold "
+                f"{type(p).__name__}; pass the parameters the gradient was taken of"
+            )
         seen = g.probe > 0
         per_call = where(seen, g.probe, 1.0)
 

@@ -31,8 +31,9 @@ class AbstractLinearReparam:
     def __post_init__(self):
         for what, axes in (("In", self.In), ("Out", self.Out)):
             if not all(isinstance(a, Axis) for a in as_selectors(axes)):
-                raise AxisError(f"{type(self).__name__}: {what} must be Axes with sizes (the fan-in is their product), "
-                                f"got {axes!r}")
+                raise AxisError(
+                    f"{type(self).__name__}: {what} must be Axes with sizes (the fan-in is their product), got {axes!r}"
+                )
 
     @staticmethod
     def init_scale(In, Out) -> float:

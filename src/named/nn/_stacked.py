@@ -23,7 +23,9 @@ import jax.numpy as jnp
 from .._axis import Axis, AxisError, NamedError, format_axes, name_of
 from .._core import NamedArray, is_named_array
 from .._remat import Remat, ScanCheckpointPolicy, remat_policy
-from .._transforms import _Split, is_named_or_shaped_array_like, scan as nscan, vmap as nvmap
+from .._transforms import _Split, is_named_or_shaped_array_like
+from .._transforms import scan as nscan
+from .._transforms import vmap as nvmap
 from ._explicit_stack import active as _explicit_driver
 
 M = TypeVar("M", bound=eqx.Module)
@@ -62,6 +64,7 @@ def layer_index(i: int, Layers: Axis) -> int:
 
 def slice_layer(tree, Layers: Axis, i):
     """Layer ``i`` of a pytree: NamedArray leaves with the Layers axis indexed, others whole."""
+
     def leaf(x):
         return x[Layers.name, i] if isinstance(x, NamedArray) and Layers.name in x.names else x
 
@@ -85,8 +88,10 @@ def _add_layers_axis(path, x, Layers: Axis):
     if eqx.is_array(x):
         # fold/scan slice only NamedArrays along Layers: a plain array would reach every
         # layer whole, with the stacking dimension still on it.
-        raise AxisError(f"block leaf {jax.tree_util.keystr(path)} is a plain array of shape {x.shape}; "
-                        "Stacked blocks hold their arrays as NamedArrays (wrap it with nm.named)")
+        raise AxisError(
+            f"block leaf {jax.tree_util.keystr(path)} is a plain array of shape {x.shape}; "
+            "Stacked blocks hold their arrays as NamedArrays (wrap it with nm.named)"
+        )
     return x
 
 
@@ -95,19 +100,25 @@ def stack_layers(trees: Sequence[Any], Layers: Axis, what: str):
     axis (plain arrays get a leading dimension; other leaves must be equal)."""
     flat = [jax.tree_util.tree_flatten_with_path(t, is_leaf=is_named_array) for t in trees]
     (first, treedef), out = flat[0], []
-    for i, (leaves, td) in enumerate(flat[1:], 1):
+    for i, (_, td) in enumerate(flat[1:], 1):
         if td != treedef:
-            raise NamedError(f"{what}: layer {i} differs in structure from layer 0 (a different block type, or "
-                             "different static fields): use BlockSeq for blocks that differ")
+            raise NamedError(
+                f"{what}: layer {i} differs in structure from layer 0 (a different block type, or "
+                "different static fields): use BlockSeq for blocks that differ"
+            )
     for k, (path, leaf) in enumerate(first):
         column = [leaves[k][1] for leaves, _ in flat]
         if isinstance(leaf, NamedArray):
             for i, x in enumerate(column):
                 if not isinstance(x, NamedArray) or x.axes != leaf.axes:
                     got = format_axes(x.axes) if isinstance(x, NamedArray) else type(x).__name__
-                    raise AxisError(f"{what}: {jax.tree_util.keystr(path)} has axes {format_axes(leaf.axes)} in layer 0 "
-                                    f"but {got} in layer {i}")
-            out.append(_add_layers_axis(path, NamedArray._unchecked(jnp.stack([x.array for x in column]), leaf.axes), Layers))
+                    raise AxisError(
+                        f"{what}: {jax.tree_util.keystr(path)} has axes {format_axes(leaf.axes)} in layer 0 "
+                        f"but {got} in layer {i}"
+                    )
+            out.append(
+                _add_layers_axis(path, NamedArray._unchecked(jnp.stack([x.array for x in column]), leaf.axes), Layers)
+            )
         elif eqx.is_array(leaf):
             out.append(jnp.stack(column))
         else:
@@ -126,8 +137,10 @@ def layers_axis(Layers: Axis | str, n: int, what: str) -> Axis:
 def check_every(remat, Layers: Axis) -> None:
     r = Remat.parse(remat, Layers.size)
     if r is not None and Layers.size % r.every:
-        raise NamedError(f"remat every={r.every} groups layers {r.every} at a time, but {Layers.name!r} has "
-                         f"{Layers.size} layers: pick a divisor of {Layers.size}")
+        raise NamedError(
+            f"remat every={r.every} groups layers {r.every} at a time, but {Layers.name!r} has "
+            f"{Layers.size} layers: pick a divisor of {Layers.size}"
+        )
 
 
 def checkpointing(remat, gradient_checkpointing, prevent_cse, Layers: Axis):
@@ -148,7 +161,9 @@ def block_init_function(block_init) -> Callable:
     if isinstance(block_init, type) and callable(getattr(block_init, "init", None)):
         return block_init.init
     if not callable(block_init):
-        raise NamedError(f"a stack's block_init is a function (or a module class with a static init), got {block_init!r}")
+        raise NamedError(
+            f"a stack's block_init is a function (or a module class with a static init), got {block_init!r}"
+        )
     return block_init
 
 
@@ -188,17 +203,29 @@ class Stacked(eqx.Module, Generic[M]):
         for path, x in jax.tree_util.tree_leaves_with_path(self.stacked, is_leaf=is_named_array):
             if isinstance(x, NamedArray):
                 if self.Layers.name not in x.names:
-                    raise AxisError(f"Stacked: block weight {jax.tree_util.keystr(path)} {format_axes(x.axes)} lacks the "
-                                    f"layers axis {self.Layers.name!r}; Stacked.init and Stacked.from_layers add it")
+                    raise AxisError(
+                        f"Stacked: block weight {jax.tree_util.keystr(path)} {format_axes(x.axes)} lacks the "
+                        f"layers axis {self.Layers.name!r}; Stacked.init and Stacked.from_layers add it"
+                    )
                 if x.axis_size(self.Layers.name) != self.Layers.size:
-                    raise AxisError(f"Stacked: block weight {jax.tree_util.keystr(path)} {format_axes(x.axes)} has "
-                                    f"{self.Layers.name}={x.axis_size(self.Layers.name)}, not the stack's {self.Layers.size}")
+                    raise AxisError(
+                        f"Stacked: block weight {jax.tree_util.keystr(path)} {format_axes(x.axes)} has "
+                        f"{self.Layers.name}={x.axis_size(self.Layers.name)}, not the stack's {self.Layers.size}"
+                    )
             elif eqx.is_array(x):
                 _add_layers_axis(path, x, self.Layers)  # raises: a plain array cannot be sliced per layer
 
     @staticmethod
-    def init(Layers: Axis, block_init: Callable[..., M], *args, key=None, remat="none", gradient_checkpointing=None,
-             prevent_cse=None, **kwargs):
+    def init(
+        Layers: Axis,
+        block_init: Callable[..., M],
+        *args,
+        key=None,
+        remat="none",
+        gradient_checkpointing=None,
+        prevent_cse=None,
+        **kwargs,
+    ):
         """``block_init(*args, key=k, **kwargs)`` for each layer, vmapped over split keys.
 
         Haliax's curried form is also accepted: ``Stacked.init(Layers, Block)(*args, **kwargs)``
@@ -213,12 +240,16 @@ class Stacked(eqx.Module, Generic[M]):
         make = block_init_function(block_init)
         if key is None:
             if args or kwargs:
-                raise NamedError("Stacked.init without key= is Haliax's curried form: Stacked.init(Layers, Block)(*args, "
-                                 "key=jax.random.split(key, n), ...); ours takes the block's arguments and key= at once")
+                raise NamedError(
+                    "Stacked.init without key= is Haliax's curried form: Stacked.init(Layers, Block)(*args, "
+                    "key=jax.random.split(key, n), ...); ours takes the block's arguments and key= at once"
+                )
             return curried_init(make, Layers, remat)
         keys = jax.random.split(key, Layers.size)
         blocks = eqx.filter_vmap(lambda k: make(*args, key=k, **kwargs))(keys)
-        stacked = jax.tree_util.tree_map_with_path(lambda p, x: _add_layers_axis(p, x, Layers), blocks, is_leaf=is_named_array)
+        stacked = jax.tree_util.tree_map_with_path(
+            lambda p, x: _add_layers_axis(p, x, Layers), blocks, is_leaf=is_named_array
+        )
         return Stacked(stacked, Layers, remat)
 
     @staticmethod
@@ -226,7 +257,7 @@ class Stacked(eqx.Module, Generic[M]):
         """The stack of ``blocks`` (of one type and shape), e.g. after editing ``unstacked()``."""
         blocks = list(blocks)
         Layers = layers_axis(Layers, len(blocks), "Stacked.from_layers")
-        for i, b in enumerate(blocks):
+        for b in blocks:
             for path, x in jax.tree_util.tree_leaves_with_path(b, is_leaf=is_named_array):
                 if not isinstance(x, NamedArray) and eqx.is_array(x):
                     _add_layers_axis(path, x, Layers)  # raises: plain arrays cannot be sliced per layer
@@ -282,7 +313,8 @@ class Stacked(eqx.Module, Generic[M]):
             return step(block, carry, *a, **kw)
 
         return nscan(body, self.Layers, remat=Remat.parse(self.remat, self.Layers.size), unroll=unroll)(
-            x, self.stacked, *args, **kwargs)
+            x, self.stacked, *args, **kwargs
+        )
 
     # -- per-layer access --
 
@@ -302,7 +334,9 @@ class Stacked(eqx.Module, Generic[M]):
             if isinstance(old, NamedArray):
                 if not isinstance(new, NamedArray) or new.axes != old.axes[1:]:
                     got = format_axes(new.axes) if isinstance(new, NamedArray) else type(new).__name__
-                    raise AxisError(f"Stacked.set_layer: {jax.tree_util.keystr(path)} needs axes {format_axes(old.axes[1:])}, got {got}")
+                    raise AxisError(
+                        f"Stacked.set_layer: {jax.tree_util.keystr(path)} needs axes {format_axes(old.axes[1:])}, got {got}"
+                    )
                 old = old.at[self.Layers.name, i].set(new)
             out.append(old)
         return Stacked(jax.tree.unflatten(treedef, out), self.Layers, self.remat)

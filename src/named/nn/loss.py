@@ -22,9 +22,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import _ops as ops
 from .._axis import ArgumentError, ArgumentTypeError, Axis, AxisError, AxisSelector, format_axes
 from .._core import NamedArray, expect_named
-from .. import _ops as ops
 from .._einsum import dot
 from .._index import concrete, first_flagged
 from .._shape import arange, broadcast_to, full, roll, zeros
@@ -62,7 +62,9 @@ def _check_targets(targets: NamedArray, Vocab: Axis, loss_axes: tuple[Axis, ...]
             f"got dtype {targets.dtype} {format_axes(targets.axes)}"
         )
     if not jnp.issubdtype(targets.dtype, jnp.integer):
-        raise ArgumentTypeError(f"targets must hold integer token ids, got dtype {targets.dtype} {format_axes(targets.axes)}")
+        raise ArgumentTypeError(
+            f"targets must hold integer token ids, got dtype {targets.dtype} {format_axes(targets.axes)}"
+        )
     if Vocab.name in targets.names:
         raise AxisError(
             f"targets {format_axes(targets.axes)} have the vocab axis {Vocab.name!r}; "
@@ -71,7 +73,9 @@ def _check_targets(targets: NamedArray, Vocab: Axis, loss_axes: tuple[Axis, ...]
     known = {a.name: a.size for a in loss_axes}
     for a in targets.axes:
         if known.get(a.name) != a.size:
-            raise AxisError(f"targets axis {a.name}={a.size} is not among the logits' token axes {format_axes(loss_axes)}")
+            raise AxisError(
+                f"targets axis {a.name}={a.size} is not among the logits' token axes {format_axes(loss_axes)}"
+            )
 
 
 def _check_where(where) -> None:
@@ -79,7 +83,9 @@ def _check_where(where) -> None:
         raise ArgumentTypeError(f"where= must be a NamedArray mask over the targets' axes, got {type(where).__name__}")
 
 
-def _screen_ids(targets: NamedArray, Vocab: Axis, where, ignore_index, what: str) -> tuple[NamedArray | None, NamedArray]:
+def _screen_ids(
+    targets: NamedArray, Vocab: Axis, where, ignore_index, what: str
+) -> tuple[NamedArray | None, NamedArray]:
     """``(where, in_vocab)``: ``where`` with the tokens whose target is ``ignore_index`` taken out
     (they neither contribute nor count, as in torch), and where each target is a vocab id.
 
@@ -103,7 +109,11 @@ def _screen_ids(targets: NamedArray, Vocab: Axis, where, ignore_index, what: str
     if flags is not None and flags.any():
         at_index, at = first_flagged(flags, counted.axes)
         ids = np.asarray(broadcast_to(targets, counted.axes).array)
-        skip = f"ignore_index={ignore_index} marks a token to skip" if ignore_index is not None else "ignore_index marks a token to skip"
+        skip = (
+            f"ignore_index={ignore_index} marks a token to skip"
+            if ignore_index is not None
+            else "ignore_index marks a token to skip"
+        )
         raise ArgumentError(
             f"{what}: target id {int(ids[at_index])} at ({at}) is outside [0, {Vocab.size}) (vocab axis {Vocab.name!r}); "
             f"{int(flags.sum())} counted target(s) out of range in all. Ids must be vocab entries; {skip}, "
@@ -146,7 +156,9 @@ def _apply_reduction(loss: NamedArray, where, reduction: str) -> NamedArray:
     if where is not None:
         extra = [a for a in where.axes if a.name not in loss.names]
         if extra:
-            raise AxisError(f"where= has axes {format_axes(extra)} that the per-token loss {format_axes(loss.axes)} lacks")
+            raise AxisError(
+                f"where= has axes {format_axes(extra)} that the per-token loss {format_axes(loss.axes)} lacks"
+            )
         weight = broadcast_to(where.astype(jnp.float32), loss.axes)
         # where(), not a product: a masked-out token whose loss is inf or nan must not leak in.
         loss = ops.where(weight != 0, loss * weight, 0.0)
@@ -277,8 +289,10 @@ def binary_cross_entropy_loss(
         expect_named(v, "binary_cross_entropy_loss", what)
     if set(targets.names) != set(logits.names):
         odd = sorted(set(targets.names) ^ set(logits.names))
-        raise AxisError(f"binary_cross_entropy_loss: targets {format_axes(targets.axes)} and logits "
-                        f"{format_axes(logits.axes)} must have the same axes; {odd[0]!r} is in only one")
+        raise AxisError(
+            f"binary_cross_entropy_loss: targets {format_axes(targets.axes)} and logits "
+            f"{format_axes(logits.axes)} must have the same axes; {odd[0]!r} is in only one"
+        )
     _check_within(targets, logits.axes, "targets", "logits'")
     x, t = logits.astype(jnp.float32), targets.astype(jnp.float32)
     softplus_neg = ops.softplus(-x)  # -log(sigmoid(x)); -log(1 - sigmoid(x)) is x + softplus(-x)
@@ -320,7 +334,9 @@ def next_token_targets(
     if loss_mask is not None:
         extra = [a for a in loss_mask.axes if a.name not in input_ids.names]
         if extra:
-            raise AxisError(f"loss_mask has axes {format_axes(extra)} that input_ids {format_axes(input_ids.axes)} lack")
+            raise AxisError(
+                f"loss_mask has axes {format_axes(extra)} that input_ids {format_axes(input_ids.axes)} lack"
+            )
         mask = mask * loss_mask.astype(jnp.float32)
     return targets, broadcast_to(mask, input_ids.axes)
 
@@ -345,8 +361,16 @@ def next_token_loss(
     the tokens that count. Other arguments are those of :func:`cross_entropy_loss`.
     """
     targets, mask = next_token_targets(input_ids, Pos=Pos, loss_mask=loss_mask)
-    return cross_entropy_loss(logits, targets, axis=axis, where=mask, reduction=reduction, z_loss_weight=z_loss_weight,
-                              label_smoothing=label_smoothing, ignore_index=ignore_index)
+    return cross_entropy_loss(
+        logits,
+        targets,
+        axis=axis,
+        where=mask,
+        reduction=reduction,
+        z_loss_weight=z_loss_weight,
+        label_smoothing=label_smoothing,
+        ignore_index=ignore_index,
+    )
 
 
 # ---- blockwise over the vocabulary -----------------------------------------------------------
@@ -452,7 +476,9 @@ def blockwise_cross_entropy_loss(
         # The max only shifts the exponent; stopping its gradient is exact (as in
         # jax.nn.logsumexp) and keeps the backward pass free of max bookkeeping.
         new_max = ops.maximum(running_max, jax.lax.stop_gradient(logits.max(Inner.name).rearrange(token_axes)))
-        sum_exp = sum_exp * ops.exp(running_max - new_max) + ops.exp(logits - new_max).sum(Inner.name).rearrange(token_axes)
+        sum_exp = sum_exp * ops.exp(running_max - new_max) + ops.exp(logits - new_max).sum(Inner.name).rearrange(
+            token_axes
+        )
         picked = picked + _target_logit(logits, Inner, targets, ids).rearrange(token_axes)
         return (new_max, sum_exp, picked), None
 

@@ -78,18 +78,24 @@ def get_policy(spec: str | jmp.Policy) -> jmp.Policy:
     if isinstance(spec, jmp.Policy):
         return spec
     if not isinstance(spec, str):
-        raise ArgumentTypeError(f"a precision policy is a string like 'params=float32,compute=bfloat16' or a jmp.Policy, got {spec!r}")
+        raise ArgumentTypeError(
+            f"a precision policy is a string like 'params=float32,compute=bfloat16' or a jmp.Policy, got {spec!r}"
+        )
     if "=" not in spec:
         compute = _parse_dtype(spec, spec, spec)
         return jmp.Policy(param_dtype=jnp.float32, compute_dtype=compute, output_dtype=jnp.float32)
     chosen: dict[str, Any] = {}
     for part in spec.split(","):
         if "=" not in part:
-            raise ArgumentError(f"part {part.strip()!r} of precision policy {spec!r} is not key=dtype (keys: params, compute, output)")
+            raise ArgumentError(
+                f"part {part.strip()!r} of precision policy {spec!r} is not key=dtype (keys: params, compute, output)"
+            )
         key, value = part.split("=", 1)
         canonical = _KEYS.get(key.strip().lower())
         if canonical is None:
-            raise ArgumentError(f"unknown key {key.strip()!r} in {part.strip()!r} of precision policy {spec!r}; use params, compute or output")
+            raise ArgumentError(
+                f"unknown key {key.strip()!r} in {part.strip()!r} of precision policy {spec!r}; use params, compute or output"
+            )
         if canonical in chosen:
             raise ArgumentError(f"precision policy {spec!r} sets {canonical!r} twice")
         chosen[canonical] = _parse_dtype(value, part, spec)

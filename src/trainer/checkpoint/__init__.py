@@ -46,8 +46,15 @@ to be worked around rather than used.
 from __future__ import annotations
 
 from ..config.location import CheckpointError, Location, ObjectPath, inside, is_remote, location
-from .read import (check_restorable, latest_checkpoint, list_checkpoints, read_commit, restore, uncommitted_steps,
-                   verify_checkpoint)
+from .read import (
+    check_restorable,
+    latest_checkpoint,
+    list_checkpoints,
+    read_commit,
+    restore,
+    uncommitted_steps,
+    verify_checkpoint,
+)
 from .store import COMMIT_FILE, CheckpointWarning, check_access, checkpoint_dir
 from .store import self_digest as _self_digest  # noqa: F401 - tests build commit records
 from .write import Checkpointer, save_checkpoint

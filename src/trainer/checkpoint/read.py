@@ -32,9 +32,27 @@ from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from named import NamedArray, is_named_array
 
-from .store import (COMMIT_FILE, FORMAT, IO_THREADS, STEP_DIR, CheckpointError, CheckpointWarning, Location,
-                    ObjectPath, checkpoint_dir, hash_file, kvstore_spec, list_objects, location, read_object,
-                    read_objects, safe_relpath, self_digest, show, zarr_spec)
+from .store import (
+    COMMIT_FILE,
+    FORMAT,
+    IO_THREADS,
+    STEP_DIR,
+    CheckpointError,
+    CheckpointWarning,
+    Location,
+    ObjectPath,
+    checkpoint_dir,
+    hash_file,
+    kvstore_spec,
+    list_objects,
+    location,
+    read_object,
+    read_objects,
+    safe_relpath,
+    self_digest,
+    show,
+    zarr_spec,
+)
 
 _SCALAR_TYPES = {"bool": bool, "int": int, "float": float, "str": str}
 _COMMIT_KEY = re.compile(r"^step_(\d+)/" + re.escape(COMMIT_FILE) + "$")
@@ -44,7 +62,9 @@ _STEP_KEY = re.compile(r"^(step_\d+)/")
 # ---- finding ------------------------------------------------------------------------------
 
 
-def list_checkpoints(run_dir: str | os.PathLike | ObjectPath, *, subdir: str = "checkpoints") -> list[tuple[int, Location]]:
+def list_checkpoints(
+    run_dir: str | os.PathLike | ObjectPath, *, subdir: str = "checkpoints"
+) -> list[tuple[int, Location]]:
     """``(step, path)`` of every checkpoint with a commit record, oldest first; not verified."""
     ckdir = checkpoint_dir(run_dir, subdir)
     if isinstance(ckdir, ObjectPath):
@@ -103,7 +123,8 @@ def _check_bytes(path: Location, rel: str, data: bytes | None, info: dict) -> No
         raise CheckpointError(f"checkpoint {path}: file {full} is missing")
     if len(data) != info["size"]:
         raise CheckpointError(
-            f"checkpoint {path}: file {full} has {len(data)} bytes, the commit says {info['size']} (truncated?)")
+            f"checkpoint {path}: file {full} has {len(data)} bytes, the commit says {info['size']} (truncated?)"
+        )
     if hashlib.sha256(data).hexdigest() != info["sha256"]:
         raise CheckpointError(f"checkpoint {path}: checksum mismatch in file {full} (corrupted)")
 
@@ -165,7 +186,9 @@ def _latest(root: Location, subdir: str) -> tuple[Location, dict] | None:
     if isinstance(ckdir, ObjectPath):
         newest = found[-1][0] if found else -1
         partial = [name for name in uncommitted_steps(ckdir) if int(name[5:]) > newest]
-        skipped += [f"{ckdir / name} holds objects but no {COMMIT_FILE} (a save that never committed)" for name in partial]
+        skipped += [
+            f"{ckdir / name} holds objects but no {COMMIT_FILE} (a save that never committed)" for name in partial
+        ]
     for _, path in reversed(found):
         try:
             commit = verify_checkpoint(path)
@@ -323,8 +346,9 @@ def _is_checkpoint(p: Location) -> bool:
     return (p / COMMIT_FILE).exists()
 
 
-def restore(path_or_run_dir: str | os.PathLike | ObjectPath, target: Any, *, subdir: str = "checkpoints",
-            partial: bool = False) -> tuple[Any, dict]:
+def restore(
+    path_or_run_dir: str | os.PathLike | ObjectPath, target: Any, *, subdir: str = "checkpoints", partial: bool = False
+) -> tuple[Any, dict]:
     """Read a checkpoint into the structure, shapes, dtypes and shardings of ``target``.
 
     Args:
@@ -374,7 +398,7 @@ def _open_leaf(plan: _Plan, ckpt: Location, commit: dict):
     context = ts.Context()  # a memory kvstore of its own
     memory = ts.KvStore.open({"driver": "memory"}, context=context).result()
     prefix = rec["dir"] + "/"
-    for f in [memory.write(rel[len(prefix):], blob) for rel, blob in data.items()]:
+    for f in [memory.write(rel[len(prefix) :], blob) for rel, blob in data.items()]:
         f.result()
     return ts.open(zarr_spec({"driver": "memory"}), context=context, open=True, read=True).result()
 

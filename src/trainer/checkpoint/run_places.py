@@ -34,7 +34,8 @@ KINDS = (CHECKPOINT, CHECKPOINT_FOLDER, RUN_DIR)  # innermost first: a checkpoin
 
 def is_run_dir(p: Path) -> bool:
     return (p / RUN_FILE).is_file() or (
-        (p / CONFIG_FILE).is_file() and ((p / "model_config.json").is_file() or (p / LOCK_FILE).is_file()))
+        (p / CONFIG_FILE).is_file() and ((p / "model_config.json").is_file() or (p / LOCK_FILE).is_file())
+    )
 
 
 def is_checkpoint_folder(p: Path) -> bool:

@@ -70,12 +70,28 @@ from ..config import (  # noqa: F401  (TRAJECTORY_FREE, checkpoint_root: also th
 )
 from .run_places import CHECKPOINT, CHECKPOINT_FOLDER, CONFIG_FILE, LOCK_FILE, METRICS_FILE, RUN_FILE, enclosing
 
-__all__ = ["TRAJECTORY_FREE", "RunPlan", "check_outside_checkpoints", "check_writable", "checkpoint_root", "claim",
-           "os_error", "plan_run", "trajectory_changes"]
+__all__ = [
+    "TRAJECTORY_FREE",
+    "RunPlan",
+    "check_outside_checkpoints",
+    "check_writable",
+    "checkpoint_root",
+    "claim",
+    "os_error",
+    "plan_run",
+    "trajectory_changes",
+]
 
 # What the trainer writes in a run directory, and which kind each must be.
-_ENTRIES = {"checkpoints": "directory", "logs": "directory", CONFIG_FILE: "file", "model_config.json": "file",
-            METRICS_FILE: "file", LOCK_FILE: "file", RUN_FILE: "file"}
+_ENTRIES = {
+    "checkpoints": "directory",
+    "logs": "directory",
+    CONFIG_FILE: "file",
+    "model_config.json": "file",
+    METRICS_FILE: "file",
+    LOCK_FILE: "file",
+    RUN_FILE: "file",
+}
 
 # Process 0 decides for every process; how long the others wait for its decision (a dead
 # process 0 ends them sooner, through jax.distributed's heartbeat).
@@ -127,8 +143,11 @@ _ABSENT = "(absent)"
 def _changes(saved: dict, new: dict) -> list[tuple[str, Any, Any]]:
     old, cur = _flatten(saved), _flatten(new)
     keys = sorted(set(old) | set(cur))
-    return [(k, old.get(k, _ABSENT), cur.get(k, _ABSENT)) for k in keys
-            if not _same(old.get(k, _ABSENT), cur.get(k, _ABSENT))]
+    return [
+        (k, old.get(k, _ABSENT), cur.get(k, _ABSENT))
+        for k in keys
+        if not _same(old.get(k, _ABSENT), cur.get(k, _ABSENT))
+    ]
 
 
 def trajectory_changes(saved: dict, new: dict) -> list[tuple[str, Any, Any]]:
@@ -149,10 +168,14 @@ def _read_saved_config(path: Path) -> dict | None:
     try:
         saved = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise ConfigError(f"trainer.run_dir: {path} cannot be read ({e}); it is not a config this trainer wrote. "
-                          "Choose another trainer.run_dir") from None
+        raise ConfigError(
+            f"trainer.run_dir: {path} cannot be read ({e}); it is not a config this trainer wrote. "
+            "Choose another trainer.run_dir"
+        ) from None
     if not isinstance(saved, dict):
-        raise ConfigError(f"trainer.run_dir: {path} holds no mapping of config sections; choose another trainer.run_dir")
+        raise ConfigError(
+            f"trainer.run_dir: {path} holds no mapping of config sections; choose another trainer.run_dir"
+        )
     return saved
 
 
@@ -177,8 +200,10 @@ def check_writable(run_dir: Path, key: str = "trainer.run_dir", entries: dict[st
         for name, kind in entries.items():
             entry = run_dir / name
             if entry.exists() and entry.is_dir() != (kind == "directory"):
-                raise ConfigError(f"{key}: {entry} is a {'directory' if entry.is_dir() else 'file'}; "
-                                  f"the trainer writes a {kind} there")
+                raise ConfigError(
+                    f"{key}: {entry} is a {'directory' if entry.is_dir() else 'file'}; "
+                    f"the trainer writes a {kind} there"
+                )
             if kind == "directory" and entry.is_dir() and not os.access(entry, os.W_OK | os.X_OK):
                 raise ConfigError(f"{key}: {entry} is not writable")
         return
@@ -197,8 +222,10 @@ def check_outside_checkpoints(path: Path, key: str) -> None:
     found = enclosing(path, (CHECKPOINT, CHECKPOINT_FOLDER))
     if found is not None:
         kind, place = found
-        raise ConfigError(f"{key} {path} lies inside the {kind} {place}: the retention of the run that owns it "
-                          f"deletes checkpoints with everything in them. Choose a {key} outside it")
+        raise ConfigError(
+            f"{key} {path} lies inside the {kind} {place}: the retention of the run that owns it "
+            f"deletes checkpoints with everything in them. Choose a {key} outside it"
+        )
 
 
 def _local_base(run_dir: Path, root: ckpt.Location) -> Path | None:
@@ -223,12 +250,16 @@ def _read_run_id(run_dir: Path) -> str | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise ConfigError(f"trainer.run_dir: {path} cannot be read ({e}); it is not a file this trainer wrote. "
-                          "Choose another trainer.run_dir") from None
+        raise ConfigError(
+            f"trainer.run_dir: {path} cannot be read ({e}); it is not a file this trainer wrote. "
+            "Choose another trainer.run_dir"
+        ) from None
     run_id = data.get("id") if isinstance(data, dict) else None
     if not _is_run_id(run_id):
-        raise ConfigError(f"trainer.run_dir: {path} holds no run id (32 hex digits under \"id\"); it is not a file "
-                          "this trainer wrote. Choose another trainer.run_dir")
+        raise ConfigError(
+            f'trainer.run_dir: {path} holds no run id (32 hex digits under "id"); it is not a file '
+            "this trainer wrote. Choose another trainer.run_dir"
+        )
     return run_id
 
 
@@ -246,20 +277,26 @@ def _owner_check(cfg: TrainConfig, plan: RunPlan, commit: dict, mine: str | None
         return theirs
     t = cfg.trainer
     if t.load_checkpoint not in (None, "auto"):  # named on purpose: the user's choice
-        plan.notes.append(f"resuming from {plan.restore_from}, a checkpoint of another run (trainer.run_dir {owner_dir}), "
-                          "because trainer.load_checkpoint names it")
+        plan.notes.append(
+            f"resuming from {plan.restore_from}, a checkpoint of another run (trainer.run_dir {owner_dir}), "
+            "because trainer.load_checkpoint names it"
+        )
         return None
     root_key, root = checkpoint_root_setting(cfg)
     this = f"run id {mine}" if mine else "a new run"
     rel = f"checkpoints/{Path(str(plan.restore_from)).name}"
-    fix = (f"give this run a checkpoint.base of its own (e.g. {root.rstrip('/')}/{here.name})"
-           if root_key == "checkpoint.base" else "give the other run a checkpoint.base of its own")
+    fix = (
+        f"give this run a checkpoint.base of its own (e.g. {root.rstrip('/')}/{here.name})"
+        if root_key == "checkpoint.base"
+        else "give the other run a checkpoint.base of its own"
+    )
     raise ConfigError(
         f"{root_key} {root}: the checkpoint {plan.restore_from} was saved by another run (trainer.run_dir {owner_dir}, run id "
         f"{theirs}), not by this one (trainer.run_dir {plan.run_dir}, {this}). Runs that share a checkpoint folder "
         f"resume from and delete each other's checkpoints: {fix}. To continue the other run, launch it with "
         f"trainer.run_dir {owner_dir}; to start this one from that checkpoint on purpose, name it: "
-        f"trainer.load_checkpoint {rel}. Nothing was written")
+        f"trainer.load_checkpoint {rel}. Nothing was written"
+    )
 
 
 def _fingerprint(run_dir: Path, root: ckpt.Location) -> tuple:
@@ -283,7 +320,8 @@ def _in_use(run_dir: Path, holder: str) -> ConfigError:
     return ConfigError(
         f"trainer.run_dir {run_dir} is in use by another run ({holder}; lock {run_dir / LOCK_FILE}): two runs "
         "in one directory would delete each other's checkpoints and mix their metrics. Wait for it to end, "
-        "stop it, or choose another trainer.run_dir")
+        "stop it, or choose another trainer.run_dir"
+    )
 
 
 def _try_lock(fd: int) -> bool:
@@ -353,7 +391,8 @@ def _decide(cfg: TrainConfig) -> RunPlan:
         raise ConfigError(
             f"trainer.run_dir {run_dir} already holds a run ({', '.join(held)}) and trainer.load_checkpoint is null, "
             "which starts new runs only and never writes over one. To resume it, set trainer.load_checkpoint auto; "
-            "to start a new run, choose another trainer.run_dir")
+            "to start a new run, choose another trainer.run_dir"
+        )
     new = yaml.safe_load(dump_config(cfg))
     if saved is not None:
         changed = trajectory_changes(saved, new)
@@ -361,10 +400,13 @@ def _decide(cfg: TrainConfig) -> RunPlan:
             raise ConfigError(
                 f"trainer.run_dir {run_dir} holds a run whose {CONFIG_FILE} differs from this config in settings that "
                 f"define the training trajectory: {_show(changed)}. To resume that run, restore these values; to start "
-                "a new run, choose another trainer.run_dir. Nothing was written")
+                "a new run, choose another trainer.run_dir. Nothing was written"
+            )
         free = [c for c in _changes(saved, new) if c[0] not in ("trainer.load_checkpoint",)]
         if free:
-            plan.notes.append(f"settings changed since {run_dir / CONFIG_FILE} (which keeps the first launch's): {_show(free)}")
+            plan.notes.append(
+                f"settings changed since {run_dir / CONFIG_FILE} (which keeps the first launch's): {_show(free)}"
+            )
     if t.load_checkpoint == "auto":
         plan.restore_from = ckpt.latest_checkpoint(root)  # verified; a corrupted newer one is skipped, warned
         commit = ckpt.read_commit(plan.restore_from) if plan.restore_from is not None else None
@@ -376,7 +418,8 @@ def _decide(cfg: TrainConfig) -> RunPlan:
             raise ConfigError(
                 f"trainer.load_checkpoint {t.load_checkpoint!r} is older than checkpoints {', '.join(later)} in "
                 f"{ckpt.checkpoint_dir(root)}; resuming from it would fork the run inside one run directory. "
-                "Move the later ones out of it, or copy the checkpoint into another trainer.run_dir")
+                "Move the later ones out of it, or copy the checkpoint into another trainer.run_dir"
+            )
     adopted = _owner_check(cfg, plan, commit, mine) if commit is not None else None
     plan.run_id = mine or adopted or uuid.uuid4().hex
     if commit is not None:
@@ -384,16 +427,21 @@ def _decide(cfg: TrainConfig) -> RunPlan:
         if saved is None:  # a run directory assembled by hand: the seed is all the checkpoint records
             seed = commit.get("metadata", {}).get("seed")
             if seed is not None and seed != t.seed:
-                raise ConfigError(f"trainer.seed: {plan.restore_from} was saved by a run with trainer.seed={seed}, this "
-                                  f"config has {t.seed}. To resume it, set trainer.seed {seed}; to start a new run, "
-                                  "choose another trainer.run_dir")
-            plan.notes.append(f"{run_dir} has no {CONFIG_FILE}: only the seed and the tensors' shapes of "
-                              f"{plan.restore_from} were checked against this config")
+                raise ConfigError(
+                    f"trainer.seed: {plan.restore_from} was saved by a run with trainer.seed={seed}, this "
+                    f"config has {t.seed}. To resume it, set trainer.seed {seed}; to start a new run, "
+                    "choose another trainer.run_dir"
+                )
+            plan.notes.append(
+                f"{run_dir} has no {CONFIG_FILE}: only the seed and the tensors' shapes of "
+                f"{plan.restore_from} were checked against this config"
+            )
     if t.num_train_steps and t.num_train_steps < plan.step:
         raise ConfigError(
             f"trainer.num_train_steps={t.num_train_steps}, but {plan.restore_from} in trainer.run_dir is at step "
             f"{plan.step}. To train on, set trainer.num_train_steps above {plan.step}; to start a new run, choose "
-            "another trainer.run_dir")
+            "another trainer.run_dir"
+        )
     return plan
 
 
@@ -412,17 +460,31 @@ def _agree(decide: Callable[[], RunPlan]) -> RunPlan:
         except Exception as e:
             client.key_value_set(key, json.dumps({"error": type(e).__name__, "message": str(e)}))
             raise
-        client.key_value_set(key, json.dumps({"restore_from": plan.restore_from and str(plan.restore_from),
-                                              "step": plan.step, "run_dir": str(plan.run_dir),
-                                              "root": str(plan.root), "run_id": plan.run_id}))
+        client.key_value_set(
+            key,
+            json.dumps(
+                {
+                    "restore_from": plan.restore_from and str(plan.restore_from),
+                    "step": plan.step,
+                    "run_dir": str(plan.run_dir),
+                    "root": str(plan.root),
+                    "run_id": plan.run_id,
+                }
+            ),
+        )
         return plan
     got = json.loads(client.blocking_key_value_get(key, _AGREE_TIMEOUT_MS))
     if "error" in got:
         if got["error"] == "CheckpointError":
             raise ckpt.CheckpointError(f"process 0 refused the run: {got['message']}")
         raise ConfigError(f"process 0 refused the run: {got['message']}")
-    return RunPlan(Path(got["run_dir"]), ckpt.location(got["root"]),
-                   got["restore_from"] and ckpt.location(got["restore_from"]), got["step"], run_id=got["run_id"])
+    return RunPlan(
+        Path(got["run_dir"]),
+        ckpt.location(got["root"]),
+        got["restore_from"] and ckpt.location(got["restore_from"]),
+        got["step"],
+        run_id=got["run_id"],
+    )
 
 
 def plan_run(cfg: TrainConfig) -> RunPlan:
@@ -454,8 +516,10 @@ def claim(plan: RunPlan, files: dict[str, str]) -> Iterator[None]:
         if jax.process_index() == 0:
             lock = RunLock(run_dir)
             if _fingerprint(run_dir, plan.root) != plan.fingerprint:
-                raise ConfigError(f"trainer.run_dir {run_dir} changed while this run was starting (another run wrote "
-                                  "to it); nothing was written. Start again to resume it, or choose another trainer.run_dir")
+                raise ConfigError(
+                    f"trainer.run_dir {run_dir} changed while this run was starting (another run wrote "
+                    "to it); nothing was written. Start again to resume it, or choose another trainer.run_dir"
+                )
             if ckpt.is_remote(plan.root):  # credentials that may read but not write fail here, not at the first save
                 ckpt.check_access(ckpt.checkpoint_dir(plan.root), write=True)
             elif plan.root != run_dir:  # a local checkpoint.base: what plan_run's checks could not know fails here

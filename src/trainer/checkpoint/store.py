@@ -19,14 +19,13 @@ Objects have no atomic rename, so the commit protocol on a store differs from th
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
 import re
 import threading
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import tensorstore as ts
 
@@ -169,7 +168,7 @@ def read_objects(loc: ObjectPath, rels: Iterable[str], window: int = 64):
     """``(rel, bytes or None)`` for each of ``rels``, at most ``window`` reads in flight (memory stays bounded)."""
     kv, rels = open_store(loc), list(rels)
     for i in range(0, len(rels), window):
-        batch = rels[i:i + window]
+        batch = rels[i : i + window]
         futures = [kv.read(r) for r in batch]
         for rel, f in zip(batch, futures):
             try:

@@ -46,9 +46,26 @@ from named._compat import distributed_client, is_tracer
 
 from .read import latest_checkpoint, restore
 from .retention import apply_retention, fsync_dir
-from .store import (COMMIT_FILE, FORMAT, IO_THREADS, CheckpointError, Location, ObjectPath, checkpoint_dir,
-                    delete_objects, hash_file, kvstore_spec, list_objects, location, read_object,
-                    safe_relpath, self_digest, show, write_objects, zarr_spec)
+from .store import (
+    COMMIT_FILE,
+    FORMAT,
+    IO_THREADS,
+    CheckpointError,
+    Location,
+    ObjectPath,
+    checkpoint_dir,
+    delete_objects,
+    hash_file,
+    kvstore_spec,
+    list_objects,
+    location,
+    read_object,
+    safe_relpath,
+    self_digest,
+    show,
+    write_objects,
+    zarr_spec,
+)
 
 # ---- snapshot: the tree, flattened, with host copies of this process's shards --------
 
@@ -89,7 +106,9 @@ def _snapshot(tree: Any, process_index: int) -> list[_Leaf]:
                     x = jax.random.key_data(x)
                 chunk = x.sharding.shard_shape(x.shape)
                 owned = [
-                    (tuple(s.start or 0 for s in sh.index), sh.data) for sh in x.addressable_shards if sh.replica_id == 0
+                    (tuple(s.start or 0 for s in sh.index), sh.data)
+                    for sh in x.addressable_shards
+                    if sh.replica_id == 0
                 ]
             else:
                 x = np.asarray(x)
@@ -190,7 +209,9 @@ def _write_json(path: Path, obj: Any) -> None:
         os.fsync(f.fileno())
 
 
-def _commit_body(step: int, process_count: int, metadata: dict, leaves: list[dict], files: dict, temporary: bool) -> dict:
+def _commit_body(
+    step: int, process_count: int, metadata: dict, leaves: list[dict], files: dict, temporary: bool
+) -> dict:
     body = {
         "format": FORMAT,
         "step": step,
@@ -236,6 +257,7 @@ def _write_checkpoint(ckdir: Path, s: _Save) -> Path:
         _test_pause()
         arrays = [leaf for leaf in s.leaves if leaf.record["kind"] == "array"]
         with concurrent.futures.ThreadPoolExecutor(IO_THREADS) as pool:
+
             def write(leaf: _Leaf) -> list[str]:
                 rel = leaf.record["dir"]
                 return [f"{rel}/{f}" for f in _write_leaf(tmp / rel, leaf.record, leaf.shards, primary)]
@@ -324,8 +346,10 @@ def _write_objects_checkpoint(ckdir: ObjectPath, s: _Save) -> ObjectPath:
             if raw is None:
                 raise CheckpointError(f"{final / data}: process {p} wrote no manifest of its objects")
             files.update(json.loads(raw))
-        records = [{**leaf.record, "dir": f"{data}/{leaf.record['dir']}"} if leaf.record["kind"] == "array"
-                   else leaf.record for leaf in s.leaves]
+        records = [
+            {**leaf.record, "dir": f"{data}/{leaf.record['dir']}"} if leaf.record["kind"] == "array" else leaf.record
+            for leaf in s.leaves
+        ]
         body = _commit_body(s.step, s.process_count, s.metadata, records, files, s.temporary)
         write_objects(final, {COMMIT_FILE: json.dumps(body, indent=1, sort_keys=True).encode()})
         _test_pause()
@@ -411,9 +435,21 @@ class Checkpointer:
             try:
                 self.directory.mkdir(parents=True, exist_ok=True)
             except OSError as e:
-                raise CheckpointError(f"cannot create the checkpoint directory {self.directory}: {e.strerror or e}") from None
-        job = _Save(step, token, leaves, metadata, bool(temporary), pid, nproc, self.keep_last, self.keep_every,
-                    self.barrier_timeout_s)
+                raise CheckpointError(
+                    f"cannot create the checkpoint directory {self.directory}: {e.strerror or e}"
+                ) from None
+        job = _Save(
+            step,
+            token,
+            leaves,
+            metadata,
+            bool(temporary),
+            pid,
+            nproc,
+            self.keep_last,
+            self.keep_every,
+            self.barrier_timeout_s,
+        )
         write = _write_objects_checkpoint if isinstance(self.directory, ObjectPath) else _write_checkpoint
 
         def run():
@@ -480,8 +516,9 @@ class Checkpointer:
         return restore(self.directory / f"step_{int(step)}", target)
 
 
-def save_checkpoint(run_dir: str | os.PathLike | ObjectPath, step: int, tree: Any, metadata: dict | None = None,
-                    **kwargs) -> Location:
+def save_checkpoint(
+    run_dir: str | os.PathLike | ObjectPath, step: int, tree: Any, metadata: dict | None = None, **kwargs
+) -> Location:
     """Save synchronously (a Checkpointer's save + wait); kwargs as for Checkpointer."""
     ckpt = Checkpointer(run_dir, **kwargs)
     ckpt.save(step, tree, metadata)

@@ -73,8 +73,10 @@ def _missing_extras(prog: str) -> int | None:
     missing = [m for m in _TRAIN_EXTRAS if importlib.util.find_spec(m) is None]
     if not missing:
         return None
-    print(f"error: {prog} needs the training extras ({', '.join(missing)} not installed): "
-          "pip install 'named-jax[train]'", file=sys.stderr)
+    print(
+        f"error: {prog} needs the training extras ({', '.join(missing)} not installed): pip install 'named-jax[train]'",
+        file=sys.stderr,
+    )
     return 2
 
 
@@ -150,7 +152,9 @@ def main_train(argv: list[str] | None = None) -> int:
 
         return exit_code(result.stopped_by)
     if result.losses and jax.process_index() == 0:
-        print(f"done: {len(result.losses)} steps, loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f}; run dir {result.run_dir}")
+        print(
+            f"done: {len(result.losses)} steps, loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f}; run dir {result.run_dir}"
+        )
     elif result.message and jax.process_index() == 0:
         print(result.message)
     return 0
@@ -163,8 +167,12 @@ def main_sample(argv: list[str] | None = None) -> int:
     p = _ArgumentParser(prog="named-sample")
     p.add_argument("--checkpoint", required=True, help="a run directory (newest checkpoint) or a checkpoint folder")
     p.add_argument("--prompt", default="")
-    p.add_argument("--chat", metavar="MESSAGE", help="a user message, rendered with the run's chat template; prints "
-                   "the reply, which ends at the tokenizer's eos or end-of-turn token")
+    p.add_argument(
+        "--chat",
+        metavar="MESSAGE",
+        help="a user message, rendered with the run's chat template; prints "
+        "the reply, which ends at the tokenizer's eos or end-of-turn token",
+    )
     p.add_argument("--tokens", type=int, default=100)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
@@ -172,8 +180,11 @@ def main_sample(argv: list[str] | None = None) -> int:
 
     def body() -> int:
         a = p.parse_args(sys.argv[1:] if argv is None else argv)
-        print(sample_from_checkpoint(Path(a.checkpoint), a.prompt, a.tokens, temperature=a.temperature, seed=a.seed,
-                                     chat=a.chat))
+        print(
+            sample_from_checkpoint(
+                Path(a.checkpoint), a.prompt, a.tokens, temperature=a.temperature, seed=a.seed, chat=a.chat
+            )
+        )
         return 0
 
     return _guarded(body)
@@ -184,24 +195,44 @@ def main_export(argv: list[str] | None = None) -> int:
     [--max-shard-size 2GB] [--overwrite]``: a checkpoint as a Hugging Face folder (see ``export``)."""
     if (code := _missing_extras("named-export")) is not None:
         return code
-    p = _ArgumentParser(prog="named-export", allow_abbrev=False,
-                        description="Write a checkpoint of a named-train run as a Hugging Face folder that "
-                                    "transformers (or, with --adapters-only, peft) loads.")
-    p.add_argument("--checkpoint", required=True, metavar="RUN_DIR",
-                   help="a run directory (its newest checkpoint, or --step) or a checkpoint folder <run_dir>/checkpoints/step_N")
+    p = _ArgumentParser(
+        prog="named-export",
+        allow_abbrev=False,
+        description="Write a checkpoint of a named-train run as a Hugging Face folder that "
+        "transformers (or, with --adapters-only, peft) loads.",
+    )
+    p.add_argument(
+        "--checkpoint",
+        required=True,
+        metavar="RUN_DIR",
+        help="a run directory (its newest checkpoint, or --step) or a checkpoint folder <run_dir>/checkpoints/step_N",
+    )
     p.add_argument("--step", type=int, metavar="N", help="the step of the checkpoint to export (default: the newest)")
-    p.add_argument("--out", required=True, metavar="FOLDER", help="the folder to write (written whole, then renamed into place)")
+    p.add_argument(
+        "--out", required=True, metavar="FOLDER", help="the folder to write (written whole, then renamed into place)"
+    )
     lora = p.add_mutually_exclusive_group()
     lora.add_argument("--merge", action="store_true", help="a LoRA run: fold the adapters into the weights")
     lora.add_argument("--adapters-only", action="store_true", help="a LoRA run: write a PEFT adapter folder")
-    p.add_argument("--max-shard-size", metavar="SIZE", help="split the safetensors into files of at most SIZE (e.g. 2GB)")
+    p.add_argument(
+        "--max-shard-size", metavar="SIZE", help="split the safetensors into files of at most SIZE (e.g. 2GB)"
+    )
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
     from .export import export
 
     def body() -> int:
         a = p.parse_args(sys.argv[1:] if argv is None else argv)
-        print(export(Path(a.checkpoint), Path(a.out), step=a.step, merge=a.merge, adapters_only=a.adapters_only,
-                     max_shard_size=a.max_shard_size, overwrite=a.overwrite))
+        print(
+            export(
+                Path(a.checkpoint),
+                Path(a.out),
+                step=a.step,
+                merge=a.merge,
+                adapters_only=a.adapters_only,
+                max_shard_size=a.max_shard_size,
+                overwrite=a.overwrite,
+            )
+        )
         return 0
 
     return _guarded(body)
@@ -217,20 +248,39 @@ def main_plan(argv: list[str] | None = None) -> int:
         return code
     from ..config import ConfigError, load_config
 
-    p = _ArgumentParser(prog="named-plan", allow_abbrev=False, description="What a config would do on a set of devices, without training: the mesh, every "
-                        "parameter's layout and bytes per device, an activation estimate and the microbatch plan.",
-                        epilog="Any config key can be overridden as in named-train: --section.key value.")
+    p = _ArgumentParser(
+        prog="named-plan",
+        allow_abbrev=False,
+        description="What a config would do on a set of devices, without training: the mesh, every "
+        "parameter's layout and bytes per device, an activation estimate and the microbatch plan.",
+        epilog="Any config key can be overridden as in named-train: --section.key value.",
+    )
     _config_flags(p)
-    p.add_argument("--devices", type=int, metavar="N",
-                   help="plan for N devices (stand-in CPU devices here; nothing to set up); default: this machine's")
-    p.add_argument("--device-kind", metavar="KIND", help="the accelerator to plan for (H100, H200, A100, L4, v5e, v5p, v6e, v4); "
-                   "default: this machine's, where known")
+    p.add_argument(
+        "--devices",
+        type=int,
+        metavar="N",
+        help="plan for N devices (stand-in CPU devices here; nothing to set up); default: this machine's",
+    )
+    p.add_argument(
+        "--device-kind",
+        metavar="KIND",
+        help="the accelerator to plan for (H100, H200, A100, L4, v5e, v5p, v6e, v4); "
+        "default: this machine's, where known",
+    )
     p.add_argument("--device-memory", metavar="SIZE", help="memory per device, e.g. 16GiB (default: the device kind's)")
-    p.add_argument("--compile", action="store_true",
-                   help="compile the train step on abstract inputs: collectives, memory and FLOPs per device")
-    p.add_argument("--search", action="store_true",
-                   help="compile every layout that fits the devices (DP, FSDP, FSDP+TP, TP x remat x microbatches) "
-                        "and rank them by a roofline estimate")
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="compile the train step on abstract inputs: collectives, memory and FLOPs per device",
+    )
+    p.add_argument(
+        "--search",
+        action="store_true",
+        help="compile every layout that fits the devices (DP, FSDP, FSDP+TP, TP x remat x microbatches) "
+        "and rank them by a roofline estimate",
+    )
+
     def body() -> int:
         a, rest = p.parse_known_args(argv)
         if a.devices is not None and not 1 <= a.devices <= MAX_STAND_INS:
@@ -261,14 +311,17 @@ def main_plan(argv: list[str] | None = None) -> int:
 # took 16 s and 1 GB to plan here; 100000 crashed XLA), and XLA's flag parser aborts on a count past
 # int32. The largest single slices people train on (a TPU v5p pod, 8960 chips) fit under it.
 MAX_STAND_INS = 16384
-_STAND_IN_LIMIT = ("each planned device is a CPU device standing in on this machine; plan a slice of a larger "
-                   "cluster (its layout repeats across slices)")
+_STAND_IN_LIMIT = (
+    "each planned device is a CPU device standing in on this machine; plan a slice of a larger "
+    "cluster (its layout repeats across slices)"
+)
 
 
 def _stand_in_devices(n: int) -> bool:
     """Make JAX see ``n`` CPU devices, unless this process already started its backends (then
     False: the caller plans in a fresh process). The planned-for kind comes from --device-kind."""
     import jax
+
     from named._compat import backends_initialized
 
     if backends_initialized():

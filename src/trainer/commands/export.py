@@ -40,10 +40,11 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+
 import named as nm
 from named import nn
-from named.models.hf import CheckpointFormatError, save_pretrained
 from named.models._hf_config import folder_file
+from named.models.hf import CheckpointFormatError, save_pretrained
 from named.models.registry import family_for
 
 from .. import checkpoint as ckpt
@@ -70,14 +71,24 @@ class ExportResult:
     notes: list[str]
 
     def __str__(self) -> str:
-        what = {"model": "Hugging Face folder", "merged": "Hugging Face folder (LoRA merged)",
-                "adapters": "PEFT adapter folder"}[self.kind]
+        what = {
+            "model": "Hugging Face folder",
+            "merged": "Hugging Face folder (LoRA merged)",
+            "adapters": "PEFT adapter folder",
+        }[self.kind]
         return "\n".join([f"wrote {what} {self.out} from step {self.step}: {', '.join(self.files)}", *self.notes])
 
 
-def export(checkpoint: str | Path, out: str | Path, *, step: int | None = None, merge: bool = False,
-           adapters_only: bool = False, max_shard_size: int | str | None = None,
-           overwrite: bool = False) -> ExportResult:
+def export(
+    checkpoint: str | Path,
+    out: str | Path,
+    *,
+    step: int | None = None,
+    merge: bool = False,
+    adapters_only: bool = False,
+    max_shard_size: int | str | None = None,
+    overwrite: bool = False,
+) -> ExportResult:
     """Write the checkpoint ``checkpoint`` (a run directory, or ``<run_dir>/checkpoints/step_N``)
     as a Hugging Face folder ``out``; see the module docstring. Bad input raises ConfigError (a
     flag) or CheckpointError (a path) naming it, before anything is read or written."""
@@ -118,8 +129,11 @@ def export(checkpoint: str | Path, out: str | Path, *, step: int | None = None, 
         _move_into_place(tmp, out)
     except OSError as e:  # the machine (a full disk, a size limit): named as the file of --out it was writing
         name = Path(e.filename).name if e.filename and Path(e.filename).parent == tmp else None
-        raise nm.FileWriteError(e.errno or 0, f"{e.strerror or e}; --out is unchanged (an export is renamed into "
-                                "place whole, or not at all)", str(out / name if name else out)) from None
+        raise nm.FileWriteError(
+            e.errno or 0,
+            f"{e.strerror or e}; --out is unchanged (an export is renamed into place whole, or not at all)",
+            str(out / name if name else out),
+        ) from None
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -135,16 +149,21 @@ def _locate(path: Path, step: int | None) -> tuple[Path, Path | None]:
     if not path.exists():
         raise ckpt.CheckpointError(f"--checkpoint {path}: no such directory")
     if not path.is_dir():
-        raise ckpt.CheckpointError(f"--checkpoint {path} is a file; give a run directory or a checkpoint folder "
-                                   "<run_dir>/checkpoints/step_N")
+        raise ckpt.CheckpointError(
+            f"--checkpoint {path} is a file; give a run directory or a checkpoint folder <run_dir>/checkpoints/step_N"
+        )
     if not (path / ckpt.COMMIT_FILE).exists():
         return path, None
     if path.parent.name != "checkpoints":  # the run's config lies two levels up: read it only from there
-        raise ckpt.CheckpointError(f"--checkpoint {path} is a checkpoint outside a run directory; give "
-                                   "<run_dir>/checkpoints/step_N or the run directory")
+        raise ckpt.CheckpointError(
+            f"--checkpoint {path} is a checkpoint outside a run directory; give "
+            "<run_dir>/checkpoints/step_N or the run directory"
+        )
     if step is not None and path.name != f"step_{step}":
-        raise ConfigError(f"--step {step} with --checkpoint {path}, a checkpoint of another step; give the run "
-                          "directory with --step, or the checkpoint folder alone")
+        raise ConfigError(
+            f"--step {step} with --checkpoint {path}, a checkpoint of another step; give the run "
+            "directory with --step, or the checkpoint folder alone"
+        )
     return path.parent.parent, path
 
 
@@ -153,32 +172,40 @@ def _checkpoint_of(run_dir: Path, root, step: int | None):
     if step is None:
         found = ckpt.latest_checkpoint(root)
         if found is None:
-            raise ckpt.CheckpointError(f"--checkpoint {run_dir}: no committed checkpoint under "
-                                       f"{ckpt.checkpoint_dir(root)}")
+            raise ckpt.CheckpointError(
+                f"--checkpoint {run_dir}: no committed checkpoint under {ckpt.checkpoint_dir(root)}"
+            )
         return found
     saved = ckpt.list_checkpoints(root)
     for n, found in saved:
         if n == step:
             return found
     have = ", ".join(str(n) for n, _ in saved) or "none"
-    raise ckpt.CheckpointError(f"--step {step}: {run_dir} has no committed checkpoint of step {step}; its checkpoints: "
-                               f"steps {have}")
+    raise ckpt.CheckpointError(
+        f"--step {step}: {run_dir} has no committed checkpoint of step {step}; its checkpoints: steps {have}"
+    )
 
 
 def _kind(cfg: TrainConfig, run_dir: Path, merge: bool, adapters_only: bool) -> str:
     if cfg.lora is None:
         if merge or adapters_only:
             flag = "--merge" if merge else "--adapters-only"
-            raise ConfigError(f"{flag}: the run in {run_dir} has no LoRA adapters (its config.yaml has no lora section); "
-                              "export it without the flag to write its weights as they are")
+            raise ConfigError(
+                f"{flag}: the run in {run_dir} has no LoRA adapters (its config.yaml has no lora section); "
+                "export it without the flag to write its weights as they are"
+            )
         return "model"
     if not (merge or adapters_only):
-        raise ConfigError(f"the run in {run_dir} trained LoRA adapters (lora.rank={cfg.lora.rank}, targets "
-                          f"{cfg.lora.targets}): give --merge (a plain Hugging Face folder, the adapters folded into "
-                          "the weights) or --adapters-only (a PEFT adapter folder for the base model)")
+        raise ConfigError(
+            f"the run in {run_dir} trained LoRA adapters (lora.rank={cfg.lora.rank}, targets "
+            f"{cfg.lora.targets}): give --merge (a plain Hugging Face folder, the adapters folded into "
+            "the weights) or --adapters-only (a PEFT adapter folder for the base model)"
+        )
     if adapters_only and cfg.model.init_from_hf is None:
-        raise ConfigError(f"--adapters-only: the run in {run_dir} started from random weights (no model.init_from_hf), "
-                          "so there is no base folder for the adapters; export it with --merge")
+        raise ConfigError(
+            f"--adapters-only: the run in {run_dir} started from random weights (no model.init_from_hf), "
+            "so there is no base folder for the adapters; export it with --merge"
+        )
     return "adapters" if adapters_only else "merged"
 
 
@@ -192,13 +219,17 @@ def _check_out(given: Path, overwrite: bool) -> Path:
     if inside is not None:
         kind, place = inside
         where = "is" if place == out else "lies inside"
-        raise ConfigError(f"{shown} {where} the {kind} {place}; an export never writes into what a run keeps: give a "
-                          "folder outside it")
+        raise ConfigError(
+            f"{shown} {where} the {kind} {place}; an export never writes into what a run keeps: give a "
+            "folder outside it"
+        )
     if out.is_dir() and any(out.iterdir()):
         held = run_places.held_below(out)
         if held is not None:
             kind, place = held
-            raise ConfigError(f"{shown} holds the {kind} {place}, which --overwrite would delete; give a folder outside it")
+            raise ConfigError(
+                f"{shown} holds the {kind} {place}, which --overwrite would delete; give a folder outside it"
+            )
         if not overwrite:
             raise ConfigError(f"{shown} exists and is not empty; give another folder, or --overwrite to replace it")
     return out
@@ -250,13 +281,27 @@ def peft_tensors(model) -> dict[str, np.ndarray]:
         if not isinstance(layer, nn.LoraLinear):
             continue
         module = modules[jax.tree_util.keystr(keypath, simple=True, separator=".")]
-        own = [a.name for a in nm.axis_spec_to_tuple(layer.In)] + [nn.lora.RANK] + [a.name for a in nm.axis_spec_to_tuple(layer.Out)]
+        own = (
+            [a.name for a in nm.axis_spec_to_tuple(layer.In)]
+            + [nn.lora.RANK]
+            + [a.name for a in nm.axis_spec_to_tuple(layer.Out)]
+        )
         extra = [a for a in layer.lora_a.axes if a.name not in own]
         if len(extra) != ("{i}" in module):
-            raise CheckpointFormatError(f"{module}: adapters with axes {layer.lora_a.axes} do not match its Hugging Face "
-                                        "name (one per layer, or one)")
-        a = np.asarray(layer.lora_a.rearrange((*[e.name for e in extra], *[x.name for x in nm.axis_spec_to_tuple(layer.In)], nn.lora.RANK)).array)
-        b = np.asarray(layer.lora_b.rearrange((*[e.name for e in extra], nn.lora.RANK, *[x.name for x in nm.axis_spec_to_tuple(layer.Out)])).array)
+            raise CheckpointFormatError(
+                f"{module}: adapters with axes {layer.lora_a.axes} do not match its Hugging Face "
+                "name (one per layer, or one)"
+            )
+        a = np.asarray(
+            layer.lora_a.rearrange(
+                (*[e.name for e in extra], *[x.name for x in nm.axis_spec_to_tuple(layer.In)], nn.lora.RANK)
+            ).array
+        )
+        b = np.asarray(
+            layer.lora_b.rearrange(
+                (*[e.name for e in extra], nn.lora.RANK, *[x.name for x in nm.axis_spec_to_tuple(layer.Out)])
+            ).array
+        )
         r = layer.rank
         per_layer = [(module.format(i=i), a[i], b[i]) for i in range(a.shape[0])] if extra else [(module, a, b)]
         for name, ai, bi in per_layer:
@@ -269,10 +314,22 @@ def peft_config(cfg: TrainConfig, model) -> dict:
     """``adapter_config.json`` for the run's adapters (PEFT's LoraConfig fields)."""
     lora = cfg.lora
     return {
-        "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": cfg.model.init_from_hf,
-        "r": lora.rank, "lora_alpha": lora.alpha, "lora_dropout": lora.dropout, "target_modules": list(lora.targets),
-        "bias": "none", "inference_mode": True, "init_lora_weights": True, "use_rslora": False, "use_dora": False,
-        "modules_to_save": None, "layers_to_transform": None, "layers_pattern": None, "rank_pattern": {},
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": cfg.model.init_from_hf,
+        "r": lora.rank,
+        "lora_alpha": lora.alpha,
+        "lora_dropout": lora.dropout,
+        "target_modules": list(lora.targets),
+        "bias": "none",
+        "inference_mode": True,
+        "init_lora_weights": True,
+        "use_rslora": False,
+        "use_dora": False,
+        "modules_to_save": None,
+        "layers_to_transform": None,
+        "layers_pattern": None,
+        "rank_pattern": {},
         "alpha_pattern": {},
         # GPT-2's Conv1D stores its weight [in, out]; PEFT needs to know to merge into it
         "fan_in_fan_out": family_for(model).layout.linear == "in_out",
@@ -311,7 +368,9 @@ def _copy_tokenizer(cfg: TrainConfig, folder: Path) -> list[str]:
             shutil.copyfile(source, folder / target)
             done.add(target)
     if "tokenizer.json" not in done:
-        what = "the built-in byte tokenizer" if cfg.data.tokenizer == "byte" else f"{cfg.data.tokenizer} (not found now)"
+        what = (
+            "the built-in byte tokenizer" if cfg.data.tokenizer == "byte" else f"{cfg.data.tokenizer} (not found now)"
+        )
         return [f"note: no tokenizer.json written: the run's tokenizer is {what}"]
     return []
 
@@ -334,8 +393,9 @@ def token_ids(cfg: TrainConfig, vocab_size: int, folder: Path) -> tuple[dict, li
         sources.append({f"{kind}_token_id": tokenizer.special_id(kind) for kind in ("bos", "eos", "pad")})
     except DataError as e:  # the tokenizer is gone since the run
         notes.append(f"note: the run's tokenizer gave no token ids: {e}")
-    ids = {name: next((s[name] for s in sources if _in_vocab(s.get(name), vocab_size)), None)
-           for name in TOKEN_ID_FIELDS}
+    ids = {
+        name: next((s[name] for s in sources if _in_vocab(s.get(name), vocab_size)), None) for name in TOKEN_ID_FIELDS
+    }
     return ids, notes
 
 

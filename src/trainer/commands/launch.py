@@ -113,13 +113,25 @@ def _signal_group(p: subprocess.Popen, sig: int) -> None:
             pass
 
 
-def launch(cmd: list[str], nproc: int, *, devices_per_process: int | None = None, cpu: bool = True,
-           grace_s: float = GRACE_S, env: dict | None = None, port: int | None = None) -> int:
+def launch(
+    cmd: list[str],
+    nproc: int,
+    *,
+    devices_per_process: int | None = None,
+    cpu: bool = True,
+    grace_s: float = GRACE_S,
+    env: dict | None = None,
+    port: int | None = None,
+) -> int:
     """Run ``cmd`` as ``nproc`` processes; return 0, or the first failure's exit code."""
     if nproc < 1:
-        raise SystemExit(f"{PREFIX} --nproc must be >= 1, got {nproc}")  # protocol: a CLI exits with its message, as argparse does
+        raise SystemExit(
+            f"{PREFIX} --nproc must be >= 1, got {nproc}"
+        )  # protocol: a CLI exits with its message, as argparse does
     if not cmd:
-        raise SystemExit(f"{PREFIX} give the command after --, e.g. named-launch --nproc 2 -- named-train ...")  # protocol: as argparse
+        raise SystemExit(
+            f"{PREFIX} give the command after --, e.g. named-launch --nproc 2 -- named-train ..."
+        )  # protocol: as argparse
     port = port or free_port()
     base = dict(os.environ if env is None else env)
     received: list[int] = []
@@ -136,8 +148,14 @@ def launch(cmd: list[str], nproc: int, *, devices_per_process: int | None = None
     try:
         for i in range(nproc):
             try:
-                procs.append(subprocess.Popen(cmd, env=child_env(base, i, nproc, port, devices_per_process, cpu),
-                                              process_group=0, preexec_fn=preexec))
+                procs.append(
+                    subprocess.Popen(
+                        cmd,
+                        env=child_env(base, i, nproc, port, devices_per_process, cpu),
+                        process_group=0,
+                        preexec_fn=preexec,
+                    )
+                )
             except OSError as e:
                 print(f"{PREFIX} cannot start {cmd[0]!r}: {e}", file=sys.stderr)
                 _stop(procs, grace_s)
@@ -151,15 +169,22 @@ def launch(cmd: list[str], nproc: int, *, devices_per_process: int | None = None
                 # Report the root cause: a process killed by a signal brings its peers down with
                 # errors of their own (a failed collective), which may be seen in the same poll.
                 i, code = min(bad, key=lambda ic: (ic[1] > 0, ic[0]))
-                print(f"{PREFIX} process {i} of {nproc} (pid {procs[i].pid}) {describe(code)}; stopping the others",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"{PREFIX} process {i} of {nproc} (pid {procs[i].pid}) {describe(code)}; stopping the others",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 _stop(procs, grace_s)
                 return code if code > 0 else 128 - code
             if all(c == 0 for c in codes):
                 return 0
             time.sleep(0.05)
         signum = received[0]
-        print(f"{PREFIX} got {signal.Signals(signum).name}; forwarded it to all {nproc} processes", file=sys.stderr, flush=True)
+        print(
+            f"{PREFIX} got {signal.Signals(signum).name}; forwarded it to all {nproc} processes",
+            file=sys.stderr,
+            flush=True,
+        )
         _stop(procs, grace_s, already_signalled=True)
         return 128 + signum
     finally:
@@ -188,13 +213,23 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         own, cmd = argv[:k], argv[k + 1 :]
     else:
         own, cmd = argv, []
-    p = argparse.ArgumentParser(prog="named-launch", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="named-launch", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--nproc", type=int, required=True, help="processes to start")
-    p.add_argument("--devices-per-process", type=int, default=None,
-                   help="CPU: fake devices per process; with --gpu: GPUs per process (process i gets i*D .. i*D+D-1)")
+    p.add_argument(
+        "--devices-per-process",
+        type=int,
+        default=None,
+        help="CPU: fake devices per process; with --gpu: GPUs per process (process i gets i*D .. i*D+D-1)",
+    )
     p.add_argument("--gpu", action="store_true", help="the machine's accelerators: no CPU platform, no gloo")
-    p.add_argument("--grace", type=float, default=GRACE_S,
-                   help="seconds between a forwarded signal (or SIGTERM) and SIGKILL: time for a stop checkpoint")
+    p.add_argument(
+        "--grace",
+        type=float,
+        default=GRACE_S,
+        help="seconds between a forwarded signal (or SIGTERM) and SIGKILL: time for a stop checkpoint",
+    )
     p.add_argument("--port", type=int, default=None, help="coordinator port (default: a free one)")
     a, extra = p.parse_known_args(own)
     if extra:

@@ -39,7 +39,9 @@ class Target:
         device = hardware.find(kind) if kind is not None else None if stand_ins else hardware.local()
         if kind is not None and device is None:
             raise ConfigError(f"--device-kind {kind!r} is not in the device table ({', '.join(hardware.DEVICES)})")
-        budget = hardware.parse_bytes(memory) if memory is not None else (device.hbm_bytes if device is not None else None)
+        budget = (
+            hardware.parse_bytes(memory) if memory is not None else (device.hbm_bytes if device is not None else None)
+        )
         if memory is not None and budget is None:
             raise ConfigError(f"--device-memory {memory!r} is not a size like 16GiB, 80GB or 512MiB")
         return cls(device, budget)
@@ -84,8 +86,11 @@ def plan_report(cfg: TrainConfig, *, compile: bool = False, target: Target | Non
     dp = data_parallel_size(cfg, dict(mesh.shape))
     micro = t.train_batch_size // t.microbatches
     here = jax.devices()[0].device_kind
-    planned = (f"planned for {target.device.name}" if target.device is not None and target.device.name.lower() not in here.lower()
-               else "")
+    planned = (
+        f"planned for {target.device.name}"
+        if target.device is not None and target.device.name.lower() not in here.lower()
+        else ""
+    )
     acts = activation_bytes(cfg, s)
     # Gradients and the optimizer state exist for the trainable parameters only (LoRA: the adapters).
     from ..loop.optim import init_opt_state, trainable_part
@@ -94,7 +99,8 @@ def plan_report(cfg: TrainConfig, *, compile: bool = False, target: Target | Non
     moments = nm.param_report(jax.eval_shape(lambda m: init_opt_state(cfg, m), s.shapes), param, mesh)
     state = params.bytes_per_device + trained.bytes_per_device + moments.bytes_per_device
     lines = [
-        f"devices: {len(jax.devices())} x {here} in {jax.process_count()} process(es)" + (f"; {planned}" if planned else ""),
+        f"devices: {len(jax.devices())} x {here} in {jax.process_count()} process(es)"
+        + (f"; {planned}" if planned else ""),
         f"mesh: {dict(mesh.shape)}",
         f"compute mapping: {compute}",
         f"parameter mapping: {param}",
@@ -103,8 +109,12 @@ def plan_report(cfg: TrainConfig, *, compile: bool = False, target: Target | Non
         str(params),
         "",
         f"adam state (2 moments) per device: {moments.bytes_per_device / 2**20:.2f} MiB"
-        + (f" for the {trained.n_params:,} trainable parameters (lora rank {cfg.lora.rank}; "
-           f"{moments.total_bytes / 2**20:.2f} MiB in all)" if cfg.lora is not None else "")
+        + (
+            f" for the {trained.n_params:,} trainable parameters (lora rank {cfg.lora.rank}; "
+            f"{moments.total_bytes / 2**20:.2f} MiB in all)"
+            if cfg.lora is not None
+            else ""
+        )
         + f"; params + grads + moments: {state / 2**20:.2f} MiB per device",
         "",
         f"batch: {t.train_batch_size} sequences x {cfg.data.seq_len} tokens = {t.train_batch_size * cfg.data.seq_len} tokens/step",
@@ -113,18 +123,29 @@ def plan_report(cfg: TrainConfig, *, compile: bool = False, target: Target | Non
         f"{flops_per_token(model_cfg, cfg.data.seq_len) / 1e9:.3f} GFLOP per token (6N + 12·L·d·T)",
         f"activations per device (estimate, one microbatch, remat {getattr(cfg.model, 'remat', 'none')}): "
         f"{acts / 2**20:.2f} MiB; with params + grads + moments: {(acts + state) / 2**20:.2f} MiB"
-        + (f" of {target.memory / 2**30:.1f} GiB per device" + (" (OVER BUDGET)" if acts + state > target.memory else "")
-           if target.memory else ""),
+        + (
+            f" of {target.memory / 2**30:.1f} GiB per device"
+            + (" (OVER BUDGET)" if acts + state > target.memory else "")
+            if target.memory
+            else ""
+        ),
     ]
     if compile:
         report = train_step_report(cfg, s)
-        lines += ["", "train step (compiled on abstract inputs):", str(report),
-                  "(memory from XLA's CPU buffer assignment: a GPU or TPU build fuses, lays out and overlaps "
-                  "differently, so treat it as an estimate of the same program)"]
+        lines += [
+            "",
+            "train step (compiled on abstract inputs):",
+            str(report),
+            "(memory from XLA's CPU buffer assignment: a GPU or TPU build fuses, lays out and overlaps "
+            "differently, so treat it as an estimate of the same program)",
+        ]
         if cfg.mesh.mode != "auto":  # what the mode buys: the same step compiled in auto mode beside it
             auto = dataclasses.replace(cfg, mesh=dataclasses.replace(cfg.mesh, mode="auto"))
-            lines += ["", f"mesh.mode {cfg.mesh.mode} beside auto (the same train step, per device and execution):",
-                      *mode_table({cfg.mesh.mode: report, "auto": train_step_report(auto, s)})]
+            lines += [
+                "",
+                f"mesh.mode {cfg.mesh.mode} beside auto (the same train step, per device and execution):",
+                *mode_table({cfg.mesh.mode: report, "auto": train_step_report(auto, s)}),
+            ]
     return "\n".join(lines)
 
 
@@ -143,7 +164,9 @@ def mode_table(reports: dict[str, nm.inspect.CompiledReport]) -> list[str]:
             count, nbytes = by_mode.get(m, (0, 0))
             row += [str(count), f"{nbytes / 2**20:.2f} MiB"]
         rows.append(row)
-    rows.append(["peak memory", "-"] + [c for rep in reports.values() for c in ("", f"{rep.peak_bytes / 2**20:.2f} MiB")])
+    rows.append(
+        ["peak memory", "-"] + [c for rep in reports.values() for c in ("", f"{rep.peak_bytes / 2**20:.2f} MiB")]
+    )
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
 
@@ -166,8 +189,10 @@ def abstract_train_step(cfg: TrainConfig, s: Setup | None = None) -> tuple:
     def abstract(tree, mapping):
         def leaf(x):
             if isinstance(x, nm.NamedArray):
-                return nm.NamedArray(jax.ShapeDtypeStruct(x.array.shape, x.array.dtype,
-                                                         sharding=nm.sharding_for(x, mapping, mesh)), x.axes)
+                return nm.NamedArray(
+                    jax.ShapeDtypeStruct(x.array.shape, x.array.dtype, sharding=nm.sharding_for(x, mapping, mesh)),
+                    x.axes,
+                )
             if isinstance(x, jax.ShapeDtypeStruct):
                 return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=jax.sharding.NamedSharding(mesh, jax.P()))
             return x
@@ -177,11 +202,18 @@ def abstract_train_step(cfg: TrainConfig, s: Setup | None = None) -> tuple:
     model = s.shapes
     opt_state = jax.eval_shape(lambda m: init_opt_state(cfg, m, optimizer), model)
     rows = (nm.Axis("batch", t.train_batch_size), nm.Axis("position", cfg.data.seq_len))
-    batch = {name: nm.NamedArray(jax.ShapeDtypeStruct((rows[0].size, rows[1].size), dtype), rows)
-             for name, dtype in (("input_ids", jnp.int32), ("segment_ids", jnp.int32), ("loss_mask", jnp.bool_))}
+    batch = {
+        name: nm.NamedArray(jax.ShapeDtypeStruct((rows[0].size, rows[1].size), dtype), rows)
+        for name, dtype in (("input_ids", jnp.int32), ("segment_ids", jnp.int32), ("loss_mask", jnp.bool_))
+    }
     step = make_train_step(cfg, s, optimizer)
-    return step, (abstract(model, param), abstract(opt_state, param), abstract(batch, compute), jax.random.key(0),
-                  flags_layout(mesh))
+    return step, (
+        abstract(model, param),
+        abstract(opt_state, param),
+        abstract(batch, compute),
+        jax.random.key(0),
+        flags_layout(mesh),
+    )
 
 
 def train_step_report(cfg: TrainConfig, s: Setup | None = None) -> nm.inspect.CompiledReport:

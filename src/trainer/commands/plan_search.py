@@ -50,8 +50,11 @@ class Candidate:
     def seconds(self, roof: Roofline) -> tuple[float, float, float]:
         """Compute, HBM and communication time of one step, in seconds."""
         hbm = self.hbm_bytes if self.hbm_charged is None else self.hbm_charged
-        return (self.flops / roof.peak_flops, hbm / roof.device.hbm_bandwidth,
-                self.comm_bytes / roof.device.link_bandwidth if self.comm_bytes else 0.0)
+        return (
+            self.flops / roof.peak_flops,
+            hbm / roof.device.hbm_bandwidth,
+            self.comm_bytes / roof.device.link_bandwidth if self.comm_bytes else 0.0,
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,13 +76,21 @@ class Roofline:
 
 def candidates(n_devices: int, param_axes: set[str], batch_size: int) -> Iterator[Candidate]:
     tp_axes = [a for a in _TP_AXES if a in param_axes]
-    layouts = [("DP", {"data": n_devices}, {"batch": "data"}, {}),
-               ("FSDP", {"data": n_devices}, {"batch": "data"}, {"embed": "data"})]
+    layouts = [
+        ("DP", {"data": n_devices}, {"batch": "data"}, {}),
+        ("FSDP", {"data": n_devices}, {"batch": "data"}, {"embed": "data"}),
+    ]
     for tp in (2, 4, 8):
         if n_devices % tp == 0 and tp_axes and tp < n_devices:
             tp_map = dict.fromkeys(tp_axes, "model")
-            layouts.append((f"FSDP+TP{tp}", {"data": n_devices // tp, "model": tp},
-                            {"batch": "data", **tp_map}, {"embed": "data", **tp_map}))
+            layouts.append(
+                (
+                    f"FSDP+TP{tp}",
+                    {"data": n_devices // tp, "model": tp},
+                    {"batch": "data", **tp_map},
+                    {"embed": "data", **tp_map},
+                )
+            )
     if tp_axes:
         tp_map = dict.fromkeys(tp_axes, "model")
         layouts.append(("TP", {"model": n_devices}, dict(tp_map), dict(tp_map)))
@@ -93,8 +104,9 @@ def candidates(n_devices: int, param_axes: set[str], batch_size: int) -> Iterato
 def _with(cfg: TrainConfig, c: Candidate) -> TrainConfig:
     return dataclasses.replace(
         cfg,
-        mesh=dataclasses.replace(cfg.mesh, shape=dict(c.mesh_shape), compute_mapping=dict(c.compute),
-                                 param_mapping=dict(c.param)),
+        mesh=dataclasses.replace(
+            cfg.mesh, shape=dict(c.mesh_shape), compute_mapping=dict(c.compute), param_mapping=dict(c.param)
+        ),
         trainer=dataclasses.replace(cfg.trainer, microbatches=c.microbatches),
         model=dataclasses.replace(cfg.model, remat=c.remat),
     )
@@ -156,27 +168,56 @@ def _param_axes(cfg: TrainConfig) -> set[str]:
 
 
 def format_table(ranked: list[Candidate], roof: Roofline, memory_budget: float) -> str:
-    head = ("rank", "layout", "mesh", "remat", "microbatches", "est. ms/step", "compute ms", "HBM ms", "comm ms",
-            "peak GiB/device", "")
+    head = (
+        "rank",
+        "layout",
+        "mesh",
+        "remat",
+        "microbatches",
+        "est. ms/step",
+        "compute ms",
+        "HBM ms",
+        "comm ms",
+        "peak GiB/device",
+        "",
+    )
     rows = []
     for i, c in enumerate(ranked, 1):
         mesh = "x".join(f"{k}{v}" for k, v in c.mesh_shape.items())
         if c.error:
-            rows.append((str(i), c.name, mesh, c.remat, str(c.microbatches), "-", "-", "-", "-", "-", f"cannot run: {c.error}"))
+            rows.append(
+                (str(i), c.name, mesh, c.remat, str(c.microbatches), "-", "-", "-", "-", "-", f"cannot run: {c.error}")
+            )
             continue
         t = c.seconds(roof)
         over = c.peak_bytes > memory_budget
-        rows.append((str(i), c.name, mesh, c.remat, str(c.microbatches), f"{sum(t) * 1e3:.3g}",
-                     *(f"{x * 1e3:.3g}" for x in t), f"{c.peak_bytes / 2**30:.3g}",
-                     f"over budget ({memory_budget / 2**30:.1f} GiB)" if over else ""))
+        rows.append(
+            (
+                str(i),
+                c.name,
+                mesh,
+                c.remat,
+                str(c.microbatches),
+                f"{sum(t) * 1e3:.3g}",
+                *(f"{x * 1e3:.3g}" for x in t),
+                f"{c.peak_bytes / 2**30:.3g}",
+                f"over budget ({memory_budget / 2**30:.1f} GiB)" if over else "",
+            )
+        )
     widths = [max(len(r[j]) for r in (head, *rows)) for j in range(len(head))]
-    lines = ["  ".join(x.rjust(w) if j and j not in (1, 2, 3, 10) else x.ljust(w) for j, (x, w) in enumerate(zip(r, widths)))
-             .rstrip() for r in (head, *rows)]
+    lines = [
+        "  ".join(
+            x.rjust(w) if j and j not in (1, 2, 3, 10) else x.ljust(w) for j, (x, w) in enumerate(zip(r, widths))
+        ).rstrip()
+        for r in (head, *rows)
+    ]
     dev = roof.device
-    note = (f"estimate per step on {dev.name}: FLOPs / {roof.peak_flops / 1e12:.3g} TFLOP/s ({roof.peak_kind} matmuls) "
-            f"+ HBM bytes / {dev.hbm_bandwidth / 1e12:.3g} TB/s (a layout with and without remat: the smaller count) + collective "
-            f"bytes sent / {dev.link_bandwidth / 1e9:.3g} GB/s, added without overlap (an upper bound for ranking); "
-            "peak memory from XLA's CPU buffer assignment, which can differ from a GPU's or TPU's.")
+    note = (
+        f"estimate per step on {dev.name}: FLOPs / {roof.peak_flops / 1e12:.3g} TFLOP/s ({roof.peak_kind} matmuls) "
+        f"+ HBM bytes / {dev.hbm_bandwidth / 1e12:.3g} TB/s (a layout with and without remat: the smaller count) + collective "
+        f"bytes sent / {dev.link_bandwidth / 1e9:.3g} GB/s, added without overlap (an upper bound for ranking); "
+        "peak memory from XLA's CPU buffer assignment, which can differ from a GPU's or TPU's."
+    )
     return "\n".join([*lines, "", note])
 
 
@@ -187,8 +228,12 @@ def search_report(cfg: TrainConfig, target: Target) -> str:
     roof = roofline(cfg, target)
     budget = target.memory if target.memory is not None else float("inf")
     ranked = search(cfg, roof, memory_budget=budget)
-    return "\n".join([f"layouts for {len(jax.devices())} x {target.device.name} (each compiled on abstract inputs):",
-                      format_table(ranked, roof, budget)])
+    return "\n".join(
+        [
+            f"layouts for {len(jax.devices())} x {target.device.name} (each compiled on abstract inputs):",
+            format_table(ranked, roof, budget),
+        ]
+    )
 
 
 def roofline(cfg: TrainConfig, target: Target) -> Roofline:

@@ -37,18 +37,24 @@ def _run_dir_and_checkpoint(path: Path) -> tuple[Path, Path]:
     if not path.exists():
         raise ckpt.CheckpointError(f"--checkpoint {path}: no such directory")
     if not path.is_dir():
-        raise ckpt.CheckpointError(f"--checkpoint {path} is a file; give a run directory (its newest checkpoint is "
-                                   "used) or a checkpoint folder <run_dir>/checkpoints/step_N")
+        raise ckpt.CheckpointError(
+            f"--checkpoint {path} is a file; give a run directory (its newest checkpoint is "
+            "used) or a checkpoint folder <run_dir>/checkpoints/step_N"
+        )
     if (path / ckpt.COMMIT_FILE).exists():
         # the run's config lies two levels up: read it only from where named-train puts it
         if path.parent.name != "checkpoints":
-            raise ckpt.CheckpointError(f"--checkpoint {path} is a checkpoint outside a run directory; named-sample "
-                                       "needs <run_dir>/checkpoints/step_N (or the run directory) to find the run's config")
+            raise ckpt.CheckpointError(
+                f"--checkpoint {path} is a checkpoint outside a run directory; named-sample "
+                "needs <run_dir>/checkpoints/step_N (or the run directory) to find the run's config"
+            )
         return path.parent.parent, path
     latest = ckpt.latest_checkpoint(path)
     if latest is None:
-        raise ckpt.CheckpointError(f"--checkpoint {path} holds no committed checkpoint; give a named-train run "
-                                   "directory or a checkpoint folder <run_dir>/checkpoints/step_N")
+        raise ckpt.CheckpointError(
+            f"--checkpoint {path} holds no committed checkpoint; give a named-train run "
+            "directory or a checkpoint folder <run_dir>/checkpoints/step_N"
+        )
     return path, latest
 
 
@@ -67,8 +73,9 @@ def _model_config(run_dir: Path):
         raise ckpt.CheckpointError(f"{path} is not a model config written by named-train: {e}") from None
 
 
-def sample_from_checkpoint(path: Path, prompt: str, n_tokens: int, *, temperature: float = 0.0, seed: int = 0,
-                           chat: str | None = None) -> str:
+def sample_from_checkpoint(
+    path: Path, prompt: str, n_tokens: int, *, temperature: float = 0.0, seed: int = 0, chat: str | None = None
+) -> str:
     """``prompt`` and its continuation; with ``chat``, the assistant's reply to that user message
     alone: the message is rendered with the run's chat template (``data.chat_template`` or the
     tokenizer folder's) and the reply ends at eos or the template's end-of-turn token."""
@@ -91,8 +98,10 @@ def sample_from_checkpoint(path: Path, prompt: str, n_tokens: int, *, temperatur
     else:
         ids, stops, flag = tokenizer.encode(prompt) or [tokenizer.eos_id], (), "--prompt"
     if len(ids) + n_tokens > max_positions(model_cfg):
-        raise ConfigError(f"--tokens {n_tokens} after the {len(ids)} tokens of {flag} needs {len(ids) + n_tokens} "
-                          f"positions; the model has {max_positions(model_cfg)}")
+        raise ConfigError(
+            f"--tokens {n_tokens} after the {len(ids)} tokens of {flag} needs {len(ids) + n_tokens} "
+            f"positions; the model has {max_positions(model_cfg)}"
+        )
     # The checkpoint holds (model, optimizer state): the model alone is read, built as the run built it.
     target = model_shapes(cfg, model_class(model_cfg), model_cfg)
     (model, _), _ = ckpt.restore(checkpoint, (target, None), partial=True)

@@ -30,4 +30,3 @@ def __getattr__(name: str):
         if hasattr(module, name):
             return getattr(module, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-

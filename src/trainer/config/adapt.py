@@ -16,13 +16,20 @@ class LoraConfig:
     # at most the smaller side of every targeted layer (model_init)
     rank: int = key(8, at_least(1), doc="the adapters' rank r")
     alpha: float = key(16.0, above(0), doc="the update is scaled by alpha / r (PEFT's lora_alpha)")
-    dropout: float = key(0.0, between(0, 1, high_open=True),
-                         doc="dropout on the adapters' input during training (PEFT's lora_dropout)")
-    targets: list[str] = key(factory=lambda: ["q_proj", "v_proj"], rule=NONEMPTY,
-                             doc="the linear modules to adapt, by the family's Hugging Face names (q_proj, ...; "
-                                 "GPT-2: c_attn, c_proj, c_fc), as PEFT's target_modules")
-    base_dtype: str = key("float32", one_of("float32", "bfloat16"),
-                          doc="the frozen weights' dtype (bfloat16 halves their memory; norms stay float32)")
+    dropout: float = key(
+        0.0, between(0, 1, high_open=True), doc="dropout on the adapters' input during training (PEFT's lora_dropout)"
+    )
+    targets: list[str] = key(
+        factory=lambda: ["q_proj", "v_proj"],
+        rule=NONEMPTY,
+        doc="the linear modules to adapt, by the family's Hugging Face names (q_proj, ...; "
+        "GPT-2: c_attn, c_proj, c_fc), as PEFT's target_modules",
+    )
+    base_dtype: str = key(
+        "float32",
+        one_of("float32", "bfloat16"),
+        doc="the frozen weights' dtype (bfloat16 halves their memory; norms stay float32)",
+    )
 
 
 @dataclass
@@ -35,6 +42,9 @@ class QuantizationConfig:
     storage is for inference (``nn.quantize(model, "int8_weight")``): it cannot be trained."""
 
     kind: str = key("none", one_of("none", "fp8", "int8"), doc="`fp8` (delayed scaling) or `int8` (dynamic) Linears")
-    targets: list[str] | None = key(None, NONEMPTY, doc="regular expressions searched in each Linear's dotted path "
-                                                        "(`blocks.stacked.mlp.up`); null: every Linear")
+    targets: list[str] | None = key(
+        None,
+        NONEMPTY,
+        doc="regular expressions searched in each Linear's dotted path (`blocks.stacked.mlp.up`); null: every Linear",
+    )
     amax_history: int = key(16, at_least(1), doc="fp8: the steps of amax the delayed scaling remembers")

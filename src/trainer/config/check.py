@@ -18,9 +18,12 @@ import draccus
 
 from .rules import INT_LIMIT, ConfigError, Key, declared
 
-
-_KINDS = {bool: ("true or false", "booleans"), int: ("an integer", "integers"), float: ("a number", "numbers"),
-          str: ("a string", "strings")}
+_KINDS = {
+    bool: ("true or false", "booleans"),
+    int: ("an integer", "integers"),
+    float: ("a number", "numbers"),
+    str: ("a string", "strings"),
+}
 
 
 def _without_none(tp) -> tuple[Any, bool]:
@@ -29,7 +32,7 @@ def _without_none(tp) -> tuple[Any, bool]:
     if type(None) not in args:
         return tp, False
     rest = tuple(a for a in args if a is not type(None))
-    return (rest[0] if len(rest) == 1 else typing.Union[rest]), True
+    return (rest[0] if len(rest) == 1 else typing.Union[rest]), True  # noqa: UP007 - a Union of a runtime tuple
 
 
 def describe_type(tp) -> str:
@@ -40,8 +43,10 @@ def describe_type(tp) -> str:
     elif typing.get_origin(base) is typing.Union:  # data.train: a path (string) or a named source (mapping)
         text = " or ".join(describe_type(a) for a in sorted(args, key=lambda a: a is not str))
     elif typing.get_origin(base) is list and typing.get_origin(args[0]) is typing.Union:
-        text = "a list of " + " or ".join(_KINDS[a][1] if a in _KINDS else "mappings"
-                                          for a in sorted(typing.get_args(args[0]), key=lambda a: a is not str))
+        text = "a list of " + " or ".join(
+            _KINDS[a][1] if a in _KINDS else "mappings"
+            for a in sorted(typing.get_args(args[0]), key=lambda a: a is not str)
+        )
     elif typing.get_origin(base) is list:
         text = f"a list of {_KINDS.get(args[0], ('', 'values'))[1]}"
     elif typing.get_origin(base) is dict:
@@ -92,7 +97,9 @@ def _flow_hint(key: str) -> str:
     if ":" not in name:
         return ""
     k, v = name.split(":", 1)
-    return f"; YAML reads {{{name}}} as the key {name!r} with no value: write {{{k}: {v}}}, with a space after the colon"
+    return (
+        f"; YAML reads {{{name}}} as the key {name!r} with no value: write {{{k}: {v}}}, with a space after the colon"
+    )
 
 
 def _check_value(tp, value, key: str, declaration: Key | None = None, integers: Key | None = None) -> None:
@@ -123,8 +130,9 @@ def _check_value(tp, value, key: str, declaration: Key | None = None, integers: 
     if rule is None and integers is not None and isinstance(value, int) and not isinstance(value, bool):
         rule = integers.rule
     if base is int and abs(value) > INT_LIMIT and (rule is None or rule.high is None):
-        raise ConfigError(f"{key} must be at most {INT_LIMIT} in size (JAX counts positions, steps and sizes in "
-                          f"int32), got {value}")
+        raise ConfigError(
+            f"{key} must be at most {INT_LIMIT} in size (JAX counts positions, steps and sizes in int32), got {value}"
+        )
     if rule is not None:
         rule.check(value, key)
 
@@ -154,8 +162,10 @@ def _choice_section(cls, value, key: str):
     known = cls.get_known_choices()
     name = value.get("type")
     if name is None:
-        raise ConfigError(f"{key}.type missing; add `type: {next(iter(known))}` to the {key} section "
-                          f"(registered types: {', '.join(known)})")
+        raise ConfigError(
+            f"{key}.type missing; add `type: {next(iter(known))}` to the {key} section "
+            f"(registered types: {', '.join(known)})"
+        )
     if not isinstance(name, str) or name not in known:
         raise ConfigError(f"{key}.type {name!r} is not a registered {key} type; registered: {', '.join(known)}")
     return known[name], {k: v for k, v in value.items() if k != "type"}
@@ -165,8 +175,9 @@ def unknown_key(names: list[str], name, key: str, flag: str | None = None) -> Co
     """The one message for a key that is not among ``names``, the keys of section ``key``, with the
     nearest one suggested. ``flag``: the command-line flag it came from (``trainr.seed`` for
     ``trainr``), shown, and corrected, whole."""
+
     def show(k: str) -> str:
-        return f"--{k}{flag[len(join_key(key, name)):]}" if flag is not None else k
+        return f"--{k}{flag[len(join_key(key, name)) :]}" if flag is not None else k
 
     near = difflib.get_close_matches(str(name), names, n=1)
     hint = f"; did you mean {show(join_key(key, near[0]))}?" if near else ""
@@ -189,8 +200,10 @@ def check_flag_keys(root, key: str, chosen_type) -> Any:
             if name == "type":
                 tp = typing.Literal[tuple(known)]
                 if i + 1 < len(parts):
-                    raise ConfigError(f"--{key} is not a key: {join_key(at, name)} takes one value (a registered "
-                                      f"{at} type); give it whole: --{join_key(at, name)} VALUE")
+                    raise ConfigError(
+                        f"--{key} is not a key: {join_key(at, name)} takes one value (a registered "
+                        f"{at} type); give it whole: --{join_key(at, name)} VALUE"
+                    )
                 return tp
             if chosen_type(at) not in known:  # any family's key, until the type is known
                 names = sorted({f.name for c in known.values() for f in dataclasses.fields(c)} | {"type"})
@@ -207,7 +220,9 @@ def check_flag_keys(root, key: str, chosen_type) -> Any:
         tp = typing.get_type_hints(cls)[name]
         base = _without_none(tp)[0]
         if not _is_section(base) and i + 1 < len(parts):
-            raise ConfigError(f"--{key} is not a key: {at} takes one value ({describe_type(base)}); give it whole: --{at} VALUE")
+            raise ConfigError(
+                f"--{key} is not a key: {at} takes one value ({describe_type(base)}); give it whole: --{at} VALUE"
+            )
         cls = base
     return tp
 

@@ -12,7 +12,7 @@ import difflib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 from named import NamedError
 
@@ -55,8 +55,10 @@ def parse_sources(entries: Sequence[Any], key: str, *, weighted: bool) -> list[S
         return [SourceSpec("", tuple(entries))] if entries else []
     if not all(named):
         i = named.index(False)
-        raise DataError(f"{key}[{i}] is {entries[i]!r} but other entries are named sources; give every entry as "
-                        "{name: ..., paths: [...], weight: ...}")
+        raise DataError(
+            f"{key}[{i}] is {entries[i]!r} but other entries are named sources; give every entry as "
+            "{name: ..., paths: [...], weight: ...}"
+        )
     out = [_parse_one(e, f"{key}[{i}]", weighted) for i, e in enumerate(entries)]
     names = [s.name for s in out]
     for i, name in enumerate(names):
@@ -67,8 +69,10 @@ def parse_sources(entries: Sequence[Any], key: str, *, weighted: bool) -> list[S
     if weighted and not total > 0:
         raise DataError(f"{key}: the weights of the sources sum to 0; give at least one source a positive weight")
     if weighted and not math.isfinite(total):  # each is finite, their sum overflows: every share would be 0 or NaN
-        raise DataError(f"{key}: the weights of the sources sum to {total} (past the largest float); only their ratios "
-                        "count, so scale them down (e.g. 3 and 1)")
+        raise DataError(
+            f"{key}: the weights of the sources sum to {total} (past the largest float); only their ratios "
+            "count, so scale them down (e.g. 3 and 1)"
+        )
     return out
 
 
@@ -100,8 +104,10 @@ def _parse_one(entry: dict, key: str, weighted: bool) -> SourceSpec:
     if fmt not in FORMATS:
         raise DataError(f"{key}.format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     if fmt == "chat" and "text_field" in entry:
-        raise DataError(f"{key}.text_field: a chat source reads whole records ('messages', or 'prompt' and "
-                        "'completion'), not one field; leave text_field out")
+        raise DataError(
+            f"{key}.text_field: a chat source reads whole records ('messages', or 'prompt' and "
+            "'completion'), not one field; leave text_field out"
+        )
     return SourceSpec(name, tuple(paths), float(weight), field, fmt)
 
 
@@ -110,16 +116,20 @@ class DataConfig:
     """Where the tokens come from and how they are cut. The section checks its own values
     (``DataError``) when it is made, from a config or in code."""
 
-    train: list[Union[dict[str, Any], str]] = key(
-        factory=lambda: [STDLIB], rule=NONEMPTY,
+    train: list[dict[str, Any] | str] = key(
+        factory=lambda: [STDLIB],
+        rule=NONEMPTY,
         doc="paths, globs, directories or `stdlib` (the embedded corpus), or named sources "
-            "`{name, paths, weight, text_field, format}` drawn by weight (see Mixtures, Chat data)")
-    validation: list[Union[dict[str, Any], str]] = key(
-        factory=list, doc="validation sources in either form; empty: the last val_fraction of the train sequences")
+        "`{name, paths, weight, text_field, format}` drawn by weight (see Mixtures, Chat data)",
+    )
+    validation: list[dict[str, Any] | str] = key(
+        factory=list, doc="validation sources in either form; empty: the last val_fraction of the train sequences"
+    )
     val_fraction: float = key(0.05, doc="share of the sequences held out for validation (0: none)")
     tokenizer: str = key("byte", doc="`byte`, or a local tokenizer.json (or a folder holding one)")
-    chat_template: str | None = key(None, doc="a Jinja chat template file for chat sources (null: the tokenizer "
-                                              "folder's)")
+    chat_template: str | None = key(
+        None, doc="a Jinja chat template file for chat sources (null: the tokenizer folder's)"
+    )
     eos_token: str | None = key(None, doc="the end-of-document token of an HF tokenizer, where it cannot be found")
     seq_len: int = key(256, doc="tokens per packed sequence")
     bin_dtype: str = key("uint16", doc="the token dtype of `.bin` files (`.npy` files say their own)")

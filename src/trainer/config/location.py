@@ -50,7 +50,8 @@ class ObjectPath:
 
     def is_relative_to(self, other: ObjectPath) -> bool:
         return (self.scheme, self.bucket) == (other.scheme, other.bucket) and (
-            not other.key or self.key == other.key or self.key.startswith(other.key + "/"))
+            not other.key or self.key == other.key or self.key.startswith(other.key + "/")
+        )
 
 
 Location = Path | ObjectPath
@@ -67,11 +68,15 @@ def location(value: str | os.PathLike | ObjectPath) -> Location:
         return Path(text)
     scheme, rest = m.group(1).lower(), m.group(2)
     if scheme not in SCHEMES:
-        raise CheckpointError(f"{text}: unsupported storage scheme {scheme}://; checkpoints go to a local path, "
-                              "s3://bucket/prefix or gs://bucket/prefix")
+        raise CheckpointError(
+            f"{text}: unsupported storage scheme {scheme}://; checkpoints go to a local path, "
+            "s3://bucket/prefix or gs://bucket/prefix"
+        )
     bucket, _, key = rest.partition("/")
     if not re.fullmatch(r"[a-z0-9][a-z0-9._-]{1,221}[a-z0-9]", bucket):
-        raise CheckpointError(f"{text}: {bucket!r} is not a bucket name (3 or more lower-case letters, digits, '.', '-', '_')")
+        raise CheckpointError(
+            f"{text}: {bucket!r} is not a bucket name (3 or more lower-case letters, digits, '.', '-', '_')"
+        )
     parts = [p for p in key.split("/") if p]
     if any(p in (".", "..") for p in parts):
         raise CheckpointError(f"{text}: the key prefix may not contain '.' or '..' parts")

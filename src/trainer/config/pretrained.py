@@ -54,16 +54,20 @@ def resolve(raw: dict) -> dict:
     name, config = folder_config(folder)
     given_type = model.get("type")
     if given_type is not None and given_type != name:
-        raise ConfigError(f"model.type={given_type!r}, but {KEY}={folder!r} holds a {name} model "
-                          "(leave model.type out to take the folder's)")
+        raise ConfigError(
+            f"model.type={given_type!r}, but {KEY}={folder!r} holds a {name} model "
+            "(leave model.type out to take the folder's)"
+        )
     fields = {f.name: _as_yaml(getattr(config, f.name)) for f in dataclasses.fields(config)}
     for key, value in model.items():
         if key in ("type", "init_from_hf") or key in SAFE_OVERRIDES and key in fields:
             continue
         if key in fields and value != fields[key]:
             safe = ", ".join(k for k in SAFE_OVERRIDES if k in fields)
-            raise ConfigError(f"model.{key}={value!r}: {KEY} takes the architecture from {folder}/config.json "
-                              f"({key}={fields[key]!r}); a fine-tune may set only {safe}")
+            raise ConfigError(
+                f"model.{key}={value!r}: {KEY} takes the architecture from {folder}/config.json "
+                f"({key}={fields[key]!r}); a fine-tune may set only {safe}"
+            )
     merged = {**fields, **{k: v for k, v in model.items() if k != "type"}, "type": name}
     data = dict(raw.get("data") or {})
     if "tokenizer" not in data:

@@ -76,7 +76,9 @@ def read_value(flag: Flag, mapping: bool) -> Any:
         value = _load(text, flag.key) if text.strip() else (None if mapping else text)
     except (yaml.YAMLError, ConfigError) as e:
         if mapping:
-            raise ConfigError(f"--{flag.key}: {text!r} is not a YAML mapping ({e}); write e.g. '{{embed: data}}'") from None
+            raise ConfigError(
+                f"--{flag.key}: {text!r} is not a YAML mapping ({e}); write e.g. '{{embed: data}}'"
+            ) from None
         raise ConfigError(f"--{flag.key}: {text!r} is not a YAML value ({e})") from None
     if mapping and not isinstance(value, dict):
         raise ConfigError(f"--{flag.key} must be a mapping like '{{embed: data}}' ('{{}}' for none), got {text!r}")
@@ -127,8 +129,10 @@ def _refuse_duplicates(node, key: str) -> None:
         name = k.value if isinstance(k, yaml.ScalarNode) else None
         if name is not None and name in seen:
             what = "section" if not key else "key"
-            raise ConfigError(f"{what} {join_key(key, name)} is given twice, at lines {seen[name]} and "
-                              f"{k.start_mark.line + 1}; YAML would keep only the last")
+            raise ConfigError(
+                f"{what} {join_key(key, name)} is given twice, at lines {seen[name]} and "
+                f"{k.start_mark.line + 1}; YAML would keep only the last"
+            )
         if name is not None:
             seen[name] = k.start_mark.line + 1
         _refuse_duplicates(v, join_key(key, name) if name is not None else key)
@@ -156,9 +160,13 @@ def read_file(path: Path, sections: list[str]) -> dict:
     if content is None:
         raise ConfigError(f"config file {str(path)!r} is empty; it needs at least one section (trainer:, model:, ...)")
     if not isinstance(content, dict):
-        raise ConfigError(f"config file {str(path)!r} holds a {type(content).__name__}; it must be a mapping of "
-                          f"sections ({', '.join(sections)})")
+        raise ConfigError(
+            f"config file {str(path)!r} holds a {type(content).__name__}; it must be a mapping of "
+            f"sections ({', '.join(sections)})"
+        )
     for section, value in content.items():
         if not isinstance(value, dict):
-            raise ConfigError(f"config file {str(path)!r}: section {section!r} must be a mapping of keys, got {value!r}")
+            raise ConfigError(
+                f"config file {str(path)!r}: section {section!r} must be a mapping of keys, got {value!r}"
+            )
     return content

@@ -100,8 +100,14 @@ class Key:
 _METADATA = "named.config.key"
 
 
-def key(default: Any = dataclasses.MISSING, rule: Rule | None = None, *, doc: str, free: bool = False,
-        factory: Callable[[], Any] | None = None) -> Any:
+def key(
+    default: Any = dataclasses.MISSING,
+    rule: Rule | None = None,
+    *,
+    doc: str,
+    free: bool = False,
+    factory: Callable[[], Any] | None = None,
+) -> Any:
     """A dataclass field declared as a config key: ``seed: int = key(0, between(0, 2**32 - 1), doc=...)``.
     ``factory`` makes a mutable default (a list, a mapping)."""
     declared = {_METADATA: Key(doc, rule, free)}

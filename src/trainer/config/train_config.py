@@ -56,7 +56,6 @@ from .rules import (  # ConfigError: also this module's public face
     one_of,
 )
 
-
 # ---- sections: every key declared once ------------------------------------------------
 
 
@@ -64,62 +63,93 @@ from .rules import (  # ConfigError: also this module's public face
 class TrainerConfig:
     """Steps, batch and cadence."""
 
-    num_train_steps: int = key(100, at_least(0), free=True,
-                               doc="optimizer steps; 0 runs every check and trains (and writes) nothing")
+    num_train_steps: int = key(
+        100, at_least(0), free=True, doc="optimizer steps; 0 runs every check and trains (and writes) nothing"
+    )
     train_batch_size: int = key(16, at_least(1), doc="sequences per optimizer step, over all processes")
-    microbatches: int = key(1, at_least(1), doc="the batch is split into this many microbatches whose gradients "
-                                                "are accumulated (the same step)")
+    microbatches: int = key(
+        1,
+        at_least(1),
+        doc="the batch is split into this many microbatches whose gradients are accumulated (the same step)",
+    )
     # jax.random.key keeps 32 bits: 2**32 would be seed 0 again
     seed: int = key(0, between(0, 2**32 - 1), doc="one seed for init, data order and dropout")
     eval_interval: int = key(50, at_least(0), free=True, doc="evaluate every N steps (0: never)")
-    eval_batches: int = key(4, at_least(0), free=True,
-                            doc="batches evaluated, of each source of a mixture (0: all of them)")
+    eval_batches: int = key(
+        4, at_least(0), free=True, doc="batches evaluated, of each source of a mixture (0: all of them)"
+    )
     sample_interval: int = key(0, at_least(0), free=True, doc="print a sample every N steps (0: never)")
     sample_tokens: int = key(64, at_least(0), free=True, doc="tokens each sample adds to its prompt")
     sample_prompt: str = key("def ", free=True, doc="the prompt the samples continue")
     sample_temperature: float = key(0.8, at_least(0), free=True, doc="the samples' temperature (0: greedy)")
-    sample_top_k: int | None = key(40, at_least(1), free=True, doc="samples draw from this many likeliest tokens "
-                                                                  "(null: from all)")
+    sample_top_k: int | None = key(
+        40, at_least(1), free=True, doc="samples draw from this many likeliest tokens (null: from all)"
+    )
     log_interval: int = key(10, at_least(0), free=True, doc="log every N steps (0: never)")
-    run_dir: str = key("runs/default", NONEMPTY, free=True,
-                       doc="where logs, config.yaml and (without checkpoint.base) checkpoints go")
-    load_checkpoint: str | None = key("auto", free=True, doc="`auto`: resume the run in run_dir, or refuse; a "
-                                      "checkpoint in the checkpoint root: resume from it; null: new runs only "
-                                      "(see Run directories)")
-    precision: str = key("params=float32,compute=float32,output=float32",
-                         doc="a jmp policy, e.g. `params=float32,compute=bfloat16,output=float32`")
-    nan_policy: str = key("stop", one_of("stop", "skip"), free=True,
-                          doc="`stop`: raise, naming the step; `skip`: drop the update")
-    peak_flops_per_device: float | None = key(None, above(0), free=True,
-                                              doc="FLOP/s of one device for MFU, where the built-in table lacks it")
+    run_dir: str = key(
+        "runs/default", NONEMPTY, free=True, doc="where logs, config.yaml and (without checkpoint.base) checkpoints go"
+    )
+    load_checkpoint: str | None = key(
+        "auto",
+        free=True,
+        doc="`auto`: resume the run in run_dir, or refuse; a "
+        "checkpoint in the checkpoint root: resume from it; null: new runs only "
+        "(see Run directories)",
+    )
+    precision: str = key(
+        "params=float32,compute=float32,output=float32",
+        doc="a jmp policy, e.g. `params=float32,compute=bfloat16,output=float32`",
+    )
+    nan_policy: str = key(
+        "stop", one_of("stop", "skip"), free=True, doc="`stop`: raise, naming the step; `skip`: drop the update"
+    )
+    peak_flops_per_device: float | None = key(
+        None, above(0), free=True, doc="FLOP/s of one device for MFU, where the built-in table lacks it"
+    )
     # a divisor of the vocab size (checks.check_loss_block); the same loss, less memory, like model.remat
-    loss_block_size: int | None = key(None, at_least(1), free=True,
-                                      doc="null: the loss reads the full logits; a divisor of the vocab: it makes "
-                                          "them a vocab block at a time (see The loss without the full logits)")
+    loss_block_size: int | None = key(
+        None,
+        at_least(1),
+        free=True,
+        doc="null: the loss reads the full logits; a divisor of the vocab: it makes "
+        "them a vocab block at a time (see The loss without the full logits)",
+    )
     progress_bar: bool = key(True, free=True, doc="a progress bar on process 0 when stderr is a terminal")
-    stop_signals: list[str] = key(factory=lambda: ["SIGTERM", "SIGINT", "SIGUSR1"],
-                                  rule=one_of("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP"),
-                                  doc="signals that save a checkpoint and exit 128 + the signal (see Stopping "
-                                      "and object storage)")
+    stop_signals: list[str] = key(
+        factory=lambda: ["SIGTERM", "SIGINT", "SIGUSR1"],
+        rule=one_of("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP"),
+        doc="signals that save a checkpoint and exit 128 + the signal (see Stopping and object storage)",
+    )
 
 
 @dataclass
 class MeshConfig:
     """Device mesh and the two mappings (axis name -> mesh axis, list of mesh axes, or null)."""
 
-    shape: dict[str, int] = key(factory=lambda: {"data": -1}, free=True,
-                                doc="mesh axes and their sizes; one -1 takes the devices left over")
+    shape: dict[str, int] = key(
+        factory=lambda: {"data": -1}, free=True, doc="mesh axes and their sizes; one -1 takes the devices left over"
+    )
     # list before str: draccus decodes a union by trying its types in order, and str takes anything
     compute_mapping: dict[str, list[str] | str | None] = key(
-        factory=lambda: {"batch": "data"}, free=True, doc="axis name -> mesh axis (a list of them, or null) for "
-                                                          "activations")
+        factory=lambda: {"batch": "data"},
+        free=True,
+        doc="axis name -> mesh axis (a list of them, or null) for activations",
+    )
     param_mapping: dict[str, list[str] | str | None] = key(
-        factory=dict, free=True, doc="the same for parameters and optimizer state (`{}`: replicated)")
-    mode: str = key("auto", one_of("auto", "explicit"), free=True,
-                    doc="`auto`: GSPMD places the collectives; `explicit`: the layer stack runs per device "
-                        "(docs/explicit.md)")
-    batch_split: int = key(1, at_least(1), free=True, doc="explicit mode: each layer runs on this many equal "
-                                                          "parts of each device's microbatch")
+        factory=dict, free=True, doc="the same for parameters and optimizer state (`{}`: replicated)"
+    )
+    mode: str = key(
+        "auto",
+        one_of("auto", "explicit"),
+        free=True,
+        doc="`auto`: GSPMD places the collectives; `explicit`: the layer stack runs per device (docs/explicit.md)",
+    )
+    batch_split: int = key(
+        1,
+        at_least(1),
+        free=True,
+        doc="explicit mode: each layer runs on this many equal parts of each device's microbatch",
+    )
 
 
 @dataclass
@@ -132,10 +162,14 @@ class OptimizerConfig:
     beta2: float = key(0.95, between(0, 1, high_open=True), doc="Adam's decay of the second moment")
     epsilon: float = key(1e-8, above(0), doc="Adam's epsilon")
     max_grad_norm: float | None = key(1.0, above(0), doc="clip the gradient to this global norm (null: no clipping)")
-    schedule: str = key("cosine", one_of("cosine", "linear", "constant", "wsd"),
-                        doc="the learning rate after warmup (`wsd`: warmup, stable, decay)")
-    warmup_steps: float = key(0, at_least(0), doc="steps of linear warmup; below 1: that fraction of "
-                                                  "trainer.num_train_steps")
+    schedule: str = key(
+        "cosine",
+        one_of("cosine", "linear", "constant", "wsd"),
+        doc="the learning rate after warmup (`wsd`: warmup, stable, decay)",
+    )
+    warmup_steps: float = key(
+        0, at_least(0), doc="steps of linear warmup; below 1: that fraction of trainer.num_train_steps"
+    )
     decay_fraction: float = key(0.2, between(0, 1, low_open=True), doc="`wsd`: the share of steps in the final decay")
     min_lr_ratio: float = key(0.1, between(0, 1), doc="the final learning rate, as a fraction of the peak")
 
@@ -152,14 +186,21 @@ class CheckpointConfig:
 
     interval: int = key(0, at_least(0), free=True, doc="steps between saves (0: only at the end)")
     keep_last: int = key(2, at_least(1), free=True, doc="how many of the newest checkpoints are kept")
-    keep_every: int | None = key(None, at_least(1), free=True,
-                                 doc="also keep every checkpoint whose step is a multiple of this")
+    keep_every: int | None = key(
+        None, at_least(1), free=True, doc="also keep every checkpoint whose step is a multiple of this"
+    )
     save_at_end: bool = key(True, free=True, doc="save after the last step")
-    every_minutes: float | None = key(None, above(0), free=True,
-                                      doc="also a temporary checkpoint this often (deleted by the next one)")
-    base: str | None = key(None, NONEMPTY, free=True, doc="checkpoints in `<base>/checkpoints`: a local path, "
-                                                         "`s3://bucket/prefix` or `gs://bucket/prefix` (null: in "
-                                                         "trainer.run_dir)")
+    every_minutes: float | None = key(
+        None, above(0), free=True, doc="also a temporary checkpoint this often (deleted by the next one)"
+    )
+    base: str | None = key(
+        None,
+        NONEMPTY,
+        free=True,
+        doc="checkpoints in `<base>/checkpoints`: a local path, "
+        "`s3://bucket/prefix` or `gs://bucket/prefix` (null: in "
+        "trainer.run_dir)",
+    )
 
 
 @dataclass
@@ -168,8 +209,12 @@ class TrackerConfig:
 
     console: bool = key(True, free=True, doc="log lines on the console")
     jsonl: bool = key(True, free=True, doc="metrics in `<run_dir>/metrics.jsonl`")
-    wandb_mode: str = key("disabled", one_of("disabled", "offline", "online"), free=True,
-                          doc="wandb: `offline` and `online` need `pip install 'named-jax[wandb]'`")
+    wandb_mode: str = key(
+        "disabled",
+        one_of("disabled", "offline", "online"),
+        free=True,
+        doc="wandb: `offline` and `online` need `pip install 'named-jax[wandb]'`",
+    )
     wandb_project: str = key("named", free=True, doc="the wandb project")
 
 
@@ -178,20 +223,22 @@ class DistributedConfig:
     """``jax.distributed`` settings; all null means one process (or JAX's auto-detection
     when ``initialize`` is true, e.g. under SLURM)."""
 
-    initialize: bool = key(False, free=True, doc="start jax.distributed (with nothing else set: JAX's "
-                                                 "auto-detection, e.g. under SLURM)")
+    initialize: bool = key(
+        False, free=True, doc="start jax.distributed (with nothing else set: JAX's auto-detection, e.g. under SLURM)"
+    )
     coordinator_address: str | None = key(None, free=True, doc="`host:port` of process 0 (null: NAMED_COORDINATOR)")
-    num_processes: int | None = key(None, at_least(1), free=True, doc="processes of the run (null: "
-                                                                      "NAMED_NUM_PROCESSES)")
-    process_id: int | None = key(None, at_least(0), free=True, doc="this process's id, from 0 (null: "
-                                                                   "NAMED_PROCESS_ID)")
-    local_device_ids: list[int] | None = key(None, free=True, doc="the devices this process uses (null: all "
-                                                                  "it sees)")
-    initialization_timeout_s: int = key(300, at_least(1), free=True,
-                                        doc="seconds to wait for every process to join")
-    heartbeat_timeout_s: int = key(100, at_least(1), free=True, doc="a peer silent this long makes the others "
-                                                                    "fail, not hang (NAMED_HEARTBEAT_TIMEOUT "
-                                                                    "overrides it)")
+    num_processes: int | None = key(
+        None, at_least(1), free=True, doc="processes of the run (null: NAMED_NUM_PROCESSES)"
+    )
+    process_id: int | None = key(None, at_least(0), free=True, doc="this process's id, from 0 (null: NAMED_PROCESS_ID)")
+    local_device_ids: list[int] | None = key(None, free=True, doc="the devices this process uses (null: all it sees)")
+    initialization_timeout_s: int = key(300, at_least(1), free=True, doc="seconds to wait for every process to join")
+    heartbeat_timeout_s: int = key(
+        100,
+        at_least(1),
+        free=True,
+        doc="a peer silent this long makes the others fail, not hang (NAMED_HEARTBEAT_TIMEOUT overrides it)",
+    )
 
 
 @dataclass(frozen=True)
@@ -205,12 +252,14 @@ class ModelChoice(draccus.ChoiceRegistry):
         "layer_norm_epsilon": Key("LayerNorm's epsilon", above(0)),
         "rms_norm_eps": Key("RMSNorm's epsilon", above(0)),
         "rope_theta": Key("the RoPE base", above(0)),
-        "remat": Key("gradient checkpointing of each layer: an nn.Stacked policy (`none`, `full`, `save_dots`, "
-                     "...)", free=True),
+        "remat": Key(
+            "gradient checkpointing of each layer: an nn.Stacked policy (`none`, `full`, `save_dots`, ...)", free=True
+        ),
     }
     # every integer without a key of its own: layers, widths, heads, positions (items of lists too)
-    integer_key: ClassVar[Key] = Key("layers, widths, heads, positions: every integer of the family's config",
-                                     at_least(1))
+    integer_key: ClassVar[Key] = Key(
+        "layers, widths, heads, positions: every integer of the family's config", at_least(1)
+    )
 
     def model_config(self, vocab_size: int):
         raise NotImplementedError
@@ -225,10 +274,12 @@ def _as_choice(name: str, base_cfg: type):
     @ModelChoice.register_subclass(name)
     @dataclass(frozen=frozen)
     class Choice(ModelChoice, base_cfg):  # type: ignore[misc, valid-type]
-        vocab_size: int | None = key(None, at_least(1), doc="null: the tokenizer's vocabulary, rounded up to a "
-                                                            "multiple of 128")
-        init_from_hf: str | None = key(None, doc="a Hugging Face folder: its architecture, weights and tokenizer "
-                                                 "(see docs/finetune.md)")
+        vocab_size: int | None = key(
+            None, at_least(1), doc="null: the tokenizer's vocabulary, rounded up to a multiple of 128"
+        )
+        init_from_hf: str | None = key(
+            None, doc="a Hugging Face folder: its architecture, weights and tokenizer (see docs/finetune.md)"
+        )
 
         def model_config(self, vocab_size: int):
             values = {f.name: getattr(self, f.name) for f in dataclasses.fields(base_cfg)}
@@ -287,8 +338,10 @@ def declarations() -> list[Declared]:
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             if declared(f) is None:  # found at import: RULES below walks every key
-                raise ConfigError(f"{section.name}.{f.name} is declared without key(...): give it its rule, whether "
-                                  "a resumed run may change it, and a line of doc")
+                raise ConfigError(
+                    f"{section.name}.{f.name} is declared without key(...): give it its rule, whether "
+                    "a resumed run may change it, and a line of doc"
+                )
             default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
             out.append(Declared(f"{section.name}.{f.name}", hints[f.name], default, declared(f)))
     return out
@@ -300,9 +353,17 @@ def _model_declarations() -> list[Declared]:
     families = list(ModelChoice.get_known_choices().values())
     own = [f for f in dataclasses.fields(families[0]) if declared(f) is not None]
     hints = typing.get_type_hints(families[0])
-    out = [Declared("model.type", str, dataclasses.MISSING,
-                    Key("a model family (docs/models.md), then that family's config fields",
-                        one_of(*ModelChoice.get_known_choices())))]
+    out = [
+        Declared(
+            "model.type",
+            str,
+            dataclasses.MISSING,
+            Key(
+                "a model family (docs/models.md), then that family's config fields",
+                one_of(*ModelChoice.get_known_choices()),
+            ),
+        )
+    ]
     out += [Declared(f"model.{f.name}", hints[f.name], f.default, declared(f)) for f in own]
     out.append(Declared(_MODEL_INTEGERS, int, dataclasses.MISSING, ModelChoice.integer_key))
     for name, k in ModelChoice.field_keys.items():
@@ -348,15 +409,20 @@ def keys_table() -> str:
         default = "" if d.default is dataclasses.MISSING else f"`{json.dumps(d.default)}`"
         allowed = str(d.key.rule) if d.key.rule is not None else ""
         resume = "may change" if d.key.free else "must match"
-        rows.append(f"| `{d.name}` | {describe_type(d.annotation)} | {_cell(default)} | {_cell(allowed)} | {resume} | "
-                    f"{_cell(d.key.doc)} |")
+        rows.append(
+            f"| `{d.name}` | {describe_type(d.annotation)} | {_cell(default)} | {_cell(allowed)} | {resume} | "
+            f"{_cell(d.key.doc)} |"
+        )
     return "\n".join(rows)
 
 
 def help_text() -> str:
     """``named-train --help``: how to give a config, then every key, from the declarations."""
-    lines = ["usage: named-train (--config NAME | --config_path FILE) [--section.key VALUE ...]", "",
-             "Every key can be given as --section.key VALUE (a YAML value; a mapping replaces the file's):"]
+    lines = [
+        "usage: named-train (--config NAME | --config_path FILE) [--section.key VALUE ...]",
+        "",
+        "Every key can be given as --section.key VALUE (a YAML value; a mapping replaces the file's):",
+    ]
     for d in declarations():
         default = "" if d.default is dataclasses.MISSING else f"; default {json.dumps(d.default)}"
         allowed = f", {d.key.rule}" if d.key.rule is not None else ""
@@ -382,8 +448,10 @@ def load_config(config_path: str | os.PathLike | None, args: Sequence[str] = ())
     # Last, so that a snippet without a model still reports its own mistakes first.
     if "model" not in raw:
         known = ", ".join(ModelChoice.get_known_choices())
-        raise ConfigError(f"model: missing{_origin('', flags, config_path)}; add `model: {{type: gpt2, ...}}` with "
-                          f"that model's fields (registered types: {known})")
+        raise ConfigError(
+            f"model: missing{_origin('', flags, config_path)}; add `model: {{type: gpt2, ...}}` with "
+            f"that model's fields (registered types: {known})"
+        )
     return cfg
 
 
@@ -415,8 +483,10 @@ def _check_choice(flag: Flag, value, annotation) -> None:
     """``--model.type NAME``: a registered name (``check_flag_keys`` gives their Literal)."""
     if typing.get_origin(annotation) is typing.Literal and value not in typing.get_args(annotation):
         section = flag.key.rpartition(".")[0]
-        raise ConfigError(f"--{flag.key} {value!r} is not a registered {section} type; registered: "
-                          f"{', '.join(typing.get_args(annotation))}")
+        raise ConfigError(
+            f"--{flag.key} {value!r} is not a registered {section} type; registered: "
+            f"{', '.join(typing.get_args(annotation))}"
+        )
 
 
 def _decode(raw: dict, flags: list[Flag], config_path) -> TrainConfig:
@@ -490,22 +560,31 @@ def validate_static(cfg: TrainConfig) -> None:
             f"trainer.train_batch_size={t.train_batch_size} is not divisible by trainer.microbatches={t.microbatches}"
         )
     if cfg.mesh.batch_split > 1 and cfg.mesh.mode != "explicit":
-        raise ConfigError(f"mesh.batch_split={cfg.mesh.batch_split} needs mesh.mode: explicit (auto mode leaves the "
-                          f"schedule to XLA); set --mesh.mode explicit or mesh.batch_split: 1")
+        raise ConfigError(
+            f"mesh.batch_split={cfg.mesh.batch_split} needs mesh.mode: explicit (auto mode leaves the "
+            f"schedule to XLA); set --mesh.mode explicit or mesh.batch_split: 1"
+        )
     if o.warmup_steps >= 1 and o.warmup_steps != int(o.warmup_steps):
-        raise ConfigError(f"optimizer.warmup_steps={o.warmup_steps} must be a whole number of steps, or a fraction "
-                          "of the run below 1 (0.1: a tenth of trainer.num_train_steps)")
+        raise ConfigError(
+            f"optimizer.warmup_steps={o.warmup_steps} must be a whole number of steps, or a fraction "
+            "of the run below 1 (0.1: a tenth of trainer.num_train_steps)"
+        )
     if t.num_train_steps and o.warmup(t.num_train_steps) > t.num_train_steps:  # 0 steps: a check-only run
-        raise ConfigError(f"optimizer.warmup_steps={o.warmup_steps:g} is longer than trainer.num_train_steps="
-                          f"{t.num_train_steps}: lower it (--optimizer.warmup_steps {max(t.num_train_steps // 10, 1)}) "
-                          "or give a fraction of the run (--optimizer.warmup_steps 0.1)")
+        raise ConfigError(
+            f"optimizer.warmup_steps={o.warmup_steps:g} is longer than trainer.num_train_steps="
+            f"{t.num_train_steps}: lower it (--optimizer.warmup_steps {max(t.num_train_steps // 10, 1)}) "
+            "or give a fraction of the run (--optimizer.warmup_steps 0.1)"
+        )
     from named.nn.precision import get_policy
 
     try:
         get_policy(t.precision)
     except Exception as e:  # noqa: BLE001 - reported with the key
         raise ConfigError(f"trainer.precision: {e}") from None
-    for name, mapping in (("mesh.compute_mapping", cfg.mesh.compute_mapping), ("mesh.param_mapping", cfg.mesh.param_mapping)):
+    for name, mapping in (
+        ("mesh.compute_mapping", cfg.mesh.compute_mapping),
+        ("mesh.param_mapping", cfg.mesh.param_mapping),
+    ):
         for axis, target in to_mapping(mapping).items():  # entry by entry, to name the key
             try:  # the library's own check, against the mesh's axis names (their sizes need the devices)
                 nm.check_mapping({axis: target}, cfg.mesh.shape)

@@ -47,10 +47,13 @@ def build_data(cfg: DataConfig, tokenizer: Tokenizer | None = None) -> Data:
             log.info("data.train: source %r has weight 0 and is left out", s.name)
     val_specs = cfg.sources("validation")
     chat = _chat_format(cfg, tokenizer, [*train_specs, *val_specs])
-    checked = [(s, _checked_sources(s.paths, tokenizer, cfg, s.text_field, _label(s, "train"), s.format))
-               for s in train_specs]
-    val_checked = [(s, _checked_sources(s.paths, tokenizer, cfg, s.text_field, _label(s, "validation"), s.format))
-                   for s in val_specs]
+    checked = [
+        (s, _checked_sources(s.paths, tokenizer, cfg, s.text_field, _label(s, "train"), s.format)) for s in train_specs
+    ]
+    val_checked = [
+        (s, _checked_sources(s.paths, tokenizer, cfg, s.text_field, _label(s, "validation"), s.format))
+        for s in val_specs
+    ]
     train = [_sequences(s, c, tokenizer, cfg, "train", chat) for s, c in checked]
     validation = [_sequences(s, c, tokenizer, cfg, "validation", chat) for s, c in val_checked]
     if not validation and cfg.val_fraction > 0:
@@ -88,8 +91,14 @@ def _chat_format(cfg: DataConfig, tokenizer: Tokenizer, specs: Sequence[SourceSp
     return fmt
 
 
-def _checked_sources(specs: Sequence[str], tokenizer: Tokenizer, cfg: DataConfig, text_field: str = "text",
-                     label: str = "", fmt: str = "text"):
+def _checked_sources(
+    specs: Sequence[str],
+    tokenizer: Tokenizer,
+    cfg: DataConfig,
+    text_field: str = "text",
+    label: str = "",
+    fmt: str = "text",
+):
     check_tokenizer(tokenizer)
     try:
         files = resolve_sources(specs, stdlib_bytes=cfg.stdlib_bytes, text_field=text_field)
@@ -108,12 +117,15 @@ def _checked_sources(specs: Sequence[str], tokenizer: Tokenizer, cfg: DataConfig
 def _check_chat_files(files: Sequence[SourceFile]) -> None:
     for f in files:
         if f.kind != "jsonl":
-            raise DataError(f"{str(f.path)!r} is a {f.kind} file; a chat source reads JSON Lines records "
-                            "(.jsonl, .json, .jsonl.gz, .jsonl.zst)")
+            raise DataError(
+                f"{str(f.path)!r} is a {f.kind} file; a chat source reads JSON Lines records "
+                "(.jsonl, .json, .jsonl.gz, .jsonl.zst)"
+            )
 
 
-def _sequences(spec: SourceSpec, checked, tokenizer: Tokenizer, cfg: DataConfig, split: str,
-               chat: ChatFormat | None = None) -> Sequences:
+def _sequences(
+    spec: SourceSpec, checked, tokenizer: Tokenizer, cfg: DataConfig, split: str, chat: ChatFormat | None = None
+) -> Sequences:
     text, pretokenized, label = checked
     try:
         if spec.format == "chat":

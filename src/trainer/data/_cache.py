@@ -97,8 +97,10 @@ def cached_chat(files: Sequence[SourceFile], fmt: ChatFormat, cache_dir: str | P
         _write_cache(path, files, lambda: _chat_into(path, flags_path, files, fmt, dtype))
     tokens, flags = _open_cache(path), _open_cache(flags_path)
     if len(tokens) != len(flags):
-        raise DataError(f"the token cache {str(path)!r} holds {len(tokens)} tokens but its flags {str(flags_path)!r} "
-                        f"{len(flags)}; delete both to rebuild")
+        raise DataError(
+            f"the token cache {str(path)!r} holds {len(tokens)} tokens but its flags {str(flags_path)!r} "
+            f"{len(flags)}; delete both to rebuild"
+        )
     return tokens, flags
 
 
@@ -107,9 +109,7 @@ def _write_cache(path: Path, files: Sequence[SourceFile], tokenize) -> None:
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise DataError(
-            f"cannot create the data cache folder {str(cache_dir)!r} (data.cache_dir): {e.strerror}"
-        ) from e
+        raise DataError(f"cannot create the data cache folder {str(cache_dir)!r} (data.cache_dir): {e.strerror}") from e
     _remove_stale_temps(cache_dir)
     t0 = time.perf_counter()
     try:

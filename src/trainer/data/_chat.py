@@ -40,8 +40,9 @@ CHAT_FORMAT = 1  # these rules (what carries loss, how documents are marked): a 
 ROLES = ("system", "user", "assistant")
 
 
-def encode_chat_into(tokens_f: BinaryIO, flags_f: BinaryIO, records: Iterator[tuple[str, object]], fmt: ChatFormat,
-                     dtype: np.dtype) -> int:
+def encode_chat_into(
+    tokens_f: BinaryIO, flags_f: BinaryIO, records: Iterator[tuple[str, object]], fmt: ChatFormat, dtype: np.dtype
+) -> int:
     """Render, check and tokenise ``(where, record)`` pairs into a token file and its flag file;
     returns the number of tokens written. Every record of a chunk is checked and rendered
     before the chunk is tokenised."""
@@ -49,7 +50,7 @@ def encode_chat_into(tokens_f: BinaryIO, flags_f: BinaryIO, records: Iterator[tu
     eos = fmt.tokenizer.eos_id
     for chunk in chunked(document(where, record, fmt) for where, record in records):
         ids, flags = [], []
-        for (where, text, spans, add_eos), (tok, starts, ends) in zip(chunk, fmt.encode([c[1] for c in chunk])):
+        for (where, _, spans, add_eos), (tok, starts, ends) in zip(chunk, fmt.encode([c[1] for c in chunk])):
             mask = loss_tokens(tok, starts, ends, spans, () if add_eos else fmt.stop_ids)
             if add_eos:
                 tok, mask = np.append(tok, eos), np.append(mask, True)
@@ -67,8 +68,9 @@ def encode_chat_into(tokens_f: BinaryIO, flags_f: BinaryIO, records: Iterator[tu
     return n
 
 
-def loss_tokens(ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, spans: list[tuple[int, int]],
-              stop_ids) -> np.ndarray:
+def loss_tokens(
+    ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, spans: list[tuple[int, int]], stop_ids
+) -> np.ndarray:
     """True for the tokens whose characters overlap a span, each span cut after its last stop token."""
     mask = np.zeros(len(ids), bool)
     stops = np.isin(ids, np.asarray(list(stop_ids), np.int64))
@@ -86,8 +88,9 @@ def document(where: str, record, fmt: ChatFormat) -> tuple[str, str, list[tuple[
     """``(where, text, spans, add_eos)``: the text to tokenise, the characters that carry loss,
     and whether eos follows (prompt/completion pairs)."""
     if not isinstance(record, dict):
-        raise DataError(f"{where}: expected an object with 'messages', or 'prompt' and 'completion'; "
-                        f"got {json_kind(record)}")
+        raise DataError(
+            f"{where}: expected an object with 'messages', or 'prompt' and 'completion'; got {json_kind(record)}"
+        )
     if "messages" in record:
         if "prompt" in record or "completion" in record:
             raise DataError(f"{where}: a record has either 'messages' or 'prompt' and 'completion', not both")
@@ -105,8 +108,10 @@ def document(where: str, record, fmt: ChatFormat) -> tuple[str, str, list[tuple[
         text, spans, add_eos = prompt + completion, [(len(prompt), len(prompt) + len(completion))], True
     else:
         keys = ", ".join(map(repr, record)) or "none"
-        raise DataError(f"{where}: a chat record needs 'messages' (a list of {{role, content}}) or 'prompt' and "
-                        f"'completion'; its keys: {keys}")
+        raise DataError(
+            f"{where}: a chat record needs 'messages' (a list of {{role, content}}) or 'prompt' and "
+            f"'completion'; its keys: {keys}"
+        )
     if has_surrogate(text):
         raise DataError(f"{where}: the record holds a lone UTF-16 surrogate (\\ud800-\\udfff escape)")
     return where, text, spans, add_eos
@@ -151,8 +156,9 @@ def _conversation(where: str, record: dict, template: ChatTemplate) -> tuple[lis
             got = "missing" if "content" not in m else json_kind(content)
             raise DataError(f"{at}: 'content' must be a string, got {got}")
         if role == "assistant" and not calls and not content.strip():
-            raise DataError(f"{at}: an assistant message with blank content teaches only to end the turn; "
-                            "drop it or fill it")
+            raise DataError(
+                f"{at}: an assistant message with blank content teaches only to end the turn; drop it or fill it"
+            )
     if not any(m["role"] == "assistant" for m in messages):
         raise DataError(f"{where}: no assistant message, so no token would carry loss")
     return messages, tools

@@ -84,8 +84,9 @@ def documents(path: Path, kind: str, field: str) -> Iterator[tuple[str, str]]:
         try:
             texts = column.to_pylist()
         except UnicodeDecodeError as e:
-            raise DataError(f"{path}: {where}, rows {first}-{first + len(column) - 1}: column {field!r} holds "
-                            f"invalid UTF-8 ({e})") from e
+            raise DataError(
+                f"{path}: {where}, rows {first}-{first + len(column) - 1}: column {field!r} holds invalid UTF-8 ({e})"
+            ) from e
         for row, text in enumerate(texts, start=first):
             yield f"{path}: {where}, row {row}", text
 

@@ -81,8 +81,10 @@ def decompressed_blocks(path: Path, codec: str) -> Iterator[bytes]:
                 data, d, fed = d.unused_data, _decompressor(codec), False  # the next member or frame
             pos += len(raw)
         if fed and not d.eof:
-            raise Damaged(f"truncated: the {codec} stream stops at byte {pos} (the end of the file) in the middle "
-                          "of a compressed member; the file was cut short, re-download or re-compress it")
+            raise Damaged(
+                f"truncated: the {codec} stream stops at byte {pos} (the end of the file) in the middle "
+                "of a compressed member; the file was cut short, re-download or re-compress it"
+            )
 
 
 def read_all(path: Path, codec: str) -> bytes:

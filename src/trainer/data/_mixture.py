@@ -56,8 +56,11 @@ class Mixture:
     def rows(self, indices: Sequence[int] | np.ndarray) -> Batch:
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         which = np.searchsorted(self.offsets, idx, side="right") - 1
-        out = Batch(np.empty((idx.size, self.seq_len), np.int32), np.empty((idx.size, self.seq_len), np.int32),
-                    np.empty((idx.size, self.seq_len), bool))
+        out = Batch(
+            np.empty((idx.size, self.seq_len), np.int32),
+            np.empty((idx.size, self.seq_len), np.int32),
+            np.empty((idx.size, self.seq_len), bool),
+        )
         for k in np.unique(which):
             at = which == k
             part = self.sources[k].rows(idx[at] - self.offsets[k])
@@ -86,8 +89,10 @@ class MixtureOrder:
         self.quota = apportion(mixture.weights, self.block)
         for name, w, q in zip(mixture.names, mixture.weights, self.quota):
             if w > 0 and q == 0:
-                raise DataError(f"data.train: source {name!r} has weight {w:g}, less than one row in {self.block} of "
-                                "the mixture; raise its weight or drop it")
+                raise DataError(
+                    f"data.train: source {name!r} has weight {w:g}, less than one row in {self.block} of "
+                    "the mixture; raise its weight or drop it"
+                )
         self._tags = [zlib.crc32(n.encode()) for n in mixture.names]
         self._block_cache: tuple[int, np.ndarray, np.ndarray] | None = None
         self._perms: list[dict[int, np.ndarray]] = [{} for _ in mixture.names]

@@ -49,7 +49,8 @@ class TokenStream:
         self.arrays = list(arrays)
         self.flags = list(flags) if flags is not None else [None] * len(self.arrays)
         if len(self.flags) != len(self.arrays) or any(
-                f is not None and len(f) != len(a) for a, f in zip(self.arrays, self.flags)):
+            f is not None and len(f) != len(a) for a, f in zip(self.arrays, self.flags)
+        ):
             raise DataError("every token array needs flags of its own length, or none")
         self.eos_id = eos_id
         self.offsets = np.cumsum([0] + [len(a) for a in self.arrays])
@@ -125,8 +126,9 @@ class Sequences:
         return pack(tokens, self.stream.eos_id, file_start, flags)
 
 
-def pack(tokens: np.ndarray, eos_id: int, file_start: np.ndarray | None = None,
-         flags: np.ndarray | None = None) -> Batch:
+def pack(
+    tokens: np.ndarray, eos_id: int, file_start: np.ndarray | None = None, flags: np.ndarray | None = None
+) -> Batch:
     """Segment ids and loss mask for rows of a token stream (see the module docstring)."""
     new_doc = np.zeros(tokens.shape, bool)
     new_doc[:, 1:] = tokens[:, :-1] == eos_id

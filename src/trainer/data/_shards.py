@@ -101,8 +101,9 @@ def _tokenize(todo: list[int], files, shards, tokenizer: Tokenizer, dtype: np.dt
         bar.close()
         return
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
-                             initargs=(spec, tokenizer.fingerprint)) as pool:
+    with ProcessPoolExecutor(
+        workers, mp_context=context, initializer=_init_worker, initargs=(spec, tokenizer.fingerprint)
+    ) as pool:
         jobs = {pool.submit(_shard_job, files[i], shards[i], dtype.name): i for i in todo}
         pending = set(jobs)
         while pending:
@@ -140,8 +141,13 @@ def _shard_job(src: SourceFile, shard: Path, dtype_name: str) -> int:
 
 def _manifest(files: Sequence[SourceFile], tokenizer: Tokenizer, dtype: np.dtype) -> dict:
     listing = [[str(f.path), f.kind, f.text_field, _stat(f).st_size, _stat(f).st_mtime_ns] for f in files]
-    return {"format": CACHE_FORMAT, "tokenizer": tokenizer.fingerprint, "vocab": int(tokenizer.vocab_size),
-            "dtype": dtype.name, "files": listing}
+    return {
+        "format": CACHE_FORMAT,
+        "tokenizer": tokenizer.fingerprint,
+        "vocab": int(tokenizer.vocab_size),
+        "dtype": dtype.name,
+        "files": listing,
+    }
 
 
 def _start(folder: Path, manifest: dict) -> None:

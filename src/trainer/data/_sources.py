@@ -44,15 +44,45 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 Kind = Literal["text", "jsonl", "parquet", "arrow", "npy", "bin"]
 FIELD_KINDS = ("jsonl", "parquet", "arrow")  # the kinds whose documents are one field of a record
 _KINDS: dict[str, Kind] = {
-    ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".arrow": "arrow", ".npy": "npy", ".bin": "bin",
+    ".jsonl": "jsonl",
+    ".json": "jsonl",
+    ".parquet": "parquet",
+    ".arrow": "arrow",
+    ".npy": "npy",
+    ".bin": "bin",
     ".txt": "text",
 }
 _COMPRESSIBLE = {".jsonl": "jsonl", ".json": "jsonl", ".txt": "text"}
 # Formats a user may reasonably point at that we do not read: refused rather than read as text.
 _UNREAD = {
-    ".bz2", ".xz", ".lz4", ".lzma", ".br", ".snappy", ".zip", ".tar", ".tgz", ".7z", ".rar", ".csv", ".tsv",
-    ".feather", ".orc", ".avro", ".pkl", ".pickle", ".pt", ".pth", ".safetensors", ".h5", ".hdf5", ".tfrecord",
-    ".msgpack", ".sqlite", ".db", ".xlsx",
+    ".bz2",
+    ".xz",
+    ".lz4",
+    ".lzma",
+    ".br",
+    ".snappy",
+    ".zip",
+    ".tar",
+    ".tgz",
+    ".7z",
+    ".rar",
+    ".csv",
+    ".tsv",
+    ".feather",
+    ".orc",
+    ".avro",
+    ".pkl",
+    ".pickle",
+    ".pt",
+    ".pth",
+    ".safetensors",
+    ".h5",
+    ".hdf5",
+    ".tfrecord",
+    ".msgpack",
+    ".sqlite",
+    ".db",
+    ".xlsx",
 }
 SUPPORTED = ".txt, .jsonl, .json, .jsonl.gz, .json.gz, .txt.gz, .jsonl.zst, .txt.zst, .parquet, .arrow, .npy, .bin"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from numbers import Integral
 from collections.abc import Sequence
+from numbers import Integral
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 

@@ -49,8 +49,17 @@ from ..config.data_section import DataError
 from ._packing import LOSS, START
 from ._tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer
 
-__all__ = ["LOSS", "START", "ChatFormat", "ChatTemplate", "assistant_spans", "find_template", "prompt_ids",
-           "render_prompt", "stop_token_ids"]
+__all__ = [
+    "LOSS",
+    "START",
+    "ChatFormat",
+    "ChatTemplate",
+    "assistant_spans",
+    "find_template",
+    "prompt_ids",
+    "render_prompt",
+    "stop_token_ids",
+]
 
 log = logging.getLogger(__name__)
 
@@ -66,14 +75,20 @@ class ChatTemplate:
     source: str
     variables: dict[str, str] = field(default_factory=dict)
 
-    def render(self, messages: Sequence[dict], *, add_generation_prompt: bool = False,
-               tools: list | None = None) -> str:
+    def render(
+        self, messages: Sequence[dict], *, add_generation_prompt: bool = False, tools: list | None = None
+    ) -> str:
         """The conversation as text; DataError naming the template and Jinja's message if it fails."""
         compiled = self.compiled()
         chat = [{k: v for k, v in m.items() if v is not None} for m in messages]
         try:
-            return compiled.render(**self.variables, messages=chat, tools=tools, documents=None,
-                                   add_generation_prompt=add_generation_prompt)
+            return compiled.render(
+                **self.variables,
+                messages=chat,
+                tools=tools,
+                documents=None,
+                add_generation_prompt=add_generation_prompt,
+            )
         except Exception as e:  # noqa: BLE001 - template code is data: any way it fails is bad input
             what = f"raise_exception({str(e)!r})" if isinstance(e, _Raised) else f"{type(e).__name__}: {e}"
             raise DataError(f"the chat template {self.source} failed to render: {what}") from None
@@ -83,7 +98,8 @@ class ChatTemplate:
             return _compile(self.text)
         except _syntax_error() as e:
             raise DataError(
-                f"the chat template {self.source} is not valid Jinja: line {e.lineno}: {e.message}") from None
+                f"the chat template {self.source} is not valid Jinja: line {e.lineno}: {e.message}"
+            ) from None
 
     @property
     def mentions_tools(self) -> bool:
@@ -91,8 +107,9 @@ class ChatTemplate:
         return "tool" in self.text
 
 
-def assistant_spans(template: ChatTemplate, messages: Sequence[dict], *,
-                    tools: list | None = None) -> tuple[str, list[tuple[int, int]]]:
+def assistant_spans(
+    template: ChatTemplate, messages: Sequence[dict], *, tools: list | None = None
+) -> tuple[str, list[tuple[int, int]]]:
     """The rendered conversation and, per assistant message, the characters ``[start, end)`` the
     model is to produce: from the end of the generation prompt that precedes the message to the
     end of the message's own rendering (its end-of-turn token included).
@@ -137,12 +154,14 @@ class ChatFormat:
             self._hf, self._special = None, set()
         else:
             raise DataError(
-                f"chat data needs the byte tokenizer or a tokenizer.json (data.tokenizer), got {tokenizer!r}")
+                f"chat data needs the byte tokenizer or a tokenizer.json (data.tokenizer), got {tokenizer!r}"
+            )
         self.stop_ids = self._stop_ids()
 
     @classmethod
-    def load(cls, tokenizer: str | Tokenizer, chat_template: str | None = None,
-             eos_token: str | None = None) -> ChatFormat:
+    def load(
+        cls, tokenizer: str | Tokenizer, chat_template: str | None = None, eos_token: str | None = None
+    ) -> ChatFormat:
         """``tokenizer`` as ``data.tokenizer`` names it (or loaded), with its folder's template or ``chat_template``."""
         tok = load_tokenizer(tokenizer, eos_token) if isinstance(tokenizer, str) else tokenizer
         folder = tok.path.parent if isinstance(tok, HFTokenizer) else None
@@ -150,10 +169,14 @@ class ChatFormat:
 
     def require_template(self) -> ChatTemplate:
         if self.template is None:
-            where = f"{self.folder} has none (no chat_template.jinja, no chat_template in tokenizer_config.json)" \
-                if self.folder is not None else f"the tokenizer {self.tokenizer!r} comes without one"
+            where = (
+                f"{self.folder} has none (no chat_template.jinja, no chat_template in tokenizer_config.json)"
+                if self.folder is not None
+                else f"the tokenizer {self.tokenizer!r} comes without one"
+            )
             raise DataError(
-                f"a conversation needs a chat template and {where}; give a Jinja file as data.chat_template")
+                f"a conversation needs a chat template and {where}; give a Jinja file as data.chat_template"
+            )
         return self.template
 
     def encode(self, texts: Sequence[str]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -170,8 +193,10 @@ class ChatFormat:
     def fingerprint(self) -> str:
         """Everything beyond the tokenizer that decides the tokens and masks of a chat cache."""
         t = self.template
-        blob = json.dumps({"template": t.text if t else None, "variables": t.variables if t else None,
-                           "stop": list(self.stop_ids)}, sort_keys=True)
+        blob = json.dumps(
+            {"template": t.text if t else None, "variables": t.variables if t else None, "stop": list(self.stop_ids)},
+            sort_keys=True,
+        )
         return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
     def _stop_ids(self) -> tuple[int, ...]:
@@ -213,24 +238,36 @@ def find_template(folder: Path | None, chat_template: str | None = None) -> Chat
     if isinstance(value, list):
         named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
         if "default" not in named:
-            raise DataError(f"{config}: chat_template lists templates {sorted(map(str, named))} but none named "
-                            "'default'; give the one to use as data.chat_template")
+            raise DataError(
+                f"{config}: chat_template lists templates {sorted(map(str, named))} but none named "
+                "'default'; give the one to use as data.chat_template"
+            )
         value = named["default"]
     if not isinstance(value, str):
         raise DataError(f"{config}: chat_template must be a string or a list of {{name, template}}, got {value!r}")
     return ChatTemplate(value, f"{config} (chat_template)", specials)
 
 
-def render_prompt(tokenizer: str | Tokenizer, messages: Sequence[dict], add_generation_prompt: bool = True, *,
-                  chat_template: str | None = None) -> str:
+def render_prompt(
+    tokenizer: str | Tokenizer,
+    messages: Sequence[dict],
+    add_generation_prompt: bool = True,
+    *,
+    chat_template: str | None = None,
+) -> str:
     """``messages`` rendered with the tokenizer's chat template (for sampling: ends with the
     header of the assistant's turn)."""
     fmt = ChatFormat.load(tokenizer, chat_template)
     return fmt.require_template().render(list(messages), add_generation_prompt=add_generation_prompt)
 
 
-def prompt_ids(tokenizer: str | Tokenizer, messages: Sequence[dict], add_generation_prompt: bool = True, *,
-               chat_template: str | None = None) -> list[int]:
+def prompt_ids(
+    tokenizer: str | Tokenizer,
+    messages: Sequence[dict],
+    add_generation_prompt: bool = True,
+    *,
+    chat_template: str | None = None,
+) -> list[int]:
     """``render_prompt``'s text as token ids, special tokens parsed (what the model was trained on)."""
     fmt = ChatFormat.load(tokenizer, chat_template)
     text = fmt.require_template().render(list(messages), add_generation_prompt=add_generation_prompt)
@@ -353,11 +390,16 @@ def _compile(text: str):
     def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[Generation, jinja2.ext.loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[Generation, jinja2.ext.loopcontrols]
+    )
     env.filters["tojson"] = tojson
-    env.globals.update(raise_exception=raise_exception, strftime_now=lambda fmt: datetime.now().strftime(fmt),
-                       dict=_TemplateDict(), namespace=Namespace)
+    env.globals.update(
+        raise_exception=raise_exception,
+        strftime_now=lambda fmt: datetime.now().strftime(fmt),
+        dict=_TemplateDict(),
+        namespace=Namespace,
+    )
     return env.from_string(text)
 
 

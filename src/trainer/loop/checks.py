@@ -17,8 +17,8 @@ import jax
 import jax.numpy as jnp
 
 import named as nm
-from named.models.hf import CheckpointFormatError, check_folder
 from named import nn
+from named.models.hf import CheckpointFormatError, check_folder
 from named.nn.loss import _block_error  # the blockwise loss's own message, with the nearest divisors
 
 from ..config import ConfigError, TrainConfig, data_parallel_size, to_mapping
@@ -81,8 +81,10 @@ def model_config_for(cfg: TrainConfig, tokenizer: Tokenizer | None = None):
     model_cfg = cfg.model.model_config(vocab_size=-(-vocab // VOCAB_MULTIPLE) * VOCAB_MULTIPLE)
     if model_cfg.vocab_size < vocab:
         source = f" of {cfg.model.init_from_hf} (model.init_from_hf)" if cfg.model.init_from_hf else ""
-        raise ConfigError(f"model.vocab_size={model_cfg.vocab_size}{source} is smaller than the tokenizer's {vocab} "
-                          f"tokens (data.tokenizer={cfg.data.tokenizer!r}): the tokenizer is not this model's")
+        raise ConfigError(
+            f"model.vocab_size={model_cfg.vocab_size}{source} is smaller than the tokenizer's {vocab} "
+            f"tokens (data.tokenizer={cfg.data.tokenizer!r}): the tokenizer is not this model's"
+        )
     return model_cfg, model_class(model_cfg)
 
 
@@ -102,7 +104,8 @@ def check_device_count(cfg: TrainConfig, n_devices: int, n_processes: int) -> di
     if (mb // dp) % cfg.mesh.batch_split:
         raise ConfigError(
             f"mesh.batch_split={cfg.mesh.batch_split} does not divide each device's {mb // dp} sequences of a microbatch "
-            f"(trainer.train_batch_size={t.train_batch_size} / trainer.microbatches={t.microbatches} / {dp} devices)")
+            f"(trainer.train_batch_size={t.train_batch_size} / trainer.microbatches={t.microbatches} / {dp} devices)"
+        )
     if t.train_batch_size % n_processes:
         raise ConfigError(f"trainer.train_batch_size={t.train_batch_size} does not split over {n_processes} processes")
     return sizes
@@ -112,7 +115,9 @@ def check_positions(cfg: TrainConfig, model_cfg) -> None:
     seq_len = cfg.data.seq_len
     max_pos = max_positions(model_cfg)
     if seq_len > max_pos:
-        raise ConfigError(f"data.seq_len={seq_len} is longer than the model's {max_pos} positions (model.n_positions / max_position_embeddings)")
+        raise ConfigError(
+            f"data.seq_len={seq_len} is longer than the model's {max_pos} positions (model.n_positions / max_position_embeddings)"
+        )
 
 
 def check_mappings(cfg: TrainConfig, shapes, mesh, compute, param, model_cfg) -> None:
@@ -128,8 +133,10 @@ def check_mappings(cfg: TrainConfig, shapes, mesh, compute, param, model_cfg) ->
     for key, mapping in (("mesh.param_mapping", param), ("mesh.compute_mapping", compute)):
         for name in mapping:
             if name not in sizes:
-                raise ConfigError(f"{key}.{name}: the {model_type(model_cfg)} model has no axis {name!r}; "
-                                  f"its axes are {', '.join(sorted(sizes))}")
+                raise ConfigError(
+                    f"{key}.{name}: the {model_type(model_cfg)} model has no axis {name!r}; "
+                    f"its axes are {', '.join(sorted(sizes))}"
+                )
     try:
         nm.check_sharding(shapes, param, mesh)  # every parameter's layout, leaf by leaf
     except nm.ShardingError as e:
@@ -166,10 +173,13 @@ def check_activations(cfg: TrainConfig, model_cfg, shapes, mesh, compute, param=
         if clash is None:
             raise ConfigError(f"mesh.compute_mapping: {e}") from None
         a, b, m = clash.groups()
-        raise ConfigError(f"mesh.compute_mapping.{a} and mesh.compute_mapping.{b} both map to mesh axis {m!r}, but "
-                          f"the {model_type(model_cfg)} model has activations with both axes: {e}") from None
+        raise ConfigError(
+            f"mesh.compute_mapping.{a} and mesh.compute_mapping.{b} both map to mesh axis {m!r}, but "
+            f"the {model_type(model_cfg)} model has activations with both axes: {e}"
+        ) from None
     driver = layer_driver(cfg, compute, param)
     if driver is not None:  # the layer stack traced per device, forward and backward, as the train step runs it
+
         def explicit_loss(model, ids):  # a function of its own: jax caches traces by function
             with nn.explicit_layers(driver):
                 return loss(model, ids).array.astype(jnp.float32).mean()
@@ -192,8 +202,10 @@ def check_loss_block(cfg: TrainConfig, model_cfg, mesh, compute) -> None:
     try:
         nm.pspec_for((nm.Axis("vocab", size),), compute, mesh)
     except nm.ShardingError as e:
-        raise ConfigError(f"trainer.loss_block_size={size}: a block of the vocab must split like the vocab "
-                          f"(mesh.compute_mapping.vocab): {e}") from None
+        raise ConfigError(
+            f"trainer.loss_block_size={size}: a block of the vocab must split like the vocab "
+            f"(mesh.compute_mapping.vocab): {e}"
+        ) from None
 
 
 def check_sample_length(cfg: TrainConfig, tokenizer: Tokenizer, model_cfg) -> None:
@@ -202,5 +214,7 @@ def check_sample_length(cfg: TrainConfig, tokenizer: Tokenizer, model_cfg) -> No
         return
     n = len(tokenizer.encode(t.sample_prompt) or [tokenizer.eos_id]) + t.sample_tokens
     if n > max_positions(model_cfg):
-        raise ConfigError(f"a sample of trainer.sample_tokens={t.sample_tokens} after the prompt trainer.sample_prompt "
-                          f"({n - t.sample_tokens} tokens) needs {n} positions; the model has {max_positions(model_cfg)}")
+        raise ConfigError(
+            f"a sample of trainer.sample_tokens={t.sample_tokens} after the prompt trainer.sample_prompt "
+            f"({n - t.sample_tokens} tokens) needs {n} positions; the model has {max_positions(model_cfg)}"
+        )

@@ -30,6 +30,7 @@ from ..config import RULES, ConfigError, DistributedConfig
 class DistributedError(NamedError, RuntimeError):
     """jax.distributed started, but the processes cannot compute together (a collective failed)."""
 
+
 _ENV = {
     "coordinator_address": "NAMED_COORDINATOR",
     "num_processes": "NAMED_NUM_PROCESSES",
@@ -65,8 +66,10 @@ def settings(cfg: DistributedConfig) -> dict | None:
     for field in ("num_processes", "process_id"):  # values from the environment meet the config's rules too
         RULES[f"distributed.{field}"].check(kw.get(field), where[field])
     if "process_id" in kw and "num_processes" in kw and kw["process_id"] >= kw["num_processes"]:
-        raise ConfigError(f"{where['process_id']}={kw['process_id']} must be below "
-                          f"{where['num_processes']}={kw['num_processes']} (process ids count from 0)")
+        raise ConfigError(
+            f"{where['process_id']}={kw['process_id']} must be below "
+            f"{where['num_processes']}={kw['num_processes']} (process ids count from 0)"
+        )
     if "coordinator_address" in kw:
         _check_address(kw["coordinator_address"], where["coordinator_address"])
     heartbeat = _env_int(HEARTBEAT_ENV) if os.environ.get(HEARTBEAT_ENV) else cfg.heartbeat_timeout_s
@@ -79,7 +82,9 @@ def settings(cfg: DistributedConfig) -> dict | None:
     needed = {"coordinator_address", "num_processes", "process_id"}
     if kw and not needed <= kw.keys() and not cfg.initialize:
         missing = sorted(needed - kw.keys())
-        raise ConfigError(f"distributed: {', '.join('distributed.' + m for m in missing)} missing (or set initialize: true for auto-detection)")
+        raise ConfigError(
+            f"distributed: {', '.join('distributed.' + m for m in missing)} missing (or set initialize: true for auto-detection)"
+        )
     return {**kw, **timeouts}
 
 
@@ -87,12 +92,17 @@ def checked_settings(cfg: DistributedConfig) -> dict | None:
     """``settings``, refusing ``initialize: true`` without a coordinator where JAX would find none
     (named-train and named-plan both call it, before anything starts)."""
     kw = settings(cfg)
-    if kw is not None and "coordinator_address" not in kw and not os.environ.get("JAX_COORDINATOR_ADDRESS") \
-            and not _cluster_detected():
+    if (
+        kw is not None
+        and "coordinator_address" not in kw
+        and not os.environ.get("JAX_COORDINATOR_ADDRESS")
+        and not _cluster_detected()
+    ):
         raise ConfigError(
             "distributed.initialize is true, but distributed.coordinator_address is not set and JAX detects no cluster "
             "(SLURM, Open MPI, Kubernetes, Cloud TPU) to take it from: set distributed.coordinator_address, "
-            "distributed.num_processes and distributed.process_id, or start the processes with named-launch")
+            "distributed.num_processes and distributed.process_id, or start the processes with named-launch"
+        )
     return kw
 
 
@@ -123,8 +133,10 @@ def maybe_initialize(cfg: DistributedConfig) -> bool:
     try:
         jax.distributed.initialize(**kw)
     except (ValueError, TypeError) as e:  # jax checks its arguments before it connects to anything
-        raise ConfigError(f"distributed: jax.distributed.initialize refused the settings: {e} (distributed.coordinator_address, "
-                          "distributed.num_processes, distributed.process_id)") from None
+        raise ConfigError(
+            f"distributed: jax.distributed.initialize refused the settings: {e} (distributed.coordinator_address, "
+            "distributed.num_processes, distributed.process_id)"
+        ) from None
     if jax.process_count() > 1:
         connect_collectives()
     return True
@@ -150,10 +162,13 @@ def connect_collectives() -> None:
     try:
         total = float(jax.jit(lambda v: v.sum(), out_shardings=NamedSharding(mesh, PartitionSpec()))(x))
     except Exception as e:  # noqa: BLE001 - re-raised with what it means
-        raise DistributedError(f"jax.distributed started, but a collective across the {jax.process_count()} processes "
-                           f"failed: {e}") from e
+        raise DistributedError(
+            f"jax.distributed started, but a collective across the {jax.process_count()} processes failed: {e}"
+        ) from e
     if total != len(jax.devices()):
-        raise DistributedError(f"a sum over all {len(jax.devices())} devices of {jax.process_count()} processes gave {total}")
+        raise DistributedError(
+            f"a sum over all {len(jax.devices())} devices of {jax.process_count()} processes gave {total}"
+        )
 
 
 def exit_now(code: int) -> NoReturn:
@@ -188,6 +203,8 @@ def describe_failure(e: BaseException) -> str:
     where = f"process {jax.process_index()} of {jax.process_count()}"
     text = f"{type(e).__name__}: {e}".strip()
     if peer_failed(e):
-        return (f"{where}: a collective across processes failed; another process has most likely died or "
-                f"been stopped (see its output, or <run_dir>/logs/process_<i>.log). {text}")
+        return (
+            f"{where}: a collective across processes failed; another process has most likely died or "
+            f"been stopped (see its output, or <run_dir>/logs/process_<i>.log). {text}"
+        )
     return f"{where}: {text}"

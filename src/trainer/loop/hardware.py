@@ -50,18 +50,23 @@ class Device:
 
 
 _GB = 1e9
-DEVICES = {d.name: d for d in (
-    # NVIDIA: TF32 and float32 peaks from the same sheets (TF32 without sparsity: half the sheet's starred figure)
-    Device("H100", 989e12, 80 * _GB, 3.35e12, 450 * _GB, 494e12, 67e12),    # SXM5, NVLink 4: 900 GB/s both directions
-    Device("H200", 989e12, 141 * _GB, 4.8e12, 450 * _GB, 494e12, 67e12),    # SXM, NVLink 4
-    Device("A100", 312e12, 80 * _GB, 2.039e12, 300 * _GB, 156e12, 19.5e12),  # SXM4 80GB, NVLink 3: 600 GB/s both ways
-    Device("L4", 121e12, 24 * _GB, 300 * _GB, 32 * _GB, 60e12, 30.3e12),     # PCIe Gen4 x16
-    # TPUs: Google gives bf16 peaks only; float32 matmuls run as bf16 passes (Device.matmul_peak)
-    Device("TPU v4", 275e12, 32 * _GB, 1.2e12),
-    Device("TPU v5 lite", 197e12, 16 * _GB, 819 * _GB, 200 * _GB),   # v5e: ICI 1,600 Gbit/s
-    Device("TPU v5p", 459e12, 95 * _GB, 2.765e12, 600 * _GB),        # ICI 4,800 Gbit/s
-    Device("TPU v6 lite", 918e12, 32 * _GB, 1.64e12, 448 * _GB),     # v6e: ICI 3,584 Gbit/s
-)}
+DEVICES = {
+    d.name: d
+    for d in (
+        # NVIDIA: TF32 and float32 peaks from the same sheets (TF32 without sparsity: half the sheet's starred figure)
+        Device("H100", 989e12, 80 * _GB, 3.35e12, 450 * _GB, 494e12, 67e12),  # SXM5, NVLink 4: 900 GB/s both directions
+        Device("H200", 989e12, 141 * _GB, 4.8e12, 450 * _GB, 494e12, 67e12),  # SXM, NVLink 4
+        Device(
+            "A100", 312e12, 80 * _GB, 2.039e12, 300 * _GB, 156e12, 19.5e12
+        ),  # SXM4 80GB, NVLink 3: 600 GB/s both ways
+        Device("L4", 121e12, 24 * _GB, 300 * _GB, 32 * _GB, 60e12, 30.3e12),  # PCIe Gen4 x16
+        # TPUs: Google gives bf16 peaks only; float32 matmuls run as bf16 passes (Device.matmul_peak)
+        Device("TPU v4", 275e12, 32 * _GB, 1.2e12),
+        Device("TPU v5 lite", 197e12, 16 * _GB, 819 * _GB, 200 * _GB),  # v5e: ICI 1,600 Gbit/s
+        Device("TPU v5p", 459e12, 95 * _GB, 2.765e12, 600 * _GB),  # ICI 4,800 Gbit/s
+        Device("TPU v6 lite", 918e12, 32 * _GB, 1.64e12, 448 * _GB),  # v6e: ICI 3,584 Gbit/s
+    )
+}
 # Aliases people type for the same chips.
 _ALIASES = {"v5e": "TPU v5 lite", "v6e": "TPU v6 lite", "v5p": "TPU v5p", "v4": "TPU v4"}
 
@@ -84,7 +89,17 @@ def local() -> Device | None:
 
 def parse_bytes(text: str) -> float | None:
     """``16GiB``, ``80GB``, ``512MiB`` or a plain number of bytes; None if ``text`` is none of these."""
-    units = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "b": 1}
+    units = {
+        "kib": 2**10,
+        "mib": 2**20,
+        "gib": 2**30,
+        "tib": 2**40,
+        "kb": 1e3,
+        "mb": 1e6,
+        "gb": 1e9,
+        "tb": 1e12,
+        "b": 1,
+    }
     t = text.strip().lower().replace(" ", "")
     unit = next((u for u in sorted(units, key=len, reverse=True) if t.endswith(u)), "")
     try:

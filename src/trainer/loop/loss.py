@@ -9,8 +9,9 @@ from named import NamedArray, models
 from named.nn.loss import blockwise_next_token_loss, next_token_loss
 
 
-def token_losses(model, batch: dict[str, NamedArray], *, key=None, block_size: int | None = None
-                 ) -> tuple[NamedArray, dict]:
+def token_losses(
+    model, batch: dict[str, NamedArray], *, key=None, block_size: int | None = None
+) -> tuple[NamedArray, dict]:
     """``(per_token, aux)``: the float32 next-token loss at each ``(batch, position)`` (zero where
     ``loss_mask`` or the last position masks it out) and the model's auxiliary losses
     ``{name: (weight, value)}`` (``models.forward_with_aux``). ``block_size``: vocab entries per block
@@ -20,6 +21,7 @@ def token_losses(model, batch: dict[str, NamedArray], *, key=None, block_size: i
         logits, aux = models.forward_with_aux(model, ids, segment_ids=segments, key=key)
         return next_token_loss(logits, ids, loss_mask=mask, reduction="none"), aux
     hidden, head, aux = models.hidden_with_aux(model, ids, segment_ids=segments, key=key)
-    per_token = blockwise_next_token_loss(hidden, head.weight, ids, block_size=block_size, softcap=head.softcap,
-                                          loss_mask=mask, reduction="none")
+    per_token = blockwise_next_token_loss(
+        hidden, head.weight, ids, block_size=block_size, softcap=head.softcap, loss_mask=mask, reduction="none"
+    )
     return per_token, aux

@@ -76,18 +76,32 @@ def with_lora(cfg: TrainConfig, model, key):
     names = list(dict.fromkeys(hf.rsplit(".", 1)[-1] for hf in sorted(linears.values(), key=order.index)))
     unknown = [t for t in lora.targets if t not in names]
     if unknown:
-        raise ConfigError(f"lora.targets: {', '.join(map(repr, unknown))} {'is' if len(unknown) == 1 else 'are'} not a "
-                          f"linear module of the {family_for(model).name} model; its linear modules: {', '.join(names)}")
+        raise ConfigError(
+            f"lora.targets: {', '.join(map(repr, unknown))} {'is' if len(unknown) == 1 else 'are'} not a "
+            f"linear module of the {family_for(model).name} model; its linear modules: {', '.join(names)}"
+        )
     chosen = [p for p, hf in linears.items() if hf.rsplit(".", 1)[-1] in lora.targets]
     for path in chosen:
         layer = _get(model, path)
-        sides = (math.prod(a.size for a in nm.axis_spec_to_tuple(layer.In)), math.prod(a.size for a in nm.axis_spec_to_tuple(layer.Out)))
+        sides = (
+            math.prod(a.size for a in nm.axis_spec_to_tuple(layer.In)),
+            math.prod(a.size for a in nm.axis_spec_to_tuple(layer.Out)),
+        )
         if lora.rank > min(sides):
-            raise ConfigError(f"lora.rank={lora.rank} is larger than {linears[path].rsplit('.', 1)[-1]} ({path}: in "
-                              f"{sides[0]}, out {sides[1]}); a rank is at most the smaller side of every targeted layer")
+            raise ConfigError(
+                f"lora.rank={lora.rank} is larger than {linears[path].rsplit('.', 1)[-1]} ({path}: in "
+                f"{sides[0]}, out {sides[1]}); a rank is at most the smaller side of every targeted layer"
+            )
     param_dtype = get_policy(cfg.trainer.precision).param_dtype
-    model = nn.lora.apply(model, lambda path, _: path in chosen, rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout,
-                          key=key, dtype=param_dtype)
+    model = nn.lora.apply(
+        model,
+        lambda path, _: path in chosen,
+        rank=lora.rank,
+        alpha=lora.alpha,
+        dropout=lora.dropout,
+        key=key,
+        dtype=param_dtype,
+    )
     if lora.base_dtype != "float32":
         model = _frozen_in(model, jnp.dtype(lora.base_dtype))
     return model
@@ -100,6 +114,7 @@ def _get(model, path: str):
 def _frozen_in(model, dtype):
     """``model`` with its frozen floating weights in ``dtype``: not the adapters, and not the
     modules that keep full precision (norms: small, and the statistics they scale want float32)."""
+
     def cast(tree):
         return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
 
@@ -124,9 +139,11 @@ def with_quantization(cfg: TrainConfig, model):
     if q.kind == "none":
         return model
     if q.kind == "fp8" and cfg.lora is not None:
-        raise ConfigError("quantization.kind=fp8 with lora: fp8 learns its scales from the gradients of the layers it "
-                          "quantizes, and LoRA freezes them (they get no gradients); use quantization.kind=int8, "
-                          "which needs no state, or train without lora")
+        raise ConfigError(
+            "quantization.kind=fp8 with lora: fp8 learns its scales from the gradients of the layers it "
+            "quantizes, and LoRA freezes them (they get no gradients); use quantization.kind=int8, "
+            "which needs no state, or train without lora"
+        )
     try:
         config = nn.QuantConfig(q.kind, tuple(q.targets) if q.targets is not None else None, q.amax_history)
         return nn.quantize(model, config)
@@ -144,6 +161,7 @@ def layer_driver(cfg: TrainConfig, compute, param) -> nn.ExplicitStack | None:
 
 def model_shapes(cfg: TrainConfig, model_cls, model_cfg):
     """The run's parameters as ``jax.ShapeDtypeStruct`` leaves, without allocating or compiling."""
+
     def build():
         base_key, adapt_key = jax.random.split(jax.random.key(0))
         return adapt(cfg, model_cls.init(model_cfg, key=base_key), adapt_key)
@@ -156,8 +174,7 @@ def model_shapes(cfg: TrainConfig, model_cls, model_cfg):
         raise ConfigError(f"model: {e}") from None
 
 
-def init_model(cfg: TrainConfig, model_cls, model_cfg, *, param, mesh, key, pretrained: bool = True,
-               dtype=jnp.float32):
+def init_model(cfg: TrainConfig, model_cls, model_cfg, *, param, mesh, key, pretrained: bool = True, dtype=jnp.float32):
     """The run's model, every array laid out by the parameter mapping ``param`` on ``mesh``.
     With ``model.init_from_hf`` (and ``pretrained``), the base weights are the folder's, read in
     ``dtype``; without ``pretrained`` (a resume, about to restore every weight) they are random."""

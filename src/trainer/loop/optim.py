@@ -14,6 +14,7 @@ from named import nn
 from ..config import OptimizerConfig, TrainConfig
 from .model_init import trainable
 
+
 def schedule(cfg: OptimizerConfig, num_steps: int) -> optax.Schedule:
     """Learning rate by step: linear warmup (``cfg.warmup``) to ``learning_rate``, then the chosen shape down to
     ``min_lr_ratio * learning_rate`` at ``num_steps`` (wsd: flat, then a linear decay over the
@@ -59,8 +60,14 @@ def build_optimizer(cfg: OptimizerConfig, num_steps: int) -> optax.GradientTrans
     if cfg.max_grad_norm is not None:
         parts.append(optax.clip_by_global_norm(cfg.max_grad_norm))
     parts.append(
-        optax.adamw(schedule(cfg, num_steps), b1=cfg.beta1, b2=cfg.beta2, eps=cfg.epsilon,
-                    weight_decay=cfg.weight_decay, mask=decay_mask)
+        optax.adamw(
+            schedule(cfg, num_steps),
+            b1=cfg.beta1,
+            b2=cfg.beta2,
+            eps=cfg.epsilon,
+            weight_decay=cfg.weight_decay,
+            mask=decay_mask,
+        )
     )
     return with_overwrites(optax.chain(*parts))
 

@@ -89,12 +89,17 @@ class StopRequests:
     def _handle(self, signum, _frame) -> None:
         name = signal.Signals(signum).name
         if self.caught:
-            os.write(2, f"named-train: second signal ({name}): stopping now, without saving; the newest committed "
-                        f"checkpoint is whole\n".encode())
+            os.write(
+                2,
+                f"named-train: second signal ({name}): stopping now, without saving; the newest committed "
+                f"checkpoint is whole\n".encode(),
+            )
             os._exit(exit_code(self.caught))
         self.caught = signum
-        log.warning(f"got {name}: finishing the step in flight, then saving a checkpoint and exiting with "
-                    f"{exit_code(signum)} (a second signal stops at once)")
+        log.warning(
+            f"got {name}: finishing the step in flight, then saving a checkpoint and exiting with "
+            f"{exit_code(signum)} (a second signal stops at once)"
+        )
 
     def _local(self) -> tuple[int, int]:
         periods = 0

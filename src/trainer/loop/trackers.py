@@ -57,8 +57,10 @@ def check_trackers(cfg: TrackerConfig) -> None:
     try:
         import wandb  # noqa: F401
     except ImportError as e:
-        raise ConfigError(f"tracker.wandb_mode={cfg.wandb_mode!r} needs the wandb package, which does not import "
-                          f"({e}): pip install 'named-jax[wandb]', or set tracker.wandb_mode: disabled") from None
+        raise ConfigError(
+            f"tracker.wandb_mode={cfg.wandb_mode!r} needs the wandb package, which does not import "
+            f"({e}): pip install 'named-jax[wandb]', or set tracker.wandb_mode: disabled"
+        ) from None
 
 
 def _fmt(v: Any) -> str:
@@ -105,8 +107,14 @@ class Trackers:
     checkpoint); rows ``metrics.jsonl`` holds for later steps are dropped first
     (``drop_rows_after``), so that each step appears once."""
 
-    def __init__(self, cfg: TrackerConfig, run_dir: Path, process_index: int, config_dict: dict | None = None,
-                 start_step: int = 0):
+    def __init__(
+        self,
+        cfg: TrackerConfig,
+        run_dir: Path,
+        process_index: int,
+        config_dict: dict | None = None,
+        start_step: int = 0,
+    ):
         self.active = process_index == 0
         self.console = cfg.console
         self._jsonl = None
@@ -115,8 +123,10 @@ class Trackers:
             return
         dropped = drop_rows_after(run_dir / METRICS_FILE, start_step)
         if dropped:
-            log.info(f"{run_dir / METRICS_FILE}: dropped {dropped} line(s) past step {start_step}, written by a run "
-                     "that ended before its next checkpoint; this run logs those steps again")
+            log.info(
+                f"{run_dir / METRICS_FILE}: dropped {dropped} line(s) past step {start_step}, written by a run "
+                "that ended before its next checkpoint; this run logs those steps again"
+            )
         if cfg.jsonl:
             self._jsonl = open(run_dir / METRICS_FILE, "a", encoding="utf-8")
         if cfg.wandb_mode != "disabled":
@@ -124,7 +134,10 @@ class Trackers:
 
             os.environ.setdefault("WANDB_SILENT", "true")
             self._wandb = wandb.init(
-                project=cfg.wandb_project, dir=str(run_dir), mode=cfg.wandb_mode, config=config_dict,
+                project=cfg.wandb_project,
+                dir=str(run_dir),
+                mode=cfg.wandb_mode,
+                config=config_dict,
                 settings=wandb.Settings(init_timeout=30, silent=True),
             )
 

@@ -41,6 +41,7 @@ from .trackers import Trackers, check_trackers, log, setup_logging
 
 Pos, Microbatch = "position", "microbatch"
 
+
 class TrainingError(nm.NamedError, RuntimeError):
     """The run cannot go on (a NaN under nan_policy=stop, for example); the message says where."""
 
@@ -101,8 +102,12 @@ def make_train_step(cfg: TrainConfig, setup: Setup, optimizer):
         # Gradients, their accumulators and the update exist for the trainable leaves only
         # (all of them, or LoRA's adapters); the frozen rest passes through the step unchanged.
         params, frozen = eqx.partition(model, trainable(cfg, model), is_leaf=nm.is_named_array)
-        split = {k: v.unflatten_axis("batch", (nm.Axis(Microbatch, n_micro), nm.Axis("batch", v.axis_size("batch") // n_micro)))
-                 for k, v in batch.items()}
+        split = {
+            k: v.unflatten_axis(
+                "batch", (nm.Axis(Microbatch, n_micro), nm.Axis("batch", v.axis_size("batch") // n_micro))
+            )
+            for k, v in batch.items()
+        }
         keys = nm.named(jax.random.split(key, n_micro), (Microbatch,))
 
         def accumulate(acc, mb, k):
@@ -121,10 +126,21 @@ def make_train_step(cfg: TrainConfig, setup: Setup, optimizer):
         # an overflow in the optimizer), so the step's outputs are checked too.
         finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & _all_finite((updates, new_model, new_opt))
         if skip_bad:
-            new_model, new_opt = jax.tree.map(lambda new, old: jnp.where(finite, new, old), (new_model, new_opt), (model, opt_state))
-        return new_model, new_opt, {"loss": loss, "grad_norm": grad_norm, "finite": finite, "tokens": count,
-                                    "stop_flags": agree(flags),
-                                    **{f"aux/{name}": v.sum() / count for name, v in aux.items()}}
+            new_model, new_opt = jax.tree.map(
+                lambda new, old: jnp.where(finite, new, old), (new_model, new_opt), (model, opt_state)
+            )
+        return (
+            new_model,
+            new_opt,
+            {
+                "loss": loss,
+                "grad_norm": grad_norm,
+                "finite": finite,
+                "tokens": count,
+                "stop_flags": agree(flags),
+                **{f"aux/{name}": v.sum() / count for name, v in aux.items()},
+            },
+        )
 
     return nm.named_jit(step, mapping=compute, out_mapping=param, donate_args=(True, True, False, False, False))
 
@@ -177,8 +193,13 @@ def build_run(cfg: TrainConfig) -> Run:
         opt_shapes = jax.eval_shape(lambda m: init_opt_state(cfg, m), setup.shapes)
         ckpt.check_restorable(plan.restore_from, (setup.shapes, opt_shapes))
     data = build_data(cfg.data, setup.tokenizer)
-    train_batches = TrainBatches(data.train, batch_size=t.train_batch_size, seed=t.seed,
-                                 process_index=jax.process_index(), process_count=jax.process_count())
+    train_batches = TrainBatches(
+        data.train,
+        batch_size=t.train_batch_size,
+        seed=t.seed,
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+    )
     return Run(setup, plan, data, train_batches)
 
 
@@ -191,16 +212,34 @@ def train(cfg: TrainConfig) -> TrainResult:
     plan = run.plan
     if t.num_train_steps == 0:
         resume = f", resume from {plan.restore_from}" if plan.restore_from is not None else ""
-        return TrainResult([], plan.step, None, None, plan.run_dir, message=(
-            f"checked: config, tokenizer, model, mesh, mappings, run directory {plan.run_dir}{resume}, data "
-            f"({len(run.data.train)} training sequences); trainer.num_train_steps=0: nothing to train, nothing written"))
+        return TrainResult(
+            [],
+            plan.step,
+            None,
+            None,
+            plan.run_dir,
+            message=(
+                f"checked: config, tokenizer, model, mesh, mappings, run directory {plan.run_dir}{resume}, data "
+                f"({len(run.data.train)} training sequences); trainer.num_train_steps=0: nothing to train, nothing written"
+            ),
+        )
     if plan.step >= t.num_train_steps:  # a step beyond it was refused by plan_run
-        return TrainResult([], plan.step, None, None, plan.run_dir, message=(
-            f"already at step {plan.step} ({plan.restore_from}), trainer.num_train_steps={t.num_train_steps}: "
-            "nothing to train, nothing written"))
+        return TrainResult(
+            [],
+            plan.step,
+            None,
+            None,
+            plan.run_dir,
+            message=(
+                f"already at step {plan.step} ({plan.restore_from}), trainer.num_train_steps={t.num_train_steps}: "
+                "nothing to train, nothing written"
+            ),
+        )
     model_cfg = run.setup.model_cfg
-    files = {"config.yaml": dump_config(cfg),
-             "model_config.json": json.dumps({"type": model_type(model_cfg), **dataclasses.asdict(model_cfg)}, indent=1)}
+    files = {
+        "config.yaml": dump_config(cfg),
+        "model_config.json": json.dumps({"type": model_type(model_cfg), **dataclasses.asdict(model_cfg)}, indent=1),
+    }
     with rundir.claim(plan, files):
         return _train(cfg, run)
 
@@ -211,8 +250,13 @@ def _train(cfg: TrainConfig, run: Run) -> TrainResult:
     run_dir, restore_from, pid = plan.run_dir, plan.restore_from, jax.process_index()
     try:
         setup_logging(run_dir, pid)
-        trackers = Trackers(cfg.tracker, run_dir, pid, json.loads(json.dumps(dataclasses.asdict(cfg), default=str)),
-                            start_step=plan.step)
+        trackers = Trackers(
+            cfg.tracker,
+            run_dir,
+            pid,
+            json.loads(json.dumps(dataclasses.asdict(cfg), default=str)),
+            start_step=plan.step,
+        )
     except OSError as e:
         raise rundir.os_error(run_dir, e) from None
     for note in plan.notes:
@@ -220,7 +264,9 @@ def _train(cfg: TrainConfig, run: Run) -> TrainResult:
     policy = get_policy(t.precision)
     optimizer = build_optimizer(cfg.optimizer, t.num_train_steps)
     lr_at = schedule(cfg.optimizer, t.num_train_steps)
-    checkpointer = ckpt.Checkpointer(plan.root, keep_last=cfg.checkpoint.keep_last, keep_every=cfg.checkpoint.keep_every)
+    checkpointer = ckpt.Checkpointer(
+        plan.root, keep_last=cfg.checkpoint.keep_last, keep_every=cfg.checkpoint.keep_every
+    )
     key = jax.random.key(t.seed)
     init_key, data_key = jax.random.split(key)
 
@@ -229,8 +275,16 @@ def _train(cfg: TrainConfig, run: Run) -> TrainResult:
         stop = stack.enter_context(StopRequests(t.stop_signals, cfg.checkpoint.every_minutes, mesh))
         stopped = 0
         # A resume restores every weight from our checkpoint: the pretrained folder is not read again.
-        model = init_model(cfg, setup.model_cls, setup.model_cfg, param=setup.param, mesh=mesh, key=init_key,
-                           pretrained=restore_from is None, dtype=policy.param_dtype)
+        model = init_model(
+            cfg,
+            setup.model_cls,
+            setup.model_cfg,
+            param=setup.param,
+            mesh=mesh,
+            key=init_key,
+            pretrained=restore_from is None,
+            dtype=policy.param_dtype,
+        )
         opt_state = nm.named_jit(lambda m: init_opt_state(cfg, m, optimizer), mapping=setup.param)(model)
         start = 0
         if restore_from is not None:
@@ -256,8 +310,9 @@ def _train(cfg: TrainConfig, run: Run) -> TrainResult:
             # The step is dispatched, not waited for: until the next read point nothing below reads
             # the device but the previous step's two stop flags, once that step has finished, so the
             # host prepares the next batch while this step runs.
-            model, opt_state, metrics = train_step(model, opt_state, batch, jax.random.fold_in(data_key, step),
-                                                   stop.flags())
+            model, opt_state, metrics = train_step(
+                model, opt_state, batch, jax.random.fold_in(data_key, step), stop.flags()
+            )
             agreed = metrics.pop("stop_flags")  # the loop's own, not a metric to track
             done = step + 1
             pending.append((done, metrics))
@@ -278,27 +333,46 @@ def _train(cfg: TrainConfig, run: Run) -> TrainResult:
             if progress is not None:
                 progress.set_postfix(loss=f"{losses[-1]:.3f}")
             if due.log:
-                row = {"loss": losses[-1], "lr": float(lr_at(step)), "grad_norm": float(rows[-1]["grad_norm"]),
-                       **window.rates(flops_tok, peak, n_dev)}
-                row.update({k: float(v) for k, v in rows[-1].items() if k.startswith("aux/")})  # models.forward_with_aux
+                row = {
+                    "loss": losses[-1],
+                    "lr": float(lr_at(step)),
+                    "grad_norm": float(rows[-1]["grad_norm"]),
+                    **window.rates(flops_tok, peak, n_dev),
+                }
+                row.update(
+                    {k: float(v) for k, v in rows[-1].items() if k.startswith("aux/")}
+                )  # models.forward_with_aux
                 row.update(train_batches.tokens_by_source(done))  # a mixture's tokens per source so far
                 trackers.log(done, row)
                 window = _Window()
             if due.eval:
-                evals = eval_losses(lambda b: eval_step(model, device_batch(b, mesh, compute, t.train_batch_size)),
-                                    data, t)
+                evals = eval_losses(
+                    lambda b: eval_step(model, device_batch(b, mesh, compute, t.train_batch_size)), data, t
+                )
                 trackers.log(done, evals, prefix="eval")
             if due.sample:
-                trackers.text(done, "sample", sample_text(model, data.tokenizer, t.sample_prompt, t.sample_tokens,
-                                                          temperature=t.sample_temperature, top_k=t.sample_top_k,
-                                                          key=jax.random.key(t.seed)))
+                trackers.text(
+                    done,
+                    "sample",
+                    sample_text(
+                        model,
+                        data.tokenizer,
+                        t.sample_prompt,
+                        t.sample_tokens,
+                        temperature=t.sample_temperature,
+                        top_k=t.sample_top_k,
+                        key=jax.random.key(t.seed),
+                    ),
+                )
             if due.checkpoint:
                 checkpointer.save(done, (model, opt_state), _metadata(done, cfg, plan), temporary=due.temporary)
                 stop.saved()
             if due.stop:
                 checkpointer.wait()  # committed before the exit code says "resumable"
-                log.warning(f"stopped by {signal.Signals(signum).name} after step {done}; checkpoint step_{done} is "
-                            f"committed; trainer.load_checkpoint auto resumes from it")
+                log.warning(
+                    f"stopped by {signal.Signals(signum).name} after step {done}; checkpoint step_{done} is "
+                    f"committed; trainer.load_checkpoint auto resumes from it"
+                )
                 stopped = signum
                 break
         if cfg.checkpoint.save_at_end and t.num_train_steps > start and not stopped:
@@ -333,8 +407,9 @@ class Due:
     stop: bool = False  # a stop signal: save, wait for the commit, end the run
 
 
-def _due(done: int, cfg: TrainConfig, has_validation: bool, unread: int, stop: bool = False,
-         timed: bool = False) -> Due:
+def _due(
+    done: int, cfg: TrainConfig, has_validation: bool, unread: int, stop: bool = False, timed: bool = False
+) -> Due:
     t = cfg.trainer
     end = done == t.num_train_steps
     stop = stop and not end  # at the end the run finishes as usual
@@ -348,8 +423,15 @@ def _due(done: int, cfg: TrainConfig, has_validation: bool, unread: int, stop: b
     regular = bool(cfg.checkpoint.interval) and done % cfg.checkpoint.interval == 0 and not end  # the end: save_at_end
     checkpoint = regular or ((stop or timed) and not end)
     read = log_ or eval_ or sample or checkpoint or end or unread >= MAX_UNREAD_STEPS
-    return Due(log=log_, eval=eval_, sample=sample, checkpoint=checkpoint, read=read,
-               temporary=checkpoint and not regular, stop=stop)
+    return Due(
+        log=log_,
+        eval=eval_,
+        sample=sample,
+        checkpoint=checkpoint,
+        read=read,
+        temporary=checkpoint and not regular,
+        stop=stop,
+    )
 
 
 def read_metrics(pending: list[tuple[int, dict]], nan_policy: str, last_checkpoint=None) -> list[dict]:
@@ -390,8 +472,10 @@ def check_finite(step: int, metrics: dict, nan_policy: str, last_checkpoint=None
         return True
     loss, grad_norm = float(metrics["loss"]), float(metrics["grad_norm"])
     if math.isfinite(loss) and math.isfinite(grad_norm):
-        what = (f"non-finite update in step {step}: the new parameters or optimizer state are not finite, although the "
-                f"loss ({loss}) and gradient norm ({grad_norm}) are (a non-finite learning rate, or an overflow in the optimizer)")
+        what = (
+            f"non-finite update in step {step}: the new parameters or optimizer state are not finite, although the "
+            f"loss ({loss}) and gradient norm ({grad_norm}) are (a non-finite learning rate, or an overflow in the optimizer)"
+        )
     else:
         what = f"non-finite loss or gradient in step {step} (loss={loss}, grad_norm={grad_norm})"
     if nan_policy == "stop":
@@ -437,8 +521,11 @@ def _eval_sums(loss_sum, rows: Sequences, t) -> tuple[float, float, int]:
     (all of them for 0), and how many of its rows these batches hold."""
     limit = t.eval_batches or num_eval_batches(rows, t.train_batch_size)
     total = count = 0.0
-    for i, b in enumerate(eval_batches(rows, batch_size=t.train_batch_size,
-                                       process_index=jax.process_index(), process_count=jax.process_count())):
+    for i, b in enumerate(
+        eval_batches(
+            rows, batch_size=t.train_batch_size, process_index=jax.process_index(), process_count=jax.process_count()
+        )
+    ):
         if i >= limit:
             break
         s, c = loss_sum(b)
@@ -454,7 +541,8 @@ def _progress(t, start: int, pid: int, stack: contextlib.ExitStack):
     from tqdm.auto import tqdm
     from tqdm.contrib.logging import logging_redirect_tqdm
 
-    bar = stack.enter_context(tqdm(total=t.num_train_steps, initial=start, desc="train", unit="step", leave=False,
-                                   dynamic_ncols=True))
+    bar = stack.enter_context(
+        tqdm(total=t.num_train_steps, initial=start, desc="train", unit="step", leave=False, dynamic_ncols=True)
+    )
     stack.enter_context(logging_redirect_tqdm(loggers=[log]))
     return bar
