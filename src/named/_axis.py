@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 from collections.abc import Iterable, Sequence
+from typing import Union
 
 
 class NamedError(Exception):
@@ -55,10 +56,10 @@ class Axis:
         return f"Axis({self.name!r}, {self.size})"
 
 
-AxisSelector = Axis | str
+AxisSelector = Union[Axis, str]  # noqa: UP007 - a typing alias the public surface lists
 """An Axis, or just its name where the size is known from an array."""
 
-AxisSelection = AxisSelector | Sequence[AxisSelector]
+AxisSelection = Union[AxisSelector, Sequence[AxisSelector]]  # noqa: UP007 - as AxisSelector
 """One axis selector or several; a space-separated string also names several axes."""
 
 
