@@ -216,6 +216,11 @@ class TrackerConfig:
         doc="wandb: `offline` and `online` need `pip install 'named-jax[wandb]'`",
     )
     wandb_project: str = key("named", free=True, doc="the wandb project")
+    tensorboard: bool = key(
+        False,
+        free=True,
+        doc="TensorBoard event files in `<run_dir>/tensorboard` (needs `pip install 'named-jax[tensorboard]'`)",
+    )
 
 
 @dataclass
