@@ -243,3 +243,10 @@ def test_without_huggingface_hub_an_id_asks_for_the_extra(cache, monkeypatch, tm
     monkeypatch.setitem(sys.modules, "huggingface_hub", None)
     with pytest.raises(ConfigError, match=r"model.init_from_hf='org/tiny-llama' is no local path.*named-jax\[hub\]"):
         _config(tmp_path)
+
+
+def test_an_adapter_export_names_the_hub_base_by_id_and_commit():
+    from named.trainer.commands.export import _base_model
+
+    assert _base_model(f"org/tiny-llama@{MAIN}") == {"base_model_name_or_path": "org/tiny-llama", "revision": MAIN}
+    assert _base_model("/models/tiny-llama") == {"base_model_name_or_path": "/models/tiny-llama"}
