@@ -30,7 +30,7 @@ _COMMIT = re.compile(r"[0-9a-f]{40}")
 
 # What is fetched of a model repository: its config, safetensors weights, tokenizer and chat
 # template; never a pickle (*.bin, *.pt), nor TensorFlow, Flax or ONNX weights.
-MODEL_FILES = ("*.json", "*.safetensors", "*.jinja", "*.txt", "*.model")
+MODEL_FILES = ("*.json", "*.safetensors", "*.jinja")
 # What is fetched of a dataset repository: the data files our readers read (data/_sources.py).
 DATASET_FILES = ("*.parquet", "*.arrow", "*.jsonl", "*.json", "*.txt", "*.gz", "*.zst")
 
@@ -150,26 +150,30 @@ def pin_config(raw: dict) -> dict:
         data["tokenizer"] = pin(data["tokenizer"], "data.tokenizer")
     for split in ("train", "validation"):
         entries = data.get(split)
-        if isinstance(entries, list):
-            data[split] = [_pinned_source(e, f"data.{split}[{i}].hf_dataset") for i, e in enumerate(entries)]
+        if isinstance(entries, list) and any(isinstance(e, dict) and "hf_dataset" in e for e in entries):
+            from .data_section import parse_sources  # (it imports this module)
+
+            # every entry's own checks first (DataError naming data.<split>[i].<key>), then the fetches
+            specs = parse_sources(entries, f"data.{split}", weighted=split == "train")
+            data[split] = [
+                _pinned(e, s, f"data.{split}[{i}].hf_dataset") for i, (e, s) in enumerate(zip(entries, specs))
+            ]
     out["data"] = data
     return out
 
 
-def _pinned_source(entry, key: str):
-    if not isinstance(entry, dict) or not isinstance(entry.get("hf_dataset"), str):
+def _pinned(entry: dict, spec, key: str) -> dict:
+    if spec.hf_dataset is None:
         return entry
-    hid = dataset_id(entry["hf_dataset"], key)
-    folder = snapshot(hid, key, kind="dataset", patterns=dataset_files(entry.get("subset")))
+    hid = dataset_id(spec.hf_dataset, key)
+    folder = snapshot(hid, key, kind="dataset", patterns=dataset_files(spec.subset))
     return {**entry, "hf_dataset": str(HubId(hid.repo, folder.name))}
 
 
-def dataset_files(subset) -> tuple[str, ...]:
-    """The files fetched of a dataset repository: its data files, those of ``subset`` (a folder of
-    it) when one is named."""
-    if isinstance(subset, str) and subset.strip("/"):
-        return tuple(f"{subset.strip('/')}/{p}" for p in DATASET_FILES)
-    return DATASET_FILES
+def dataset_files(subset: str | None) -> tuple[str, ...]:
+    """The files fetched of a dataset repository: its data files, those of the folder ``subset``
+    when one is named."""
+    return tuple(f"{subset}/{p}" for p in DATASET_FILES) if subset else DATASET_FILES
 
 
 def dataset_id(value: str, key: str, error=ConfigError) -> HubId:
