@@ -8,7 +8,8 @@ the checks on its values alone. The lowest layer of the trainer: it imports noth
 - ``location``: the rule from a value to a place for checkpoints, and ``CheckpointError``;
 - ``check``, ``read``, ``adapt``, ``pretrained``: per-value checks, the YAML file and the flags,
   the ``lora`` and ``quantization`` sections, a Hugging Face folder's config;
-- ``hub``: Hugging Face Hub ids where a value names a folder, fetched and pinned to a commit.
+- ``hub``, ``pinning``: Hugging Face Hub ids where a value names a folder, fetched, and pinned to
+  their commit when a config is read.
 
 Every name of ``train_config`` is also this package's (``from named.trainer.config import
 load_config``). That module is imported on first use: it needs draccus and the model families,

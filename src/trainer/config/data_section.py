@@ -94,7 +94,7 @@ def _parse_one(entry: dict, key: str, weighted: bool, default_split: str) -> Sou
             why = " (validation sources have no weight)" if k == "weight" else why
             raise DataError(f"{key}.{k} is not a key of a source{why}; its keys: {', '.join(allowed)}")
     hub = _hub_part(entry, key, default_split)
-    name = entry.get("name", dataset_id(hub[0], "").repo if hub else None)  # a Hub dataset: its id unless named
+    name = entry.get("name", dataset_id(hub["hf_dataset"], key).repo if hub else None)  # a Hub dataset: its id
     if not isinstance(name, str) or not name.strip():
         raise DataError(f"{key}.name must be a non-empty string, got {name!r}")
     paths = entry.get("paths")
@@ -123,17 +123,17 @@ def _parse_one(entry: dict, key: str, weighted: bool, default_split: str) -> Sou
             f"{key}.text_field: a chat source reads whole records ('messages', or 'prompt' and "
             "'completion'), not one field; leave text_field out"
         )
-    hf = {"hf_dataset": hub[0], "split": hub[1], "subset": hub[2]} if hub else {}
-    return SourceSpec(name, tuple(paths), float(weight), field, fmt, **hf)
+    return SourceSpec(name, tuple(paths), float(weight), field, fmt, **hub)
 
 
-def _hub_part(entry: dict, key: str, default_split: str) -> tuple[str, str, str | None] | None:
-    """``(hf_dataset, split, subset)`` of a source that names a Hugging Face dataset, else None."""
+def _hub_part(entry: dict, key: str, default_split: str) -> dict[str, Any]:
+    """``hf_dataset``, ``split`` and ``subset`` of a source that names a Hugging Face dataset
+    (``{}`` for one that does not)."""
     if "hf_dataset" not in entry:
         for k in _HUB_KEYS:
             if k in entry:
                 raise DataError(f"{key}.{k} belongs to a Hugging Face dataset; name one with {key}.hf_dataset")
-        return None
+        return {}
     if "paths" in entry:
         raise DataError(f"{key}: give either paths (local files) or hf_dataset (a Hugging Face dataset), not both")
     dataset = entry["hf_dataset"]
@@ -149,7 +149,7 @@ def _hub_part(entry: dict, key: str, default_split: str) -> tuple[str, str, str 
                 f"{key}.subset must be a folder of the dataset's repository (e.g. `sample/10BT`), got {subset!r}"
             )
         subset = "/".join(parts)
-    return dataset, split, subset
+    return {"hf_dataset": dataset, "split": split, "subset": subset}
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ fetched (``MODEL_FILES``, ``DATASET_FILES``), and files are read only inside the
 snapshot folder (``snapshots/<commit>/``, whose links lead to the repository's own ``blobs/``).
 
 ``pin`` turns an id into ``org/name@<commit>``: ``load_config`` pins every id before the config
-is decoded, so the run's config.yaml records the exact snapshot and a rerun of it reads the same
+is decoded (``pinning``), so the run's config.yaml records the exact snapshot and a rerun of it reads the same
 files, offline or not. ``folder`` gives the local folder of a value, a path or an id.
 """
 
@@ -133,41 +133,6 @@ def folder(value: str, key: str, *, kind: str = "model", patterns: tuple[str, ..
     if hid is None:
         return Path(value).expanduser()
     return snapshot(hid, key, kind=kind, patterns=patterns, error=error)
-
-
-def pin_config(raw: dict) -> dict:
-    """The merged config values with every Hub id pinned (``pin``): ``model.init_from_hf``,
-    ``data.tokenizer`` and the ``hf_dataset`` of each source of ``data.train`` and
-    ``data.validation``. Values of the wrong type are left for the checks that name them."""
-    model, data = raw.get("model"), raw.get("data")
-    out = dict(raw)
-    if isinstance(model, dict) and isinstance(model.get("init_from_hf"), str):
-        out["model"] = {**model, "init_from_hf": pin(model["init_from_hf"], "model.init_from_hf")}
-    if not isinstance(data, dict):
-        return out
-    data = dict(data)
-    if isinstance(data.get("tokenizer"), str) and data["tokenizer"] != "byte":
-        data["tokenizer"] = pin(data["tokenizer"], "data.tokenizer")
-    for split in ("train", "validation"):
-        entries = data.get(split)
-        if isinstance(entries, list) and any(isinstance(e, dict) and "hf_dataset" in e for e in entries):
-            from .data_section import parse_sources  # (it imports this module)
-
-            # every entry's own checks first (DataError naming data.<split>[i].<key>), then the fetches
-            specs = parse_sources(entries, f"data.{split}", weighted=split == "train")
-            data[split] = [
-                _pinned(e, s, f"data.{split}[{i}].hf_dataset") for i, (e, s) in enumerate(zip(entries, specs))
-            ]
-    out["data"] = data
-    return out
-
-
-def _pinned(entry: dict, spec, key: str) -> dict:
-    if spec.hf_dataset is None:
-        return entry
-    hid = dataset_id(spec.hf_dataset, key)
-    folder = snapshot(hid, key, kind="dataset", patterns=dataset_files(spec.subset))
-    return {**entry, "hf_dataset": str(HubId(hid.repo, folder.name))}
 
 
 def dataset_files(subset: str | None) -> tuple[str, ...]:

@@ -43,7 +43,7 @@ def dataset_paths(spec: SourceSpec) -> list[str]:
     folder = root / spec.subset if spec.subset else root
     if not folder.is_dir():
         raise DataError(f"hf_dataset={spec.hf_dataset!r} has no folder {spec.subset!r} (subset)")
-    files = {p.relative_to(folder).as_posix().lower(): _inside(p, root) for p in data_files(folder)}
+    files = {p.relative_to(folder).as_posix().lower(): _inside(root, p) for p in data_files(folder)}
     if not files:
         raise DataError(f"hf_dataset={spec.hf_dataset!r} holds no data files we read (Parquet, JSON Lines, text)")
     found = [name for name, words in SPLIT_NAMES.items() if any(_names(rel, words) for rel in files)]
@@ -57,11 +57,12 @@ def dataset_paths(spec: SourceSpec) -> list[str]:
     return [str(p) for p in chosen]
 
 
-def _inside(path: Path, snapshot: Path) -> Path:
-    """``path``, refused unless it leads (through its links) into ``snapshot`` or the blobs of its
-    repository, where the Hub cache keeps a snapshot's files."""
-    resolved = path.resolve()
-    roots = (snapshot.resolve(), snapshot.parent.parent.resolve() / "blobs")
-    if not any(resolved.is_relative_to(r) for r in roots):
-        raise DataError(f"{path} leads to {resolved}, outside the repository's snapshot; only its own files are read")
-    return path
+def _inside(root: Path, path: Path) -> Path:
+    """``path``, refused unless it leads (through its links) into the snapshot ``root`` or the blobs
+    of its repository: the rule of every Hugging Face folder we read (``folder_file``)."""
+    from named.models._hf_config import CheckpointFormatError, folder_file  # with the models: not in workers
+
+    try:
+        return folder_file(root, path.relative_to(root).as_posix())
+    except CheckpointFormatError as e:
+        raise DataError(str(e)) from None
