@@ -246,6 +246,10 @@ def test_bad_source_keys_name_the_key(hub, tmp_path):
 
 def test_without_huggingface_hub_an_id_asks_for_the_extra(cache, monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "huggingface_hub", None)
+    local = tmp_path / "local.jsonl"
+    local.write_bytes(_jsonl([TEXT]))
+    # local paths never import it
+    load_config(None, ["--model.type", "gpt2", "--data.train", f"[{{name: a, paths: [{local}]}}]"])
     with pytest.raises(ConfigError, match=r"model.init_from_hf='org/tiny-llama' is no local path.*named-jax\[hub\]"):
         _config(tmp_path)
 

@@ -65,8 +65,9 @@ def test_a_run_refuses_before_writing_anything(no_wandb, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_a_run_without_wandb_never_imports_it(no_wandb, tmp_path):
-    result = train(_cfg(tmp_path, "disabled"))  # an import of wandb anywhere would raise here
+def test_a_run_without_wandb_or_tensorboard_never_imports_them(no_wandb, monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "tensorboard", None)
+    result = train(_cfg(tmp_path, "disabled"))  # an import of wandb or tensorboard anywhere would raise here
     assert len(result.losses) == 1 and (tmp_path / "run" / "metrics.jsonl").exists()
 
 
