@@ -133,7 +133,7 @@ def _config(tmp_path: Path, **more):
 
 
 @pytest.mark.slow  # end to end: pinned, tokenised, compiled on 8 devices, one step (about 15 s)
-def test_a_cached_model_and_dataset_train_offline_and_the_commits_are_recorded(hub, tmp_path):
+def test_a_cached_model_and_dataset_train_offline_and_the_commits_are_recorded(hub, model_files, tmp_path):
     cfg = _config(tmp_path)
     assert cfg.model.init_from_hf == cfg.data.tokenizer == f"org/tiny-llama@{MAIN}"
     assert cfg.data.train == [{"hf_dataset": f"org/corpus@{MAIN}"}]
@@ -151,6 +151,13 @@ def test_a_cached_model_and_dataset_train_offline_and_the_commits_are_recorded(h
     recorded = load_config(tmp_path / "run" / "config.yaml")  # a rerun of the recorded config is exact
     assert recorded.model.init_from_hf == f"org/tiny-llama@{MAIN}"
     assert recorded.data.train == [{"hf_dataset": f"org/corpus@{MAIN}"}]
+    # main moves on: the same id is now another snapshot, and resuming with it is refused naming the key
+    cache_repo(hub, "model", "org/tiny-llama", OTHER, model_files)
+    with pytest.raises(ConfigError, match=rf"model.init_from_hf .*@{MAIN}.* -> .*@{OTHER}"):
+        train(_config(tmp_path))
+    # the recorded commit resumes (here: finds the run already at its last step)
+    again = train(_config(tmp_path, **{"model.init_from_hf": f"org/tiny-llama@{MAIN}"}))
+    assert again.message.startswith("already at step 1")
 
 
 def test_the_weights_are_the_snapshots(hub, tmp_path):
