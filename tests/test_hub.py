@@ -266,3 +266,27 @@ def test_an_adapter_export_names_the_hub_base_by_id_and_commit():
 
     assert _base_model(f"org/tiny-llama@{MAIN}") == {"base_model_name_or_path": "org/tiny-llama", "revision": MAIN}
     assert _base_model("/models/tiny-llama") == {"base_model_name_or_path": "/models/tiny-llama"}
+
+
+@pytest.mark.parametrize(
+    "name, match",
+    [
+        ("RepositoryNotFoundError", r"no such local path, and the Hugging Face Hub has no model org/x .*set HF_TOKEN"),
+        ("GatedRepoError", r".*Hub has no model org/x that this machine may read.*hf auth login"),
+        ("RevisionNotFoundError", r".*the Hugging Face model org/x has no revision .v9."),
+    ],
+)
+def test_what_the_hub_refuses_is_one_config_error_naming_the_key(cache, monkeypatch, name, match):
+    import huggingface_hub
+    from huggingface_hub import errors
+
+    def refuse(*args, **kwargs):
+        cls = getattr(errors, name)
+        e = cls.__new__(cls)  # as the Hub's answer raises it, without an HTTP response to build
+        Exception.__init__(e, "refused")
+        raise e
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", refuse)
+    value = "org/x@v9" if name == "RevisionNotFoundError" else "org/x"
+    with pytest.raises(ConfigError, match=rf"model.init_from_hf='{value}': {match}"):
+        load_config(None, ["--model.init_from_hf", value])

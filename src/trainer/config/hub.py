@@ -71,6 +71,8 @@ def snapshot(
         ) from None
     from huggingface_hub import errors
 
+    # a model value may also have meant a local path; a dataset's hf_dataset is always an id
+    either = "no such local path, and " if kind == "model" else ""
     cached_only = hid.revision is not None and _COMMIT.fullmatch(hid.revision) is not None
     try:
         if cached_only:  # a pinned snapshot that is there needs no call to the Hub
@@ -83,22 +85,22 @@ def snapshot(
         flag = f" --repo-type {kind}" if kind != "model" else ""
         rev = f" --revision {hid.revision}" if hid.revision else ""
         raise error(
-            f"{key}={str(hid)!r}: no such local path, and the Hugging Face {kind} {hid} is not in the Hub cache "
+            f"{key}={str(hid)!r}: {either}the Hugging Face {kind} {hid} is not in the Hub cache "
             f"({_cache_dir()}), which is all there is to read (HF_HUB_OFFLINE=1, or no network): fetch it "
             f"where there is a network with `hf download {hid.repo}{flag}{rev}` into the same cache "
             "(HF_HUB_CACHE), or give a local folder"
         ) from None
     except errors.RevisionNotFoundError:
         raise error(
-            f"{key}={str(hid)!r}: the Hugging Face {kind} {hid.repo} has no revision {hid.revision!r}"
+            f"{key}={str(hid)!r}: {either}the Hugging Face {kind} {hid.repo} has no revision {hid.revision!r}"
         ) from None
     except errors.RepositoryNotFoundError:  # GatedRepoError too
         raise error(
-            f"{key}={str(hid)!r}: the Hugging Face Hub has no {kind} {hid.repo} that this machine may read: "
+            f"{key}={str(hid)!r}: {either}the Hugging Face Hub has no {kind} {hid.repo} that this machine may read: "
             "check the id, or for a private or gated one set HF_TOKEN (or run `hf auth login`)"
         ) from None
     except (errors.HfHubHTTPError, errors.HFValidationError, OSError, ValueError) as e:
-        raise error(f"{key}={str(hid)!r}: cannot fetch the Hugging Face {kind} {hid}: {e}") from None
+        raise error(f"{key}={str(hid)!r}: {either}cannot fetch the Hugging Face {kind} {hid}: {e}") from None
 
 
 def _download(hub, hid: HubId, kind: str, patterns, *, local_files_only: bool) -> str:
