@@ -32,7 +32,11 @@ def _roots(folder: Path) -> tuple[Path, ...]:
     # the hub cache keeps a snapshot's files in the repository's blobs/, reached by symlinks
     # from snapshots/<revision>/: the same repository, so they count as the folder's own
     repo = folder.parent.parent
-    if folder.parent.name == "snapshots" and repo.name.startswith("models--") and (repo / "blobs").is_dir():
+    if (
+        folder.parent.name == "snapshots"
+        and repo.name.startswith(("models--", "datasets--"))
+        and (repo / "blobs").is_dir()
+    ):
         return folder, repo / "blobs"
     return (folder,)
 

@@ -50,7 +50,7 @@ from named.models.registry import family_for
 from .. import checkpoint as ckpt
 from ..checkpoint import run_places
 from ..checkpoint.rundir import checkpoint_root
-from ..config import ConfigError, TrainConfig, load_config, to_mapping
+from ..config import ConfigError, TrainConfig, hub, load_config, pretrained, to_mapping
 from ..data import DataError, load_tokenizer
 from ..loop.model_init import hf_linears, model_shapes
 from ..loop.registry import model_class
@@ -316,7 +316,7 @@ def peft_config(cfg: TrainConfig, model) -> dict:
     return {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
-        "base_model_name_or_path": cfg.model.init_from_hf,
+        **_base_model(cfg.model.init_from_hf),
         "r": lora.rank,
         "lora_alpha": lora.alpha,
         "lora_dropout": lora.dropout,
@@ -336,6 +336,14 @@ def peft_config(cfg: TrainConfig, model) -> dict:
     }
 
 
+def _base_model(value: str) -> dict:
+    """The base model as PEFT names it: a folder, or a Hub id and its commit (PEFT's ``revision``)."""
+    hid = hub.hub_id(value)
+    if hid is None:
+        return {"base_model_name_or_path": value}
+    return {"base_model_name_or_path": hid.repo, "revision": hid.revision}
+
+
 def _write_adapters(model, cfg: TrainConfig, folder: Path) -> None:
     nm.save_safetensors(peft_tensors(model), folder / "adapter_model.safetensors", metadata={"format": "pt"})
     (folder / "adapter_config.json").write_text(json.dumps(peft_config(cfg, model), indent=2, sort_keys=True) + "\n")
@@ -347,10 +355,10 @@ def _tokenizer_sources(cfg: TrainConfig) -> list[tuple[Path, tuple[str, ...]]]:
     sources = []
     spec = cfg.data.tokenizer
     if spec != "byte":
-        p = Path(spec)
+        p = hub.folder(spec, "data.tokenizer")
         sources.append((p, TOKENIZER_FILES) if p.is_dir() else (p.parent, (p.name,)))
     if cfg.model.init_from_hf is not None:
-        sources.append((Path(cfg.model.init_from_hf), TOKENIZER_FILES))
+        sources.append((pretrained.folder(cfg.model.init_from_hf), TOKENIZER_FILES))
     return sources
 
 
@@ -386,7 +394,7 @@ def token_ids(cfg: TrainConfig, vocab_size: int, folder: Path) -> tuple[dict, li
     notes: list[str] = []
     sources = []
     if cfg.model.init_from_hf is not None:
-        sources.append(_ids_in(Path(cfg.model.init_from_hf), "config.json", notes))
+        sources.append(_ids_in(pretrained.folder(cfg.model.init_from_hf), "config.json", notes))
     sources.append(_ids_in(folder, "generation_config.json", notes))
     try:
         tokenizer = load_tokenizer(cfg.data.tokenizer, cfg.data.eos_token)

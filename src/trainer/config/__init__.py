@@ -7,7 +7,9 @@ the checks on its values alone. The lowest layer of the trainer: it imports noth
 - ``data_section``: the ``data`` section and ``DataError`` (``named.trainer.data`` re-exports them);
 - ``location``: the rule from a value to a place for checkpoints, and ``CheckpointError``;
 - ``check``, ``read``, ``adapt``, ``pretrained``: per-value checks, the YAML file and the flags,
-  the ``lora`` and ``quantization`` sections, a Hugging Face folder's config.
+  the ``lora`` and ``quantization`` sections, a Hugging Face folder's config;
+- ``hub``, ``pinning``: Hugging Face Hub ids where a value names a folder, fetched, and pinned to
+  their commit when a config is read.
 
 Every name of ``train_config`` is also this package's (``from named.trainer.config import
 load_config``). That module is imported on first use: it needs draccus and the model families,

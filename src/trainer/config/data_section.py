@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from named import NamedError
 
+from .hub import dataset_id
 from .rules import NONEMPTY, key
 
 STDLIB = "stdlib"  # the source spec of the embedded corpus: this Python's standard library
 BIN_DTYPES = ("uint16", "uint32")
-_KEYS = ("name", "paths", "weight", "text_field", "format")
+_KEYS = ("name", "paths", "hf_dataset", "split", "subset", "weight", "text_field", "format")
+_HUB_KEYS = ("split", "subset")  # keys of a source that only a Hub dataset (hf_dataset) takes
 FORMATS = ("text", "chat")  # a source's documents: text (by file kind) or chat records (_chat)
 
 
@@ -34,7 +37,9 @@ class DataError(NamedError, ValueError):
 
 @dataclass(frozen=True)
 class SourceSpec:
-    """One source of ``data.train`` / ``data.validation``: its files, share, text field and format.
+    """One source of ``data.train`` / ``data.validation``: its files (local ``paths``, or the
+    ``split`` of a Hugging Face dataset, ``hf_dataset``, within its folder ``subset``), share,
+    text field and format.
 
     Plain specs (strings) form a single unnamed source (``name == ""``) of text."""
 
@@ -43,6 +48,9 @@ class SourceSpec:
     weight: float = 1.0
     text_field: str = "text"
     format: str = "text"
+    hf_dataset: str | None = None
+    split: str = "train"
+    subset: str | None = None
 
 
 def parse_sources(entries: Sequence[Any], key: str, *, weighted: bool) -> list[SourceSpec]:
@@ -59,7 +67,8 @@ def parse_sources(entries: Sequence[Any], key: str, *, weighted: bool) -> list[S
             f"{key}[{i}] is {entries[i]!r} but other entries are named sources; give every entry as "
             "{name: ..., paths: [...], weight: ...}"
         )
-    out = [_parse_one(e, f"{key}[{i}]", weighted) for i, e in enumerate(entries)]
+    default_split = key.rpartition(".")[2]  # data.train: train, data.validation: validation
+    out = [_parse_one(e, f"{key}[{i}]", weighted, default_split) for i, e in enumerate(entries)]
     names = [s.name for s in out]
     for i, name in enumerate(names):
         if names.index(name) != i:
@@ -76,7 +85,7 @@ def parse_sources(entries: Sequence[Any], key: str, *, weighted: bool) -> list[S
     return out
 
 
-def _parse_one(entry: dict, key: str, weighted: bool) -> SourceSpec:
+def _parse_one(entry: dict, key: str, weighted: bool, default_split: str) -> SourceSpec:
     allowed = [x for x in _KEYS if weighted or x != "weight"]
     for k in entry:
         if k not in allowed:
@@ -84,13 +93,19 @@ def _parse_one(entry: dict, key: str, weighted: bool) -> SourceSpec:
             why = f"; did you mean {near[0]}?" if near else ""
             why = " (validation sources have no weight)" if k == "weight" else why
             raise DataError(f"{key}.{k} is not a key of a source{why}; its keys: {', '.join(allowed)}")
-    name = entry.get("name")
+    hub = _hub_part(entry, key, default_split)
+    name = entry.get("name", dataset_id(hub["hf_dataset"], key).repo if hub else None)  # a Hub dataset: its id
     if not isinstance(name, str) or not name.strip():
         raise DataError(f"{key}.name must be a non-empty string, got {name!r}")
     paths = entry.get("paths")
     paths = [paths] if isinstance(paths, str) else paths
-    if not isinstance(paths, list) or not paths:
-        raise DataError(f"{key}.paths must be a path, glob or 'stdlib', or a non-empty list of them; got {paths!r}")
+    if hub and paths is None:
+        paths = []
+    elif not isinstance(paths, list) or not paths:
+        raise DataError(
+            f"{key}.paths must be a path, glob or 'stdlib', or a non-empty list of them (or name a Hugging Face "
+            f"dataset with {key}.hf_dataset); got {paths!r}"
+        )
     for j, p in enumerate(paths):
         if not isinstance(p, str) or not p:
             raise DataError(f"{key}.paths[{j}] must be a non-empty path, glob or 'stdlib', got {p!r}")
@@ -108,7 +123,33 @@ def _parse_one(entry: dict, key: str, weighted: bool) -> SourceSpec:
             f"{key}.text_field: a chat source reads whole records ('messages', or 'prompt' and "
             "'completion'), not one field; leave text_field out"
         )
-    return SourceSpec(name, tuple(paths), float(weight), field, fmt)
+    return SourceSpec(name, tuple(paths), float(weight), field, fmt, **hub)
+
+
+def _hub_part(entry: dict, key: str, default_split: str) -> dict[str, Any]:
+    """``hf_dataset``, ``split`` and ``subset`` of a source that names a Hugging Face dataset
+    (``{}`` for one that does not)."""
+    if "hf_dataset" not in entry:
+        for k in _HUB_KEYS:
+            if k in entry:
+                raise DataError(f"{key}.{k} belongs to a Hugging Face dataset; name one with {key}.hf_dataset")
+        return {}
+    if "paths" in entry:
+        raise DataError(f"{key}: give either paths (local files) or hf_dataset (a Hugging Face dataset), not both")
+    dataset = entry["hf_dataset"]
+    dataset_id(dataset, f"{key}.hf_dataset", error=DataError)
+    split = entry.get("split", default_split)
+    if not isinstance(split, str) or not re.fullmatch(r"[\w.-]+", split):
+        raise DataError(f"{key}.split must be a split name (train, validation, test, ...), got {split!r}")
+    subset = entry.get("subset")
+    if subset is not None:
+        parts = subset.strip("/").split("/") if isinstance(subset, str) else []
+        if not parts or any(p in ("", ".", "..") for p in parts) or subset.startswith("/"):
+            raise DataError(
+                f"{key}.subset must be a folder of the dataset's repository (e.g. `sample/10BT`), got {subset!r}"
+            )
+        subset = "/".join(parts)
+    return {"hf_dataset": dataset, "split": split, "subset": subset}
 
 
 @dataclass(frozen=True)
@@ -120,13 +161,16 @@ class DataConfig:
         factory=lambda: [STDLIB],
         rule=NONEMPTY,
         doc="paths, globs, directories or `stdlib` (the embedded corpus), or named sources "
-        "`{name, paths, weight, text_field, format}` drawn by weight (see Mixtures, Chat data)",
+        "`{name, paths, weight, text_field, format}` drawn by weight (see Mixtures, Chat data); a source "
+        "`{hf_dataset: org/name, split, subset}` reads a Hugging Face dataset's files (see Hugging Face Hub ids)",
     )
     validation: list[dict[str, Any] | str] = key(
         factory=list, doc="validation sources in either form; empty: the last val_fraction of the train sequences"
     )
     val_fraction: float = key(0.05, doc="share of the sequences held out for validation (0: none)")
-    tokenizer: str = key("byte", doc="`byte`, or a local tokenizer.json (or a folder holding one)")
+    tokenizer: str = key(
+        "byte", doc="`byte`, a local tokenizer.json (or a folder holding one), or a Hugging Face model id holding one"
+    )
     chat_template: str | None = key(
         None, doc="a Jinja chat template file for chat sources (null: the tokenizer folder's)"
     )

@@ -10,7 +10,8 @@ are derived from these declarations.
 
 ``load_config`` reads a config in a straight line: the YAML file (safe YAML, no key given twice),
 the command line's ``--key value`` overrides (each replaces the file's value at its key, a mapping
-too; draccus alone would merge them), the Hugging Face folder of ``model.init_from_hf``, every
+too; draccus alone would merge them), each Hugging Face Hub id fetched and pinned to its commit
+(``pinning``), the Hugging Face folder of ``model.init_from_hf``, every
 value against its declaration (no ``true`` for an integer, no null where the annotation has no
 ``None``, no unknown key, each key's rule), draccus' decoding into the dataclasses, then the
 checks that tie keys together (``validate_static``). Each failure raises ``ConfigError`` naming
@@ -37,7 +38,7 @@ import draccus.parsers.decoding
 import named as nm
 from named.models.registry import FAMILIES
 
-from . import pretrained
+from . import pinning, pretrained
 from .adapt import LoraConfig, QuantizationConfig  # re-exported: sections of TrainConfig
 from .check import check_flag_keys, check_section, describe_type
 from .data_section import DataConfig, DataError
@@ -216,6 +217,11 @@ class TrackerConfig:
         doc="wandb: `offline` and `online` need `pip install 'named-jax[wandb]'`",
     )
     wandb_project: str = key("named", free=True, doc="the wandb project")
+    tensorboard: bool = key(
+        False,
+        free=True,
+        doc="TensorBoard event files in `<run_dir>/tensorboard` (needs `pip install 'named-jax[tensorboard]'`)",
+    )
 
 
 @dataclass
@@ -278,7 +284,9 @@ def _as_choice(name: str, base_cfg: type):
             None, at_least(1), doc="null: the tokenizer's vocabulary, rounded up to a multiple of 128"
         )
         init_from_hf: str | None = key(
-            None, doc="a Hugging Face folder: its architecture, weights and tokenizer (see docs/finetune.md)"
+            None,
+            doc="a Hugging Face folder, or a Hub id `org/name[@revision]` (recorded pinned to its commit): "
+            "its architecture, weights and tokenizer (see docs/finetune.md)",
         )
 
         def model_config(self, vocab_size: int):
@@ -441,6 +449,7 @@ def load_config(config_path: str | os.PathLike | None, args: Sequence[str] = ())
     config_path, flags, stray = _command_line(list(args), config_path)
     raw = read_file(Path(config_path), [f.name for f in dataclasses.fields(TrainConfig)]) if config_path else {}
     _override(raw, flags, stray)
+    raw = pinning.pin_config(raw)  # each Hugging Face Hub id fetched and pinned to its commit
     raw = pretrained.resolve(raw)  # model.init_from_hf: the folder's architecture and tokenizer
     check_section(TrainConfig, raw, "")
     cfg = _decode(raw, flags, config_path)

@@ -10,6 +10,7 @@ import numpy as np
 
 from ..config.data_section import DataConfig, DataError, SourceSpec
 from ._cache import cached_chat, cached_tokens
+from ._hub import dataset_paths
 from ._mixture import Mixture
 from ._packing import Sequences, TokenStream
 from ._sources import SourceFile, check_token_ids, open_pretokenized, resolve_sources
@@ -47,13 +48,8 @@ def build_data(cfg: DataConfig, tokenizer: Tokenizer | None = None) -> Data:
             log.info("data.train: source %r has weight 0 and is left out", s.name)
     val_specs = cfg.sources("validation")
     chat = _chat_format(cfg, tokenizer, [*train_specs, *val_specs])
-    checked = [
-        (s, _checked_sources(s.paths, tokenizer, cfg, s.text_field, _label(s, "train"), s.format)) for s in train_specs
-    ]
-    val_checked = [
-        (s, _checked_sources(s.paths, tokenizer, cfg, s.text_field, _label(s, "validation"), s.format))
-        for s in val_specs
-    ]
+    checked = [(s, _checked_sources(s, tokenizer, cfg, "train")) for s in train_specs]
+    val_checked = [(s, _checked_sources(s, tokenizer, cfg, "validation")) for s in val_specs]
     train = [_sequences(s, c, tokenizer, cfg, "train", chat) for s, c in checked]
     validation = [_sequences(s, c, tokenizer, cfg, "validation", chat) for s, c in val_checked]
     if not validation and cfg.val_fraction > 0:
@@ -72,7 +68,7 @@ def build_data(cfg: DataConfig, tokenizer: Tokenizer | None = None) -> Data:
 def token_stream(specs: Sequence[str], tokenizer: Tokenizer, cfg: DataConfig, text_field: str = "text") -> TokenStream:
     """All tokens of ``specs``: the documents of text, JSONL, Parquet and Arrow files first (one
     cache file), then the pre-tokenised files in order."""
-    text, pretokenized, _ = _checked_sources(specs, tokenizer, cfg, text_field)
+    text, pretokenized, _ = _checked_sources(SourceSpec("", tuple(specs), text_field=text_field), tokenizer, cfg)
     return _token_stream(text, pretokenized, tokenizer, cfg)
 
 
@@ -91,18 +87,15 @@ def _chat_format(cfg: DataConfig, tokenizer: Tokenizer, specs: Sequence[SourceSp
     return fmt
 
 
-def _checked_sources(
-    specs: Sequence[str],
-    tokenizer: Tokenizer,
-    cfg: DataConfig,
-    text_field: str = "text",
-    label: str = "",
-    fmt: str = "text",
-):
+def _checked_sources(spec: SourceSpec, tokenizer: Tokenizer, cfg: DataConfig, split: str = "train"):
+    """The source's text files and pre-tokenised arrays, every check that needs no tokenising
+    done; its files are its ``paths``, or the split of its Hugging Face dataset (``_hub``)."""
     check_tokenizer(tokenizer)
+    label = _label(spec, split)
     try:
-        files = resolve_sources(specs, stdlib_bytes=cfg.stdlib_bytes, text_field=text_field)
-        if fmt == "chat":
+        paths = dataset_paths(spec) if spec.hf_dataset is not None else spec.paths
+        files = resolve_sources(paths, stdlib_bytes=cfg.stdlib_bytes, text_field=spec.text_field)
+        if spec.format == "chat":
             _check_chat_files(files)
         pretokenized = [
             (f, open_pretokenized(f, bin_dtype=cfg.bin_dtype, vocab_size=None)) for f in files if f.pretokenized

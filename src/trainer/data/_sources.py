@@ -129,11 +129,11 @@ def resolve_sources(
             files.append(path)
     seen: set[Path] = set()
     out = []
-    for p in files:
-        p = p.resolve()
+    for listed in files:
+        p = listed.resolve()
         if p not in seen:
             seen.add(p)
-            kind, codec = _kind(p)
+            kind, codec = _kind(listed)  # by the name listed: a Hub snapshot's files link to blobs named by hash
             src = SourceFile(p, kind, codec, text_field)
             if kind in ("parquet", "arrow"):
                 _columnar.check_text_column(p, kind, text_field)
@@ -146,7 +146,7 @@ def _expand_dir(folder: Path, spec: str) -> list[Path]:
     (sorted); a ``save_to_disk`` folder gives its shards, in its own order."""
     if _columnar.is_saved_dataset(folder):
         return _columnar.saved_dataset_files(folder)
-    out = _walk(folder)
+    out = data_files(folder)
     if not out:
         hint = f"{spec.rstrip('/')}/**/*.md"
         raise DataError(
@@ -156,7 +156,8 @@ def _expand_dir(folder: Path, spec: str) -> list[Path]:
     return out
 
 
-def _walk(folder: Path) -> list[Path]:
+def data_files(folder: Path) -> list[Path]:
+    """The data files under ``folder`` (by extension; hidden names and linked folders skipped), sorted."""
     try:
         entries = sorted((p for p in folder.iterdir() if not p.name.startswith(".")), key=lambda p: p.name)
     except OSError as e:
@@ -164,7 +165,7 @@ def _walk(folder: Path) -> list[Path]:
     files = [p for p in entries if p.is_file() and _is_data_name(p.name)]
     for d in entries:
         if d.is_dir() and not d.is_symlink():  # a linked folder could lead back up: not followed
-            files += _columnar.saved_dataset_files(d) if _columnar.is_saved_dataset(d) else _walk(d)
+            files += _columnar.saved_dataset_files(d) if _columnar.is_saved_dataset(d) else data_files(d)
     return files
 
 

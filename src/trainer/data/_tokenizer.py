@@ -1,4 +1,4 @@
-"""Tokenizers: a built-in byte-level one and Hugging Face ``tokenizer.json`` files from disk."""
+"""Tokenizers: a built-in byte-level one and Hugging Face ``tokenizer.json`` files from disk (or the Hub cache)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from ..config.data_section import DataError
+from ..config.hub import folder as local_folder
 
 # Tried in order when neither the caller nor a neighbouring tokenizer_config.json names
 # the end-of-document token.
@@ -156,10 +157,11 @@ def check_tokenizer(tokenizer: Tokenizer) -> None:
 
 
 def load_tokenizer(spec: str, eos_token: str | None = None) -> Tokenizer:
-    """``"byte"`` for the built-in tokenizer, else a local ``tokenizer.json`` or a folder holding one."""
+    """``"byte"`` for the built-in tokenizer, else a local ``tokenizer.json``, a folder holding one,
+    or a Hugging Face Hub id of a repository holding one (its snapshot: ``config.hub``)."""
     if spec == "byte":
         return ByteTokenizer()
-    return HFTokenizer(spec, eos_token=eos_token)
+    return HFTokenizer(local_folder(spec, "data.tokenizer", error=DataError), eos_token=eos_token)
 
 
 def _token_from_config(path: Path, key: str) -> str | None:

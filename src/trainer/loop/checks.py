@@ -21,7 +21,7 @@ from named import nn
 from named.models.hf import CheckpointFormatError, check_folder
 from named.nn.loss import _block_error  # the blockwise loss's own message, with the nearest divisors
 
-from ..config import ConfigError, TrainConfig, data_parallel_size, to_mapping
+from ..config import ConfigError, TrainConfig, data_parallel_size, pretrained, to_mapping
 from ..data import Tokenizer, load_tokenizer
 from .loss import token_losses
 from .model_init import layer_driver, model_shapes
@@ -64,7 +64,7 @@ def check_against_devices(cfg: TrainConfig) -> Setup:
     check_loss_block(cfg, model_cfg, mesh, compute)
     if cfg.model.init_from_hf is not None:  # every header against the model before anything is compiled
         try:
-            check_folder(cfg.model.init_from_hf)
+            check_folder(pretrained.folder(cfg.model.init_from_hf))
         except CheckpointFormatError as e:
             raise ConfigError(f"model.init_from_hf: {e}") from None
     shapes = model_shapes(cfg, model_cls, model_cfg)
@@ -103,7 +103,8 @@ def check_device_count(cfg: TrainConfig, n_devices: int, n_processes: int) -> di
         )
     if (mb // dp) % cfg.mesh.batch_split:
         raise ConfigError(
-            f"mesh.batch_split={cfg.mesh.batch_split} does not divide each device's {mb // dp} sequences of a microbatch "
+            f"mesh.batch_split={cfg.mesh.batch_split} does not divide each device's {mb // dp} sequences of a "
+            "microbatch "
             f"(trainer.train_batch_size={t.train_batch_size} / trainer.microbatches={t.microbatches} / {dp} devices)"
         )
     if t.train_batch_size % n_processes:
@@ -116,7 +117,8 @@ def check_positions(cfg: TrainConfig, model_cfg) -> None:
     max_pos = max_positions(model_cfg)
     if seq_len > max_pos:
         raise ConfigError(
-            f"data.seq_len={seq_len} is longer than the model's {max_pos} positions (model.n_positions / max_position_embeddings)"
+            f"data.seq_len={seq_len} is longer than the model's {max_pos} positions (model.n_positions / "
+            "max_position_embeddings)"
         )
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import math
-from pathlib import Path
 
 import equinox as eqx
 import jax
@@ -29,6 +28,7 @@ from named.models.registry import family_for
 from named.nn.precision import get_policy, keeps_full_precision
 
 from ..config import ConfigError, TrainConfig
+from ..config.pretrained import folder as pretrained_folder
 
 
 def adapt(cfg: TrainConfig, model, key):
@@ -180,7 +180,7 @@ def init_model(cfg: TrainConfig, model_cls, model_cfg, *, param, mesh, key, pret
     ``dtype``; without ``pretrained`` (a resume, about to restore every weight) they are random."""
     base_key, adapt_key = jax.random.split(key)
     if cfg.model.init_from_hf is not None and pretrained:
-        _, base = load_pretrained(Path(cfg.model.init_from_hf), mapping=param, mesh=mesh, dtype=dtype)
+        _, base = load_pretrained(pretrained_folder(cfg.model.init_from_hf), mapping=param, mesh=mesh, dtype=dtype)
     else:
         base = nm.named_jit(model_cls.init, mapping=param)(model_cfg, key=base_key)
     return nm.named_jit(lambda m, k: adapt(cfg, m, k), mapping=param)(base, adapt_key)

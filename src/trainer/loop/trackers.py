@@ -1,13 +1,16 @@
-"""Where metrics go: the console, a JSONL file in the run directory, and wandb.
+"""Where metrics go: the console, a JSONL file in the run directory, wandb and TensorBoard.
 
 Only process 0 writes to trackers and the console; other processes log to
 ``<run_dir>/logs/process_<i>.log``. wandb runs offline unless told otherwise and never
 waits on the network; it is an optional dependency (``pip install 'named-jax[wandb]'``),
-imported only when ``tracker.wandb_mode`` is not ``disabled``.
+imported only when ``tracker.wandb_mode`` is not ``disabled``. TensorBoard event files
+(``tracker.tensorboard``, ``pip install 'named-jax[tensorboard]'``) go to
+``<run_dir>/tensorboard`` (``loop/tensorboard.py``).
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import math
@@ -52,14 +55,25 @@ def setup_logging(run_dir: Path, process_index: int) -> None:
 def check_trackers(cfg: TrackerConfig) -> None:
     """Refuse a tracker whose package is missing: part of the checks that run before anything
     is compiled or written (every process runs them, so none is left waiting for another)."""
-    if cfg.wandb_mode == "disabled":
-        return
+    if cfg.wandb_mode != "disabled":
+        _require("wandb", f"tracker.wandb_mode={cfg.wandb_mode!r}", "wandb", "tracker.wandb_mode: disabled")
+    if cfg.tensorboard:
+        _require(
+            "tensorboard.summary.writer.event_file_writer",
+            "tracker.tensorboard=true",
+            "tensorboard",
+            "tracker.tensorboard: false",
+        )
+
+
+def _require(module: str, setting: str, extra: str, off: str) -> None:
     try:
-        import wandb  # noqa: F401
+        importlib.import_module(module)
     except ImportError as e:
+        package = module.split(".")[0]
         raise ConfigError(
-            f"tracker.wandb_mode={cfg.wandb_mode!r} needs the wandb package, which does not import "
-            f"({e}): pip install 'named-jax[wandb]', or set tracker.wandb_mode: disabled"
+            f"{setting} needs the {package} package, which does not import ({e}): "
+            f"pip install 'named-jax[{extra}]', or set {off}"
         ) from None
 
 
@@ -114,11 +128,13 @@ class Trackers:
         process_index: int,
         config_dict: dict | None = None,
         start_step: int = 0,
+        config_text: str | None = None,
     ):
         self.active = process_index == 0
         self.console = cfg.console
         self._jsonl = None
         self._wandb = None
+        self._tensorboard = None
         if not self.active:
             return
         dropped = drop_rows_after(run_dir / METRICS_FILE, start_step)
@@ -140,6 +156,12 @@ class Trackers:
                 config=config_dict,
                 settings=wandb.Settings(init_timeout=30, silent=True),
             )
+        if cfg.tensorboard:
+            from .tensorboard import EventWriter
+
+            self._tensorboard = EventWriter(run_dir, start_step)
+            if config_text is not None:
+                self._tensorboard.text(start_step, "config", config_text)
 
     def log(self, step: int, metrics: dict[str, Any], *, prefix: str = "train") -> None:
         if self.console or not self.active:  # processes > 0: into their own log file only
@@ -152,6 +174,8 @@ class Trackers:
             self._jsonl.flush()
         if self._wandb is not None:
             self._wandb.log({k: v for k, v in row.items() if k != "step"}, step=step)
+        if self._tensorboard is not None:
+            self._tensorboard.scalars(step, {k: v for k, v in row.items() if k != "step"})
 
     def text(self, step: int, name: str, text: str) -> None:
         if not self.active:
@@ -161,9 +185,13 @@ class Trackers:
         if self._jsonl is not None:
             self._jsonl.write(json.dumps({"step": step, name: text}) + "\n")
             self._jsonl.flush()
+        if self._tensorboard is not None:
+            self._tensorboard.text(step, name, text)
 
     def close(self) -> None:
         if self._jsonl is not None:
             self._jsonl.close()
         if self._wandb is not None:
             self._wandb.finish()
+        if self._tensorboard is not None:
+            self._tensorboard.close()
