@@ -128,9 +128,14 @@ def encode_chat_into(
     eos = fmt.tokenizer.eos_id
     bad = BadRecords(rules.skip_bad_records)
 
+    def unreadable(error: DataError) -> None:
+        nonlocal count
+        count += 1
+        bad.add(error)
+
     def documents():
         nonlocal count
-        for where, record in records(bad.add):
+        for where, record in records(unreadable):
             count += 1
             if (doc := _checked(where, lambda: document(where, record, fmt, rules), bad)) is not None:
                 yield doc
