@@ -285,6 +285,12 @@ def test_loss_option_settings_are_checked():
         DataConfig(loss_roles=["gpt"])
     with pytest.raises(DataError, match=r"data.loss_roles is empty"):
         DataConfig(loss_roles=[])
+    from named.trainer.config import ConfigError, load_config
+
+    with pytest.raises(
+        ConfigError, match=r"^data.loss_roles must be one of system, user, assistant, tool, got \['gpt'\]"
+    ):
+        load_config(None, ["--data.loss_roles", "[gpt]"])
 
 
 # ---- bad records: all of them, or skipped -----------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import types
 import typing
 from typing import Any
 
@@ -18,6 +19,9 @@ import draccus
 
 from .rules import INT_LIMIT, ConfigError, Key, declared
 
+# ``X | Y`` and ``Optional``/``Union``: which of the two ``get_type_hints`` gives for a string
+# annotation depends on what typing's caches already hold, so both are read alike.
+_UNIONS = (typing.Union, types.UnionType)
 _KINDS = {
     bool: ("true or false", "booleans"),
     int: ("an integer", "integers"),
@@ -40,9 +44,9 @@ def describe_type(tp) -> str:
     args = typing.get_args(base)
     if base in _KINDS:
         text = _KINDS[base][0]
-    elif typing.get_origin(base) is typing.Union:  # data.train: a path (string) or a named source (mapping)
+    elif typing.get_origin(base) in _UNIONS:  # data.train: a path (string) or a named source (mapping)
         text = " or ".join(describe_type(a) for a in sorted(args, key=lambda a: a is not str))
-    elif typing.get_origin(base) is list and typing.get_origin(args[0]) is typing.Union:
+    elif typing.get_origin(base) is list and typing.get_origin(args[0]) in _UNIONS:
         text = "a list of " + " or ".join(
             _KINDS[a][1] if a in _KINDS else "mappings"
             for a in sorted(typing.get_args(args[0]), key=lambda a: a is not str)
@@ -85,7 +89,7 @@ def _has_type(base, value) -> bool:
     if base is str:
         return isinstance(value, str)
     origin = typing.get_origin(base)
-    if origin is typing.Union:
+    if origin in _UNIONS:
         return any(_has_type(a, value) for a in typing.get_args(base))
     if origin in (list, dict):
         return isinstance(value, origin)
