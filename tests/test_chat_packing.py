@@ -316,3 +316,40 @@ def test_every_bad_record_is_reported_or_skipped(folder, tmp_path, caplog):
     many = write_jsonl(tmp_path / "many.jsonl", [GOOD] + [{"text": "x"}] * (MAX_LISTED + 5))
     with pytest.raises(DataError, match=rf"\n\.\.\. and 5 more\n{MAX_LISTED + 5} bad records of {MAX_LISTED + 6};"):
         build_data(data_cfg(tmp_path, [many], folder))
+
+
+# ---- named-data show ------------------------------------------------------------------------------
+
+
+def test_named_data_show_marks_samples_and_loss(tmp_path, capsys):
+    from named.trainer.commands.cli import main_data
+
+    template = tmp_path / "t.jinja"
+    template.write_text(
+        "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</>{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
+    chats = write_jsonl(tmp_path / "c.jsonl", [GOOD, {"prompt": "p\n", "completion": "c"}] * 3)
+    text = tmp_path / "t.txt"
+    text.write_text("plain text " * 40)
+    train = f"[{{name: chat, paths: [{chats}], format: chat}}, {{name: text, paths: [{text}]}}]"
+    flags = ["--config", "gpt2_nano", "--data.train", train, "--data.tokenizer", "byte"]
+    flags += ["--data.chat_template", str(template), "--data.seq_len", "64", "--data.cache_dir", str(tmp_path / "c")]
+    assert main_data(["show", *flags, "--source", "chat", "--rows", "3", "--data.val_fraction", "0"]) == 0
+    # by hand: a conversation is 31 bytes (9 carry loss: "Hello.</>"), a pair 4 tokens (2: "c", eos)
+    conversation, pair = "<user>Hi</><assistant>[[Hello.</>]]", "p\\n[[c<eos>]]"
+    assert capsys.readouterr().out.splitlines() == [
+        "data.train source 'chat': packed 6 whole samples into 2 rows of 64 tokens: 18.0% padding",
+        "[[...]]: the tokens that carry loss",
+        "row 0 of 2 (chat): 2 samples, 18 tokens carry loss, 2 padding",
+        f"  1| {conversation}",
+        f"  2| {conversation}",
+        "row 1 of 2 (chat): 4 samples, 15 tokens carry loss, 21 padding",
+        f"  1| {conversation}",
+        *(f"  {k}| {pair}" for k in (2, 3, 4)),
+    ]
+    assert main_data(["show", *flags, "--source", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: --source 'nope' is not a named source of data.train: ['chat', 'text']\n"
+    assert main_data(["show", *flags, "--split", "validation", "--data.val_fraction", "0"]) == 2
+    assert "holds out no validation data" in capsys.readouterr().err

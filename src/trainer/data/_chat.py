@@ -97,10 +97,11 @@ class BadRecords:
                 "data.skip_bad_records: skipped %d bad records of %d; the first: %s", n, records, self.messages[0]
             )
             return
+        them = "them" if n > 1 else "it"
         listed = self.messages[:MAX_LISTED] + ([f"... and {n - MAX_LISTED} more"] if n > MAX_LISTED else [])
         raise DataError(
-            "\n".join(listed) + f"\n{n} bad record{'s' if n > 1 else ''} of {records}; fix "
-            f"{'them' if n > 1 else 'it'}, or set data.skip_bad_records: true to train without {'them' if n > 1 else 'it'}"
+            "\n".join(listed) + f"\n{n} bad record{'s' if n > 1 else ''} of {records}; fix {them}, or set "
+            f"data.skip_bad_records: true to train without {them}"
         )
 
 
