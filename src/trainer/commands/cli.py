@@ -389,8 +389,8 @@ def _plan_in_child(argv: list[str], n: int) -> int:
     return subprocess.run([sys.executable, "-m", "named.trainer.commands.cli", "plan", *argv], env=env).returncode
 
 
-if __name__ == "__main__":  # `python -m named.trainer.commands.cli plan|train|sample ...`
-    _MAINS = {"plan": main_plan, "train": main_train, "sample": main_sample, "export": main_export}
+if __name__ == "__main__":  # `python -m named.trainer.commands.cli plan|train|sample|export|data ...`
+    _MAINS = {"plan": main_plan, "train": main_train, "sample": main_sample, "export": main_export, "data": main_data}
     if len(sys.argv) < 2 or sys.argv[1] not in _MAINS:
         sys.exit(f"usage: python -m named.trainer.commands.cli {{{'|'.join(_MAINS)}}} ...")
     sys.exit(_MAINS[sys.argv[1]](sys.argv[2:]))

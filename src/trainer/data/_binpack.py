@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import bisect
 import heapq
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,7 +27,7 @@ import numpy as np
 from ..config.data_section import DataError
 from ._packing import _FLAGGED, PAD_SEGMENT, START, Batch, TokenStream, pack
 
-log = logging.getLogger(__name__)
+_SCAN = 1 << 26  # flag bytes read at a time when finding documents (a memory-mapped file is never copied whole)
 
 
 @dataclass(frozen=True)
@@ -56,7 +55,9 @@ class Documents:
         for k, flags in enumerate(stream.flags):
             if flags is None:
                 raise DataError("whole-sample packing needs flagged (chat) token arrays")
-            first = np.flatnonzero(np.asarray(flags) & START).astype(np.int64)
+            first = np.concatenate(
+                [np.flatnonzero(flags[c : c + _SCAN] & START) + c for c in range(0, len(flags), _SCAN)] or [[]]
+            ).astype(np.int64)
             if len(flags) and (not first.size or first[0] != 0):
                 raise DataError("a chat token array does not begin with a document start; delete its cache to rebuild")
             offset = int(stream.offsets[k])

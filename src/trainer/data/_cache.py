@@ -14,7 +14,8 @@ processes building the same cache at once just race to an identical result. A co
 
 A chat source (``_chat``) is cached as a pair: its token file and a flag file of one byte per
 token (``flags-<key>.uint8.bin``: which tokens carry loss, where documents start), keyed also
-by the template and the stop tokens. Chat caches are built in one pass, never from shards.
+by the template, the stop tokens and the loss options (``ChatRules``). Chat caches are built in
+one pass, never from shards.
 """
 
 from __future__ import annotations
