@@ -593,3 +593,6 @@ def test_sft_from_the_folder_lowers_the_assistant_loss(folder, chats, tmp_path):
     result = train(cfg)
     # the loss is the mean over loss-mask tokens, which are the assistant's alone (tested above)
     assert len(result.losses) == 8 and result.losses[-1] < result.losses[0] - 0.3, result.losses
+    # the run's log gives the padding share of the whole-sample packing (data.chat_packing: whole)
+    logged = (tmp_path / "run" / "logs" / "process_0.log").read_text()
+    assert "data.train source 'chat': packed 24 whole samples into " in logged and "% padding" in logged

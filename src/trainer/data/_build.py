@@ -32,6 +32,17 @@ class Data:
     validation: Sequences | PackedSequences | JoinedRows | None
     validation_sources: dict[str, Sequences | PackedSequences] = field(default_factory=dict)
 
+    @property
+    def notes(self) -> list[str]:
+        """A line per whole-packed split for the log: its samples, rows and padding share."""
+        return [p.describe() for p in (*_packed(self.train), *_packed(self.validation))]
+
+
+def _packed(rows) -> list[PackedSequences]:
+    if isinstance(rows, PackedSequences):
+        return [rows]
+    return [p for part in rows.sources for p in _packed(part)] if isinstance(rows, JoinedRows) else []
+
 
 def build_data(cfg: DataConfig, tokenizer: Tokenizer | None = None) -> Data:
     """Load the tokenizer, check every source, tokenise (or reuse the cache), and split.
@@ -62,16 +73,16 @@ def build_data(cfg: DataConfig, tokenizer: Tokenizer | None = None) -> Data:
         held = [_hold_out(seqs, cfg, s) for s, seqs in zip(train_specs, train)]
         train, validation = [t for t, _ in held], [v for _, v in held]
         val_specs = train_specs
-    for part in [*train, *validation]:
-        if isinstance(part, PackedSequences):
-            log.info("%s", part.describe())
     if len(train) == 1:
         mixture: Sequences | PackedSequences | Mixture = train[0]
     else:
         mixture = Mixture([s.name for s in train_specs], train, [s.weight for s in train_specs])
     val = _joined(validation) if validation else None
     named = {s.name: v for s, v in zip(val_specs, validation) if s.name} if len(validation) > 1 else {}
-    return Data(tokenizer, mixture, val, named)
+    data = Data(tokenizer, mixture, val, named)
+    for note in data.notes:
+        log.info("%s", note)
+    return data
 
 
 def token_stream(specs: Sequence[str], tokenizer: Tokenizer, cfg: DataConfig, text_field: str = "text") -> TokenStream:
@@ -148,7 +159,7 @@ def _sequences(
             if cfg.chat_packing == "whole":
                 if held_out and cfg.val_fraction > 0:
                     return _Unpacked(stream, Documents.of(stream), label)
-                return _nonempty(_packed(stream, cfg, label, Documents.of(stream)), split)
+                return _nonempty(_pack(stream, cfg, label, Documents.of(stream)), split)
         else:
             stream = _token_stream(text, pretokenized, tokenizer, cfg)
         return _nonempty(Sequences(stream, cfg.seq_len), split)
@@ -165,7 +176,7 @@ class _Unpacked:
     label: str
 
 
-def _packed(stream: TokenStream, cfg: DataConfig, label: str, docs: Documents) -> PackedSequences:
+def _pack(stream: TokenStream, cfg: DataConfig, label: str, docs: Documents) -> PackedSequences:
     return PackedSequences(stream, cfg.seq_len, docs, too_long=cfg.chat_too_long, label=label)
 
 
@@ -191,8 +202,8 @@ def _hold_out(seqs, cfg: DataConfig, spec: SourceSpec):
             )
         train_docs, val_docs = seqs.documents.part(0, n - n_val), seqs.documents.part(n - n_val, n)
         return (
-            _nonempty(_packed(seqs.stream, cfg, seqs.label, train_docs), "train"),
-            _nonempty(_packed(seqs.stream, cfg, _label(spec, "validation"), val_docs), "validation"),
+            _nonempty(_pack(seqs.stream, cfg, seqs.label, train_docs), "train"),
+            _nonempty(_pack(seqs.stream, cfg, _label(spec, "validation"), val_docs), "validation"),
         )
     rows = len(seqs)
     n_val = max(1, round(rows * cfg.val_fraction))

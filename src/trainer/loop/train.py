@@ -74,8 +74,9 @@ def _all_finite(tree) -> jax.Array:
 def make_train_step(cfg: TrainConfig, setup: Setup, optimizer):
     """The jitted step of the model ``setup`` describes, laid out by its mappings, in the precision
     of ``trainer.precision``: microbatched loss and gradients (exactly the full-batch mean over
-    tokens), clipping and ``optimizer`` (AdamW: ``optim.build_optimizer``). ``finite`` is false when the loss, the gradient, the update,
-    the new parameters or the new optimizer state is not finite; under ``nan_policy: skip``
+    tokens), clipping and ``optimizer`` (AdamW: ``optim.build_optimizer``). ``finite`` is false
+    when the loss, the gradient, the update, the new parameters or the new optimizer state is not
+    finite; under ``nan_policy: skip``
     such a step leaves the state untouched. ``flags`` (``stop.flags_layout``) come back agreed
     over every device as ``stop_flags``: the stop and save decisions ride in this one program."""
     compute, param, policy = setup.compute, setup.param, get_policy(cfg.trainer.precision)
@@ -220,7 +221,8 @@ def train(cfg: TrainConfig) -> TrainResult:
             plan.run_dir,
             message=(
                 f"checked: config, tokenizer, model, mesh, mappings, run directory {plan.run_dir}{resume}, data "
-                f"({len(run.data.train)} training sequences); trainer.num_train_steps=0: nothing to train, nothing written"
+                f"({len(run.data.train)} training sequences); trainer.num_train_steps=0: nothing to train, "
+                "nothing written"
             ),
         )
     if plan.step >= t.num_train_steps:  # a step beyond it was refused by plan_run
@@ -259,7 +261,7 @@ def _train(cfg: TrainConfig, run: Run) -> TrainResult:
         )
     except OSError as e:
         raise rundir.os_error(run_dir, e) from None
-    for note in plan.notes:
+    for note in [*plan.notes, *data.notes]:  # data.notes: whole packing's padding share, per split
         log.info(note)
     policy = get_policy(t.precision)
     optimizer = build_optimizer(cfg.optimizer, t.num_train_steps)
@@ -474,7 +476,8 @@ def check_finite(step: int, metrics: dict, nan_policy: str, last_checkpoint=None
     if math.isfinite(loss) and math.isfinite(grad_norm):
         what = (
             f"non-finite update in step {step}: the new parameters or optimizer state are not finite, although the "
-            f"loss ({loss}) and gradient norm ({grad_norm}) are (a non-finite learning rate, or an overflow in the optimizer)"
+            f"loss ({loss}) and gradient norm ({grad_norm}) are (a non-finite learning rate, or an overflow in the "
+            "optimizer)"
         )
     else:
         what = f"non-finite loss or gradient in step {step} (loss={loss}, grad_norm={grad_norm})"
