@@ -41,7 +41,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from ..config.data_section import DataError
+from ..config.data_section import MESSAGE_ROLES, DataError
 from ._encode import check_ids, chunked
 from ._packing import LOSS, START
 from ._sources import has_surrogate, json_kind
@@ -50,7 +50,7 @@ from .chat import ChatFormat, ChatTemplate, turn_spans
 log = logging.getLogger(__name__)
 
 CHAT_FORMAT = 1  # these rules (what carries loss, how documents are marked): a change must not reuse old caches
-ROLES = ("system", "user", "assistant")
+ROLES = tuple(r for r in MESSAGE_ROLES if r != "tool")  # and tool, when the template mentions tools
 SHAREGPT_ROLES = {"system": "system", "human": "user", "gpt": "assistant", "user": "user", "assistant": "assistant"}
 MAX_LISTED = 20  # bad records named one by one in the error; the rest are counted
 
@@ -105,7 +105,7 @@ class BadRecords:
         )
 
 
-def _checked(where: str, make: Callable[[], tuple], bad: BadRecords) -> tuple | None:
+def _checked(make: Callable[[], tuple], bad: BadRecords) -> tuple | None:
     try:
         return make()
     except DataError as e:
@@ -138,7 +138,7 @@ def encode_chat_into(
         nonlocal count
         for where, record in records(unreadable):
             count += 1
-            if (doc := _checked(where, lambda: document(where, record, fmt, rules), bad)) is not None:
+            if (doc := _checked(lambda: document(where, record, fmt, rules), bad)) is not None:
                 yield doc
 
     for chunk in chunked(documents()):
