@@ -314,6 +314,8 @@ RANGES = {
     "checkpoint.every_minutes": (NANO, ["0", "-1", "nan"], ["null", "0.5"]),
     "checkpoint.base": (NANO, ['""', "ftp://host/x", "s3://UPPER/x"], ["null", "s3://my-bucket/runs/a"]),
     "tracker.wandb_mode": (NANO, ["loud"], ["offline"]),
+    "data.chat_packing": (NANO, ["ffd"], ["stream"]),
+    "data.chat_too_long": (NANO, ["cut"], ["drop"]),
     "mesh.mode": (NANO, ["manual", "Explicit"], ["explicit", "auto"]),
     "mesh.batch_split": (NANO, ["0", "-2"], ["1"]),  # more than 1 needs mesh.mode: explicit
     "distributed.num_processes": (NANO, ["0", "-2"], ["null", "1"]),
@@ -380,6 +382,7 @@ def test_every_range_of_the_declarations_is_tested():
             "trainer.run_dir",
             "data.train",
             "trainer.stop_signals",  # a list: tests/test_preemption.py
+            "data.loss_roles",  # a list: tests/test_chat_packing.py
             "model.type",
         }
     )  # tests/test_bad_input.py, "bad choice"

@@ -230,7 +230,7 @@ def test_the_mask_is_the_assistant_tokens(folder, tmp_path, name, chats):
         ] * 3
         end = "<|eot_id|>"
     path = write_jsonl(tmp_path / "chats.jsonl", records)
-    data = build_data(data_cfg(tmp_path, [path], ours, seq_len=16))
+    data = build_data(data_cfg(tmp_path, [path], ours, seq_len=16, chat_packing="stream"))
     hf = hf_tokenizer(reference)
     ids, doc, loss = _reference_stream(hf, records)
     rows = len(ids) // 16
@@ -432,18 +432,21 @@ BAD = {
         {"text": "hi"},
         r"a chat record needs 'messages' .* or 'prompt' and 'completion'; its keys: 'text'",
     ),
-    "not an object": ([1, 2], r"expected an object with 'messages', or 'prompt' and 'completion'; got an array"),
+    "not an object": (
+        [1, 2],
+        r"expected an object with 'messages' or 'conversations', or 'prompt' and 'completion'; got an array",
+    ),
     "empty messages": ({"messages": []}, r"'messages' must be a non-empty list .* got an empty list"),
     "messages not a list": ({"messages": "hi"}, r"'messages' must be a non-empty list .* got a string"),
     "unknown role": (
         {"messages": [{"role": "bot", "content": "x"}]},
         r"messages\[0\]: unknown role 'bot'; roles: "
-        r"system, user, assistant$",
+        r"system, user, assistant\n",
     ),
     "no role": (
         {"messages": [{"content": "x"}]},
         r"messages\[0\] has no 'role' field; give each message a role: "
-        r"system, user, assistant$",
+        r"system, user, assistant\n",
     ),
     "null role": ({"messages": [{"role": None, "content": "x"}]}, r"messages\[0\] has a null 'role'; give each "),
     "tool role without tools": (
@@ -463,7 +466,8 @@ BAD = {
     "no assistant": ({"messages": [{"role": "user", "content": "Hi"}]}, r"no assistant message, so no token"),
     "both kinds": (
         {**GOOD, "prompt": "a", "completion": "b"},
-        r"a record has either 'messages' or 'prompt' and 'completion', not both",
+        r"a record has one of 'messages', 'conversations', or 'prompt' and 'completion'; this one has 'messages' "
+        r"and 'prompt' and 'completion'",
     ),
     "prompt only": ({"prompt": "a"}, r"'completion' must be a string, got missing"),
     "blank completion": ({"prompt": "a", "completion": ""}, r"'completion' is blank"),
@@ -589,3 +593,6 @@ def test_sft_from_the_folder_lowers_the_assistant_loss(folder, chats, tmp_path):
     result = train(cfg)
     # the loss is the mean over loss-mask tokens, which are the assistant's alone (tested above)
     assert len(result.losses) == 8 and result.losses[-1] < result.losses[0] - 0.3, result.losses
+    # the run's log gives the padding share of the whole-sample packing (data.chat_packing: whole)
+    logged = (tmp_path / "run" / "logs" / "process_0.log").read_text()
+    assert "data.train source 'chat': packed 24 whole samples into " in logged and "% padding" in logged

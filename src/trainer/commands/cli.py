@@ -1,4 +1,4 @@
-"""Console scripts: ``named-train``, ``named-sample``, ``named-plan``, ``named-export``.
+"""Console scripts: ``named-train``, ``named-sample``, ``named-plan``, ``named-export``, ``named-data``.
 
 The boundary: bad input (one of our exception types: ConfigError, DataError, CheckpointError,
 TrainingError, a NamedError) prints ``error: ...`` and exits 2; an OSError the input did not
@@ -152,9 +152,8 @@ def main_train(argv: list[str] | None = None) -> int:
 
         return exit_code(result.stopped_by)
     if result.losses and jax.process_index() == 0:
-        print(
-            f"done: {len(result.losses)} steps, loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f}; run dir {result.run_dir}"
-        )
+        first, last = result.losses[0], result.losses[-1]
+        print(f"done: {len(result.losses)} steps, loss {first:.4f} -> {last:.4f}; run dir {result.run_dir}")
     elif result.message and jax.process_index() == 0:
         print(result.message)
     return 0
@@ -185,6 +184,55 @@ def main_sample(argv: list[str] | None = None) -> int:
                 Path(a.checkpoint), a.prompt, a.tokens, temperature=a.temperature, seed=a.seed, chat=a.chat
             )
         )
+        return 0
+
+    return _guarded(body)
+
+
+def main_data(argv: list[str] | None = None) -> int:
+    """``named-data show --config NAME [--rows 3] [--start 0] [--split train] [--source NAME]
+    [--section.key value ...]``: packed rows as the model sees them, each sample on its line and
+    the tokens that carry loss in ``[[...]]`` (``data._show``)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if (code := _missing_extras("named-data")) is not None:
+        return code
+    p = _ArgumentParser(
+        prog="named-data",
+        allow_abbrev=False,
+        description="Show packed rows of a config's data: the sample boundaries and the tokens that carry loss.",
+        epilog="Any config key can be overridden as in named-train: --section.key value.",
+    )
+    p.add_argument("command", choices=["show"])
+    _config_flags(p)
+    p.add_argument("--rows", type=int, default=3, metavar="N", help="how many rows (default 3)")
+    p.add_argument("--start", type=int, default=0, metavar="ROW", help="the first row shown (default 0)")
+    p.add_argument("--split", choices=["train", "validation"], default="train")
+    p.add_argument("--source", metavar="NAME", help="one named source of data.train (default: all, as one range)")
+
+    def body() -> int:
+        from ..config import ConfigError, load_config
+        from ..data import Mixture, build_data
+        from ..data._show import show_rows
+
+        a, rest = p.parse_known_args(argv)
+        if a.rows < 1 or a.start < 0:
+            raise ConfigError(f"--rows must be at least 1 and --start at least 0, got {a.rows} and {a.start}")
+        data = build_data(load_config(_config_of(a), rest).data)
+        rows = data.train if a.split == "train" else data.validation
+        if rows is None:
+            raise ConfigError("--split validation: this config holds out no validation data (data.val_fraction: 0)")
+        if a.source is not None:
+            if a.split == "validation":
+                named = data.validation_sources
+            else:
+                named = dict(zip(rows.names, rows.sources)) if isinstance(rows, Mixture) else {}
+            if a.source not in named:
+                raise ConfigError(f"--source {a.source!r} is not a named source of data.{a.split}: {sorted(named)}")
+            rows = named[a.source]
+        if a.start >= len(rows):
+            raise ConfigError(f"--start {a.start} is past the {len(rows)} rows of the {a.split} split")
+        indices = range(a.start, min(a.start + a.rows, len(rows)))
+        print(show_rows(rows, data.tokenizer, list(indices), a.split if a.source is None else a.source))
         return 0
 
     return _guarded(body)
@@ -341,8 +389,8 @@ def _plan_in_child(argv: list[str], n: int) -> int:
     return subprocess.run([sys.executable, "-m", "named.trainer.commands.cli", "plan", *argv], env=env).returncode
 
 
-if __name__ == "__main__":  # `python -m named.trainer.commands.cli plan|train|sample ...`
-    _MAINS = {"plan": main_plan, "train": main_train, "sample": main_sample, "export": main_export}
+if __name__ == "__main__":  # `python -m named.trainer.commands.cli plan|train|sample|export|data ...`
+    _MAINS = {"plan": main_plan, "train": main_train, "sample": main_sample, "export": main_export, "data": main_data}
     if len(sys.argv) < 2 or sys.argv[1] not in _MAINS:
         sys.exit(f"usage: python -m named.trainer.commands.cli {{{'|'.join(_MAINS)}}} ...")
     sys.exit(_MAINS[sys.argv[1]](sys.argv[2:]))

@@ -19,9 +19,9 @@ import draccus
 
 from .rules import INT_LIMIT, ConfigError, Key, declared
 
-# `X | Y` (types.UnionType) and `Union[X, Y]` are told apart by typing.get_origin; both are unions here
+# ``X | Y`` and ``Optional``/``Union``: which of the two ``get_type_hints`` gives for a string
+# annotation depends on what typing's caches already hold, so both are read alike.
 _UNIONS = (typing.Union, types.UnionType)
-
 _KINDS = {
     bool: ("true or false", "booleans"),
     int: ("an integer", "integers"),

@@ -8,6 +8,7 @@ file is opened. A ``DataConfig`` checks its own values when it is made, from a c
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 import re
@@ -18,13 +19,16 @@ from typing import Any
 from named import NamedError
 
 from .hub import dataset_id
-from .rules import NONEMPTY, key
+from .rules import NONEMPTY, declared, key, one_of
 
 STDLIB = "stdlib"  # the source spec of the embedded corpus: this Python's standard library
 BIN_DTYPES = ("uint16", "uint32")
 _KEYS = ("name", "paths", "hf_dataset", "split", "subset", "weight", "text_field", "format")
 _HUB_KEYS = ("split", "subset")  # keys of a source that only a Hub dataset (hf_dataset) takes
 FORMATS = ("text", "chat")  # a source's documents: text (by file kind) or chat records (_chat)
+CHAT_PACKINGS = ("whole", "stream")  # whole samples bin-packed into rows (_binpack), or concatenate-and-chunk
+TOO_LONG = ("truncate", "drop", "error")  # what whole-sample packing does with a sample longer than a row
+MESSAGE_ROLES = ("system", "user", "assistant", "tool")
 
 
 class DataError(NamedError, ValueError):
@@ -176,6 +180,28 @@ class DataConfig:
     )
     eos_token: str | None = key(None, doc="the end-of-document token of an HF tokenizer, where it cannot be found")
     seq_len: int = key(256, doc="tokens per packed sequence")
+    chat_packing: str = key(
+        "whole",
+        one_of(*CHAT_PACKINGS),
+        doc="chat sources: `whole` samples bin-packed into rows (none split across two), or `stream` "
+        "(concatenated and cut every seq_len tokens, as text is)",
+    )
+    chat_too_long: str = key(
+        "truncate",
+        one_of(*TOO_LONG),
+        doc="whole packing: a sample longer than seq_len is cut to its first seq_len tokens, dropped, or an error",
+    )
+    loss_roles: list[str] = key(
+        factory=lambda: ["assistant"],
+        rule=one_of(*MESSAGE_ROLES),
+        doc="chat sources: the roles whose turns carry loss",
+    )
+    train_on_inputs: bool = key(
+        False, doc="chat sources: every token of a sample carries loss (prompts, headers), not only loss_roles' turns"
+    )
+    skip_bad_records: bool = key(
+        False, doc="chat sources: leave out bad records (counted in the log) instead of refusing the data"
+    )
     bin_dtype: str = key("uint16", doc="the token dtype of `.bin` files (`.npy` files say their own)")
     cache_dir: str = key("~/.cache/named/data", free=True, doc="where tokenised text is cached")
     stdlib_bytes: int = key(8_000_000, doc="how much of the standard library the `stdlib` corpus takes")
@@ -193,6 +219,12 @@ class DataConfig:
             raise DataError(f"data.stdlib_bytes must be positive, got {self.stdlib_bytes}")
         if self.chat_template is not None and not self.chat_template.strip():
             raise DataError("data.chat_template must be a path to a Jinja template file, or null, got ''")
+        for f in dataclasses.fields(self):  # the named choices, also for a DataConfig made in code
+            rule = declared(f).rule
+            if rule is not None and rule.names and not rule.allows(getattr(self, f.name)):
+                raise DataError(f"data.{f.name} must be {rule}, got {getattr(self, f.name)!r}")
+        if not self.loss_roles:
+            raise DataError("data.loss_roles is empty: no token would carry loss; list at least one role")
 
     def sources(self, key: str) -> list[SourceSpec]:
         """``data.train`` or ``data.validation`` as sources: one unnamed source for plain specs."""

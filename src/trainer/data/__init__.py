@@ -28,7 +28,7 @@ The pipeline, in the order data flows:
   range-checked as they are written, and memory-mapped on every later run. Large corpora
   are tokenised per file by worker processes into shards that survive an interrupted build
   (``_shards``).
-- **Packing** (``_packing``): concatenate-and-chunk. The stream is cut into rows of
+- **Packing** (``_packing``): concatenate-and-chunk (chat sources: whole samples, below). The stream is cut into rows of
   ``seq_len``; ``segment_ids`` restart the numbering in every row and step after each eos,
   so a segment-masked attention never crosses documents; ``loss_mask`` is False wherever
   the next token belongs to another document, is padding, or lies past the row's end.
@@ -42,21 +42,26 @@ The pipeline, in the order data flows:
   weight in blocks whose makeup is exact and whose order follows from ``(seed, step)``; a
   source that runs out starts a new epoch of itself.
 - **Chat** (``_chat``, ``chat``): a named source with ``format: chat`` reads JSONL conversations
-  (``messages``) or ``prompt``/``completion`` pairs, renders them with the tokenizer folder's
-  chat template (or ``data.chat_template``) as ``transformers`` does, and caches a flag byte
-  beside every token (it carries loss; it starts a document). Packing then starts documents at
-  those flags instead of after eos and masks every target that is not the assistant's.
+  (``messages``, ShareGPT ``conversations``) or ``prompt``/``completion`` pairs, renders them with
+  the tokenizer folder's chat template (or ``data.chat_template``) as ``transformers`` does, and
+  caches a flag byte beside every token (it carries loss: ``data.loss_roles``,
+  ``data.train_on_inputs``; it starts a document). Bad records are all reported, or skipped
+  (``data.skip_bad_records``). Each sample is then packed whole (``_binpack``: best-fit
+  decreasing into rows, padding at the end of a row, the padding share logged), or with
+  ``data.chat_packing: stream`` concatenated and cut with documents starting at those flags.
+  ``_show`` prints packed rows with the tokens that carry loss marked (``named-data show``).
 
 Every bad input raises ``DataError`` naming the file, pattern or key, before tokenising
 starts where it can be known then, and never leaves a partial file behind.
 """
 
 from ..config.data_section import STDLIB, DataConfig, DataError, SourceSpec  # the section, declared with the others
+from ._binpack import PackedSequences
 from ._build import Data, build_data, token_stream
 from ._cache import cached_tokens, token_dtype
 from ._encode import atomic_write
 from ._loader import TrainBatches, eval_batches, loader_throughput, num_eval_batches
-from ._mixture import Mixture
+from ._mixture import JoinedRows, Mixture
 from ._packing import PAD_SEGMENT, Batch, Sequences, TokenStream, pack
 from ._sources import SourceFile, open_pretokenized, resolve_sources, stdlib_files
 from ._tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer
@@ -70,7 +75,9 @@ __all__ = [
     "DataConfig",
     "DataError",
     "HFTokenizer",
+    "JoinedRows",
     "Mixture",
+    "PackedSequences",
     "Sequences",
     "SourceFile",
     "SourceSpec",

@@ -9,9 +9,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..config.data_section import DataConfig, DataError, SourceSpec
+from ._binpack import Documents, PackedSequences
 from ._cache import cached_chat, cached_tokens
+from ._chat import ChatRules
 from ._hub import dataset_paths
-from ._mixture import Mixture
+from ._mixture import JoinedRows, Mixture
 from ._packing import Sequences, TokenStream
 from ._sources import SourceFile, check_token_ids, open_pretokenized, resolve_sources
 from ._tokenizer import Tokenizer, check_tokenizer, load_tokenizer
@@ -27,9 +29,20 @@ class Data:
     ``validation_sources`` the same per source name (empty for a single source)."""
 
     tokenizer: Tokenizer
-    train: Sequences | Mixture
-    validation: Sequences | None
-    validation_sources: dict[str, Sequences] = field(default_factory=dict)
+    train: Sequences | PackedSequences | Mixture
+    validation: Sequences | PackedSequences | JoinedRows | None
+    validation_sources: dict[str, Sequences | PackedSequences] = field(default_factory=dict)
+
+    @property
+    def notes(self) -> list[str]:
+        """A line per whole-packed split for the log: its samples, rows and padding share."""
+        return [p.describe() for p in (*_packed(self.train), *_packed(self.validation))]
+
+
+def _packed(rows) -> list[PackedSequences]:
+    if isinstance(rows, PackedSequences):
+        return [rows]
+    return [p for part in rows.sources for p in _packed(part)] if isinstance(rows, JoinedRows) else []
 
 
 def build_data(cfg: DataConfig, tokenizer: Tokenizer | None = None) -> Data:
@@ -50,19 +63,22 @@ def build_data(cfg: DataConfig, tokenizer: Tokenizer | None = None) -> Data:
     chat = _chat_format(cfg, tokenizer, [*train_specs, *val_specs])
     checked = [(s, _checked_sources(s, tokenizer, cfg, "train")) for s in train_specs]
     val_checked = [(s, _checked_sources(s, tokenizer, cfg, "validation")) for s in val_specs]
-    train = [_sequences(s, c, tokenizer, cfg, "train", chat) for s, c in checked]
+    train = [_sequences(s, c, tokenizer, cfg, "train", chat, held_out=not val_specs) for s, c in checked]
     validation = [_sequences(s, c, tokenizer, cfg, "validation", chat) for s, c in val_checked]
     if not validation and cfg.val_fraction > 0:
         held = [_hold_out(seqs, cfg, s) for s, seqs in zip(train_specs, train)]
         train, validation = [t for t, _ in held], [v for _, v in held]
         val_specs = train_specs
     if len(train) == 1:
-        mixture: Sequences | Mixture = train[0]
+        mixture: Sequences | PackedSequences | Mixture = train[0]
     else:
         mixture = Mixture([s.name for s in train_specs], train, [s.weight for s in train_specs])
-    val = (validation[0] if len(validation) == 1 else Sequences.concat(validation)) if validation else None
+    val = _joined(validation) if validation else None
     named = {s.name: v for s, v in zip(val_specs, validation) if s.name} if len(validation) > 1 else {}
-    return Data(tokenizer, mixture, val, named)
+    data = Data(tokenizer, mixture, val, named)
+    for note in data.notes:
+        log.info("%s", note)
+    return data
 
 
 def token_stream(specs: Sequence[str], tokenizer: Tokenizer, cfg: DataConfig, text_field: str = "text") -> TokenStream:
@@ -117,13 +133,26 @@ def _check_chat_files(files: Sequence[SourceFile]) -> None:
 
 
 def _sequences(
-    spec: SourceSpec, checked, tokenizer: Tokenizer, cfg: DataConfig, split: str, chat: ChatFormat | None = None
-) -> Sequences:
+    spec: SourceSpec,
+    checked,
+    tokenizer: Tokenizer,
+    cfg: DataConfig,
+    split: str,
+    chat: ChatFormat | None = None,
+    *,
+    held_out: bool = False,
+) -> Sequences | PackedSequences:
+    """A source's rows; ``held_out``: validation will be cut from them (whole packing then packs
+    the two parts later, each on its own)."""
     text, pretokenized, label = checked
     try:
         if spec.format == "chat":
-            tokens, flags = cached_chat(text, chat, cfg.cache_dir)
+            tokens, flags = cached_chat(text, chat, cfg.cache_dir, ChatRules.of(cfg))
             stream = TokenStream([tokens], tokenizer.eos_id, [flags])
+            if cfg.chat_packing == "whole":
+                if held_out and cfg.val_fraction > 0:
+                    return _Unpacked(stream, Documents.of(stream), label)
+                return _nonempty(_pack(stream, cfg, label, Documents.of(stream)), split)
         else:
             stream = _token_stream(text, pretokenized, tokenizer, cfg)
         return _nonempty(Sequences(stream, cfg.seq_len), split)
@@ -131,9 +160,44 @@ def _sequences(
         raise _named(e, label) from e.__cause__
 
 
-def _hold_out(seqs: Sequences, cfg: DataConfig, spec: SourceSpec) -> tuple[Sequences, Sequences]:
+@dataclass(frozen=True)
+class _Unpacked:
+    """A chat source's documents before the validation share is cut from them."""
+
+    stream: TokenStream
+    documents: Documents
+    label: str
+
+
+def _pack(stream: TokenStream, cfg: DataConfig, label: str, docs: Documents) -> PackedSequences:
+    return PackedSequences(stream, cfg.seq_len, docs, too_long=cfg.chat_too_long, label=label)
+
+
+def _joined(parts: list) -> Sequences | PackedSequences | JoinedRows:
+    if len(parts) == 1:
+        return parts[0]
+    if all(isinstance(p, Sequences) for p in parts):
+        return Sequences.concat(parts)
+    return JoinedRows(parts)
+
+
+def _hold_out(seqs, cfg: DataConfig, spec: SourceSpec):
     """The train rows and the last ``val_fraction`` of them, held out (contiguous, so few
-    documents straddle the two)."""
+    documents straddle the two). Whole-packed chat holds out its last ``val_fraction`` of
+    samples and packs each part on its own, so no sample is in both."""
+    if isinstance(seqs, _Unpacked):
+        n = len(seqs.documents)
+        n_val = max(1, round(n * cfg.val_fraction))
+        if n_val >= n:
+            raise DataError(
+                f"{_label(spec, 'train')}the source gives only {n} samples: too few to hold out "
+                f"data.val_fraction={cfg.val_fraction} and still train; add data or give data.validation"
+            )
+        train_docs, val_docs = seqs.documents.part(0, n - n_val), seqs.documents.part(n - n_val, n)
+        return (
+            _nonempty(_pack(seqs.stream, cfg, seqs.label, train_docs), "train"),
+            _nonempty(_pack(seqs.stream, cfg, _label(spec, "validation"), val_docs), "validation"),
+        )
     rows = len(seqs)
     n_val = max(1, round(rows * cfg.val_fraction))
     if n_val >= rows:
@@ -156,7 +220,11 @@ def _token_stream(
     return TokenStream(arrays + pretokenized, tokenizer.eos_id)
 
 
-def _nonempty(seqs: Sequences, split: str) -> Sequences:
+def _nonempty(seqs, split: str):
+    if len(seqs) == 0 and isinstance(seqs, PackedSequences):
+        raise DataError(
+            f"the {split} data holds no sample that fits data.seq_len={seqs.seq_len} (data.chat_too_long=drop)"
+        )
     if len(seqs) == 0:
         raise DataError(
             f"the {split} data holds {len(seqs.stream)} tokens, fewer than one sequence of data.seq_len={seqs.seq_len}"

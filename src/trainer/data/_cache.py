@@ -14,7 +14,8 @@ processes building the same cache at once just race to an identical result. A co
 
 A chat source (``_chat``) is cached as a pair: its token file and a flag file of one byte per
 token (``flags-<key>.uint8.bin``: which tokens carry loss, where documents start), keyed also
-by the template and the stop tokens. Chat caches are built in one pass, never from shards.
+by the template, the stop tokens and the loss options (``ChatRules``). Chat caches are built in
+one pass, never from shards.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config.data_section import DataError
-from ._chat import CHAT_FORMAT, encode_chat_into
+from ._chat import CHAT_FORMAT, DEFAULT_RULES, ChatRules, encode_chat_into
 from ._encode import _TEMP_PREFIX, CACHE_FORMAT, atomic_write, empty_corpus, encode_into
 from ._shards import build_sharded, use_shards
 from ._sources import FIELD_KINDS, SourceFile, iter_documents, iter_records, memmap_tokens
@@ -46,7 +47,7 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.uint32)
 
 
-def cache_key(files: Sequence[SourceFile], tokenizer: Tokenizer, chat: str | None = None) -> str:
+def cache_key(files: Sequence[SourceFile], tokenizer: Tokenizer, chat: list | None = None) -> str:
     listing = []
     for f in files:
         try:
@@ -79,7 +80,9 @@ def cached_tokens(files: Sequence[SourceFile], tokenizer: Tokenizer, cache_dir: 
     return _open_cache(path)
 
 
-def cached_chat(files: Sequence[SourceFile], fmt: ChatFormat, cache_dir: str | Path) -> tuple[np.memmap, np.memmap]:
+def cached_chat(
+    files: Sequence[SourceFile], fmt: ChatFormat, cache_dir: str | Path, rules: ChatRules = DEFAULT_RULES
+) -> tuple[np.memmap, np.memmap]:
     """Tokens of the chat records of ``files`` (``_chat``) and their flags (one byte per token:
     ``LOSS``, ``START``), from the cache or tokenised into it.
 
@@ -91,10 +94,10 @@ def cached_chat(files: Sequence[SourceFile], fmt: ChatFormat, cache_dir: str | P
     check_tokenizer(tokenizer)
     dtype = token_dtype(tokenizer.vocab_size)
     cache_dir = Path(cache_dir).expanduser()
-    key = cache_key(files, tokenizer, chat=fmt.fingerprint)
+    key = cache_key(files, tokenizer, chat=[fmt.fingerprint, *rules.key])
     path, flags_path = cache_dir / f"tokens-{key}.{dtype.name}.bin", cache_dir / f"flags-{key}.uint8.bin"
     if not (path.is_file() and flags_path.is_file()):
-        _write_cache(path, files, lambda: _chat_into(path, flags_path, files, fmt, dtype))
+        _write_cache(path, files, lambda: _chat_into(path, flags_path, files, fmt, dtype, rules))
     tokens, flags = _open_cache(path), _open_cache(flags_path)
     if len(tokens) != len(flags):
         raise DataError(
@@ -140,10 +143,12 @@ def _tokenize_into(path: Path, files: Sequence[SourceFile], tokenizer: Tokenizer
     return n
 
 
-def _chat_into(path: Path, flags_path: Path, files: Sequence[SourceFile], fmt: ChatFormat, dtype: np.dtype) -> int:
+def _chat_into(
+    path: Path, flags_path: Path, files: Sequence[SourceFile], fmt: ChatFormat, dtype: np.dtype, rules: ChatRules
+) -> int:
     # Chat corpora are built in one pass (no worker shards): a worker would need the template too.
     with atomic_write(path) as tokens_f, atomic_write(flags_path) as flags_f:  # the inner one, flags, lands first
-        n = encode_chat_into(tokens_f, flags_f, iter_records(files), fmt, dtype)
+        n = encode_chat_into(tokens_f, flags_f, lambda on_bad: iter_records(files, on_bad), fmt, dtype, rules)
         if n == 0:
             raise empty_corpus(files)
     return n

@@ -12,8 +12,17 @@ A record (one JSON object per line; other keys are ignored) is one of:
   Llama 3's ``<|eot_id|>``; ``chat.stop_token_ids``), so the model learns to end its turn, but
   not what a template puts after that token (ChatML's newline). Without a stop token in the
   turn, the whole turn as the template renders it.
+- ``{"conversations": [{"from": ..., "value": ...}, ...]}`` (ShareGPT): the same conversation,
+  ``from`` one of ``system``, ``human`` (the user), ``gpt`` (the assistant), or ``user``,
+  ``assistant``, ``tool``; ``value`` its content.
 - ``{"prompt": "...", "completion": "..."}``: plain text, no template (as for a base model);
   the tokens are those of prompt + completion, then eos; the completion's and eos carry loss.
+
+``ChatRules`` changes what carries loss: ``loss_roles`` (``data.loss_roles``) lists the roles whose
+turns do (an assistant turn from the end of its generation prompt, another role's from the start
+of its content; a prompt counts as the user's, a completion as the assistant's), and
+``train_on_inputs`` makes every token of a record carry loss. Bad records are all reported (the
+first ``MAX_LISTED`` by ``file:line``), or, with ``skip_bad_records``, left out and counted in the log.
 
 Tokens are chosen by character offsets: a token carries loss when its characters overlap the
 turn's (a token that straddles the end of a header and the start of a reply counts as reply).
@@ -25,46 +34,138 @@ flags say where each begins.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import BinaryIO
 
 import numpy as np
 
-from ..config.data_section import DataError
+from ..config.data_section import MESSAGE_ROLES, DataError
 from ._encode import check_ids, chunked
 from ._packing import LOSS, START
 from ._sources import has_surrogate, json_kind
-from .chat import ChatFormat, ChatTemplate, assistant_spans
+from .chat import ChatFormat, ChatTemplate, turn_spans
+
+log = logging.getLogger(__name__)
 
 CHAT_FORMAT = 1  # these rules (what carries loss, how documents are marked): a change must not reuse old caches
-ROLES = ("system", "user", "assistant")
+ROLES = tuple(r for r in MESSAGE_ROLES if r != "tool")  # and tool, when the template mentions tools
+SHAREGPT_ROLES = {"system": "system", "human": "user", "gpt": "assistant", "user": "user", "assistant": "assistant"}
+MAX_LISTED = 20  # bad records named one by one in the error; the rest are counted
+
+
+@dataclass(frozen=True)
+class ChatRules:
+    """What carries loss in a chat record, and what a bad record does (``data.loss_roles``,
+    ``data.train_on_inputs``, ``data.skip_bad_records``)."""
+
+    loss_roles: tuple[str, ...] = ("assistant",)
+    train_on_inputs: bool = False
+    skip_bad_records: bool = False
+
+    @staticmethod
+    def of(cfg) -> ChatRules:
+        """The rules a ``DataConfig`` sets."""
+        return ChatRules(tuple(cfg.loss_roles), cfg.train_on_inputs, cfg.skip_bad_records)
+
+    @property
+    def key(self) -> list:
+        """What of the rules decides a cache's contents (its key)."""
+        return [sorted(self.loss_roles), self.train_on_inputs, self.skip_bad_records]
+
+
+DEFAULT_RULES = ChatRules()
+
+
+class BadRecords:
+    """Collects bad records while a source is read; ``finish`` raises them all, or logs how
+    many were skipped."""
+
+    def __init__(self, skip: bool):
+        self.skip, self.messages = skip, []
+
+    def add(self, error: DataError) -> None:
+        self.messages.append(str(error))
+
+    def finish(self, records: int) -> None:
+        n = len(self.messages)
+        if not n:
+            return
+        if self.skip:
+            log.warning(
+                "data.skip_bad_records: skipped %d bad records of %d; the first: %s", n, records, self.messages[0]
+            )
+            return
+        them = "them" if n > 1 else "it"
+        listed = self.messages[:MAX_LISTED] + ([f"... and {n - MAX_LISTED} more"] if n > MAX_LISTED else [])
+        raise DataError(
+            "\n".join(listed) + f"\n{n} bad record{'s' if n > 1 else ''} of {records}; fix {them}, or set "
+            f"data.skip_bad_records: true to train without {them}"
+        )
+
+
+def _checked(make: Callable[[], tuple], bad: BadRecords) -> tuple | None:
+    try:
+        return make()
+    except DataError as e:
+        bad.add(e)
+        return None
 
 
 def encode_chat_into(
-    tokens_f: BinaryIO, flags_f: BinaryIO, records: Iterator[tuple[str, object]], fmt: ChatFormat, dtype: np.dtype
+    tokens_f: BinaryIO,
+    flags_f: BinaryIO,
+    records: Callable[[Callable[[DataError], None]], Iterator[tuple[str, object]]],
+    fmt: ChatFormat,
+    dtype: np.dtype,
+    rules: ChatRules = DEFAULT_RULES,
 ) -> int:
-    """Render, check and tokenise ``(where, record)`` pairs into a token file and its flag file;
-    returns the number of tokens written. Every record of a chunk is checked and rendered
-    before the chunk is tokenised."""
-    n = 0
+    """Render, check and tokenise the ``(where, record)`` pairs of ``records(on_bad)`` (which
+    hands unreadable lines to ``on_bad``) into a token file and its flag file; returns the number
+    of tokens written. Every record is checked; the bad ones are reported together at the end
+    (``BadRecords``), or left out under ``rules.skip_bad_records``."""
+    n = count = 0
     eos = fmt.tokenizer.eos_id
-    for chunk in chunked(document(where, record, fmt) for where, record in records):
-        ids, flags = [], []
-        for (where, _, spans, add_eos), (tok, starts, ends) in zip(chunk, fmt.encode([c[1] for c in chunk])):
-            mask = loss_tokens(tok, starts, ends, spans, () if add_eos else fmt.stop_ids)
-            if add_eos:
-                tok, mask = np.append(tok, eos), np.append(mask, True)
-            if not mask.any():
-                raise DataError(f"{where}: no token carries loss (the assistant's text vanished when tokenised)")
+    bad = BadRecords(rules.skip_bad_records)
+
+    def unreadable(error: DataError) -> None:
+        nonlocal count
+        count += 1
+        bad.add(error)
+
+    def documents():
+        nonlocal count
+        for where, record in records(unreadable):
+            count += 1
+            if (doc := _checked(lambda: document(where, record, fmt, rules), bad)) is not None:
+                yield doc
+
+    for chunk in chunked(documents()):
+        ids, flags, good = [], [], []
+        for (where, _, spans, eos_loss), (tok, starts, ends) in zip(chunk, fmt.encode([c[1] for c in chunk])):
+            stops = () if eos_loss is not None or rules.train_on_inputs else fmt.stop_ids
+            mask = loss_tokens(tok, starts, ends, spans, stops)
+            if eos_loss is not None:
+                tok, mask = np.append(tok, eos), np.append(mask, eos_loss)
+            if not mask[1:].any():
+                bad.add(
+                    DataError(f"{where}: no token carries loss (the text of data.loss_roles vanished when tokenised)")
+                )
+                continue
             f = mask.astype(np.uint8) * LOSS
             f[0] |= START
             ids.append(tok)
             flags.append(f)
+            good.append(where)
+        if not ids or (bad.messages and not rules.skip_bad_records):
+            continue  # nothing more is written once a record is bad: the error comes when every one is checked
         flat = np.concatenate(ids)
-        check_ids(flat, np.cumsum([len(t) for t in ids]), [c[0] for c in chunk], fmt.tokenizer)
+        check_ids(flat, np.cumsum([len(t) for t in ids]), good, fmt.tokenizer)
         tokens_f.write(flat.astype(dtype).tobytes())
         flags_f.write(np.concatenate(flags).tobytes())
         n += flat.size
+    bad.finish(count)
     return n
 
 
@@ -84,37 +185,75 @@ def loss_tokens(
     return mask
 
 
-def document(where: str, record, fmt: ChatFormat) -> tuple[str, str, list[tuple[int, int]], bool]:
-    """``(where, text, spans, add_eos)``: the text to tokenise, the characters that carry loss,
-    and whether eos follows (prompt/completion pairs)."""
+def document(
+    where: str, record, fmt: ChatFormat, rules: ChatRules = DEFAULT_RULES
+) -> tuple[str, str, list[tuple[int, int]], bool | None]:
+    """``(where, text, spans, eos_loss)``: the text to tokenise, the characters that carry loss,
+    and whether eos follows (None: it does not; prompt/completion pairs: whether it carries loss)."""
     if not isinstance(record, dict):
         raise DataError(
-            f"{where}: expected an object with 'messages', or 'prompt' and 'completion'; got {json_kind(record)}"
+            f"{where}: expected an object with 'messages' or 'conversations', or 'prompt' and 'completion'; "
+            f"got {json_kind(record)}"
         )
-    if "messages" in record:
-        if "prompt" in record or "completion" in record:
-            raise DataError(f"{where}: a record has either 'messages' or 'prompt' and 'completion', not both")
+    kinds = [k for k in ("messages", "conversations") if k in record]
+    if kinds:
+        if len(kinds) > 1 or "prompt" in record or "completion" in record:
+            given = " and ".join(repr(k) for k in (*kinds, "prompt", "completion") if k in record)
+            raise DataError(
+                f"{where}: a record has one of 'messages', 'conversations', or 'prompt' and 'completion'; "
+                f"this one has {given}"
+            )
         template = _template(where, fmt)
-        messages, tools = _conversation(where, record, template)
+        if kinds[0] == "conversations":
+            record = {**record, "messages": _sharegpt(where, record["conversations"])}
+        messages, tools = _conversation(where, record, template, kinds[0], rules)
         try:
-            text, spans = assistant_spans(template, messages, tools=tools)
+            if rules.train_on_inputs:
+                text = template.render(messages, tools=tools)
+                spans = [(0, len(text))]
+            else:
+                text, spans = turn_spans(template, messages, rules.loss_roles, tools=tools)
         except DataError as e:
             raise DataError(f"{where}: {e}") from None
-        add_eos = False
+        eos_loss = None
     elif "prompt" in record or "completion" in record:
         prompt, completion = (_string(where, record, k) for k in ("prompt", "completion"))
         if not completion.strip():
             raise DataError(f"{where}: 'completion' is blank: nothing to train on")
-        text, spans, add_eos = prompt + completion, [(len(prompt), len(prompt) + len(completion))], True
+        text, spans = prompt + completion, []
+        if rules.train_on_inputs or "user" in rules.loss_roles:
+            spans.append((0, len(prompt)))
+        eos_loss = rules.train_on_inputs or "assistant" in rules.loss_roles
+        if eos_loss:
+            spans.append((len(prompt), len(text)))
     else:
         keys = ", ".join(map(repr, record)) or "none"
         raise DataError(
-            f"{where}: a chat record needs 'messages' (a list of {{role, content}}) or 'prompt' and "
-            f"'completion'; its keys: {keys}"
+            f"{where}: a chat record needs 'messages' (a list of {{role, content}}), 'conversations' (ShareGPT: "
+            f"a list of {{from, value}}) or 'prompt' and 'completion'; its keys: {keys}"
         )
     if has_surrogate(text):
         raise DataError(f"{where}: the record holds a lone UTF-16 surrogate (\\ud800-\\udfff escape)")
-    return where, text, spans, add_eos
+    return where, text, spans, eos_loss
+
+
+def _sharegpt(where: str, turns) -> list[dict]:
+    """ShareGPT turns (``{from, value}``) as messages (``{role, content}``)."""
+    if not isinstance(turns, list) or not turns:
+        got = "an empty list" if isinstance(turns, list) else json_kind(turns)
+        raise DataError(f"{where}: 'conversations' must be a non-empty list of {{from, value}} objects, got {got}")
+    out = []
+    for i, t in enumerate(turns):
+        at = f"{where}: conversations[{i}]"
+        if not isinstance(t, dict):
+            raise DataError(f"{at} must be an object with 'from' and 'value', got {json_kind(t)}")
+        who = t.get("from")
+        if who not in SHAREGPT_ROLES and who != "tool":
+            raise DataError(f"{at}: unknown 'from' {who!r}; ShareGPT speakers: {', '.join([*SHAREGPT_ROLES, 'tool'])}")
+        if "value" not in t:
+            raise DataError(f"{at} has no 'value' (the text of the turn)")
+        out.append({"role": SHAREGPT_ROLES.get(who, who), "content": t["value"]})
+    return out
 
 
 def _template(where: str, fmt: ChatFormat) -> ChatTemplate:
@@ -132,7 +271,9 @@ def _string(where: str, record: dict, key: str) -> str:
     return value
 
 
-def _conversation(where: str, record: dict, template: ChatTemplate) -> tuple[list[dict], list | None]:
+def _conversation(
+    where: str, record: dict, template: ChatTemplate, field: str = "messages", rules: ChatRules = DEFAULT_RULES
+) -> tuple[list[dict], list | None]:
     messages, tools = record["messages"], record.get("tools")
     if not isinstance(messages, list) or not messages:
         got = "an empty list" if isinstance(messages, list) else json_kind(messages)
@@ -141,7 +282,7 @@ def _conversation(where: str, record: dict, template: ChatTemplate) -> tuple[lis
         raise DataError(f"{where}: 'tools' must be a list of objects (JSON schemas), got {json_kind(tools)}")
     roles = ROLES + (("tool",) if template.mentions_tools else ())
     for i, m in enumerate(messages):
-        at = f"{where}: messages[{i}]"
+        at = f"{where}: {field}[{i}]"
         if not isinstance(m, dict):
             raise DataError(f"{at} must be an object with 'role' and 'content', got {json_kind(m)}")
         role, content = m.get("role"), m.get("content")
@@ -159,6 +300,7 @@ def _conversation(where: str, record: dict, template: ChatTemplate) -> tuple[lis
             raise DataError(
                 f"{at}: an assistant message with blank content teaches only to end the turn; drop it or fill it"
             )
-    if not any(m["role"] == "assistant" for m in messages):
-        raise DataError(f"{where}: no assistant message, so no token would carry loss")
+    if not rules.train_on_inputs and not any(m["role"] in rules.loss_roles for m in messages):
+        which = " or ".join(rules.loss_roles)
+        raise DataError(f"{where}: no {which} message, so no token would carry loss (data.loss_roles)")
     return messages, tools

@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from ..config.data_section import DataError
-from ._mixture import Mixture, MixtureOrder
+from ._binpack import PackedSequences
+from ._mixture import JoinedRows, Mixture, MixtureOrder
 from ._packing import Batch, Sequences, TokenStream, padding_rows
 from ._sources import open_pretokenized, resolve_sources
 
@@ -47,7 +48,7 @@ class TrainBatches:
 
     def __init__(
         self,
-        sequences: Sequences | Mixture,
+        sequences: Sequences | PackedSequences | Mixture,
         *,
         batch_size: int,
         seed: int,
@@ -111,12 +112,16 @@ class TrainBatches:
         return self._perm
 
 
-def num_eval_batches(sequences: Sequences, batch_size: int) -> int:
+def num_eval_batches(sequences: Sequences | PackedSequences | JoinedRows, batch_size: int) -> int:
     return -(-len(sequences) // batch_size)
 
 
 def eval_batches(
-    sequences: Sequences, *, batch_size: int, process_index: int = 0, process_count: int = 1
+    sequences: Sequences | PackedSequences | JoinedRows,
+    *,
+    batch_size: int,
+    process_index: int = 0,
+    process_count: int = 1,
 ) -> Iterator[Batch]:
     """Every row of ``sequences`` once, in order, this process's part of each global batch.
 
@@ -130,7 +135,7 @@ def eval_batches(
         real = np.arange(lo, min(lo + local, n))
         batch = sequences.rows(real)
         if len(real) < local:
-            pad = padding_rows(local - len(real), sequences.seq_len, sequences.stream.eos_id)
+            pad = padding_rows(local - len(real), sequences.seq_len, sequences.pad_id)
             batch = Batch(*(np.concatenate([a, p]) for a, p in zip(batch, pad)))
         yield batch
 

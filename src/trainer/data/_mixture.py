@@ -29,22 +29,23 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..config.data_section import DataError
+from ._binpack import PackedSequences
 from ._packing import Batch, Sequences
 
 BLOCK_ROWS = 4096  # the finest share a weight can get is one row in a block of at least this many
 _MIX_TAG, _SOURCE_TAG = 0x6D6978, 0x737263  # keep the block and source generators apart from the epoch order's
 
 
-class Mixture:
-    """The train rows of several named sources, numbered as one range: source ``k`` owns rows
+class JoinedRows:
+    """The rows of several splits numbered as one range: part ``k`` owns rows
     ``[offsets[k], offsets[k + 1])``. ``rows`` reads any of them, like ``Sequences.rows``."""
 
-    def __init__(self, names: Sequence[str], sources: Sequence[Sequences], weights: Sequence[float]):
-        if not names or len({s.seq_len for s in sources}) != 1:
+    def __init__(self, parts: Sequence[Sequences | PackedSequences]):
+        if not parts or len({s.seq_len for s in parts}) != 1:
             raise DataError("a mixture needs at least one source, all packed at the same seq_len")
-        self.names, self.sources, self.weights = list(names), list(sources), [float(w) for w in weights]
-        self.seq_len = sources[0].seq_len
-        self.offsets = np.cumsum([0] + [len(s) for s in sources])
+        self.sources = list(parts)
+        self.seq_len = parts[0].seq_len
+        self.offsets = np.cumsum([0] + [len(s) for s in parts])
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
@@ -52,6 +53,10 @@ class Mixture:
     @property
     def num_tokens(self) -> int:
         return len(self) * self.seq_len
+
+    @property
+    def pad_id(self) -> int:
+        return self.sources[0].pad_id
 
     def rows(self, indices: Sequence[int] | np.ndarray) -> Batch:
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
@@ -67,6 +72,14 @@ class Mixture:
             for dst, src in zip(out, part):
                 dst[at] = src
         return out
+
+
+class Mixture(JoinedRows):
+    """The train rows of several named sources (``JoinedRows``), each with its weight."""
+
+    def __init__(self, names: Sequence[str], sources: Sequence[Sequences | PackedSequences], weights: Sequence[float]):
+        super().__init__(sources)
+        self.names, self.weights = list(names), [float(w) for w in weights]
 
 
 def apportion(weights: Sequence[float], total: int) -> np.ndarray:

@@ -109,6 +109,10 @@ class Sequences:
     def num_tokens(self) -> int:
         return self.count * self.seq_len
 
+    @property
+    def pad_id(self) -> int:
+        return self.stream.eos_id
+
     @staticmethod
     def concat(parts: Sequence[Sequences]) -> Sequences:
         """The rows of several splits, one after another, as one split (no copy: views of the

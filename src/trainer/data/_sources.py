@@ -26,7 +26,7 @@ import json
 import os
 import re
 import sysconfig
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -306,13 +306,24 @@ def _plain_lines(path: Path) -> Iterator[tuple[int, bytes]]:
         raise DataError(f"cannot read data file {str(path)!r} after line {lineno}: {e.strerror}") from e
 
 
-def iter_records(files: Sequence[SourceFile]) -> Iterator[tuple[str, object]]:
-    """``(file:line, value)`` for each non-blank line of JSONL files (chat sources read whole records)."""
+def iter_records(
+    files: Sequence[SourceFile], on_bad: Callable[[DataError], None] | None = None
+) -> Iterator[tuple[str, object]]:
+    """``(file:line, value)`` for each non-blank line of JSONL files (chat sources read whole
+    records). A line that is not JSON raises, or is handed to ``on_bad`` and passed over."""
     for src in files:
         lines = _compressed.lines(src.path, src.codec) if src.codec else _plain_lines(src.path)
         for lineno, line in lines:
-            if line.strip():
-                yield f"{src.path}:{lineno}", _json_line(line, src.path, lineno)
+            if not line.strip():
+                continue
+            try:
+                value = _json_line(line, src.path, lineno)
+            except DataError as e:
+                if on_bad is None:
+                    raise
+                on_bad(e)
+                continue
+            yield f"{src.path}:{lineno}", value
 
 
 def _json_line(line: bytes, path: Path, lineno: int):

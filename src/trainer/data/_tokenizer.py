@@ -60,7 +60,17 @@ class ByteTokenizer:
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return [list(t.encode("utf-8")) for t in texts]
 
-    def decode(self, ids: Sequence[int]) -> str:
+    def decode(self, ids: Sequence[int], *, keep_special: bool = False) -> str:
+        """``keep_special``: eos shows as ``<eos>`` instead of being dropped."""
+        if keep_special:
+            runs, run = [], []
+            for i in ids:
+                if int(i) == self.eos_id:
+                    runs += [self.decode(run), "<eos>"]
+                    run = []
+                else:
+                    run.append(i)
+            return "".join(runs) + self.decode(run)
         return bytes(int(i) for i in ids if 0 <= int(i) < 256).decode("utf-8", errors="replace")
 
     def special_id(self, kind: str) -> int | None:
@@ -130,9 +140,11 @@ class HFTokenizer:
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
 
-    def decode(self, ids: Sequence[int]) -> str:
+    def decode(self, ids: Sequence[int], *, keep_special: bool = False) -> str:
+        """``keep_special``: special tokens (``<|im_end|>``) are shown instead of dropped."""
         # tokenizers raises on negative ids and silently skips large ones; make both skip.
-        return self._tok.decode([int(i) for i in ids if 0 <= int(i) < self._vocab_size], skip_special_tokens=True)
+        ids = [int(i) for i in ids if 0 <= int(i) < self._vocab_size]
+        return self._tok.decode(ids, skip_special_tokens=not keep_special)
 
     def special_id(self, kind: str) -> int | None:
         """The id of the ``eos`` token (the end of document this tokenizer was loaded with), or of the

@@ -55,6 +55,7 @@ __all__ = [
     "ChatFormat",
     "ChatTemplate",
     "assistant_spans",
+    "turn_spans",
     "find_template",
     "prompt_ids",
     "render_prompt",
@@ -111,8 +112,18 @@ def assistant_spans(
     template: ChatTemplate, messages: Sequence[dict], *, tools: list | None = None
 ) -> tuple[str, list[tuple[int, int]]]:
     """The rendered conversation and, per assistant message, the characters ``[start, end)`` the
-    model is to produce: from the end of the generation prompt that precedes the message to the
-    end of the message's own rendering (its end-of-turn token included).
+    model is to produce (``turn_spans`` for the assistant alone)."""
+    return turn_spans(template, messages, ("assistant",), tools=tools)
+
+
+def turn_spans(
+    template: ChatTemplate, messages: Sequence[dict], roles: Sequence[str], *, tools: list | None = None
+) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered conversation and, per message of one of ``roles``, the characters
+    ``[start, end)`` of its turn that carry loss, through the end of the message's own rendering
+    (its end-of-turn token included). An assistant turn starts where the generation prompt that
+    precedes it ends (what the model produces when asked to reply); another role's turn starts at
+    its content (found by rendering the message with a probe string for content).
 
     Found by rendering prefixes of the conversation, so templates that change the content
     (``| trim``) or add headers are handled without knowing their syntax; a template whose
@@ -121,20 +132,42 @@ def assistant_spans(
     text = template.render(messages, tools=tools)
     spans = []
     for i, m in enumerate(messages):
-        if m.get("role") != "assistant":
+        role = m.get("role")
+        if role not in roles:
             continue
-        before = template.render(messages[:i], add_generation_prompt=True, tools=tools)
         through = template.render(messages[: i + 1], tools=tools)
-        if not (through.startswith(before) and text.startswith(through)):
+        if role == "assistant":
+            before = template.render(messages[:i], add_generation_prompt=True, tools=tools)
+            start = len(before) if through.startswith(before) else -1
+        else:
+            start = _content_start(template, messages, i, through, tools)
+        if start < 0 or not text.startswith(through):
             raise DataError(
-                f"the chat template {template.source} renders message {i} (assistant) differently depending on what "
-                "follows it, so the assistant tokens cannot be found by rendering the conversation up to each "
+                f"the chat template {template.source} renders message {i} ({role}) differently depending on what "
+                "follows it, so its tokens cannot be found by rendering the conversation up to each "
                 "message; give a template that renders conversations prefix by prefix with data.chat_template"
             )
-        if len(through) == len(before):
-            raise DataError(f"the chat template {template.source} renders nothing for message {i} (assistant)")
-        spans.append((len(before), len(through)))
+        if len(through) == start:
+            raise DataError(f"the chat template {template.source} renders nothing for message {i} ({role})")
+        spans.append((start, len(through)))
     return text, spans
+
+
+_CONTENT_PROBE = "NAMEDCONTENTPROBE"
+
+
+def _content_start(template: ChatTemplate, messages: Sequence[dict], i: int, through: str, tools) -> int:
+    """Where message ``i``'s content begins in ``through`` (the rendering of messages ``[0, i]``):
+    the message rendered with a probe for its content shows what comes before the content; -1
+    when the probe is not there or what precedes it differs."""
+    probe = template.render([*messages[:i], {**messages[i], "content": _CONTENT_PROBE}], tools=tools)
+    at = probe.rfind(_CONTENT_PROBE)
+    if at < 0:
+        raise DataError(
+            f"the chat template {template.source} does not render message {i} ({messages[i].get('role')})'s "
+            "content as given, so the tokens of its turn cannot be found; leave its role out of data.loss_roles"
+        )
+    return at if through[:at] == probe[:at] else -1
 
 
 class ChatFormat:

@@ -28,7 +28,17 @@ from named.nn.precision import cast_for_compute, get_policy
 from .. import checkpoint as ckpt
 from ..checkpoint import rundir
 from ..config import TrainConfig, dump_config
-from ..data import Batch, Data, Sequences, TrainBatches, build_data, eval_batches, num_eval_batches
+from ..data import (
+    Batch,
+    Data,
+    JoinedRows,
+    PackedSequences,
+    Sequences,
+    TrainBatches,
+    build_data,
+    eval_batches,
+    num_eval_batches,
+)
 from . import hardware
 from .checks import Setup, check_against_devices
 from .generate import sample_text
@@ -262,7 +272,7 @@ def _train(cfg: TrainConfig, run: Run) -> TrainResult:
         )
     except OSError as e:
         raise rundir.os_error(run_dir, e) from None
-    for note in plan.notes:
+    for note in [*plan.notes, *data.notes]:  # data.notes: whole packing's padding share, per split
         log.info(note)
     policy = get_policy(t.precision)
     optimizer = build_optimizer(cfg.optimizer, t.num_train_steps)
@@ -520,7 +530,7 @@ def eval_losses(loss_sum, data: Data, t) -> dict[str, float]:
     return {"loss": total / max(count, 1.0), **per_source}
 
 
-def _eval_sums(loss_sum, rows: Sequences, t) -> tuple[float, float, int]:
+def _eval_sums(loss_sum, rows: Sequences | PackedSequences | JoinedRows, t) -> tuple[float, float, int]:
     """The summed loss and loss tokens of the first ``trainer.eval_batches`` batches of ``rows``
     (all of them for 0), and how many of its rows these batches hold."""
     limit = t.eval_batches or num_eval_batches(rows, t.train_batch_size)
