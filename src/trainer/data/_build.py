@@ -12,6 +12,7 @@ from ..config.data_section import DataConfig, DataError, SourceSpec
 from ._cache import cached_chat, cached_tokens
 from ._mixture import Mixture
 from ._packing import Sequences, TokenStream
+from ._shards import ShardRunner
 from ._sources import SourceFile, check_token_ids, open_pretokenized, resolve_sources
 from ._tokenizer import Tokenizer, check_tokenizer, load_tokenizer
 from .chat import ChatFormat
@@ -31,12 +32,13 @@ class Data:
     validation_sources: dict[str, Sequences] = field(default_factory=dict)
 
 
-def build_data(cfg: DataConfig, tokenizer: Tokenizer | None = None) -> Data:
+def build_data(cfg: DataConfig, tokenizer: Tokenizer | None = None, *, runner: ShardRunner | None = None) -> Data:
     """Load the tokenizer, check every source, tokenise (or reuse the cache), and split.
 
     Every check that needs no tokenising (tokenizer file, globs, Parquet and Arrow columns,
     pre-tokenised headers and ids, of train and validation sources alike) runs before any
-    tokenising starts.
+    tokenising starts. ``runner`` tokenises the shards of every text cache that is missing
+    (``RayShards``: on a Ray cluster); chat caches are built here in one pass either way.
     """
     if not cfg.train:  # checked here, not in DataConfig: token_stream takes a config for its settings alone
         raise DataError("data.train is empty; list at least one file, glob or 'stdlib'")
@@ -54,8 +56,8 @@ def build_data(cfg: DataConfig, tokenizer: Tokenizer | None = None) -> Data:
         (s, _checked_sources(s.paths, tokenizer, cfg, s.text_field, _label(s, "validation"), s.format))
         for s in val_specs
     ]
-    train = [_sequences(s, c, tokenizer, cfg, "train", chat) for s, c in checked]
-    validation = [_sequences(s, c, tokenizer, cfg, "validation", chat) for s, c in val_checked]
+    train = [_sequences(s, c, tokenizer, cfg, "train", chat, runner) for s, c in checked]
+    validation = [_sequences(s, c, tokenizer, cfg, "validation", chat, runner) for s, c in val_checked]
     if not validation and cfg.val_fraction > 0:
         held = [_hold_out(seqs, cfg, s) for s, seqs in zip(train_specs, train)]
         train, validation = [t for t, _ in held], [v for _, v in held]
@@ -124,7 +126,13 @@ def _check_chat_files(files: Sequence[SourceFile]) -> None:
 
 
 def _sequences(
-    spec: SourceSpec, checked, tokenizer: Tokenizer, cfg: DataConfig, split: str, chat: ChatFormat | None = None
+    spec: SourceSpec,
+    checked,
+    tokenizer: Tokenizer,
+    cfg: DataConfig,
+    split: str,
+    chat: ChatFormat | None = None,
+    runner: ShardRunner | None = None,
 ) -> Sequences:
     text, pretokenized, label = checked
     try:
@@ -132,7 +140,7 @@ def _sequences(
             tokens, flags = cached_chat(text, chat, cfg.cache_dir)
             stream = TokenStream([tokens], tokenizer.eos_id, [flags])
         else:
-            stream = _token_stream(text, pretokenized, tokenizer, cfg)
+            stream = _token_stream(text, pretokenized, tokenizer, cfg, runner)
         return _nonempty(Sequences(stream, cfg.seq_len), split)
     except DataError as e:
         raise _named(e, label) from e.__cause__
@@ -157,9 +165,13 @@ def _named(e: DataError, label: str) -> DataError:
 
 
 def _token_stream(
-    text: list[SourceFile], pretokenized: list[np.ndarray], tokenizer: Tokenizer, cfg: DataConfig
+    text: list[SourceFile],
+    pretokenized: list[np.ndarray],
+    tokenizer: Tokenizer,
+    cfg: DataConfig,
+    runner: ShardRunner | None = None,
 ) -> TokenStream:
-    arrays = [cached_tokens(text, tokenizer, cfg.cache_dir)] if text else []
+    arrays = [cached_tokens(text, tokenizer, cfg.cache_dir, runner)] if text else []
     return TokenStream(arrays + pretokenized, tokenizer.eos_id)
 
 
