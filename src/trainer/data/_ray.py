@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -29,10 +30,12 @@ from ._tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
+_CONNECT_TIMEOUT_S = 10
 
-class ClusterError(RuntimeError):
+
+class ClusterError(OSError):
     """A Ray task failed for a reason other than its input (its worker or node died more than
-    ``max_retries`` times): the cluster's fault, not the data's."""
+    ``max_retries`` times): the cluster's fault, not the data's, so an OSError (the command line exits 1)."""
 
 
 def _import_ray():
@@ -45,8 +48,9 @@ def _import_ray():
 
 class RayShards:
     """Tokenise shards as Ray tasks on the cluster at ``address`` (``"auto"``: the one this machine
-    belongs to, as ``ray start`` left it; ``ray://host:10001``: a Ray client). A Ray already
-    initialised in this process (``ray.init(...)``) is used as it is.
+    belongs to, as ``ray start`` left it; ``host:6379``: that head node; ``ray://host:10001``: a
+    Ray client; ``"local"``: a new Ray on this machine alone). A Ray already initialised in this
+    process (``ray.init(...)``) is used as it is.
 
     Args:
         address: the cluster, as ``ray.init(address=...)`` takes it.
@@ -62,6 +66,7 @@ class RayShards:
         ray = _import_ray()
         if ray.is_initialized():
             return
+        _check_reachable(self.address)
         try:
             ray.init(address=self.address, log_to_driver=False)
         except (ConnectionError, RuntimeError, ValueError) as e:
@@ -104,6 +109,22 @@ class RayShards:
                 f"the Ray task tokenising {piece} failed {self.max_retries + 1} times: {e}; the shards already "
                 "written are kept, so running the build again goes on from them"
             ) from e
+
+
+def _check_reachable(address: str) -> None:
+    """A ``host:port`` address answers within seconds (Ray itself would retry it for minutes)."""
+    if address in ("auto", "local"):
+        return
+    host, _, port = address.split("://", 1)[-1].rpartition(":")
+    if not host or not port.isdigit():
+        raise DataError(f"--ray {address!r}: give 'auto', 'local', HOST:PORT or ray://HOST:PORT")
+    try:
+        socket.create_connection((host, int(port)), timeout=_CONNECT_TIMEOUT_S).close()
+    except OSError as e:
+        raise DataError(
+            f"cannot reach the Ray cluster at {address!r} (--ray): {e.strerror or e}; is `ray start --head` "
+            "running there, and the port open?"
+        ) from e
 
 
 def _ray_shard(piece: Piece, shard: str, dtype_name: str, tokenizer: Tokenizer) -> int:
