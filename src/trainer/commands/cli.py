@@ -334,11 +334,15 @@ def main_data(argv: list[str] | None = None) -> int:
 
     def body() -> int:
         a, rest = p.parse_known_args(argv)
+        from ..data import ClusterError
         from .data import build_report
 
         cfg = load_config(_config_of(a), rest)
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")  # the build's progress lines
-        print(build_report(cfg.data, ray=a.ray))
+        try:
+            print(build_report(cfg.data, ray=a.ray))
+        except ClusterError as e:  # the cluster's fault, not the input's: as an OSError is
+            return _fail(e, 1)
         return 0
 
     return _guarded(body)

@@ -71,11 +71,18 @@ def build_data(cfg: DataConfig, tokenizer: Tokenizer | None = None, *, runner: S
     return Data(tokenizer, mixture, val, named)
 
 
-def token_stream(specs: Sequence[str], tokenizer: Tokenizer, cfg: DataConfig, text_field: str = "text") -> TokenStream:
+def token_stream(
+    specs: Sequence[str],
+    tokenizer: Tokenizer,
+    cfg: DataConfig,
+    text_field: str = "text",
+    *,
+    runner: ShardRunner | None = None,
+) -> TokenStream:
     """All tokens of ``specs``: the documents of text, JSONL, Parquet and Arrow files first (one
-    cache file), then the pre-tokenised files in order."""
+    cache file, built in shards by ``runner`` if given), then the pre-tokenised files in order."""
     text, pretokenized, _ = _checked_sources(specs, tokenizer, cfg, text_field)
-    return _token_stream(text, pretokenized, tokenizer, cfg)
+    return _token_stream(text, pretokenized, tokenizer, cfg, runner)
 
 
 def _label(spec: SourceSpec, split: str) -> str:

@@ -7,7 +7,7 @@ for byte the local build's, and a build that is killed (the driver, or the whole
 again tokenises only the shards that are missing. A task whose worker process or node dies is
 retried by Ray (``max_retries``); its half-written shard is a temp file that never becomes the
 shard, and goes with the shard folder. A task that fails on bad input is not retried: its
-DataError, naming the file, is raised here and the tasks not yet started are cancelled.
+DataError, naming the file, is raised here once the build's other tasks are cancelled.
 
 Ray tasks run wherever the cluster has free CPUs, so every node must see the sources and
 ``data.cache_dir`` at the same paths (a shared file system) and have this package installed.
@@ -31,11 +31,12 @@ from ._tokenizer import Tokenizer
 log = logging.getLogger(__name__)
 
 _CONNECT_TIMEOUT_S = 10
+_SETTLE_S = 60  # how long a failed build waits for its cancelled tasks to stop
 
 
-class ClusterError(OSError):
+class ClusterError(RuntimeError):
     """A Ray task failed for a reason other than its input (its worker or node died more than
-    ``max_retries`` times): the cluster's fault, not the data's, so an OSError (the command line exits 1)."""
+    ``max_retries`` times): the cluster's fault, not the data's (``named-data`` exits 1)."""
 
 
 def _import_ray():
@@ -93,8 +94,10 @@ class RayShards:
                 for ref in ready:
                     progress.done(pieces[ref].nbytes, self._result(ray, ref, pieces[ref]))
         except BaseException:
-            for ref in pending:  # those not started never start; those running finish their shard, harmlessly
+            for ref in pending:  # those not started never start; those running are interrupted
                 ray.cancel(ref)
+            # ... and waited for, so that no task of this build writes a shard after it has raised
+            ray.wait(pending, num_returns=len(pending), timeout=_SETTLE_S)
             raise
 
     def _result(self, ray, ref, piece: Piece) -> int:
@@ -106,8 +109,8 @@ class RayShards:
             raise
         except ray.exceptions.RayError as e:
             raise ClusterError(
-                f"the Ray task tokenising {piece} failed {self.max_retries + 1} times: {e}; the shards already "
-                "written are kept, so running the build again goes on from them"
+                f"the Ray task tokenising {piece} failed on every try ({self.max_retries + 1}): {e}; the shards "
+                "already written are kept, so running the build again goes on from them"
             ) from e
 
 
