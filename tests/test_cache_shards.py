@@ -171,3 +171,27 @@ def test_a_build_killed_with_sigkill_resumes_to_the_same_cache(corpus, reference
     assert sorted(p.name for p in cache.iterdir()) == [
         reference[0]
     ]  # the killed shard's temp file went with its folder
+
+
+def test_a_large_parquet_file_is_cut_at_row_groups_into_the_same_cache(sharded, monkeypatch, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    docs = [f"row {i} " + "ünïcode " * (i % 13) for i in range(500)]
+    pq.write_table(pa.table({"text": docs}), tmp_path / "big.parquet", row_group_size=50)  # 10 row groups
+    spec = [str(tmp_path / "big.parquet")]
+    monkeypatch.setattr(_shards, "SHARDED_MIN_BYTES", 1 << 40)
+    token_stream(spec, ByteTokenizer(), DataConfig(cache_dir=str(tmp_path / "single")))  # one pass
+    monkeypatch.setattr(_shards, "SHARDED_MIN_BYTES", 0)
+    monkeypatch.setattr(_shards, "PIECE_BYTES", 1500)
+    pieces, tokenize = [], _shards._tokenize
+
+    def recording(jobs, *args):
+        pieces.extend(p.row_groups for p, _ in jobs)
+        tokenize(jobs, *args)
+
+    monkeypatch.setattr(_shards, "_tokenize", recording)
+    token_stream(spec, ByteTokenizer(), DataConfig(cache_dir=str(tmp_path / "cut")))
+    assert len(pieces) > 2 and pieces[0][0] == 0 and pieces[-1][1] == 10
+    assert all(a[1] == b[0] for a, b in zip(pieces, pieces[1:]))  # runs of row groups, in order, none left out
+    assert cache_file(tmp_path / "cut").read_bytes() == cache_file(tmp_path / "single").read_bytes()

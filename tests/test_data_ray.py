@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from named.trainer.commands import cli
 from named.trainer.data import (
     ByteTokenizer,
     ClusterError,
@@ -51,12 +52,14 @@ def caches(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in folder.iterdir()}
 
 
-def test_a_ray_build_of_the_stdlib_corpus_is_the_local_build(tmp_path):
-    cfg = dict(train=["stdlib"], stdlib_bytes=300_000, seq_len=64)
-    build_data(DataConfig(**cfg, cache_dir=str(tmp_path / "local")), ByteTokenizer())
-    build_data(DataConfig(**cfg, cache_dir=str(tmp_path / "ray")), ByteTokenizer(), runner=RayShards())
-    local = caches(tmp_path / "local")
-    assert len(local) == 1 and caches(tmp_path / "ray") == local
+def test_named_data_build_on_ray_of_the_stdlib_corpus_is_the_local_build(tmp_path, capsys):
+    flags = ["build", "--config", "gpt2_nano", "--data.stdlib_bytes", "300000", "--data.cache_dir"]
+    local, on_ray = tmp_path / "local", tmp_path / "ray"
+    assert cli.main_data([*flags, str(local)]) == 0
+    local_report = capsys.readouterr().out
+    assert cli.main_data([*flags, str(on_ray), "--ray", "auto"]) == 0  # "auto": the Ray this process started
+    assert capsys.readouterr().out == local_report.replace(str(local), str(on_ray))  # the same splits
+    assert len(caches(local)) == 1 and caches(on_ray) == caches(local)
 
 
 def write_parquet(path: Path, column: str, docs: list[str], row_group_size: int) -> None:

@@ -59,6 +59,8 @@ class RayShards:
     """
 
     def __init__(self, address: str = "auto", *, max_retries: int = 3):
+        if address not in ("auto", "local"):
+            _host_port(address)
         self.address, self.max_retries = address, max_retries
 
     def connect(self) -> None:
@@ -114,15 +116,19 @@ class RayShards:
             ) from e
 
 
+def _host_port(address: str) -> tuple[str, int]:
+    host, _, port = address.split("://", 1)[-1].rpartition(":")
+    if not host or not port.isdigit():
+        raise DataError(f"--ray {address!r}: give 'auto', 'local', HOST:PORT or ray://HOST:PORT")
+    return host, int(port)
+
+
 def _check_reachable(address: str) -> None:
     """A ``host:port`` address answers within seconds (Ray itself would retry it for minutes)."""
     if address in ("auto", "local"):
         return
-    host, _, port = address.split("://", 1)[-1].rpartition(":")
-    if not host or not port.isdigit():
-        raise DataError(f"--ray {address!r}: give 'auto', 'local', HOST:PORT or ray://HOST:PORT")
     try:
-        socket.create_connection((host, int(port)), timeout=_CONNECT_TIMEOUT_S).close()
+        socket.create_connection(_host_port(address), timeout=_CONNECT_TIMEOUT_S).close()
     except OSError as e:
         raise DataError(
             f"cannot reach the Ray cluster at {address!r} (--ray): {e.strerror or e}; is `ray start --head` "
