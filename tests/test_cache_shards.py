@@ -8,9 +8,18 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from named.trainer.data import ByteTokenizer, DataConfig, DataError, _shards, token_stream
+from named.trainer.data import (
+    ByteTokenizer,
+    DataConfig,
+    DataError,
+    LocalShards,
+    _shards,
+    resolve_sources,
+    token_stream,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 N_FILES = 6
@@ -195,3 +204,56 @@ def test_a_large_parquet_file_is_cut_at_row_groups_into_the_same_cache(sharded, 
     assert len(pieces) > 2 and pieces[0][0] == 0 and pieces[-1][1] == 10
     assert all(a[1] == b[0] for a, b in zip(pieces, pieces[1:]))  # runs of row groups, in order, none left out
     assert cache_file(tmp_path / "cut").read_bytes() == cache_file(tmp_path / "single").read_bytes()
+
+
+def test_a_host_tokenises_its_share_first_then_the_others_from_the_end(corpus, reference, sharded, tmp_path):
+    cache = tmp_path / "c"
+    folder = cache / f".shards-{reference[0]}"
+    piece_4 = _shards.pieces(resolve_sources([str(corpus / "*.txt")]))[4]
+
+    class BesideHostZero(ByteCounting):
+        """Process 1 of 2; while it tokenises file 5, host 0 writes the shard of file 4."""
+
+        def encode_batch(self, texts):
+            if texts[0].startswith("file 5 "):
+                _shards.write_shard(folder / "000004.bin", piece_4, ByteTokenizer(), np.dtype(np.uint16))
+            return super().encode_batch(texts)
+
+    host = BesideHostZero()
+    token_stream([str(corpus / "*.txt")], host, DataConfig(cache_dir=str(cache)), runner=LocalShards(1, 2))
+    assert host.seen == ["1", "3", "5", "2", "0"]  # its own share, then host 0's from the end, 4 skipped
+    assert cache_file(cache).read_bytes() == reference[1]
+
+
+_HOST_BUILD = """
+import sys, time
+from pathlib import Path
+from named.trainer.data import ByteTokenizer, DataConfig, LocalShards, token_stream, _shards
+_shards.WORKERS = 1
+p, corpus, cache, log = int(sys.argv[1]), sys.argv[2], sys.argv[3], Path(sys.argv[4])
+
+class Slow(ByteTokenizer):
+    def encode_batch(self, texts):
+        with log.open("a") as f:
+            f.write(texts[0].split(" ")[1] + "\\n")
+        time.sleep(0.5)
+        return super().encode_batch(texts)
+
+token_stream([corpus], Slow(), DataConfig(cache_dir=cache), runner=LocalShards(p, 2))
+"""
+
+
+def test_two_hosts_building_one_shared_cache_split_its_pieces(corpus, reference, tmp_path):
+    from _procs import run_workers
+
+    cache = tmp_path / "shared"
+    logs = [tmp_path / f"host{p}.log" for p in range(2)]
+    argv = [["-c", _HOST_BUILD, str(p), str(corpus / "*.txt"), str(cache), str(logs[p])] for p in range(2)]
+    codes, outs = run_workers(argv, {**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=120)
+    assert codes == [0, 0], outs
+    assert sorted(p.name for p in cache.iterdir()) == [reference[0]] and cache_file(cache).read_bytes() == reference[1]
+    done = [log.read_text().split() if log.exists() else [] for log in logs]
+    assert sorted({int(f) for d in done for f in d}) == list(range(N_FILES))
+    assert len(done[0]) + len(done[1]) < 2 * N_FILES  # not every piece twice
+    for p, d in enumerate(done):
+        assert not d or int(d[0]) % 2 == p  # each began with its own share

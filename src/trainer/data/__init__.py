@@ -60,6 +60,7 @@ from ._loader import TrainBatches, eval_batches, loader_throughput, num_eval_bat
 from ._mixture import Mixture
 from ._packing import PAD_SEGMENT, Batch, Sequences, TokenStream, pack
 from ._ray import ClusterError, RayShards
+from ._shards import LocalShards
 from ._sources import SourceFile, open_pretokenized, resolve_sources, stdlib_files
 from ._tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer
 
@@ -74,6 +75,7 @@ __all__ = [
     "DataConfig",
     "DataError",
     "HFTokenizer",
+    "LocalShards",
     "Mixture",
     "Sequences",
     "SourceFile",

@@ -13,7 +13,8 @@ mixed into the cache. When all shards exist they are concatenated, in order, int
 (atomically), so the cache is byte for byte the file a single pass writes, whoever tokenised the
 pieces, and the folder is removed. Processes building the same cache at once (one per host, say)
 each tokenise the shards missing when they start; a process whose shards were removed by one that
-finished first uses that one's file.
+finished first uses that one's file; a process told its place among them (``LocalShards``)
+starts with its own share of the pieces, so that hosts split the work.
 
 Here, shards are tokenised by ``min(cores, pieces)`` worker processes (``spawn``ed: the parent may
 hold JAX's threads) when the tokenizer can be loaded again from its ``load_spec`` (the byte
@@ -125,7 +126,7 @@ def build_sharded(
         )
     try:
         progress = Progress(sum(work[i].nbytes for i in todo), len(todo))
-        (runner or _tokenize)([(work[i], shards[i]) for i in todo], tokenizer, dtype, progress)
+        (runner or LocalShards())([(work[i], shards[i]) for i in todo], tokenizer, dtype, progress)
         progress.close()
         if _manifest(files, work, tokenizer, dtype) != manifest:
             raise DataError(f"a source file changed while it was being tokenised into {str(path)!r}; run again")
@@ -149,12 +150,35 @@ def build_sharded(
 
 
 def write_shard(shard: Path, piece: Piece, tokenizer: Tokenizer, dtype: np.dtype) -> int:
+    """``piece`` tokenised into ``shard``, unless another builder of the same cache wrote it first."""
+    if shard.is_file():
+        return shard.stat().st_size // dtype.itemsize
     with atomic_write(shard) as f:
         return encode_into(f, piece.documents(), tokenizer, dtype)
 
 
+class LocalShards:
+    """The default runner, this machine's cores, for one of ``process_count`` processes (hosts)
+    that build one shared cache at once: process ``p`` tokenises its own share of the pieces
+    (``p, p + n, p + 2n, ...``) first, then the others' from the last one back, skipping every
+    shard another process wrote meanwhile. So the hosts split the work while all are alive, and
+    a host that dies or starts late leaves no piece undone."""
+
+    def __init__(self, process_index: int = 0, process_count: int = 1):
+        if process_count < 1 or not 0 <= process_index < process_count:
+            raise DataError(f"process_index {process_index} is not in [0, process_count={process_count})")
+        self.process_index, self.process_count = process_index, process_count
+
+    def __call__(
+        self, jobs: Sequence[tuple[Piece, Path]], tokenizer: Tokenizer, dtype: np.dtype, progress: Progress
+    ) -> None:
+        mine = [j for j in jobs if int(j[1].stem) % self.process_count == self.process_index]
+        others = [j for j in jobs if int(j[1].stem) % self.process_count != self.process_index]
+        _tokenize([*mine, *others[::-1]], tokenizer, dtype, progress)
+
+
 def _tokenize(jobs: Sequence[tuple[Piece, Path]], tokenizer: Tokenizer, dtype: np.dtype, progress: Progress) -> None:
-    """The default runner: this machine's cores."""
+    """This machine's cores, the pieces in the order given (the pool starts them in that order)."""
     # Only our own classes: a subclass may encode differently from what its spec loads.
     spec = tokenizer.load_spec if type(tokenizer) in (ByteTokenizer, HFTokenizer) else None
     workers = min(WORKERS or _cores(), len(jobs))

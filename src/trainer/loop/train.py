@@ -28,7 +28,7 @@ from named.nn.precision import cast_for_compute, get_policy
 from .. import checkpoint as ckpt
 from ..checkpoint import rundir
 from ..config import TrainConfig, dump_config
-from ..data import Batch, Data, Sequences, TrainBatches, build_data, eval_batches, num_eval_batches
+from ..data import Batch, Data, LocalShards, Sequences, TrainBatches, build_data, eval_batches, num_eval_batches
 from . import hardware
 from .checks import Setup, check_against_devices
 from .generate import sample_text
@@ -192,7 +192,9 @@ def build_run(cfg: TrainConfig) -> Run:
     if plan.restore_from is not None:  # a resume with another model or optimizer fails here, not after init
         opt_shapes = jax.eval_shape(lambda m: init_opt_state(cfg, m), setup.shapes)
         ckpt.check_restorable(plan.restore_from, (setup.shapes, opt_shapes))
-    data = build_data(cfg.data, setup.tokenizer)
+    # Hosts building one shared cache at once split its pieces between them (one host: None, the default).
+    shares = LocalShards(jax.process_index(), jax.process_count()) if jax.process_count() > 1 else None
+    data = build_data(cfg.data, setup.tokenizer, runner=shares)
     train_batches = TrainBatches(
         data.train,
         batch_size=t.train_batch_size,
