@@ -27,8 +27,9 @@ The pipeline, in the order data flows:
   name), named by a hash of the file list and the tokenizer, written atomically, ids
   range-checked as they are written, and memory-mapped on every later run. Large corpora
   are tokenised by worker processes into shards (a file, or a run of Parquet row groups, each)
-  that survive an interrupted build (``_shards``); ``RayShards`` tokenises the same shards on a
-  Ray cluster instead (``_ray``; ``named-data build --ray auto``), into the same bytes.
+  that survive an interrupted build (``_shards``); hosts building one shared cache split the
+  pieces (``LocalShards``), and ``RayShards`` tokenises them on a Ray cluster instead (``_ray``;
+  ``named-data build --ray auto``), into the same bytes.
 - **Packing** (``_packing``): concatenate-and-chunk. The stream is cut into rows of
   ``seq_len``; ``segment_ids`` restart the numbering in every row and step after each eos,
   so a segment-masked attention never crosses documents; ``loss_mask`` is False wherever
