@@ -257,3 +257,14 @@ def test_two_hosts_building_one_shared_cache_split_its_pieces(corpus, reference,
     assert len(done[0]) + len(done[1]) < 2 * N_FILES  # not every piece twice
     for p, d in enumerate(done):
         assert not d or int(d[0]) % 2 == p  # each began with its own share
+
+
+def test_a_build_logs_its_progress(corpus, sharded, monkeypatch, caplog, tmp_path):
+    monkeypatch.setattr(_shards, "LOG_EVERY_S", 0.0)  # a line per piece (a cluster job's log has no bar)
+    with caplog.at_level("INFO", logger=_shards.__name__):
+        build(corpus, tmp_path / "c")
+    lines = [r.getMessage() for r in caplog.records if r.name == _shards.__name__]
+    assert [line.split(" (")[0] for line in lines] == [f"tokenised {i} of {N_FILES} pieces" for i in range(1, 7)] + [
+        f"tokenised {N_FILES} of {N_FILES} pieces"
+    ]
+    assert "tokens/s" in lines[-1]
