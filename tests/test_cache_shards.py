@@ -229,7 +229,7 @@ _HOST_BUILD = """
 import sys, time
 from pathlib import Path
 from named.trainer.data import ByteTokenizer, DataConfig, LocalShards, token_stream, _shards
-_shards.WORKERS = 1
+_shards.SHARDED_MIN_BYTES, _shards.WORKERS = 0, 1
 p, corpus, cache, log = int(sys.argv[1]), sys.argv[2], sys.argv[3], Path(sys.argv[4])
 
 class Slow(ByteTokenizer):

@@ -34,6 +34,11 @@ TESTS = Path(__file__).resolve().parent
 N_FILES = 6
 
 
+def shard_everything(monkeypatch) -> None:
+    """The corpora here are small: built from shards all the same (the reference builds, before this, in one pass)."""
+    monkeypatch.setattr(_shards, "SHARDED_MIN_BYTES", 0)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def local_ray():
     # Ray's processes inherit this environment: its workers then import the tokenizers above by name.
@@ -55,11 +60,12 @@ def caches(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in folder.iterdir()}
 
 
-def test_named_data_build_on_ray_of_the_stdlib_corpus_is_the_local_build(tmp_path, capsys):
+def test_named_data_build_on_ray_of_the_stdlib_corpus_is_the_local_build(tmp_path, capsys, monkeypatch):
     flags = ["build", "--config", "gpt2_nano", "--data.stdlib_bytes", "300000", "--data.cache_dir"]
     local, on_ray = tmp_path / "local", tmp_path / "ray"
     assert cli.main_data([*flags, str(local)]) == 0
     local_report = capsys.readouterr().out
+    shard_everything(monkeypatch)
     assert cli.main_data([*flags, str(on_ray), "--ray", "auto"]) == 0  # "auto": the Ray this process started
     assert capsys.readouterr().out == local_report.replace(str(local), str(on_ray))  # the same splits
     assert len(caches(local)) == 1 and caches(on_ray) == caches(local)
@@ -85,6 +91,7 @@ def test_a_ray_build_of_a_parquet_mixture_is_the_local_build(tmp_path, monkeypat
         seq_len=32,
     )
     build_data(DataConfig(**cfg, cache_dir=str(tmp_path / "local")), ByteTokenizer())  # one pass each, no shards
+    shard_everything(monkeypatch)
     monkeypatch.setattr(_shards, "PIECE_BYTES", 2000)  # the larger Parquet files are cut at row groups
     jobs = []
 
@@ -112,8 +119,9 @@ def corpus(tmp_path) -> tuple[str, bytes]:
     return glob, reference
 
 
-def test_a_worker_killed_mid_shard_is_retried(corpus, tmp_path):
+def test_a_worker_killed_mid_shard_is_retried(corpus, tmp_path, monkeypatch):
     glob, reference = corpus
+    shard_everything(monkeypatch)
     marker = tmp_path / "killed"
     cache = tmp_path / "c"
     with pytest.raises(ClusterError, match=r"f2\.txt failed on every try \(1\)"):  # no retries: the death is reported
@@ -126,8 +134,9 @@ def test_a_worker_killed_mid_shard_is_retried(corpus, tmp_path):
     assert list(caches(cache).values()) == [reference]  # ... and its task ran again, to the same bytes
 
 
-def test_a_failed_ray_build_resumes_from_its_shards(corpus, tmp_path):
+def test_a_failed_ray_build_resumes_from_its_shards(corpus, tmp_path, monkeypatch):
     glob, reference = corpus
+    shard_everything(monkeypatch)
     cache = tmp_path / "c"
     with pytest.raises(Exception, match="file 3"):
         token_stream([glob], FailOn("file 3 "), DataConfig(cache_dir=str(cache)), runner=RayShards())
@@ -140,7 +149,8 @@ def test_a_failed_ray_build_resumes_from_its_shards(corpus, tmp_path):
     assert list(caches(cache).values()) == [reference]
 
 
-def test_bad_input_in_a_ray_task_is_named_and_leaves_nothing(tmp_path):
+def test_bad_input_in_a_ray_task_is_named_and_leaves_nothing(tmp_path, monkeypatch):
+    shard_everything(monkeypatch)
     for i in range(3):
         (tmp_path / f"d{i}.txt").write_bytes(b"fine text " * 50 if i != 1 else b"bad \xff byte")
     with pytest.raises(DataError, match=r"d1\.txt:1: not valid UTF-8"):

@@ -37,8 +37,9 @@ def build_data(cfg: DataConfig, tokenizer: Tokenizer | None = None, *, runner: S
 
     Every check that needs no tokenising (tokenizer file, globs, Parquet and Arrow columns,
     pre-tokenised headers and ids, of train and validation sources alike) runs before any
-    tokenising starts. ``runner`` tokenises the shards of every text cache that is missing
-    (``RayShards``: on a Ray cluster); chat caches are built here in one pass either way.
+    tokenising starts. ``runner`` tokenises the shards of every missing text cache large enough
+    to be sharded (``RayShards``: on a Ray cluster); smaller ones and chat caches are built here
+    in one pass either way.
     """
     if not cfg.train:  # checked here, not in DataConfig: token_stream takes a config for its settings alone
         raise DataError("data.train is empty; list at least one file, glob or 'stdlib'")
@@ -80,7 +81,7 @@ def token_stream(
     runner: ShardRunner | None = None,
 ) -> TokenStream:
     """All tokens of ``specs``: the documents of text, JSONL, Parquet and Arrow files first (one
-    cache file, built in shards by ``runner`` if given), then the pre-tokenised files in order."""
+    cache file; a large one built in shards by ``runner`` if given), then the pre-tokenised files in order."""
     text, pretokenized, _ = _checked_sources(specs, tokenizer, cfg, text_field)
     return _token_stream(text, pretokenized, tokenizer, cfg, runner)
 

@@ -10,8 +10,8 @@ a cache file holds only ids the model can embed, and is never re-scanned when re
 Files appear only complete: they are written under a temporary name in the same folder,
 fsynced, then renamed (``os.replace`` is atomic), so readers never see a partial file and
 processes building the same cache at once just race to an identical result. A corpus of
-64 MB or more (or built with a runner, such as a Ray cluster's) is built from shards of its files
-and Parquet row groups, resumably (``_shards``).
+64 MB or more is built from shards of its files and Parquet row groups, resumably, by this
+machine's cores or a runner such as a Ray cluster's (``_shards``).
 
 A chat source (``_chat``) is cached as a pair: its token file and a flag file of one byte per
 token (``flags-<key>.uint8.bin``: which tokens carry loss, where documents start), keyed also
@@ -67,7 +67,7 @@ def cached_tokens(
     files: Sequence[SourceFile], tokenizer: Tokenizer, cache_dir: str | Path, runner: ShardRunner | None = None
 ) -> np.memmap:
     """Tokens of the documents of ``files`` (text, JSONL, Parquet, Arrow) joined by eos, from
-    the cache or tokenised into it: in shards by ``runner`` if one is given (``_shards``).
+    the cache or tokenised into it: a large corpus in shards, by ``runner`` if one is given (``_shards``).
 
     Raises DataError naming the document if the tokenizer gives an id outside
     ``[0, tokenizer.vocab_size)``, and naming the cache file if it cannot be written
@@ -136,7 +136,7 @@ def _open_cache(path: Path) -> np.memmap:
 def _tokenize_into(
     path: Path, files: Sequence[SourceFile], tokenizer: Tokenizer, dtype: np.dtype, runner: ShardRunner | None
 ) -> int:
-    if runner is not None or use_shards(files):
+    if use_shards(files):
         return build_sharded(path, files, tokenizer, dtype, runner)
     with atomic_write(path) as f:
         n = encode_into(f, iter_documents(files), tokenizer, dtype)

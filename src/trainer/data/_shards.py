@@ -1,7 +1,6 @@
 """Large cache builds: the corpus cut into pieces, each tokenised into a shard by a worker, resumably.
 
-A corpus of at least ``SHARDED_MIN_BYTES`` (or any corpus built with a runner, such as a Ray
-cluster's: ``_ray``) is cut into *pieces*: a whole file each, except that a Parquet file larger
+A corpus of at least ``SHARDED_MIN_BYTES`` is cut into *pieces*: a whole file each, except that a Parquet file larger
 than ``PIECE_BYTES`` is cut at row-group boundaries into runs of about that many bytes. Piece
 ``i`` is tokenised into shard ``i`` of a hidden folder beside the cache file
 (``.shards-<cache file name>/``), written atomically, so a build that is killed keeps every
@@ -21,7 +20,7 @@ hold JAX's threads) when the tokenizer can be loaded again from its ``load_spec`
 tokenizer and ``tokenizer.json`` files), each with the ``tokenizers`` library's own thread
 pool off, since the processes already fill the cores. Only plain values cross to a worker:
 the piece, the tokenizer's spec and fingerprint, the shard path. A *runner* (``ShardRunner``)
-tokenises them elsewhere instead, with the same ``write_shard``.
+tokenises them elsewhere instead (a Ray cluster: ``_ray``), with the same ``write_shard``.
 """
 
 from __future__ import annotations
