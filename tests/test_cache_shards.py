@@ -8,9 +8,18 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from named.trainer.data import ByteTokenizer, DataConfig, DataError, _shards, token_stream
+from named.trainer.data import (
+    ByteTokenizer,
+    DataConfig,
+    DataError,
+    LocalShards,
+    _shards,
+    resolve_sources,
+    token_stream,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 N_FILES = 6
@@ -171,3 +180,91 @@ def test_a_build_killed_with_sigkill_resumes_to_the_same_cache(corpus, reference
     assert sorted(p.name for p in cache.iterdir()) == [
         reference[0]
     ]  # the killed shard's temp file went with its folder
+
+
+def test_a_large_parquet_file_is_cut_at_row_groups_into_the_same_cache(sharded, monkeypatch, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    docs = [f"row {i} " + "ünïcode " * (i % 13) for i in range(500)]
+    pq.write_table(pa.table({"text": docs}), tmp_path / "big.parquet", row_group_size=50)  # 10 row groups
+    spec = [str(tmp_path / "big.parquet")]
+    monkeypatch.setattr(_shards, "SHARDED_MIN_BYTES", 1 << 40)
+    token_stream(spec, ByteTokenizer(), DataConfig(cache_dir=str(tmp_path / "single")))  # one pass
+    monkeypatch.setattr(_shards, "SHARDED_MIN_BYTES", 0)
+    monkeypatch.setattr(_shards, "PIECE_BYTES", 1500)
+    pieces, tokenize = [], _shards._tokenize
+
+    def recording(jobs, *args):
+        pieces.extend(p.row_groups for p, _ in jobs)
+        tokenize(jobs, *args)
+
+    monkeypatch.setattr(_shards, "_tokenize", recording)
+    token_stream(spec, ByteTokenizer(), DataConfig(cache_dir=str(tmp_path / "cut")))
+    assert len(pieces) > 2 and pieces[0][0] == 0 and pieces[-1][1] == 10
+    assert all(a[1] == b[0] for a, b in zip(pieces, pieces[1:]))  # runs of row groups, in order, none left out
+    assert cache_file(tmp_path / "cut").read_bytes() == cache_file(tmp_path / "single").read_bytes()
+
+
+def test_a_host_tokenises_its_share_first_then_the_others_from_the_end(corpus, reference, sharded, tmp_path):
+    cache = tmp_path / "c"
+    folder = cache / f".shards-{reference[0]}"
+    piece_4 = _shards.pieces(resolve_sources([str(corpus / "*.txt")]))[4]
+
+    class BesideHostZero(ByteCounting):
+        """Process 1 of 2; while it tokenises file 5, host 0 writes the shard of file 4."""
+
+        def encode_batch(self, texts):
+            if texts[0].startswith("file 5 "):
+                _shards.write_shard(folder / "000004.bin", piece_4, ByteTokenizer(), np.dtype(np.uint16))
+            return super().encode_batch(texts)
+
+    host = BesideHostZero()
+    token_stream([str(corpus / "*.txt")], host, DataConfig(cache_dir=str(cache)), runner=LocalShards(1, 2))
+    assert host.seen == ["1", "3", "5", "2", "0"]  # its own share, then host 0's from the end, 4 skipped
+    assert cache_file(cache).read_bytes() == reference[1]
+
+
+_HOST_BUILD = """
+import sys, time
+from pathlib import Path
+from named.trainer.data import ByteTokenizer, DataConfig, LocalShards, token_stream, _shards
+_shards.SHARDED_MIN_BYTES, _shards.WORKERS = 0, 1
+p, corpus, cache, log = int(sys.argv[1]), sys.argv[2], sys.argv[3], Path(sys.argv[4])
+
+class Slow(ByteTokenizer):
+    def encode_batch(self, texts):
+        with log.open("a") as f:
+            f.write(texts[0].split(" ")[1] + "\\n")
+        time.sleep(0.5)
+        return super().encode_batch(texts)
+
+token_stream([corpus], Slow(), DataConfig(cache_dir=cache), runner=LocalShards(p, 2))
+"""
+
+
+def test_two_hosts_building_one_shared_cache_split_its_pieces(corpus, reference, tmp_path):
+    from _procs import run_workers
+
+    cache = tmp_path / "shared"
+    logs = [tmp_path / f"host{p}.log" for p in range(2)]
+    argv = [["-c", _HOST_BUILD, str(p), str(corpus / "*.txt"), str(cache), str(logs[p])] for p in range(2)]
+    codes, outs = run_workers(argv, {**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=120)
+    assert codes == [0, 0], outs
+    assert sorted(p.name for p in cache.iterdir()) == [reference[0]] and cache_file(cache).read_bytes() == reference[1]
+    done = [log.read_text().split() if log.exists() else [] for log in logs]
+    assert sorted({int(f) for d in done for f in d}) == list(range(N_FILES))
+    assert len(done[0]) + len(done[1]) < 2 * N_FILES  # not every piece twice
+    for p, d in enumerate(done):
+        assert not d or int(d[0]) % 2 == p  # each began with its own share
+
+
+def test_a_build_logs_its_progress(corpus, sharded, monkeypatch, caplog, tmp_path):
+    monkeypatch.setattr(_shards, "LOG_EVERY_S", 0.0)  # a line per piece (a cluster job's log has no bar)
+    with caplog.at_level("INFO", logger=_shards.__name__):
+        build(corpus, tmp_path / "c")
+    lines = [r.getMessage() for r in caplog.records if r.name == _shards.__name__]
+    assert [line.split(" (")[0] for line in lines] == [f"tokenised {i} of {N_FILES} pieces" for i in range(1, 7)] + [
+        f"tokenised {N_FILES} of {N_FILES} pieces"
+    ]
+    assert "tokens/s" in lines[-1]

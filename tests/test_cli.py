@@ -56,7 +56,13 @@ def test_replaced_mappings_are_still_checked(capsys):
 
 
 @pytest.mark.parametrize(
-    "main, prog", [(cli.main_train, "named-train"), (cli.main_plan, "named-plan"), (cli.main_sample, "named-sample")]
+    "main, prog",
+    [
+        (cli.main_train, "named-train"),
+        (cli.main_plan, "named-plan"),
+        (cli.main_sample, "named-sample"),
+        (cli.main_data, "named-data"),
+    ],
 )
 def test_without_the_training_extras_one_line_says_what_to_install(monkeypatch, capsys, main, prog):
     real = importlib.util.find_spec
@@ -64,3 +70,35 @@ def test_without_the_training_extras_one_line_says_what_to_install(monkeypatch, 
     assert main(["--config", "gpt2_nano"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"error: {prog} needs the training extras (draccus not installed): pip install 'named-jax[train]'"]
+
+
+def test_named_data_build_writes_the_cache_training_reads(tmp_path, capsys):
+    cache = tmp_path / "cache"
+    flags = ["--config", "gpt2_nano", "--data.cache_dir", str(cache), "--data.stdlib_bytes", "200000"]
+    assert cli.main_data(["build", *flags]) == 0
+    out = capsys.readouterr().out
+    [built] = cache.iterdir()
+    assert f"  {built}" in out.splitlines() and "train: " in out and "validation: " in out
+    from named.trainer.data import build_data
+
+    before = built.stat().st_mtime_ns
+    cfg = load_config(cli.resolve_config("gpt2_nano"), flags[2:])
+    build_data(cfg.data)  # what named-train does first: the file is there, so it is only mapped
+    assert list(cache.iterdir()) == [built] and built.stat().st_mtime_ns == before
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["build", "--config", "gpt2_nano", "--ray", "nonsense"], "--ray 'nonsense': give 'auto'"),
+        (["build", "--config", "gpt2_nano", "--ray", "127.0.0.1:1"], "cannot reach the Ray cluster at '127.0.0.1:1'"),
+        (["build", "--config", "gpt2_nano", "--data.train", "[/no/such/file.txt]"], "/no/such/file.txt"),
+        (["bild", "--config", "gpt2_nano"], "invalid choice: 'bild'"),
+    ],
+)
+def test_named_data_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, says):
+    pytest.importorskip("ray") if "--ray" in argv else None
+    assert cli.main_data([*argv, "--data.cache_dir", str(tmp_path / "c")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and says in err and "Traceback" not in err
+    assert not (tmp_path / "c").exists()

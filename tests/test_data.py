@@ -553,3 +553,45 @@ def test_data_imports_no_models_and_no_training_stack():
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+_HOST = """
+import sys
+import numpy as np
+from named.trainer.data import ByteTokenizer, DataConfig, Sequences, TrainBatches, build_data
+
+p, n, corpus, cache, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+asked = []
+rows = Sequences.rows
+Sequences.rows = lambda self, idx: asked.append(np.asarray(idx).copy()) or rows(self, idx)
+data = build_data(DataConfig(train=[corpus], cache_dir=cache, seq_len=16, val_fraction=0), ByteTokenizer())
+batches = TrainBatches(data.train, batch_size=8, seed=5, process_index=p, process_count=n)
+got = [batches.batch_at(step) for step in range(3)]
+np.savez(out, asked=np.stack(asked), **{f"{k}{s}": b[k] for s, b in enumerate(got) for k in range(3)})
+"""
+
+
+def test_two_hosts_each_read_their_own_share_of_a_shared_cache(tmp_path):
+    """Two processes (hosts) open one cache folder, built beforehand (named-data build): neither
+    tokenises nor writes anything, and each reads only its block of rows of every global batch."""
+    from _procs import run_workers
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"document {i}: " + "words " * (i % 9) + "\n" for i in range(400)))
+    cache = tmp_path / "shared"
+    cfg = DataConfig(train=[str(corpus)], cache_dir=str(cache), seq_len=16, val_fraction=0)
+    whole = TrainBatches(build_data(cfg, BYTE).train, batch_size=8, seed=5)
+    [built] = cache.iterdir()
+    before = built.stat()
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    argv = [["-c", _HOST, str(p), "2", str(corpus), str(cache), str(tmp_path / f"host{p}.npz")] for p in range(2)]
+    codes, outs = run_workers(argv, env, timeout=120)
+    assert codes == [0, 0], outs
+    assert list(cache.iterdir()) == [built] and built.stat().st_mtime_ns == before.st_mtime_ns  # mapped, not rebuilt
+    hosts = [np.load(tmp_path / f"host{p}.npz") for p in range(2)]
+    for step in range(3):
+        rows = whole.global_indices(step)
+        for p, h in enumerate(hosts):
+            assert h["asked"][step].tolist() == rows[4 * p : 4 * p + 4].tolist()  # its block of rows, no other
+        for k, field in enumerate(whole.batch_at(step)):
+            assert np.array_equal(np.concatenate([h[f"{k}{step}"] for h in hosts]), field)

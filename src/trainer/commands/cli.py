@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib.resources
 import importlib.util
+import logging
 import os
 import subprocess
 import sys
@@ -189,55 +190,6 @@ def main_sample(argv: list[str] | None = None) -> int:
     return _guarded(body)
 
 
-def main_data(argv: list[str] | None = None) -> int:
-    """``named-data show --config NAME [--rows 3] [--start 0] [--split train] [--source NAME]
-    [--section.key value ...]``: packed rows as the model sees them, each sample on its line and
-    the tokens that carry loss in ``[[...]]`` (``data._show``)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if (code := _missing_extras("named-data")) is not None:
-        return code
-    p = _ArgumentParser(
-        prog="named-data",
-        allow_abbrev=False,
-        description="Show packed rows of a config's data: the sample boundaries and the tokens that carry loss.",
-        epilog="Any config key can be overridden as in named-train: --section.key value.",
-    )
-    p.add_argument("command", choices=["show"])
-    _config_flags(p)
-    p.add_argument("--rows", type=int, default=3, metavar="N", help="how many rows (default 3)")
-    p.add_argument("--start", type=int, default=0, metavar="ROW", help="the first row shown (default 0)")
-    p.add_argument("--split", choices=["train", "validation"], default="train")
-    p.add_argument("--source", metavar="NAME", help="one named source of data.train (default: all, as one range)")
-
-    def body() -> int:
-        from ..config import ConfigError, load_config
-        from ..data import Mixture, build_data
-        from ..data._show import show_rows
-
-        a, rest = p.parse_known_args(argv)
-        if a.rows < 1 or a.start < 0:
-            raise ConfigError(f"--rows must be at least 1 and --start at least 0, got {a.rows} and {a.start}")
-        data = build_data(load_config(_config_of(a), rest).data)
-        rows = data.train if a.split == "train" else data.validation
-        if rows is None:
-            raise ConfigError("--split validation: this config holds out no validation data (data.val_fraction: 0)")
-        if a.source is not None:
-            if a.split == "validation":
-                named = data.validation_sources
-            else:
-                named = dict(zip(rows.names, rows.sources)) if isinstance(rows, Mixture) else {}
-            if a.source not in named:
-                raise ConfigError(f"--source {a.source!r} is not a named source of data.{a.split}: {sorted(named)}")
-            rows = named[a.source]
-        if a.start >= len(rows):
-            raise ConfigError(f"--start {a.start} is past the {len(rows)} rows of the {a.split} split")
-        indices = range(a.start, min(a.start + a.rows, len(rows)))
-        print(show_rows(rows, data.tokenizer, list(indices), a.split if a.source is None else a.source))
-        return 0
-
-    return _guarded(body)
-
-
 def main_export(argv: list[str] | None = None) -> int:
     """``named-export --checkpoint RUN_DIR [--step N] --out FOLDER [--merge | --adapters-only]
     [--max-shard-size 2GB] [--overwrite]``: a checkpoint as a Hugging Face folder (see ``export``)."""
@@ -351,6 +303,88 @@ def main_plan(argv: list[str] | None = None) -> int:
         if a.search:
             print("\n" + search_report(cfg, target))
         return 0
+
+    return _guarded(body)
+
+
+def main_data(argv: list[str] | None = None) -> int:
+    """``named-data build --config NAME [--ray ADDRESS|auto] [--section.key value ...]``: tokenise the
+    config's data into ``data.cache_dir`` ahead of training, on this machine or a Ray cluster.
+    ``named-data show --config NAME [--rows 3] [--start 0] [--split train] [--source NAME]
+    [--section.key value ...]``: packed rows as the model sees them, each sample on its line and
+    the tokens that carry loss in ``[[...]]`` (``data._show``)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if (code := _missing_extras("named-data")) is not None:
+        return code
+    from ..config import ConfigError, load_config
+
+    p = _ArgumentParser(prog="named-data", allow_abbrev=False, description="Prepare or inspect a config's data.")
+    commands = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    epilog = "Any config key can be overridden as in named-train: --section.key value."
+    build = commands.add_parser(
+        "build",
+        allow_abbrev=False,
+        help="tokenise every source of the config's data section into its cache (data.cache_dir)",
+        epilog=epilog,
+    )
+    _config_flags(build)
+    build.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="tokenise on the Ray cluster at ADDRESS ('auto': the one this machine belongs to; "
+        "ray://HOST:10001 through Ray client); every node must see the sources and data.cache_dir",
+    )
+    show = commands.add_parser(
+        "show",
+        allow_abbrev=False,
+        help="packed rows of the config's data: the sample boundaries and the tokens that carry loss",
+        epilog=epilog,
+    )
+    _config_flags(show)
+    show.add_argument("--rows", type=int, default=3, metavar="N", help="how many rows (default 3)")
+    show.add_argument("--start", type=int, default=0, metavar="ROW", help="the first row shown (default 0)")
+    show.add_argument("--split", choices=["train", "validation"], default="train")
+    show.add_argument("--source", metavar="NAME", help="one named source of data.train (default: all, as one range)")
+
+    def run_build(a, rest) -> int:
+        from ..data import ClusterError
+        from .data import build_report
+
+        cfg = load_config(_config_of(a), rest)
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")  # the build's progress lines
+        try:
+            print(build_report(cfg.data, ray=a.ray))
+        except ClusterError as e:  # the cluster's fault, not the input's: as an OSError is
+            return _fail(e, 1)
+        return 0
+
+    def run_show(a, rest) -> int:
+        from ..data import Mixture, build_data
+        from ..data._show import show_rows
+
+        if a.rows < 1 or a.start < 0:
+            raise ConfigError(f"--rows must be at least 1 and --start at least 0, got {a.rows} and {a.start}")
+        data = build_data(load_config(_config_of(a), rest).data)
+        rows = data.train if a.split == "train" else data.validation
+        if rows is None:
+            raise ConfigError("--split validation: this config holds out no validation data (data.val_fraction: 0)")
+        if a.source is not None:
+            if a.split == "validation":
+                named = data.validation_sources
+            else:
+                named = dict(zip(rows.names, rows.sources)) if isinstance(rows, Mixture) else {}
+            if a.source not in named:
+                raise ConfigError(f"--source {a.source!r} is not a named source of data.{a.split}: {sorted(named)}")
+            rows = named[a.source]
+        if a.start >= len(rows):
+            raise ConfigError(f"--start {a.start} is past the {len(rows)} rows of the {a.split} split")
+        indices = range(a.start, min(a.start + a.rows, len(rows)))
+        print(show_rows(rows, data.tokenizer, list(indices), a.split if a.source is None else a.source))
+        return 0
+
+    def body() -> int:
+        a, rest = p.parse_known_args(argv)
+        return (run_build if a.command == "build" else run_show)(a, rest)
 
     return _guarded(body)
 

@@ -26,8 +26,10 @@ The pipeline, in the order data flows:
   document followed by eos; uint16 or uint32 as the vocabulary needs, the dtype in the file
   name), named by a hash of the file list and the tokenizer, written atomically, ids
   range-checked as they are written, and memory-mapped on every later run. Large corpora
-  are tokenised per file by worker processes into shards that survive an interrupted build
-  (``_shards``).
+  are tokenised by worker processes into shards (a file, or a run of Parquet row groups, each)
+  that survive an interrupted build (``_shards``); hosts building one shared cache split the
+  pieces (``LocalShards``), and ``RayShards`` tokenises them on a Ray cluster instead (``_ray``;
+  ``named-data build --ray auto``), into the same bytes.
 - **Packing** (``_packing``): concatenate-and-chunk (chat sources: whole samples, below). The stream is cut into rows of
   ``seq_len``; ``segment_ids`` restart the numbering in every row and step after each eos,
   so a segment-masked attention never crosses documents; ``loss_mask`` is False wherever
@@ -63,19 +65,24 @@ from ._encode import atomic_write
 from ._loader import TrainBatches, eval_batches, loader_throughput, num_eval_batches
 from ._mixture import JoinedRows, Mixture
 from ._packing import PAD_SEGMENT, Batch, Sequences, TokenStream, pack
+from ._ray import ClusterError, RayShards
+from ._shards import LocalShards
 from ._sources import SourceFile, open_pretokenized, resolve_sources, stdlib_files
 from ._tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer
 
 __all__ = [
     "PAD_SEGMENT",
     "STDLIB",
+    "RayShards",
     "Batch",
     "ByteTokenizer",
+    "ClusterError",
     "Data",
     "DataConfig",
     "DataError",
     "HFTokenizer",
     "JoinedRows",
+    "LocalShards",
     "Mixture",
     "PackedSequences",
     "Sequences",

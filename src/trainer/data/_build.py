@@ -15,6 +15,7 @@ from ._chat import ChatRules
 from ._hub import dataset_paths
 from ._mixture import JoinedRows, Mixture
 from ._packing import Sequences, TokenStream
+from ._shards import ShardRunner
 from ._sources import SourceFile, check_token_ids, open_pretokenized, resolve_sources
 from ._tokenizer import Tokenizer, check_tokenizer, load_tokenizer
 from .chat import ChatFormat
@@ -45,12 +46,14 @@ def _packed(rows) -> list[PackedSequences]:
     return [p for part in rows.sources for p in _packed(part)] if isinstance(rows, JoinedRows) else []
 
 
-def build_data(cfg: DataConfig, tokenizer: Tokenizer | None = None) -> Data:
+def build_data(cfg: DataConfig, tokenizer: Tokenizer | None = None, *, runner: ShardRunner | None = None) -> Data:
     """Load the tokenizer, check every source, tokenise (or reuse the cache), and split.
 
     Every check that needs no tokenising (tokenizer file, globs, Parquet and Arrow columns,
     pre-tokenised headers and ids, of train and validation sources alike) runs before any
-    tokenising starts.
+    tokenising starts. ``runner`` tokenises the shards of every missing text cache large enough
+    to be sharded (``RayShards``: on a Ray cluster); smaller ones and chat caches are built here
+    in one pass either way.
     """
     if not cfg.train:  # checked here, not in DataConfig: token_stream takes a config for its settings alone
         raise DataError("data.train is empty; list at least one file, glob or 'stdlib'")
@@ -63,8 +66,8 @@ def build_data(cfg: DataConfig, tokenizer: Tokenizer | None = None) -> Data:
     chat = _chat_format(cfg, tokenizer, [*train_specs, *val_specs])
     checked = [(s, _checked_sources(s, tokenizer, cfg, "train")) for s in train_specs]
     val_checked = [(s, _checked_sources(s, tokenizer, cfg, "validation")) for s in val_specs]
-    train = [_sequences(s, c, tokenizer, cfg, "train", chat, held_out=not val_specs) for s, c in checked]
-    validation = [_sequences(s, c, tokenizer, cfg, "validation", chat) for s, c in val_checked]
+    train = [_sequences(s, c, tokenizer, cfg, "train", chat, runner, held_out=not val_specs) for s, c in checked]
+    validation = [_sequences(s, c, tokenizer, cfg, "validation", chat, runner) for s, c in val_checked]
     if not validation and cfg.val_fraction > 0:
         held = [_hold_out(seqs, cfg, s) for s, seqs in zip(train_specs, train)]
         train, validation = [t for t, _ in held], [v for _, v in held]
@@ -81,11 +84,18 @@ def build_data(cfg: DataConfig, tokenizer: Tokenizer | None = None) -> Data:
     return data
 
 
-def token_stream(specs: Sequence[str], tokenizer: Tokenizer, cfg: DataConfig, text_field: str = "text") -> TokenStream:
+def token_stream(
+    specs: Sequence[str],
+    tokenizer: Tokenizer,
+    cfg: DataConfig,
+    text_field: str = "text",
+    *,
+    runner: ShardRunner | None = None,
+) -> TokenStream:
     """All tokens of ``specs``: the documents of text, JSONL, Parquet and Arrow files first (one
-    cache file), then the pre-tokenised files in order."""
+    cache file; a large one built in shards by ``runner`` if given), then the pre-tokenised files in order."""
     text, pretokenized, _ = _checked_sources(SourceSpec("", tuple(specs), text_field=text_field), tokenizer, cfg)
-    return _token_stream(text, pretokenized, tokenizer, cfg)
+    return _token_stream(text, pretokenized, tokenizer, cfg, runner)
 
 
 def _label(spec: SourceSpec, split: str) -> str:
@@ -139,11 +149,12 @@ def _sequences(
     cfg: DataConfig,
     split: str,
     chat: ChatFormat | None = None,
+    runner: ShardRunner | None = None,
     *,
     held_out: bool = False,
 ) -> Sequences | PackedSequences:
-    """A source's rows; ``held_out``: validation will be cut from them (whole packing then packs
-    the two parts later, each on its own)."""
+    """A source's rows, a large source's cache built in shards by ``runner`` if given; ``held_out``:
+    validation will be cut from them (whole packing then packs the two parts later, each on its own)."""
     text, pretokenized, label = checked
     try:
         if spec.format == "chat":
@@ -154,7 +165,7 @@ def _sequences(
                     return _Unpacked(stream, Documents.of(stream), label)
                 return _nonempty(_pack(stream, cfg, label, Documents.of(stream)), split)
         else:
-            stream = _token_stream(text, pretokenized, tokenizer, cfg)
+            stream = _token_stream(text, pretokenized, tokenizer, cfg, runner)
         return _nonempty(Sequences(stream, cfg.seq_len), split)
     except DataError as e:
         raise _named(e, label) from e.__cause__
@@ -214,9 +225,13 @@ def _named(e: DataError, label: str) -> DataError:
 
 
 def _token_stream(
-    text: list[SourceFile], pretokenized: list[np.ndarray], tokenizer: Tokenizer, cfg: DataConfig
+    text: list[SourceFile],
+    pretokenized: list[np.ndarray],
+    tokenizer: Tokenizer,
+    cfg: DataConfig,
+    runner: ShardRunner | None = None,
 ) -> TokenStream:
-    arrays = [cached_tokens(text, tokenizer, cfg.cache_dir)] if text else []
+    arrays = [cached_tokens(text, tokenizer, cfg.cache_dir, runner)] if text else []
     return TokenStream(arrays + pretokenized, tokenizer.eos_id)
 
 

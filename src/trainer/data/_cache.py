@@ -10,7 +10,8 @@ a cache file holds only ids the model can embed, and is never re-scanned when re
 Files appear only complete: they are written under a temporary name in the same folder,
 fsynced, then renamed (``os.replace`` is atomic), so readers never see a partial file and
 processes building the same cache at once just race to an identical result. A corpus of
-64 MB or more is built from per-file shards by worker processes, resumably (``_shards``).
+64 MB or more is built from shards of its files and Parquet row groups, resumably, by this
+machine's cores or a runner such as a Ray cluster's (``_shards``).
 
 A chat source (``_chat``) is cached as a pair: its token file and a flag file of one byte per
 token (``flags-<key>.uint8.bin``: which tokens carry loss, where documents start), keyed also
@@ -33,7 +34,7 @@ import numpy as np
 from ..config.data_section import DataError
 from ._chat import CHAT_FORMAT, DEFAULT_RULES, ChatRules, encode_chat_into
 from ._encode import _TEMP_PREFIX, CACHE_FORMAT, atomic_write, empty_corpus, encode_into
-from ._shards import build_sharded, use_shards
+from ._shards import ShardRunner, build_sharded, use_shards
 from ._sources import FIELD_KINDS, SourceFile, iter_documents, iter_records, memmap_tokens
 from ._tokenizer import Tokenizer, check_tokenizer
 from .chat import ChatFormat
@@ -63,9 +64,11 @@ def cache_key(files: Sequence[SourceFile], tokenizer: Tokenizer, chat: list | No
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
-def cached_tokens(files: Sequence[SourceFile], tokenizer: Tokenizer, cache_dir: str | Path) -> np.memmap:
+def cached_tokens(
+    files: Sequence[SourceFile], tokenizer: Tokenizer, cache_dir: str | Path, runner: ShardRunner | None = None
+) -> np.memmap:
     """Tokens of the documents of ``files`` (text, JSONL, Parquet, Arrow) joined by eos, from
-    the cache or tokenised into it.
+    the cache or tokenised into it: a large corpus in shards, by ``runner`` if one is given (``_shards``).
 
     Raises DataError naming the document if the tokenizer gives an id outside
     ``[0, tokenizer.vocab_size)``, and naming the cache file if it cannot be written
@@ -76,7 +79,7 @@ def cached_tokens(files: Sequence[SourceFile], tokenizer: Tokenizer, cache_dir: 
     cache_dir = Path(cache_dir).expanduser()
     path = cache_dir / f"tokens-{cache_key(files, tokenizer)}.{dtype.name}.bin"
     if not path.is_file():
-        _write_cache(path, files, lambda: _tokenize_into(path, files, tokenizer, dtype))
+        _write_cache(path, files, lambda: _tokenize_into(path, files, tokenizer, dtype, runner))
     return _open_cache(path)
 
 
@@ -133,9 +136,11 @@ def _open_cache(path: Path) -> np.memmap:
     return memmap_tokens(path, dtype)
 
 
-def _tokenize_into(path: Path, files: Sequence[SourceFile], tokenizer: Tokenizer, dtype: np.dtype) -> int:
+def _tokenize_into(
+    path: Path, files: Sequence[SourceFile], tokenizer: Tokenizer, dtype: np.dtype, runner: ShardRunner | None
+) -> int:
     if use_shards(files):
-        return build_sharded(path, files, tokenizer, dtype)
+        return build_sharded(path, files, tokenizer, dtype, runner)
     with atomic_write(path) as f:
         n = encode_into(f, iter_documents(files), tokenizer, dtype)
         if n == 0:

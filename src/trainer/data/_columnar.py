@@ -73,10 +73,10 @@ def check_text_column(path: Path, kind: str, field: str) -> None:
         raise DataError(f"{path}: column {field!r} holds {kind_of}, not strings; name a text column with text_field")
 
 
-def documents(path: Path, kind: str, field: str) -> Iterator[tuple[str, str]]:
-    """``(where, text)`` for each row of the text column; ``where`` names the row group or
-    record batch and the row in it."""
-    pieces = _parquet_pieces(path, field) if kind == "parquet" else _arrow_pieces(path, field)
+def documents(path: Path, kind: str, field: str, row_groups: range | None = None) -> Iterator[tuple[str, str]]:
+    """``(where, text)`` for each row of the text column (of ``row_groups`` only, for a Parquet
+    file, if given); ``where`` names the row group or record batch and the row in it."""
+    pieces = _parquet_pieces(path, field, row_groups) if kind == "parquet" else _arrow_pieces(path, field)
     for where, first, column in pieces:
         if column.null_count:
             row = first + column.is_null().to_pylist().index(True)
@@ -91,11 +91,18 @@ def documents(path: Path, kind: str, field: str) -> Iterator[tuple[str, str]]:
             yield f"{path}: {where}, row {row}", text
 
 
-def _parquet_pieces(path: Path, field: str):
+def row_group_bytes(path: Path) -> list[int]:
+    """The compressed size of each row group of a Parquet file (its footer alone is read)."""
+    meta = _open_parquet(path).metadata
+    groups = (meta.row_group(g) for g in range(meta.num_row_groups))
+    return [sum(rg.column(c).total_compressed_size for c in range(rg.num_columns)) for rg in groups]
+
+
+def _parquet_pieces(path: Path, field: str, row_groups: range | None):
     import pyarrow as pa
 
     pf = _open_parquet(path)
-    for group in range(pf.num_row_groups):
+    for group in range(pf.num_row_groups) if row_groups is None else row_groups:
         rows = 0
         try:
             for batch in pf.iter_batches(batch_size=_ROWS_PER_READ, row_groups=[group], columns=[field]):

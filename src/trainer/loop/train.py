@@ -32,6 +32,7 @@ from ..data import (
     Batch,
     Data,
     JoinedRows,
+    LocalShards,
     PackedSequences,
     Sequences,
     TrainBatches,
@@ -203,7 +204,9 @@ def build_run(cfg: TrainConfig) -> Run:
     if plan.restore_from is not None:  # a resume with another model or optimizer fails here, not after init
         opt_shapes = jax.eval_shape(lambda m: init_opt_state(cfg, m), setup.shapes)
         ckpt.check_restorable(plan.restore_from, (setup.shapes, opt_shapes))
-    data = build_data(cfg.data, setup.tokenizer)
+    # Hosts building one shared cache at once split its pieces between them (one host: None, the default).
+    shares = LocalShards(jax.process_index(), jax.process_count()) if jax.process_count() > 1 else None
+    data = build_data(cfg.data, setup.tokenizer, runner=shares)
     train_batches = TrainBatches(
         data.train,
         batch_size=t.train_batch_size,
