@@ -30,7 +30,8 @@ from test_kill_resume import (
     _restore_numpy,
     _start,
     _wait_for,
-)  # noqa: F401 - fixtures
+)
+from test_kill_resume import reference, workdir  # noqa: F401 - fixtures
 from test_multihost import CONFIG, compile_cache, corpus, finish, no_core_dumps, start_two  # noqa: F401 - fixtures
 from test_trainer import FSDP, tiny_args
 
