@@ -19,7 +19,7 @@ import time
 import jax
 import numpy as np
 import pytest
-from test_kill_resume import (
+from test_kill_resume import (  # noqa: F401 - fixtures
     INTERVAL,
     STEPS,
     WRITE_DELAY_S,
@@ -30,8 +30,9 @@ from test_kill_resume import (
     _restore_numpy,
     _start,
     _wait_for,
+    reference,
+    workdir,
 )
-from test_kill_resume import reference, workdir  # noqa: F401 - fixtures
 from test_multihost import CONFIG, compile_cache, corpus, finish, no_core_dumps, start_two  # noqa: F401 - fixtures
 from test_trainer import FSDP, tiny_args
 
