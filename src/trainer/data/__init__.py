@@ -55,6 +55,7 @@ from ..config.data_section import STDLIB, DataConfig, DataError, SourceSpec  # t
 from ._build import Data, build_data, token_stream
 from ._cache import cached_tokens, token_dtype
 from ._encode import atomic_write
+from ._fingerprint import changed_files, data_files, fingerprint
 from ._loader import TrainBatches, eval_batches, loader_throughput, num_eval_batches
 from ._mixture import Mixture
 from ._packing import PAD_SEGMENT, Batch, Sequences, TokenStream, pack
@@ -80,7 +81,10 @@ __all__ = [
     "atomic_write",
     "build_data",
     "cached_tokens",
+    "changed_files",
+    "data_files",
     "eval_batches",
+    "fingerprint",
     "load_tokenizer",
     "loader_throughput",
     "num_eval_batches",

@@ -27,8 +27,21 @@ from named.nn.precision import cast_for_compute, get_policy
 
 from .. import checkpoint as ckpt
 from ..checkpoint import rundir
+from ..checkpoint.run_places import DATA_FILES
 from ..config import TrainConfig, dump_config
-from ..data import Batch, Data, Sequences, TrainBatches, build_data, eval_batches, num_eval_batches
+from ..data import (
+    Batch,
+    Data,
+    DataError,
+    Sequences,
+    TrainBatches,
+    build_data,
+    changed_files,
+    data_files,
+    eval_batches,
+    fingerprint,
+    num_eval_batches,
+)
 from . import hardware
 from .checks import Setup, check_against_devices
 from .generate import sample_text
@@ -177,6 +190,8 @@ class Run:
     plan: rundir.RunPlan  # new run or resume, and from which checkpoint
     data: Data
     train_batches: TrainBatches
+    data_record: str  # the data files' fingerprint, for <run_dir>/data_files.json
+    new_data_record: bool = False  # it replaces the run's record (a fresh start, or a resume on changed data)
 
 
 def build_run(cfg: TrainConfig) -> Run:
@@ -192,6 +207,7 @@ def build_run(cfg: TrainConfig) -> Run:
     if plan.restore_from is not None:  # a resume with another model or optimizer fails here, not after init
         opt_shapes = jax.eval_shape(lambda m: init_opt_state(cfg, m), setup.shapes)
         ckpt.check_restorable(plan.restore_from, (setup.shapes, opt_shapes))
+    new_record = _check_data_unchanged(cfg, plan)  # before tokenising
     data = build_data(cfg.data, setup.tokenizer)
     train_batches = TrainBatches(
         data.train,
@@ -200,7 +216,34 @@ def build_run(cfg: TrainConfig) -> Run:
         process_index=jax.process_index(),
         process_count=jax.process_count(),
     )
-    return Run(setup, plan, data, train_batches)
+    record = json.dumps(fingerprint(data_files(cfg.data)), indent=1) + "\n"
+    return Run(setup, plan, data, train_batches, record, new_record)
+
+
+def _check_data_unchanged(cfg: TrainConfig, plan: rundir.RunPlan) -> bool:
+    """Whether this launch's data files replace the run directory's record of them. A resume over
+    files that changed since the run began (edited, replaced, added, removed) would train on other
+    rows at the same steps: refused, naming each file, unless ``trainer.resume_changed_data``."""
+    path = plan.run_dir / DATA_FILES
+    if plan.restore_from is None or not path.is_file():  # a fresh start, or a run older than the record
+        return plan.restore_from is None
+    current = fingerprint(data_files(cfg.data))
+    try:
+        recorded = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise DataError(f"{path} cannot be read ({e}); it is not a record this trainer wrote") from None
+    changed = changed_files(recorded if isinstance(recorded, dict) else {}, current)
+    if not changed:
+        return False
+    if not cfg.trainer.resume_changed_data:
+        raise DataError(
+            f"the data of the run in {plan.run_dir} changed since it began ({path}): {'; '.join(changed)}. "
+            f"Resuming at step {plan.step} would train on other rows than the run's order gives. Restore the "
+            "files, start a new run in another trainer.run_dir, or resume on the new data with "
+            "--trainer.resume_changed_data true. Nothing was written"
+        )
+    plan.notes.append(f"resuming on changed data (trainer.resume_changed_data): {'; '.join(changed)}")
+    return True
 
 
 def train(cfg: TrainConfig) -> TrainResult:
@@ -240,7 +283,8 @@ def train(cfg: TrainConfig) -> TrainResult:
         "config.yaml": dump_config(cfg),
         "model_config.json": json.dumps({"type": model_type(model_cfg), **dataclasses.asdict(model_cfg)}, indent=1),
     }
-    with rundir.claim(plan, files):
+    files[DATA_FILES] = run.data_record
+    with rundir.claim(plan, files, replace=(DATA_FILES,) if run.new_data_record else ()):
         return _train(cfg, run)
 
 
