@@ -1,4 +1,4 @@
-"""Console scripts: ``named-train``, ``named-sample``, ``named-plan``, ``named-export``.
+"""Console scripts: ``named-train``, ``named-sample``, ``named-plan``, ``named-export``, ``named-eval``.
 
 The boundary: bad input (one of our exception types: ConfigError, DataError, CheckpointError,
 TrainingError, a NamedError) prints ``error: ...`` and exits 2; an OSError the input did not
@@ -238,6 +238,48 @@ def main_export(argv: list[str] | None = None) -> int:
     return _guarded(body)
 
 
+def main_eval(argv: list[str] | None = None) -> int:
+    """``named-eval --checkpoint RUN_DIR --tasks T1,T2 [--include FOLDER] [--step N] [--limit N]
+    [--num-fewshot K] [--batch-size B]``: lm-evaluation-harness tasks on a checkpoint (see ``evaluate``)."""
+    if (code := _missing_extras("named-eval")) is not None:
+        return code
+    p = _ArgumentParser(
+        prog="named-eval",
+        allow_abbrev=False,
+        description="Score lm-evaluation-harness tasks on a checkpoint of a named-train run.",
+    )
+    p.add_argument(
+        "--checkpoint",
+        required=True,
+        metavar="RUN_DIR",
+        help="a run directory (its newest checkpoint, or --step) or a checkpoint folder <run_dir>/checkpoints/step_N",
+    )
+    p.add_argument("--tasks", required=True, help="lm-eval task names, comma-separated")
+    p.add_argument("--include", metavar="FOLDER", help="a folder of task YAML files of your own")
+    p.add_argument("--step", type=int, metavar="N", help="the step of the checkpoint (default: the newest)")
+    p.add_argument("--limit", type=int, metavar="N", help="score only the first N documents of each task")
+    p.add_argument("--num-fewshot", type=int, metavar="K", help="few-shot examples per prompt (default: the task's)")
+    p.add_argument("--batch-size", type=int, default=8, metavar="B", help="rows per forward pass (default 8)")
+    from .evaluate import evaluate_checkpoint
+
+    def body() -> int:
+        a = p.parse_args(sys.argv[1:] if argv is None else argv)
+        print(
+            evaluate_checkpoint(
+                Path(a.checkpoint),
+                [t.strip() for t in a.tasks.split(",")],
+                include=a.include,
+                step=a.step,
+                limit=a.limit,
+                num_fewshot=a.num_fewshot,
+                batch_size=a.batch_size,
+            )
+        )
+        return 0
+
+    return _guarded(body)
+
+
 def main_plan(argv: list[str] | None = None) -> int:
     """``named-plan --config NAME [--devices N] [--compile] [--search] [--section.key value ...]``:
     the mesh, every parameter's layout and bytes per device, an activation estimate and the
@@ -342,7 +384,7 @@ def _plan_in_child(argv: list[str], n: int) -> int:
 
 
 if __name__ == "__main__":  # `python -m named.trainer.commands.cli plan|train|sample ...`
-    _MAINS = {"plan": main_plan, "train": main_train, "sample": main_sample, "export": main_export}
+    _MAINS = {"plan": main_plan, "train": main_train, "sample": main_sample, "export": main_export, "eval": main_eval}
     if len(sys.argv) < 2 or sys.argv[1] not in _MAINS:
         sys.exit(f"usage: python -m named.trainer.commands.cli {{{'|'.join(_MAINS)}}} ...")
     sys.exit(_MAINS[sys.argv[1]](sys.argv[2:]))

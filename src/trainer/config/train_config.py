@@ -85,6 +85,19 @@ class TrainerConfig:
     sample_top_k: int | None = key(
         40, at_least(1), free=True, doc="samples draw from this many likeliest tokens (null: from all)"
     )
+    eval_harness_tasks: list[str] = key(
+        factory=list,
+        free=True,
+        doc="lm-evaluation-harness tasks scored every eval_harness_interval steps, logged as "
+        "`eval_harness/<task>/<metric>` (needs `pip install 'named-jax[eval]'`; see docs/finetune.md)",
+    )
+    eval_harness_interval: int = key(0, at_least(0), free=True, doc="score eval_harness_tasks every N steps (0: never)")
+    eval_harness_include: str | None = key(
+        None, NONEMPTY, free=True, doc="a folder of task YAML files of one's own, searched before lm-eval's registry"
+    )
+    eval_harness_limit: int | None = key(
+        None, at_least(1), free=True, doc="documents scored of each eval_harness task (null: all)"
+    )
     log_interval: int = key(10, at_least(0), free=True, doc="log every N steps (0: never)")
     run_dir: str = key(
         "runs/default", NONEMPTY, free=True, doc="where logs, config.yaml and (without checkpoint.base) checkpoints go"
@@ -580,6 +593,16 @@ def validate_static(cfg: TrainConfig) -> None:
     if t.train_batch_size % t.microbatches:
         raise ConfigError(
             f"trainer.train_batch_size={t.train_batch_size} is not divisible by trainer.microbatches={t.microbatches}"
+        )
+    if bool(t.eval_harness_tasks) != bool(t.eval_harness_interval):
+        raise ConfigError(
+            "trainer.eval_harness_tasks and trainer.eval_harness_interval go together: "
+            + (
+                f"set --trainer.eval_harness_interval N to score {', '.join(t.eval_harness_tasks)}"
+                if t.eval_harness_tasks
+                else f"trainer.eval_harness_interval={t.eval_harness_interval} names no tasks "
+                "(--trainer.eval_harness_tasks '[task, ...]')"
+            )
         )
     if cfg.mesh.batch_split > 1 and cfg.mesh.mode != "explicit":
         raise ConfigError(
