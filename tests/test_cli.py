@@ -64,3 +64,13 @@ def test_without_the_training_extras_one_line_says_what_to_install(monkeypatch, 
     assert main(["--config", "gpt2_nano"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"error: {prog} needs the training extras (draccus not installed): pip install 'named-jax[train]'"]
+
+
+def test_named_eval_without_lm_eval_says_what_to_install(monkeypatch, capsys, tmp_path):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "lm_eval" else real(name, *a))
+    assert cli.main_eval(["--checkpoint", str(tmp_path), "--tasks", "hellaswag"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "error: named-eval needs lm-evaluation-harness (lm_eval is not installed): pip install 'named-jax[eval]'"
+    ]

@@ -161,28 +161,57 @@ def main_train(argv: list[str] | None = None) -> int:
 
 
 def main_sample(argv: list[str] | None = None) -> int:
-    """``named-sample --checkpoint RUN_DIR_OR_CHECKPOINT (--prompt "def " | --chat "a user message") [--tokens 100]``"""
+    """``named-sample --checkpoint RUN_DIR_OR_CHECKPOINT (--prompt "def " | --chat ["a user message"]
+    [--system TEXT] [--messages FILE] | --messages FILE) [--tokens 100]``"""
     if (code := _missing_extras("named-sample")) is not None:
         return code
     p = _ArgumentParser(prog="named-sample")
     p.add_argument("--checkpoint", required=True, help="a run directory (newest checkpoint) or a checkpoint folder")
     p.add_argument("--prompt", default="")
+    from .sample import INTERACTIVE, chat_session, read_messages, sample_from_checkpoint
+
     p.add_argument(
         "--chat",
         metavar="MESSAGE",
-        help="a user message, rendered with the run's chat template; prints "
-        "the reply, which ends at the tokenizer's eos or end-of-turn token",
+        nargs="?",
+        const=INTERACTIVE,
+        help="a user message, rendered with the run's chat template; prints the reply, which ends at the "
+        "tokenizer's eos or end-of-turn token. Without MESSAGE: a conversation, one user message per "
+        "line of stdin (/reset starts over, /exit or end of input ends it)",
+    )
+    p.add_argument("--system", metavar="TEXT", help="a system prompt, first in the conversation")
+    p.add_argument(
+        "--messages",
+        metavar="FILE",
+        help="a conversation to continue: a JSON list of {role, content} or JSON Lines, one message per line",
     )
     p.add_argument("--tokens", type=int, default=100)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
-    from .sample import sample_from_checkpoint
 
     def body() -> int:
         a = p.parse_args(sys.argv[1:] if argv is None else argv)
+        messages = read_messages(Path(a.messages)) if a.messages is not None else None
+        if a.chat == INTERACTIVE:
+            return chat_session(
+                Path(a.checkpoint),
+                a.tokens,
+                temperature=a.temperature,
+                seed=a.seed,
+                system=a.system,
+                messages=messages,
+                prompt=a.prompt,
+            )
         print(
             sample_from_checkpoint(
-                Path(a.checkpoint), a.prompt, a.tokens, temperature=a.temperature, seed=a.seed, chat=a.chat
+                Path(a.checkpoint),
+                a.prompt,
+                a.tokens,
+                temperature=a.temperature,
+                seed=a.seed,
+                chat=a.chat,
+                system=a.system,
+                messages=messages,
             )
         )
         return 0
