@@ -86,6 +86,7 @@ def _loglikelihoods(result: dict, task: str) -> list[float]:
     return out
 
 
+@pytest.mark.slow
 def test_named_eval_equals_lm_evals_hf_backend_on_the_exported_folder(run, tmp_path):
     ours = evaluate_checkpoint(run, ["tiny_mc", "tiny_ppl"], include=TASKS, batch_size=8, samples=True)
     export(run, tmp_path / "hf")
@@ -103,6 +104,7 @@ def test_named_eval_equals_lm_evals_hf_backend_on_the_exported_folder(run, tmp_p
     assert len(load_tokenizer(load_config(run / "config.yaml").data.tokenizer).encode(long)) > 64
 
 
+@pytest.mark.slow
 def test_the_loop_logs_eval_harness_metrics_equal_to_named_eval(run):
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     logged = {k: v for r in rows if r["step"] == 2 for k, v in r.items() if k.startswith("eval_harness/")}
@@ -111,6 +113,7 @@ def test_the_loop_logs_eval_harness_metrics_equal_to_named_eval(run):
     assert logged == {f"eval_harness/{k}": v for k, v in ours.metrics.items()}
 
 
+@pytest.mark.slow
 def test_named_eval_cli_generates_and_names_bad_input(run, capsys):
     assert main_eval(["--checkpoint", str(run), "--tasks", "tiny_gen,tiny_mc", "--include", str(TASKS)]) == 0
     out = capsys.readouterr().out
