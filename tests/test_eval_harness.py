@@ -135,3 +135,34 @@ def test_eval_harness_keys_go_together():
         load_config(None, ["--trainer.eval_harness_tasks", "[tiny_mc]"])
     with pytest.raises(ConfigError, match="names no tasks"):
         load_config(None, ["--trainer.eval_harness_interval", "5"])
+
+
+def test_a_run_asking_for_tasks_without_lm_eval_is_refused_before_anything_is_written(monkeypatch, tmp_path):
+    import importlib.util
+
+    from named.trainer.loop.train import train
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "lm_eval" else real(name, *a))
+    cfg = load_config(
+        None,
+        [
+            "--trainer.eval_harness_tasks",
+            "[tiny_mc]",
+            "--trainer.eval_harness_interval",
+            "1",
+            "--trainer.run_dir",
+            str(tmp_path / "run"),
+            "--model.type",
+            "gpt2",
+            "--model.n_layer",
+            "1",
+            "--model.n_embd",
+            "16",
+            "--model.n_head",
+            "2",
+        ],
+    )
+    with pytest.raises(ConfigError, match=r"trainer.eval_harness_tasks needs lm-evaluation-harness.*\[eval\]"):
+        train(cfg)
+    assert not (tmp_path / "run").exists()
