@@ -52,11 +52,11 @@ starts where it can be known then, and never leaves a partial file behind.
 """
 
 from ..config.data_section import STDLIB, DataConfig, DataError, SourceSpec  # the section, declared with the others
-from ._build import Data, build_data, token_stream
+from ._build import Data, build_data, data_files, token_stream
 from ._cache import cached_tokens, token_dtype
 from ._chat import ROLES
 from ._encode import atomic_write
-from ._fingerprint import changed_files, data_files, fingerprint
+from ._fingerprint import changed_files, fingerprint
 from ._loader import TrainBatches, eval_batches, loader_throughput, num_eval_batches
 from ._mixture import Mixture
 from ._packing import PAD_SEGMENT, Batch, Sequences, TokenStream, pack

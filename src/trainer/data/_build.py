@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -48,10 +49,11 @@ def build_data(cfg: DataConfig, tokenizer: Tokenizer | None = None) -> Data:
     val_specs = cfg.sources("validation")
     chat = _chat_format(cfg, tokenizer, [*train_specs, *val_specs])
     checked = [
-        (s, _checked_sources(s.paths, tokenizer, cfg, s.text_field, _label(s, "train"), s.format)) for s in train_specs
+        (s, _checked_sources(_spec_paths(s), tokenizer, cfg, s.text_field, _label(s, "train"), s.format))
+        for s in train_specs
     ]
     val_checked = [
-        (s, _checked_sources(s.paths, tokenizer, cfg, s.text_field, _label(s, "validation"), s.format))
+        (s, _checked_sources(_spec_paths(s), tokenizer, cfg, s.text_field, _label(s, "validation"), s.format))
         for s in val_specs
     ]
     train = [_sequences(s, c, tokenizer, cfg, "train", chat) for s, c in checked]
@@ -74,6 +76,26 @@ def token_stream(specs: Sequence[str], tokenizer: Tokenizer, cfg: DataConfig, te
     cache file), then the pre-tokenised files in order."""
     text, pretokenized, _ = _checked_sources(specs, tokenizer, cfg, text_field)
     return _token_stream(text, pretokenized, tokenizer, cfg)
+
+
+def data_files(cfg: DataConfig) -> list[Path]:
+    """Every file ``build_data`` reads for ``cfg``, train and validation sources, in order, each once
+    (what a resume compares with the run's record: ``fingerprint``)."""
+    out: dict[Path, None] = {}
+    for split in ("train", "validation"):
+        for spec in cfg.sources(split):
+            try:
+                files = resolve_sources(_spec_paths(spec), stdlib_bytes=cfg.stdlib_bytes, text_field=spec.text_field)
+            except DataError as e:
+                raise _named(e, _label(spec, split)) from e.__cause__
+            for f in files:
+                out.setdefault(f.path, None)
+    return list(out)
+
+
+def _spec_paths(spec: SourceSpec) -> Sequence[str]:
+    """The paths, globs and folders a source reads: the one place ``build_data`` and ``data_files`` take them from."""
+    return spec.paths
 
 
 def _label(spec: SourceSpec, split: str) -> str:

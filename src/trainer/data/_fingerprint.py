@@ -2,9 +2,10 @@
 
 An order that resumes exactly (``_loader``) replays the right rows only over the same tokens: a file
 edited, replaced, added or removed since the run began gives other rows at the same steps. A run
-records, per resolved source file, its size, mtime and a SHA-256 of its first and last
-``BLOCK`` bytes (the whole file when it is smaller than two blocks); a resume compares. A file whose
-size or hashes differ changed; one that differs only in mtime (copied, touched) did not.
+records, per source file (``_build.data_files``: the files ``build_data`` reads), its size, mtime
+and a SHA-256 of its first and last ``BLOCK`` bytes (the whole file when it is smaller than two
+blocks); a resume compares. A file whose size or hashes differ changed; one that differs only in
+mtime (copied, touched) did not.
 """
 
 from __future__ import annotations
@@ -12,20 +13,9 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from ..config.data_section import DataConfig, DataError
-from ._sources import resolve_sources
+from ..config.data_section import DataError
 
 BLOCK = 1 << 20
-
-
-def data_files(cfg: DataConfig) -> list[Path]:
-    """Every file the ``data`` section reads, train and validation, in order, each once."""
-    out: dict[Path, None] = {}
-    for split in ("train", "validation"):
-        for spec in cfg.sources(split):
-            for f in resolve_sources(spec.paths, stdlib_bytes=cfg.stdlib_bytes, text_field=spec.text_field):
-                out.setdefault(f.path, None)
-    return list(out)
 
 
 def fingerprint(paths: list[Path]) -> dict[str, dict]:
