@@ -166,3 +166,31 @@ def test_a_run_asking_for_tasks_without_lm_eval_is_refused_before_anything_is_wr
     with pytest.raises(ConfigError, match=r"trainer.eval_harness_tasks needs lm-evaluation-harness.*\[eval\]"):
         train(cfg)
     assert not (tmp_path / "run").exists()
+
+
+def test_requests_are_tokenised_as_lm_evals_hf_backend_tokenises_them(tmp_path):
+    """A tokenizer whose post-processor adds a bos (as Llama 3's does), and special-token text in a
+    request: the ids and the prefix token equal those of lm-eval's HF backend, which scores from them."""
+    from lm_eval.models.huggingface import HFLM
+    from tokenizers import Tokenizer, processors
+
+    from named.trainer.loop.harness import HarnessLM
+
+    folder = make_chat_folder(tmp_path / "bos")
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    bos = tok.token_to_id("<|endoftext|>")
+    tok.post_processor = processors.TemplateProcessing(
+        single="<|endoftext|> $A", pair="<|endoftext|> $A $B", special_tokens=[("<|endoftext|>", bos)]
+    )
+    tok.save(str(folder / "tokenizer.json"))
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "bos_token": "<|endoftext|>"}))
+
+    ours = HarnessLM(None, load_tokenizer(str(folder)), max_length=64)
+    theirs = HFLM(pretrained=str(folder), dtype="float32", device="cpu")
+    assert ours.prefix_token_id == theirs.prefix_token_id == bos
+    for text in ("Two plus two is four.", "<|im_start|>user\nHi<|im_end|>", "<|endoftext|>Hello", ""):
+        assert ours.tok_encode(text) == theirs.tok_encode(text), text
+        assert ours.tok_encode(text, add_special_tokens=False) == theirs.tok_encode(text, add_special_tokens=False)
+    pair = ("Question: What is two plus two?\nAnswer: ", "four")
+    assert ours._encode_pair(*pair) == theirs._encode_pair(*pair)

@@ -61,6 +61,7 @@ class HarnessLM(TemplateLM):
     ):
         super().__init__()
         self.model, self._tok, self.max_length = model, tokenizer, max_length
+        self._hf = _as_transformers_reads(tokenizer)
         self.mesh, self.compute = mesh, dict(compute or {})
         self.batch_rows = math.ceil(max(batch_size, 1) / batch_multiple) * batch_multiple
 
@@ -89,7 +90,15 @@ class HarnessLM(TemplateLM):
         return bos if bos is not None else self._tok.eos_id
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
-        return list(self._tok.encode(string))
+        """``string``'s ids as lm-eval's HF backend takes them from ``transformers``: special-token
+        text parsed, and the tokenizer's own special tokens (a bos its post-processor adds) unless
+        ``add_special_tokens`` is False or the text already starts with the prefix token."""
+        if self._hf is None:  # the byte tokenizer: no special tokens to add or parse
+            return list(self._tok.encode(string))
+        if add_special_tokens is None:
+            prefix = self._hf.id_to_token(self.prefix_token_id)
+            add_special_tokens = not (prefix and string.startswith(prefix))
+        return self._hf.encode(string, add_special_tokens=add_special_tokens).ids
 
     def tok_decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids))
@@ -175,6 +184,17 @@ class HarnessLM(TemplateLM):
 
         with nm.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext():
             return continue_ids(self.model, ids, n_tokens, temperature=0.0, stop_ids=(self._tok.eos_id,))
+
+
+def _as_transformers_reads(tokenizer):
+    """The ``tokenizer.json`` of an HF tokenizer as ``transformers`` reads it (special-token text is
+    parsed, which our data pipeline never does), or None for the byte tokenizer."""
+    path = getattr(tokenizer, "path", None)
+    if path is None:
+        return None
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(path))
 
 
 def task_manager(tasks: Sequence[str], include: str | Path | None, what: str):
