@@ -298,6 +298,9 @@ RANGES = {
     "trainer.nan_policy": (NANO, ["ignore"], ["skip"]),
     "trainer.peak_flops_per_device": (NANO, ["0", "-1e12", "inf"], ["null", "1e12"]),
     "trainer.loss_block_size": (NANO, ["0", "-128"], ["null", "1", "128"]),  # a divisor of the vocab: SAME below
+    "trainer.eval_harness_interval": (NANO, ["-1"], ["0"]),  # more than 0 needs trainer.eval_harness_tasks
+    "trainer.eval_harness_include": (NANO, ['""'], ["null", "my_tasks"]),
+    "trainer.eval_harness_limit": (NANO, ["0", "-1"], ["null", "1"]),
     "optimizer.learning_rate": (NANO, ["0", "-0.001", "inf"], ["1e-9"]),
     "optimizer.weight_decay": (NANO, ["-0.1", "nan"], ["0"]),
     "optimizer.beta1": (NANO, ["-0.1", "1", "1.5"], ["0", "0.999"]),
@@ -308,6 +311,7 @@ RANGES = {
     "optimizer.decay_fraction": (NANO, ["0", "1.5"], ["1", "0.01"]),
     "optimizer.min_lr_ratio": (NANO, ["-0.1", "1.01"], ["0", "1"]),
     "optimizer.schedule": (NANO, ["sawtooth"], ["wsd"]),
+    "optimizer.schedule_steps": (NANO, ["0", "-1"], ["null", "300"]),  # at least the warmup: tests/test_optim.py
     "checkpoint.interval": (NANO, ["-1"], ["0"]),
     "checkpoint.keep_last": (NANO, ["0"], ["1"]),
     "checkpoint.keep_every": (NANO, ["0", "-3"], ["null", "1"]),

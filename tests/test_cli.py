@@ -102,3 +102,13 @@ def test_named_data_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, say
     err = capsys.readouterr().err
     assert err.startswith("error: ") and says in err and "Traceback" not in err
     assert not (tmp_path / "c").exists()
+
+
+def test_named_eval_without_lm_eval_says_what_to_install(monkeypatch, capsys, tmp_path):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "lm_eval" else real(name, *a))
+    assert cli.main_eval(["--checkpoint", str(tmp_path), "--tasks", "hellaswag"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "error: named-eval needs lm-evaluation-harness (lm_eval is not installed): pip install 'named-jax[eval]'"
+    ]

@@ -130,7 +130,7 @@ def test_sft_from_a_folder_then_export_loads_in_transformers_with_our_logits(dem
     ours_reply = capsys.readouterr().out.strip()
     assert ours_reply == "Four."  # learned from the data; the reply stops at <|im_end|>
     for bad, culprit in (
-        (["--chat", QUESTION, "--prompt", "x"], "--prompt or --chat, not both"),
+        (["--chat", QUESTION, "--prompt", "x"], "give --prompt or a conversation"),
         (["--chat", "  "], "--chat: the user message is empty"),
         (["--chat", QUESTION, "--tokens", "60"], "--tokens 60 after the"),
     ):

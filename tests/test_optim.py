@@ -62,3 +62,24 @@ def test_warmup_below_one_is_a_fraction_of_the_run(n):
     steps = schedule(OptimizerConfig(schedule="constant", learning_rate=1.0, warmup_steps=n // 10), n)
     assert [float(frac(s)) for s in range(n // 10 + 2)] == [float(steps(s)) for s in range(n // 10 + 2)]
     assert float(frac(n // 10 - 1)) < 1.0 == float(frac(n // 10))
+
+
+@pytest.mark.parametrize("kind", ["cosine", "linear", "wsd"])
+def test_schedule_steps_fixes_the_horizon_whatever_the_run_length(kind):
+    """A run of 100 steps whose schedule spans 40 follows the 40-step schedule, then its final rate
+    (a resume that raises num_train_steps keeps the rate it was following)."""
+    base = dict(schedule=kind, learning_rate=1.0, warmup_steps=0.1, min_lr_ratio=0.1)
+    short = schedule(OptimizerConfig(**base), 40)
+    kept = schedule(OptimizerConfig(**base, schedule_steps=40), 100)
+    assert [float(kept(s)) for s in range(41)] == [float(short(s)) for s in range(41)]
+    assert [float(kept(s)) for s in (41, 70, 100)] == pytest.approx([0.1] * 3, abs=1e-6)
+    assert OptimizerConfig(**base).same_schedule(40, 100) is False
+    assert OptimizerConfig(**{**base, "schedule": "constant", "warmup_steps": 5}).same_schedule(40, 100) is True
+    assert OptimizerConfig(**{**base, "schedule": "constant"}).same_schedule(40, 100) is False  # warmup: 4 vs 10
+
+
+def test_a_warmup_longer_than_schedule_steps_names_the_key():
+    from named.trainer.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"warmup_steps=30 is longer than optimizer.schedule_steps=20"):
+        load_config(None, ["--optimizer.warmup_steps", "30", "--optimizer.schedule_steps", "20"])

@@ -27,8 +27,10 @@ from _procs import xla_flags
 from test_bad_input import _COMPILES, _on_event
 
 from named.trainer import checkpoint as ckpt
+from named.trainer import data as data_pkg
 from named.trainer.checkpoint import rundir
 from named.trainer.config import ConfigError, load_config
+from named.trainer.data import DataError
 from named.trainer.loop.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -514,3 +516,52 @@ def test_a_failing_checkpoint_base_mkdir_names_the_key(tmp_path, monkeypatch):
         with rundir.claim(plan, {}):
             pass
     assert not (run_dir / "run.json").exists()
+
+
+def test_a_longer_resume_keeps_the_schedule_or_is_refused(corpus, tmp_path):
+    """Raising num_train_steps on resume would re-stretch a cosine schedule mid-run (the learning
+    rate jumping up): refused, unless optimizer.schedule_steps names the horizon to follow."""
+    cosine = {"optimizer.schedule": "cosine", "optimizer.min_lr_ratio": 0.1}
+    run_dir = tmp_path / "run"
+    train(_cfg(corpus, run_dir, **cosine))
+    _refused(
+        ConfigError,
+        r"trainer.num_train_steps=4: .*schedule of 2 steps.*re-stretch it to 4 steps.*from step 3 on.*"
+        r"--optimizer.schedule_steps 2.*--optimizer.schedule_steps 4",
+        _cfg(corpus, run_dir, **cosine, **{"trainer.num_train_steps": 4}),
+        run_dir,
+    )
+    train(_cfg(corpus, run_dir, **cosine, **{"trainer.num_train_steps": 4, "optimizer.schedule_steps": 2}))
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    lrs = {r["step"]: r["train/lr"] for r in rows if "train/lr" in r}
+    assert sorted(lrs) == [1, 2, 3, 4]
+    assert lrs[1] == pytest.approx(0.003) and lrs[2] < lrs[1]  # the first launch's 2-step cosine
+    assert lrs[3] == lrs[4] == pytest.approx(0.003 * 0.1)  # past the kept horizon: its final rate
+
+
+def test_a_data_file_edited_in_place_is_named_on_resume(corpus, tmp_path):
+    """The run records its data files' sizes and hashes; a resume over an edited file is refused
+    naming it (its rows would differ at the same steps), unless trainer.resume_changed_data."""
+    data = tmp_path / "code.txt"
+    data.write_text(CORPUS)
+    run_dir = tmp_path / "run"
+    over = {"data.train": f"[{data}]"}
+    train(_cfg(corpus, run_dir, **over))
+    recorded = json.loads((run_dir / "data_files.json").read_text())
+    assert list(recorded) == [str(data.resolve())]
+    os.utime(data, ns=(1, 1))  # touched, not changed: the same data
+    assert data_pkg.changed_files(recorded, data_pkg.fingerprint([data.resolve()])) == []
+    data.write_text(CORPUS.replace("h_1(", "g_1("))  # the same size, other tokens
+    _refused(
+        DataError,
+        rf"data of the run in {run_dir} changed.*{data.resolve()} \(same size, other content\).*"
+        r"--trainer.resume_changed_data true",
+        _cfg(corpus, run_dir, **over, **{"trainer.num_train_steps": 3}),
+        run_dir,
+    )
+    resumed = train(
+        _cfg(corpus, run_dir, **over, **{"trainer.num_train_steps": 3, "trainer.resume_changed_data": True})
+    )
+    assert len(resumed.losses) == 1
+    assert json.loads((run_dir / "data_files.json").read_text()) != recorded  # the new files are the record
+    assert "resuming on changed data" in (run_dir / "logs" / "process_0.log").read_text()

@@ -26,6 +26,7 @@ from .store import COMMIT_FILE, STEP_DIR
 CONFIG_FILE = "config.yaml"
 LOCK_FILE = ".lock"
 RUN_FILE = "run.json"  # the run's identity (see rundir)
+DATA_FILES = "data_files.json"  # the data files' sizes and hashes when the run began (loop.train)
 METRICS_FILE = "metrics.jsonl"  # one JSON object per line, each with the "step" it describes (loop.trackers)
 
 RUN_DIR, CHECKPOINT_FOLDER, CHECKPOINT = "run directory", "checkpoint folder", "checkpoint"

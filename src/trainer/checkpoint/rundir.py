@@ -68,7 +68,16 @@ from ..config import (  # noqa: F401  (TRAJECTORY_FREE, checkpoint_root: also th
     dump_config,
     explicit_checkpoint,
 )
-from .run_places import CHECKPOINT, CHECKPOINT_FOLDER, CONFIG_FILE, LOCK_FILE, METRICS_FILE, RUN_FILE, enclosing
+from .run_places import (
+    CHECKPOINT,
+    CHECKPOINT_FOLDER,
+    CONFIG_FILE,
+    DATA_FILES,
+    LOCK_FILE,
+    METRICS_FILE,
+    RUN_FILE,
+    enclosing,
+)
 
 __all__ = [
     "TRAJECTORY_FREE",
@@ -91,6 +100,7 @@ _ENTRIES = {
     METRICS_FILE: "file",
     LOCK_FILE: "file",
     RUN_FILE: "file",
+    DATA_FILES: "file",
 }
 
 # Process 0 decides for every process; how long the others wait for its decision (a dead
@@ -436,6 +446,8 @@ def _decide(cfg: TrainConfig) -> RunPlan:
                 f"{run_dir} has no {CONFIG_FILE}: only the seed and the tensors' shapes of "
                 f"{plan.restore_from} were checked against this config"
             )
+    if saved is not None and plan.step > 0 and t.num_train_steps:
+        _check_schedule(cfg, saved, plan)
     if t.num_train_steps and t.num_train_steps < plan.step:
         raise ConfigError(
             f"trainer.num_train_steps={t.num_train_steps}, but {plan.restore_from} in trainer.run_dir is at step "
@@ -443,6 +455,28 @@ def _decide(cfg: TrainConfig) -> RunPlan:
             "another trainer.run_dir"
         )
     return plan
+
+
+def _check_schedule(cfg: TrainConfig, saved: dict, plan: RunPlan) -> None:
+    """A resume keeps the learning-rate schedule the run has followed: a new ``num_train_steps``
+    that would re-stretch it is refused unless ``optimizer.schedule_steps`` says which horizon to take."""
+    o, steps = cfg.optimizer, cfg.trainer.num_train_steps
+    if o.schedule_steps is not None:
+        return  # an explicit horizon: the user's choice, kept or re-stretched
+    saved_opt = saved.get("optimizer") if isinstance(saved.get("optimizer"), dict) else {}
+    saved_steps = (saved.get("trainer") or {}).get("num_train_steps")
+    if not isinstance(saved_steps, int) or not saved_steps:
+        return
+    span = dataclasses.replace(o, schedule_steps=saved_opt.get("schedule_steps")).horizon(saved_steps)
+    if o.same_schedule(span, steps):
+        return
+    raise ConfigError(
+        f"trainer.num_train_steps={steps}: the run in {plan.run_dir} follows a learning-rate schedule of {span} "
+        f"steps (its {CONFIG_FILE}); resuming at step {plan.step} would re-stretch it to {steps} steps and change "
+        f"the learning rate from step {plan.step + 1} on. To keep the run's schedule (steps past {span} at its final "
+        f"rate), add --optimizer.schedule_steps {span}; to re-stretch it, add --optimizer.schedule_steps {steps}. "
+        "Nothing was written"
+    )
 
 
 def _agree(decide: Callable[[], RunPlan]) -> RunPlan:
@@ -505,10 +539,10 @@ def plan_run(cfg: TrainConfig) -> RunPlan:
 
 
 @contextlib.contextmanager
-def claim(plan: RunPlan, files: dict[str, str]) -> Iterator[None]:
+def claim(plan: RunPlan, files: dict[str, str], replace: tuple[str, ...] = ()) -> Iterator[None]:
     """Create the run directory and own it for the ``with`` block: process 0 holds the lock,
     checks that nothing changed since ``plan_run`` looked, and writes each of ``files``
-    (name -> text) that is absent, atomically. Never replaces a file."""
+    (name -> text) that is absent, atomically. Replaces no file but those named in ``replace``."""
     run_dir = plan.run_dir
     lock = None
     try:
@@ -526,7 +560,7 @@ def claim(plan: RunPlan, files: dict[str, str]) -> Iterator[None]:
                 _make_checkpoint_dir(plan.root)
             identity = {RUN_FILE: json.dumps({"id": plan.run_id}) + "\n"} if plan.run_id else {}
             for name, text in {**files, **identity}.items():
-                _write_if_absent(run_dir / name, text)
+                _write_if_absent(run_dir / name, text, replace=name in replace)
     except BaseException as e:
         if lock is not None:
             lock.release()
@@ -547,12 +581,12 @@ def _make_checkpoint_dir(base: Path) -> None:
         raise ConfigError(f"checkpoint.base {base}: cannot create {e.filename or base}: {e.strerror or e}") from None
 
 
-def _write_if_absent(path: Path, text: str) -> None:
-    if path.exists():
+def _write_if_absent(path: Path, text: str, *, replace: bool = False) -> None:
+    if path.exists() and not replace:
         return
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
-    os.rename(tmp, path)  # under the lock: nobody else creates it meanwhile
+    os.replace(tmp, path)  # under the lock: nobody else writes it meanwhile

@@ -1,4 +1,4 @@
-"""Console scripts: ``named-train``, ``named-sample``, ``named-plan``, ``named-export``, ``named-data``.
+"""Console scripts: ``named-train``, ``named-sample``, ``named-plan``, ``named-export``, ``named-data``, ``named-eval``.
 
 The boundary: bad input (one of our exception types: ConfigError, DataError, CheckpointError,
 TrainingError, a NamedError) prints ``error: ...`` and exits 2; an OSError the input did not
@@ -161,28 +161,57 @@ def main_train(argv: list[str] | None = None) -> int:
 
 
 def main_sample(argv: list[str] | None = None) -> int:
-    """``named-sample --checkpoint RUN_DIR_OR_CHECKPOINT (--prompt "def " | --chat "a user message") [--tokens 100]``"""
+    """``named-sample --checkpoint RUN_DIR_OR_CHECKPOINT (--prompt "def " | --chat ["a user message"]
+    [--system TEXT] [--messages FILE] | --messages FILE) [--tokens 100]``"""
     if (code := _missing_extras("named-sample")) is not None:
         return code
     p = _ArgumentParser(prog="named-sample")
     p.add_argument("--checkpoint", required=True, help="a run directory (newest checkpoint) or a checkpoint folder")
     p.add_argument("--prompt", default="")
+    from .sample import INTERACTIVE, chat_session, read_messages, sample_from_checkpoint
+
     p.add_argument(
         "--chat",
         metavar="MESSAGE",
-        help="a user message, rendered with the run's chat template; prints "
-        "the reply, which ends at the tokenizer's eos or end-of-turn token",
+        nargs="?",
+        const=INTERACTIVE,
+        help="a user message, rendered with the run's chat template; prints the reply, which ends at the "
+        "tokenizer's eos or end-of-turn token. Without MESSAGE: a conversation, one user message per "
+        "line of stdin (/reset starts over, /exit or end of input ends it)",
+    )
+    p.add_argument("--system", metavar="TEXT", help="a system prompt, first in the conversation")
+    p.add_argument(
+        "--messages",
+        metavar="FILE",
+        help="a conversation to continue: a JSON list of {role, content} or JSON Lines, one message per line",
     )
     p.add_argument("--tokens", type=int, default=100)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
-    from .sample import sample_from_checkpoint
 
     def body() -> int:
         a = p.parse_args(sys.argv[1:] if argv is None else argv)
+        messages = read_messages(Path(a.messages)) if a.messages is not None else None
+        if a.chat == INTERACTIVE:
+            return chat_session(
+                Path(a.checkpoint),
+                a.tokens,
+                temperature=a.temperature,
+                seed=a.seed,
+                system=a.system,
+                messages=messages,
+                prompt=a.prompt,
+            )
         print(
             sample_from_checkpoint(
-                Path(a.checkpoint), a.prompt, a.tokens, temperature=a.temperature, seed=a.seed, chat=a.chat
+                Path(a.checkpoint),
+                a.prompt,
+                a.tokens,
+                temperature=a.temperature,
+                seed=a.seed,
+                chat=a.chat,
+                system=a.system,
+                messages=messages,
             )
         )
         return 0
@@ -231,6 +260,48 @@ def main_export(argv: list[str] | None = None) -> int:
                 adapters_only=a.adapters_only,
                 max_shard_size=a.max_shard_size,
                 overwrite=a.overwrite,
+            )
+        )
+        return 0
+
+    return _guarded(body)
+
+
+def main_eval(argv: list[str] | None = None) -> int:
+    """``named-eval --checkpoint RUN_DIR --tasks T1,T2 [--include FOLDER] [--step N] [--limit N]
+    [--num-fewshot K] [--batch-size B]``: lm-evaluation-harness tasks on a checkpoint (see ``evaluate``)."""
+    if (code := _missing_extras("named-eval")) is not None:
+        return code
+    p = _ArgumentParser(
+        prog="named-eval",
+        allow_abbrev=False,
+        description="Score lm-evaluation-harness tasks on a checkpoint of a named-train run.",
+    )
+    p.add_argument(
+        "--checkpoint",
+        required=True,
+        metavar="RUN_DIR",
+        help="a run directory (its newest checkpoint, or --step) or a checkpoint folder <run_dir>/checkpoints/step_N",
+    )
+    p.add_argument("--tasks", required=True, help="lm-eval task names, comma-separated")
+    p.add_argument("--include", metavar="FOLDER", help="a folder of task YAML files of your own")
+    p.add_argument("--step", type=int, metavar="N", help="the step of the checkpoint (default: the newest)")
+    p.add_argument("--limit", type=int, metavar="N", help="score only the first N documents of each task")
+    p.add_argument("--num-fewshot", type=int, metavar="K", help="few-shot examples per prompt (default: the task's)")
+    p.add_argument("--batch-size", type=int, default=8, metavar="B", help="rows per forward pass (default 8)")
+    from .evaluate import evaluate_checkpoint
+
+    def body() -> int:
+        a = p.parse_args(sys.argv[1:] if argv is None else argv)
+        print(
+            evaluate_checkpoint(
+                Path(a.checkpoint),
+                [t.strip() for t in a.tasks.split(",")],
+                include=a.include,
+                step=a.step,
+                limit=a.limit,
+                num_fewshot=a.num_fewshot,
+                batch_size=a.batch_size,
             )
         )
         return 0
@@ -423,8 +494,15 @@ def _plan_in_child(argv: list[str], n: int) -> int:
     return subprocess.run([sys.executable, "-m", "named.trainer.commands.cli", "plan", *argv], env=env).returncode
 
 
-if __name__ == "__main__":  # `python -m named.trainer.commands.cli plan|train|sample|export|data ...`
-    _MAINS = {"plan": main_plan, "train": main_train, "sample": main_sample, "export": main_export, "data": main_data}
+if __name__ == "__main__":  # `python -m named.trainer.commands.cli plan|train|sample|export|data|eval ...`
+    _MAINS = {
+        "plan": main_plan,
+        "train": main_train,
+        "sample": main_sample,
+        "export": main_export,
+        "data": main_data,
+        "eval": main_eval,
+    }
     if len(sys.argv) < 2 or sys.argv[1] not in _MAINS:
         sys.exit(f"usage: python -m named.trainer.commands.cli {{{'|'.join(_MAINS)}}} ...")
     sys.exit(_MAINS[sys.argv[1]](sys.argv[2:]))

@@ -96,13 +96,7 @@ def export(
         raise ConfigError("give --merge or --adapters-only, not both")
     if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
         raise ConfigError(f"--step must be a checkpoint's step (an integer >= 0), got {step!r}")
-    run_dir, path = _locate(Path(checkpoint), step)
-    model_cfg = _model_config(run_dir)
-    if not (run_dir / "config.yaml").is_file():
-        raise ckpt.CheckpointError(f"{run_dir / 'config.yaml'} is missing: is {run_dir} a named-train run directory?")
-    cfg = load_config(run_dir / "config.yaml")
-    if path is None:
-        path = _checkpoint_of(run_dir, checkpoint_root(cfg), step)
+    run_dir, cfg, model_cfg, path = read_run(Path(checkpoint), step)
     kind = _kind(cfg, run_dir, merge, adapters_only)
     out = _check_out(Path(out), overwrite)
     if max_shard_size is not None:
@@ -112,7 +106,7 @@ def export(
             _parse_size(max_shard_size)
         except CheckpointFormatError as e:
             raise ConfigError(f"--max-shard-size: {e}") from None
-    model, metadata = _restore(cfg, model_cfg, path)
+    model, metadata, _ = restore_model(cfg, model_cfg, path)
     tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
     try:
         tmp.mkdir(parents=True)
@@ -141,6 +135,20 @@ def export(
 
 
 # ---- checks ------------------------------------------------------------------------------------------
+
+
+def read_run(checkpoint: Path, step: int | None = None) -> tuple[Path, TrainConfig, object, Path]:
+    """``(run_dir, config, model config, checkpoint)`` of ``--checkpoint`` (a run directory, its newest
+    checkpoint or the one of ``step``, or a checkpoint folder ``<run_dir>/checkpoints/step_N``), each
+    file checked, before anything is read from the checkpoint."""
+    run_dir, path = _locate(checkpoint, step)
+    model_cfg = _model_config(run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise ckpt.CheckpointError(f"{run_dir / 'config.yaml'} is missing: is {run_dir} a named-train run directory?")
+    cfg = load_config(run_dir / "config.yaml")
+    if path is None:
+        path = _checkpoint_of(run_dir, checkpoint_root(cfg), step)
+    return run_dir, cfg, model_cfg, path
 
 
 def _locate(path: Path, step: int | None) -> tuple[Path, Path | None]:
@@ -238,9 +246,9 @@ def _check_out(given: Path, overwrite: bool) -> Path:
 # ---- reading the checkpoint ----------------------------------------------------------------------------
 
 
-def _restore(cfg: TrainConfig, model_cfg, path):
-    """The checkpoint's model and metadata, on the run's mesh and parameter mapping when these devices can
-    hold it, else on one device."""
+def restore_model(cfg: TrainConfig, model_cfg, path):
+    """``(model, metadata, mesh)``: the checkpoint's model on the run's mesh and parameter mapping when
+    these devices can hold it, else on one device (mesh None)."""
     shapes = model_shapes(cfg, model_class(model_cfg), model_cfg)
     param = to_mapping(cfg.mesh.param_mapping)
     try:
@@ -257,7 +265,7 @@ def _restore(cfg: TrainConfig, model_cfg, path):
 
     target = jax.tree.map(leaf, shapes, is_leaf=nm.is_named_array)
     (model, _), metadata = ckpt.restore(path, (target, None), partial=True)
-    return model, metadata
+    return model, metadata, mesh
 
 
 def _one_dtype(model):

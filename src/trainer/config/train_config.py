@@ -86,6 +86,19 @@ class TrainerConfig:
     sample_top_k: int | None = key(
         40, at_least(1), free=True, doc="samples draw from this many likeliest tokens (null: from all)"
     )
+    eval_harness_tasks: list[str] = key(
+        factory=list,
+        free=True,
+        doc="lm-evaluation-harness tasks scored every eval_harness_interval steps, logged as "
+        "`eval_harness/<task>/<metric>` (needs `pip install 'named-jax[eval]'`; see docs/finetune.md)",
+    )
+    eval_harness_interval: int = key(0, at_least(0), free=True, doc="score eval_harness_tasks every N steps (0: never)")
+    eval_harness_include: str | None = key(
+        None, NONEMPTY, free=True, doc="a folder of task YAML files of one's own, searched before lm-eval's registry"
+    )
+    eval_harness_limit: int | None = key(
+        None, at_least(1), free=True, doc="documents scored of each eval_harness task (null: all)"
+    )
     log_interval: int = key(10, at_least(0), free=True, doc="log every N steps (0: never)")
     run_dir: str = key(
         "runs/default", NONEMPTY, free=True, doc="where logs, config.yaml and (without checkpoint.base) checkpoints go"
@@ -96,6 +109,12 @@ class TrainerConfig:
         doc="`auto`: resume the run in run_dir, or refuse; a "
         "checkpoint in the checkpoint root: resume from it; null: new runs only "
         "(see Run directories)",
+    )
+    resume_changed_data: bool = key(
+        False,
+        free=True,
+        doc="resume even when a data file changed since the run began (refused otherwise, naming the file; "
+        "see Run directories)",
     )
     precision: str = key(
         "params=float32,compute=float32,output=float32",
@@ -173,12 +192,28 @@ class OptimizerConfig:
     )
     decay_fraction: float = key(0.2, between(0, 1, low_open=True), doc="`wsd`: the share of steps in the final decay")
     min_lr_ratio: float = key(0.1, between(0, 1), doc="the final learning rate, as a fraction of the peak")
+    schedule_steps: int | None = key(
+        None,
+        at_least(1),
+        free=True,
+        doc="the steps the schedule spans, past which it stays at its final rate (null: trainer.num_train_steps); "
+        "a resume that changes trainer.num_train_steps must set it (see Run directories)",
+    )
+
+    def horizon(self, num_steps: int) -> int:
+        """The steps the schedule spans in a run of ``num_steps``: ``schedule_steps`` when set."""
+        return self.schedule_steps if self.schedule_steps is not None else num_steps
 
     def warmup(self, num_steps: int) -> int:
-        """Warmup in steps: ``warmup_steps``, or that fraction of ``num_steps`` when it is below 1
-        (so a shorter run, ``--trainer.num_train_steps 20``, keeps a proportionate warmup)."""
+        """Warmup in steps: ``warmup_steps``, or that fraction of the schedule's horizon when it is
+        below 1 (so a shorter run, ``--trainer.num_train_steps 20``, keeps a proportionate warmup)."""
         w = self.warmup_steps
-        return round(w * num_steps) if 0 < w < 1 else int(w)
+        return round(w * self.horizon(num_steps)) if 0 < w < 1 else int(w)
+
+    def same_schedule(self, steps_a: int, steps_b: int) -> bool:
+        """Whether runs of ``steps_a`` and ``steps_b`` steps follow one learning rate step by step."""
+        a, b = self.horizon(steps_a), self.horizon(steps_b)
+        return a == b or (self.schedule == "constant" and self.warmup(a) == self.warmup(b))
 
 
 @dataclass
@@ -568,6 +603,16 @@ def validate_static(cfg: TrainConfig) -> None:
         raise ConfigError(
             f"trainer.train_batch_size={t.train_batch_size} is not divisible by trainer.microbatches={t.microbatches}"
         )
+    if bool(t.eval_harness_tasks) != bool(t.eval_harness_interval):
+        raise ConfigError(
+            "trainer.eval_harness_tasks and trainer.eval_harness_interval go together: "
+            + (
+                f"set --trainer.eval_harness_interval N to score {', '.join(t.eval_harness_tasks)}"
+                if t.eval_harness_tasks
+                else f"trainer.eval_harness_interval={t.eval_harness_interval} names no tasks "
+                "(--trainer.eval_harness_tasks '[task, ...]')"
+            )
+        )
     if cfg.mesh.batch_split > 1 and cfg.mesh.mode != "explicit":
         raise ConfigError(
             f"mesh.batch_split={cfg.mesh.batch_split} needs mesh.mode: explicit (auto mode leaves the "
@@ -578,10 +623,12 @@ def validate_static(cfg: TrainConfig) -> None:
             f"optimizer.warmup_steps={o.warmup_steps} must be a whole number of steps, or a fraction "
             "of the run below 1 (0.1: a tenth of trainer.num_train_steps)"
         )
-    if t.num_train_steps and o.warmup(t.num_train_steps) > t.num_train_steps:  # 0 steps: a check-only run
+    span = o.horizon(t.num_train_steps)
+    if t.num_train_steps and o.warmup(t.num_train_steps) > span:  # 0 steps: a check-only run
+        what = "trainer.num_train_steps" if o.schedule_steps is None else "optimizer.schedule_steps"
         raise ConfigError(
-            f"optimizer.warmup_steps={o.warmup_steps:g} is longer than trainer.num_train_steps="
-            f"{t.num_train_steps}: lower it (--optimizer.warmup_steps {max(t.num_train_steps // 10, 1)}) "
+            f"optimizer.warmup_steps={o.warmup_steps:g} is longer than {what}="
+            f"{span}: lower it (--optimizer.warmup_steps {max(span // 10, 1)}) "
             "or give a fraction of the run (--optimizer.warmup_steps 0.1)"
         )
     from named.nn.precision import get_policy

@@ -59,9 +59,11 @@ starts where it can be known then, and never leaves a partial file behind.
 
 from ..config.data_section import STDLIB, DataConfig, DataError, SourceSpec  # the section, declared with the others
 from ._binpack import PackedSequences
-from ._build import Data, build_data, token_stream
+from ._build import Data, build_data, data_files, token_stream
 from ._cache import cached_tokens, token_dtype
+from ._chat import ROLES
 from ._encode import atomic_write
+from ._fingerprint import changed_files, fingerprint
 from ._loader import TrainBatches, eval_batches, loader_throughput, num_eval_batches
 from ._mixture import JoinedRows, Mixture
 from ._packing import PAD_SEGMENT, Batch, Sequences, TokenStream, pack
@@ -72,6 +74,7 @@ from ._tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer
 
 __all__ = [
     "PAD_SEGMENT",
+    "ROLES",
     "STDLIB",
     "RayShards",
     "Batch",
@@ -94,7 +97,10 @@ __all__ = [
     "atomic_write",
     "build_data",
     "cached_tokens",
+    "changed_files",
+    "data_files",
     "eval_batches",
+    "fingerprint",
     "load_tokenizer",
     "loader_throughput",
     "num_eval_batches",

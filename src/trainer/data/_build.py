@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -98,6 +99,27 @@ def token_stream(
     return _token_stream(text, pretokenized, tokenizer, cfg, runner)
 
 
+def data_files(cfg: DataConfig) -> list[Path]:
+    """Every file ``build_data`` reads for ``cfg``, train and validation sources, in order, each once
+    (what a resume compares with the run's record: ``fingerprint``)."""
+    out: dict[Path, None] = {}
+    for split in ("train", "validation"):
+        for spec in cfg.sources(split):
+            try:
+                files = resolve_sources(_spec_paths(spec), stdlib_bytes=cfg.stdlib_bytes, text_field=spec.text_field)
+            except DataError as e:
+                raise _named(e, _label(spec, split)) from e.__cause__
+            for f in files:
+                out.setdefault(f.path, None)
+    return list(out)
+
+
+def _spec_paths(spec: SourceSpec) -> Sequence[str]:
+    """The paths, globs and folders a source reads (a Hugging Face dataset's split: its files in the
+    Hub cache, ``_hub``): the one place ``build_data`` and ``data_files`` take them from."""
+    return dataset_paths(spec) if spec.hf_dataset is not None else spec.paths
+
+
 def _label(spec: SourceSpec, split: str) -> str:
     return f"data.{split} source {spec.name!r}: " if spec.name else ""
 
@@ -119,8 +141,7 @@ def _checked_sources(spec: SourceSpec, tokenizer: Tokenizer, cfg: DataConfig, sp
     check_tokenizer(tokenizer)
     label = _label(spec, split)
     try:
-        paths = dataset_paths(spec) if spec.hf_dataset is not None else spec.paths
-        files = resolve_sources(paths, stdlib_bytes=cfg.stdlib_bytes, text_field=spec.text_field)
+        files = resolve_sources(_spec_paths(spec), stdlib_bytes=cfg.stdlib_bytes, text_field=spec.text_field)
         if spec.format == "chat":
             _check_chat_files(files)
         pretokenized = [

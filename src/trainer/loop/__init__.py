@@ -5,6 +5,8 @@
 - ``registry``, ``model_init``, ``optim``: the model class, the model a run starts from, the optimizer;
 - ``loss``, ``train``: the train step and the loop (``build_run`` gives the ``Run``, ``train`` runs it);
 - ``generate``: text from a model, for the loop's samples and ``named-sample``;
+- ``harness``: lm-evaluation-harness tasks on a model, for ``trainer.eval_harness_*`` and ``named-eval``
+  (imports lm-eval, an optional extra: imported only when tasks are asked for);
 - ``trackers``, ``stop``: metrics and logs, stop signals and timed saves agreed across processes;
 - ``distributed``, ``hardware``: multi-process start-up, and what each accelerator can do.
 

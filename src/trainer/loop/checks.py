@@ -9,6 +9,7 @@ nothing is compiled, allocated or written.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import re
 from typing import Any
 
@@ -45,6 +46,15 @@ class Setup:
     mesh: jax.sharding.Mesh
     compute: dict
     param: dict
+
+
+def require_harness(what: str) -> None:
+    """ConfigError naming ``what`` and the install line when lm-evaluation-harness is not installed
+    (``loop.harness`` imports it)."""
+    if importlib.util.find_spec("lm_eval") is None:
+        raise ConfigError(
+            f"{what} needs lm-evaluation-harness (lm_eval is not installed): pip install 'named-jax[eval]'"
+        )
 
 
 def check_against_devices(cfg: TrainConfig) -> Setup:

@@ -16,10 +16,12 @@ from .model_init import trainable
 
 
 def schedule(cfg: OptimizerConfig, num_steps: int) -> optax.Schedule:
-    """Learning rate by step: linear warmup (``cfg.warmup``) to ``learning_rate``, then the chosen shape down to
-    ``min_lr_ratio * learning_rate`` at ``num_steps`` (wsd: flat, then a linear decay over the
-    last ``decay_fraction`` of the steps)."""
+    """Learning rate by step in a run of ``num_steps``: linear warmup (``cfg.warmup``) to ``learning_rate``, then
+    the chosen shape down to ``min_lr_ratio * learning_rate`` at the schedule's horizon (``cfg.horizon``:
+    ``num_steps`` unless ``schedule_steps`` is set), flat after it (wsd: flat, then a linear decay over
+    the last ``decay_fraction`` of the horizon)."""
     lr, warm = cfg.learning_rate, cfg.warmup(num_steps)
+    num_steps = cfg.horizon(num_steps)
     end = lr * cfg.min_lr_ratio
     rest = max(num_steps - warm, 1)
     if cfg.schedule == "cosine":

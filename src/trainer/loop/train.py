@@ -27,26 +27,31 @@ from named.nn.precision import cast_for_compute, get_policy
 
 from .. import checkpoint as ckpt
 from ..checkpoint import rundir
-from ..config import TrainConfig, dump_config
+from ..checkpoint.run_places import DATA_FILES
+from ..config import TrainConfig, data_parallel_size, dump_config
 from ..data import (
     Batch,
     Data,
+    DataError,
     JoinedRows,
     LocalShards,
     PackedSequences,
     Sequences,
     TrainBatches,
     build_data,
+    changed_files,
+    data_files,
     eval_batches,
+    fingerprint,
     num_eval_batches,
 )
 from . import hardware
-from .checks import Setup, check_against_devices
+from .checks import Setup, check_against_devices, require_harness
 from .generate import sample_text
 from .loss import token_losses
 from .model_init import init_model, layer_driver, trainable
 from .optim import build_optimizer, init_opt_state, schedule
-from .registry import flops_per_token, model_type
+from .registry import flops_per_token, max_positions, model_type
 from .stop import StopRequests, agree
 from .trackers import Trackers, check_trackers, log, setup_logging
 
@@ -189,6 +194,9 @@ class Run:
     plan: rundir.RunPlan  # new run or resume, and from which checkpoint
     data: Data
     train_batches: TrainBatches
+    data_record: str  # the data files' fingerprint, for <run_dir>/data_files.json
+    new_data_record: bool = False  # it replaces the run's record (a fresh start, or a resume on changed data)
+    harness_tasks: Any = None  # lm-eval's TaskManager for trainer.eval_harness_tasks (None: no such tasks)
 
 
 def build_run(cfg: TrainConfig) -> Run:
@@ -200,10 +208,12 @@ def build_run(cfg: TrainConfig) -> Run:
     t = cfg.trainer
     check_trackers(cfg.tracker)
     setup = check_against_devices(cfg)  # the checks named-plan runs too
+    harness_tasks = _harness_tasks(cfg)
     plan = rundir.plan_run(cfg)  # resume, new run, or refused
     if plan.restore_from is not None:  # a resume with another model or optimizer fails here, not after init
         opt_shapes = jax.eval_shape(lambda m: init_opt_state(cfg, m), setup.shapes)
         ckpt.check_restorable(plan.restore_from, (setup.shapes, opt_shapes))
+    new_record = _check_data_unchanged(cfg, plan)  # before tokenising
     # Hosts building one shared cache at once split its pieces between them (one host: None, the default).
     shares = LocalShards(jax.process_index(), jax.process_count()) if jax.process_count() > 1 else None
     data = build_data(cfg.data, setup.tokenizer, runner=shares)
@@ -214,7 +224,46 @@ def build_run(cfg: TrainConfig) -> Run:
         process_index=jax.process_index(),
         process_count=jax.process_count(),
     )
-    return Run(setup, plan, data, train_batches)
+    record = json.dumps(fingerprint(data_files(cfg.data)), indent=1) + "\n"
+    return Run(setup, plan, data, train_batches, record, new_record, harness_tasks)
+
+
+def _harness_tasks(cfg: TrainConfig):
+    """lm-eval's TaskManager knowing every task of ``trainer.eval_harness_tasks`` (ConfigError naming the
+    key when lm-eval is not installed or a task is unknown), or None when the run scores none."""
+    t = cfg.trainer
+    if not t.eval_harness_tasks:
+        return None
+    require_harness("trainer.eval_harness_tasks")
+    from .harness import task_manager
+
+    return task_manager(t.eval_harness_tasks, t.eval_harness_include, "trainer.eval_harness_tasks")
+
+
+def _check_data_unchanged(cfg: TrainConfig, plan: rundir.RunPlan) -> bool:
+    """Whether this launch's data files replace the run directory's record of them. A resume over
+    files that changed since the run began (edited, replaced, added, removed) would train on other
+    rows at the same steps: refused, naming each file, unless ``trainer.resume_changed_data``."""
+    path = plan.run_dir / DATA_FILES
+    if plan.restore_from is None or not path.is_file():  # a fresh start, or a run older than the record
+        return plan.restore_from is None
+    current = fingerprint(data_files(cfg.data))
+    try:
+        recorded = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise DataError(f"{path} cannot be read ({e}); it is not a record this trainer wrote") from None
+    changed = changed_files(recorded if isinstance(recorded, dict) else {}, current)
+    if not changed:
+        return False
+    if not cfg.trainer.resume_changed_data:
+        raise DataError(
+            f"the data of the run in {plan.run_dir} changed since it began ({path}): {'; '.join(changed)}. "
+            f"Resuming at step {plan.step} would train on other rows than the run's order gives. Restore the "
+            "files, start a new run in another trainer.run_dir, or resume on the new data with "
+            "--trainer.resume_changed_data true. Nothing was written"
+        )
+    plan.notes.append(f"resuming on changed data (trainer.resume_changed_data): {'; '.join(changed)}")
+    return True
 
 
 def train(cfg: TrainConfig) -> TrainResult:
@@ -255,7 +304,8 @@ def train(cfg: TrainConfig) -> TrainResult:
         "config.yaml": dump_config(cfg),
         "model_config.json": json.dumps({"type": model_type(model_cfg), **dataclasses.asdict(model_cfg)}, indent=1),
     }
-    with rundir.claim(plan, files):
+    files[DATA_FILES] = run.data_record
+    with rundir.claim(plan, files, replace=(DATA_FILES,) if run.new_data_record else ()):
         return _train(cfg, run)
 
 
@@ -314,6 +364,7 @@ def _train(cfg: TrainConfig, run: Run) -> TrainResult:
         n_dev = len(jax.devices())
         losses: list[float] = []
         progress = _progress(t, start, pid, stack)
+        harness = _harness_lm(cfg, setup, model) if run.harness_tasks is not None else None
         window = _Window()
         pending: list[tuple[int, dict]] = []  # (step, its metrics still on the device), oldest first
 
@@ -366,6 +417,14 @@ def _train(cfg: TrainConfig, run: Run) -> TrainResult:
                     lambda b: eval_step(model, device_batch(b, mesh, compute, t.train_batch_size)), data, t
                 )
                 trackers.log(done, evals, prefix="eval")
+            if due.harness:
+                from .harness import PREFIX, evaluate
+
+                harness.model = model
+                scores, _ = evaluate(
+                    harness, t.eval_harness_tasks, manager=run.harness_tasks, limit=t.eval_harness_limit
+                )
+                trackers.log(done, scores, prefix=PREFIX)
             if due.sample:
                 trackers.text(
                     done,
@@ -399,6 +458,24 @@ def _train(cfg: TrainConfig, run: Run) -> TrainResult:
     return TrainResult(losses, done if stopped else t.num_train_steps, model, opt_state, run_dir, stopped_by=stopped)
 
 
+def _harness_lm(cfg: TrainConfig, setup: Setup, model):
+    """The lm-eval model of this run: its mesh, compute mapping and precision, a microbatch of rows
+    per forward pass."""
+    from .harness import HarnessLM
+
+    t = cfg.trainer
+    return HarnessLM(
+        model,
+        setup.tokenizer,
+        max_length=max_positions(setup.model_cfg),
+        mesh=setup.mesh,
+        compute=setup.compute,
+        policy=get_policy(t.precision),
+        batch_size=t.train_batch_size // t.microbatches,
+        batch_multiple=data_parallel_size(cfg, dict(setup.mesh.shape)),
+    )
+
+
 # Without logging, eval, samples or checkpoints, the metrics are still read this often, so that a
 # non-finite step under nan_policy=stop ends the run within this many steps.
 MAX_UNREAD_STEPS = 100
@@ -419,6 +496,7 @@ class Due:
     sample: bool
     checkpoint: bool
     read: bool
+    harness: bool = False  # score trainer.eval_harness_tasks
     temporary: bool = False  # the checkpoint is time-based or a stop's (checkpoint.retention)
     stop: bool = False  # a stop signal: save, wait for the commit, end the run
 
@@ -434,14 +512,16 @@ def _due(
         return bool(n) and (done % n == 0 or end)
 
     log_, eval_, sample = every(t.log_interval), has_validation and every(t.eval_interval), every(t.sample_interval)
+    harness = bool(t.eval_harness_tasks) and every(t.eval_harness_interval)
     if stop:  # time is short: no eval or sample before the save
-        eval_ = sample = False
+        eval_ = sample = harness = False
     regular = bool(cfg.checkpoint.interval) and done % cfg.checkpoint.interval == 0 and not end  # the end: save_at_end
     checkpoint = regular or ((stop or timed) and not end)
-    read = log_ or eval_ or sample or checkpoint or end or unread >= MAX_UNREAD_STEPS
+    read = log_ or eval_ or sample or harness or checkpoint or end or unread >= MAX_UNREAD_STEPS
     return Due(
         log=log_,
         eval=eval_,
+        harness=harness,
         sample=sample,
         checkpoint=checkpoint,
         read=read,
