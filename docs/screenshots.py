@@ -69,6 +69,113 @@ def render(html_file: pathlib.Path, png: pathlib.Path, exe: str) -> subprocess.C
     return run
 
 
+class Page:
+    """A page in headless Chromium driven over its DevTools protocol (``--remote-debugging-pipe``:
+    JSON messages, each ended by a NUL byte, on the browser's file descriptors 3 and 4; nothing
+    to install beyond the browser)::
+
+        with Page(exe, url) as page:
+            page.eval("document.title")
+            page.screenshot(png)
+    """
+
+    def __init__(self, exe: str, url: str, *, width: int = WIDTH, height: int = 1200):
+        import os
+
+        to_browser, self._out = os.pipe()  # we write, the browser reads on its fd 3
+        self._in, from_browser = os.pipe()  # the browser writes on its fd 4
+
+        def fds():  # in the child: its ends at 3 and 4 (by way of high numbers: either may be 3 or 4 already)
+            import fcntl
+
+            high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 10) for fd in (to_browser, from_browser)]
+            os.dup2(high[0], 3)
+            os.dup2(high[1], 4)
+
+        self._profile = tempfile.TemporaryDirectory()
+        self._proc = subprocess.Popen(
+            [exe, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--remote-debugging-pipe",
+             f"--user-data-dir={self._profile.name}", f"--window-size={width},{height}", url],
+            pass_fds=(3, 4), preexec_fn=fds,  # preexec_fn runs before the closing of the others
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        os.close(to_browser)
+        os.close(from_browser)
+        self._buffer, self._id, self.session = b"", 0, None
+        pages = [t for t in self.send("Target.getTargets")["targetInfos"] if t["type"] == "page"]
+        if not pages:
+            raise RuntimeError(f"{exe} opened no page for {url}")
+        self.session = self.send("Target.attachToTarget", targetId=pages[0]["targetId"], flatten=True)["sessionId"]
+        import json
+        import time
+
+        # the page target is about:blank at first, then the url's document, loading, then complete
+        loaded = f"location.href === {json.dumps(url)} && document.readyState === 'complete'"
+        for _ in range(400):
+            if self.eval(loaded):
+                break
+            time.sleep(0.05)
+        else:
+            raise RuntimeError(f"{exe} did not finish loading {url} in 20 s")
+
+    def send(self, method: str, **params) -> dict:
+        import json
+        import os
+
+        self._id += 1
+        msg = {"id": self._id, "method": method, "params": params}
+        if self.session is not None and not method.startswith("Target."):
+            msg["sessionId"] = self.session
+        os.write(self._out, json.dumps(msg).encode() + b"\0")
+        while True:
+            while b"\0" not in self._buffer:
+                chunk = os.read(self._in, 1 << 16)
+                if not chunk:
+                    raise RuntimeError(f"the browser closed its pipe while answering {method}")
+                self._buffer += chunk
+            line, self._buffer = self._buffer.split(b"\0", 1)
+            reply = json.loads(line)
+            if reply.get("id") == self._id:
+                if "error" in reply:
+                    raise RuntimeError(f"{method}: {reply['error']}")
+                return reply["result"]
+
+    def eval(self, expression: str):
+        """The value of a JavaScript expression in the page; a thrown exception is a RuntimeError."""
+        out = self.send("Runtime.evaluate", expression=expression, returnByValue=True)
+        if "exceptionDetails" in out:
+            raise RuntimeError(f"{expression}: {out['exceptionDetails']}")
+        return out["result"].get("value")
+
+    def screenshot(self, png: pathlib.Path) -> None:
+        """The whole page (not only the window) as a PNG."""
+        import base64
+
+        size = self.send("Page.getLayoutMetrics")["cssContentSize"]
+        clip = {"x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1}
+        data = self.send("Page.captureScreenshot", format="png", clip=clip, captureBeyondViewport=True)["data"]
+        png.write_bytes(base64.b64decode(data))
+
+    def __enter__(self) -> Page:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import os
+
+        try:
+            self.send("Browser.close")
+        except (RuntimeError, OSError):
+            pass
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        os.close(self._out)
+        os.close(self._in)
+        self._profile.cleanup()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("notebooks", nargs="*", help="notebook names (default: all in docs/notebooks)")

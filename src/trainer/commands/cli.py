@@ -280,6 +280,12 @@ def main_plan(argv: list[str] | None = None) -> int:
         help="compile every layout that fits the devices (DP, FSDP, FSDP+TP, TP x remat x microbatches) "
         "and rank them by a roofline estimate",
     )
+    p.add_argument(
+        "--html",
+        metavar="PAGE",
+        help="also write one self-contained HTML page: memory per device of every layout --search tries "
+        "(remat none/full, 1/2/4 microbatches; selects pick one), the device grid, and --search's ranking",
+    )
 
     def body() -> int:
         a, rest = p.parse_known_args(argv)
@@ -293,6 +299,11 @@ def main_plan(argv: list[str] | None = None) -> int:
         target = Target.of(a.device_kind, a.device_memory, stand_ins=a.devices is not None)
         if a.search:
             roofline(cfg, target)
+        if a.html is not None:
+            folder = os.path.dirname(os.path.abspath(a.html))
+            if os.path.isdir(a.html) or not os.path.isdir(folder):
+                what = "is a folder" if os.path.isdir(a.html) else f"is in a folder that does not exist ({folder})"
+                raise ConfigError(f"--html {a.html} {what}: name the page's file, e.g. --html plan.html")
         if a.devices is not None:
             from ..loop.checks import check_device_count
 
@@ -300,8 +311,18 @@ def main_plan(argv: list[str] | None = None) -> int:
             if not _stand_in_devices(a.devices):
                 return _plan_in_child(argv, a.devices)
         print(plan_report(cfg, compile=a.compile, target=target))
+        explorer = None
+        if a.html is not None:
+            from .explore import Explorer
+
+            explorer = Explorer(cfg, target=target)
         if a.search:
-            print("\n" + search_report(cfg, target))
+            print("\n" + search_report(cfg, target, explorer.search() if explorer is not None else None))
+        if explorer is not None:
+            from .explore import report_page, write_page
+
+            write_page(a.html, report_page(explorer, compile=a.compile, search=a.search))
+            print(f"\nwrote {a.html}")
         return 0
 
     return _guarded(body)

@@ -101,12 +101,16 @@ def candidates(n_devices: int, param_axes: set[str], batch_size: int) -> Iterato
                     yield Candidate(name, shape, compute, param, remat, micro)
 
 
-def _with(cfg: TrainConfig, c: Candidate) -> TrainConfig:
-    return (
-        Layout.of(cfg)
-        .replace(mesh_shape=c.mesh_shape, compute=c.compute, param=c.param, remat=c.remat, microbatches=c.microbatches)
-        .apply(cfg)
+def layout_of(base: Layout, c: Candidate) -> Layout:
+    """The layout tried as ``c``: ``base`` (the config's) with the candidate's mesh, mappings, remat
+    and microbatches."""
+    return base.replace(
+        mesh_shape=c.mesh_shape, compute=c.compute, param=c.param, remat=c.remat, microbatches=c.microbatches
     )
+
+
+def _with(cfg: TrainConfig, c: Candidate) -> TrainConfig:
+    return layout_of(Layout.of(cfg), c).apply(cfg)
 
 
 def search(cfg: TrainConfig, roof: Roofline, *, memory_budget: float, progress=None) -> list[Candidate]:
@@ -219,13 +223,13 @@ def format_table(ranked: list[Candidate], roof: Roofline, memory_budget: float) 
     return "\n".join([*lines, "", note])
 
 
-def search_report(cfg: TrainConfig, target: Target) -> str:
-    """The ranked table ``named-plan --search`` prints."""
+def search_report(cfg: TrainConfig, target: Target, ranked: list[Candidate] | None = None) -> str:
+    """The ranked table ``named-plan --search`` prints (of ``ranked``, when the caller searched already)."""
     import jax
 
     roof = roofline(cfg, target)
     budget = target.memory if target.memory is not None else float("inf")
-    ranked = search(cfg, roof, memory_budget=budget)
+    ranked = ranked if ranked is not None else search(cfg, roof, memory_budget=budget)
     return "\n".join(
         [
             f"layouts for {len(jax.devices())} x {target.device.name} (each compiled on abstract inputs):",
