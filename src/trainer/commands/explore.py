@@ -192,8 +192,9 @@ class Explorer:
         but was compiled, the place it takes when ranked among them."""
         if self._ranked is None:
             return None
+        resolved = v.layout.replace(mesh_shape=dict(v.plan.setup.mesh.shape))  # {data: -1} is {data: 8}
         for i, c in enumerate(self._ranked, 1):
-            if layout_of(self.layout, c) == v.layout:
+            if layout_of(self.layout, c) == resolved:
                 return i, len(self._ranked)
         if v.compiled is None:
             return None
