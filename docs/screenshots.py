@@ -85,18 +85,17 @@ class Page:
         to_browser, self._out = os.pipe()  # we write, the browser reads on its fd 3
         self._in, from_browser = os.pipe()  # the browser writes on its fd 4
 
-        def fds():  # in the child: its ends at 3 and 4 (by way of high numbers: either may be 3 or 4 already)
-            import fcntl
-
-            high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 10) for fd in (to_browser, from_browser)]
-            os.dup2(high[0], 3)
-            os.dup2(high[1], 4)
-
         self._profile = tempfile.TemporaryDirectory()
+        args = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--remote-debugging-pipe",
+                f"--user-data-dir={self._profile.name}", f"--window-size={width},{height}", url]
+        # The shell puts the browser's ends at 3 and 4 (a preexec_fn would fork a multithreaded JAX process).
+        # Left to right, by way of two free numbers, since either end may already be 3 or 4 (bash:
+        # dash takes one-digit descriptors only).
+        a, b = to_browser, from_browser
+        t, u = max(a, b, 4) + 1, max(a, b, 4) + 2
+        remap = f'exec "$@" {t}<&{a} {u}>&{b} {a}<&- {b}>&- 3<&{t} 4>&{u} {t}<&- {u}>&-'
         self._proc = subprocess.Popen(
-            [exe, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--remote-debugging-pipe",
-             f"--user-data-dir={self._profile.name}", f"--window-size={width},{height}", url],
-            pass_fds=(3, 4), preexec_fn=fds,  # preexec_fn runs before the closing of the others
+            ["bash", "-c", remap, "bash", *args], pass_fds=(to_browser, from_browser),
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         os.close(to_browser)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from named.trainer.commands import cli, plan
-from named.trainer.commands.explore import Explorer, report_page
-from named.trainer.commands.plan_search import Candidate, candidates, rank
+from named.trainer.commands.explore import Explorer
+from named.trainer.commands.plan_search import candidates, rank
 from named.trainer.config import ConfigError, load_config
 
 CONFIG = Path(__file__).parent.parent / "config" / "gpt2_nano.yaml"
