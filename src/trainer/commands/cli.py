@@ -1,4 +1,4 @@
-"""Console scripts: ``named-train``, ``named-sample``, ``named-plan``, ``named-export``.
+"""Console scripts: ``named-train``, ``named-sample``, ``named-plan``, ``named-export``, ``named-plot``.
 
 The boundary: bad input (one of our exception types: ConfigError, DataError, CheckpointError,
 TrainingError, a NamedError) prints ``error: ...`` and exits 2; an OSError the input did not
@@ -319,10 +319,42 @@ def main_plan(argv: list[str] | None = None) -> int:
         if a.search:
             print("\n" + search_report(cfg, target, explorer.search() if explorer is not None else None))
         if explorer is not None:
-            from .explore import report_page, write_page
+            from pathlib import Path
 
-            write_page(a.html, report_page(explorer, compile=a.compile, search=a.search))
+            from ..data import atomic_write
+            from .explore import report_page
+
+            page = report_page(explorer, compile=a.compile, search=a.search)
+            with atomic_write(Path(a.html)) as f:
+                f.write(page.encode("utf-8"))
             print(f"\nwrote {a.html}")
+        return 0
+
+    return _guarded(body)
+
+
+def main_plot(argv: list[str] | None = None) -> int:
+    """``named-plot RUN [RUN ...] [--out curves.png]``: loss, evaluation losses per source, learning
+    rate, gradient norm and tokens/s from each run's metrics.jsonl, the runs overlaid."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if importlib.util.find_spec("matplotlib") is None:
+        print("error: named-plot needs matplotlib: pip install 'named-jax[notebook]'", file=sys.stderr)
+        return 2
+    from pathlib import Path
+
+    p = _ArgumentParser(
+        prog="named-plot",
+        allow_abbrev=False,
+        description="Training curves from run directories (their metrics.jsonl), several runs overlaid.",
+    )
+    p.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="a run directory (or its metrics.jsonl)")
+    p.add_argument("--out", type=Path, default=Path("curves.png"), help="a .png or .html file (default: curves.png)")
+
+    def body() -> int:
+        from .plot import plot_runs
+
+        a = p.parse_args(argv)
+        print(f"wrote {plot_runs(a.runs, a.out)}")
         return 0
 
     return _guarded(body)
@@ -363,7 +395,7 @@ def _plan_in_child(argv: list[str], n: int) -> int:
 
 
 if __name__ == "__main__":  # `python -m named.trainer.commands.cli plan|train|sample ...`
-    _MAINS = {"plan": main_plan, "train": main_train, "sample": main_sample, "export": main_export}
+    _MAINS = {"plan": main_plan, "train": main_train, "sample": main_sample, "export": main_export, "plot": main_plot}
     if len(sys.argv) < 2 or sys.argv[1] not in _MAINS:
         sys.exit(f"usage: python -m named.trainer.commands.cli {{{'|'.join(_MAINS)}}} ...")
     sys.exit(_MAINS[sys.argv[1]](sys.argv[2:]))

@@ -383,19 +383,3 @@ def report_page(ex: Explorer, *, compile: bool = False, search: bool = False) ->
         + ranking
         + f"<script>{_SCRIPT}</script></body></html>"
     )
-
-
-def write_page(path: str, text: str) -> None:
-    """``text`` at ``path`` whole or not at all: written beside it, then renamed over it."""
-    import os
-    import tempfile
-
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".named-plan-", suffix=".html", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
