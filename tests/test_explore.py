@@ -25,7 +25,7 @@ def explorer():
 def _plan_total_mib(flags: list[str]) -> float:
     """The per-device total named-plan prints, for the config read with ``flags``."""
     text = plan.plan_report(load_config(CONFIG, [*SMALL, *flags]))
-    return float(re.search(r"with params \+ grads \+ moments: ([\d.]+) MiB", text).group(1))
+    return float(re.search(r"in all: ([\d.]+) MiB", text).group(1))
 
 
 @pytest.mark.parametrize(
@@ -52,15 +52,16 @@ def _plan_total_mib(flags: list[str]) -> float:
             ],
         ),
         ({"remat": "full"}, ["--model.remat", "full"]),
+        ({"loss_block_size": 128}, ["--trainer.loss_block_size", "128"]),
     ],
-    ids=["config", "fsdp", "fsdp+tp, 2 microbatches", "remat full"],
+    ids=["config", "fsdp", "fsdp+tp, 2 microbatches", "remat full", "loss blocks"],
 )
 def test_the_explorers_memory_is_named_plans(explorer, changes, flags):
     v = explorer.view(**changes)
     assert v.error is None
     assert f"{v.total_bytes / 2**20:.2f}" == f"{_plan_total_mib(flags):.2f}"
     mem = v.memory()
-    assert set(mem) == {"parameters", "gradients", "optimizer state", "activations"}  # nothing compiled
+    assert set(mem) == {"parameters", "gradients", "optimizer state", "activations", "logits"}  # nothing compiled
     assert f"data-figure='total'>{v.total_bytes / 2**20:.2f} MiB" in v.html()
 
 
@@ -125,7 +126,7 @@ def test_named_plan_html_writes_the_page(tmp_path, capsys):
     page = tmp_path / "plan.html"
     assert cli.main_plan(["--config_path", str(CONFIG), "--device-kind", "H100", "--html", str(page), *SMALL]) == 0
     out = capsys.readouterr().out
-    total = re.search(r"with params \+ grads \+ moments: ([\d.]+) MiB", out).group(1)
+    total = re.search(r"in all: ([\d.]+) MiB", out).group(1)
     text = page.read_text()
     shown = re.search(r"data-key='config\|none\|1'>.*?data-figure='total'>([\d.]+) MiB", text, re.S).group(1)
     assert shown == total

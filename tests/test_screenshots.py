@@ -80,7 +80,7 @@ def test_the_explorer_page_shows_named_plans_figure_for_the_chosen_layout(tmp_pa
 
     def named_plan_total(flags):
         text = plan.plan_report(load_config(config, [*small, *flags]))
-        return re.search(r"with params \+ grads \+ moments: ([\d.]+ MiB)", text).group(1)
+        return re.search(r"in all: ([\d.]+ MiB)", text).group(1)
 
     shown = "document.querySelector('section.variant:not([hidden]) [data-figure=total]').textContent"
     choose = (

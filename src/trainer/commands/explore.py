@@ -49,14 +49,15 @@ class View:
     rank: tuple[int, int] | None = None
 
     def memory(self) -> dict[str, float]:
-        """Bytes per device: parameters, gradients, optimizer state, activations (estimate), and,
-        once compiled, the temporaries: XLA's peak less everything else (never below 0)."""
+        """Bytes per device: parameters, gradients, optimizer state, activations and logits (estimates,
+        ``plan.Plan``), and, once compiled, the temporaries: XLA's peak less everything else (never below 0)."""
         p = self.plan
         out = {
             "parameters": float(p.params.bytes_per_device),
             "gradients": float(p.trained.bytes_per_device),
             "optimizer state": float(p.moments.bytes_per_device),
             "activations": p.activations,
+            "logits": p.logits,
         }
         if self.compiled is not None:
             out["temporaries"] = max(0.0, self.compiled.peak_bytes - p.total_bytes)
@@ -257,7 +258,7 @@ def view_html(v: View, array: str | None = None) -> str:
     )
     parts.append(
         "<h4>memory per device</h4><table>" + "".join(rows) + f"</table><div><small>{cap_text}; activations: "
-        "an estimate for one microbatch (Korthikanti et al. 2022)"
+        "an estimate for one microbatch (Korthikanti et al. 2022); logits: float32, with their gradient"
         + ("; temporaries: the compiled peak less the rest" if v.compiled is not None else "; compile for temporaries")
         + "</small></div>"
     )

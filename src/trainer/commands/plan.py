@@ -149,6 +149,22 @@ def activation_bytes(cfg: TrainConfig, s: Setup) -> float:
     return total * jnp.dtype(get_policy(t.precision).compute_dtype).itemsize / 2
 
 
+def logits_bytes(cfg: TrainConfig, s: Setup) -> float:
+    """Per device, the logits one microbatch's loss holds and their gradient, in float32 (the loss
+    is computed in float32): ``2 · b · s · V · 4`` bytes for b sequences per device of length s and
+    V vocab entries per device (the vocab over the mesh axes the compute mapping splits it on).
+    With ``trainer.loss_block_size`` B the loss makes the logits a block at a time: V is B."""
+    axes = (a for x in jax.tree.leaves(s.shapes, is_leaf=nm.is_named_array) for a in getattr(x, "axes", ()))
+    vocab = next((a.size for a in axes if a.name == "vocab"), 0)
+    shape = dict(s.mesh.shape)
+    split = s.compute.get("vocab")
+    shards = math.prod(shape[m] for m in ([split] if isinstance(split, str) else (split or ())))
+    t = cfg.trainer
+    b = t.train_batch_size // t.microbatches / max(data_parallel_size(cfg, shape), 1)
+    per_device_vocab = t.loss_block_size if t.loss_block_size is not None else vocab / shards
+    return 2 * b * cfg.data.seq_len * per_device_vocab * 4
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """What ``named-plan`` computes from shapes alone, per device: one value that the text report,
@@ -161,6 +177,7 @@ class Plan:
     trained: nm.inspect.ParamReport  # the trainable part: gradients (LoRA: the adapters)
     moments: nm.inspect.ParamReport  # the optimizer state
     activations: float  # bytes, ``activation_bytes``
+    logits: float  # bytes, ``logits_bytes``
 
     @property
     def data_parallel(self) -> int:
@@ -173,8 +190,9 @@ class Plan:
 
     @property
     def total_bytes(self) -> float:
-        """The state and one microbatch's activations, per device: the figure checked against the budget."""
-        return self.state_bytes + self.activations
+        """The state, one microbatch's activations and its logits, per device: the figure checked
+        against the budget."""
+        return self.state_bytes + self.activations + self.logits
 
     @property
     def over_budget(self) -> bool:
@@ -197,6 +215,7 @@ def make_plan(cfg: TrainConfig, target: Target | None = None, s: Setup | None = 
         nm.param_report(trainable_part(cfg, s.shapes), s.param, s.mesh),
         nm.param_report(jax.eval_shape(lambda m: init_opt_state(cfg, m), s.shapes), s.param, s.mesh),
         activation_bytes(cfg, s),
+        logits_bytes(cfg, s),
     )
 
 
@@ -242,6 +261,14 @@ def plan_report(cfg: TrainConfig, *, compile: bool = False, target: Target | Non
         f"{flops_per_token(model_cfg, cfg.data.seq_len) / 1e9:.3f} GFLOP per token (6N + 12·L·d·T)",
         f"activations per device (estimate, one microbatch, remat {getattr(cfg.model, 'remat', 'none')}): "
         f"{acts / 2**20:.2f} MiB; with params + grads + moments: {(acts + state) / 2**20:.2f} MiB"
+        + (
+            f" of {target.memory / 2**30:.1f} GiB per device"
+            + (" (OVER BUDGET)" if acts + state > target.memory else "")
+            if target.memory
+            else ""
+        ),
+        f"logits per device (estimate, one microbatch, loss blocks {t.loss_block_size or 'none'}; "
+        f"float32, with their gradient): {p.logits / 2**20:.2f} MiB; in all: {p.total_bytes / 2**20:.2f} MiB"
         + (
             f" of {target.memory / 2**30:.1f} GiB per device" + (" (OVER BUDGET)" if p.over_budget else "")
             if target.memory
