@@ -2,13 +2,16 @@
 
     .venv/bin/python docs/screenshots.py                 # every notebook -> docs/images/
     .venv/bin/python docs/screenshots.py --out /tmp/img sharding_explorer
+    .venv/bin/python docs/screenshots.py named_plan_html     # named-plan --html's page only
 
 Reads the executed notebooks in docs/notebooks (their stored outputs; ``tests/test_notebooks.py``
 re-executes them), puts each rich HTML output in a page of its own with a notebook output
 area's plain white background, renders the page with headless Chromium from the OS
 packages (``chromium-headless-shell`` or ``chromium``) and crops the PNG to what was drawn.
 Images are named ``<notebook>-<cell>.png`` after the cell's number in the notebook
-(``<notebook>-<cell>-<k>.png`` where a cell shows several).
+(``<notebook>-<cell>-<k>.png`` where a cell shows several). ``named_plan_html.png`` is
+``named-plan --html``'s page with a layout chosen in its menus, driven over Chromium's DevTools
+protocol (``Page``).
 """
 
 from __future__ import annotations
@@ -175,6 +178,39 @@ class Page:
         self._profile.cleanup()
 
 
+# named-plan --html's page: the figure shown, and a choice made in one of its menus (as a user would: the
+# menu's value set and its change event sent).
+SHOWN_TOTAL = "document.querySelector('section.variant:not([hidden]) [data-figure=total]').textContent"
+PLAN_PAGE = "named_plan_html"
+PLAN_PAGE_CHOICES = (("layout", "FSDP+TP2"), ("remat", "full"), ("microbatches", "2"))
+
+
+def choose(tab: Page, select: str, value: str) -> str:
+    """Pick ``value`` in the page's menu ``select``; the menu's value after it."""
+    return tab.eval(
+        f"(() => {{ const s = document.getElementById({select!r}); s.value = {value!r}; "
+        "s.dispatchEvent(new Event('change')); return s.value; })()"
+    )
+
+
+def plan_page_picture(exe: str, out: pathlib.Path) -> pathlib.Path:
+    """``named-plan --html`` for gpt2_nano (2 layers) on 8 H100s, FSDP + TP2 with remat and two
+    microbatches chosen in its menus, as ``<out>/named_plan_html.png``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        page = pathlib.Path(tmp) / "plan.html"
+        args = ["--config", "gpt2_nano", "--devices", "8", "--device-kind", "H100", "--model.n_layer", "2"]
+        run = subprocess.run([sys.executable, "-m", "named.trainer.commands.cli", "plan", *args, "--html", str(page)],
+                             capture_output=True, text=True, timeout=600)
+        if run.returncode != 0:
+            raise RuntimeError(f"named-plan --html failed: {run.stderr[-2000:]}")
+        png = out / f"{PLAN_PAGE}.png"
+        with Page(exe, page.as_uri(), width=1000) as tab:
+            for select, value in PLAN_PAGE_CHOICES:
+                choose(tab, select, value)
+            tab.screenshot(png)
+    return png
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("notebooks", nargs="*", help="notebook names (default: all in docs/notebooks)")
@@ -186,9 +222,10 @@ def main(argv: list[str] | None = None) -> int:
               "apt-get install chromium-headless-shell", file=sys.stderr)
         return 2
     paths = sorted((DOCS / "notebooks").glob("*.ipynb"))
+    want_page = not a.notebooks or PLAN_PAGE in a.notebooks
     if a.notebooks:
         paths = [q for q in paths if q.stem in a.notebooks]
-        if len(paths) != len(set(a.notebooks)):
+        if len(paths) != len(set(a.notebooks) - {PLAN_PAGE}):
             print(f"error: unknown notebook in {a.notebooks}; known: {[q.stem for q in (DOCS / 'notebooks').glob('*.ipynb')]}",
                   file=sys.stderr)
             return 2
@@ -201,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
                 png = a.out / f"{nb.stem}-{cell}.png"
                 render(page, png, exe)
                 print(png)
+    if want_page:
+        print(plan_page_picture(exe, a.out))
     return 0
 
 

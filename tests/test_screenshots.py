@@ -82,15 +82,10 @@ def test_the_explorer_page_shows_named_plans_figure_for_the_chosen_layout(tmp_pa
         text = plan.plan_report(load_config(config, [*small, *flags]))
         return re.search(r"in all: ([\d.]+ MiB)", text).group(1)
 
-    shown = "document.querySelector('section.variant:not([hidden]) [data-figure=total]').textContent"
-    choose = (
-        "(() => {{ const s = document.getElementById('{0}'); s.value = '{1}'; "
-        "s.dispatchEvent(new Event('change')); return s.value; }})()"
-    )
     with shots.Page(shots.browser(), page.as_uri()) as tab:
-        assert tab.eval(shown) == named_plan_total([])
-        for select, value in (("layout", "FSDP+TP2"), ("remat", "full"), ("microbatches", "2")):
-            assert tab.eval(choose.format(select, value)) == value
+        assert tab.eval(shots.SHOWN_TOTAL) == named_plan_total([])
+        for select, value in shots.PLAN_PAGE_CHOICES:
+            assert shots.choose(tab, select, value) == value
         assert tab.eval("document.querySelectorAll('section.variant:not([hidden])').length") == 1
         fsdp_tp = [
             "--mesh.shape", "{data: 4, model: 2}",
@@ -98,8 +93,8 @@ def test_the_explorer_page_shows_named_plans_figure_for_the_chosen_layout(tmp_pa
             "--mesh.param_mapping", "{embed: data, mlp: model, heads: model}",
             "--model.remat", "full", "--trainer.microbatches", "2",
         ]  # fmt: skip
-        assert tab.eval(shown) == named_plan_total(fsdp_tp)
-        assert tab.eval(shown) != named_plan_total([])
+        assert tab.eval(shots.SHOWN_TOTAL) == named_plan_total(fsdp_tp)
+        assert tab.eval(shots.SHOWN_TOTAL) != named_plan_total([])
         png = tmp_path / "explorer.png"
         tab.screenshot(png)
     from PIL import Image

@@ -114,7 +114,8 @@ class View:
 class Explorer:
     """Plans layouts of one config for one device kind, cached by layout.
 
-    ``cfg``: a TrainConfig, or a config file (then ``overrides`` as on the command line).
+    ``cfg``: a TrainConfig, or a config file or shipped config's name (``"gpt2_nano"``; then
+    ``overrides`` as on the command line).
     ``devices``: the device count planned for; it must be this process's (a notebook stands in
     N CPU devices with ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` before importing jax;
     ``named-plan --devices N`` does it for you). ``device_kind`` and ``device_memory`` as
@@ -132,8 +133,9 @@ class Explorer:
     ):
         if not isinstance(cfg, TrainConfig):
             from ..config import load_config
+            from .cli import resolve_config
 
-            cfg = load_config(cfg, list(overrides))
+            cfg = load_config(resolve_config(str(cfg)), list(overrides))
         here = len(jax.devices())
         if devices is not None and devices != here:
             raise ConfigError(

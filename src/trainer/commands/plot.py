@@ -10,6 +10,7 @@ draws it; ``.png`` writes the picture, ``.html`` one self-contained page with th
 from __future__ import annotations
 
 import base64
+import html
 import io
 import json
 import math
@@ -64,14 +65,13 @@ def _panels(runs: dict[str, dict]) -> list[tuple[str, list[str], bool]]:
     return out
 
 
-def plot_runs(runs: list[Path], out: Path) -> Path:
-    """Draw ``runs`` into ``out`` (``.png`` or ``.html``); every input is checked before anything is written."""
-    if out.suffix.lower() not in FORMATS:
-        raise ConfigError(f"--out {out}: write a {' or '.join(FORMATS)} file")
+def figure(runs: list[Path]):
+    """The curves of ``runs`` as a matplotlib Figure (a notebook shows it as it is); each run is
+    labelled with its folder's name."""
     if not runs:
         raise ConfigError("name at least one run directory")
     series = {}
-    for run in runs:
+    for run in map(Path, runs):
         label = (run if run.is_dir() else run.parent).resolve().name
         while label in series:  # two runs of one name (a/run, b/run): the later gets a suffix
             label += "'"
@@ -79,16 +79,15 @@ def plot_runs(runs: list[Path], out: Path) -> Path:
     panels = _panels(series)
     if not panels:
         raise ConfigError(f"{', '.join(map(str, runs))}: no losses, learning rates, norms or tokens/s logged yet")
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     cols = min(len(panels), 3)
     rows = math.ceil(len(panels) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False)
-    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig = Figure(figsize=(4.2 * cols, 3.2 * rows), layout="tight")
+    axes = fig.subplots(rows, cols, squeeze=False)
+    import matplotlib
+
+    colours = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, (title, keys, log) in zip(axes.flat, panels):
         for r, (label, s) in enumerate(series.items()):
             for j, k in enumerate(keys):
@@ -98,14 +97,8 @@ def plot_runs(runs: list[Path], out: Path) -> Path:
                 what = k.removeprefix("eval/").removesuffix("/loss") if title == "eval loss per source" else k
                 name = label if len(keys) == 1 else f"{label} {what}"
                 style = "--" if k.startswith("eval/") and title == "loss" else ["-", "--", ":", "-."][j % 4]
-                ax.plot(
-                    steps,
-                    values,
-                    style,
-                    color=colours[r % len(colours)],
-                    label=name,
-                    marker="." if len(steps) < 20 else None,
-                )
+                marker = "." if len(steps) < 20 else None
+                ax.plot(steps, values, style, color=colours[r % len(colours)], label=name, marker=marker)
         ax.set_title(title)
         ax.set_xlabel("step")
         if log:
@@ -114,13 +107,19 @@ def plot_runs(runs: list[Path], out: Path) -> Path:
         ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
-    fig.tight_layout()
+    return fig
+
+
+def plot_runs(runs: list[Path], out: Path) -> Path:
+    """Draw ``runs`` into ``out`` (``.png`` or ``.html``); every input is checked before anything is written."""
+    if out.suffix.lower() not in FORMATS:
+        raise ConfigError(f"--out {out}: write a {' or '.join(FORMATS)} file")
+    fig = figure(runs)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
     data = buf.getvalue()
     if out.suffix.lower() == ".html":
-        names = ", ".join(series)
+        names = html.escape(", ".join(str(r) for r in runs))
         data = (
             "<!doctype html><html><head><meta charset='utf-8'><title>named-plot</title></head>"
             f"<body style='font-family:system-ui,sans-serif'><h3>{names}</h3>"
