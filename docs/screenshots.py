@@ -226,8 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.notebooks:
         paths = [q for q in paths if q.stem in a.notebooks]
         if len(paths) != len(set(a.notebooks) - {PLAN_PAGE}):
-            print(f"error: unknown notebook in {a.notebooks}; known: {[q.stem for q in (DOCS / 'notebooks').glob('*.ipynb')]}",
-                  file=sys.stderr)
+            known = [q.stem for q in (DOCS / "notebooks").glob("*.ipynb")] + [PLAN_PAGE]
+            print(f"error: unknown notebook in {a.notebooks}; known: {known}", file=sys.stderr)
             return 2
     a.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
