@@ -71,3 +71,12 @@ def test_named_plot_refuses_bad_input_before_writing(tmp_path, capsys):
     assert cli.main_plot([str(_run(tmp_path / "ok", _rows(1.0))), "--out", str(tmp_path / "c.pdf")]) == 2
     assert ".png or .html" in capsys.readouterr().err
     assert not out.exists() and not (tmp_path / "c.pdf").exists()
+
+
+def test_without_matplotlib_one_line_says_what_to_install(monkeypatch, capsys, tmp_path):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    assert cli.main_plot([str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == "error: named-plot needs matplotlib: pip install 'named-jax[notebook]'"
