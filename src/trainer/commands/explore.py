@@ -35,7 +35,7 @@ def _mib(n: float) -> str:
     return f"{n / _MiB:.2f} MiB"
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(repr=False)
 class View:
     """One layout of a config, planned: ``plan`` from shapes (None with ``error``), ``compiled``
     when the step was compiled, ``roof`` when the device's speeds are known, ``rank`` (position,
@@ -106,6 +106,10 @@ class View:
 
     def html(self, array: str | None = None) -> str:
         return view_html(self, array)
+
+    def __repr__(self) -> str:
+        what = f"cannot run: {self.error}" if self.error is not None else f"{_mib(self.total_bytes)} per device"
+        return f"View({_layout_text(self.layout)}: {what})"
 
     def _repr_html_(self) -> str:
         return self.html()
