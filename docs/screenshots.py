@@ -194,11 +194,11 @@ def choose(tab: Page, select: str, value: str) -> str:
 
 
 def plan_page_picture(exe: str, out: pathlib.Path) -> pathlib.Path:
-    """``named-plan --html`` for gpt2_nano (2 layers) on 8 H100s, FSDP + TP2 with remat and two
+    """``named-plan --html`` for gpt2_small (GPT-2 124M) on 8 H100s, FSDP + TP2 with remat and two
     microbatches chosen in its menus, as ``<out>/named_plan_html.png``."""
     with tempfile.TemporaryDirectory() as tmp:
         page = pathlib.Path(tmp) / "plan.html"
-        args = ["--config", "gpt2_nano", "--devices", "8", "--device-kind", "H100", "--model.n_layer", "2"]
+        args = ["--config", "gpt2_small", "--devices", "8", "--device-kind", "H100"]
         run = subprocess.run([sys.executable, "-m", "named.trainer.commands.cli", "plan", *args, "--html", str(page)],
                              capture_output=True, text=True, timeout=600)
         if run.returncode != 0:

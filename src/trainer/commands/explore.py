@@ -236,6 +236,10 @@ def _layout_text(lay: Layout) -> str:
     )
 
 
+def _capacity_name(p: Plan) -> str:
+    return f"{p.target.memory / 2**30:.1f} GiB per {p.target.device.name if p.target.device else 'device'}"
+
+
 def view_html(v: View, array: str | None = None) -> str:
     """One view as an HTML fragment: memory against the capacity, collectives, step estimate,
     ranking and the device grid of ``array`` (default: the largest parameter). Figures carry
@@ -250,20 +254,23 @@ def view_html(v: View, array: str | None = None) -> str:
     scale = cap if cap else max(sum(mem.values()), 1.0)
     rows = []
     for name, n in [*mem.items(), ("total", sum(mem.values()))]:
-        width = min(100.0, 100.0 * n / scale)
+        width = max(1, round(3 * min(100.0, 100.0 * n / scale))) if n > 0 else 0  # 300 px: the capacity
+        share = f"<td class='n'>{n / cap:.2%}</td>" if cap else ""
         rows.append(
-            f"<tr><td>{esc(name)}</td><td class='n' data-figure='{esc(name)}'>{_mib(n)}</td>"
-            f"<td><span class='bar' style='width:{width * 3:.0f}px'></span></td></tr>"
+            f"<tr><td>{esc(name)}</td><td class='n' data-figure='{esc(name)}'>{_mib(n)}</td>{share}"
+            f"<td><span class='bar' style='width:{width}px'></span></td></tr>"
         )
     over = cap is not None and sum(mem.values()) > cap
     cap_text = (
-        f"of {cap / 2**30:.1f} GiB per {p.target.device.name if p.target.device else 'device'}"
-        + (" <span class='over'>OVER BUDGET</span>" if over else "")
+        f"of {esc(_capacity_name(p))}" + (" <span class='over'>OVER BUDGET</span>" if over else "")
         if cap
         else "(no device memory known: name a device kind)"
     )
     parts.append(
-        "<h4>memory per device</h4><table>" + "".join(rows) + f"</table><div><small>{cap_text}; activations: "
+        "<h4>memory per device</h4><table>"
+        + (f"<tr><th></th><th>bytes</th><th>of {esc(_capacity_name(p))}</th><th></th></tr>" if cap else "")
+        + "".join(rows)
+        + f"</table><div><small>{cap_text}; activations: "
         "an estimate for one microbatch (Korthikanti et al. 2022); logits: float32, with their gradient"
         + ("; temporaries: the compiled peak less the rest" if v.compiled is not None else "; compile for temporaries")
         + "</small></div>"
