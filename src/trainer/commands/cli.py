@@ -12,7 +12,6 @@ with the package (``named-train --config gpt2_nano`` works from a pip install).
 from __future__ import annotations
 
 import argparse
-import importlib.resources
 import importlib.util
 import os
 import subprocess
@@ -32,20 +31,18 @@ class _ArgumentParser(argparse.ArgumentParser):
         raise ConfigError(message)
 
 
+# The config names --config takes live with the config reader (config/read.py); imported on use,
+# since the reader needs the training extras and this module must load without them.
 def shipped_configs() -> list[str]:
-    return sorted(p.name[:-5] for p in importlib.resources.files("named.configs").iterdir() if p.name.endswith(".yaml"))
+    from ..config.read import shipped_configs
+
+    return shipped_configs()
 
 
 def resolve_config(name: str) -> str:
-    """``--config NAME``: a YAML file at that path, else the shipped config of that name."""
-    from ..config import ConfigError
+    from ..config.read import resolve_config
 
-    if Path(name).is_file():
-        return name
-    stem = name[:-5] if name.endswith(".yaml") else name
-    if stem in shipped_configs():
-        return str(importlib.resources.files("named.configs") / f"{stem}.yaml")
-    raise ConfigError(f"--config {name!r} is neither a file nor a shipped config ({', '.join(shipped_configs())})")
+    return resolve_config(name)
 
 
 def _config_flags(p: argparse.ArgumentParser) -> None:
@@ -319,8 +316,6 @@ def main_plan(argv: list[str] | None = None) -> int:
         if a.search:
             print("\n" + search_report(cfg, target, explorer.search() if explorer is not None else None))
         if explorer is not None:
-            from pathlib import Path
-
             from ..data import atomic_write
             from .explore import report_page
 
@@ -340,8 +335,6 @@ def main_plot(argv: list[str] | None = None) -> int:
     if importlib.util.find_spec("matplotlib") is None:
         print("error: named-plot needs matplotlib: pip install 'named-jax[notebook]'", file=sys.stderr)
         return 2
-    from pathlib import Path
-
     p = _ArgumentParser(
         prog="named-plot",
         allow_abbrev=False,

@@ -137,7 +137,7 @@ class Explorer:
     ):
         if not isinstance(cfg, TrainConfig):
             from ..config import load_config
-            from .cli import resolve_config
+            from ..config.read import resolve_config
 
             cfg = load_config(resolve_config(str(cfg)), list(overrides))
         here = len(jax.devices())
