@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from named.trainer.commands import cli, plan
-from named.trainer.commands.explore import Explorer
+from named.trainer.commands.explore import Explorer, report_page
 from named.trainer.commands.plan_search import candidates, rank
 from named.trainer.config import ConfigError, load_config
 
@@ -96,6 +96,10 @@ def test_a_views_rank_is_its_place_among_the_search_candidates(explorer):
         assert explorer.view(param={"embed": "data"}).rank == (fsdp, len(found))
         odd = explorer.view(param={"vocab": "data"})  # no candidate of --search: ranked only once compiled
         assert odd.rank is None
+        page = report_page(explorer, search=True)  # the ranking table, and each section's rank
+        assert "layouts ranked by --search" in page
+        section = re.search(r"data-key='FSDP\|none\|1'>(.*?)</section>", page, re.S).group(1)
+        assert f"ranks <b data-figure='rank'>{fsdp}</b> of {len(found)}" in section
     finally:
         explorer._ranked = None
 
