@@ -6,27 +6,21 @@ from __future__ import annotations
 
 import html
 
-import yaml
-
 import named as nm
 
 from ..config import ConfigError
 from .plan import Layout
 
 
-def parse_flow(text: str, field: str) -> dict:
-    """``"data: 4, model: 2"`` or ``"{batch: data, mlp: model}"`` (YAML flow mapping, as in a config
-    file) as a dict; a ConfigError naming ``field`` otherwise."""
+def parse_flow(text: str, key: str) -> dict:
+    """``"data: 4, model: 2"`` or ``"{batch: data, mlp: model}"`` as a dict, read as the flag
+    ``--<key>`` is read (``config.read.read_value``: YAML, no key twice); a ConfigError naming the key."""
+    from ..config.read import Flag, read_value
+
     t = text.strip()
     if not t:
         return {}
-    try:
-        value = yaml.safe_load(t if t.startswith("{") else "{" + t + "}")
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{field}: {text!r} is not a mapping like 'batch: data, mlp: model' ({e})") from None
-    if not isinstance(value, dict):
-        raise ConfigError(f"{field}: {text!r} is not a mapping like 'batch: data, mlp: model'")
-    return value
+    return read_value(Flag(key, t if t.startswith("{") else "{" + t + "}"), mapping=True)
 
 
 def _flow(pairs) -> str:
