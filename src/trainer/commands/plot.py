@@ -102,7 +102,12 @@ def figure(runs: list[Path]):
         ax.set_title(title)
         ax.set_xlabel("step")
         if log:
+            from matplotlib.ticker import FuncFormatter
+
             ax.set_yscale("log")
+            # 0.5, not 5x10^-1; between powers of ten only 2, 3 and 5 are labelled (the rest crowd)
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:e}"[0] in "235" else ""))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(panels) :]:
