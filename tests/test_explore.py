@@ -76,6 +76,8 @@ def test_views_are_cached_and_refusals_name_the_key(explorer):
     assert "mesh.param_mapping.nope" in explorer.view(param={"nope": "data"}).error
     assert "trainer.microbatches" in explorer.view(microbatches=3).error
     assert "mesh.mode" in explorer.view(mode="sideways").error
+    with pytest.raises(ConfigError, match="mesh.param_mapping.nope"):
+        explorer.view(param={"nope": "data"}).memory()  # a refused layout has no figures
     with pytest.raises(ConfigError, match="unknown layout field"):
         explorer.view(mapping={"batch": "data"})
     with pytest.raises(ConfigError, match="devices=4, but this process has 8"):
@@ -122,6 +124,14 @@ def test_the_widget_replans_when_a_mapping_changes(explorer):
     texts["parameters"].value = "embed: data"
     after = explorer.view(param={"embed": "data"}).total_bytes
     assert after < before and f"{after / 2**20:.2f} MiB" in out.value
+    texts["compile the step"].value = True  # compiled once per layout (the compile test's, when it ran first)
+    assert "data-figure='collective all-gather'" in out.value and "temporaries" in out.value
+    texts["compile the step"].value = False
+    texts["remat"].value = "full"
+    assert "remat full" in out.value
+    assert f"{explorer.view(param={'embed': 'data'}, remat='full').total_bytes / 2**20:.2f} MiB" in out.value
+    texts["microbatches"].value = 2  # 4 sequences over 8 devices: refused, and said so
+    assert "trainer.microbatches=2" in out.value
     texts["parameters"].value = "embed: [data"
     assert "mesh.param_mapping" in out.value  # the YAML error, named
 

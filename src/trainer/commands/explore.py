@@ -50,7 +50,10 @@ class View:
 
     def memory(self) -> dict[str, float]:
         """Bytes per device: parameters, gradients, optimizer state, activations and logits (estimates,
-        ``plan.Plan``), and, once compiled, the temporaries: XLA's peak less everything else (never below 0)."""
+        ``plan.Plan``), and, once compiled, the temporaries: XLA's peak less everything else (never below 0).
+        A refused layout has none: its error, raised."""
+        if self.plan is None:
+            raise ConfigError(self.error)
         p = self.plan
         out = {
             "parameters": float(p.params.bytes_per_device),
