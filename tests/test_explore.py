@@ -10,6 +10,7 @@ import pytest
 
 from named.trainer.commands import cli, plan
 from named.trainer.commands.explore import Explorer, report_page
+from named.trainer.commands.plan import Layout
 from named.trainer.commands.plan_search import candidates, rank
 from named.trainer.config import ConfigError, load_config
 
@@ -154,3 +155,28 @@ def test_named_plan_html_refuses_a_missing_folder(tmp_path, capsys):
     assert "--html" in capsys.readouterr().err and not (tmp_path / "no").exists()
     assert cli.main_plan(["--config_path", str(CONFIG), "--html", str(tmp_path), *SMALL]) == 2
     assert "is a folder" in capsys.readouterr().err
+
+
+def test_a_live_module_is_planned_in_place_of_the_configs_model():
+    """A module built (or changed) in a notebook: its shapes are planned, checked against both mappings."""
+    import jax
+
+    from named.trainer.loop.checks import model_config_for
+
+    two_layers = load_config(CONFIG, [*SMALL, "--model.n_layer", "2"])
+    model_cfg, cls = model_config_for(two_layers)
+    module = cls.init(model_cfg, key=jax.random.key(0))
+    ex = Explorer(load_config(CONFIG, SMALL), model=module)  # the config says one layer
+    fsdp = {"embed": "data"}
+    expected = plan.make_plan(Layout.of(two_layers).replace(param=fsdp).apply(two_layers))
+    v = ex.view(param=fsdp)
+    assert v.memory()["parameters"] == expected.params.bytes_per_device
+    assert v.memory()["activations"] == expected.activations  # the estimate reads the layers off the shapes
+    assert "mesh.param_mapping.nope" in ex.view(param={"nope": "data"}).error
+    import named as nm
+
+    other = Explorer(
+        load_config(CONFIG, SMALL),
+        model=nm.nn.Linear.init(nm.Axis("embed", 4), nm.Axis("mlp", 8), key=jax.random.key(0)),
+    )
+    assert "the live module is a Linear" in other.view().error

@@ -18,11 +18,13 @@ import html
 import json
 import math
 
+import equinox as eqx
 import jax
 
 import named as nm
 
 from ..config import ConfigError, TrainConfig
+from ..loop.checks import Setup, check_against_devices, check_mappings
 from ..loop.registry import flops_per_token
 from .plan import Layout, Plan, Target, make_plan, train_step_report
 from .plan_search import Candidate, Roofline, candidates, layout_of, rank
@@ -126,7 +128,10 @@ class Explorer:
     ``devices``: the device count planned for; it must be this process's (a notebook stands in
     N CPU devices with ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` before importing jax;
     ``named-plan --devices N`` does it for you). ``device_kind`` and ``device_memory`` as
-    ``named-plan``'s flags, or ``target`` (what they make, ``plan.Target.of``)."""
+    ``named-plan``'s flags, or ``target`` (what they make, ``plan.Target.of``). ``model``: a live
+    module of the config's model type (built or changed in a notebook): its parameters' shapes are
+    planned instead of those the config's model keys give; the batch, optimizer, the FLOPs of the
+    shape-only step estimate and the ``search`` ranking stay the config's."""
 
     def __init__(
         self,
@@ -137,6 +142,7 @@ class Explorer:
         device_memory: str | None = None,
         overrides: tuple[str, ...] = (),
         target: Target | None = None,
+        model=None,
     ):
         if not isinstance(cfg, TrainConfig):
             from ..config import load_config
@@ -159,6 +165,8 @@ class Explorer:
         dev = self.target.device
         known = dev is not None and dev.hbm_bandwidth is not None and dev.link_bandwidth is not None
         self.roof = Roofline.of(cfg, dev) if known else None
+        self.model = model
+        self._model_shapes = None if model is None else eqx.filter_eval_shape(lambda m: m, model)
         self.layout = Layout.of(cfg)
         self._views: dict[Layout, View] = {}
         self._compiled: dict[Layout, nm.inspect.CompiledReport] = {}
@@ -177,7 +185,7 @@ class Explorer:
         if v is None:
             try:
                 cfg = lay.apply(self.cfg)
-                v = View(lay, make_plan(cfg, self.target), roof=self.roof)
+                v = View(lay, make_plan(cfg, self.target, self._setup(cfg)), roof=self.roof)
             except (ConfigError, nm.NamedError) as e:
                 v = View(lay, None, error=str(e))
             self._views[lay] = v
@@ -187,6 +195,20 @@ class Explorer:
             v.compiled = self._compiled.get(lay)
             v.rank = self._rank_of(v)
         return v
+
+    def _setup(self, cfg: TrainConfig) -> Setup:
+        """The checks of ``cfg`` (``check_against_devices``); with a live model, its shapes in place
+        of the config's, checked against both mappings."""
+        s = check_against_devices(cfg)
+        if self._model_shapes is None:
+            return s
+        if not isinstance(self.model, s.model_cls):
+            raise ConfigError(
+                f"model: the live module is a {type(self.model).__name__}; the config's model.type builds a "
+                f"{s.model_cls.__name__}"
+            )
+        check_mappings(cfg, self._model_shapes, s.mesh, s.compute, s.param, s.model_cfg)
+        return dataclasses.replace(s, shapes=self._model_shapes)
 
     def search(self, progress=None) -> list[Candidate]:
         """``named-plan --search``'s ranking (compiles every candidate once; then cached)."""
