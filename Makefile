@@ -7,7 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test train bench bench-gpu clean
+.PHONY: install browser test train bench bench-gpu clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -16,6 +16,16 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# Headless Chromium for the browser tests (tests/test_screenshots.py, docs/screenshots.py): Debian's
+# package, installed when no Chromium is on PATH and we are root (CI); otherwise said and left alone.
+BROWSERS := chromium-headless-shell chromium chromium-browser google-chrome
+browser:
+	@if (for b in $(BROWSERS); do command -v $$b >/dev/null && exit 1; done; exit 0); then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+		else echo "no Chromium, and not root with apt-get: the browser tests will skip"; fi; \
+	fi
 
 test: $(STAMP)
 	$(PY) -m pytest -n 2 --dist loadfile -q tests

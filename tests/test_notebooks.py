@@ -34,8 +34,8 @@ def _kernel_name() -> str:
     return "python3"
 
 
-def test_there_are_three_notebooks():
-    assert {p.stem for p in NOTEBOOKS} == {"named_arrays_tour", "sharding_explorer", "explicit_mode"}
+def test_there_are_four_notebooks():
+    assert {p.stem for p in NOTEBOOKS} == {"named_arrays_tour", "sharding_explorer", "explicit_mode", "layout_explorer"}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

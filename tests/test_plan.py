@@ -43,6 +43,18 @@ def test_help_lists_the_plan_flags(capsys):
         assert flag in out, flag
 
 
+def test_logits_estimate_follows_the_formula():
+    # GPT-2 nano, byte vocab rounded up to 384, seq 32; 8 sequences over data=8: 1 per device.
+    # The logits and their gradient in float32: 2 * b * s * V * 4; a loss block of 128 holds 128 of V.
+    for flags, vocab in (([], 384), (["--trainer.loss_block_size", "128"], 128)):
+        text = plan.plan_report(load_config(CONFIG, [*SMALL, *flags]))
+        got = float(re.search(r"logits per device \(estimate, one microbatch, [^)]*\): ([\d.]+) MiB", text).group(1))
+        assert got == pytest.approx(2 * 1 * 32 * vocab * 4 / 2**20, abs=0.01)
+        state = float(re.search(r"params \+ grads \+ moments: ([\d.]+) MiB per device", text).group(1))
+        acts = float(re.search(r"remat none\): ([\d.]+) MiB", text).group(1))
+        assert float(re.search(r"in all: ([\d.]+) MiB", text).group(1)) == pytest.approx(state + acts + got, abs=0.02)
+
+
 def test_activation_estimate_follows_the_formula():
     # GPT-2 nano under FSDP+TP: 4 layers, width 128, 4 heads, seq 32; 8 sequences over 4 data
     # devices = 2 per device; heads over model=2. Korthikanti et al. eq. 2, 16-bit, x2 for float32.

@@ -1,4 +1,5 @@
-"""Console scripts: ``named-train``, ``named-sample``, ``named-plan``, ``named-export``, ``named-data``, ``named-eval``.
+"""Console scripts: ``named-train``, ``named-sample``, ``named-plan``, ``named-export``, ``named-data``,
+``named-eval``, ``named-plot``.
 
 The boundary: bad input (one of our exception types: ConfigError, DataError, CheckpointError,
 TrainingError, a NamedError) prints ``error: ...`` and exits 2; an OSError the input did not
@@ -12,7 +13,6 @@ with the package (``named-train --config gpt2_nano`` works from a pip install).
 from __future__ import annotations
 
 import argparse
-import importlib.resources
 import importlib.util
 import logging
 import os
@@ -33,20 +33,18 @@ class _ArgumentParser(argparse.ArgumentParser):
         raise ConfigError(message)
 
 
+# The config names --config takes live with the config reader (config/read.py); imported on use,
+# since the reader needs the training extras and this module must load without them.
 def shipped_configs() -> list[str]:
-    return sorted(p.name[:-5] for p in importlib.resources.files("named.configs").iterdir() if p.name.endswith(".yaml"))
+    from ..config.read import shipped_configs
+
+    return shipped_configs()
 
 
 def resolve_config(name: str) -> str:
-    """``--config NAME``: a YAML file at that path, else the shipped config of that name."""
-    from ..config import ConfigError
+    from ..config.read import resolve_config
 
-    if Path(name).is_file():
-        return name
-    stem = name[:-5] if name.endswith(".yaml") else name
-    if stem in shipped_configs():
-        return str(importlib.resources.files("named.configs") / f"{stem}.yaml")
-    raise ConfigError(f"--config {name!r} is neither a file nor a shipped config ({', '.join(shipped_configs())})")
+    return resolve_config(name)
 
 
 def _config_flags(p: argparse.ArgumentParser) -> None:
@@ -351,6 +349,12 @@ def main_plan(argv: list[str] | None = None) -> int:
         help="compile every layout that fits the devices (DP, FSDP, FSDP+TP, TP x remat x microbatches) "
         "and rank them by a roofline estimate",
     )
+    p.add_argument(
+        "--html",
+        metavar="PAGE",
+        help="also write one self-contained HTML page: memory per device of every layout --search tries "
+        "(remat none/full, 1/2/4 microbatches; selects pick one), the device grid, and --search's ranking",
+    )
 
     def body() -> int:
         a, rest = p.parse_known_args(argv)
@@ -364,6 +368,11 @@ def main_plan(argv: list[str] | None = None) -> int:
         target = Target.of(a.device_kind, a.device_memory, stand_ins=a.devices is not None)
         if a.search:
             roofline(cfg, target)
+        if a.html is not None:
+            folder = os.path.dirname(os.path.abspath(a.html))
+            if os.path.isdir(a.html) or not os.path.isdir(folder):
+                what = "is a folder" if os.path.isdir(a.html) else f"is in a folder that does not exist ({folder})"
+                raise ConfigError(f"--html {a.html} {what}: name the page's file, e.g. --html plan.html")
         if a.devices is not None:
             from ..loop.checks import check_device_count
 
@@ -371,8 +380,46 @@ def main_plan(argv: list[str] | None = None) -> int:
             if not _stand_in_devices(a.devices):
                 return _plan_in_child(argv, a.devices)
         print(plan_report(cfg, compile=a.compile, target=target))
+        explorer = None
+        if a.html is not None:
+            from .explore import Explorer
+
+            explorer = Explorer(cfg, target=target)
         if a.search:
-            print("\n" + search_report(cfg, target))
+            print("\n" + search_report(cfg, target, explorer.search() if explorer is not None else None))
+        if explorer is not None:
+            from ..data import atomic_write
+            from .explore import report_page
+
+            page = report_page(explorer, compile=a.compile, search=a.search)
+            with atomic_write(Path(a.html)) as f:
+                f.write(page.encode("utf-8"))
+            print(f"\nwrote {a.html}")
+        return 0
+
+    return _guarded(body)
+
+
+def main_plot(argv: list[str] | None = None) -> int:
+    """``named-plot RUN [RUN ...] [--out curves.png]``: loss, evaluation losses per source, learning
+    rate, gradient norm and tokens/s from each run's metrics.jsonl, the runs overlaid."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if importlib.util.find_spec("matplotlib") is None:
+        print("error: named-plot needs matplotlib: pip install 'named-jax[notebook]'", file=sys.stderr)
+        return 2
+    p = _ArgumentParser(
+        prog="named-plot",
+        allow_abbrev=False,
+        description="Training curves from run directories (their metrics.jsonl), several runs overlaid.",
+    )
+    p.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="a run directory (or its metrics.jsonl)")
+    p.add_argument("--out", type=Path, default=Path("curves.png"), help="a .png or .html file (default: curves.png)")
+
+    def body() -> int:
+        from .plot import plot_runs
+
+        a = p.parse_args(argv)
+        print(f"wrote {plot_runs(a.runs, a.out)}")
         return 0
 
     return _guarded(body)
@@ -494,7 +541,7 @@ def _plan_in_child(argv: list[str], n: int) -> int:
     return subprocess.run([sys.executable, "-m", "named.trainer.commands.cli", "plan", *argv], env=env).returncode
 
 
-if __name__ == "__main__":  # `python -m named.trainer.commands.cli plan|train|sample|export|data|eval ...`
+if __name__ == "__main__":  # `python -m named.trainer.commands.cli plan|train|sample|export|data|eval|plot ...`
     _MAINS = {
         "plan": main_plan,
         "train": main_train,
@@ -502,6 +549,7 @@ if __name__ == "__main__":  # `python -m named.trainer.commands.cli plan|train|s
         "export": main_export,
         "data": main_data,
         "eval": main_eval,
+        "plot": main_plot,
     }
     if len(sys.argv) < 2 or sys.argv[1] not in _MAINS:
         sys.exit(f"usage: python -m named.trainer.commands.cli {{{'|'.join(_MAINS)}}} ...")

@@ -5,14 +5,16 @@ It runs every check ``named-train`` runs short of the data and the run directory
 is compiled or allocated: the mesh, every parameter's layout and bytes per device, an estimate
 of the activations, and the microbatch plan. ``compile=True`` (``named-plan --compile``) also
 compiles the train step on abstract inputs and reports its collectives, memory per device and
-FLOPs (a few seconds for the small configs); ``plan_search`` ranks every layout that fits. The command line (``cli.main_plan``) can plan for devices this machine does
-not have: ``--devices N`` stands N CPU devices in for them, ``--device-kind`` names the chip.
+FLOPs (a few seconds for the small configs); ``plan_search`` ranks every layout that fits. The
+command line (``cli.main_plan``) can plan for devices this machine does not have: ``--devices N``
+stands N CPU devices in for them, ``--device-kind`` names the chip.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -47,6 +49,76 @@ class Target:
         return cls(device, budget)
 
 
+def _frozen(mapping: dict) -> tuple:
+    return tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in mapping.items())
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """The keys of a config that decide how a run is laid out and what it keeps in memory: what
+    ``named-plan --search`` varies and the layout explorer (``explore.py``) lets a user change.
+    Hashable (mappings as tuples of pairs), so plans can be cached by it."""
+
+    mesh_shape: tuple[tuple[str, int], ...]
+    compute: tuple[tuple[str, Any], ...]
+    param: tuple[tuple[str, Any], ...]
+    remat: str = "none"
+    microbatches: int = 1
+    loss_block_size: int | None = None
+    mode: str = "auto"
+
+    @classmethod
+    def of(cls, cfg: TrainConfig) -> Layout:
+        m = cfg.mesh
+        return cls(
+            _frozen(m.shape),
+            _frozen(m.compute_mapping),
+            _frozen(m.param_mapping),
+            str(getattr(cfg.model, "remat", "none")),
+            cfg.trainer.microbatches,
+            cfg.trainer.loss_block_size,
+            m.mode,
+        )
+
+    def replace(self, **changes) -> Layout:
+        """This layout with some fields changed; mappings and the mesh shape may be given as dicts."""
+        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            fields = ", ".join(f.name for f in dataclasses.fields(self))
+            raise ConfigError(f"unknown layout field(s) {unknown}: a layout has {fields}")
+        for name in ("mesh_shape", "compute", "param"):
+            if isinstance(changes.get(name), dict):
+                changes[name] = _frozen(changes[name])
+        return dataclasses.replace(self, **changes)
+
+    def apply(self, cfg: TrainConfig) -> TrainConfig:
+        """``cfg`` with this layout, checked as ``load_config`` checks a config (each key against its
+        declaration, then the rules that tie keys together): a bad value is a ConfigError naming its key."""
+        from ..config import validate_static
+        from ..config.check import check_section
+
+        def thawed(pairs):
+            return {k: list(v) if isinstance(v, tuple) else v for k, v in pairs}
+
+        out = dataclasses.replace(
+            cfg,
+            mesh=dataclasses.replace(
+                cfg.mesh,
+                shape=thawed(self.mesh_shape),
+                compute_mapping=thawed(self.compute),
+                param_mapping=thawed(self.param),
+                mode=self.mode,
+            ),
+            trainer=dataclasses.replace(
+                cfg.trainer, microbatches=self.microbatches, loss_block_size=self.loss_block_size
+            ),
+            model=dataclasses.replace(cfg.model, remat=self.remat),
+        )
+        check_section(type(out), out, "")
+        validate_static(out)
+        return out
+
+
 def activation_bytes(cfg: TrainConfig, s: Setup) -> float:
     """Per device, the activations one microbatch keeps for the backward pass, after Korthikanti
     et al. 2022 ("Reducing activation recomputation in large transformer models"), eq. 2 with
@@ -77,13 +149,83 @@ def activation_bytes(cfg: TrainConfig, s: Setup) -> float:
     return total * jnp.dtype(get_policy(t.precision).compute_dtype).itemsize / 2
 
 
-def plan_report(cfg: TrainConfig, *, compile: bool = False, target: Target | None = None) -> str:
-    target = target if target is not None else Target(hardware.local(), None)
-    s = check_against_devices(cfg)
-    model_cfg, mesh, compute, param = s.model_cfg, s.mesh, s.compute, s.param
-    params = nm.param_report(s.shapes, param, mesh)
+def logits_bytes(cfg: TrainConfig, s: Setup) -> float:
+    """Per device, the logits one microbatch's loss holds and their gradient, in float32 (the loss
+    is computed in float32): ``2 · b · s · V · 4`` bytes for b sequences per device of length s and
+    V vocab entries per device (the vocab over the mesh axes the compute mapping splits it on).
+    With ``trainer.loss_block_size`` B the loss makes the logits a block at a time: V is B."""
+    axes = (a for x in jax.tree.leaves(s.shapes, is_leaf=nm.is_named_array) for a in getattr(x, "axes", ()))
+    vocab = next((a.size for a in axes if a.name == "vocab"), 0)
+    shape = dict(s.mesh.shape)
+    split = s.compute.get("vocab")
+    shards = math.prod(shape[m] for m in ([split] if isinstance(split, str) else (split or ())))
     t = cfg.trainer
-    dp = data_parallel_size(cfg, dict(mesh.shape))
+    b = t.train_batch_size // t.microbatches / max(data_parallel_size(cfg, shape), 1)
+    per_device_vocab = t.loss_block_size if t.loss_block_size is not None else vocab / shards
+    return 2 * b * cfg.data.seq_len * per_device_vocab * 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What ``named-plan`` computes from shapes alone, per device: one value that the text report,
+    the HTML page and the layout explorer (``explore.py``) all read."""
+
+    cfg: TrainConfig
+    setup: Setup
+    target: Target
+    params: nm.inspect.ParamReport
+    trained: nm.inspect.ParamReport  # the trainable part: gradients (LoRA: the adapters)
+    moments: nm.inspect.ParamReport  # the optimizer state
+    activations: float  # bytes, ``activation_bytes``
+    logits: float  # bytes, ``logits_bytes``
+
+    @property
+    def data_parallel(self) -> int:
+        return data_parallel_size(self.cfg, dict(self.setup.mesh.shape))
+
+    @property
+    def state_bytes(self) -> float:
+        """Parameters + gradients + optimizer state, per device."""
+        return self.params.bytes_per_device + self.trained.bytes_per_device + self.moments.bytes_per_device
+
+    @property
+    def total_bytes(self) -> float:
+        """The state, one microbatch's activations and its logits, per device: the figure checked
+        against the budget."""
+        return self.state_bytes + self.activations + self.logits
+
+    @property
+    def over_budget(self) -> bool:
+        return bool(self.target.memory) and self.total_bytes > self.target.memory
+
+
+def make_plan(cfg: TrainConfig, target: Target | None = None, s: Setup | None = None) -> Plan:
+    """Check ``cfg`` against the devices (``check_against_devices``, unless ``s`` is its result)
+    and measure its layout from shapes; nothing is compiled."""
+    from ..loop.optim import init_opt_state, trainable_part
+
+    target = target if target is not None else Target(hardware.local(), None)
+    s = s if s is not None else check_against_devices(cfg)
+    return Plan(
+        cfg,
+        s,
+        target,
+        nm.param_report(s.shapes, s.param, s.mesh),
+        # Gradients and the optimizer state exist for the trainable parameters only (LoRA: the adapters).
+        nm.param_report(trainable_part(cfg, s.shapes), s.param, s.mesh),
+        nm.param_report(jax.eval_shape(lambda m: init_opt_state(cfg, m), s.shapes), s.param, s.mesh),
+        activation_bytes(cfg, s),
+        logits_bytes(cfg, s),
+    )
+
+
+def plan_report(cfg: TrainConfig, *, compile: bool = False, target: Target | None = None) -> str:
+    p = make_plan(cfg, target)
+    target, s = p.target, p.setup
+    model_cfg, mesh, compute, param = s.model_cfg, s.mesh, s.compute, s.param
+    params, trained, moments = p.params, p.trained, p.moments
+    t = cfg.trainer
+    dp = p.data_parallel
     micro = t.train_batch_size // t.microbatches
     here = jax.devices()[0].device_kind
     planned = (
@@ -91,13 +233,7 @@ def plan_report(cfg: TrainConfig, *, compile: bool = False, target: Target | Non
         if target.device is not None and target.device.name.lower() not in here.lower()
         else ""
     )
-    acts = activation_bytes(cfg, s)
-    # Gradients and the optimizer state exist for the trainable parameters only (LoRA: the adapters).
-    from ..loop.optim import init_opt_state, trainable_part
-
-    trained = nm.param_report(trainable_part(cfg, s.shapes), param, mesh)
-    moments = nm.param_report(jax.eval_shape(lambda m: init_opt_state(cfg, m), s.shapes), param, mesh)
-    state = params.bytes_per_device + trained.bytes_per_device + moments.bytes_per_device
+    acts, state = p.activations, p.state_bytes
     lines = [
         f"devices: {len(jax.devices())} x {here} in {jax.process_count()} process(es)"
         + (f"; {planned}" if planned else ""),
@@ -117,8 +253,10 @@ def plan_report(cfg: TrainConfig, *, compile: bool = False, target: Target | Non
         )
         + f"; params + grads + moments: {state / 2**20:.2f} MiB per device",
         "",
-        f"batch: {t.train_batch_size} sequences x {cfg.data.seq_len} tokens = {t.train_batch_size * cfg.data.seq_len} tokens/step",
-        f"microbatches: {t.microbatches} of {micro} sequences; {micro // max(dp, 1)} per data-parallel group of {dp} device(s)",
+        f"batch: {t.train_batch_size} sequences x {cfg.data.seq_len} tokens = "
+        f"{t.train_batch_size * cfg.data.seq_len} tokens/step",
+        f"microbatches: {t.microbatches} of {micro} sequences; "
+        f"{micro // max(dp, 1)} per data-parallel group of {dp} device(s)",
         f"model: {type(model_cfg).__name__} with {params.n_params:,} parameters; "
         f"{flops_per_token(model_cfg, cfg.data.seq_len) / 1e9:.3f} GFLOP per token (6N + 12·L·d·T)",
         f"activations per device (estimate, one microbatch, remat {getattr(cfg.model, 'remat', 'none')}): "
@@ -126,6 +264,13 @@ def plan_report(cfg: TrainConfig, *, compile: bool = False, target: Target | Non
         + (
             f" of {target.memory / 2**30:.1f} GiB per device"
             + (" (OVER BUDGET)" if acts + state > target.memory else "")
+            if target.memory
+            else ""
+        ),
+        f"logits per device (estimate, one microbatch, loss blocks {t.loss_block_size or 'none'}; "
+        f"float32, with their gradient): {p.logits / 2**20:.2f} MiB; in all: {p.total_bytes / 2**20:.2f} MiB"
+        + (
+            f" of {target.memory / 2**30:.1f} GiB per device" + (" (OVER BUDGET)" if p.over_budget else "")
             if target.memory
             else ""
         ),

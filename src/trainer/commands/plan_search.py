@@ -27,7 +27,7 @@ from collections.abc import Iterator
 
 from ..config import ConfigError, TrainConfig
 from ..loop.hardware import Device
-from .plan import Target, train_step_report
+from .plan import Layout, Target, train_step_report
 
 _TP_AXES = ("mlp", "heads", "kv_heads")
 
@@ -101,15 +101,16 @@ def candidates(n_devices: int, param_axes: set[str], batch_size: int) -> Iterato
                     yield Candidate(name, shape, compute, param, remat, micro)
 
 
-def _with(cfg: TrainConfig, c: Candidate) -> TrainConfig:
-    return dataclasses.replace(
-        cfg,
-        mesh=dataclasses.replace(
-            cfg.mesh, shape=dict(c.mesh_shape), compute_mapping=dict(c.compute), param_mapping=dict(c.param)
-        ),
-        trainer=dataclasses.replace(cfg.trainer, microbatches=c.microbatches),
-        model=dataclasses.replace(cfg.model, remat=c.remat),
+def layout_of(base: Layout, c: Candidate) -> Layout:
+    """The layout tried as ``c``: ``base`` (the config's) with the candidate's mesh, mappings, remat
+    and microbatches."""
+    return base.replace(
+        mesh_shape=c.mesh_shape, compute=c.compute, param=c.param, remat=c.remat, microbatches=c.microbatches
     )
+
+
+def _with(cfg: TrainConfig, c: Candidate) -> TrainConfig:
+    return layout_of(Layout.of(cfg), c).apply(cfg)
 
 
 def search(cfg: TrainConfig, roof: Roofline, *, memory_budget: float, progress=None) -> list[Candidate]:
@@ -214,20 +215,21 @@ def format_table(ranked: list[Candidate], roof: Roofline, memory_budget: float) 
     dev = roof.device
     note = (
         f"estimate per step on {dev.name}: FLOPs / {roof.peak_flops / 1e12:.3g} TFLOP/s ({roof.peak_kind} matmuls) "
-        f"+ HBM bytes / {dev.hbm_bandwidth / 1e12:.3g} TB/s (a layout with and without remat: the smaller count) + collective "
-        f"bytes sent / {dev.link_bandwidth / 1e9:.3g} GB/s, added without overlap (an upper bound for ranking); "
+        f"+ HBM bytes / {dev.hbm_bandwidth / 1e12:.3g} TB/s (a layout with and without remat: the smaller count) "
+        f"+ collective bytes sent / {dev.link_bandwidth / 1e9:.3g} GB/s, added without overlap "
+        "(an upper bound for ranking); "
         "peak memory from XLA's CPU buffer assignment, which can differ from a GPU's or TPU's."
     )
     return "\n".join([*lines, "", note])
 
 
-def search_report(cfg: TrainConfig, target: Target) -> str:
-    """The ranked table ``named-plan --search`` prints."""
+def search_report(cfg: TrainConfig, target: Target, ranked: list[Candidate] | None = None) -> str:
+    """The ranked table ``named-plan --search`` prints (of ``ranked``, when the caller searched already)."""
     import jax
 
     roof = roofline(cfg, target)
     budget = target.memory if target.memory is not None else float("inf")
-    ranked = search(cfg, roof, memory_budget=budget)
+    ranked = ranked if ranked is not None else search(cfg, roof, memory_budget=budget)
     return "\n".join(
         [
             f"layouts for {len(jax.devices())} x {target.device.name} (each compiled on abstract inputs):",

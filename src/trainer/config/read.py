@@ -11,6 +11,7 @@ that order; nothing here knows the sections.
 from __future__ import annotations
 
 import dataclasses
+import importlib.resources
 from pathlib import Path
 from typing import Any
 
@@ -170,3 +171,18 @@ def read_file(path: Path, sections: list[str]) -> dict:
                 f"config file {str(path)!r}: section {section!r} must be a mapping of keys, got {value!r}"
             )
     return content
+
+
+def shipped_configs() -> list[str]:
+    """The names of the configs shipped with the package (the repository's ``config/``)."""
+    return sorted(p.name[:-5] for p in importlib.resources.files("named.configs").iterdir() if p.name.endswith(".yaml"))
+
+
+def resolve_config(name: str) -> str:
+    """``--config NAME``: a YAML file at that path, else the shipped config of that name."""
+    if Path(name).is_file():
+        return name
+    stem = name[:-5] if name.endswith(".yaml") else name
+    if stem in shipped_configs():
+        return str(importlib.resources.files("named.configs") / f"{stem}.yaml")
+    raise ConfigError(f"--config {name!r} is neither a file nor a shipped config ({', '.join(shipped_configs())})")
