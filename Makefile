@@ -25,7 +25,7 @@ TRAIN_ARGS ?=
 train: $(STAMP)
 	$(VENV)/bin/named-train --config_path config/gpt2_nano.yaml $(TRAIN_ARGS)
 
-# CPU benchmarks (8 fake devices), ~10 minutes on an idle 2-core machine; JSON in bench/results/,
+# CPU benchmarks (8 fake devices), ~12 minutes on an idle 2-core machine; JSON in bench/results/,
 # tables in docs/benchmarks.md. The peer (Haliax + Levanter) runs when bench/.venv-peer can be
 # built from PyPI (first time: several minutes more); otherwise its JSON says why it was skipped.
 bench: $(STAMP)
@@ -36,6 +36,7 @@ bench: $(STAMP)
 	$(PY) bench/peer.py
 	$(PY) bench/peer.py --model llama
 	$(PY) bench/moe.py
+	$(PY) bench/decode.py
 	$(PY) bench/report.py
 
 # One GPU (docs/benchmarks.md §6), from a clean checkout: needs only the machine's jax (with its CUDA

@@ -361,6 +361,46 @@ def moe_block() -> str:
     )
 
 
+def decode_block() -> str:
+    r = load("decode")
+    if r is None:
+        return "_not run: bench/results/decode.json is missing_"
+    rows = []
+    for f in r["families"]:
+        for row in f["rows"]:
+            ttft = row.get("ttft_median_s")
+            rows.append(
+                [
+                    f"{f['family']} ({f['params']:,} parameters)",
+                    row["side"],
+                    row["batch"],
+                    f"{row['tokens_per_s']:,.0f}",
+                    ms(row["call_s"]["median_s"]),
+                    ms(row["call_cpu_s"]),
+                    ms(ttft) if ttft is not None else "",
+                ]
+            )
+    ratios = "; ".join(
+        f"{f['family']} "
+        + ", ".join(f"batch {b} **{x:.1f}×**" for b, x in f["named_over_transformers_tokens_per_s"].items())
+        for f in r["families"]
+    )
+    compiles = ", ".join(f"{f['family']} {f['compiles_during_timing']}" for f in r["families"])
+    agree = ", ".join(
+        f"{f['family']} batch {b} {x:.0%}" for f in r["families"] for b, x in f["greedy_tokens_agree"].items()
+    )
+    head = (
+        f"Greedy, KV cache, prompt {r['prompt_tokens']} tokens, {r['new_tokens']} new tokens per call; "
+        f"transformers {r['transformers']} on torch {r['torch']} ({r['torch_threads']} threads); "
+        f"{r['rounds']} rounds taking turns, medians."
+    )
+    t = table(["model", "side", "batch", "new tokens/s", "call (wall)", "call (CPU)", "time to first token"], rows)
+    return (
+        f"{head}\n\n{t}\n\nnamed / transformers, tokens/s: {ratios}. XLA compilations during the timed calls: "
+        f"{compiles}. Greedy tokens equal to transformers': {agree}.\n\n{provenance(r)}"
+    )
+
+
 def gpu_block(results: Path = RESULTS, name: str = "gpu_mfu") -> str:
     """bench/gpu_mfu.py's runs (it prints this too, from its --out folder): the training runs,
     then attention alone, then where and with what they ran."""
@@ -476,6 +516,7 @@ BLOCKS = {
     "memory": memory_block,
     "data_ckpt": data_block,
     "moe": moe_block,
+    "decode": decode_block,
     "gpu": gpu_block,
     "gpu_segments": lambda: gpu_block(RESULTS, "gpu_mfu_segments"),
 }

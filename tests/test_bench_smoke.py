@@ -145,6 +145,16 @@ def test_moe_tiny(tmp_path):
     assert r["placement"]["EP explicit"]["collectives"]["all-to-all"] > 0
 
 
+def test_decode_tiny(tmp_path):
+    import decode
+
+    decode.main(["--tiny", "--out", str(tmp_path)])
+    for f in _load(tmp_path, "decode_tiny")["families"]:
+        assert f["compiles_during_timing"] == 0  # every timed call reused its program
+        assert set(f["greedy_tokens_agree"].values()) == {1.0}  # the same tokens as transformers
+        assert {row["side"] for row in f["rows"]} == {"named", "transformers", "named-sample (continue_ids)"}
+
+
 def test_data_ckpt_tiny(tmp_path):
     import data_ckpt
 
