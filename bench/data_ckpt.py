@@ -216,6 +216,7 @@ def main(argv=None):
     if args.tiny:
         args.tokens, args.steps, args.ckpt_mb, args.repeats = 1_000_000, 5, 4, 1
         cases = [(128, 8)]
+    machine = C.machine()  # the load average before the run
     mesh = nm.make_mesh(C.MESH)
     tmp = Path(tempfile.mkdtemp(prefix="named-bench-", dir=args.tmp))
     try:
@@ -228,7 +229,7 @@ def main(argv=None):
     result = {
         "benchmark": "data_ckpt",
         "command": C.command_line(),
-        "machine": C.machine(),
+        "machine": machine,
         "tmp_dir": str(tmp.parent),
         "loader": loader,
         "loader_goal": "tokens_per_s >= 5e6 per host",
@@ -284,6 +285,7 @@ def main_s3(args) -> dict:
 
     if args.tiny:
         args.ckpt_mb, args.repeats = 4, 1
+    machine = C.machine()  # the load average before the run
     server = MotoServer()
     server.create_bucket("bench")
     os.environ.update(s3_env(server.url))
@@ -319,7 +321,7 @@ def main_s3(args) -> dict:
     result = {
         "benchmark": "data_ckpt_s3",
         "command": C.command_line(),
-        "machine": C.machine(),
+        "machine": machine,
         "s3_server": f"moto {moto.__version__} standalone server on 127.0.0.1 (in-memory)",
         "local": merged(local),
         "s3": merged(s3),
