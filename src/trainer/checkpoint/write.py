@@ -1,8 +1,10 @@
 """Writing and committing checkpoints, asynchronously, to a local directory or an object store.
 
 Protocol of a save (``Checkpointer.save``): in the calling thread, every shard this process
-owns is copied to host memory (so the caller may donate or delete its buffers at once); a
-background thread then writes them and commits:
+owns is copied to host memory (so the caller may donate or delete its buffers at once; from
+the second save on, into the previous save's buffers); a background thread then writes them and
+commits. ``save_checkpoint``, which blocks until the commit, writes the shards from where they
+are, without a copy. The commit:
 
 - **Local directory**: the chunks go into ``step_<N>.tmp-<token>/``, are hashed and fsynced;
   with several processes each writes a manifest of its files and all meet at a barrier;
