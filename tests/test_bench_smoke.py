@@ -162,6 +162,16 @@ def test_data_ckpt_tiny(tmp_path):
     r = _load(tmp_path, "data_ckpt_tiny")
     assert r["loader"][0]["tokens_per_s"]["median_s"] > 0
     assert r["checkpoint"]["save_MB_per_s"] > 0
+    assert r["checkpoint"]["checkpointer_commit_s"]["n"] == 1  # the train loop's way was timed too
+
+
+def test_data_ckpt_s3_tiny(tmp_path):
+    import data_ckpt
+
+    data_ckpt.main(["--s3", "--tiny", "--out", str(tmp_path), "--tmp", str(tmp_path)])
+    r = _load(tmp_path, "data_ckpt_s3_tiny")
+    assert r["boto3"]["bytes"] == r["s3"]["bytes"]  # the plain client moved the same bytes
+    assert r["s3_save_over_boto3"] > 0 and r["s3_restore_over_boto3"] > 0
 
 
 def test_gpu_mfu_driver_runs_the_plan_and_prints_the_table(tmp_path, capsys):
