@@ -38,6 +38,7 @@ bench: $(STAMP)
 	$(PY) bench/peer.py --model llama
 	$(PY) bench/moe.py
 	$(PY) bench/decode.py
+	$(PY) bench/first_step.py
 	$(PY) bench/report.py
 
 # One GPU (docs/benchmarks.md §6), from a clean checkout: needs only the machine's jax (with its CUDA

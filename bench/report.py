@@ -476,6 +476,40 @@ def decode_block() -> str:
     )
 
 
+def first_step_block() -> str:
+    r = load("first_step")
+    if r is None:
+        return "_not run: bench/results/first_step.json is missing_"
+    phases = ("first_loss_s", "python_started_s", "imports_s", "compile_s", "cache_read_s", "rest_s")
+    rows = []
+    for kind, x in r["launches"].items():
+        failed = len(x.get("failed", []))
+        cells = [sec(x[p]) if p in x else "–" for p in phases]
+        if failed:
+            cells[0] = f"{cells[0]} ({failed} of {x['launches']} aborted)"
+        rows.append([kind, *cells])
+    # one line per distinct reason: without the log prefix (time, thread, source line), backticks as quotes
+    prefix = re.compile(r"^(exit -?\d+): [EF]\d{4} [\d:.]+\s+\d+ \S+\] (\[id=\d+\] )?")
+    aborts = sorted(
+        {prefix.sub(r"\1: ", why).replace("`", "'") for x in r["launches"].values() for why in x.get("failed", [])}
+    )
+    t = table(
+        [
+            "launch",
+            "first loss (median)",
+            "interpreter",
+            "imports",
+            "compiling",
+            "reading the cache",
+            "the rest (config, data, init, first step)",
+        ],
+        rows,
+    )
+    head = f"`named-train --config {r['config']}`, 1 step; medians of {r['repeats']} launches each."
+    why = "".join(f"\n\nAborted: `{a}`" for a in aborts)
+    return f"{head}\n\n{t}{why}\n\n{provenance(r)}"
+
+
 def gpu_block(results: Path = RESULTS, name: str = "gpu_mfu") -> str:
     """bench/gpu_mfu.py's runs (it prints this too, from its --out folder): the training runs,
     then attention alone, then where and with what they ran."""
@@ -593,6 +627,7 @@ BLOCKS = {
     "data_ckpt_s3": s3_block,
     "moe": moe_block,
     "decode": decode_block,
+    "first_step": first_step_block,
     "gpu": gpu_block,
     "gpu_segments": lambda: gpu_block(RESULTS, "gpu_mfu_segments"),
 }
