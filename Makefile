@@ -35,7 +35,7 @@ TRAIN_ARGS ?=
 train: $(STAMP)
 	$(VENV)/bin/named-train --config_path config/gpt2_nano.yaml $(TRAIN_ARGS)
 
-# CPU benchmarks (8 fake devices), ~10 minutes on an idle 2-core machine; JSON in bench/results/,
+# CPU benchmarks (8 fake devices), ~15 minutes on an idle 2-core machine; JSON in bench/results/,
 # tables in docs/benchmarks.md. The peer (Haliax + Levanter) runs when bench/.venv-peer can be
 # built from PyPI (first time: several minutes more); otherwise its JSON says why it was skipped.
 bench: $(STAMP)
@@ -43,9 +43,12 @@ bench: $(STAMP)
 	$(PY) bench/compile_depth.py
 	$(PY) bench/memory.py
 	$(PY) bench/data_ckpt.py
+	$(PY) bench/data_ckpt.py --s3 --ckpt-mb 512 --repeats 3
 	$(PY) bench/peer.py
 	$(PY) bench/peer.py --model llama
 	$(PY) bench/moe.py
+	$(PY) bench/decode.py
+	$(PY) bench/first_step.py
 	$(PY) bench/report.py
 
 # One GPU (docs/benchmarks.md §6), from a clean checkout: needs only the machine's jax (with its CUDA

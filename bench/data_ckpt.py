@@ -9,11 +9,15 @@ written to a temporary directory, then ``trainer.data.loader_throughput`` times 
 shuffled, packed train batches (input_ids, segment_ids, loss_mask) from the memory-mapped
 file, as training does, in this one process (one host). Goal: ≥ 5M tokens/s.
 
-Checkpoints: a tree of f32 NamedArrays laid out FSDP-style over 8 fake CPU devices is saved
-with ``trainer.checkpoint.save_checkpoint`` (synchronous: snapshot to host, write zarr v3
-chunks with tensorstore, sha256 + fsync every file, atomic commit) and read back with
-``restore`` onto the same layout (checks sizes and hashes). MB/s = tree bytes / wall time;
-saves and restores take turns. The temporary directory is on the machine's local disk.
+Checkpoints: first ``dd`` writes and reads 1 GiB with ``oflag=direct`` / ``iflag=direct`` in
+the same directory (what the disk itself does, without the page cache), then a tree of f32
+NamedArrays laid out FSDP-style over 8 fake CPU devices (1 GiB by default) is saved and restored,
+taking turns: ``save_checkpoint`` (synchronous: writes the arrays where they are, zarr v3 chunks
+with tensorstore, sha256 + fsync of every file, atomic commit); the trainer's way, one
+``Checkpointer`` whose ``save`` snapshots to host memory (the time the train loop waits) and
+commits in the background (``wait``); and ``restore`` onto the same layout (checks sizes and
+hashes). MB/s = tree bytes / wall time, also given as a fraction of dd's. The temporary
+directory is on the machine's local disk.
 
 ``--s3``: the same tree saved to and restored from the local disk and from ``s3://`` on moto's
 standalone S3 server on 127.0.0.1 (started as a subprocess, as tests/test_s3_checkpoints.py
@@ -82,57 +86,122 @@ def make_tree(total_mb: int, mesh) -> tuple[dict, int]:
     return tree, 4 * rows * 1024 * 4
 
 
-def bench_checkpoint(tmp, total_mb: int, repeats: int, mesh, tree=None) -> dict:
+def dd_rates(tmp: Path, mib: int = 1024) -> dict:
+    """MB/s of ``dd`` writing then reading ``mib`` MiB in ``tmp``, bypassing the page cache."""
+    import re
+    import subprocess
+
+    path = tmp / "dd.bin"
+    runs = {
+        "write_direct": ["dd", "if=/dev/zero", f"of={path}", "bs=16M", f"count={mib // 16}", "oflag=direct"],
+        "read_direct": ["dd", f"if={path}", "of=/dev/null", "bs=16M", "iflag=direct"],
+    }
+    out = {}
+    try:
+        for name, cmd in runs.items():
+            t0 = time.perf_counter()
+            r = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            wall = time.perf_counter() - t0
+            m = re.search(r"(\d+) bytes .* copied, ([\d.]+) s", r.stderr)
+            nbytes, secs = (int(m.group(1)), float(m.group(2))) if m else (mib * 2**20, wall)
+            out[name + "_MB_per_s"] = nbytes / 1e6 / secs
+            print(f"dd {name}: {out[name + '_MB_per_s']:.0f} MB/s", flush=True)
+    except (OSError, subprocess.CalledProcessError) as e:  # no dd, or no O_DIRECT on this file system
+        out["skipped"] = str(e)
+    finally:
+        path.unlink(missing_ok=True)
+    return out
+
+
+def _same(a, b) -> bool:
+    return all(
+        bool(jnp.array_equal(x.array, y.array))
+        for x, y in zip(jax.tree.leaves(a, is_leaf=nm.is_named_array), jax.tree.leaves(b, is_leaf=nm.is_named_array))
+    )
+
+
+def bench_checkpoint(tmp, total_mb: int, repeats: int, mesh, tree=None, dd: dict | None = None) -> dict:
     """Save and restore ``tree`` (default: make_tree) ``repeats`` times under ``tmp``: a local
-    directory or an ``s3://`` URL."""
+    directory or an ``s3://`` URL. Each round: ``save_checkpoint``, ``restore``, then a save
+    through one ``Checkpointer`` kept across rounds (as the train loop keeps it)."""
+    from named.trainer.checkpoint import Checkpointer, location, store
+
     if tree is None:
         tree, nbytes = make_tree(total_mb, mesh)
     else:
         nbytes = sum(x.array.nbytes for x in jax.tree.leaves(tree, is_leaf=nm.is_named_array))
     target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
-    saves, restores = [], []
+    local = not isinstance(tmp, str)
+    saves, restores, snapshots, commits, cpu = [], [], [], [], {"save": [], "restore": []}
+    loop_dir = tmp / "loop" if local else f"{tmp}/loop"
+    checkpointer = Checkpointer(loop_dir, keep_last=1)
     for r in range(repeats):
-        run = f"{tmp}/run{r}" if isinstance(tmp, str) else tmp / f"run{r}"
-        t0 = time.perf_counter()
+        run = tmp / f"run{r}" if local else f"{tmp}/run{r}"
+        t0, c0 = time.perf_counter(), time.process_time()
         path = save_checkpoint(run, r, tree)
         saves.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
+        cpu["save"].append(time.process_time() - c0)
+        t0, c0 = time.perf_counter(), time.process_time()
         out, _ = restore(path, target)
         jax.block_until_ready(out)
         restores.append(time.perf_counter() - t0)
-        assert all(
-            bool(jnp.array_equal(a.array, b.array))
-            for a, b in zip(
-                jax.tree.leaves(tree, is_leaf=nm.is_named_array), jax.tree.leaves(out, is_leaf=nm.is_named_array)
-            )
-        )
-        if isinstance(run, str):
-            from named.trainer.checkpoint import location, store
-
-            store.delete_prefix(location(run))
-        else:
+        cpu["restore"].append(time.process_time() - c0)
+        assert _same(tree, out)
+        del out
+        if local:
             shutil.rmtree(run)
+        else:
+            store.delete_prefix(location(run))
+        t0 = time.perf_counter()
+        checkpointer.save(r, tree)
+        snapshots.append(time.perf_counter() - t0)
+        checkpointer.wait()
+        commits.append(time.perf_counter() - t0)
         print(
-            f"checkpoint {run if isinstance(run, str) else 'local'} {nbytes / 2**20:.0f} MiB: save {saves[-1]:.2f}s ({nbytes / 1e6 / saves[-1]:.0f} MB/s), "
-            f"restore {restores[-1]:.2f}s ({nbytes / 1e6 / restores[-1]:.0f} MB/s)",
+            f"checkpoint {'local' if local else run} {nbytes / 2**20:.0f} MiB: "
+            f"save {saves[-1]:.2f}s ({nbytes / 1e6 / saves[-1]:.0f} MB/s), "
+            f"restore {restores[-1]:.2f}s ({nbytes / 1e6 / restores[-1]:.0f} MB/s), "
+            f"Checkpointer.save {snapshots[-1]:.2f}s, committed after {commits[-1]:.2f}s",
             flush=True,
         )
-    return {
+    if local:
+        shutil.rmtree(loop_dir)
+    else:
+        store.delete_prefix(location(loop_dir))
+
+    def rate(times: list[float]) -> float:
+        return nbytes / 1e6 / C.summary(times)["median_s"]
+
+    result = {
         "bytes": nbytes,
         "leaves": len(tree),
         "layout": "(rows, embed/data) f32 on 8 devices",
         "save_s": C.summary(saves),
         "restore_s": C.summary(restores),
-        "save_MB_per_s": nbytes / 1e6 / C.summary(saves)["median_s"],
-        "restore_MB_per_s": nbytes / 1e6 / C.summary(restores)["median_s"],
+        "save_MB_per_s": rate(saves),
+        "restore_MB_per_s": rate(restores),
+        # this process's CPU time (all threads): the work, which a loaded machine does not change
+        "save_cpu_s": C.summary(cpu["save"]),
+        "restore_cpu_s": C.summary(cpu["restore"]),
+        # the trainer's Checkpointer: rounds after the first copy into its previous save's buffers
+        "checkpointer_save_s": C.summary(snapshots),
+        "checkpointer_commit_s": C.summary(commits),
+        "checkpointer_commit_MB_per_s": rate(commits),
     }
+    if dd and "write_direct_MB_per_s" in dd:
+        result["save_over_dd_write"] = result["save_MB_per_s"] / dd["write_direct_MB_per_s"]
+        result["checkpointer_commit_over_dd_write"] = (
+            result["checkpointer_commit_MB_per_s"] / dd["write_direct_MB_per_s"]
+        )
+        result["restore_over_dd_read"] = result["restore_MB_per_s"] / dd["read_direct_MB_per_s"]
+    return result
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=100_000_000, help="tokens in the pre-tokenised file")
     ap.add_argument("--steps", type=int, default=200, help="batches timed per loader measurement")
-    ap.add_argument("--ckpt-mb", type=int, default=512, help="size of the checkpointed tree (MiB)")
+    ap.add_argument("--ckpt-mb", type=int, default=1024, help="size of the checkpointed tree (MiB)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--tmp", default=None, help="directory for the temporary files (default: the system's)")
     ap.add_argument("--tiny", action="store_true")
@@ -147,25 +216,63 @@ def main(argv=None):
     if args.tiny:
         args.tokens, args.steps, args.ckpt_mb, args.repeats = 1_000_000, 5, 4, 1
         cases = [(128, 8)]
+    machine = C.machine()  # the load average before the run
     mesh = nm.make_mesh(C.MESH)
     tmp = Path(tempfile.mkdtemp(prefix="named-bench-", dir=args.tmp))
     try:
         loader = bench_loader(tmp, args.tokens, cases, args.steps, args.repeats)
+        dd = dd_rates(tmp, 16 if args.tiny else 1024)
         with jax.set_mesh(mesh):
-            ckpt = bench_checkpoint(tmp, args.ckpt_mb, args.repeats, mesh)
+            ckpt = bench_checkpoint(tmp, args.ckpt_mb, args.repeats, mesh, dd=dd)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     result = {
         "benchmark": "data_ckpt",
         "command": C.command_line(),
-        "machine": C.machine(),
+        "machine": machine,
         "tmp_dir": str(tmp.parent),
         "loader": loader,
         "loader_goal": "tokens_per_s >= 5e6 per host",
+        "dd": dd,
+        "checkpoint_goal": "save and restore MB/s >= 0.5 x dd's (oflag=direct / iflag=direct)",
         "checkpoint": ckpt,
     }
     C.write_result("data_ckpt" + ("_tiny" if args.tiny else ""), result, args.out)
     return result
+
+
+def _chunk_sized_blobs(tree) -> list[bytes]:
+    """This process's shards as bytes: the objects a checkpoint uploads, without its encoding."""
+    return [
+        np.asarray(sh.data).tobytes()
+        for x in jax.tree.leaves(tree, is_leaf=nm.is_named_array)
+        for sh in x.array.addressable_shards
+        if sh.replica_id == 0
+    ]
+
+
+def boto3_copy(endpoint: str, bucket: str, prefix: str, blobs: list[bytes]) -> dict:
+    """Seconds for boto3 to PUT ``blobs`` as objects under ``prefix``, then GET them back, each
+    with as many threads as the checkpoint uses: the plain client's figure for the same bytes."""
+    import concurrent.futures
+
+    import boto3
+
+    from named.trainer.checkpoint.store import IO_THREADS
+
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    keys = [f"{prefix}/{i:05d}" for i in range(len(blobs))]
+    with concurrent.futures.ThreadPoolExecutor(IO_THREADS) as pool:
+        t0 = time.perf_counter()
+        list(pool.map(lambda kb: client.put_object(Bucket=bucket, Key=kb[0], Body=kb[1]), zip(keys, blobs)))
+        put = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        got = list(pool.map(lambda k: client.get_object(Bucket=bucket, Key=k)["Body"].read(), keys))
+        get = time.perf_counter() - t0
+    assert [len(g) for g in got] == [len(b) for b in blobs]
+    client.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in keys]})
+    print(f"boto3 {sum(map(len, blobs)) / 2**20:.0f} MiB: put {put:.2f}s, get {get:.2f}s", flush=True)
+    return {"put_s": put, "get_s": get}
 
 
 def main_s3(args) -> dict:
@@ -178,18 +285,21 @@ def main_s3(args) -> dict:
 
     if args.tiny:
         args.ckpt_mb, args.repeats = 4, 1
+    machine = C.machine()  # the load average before the run
     server = MotoServer()
     server.create_bucket("bench")
     os.environ.update(s3_env(server.url))
     mesh = nm.make_mesh(C.MESH)
     tmp = Path(tempfile.mkdtemp(prefix="named-bench-", dir=args.tmp))
-    local, s3 = [], []
+    local, s3, boto = [], [], []
     try:
         with jax.set_mesh(mesh):
             tree, _ = make_tree(args.ckpt_mb, mesh)
+            blobs = _chunk_sized_blobs(tree)
             for r in range(args.repeats):  # one save + restore on each side per round
                 local.append(bench_checkpoint(tmp / f"round{r}", args.ckpt_mb, 1, mesh, tree))
                 s3.append(bench_checkpoint(f"s3://bench/round{r}", args.ckpt_mb, 1, mesh, tree))
+                boto.append(boto3_copy(server.url, "bench", f"boto{r}", blobs))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         server.stop()
@@ -211,11 +321,19 @@ def main_s3(args) -> dict:
     result = {
         "benchmark": "data_ckpt_s3",
         "command": C.command_line(),
-        "machine": C.machine(),
+        "machine": machine,
         "s3_server": f"moto {moto.__version__} standalone server on 127.0.0.1 (in-memory)",
         "local": merged(local),
         "s3": merged(s3),
+        "boto3": {
+            "objects": len(blobs),
+            "bytes": sum(len(b) for b in blobs),
+            "put_s": C.summary([b["put_s"] for b in boto]),
+            "get_s": C.summary([b["get_s"] for b in boto]),
+        },
     }
+    for side, key, base in (("save", "save_s", "put_s"), ("restore", "restore_s", "get_s")):
+        result[f"s3_{side}_over_boto3"] = result["boto3"][base]["median_s"] / result["s3"][key]["median_s"]
     C.write_result("data_ckpt_s3" + ("_tiny" if args.tiny else ""), result, args.out)
     return result
 

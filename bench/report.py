@@ -315,20 +315,87 @@ def data_block() -> str:
         for row in r["loader"]
     ]
     t1 = table(["seq_len", "batch", "batches timed", "tokens/s (median)", "range"], rows)
-    c = r["checkpoint"]
-    t2 = table(
-        ["tree", "save (median)", "save MB/s", "restore (median)", "restore MB/s"],
+    c, dd = r["checkpoint"], r.get("dd") or {}
+
+    def of_dd(key: str) -> str:
+        return f"**{c[key]:.2f}**" if key in c else "–"
+
+    rows = [
         [
+            "`save_checkpoint`",
+            sec(c["save_s"]["median_s"]),
+            f"{c['save_MB_per_s']:,.0f}",
+            of_dd("save_over_dd_write"),
+            sec(c["save_cpu_s"]["median_s"]) if "save_cpu_s" in c else "–",
+        ],
+        [
+            "`restore`",
+            sec(c["restore_s"]["median_s"]),
+            f"{c['restore_MB_per_s']:,.0f}",
+            of_dd("restore_over_dd_read"),
+            sec(c["restore_cpu_s"]["median_s"]) if "restore_cpu_s" in c else "–",
+        ],
+    ]
+    if "checkpointer_commit_s" in c:
+        rows.append(
             [
-                f"{c['bytes'] / 1e6:,.0f} MB, {c['leaves']} leaves, {c['layout']}",
+                "`Checkpointer.save` + `wait` (the train loop's)",
+                f"{sec(c['checkpointer_commit_s']['median_s'])} (`save` returns after "
+                f"{sec(c['checkpointer_save_s']['median_s'])})",
+                f"{c['checkpointer_commit_MB_per_s']:,.0f}",
+                of_dd("checkpointer_commit_over_dd_write"),
+                "",
+            ]
+        )
+    head = f"{c['bytes'] / 2**20:,.0f} MiB in {c['leaves']} leaves, {c['layout']}; medians of {c['save_s']['n']}."
+    if "write_direct_MB_per_s" in dd:
+        head += (
+            f" dd in the same directory just before: {dd['write_direct_MB_per_s']:,.0f} MB/s writing "
+            f"(`oflag=direct`), {dd['read_direct_MB_per_s']:,.0f} MB/s reading (`iflag=direct`)."
+        )
+    t2 = head + "\n\n" + table(["operation", "wall (median)", "MB/s", "÷ dd (goal ≥ 0.5)", "CPU time"], rows)
+    return f"{t1}\n\n{t2}\n\n{provenance(r)}"
+
+
+def s3_block() -> str:
+    r = load("data_ckpt_s3")
+    if r is None:
+        return "_not run: bench/results/data_ckpt_s3.json is missing_"
+    rows = []
+    for where, key in (("local disk", "local"), (f"S3 ({r['s3_server']})", "s3")):
+        c = r[key]
+        rows.append(
+            [
+                where,
                 sec(c["save_s"]["median_s"]),
                 f"{c['save_MB_per_s']:,.0f}",
                 sec(c["restore_s"]["median_s"]),
                 f"{c['restore_MB_per_s']:,.0f}",
             ]
-        ],
+        )
+    b = r.get("boto3")
+    if b:
+        rows.append(
+            [
+                f"boto3 `put_object` / `get_object` of the same bytes ({b['objects']} objects)",
+                sec(b["put_s"]["median_s"]),
+                f"{b['bytes'] / 1e6 / b['put_s']['median_s']:,.0f}",
+                sec(b["get_s"]["median_s"]),
+                f"{b['bytes'] / 1e6 / b['get_s']['median_s']:,.0f}",
+            ]
+        )
+    t = table(["where", "save (median)", "save MB/s", "restore (median)", "restore MB/s"], rows)
+    c = r["local"]
+    head = (
+        f"{c['bytes'] / 2**20:,.0f} MiB in {c['leaves']} leaves, {c['layout']}; medians of {c['save_s']['n']} rounds."
     )
-    return f"{t1}\n\n{t2}\n\n{provenance(r)}"
+    ratio = ""
+    if "s3_save_over_boto3" in r:
+        ratio = (
+            f"\n\nS3 against boto3 for the same bytes (goal ≥ 0.5): save **{r['s3_save_over_boto3']:.2f}**, "
+            f"restore **{r['s3_restore_over_boto3']:.2f}**."
+        )
+    return f"{head}\n\n{t}{ratio}\n\n{provenance(r)}"
 
 
 def moe_block() -> str:
@@ -359,6 +426,88 @@ def moe_block() -> str:
         + table(["comparison", "side", "wall (ms)", "CPU (ms)", "collectives in the step"], rows)
         + f"\n\n{provenance(r)}"
     )
+
+
+def decode_block() -> str:
+    r = load("decode")
+    if r is None:
+        return "_not run: bench/results/decode.json is missing_"
+    rows = []
+    for f in r["families"]:
+        for row in f["rows"]:
+            ttft = row.get("ttft_median_s")
+            rows.append(
+                [
+                    f"{f['family']} ({f['params']:,} parameters)",
+                    row["side"],
+                    row["batch"],
+                    f"{row['tokens_per_s']:,.0f}",
+                    ms(row["call_s"]["median_s"]),
+                    ms(row["call_cpu_s"]),
+                    ms(ttft) if ttft is not None else "",
+                ]
+            )
+
+    def cpu_ratio(f: dict, b: str) -> float:  # transformers' CPU time per call over ours
+        cpu = {row["side"]: row["call_cpu_s"] for row in f["rows"] if str(row["batch"]) == b}
+        return cpu["transformers"] / cpu["named"]
+
+    ratios = "; ".join(
+        f"{f['family']} "
+        + ", ".join(
+            f"batch {b} **{x:.1f}×** (CPU time per call {cpu_ratio(f, b):.2f}×)"
+            for b, x in f["named_over_transformers_tokens_per_s"].items()
+        )
+        for f in r["families"]
+    )
+    compiles = ", ".join(f"{f['family']} {f['compiles_during_timing']}" for f in r["families"])
+    agree = ", ".join(
+        f"{f['family']} batch {b} {x:.0%}" for f in r["families"] for b, x in f["greedy_tokens_agree"].items()
+    )
+    head = (
+        f"Greedy, KV cache, prompt {r['prompt_tokens']} tokens, {r['new_tokens']} new tokens per call; "
+        f"transformers {r['transformers']} on torch {r['torch']} ({r['torch_threads']} threads); "
+        f"{r['rounds']} rounds taking turns, medians."
+    )
+    t = table(["model", "side", "batch", "new tokens/s", "call (wall)", "call (CPU)", "time to first token"], rows)
+    return (
+        f"{head}\n\n{t}\n\nnamed / transformers, tokens/s: {ratios}. XLA compilations during the timed calls: "
+        f"{compiles}. Greedy tokens equal to transformers': {agree}.\n\n{provenance(r)}"
+    )
+
+
+def first_step_block() -> str:
+    r = load("first_step")
+    if r is None:
+        return "_not run: bench/results/first_step.json is missing_"
+    phases = ("first_loss_s", "python_started_s", "imports_s", "compile_s", "cache_read_s", "rest_s")
+    rows = []
+    for kind, x in r["launches"].items():
+        failed = len(x.get("failed", []))
+        cells = [sec(x[p]) if p in x else "–" for p in phases]
+        if failed:
+            cells[0] = f"{cells[0]} ({failed} of {x['launches']} aborted)"
+        rows.append([kind, *cells])
+    # one line per distinct reason: without the log prefix (time, thread, source line), backticks as quotes
+    prefix = re.compile(r"^(exit -?\d+): [EF]\d{4} [\d:.]+\s+\d+ \S+\] (\[id=\d+\] )?")
+    aborts = sorted(
+        {prefix.sub(r"\1: ", why).replace("`", "'") for x in r["launches"].values() for why in x.get("failed", [])}
+    )
+    t = table(
+        [
+            "launch",
+            "first loss (median)",
+            "interpreter",
+            "imports",
+            "compiling",
+            "reading the cache",
+            "the rest (config, data, init, first step)",
+        ],
+        rows,
+    )
+    head = f"`named-train --config {r['config']}`, 1 step; medians of {r['repeats']} launches each."
+    why = "".join(f"\n\nAborted: `{a}`" for a in aborts)
+    return f"{head}\n\n{t}{why}\n\n{provenance(r)}"
 
 
 def gpu_block(results: Path = RESULTS, name: str = "gpu_mfu") -> str:
@@ -475,7 +624,10 @@ BLOCKS = {
     "compile_depth": compile_block,
     "memory": memory_block,
     "data_ckpt": data_block,
+    "data_ckpt_s3": s3_block,
     "moe": moe_block,
+    "decode": decode_block,
+    "first_step": first_step_block,
     "gpu": gpu_block,
     "gpu_segments": lambda: gpu_block(RESULTS, "gpu_mfu_segments"),
 }

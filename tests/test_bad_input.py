@@ -24,6 +24,7 @@ import equinox as eqx
 import jax
 import numpy as np
 import pytest
+from _compiles import compiles
 from _procs import xla_flags
 from safetensors.numpy import load_file, save_file
 
@@ -41,22 +42,13 @@ NANO = ROOT / "config/gpt2_nano.yaml"
 
 # ---- compile counting --------------------------------------------------------------------
 
-_COMPILES: list[str] = []
-
-
-def _on_event(event: str, duration: float, **kw) -> None:
-    if event.endswith(("backend_compile_duration", "cache_retrieval_time_sec")):  # compiled, or taken from the cache
-        _COMPILES.append(str(kw.get("fun_name")))
-
 
 @pytest.fixture(autouse=True)
 def no_compile():
     """Every test of this module: nothing at all is compiled while the bad input is rejected."""
-    jax.monitoring.register_event_duration_secs_listener(_on_event)
-    _COMPILES.clear()
-    yield
-    jax.monitoring.unregister_event_duration_listener(_on_event)
-    assert _COMPILES == [], f"compiled {_COMPILES} before rejecting the input"
+    with compiles() as seen:
+        yield
+    assert seen == [], f"compiled {seen} before rejecting the input"
 
 
 def _fails(exc_type, match: str, fn, *args, **kwargs):

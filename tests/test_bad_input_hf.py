@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _compiles import compiles
 from _hf_models import random_ids, random_model
 from safetensors.numpy import load_file, save_file
 
@@ -56,19 +57,6 @@ def _audit(event: str, args) -> None:
 
 
 sys.addaudithook(_audit)  # hooks cannot be removed: it records only inside _watch()
-_COMPILES: list[str] = []
-
-
-def _on_compile(event: str, duration: float, **kw) -> None:
-    if event.endswith(("backend_compile_duration", "cache_retrieval_time_sec")):  # compiled, or taken from the cache
-        _COMPILES.append(str(kw.get("fun_name")))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _count_compiles():
-    jax.monitoring.register_event_duration_secs_listener(_on_compile)
-    yield
-    jax.monitoring.unregister_event_duration_listener(_on_compile)
 
 
 @contextlib.contextmanager
@@ -93,14 +81,13 @@ def _watch(monkeypatch):
 def _rejects(monkeypatch, folder: Path, *needles: str, load=models.load_pretrained) -> tuple[str, list[Path]]:
     """Loading ``folder`` raises our error naming every needle, without compiling; returns the
     message and the files opened."""
-    _COMPILES.clear()
-    with _watch(monkeypatch) as opened, pytest.raises(CheckpointFormatError) as info:
+    with compiles() as seen, _watch(monkeypatch) as opened, pytest.raises(CheckpointFormatError) as info:
         load(folder)
     msg = str(info.value)
     assert type(info.value).__module__.startswith("named"), type(info.value)
     for needle in needles:
         assert needle in msg, (needle, msg)
-    assert _COMPILES == [], f"compiled {_COMPILES} before rejecting the folder"
+    assert seen == [], f"compiled {seen} before rejecting the folder"
     return msg, opened
 
 

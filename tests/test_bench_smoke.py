@@ -145,6 +145,16 @@ def test_moe_tiny(tmp_path):
     assert r["placement"]["EP explicit"]["collectives"]["all-to-all"] > 0
 
 
+def test_decode_tiny(tmp_path):
+    import decode
+
+    decode.main(["--tiny", "--out", str(tmp_path)])
+    for f in _load(tmp_path, "decode_tiny")["families"]:
+        assert f["compiles_during_timing"] == 0  # every timed call reused its program
+        assert set(f["greedy_tokens_agree"].values()) == {1.0}  # the same tokens as transformers
+        assert {row["side"] for row in f["rows"]} == {"named", "transformers", "named-sample (continue_ids)"}
+
+
 def test_data_ckpt_tiny(tmp_path):
     import data_ckpt
 
@@ -152,6 +162,16 @@ def test_data_ckpt_tiny(tmp_path):
     r = _load(tmp_path, "data_ckpt_tiny")
     assert r["loader"][0]["tokens_per_s"]["median_s"] > 0
     assert r["checkpoint"]["save_MB_per_s"] > 0
+    assert r["checkpoint"]["checkpointer_commit_s"]["n"] == 1  # the train loop's way was timed too
+
+
+def test_data_ckpt_s3_tiny(tmp_path):
+    import data_ckpt
+
+    data_ckpt.main(["--s3", "--tiny", "--out", str(tmp_path), "--tmp", str(tmp_path)])
+    r = _load(tmp_path, "data_ckpt_s3_tiny")
+    assert r["boto3"]["bytes"] == r["s3"]["bytes"]  # the plain client moved the same bytes
+    assert r["s3_save_over_boto3"] > 0 and r["s3_restore_over_boto3"] > 0
 
 
 def test_gpu_mfu_driver_runs_the_plan_and_prints_the_table(tmp_path, capsys):

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from _compiles import compiles
 from _hf_models import build, random_ids, random_model
 
 import named as nm
@@ -171,3 +172,41 @@ def test_generate_checks_its_arguments():
         models.generate(model, prompt, 6, temperature=0)
     with pytest.raises(ValueError, match="top_p"):
         models.generate(model, prompt, 2, top_p=0.0, key=jax.random.key(0))
+
+
+def test_decoding_is_one_program_whatever_the_number_of_tokens(monkeypatch):
+    """``generate`` is one compiled program per prompt shape and token count (the prefill, then a
+    scan of one-token steps): ``model.decode`` is traced twice per program (the prompt, then the
+    loop's body), never once per token, and a new prompt of the same shape compiles nothing."""
+    model = random_model(
+        LlamaLMHeadModel,
+        LlamaConfig(
+            hidden_size=16,
+            intermediate_size=24,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            vocab_size=53,  # a size no other test uses: nothing comes from the jit caches
+            max_position_embeddings=40,
+        ),
+    )
+    traced = []
+    decode = type(model).decode
+
+    def counting_decode(self, input_ids, cache, pos):
+        traced.append(input_ids.axis_size("position"))
+        return decode(self, input_ids, cache, pos)
+
+    monkeypatch.setattr(type(model), "decode", counting_decode)
+    first, second = (_named(random_ids(53, (2, 5), seed=s)) for s in (1, 2))
+    for n in (4, 24):
+        traced.clear()
+        with compiles() as seen:
+            out = models.generate(model, first, n, temperature=0)
+        assert out.shape == {"batch": 2, "position": 5 + n}
+        assert [f for f in seen if "generate" in f] == ["jit(_generate)"], seen
+        assert traced == [5, 1]  # the prompt once, one token once: not n times
+        traced.clear()
+        with compiles() as seen:
+            models.generate(model, second, n, temperature=0)
+        assert seen == [] and traced == []

@@ -20,11 +20,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import jax
 import numpy as np
 import pytest
+from _compiles import compiles
 from _procs import xla_flags
-from test_bad_input import _COMPILES, _on_event
 
 from named.trainer import checkpoint as ckpt
 from named.trainer import data as data_pkg
@@ -89,13 +88,9 @@ def _hashes(d: Path) -> dict[str, str]:
 
 @contextlib.contextmanager
 def _no_compile():
-    jax.monitoring.register_event_duration_secs_listener(_on_event)
-    _COMPILES.clear()
-    try:
+    with compiles() as seen:
         yield
-    finally:
-        jax.monitoring.unregister_event_duration_listener(_on_event)
-    assert _COMPILES == [], f"compiled {_COMPILES}"
+    assert seen == [], f"compiled {seen}"
 
 
 def _refused(exc, match: str, cfg, run_dir: Path) -> None:

@@ -1,8 +1,10 @@
 """Writing and committing checkpoints, asynchronously, to a local directory or an object store.
 
 Protocol of a save (``Checkpointer.save``): in the calling thread, every shard this process
-owns is copied to host memory (so the caller may donate or delete its buffers at once); a
-background thread then writes them and commits:
+owns is copied to host memory (so the caller may donate or delete its buffers at once; from
+the second save on, into the previous save's buffers); a background thread then writes them and
+commits. ``save_checkpoint``, which blocks until the commit, writes the shards from where they
+are, without a copy. The commit:
 
 - **Local directory**: the chunks go into ``step_<N>.tmp-<token>/``, are hashed and fsynced;
   with several processes each writes a manifest of its files and all meet at a barrier;
@@ -76,13 +78,39 @@ class _Leaf:
     shards: list[tuple[tuple[int, ...], np.ndarray]] = dataclasses.field(default_factory=list)
 
 
-def _host_copy(data: jax.Array) -> np.ndarray:
-    host = np.asarray(data)
-    # On CPU np.asarray aliases the device buffer; the caller may donate it right after save().
-    return host.copy() if not host.flags.owndata else host
+class _HostBuffers:
+    """Host copies of this process's shards, kept from one save to the next.
+
+    On CPU ``np.asarray`` of a shard aliases its device buffer, which the caller may donate once
+    ``save`` returns, so a save copies it. Copying into fresh memory is dominated by page faults
+    (the OS zeroes and maps every page, on each save, since buffers this large are ``mmap``-ed
+    and returned at ``free``); copying into the buffers of the previous save, which the writer is
+    done with by then, costs a ``memcpy``. Where ``np.asarray`` already transfers to new host
+    memory (a GPU or TPU), nothing is kept.
+    """
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple[str, tuple[int, ...]], np.ndarray] = {}
+
+    def copy(self, key: tuple[str, tuple[int, ...]], data: jax.Array) -> np.ndarray:
+        host = np.asarray(data)
+        if host.flags.owndata:
+            return host
+        buf = self._kept.get(key)
+        if buf is None or buf.shape != host.shape or buf.dtype != host.dtype:
+            buf = self._kept[key] = np.empty_like(host)
+        np.copyto(buf, host)
+        return buf
+
+    def keep_only(self, keys: set) -> None:
+        for key in set(self._kept) - keys:
+            del self._kept[key]
 
 
-def _snapshot(tree: Any, process_index: int) -> list[_Leaf]:
+def _snapshot(tree: Any, process_index: int, buffers: _HostBuffers | None) -> list[_Leaf]:
+    """The tree's records and this process's shards on the host: copied into ``buffers``, or,
+    without, the arrays themselves (``np.asarray``; the caller keeps them alive and unchanged
+    until the save is committed)."""
     flat, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_named_array)
     leaves: list[_Leaf] = []
     pending: list[tuple[_Leaf, list[tuple[tuple[int, ...], jax.Array]]]] = []
@@ -141,12 +169,20 @@ def _snapshot(tree: Any, process_index: int) -> list[_Leaf]:
         for _, data in owned:
             if isinstance(data, jax.Array):
                 data.copy_to_host_async()
-    # numpy copies release the GIL: copying in threads beats one memcpy stream (page faults).
     jobs = [(leaf, start, d) for leaf, owned in pending for start, d in owned]
+
+    def host(job) -> np.ndarray:
+        leaf, start, data = job
+        if not isinstance(data, jax.Array):
+            return np.array(data)
+        return np.asarray(data) if buffers is None else buffers.copy((leaf.record["path"], start), data)
+
+    # numpy copies release the GIL: copying in threads beats one memcpy stream.
     with concurrent.futures.ThreadPoolExecutor(IO_THREADS) as pool:
-        copies = pool.map(lambda d: _host_copy(d) if isinstance(d, jax.Array) else np.array(d), [d for _, _, d in jobs])
-        for (leaf, start, _), host in zip(jobs, copies):
-            leaf.shards.append((start, host))
+        for (leaf, start, _), copy in zip(jobs, pool.map(host, jobs)):
+            leaf.shards.append((start, copy))
+    if buffers is not None:
+        buffers.keep_only({(leaf.record["path"], start) for leaf, start, _ in jobs})
     return leaves
 
 
@@ -415,10 +451,18 @@ class Checkpointer:
         self._error: tuple[int, BaseException] | None = None
         self._last: Location | None = None
         self._saves = 0
+        self._buffers = _HostBuffers()
 
     def save(self, step: int, tree: Any, metadata: dict | None = None, *, temporary: bool = False) -> None:
         """Snapshot ``tree`` to host memory and commit it as ``step_<step>`` in the background.
-        A ``temporary`` checkpoint is deleted once a newer one commits (checkpoint.retention)."""
+        A ``temporary`` checkpoint is deleted once a newer one commits (checkpoint.retention).
+        The host copies are kept for the next save of the same layout (host memory the size of
+        this process's shards, held while the Checkpointer lives)."""
+        self._start(step, tree, metadata, temporary, self._buffers)
+
+    def _start(
+        self, step: int, tree: Any, metadata: dict | None, temporary: bool, buffers: _HostBuffers | None
+    ) -> None:
         self.wait()
         step = int(step)
         if step < 0:
@@ -429,7 +473,7 @@ class Checkpointer:
         except (TypeError, ValueError) as e:
             raise CheckpointError(f"checkpoint metadata must be JSON-serialisable: {e}") from None
         pid, nproc = jax.process_index(), jax.process_count()
-        leaves = _snapshot(tree, pid)
+        leaves = _snapshot(tree, pid, buffers)
         token = self._agree_token(pid, nproc)
         if isinstance(self.directory, Path):
             try:
@@ -519,9 +563,12 @@ class Checkpointer:
 def save_checkpoint(
     run_dir: str | os.PathLike | ObjectPath, step: int, tree: Any, metadata: dict | None = None, **kwargs
 ) -> Location:
-    """Save synchronously (a Checkpointer's save + wait); kwargs as for Checkpointer."""
+    """Save synchronously (a Checkpointer's save + wait); kwargs as for Checkpointer.
+
+    The arrays are written from where they are, without a host copy: nothing may delete or
+    donate them (from another thread) before this returns."""
     ckpt = Checkpointer(run_dir, **kwargs)
-    ckpt.save(step, tree, metadata)
+    ckpt._start(step, tree, metadata, False, None)
     path = ckpt.wait()
     if path is None:  # wait() names a failed save itself; None means nothing was saved
         raise CheckpointError(f"no checkpoint of step {step} was committed under {run_dir}")
