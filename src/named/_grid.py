@@ -23,7 +23,7 @@ from jax.sharding import NamedSharding
 
 from ._axis import ArgumentError, Axis
 from ._compat import is_tracer
-from ._core import NamedArray, is_named_array
+from ._core import NamedArray, is_named_array, unchecked
 from ._layout import _format_layout, _spec_entries
 from .partitioning import ResourceMapping, current_mapping, sharding_for
 
@@ -278,7 +278,7 @@ def device_grid(
     if isinstance(x, Axis) or (isinstance(x, (tuple, list)) and x and all(isinstance(a, Axis) for a in x)):
         axes = (x,) if isinstance(x, Axis) else tuple(x)
         shaped = jax.ShapeDtypeStruct(tuple(a.size for a in axes), np.float32)
-        return device_grid(NamedArray._unchecked(shaped, axes), mapping, mesh, title=title)
+        return device_grid(unchecked(shaped, axes), mapping, mesh, title=title)
     if not isinstance(x, NamedArray):
         leaves = jax.tree_util.tree_flatten_with_path(x, is_leaf=is_named_array)[0]
         return DeviceGrids(

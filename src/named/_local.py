@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from . import _compat
 from ._axis import ArgumentTypeError, Axis, AxisError, NamedError, format_axes
 from ._context import FrozenMapping, block_parts, current_order, order_context
-from ._core import NamedArray, expect_named
+from ._core import NamedArray, expect_named, unchecked
 from ._layout import parse_layout
 from .partitioning import ResourceMapping, _check_mapping_values, _mesh_axes
 
@@ -61,9 +61,7 @@ def split_block(x: NamedArray, name: str, parts: int) -> list[NamedArray]:
     n = a.size // parts
     piece = _with_split(a, n, _split_over(a))
     return [
-        NamedArray._unchecked(
-            jax.lax.slice_in_dim(x.array, k * n, (k + 1) * n, axis=i), x.axes[:i] + (piece,) + x.axes[i + 1 :]
-        )
+        unchecked(jax.lax.slice_in_dim(x.array, k * n, (k + 1) * n, axis=i), x.axes[:i] + (piece,) + x.axes[i + 1 :])
         for k in range(parts)
     ]
 
@@ -73,7 +71,7 @@ def join_blocks(pieces: Sequence[NamedArray], name: str) -> NamedArray:
     i = pieces[0].names.index(name)
     a = pieces[0].axes[i]
     whole = _with_split(a, sum(p.axes[i].size for p in pieces), _split_over(a))
-    return NamedArray._unchecked(
+    return unchecked(
         jnp.concatenate([p.array for p in pieces], axis=i), pieces[0].axes[:i] + (whole,) + pieces[0].axes[i + 1 :]
     )
 
@@ -224,7 +222,7 @@ def with_layout(x: NamedArray, layout: str | ResourceMapping) -> NamedArray:
             raise AxisError(f"with_layout: {unknown} are not axes of the block {format_axes(x.axes)}")
         names = tuple(mapping)
     axes = tuple(_with_split(a, a.size, _mesh_axes(mapping.get(a.name))) if a.name in names else a for a in x.axes)
-    return NamedArray._unchecked(x.array, axes)
+    return unchecked(x.array, axes)
 
 
 # ---- the body: explicit mode's hooks into the array core ------------------------------------------

@@ -30,7 +30,7 @@ from ._axis import (
     name_of,
     union,
 )
-from ._core import NamedArray, axes_of, expect_named, raw
+from ._core import NamedArray, axes_of, expect_named, raw, unchecked
 
 
 def _elementwise(fn: Callable, *args, name: str | None = None, **kwargs):
@@ -46,7 +46,7 @@ def _elementwise(fn: Callable, *args, name: str | None = None, **kwargs):
         ) from e
     if not named:
         return NamedArray(out, ())  # scalars in, 0-d NamedArray out
-    return NamedArray._unchecked(out, axes)
+    return unchecked(out, axes)
 
 
 def _wrap(fn: Callable, name: str | None = None) -> Callable:
@@ -254,7 +254,7 @@ def _reduce(fn: Callable, x: NamedArray, axis, *, where=None, name: str | None =
         kwargs["where"] = _where_mask(x, where)
     out = reduce_over(fn, x.array, x.axes, dims, what, **kwargs)
     keep = tuple(a for i, a in enumerate(x.axes) if i not in dims)
-    return NamedArray._unchecked(out, keep)
+    return unchecked(out, keep)
 
 
 def sum(x, axis=None, *, where=None, dtype=None):
@@ -319,7 +319,7 @@ def _arg_reduce(fn, x: NamedArray, axis, name: str | None = None) -> NamedArray:
         array, axes = _positional(x, axis, what)
         return NamedArray(reduce_over(fn, array, axes, None, what), ())
     if axis is None:  # numpy's flat index: row-major over the array's own axis order
-        return NamedArray._unchecked(reduce_over(fn, x.array, x.axes, None, what), ())
+        return unchecked(reduce_over(fn, x.array, x.axes, None, what), ())
     if len(as_selectors(axis)) != 1:
         raise AxisError(
             f"{what} needs exactly one axis name, or None for a flat index; the array has axes "
@@ -327,7 +327,7 @@ def _arg_reduce(fn, x: NamedArray, axis, name: str | None = None) -> NamedArray:
         )
     (sel,) = as_selectors(axis)
     i = index_of(x.axes, sel)
-    return NamedArray._unchecked(reduce_over(fn, x.array, x.axes, i, what), x.axes[:i] + x.axes[i + 1 :])
+    return unchecked(reduce_over(fn, x.array, x.axes, i, what), x.axes[:i] + x.axes[i + 1 :])
 
 
 def argmax(x, axis=None) -> NamedArray:
@@ -351,7 +351,7 @@ def _along(fn: Callable, x: NamedArray, axis, **kwargs) -> NamedArray:
             f"{getattr(fn, '__name__', 'op')} needs exactly one axis name, got {axis!r}; the array has axes {format_axes(x.axes)}"
         )
     i = index_of(x.axes, sels[0])
-    return NamedArray._unchecked(fn(x.array, axis=i, **kwargs), x.axes)
+    return unchecked(fn(x.array, axis=i, **kwargs), x.axes)
 
 
 def softmax(x, axis, *, where=None) -> NamedArray:
@@ -391,7 +391,7 @@ def _sorting(fn, x: NamedArray, axis, new_axis, **kwargs) -> NamedArray:
     if new_axis is None:
         raise AxisError(f"{fn.__name__}(axis=None) flattens {format_axes(x.axes)}: name the flat axis with new_axis=")
     new = (Axis(name_of(new_axis), x.size),)
-    return NamedArray._unchecked(fn(x.array, axis=None, **kwargs), new)
+    return unchecked(fn(x.array, axis=None, **kwargs), new)
 
 
 def sort(x, axis, *, descending: bool = False, new_axis=None) -> NamedArray:

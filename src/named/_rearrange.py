@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import jax.numpy as jnp
 
 from ._axis import ArgumentError, ArgumentTypeError, Axis, AxisError, check_unique, format_axes, index_of
-from ._core import NamedArray, expect_named
+from ._core import NamedArray, expect_named, unchecked
 
 _TOKEN = re.compile(r"\.\.\.|[(){}:]|[^\s(){}:,]+")
 
@@ -335,4 +335,4 @@ def rearrange_pattern(x: NamedArray, pattern: str, kwargs: dict) -> NamedArray:
     out_shape = tuple(a.size for a in out)
     if out_shape != arr.shape:
         arr = arr.reshape(out_shape)
-    return NamedArray._unchecked(arr, out)
+    return unchecked(arr, out)

@@ -34,7 +34,7 @@ from ._axis import (
     name_of,
     union,
 )
-from ._core import NamedArray, is_named_array
+from ._core import NamedArray, is_named_array, unchecked
 from ._remat import Remat, with_remat
 
 
@@ -120,7 +120,7 @@ class _Split:
         leaves = list(self.leaves)
         for k, v in zip(self.mapped, mapped_values):
             axes = self.inner_axes[k]
-            leaves[k] = v if axes is None else NamedArray._unchecked(v, axes)
+            leaves[k] = v if axes is None else unchecked(v, axes)
         return jax.tree.unflatten(self.treedef, leaves)
 
 
@@ -169,7 +169,7 @@ class _Outputs:
                     raise AxisError(
                         f"an output already has axis {new_axis.name!r} {format_axes(kind)}; it cannot be added again"
                     )
-                leaves.append(NamedArray._unchecked(next(it), (new_axis,) + kind))
+                leaves.append(unchecked(next(it), (new_axis,) + kind))
         return jax.tree.unflatten(self.treedef, leaves)
 
 
@@ -498,8 +498,8 @@ def _value_and_grad(fn: Callable, has_aux: bool, caller: str) -> Callable:
         value, grads = inner(*args, **kwargs)
         if has_aux:
             loss, aux = value
-            return ((NamedArray._unchecked(loss, ()) if named_out[0] else loss), aux), grads
-        return (NamedArray._unchecked(value, ()) if named_out[0] else value), grads
+            return ((unchecked(loss, ()) if named_out[0] else loss), aux), grads
+        return (unchecked(value, ()) if named_out[0] else value), grads
 
     return wrapped
 

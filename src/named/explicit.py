@@ -28,7 +28,7 @@ from jax.sharding import PartitionSpec
 from . import _compat
 from ._axis import ArgumentTypeError, Axis, AxisSelection, NamedError, as_selectors, name_of
 from ._context import FrozenMapping, body_context, current_body
-from ._core import NamedArray, expect_named
+from ._core import NamedArray, expect_named, unchecked
 from ._einsum import local_einsum
 from ._local import (
     LocalBody,
@@ -196,7 +196,7 @@ class _ShardMapped:
         def run(record: list, *arrays):
             it = iter(arrays)
             local = [
-                k.value if isinstance(k, _Static) else next(it) if k == "array" else NamedArray._unchecked(next(it), k)
+                k.value if isinstance(k, _Static) else next(it) if k == "array" else unchecked(next(it), k)
                 for k in kinds
             ]
             with body_context(body):
@@ -233,7 +233,7 @@ class _ShardMapped:
                 result.append(next(it))
             else:
                 arr = next(it)
-                result.append(NamedArray._unchecked(arr, tuple(Axis(a.name, n) for a, n in zip(k, arr.shape))))
+                result.append(unchecked(arr, tuple(Axis(a.name, n) for a, n in zip(k, arr.shape))))
         return jax.tree.unflatten(meta["treedef"], result)
 
     def _active(self, in_res):
@@ -405,7 +405,7 @@ def all_gather(x: NamedArray, axis: AxisSelection, *, invariant: bool = False) -
         n = _size(body, over)
         arr = issue(lax.all_gather, arr, _group(over), axis=i, tiled=True, to="invarying" if invariant else "varying")
         axes[i] = Axis(a.name, a.size * n)
-    return NamedArray._unchecked(arr, tuple(axes))
+    return unchecked(arr, tuple(axes))
 
 
 def psum_scatter(
@@ -449,7 +449,7 @@ def psum_scatter(
     arr = issue(lax.psum_scatter, value.array, _group(over), scatter_dimension=i, tiled=True)
     axes = list(value.axes)
     axes[i] = _with_split(a, a.size // n, _split_over(a) + tuple(over))
-    return NamedArray._unchecked(arr, tuple(axes))
+    return unchecked(arr, tuple(axes))
 
 
 def _reduce(x, axis, mesh_axes, what: str, local_fn, collective):
@@ -466,7 +466,7 @@ def _reduce(x, axis, mesh_axes, what: str, local_fn, collective):
         extra = [m for m in over if m not in x.over]
         if extra:
             raise ShardingError(f"nm.psum: the value is owed a sum over {x.over}, not over {extra}")
-        out = NamedArray._unchecked(issue(lax.psum, x.value.array, _group(over)), x.value.axes)
+        out = unchecked(issue(lax.psum, x.value.array, _group(over)), x.value.axes)
         rest = tuple(m for m in x.over if m not in over)
         return Unreduced(out, rest) if rest else out
     x = _check_named(x, what)
@@ -481,7 +481,7 @@ def _reduce(x, axis, mesh_axes, what: str, local_fn, collective):
         over += [m for m in _mesh_axes(mesh_axes) if m not in over]
     out = local_fn(x, tuple(names)) if names else x
     if over:
-        out = NamedArray._unchecked(issue(collective, out.array, _group(tuple(over))), out.axes)
+        out = unchecked(issue(collective, out.array, _group(tuple(over))), out.axes)
     return out
 
 
@@ -569,7 +569,7 @@ def all_to_all(
     axes[si] = _with_split(s, s.size // n, _split_over(s) + over)
     c_rest = _split_over(c)[: len(_split_over(c)) - len(over)]
     axes[ci] = _with_split(c, c.size * n, c_rest)
-    return NamedArray._unchecked(arr, tuple(axes))
+    return unchecked(arr, tuple(axes))
 
 
 def axis_index(
@@ -612,7 +612,7 @@ def einsum_unreduced(equation: str, *arrays: NamedArray, **kwargs) -> NamedArray
     over: list[str] = []
     for n in sorted(contracted, key=lambda n: [a.name for x in arrays for a in x.axes].index(n)):
         over += [m for m in claims.get(n, ()) if m not in over]
-    out = NamedArray._unchecked(out.array, tuple(_with_split(a, a.size, claims.get(a.name, ())) for a in out.axes))
+    out = unchecked(out.array, tuple(_with_split(a, a.size, claims.get(a.name, ())) for a in out.axes))
     return Unreduced(out, over) if over else out
 
 

@@ -33,7 +33,7 @@ import numpy as np
 from . import _hlo
 from ._axis import ArgumentTypeError, Axis, AxisError, as_selectors
 from ._compat import is_tracer
-from ._core import NamedArray, expect_named, is_named_array
+from ._core import NamedArray, expect_named, is_named_array, unchecked
 from ._grid import DeviceGrid, DeviceGrids, device_grid
 from ._hlo import Collective
 from ._layout import _format_layout, _spec_entries, parse_layout, sharding_layout  # noqa: F401  (parse_layout: public here)
@@ -218,7 +218,7 @@ class ParamReport:
 
     def _grid(self, row: ParamRow) -> DeviceGrid:
         shaped = jax.ShapeDtypeStruct(tuple(a.size for a in row.axes), np.dtype(row.dtype))
-        return device_grid(NamedArray._unchecked(shaped, row.axes), self.mapping or {}, self.mesh, title=row.path)
+        return device_grid(unchecked(shaped, row.axes), self.mapping or {}, self.mesh, title=row.path)
 
 
 def param_report(tree: Any, mapping: ResourceMapping | None, mesh=None) -> ParamReport:

@@ -32,7 +32,7 @@ from ._context import (  # noqa: F401  (re-exported: this module is where users 
     current_mapping,
     current_mesh,
 )
-from ._core import NamedArray, is_named_array
+from ._core import NamedArray, is_named_array, unchecked
 from ._fields import field, map_named  # noqa: F401  (field: public here)
 
 # ---- meshes --------------------------------------------------------------------------
@@ -211,7 +211,7 @@ def infer_shardings(tree: Any, mapping: ResourceMapping | None = None, mesh: Mes
     plain array in an ``nm.field(axis_names=...)`` field), None elsewhere."""
 
     def leaf(x):
-        return NamedArray._unchecked(sharding_for(x, mapping, mesh), x.axes)
+        return unchecked(sharding_for(x, mapping, mesh), x.axes)
 
     return map_named(leaf, tree, plain=lambda _: None)
 
@@ -262,7 +262,7 @@ def shard(tree: Any, mapping: ResourceMapping | None = None, mesh: Mesh | None =
             arr = constrain(x.array, mesh, spec)
         else:  # placed on the Auto twin of an Explicit mesh, where named_jit runs
             arr = jax.device_put(x.array, NamedSharding(auto_mesh(mesh), spec))
-        return NamedArray._unchecked(arr, x.axes)
+        return unchecked(arr, x.axes)
 
     return map_named(leaf, tree)
 

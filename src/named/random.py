@@ -29,7 +29,7 @@ from ._axis import (
 )
 from ._compat import threefry_partitionable
 from ._context import current_body
-from ._core import NamedArray, axes_of, expect_named, raw
+from ._core import NamedArray, axes_of, expect_named, raw, unchecked
 from ._index import concrete
 from ._shape import _axes_for_creation
 
@@ -202,8 +202,8 @@ def split(key, num: int | Axis = 2):
     flat = key.array.reshape(-1)
     keys = jax.vmap(lambda k: jax.random.split(k, n))(flat).reshape(key.array.shape + (n,))
     if isinstance(num, Axis):
-        return NamedArray._unchecked(keys, key.axes + (num,))
-    return tuple(NamedArray._unchecked(keys[..., i], key.axes) for i in range(n))
+        return unchecked(keys, key.axes + (num,))
+    return tuple(unchecked(keys[..., i], key.axes) for i in range(n))
 
 
 # ---- distributions that draw alike: fn(key, *params, shape, dtype) -------------------------
@@ -284,7 +284,7 @@ def permutation(key, x, axis: AxisSelector | None = None, *, independent: bool =
     if not isinstance(x, NamedArray):
         raise ArgumentTypeError(f"nm.random.permutation takes an Axis or a NamedArray, got {type(x).__name__}")
     i = _one_axis(x, axis, "permutation")
-    return NamedArray._unchecked(jax.random.permutation(_key(key), x.array, axis=i, independent=independent), x.axes)
+    return unchecked(jax.random.permutation(_key(key), x.array, axis=i, independent=independent), x.axes)
 
 
 def choice(
@@ -321,7 +321,7 @@ def choice(
             f"nm.random.choice: {format_axes(new)} draws without replacement from {chosen.size} entries of {chosen.name!r}"
         )
     out = jax.random.choice(_key(key), pool, tuple(n.size for n in new), replace=replace, p=p, axis=i)
-    return NamedArray._unchecked(out, out_axes)
+    return unchecked(out, out_axes)
 
 
 def dirichlet(key, alpha: NamedArray, axis: AxisSelector, axes: AxisSelection = (), dtype=None) -> NamedArray:
@@ -336,4 +336,4 @@ def dirichlet(key, alpha: NamedArray, axis: AxisSelector, axes: AxisSelection = 
     out_axes = new + batch + (event,)
     check_unique(out_axes, "the dirichlet draw's")
     moved = jnp.moveaxis(alpha.array, i, -1)
-    return NamedArray._unchecked(jax.random.dirichlet(_key(key), moved, _shape(new + batch), dtype), out_axes)
+    return unchecked(jax.random.dirichlet(_key(key), moved, _shape(new + batch), dtype), out_axes)

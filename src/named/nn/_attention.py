@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from .. import _ops as ops
 from .._axis import ArgumentError, ArgumentTypeError, Axis, AxisError, AxisSelector, NamedError, format_axes, name_of
 from .._context import attention_context, current_attention
-from .._core import NamedArray, expect_named
+from .._core import NamedArray, expect_named, unchecked
 from .._einsum import dot, einsum
 from .._shape import arange, broadcast_to, concatenate, flatten_axes, rename, unflatten_axis
 from ..partitioning import shard
@@ -44,7 +44,7 @@ def positions_from_segments(segment_ids: NamedArray, Pos: AxisSelector = "positi
     starts = jnp.concatenate([jnp.ones_like(prev[..., :1], bool), prev[..., 1:] != prev[..., :-1]], axis=-1)
     idx = jnp.arange(n, dtype=jnp.int32)
     start_idx = jax.lax.cummax(jnp.where(starts, idx, 0), axis=prev.ndim - 1)
-    return NamedArray._unchecked(idx - start_idx, ids.axes).rearrange(segment_ids.names)
+    return unchecked(idx - start_idx, ids.axes).rearrange(segment_ids.names)
 
 
 def rotary_embedding(

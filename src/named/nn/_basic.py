@@ -20,7 +20,7 @@ from .._axis import (
     format_axes,
     names_of,
 )
-from .._core import NamedArray, expect_named
+from .._core import NamedArray, expect_named, unchecked
 from .._ops import elu, gelu, leaky_relu, log_sigmoid, relu, relu6, sigmoid, silu, softplus, swish  # noqa: F401  (nn.relu, ...)
 from .._shape import split
 from ._linear import Linear
@@ -133,9 +133,9 @@ class Dropout(eqx.Module):
             key = key.array
         dtype = ops.floating(x.dtype)  # an int input is scaled, not truncated
         if self.pdrop == 1.0:  # x / 0 would put NaN into the gradient
-            return NamedArray._unchecked(jnp.zeros_like(x.array, dtype), x.axes)
+            return unchecked(jnp.zeros_like(x.array, dtype), x.axes)
         keep = nm_random.block_draw(lambda shape: jax.random.bernoulli(key, 1.0 - self.pdrop, shape), x.axes)
-        return NamedArray._unchecked(jnp.where(keep, x.array / (1.0 - self.pdrop), 0).astype(dtype), x.axes)
+        return unchecked(jnp.where(keep, x.array / (1.0 - self.pdrop), 0).astype(dtype), x.axes)
 
 
 WIDTH_NAME = "mlp"  # the hidden axis of MLP.init(In, Out, width=<int>, ...)

@@ -49,7 +49,7 @@ from .._context import (
     layer_driver_context,
     part_of_block,
 )
-from .._core import NamedArray, is_named_array
+from .._core import NamedArray, is_named_array, unchecked
 from .._local import CollectiveOrder, _split_over, join_blocks, split_block
 from .._transforms import _Outputs, _Split, _where
 from ..explicit import all_gather, shard_map
@@ -190,7 +190,7 @@ class _PrefetchedScan:
         if not names:
             return raw
         k = self.split.mapped[j]
-        return all_gather(NamedArray._unchecked(raw, self.split.inner_axes[k]), names).array
+        return all_gather(unchecked(raw, self.split.inner_axes[k]), names).array
 
     def _gathered_layer(self, layered, i):
         return [self._gather(j, lax.dynamic_index_in_dim(layered[j], i, keepdims=False)) for j in self.weights]
@@ -207,11 +207,11 @@ class _PrefetchedScan:
                 axes = tuple(
                     a if a.name not in self.gather_axes[j] else Axis(a.name, n) for a, n in zip(axes, raw.shape)
                 )
-                leaves[k] = NamedArray._unchecked(raw, axes)
+                leaves[k] = unchecked(raw, axes)
             else:
-                leaves[k] = NamedArray._unchecked(next(it_a), axes)
+                leaves[k] = unchecked(next(it_a), axes)
         for k, v in zip(self.shared, shared):
-            leaves[k] = NamedArray._unchecked(v, leaves[k].axes) if isinstance(leaves[k], NamedArray) else v
+            leaves[k] = unchecked(v, leaves[k].axes) if isinstance(leaves[k], NamedArray) else v
         block, a, kw = jax.tree.unflatten(self.split.treedef, leaves)
         with layer_driver_context(None):  # a Stacked inside a layer runs locally
             carry, y = self.step(block, carry, *a, **kw) if self.parts == 1 else self._in_parts(block, carry, a, kw)
@@ -367,7 +367,7 @@ def _join(outs: list, cut: str):
             joined.append(join_blocks(col, cut))
         elif eqx.is_inexact_array(raw):
             mean = sum((c.array if isinstance(c, NamedArray) else c) for c in col) / len(col)
-            joined.append(NamedArray._unchecked(mean, v.axes) if isinstance(v, NamedArray) else mean)
+            joined.append(unchecked(mean, v.axes) if isinstance(v, NamedArray) else mean)
         elif eqx.is_array(raw):
             raise NamedError(
                 f"explicit mode's batch split: a layer output of dtype {raw.dtype} without axis {cut!r} "

@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import random as nmr
 from .._axis import ArgumentError, Axis, AxisError, AxisSelection, NamedError, as_selectors, format_axes
-from .._core import NamedArray, expect_named
+from .._core import NamedArray, expect_named, unchecked
 from .._einsum import dot
 from .._index import concrete, first_flagged
 from .._shape import zeros
@@ -148,7 +148,7 @@ def _merge(x: NamedArray, axes: tuple[Axis, ...], into: Axis) -> NamedArray:
         return x
     i = x.index_of(axes[0])
     new = x.axes[:i] + (into,) + x.axes[i + len(axes) :]
-    return NamedArray._unchecked(x.array.reshape(tuple(a.size for a in new)), new)
+    return unchecked(x.array.reshape(tuple(a.size for a in new)), new)
 
 
 def _split(x: NamedArray, flat: Axis, axes: tuple[Axis, ...]) -> NamedArray:
@@ -156,7 +156,7 @@ def _split(x: NamedArray, flat: Axis, axes: tuple[Axis, ...]) -> NamedArray:
         return x
     i = x.index_of(flat)
     new = x.axes[:i] + axes + x.axes[i + 1 :]
-    return NamedArray._unchecked(x.array.reshape(tuple(a.size for a in new)), new)
+    return unchecked(x.array.reshape(tuple(a.size for a in new)), new)
 
 
 def check_input(layer, x: NamedArray) -> None:
@@ -210,7 +210,7 @@ class Embedding(eqx.Module):
         bad = _outside(ids, self.Vocab) if self.check_ids else None  # before the gather's own, wider, check
         out = self.weight.take(self.Vocab.name, ids)
         if bad is not None:
-            out = NamedArray._unchecked(
+            out = unchecked(
                 eqx.error_if(
                     out.array,
                     jnp.any(bad),

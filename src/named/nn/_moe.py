@@ -38,7 +38,7 @@ from .. import _ops as ops
 from .. import partitioning
 from .._axis import ArgumentError, Axis, AxisError, as_selectors, format_axes
 from .._context import current_body, current_mapping, current_mesh
-from .._core import NamedArray, expect_named
+from .._core import NamedArray, expect_named, unchecked
 from .._einsum import dot
 from .._local import ShardedAxis, _split_over, issue
 from .._shape import one_hot
@@ -91,7 +91,7 @@ def _top_k(x: NamedArray, k: int) -> tuple[NamedArray, NamedArray]:
     arr = x.rearrange((..., EXPERTS)).array
     ids = jnp.argsort(-arr, axis=-1, stable=True)[..., :k]
     axes = x.rearrange((..., EXPERTS)).axes[:-1] + (Axis(TOPK, k),)
-    return NamedArray._unchecked(jnp.take_along_axis(arr, ids, -1), axes), NamedArray._unchecked(ids, axes)
+    return unchecked(jnp.take_along_axis(arr, ids, -1), axes), unchecked(ids, axes)
 
 
 def router_stats(logits: NamedArray, probs: NamedArray, ids: NamedArray) -> dict[str, NamedArray]:
@@ -160,7 +160,7 @@ def _token_mean(x: NamedArray, tokens: tuple[str, ...]) -> NamedArray:
     over = tuple(dict.fromkeys(a for n in tokens for a in _split_over(x.resolve_axis(n))))
     if not over:
         return m
-    return NamedArray._unchecked(issue(jax.lax.pmean, m.array, over[0] if len(over) == 1 else over), m.axes)
+    return unchecked(issue(jax.lax.pmean, m.array, over[0] if len(over) == 1 else over), m.axes)
 
 
 # ---- the layer ------------------------------------------------------------------------------------
@@ -349,7 +349,7 @@ def _grouped_mlp(rows, ids, gate, up, down, act, *, presorted: bool):
     live = (jnp.arange(xs.shape[0]) < sizes.sum())[:, None]
     g = jnp.where(live, jax.lax.ragged_dot(xs, gate, sizes), 0)
     u = jnp.where(live, jax.lax.ragged_dot(xs, up, sizes), 0)
-    h = _activation(act)(NamedArray._unchecked(g, (Axis("rows", g.shape[0]), Axis("mlp", g.shape[1])))).array * u
+    h = _activation(act)(unchecked(g, (Axis("rows", g.shape[0]), Axis("mlp", g.shape[1])))).array * u
     out = jnp.where(live, jax.lax.ragged_dot(h.astype(rows.dtype), down, sizes), 0)
     if order is None:
         return out
@@ -417,13 +417,13 @@ def _block(
         out = exchange(out.reshape(recv.shape))
     tp = _split_over(down.resolve_axis(names.mlp))
     if tp:  # each device holds a slice of every expert's mlp: its down projection is a partial sum
-        out = psum(NamedArray._unchecked(out, _raw_axes(out.shape)), mesh_axes=tp).array
+        out = psum(unchecked(out, _raw_axes(out.shape)), mesh_axes=tp).array
     y = _combine(out, wa, dst, pos)
     if copies:
         rows = ShardedAxis("moe_rows", y.shape[0], copies)
-        y = all_gather(NamedArray._unchecked(y, (rows, Axis("moe_embed", D))), "moe_rows", invariant=True).array
+        y = all_gather(unchecked(y, (rows, Axis("moe_embed", D))), "moe_rows", invariant=True).array
     y = y.reshape(tuple(x.axis_size(n) for n in names.tokens) + (D,))
-    return NamedArray._unchecked(y, tuple(x.resolve_axis(n) for n in (*names.tokens, names.embed))).rearrange(x.axes)
+    return unchecked(y, tuple(x.resolve_axis(n) for n in (*names.tokens, names.embed))).rearrange(x.axes)
 
 
 def _raw_axes(shape) -> tuple[Axis, ...]:
@@ -433,7 +433,7 @@ def _raw_axes(shape) -> tuple[Axis, ...]:
 def _all_to_all(a, *, over):
     """Slice ``d`` of ``a`` (n, ...) to device ``d`` along ``over``; slice ``s`` of the result came from device ``s``."""
     n = a.shape[0]
-    named = NamedArray._unchecked(a[None], (Axis("moe_src", 1), Axis("moe_dst", n)) + _raw_axes(a.shape[1:]))
+    named = unchecked(a[None], (Axis("moe_src", 1), Axis("moe_dst", n)) + _raw_axes(a.shape[1:]))
     return all_to_all(named, split="moe_dst", concat="moe_src", mesh_axes=over).array[:, 0]
 
 
@@ -483,7 +483,7 @@ def _auto(x, ids, w, weights, names: _Names, n_experts: int, act, mapping, mesh)
         arr = arr.transpose(*(order.index(i) for i in range(len(shape))), len(shape))
         arr = arr.reshape(*(a.size for a, _ in token_axes), arr.shape[-1])
         axes = tuple(template.resolve_axis(n) for n in names.tokens) + (template.resolve_axis(names.embed),)
-        return NamedArray._unchecked(arr, axes).rearrange(template.axes)
+        return unchecked(arr, axes).rearrange(template.axes)
 
     def exchange(a):
         """(blocks, n_dst, ...): the expert mesh axes move from the blocks (sources) to n_dst."""

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._axis import ArgumentError, ArgumentTypeError, Axis, AxisError, format_axes
-from .._core import NamedArray, expect_named
+from .._core import NamedArray, expect_named, unchecked
 from .._ops import _lowest
 from ._conv import explicit_padding, output_size, padding_spec, per_axis
 
@@ -71,8 +71,8 @@ def _pool(what, x, window, stride, padding, use_ceil, init, combine, weights: bo
         counts = jax.lax.reduce_window(
             jnp.asarray(ones), 0.0, jax.lax.add, tuple(sizes.values()), strides, [(0, e) for e in extra]
         )
-        divisor = NamedArray._unchecked(counts, tuple(a.resize(counts.shape[i]) for i, a in enumerate(axes)))
-    return NamedArray._unchecked(pooled, out_axes), divisor
+        divisor = unchecked(counts, tuple(a.resize(counts.shape[i]) for i, a in enumerate(axes)))
+    return unchecked(pooled, out_axes), divisor
 
 
 def max_pool(x: NamedArray, window, stride=None, padding="VALID", use_ceil: bool = False) -> NamedArray:

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from .._axis import Axis, AxisError, NamedError, format_axes, name_of
-from .._core import NamedArray, is_named_array
+from .._core import NamedArray, is_named_array, unchecked
 from .._remat import Remat, ScanCheckpointPolicy, remat_policy
 from .._transforms import _Split, is_named_or_shaped_array_like
 from .._transforms import scan as nscan
@@ -84,7 +84,7 @@ def _add_layers_axis(path, x, Layers: Axis):
     if isinstance(x, NamedArray):
         if Layers.name in x.names:
             raise AxisError(f"block weight {jax.tree_util.keystr(path)} already has the layers axis {Layers.name!r}")
-        return NamedArray._unchecked(x.array, (Layers,) + x.axes)
+        return unchecked(x.array, (Layers,) + x.axes)
     if eqx.is_array(x):
         # fold/scan slice only NamedArrays along Layers: a plain array would reach every
         # layer whole, with the stacking dimension still on it.
@@ -116,9 +116,7 @@ def stack_layers(trees: Sequence[Any], Layers: Axis, what: str):
                         f"{what}: {jax.tree_util.keystr(path)} has axes {format_axes(leaf.axes)} in layer 0 "
                         f"but {got} in layer {i}"
                     )
-            out.append(
-                _add_layers_axis(path, NamedArray._unchecked(jnp.stack([x.array for x in column]), leaf.axes), Layers)
-            )
+            out.append(_add_layers_axis(path, unchecked(jnp.stack([x.array for x in column]), leaf.axes), Layers))
         elif eqx.is_array(leaf):
             out.append(jnp.stack(column))
         else:
