@@ -113,7 +113,8 @@ def bench_checkpoint(tmp, total_mb: int, repeats: int, mesh, tree=None) -> dict:
         else:
             shutil.rmtree(run)
         print(
-            f"checkpoint {run if isinstance(run, str) else 'local'} {nbytes / 2**20:.0f} MiB: save {saves[-1]:.2f}s ({nbytes / 1e6 / saves[-1]:.0f} MB/s), "
+            f"checkpoint {run if isinstance(run, str) else 'local'} {nbytes / 2**20:.0f} MiB: save {saves[-1]:.2f}s "
+            f"({nbytes / 1e6 / saves[-1]:.0f} MB/s), "
             f"restore {restores[-1]:.2f}s ({nbytes / 1e6 / restores[-1]:.0f} MB/s)",
             flush=True,
         )

@@ -529,7 +529,8 @@ def main(argv=None):
     )
     print(
         f"step median: named {step['named']['median_s']:.4f}s peer {step['peer']['median_s']:.4f}s "
-        f"ratio {result['step_ratio_named_over_peer']:.3f} (median of turns {result['step_ratio_median_of_rounds']:.3f}, "
+        f"ratio {result['step_ratio_named_over_peer']:.3f} (median of turns "
+        f"{result['step_ratio_median_of_rounds']:.3f}, "
         f"min {result['step_ratio_min_named_over_peer']:.3f}, CPU time {result['step_cpu_ratio_named_over_peer']:.3f})"
     )
     C.write_result(name, result, args.out)

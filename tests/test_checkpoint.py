@@ -211,13 +211,13 @@ def test_edge_shapes_and_dtypes_and_partial_replication(tmp_path):
 
 def test_save_returns_before_write_and_wait_commits(tmp_path, monkeypatch):
     release = threading.Event()
-    real = ck.write._write_leaf
+    real = ck.write.write_leaf
 
     def slow(*args, **kwargs):
         release.wait(timeout=30)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(ck.write, "_write_leaf", slow)
+    monkeypatch.setattr(ck.write, "write_leaf", slow)
     state = fsdp_state(jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,)))
     expected = arrays_of(state)
     ckpt = Checkpointer(tmp_path)
@@ -244,7 +244,7 @@ def test_crash_mid_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
 
     calls = []
     lock = threading.Lock()
-    real = ck.write._write_leaf
+    real = ck.write.write_leaf
 
     def crashing(*args, **kwargs):
         with lock:
@@ -254,7 +254,7 @@ def test_crash_mid_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
             raise OSError("disk on fire")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(ck.write, "_write_leaf", crashing)
+    monkeypatch.setattr(ck.write, "write_leaf", crashing)
     ckpt.save(2, train_state(seed=5), {"step": 2})
     with pytest.raises(CheckpointError, match="step 2.*disk on fire"):
         ckpt.wait()
@@ -271,7 +271,7 @@ def test_crash_mid_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
     with pytest.raises(CheckpointError, match="step_4 has no commit.json"):
         ck.restore(tmp_path / "checkpoints" / "step_4", abstract(train_state()))
 
-    monkeypatch.setattr(ck.write, "_write_leaf", real)
+    monkeypatch.setattr(ck.write, "write_leaf", real)
     ckpt.save(5, train_state(), {"step": 5})
     ckpt.wait()  # the next good commit clears the crash leftovers
     assert step_dirs(tmp_path) == ["step_1", "step_4", "step_5"]
@@ -336,7 +336,7 @@ def test_failed_save_deletes_nothing(tmp_path, monkeypatch):
     ckpt = Checkpointer(tmp_path, keep_last=1)
     ckpt.save(1, tree)
     ckpt.wait()
-    monkeypatch.setattr(ck.write, "_write_leaf", lambda *a, **k: (_ for _ in ()).throw(OSError("boom")))
+    monkeypatch.setattr(ck.write, "write_leaf", lambda *a, **k: (_ for _ in ()).throw(OSError("boom")))
     ckpt.save(2, tree)
     with pytest.raises(CheckpointError, match="boom"):
         ckpt.wait()
@@ -407,7 +407,7 @@ def test_commit_listing_a_path_outside_is_refused(tmp_path):
     commit = json.loads((path / "commit.json").read_text())
     commit["files"]["../../../etc/passwd"] = {"sha256": "0" * 64, "size": 1}
     del commit["commit_sha256"]
-    commit["commit_sha256"] = ck._self_digest(commit)
+    commit["commit_sha256"] = ck.store.self_digest(commit)
     (path / "commit.json").write_text(json.dumps(commit))
     with pytest.raises(CheckpointError, match="leaves the checkpoint directory"):
         ck.verify_checkpoint(path)

@@ -48,7 +48,8 @@ WRITE_DELAY_S = 0.15  # per pause; a save pauses three times (see checkpoint._te
 SEED = 20240610
 
 CORPUS = "\n".join(
-    f"def function_{i}(x, y):\n    total = x * {i} + y\n    for k in range({i % 7 + 1}):\n        total += k\n    return total\n"
+    f"def function_{i}(x, y):\n    total = x * {i} + y\n    for k in range({i % 7 + 1}):\n        total += k\n    "
+    "return total\n"
     for i in range(200)
 )
 
@@ -135,7 +136,10 @@ def _run(workdir: Path, run_dir: Path, log: Path, **over) -> str:
 
 
 def test_runs_import_the_snapshot(workdir):
-    code = "import importlib.util as u; print(*(u.find_spec(m).origin for m in ('named.trainer', 'named.models', 'named')))"
+    code = (
+        "import importlib.util as u; "
+        "print(*(u.find_spec(m).origin for m in ('named.trainer', 'named.models', 'named')))"
+    )
     r = subprocess.run([sys.executable, "-c", code], env=_env(workdir), capture_output=True, text=True, check=True)
     assert r.stdout.split() == [str(workdir / "src" / "named" / p / "__init__.py") for p in ("trainer", "models", ".")]
 
@@ -300,7 +304,8 @@ def test_sigkill_at_random_moments_resumes_exactly(workdir, reference):
     in_write = [k for k in kills if k["partial"]]
     print(f"\n{len(kills)} SIGKILLs in {campaigns} campaign(s): {modes}")
     print(
-        f"resumed from steps {[k['start'] for k in kills]}; killed with its own partial save on disk {len(in_write)} times"
+        f"resumed from steps {[k['start'] for k in kills]}; killed with its own partial save on disk {len(in_write)} "
+        "times"
     )
     assert len(kills) >= N_KILLS
     assert "step" in modes and "write" in modes

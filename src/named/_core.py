@@ -346,7 +346,8 @@ def named(array: Any, axes: AxisSelection) -> NamedArray:
         if isinstance(sel, Axis):
             if sel.size != n:
                 raise AxisError(
-                    f"axis {sel.name!r} has size {sel.size} but the array's dimension is {n} (shape {tuple(array.shape)})"
+                    f"axis {sel.name!r} has size {sel.size} but the array's dimension is {n} (shape "
+                    f"{tuple(array.shape)})"
                 )
             out.append(sel)
         elif sel is Ellipsis:

@@ -86,7 +86,8 @@ def _parse(x: NamedArray, idx) -> dict[int, Any]:
         )
     else:
         raise AxisError(
-            f"index NamedArrays by name: x['batch', 0:4] or x[{{'batch': 0}}], got {idx!r}; array axes {format_axes(x.axes)}"
+            f"index NamedArrays by name: x['batch', 0:4] or x[{{'batch': 0}}], got {idx!r}; array axes "
+            f"{format_axes(x.axes)}"
         )
     out: dict[int, Any] = {}
     for name, value in items:
@@ -350,7 +351,8 @@ class _AtRef:
             extra = [a for a in values.axes if a.name not in {b.name for b in plan.pre_axes}]
             if extra:
                 raise AxisError(
-                    f"update values have axes {format_axes(extra)} that the indexed region {format_axes(plan.out_axes)} lacks"
+                    f"update values have axes {format_axes(extra)} that the indexed region "
+                    f"{format_axes(plan.out_axes)} lacks"
                 )
             union(plan.pre_axes, values.axes)
             v = jnp.broadcast_to(raw(values, plan.pre_axes), tuple(a.size for a in plan.pre_axes))

@@ -191,31 +191,31 @@ def _fft(name: str, fn1: Callable, fnn: Callable | None, rule: str) -> Callable:
 def _make(name: str, row: tuple) -> Callable:
     kind, fn = row[0], row[1]
     if kind == "elementwise":
-        return _ops._wrap(fn, name)
+        return _ops.elementwise_op(fn, name)
     if kind in ("reduce", "reduce_max", "reduce_min"):
 
         def op(x, axis: AxisSelection | None = None, *, where=None, **kwargs):
             if where is not None and kind != "reduce":
-                kwargs.setdefault("initial", _ops._lowest(x.dtype, highest=kind == "reduce_min"))
-            return _ops._reduce(fn, x, axis, where=where, name=name, **kwargs)
+                kwargs.setdefault("initial", _ops.lowest_value(x.dtype, highest=kind == "reduce_min"))
+            return _ops.reduce_op(fn, x, axis, where=where, name=name, **kwargs)
 
         how = "over names (None: all axes), with where="
     elif kind == "reduce_plain":
 
         def op(x, axis: AxisSelection | None = None, **kwargs):
-            return _ops._reduce(fn, x, axis, name=name, **kwargs)
+            return _ops.reduce_op(fn, x, axis, name=name, **kwargs)
 
         how = "over names (None: all axes)"
     elif kind == "arg":
 
         def op(x, axis: AxisSelector | None = None):
-            return _ops._arg_reduce(fn, x, axis, name)
+            return _ops.arg_reduce_op(fn, x, axis, name)
 
         how = "along one name, or None for a flat index over all axes"
     elif kind == "along":
 
         def op(x, axis: AxisSelector, **kwargs):
-            return _ops._along(fn, x, axis, **kwargs)
+            return _ops.along_op(fn, x, axis, **kwargs)
 
         how = "along one name, the shape kept"
     elif kind == "fft":

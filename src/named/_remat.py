@@ -294,10 +294,6 @@ class ScanCheckpointPolicy:
             "'save_all', 'nested' or a ScanCheckpointPolicy"
         )
 
-    @staticmethod
-    def _mk(policy) -> ScanCheckpointPolicy:
-        return policy if isinstance(policy, ScanCheckpointPolicy) else ScanCheckpointPolicy.from_bool_or_str(policy)
-
     def to_remat(self, length: int | None = None) -> Remat | None:
         """The ``Remat`` this policy means for a scan of ``length`` layers."""
         if self.disable:

@@ -33,7 +33,7 @@ from ._core import NamedArray, axes_of, expect_named, unchecked
 # ---- creation ----------------------------------------------------------------------
 
 
-def _axes_for_creation(axes: AxisSelection) -> tuple[Axis, ...]:
+def axes_for_creation(axes: AxisSelection) -> tuple[Axis, ...]:
     out = as_selectors(axes)
     for a in out:
         if not isinstance(a, Axis):
@@ -43,12 +43,12 @@ def _axes_for_creation(axes: AxisSelection) -> tuple[Axis, ...]:
 
 
 def zeros(axes: AxisSelection, dtype=None) -> NamedArray:
-    ax = _axes_for_creation(axes)
+    ax = axes_for_creation(axes)
     return NamedArray(jnp.zeros(tuple(a.size for a in ax), dtype), ax)
 
 
 def ones(axes: AxisSelection, dtype=None) -> NamedArray:
-    ax = _axes_for_creation(axes)
+    ax = axes_for_creation(axes)
     return NamedArray(jnp.ones(tuple(a.size for a in ax), dtype), ax)
 
 
@@ -70,7 +70,7 @@ def _fill(value, what: str):
 
 
 def full(axes: AxisSelection, fill_value, dtype=None) -> NamedArray:
-    ax = _axes_for_creation(axes)
+    ax = axes_for_creation(axes)
     return NamedArray(jnp.full(tuple(a.size for a in ax), _fill(fill_value, "nm.full"), dtype), ax)
 
 
@@ -95,7 +95,7 @@ def arange(axis: AxisSelection, *, start=0, step=1, dtype=None) -> NamedArray:
     reshaped. ``start`` may be traced."""
     if isinstance(axis, str) or (not isinstance(axis, Axis) and not as_selectors(axis)):
         raise AxisError(f"arange needs an Axis with a size, got {axis!r} (or several Axes, counted row-major)")
-    ax = _axes_for_creation(axis)
+    ax = axes_for_creation(axis)
     n = math.prod(a.size for a in ax)
     return NamedArray((start + jnp.arange(n, dtype=dtype) * step).reshape(tuple(a.size for a in ax)), ax)
 
@@ -245,7 +245,8 @@ def unflatten_axis(x: NamedArray, axis: AxisSelector, new_axes: Sequence[Axis]) 
             raise AxisError(f"unflatten_axis needs Axis objects with sizes, got {a!r}")
     if int(np.prod([a.size for a in new_axes])) != x.axes[i].size:
         raise AxisError(
-            f"unflatten_axis: {format_axes(new_axes)} do not multiply to the size {x.axes[i].size} of {x.axes[i].name!r}"
+            f"unflatten_axis: {format_axes(new_axes)} do not multiply to the size {x.axes[i].size} of "
+            f"{x.axes[i].name!r}"
         )
     out_axes = x.axes[:i] + new_axes + x.axes[i + 1 :]
     check_unique(out_axes, "the unflattened")
@@ -320,7 +321,8 @@ def concatenate(axis: AxisSelector, arrays: Sequence[NamedArray]) -> NamedArray:
         rest = a.axes[:j] + a.axes[j + 1 :]
         if set(b.name for b in rest) != set(b.name for b in others):
             raise AxisError(
-                f"concatenate along {name!r}: arrays have different other axes {format_axes(others)} and {format_axes(rest)}"
+                f"concatenate along {name!r}: arrays have different other axes {format_axes(others)} and "
+                f"{format_axes(rest)}"
             )
         union(others, rest)
         total += a.axes[j].size

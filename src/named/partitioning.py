@@ -27,8 +27,8 @@ from ._context import (  # noqa: F401  (re-exported: this module is where users 
     MeshAxes,
     ResourceMapping,
     ShardingError,
-    _check_mapping_values,
     axis_mapping,
+    check_mapping_values,
     current_mapping,
     current_mesh,
 )
@@ -112,7 +112,7 @@ def set_mesh(mesh: Mesh):
 # ---- mappings (the current one, axis_mapping and current_mesh live in _context) ---------------
 
 
-def _mesh_axes(v: MeshAxes) -> tuple[str, ...]:
+def mesh_axes_of(v: MeshAxes) -> tuple[str, ...]:
     if v is None:
         return ()
     if isinstance(v, str):
@@ -123,10 +123,10 @@ def _mesh_axes(v: MeshAxes) -> tuple[str, ...]:
 def check_mapping(mapping: ResourceMapping, mesh: Mesh | Mapping[str, int]) -> None:
     """Every mesh axis the mapping names must exist in ``mesh`` (a mesh, or its axis sizes as
     ``make_mesh`` takes them: a config can be checked before there are devices)."""
-    _check_mapping_values(mapping)
+    check_mapping_values(mapping)
     sizes = getattr(mesh, "shape", mesh)  # a Mesh or AbstractMesh, or the sizes themselves
     for name, v in mapping.items():
-        for m in _mesh_axes(v):
+        for m in mesh_axes_of(v):
             if m not in sizes:
                 raise ShardingError(
                     f"axis {name!r} is mapped to mesh axis {m!r}, which the mesh does not have "
@@ -167,16 +167,17 @@ def pspec_for(x, mapping: ResourceMapping | None = None, mesh: Mesh | None = Non
     axes = _axes(x)
     if mapping is None:
         return PartitionSpec(*([None] * len(axes)))
-    _check_mapping_values(mapping)
+    check_mapping_values(mapping)
     used: dict[str, str] = {}
     entries = []
     for a in axes:
         name = a.name if isinstance(a, Axis) else a
-        target = _mesh_axes(mapping.get(name))
+        target = mesh_axes_of(mapping.get(name))
         for m in target:
             if mesh is not None and m not in mesh.shape:
                 raise ShardingError(
-                    f"axis {name!r} is mapped to mesh axis {m!r}, which the mesh does not have (mesh axes: {dict(mesh.shape)})"
+                    f"axis {name!r} is mapped to mesh axis {m!r}, which the mesh does not have (mesh axes: "
+                    f"{dict(mesh.shape)})"
                 )
             if m in used:
                 raise ShardingError(
@@ -233,7 +234,7 @@ def constrain(arr: jax.Array, mesh, spec: PartitionSpec) -> jax.Array:
     def part(keep) -> PartitionSpec:
         entries = []
         for e in spec:
-            ms = tuple(m for m in _mesh_axes(e) if keep(m))
+            ms = tuple(m for m in mesh_axes_of(e) if keep(m))
             entries.append(None if not ms else ms[0] if len(ms) == 1 else ms)
         return PartitionSpec(*entries)
 
@@ -423,7 +424,7 @@ def named_jit(
     )
     for m in (mapping, in_mapping, out_mapping):
         if m is not None:
-            _check_mapping_values(m)
+            check_mapping_values(m)
             if mesh is not None:
                 check_mapping(m, mesh)
 

@@ -222,7 +222,8 @@ def dot_product_attention(
             if r.name not in query.names or query.axis_size(r.name) != r.size:
                 raise AxisError(
                     f"dot_product_attention: q_offset has {r.name}={r.size}, but the query "
-                    f"{format_axes(query.axes)} has {r.name}={query.axis_size(r.name) if r.name in query.names else 'no such axis'}; "
+                    f"{format_axes(query.axes)} has "
+                    f"{r.name}={query.axis_size(r.name) if r.name in query.names else 'no such axis'}; "
                     "per-row offsets need one entry for each row"
                 )
     if window is not None and not causal:
@@ -245,7 +246,7 @@ def dot_product_attention(
         if segment_ids is not None:
             s = segment_mask(segment_ids, rename(segment_ids, {qpos: kpos}))
             mask = s if mask is None else mask & s
-        out = _fused_attention(query, key, value, qpos, kpos, hs, causal, mask, bias, scale, "cudnn", window)
+        out = fused_attention(query, key, value, qpos, kpos, hs, causal, mask, bias, scale, "cudnn", window)
     else:
         m = _combined_mask(query, key, qpos, kpos, causal, mask, segment_ids, q_offset, window)
         out = _xla_attention(query, key, value, qpos, kpos, hs, m, bias, scale, softcap)
@@ -473,7 +474,7 @@ def _weights(query, key, kpos, hs, m, bias, scale, softcap):
     return ops.softmax(scores, kpos)
 
 
-def _fused_attention(query, key, value, qpos, kpos, hs, causal, mask, bias, scale, implementation, window=None):
+def fused_attention(query, key, value, qpos, kpos, hs, causal, mask, bias, scale, implementation, window=None):
     """``jax.nn.dot_product_attention`` on ``[B, T, N, D]`` arrays folded from the named ones:
     axes the query shares with the key (batch, kv heads) become B, query-only axes (heads, or
     the GQA group) become N against a single kv head. ``implementation="xla"`` runs the same

@@ -26,14 +26,14 @@ from .._shape import split
 from ._linear import Linear
 
 # Activations jax.nn has and nm does not: the same elementwise wrapper as nm.relu (one broadcasting rule).
-selu = ops._wrap(jax.nn.selu, "selu")
-celu = ops._wrap(jax.nn.celu, "celu")
-hard_sigmoid = ops._wrap(jax.nn.hard_sigmoid, "hard_sigmoid")
-hard_silu = ops._wrap(jax.nn.hard_silu, "hard_silu")
+selu = ops.elementwise_op(jax.nn.selu, "selu")
+celu = ops.elementwise_op(jax.nn.celu, "celu")
+hard_sigmoid = ops.elementwise_op(jax.nn.hard_sigmoid, "hard_sigmoid")
+hard_silu = ops.elementwise_op(jax.nn.hard_silu, "hard_silu")
 hard_swish = hard_silu
-hard_tanh = ops._wrap(jax.nn.hard_tanh, "hard_tanh")
-soft_sign = ops._wrap(jax.nn.soft_sign, "soft_sign")
-mish = ops._wrap(jax.nn.mish, "mish")
+hard_tanh = ops.elementwise_op(jax.nn.hard_tanh, "hard_tanh")
+soft_sign = ops.elementwise_op(jax.nn.soft_sign, "soft_sign")
+mish = ops.elementwise_op(jax.nn.mish, "mish")
 
 
 def relu_squared(x: NamedArray) -> NamedArray:
@@ -94,7 +94,8 @@ ACTIVATIONS: dict[str, Callable[[NamedArray], NamedArray]] = {
 
 
 def activation(name: str | Callable[[NamedArray], NamedArray]) -> Callable[[NamedArray], NamedArray]:
-    """The activation called ``name`` (``gelu``, ``gelu_new``, ``silu``, ``relu``, ...); a callable is returned as it is."""
+    """The activation called ``name`` (``gelu``, ``gelu_new``, ``silu``, ``relu``, ...); a callable is
+    returned as it is."""
     if callable(name):
         return name
     try:

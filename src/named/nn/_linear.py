@@ -20,7 +20,7 @@ from ._reparam import AbstractLinearReparam, LinearStandardParam
 
 # std of a standard normal truncated to [-2, 2] (jax.random.truncated_normal's default bounds);
 # dividing by it makes the weights' std what init() says (as jax.nn.initializers.variance_scaling does).
-_TRUNCATED_NORMAL_STD = 0.87962566103423978
+TRUNCATED_NORMAL_STD = 0.87962566103423978
 
 
 def _axes(axes: AxisSelection, what: str) -> tuple[Axis, ...]:
@@ -80,7 +80,7 @@ class Linear(eqx.Module):
                 f"Linear: reparam_cls must be a class from nn.mup (LinearStandardParam, InputLinearMup, "
                 f"HiddenLinearMup, OutputLinearMup), got {reparam_cls!r}"
             )
-        std = init_scale * reparam_cls.init_scale(In, Out) / _TRUNCATED_NORMAL_STD
+        std = init_scale * reparam_cls.init_scale(In, Out) / TRUNCATED_NORMAL_STD
         w = nmr.truncated_normal(key, (outs + ins) if out_first else (ins + outs), dtype) * std
         b = zeros(outs, dtype) if use_bias else None
         return Linear(w.astype(dtype), b, In, Out, reparam_cls)

@@ -10,7 +10,7 @@ import numpy as np
 
 from .._axis import ArgumentError, ArgumentTypeError, Axis, AxisError, format_axes
 from .._core import NamedArray, expect_named, unchecked
-from .._ops import _lowest
+from .._ops import lowest_value
 from ._conv import explicit_padding, output_size, padding_spec, per_axis
 
 
@@ -88,12 +88,14 @@ def max_pool(x: NamedArray, window, stride=None, padding="VALID", use_ceil: bool
             the window. Padding never wins the max.
         use_ceil: torch's ``ceil_mode``: a last, partial window when the stride leaves entries over.
     """
-    return _pool("max_pool", x, window, stride, padding, use_ceil, _lowest, jax.lax.max)[0]
+    return _pool("max_pool", x, window, stride, padding, use_ceil, lowest_value, jax.lax.max)[0]
 
 
 def min_pool(x: NamedArray, window, stride=None, padding="VALID", use_ceil: bool = False) -> NamedArray:
     """The smallest entry of each window; arguments as :func:`max_pool`."""
-    return _pool("min_pool", x, window, stride, padding, use_ceil, lambda d: _lowest(d, highest=True), jax.lax.min)[0]
+    return _pool(
+        "min_pool", x, window, stride, padding, use_ceil, lambda d: lowest_value(d, highest=True), jax.lax.min
+    )[0]
 
 
 def mean_pool(

@@ -42,7 +42,7 @@ import numpy as np
 import tensorstore as ts
 
 from named import NamedArray, is_named_array
-from named._compat import distributed_client, is_tracer
+from named.internal import distributed_client, is_tracer
 
 from .read import latest_checkpoint, restore
 from .retention import apply_retention, fsync_dir
@@ -180,7 +180,7 @@ def _write_shards(spec: dict, record: dict, shards, create: bool, context: ts.Co
     return (["zarr.json"] if create else []) + [_chunk_key(start, record["chunk"]) for start, _ in shards]
 
 
-def _write_leaf(array_dir: Path, record: dict, shards: list[tuple[tuple[int, ...], np.ndarray]], create: bool) -> list:
+def write_leaf(array_dir: Path, record: dict, shards: list[tuple[tuple[int, ...], np.ndarray]], create: bool) -> list:
     """Local: write one array's shards under ``array_dir``; return the files written, relative to it."""
     return _write_shards(zarr_spec(kvstore_spec(array_dir), record), record, shards, create)
 
@@ -260,7 +260,7 @@ def _write_checkpoint(ckdir: Path, s: _Save) -> Path:
 
             def write(leaf: _Leaf) -> list[str]:
                 rel = leaf.record["dir"]
-                return [f"{rel}/{f}" for f in _write_leaf(tmp / rel, leaf.record, leaf.shards, primary)]
+                return [f"{rel}/{f}" for f in write_leaf(tmp / rel, leaf.record, leaf.shards, primary)]
 
             written = pool.map(write, arrays)
             rels = [rel for files in written for rel in files]

@@ -43,8 +43,7 @@ import numpy as np
 
 import named as nm
 from named import nn
-from named.models._hf_config import folder_file
-from named.models.hf import CheckpointFormatError, save_pretrained
+from named.models.hf import CheckpointFormatError, folder_file, save_pretrained
 from named.models.registry import family_for
 
 from .. import checkpoint as ckpt
@@ -54,7 +53,7 @@ from ..config import ConfigError, TrainConfig, load_config, to_mapping
 from ..data import DataError, load_tokenizer
 from ..loop.model_init import hf_linears, model_shapes
 from ..loop.registry import model_class
-from .sample import _model_config
+from .sample import saved_model_config
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
 # The special tokens' ids, which transformers and vLLM read from config.json (generation_config.json
@@ -97,7 +96,7 @@ def export(
     if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
         raise ConfigError(f"--step must be a checkpoint's step (an integer >= 0), got {step!r}")
     run_dir, path = _locate(Path(checkpoint), step)
-    model_cfg = _model_config(run_dir)
+    model_cfg = saved_model_config(run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise ckpt.CheckpointError(f"{run_dir / 'config.yaml'} is missing: is {run_dir} a named-train run directory?")
     cfg = load_config(run_dir / "config.yaml")
@@ -106,10 +105,10 @@ def export(
     kind = _kind(cfg, run_dir, merge, adapters_only)
     out = _check_out(Path(out), overwrite)
     if max_shard_size is not None:
-        from named.models.hf import _parse_size  # the one parser of sizes like 2GB
+        from named.models.hf import parse_size  # the one parser of sizes like 2GB
 
         try:
-            _parse_size(max_shard_size)
+            parse_size(max_shard_size)
         except CheckpointFormatError as e:
             raise ConfigError(f"--max-shard-size: {e}") from None
     model, metadata = _restore(cfg, model_cfg, path)
@@ -124,7 +123,7 @@ def export(
             save_pretrained(model, model_cfg, tmp, max_shard_size=max_shard_size)
         notes = _copy_tokenizer(cfg, tmp)
         if kind != "adapters":
-            notes += _write_token_ids(cfg, model_cfg.vocab_size, tmp)
+            notes += write_token_ids(cfg, model_cfg.vocab_size, tmp)
         files = sorted(p.name for p in tmp.iterdir())
         _move_into_place(tmp, out)
     except OSError as e:  # the machine (a full disk, a size limit): named as the file of --out it was writing
@@ -415,7 +414,7 @@ def _in_vocab(value, vocab_size: int) -> bool:
     return all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < vocab_size for v in values)
 
 
-def _write_token_ids(cfg: TrainConfig, vocab_size: int, folder: Path) -> list[str]:
+def write_token_ids(cfg: TrainConfig, vocab_size: int, folder: Path) -> list[str]:
     ids, notes = token_ids(cfg, vocab_size, folder)
     path = folder / "config.json"
     hf_config = json.loads(path.read_text(encoding="utf-8"))

@@ -4,9 +4,10 @@ It runs every check ``named-train`` runs short of the data and the run directory
 (``checks.check_against_devices``), so it refuses the configs train refuses. By default nothing
 is compiled or allocated: the mesh, every parameter's layout and bytes per device, an estimate
 of the activations, and the microbatch plan. ``compile=True`` (``named-plan --compile``) also
-compiles the train step on abstract inputs and reports its collectives, memory per device and
-FLOPs (a few seconds for the small configs); ``plan_search`` ranks every layout that fits. The command line (``cli.main_plan``) can plan for devices this machine does
-not have: ``--devices N`` stands N CPU devices in for them, ``--device-kind`` names the chip.
+compiles the train step on abstract inputs and reports its collectives, memory per device and FLOPs
+(a few seconds for the small configs); ``plan_search`` ranks every layout that fits. The command
+line (``cli.main_plan``) can plan for devices this machine does not have: ``--devices N`` stands N
+CPU devices in for them, ``--device-kind`` names the chip.
 """
 
 from __future__ import annotations
@@ -117,8 +118,10 @@ def plan_report(cfg: TrainConfig, *, compile: bool = False, target: Target | Non
         )
         + f"; params + grads + moments: {state / 2**20:.2f} MiB per device",
         "",
-        f"batch: {t.train_batch_size} sequences x {cfg.data.seq_len} tokens = {t.train_batch_size * cfg.data.seq_len} tokens/step",
-        f"microbatches: {t.microbatches} of {micro} sequences; {micro // max(dp, 1)} per data-parallel group of {dp} device(s)",
+        f"batch: {t.train_batch_size} sequences x {cfg.data.seq_len} tokens = {t.train_batch_size * cfg.data.seq_len} "
+        "tokens/step",
+        f"microbatches: {t.microbatches} of {micro} sequences; {micro // max(dp, 1)} per data-parallel group of {dp} "
+        "device(s)",
         f"model: {type(model_cfg).__name__} with {params.n_params:,} parameters; "
         f"{flops_per_token(model_cfg, cfg.data.seq_len) / 1e9:.3f} GFLOP per token (6N + 12·L·d·T)",
         f"activations per device (estimate, one microbatch, remat {getattr(cfg.model, 'remat', 'none')}): "

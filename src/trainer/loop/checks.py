@@ -18,8 +18,8 @@ import jax.numpy as jnp
 
 import named as nm
 from named import nn
+from named.internal import block_size_error  # the blockwise loss's own message, with the nearest divisors
 from named.models.hf import CheckpointFormatError, check_folder
-from named.nn.loss import _block_error  # the blockwise loss's own message, with the nearest divisors
 
 from ..config import ConfigError, TrainConfig, data_parallel_size, to_mapping
 from ..data import Tokenizer, load_tokenizer
@@ -103,7 +103,8 @@ def check_device_count(cfg: TrainConfig, n_devices: int, n_processes: int) -> di
         )
     if (mb // dp) % cfg.mesh.batch_split:
         raise ConfigError(
-            f"mesh.batch_split={cfg.mesh.batch_split} does not divide each device's {mb // dp} sequences of a microbatch "
+            f"mesh.batch_split={cfg.mesh.batch_split} does not divide each device's {mb // dp} sequences of a "
+            "microbatch "
             f"(trainer.train_batch_size={t.train_batch_size} / trainer.microbatches={t.microbatches} / {dp} devices)"
         )
     if t.train_batch_size % n_processes:
@@ -116,7 +117,8 @@ def check_positions(cfg: TrainConfig, model_cfg) -> None:
     max_pos = max_positions(model_cfg)
     if seq_len > max_pos:
         raise ConfigError(
-            f"data.seq_len={seq_len} is longer than the model's {max_pos} positions (model.n_positions / max_position_embeddings)"
+            f"data.seq_len={seq_len} is longer than the model's {max_pos} positions (model.n_positions / "
+            "max_position_embeddings)"
         )
 
 
@@ -198,7 +200,7 @@ def check_loss_block(cfg: TrainConfig, model_cfg, mesh, compute) -> None:
     if size is None:
         return
     if model_cfg.vocab_size % size:
-        raise ConfigError(f"trainer.loss_block_size: {_block_error(nm.Axis('vocab', model_cfg.vocab_size), size)}")
+        raise ConfigError(f"trainer.loss_block_size: {block_size_error(nm.Axis('vocab', model_cfg.vocab_size), size)}")
     try:
         nm.pspec_for((nm.Axis("vocab", size),), compute, mesh)
     except nm.ShardingError as e:

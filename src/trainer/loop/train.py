@@ -74,10 +74,11 @@ def _all_finite(tree) -> jax.Array:
 def make_train_step(cfg: TrainConfig, setup: Setup, optimizer):
     """The jitted step of the model ``setup`` describes, laid out by its mappings, in the precision
     of ``trainer.precision``: microbatched loss and gradients (exactly the full-batch mean over
-    tokens), clipping and ``optimizer`` (AdamW: ``optim.build_optimizer``). ``finite`` is false when the loss, the gradient, the update,
-    the new parameters or the new optimizer state is not finite; under ``nan_policy: skip``
-    such a step leaves the state untouched. ``flags`` (``stop.flags_layout``) come back agreed
-    over every device as ``stop_flags``: the stop and save decisions ride in this one program."""
+    tokens), clipping and ``optimizer`` (AdamW: ``optim.build_optimizer``). ``finite`` is false when
+    the loss, the gradient, the update, the new parameters or the new optimizer state is not finite;
+    under ``nan_policy: skip`` such a step leaves the state untouched. ``flags``
+    (``stop.flags_layout``) come back agreed over every device as ``stop_flags``: the stop and save
+    decisions ride in this one program."""
     compute, param, policy = setup.compute, setup.param, get_policy(cfg.trainer.precision)
     n_micro = cfg.trainer.microbatches
     skip_bad = cfg.trainer.nan_policy == "skip"
@@ -220,7 +221,8 @@ def train(cfg: TrainConfig) -> TrainResult:
             plan.run_dir,
             message=(
                 f"checked: config, tokenizer, model, mesh, mappings, run directory {plan.run_dir}{resume}, data "
-                f"({len(run.data.train)} training sequences); trainer.num_train_steps=0: nothing to train, nothing written"
+                f"({len(run.data.train)} training sequences); trainer.num_train_steps=0: nothing to train, nothing "
+                "written"
             ),
         )
     if plan.step >= t.num_train_steps:  # a step beyond it was refused by plan_run
@@ -322,9 +324,9 @@ def _train(cfg: TrainConfig, run: Run) -> TrainResult:
                 batch = batch_for(done)
             if len(pending) >= MAX_IN_FLIGHT:  # wait, reading nothing, for the step before this one
                 jax.block_until_ready(pending[-MAX_IN_FLIGHT][1])
-            # What this step ends with is decided here and only here (a new reason to stop or save goes into _due).
+            # What this step ends with is decided here and only here (a new reason to stop or save goes into step_due).
             signum, timed = stop.poll(agreed)  # the same on every process (see stop.py)
-            due = _due(done, cfg, data.validation is not None, len(pending), stop=bool(signum), timed=timed)
+            due = step_due(done, cfg, data.validation is not None, len(pending), stop=bool(signum), timed=timed)
             if not due.read:
                 continue
             rows = read_metrics(pending, t.nan_policy, checkpointer.latest)
@@ -407,7 +409,7 @@ class Due:
     stop: bool = False  # a stop signal: save, wait for the commit, end the run
 
 
-def _due(
+def step_due(
     done: int, cfg: TrainConfig, has_validation: bool, unread: int, stop: bool = False, timed: bool = False
 ) -> Due:
     t = cfg.trainer
@@ -474,7 +476,8 @@ def check_finite(step: int, metrics: dict, nan_policy: str, last_checkpoint=None
     if math.isfinite(loss) and math.isfinite(grad_norm):
         what = (
             f"non-finite update in step {step}: the new parameters or optimizer state are not finite, although the "
-            f"loss ({loss}) and gradient norm ({grad_norm}) are (a non-finite learning rate, or an overflow in the optimizer)"
+            f"loss ({loss}) and gradient norm ({grad_norm}) are (a non-finite learning rate, or an overflow in the "
+            "optimizer)"
         )
     else:
         what = f"non-finite loss or gradient in step {step} (loss={loss}, grad_norm={grad_norm})"
