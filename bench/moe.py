@@ -64,15 +64,15 @@ def model_fields(s: dict) -> dict:
     }
 
 
-def _side(s: dict, ids: np.ndarray, mesh, compute, param, model) -> tuple[C.TrainerStep, dict]:
+def _side(s: dict, ids: np.ndarray, mesh, compute_mapping, param_mapping, model) -> tuple[C.TrainerStep, dict]:
     cfg = C.step_config(
         {**model_fields(s), **model},
         batch=s["batch"],
         seq=s["seq"],
         base="mixtral_tiny.yaml",
         mesh=mesh,
-        compute=compute,
-        param=param,
+        compute_mapping=compute_mapping,
+        param_mapping=param_mapping,
     )
     step = C.TrainerStep(cfg, ids, segments=False)
     hlo = C.hlo_stats(step.compile().as_text())["collectives"]

@@ -151,13 +151,13 @@ def _is_dynamic_leaf(x) -> bool:
 
 
 class _ShardMapped:
-    def __init__(self, fn, mesh, in_res, out_res, axis_res, check_vma):
-        self.fn, self.mesh, self.in_res, self.out_res, self.axis_res, self.check_vma = (
+    def __init__(self, fn, mesh, in_mapping, out_mapping, mapping, check_vma):
+        self.fn, self.mesh, self.in_mapping, self.out_mapping, self.mapping, self.check_vma = (
             fn,
             mesh,
-            in_res,
-            out_res,
-            axis_res,
+            in_mapping,
+            out_mapping,
+            mapping,
             check_vma,
         )
 
@@ -170,13 +170,13 @@ class _ShardMapped:
         mesh = self.mesh if self.mesh is not None else current_mesh()
         if mesh is None:
             raise ShardingError("nm.shard_map needs a mesh: pass mesh=, or call it under jax.set_mesh / named_jit")
-        in_res = self.in_res if self.in_res is not None else current_mapping()
-        for m in (list(in_res) if isinstance(in_res, (tuple, list)) else [in_res]) + [self.axis_res]:
+        in_mapping = self.in_mapping if self.in_mapping is not None else current_mapping()
+        for m in (list(in_mapping) if isinstance(in_mapping, (tuple, list)) else [in_mapping]) + [self.mapping]:
             if m is not None:
                 check_mapping(m, mesh)
         leaves, treedef = jax.tree.flatten(args, is_leaf=is_local_leaf)
-        mappings = _prefix_mappings(in_res, args, "in_mapping")
-        body = LocalBody(mesh, *self._active(in_res))
+        mappings = _prefix_mappings(in_mapping, args, "in_mapping")
+        body = LocalBody(mesh, *self._active(in_mapping))
 
         dyn, specs, kinds = [], [], []  # kinds: local axes of a NamedArray, "array", or _Static
         for leaf, m in zip(leaves, mappings):
@@ -237,11 +237,11 @@ class _ShardMapped:
                 result.append(unchecked(arr, tuple(Axis(a.name, n) for a, n in zip(k, arr.shape))))
         return jax.tree.unflatten(meta["treedef"], result)
 
-    def _active(self, in_res):
+    def _active(self, in_mapping):
         """The mapping collectives fall back on when no block can say (axis_index, plain psum_scatter)."""
-        if self.axis_res is not None:
-            return FrozenMapping({k: mesh_axes_of(v) for k, v in self.axis_res.items()}), FrozenMapping({})
-        maps = [m for m in (in_res if isinstance(in_res, (tuple, list)) else [in_res]) if m is not None]
+        if self.mapping is not None:
+            return FrozenMapping({k: mesh_axes_of(v) for k, v in self.mapping.items()}), FrozenMapping({})
+        maps = [m for m in (in_mapping if isinstance(in_mapping, (tuple, list)) else [in_mapping]) if m is not None]
         merged: dict[str, tuple[str, ...]] = {}
         ambiguous: dict[str, list] = {}
         for m in maps:
@@ -254,11 +254,11 @@ class _ShardMapped:
 
     def _outputs(self, out, record: list):
         flat, treedef = jax.tree_util.tree_flatten_with_path(out, is_leaf=is_local_leaf)
-        if isinstance(self.out_res, (tuple, list)):
+        if isinstance(self.out_mapping, (tuple, list)):
             outs = out if isinstance(out, tuple) else (out,)
-            out_maps = _prefix_mappings(self.out_res, outs, "out_mapping")
+            out_maps = _prefix_mappings(self.out_mapping, outs, "out_mapping")
         else:
-            out_maps = [self.out_res] * len(flat)
+            out_maps = [self.out_mapping] * len(flat)
         arrays, specs, kinds = [], [], []
         for (path, leaf), m in zip(flat, out_maps):
             where = f"output {jax.tree_util.keystr(path) or '(the result)'}"

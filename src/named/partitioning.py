@@ -305,19 +305,21 @@ def _donated(prefix, tree, what: str) -> list[bool]:
 class NamedJitWrapped:
     """A function compiled by ``named_jit``; call it, or ``.lower(*args)`` to inspect the program."""
 
-    def __init__(self, fn: Callable, axis, inputs, outputs, donate: tuple, mesh: Mesh | None, jit_kwargs: dict):
+    def __init__(
+        self, fn: Callable, mapping, in_mapping, out_mapping, donate: tuple, mesh: Mesh | None, jit_kwargs: dict
+    ):
         def traced(donated, kept, static):
             treedef, fixed = static
             args, kwargs = jax.tree.unflatten(
                 treedef, [d if d is not None else k if k is not None else s for d, k, s in zip(donated, kept, fixed)]
             )
             mesh = current_mesh()
-            for m in (current_mapping(), inputs, outputs) if mesh is not None else ():
+            for m in (current_mapping(), in_mapping, out_mapping) if mesh is not None else ():
                 if m is not None:
                     check_mapping(m, mesh)
-            if inputs is not None:
-                args, kwargs = shard((args, kwargs), inputs)
-            dyn, stat = eqx.partition(shard(fn(*args, **kwargs), outputs), _is_dynamic)
+            if in_mapping is not None:
+                args, kwargs = shard((args, kwargs), in_mapping)
+            dyn, stat = eqx.partition(shard(fn(*args, **kwargs), out_mapping), _is_dynamic)
             return dyn, _StaticOut(stat)
 
         # the compiled module is then called jit_<fn name>, which is what HLO dumps and profiles show
@@ -325,7 +327,7 @@ class NamedJitWrapped:
         self._jitted = jax.jit(traced, donate_argnums=0, static_argnums=2, **jit_kwargs)
         self._donate = donate
         self._mesh = mesh
-        self._in_mapping = functools.partial(axis_mapping, axis) if axis is not None else contextlib.nullcontext
+        self._mapping_context = functools.partial(axis_mapping, mapping) if mapping is not None else contextlib.nullcontext
         functools.update_wrapper(self, fn)
 
     def _placed(self, args: tuple, kwargs: dict):
@@ -364,14 +366,14 @@ class NamedJitWrapped:
 
     def __call__(self, *args, **kwargs):
         mesh, args, kwargs = self._placed(args, kwargs)
-        with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext(), self._in_mapping():
+        with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext(), self._mapping_context():
             dyn, stat = self._jitted(*self._split(args, kwargs))
         return eqx.combine(dyn, stat.value)
 
     def lower(self, *args, **kwargs):
         """``jax.stages.Lowered`` for these arguments (``.compile().as_text()`` for the HLO)."""
         mesh, args, kwargs = self._placed(args, kwargs)
-        with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext(), self._in_mapping():
+        with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext(), self._mapping_context():
             return self._jitted.lower(*self._split(args, kwargs))
 
     def __get__(self, instance, owner):

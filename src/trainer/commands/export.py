@@ -241,16 +241,16 @@ def _restore(cfg: TrainConfig, model_cfg, path):
     """The checkpoint's model and metadata, on the run's mesh and parameter mapping when these devices can
     hold it, else on one device."""
     shapes = model_shapes(cfg, model_class(model_cfg), model_cfg)
-    param = to_mapping(cfg.mesh.param_mapping)
+    param_mapping = to_mapping(cfg.mesh.param_mapping)
     try:
         mesh = nm.make_mesh(cfg.mesh.shape)
-        nm.check_sharding(shapes, param, mesh)
+        nm.check_sharding(shapes, param_mapping, mesh)
     except (nm.NamedError, ValueError):
         mesh = None  # another machine than the run's: one device
 
     def leaf(x):
         if isinstance(x, nm.NamedArray) and mesh is not None:
-            sharding = nm.sharding_for(x, param, mesh)
+            sharding = nm.sharding_for(x, param_mapping, mesh)
             return nm.NamedArray(jax.ShapeDtypeStruct(x.array.shape, x.array.dtype, sharding=sharding), x.axes)
         return x
 

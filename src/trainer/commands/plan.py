@@ -65,7 +65,7 @@ def activation_bytes(cfg: TrainConfig, s: Setup) -> float:
     t = cfg.trainer
     shape = dict(s.mesh.shape)
     dp = data_parallel_size(cfg, shape)
-    tp_axes = s.compute.get("heads")
+    tp_axes = s.compute_mapping.get("heads")
     tp = math.prod(shape[m] for m in ([tp_axes] if isinstance(tp_axes, str) else (tp_axes or ())))
     seq, b = cfg.data.seq_len, t.train_batch_size // t.microbatches / max(dp, 1)
     per_layer = seq * b * h * (10 + 24 / tp + 5 * heads * seq / (h * tp))
@@ -81,8 +81,8 @@ def activation_bytes(cfg: TrainConfig, s: Setup) -> float:
 def plan_report(cfg: TrainConfig, *, compile: bool = False, target: Target | None = None) -> str:
     target = target if target is not None else Target(hardware.local(), None)
     s = check_against_devices(cfg)
-    model_cfg, mesh, compute, param = s.model_cfg, s.mesh, s.compute, s.param
-    params = nm.param_report(s.shapes, param, mesh)
+    model_cfg, mesh, compute_mapping, param_mapping = s.model_cfg, s.mesh, s.compute_mapping, s.param_mapping
+    params = nm.param_report(s.shapes, param_mapping, mesh)
     t = cfg.trainer
     dp = data_parallel_size(cfg, dict(mesh.shape))
     micro = t.train_batch_size // t.microbatches
@@ -96,15 +96,15 @@ def plan_report(cfg: TrainConfig, *, compile: bool = False, target: Target | Non
     # Gradients and the optimizer state exist for the trainable parameters only (LoRA: the adapters).
     from ..loop.optim import init_opt_state, trainable_part
 
-    trained = nm.param_report(trainable_part(cfg, s.shapes), param, mesh)
-    moments = nm.param_report(jax.eval_shape(lambda m: init_opt_state(cfg, m), s.shapes), param, mesh)
+    trained = nm.param_report(trainable_part(cfg, s.shapes), param_mapping, mesh)
+    moments = nm.param_report(jax.eval_shape(lambda m: init_opt_state(cfg, m), s.shapes), param_mapping, mesh)
     state = params.bytes_per_device + trained.bytes_per_device + moments.bytes_per_device
     lines = [
         f"devices: {len(jax.devices())} x {here} in {jax.process_count()} process(es)"
         + (f"; {planned}" if planned else ""),
         f"mesh: {dict(mesh.shape)}",
-        f"compute mapping: {compute}",
-        f"parameter mapping: {param}",
+        f"compute mapping: {compute_mapping}",
+        f"parameter mapping: {param_mapping}",
         "",
         "parameters:",
         str(params),
@@ -185,7 +185,7 @@ def abstract_train_step(cfg: TrainConfig, s: Setup | None = None) -> tuple:
     from ..loop.train import make_train_step
 
     s = s if s is not None else check_against_devices(cfg)
-    mesh, compute, param = s.mesh, s.compute, s.param
+    mesh, compute_mapping, param_mapping = s.mesh, s.compute_mapping, s.param_mapping
     t = cfg.trainer
     optimizer = build_optimizer(cfg.optimizer, t.num_train_steps)
 
@@ -211,9 +211,9 @@ def abstract_train_step(cfg: TrainConfig, s: Setup | None = None) -> tuple:
     }
     step = make_train_step(cfg, s, optimizer)
     return step, (
-        abstract(model, param),
-        abstract(opt_state, param),
-        abstract(batch, compute),
+        abstract(model, param_mapping),
+        abstract(opt_state, param_mapping),
+        abstract(batch, compute_mapping),
         jax.random.key(0),
         flags_layout(mesh),
     )

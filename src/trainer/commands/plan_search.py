@@ -36,8 +36,8 @@ _TP_AXES = ("mlp", "heads", "kv_heads")
 class Candidate:
     name: str
     mesh_shape: dict[str, int]
-    compute: dict
-    param: dict
+    compute_mapping: dict
+    param_mapping: dict
     remat: str
     microbatches: int
     flops: float = 0.0
@@ -94,18 +94,21 @@ def candidates(n_devices: int, param_axes: set[str], batch_size: int) -> Iterato
     if tp_axes:
         tp_map = dict.fromkeys(tp_axes, "model")
         layouts.append(("TP", {"model": n_devices}, dict(tp_map), dict(tp_map)))
-    for name, shape, compute, param in layouts:
+    for name, shape, compute_mapping, param_mapping in layouts:
         for remat in ("none", "full"):
             for micro in (1, 2, 4):
                 if batch_size % micro == 0:
-                    yield Candidate(name, shape, compute, param, remat, micro)
+                    yield Candidate(name, shape, compute_mapping, param_mapping, remat, micro)
 
 
 def _with(cfg: TrainConfig, c: Candidate) -> TrainConfig:
     return dataclasses.replace(
         cfg,
         mesh=dataclasses.replace(
-            cfg.mesh, shape=dict(c.mesh_shape), compute_mapping=dict(c.compute), param_mapping=dict(c.param)
+            cfg.mesh,
+            shape=dict(c.mesh_shape),
+            compute_mapping=dict(c.compute_mapping),
+            param_mapping=dict(c.param_mapping),
         ),
         trainer=dataclasses.replace(cfg.trainer, microbatches=c.microbatches),
         model=dataclasses.replace(cfg.model, remat=c.remat),
