@@ -327,7 +327,9 @@ class NamedJitWrapped:
         self._jitted = jax.jit(traced, donate_argnums=0, static_argnums=2, **jit_kwargs)
         self._donate = donate
         self._mesh = mesh
-        self._mapping_context = functools.partial(axis_mapping, mapping) if mapping is not None else contextlib.nullcontext
+        self._mapping_context = (
+            functools.partial(axis_mapping, mapping) if mapping is not None else contextlib.nullcontext
+        )
         functools.update_wrapper(self, fn)
 
     def _placed(self, args: tuple, kwargs: dict):
