@@ -427,7 +427,7 @@ def test_a_chosen_step_or_the_newest_is_restored(tmp_path):
     target = {"w": jax.ShapeDtypeStruct((3,), jnp.float32)}
     assert ck.restore(tmp_path / "checkpoints" / "step_10", target)[0]["w"].tolist() == [10.0] * 3
     assert ck.restore(tmp_path, target)[1] == {"step": 20}
-    assert ck.latest_checkpoint(tmp_path) == tmp_path / "checkpoints" / "step_20"
+    assert ck.latest_checkpoint(tmp_path) == ckpt.latest() == tmp_path / "checkpoints" / "step_20"
 
 
 def test_bad_leaves_and_metadata_fail_before_anything_is_written(tmp_path):

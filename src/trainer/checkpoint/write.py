@@ -44,6 +44,7 @@ import tensorstore as ts
 from named import NamedArray, is_named_array
 from named.internal import distributed_client, is_tracer
 
+from .read import latest_checkpoint
 from .retention import apply_retention, fsync_dir
 from .store import (
     COMMIT_FILE,
@@ -481,6 +482,11 @@ class Checkpointer:
             self.close()
         elif self._thread is not None:
             self._thread.join()
+
+    def latest(self) -> Location | None:
+        """The newest verified checkpoint of this run (after the save in flight, if any)."""
+        self.wait()
+        return latest_checkpoint(self.run_dir, subdir=self.subdir)
 
 
 def save_checkpoint(
