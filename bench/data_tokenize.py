@@ -204,8 +204,8 @@ def main(argv=None):
         shards = write_corpus(tmp / "corpus", args.mb, args.shard_mb)
         result["reference"] = ref = reference(tokenizer_path, shards)
         print(
-            f"encode_batch alone: {ref['tokens_per_s'] / 1e6:.2f}M tokens/s, CPU {ref['cpu_s_per_M_tokens']:.2f}s/M "
-            "tokens",
+            f"encode_batch alone: {ref['tokens_per_s'] / 1e6:.2f}M "
+            f"tokens/s, CPU {ref['cpu_s_per_M_tokens']:.2f}s/M tokens",
             flush=True,
         )
         runs = {}

@@ -125,8 +125,8 @@ def main(argv=None) -> dict:
         for name, r in cases.items():
             coll = ", ".join(f"{k} {v}" for k, v in r["collectives"].items()) or "none"
             print(
-                f"| {comparison} | {name} | {1e3 * r['wall']['median_s']:.1f} | {1e3 * r['cpu']['median_s']:.1f} | "
-                f"{coll} |"
+                f"| {comparison} | {name} | {1e3 * r['wall']['median_s']:.1f} "
+                f"| {1e3 * r['cpu']['median_s']:.1f} | {coll} |"
             )
     C.write_result("moe_tiny" if args.tiny else "moe", result, args.out)
     return result

@@ -9,6 +9,9 @@ while those modules import NamedArray from ``_core``. The circle through them al
 they use that imports ``_core`` itself: ``_rearrange`` (einsum's check of positional specs,
 ``rearrange``), ``_transforms`` (``_index``'s per-row updates are a vmap) and ``_remat`` (the
 transforms' scan remat). Explicit mode is not in it: it hooks into the core from its own side.
+
+Also: no ``_private`` name is used outside the module that defines it (the rule is stated above
+``test_nothing_private_crosses_a_module_boundary``).
 """
 
 from __future__ import annotations
@@ -195,10 +198,9 @@ def test_import_named_loads_no_model_or_trainer_code():
 # in ``named.internal``. Tests and bench stand outside every package: they may import a private
 # module to test or time its shared names (tests/test_compat.py tests ``named._compat``), never
 # a ``_name``: in an import, as an attribute of one of our modules or objects (``ck.write._x``,
-# ``NamedArray._x``) or as a string handed to ``setattr`` (a monkeypatch). An exception needs a
-# line in PRIVATE_ALLOWED with its reason.
+# ``NamedArray._x``) or as a string handed to ``setattr`` (a monkeypatch). There is no list of
+# exceptions: a test that needs to reach a name gives it a public name in its private module.
 
-PRIVATE_ALLOWED: dict[str, str] = {}  # "path:name" -> why that file may touch that private name
 SCANNED = ("src", "tests", "bench", "examples")
 
 
@@ -300,14 +302,11 @@ def _private_crossings() -> list[str]:
     sources = {f: f.read_text() for d in SCANNED for f in sorted((ROOT / d).rglob("*.py")) if ".venv" not in f.parts}
     ours = set().union(*(_private_defs(ast.parse(sources[f])) for f in files.values()))
     module_of = {f: m for m, f in files.items()}
-    found = []
-    for path, source in sources.items():
-        rel = path.relative_to(ROOT).as_posix()
-        for use in _private_uses(source, module_of.get(path), files, ours):
-            name = use.rsplit(" ", 1)[-1].split(".")[-1].strip("'")
-            if f"{rel}:{name}" not in PRIVATE_ALLOWED:
-                found.append(f"{rel}:{use}")
-    return found
+    return [
+        f"{path.relative_to(ROOT).as_posix()}:{use}"
+        for path, source in sources.items()
+        for use in _private_uses(source, module_of.get(path), files, ours)
+    ]
 
 
 def test_a_private_crossing_is_found():

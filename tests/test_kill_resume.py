@@ -333,8 +333,8 @@ def test_sigkill_at_random_moments_resumes_exactly(workdir, reference):
     in_write = [k for k in kills if k["partial"]]
     print(f"\n{len(kills)} SIGKILLs in {campaigns} campaign(s): {modes}")
     print(
-        f"resumed from steps {[k['start'] for k in kills]}; killed with its own partial save on disk {len(in_write)} "
-        "times"
+        f"resumed from steps {[k['start'] for k in kills]}; killed "
+        f"with its own partial save on disk {len(in_write)} times"
     )
     assert len(kills) >= N_KILLS
     assert "step" in modes and "write" in modes

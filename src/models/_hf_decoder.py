@@ -288,8 +288,8 @@ def _moe(r: _Reader, spec: HfDecoder) -> dict:
         out["num_experts"] = r.get("num_local_experts", int, r.defaults["num_experts"])
         if _coefficient(r, "router_jitter_noise", 0.0):
             raise r.error(
-                f"unsupported router_jitter_noise={r.d['router_jitter_noise']!r} (router jitter noise is "
-                "not implemented)"
+                f"unsupported router_jitter_noise={r.d['router_jitter_noise']!r} "
+                "(router jitter noise is not implemented)"
             )
         return out
     # transformers 5 writes num_local_experts, earlier versions num_experts

@@ -174,8 +174,8 @@ def _fft(name: str, fn1: Callable, fnn: Callable | None, rule: str) -> Callable:
             else:
                 if fnn is None or n is not None or new_axis is not None:
                     raise ArgumentError(
-                        f"nm.{name} over several axes {[x.axes[i].name for i in dims]} takes neither n= "
-                        "nor new_axis=" + ("" if fnn is not None else f" (and jnp has no n-dimensional {name})")
+                        f"nm.{name} over several axes {[x.axes[i].name for i in dims]} takes neither "
+                        "n= nor new_axis=" + ("" if fnn is not None else f" (and jnp has no n-dimensional {name})")
                     )
                 out = fnn(x.array, axes=dims, norm=norm)
         except (TypeError, ValueError) as e:  # a complex array into a real transform

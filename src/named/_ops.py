@@ -236,8 +236,8 @@ def reduce_over(fn: Callable, array, axes: tuple[Axis, ...], dims, what: str, **
         if empty:
             raise AxisError(
                 f"{what} over the zero-size axis {empty[0]!r} of {format_axes(axes)}: there is no entry to "
-                "give (numpy refuses too); give where= with the value for an empty axis, or check the "
-                "size first"
+                "give (numpy refuses too); give where= with the "
+                "value for an empty axis, or check the size first"
             ) from e
         raise ArgumentTypeError(f"{what} does not take an array of dtype {array.dtype}: {e}") from e
 

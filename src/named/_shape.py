@@ -417,8 +417,8 @@ def pad(
         for w in (lo, hi):
             if isinstance(w, bool) or not isinstance(w, (int, np.integer)) or w < 0:
                 raise ArgumentError(
-                    f"nm.pad: the widths for axis {x.axes[i].name!r} must be ints >= 0 (as numpy's), got "
-                    f"({lo!r}, {hi!r})"
+                    f"nm.pad: the widths for axis {x.axes[i].name!r} must "
+                    f"be ints >= 0 (as numpy's), got ({lo!r}, {hi!r})"
                 )
         widths[i] = (int(lo), int(hi))
     kwargs = {"constant_values": constant_values} if mode == "constant" else {}

@@ -451,8 +451,8 @@ def _loss_value(out, what: str):
         if out.axes:
             raise AxisError(
                 f"{what}: the function returned a NamedArray with axes {format_axes(out.axes)}, but a gradient "
-                "is taken of one number: reduce it first (loss.mean(), loss.sum(...)) to a NamedArray "
-                "without axes"
+                "is taken of one number: reduce it first (loss.mean(), "
+                "loss.sum(...)) to a NamedArray without axes"
             )
         out = out.array
     dtype = getattr(out, "dtype", None)

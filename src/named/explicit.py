@@ -631,8 +631,8 @@ def _merge_layouts(arrays: Sequence[NamedArray], what: str) -> dict[str, tuple[s
                 j, b = first[a.name]
                 if b.size != a.size or (over and claims.get(a.name, over) != over):
                     raise ShardingError(
-                        f"nm.{what}: axis {a.name!r} is {_describe(b)} in operand {j} ({block_layout(arrays[j])!r}) "
-                        "but "
+                        f"nm.{what}: axis {a.name!r} is {_describe(b)} in "
+                        f"operand {j} ({block_layout(arrays[j])!r}) but "
                         f"{_describe(a)} in operand {k} ({block_layout(x)!r}); gather the split one "
                         f"(nm.all_gather) or split the whole one so both blocks hold the same part"
                     )

@@ -187,8 +187,8 @@ class ParamReport:
     def _summary(self) -> str:
         return (
             f"{len(self.rows)} arrays, {self.n_params:,} elements, {_human(self.total_bytes)} in all over mesh "
-            f"{self.mesh_shape}: {_human(self.bytes_per_device)} per device, {self.replicated_fraction:.1%} of the "
-            f"bytes replicated"
+            f"{self.mesh_shape}: {_human(self.bytes_per_device)} per "
+            f"device, {self.replicated_fraction:.1%} of the bytes replicated"
         )
 
     def __str__(self) -> str:

@@ -235,8 +235,8 @@ def _draw(name: str, fn, params: tuple[str, ...]):
     def draw(key, axes: AxisSelection, *args, dtype=None, **kwargs) -> NamedArray:
         if len(args) > len(params):
             raise ArgumentTypeError(
-                f"nm.random.{name} takes {len(params)} parameters ({', '.join(params) or 'none'}) after the axes, "
-                f"got {len(args)}"
+                f"nm.random.{name} takes {len(params)} parameters "
+                f"({', '.join(params) or 'none'}) after the axes, got {len(args)}"
             )
         values = dict(zip(params, args))
         for k, v in kwargs.items():
@@ -318,8 +318,8 @@ def choice(
     check_unique(out_axes, "the chosen")
     if not replace and int(np.prod([n.size for n in new])) > chosen.size:
         raise ArgumentError(
-            f"nm.random.choice: {format_axes(new)} draws without replacement from {chosen.size} entries of "
-            f"{chosen.name!r}"
+            f"nm.random.choice: {format_axes(new)} draws without "
+            f"replacement from {chosen.size} entries of {chosen.name!r}"
         )
     out = jax.random.choice(_key(key), pool, tuple(n.size for n in new), replace=replace, p=p, axis=i)
     return unchecked(out, out_axes)

@@ -300,8 +300,8 @@ def _with_one_query(fn, query, others, args: dict) -> NamedArray:
     qpos = name_of(args["QPos"])
     if args.get("segment_ids") is not None:
         raise AxisError(
-            f"attention: segment_ids are per query position, but the query {format_axes(query.axes)} has no "
-            f"{qpos!r} axis"
+            "attention: segment_ids are per query position, but the "
+            f"query {format_axes(query.axes)} has no {qpos!r} axis"
         )
     out = fn(query.broadcast_axis(Axis(qpos, 1)), *others, **args)
     return out[qpos, 0]

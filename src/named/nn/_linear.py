@@ -215,8 +215,8 @@ class Embedding(eqx.Module):
                     out.array,
                     jnp.any(bad),
                     f"Embedding: a token id is outside [0, "
-                    f"{self.Vocab.size}) (vocab {self.Vocab.name!r}); it would have "
-                    "been clamped",
+                    f"{self.Vocab.size}) (vocab {self.Vocab.name!r}); "
+                    "it would have been clamped",
                 ),
                 out.axes,
             )

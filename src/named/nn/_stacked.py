@@ -337,8 +337,8 @@ class Stacked(eqx.Module, Generic[M]):
                 if not isinstance(new, NamedArray) or new.axes != old.axes[1:]:
                     got = format_axes(new.axes) if isinstance(new, NamedArray) else type(new).__name__
                     raise AxisError(
-                        f"Stacked.set_layer: {jax.tree_util.keystr(path)} needs axes {format_axes(old.axes[1:])}, got "
-                        f"{got}"
+                        f"Stacked.set_layer: {jax.tree_util.keystr(path)} "
+                        f"needs axes {format_axes(old.axes[1:])}, got {got}"
                     )
                 old = old.at[self.Layers.name, i].set(new)
             out.append(old)

@@ -153,8 +153,8 @@ def main_train(argv: list[str] | None = None) -> int:
         return exit_code(result.stopped_by)
     if result.losses and jax.process_index() == 0:
         print(
-            f"done: {len(result.losses)} steps, loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f}; run dir "
-            f"{result.run_dir}"
+            f"done: {len(result.losses)} steps, loss {result.losses[0]:.4f} "
+            f"-> {result.losses[-1]:.4f}; run dir {result.run_dir}"
         )
     elif result.message and jax.process_index() == 0:
         print(result.message)

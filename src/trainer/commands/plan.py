@@ -118,10 +118,10 @@ def plan_report(cfg: TrainConfig, *, compile: bool = False, target: Target | Non
         )
         + f"; params + grads + moments: {state / 2**20:.2f} MiB per device",
         "",
-        f"batch: {t.train_batch_size} sequences x {cfg.data.seq_len} tokens = {t.train_batch_size * cfg.data.seq_len} "
-        "tokens/step",
-        f"microbatches: {t.microbatches} of {micro} sequences; {micro // max(dp, 1)} per data-parallel group of {dp} "
-        "device(s)",
+        f"batch: {t.train_batch_size} sequences x {cfg.data.seq_len} "
+        f"tokens = {t.train_batch_size * cfg.data.seq_len} tokens/step",
+        f"microbatches: {t.microbatches} of {micro} sequences; "
+        f"{micro // max(dp, 1)} per data-parallel group of {dp} device(s)",
         f"model: {type(model_cfg).__name__} with {params.n_params:,} parameters; "
         f"{flops_per_token(model_cfg, cfg.data.seq_len) / 1e9:.3f} GFLOP per token (6N + 12·L·d·T)",
         f"activations per device (estimate, one microbatch, remat {getattr(cfg.model, 'remat', 'none')}): "

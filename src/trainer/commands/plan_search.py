@@ -217,8 +217,8 @@ def format_table(ranked: list[Candidate], roof: Roofline, memory_budget: float) 
     dev = roof.device
     note = (
         f"estimate per step on {dev.name}: FLOPs / {roof.peak_flops / 1e12:.3g} TFLOP/s ({roof.peak_kind} matmuls) "
-        f"+ HBM bytes / {dev.hbm_bandwidth / 1e12:.3g} TB/s (a layout with and without remat: the smaller count) + "
-        "collective "
+        f"+ HBM bytes / {dev.hbm_bandwidth / 1e12:.3g} TB/s (a layout "
+        "with and without remat: the smaller count) + collective "
         f"bytes sent / {dev.link_bandwidth / 1e9:.3g} GB/s, added without overlap (an upper bound for ranking); "
         "peak memory from XLA's CPU buffer assignment, which can differ from a GPU's or TPU's."
     )

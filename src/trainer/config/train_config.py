@@ -199,8 +199,8 @@ class CheckpointConfig:
         NONEMPTY,
         free=True,
         doc="checkpoints in `<base>/checkpoints`: a local path, "
-        "`s3://bucket/prefix` or `gs://bucket/prefix` (null: in "
-        "trainer.run_dir)",
+        "`s3://bucket/prefix` or `gs://bucket/prefix` "
+        "(null: in trainer.run_dir)",
     )
 
 

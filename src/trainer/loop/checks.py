@@ -103,8 +103,8 @@ def check_device_count(cfg: TrainConfig, n_devices: int, n_processes: int) -> di
         )
     if (mb // dp) % cfg.mesh.batch_split:
         raise ConfigError(
-            f"mesh.batch_split={cfg.mesh.batch_split} does not divide each device's {mb // dp} sequences of a "
-            "microbatch "
+            f"mesh.batch_split={cfg.mesh.batch_split} does not divide "
+            f"each device's {mb // dp} sequences of a microbatch "
             f"(trainer.train_batch_size={t.train_batch_size} / trainer.microbatches={t.microbatches} / {dp} devices)"
         )
     if t.train_batch_size % n_processes:

@@ -83,8 +83,8 @@ def settings(cfg: DistributedConfig) -> dict | None:
     if kw and not needed <= kw.keys() and not cfg.initialize:
         missing = sorted(needed - kw.keys())
         raise ConfigError(
-            f"distributed: {', '.join('distributed.' + m for m in missing)} missing (or set initialize: true for "
-            "auto-detection)"
+            f"distributed: {', '.join('distributed.' + m for m in missing)} "
+            "missing (or set initialize: true for auto-detection)"
         )
     return {**kw, **timeouts}
 

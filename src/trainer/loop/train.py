@@ -227,8 +227,8 @@ def train(cfg: TrainConfig) -> TrainResult:
             plan.run_dir,
             message=(
                 f"checked: config, tokenizer, model, mesh, mappings, run directory {plan.run_dir}{resume}, data "
-                f"({len(run.data.train)} training sequences); trainer.num_train_steps=0: nothing to train, nothing "
-                "written"
+                f"({len(run.data.train)} training sequences); "
+                "trainer.num_train_steps=0: nothing to train, nothing written"
             ),
         )
     if plan.step >= t.num_train_steps:  # a step beyond it was refused by plan_run
@@ -482,8 +482,8 @@ def check_finite(step: int, metrics: dict, nan_policy: str, last_checkpoint=None
     if math.isfinite(loss) and math.isfinite(grad_norm):
         what = (
             f"non-finite update in step {step}: the new parameters or optimizer state are not finite, although the "
-            f"loss ({loss}) and gradient norm ({grad_norm}) are (a non-finite learning rate, or an overflow in the "
-            "optimizer)"
+            f"loss ({loss}) and gradient norm ({grad_norm}) are (a "
+            "non-finite learning rate, or an overflow in the optimizer)"
         )
     else:
         what = f"non-finite loss or gradient in step {step} (loss={loss}, grad_norm={grad_norm})"
