@@ -47,9 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 
 from named.trainer.data import HFTokenizer, Mixture, Sequences, TokenStream, TrainBatches, _cache, _shards, stdlib_files  # noqa: E402  # noqa: E402
+from named.trainer.data._encode import ENCODE_CHUNK_CHARS as _PIPELINE_CHARS  # noqa: E402
 from named.trainer.data._sources import SourceFile  # noqa: E402
-
-_PIPELINE_CHARS = _cache.ENCODE_CHUNK_CHARS
 
 
 def train_tokenizer(folder: Path, vocab: int) -> Path:
