@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import types
 import typing
 from typing import Any
 
@@ -24,6 +25,11 @@ _KINDS = {
     float: ("a number", "numbers"),
     str: ("a string", "strings"),
 }
+
+
+def _is_union(tp) -> bool:
+    """``Union[A, B]`` or ``A | B`` (a types.UnionType: what annotations are written as here)."""
+    return typing.get_origin(tp) in (typing.Union, types.UnionType)
 
 
 def _without_none(tp) -> tuple[Any, bool]:
@@ -40,9 +46,9 @@ def describe_type(tp) -> str:
     args = typing.get_args(base)
     if base in _KINDS:
         text = _KINDS[base][0]
-    elif typing.get_origin(base) is typing.Union:  # data.train: a path (string) or a named source (mapping)
+    elif _is_union(base):  # data.train: a path (string) or a named source (mapping)
         text = " or ".join(describe_type(a) for a in sorted(args, key=lambda a: a is not str))
-    elif typing.get_origin(base) is list and typing.get_origin(args[0]) is typing.Union:
+    elif typing.get_origin(base) is list and _is_union(args[0]):
         text = "a list of " + " or ".join(
             _KINDS[a][1] if a in _KINDS else "mappings"
             for a in sorted(typing.get_args(args[0]), key=lambda a: a is not str)
@@ -85,7 +91,7 @@ def _has_type(base, value) -> bool:
     if base is str:
         return isinstance(value, str)
     origin = typing.get_origin(base)
-    if origin is typing.Union:
+    if _is_union(base):
         return any(_has_type(a, value) for a in typing.get_args(base))
     if origin in (list, dict):
         return isinstance(value, origin)
