@@ -1,13 +1,13 @@
 # Two commands set everything up on a fresh machine:
 #   make train   trains a small GPT-2 on the embedded corpus
-#   make test    runs the whole suite (8 fake CPU devices)
+#   make test    runs ruff (make lint), then the whole suite (8 fake CPU devices)
 #   make bench   runs the CPU benchmarks (docs/benchmarks.md)
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install browser test train bench bench-gpu clean
+.PHONY: install browser lint test train bench bench-gpu clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,7 +27,13 @@ browser:
 		else echo "no Chromium, and not root with apt-get: the browser tests will skip"; fi; \
 	fi
 
-test: $(STAMP)
+# ruff (configured in pyproject.toml): the format check and the linter, zero findings.
+LINTED := src tests bench
+lint: $(STAMP)
+	$(VENV)/bin/ruff format --check $(LINTED)
+	$(VENV)/bin/ruff check $(LINTED)
+
+test: lint
 	$(PY) -m pytest -n 2 --dist loadfile -q tests
 
 # TRAIN_ARGS: overrides for the run, e.g. TRAIN_ARGS="--trainer.num_train_steps 30"

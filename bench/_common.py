@@ -252,12 +252,12 @@ def step_config(
     dtype: str = "f32",
     base: str = "gpt2_small.yaml",
     mesh: dict = MESH,
-    param: dict = PARAM_MAPPING,
-    compute: dict = COMPUTE_MAPPING,
+    param_mapping: dict = PARAM_MAPPING,
+    compute_mapping: dict = COMPUTE_MAPPING,
     over: dict | None = None,
 ):
     """The trainer config of the CPU comparisons: ``model`` (the fields of ``base``'s family) on
-    the FSDP layout above (or ``mesh``, ``param``, ``compute``), one microbatch of ``batch`` rows
+    the FSDP layout above (or ``mesh``, ``param_mapping``, ``compute_mapping``), one microbatch of ``batch`` rows
     of ``seq`` tokens, ``dtype`` compute (``PRECISION``), ``OPTIMIZER``; ``over``: more dotted keys."""
     return trainer_config(
         base,
@@ -265,8 +265,8 @@ def step_config(
             **{f"model.{k}": v for k, v in model.items()},
             "data.seq_len": seq,
             "mesh.shape": _flow(mesh),
-            "mesh.param_mapping": _flow(param),
-            "mesh.compute_mapping": _flow(compute),
+            "mesh.param_mapping": _flow(param_mapping),
+            "mesh.compute_mapping": _flow(compute_mapping),
             "trainer.train_batch_size": batch,
             "trainer.microbatches": 1,
             "trainer.sample_interval": 0,
@@ -334,10 +334,14 @@ class TrainerStep:
         optimizer = build_optimizer(cfg.optimizer, t.num_train_steps)
         self.setup, self.mesh = s, s.mesh
         with nm.set_mesh(s.mesh):
-            self.model = init_model(cfg, s.model_cls, s.model_cfg, param=s.param, mesh=s.mesh, key=jax.random.key(0))
-            self.opt_state = nm.named_jit(lambda m: init_opt_state(cfg, m, optimizer), mapping=s.param)(self.model)
+            self.model = init_model(
+                cfg, s.model_cls, s.model_cfg, param_mapping=s.param_mapping, mesh=s.mesh, key=jax.random.key(0)
+            )
+            self.opt_state = nm.named_jit(lambda m: init_opt_state(cfg, m, optimizer), mapping=s.param_mapping)(
+                self.model
+            )
         rows = Batch(ids, np.zeros_like(ids), np.ones_like(ids, dtype=bool))
-        self.batch = device_batch(rows, s.mesh, s.compute, t.train_batch_size)
+        self.batch = device_batch(rows, s.mesh, s.compute_mapping, t.train_batch_size)
         if not segments:
             del self.batch["segment_ids"]
         layout = flags_layout(s.mesh)

@@ -47,9 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 
 from named.trainer.data import HFTokenizer, Mixture, Sequences, TokenStream, TrainBatches, _cache, _shards, stdlib_files  # noqa: E402  # noqa: E402
+from named.trainer.data._encode import ENCODE_CHUNK_CHARS as _PIPELINE_CHARS  # noqa: E402
 from named.trainer.data._sources import SourceFile  # noqa: E402
-
-_PIPELINE_CHARS = _cache._ENCODE_CHUNK_CHARS
 
 
 def train_tokenizer(folder: Path, vocab: int) -> Path:
@@ -204,7 +203,8 @@ def main(argv=None):
         shards = write_corpus(tmp / "corpus", args.mb, args.shard_mb)
         result["reference"] = ref = reference(tokenizer_path, shards)
         print(
-            f"encode_batch alone: {ref['tokens_per_s'] / 1e6:.2f}M tokens/s, CPU {ref['cpu_s_per_M_tokens']:.2f}s/M tokens",
+            f"encode_batch alone: {ref['tokens_per_s'] / 1e6:.2f}M "
+            f"tokens/s, CPU {ref['cpu_s_per_M_tokens']:.2f}s/M tokens",
             flush=True,
         )
         runs = {}
@@ -215,7 +215,8 @@ def main(argv=None):
             print(
                 f"pipeline {mode}: {r['tokens_per_s'] / 1e6:.2f}M tokens/s ({r['ratio_to_reference']:.2f}x; "
                 f"CPU {r['cpu_s_per_M_tokens']:.2f}s/M tokens against {ref['cpu_s_per_M_tokens']:.2f}), "
-                f"peak RSS {r['peak_rss_mb_builder']:.0f} MB, {r['rss_mb_before_build']:.0f} before (largest worker {r['peak_rss_mb_largest_worker']:.0f} MB)",
+                f"peak RSS {r['peak_rss_mb_builder']:.0f} MB, {r['rss_mb_before_build']:.0f} before (largest worker "
+                f"{r['peak_rss_mb_largest_worker']:.0f} MB)",
                 flush=True,
             )
         again = reference(tokenizer_path, shards)  # the machine is shared: the reference on both sides of the runs
@@ -231,7 +232,8 @@ def main(argv=None):
             b["corpus_mb"] = args.big_mb
             print(
                 f"{args.big_mb} MB sharded build: {b['tokens_per_s'] / 1e6:.2f}M tokens/s, peak RSS "
-                f"{b['peak_rss_mb_builder']:.0f} MB, {b['rss_mb_before_build']:.0f} before (largest worker {b['peak_rss_mb_largest_worker']:.0f} MB)",
+                f"{b['peak_rss_mb_builder']:.0f} MB, {b['rss_mb_before_build']:.0f} before (largest worker "
+                f"{b['peak_rss_mb_largest_worker']:.0f} MB)",
                 flush=True,
             )
             shutil.rmtree(tmp / "big")

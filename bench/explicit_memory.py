@@ -112,7 +112,8 @@ def memory_table(model: dict) -> dict:
             "explicit_over_ideal_plus_layer": peak["explicit"] / (ideal + layer),
         }
         print(
-            f"{layers} layers, remat {remat}, loss_block_size {block}: peak per device auto {peak['auto'] / 2**20:.1f} MiB, explicit "
+            f"{layers} layers, remat {remat}, loss_block_size {block}: peak "
+            f"per device auto {peak['auto'] / 2**20:.1f} MiB, explicit "
             f"{peak['explicit'] / 2**20:.1f} MiB (explicit/auto {peak['explicit'] / peak['auto']:.3f}); "
             f"16N/8 = {ideal / 2**20:.1f} MiB, + one layer {(ideal + layer) / 2**20:.1f} MiB",
             flush=True,

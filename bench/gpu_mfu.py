@@ -154,7 +154,7 @@ def train_worker(spec: dict) -> dict:
     import numpy as np
 
     from named import nn
-    from named._compat import cudnn_version
+    from named.internal import cudnn_version
     from named.models import flops_per_token, num_params
     from named.trainer.loop import hardware
 

@@ -126,8 +126,9 @@ def main(argv=None):
         "before_rev": subprocess.run(
             ["git", "-C", str(C.ROOT), "rev-parse", "--short=12", args.before_rev], capture_output=True, text=True
         ).stdout.strip(),
-        "protocol": f"{args.repeats} pairs of runs per size (before-after, after-before, ...), {args.steps} steps each, "
-        f"log every {args.log_interval}; a run's step time is the median of its log windows but the first",
+        "protocol": f"{args.repeats} pairs of runs per size (before-after, after-before, ...), "
+        f"{args.steps} steps each, log every {args.log_interval}; a run's step time is the median of its log "
+        "windows but the first",
         "sizes": {},
     }
     for size in args.sizes:

@@ -64,15 +64,15 @@ def model_fields(s: dict) -> dict:
     }
 
 
-def _side(s: dict, ids: np.ndarray, mesh, compute, param, model) -> tuple[C.TrainerStep, dict]:
+def _side(s: dict, ids: np.ndarray, mesh, compute_mapping, param_mapping, model) -> tuple[C.TrainerStep, dict]:
     cfg = C.step_config(
         {**model_fields(s), **model},
         batch=s["batch"],
         seq=s["seq"],
         base="mixtral_tiny.yaml",
         mesh=mesh,
-        compute=compute,
-        param=param,
+        compute_mapping=compute_mapping,
+        param_mapping=param_mapping,
     )
     step = C.TrainerStep(cfg, ids, segments=False)
     hlo = C.hlo_stats(step.compile().as_text())["collectives"]
@@ -125,8 +125,8 @@ def main(argv=None) -> dict:
         for name, r in cases.items():
             coll = ", ".join(f"{k} {v}" for k, v in r["collectives"].items()) or "none"
             print(
-                f"| {comparison} | {name} | {1e3 * r['wall']['median_s']:.1f} | {1e3 * r['cpu']['median_s']:.1f} | "
-                f"{coll} |"
+                f"| {comparison} | {name} | {1e3 * r['wall']['median_s']:.1f} "
+                f"| {1e3 * r['cpu']['median_s']:.1f} | {coll} |"
             )
     C.write_result("moe_tiny" if args.tiny else "moe", result, args.out)
     return result

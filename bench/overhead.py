@@ -210,7 +210,8 @@ def main(argv=None):
     )
     print(
         f"step median: named {step['named']['median_s']:.4f}s plain {step['plain']['median_s']:.4f}s "
-        f"ratio {result['step_ratio_named_over_plain']:.3f} (CPU time ratio {result['step_cpu_ratio_named_over_plain']:.3f}); "
+        f"ratio {result['step_ratio_named_over_plain']:.3f} (CPU time ratio "
+        f"{result['step_cpu_ratio_named_over_plain']:.3f}); "
         f"compile ratio {result['compile_ratio_named_over_plain']:.3f}"
     )
     print(

@@ -225,7 +225,7 @@ def worker_peer(model_type, cfg, batch, seq, dtype, remat, peer_loss, optimizer)
     Vocab = hax.Axis("vocab", cfg["vocab_size"])
     Batch = hax.Axis("batch", batch)
     mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
-    param_map, compute_map = dict(C.PARAM_MAPPING), dict(C.COMPUTE_MAPPING)
+    param_mapping, compute_mapping = dict(C.PARAM_MAPPING), dict(C.COMPUTE_MAPPING)
     policy = jmp.get_policy("p=f32,c=bf16,o=f32" if dtype == "bf16" else "p=f32,c=f32,o=f32")
     ids_np = np.random.default_rng(0).integers(0, cfg["vocab_size"], size=(batch, seq), dtype=np.int32)
 
@@ -282,21 +282,24 @@ def worker_peer(model_type, cfg, batch, seq, dtype, remat, peer_loss, optimizer)
             {"loss": loss, "grad_norm": grad_norm, "finite": finite, "tokens": count, "stop_flags": agreed},
         )
 
-    with jax.set_mesh(mesh), hax.axis_mapping(compute_map):
-        init = hax.named_jit(lambda k: config.build(Vocab, key=k), axis_resources=param_map)
+    with jax.set_mesh(mesh), hax.axis_mapping(compute_mapping):
+        init = hax.named_jit(lambda k: config.build(Vocab, key=k), axis_resources=param_mapping)
         model = init(jax.random.PRNGKey(0))
-        opt_state = hax.named_jit(lambda m: tx.init(eqx.filter(m, eqx.is_inexact_array)), axis_resources=param_map)(
+        opt_state = hax.named_jit(lambda m: tx.init(eqx.filter(m, eqx.is_inexact_array)), axis_resources=param_mapping)(
             model
         )
         Pos = config.max_Pos
-        tokens = hax.shard(hax.named(jnp.asarray(ids_np), (Batch, Pos)), compute_map)
+        tokens = hax.shard(hax.named(jnp.asarray(ids_np), (Batch, Pos)), compute_mapping)
         weight = hax.shard(
-            hax.broadcast_to(LmExample.causal_loss_mask(Pos).astype(jnp.float32), (Batch, Pos)), compute_map
+            hax.broadcast_to(LmExample.causal_loss_mask(Pos).astype(jnp.float32), (Batch, Pos)), compute_mapping
         )
         example = LmExample(tokens=tokens, loss_weight=weight, attn_mask=AttentionMask.causal())
         flags = jax.device_put(np.zeros((8, 2), np.int32), NamedSharding(mesh, PartitionSpec("data")))
         jstep = hax.named_jit(
-            step, axis_resources=compute_map, out_axis_resources=param_map, donate_args=(True, True, False, False)
+            step,
+            axis_resources=compute_mapping,
+            out_axis_resources=param_mapping,
+            donate_args=(True, True, False, False),
         )
         state = {"model": model, "opt": opt_state}
         t0 = time.perf_counter()
@@ -529,7 +532,8 @@ def main(argv=None):
     )
     print(
         f"step median: named {step['named']['median_s']:.4f}s peer {step['peer']['median_s']:.4f}s "
-        f"ratio {result['step_ratio_named_over_peer']:.3f} (median of turns {result['step_ratio_median_of_rounds']:.3f}, "
+        f"ratio {result['step_ratio_named_over_peer']:.3f} (median of turns "
+        f"{result['step_ratio_median_of_rounds']:.3f}, "
         f"min {result['step_ratio_min_named_over_peer']:.3f}, CPU time {result['step_cpu_ratio_named_over_peer']:.3f})"
     )
     C.write_result(name, result, args.out)

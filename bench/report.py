@@ -153,9 +153,12 @@ def overhead_block(name: str) -> str:
     diff = ", ".join(f"{k} {v:+d}" for k, v in r["hlo_opcode_difference_named_minus_plain"].items())
     cfg = r["config"]
     return (
-        f"{cfg['n_layer']} layers, embed {cfg['n_embd']}, {cfg['n_head']} heads, seq {cfg['seq']}, batch {cfg['batch']}, "
-        f"vocab {cfg['vocab_size']}, {cfg['dtype']}, FSDP on 8 devices, {r['params']['named']:,} parameters on each side.\n\n"
-        f"{t1}\n\nPer-turn step ratios (named / plain): {per_round}; {robust}.\n\nOptimized HLO of the two steps:\n\n{t2}\n\n"
+        f"{cfg['n_layer']} layers, embed {cfg['n_embd']}, "
+        f"{cfg['n_head']} heads, seq {cfg['seq']}, batch {cfg['batch']}, "
+        f"vocab {cfg['vocab_size']}, {cfg['dtype']}, FSDP on 8 devices, {r['params']['named']:,} parameters on each "
+        "side.\n\n"
+        f"{t1}\n\nPer-turn step ratios (named / plain): {per_round}; {robust}.\n\nOptimized HLO of the two "
+        f"steps:\n\n{t2}\n\n"
         f"Opcode counts, named minus plain: {diff or 'none'}.\n\n{provenance(r)}"
     )
 
@@ -199,7 +202,8 @@ def peer_block(name: str) -> str:
     cfg = r["config"]
     loss = f"; peer loss: {cfg['peer_loss']}" if "peer_loss" in cfg else ""
     return (
-        f"{cfg.get('model', 'gpt2')}, {cfg['dtype']}, remat `{cfg['remat']}`{loss}; {r['params']['named']:,} parameters "
+        f"{cfg.get('model', 'gpt2')}, {cfg['dtype']}, remat "
+        f"`{cfg['remat']}`{loss}; {r['params']['named']:,} parameters "
         f"(named), {r['params']['peer']:,} (peer).\n\n"
         + table(
             [

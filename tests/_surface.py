@@ -5,6 +5,7 @@ edge-case contract). One walk, so that both see the same names."""
 from __future__ import annotations
 
 import inspect
+import types
 
 import named as nm
 from named import nn
@@ -34,14 +35,17 @@ def public_surface() -> dict[str, object]:
             if module is nm.random and getattr(obj, "__module__", None) != nm.random.__name__:
                 continue
             if inspect.ismodule(obj):
-                # the models and the trainer install under named's name but are not the library
+                # the models and the trainer install under named's name but are not the library;
+                # named.internal is what they take from its internals, no promise to users
                 if obj in WALKED.values() or obj.__name__.split(".")[:2] in (
                     ["named", "models"],
                     ["named", "trainer"],
                     ["named", "configs"],
+                    ["named", "internal"],
                 ):
                     continue
-            elif not callable(obj) or id(obj) in seen:
+            # a type alias written `Axis | str` is a types.UnionType, which is not callable
+            elif not (callable(obj) or isinstance(obj, types.UnionType)) or id(obj) in seen:
                 continue
             seen.add(id(obj))
             out[f"{prefix}.{n}"] = obj

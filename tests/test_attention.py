@@ -11,7 +11,7 @@ from _nn_util import assert_follows_mapping, close, jcall, run_sharded, traced_c
 
 import named as nm
 from named import nn
-from named.nn._attention import _fused_attention
+from named.nn._attention import fused_attention
 
 Batch, Pos, KPos = nm.Axis("batch", 2), nm.Axis("position", 8), nm.Axis("key_position", 8)
 Heads, KVHeads, HeadSize, Embed = (
@@ -264,7 +264,7 @@ def test_fused_layout_code_equals_the_reference_on_cpu():
     keep = rng.random((2, 8, 8)) < 0.7
     keep[..., 0] = True
     mask = nm.named(jnp.asarray(keep), (Batch, Pos, KPos))
-    out = jcall(_fused_attention, qg, k, v, "position", "key_position", "head_size", True, mask, bias, None, "xla")
+    out = jcall(fused_attention, qg, k, v, "position", "key_position", "head_size", True, mask, bias, None, "xla")
     out = out.flatten_axes(("kv_heads", "heads_per_kv_heads"), "heads")
     want = ref_attention(
         np64(q, QN),

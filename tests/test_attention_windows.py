@@ -13,7 +13,7 @@ import pytest
 
 import named as nm
 from named import nn
-from named.nn._attention import _fused_attention
+from named.nn._attention import fused_attention
 
 Batch, Pos, KPos = nm.Axis("batch", 2), nm.Axis("position", 9), nm.Axis("key_position", 9)
 Heads, KVHeads, HeadSize = nm.Axis("heads", 6), nm.Axis("kv_heads", 2), nm.Axis("head_size", 8)
@@ -102,7 +102,7 @@ def test_the_fused_layout_takes_a_window():
     group = nm.Axis("heads_per_kv_heads", 3)
     qg = nm.unflatten_axis(q, "heads", (KVHeads, group))
     fused = jax.jit(
-        lambda q, k, v: _fused_attention(
+        lambda q, k, v: fused_attention(
             q, k, v, "position", "key_position", "head_size", True, None, None, None, "xla", 3
         )
     )(qg, k, v)

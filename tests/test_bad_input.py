@@ -726,7 +726,7 @@ def test_commit_file_paths_cannot_leave_the_checkpoint(tmp_path):
     commit = json.loads((path / "commit.json").read_text())
     body = {k: v for k, v in commit.items() if k != "commit_sha256"}
     body["files"]["../../../secret"] = {"sha256": "0" * 64, "size": 8}
-    (path / "commit.json").write_text(json.dumps({**body, "commit_sha256": ckpt._self_digest(body)}))
+    (path / "commit.json").write_text(json.dumps({**body, "commit_sha256": ckpt.store.self_digest(body)}))
     _fails(ckpt.CheckpointError, r"refuses file path '\.\./\.\./\.\./secret'", ckpt.verify_checkpoint, path)
 
 

@@ -239,7 +239,7 @@ class _FullDiskOs:
 
 def test_full_disk_names_the_cache_file_and_leaves_nothing(tmp_path, monkeypatch):
     srcs = [write(tmp_path / f"{i}.txt", "some text " * 10) for i in range(3)]
-    monkeypatch.setattr(_encode, "_ENCODE_CHUNK_CHARS", 50)  # one write per document: the second fails
+    monkeypatch.setattr(_encode, "ENCODE_CHUNK_CHARS", 50)  # one write per document: the second fails
     monkeypatch.setattr(_encode, "os", _FullDiskOs())
     with pytest.raises(DataError, match=r"cannot write the token cache '.*tokens-\w+\.uint16\.bin'.*No space left"):
         build_data(cfg(tmp_path, srcs))

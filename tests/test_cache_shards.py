@@ -193,13 +193,13 @@ def test_a_large_parquet_file_is_cut_at_row_groups_into_the_same_cache(sharded, 
     token_stream(spec, ByteTokenizer(), DataConfig(cache_dir=str(tmp_path / "single")))  # one pass
     monkeypatch.setattr(_shards, "SHARDED_MIN_BYTES", 0)
     monkeypatch.setattr(_shards, "PIECE_BYTES", 1500)
-    pieces, tokenize = [], _shards._tokenize
+    pieces, tokenize = [], _shards.tokenize_pieces
 
     def recording(jobs, *args):
         pieces.extend(p.row_groups for p, _ in jobs)
         tokenize(jobs, *args)
 
-    monkeypatch.setattr(_shards, "_tokenize", recording)
+    monkeypatch.setattr(_shards, "tokenize_pieces", recording)
     token_stream(spec, ByteTokenizer(), DataConfig(cache_dir=str(tmp_path / "cut")))
     assert len(pieces) > 2 and pieces[0][0] == 0 and pieces[-1][1] == 10
     assert all(a[1] == b[0] for a, b in zip(pieces, pieces[1:]))  # runs of row groups, in order, none left out

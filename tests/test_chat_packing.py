@@ -158,7 +158,7 @@ def test_resumable_and_split_between_processes(folder, tmp_path, monkeypatch):
     path = write_jsonl(tmp_path / "chats.jsonl", conversations(120, seed=3))
     cfg = data_cfg(tmp_path, [path], folder, seq_len=64)
     first = build_data(cfg).train
-    monkeypatch.setattr(_binpack, "_SCAN", 7)  # documents found a few flags at a time: the same rows
+    monkeypatch.setattr(_binpack, "SCAN_FLAGS", 7)  # documents found a few flags at a time: the same rows
     again = build_data(cfg).train
     assert isinstance(first, PackedSequences)
     whole = TrainBatches(first, batch_size=4, seed=7)

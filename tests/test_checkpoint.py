@@ -211,26 +211,27 @@ def test_edge_shapes_and_dtypes_and_partial_replication(tmp_path):
 
 
 def test_save_returns_before_write_and_wait_commits(tmp_path, monkeypatch):
-    release = threading.Event()
-    real = ck.write._write_leaf
+    writing, release = threading.Event(), threading.Event()
+    real = ck.write.write_leaf
 
     def slow(*args, **kwargs):
+        writing.set()
         release.wait(timeout=30)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(ck.write, "_write_leaf", slow)
+    monkeypatch.setattr(ck.write, "write_leaf", slow)
     state = fsdp_state(jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,)))
     expected = arrays_of(state)
     ckpt = Checkpointer(tmp_path)
     ckpt.save(1, state, {"step": 1})
-    assert ckpt.in_flight and not (tmp_path / "checkpoints" / "step_1").exists()
+    # save() has returned while the writer is held inside the write
+    assert writing.wait(timeout=30) and not (tmp_path / "checkpoints" / "step_1").exists()
     # save() copied everything to host: the device buffers may be donated/deleted at once
     for x in jax.tree.leaves(state):
         if isinstance(x, jax.Array):
             x.delete()
     release.set()
     assert ckpt.wait() == tmp_path / "checkpoints" / "step_1"
-    assert not ckpt.in_flight
     restored, _ = ck.restore(tmp_path, abstract(train_state()))
     assert [a.tobytes() for a in arrays_of(restored)] == [a.tobytes() for a in expected]
 
@@ -293,7 +294,7 @@ def test_crash_mid_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
 
     calls = []
     lock = threading.Lock()
-    real = ck.write._write_leaf
+    real = ck.write.write_leaf
 
     def crashing(*args, **kwargs):
         with lock:
@@ -303,7 +304,7 @@ def test_crash_mid_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
             raise OSError("disk on fire")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(ck.write, "_write_leaf", crashing)
+    monkeypatch.setattr(ck.write, "write_leaf", crashing)
     ckpt.save(2, train_state(seed=5), {"step": 2})
     with pytest.raises(CheckpointError, match="step 2.*disk on fire"):
         ckpt.wait()
@@ -320,7 +321,7 @@ def test_crash_mid_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
     with pytest.raises(CheckpointError, match="step_4 has no commit.json"):
         ck.restore(tmp_path / "checkpoints" / "step_4", abstract(train_state()))
 
-    monkeypatch.setattr(ck.write, "_write_leaf", real)
+    monkeypatch.setattr(ck.write, "write_leaf", real)
     ckpt.save(5, train_state(), {"step": 5})
     ckpt.wait()  # the next good commit clears the crash leftovers
     assert step_dirs(tmp_path) == ["step_1", "step_4", "step_5"]
@@ -385,7 +386,7 @@ def test_failed_save_deletes_nothing(tmp_path, monkeypatch):
     ckpt = Checkpointer(tmp_path, keep_last=1)
     ckpt.save(1, tree)
     ckpt.wait()
-    monkeypatch.setattr(ck.write, "_write_leaf", lambda *a, **k: (_ for _ in ()).throw(OSError("boom")))
+    monkeypatch.setattr(ck.write, "write_leaf", lambda *a, **k: (_ for _ in ()).throw(OSError("boom")))
     ckpt.save(2, tree)
     with pytest.raises(CheckpointError, match="boom"):
         ckpt.wait()
@@ -456,7 +457,7 @@ def test_commit_listing_a_path_outside_is_refused(tmp_path):
     commit = json.loads((path / "commit.json").read_text())
     commit["files"]["../../../etc/passwd"] = {"sha256": "0" * 64, "size": 1}
     del commit["commit_sha256"]
-    commit["commit_sha256"] = ck._self_digest(commit)
+    commit["commit_sha256"] = ck.store.self_digest(commit)
     (path / "commit.json").write_text(json.dumps(commit))
     with pytest.raises(CheckpointError, match="leaves the checkpoint directory"):
         ck.verify_checkpoint(path)
@@ -468,14 +469,14 @@ def test_no_checkpoint_yet(tmp_path):
         ck.restore(tmp_path, {"w": jax.ShapeDtypeStruct((3,), jnp.float32)})
 
 
-def test_checkpointer_restores_a_chosen_step(tmp_path):
+def test_a_chosen_step_or_the_newest_is_restored(tmp_path):
     with Checkpointer(tmp_path, keep_last=None) as ckpt:
         for step in (10, 20):
             ckpt.save(step, {"w": jnp.full(3, float(step))}, {"step": step})
-        target = {"w": jax.ShapeDtypeStruct((3,), jnp.float32)}
-        assert ckpt.restore(target, step=10)[0]["w"].tolist() == [10.0] * 3
-        assert ckpt.restore(target)[1] == {"step": 20}
-        assert ckpt.latest() == tmp_path / "checkpoints" / "step_20"
+    target = {"w": jax.ShapeDtypeStruct((3,), jnp.float32)}
+    assert ck.restore(tmp_path / "checkpoints" / "step_10", target)[0]["w"].tolist() == [10.0] * 3
+    assert ck.restore(tmp_path, target)[1] == {"step": 20}
+    assert ck.latest_checkpoint(tmp_path) == ckpt.latest() == tmp_path / "checkpoints" / "step_20"
 
 
 def test_bad_leaves_and_metadata_fail_before_anything_is_written(tmp_path):

@@ -138,13 +138,13 @@ def mutate(d: dict, kind: str, rng: random.Random) -> tuple[str, str | None]:
 def _run(main, args: list[str], capsys, monkeypatch) -> tuple[int, str, BaseException | None]:
     """(exit code, stderr, the exception the CLI reported) of one in-process run."""
     failed: list[BaseException] = []
-    real_fail = cli._fail
+    real_fail = cli.report_failure
 
     def spy(e, code=2):
         failed.append(e)
         return real_fail(e, code)
 
-    monkeypatch.setattr(cli, "_fail", spy)
+    monkeypatch.setattr(cli, "report_failure", spy)
     code = main(args)  # an uncaught exception fails the test here
     return code, capsys.readouterr().err, failed[-1] if failed else None
 

@@ -237,7 +237,7 @@ def test_failed_cache_write_leaves_no_partial_file(tmp_path, monkeypatch):
     for i in range(5):
         write(tmp_path / f"{i}.txt", "some text " * 10)
     c = cfg(tmp_path, [tmp_path / "*.txt"], seq_len=4)
-    monkeypatch.setattr(_encode, "_ENCODE_CHUNK_CHARS", 50)  # one document per chunk: three are written when we fail
+    monkeypatch.setattr(_encode, "ENCODE_CHUNK_CHARS", 50)  # one document per chunk: three are written when we fail
     partial_at_failure = []
 
     class DiesOnFourthDocument(CountingTokenizer):

@@ -181,7 +181,7 @@ def test_plain_text_reference_is_the_expected_stream(corpus, tmp_path):
 @pytest.mark.parametrize("fmt", ["txt.gz", "txt.zst", "jsonl.gz", "jsonl.zst", "directory of shards"])
 def test_compressed_formats_with_tiny_blocks(corpus, fmt, monkeypatch, tmp_path):
     # 101 compressed bytes per read: headers, members, frames and lines all straddle reads.
-    monkeypatch.setattr(_compressed, "_BLOCK", 101)
+    monkeypatch.setattr(_compressed, "BLOCK_BYTES", 101)
     spec, field = corpus[fmt]
     assert tokens_of(spec, field, tmp_path / "c") == expected_ids(DOCS)
 

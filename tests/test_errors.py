@@ -252,7 +252,8 @@ CASES = [
         "reduce-duplicate",
         lambda: x.sum(("embed", "embed")),
         AE,
-        r"nm.sum: axis 'embed' is given twice in \('embed', 'embed'\); name each axis once \(the array has axes \(batch=2, embed=3\)\)",
+        r"nm.sum: axis 'embed' is given twice in \('embed', 'embed'\); name each axis once \(the array has axes "
+        r"\(batch=2, embed=3\)\)",
     ),
     (
         "reduce-duplicate-text",

@@ -29,7 +29,7 @@ from named.models.hf import save_pretrained
 from named.trainer import checkpoint as ckpt
 from named.trainer.commands import export as export_module
 from named.trainer.commands.cli import main_export
-from named.trainer.commands.sample import _model_config
+from named.trainer.commands.sample import saved_model_config
 from named.trainer.config import load_config
 from named.trainer.loop.model_init import model_shapes
 from named.trainer.loop.registry import model_class
@@ -87,7 +87,7 @@ def lora_run(folder, tmp_path_factory) -> Path:
 
 def _ours(run_dir: Path, ids: np.ndarray, step: int | None = None) -> np.ndarray:
     """Our logits for ``ids`` from the run's checkpoint (the model alone, read as named-sample reads it)."""
-    cfg, model_cfg = load_config(run_dir / "config.yaml"), _model_config(run_dir)
+    cfg, model_cfg = load_config(run_dir / "config.yaml"), saved_model_config(run_dir)
     shapes = model_shapes(cfg, model_class(model_cfg), model_cfg)
     path = run_dir if step is None else run_dir / "checkpoints" / f"step_{step}"
     (model, _), _ = ckpt.restore(path, (shapes, None), partial=True)
@@ -130,7 +130,7 @@ def test_config_json_names_the_run_tokenizers_special_tokens(folder, tmp_path):
     model_cfg = cfg.model.model_config(vocab_size=384)
     out = tmp_path / "gpt2"
     save_pretrained(model_class(model_cfg).init(model_cfg, key=jax.random.key(0)), model_cfg, out)
-    assert export_module._write_token_ids(cfg, 384, out) == []
+    assert export_module.write_token_ids(cfg, 384, out) == []
     assert {k: json.loads((out / "config.json").read_text())[k] for k in TOKEN_IDS} == {
         "bos_token_id": None,
         "eos_token_id": 256,

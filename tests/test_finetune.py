@@ -22,7 +22,7 @@ from _chat_folder import CHATS, make_chat_folder, write_chats
 import named as nm
 from named.trainer import checkpoint as ckpt
 from named.trainer.commands.cli import main_export, main_sample, main_train
-from named.trainer.commands.sample import _model_config
+from named.trainer.commands.sample import saved_model_config
 from named.trainer.config import load_config
 from named.trainer.data import TrainBatches, build_data
 from named.trainer.data.chat import prompt_ids
@@ -86,7 +86,7 @@ def _losses(run_dir: Path) -> list[float]:
 
 
 def _ours(run_dir: Path, ids: np.ndarray) -> np.ndarray:
-    cfg, model_cfg = load_config(run_dir / "config.yaml"), _model_config(run_dir)
+    cfg, model_cfg = load_config(run_dir / "config.yaml"), saved_model_config(run_dir)
     (model, _), _ = ckpt.restore(run_dir, (model_shapes(cfg, model_class(model_cfg), model_cfg), None), partial=True)
     # in float32 (a bf16 base is widened exactly), as transformers runs the exported folders below
     model = jax.tree.map(lambda x: x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x, model)

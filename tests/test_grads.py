@@ -1384,8 +1384,8 @@ EXCLUDED: dict[str, str] = {
         "the optimizer's side of fp8's state: tree surgery on gradients, not a differentiated function",
     ),
     "nn.lora.linear_paths": "lists a model's Linears by path",
-    "nn.mup.AbstractLinearReparam": "the base class of the parametrizations; the mup_linears case differentiates a Linear "
-    "under each of its subclasses",
+    "nn.mup.AbstractLinearReparam": "the base class of the parametrizations; the mup_linears case differentiates "
+    "a Linear under each of its subclasses",
     **dict.fromkeys(
         ["nm.debug.ModuleProblems", "nm.debug.diagnose_common_issues", "nm.debug.visualize_shardings"],
         "debug reports on a module or on where a tree's arrays live",

@@ -262,10 +262,10 @@ def test_without_huggingface_hub_an_id_asks_for_the_extra(cache, monkeypatch, tm
 
 
 def test_an_adapter_export_names_the_hub_base_by_id_and_commit():
-    from named.trainer.commands.export import _base_model
+    from named.trainer.commands.export import peft_base_model
 
-    assert _base_model(f"org/tiny-llama@{MAIN}") == {"base_model_name_or_path": "org/tiny-llama", "revision": MAIN}
-    assert _base_model("/models/tiny-llama") == {"base_model_name_or_path": "/models/tiny-llama"}
+    assert peft_base_model(f"org/tiny-llama@{MAIN}") == {"base_model_name_or_path": "org/tiny-llama", "revision": MAIN}
+    assert peft_base_model("/models/tiny-llama") == {"base_model_name_or_path": "/models/tiny-llama"}
 
 
 @pytest.mark.parametrize(

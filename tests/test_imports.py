@@ -9,6 +9,9 @@ while those modules import NamedArray from ``_core``. The circle through them al
 they use that imports ``_core`` itself: ``_rearrange`` (einsum's check of positional specs,
 ``rearrange``), ``_transforms`` (``_index``'s per-row updates are a vmap) and ``_remat`` (the
 transforms' scan remat). Explicit mode is not in it: it hooks into the core from its own side.
+
+Also: no ``_private`` name is used outside the module that defines it (the rule is stated above
+``test_nothing_private_crosses_a_module_boundary``).
 """
 
 from __future__ import annotations
@@ -35,8 +38,20 @@ def _module_name(path: pathlib.Path) -> str:
     raise AssertionError(path)
 
 
+def _imported_from(node: ast.ImportFrom, mod: str, is_pkg: bool) -> str:
+    """The absolute name of the module of ``from <module> import ...``, written in module ``mod``."""
+    if not node.level:
+        return node.module or ""
+    base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+    return ".".join(base[: len(base) - node.level + 1] + ([node.module] if node.module else []))
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    return {_module_name(f): f for folder in PACKAGES.values() for f in folder.rglob("*.py")}
+
+
 def _graph() -> dict[str, set[str]]:
-    files = {_module_name(f): f for folder in PACKAGES.values() for f in folder.rglob("*.py")}
+    files = _modules()
     graph = {}
     for mod, path in files.items():
         is_pkg = path.name == "__init__.py"
@@ -45,12 +60,7 @@ def _graph() -> dict[str, set[str]]:
             if isinstance(node, ast.Import):
                 deps |= {a.name for a in node.names if a.name in files}
             elif isinstance(node, ast.ImportFrom):
-                base = mod.split(".") if is_pkg else mod.split(".")[:-1]
-                prefix = (
-                    ".".join(base[: len(base) - node.level + 1] + ([node.module] if node.module else []))
-                    if node.level
-                    else node.module
-                )
+                prefix = _imported_from(node, mod, is_pkg)
                 for a in node.names:  # `from pkg import module` depends on the module, not the package
                     target = f"{prefix}.{a.name}" if f"{prefix}.{a.name}" in files else prefix
                     if target in files:
@@ -176,3 +186,155 @@ def test_import_named_loads_no_model_or_trainer_code():
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True, env={"JAX_PLATFORMS": "cpu", "PATH": ""})
+
+
+# ---- the declared internal API: nothing _private crosses a module boundary -------------------
+#
+# A ``_name`` (function, class, constant, method or attribute) is used only in the module that
+# defines it. What modules share has a name without the underscore: in a private module
+# (``named._core.unchecked``), which only its own package imports (``named.nn._stacked`` from
+# ``named.nn``; ``named._ops`` from ``named`` and ``named.nn``, never from the models or the
+# trainer); what the models, the trainer and bench need from the library's internals is listed
+# in ``named.internal``. Tests and bench stand outside every package: they may import a private
+# module to test or time its shared names (tests/test_compat.py tests ``named._compat``), never
+# a ``_name``: in an import, as an attribute of one of our modules or objects (``ck.write._x``,
+# ``NamedArray._x``) or as a string handed to ``setattr`` (a monkeypatch). There is no list of
+# exceptions: a test that needs to reach a name gives it a public name in its private module.
+
+SCANNED = ("src", "tests", "bench", "examples")
+
+
+def _is_private(name: str) -> bool:
+    """``_name``; not a dunder nor a protocol hook named the same way (``_repr_html_``)."""
+    return name.startswith("_") and not name.endswith("_")
+
+
+def _owner(module: str) -> str:
+    """The package a private module belongs to: its name up to the first ``_part``."""
+    parts = module.split(".")
+    return ".".join(parts[: next(i for i, p in enumerate(parts) if _is_private(p))])
+
+
+def _within(importer: str | None, package: str) -> bool:
+    """Whether module ``importer`` (None: a test or bench file) lies in ``package``; the library's
+    package ``named`` holds neither the models nor the trainer, installed under its name."""
+    if importer is None or not (importer == package or importer.startswith(package + ".")):
+        return False
+    return package != "named" or not importer.startswith(("named.models", "named.trainer"))
+
+
+def _private_defs(tree: ast.AST) -> set[str]:
+    """The private names a file defines: functions, classes, assignments, ``self._x = ...``."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            out.add(node.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            out.add(node.attr)
+        elif isinstance(node, ast.arg):
+            out.add(node.arg)
+    return {n for n in out if _is_private(n)}
+
+
+def _private_uses(source: str, module: str | None, files: dict[str, object], ours: set[str]) -> list[str]:
+    """``line: what`` for each private name of another module that ``source`` touches. ``module``
+    is its dotted name (None: a test or bench file); ``files`` our modules; ``ours`` the private
+    names our modules define (an attribute ``x._name`` of another library is not ours)."""
+    tree = ast.parse(source)
+    is_pkg = module is not None and module in files and str(files[module]).endswith("__init__.py")
+    own = _private_defs(tree)
+    bound: set[str] = set()  # local names of our modules and of what was imported from them
+    found = []
+
+    def module_use(line: int, target: str) -> None:
+        if (
+            module is not None
+            and any(_is_private(p) for p in target.split("."))
+            and not _within(module, _owner(target))
+        ):
+            found.append(f"{line}: imports {target}, private to {_owner(target)}")
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == "named":
+                    module_use(node.lineno, a.name)
+                    bound.add((a.asname or a.name).split(".")[0])
+        elif isinstance(node, ast.ImportFrom):
+            prefix = _imported_from(node, module or "", is_pkg)
+            if prefix.split(".")[0] != "named":
+                continue
+            module_use(node.lineno, prefix)
+            for a in node.names:
+                bound.add(a.asname or a.name)
+                if f"{prefix}.{a.name}" in files:
+                    module_use(node.lineno, f"{prefix}.{a.name}")
+                elif _is_private(a.name):
+                    found.append(f"{node.lineno}: from {prefix} import {a.name}")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _is_private(node.attr) and node.attr not in own:
+            root = node.value
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(root, ast.Name) and root.id in ("self", "cls"):
+                continue
+            if f"{ast.unparse(node.value)}.{node.attr}" in files:  # named._compat, reached through `import named`
+                module_use(node.lineno, f"{ast.unparse(node.value)}.{node.attr}")
+            elif (isinstance(root, ast.Name) and root.id in bound) or node.attr in ours:
+                found.append(f"{node.lineno}: {ast.unparse(node)}")
+        elif (
+            isinstance(node, ast.Call)
+            and (getattr(node.func, "attr", None) or getattr(node.func, "id", None)) == "setattr"
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+            and _is_private(node.args[1].value)
+            and node.args[1].value not in own
+        ):
+            found.append(f"{node.lineno}: setattr of {node.args[1].value!r}")
+    return found
+
+
+def _private_crossings() -> list[str]:
+    files = _modules()
+    sources = {f: f.read_text() for d in SCANNED for f in sorted((ROOT / d).rglob("*.py")) if ".venv" not in f.parts}
+    ours = set().union(*(_private_defs(ast.parse(sources[f])) for f in files.values()))
+    module_of = {f: m for m, f in files.items()}
+    return [
+        f"{path.relative_to(ROOT).as_posix()}:{use}"
+        for path, source in sources.items()
+        for use in _private_uses(source, module_of.get(path), files, ours)
+    ]
+
+
+def test_a_private_crossing_is_found():
+    files = {m: f"{m.replace('.', '/')}.py" for m in ("named._core", "named._ops", "named.nn._stacked")}
+    files["named.trainer.loop.x"] = "x.py"
+    files["named.nn"] = "named/nn/__init__.py"
+    ours = {"_unchecked", "_wrap", "_call", "_write_leaf"}
+    lib, trainer = "named.nn._linear", "named.trainer.loop.x"
+
+    def uses(src, module=lib):
+        return [u.split(": ", 1)[1] for u in _private_uses(src, module, files, ours)]
+
+    assert uses("from .._ops import _wrap\n") == ["from named._ops import _wrap"]
+    assert uses("from .. import _ops\nf = _ops._wrap\n") == ["_ops._wrap"]
+    assert uses("from .._core import NamedArray\nNamedArray._unchecked(1, ())\n") == ["NamedArray._unchecked"]
+    assert uses("y = x._unchecked\n") == ["x._unchecked"]  # a private name of ours, on any object
+    assert uses("from named._ops import where\n", trainer) == ["imports named._ops, private to named"]
+    assert uses("import named.nn._stacked\n", None) == []  # a test may import a private module
+    assert uses("import named.trainer.loop.x as w\nmonkeypatch.setattr(w, '_write_leaf', f)\n", None) == [
+        "setattr of '_write_leaf'"
+    ]
+    # what may stay: a module's own privates, a private module inside its package, dunders, others' privates
+    assert uses("from .._ops import where\nfrom ._stacked import call\n") == []
+    assert uses("def _f(self):\n    return self._g, other._f, x.__class__, os._exit\n") == []
+
+
+def test_nothing_private_crosses_a_module_boundary():
+    assert _private_crossings() == [], (
+        "a _private name used outside its module: give what modules share a public name in a private "
+        "module (named.internal lists what the models, trainer and bench need from the library)"
+    )

@@ -86,7 +86,9 @@ def test_the_weights_are_the_folders_laid_out_by_the_mapping(folder, corpus, tmp
     cfg = _config(folder, corpus, tmp_path / "run")
     s = check_against_devices(cfg)
     with nm.set_mesh(s.mesh):
-        model = init_model(cfg, s.model_cls, s.model_cfg, param=s.param, mesh=s.mesh, key=jax.random.key(0))
+        model = init_model(
+            cfg, s.model_cls, s.model_cfg, param_mapping=s.param_mapping, mesh=s.mesh, key=jax.random.key(0)
+        )
     saved = load_file(folder / "model.safetensors")
     ours = hf_state_dict(model)
     assert sorted(ours) == sorted(saved)

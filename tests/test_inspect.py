@@ -181,7 +181,8 @@ ENTRY %main (p: f32[4,8]) -> f32[16,8] {
   %ar = f32[4,8]{1,0} all-reduce(%p), channel_id=2, replica_groups={{0,1},{2,3},{4,5},{6,7}}, to_apply=%add
   %rs = bf16[2,8]{1,0} reduce-scatter(%x), channel_id=3, replica_groups=[1,8]<=[8], dimensions={0}
   %cp = f32[4,8]{1,0} collective-permute(%p), channel_id=4, source_target_pairs={{0,2},{2,4},{4,6},{6,0}}
-  %ags = (f32[4,8]{1,0}, f32[16,8]{1,0}) all-gather-start(%p), channel_id=5, replica_groups=[2,4]<=[4,2]T(1,0), dimensions={0}
+  %ags = (f32[4,8]{1,0}, f32[16,8]{1,0}) all-gather-start(%p), channel_id=5, \
+replica_groups=[2,4]<=[4,2]T(1,0), dimensions={0}
   %agd = f32[16,8]{1,0} all-gather-done(%ags)
   ROOT %a2a = f32[4,8]{1,0} all-to-all(%p), channel_id=6, replica_groups={{0,1,2,3,4,5,6,7}}, dimensions={0}
 }
@@ -227,7 +228,8 @@ HloModule m, entry_computation_layout={(f32[8,16]{1,0})->f32[8,4]{1,0}}
 
 %outer_body (q: (s32[], f32[8,16], /*index=2*/f32[16,4])) -> (s32[], f32[8,16], /*index=2*/f32[16,4]) {
   %q = (s32[], f32[8,16]{1,0}, f32[16,4]{1,0}) parameter(0)
-  %inner = (s32[], f32[8,16]{1,0}, f32[16,4]{1,0}) while(%q), condition=%cond, body=%inner_body, backend_config={"known_trip_count":{"n":"4"},"known_init_step":{"init":"0","step":"1"}}
+  %inner = (s32[], f32[8,16]{1,0}, f32[16,4]{1,0}) while(%q), condition=%cond, body=%inner_body, \
+backend_config={"known_trip_count":{"n":"4"},"known_init_step":{"init":"0","step":"1"}}
   %ag = f32[16,16]{1,0} all-gather(%y), channel_id=2, replica_groups=[4,2]<=[8], dimensions={0}
   ROOT %e = f32[8,16]{1,0} exponential(%z)
 }
@@ -240,7 +242,8 @@ HloModule m, entry_computation_layout={(f32[8,16]{1,0})->f32[8,4]{1,0}}
 
 ENTRY %main (arg: f32[8,16]) -> f32[8,4] {
   %arg = f32[8,16]{1,0} parameter(0)
-  %outer = (s32[], f32[8,16]{1,0}, f32[16,4]{1,0}) while(%t0), condition=%cond, body=%outer_body, /*index=5*/backend_config={"known_trip_count":{"n":"3"}}
+  %outer = (s32[], f32[8,16]{1,0}, f32[16,4]{1,0}) while(%t0), condition=%cond, body=%outer_body, \
+/*index=5*/backend_config={"known_trip_count":{"n":"3"}}
   %loop = (s32[], f32[8,16]{1,0}) while(%t1), condition=%cond2, body=%mystery_body
   ROOT %top = f32[8,4]{1,0} all-reduce(%v), channel_id=4, replica_groups={{0,1,2,3,4,5,6,7}}, to_apply=%add
 }

@@ -44,11 +44,12 @@ ROOT = Path(__file__).resolve().parents[1]
 STEPS = 45
 INTERVAL = 3
 N_KILLS = 12
-WRITE_DELAY_S = 0.15  # per pause; a save pauses three times (see checkpoint._test_pause)
+WRITE_DELAY_S = 0.15  # per pause of a slowed save (_SLOW_WRITES)
 SEED = 20240610
 
 CORPUS = "\n".join(
-    f"def function_{i}(x, y):\n    total = x * {i} + y\n    for k in range({i % 7 + 1}):\n        total += k\n    return total\n"
+    f"def function_{i}(x, y):\n    total = x * {i} + y\n    for k in range({i % 7 + 1}):\n        total += k\n    "
+    "return total\n"
     for i in range(200)
 )
 
@@ -87,9 +88,8 @@ def _args(workdir: Path, run_dir: Path, **over) -> list[str]:
     return out
 
 
-def _env(workdir: Path, write_delay: float | None = None) -> dict:
+def _env(workdir: Path) -> dict:
     env = dict(os.environ)
-    env.pop("NAMED_TEST_CHECKPOINT_WRITE_DELAY", None)
     env.update(
         {
             "XLA_FLAGS": xla_flags(2),
@@ -104,21 +104,51 @@ def _env(workdir: Path, write_delay: float | None = None) -> dict:
             "PYTHONPATH": os.pathsep.join([str(workdir / "src"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
         }
     )
-    if write_delay:
-        env["NAMED_TEST_CHECKPOINT_WRITE_DELAY"] = str(write_delay)
     return env
 
 
 _MAIN = "import sys; from named.trainer.commands.cli import main_train; sys.exit(main_train())"
+# A run killed inside a save's write window on purpose: the child wraps the real functions of the
+# write path, so that the background writer sleeps before each array it writes (a local folder or
+# objects), before the commit record (every chunk written) and after it (the record written; a
+# local folder not yet renamed, an object store's stale objects not yet deleted).
+_SLOW_WRITES = """
+import time
+from named.trainer.checkpoint import write
+
+real_write_leaf, real_write_json, real_write_objects = write.write_leaf, write.write_json, write.write_objects
+
+def write_leaf(*args, **kwargs):
+    time.sleep({delay})
+    return real_write_leaf(*args, **kwargs)
+
+def write_json(path, obj):
+    record = path.name == write.COMMIT_FILE
+    time.sleep({delay} if record else 0)
+    real_write_json(path, obj)
+    time.sleep({delay} if record else 0)
+
+def write_objects(folder, blobs):
+    time.sleep({delay})
+    real_write_objects(folder, blobs)
+    time.sleep({delay} if write.COMMIT_FILE in blobs else 0)
+
+write.write_leaf, write.write_json, write.write_objects = write_leaf, write_json, write_objects
+"""
+
+
+def _main(write_delay: float | None = None) -> str:
+    """The child's program: named-train, its saves slowed by ``write_delay`` seconds a pause."""
+    return (_SLOW_WRITES.format(delay=write_delay) if write_delay else "") + _MAIN
 
 
 def _start(workdir: Path, run_dir: Path, log: Path, write_delay: float | None = None, **over) -> subprocess.Popen:
     out = open(log, "w")
     try:
         return subprocess.Popen(
-            [sys.executable, "-c", _MAIN, *_args(workdir, run_dir, **over)],
+            [sys.executable, "-c", _main(write_delay), *_args(workdir, run_dir, **over)],
             cwd=ROOT,
-            env=_env(workdir, write_delay),
+            env=_env(workdir),
             stdout=out,
             stderr=subprocess.STDOUT,
         )
@@ -135,7 +165,10 @@ def _run(workdir: Path, run_dir: Path, log: Path, **over) -> str:
 
 
 def test_runs_import_the_snapshot(workdir):
-    code = "import importlib.util as u; print(*(u.find_spec(m).origin for m in ('named.trainer', 'named.models', 'named')))"
+    code = (
+        "import importlib.util as u; "
+        "print(*(u.find_spec(m).origin for m in ('named.trainer', 'named.models', 'named')))"
+    )
     r = subprocess.run([sys.executable, "-c", code], env=_env(workdir), capture_output=True, text=True, check=True)
     assert r.stdout.split() == [str(workdir / "src" / "named" / p / "__init__.py") for p in ("trainer", "models", ".")]
 
@@ -300,7 +333,8 @@ def test_sigkill_at_random_moments_resumes_exactly(workdir, reference):
     in_write = [k for k in kills if k["partial"]]
     print(f"\n{len(kills)} SIGKILLs in {campaigns} campaign(s): {modes}")
     print(
-        f"resumed from steps {[k['start'] for k in kills]}; killed with its own partial save on disk {len(in_write)} times"
+        f"resumed from steps {[k['start'] for k in kills]}; killed "
+        f"with its own partial save on disk {len(in_write)} times"
     )
     assert len(kills) >= N_KILLS
     assert "step" in modes and "write" in modes

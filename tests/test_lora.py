@@ -26,7 +26,7 @@ from named import nn
 from named.models import hf_state_dict
 from named.trainer import checkpoint as ckpt
 from named.trainer.commands.cli import main_train
-from named.trainer.commands.sample import _model_config
+from named.trainer.commands.sample import saved_model_config
 from named.trainer.config import ConfigError, load_config
 from named.trainer.loop.checks import check_against_devices
 from named.trainer.loop.model_init import model_shapes
@@ -219,7 +219,7 @@ def _losses(run_dir: Path) -> list[float]:
 
 
 def _restored(run_dir: Path, step: int | None = None):
-    cfg, model_cfg = load_config(run_dir / "config.yaml"), _model_config(run_dir)
+    cfg, model_cfg = load_config(run_dir / "config.yaml"), saved_model_config(run_dir)
     shapes = model_shapes(cfg, model_class(model_cfg), model_cfg)
     target = (shapes, jax.eval_shape(lambda m: init_opt_state(cfg, m), shapes))
     path = run_dir if step is None else run_dir / "checkpoints" / f"step_{step}"

@@ -601,7 +601,9 @@ def test_named_train_initializes_distributed_before_any_backend():
 import sys, jax
 from jax._src import xla_bridge
 def initialize(**kw):
-    assert not xla_bridge._backends, f"backends started before jax.distributed.initialize: {{list(xla_bridge._backends)}}"
+    assert not xla_bridge._backends, (
+        f"backends started before jax.distributed.initialize: {{list(xla_bridge._backends)}}"
+    )
     print("initialize", sorted(kw))
     sys.exit(0)
 jax.distributed.initialize = initialize

@@ -98,8 +98,8 @@ def _setup(model_cfg, mesh, compute, param) -> Setup:
         model_cls=model_class(model_cfg),
         shapes=None,
         mesh=mesh,
-        compute=compute,
-        param=param,
+        compute_mapping=compute,
+        param_mapping=param,
     )
 
 

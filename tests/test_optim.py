@@ -1,5 +1,6 @@
 """Optimizer pieces: the weight-decay mask and the learning-rate schedules."""
 
+import equinox as eqx
 import jax
 import numpy as np
 import pytest
@@ -39,6 +40,17 @@ def test_decay_mask_skips_norms_and_biases(which):
         is_norm_or_bias = "bias" in path or "ln" in path or "norm" in path
         assert decay == (not is_norm_or_bias), path
     assert any(mask.values()) and not all(mask.values())
+
+
+def test_decay_goes_by_name_and_module_not_by_rank():
+    # OptimizerConfig's rule: a bias (a field named bias) of any rank is skipped; a weight of one axis is not
+    class Layer(eqx.Module):
+        scale: nm.NamedArray
+        bias: nm.NamedArray
+
+    layer = Layer(nm.named(np.ones(4), "embed"), nm.named(np.zeros((2, 4)), "heads embed"))
+    assert _mask_by_path(layer) == {".scale": True, ".bias": False}
+    assert decay_mask(layer).scale.axes == layer.scale.axes  # laid out as the parameter is
 
 
 def test_schedules():

@@ -279,7 +279,10 @@ def mesh_groups(mesh, *axes: str) -> frozenset:
 
 
 def test_hlo_collective_parser_formats():
-    line = "  %ar = (f32[], f32[256,128]{1,0}, /*index=5*/f32[8]{0}) all-reduce(%a, %b, %c), channel_id=5, replica_groups={{0,1},{2,3}}, to_apply=%add"
+    line = (
+        "  %ar = (f32[], f32[256,128]{1,0}, /*index=5*/f32[8]{0}) all-reduce(%a, %b, %c), channel_id=5, "
+        "replica_groups={{0,1},{2,3}}, to_apply=%add"
+    )
     (c,) = collectives(line)
     assert c.op == "all-reduce" and c.shapes == [(), (256, 128), (8,)]
     assert c.groups == {frozenset({0, 1}), frozenset({2, 3})}

@@ -104,8 +104,8 @@ def test_absurd_device_counts_and_device_free_refusals_come_before_any_stand_in(
     def never(*args):
         raise AssertionError("devices were stood in for a plan that needs none")
 
-    monkeypatch.setattr(cli, "_stand_in_devices", never)
-    monkeypatch.setattr(cli, "_plan_in_child", never)
+    monkeypatch.setattr(cli, "stand_in_devices", never)
+    monkeypatch.setattr(cli, "plan_in_child", never)
     for n in ("2147483648", "100000", "0"):
         assert cli.main_plan(["--config", "gpt2_nano", "--devices", n]) == 2
         assert f"--devices must be in [1, {cli.MAX_STAND_INS}], got {n}" in capsys.readouterr().err

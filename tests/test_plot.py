@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("matplotlib")
 
 from named.trainer.commands import cli  # noqa: E402
-from named.trainer.commands.plot import _panels, read_metrics  # noqa: E402
+from named.trainer.commands.plot import panels_of, read_metrics  # noqa: E402
 
 
 def _run(folder, rows, tail: str = ""):
@@ -39,7 +39,7 @@ def test_metrics_are_read_as_series_and_a_torn_last_line_is_skipped(tmp_path):
     assert [step for step, _ in s["train/loss"]] == list(range(10, 110, 10))
     assert s["eval/loss"][0] == (50, pytest.approx(5.5 / 50**0.3))
     assert "sample" not in s
-    titles = [t for t, _, _ in _panels({"a": s})]
+    titles = [t for t, _, _ in panels_of({"a": s})]
     assert titles == ["loss", "eval loss per source", "learning rate", "gradient norm", "tokens/s"]
 
 

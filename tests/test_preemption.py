@@ -4,7 +4,7 @@ uninterrupted one. SIGTERM is sent at seeded random moments, during steps and in
 window of an asynchronous save (the same tiny GPT-2 on 2 CPU devices as test_kill_resume, whose
 compilation cache makes each process cheap); a second signal stops at once; with 2 processes x
 4 devices a SIGTERM to one process stops both at the same step. Also: time-based temporary
-checkpoints, the per-step decisions (``_due``, ``StopRequests``) in process, and that the flags
+checkpoints, the per-step decisions (``step_due``, ``StopRequests``) in process, and that the flags
 are agreed inside the train step itself (its output decides, over every device's row).
 """
 
@@ -30,8 +30,8 @@ from test_kill_resume import (  # noqa: F401 - fixtures
     _restore_numpy,
     _start,
     _wait_for,
-    reference,
-    workdir,
+    reference,  # noqa: F401 - a fixture
+    workdir,  # noqa: F401 - a fixture
 )
 from test_multihost import CONFIG, compile_cache, corpus, finish, no_core_dumps, start_two  # noqa: F401 - fixtures
 from test_trainer import FSDP, tiny_args
@@ -40,7 +40,7 @@ from named.trainer import checkpoint as ckpt
 from named.trainer.config import ConfigError, load_config
 from named.trainer.loop import train as train_mod
 from named.trainer.loop.stop import StopRequests, exit_code
-from named.trainer.loop.train import _due, train
+from named.trainer.loop.train import step_due, train
 
 N_TRIALS = 6
 SEED = 20251125
@@ -66,9 +66,9 @@ def test_due_saves_a_temporary_checkpoint_and_stops_before_the_end():
     cfg = load_config(
         CONFIG, ["--trainer.num_train_steps", "10", "--checkpoint.interval", "4", "--trainer.eval_interval", "2"]
     )
-    plain = _due(3, cfg, True, 1)
+    plain = step_due(3, cfg, True, 1)
     assert not (plain.checkpoint or plain.stop)
-    stopping = _due(3, cfg, True, 1, stop=True)
+    stopping = step_due(3, cfg, True, 1, stop=True)
     assert (stopping.checkpoint, stopping.temporary, stopping.stop, stopping.read, stopping.eval) == (
         True,
         True,
@@ -76,11 +76,11 @@ def test_due_saves_a_temporary_checkpoint_and_stops_before_the_end():
         True,
         False,
     )
-    on_interval = _due(4, cfg, True, 1, stop=True)
+    on_interval = step_due(4, cfg, True, 1, stop=True)
     assert on_interval.checkpoint and not on_interval.temporary  # an interval step stays permanent
-    timed = _due(5, cfg, True, 1, timed=True)
+    timed = step_due(5, cfg, True, 1, timed=True)
     assert (timed.checkpoint, timed.temporary, timed.stop) == (True, True, False)
-    end = _due(10, cfg, True, 1, stop=True, timed=True)
+    end = step_due(10, cfg, True, 1, stop=True, timed=True)
     assert not (end.checkpoint or end.stop)  # the end: save_at_end, and the run finishes as usual
 
 

@@ -302,14 +302,14 @@ def test_a_server_that_goes_away_mid_save_fails_the_save_and_keeps_the_previous(
         ckpt = ck.Checkpointer(url)
         ckpt.save(1, train_state(seed=1), {"step": 1})
         ckpt.wait()
-        pauses = []
+        real_write_objects = checkpoint_write.write_objects
 
-        def pause():  # the second pause: every chunk uploaded, no record written yet
-            pauses.append(1)
-            if len(pauses) == 2:
+        def write_objects(folder, blobs):  # every chunk uploaded: the server goes before the record
+            if ck.store.COMMIT_FILE in blobs:
                 proxy.cut()
+            return real_write_objects(folder, blobs)
 
-        monkeypatch.setattr(checkpoint_write, "_test_pause", pause)
+        monkeypatch.setattr(checkpoint_write, "write_objects", write_objects)
         ckpt.save(2, train_state(seed=2), {"step": 2})
         with pytest.raises(
             ck.CheckpointError, match=rf"step 2 to {re.escape(url)}/checkpoints failed: .*{re.escape(url)}"
@@ -392,12 +392,12 @@ def workdir(tmp_path_factory):
 
 
 def _train(workdir: Path, run_dir: Path, base: str, log: Path, *, write_delay=None, **over) -> subprocess.Popen:
-    from test_kill_resume import _MAIN, _args, _env
+    from test_kill_resume import _args, _env, _main
 
-    env = {**_env(workdir, write_delay), **{k: os.environ[k] for k in s3_env("")}}
+    env = {**_env(workdir), **{k: os.environ[k] for k in s3_env("")}}
     with open(log, "w") as out:
         return subprocess.Popen(
-            [sys.executable, "-c", _MAIN, *_args(workdir, run_dir, **{"checkpoint.base": base, **over})],
+            [sys.executable, "-c", _main(write_delay), *_args(workdir, run_dir, **{"checkpoint.base": base, **over})],
             cwd=ROOT,
             env=env,
             stdout=out,

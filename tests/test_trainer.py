@@ -20,7 +20,8 @@ from named.trainer.loop.train import train
 ROOT = Path(__file__).resolve().parents[1]
 
 CORPUS = "\n".join(
-    f"def function_{i}(x, y):\n    total = x * {i} + y\n    for k in range({i % 7 + 1}):\n        total += k\n    return total\n"
+    f"def function_{i}(x, y):\n    total = x * {i} + y\n    for k in range({i % 7 + 1}):\n        total += k\n    "
+    "return total\n"
     for i in range(400)
 )
 

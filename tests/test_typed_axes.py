@@ -55,7 +55,8 @@ def test_the_return_value_is_checked():
 
 def test_ellipsis_fixed_sizes_optional_and_plain_jaxtyping():
     @nm.typecheck(enabled=True)
-    def f(x: nm.f32["embed ..."], y: nm.f32[Axis("batch", 2), position] | None, ids: Int[Array, batch]):  # noqa: F821 - axis names, not Python names
+    # the strings in the brackets are axis names, not forward references (what ruff's F821 and UP037 take them for)
+    def f(x: nm.f32["embed ..."], y: nm.f32[Axis("batch", 2), "position"] | None, ids: Int[Array, "batch"]):  # noqa: F821, UP037
         return x
 
     f(X, None, jnp.zeros(2, jnp.int32))

@@ -92,7 +92,7 @@ def read_json(path: Path) -> dict:
 
 # ---- checked fields --------------------------------------------------------------------------------
 
-_REQUIRED = object()
+REQUIRED = object()
 _KINDS = {int: "int", float: "float", bool: "bool", str: "str", dict: "dict (a JSON object)", list: "list"}
 
 
@@ -100,7 +100,7 @@ def _is_probability(name: str) -> bool:
     return name.endswith(("pdrop", "dropout"))
 
 
-def _checked(d: Mapping, name: str, kind: type, default: Any = _REQUIRED, *, where: Path, prefix: str = "") -> Any:
+def checked_field(d: Mapping, name: str, kind: type, default: Any = REQUIRED, *, where: Path, prefix: str = "") -> Any:
     """``d[name]`` if it is of ``kind``; ``default`` when missing or null.
 
     The rule per kind: an int is a size, so positive (never a bool); a float is finite and
@@ -110,7 +110,7 @@ def _checked(d: Mapping, name: str, kind: type, default: Any = _REQUIRED, *, whe
     value = d.get(name)
     field = prefix + name
     if value is None:
-        if default is _REQUIRED:
+        if default is REQUIRED:
             raise CheckpointFormatError(f"{where}: missing field {field!r}")
         return default
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
@@ -133,7 +133,7 @@ class _Hf:
     option of ``kind`` that we implement only for the values in ``allowed``."""
 
     name: str
-    default: Any = _REQUIRED
+    default: Any = REQUIRED
     ours: str | None = None
     kind: type | None = None
     allowed: Collection | None = None
@@ -150,7 +150,7 @@ def _read(d: Mapping, cls: type, fields: tuple[_Hf, ...], where: Path) -> dict[s
     """Every field of ``fields`` checked; the config fields among them, by their names in ``cls``."""
     out = {}
     for f in fields:
-        value = _checked(d, f.name, f.kind or _kind(cls, f.ours), f.default, where=where)
+        value = checked_field(d, f.name, f.kind or _kind(cls, f.ours), f.default, where=where)
         if f.allowed is not None and value not in f.allowed:
             raise CheckpointFormatError(f"{where}: unsupported {f.name}={value!r} ({f.why})")
         if f.ours is not None:
@@ -158,7 +158,7 @@ def _read(d: Mapping, cls: type, fields: tuple[_Hf, ...], where: Path) -> dict[s
     return out
 
 
-def _build(cls: type, kwargs: dict, where: Path):
+def build_config(cls: type, kwargs: dict, where: Path):
     try:
         return cls(**kwargs)
     except ValueError as e:  # the config's own consistency checks (divisibility), which name the fields
@@ -217,7 +217,7 @@ class HfGpt2:
     fields: tuple[_Hf, ...] = _GPT2
 
     def read(self, family, d: Mapping, where: Path) -> gpt2.Gpt2Config:
-        return _build(family.config_cls, _read(d, family.config_cls, self.fields, where), where)
+        return build_config(family.config_cls, _read(d, family.config_cls, self.fields, where), where)
 
     def write(self, family, c: gpt2.Gpt2Config) -> dict:
         out = {f.name: getattr(c, f.ours) if f.ours is not None else f.default for f in self.fields}

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ._hf_config import _REQUIRED, CheckpointFormatError, _build, _checked
+from ._hf_config import REQUIRED, CheckpointFormatError, build_config, checked_field
 from ._rope import ROPE_TYPES, RopeScaling
 from .decoder import LAYER_TYPES
 
@@ -118,12 +118,12 @@ class _Reader:
     def __init__(self, d: Mapping, where: Path, defaults: Mapping[str, Any]):
         self.d, self.where, self.defaults, self.seen = d, where, defaults, set()
 
-    def get(self, name: str, kind: type, default: Any = _REQUIRED, *, null_is_none: bool = False):
+    def get(self, name: str, kind: type, default: Any = REQUIRED, *, null_is_none: bool = False):
         """``d[name]`` checked; ``default`` when missing (or null, unless ``null_is_none``)."""
         self.seen.add(name)
         if null_is_none and name in self.d and self.d[name] is None:
             return None
-        return _checked(self.d, name, kind, default, where=self.where)
+        return checked_field(self.d, name, kind, default, where=self.where)
 
     def field(self, name: str, kind: type, **kw):
         """Our config field of the same name; missing means the family's default."""
@@ -142,11 +142,11 @@ def _rope_dict(
     r: _Reader, rope: Mapping, field: str, theta_default: float, max_positions: int
 ) -> tuple[float, RopeScaling]:
     """``(rope_theta, RopeScaling)`` from one flat ``rope_parameters`` / ``rope_scaling`` dict."""
-    kind = _checked(rope, "rope_type", str, None, where=r.where, prefix=f"{field}.")
-    kind = kind or _checked(rope, "type", str, "default", where=r.where, prefix=f"{field}.")
+    kind = checked_field(rope, "rope_type", str, None, where=r.where, prefix=f"{field}.")
+    kind = kind or checked_field(rope, "type", str, "default", where=r.where, prefix=f"{field}.")
     if kind not in ROPE_TYPES:
         raise r.error(f"unsupported {field}.rope_type={kind!r} (implemented: {', '.join(ROPE_TYPES)})")
-    theta = _checked(rope, "rope_theta", float, None, where=r.where, prefix=f"{field}.") or theta_default
+    theta = checked_field(rope, "rope_theta", float, None, where=r.where, prefix=f"{field}.") or theta_default
     keys = _ROPE_KEYS[kind]
     extra = sorted(set(rope) - set(keys) - {"rope_type", "type", "rope_theta"})
     if extra:
@@ -156,8 +156,8 @@ def _rope_dict(
         )
     values = {}
     for key, required in keys.items():
-        value = _checked(
-            rope, key, _ROPE_KINDS.get(key, float), _REQUIRED if required else None, where=r.where, prefix=f"{field}."
+        value = checked_field(
+            rope, key, _ROPE_KINDS.get(key, float), REQUIRED if required else None, where=r.where, prefix=f"{field}."
         )
         if value is not None:
             values[key] = value
@@ -269,7 +269,7 @@ def _gemma(r: _Reader, spec: HfDecoder) -> dict:
 
 
 def _coefficient(r: _Reader, name: str, default: float) -> float:
-    """A float field that may also be 0 (off), which the positive-float rule of ``_checked`` refuses."""
+    """A float field that may also be 0 (off), which the positive-float rule of ``checked_field`` refuses."""
     value = r.d.get(name)
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0:
         r.seen.add(name)
@@ -288,8 +288,8 @@ def _moe(r: _Reader, spec: HfDecoder) -> dict:
         out["num_experts"] = r.get("num_local_experts", int, r.defaults["num_experts"])
         if _coefficient(r, "router_jitter_noise", 0.0):
             raise r.error(
-                f"unsupported router_jitter_noise={r.d['router_jitter_noise']!r} (router jitter noise is "
-                "not implemented)"
+                f"unsupported router_jitter_noise={r.d['router_jitter_noise']!r} "
+                "(router jitter noise is not implemented)"
             )
         return out
     # transformers 5 writes num_local_experts, earlier versions num_experts
@@ -340,7 +340,7 @@ def _read(spec: HfDecoder, family, d: Mapping, where: Path):
             f"unsupported field {unknown[0]!r}{more}: our {family.name} does not implement it, and "
             "ignoring it could change the model"
         )
-    return _build(cls, kw, where)
+    return build_config(cls, kw, where)
 
 
 # ---- writing -------------------------------------------------------------------------------------

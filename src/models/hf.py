@@ -535,7 +535,7 @@ def _plan(folder: Path, arch: Family, config, params: list[_Param], leaves: list
     return plan
 
 
-def _parse_size(size: int | str) -> int:
+def parse_size(size: int | str) -> int:
     if isinstance(size, int):
         return size
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMG]i?B|B)?\s*", str(size), re.IGNORECASE)
@@ -568,7 +568,7 @@ def save_pretrained(model, config, folder: str | Path, *, max_shard_size: int | 
 
     entries = [(name, k, i) for k, p in enumerate(params) for i, name in enumerate(p.hf_names)]
     nbytes = {name: math.prod(params[k].hf_shape) * leaves[k].dtype.itemsize for name, k, _ in entries}
-    limit = _parse_size(max_shard_size) if max_shard_size is not None else None
+    limit = parse_size(max_shard_size) if max_shard_size is not None else None
     shards: list[list[tuple[str, int, int]]] = [[]]
     size = 0
     for entry in entries:

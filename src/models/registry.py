@@ -15,7 +15,7 @@ import named as nm
 
 from . import decoder, families, gpt2
 from ._common import HfLayout
-from ._hf_config import CheckpointFormatError, HfConfigFormat, HfGpt2, _checked
+from ._hf_config import CheckpointFormatError, HfConfigFormat, HfGpt2, checked_field
 from ._hf_decoder import HfDecoder
 
 
@@ -163,11 +163,11 @@ def family_for_hf(d: Mapping, where: Path) -> Family:
     """The family a ``config.json`` (already parsed, at ``where``) names."""
     if d.get("model_type") is None:
         raise CheckpointFormatError(f"{where}: missing field 'model_type'; supported: {SUPPORTED}")
-    model_type = _checked(d, "model_type", str, where=where)
+    model_type = checked_field(d, "model_type", str, where=where)
     family = _BY_MODEL_TYPE.get(model_type)
     if family is None:
         raise CheckpointFormatError(f"{where}: unsupported model_type {model_type!r}; supported: {SUPPORTED}")
-    archs = _checked(d, "architectures", list, [family.architecture], where=where)
+    archs = checked_field(d, "architectures", list, [family.architecture], where=where)
     if not all(isinstance(a, str) for a in archs):
         raise CheckpointFormatError(f"{where}: field 'architectures' should be a list of names, got {archs!r}")
     if family.architecture not in archs:

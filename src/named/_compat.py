@@ -10,8 +10,8 @@ elsewhere because it is the same on 0.10, 0.11 and 0.12: ``jax.tree``/``jax.tree
 ``jax.tree_*`` aliases are not used), ``jax.shard_map`` with ``check_vma`` (not
 ``jax.experimental.shard_map``/``check_rep``), ``jax.set_mesh`` (no ``with mesh:``),
 ``jax.sharding`` (``Mesh`` with ``axis_types``, ``NamedSharding``, ``PartitionSpec``, ``AxisType``,
-``get_abstract_mesh``, ``reshard`` for Explicit mesh axes), ``jax.checkpoint_policies`` by attribute (a module from 0.11),
-``jax.ad_checkpoint.checkpoint_name``, ``jax.random.key``/``key_data``/``wrap_key_data``,
+``get_abstract_mesh``, ``reshard`` for Explicit mesh axes), ``jax.checkpoint_policies`` by attribute
+(a module from 0.11), ``jax.ad_checkpoint.checkpoint_name``, ``jax.random.key``/``key_data``/``wrap_key_data``,
 ``jax.make_array_from_process_local_data``. Not used at all: ``pjit``,
 ``jax.experimental.mesh_utils``, ``jax.lib.xla_bridge``, ``device_put_replicated``/``_sharded``,
 ``lax.pvary``, ``jax.lax.axis_size``, ``AbstractMesh`` constructors.

@@ -46,7 +46,7 @@ class ShardingError(NamedError, ValueError):
 ShardingError.__module__ = "named.partitioning"  # where users import it from
 
 
-def _check_mapping_values(mapping: ResourceMapping) -> None:
+def check_mapping_values(mapping: ResourceMapping) -> None:
     if not isinstance(mapping, Mapping):
         raise ShardingError(f"an axis mapping is a dict from axis name to mesh axis, got {mapping!r}")
     for k, v in mapping.items():
@@ -108,7 +108,7 @@ def axis_mapping(mapping: ResourceMapping | None, *, merge: bool = False) -> Ite
     ``merge=True`` is overlaid on it. jit caches key on it, so a jitted function called in
     another mapping is traced again."""
     if mapping is not None:
-        _check_mapping_values(mapping)
+        check_mapping_values(mapping)
         outer = current_mapping()
         mapping = FrozenMapping({**outer, **mapping} if merge and outer is not None else mapping)
     with _mapping(mapping):

@@ -54,15 +54,6 @@ class NamedArray:
         object.__setattr__(self, "array", array)
         object.__setattr__(self, "axes", axes)
 
-    @classmethod
-    def _unchecked(cls, array: Any, axes: tuple[Axis, ...]) -> NamedArray:
-        # pytree unflatten and transforms may put placeholders (None, object(), tracers of
-        # another rank) where the array goes; they must not be validated.
-        self = object.__new__(cls)
-        object.__setattr__(self, "array", array)
-        object.__setattr__(self, "axes", axes)
-        return self
-
     def __setattr__(self, name, value):
         raise AttributeError("NamedArray is immutable; use x.at[...] for functional updates")  # protocol: setattr
 
@@ -141,7 +132,7 @@ class NamedArray:
 
     # ---- conversions ---------------------------------------------------------------
     def astype(self, dtype) -> NamedArray:
-        return NamedArray._unchecked(self.array.astype(dtype), self.axes)
+        return unchecked(self.array.astype(dtype), self.axes)
 
     def rename(self, mapping: dict[AxisSelector, AxisSelector]) -> NamedArray:
         return _shape.rename(self, mapping)
@@ -308,12 +299,23 @@ class NamedArray:
     __hash__ = None  # type: ignore[assignment]
 
 
+def unchecked(array: Any, axes: tuple[Axis, ...]) -> NamedArray:
+    """A NamedArray of ``array`` and ``axes`` (a tuple of Axis) without the constructor's checks:
+    for the library's own results, whose axes are right by construction, and for pytree unflatten
+    and transforms, which put placeholders (None, object(), tracers of another rank) where the
+    array goes."""
+    x = object.__new__(NamedArray)
+    object.__setattr__(x, "array", array)
+    object.__setattr__(x, "axes", axes)
+    return x
+
+
 def _flatten_with_keys(x: NamedArray):
     return ((jax.tree_util.GetAttrKey("array"), x.array),), x.axes
 
 
 def _unflatten(axes, children):
-    return NamedArray._unchecked(children[0], axes)
+    return unchecked(children[0], axes)
 
 
 jax.tree_util.register_pytree_with_keys(
@@ -344,7 +346,8 @@ def named(array: Any, axes: AxisSelection) -> NamedArray:
         if isinstance(sel, Axis):
             if sel.size != n:
                 raise AxisError(
-                    f"axis {sel.name!r} has size {sel.size} but the array's dimension is {n} (shape {tuple(array.shape)})"
+                    f"axis {sel.name!r} has size {sel.size} but the array's dimension is {n} (shape "
+                    f"{tuple(array.shape)})"
                 )
             out.append(sel)
         elif sel is Ellipsis:

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 
 from ._axis import ArgumentTypeError, Axis, AxisError, AxisSelection, as_selectors, format_axes, name_of, union
 from ._context import current_body
-from ._core import NamedArray, expect_named
+from ._core import NamedArray, expect_named, unchecked
 from ._rearrange import refuse_positional_misreading
 
 # What jnp.einsum takes besides the equation and operands; anything else is a caller's typo.
@@ -64,7 +64,7 @@ def _contract(
         result = contract(*(x.array for x in arrays))
     else:  # local blocks (nm.shard_map): explicit mode owes the sums over split axes, and pays them
         result = body.contract(contract, arrays, out_axes, settle)
-    return NamedArray._unchecked(result, out_axes)
+    return unchecked(result, out_axes)
 
 
 def dot(*arrays: NamedArray, axis: AxisSelection | None, out_axes: AxisSelection | None = None, **kwargs) -> NamedArray:

@@ -23,8 +23,8 @@ from jax.sharding import NamedSharding
 
 from ._axis import ArgumentError, Axis
 from ._compat import is_tracer
-from ._core import NamedArray, is_named_array
-from ._layout import _format_layout, _spec_entries
+from ._core import NamedArray, is_named_array, unchecked
+from ._layout import format_layout, spec_entries
 from .partitioning import ResourceMapping, current_mapping, sharding_for
 
 
@@ -258,7 +258,7 @@ def _placement(x: NamedArray, mapping, mesh) -> tuple[Any, list[tuple[str, ...]]
         mapping = mapping if mapping is not None else (current_mapping() or {})
         sharding = sharding_for(x.axes, mapping, mesh)
     if isinstance(sharding, NamedSharding):
-        entries = _spec_entries(sharding.spec)
+        entries = spec_entries(sharding.spec)
         return sharding.mesh, entries + [()] * (len(x.axes) - len(entries)), None
     return None, None, sharding
 
@@ -278,7 +278,7 @@ def device_grid(
     if isinstance(x, Axis) or (isinstance(x, (tuple, list)) and x and all(isinstance(a, Axis) for a in x)):
         axes = (x,) if isinstance(x, Axis) else tuple(x)
         shaped = jax.ShapeDtypeStruct(tuple(a.size for a in axes), np.float32)
-        return device_grid(NamedArray._unchecked(shaped, axes), mapping, mesh, title=title)
+        return device_grid(unchecked(shaped, axes), mapping, mesh, title=title)
     if not isinstance(x, NamedArray):
         leaves = jax.tree_util.tree_flatten_with_path(x, is_leaf=is_named_array)[0]
         return DeviceGrids(
@@ -293,7 +293,7 @@ def device_grid(
     dtype = str(np.dtype(x.array.dtype)) if hasattr(x.array, "dtype") else "?"
     if other is None:
         mesh_axes, cells = _cells(shape, entries, named_mesh)
-        return DeviceGrid(x.axes, dtype, _format_layout(x.axes, entries), mesh_axes, cells, title)
+        return DeviceGrid(x.axes, dtype, format_layout(x.axes, entries), mesh_axes, cells, title)
     # another kind of sharding (one device, or positional): its own devices in a row
     index_map = other.devices_indices_map(shape)
     devices = sorted(index_map, key=lambda d: d.id)
@@ -302,5 +302,5 @@ def device_grid(
         for i, d in enumerate(devices)
     ]
     whole = [all(c[2][i] == (0, n) for c in raw) for i, n in enumerate(shape)]
-    lay = _format_layout(x.axes, [() if w else ("?",) for w in whole])
+    lay = format_layout(x.axes, [() if w else ("?",) for w in whole])
     return DeviceGrid(x.axes, dtype, lay, (("device", len(devices)),), _number(raw), title)

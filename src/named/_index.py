@@ -24,7 +24,7 @@ import numpy as np
 from jax import lax
 
 from ._axis import Axis, AxisError, broadcast_axes, check_unique, format_axes, index_of, name_of, union
-from ._core import NamedArray, axes_of, expect_named, raw
+from ._core import NamedArray, axes_of, expect_named, raw, unchecked
 from ._transforms import vmap
 
 
@@ -86,7 +86,8 @@ def _parse(x: NamedArray, idx) -> dict[int, Any]:
         )
     else:
         raise AxisError(
-            f"index NamedArrays by name: x['batch', 0:4] or x[{{'batch': 0}}], got {idx!r}; array axes {format_axes(x.axes)}"
+            f"index NamedArrays by name: x['batch', 0:4] or x[{{'batch': 0}}], got {idx!r}; array axes "
+            f"{format_axes(x.axes)}"
         )
     out: dict[int, Any] = {}
     for name, value in items:
@@ -312,11 +313,11 @@ def getitem(x: NamedArray, idx) -> NamedArray:
                 axes[i] = Axis(axes[i].name, v.size)
             else:
                 rest[axes[i].name] = v
-        y = NamedArray._unchecked(arr, tuple(axes))
+        y = unchecked(arr, tuple(axes))
         return getitem(y, rest) if rest else y
     plan = _plan(x, idx)
     out = _transpose(x.array, plan.perm)[plan.positional]
-    return NamedArray._unchecked(_transpose(out, plan.post_perm), plan.out_axes)
+    return unchecked(_transpose(out, plan.post_perm), plan.out_axes)
 
 
 def take(x: NamedArray, axis, index) -> NamedArray:
@@ -350,7 +351,8 @@ class _AtRef:
             extra = [a for a in values.axes if a.name not in {b.name for b in plan.pre_axes}]
             if extra:
                 raise AxisError(
-                    f"update values have axes {format_axes(extra)} that the indexed region {format_axes(plan.out_axes)} lacks"
+                    f"update values have axes {format_axes(extra)} that the indexed region "
+                    f"{format_axes(plan.out_axes)} lacks"
                 )
             union(plan.pre_axes, values.axes)
             v = jnp.broadcast_to(raw(values, plan.pre_axes), tuple(a.size for a in plan.pre_axes))
@@ -359,7 +361,7 @@ class _AtRef:
         xt = _transpose(jnp.asarray(x.array), plan.perm)  # x may wrap a numpy array, which has no .at
         out = getattr(xt.at[plan.positional], method)(v, **kwargs)
         inverse = tuple(int(i) for i in np.argsort(plan.perm))
-        return NamedArray._unchecked(_transpose(out, inverse), x.axes)
+        return unchecked(_transpose(out, inverse), x.axes)
 
     def set(self, values, **kw):
         return self._update("set", values, **kw)
@@ -442,4 +444,4 @@ def updated_slice(x: NamedArray, start: Mapping, update: NamedArray) -> NamedArr
         return out.rearrange(x.names)
     upd = jnp.broadcast_to(raw(update, up_axes), tuple(a.size for a in up_axes)).astype(x.dtype)
     starts = [jnp.asarray(_int(offsets.get(a.name, 0)), dtype=jnp.int32) for a in x.axes]
-    return NamedArray._unchecked(lax.dynamic_update_slice(x.array, upd, starts), x.axes)
+    return unchecked(lax.dynamic_update_slice(x.array, upd, starts), x.axes)

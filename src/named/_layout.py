@@ -11,14 +11,14 @@ from typing import Any
 from ._axis import Axis, AxisError
 
 
-def _spec_entries(spec) -> list[tuple[str, ...]]:
+def spec_entries(spec) -> list[tuple[str, ...]]:
     out = []
     for s in spec:
         out.append(() if s is None else ((s,) if isinstance(s, str) else tuple(s)))
     return out
 
 
-def _format_layout(axes, entries: list[tuple[str, ...]]) -> str:
+def format_layout(axes, entries: list[tuple[str, ...]]) -> str:
     parts = []
     for a, e in zip(axes, entries):
         name = a.name if isinstance(a, Axis) else a
@@ -29,8 +29,8 @@ def _format_layout(axes, entries: list[tuple[str, ...]]) -> str:
 def sharding_layout(axes, sharding) -> str:
     """The layout notation of ``axes`` placed by ``sharding`` (one without a spec: replicated)."""
     spec = getattr(sharding, "spec", None)
-    entries = _spec_entries(spec) if spec is not None else []
-    return _format_layout(axes, entries + [()] * (len(axes) - len(entries)))
+    entries = spec_entries(spec) if spec is not None else []
+    return format_layout(axes, entries + [()] * (len(axes) - len(entries)))
 
 
 _NAME = r"[A-Za-z_][\w.\-]*"

@@ -19,9 +19,9 @@ import jax.numpy as jnp
 from . import _compat
 from ._axis import ArgumentTypeError, Axis, AxisError, NamedError, format_axes
 from ._context import FrozenMapping, block_parts, current_order, order_context
-from ._core import NamedArray, expect_named
+from ._core import NamedArray, expect_named, unchecked
 from ._layout import parse_layout
-from .partitioning import ResourceMapping, _check_mapping_values, _mesh_axes
+from .partitioning import ResourceMapping, check_mapping_values, mesh_axes_of
 
 # ---- local blocks ----------------------------------------------------------------------------
 
@@ -41,11 +41,11 @@ class ShardedAxis(Axis):
         return f"ShardedAxis({self.name!r}, {self.size}, over={self.mesh_axes!r})"
 
 
-def _split_over(a: Axis) -> tuple[str, ...]:
+def split_over(a: Axis) -> tuple[str, ...]:
     return a.mesh_axes if isinstance(a, ShardedAxis) else ()
 
 
-def _with_split(a: Axis, size: int, mesh_axes: tuple[str, ...]) -> Axis:
+def with_split(a: Axis, size: int, mesh_axes: tuple[str, ...]) -> Axis:
     return ShardedAxis(a.name, size, tuple(mesh_axes)) if mesh_axes else Axis(a.name, size)
 
 
@@ -59,11 +59,9 @@ def split_block(x: NamedArray, name: str, parts: int) -> list[NamedArray]:
     if a.size % parts:
         raise AxisError(f"cannot split this device's block of axis {name!r} (size {a.size}) into {parts} equal parts")
     n = a.size // parts
-    piece = _with_split(a, n, _split_over(a))
+    piece = with_split(a, n, split_over(a))
     return [
-        NamedArray._unchecked(
-            jax.lax.slice_in_dim(x.array, k * n, (k + 1) * n, axis=i), x.axes[:i] + (piece,) + x.axes[i + 1 :]
-        )
+        unchecked(jax.lax.slice_in_dim(x.array, k * n, (k + 1) * n, axis=i), x.axes[:i] + (piece,) + x.axes[i + 1 :])
         for k in range(parts)
     ]
 
@@ -72,8 +70,8 @@ def join_blocks(pieces: Sequence[NamedArray], name: str) -> NamedArray:
     """The inverse of :func:`split_block`: the pieces concatenated along ``name``."""
     i = pieces[0].names.index(name)
     a = pieces[0].axes[i]
-    whole = _with_split(a, sum(p.axes[i].size for p in pieces), _split_over(a))
-    return NamedArray._unchecked(
+    whole = with_split(a, sum(p.axes[i].size for p in pieces), split_over(a))
+    return unchecked(
         jnp.concatenate([p.array for p in pieces], axis=i), pieces[0].axes[:i] + (whole,) + pieces[0].axes[i + 1 :]
     )
 
@@ -197,7 +195,7 @@ def block_layout(x: NamedArray | Unreduced) -> str:
     expect_named(x, "nm.explicit.block_layout")
     parts = []
     for a in x.axes:
-        over = _split_over(a)
+        over = split_over(a)
         parts.append(f"{a.name}/{'+'.join(over)}" if over else a.name)
     return " ".join(parts)
 
@@ -217,14 +215,14 @@ def with_layout(x: NamedArray, layout: str | ResourceMapping) -> NamedArray:
         if unknown:
             raise AxisError(f"with_layout: {unknown} in {layout!r} are not axes of the block {format_axes(x.axes)}")
     else:
-        _check_mapping_values(layout)
+        check_mapping_values(layout)
         mapping = dict(layout)
         unknown = [n for n in mapping if n not in x.names]
         if unknown:
             raise AxisError(f"with_layout: {unknown} are not axes of the block {format_axes(x.axes)}")
         names = tuple(mapping)
-    axes = tuple(_with_split(a, a.size, _mesh_axes(mapping.get(a.name))) if a.name in names else a for a in x.axes)
-    return NamedArray._unchecked(x.array, axes)
+    axes = tuple(with_split(a, a.size, mesh_axes_of(mapping.get(a.name))) if a.name in names else a for a in x.axes)
+    return unchecked(x.array, axes)
 
 
 # ---- the body: explicit mode's hooks into the array core ------------------------------------------
@@ -259,7 +257,7 @@ class LocalBody:
     def draw(self, draw, axes: tuple[Axis, ...]):
         """``nm.random.block_draw`` on local blocks: ``draw`` of the whole array, of which this
         device's block (and under the batch split, the part being traced) is kept."""
-        split = [_split_over(a) for a in axes]
+        split = [split_over(a) for a in axes]
         parts = block_parts()
         if not any(split) and not any(a.name in parts for a in axes):
             return draw(tuple(a.size for a in axes))
@@ -279,7 +277,7 @@ def _owed(arrays: tuple[NamedArray, ...], out_axes: tuple[Axis, ...]) -> tuple[s
     for x in arrays:
         for a in x.axes:
             if a.name not in kept:
-                owed += [m for m in _split_over(a) if m not in owed]
+                owed += [m for m in split_over(a) if m not in owed]
     return tuple(owed)
 
 
@@ -313,20 +311,13 @@ class Unreduced:
     def __setattr__(self, name, value):
         raise AttributeError("Unreduced is immutable")  # protocol: setattr
 
-    def _refuse(self, what: str) -> UnreducedError:
-        return UnreducedError(
-            f"{what}: the value is an unreduced partial sum, layout {block_layout(self)!r}: each device holds "
-            f"only its share of a sum over mesh axes {self.over}. Reduce it first: nm.psum(u) (every device gets "
-            f"the total) or nm.psum_scatter(u, axis) (each device gets its slice of axis)."
-        )
-
     def __getattr__(self, name):
         if name.startswith("_"):  # protocol probes (_repr_html_, __array__, ...) just find nothing
             raise AttributeError(name)  # protocol: getattr
-        raise self._refuse(f"an op read .{name}")
+        raise unreduced_error(self, f"an op read .{name}")
 
     def __jax_array__(self):
-        raise self._refuse("converting to a jax array")
+        raise unreduced_error(self, "converting to a jax array")
 
     def __repr__(self) -> str:
         return f"Unreduced({block_layout(self)}, {getattr(self.value.array, 'dtype', '?')})"
@@ -339,7 +330,7 @@ class Unreduced:
                 f"adding partial sums owed over different mesh axes ({self.over} and {other.over}); "
                 "psum one of them first"
             )
-        raise self._refuse("+ with a value that is not a partial sum (it would be counted once per device)")
+        raise unreduced_error(self, "+ with a value that is not a partial sum (it would be counted once per device)")
 
     __radd__ = __add__
 
@@ -352,27 +343,36 @@ class Unreduced:
     def __mul__(self, other):
         if isinstance(other, (int, float)):
             return Unreduced(self.value * other, self.over)
-        raise self._refuse("* by something other than a number")
+        raise unreduced_error(self, "* by something other than a number")
 
     __rmul__ = __mul__
 
     def __truediv__(self, other):
         if isinstance(other, (int, float)):
             return Unreduced(self.value / other, self.over)
-        raise self._refuse("/ by something other than a number")
+        raise unreduced_error(self, "/ by something other than a number")
 
     def _no_op(self, *_, **__):
-        raise self._refuse("an op")
+        raise unreduced_error(self, "an op")
 
     __matmul__ = __rmatmul__ = __rsub__ = __rtruediv__ = __pow__ = __rpow__ = _no_op
     __lt__ = __le__ = __gt__ = __ge__ = __abs__ = __getitem__ = __iter__ = __len__ = _no_op
     __hash__ = None  # type: ignore[assignment]
 
     def __eq__(self, other):  # type: ignore[override]
-        raise self._refuse("==")
+        raise unreduced_error(self, "==")
 
     def __bool__(self):
-        raise self._refuse("bool()")
+        raise unreduced_error(self, "bool()")
+
+
+def unreduced_error(u: Unreduced, what: str) -> UnreducedError:
+    """The error for ``what`` done to the partial sum ``u`` before it is reduced."""
+    return UnreducedError(
+        f"{what}: the value is an unreduced partial sum, layout {block_layout(u)!r}: each device holds "
+        f"only its share of a sum over mesh axes {u.over}. Reduce it first: nm.psum(u) (every device gets "
+        f"the total) or nm.psum_scatter(u, axis) (each device gets its slice of axis)."
+    )
 
 
 def _unreduced_flatten(u: Unreduced):
@@ -391,5 +391,5 @@ jax.tree_util.register_pytree_with_keys(
 )
 
 
-def _is_leaf(x) -> bool:
+def is_local_leaf(x) -> bool:
     return isinstance(x, (NamedArray, Unreduced))

@@ -30,7 +30,7 @@ from ._axis import (
     indices_of,
     name_of,
 )
-from ._core import NamedArray, axes_of, expect_named
+from ._core import NamedArray, axes_of, expect_named, unchecked
 from ._shape import flatten_axes, unbind
 from ._transforms import nmap
 
@@ -174,8 +174,8 @@ def _fft(name: str, fn1: Callable, fnn: Callable | None, rule: str) -> Callable:
             else:
                 if fnn is None or n is not None or new_axis is not None:
                     raise ArgumentError(
-                        f"nm.{name} over several axes {[x.axes[i].name for i in dims]} takes neither n= "
-                        "nor new_axis=" + ("" if fnn is not None else f" (and jnp has no n-dimensional {name})")
+                        f"nm.{name} over several axes {[x.axes[i].name for i in dims]} takes neither "
+                        "n= nor new_axis=" + ("" if fnn is not None else f" (and jnp has no n-dimensional {name})")
                     )
                 out = fnn(x.array, axes=dims, norm=norm)
         except (TypeError, ValueError) as e:  # a complex array into a real transform
@@ -183,7 +183,7 @@ def _fft(name: str, fn1: Callable, fnn: Callable | None, rule: str) -> Callable:
         new = name_of(new_axis) if new_axis is not None else x.axes[last].name
         axes[last] = Axis(new, size)
         check_unique(axes, f"nm.{name}'s result")
-        return NamedArray._unchecked(out, tuple(axes))
+        return unchecked(out, tuple(axes))
 
     return op
 
@@ -191,31 +191,31 @@ def _fft(name: str, fn1: Callable, fnn: Callable | None, rule: str) -> Callable:
 def _make(name: str, row: tuple) -> Callable:
     kind, fn = row[0], row[1]
     if kind == "elementwise":
-        return _ops._wrap(fn, name)
+        return _ops.elementwise_op(fn, name)
     if kind in ("reduce", "reduce_max", "reduce_min"):
 
         def op(x, axis: AxisSelection | None = None, *, where=None, **kwargs):
             if where is not None and kind != "reduce":
-                kwargs.setdefault("initial", _ops._lowest(x.dtype, highest=kind == "reduce_min"))
-            return _ops._reduce(fn, x, axis, where=where, name=name, **kwargs)
+                kwargs.setdefault("initial", _ops.lowest_value(x.dtype, highest=kind == "reduce_min"))
+            return _ops.reduce_op(fn, x, axis, where=where, name=name, **kwargs)
 
         how = "over names (None: all axes), with where="
     elif kind == "reduce_plain":
 
         def op(x, axis: AxisSelection | None = None, **kwargs):
-            return _ops._reduce(fn, x, axis, name=name, **kwargs)
+            return _ops.reduce_op(fn, x, axis, name=name, **kwargs)
 
         how = "over names (None: all axes)"
     elif kind == "arg":
 
         def op(x, axis: AxisSelector | None = None):
-            return _ops._arg_reduce(fn, x, axis, name)
+            return _ops.arg_reduce_op(fn, x, axis, name)
 
         how = "along one name, or None for a flat index over all axes"
     elif kind == "along":
 
         def op(x, axis: AxisSelector, **kwargs):
-            return _ops._along(fn, x, axis, **kwargs)
+            return _ops.along_op(fn, x, axis, **kwargs)
 
         how = "along one name, the shape kept"
     elif kind == "fft":
@@ -225,7 +225,7 @@ def _make(name: str, row: tuple) -> Callable:
         def op(x, axis: AxisSelection | None = None):
             expect_named(x, f"nm.{name}")
             dims = tuple(range(x.ndim)) if axis is None else indices_of(x.axes, axis, f"nm.{name}")
-            return NamedArray._unchecked(fn(x.array, axes=dims), x.axes)
+            return unchecked(fn(x.array, axes=dims), x.axes)
 
         how = "over names (None: all axes), the shape kept"
     op.__name__ = op.__qualname__ = name
@@ -252,7 +252,7 @@ def ravel(x: NamedArray, new_axis: AxisSelector) -> NamedArray:
     """All axes merged into ``new_axis``, row-major in the array's axis order (``flatten_axes`` of all)."""
     expect_named(x, "nm.ravel")
     if not x.axes:
-        return NamedArray._unchecked(x.array.reshape(1), (Axis(name_of(new_axis), 1),))
+        return unchecked(x.array.reshape(1), (Axis(name_of(new_axis), 1),))
     return flatten_axes(x, x.names, new_axis)
 
 
@@ -299,15 +299,15 @@ def unique(
         out = jnp.unique(x.array, axis=i, **kw)
         value_axes, inverse_axes = x.axes[:i] + (size,) + x.axes[i + 1 :], (x.axes[i],)
     if not (return_index or return_inverse or return_counts):
-        return NamedArray._unchecked(out, value_axes)
+        return unchecked(out, value_axes)
     out = list(out)
-    result = [NamedArray._unchecked(out.pop(0), value_axes)]
+    result = [unchecked(out.pop(0), value_axes)]
     if return_index:
-        result.append(NamedArray._unchecked(out.pop(0), (size,)))
+        result.append(unchecked(out.pop(0), (size,)))
     if return_inverse:
-        result.append(NamedArray._unchecked(out.pop(0).reshape(tuple(a.size for a in inverse_axes)), inverse_axes))
+        result.append(unchecked(out.pop(0).reshape(tuple(a.size for a in inverse_axes)), inverse_axes))
     if return_counts:
-        result.append(NamedArray._unchecked(out.pop(0), (size,)))
+        result.append(unchecked(out.pop(0), (size,)))
     return tuple(result)
 
 
@@ -340,7 +340,7 @@ def nonzero(x: NamedArray, size: Axis, *, fill_value=None) -> dict[str, NamedArr
     if size.name in x.names:
         raise AxisError(f"nm.nonzero: the result axis {size.name!r} is already an axis of {format_axes(x.axes)}")
     idx = jnp.nonzero(x.array, size=size.size, fill_value=fill_value)
-    return {a.name: NamedArray._unchecked(i, (size,)) for a, i in zip(x.axes, idx)}
+    return {a.name: unchecked(i, (size,)) for a, i in zip(x.axes, idx)}
 
 
 def searchsorted(
@@ -465,7 +465,7 @@ def repeat(x: NamedArray, repeats, axis: AxisSelector, total_repeat_length: int 
     if total_repeat_length is not None:
         n = total_repeat_length
     out = jnp.repeat(x.array, repeats, axis=i, total_repeat_length=n)
-    return NamedArray._unchecked(out, x.axes[:i] + (a.resize(n),) + x.axes[i + 1 :])
+    return unchecked(out, x.axes[:i] + (a.resize(n),) + x.axes[i + 1 :])
 
 
 def _concrete(value):
@@ -489,7 +489,7 @@ def tile(x: NamedArray, reps: Mapping[AxisSelector, int]) -> NamedArray:
         else:
             new.append(Axis(name_of(a), r))
     axes = tuple(new) + tuple(a.resize(a.size * r) for a, r in zip(x.axes, counts))
-    return NamedArray._unchecked(jnp.tile(x.array, [a.size for a in new] + counts), axes)
+    return unchecked(jnp.tile(x.array, [a.size for a in new] + counts), axes)
 
 
 def packbits(x: NamedArray, axis: AxisSelector, *, bitorder: str = "big") -> NamedArray:
@@ -502,7 +502,7 @@ def packbits(x: NamedArray, axis: AxisSelector, *, bitorder: str = "big") -> Nam
         )
     i = index_of(x.axes, axis)
     a = x.axes[i]
-    return NamedArray._unchecked(
+    return unchecked(
         jnp.packbits(x.array, axis=i, bitorder=bitorder), x.axes[:i] + (a.resize((a.size + 7) // 8),) + x.axes[i + 1 :]
     )
 
@@ -516,7 +516,7 @@ def unpackbits(x: NamedArray, axis: AxisSelector, *, count: int | None = None, b
     i = index_of(x.axes, axis)
     a = x.axes[i]
     n = a.size * 8 if count is None else count if count >= 0 else max(a.size * 8 + count, 0)
-    return NamedArray._unchecked(
+    return unchecked(
         jnp.unpackbits(x.array, axis=i, count=count, bitorder=bitorder), x.axes[:i] + (a.resize(n),) + x.axes[i + 1 :]
     )
 
@@ -528,7 +528,7 @@ def trace(x: NamedArray, axis1: AxisSelector, axis2: AxisSelector, *, offset: in
     if i == j:
         raise AxisError(f"nm.trace needs two different axes, got {x.axes[i].name!r} twice")
     rest = tuple(a for k, a in enumerate(x.axes) if k not in (i, j))
-    return NamedArray._unchecked(jnp.trace(x.array, offset=offset, axis1=i, axis2=j, dtype=dtype), rest)
+    return unchecked(jnp.trace(x.array, offset=offset, axis1=i, axis2=j, dtype=dtype), rest)
 
 
 def polyval(coeffs, x, axis: AxisSelector | None = None) -> NamedArray:
@@ -546,11 +546,7 @@ def polyval(coeffs, x, axis: AxisSelector | None = None) -> NamedArray:
     else:
         terms = list(coeffs)
     # Horner from zeros, as np.polyval does (so that inf and nan inputs give what numpy gives)
-    acc = (
-        NamedArray._unchecked(jnp.zeros_like(x.array), x.axes)
-        if isinstance(x, NamedArray)
-        else NamedArray(jnp.zeros_like(x), ())
-    )
+    acc = unchecked(jnp.zeros_like(x.array), x.axes) if isinstance(x, NamedArray) else NamedArray(jnp.zeros_like(x), ())
     for c in terms:
         acc = acc * x + c
     return acc
@@ -604,7 +600,7 @@ def fftfreq(axis: Axis, d: float = 1.0, *, rfft: bool = False, new_axis: AxisSel
     if axis.size == 0:  # as nm.fft refuses a transform of no points (numpy divides by zero)
         raise AxisError(f"nm.fftfreq of the zero-size axis {axis.name!r}: a Fourier transform needs at least one point")
     out = (jnp.fft.rfftfreq if rfft else jnp.fft.fftfreq)(axis.size, d)
-    return NamedArray._unchecked(out, (Axis(name_of(new_axis) if new_axis is not None else axis.name, out.shape[0]),))
+    return unchecked(out, (Axis(name_of(new_axis) if new_axis is not None else axis.name, out.shape[0]),))
 
 
 __all__ = [

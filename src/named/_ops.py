@@ -30,7 +30,7 @@ from ._axis import (
     name_of,
     union,
 )
-from ._core import NamedArray, axes_of, expect_named, raw
+from ._core import NamedArray, axes_of, expect_named, raw, unchecked
 
 
 def _elementwise(fn: Callable, *args, name: str | None = None, **kwargs):
@@ -46,10 +46,10 @@ def _elementwise(fn: Callable, *args, name: str | None = None, **kwargs):
         ) from e
     if not named:
         return NamedArray(out, ())  # scalars in, 0-d NamedArray out
-    return NamedArray._unchecked(out, axes)
+    return unchecked(out, axes)
 
 
-def _wrap(fn: Callable, name: str | None = None) -> Callable:
+def elementwise_op(fn: Callable, name: str | None = None) -> Callable:
     @functools.wraps(fn)
     def op(*args, **kwargs):
         return _elementwise(fn, *args, name=op.__name__, **kwargs)
@@ -61,56 +61,56 @@ def _wrap(fn: Callable, name: str | None = None) -> Callable:
 
 
 # Unary
-abs = _wrap(jnp.abs, "abs")
-negative = _wrap(jnp.negative)
-sign = _wrap(jnp.sign)
-exp = _wrap(jnp.exp)
-exp2 = _wrap(jnp.exp2)
-expm1 = _wrap(jnp.expm1)
-log = _wrap(jnp.log)
-log2 = _wrap(jnp.log2)
-log10 = _wrap(jnp.log10)
-log1p = _wrap(jnp.log1p)
-sqrt = _wrap(jnp.sqrt)
-rsqrt = _wrap(lax.rsqrt, "rsqrt")
-cbrt = _wrap(jnp.cbrt)
-square = _wrap(jnp.square)
-reciprocal = _wrap(jnp.reciprocal)
-sin = _wrap(jnp.sin)
-cos = _wrap(jnp.cos)
-tan = _wrap(jnp.tan)
-arcsin = _wrap(jnp.arcsin)
-arccos = _wrap(jnp.arccos)
-arctan = _wrap(jnp.arctan)
-sinh = _wrap(jnp.sinh)
-cosh = _wrap(jnp.cosh)
-tanh = _wrap(jnp.tanh)
-arcsinh = _wrap(jnp.arcsinh)
-arccosh = _wrap(jnp.arccosh)
-arctanh = _wrap(jnp.arctanh)
-floor = _wrap(jnp.floor)
-ceil = _wrap(jnp.ceil)
-round = _wrap(jnp.round, "round")
-trunc = _wrap(jnp.trunc)
-isnan = _wrap(jnp.isnan)
-isinf = _wrap(jnp.isinf)
-isfinite = _wrap(jnp.isfinite)
-logical_not = _wrap(jnp.logical_not)
-invert = _wrap(jnp.invert)
-conj = _wrap(jnp.conj)
-real = _wrap(jnp.real)
-imag = _wrap(jnp.imag)
-erf = _wrap(jax.scipy.special.erf, "erf")
-erfc = _wrap(jax.scipy.special.erfc, "erfc")
-sigmoid = _wrap(jax.nn.sigmoid, "sigmoid")
-log_sigmoid = _wrap(jax.nn.log_sigmoid, "log_sigmoid")
-softplus = _wrap(jax.nn.softplus, "softplus")
-relu = _wrap(jax.nn.relu, "relu")
-relu6 = _wrap(jax.nn.relu6, "relu6")
-silu = _wrap(jax.nn.silu, "silu")
+abs = elementwise_op(jnp.abs, "abs")
+negative = elementwise_op(jnp.negative)
+sign = elementwise_op(jnp.sign)
+exp = elementwise_op(jnp.exp)
+exp2 = elementwise_op(jnp.exp2)
+expm1 = elementwise_op(jnp.expm1)
+log = elementwise_op(jnp.log)
+log2 = elementwise_op(jnp.log2)
+log10 = elementwise_op(jnp.log10)
+log1p = elementwise_op(jnp.log1p)
+sqrt = elementwise_op(jnp.sqrt)
+rsqrt = elementwise_op(lax.rsqrt, "rsqrt")
+cbrt = elementwise_op(jnp.cbrt)
+square = elementwise_op(jnp.square)
+reciprocal = elementwise_op(jnp.reciprocal)
+sin = elementwise_op(jnp.sin)
+cos = elementwise_op(jnp.cos)
+tan = elementwise_op(jnp.tan)
+arcsin = elementwise_op(jnp.arcsin)
+arccos = elementwise_op(jnp.arccos)
+arctan = elementwise_op(jnp.arctan)
+sinh = elementwise_op(jnp.sinh)
+cosh = elementwise_op(jnp.cosh)
+tanh = elementwise_op(jnp.tanh)
+arcsinh = elementwise_op(jnp.arcsinh)
+arccosh = elementwise_op(jnp.arccosh)
+arctanh = elementwise_op(jnp.arctanh)
+floor = elementwise_op(jnp.floor)
+ceil = elementwise_op(jnp.ceil)
+round = elementwise_op(jnp.round, "round")
+trunc = elementwise_op(jnp.trunc)
+isnan = elementwise_op(jnp.isnan)
+isinf = elementwise_op(jnp.isinf)
+isfinite = elementwise_op(jnp.isfinite)
+logical_not = elementwise_op(jnp.logical_not)
+invert = elementwise_op(jnp.invert)
+conj = elementwise_op(jnp.conj)
+real = elementwise_op(jnp.real)
+imag = elementwise_op(jnp.imag)
+erf = elementwise_op(jax.scipy.special.erf, "erf")
+erfc = elementwise_op(jax.scipy.special.erfc, "erfc")
+sigmoid = elementwise_op(jax.nn.sigmoid, "sigmoid")
+log_sigmoid = elementwise_op(jax.nn.log_sigmoid, "log_sigmoid")
+softplus = elementwise_op(jax.nn.softplus, "softplus")
+relu = elementwise_op(jax.nn.relu, "relu")
+relu6 = elementwise_op(jax.nn.relu6, "relu6")
+silu = elementwise_op(jax.nn.silu, "silu")
 swish = silu
-elu = _wrap(jax.nn.elu, "elu")
-leaky_relu = _wrap(jax.nn.leaky_relu, "leaky_relu")
+elu = elementwise_op(jax.nn.elu, "elu")
+leaky_relu = elementwise_op(jax.nn.leaky_relu, "leaky_relu")
 
 
 def gelu(x, approximate: bool = False):
@@ -119,33 +119,33 @@ def gelu(x, approximate: bool = False):
 
 
 # Binary and ternary
-add = _wrap(jnp.add)
-subtract = _wrap(jnp.subtract)
-multiply = _wrap(jnp.multiply)
-divide = _wrap(jnp.divide)
+add = elementwise_op(jnp.add)
+subtract = elementwise_op(jnp.subtract)
+multiply = elementwise_op(jnp.multiply)
+divide = elementwise_op(jnp.divide)
 true_divide = divide
-floor_divide = _wrap(jnp.floor_divide)
-mod = _wrap(jnp.mod)
+floor_divide = elementwise_op(jnp.floor_divide)
+mod = elementwise_op(jnp.mod)
 remainder = mod
-power = _wrap(jnp.power)
-maximum = _wrap(jnp.maximum)
-minimum = _wrap(jnp.minimum)
-arctan2 = _wrap(jnp.arctan2)
-hypot = _wrap(jnp.hypot)
-logaddexp = _wrap(jnp.logaddexp)
-equal = _wrap(jnp.equal)
-not_equal = _wrap(jnp.not_equal)
-less = _wrap(jnp.less)
-less_equal = _wrap(jnp.less_equal)
-greater = _wrap(jnp.greater)
-greater_equal = _wrap(jnp.greater_equal)
-logical_and = _wrap(jnp.logical_and)
-logical_or = _wrap(jnp.logical_or)
-logical_xor = _wrap(jnp.logical_xor)
-bitwise_and = _wrap(jnp.bitwise_and)
-bitwise_or = _wrap(jnp.bitwise_or)
-bitwise_xor = _wrap(jnp.bitwise_xor)
-isclose = _wrap(jnp.isclose)
+power = elementwise_op(jnp.power)
+maximum = elementwise_op(jnp.maximum)
+minimum = elementwise_op(jnp.minimum)
+arctan2 = elementwise_op(jnp.arctan2)
+hypot = elementwise_op(jnp.hypot)
+logaddexp = elementwise_op(jnp.logaddexp)
+equal = elementwise_op(jnp.equal)
+not_equal = elementwise_op(jnp.not_equal)
+less = elementwise_op(jnp.less)
+less_equal = elementwise_op(jnp.less_equal)
+greater = elementwise_op(jnp.greater)
+greater_equal = elementwise_op(jnp.greater_equal)
+logical_and = elementwise_op(jnp.logical_and)
+logical_or = elementwise_op(jnp.logical_or)
+logical_xor = elementwise_op(jnp.logical_xor)
+bitwise_and = elementwise_op(jnp.bitwise_and)
+bitwise_or = elementwise_op(jnp.bitwise_or)
+bitwise_xor = elementwise_op(jnp.bitwise_xor)
+isclose = elementwise_op(jnp.isclose)
 
 
 def floating(dtype):
@@ -236,13 +236,13 @@ def reduce_over(fn: Callable, array, axes: tuple[Axis, ...], dims, what: str, **
         if empty:
             raise AxisError(
                 f"{what} over the zero-size axis {empty[0]!r} of {format_axes(axes)}: there is no entry to "
-                "give (numpy refuses too); give where= with the value for an empty axis, or check the "
-                "size first"
+                "give (numpy refuses too); give where= with the "
+                "value for an empty axis, or check the size first"
             ) from e
         raise ArgumentTypeError(f"{what} does not take an array of dtype {array.dtype}: {e}") from e
 
 
-def _reduce(fn: Callable, x: NamedArray, axis, *, where=None, name: str | None = None, **kwargs) -> NamedArray:
+def reduce_op(fn: Callable, x: NamedArray, axis, *, where=None, name: str | None = None, **kwargs) -> NamedArray:
     what = f"nm.{name or getattr(fn, '__name__', 'reduce')}"
     if not isinstance(x, NamedArray):
         if where is not None:
@@ -254,26 +254,26 @@ def _reduce(fn: Callable, x: NamedArray, axis, *, where=None, name: str | None =
         kwargs["where"] = _where_mask(x, where)
     out = reduce_over(fn, x.array, x.axes, dims, what, **kwargs)
     keep = tuple(a for i, a in enumerate(x.axes) if i not in dims)
-    return NamedArray._unchecked(out, keep)
+    return unchecked(out, keep)
 
 
 def sum(x, axis=None, *, where=None, dtype=None):
     """Sum over ``axis`` (a name, several names, or None for all); returns a NamedArray."""
-    return _reduce(jnp.sum, x, axis, where=where, dtype=dtype)
+    return reduce_op(jnp.sum, x, axis, where=where, dtype=dtype)
 
 
 def mean(x, axis=None, *, where=None, dtype=None):
-    return _reduce(jnp.mean, x, axis, where=where, dtype=dtype)
+    return reduce_op(jnp.mean, x, axis, where=where, dtype=dtype)
 
 
 _mean = mean  # for standardize, whose mean= argument hides the function
 
 
 def prod(x, axis=None, *, where=None, dtype=None):
-    return _reduce(jnp.prod, x, axis, where=where, dtype=dtype)
+    return reduce_op(jnp.prod, x, axis, where=where, dtype=dtype)
 
 
-def _lowest(dtype, highest: bool = False):
+def lowest_value(dtype, highest: bool = False):
     # The identity of max (min) in ``dtype``: what a fully masked-out max (min) returns.
     if jnp.issubdtype(dtype, jnp.bool_):
         return highest
@@ -284,42 +284,42 @@ def _lowest(dtype, highest: bool = False):
 
 
 def max(x, axis=None, *, where=None):
-    kw = {} if where is None else {"initial": _lowest(x.dtype)}
-    return _reduce(jnp.max, x, axis, where=where, **kw)
+    kw = {} if where is None else {"initial": lowest_value(x.dtype)}
+    return reduce_op(jnp.max, x, axis, where=where, **kw)
 
 
 def min(x, axis=None, *, where=None):
-    kw = {} if where is None else {"initial": _lowest(x.dtype, highest=True)}
-    return _reduce(jnp.min, x, axis, where=where, **kw)
+    kw = {} if where is None else {"initial": lowest_value(x.dtype, highest=True)}
+    return reduce_op(jnp.min, x, axis, where=where, **kw)
 
 
 def std(x, axis=None, *, where=None, ddof=0):
-    return _reduce(jnp.std, x, axis, where=where, ddof=ddof)
+    return reduce_op(jnp.std, x, axis, where=where, ddof=ddof)
 
 
 def var(x, axis=None, *, where=None, ddof=0):
-    return _reduce(jnp.var, x, axis, where=where, ddof=ddof)
+    return reduce_op(jnp.var, x, axis, where=where, ddof=ddof)
 
 
 def any(x, axis=None, *, where=None):
-    return _reduce(jnp.any, x, axis, where=where)
+    return reduce_op(jnp.any, x, axis, where=where)
 
 
 def all(x, axis=None, *, where=None):
-    return _reduce(jnp.all, x, axis, where=where)
+    return reduce_op(jnp.all, x, axis, where=where)
 
 
 def logsumexp(x, axis=None, *, where=None):
-    return _reduce(jax.nn.logsumexp, x, axis, where=where)
+    return reduce_op(jax.nn.logsumexp, x, axis, where=where)
 
 
-def _arg_reduce(fn, x: NamedArray, axis, name: str | None = None) -> NamedArray:
+def arg_reduce_op(fn, x: NamedArray, axis, name: str | None = None) -> NamedArray:
     what = f"nm.{name or fn.__name__}"
     if not isinstance(x, NamedArray):
         array, axes = _positional(x, axis, what)
         return NamedArray(reduce_over(fn, array, axes, None, what), ())
     if axis is None:  # numpy's flat index: row-major over the array's own axis order
-        return NamedArray._unchecked(reduce_over(fn, x.array, x.axes, None, what), ())
+        return unchecked(reduce_over(fn, x.array, x.axes, None, what), ())
     if len(as_selectors(axis)) != 1:
         raise AxisError(
             f"{what} needs exactly one axis name, or None for a flat index; the array has axes "
@@ -327,44 +327,45 @@ def _arg_reduce(fn, x: NamedArray, axis, name: str | None = None) -> NamedArray:
         )
     (sel,) = as_selectors(axis)
     i = index_of(x.axes, sel)
-    return NamedArray._unchecked(reduce_over(fn, x.array, x.axes, i, what), x.axes[:i] + x.axes[i + 1 :])
+    return unchecked(reduce_over(fn, x.array, x.axes, i, what), x.axes[:i] + x.axes[i + 1 :])
 
 
 def argmax(x, axis=None) -> NamedArray:
     """The index of the largest entry along one axis; ``None``: the flat index over all axes
     (row-major in the array's axis order, an index into ``nm.ravel(x, ...)``)."""
-    return _arg_reduce(jnp.argmax, x, axis)
+    return arg_reduce_op(jnp.argmax, x, axis)
 
 
 def argmin(x, axis=None) -> NamedArray:
-    return _arg_reduce(jnp.argmin, x, axis)
+    return arg_reduce_op(jnp.argmin, x, axis)
 
 
 # ---- along-one-axis ops that keep the shape ---------------------------------------
 
 
-def _along(fn: Callable, x: NamedArray, axis, **kwargs) -> NamedArray:
+def along_op(fn: Callable, x: NamedArray, axis, **kwargs) -> NamedArray:
     expect_named(x, f"nm.{getattr(fn, '__name__', 'op')}")
     sels = as_selectors(axis)
     if len(sels) != 1:
         raise AxisError(
-            f"{getattr(fn, '__name__', 'op')} needs exactly one axis name, got {axis!r}; the array has axes {format_axes(x.axes)}"
+            f"{getattr(fn, '__name__', 'op')} needs exactly one axis name, got {axis!r}; the array has axes "
+            f"{format_axes(x.axes)}"
         )
     i = index_of(x.axes, sels[0])
-    return NamedArray._unchecked(fn(x.array, axis=i, **kwargs), x.axes)
+    return unchecked(fn(x.array, axis=i, **kwargs), x.axes)
 
 
 def softmax(x, axis, *, where=None) -> NamedArray:
     """Softmax along ``axis``."""
     if where is None:
-        return _along(jax.nn.softmax, x, axis)
-    return _along(jax.nn.softmax, x, axis, where=_where_mask(x, where))
+        return along_op(jax.nn.softmax, x, axis)
+    return along_op(jax.nn.softmax, x, axis, where=_where_mask(x, where))
 
 
 def log_softmax(x, axis, *, where=None) -> NamedArray:
     if where is None:
-        return _along(jax.nn.log_softmax, x, axis)
-    return _along(jax.nn.log_softmax, x, axis, where=_where_mask(x, where))
+        return along_op(jax.nn.log_softmax, x, axis)
+    return along_op(jax.nn.log_softmax, x, axis, where=_where_mask(x, where))
 
 
 def standardize(x, axis, *, mean=None, variance=None, epsilon: float = 1e-5, where=None) -> NamedArray:
@@ -378,20 +379,20 @@ def standardize(x, axis, *, mean=None, variance=None, epsilon: float = 1e-5, whe
 
 
 def cumsum(x, axis, *, reverse: bool = False) -> NamedArray:
-    return _along(lax.cumsum, x, axis, reverse=reverse)
+    return along_op(lax.cumsum, x, axis, reverse=reverse)
 
 
 def cumprod(x, axis, *, reverse: bool = False) -> NamedArray:
-    return _along(lax.cumprod, x, axis, reverse=reverse)
+    return along_op(lax.cumprod, x, axis, reverse=reverse)
 
 
 def _sorting(fn, x: NamedArray, axis, new_axis, **kwargs) -> NamedArray:
     if axis is not None:
-        return _along(fn, x, axis, **kwargs)
+        return along_op(fn, x, axis, **kwargs)
     if new_axis is None:
         raise AxisError(f"{fn.__name__}(axis=None) flattens {format_axes(x.axes)}: name the flat axis with new_axis=")
     new = (Axis(name_of(new_axis), x.size),)
-    return NamedArray._unchecked(fn(x.array, axis=None, **kwargs), new)
+    return unchecked(fn(x.array, axis=None, **kwargs), new)
 
 
 def sort(x, axis, *, descending: bool = False, new_axis=None) -> NamedArray:

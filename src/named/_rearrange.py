@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import jax.numpy as jnp
 
 from ._axis import ArgumentError, ArgumentTypeError, Axis, AxisError, check_unique, format_axes, index_of
-from ._core import NamedArray, expect_named
+from ._core import NamedArray, expect_named, unchecked
 
 _TOKEN = re.compile(r"\.\.\.|[(){}:]|[^\s(){}:,]+")
 
@@ -122,7 +122,8 @@ def _split_sizes(axis: Axis, parts: list[str], bind: _Bindings) -> list[Axis]:
         bound = [(n, fill if s is None else s) for n, s in bound]
     elif known != axis.size:
         raise AxisError(
-            f"rearrange: the sizes of ({' '.join(parts)}) multiply to {known}, not to the size {axis.size} of {axis.name!r}"
+            f"rearrange: the sizes of ({' '.join(parts)}) multiply to "
+            f"{known}, not to the size {axis.size} of {axis.name!r}"
         )
     return [Axis(n, s) for n, s in bound]
 
@@ -158,7 +159,8 @@ def refuse_positional_misreading(what: str, side: str, items: list, axes, names:
             raise AxisError(
                 f"{what}: {side.strip()!r} names the axes of {format_axes(axes)} in another order. Here a left side is "
                 f"matched by name ({name!r} is axis {name!r}), but Haliax and einops bind an unbraced one by position, "
-                f"where {name!r} would be axis {axis.name!r}, and the result would differ. List the axes in the array's "
+                f"where {name!r} would be axis {axis.name!r}, and the "
+                "result would differ. List the axes in the array's "
                 f"order ({' '.join(a.name for a in axes)})"
                 + (
                     f", or put the left side in braces ('{{{side.strip()}}}') to match by name in both"
@@ -335,4 +337,4 @@ def rearrange_pattern(x: NamedArray, pattern: str, kwargs: dict) -> NamedArray:
     out_shape = tuple(a.size for a in out)
     if out_shape != arr.shape:
         arr = arr.reshape(out_shape)
-    return NamedArray._unchecked(arr, out)
+    return unchecked(arr, out)

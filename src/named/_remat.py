@@ -33,7 +33,7 @@ import jax
 from jax.ad_checkpoint import checkpoint_name as _checkpoint_name
 
 from ._axis import ArgumentError, ArgumentTypeError
-from ._core import NamedArray, expect_named
+from ._core import NamedArray, expect_named, unchecked
 
 _DOTS = ("recompute", "save", "offload")
 _HOST = ("device", "pinned_host")
@@ -43,7 +43,7 @@ def checkpoint_name(x: NamedArray, name: str) -> NamedArray:
     """Tag an activation so that a ``Remat(save=...)`` or ``Remat(offload=...)`` policy can keep it."""
     expect_named(x, "checkpoint_name")
     _tag(name, "checkpoint_name")
-    return NamedArray._unchecked(_checkpoint_name(x.array, name), x.axes)
+    return unchecked(_checkpoint_name(x.array, name), x.axes)
 
 
 def _tag(name, what: str) -> None:
@@ -293,10 +293,6 @@ class ScanCheckpointPolicy:
             f"unknown gradient_checkpointing {policy!r}; use True, False, 'recompute', 'full', "
             "'save_all', 'nested' or a ScanCheckpointPolicy"
         )
-
-    @staticmethod
-    def _mk(policy) -> ScanCheckpointPolicy:
-        return policy if isinstance(policy, ScanCheckpointPolicy) else ScanCheckpointPolicy.from_bool_or_str(policy)
 
     def to_remat(self, length: int | None = None) -> Remat | None:
         """The ``Remat`` this policy means for a scan of ``length`` layers."""

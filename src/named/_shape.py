@@ -28,12 +28,12 @@ from ._axis import (
     resolve,
     union,
 )
-from ._core import NamedArray, axes_of, expect_named
+from ._core import NamedArray, axes_of, expect_named, unchecked
 
 # ---- creation ----------------------------------------------------------------------
 
 
-def _axes_for_creation(axes: AxisSelection) -> tuple[Axis, ...]:
+def axes_for_creation(axes: AxisSelection) -> tuple[Axis, ...]:
     out = as_selectors(axes)
     for a in out:
         if not isinstance(a, Axis):
@@ -43,12 +43,12 @@ def _axes_for_creation(axes: AxisSelection) -> tuple[Axis, ...]:
 
 
 def zeros(axes: AxisSelection, dtype=None) -> NamedArray:
-    ax = _axes_for_creation(axes)
+    ax = axes_for_creation(axes)
     return NamedArray(jnp.zeros(tuple(a.size for a in ax), dtype), ax)
 
 
 def ones(axes: AxisSelection, dtype=None) -> NamedArray:
-    ax = _axes_for_creation(axes)
+    ax = axes_for_creation(axes)
     return NamedArray(jnp.ones(tuple(a.size for a in ax), dtype), ax)
 
 
@@ -70,7 +70,7 @@ def _fill(value, what: str):
 
 
 def full(axes: AxisSelection, fill_value, dtype=None) -> NamedArray:
-    ax = _axes_for_creation(axes)
+    ax = axes_for_creation(axes)
     return NamedArray(jnp.full(tuple(a.size for a in ax), _fill(fill_value, "nm.full"), dtype), ax)
 
 
@@ -95,7 +95,7 @@ def arange(axis: AxisSelection, *, start=0, step=1, dtype=None) -> NamedArray:
     reshaped. ``start`` may be traced."""
     if isinstance(axis, str) or (not isinstance(axis, Axis) and not as_selectors(axis)):
         raise AxisError(f"arange needs an Axis with a size, got {axis!r} (or several Axes, counted row-major)")
-    ax = _axes_for_creation(axis)
+    ax = axes_for_creation(axis)
     n = math.prod(a.size for a in ax)
     return NamedArray((start + jnp.arange(n, dtype=dtype) * step).reshape(tuple(a.size for a in ax)), ax)
 
@@ -140,7 +140,7 @@ def rename(x: NamedArray, mapping: Mapping[AxisSelector, AxisSelector]) -> Named
             raise AxisError(f"rename: axis {x.axes[i].name!r} has size {x.axes[i].size}, the new {nw!r} has another")
         new[i] = Axis(name_of(nw), x.axes[i].size)
     check_unique(new, "the renamed")
-    return NamedArray._unchecked(x.array, tuple(new))
+    return unchecked(x.array, tuple(new))
 
 
 def order_of(axes: tuple[Axis, ...], order, what: str = "rearrange") -> tuple[int, ...]:
@@ -210,7 +210,7 @@ def rearrange(x: NamedArray, order: AxisSelection, **sizes) -> NamedArray:
     perm = order_of(x.axes, order)
     if perm == tuple(range(x.ndim)):
         return x
-    return NamedArray._unchecked(jnp.transpose(x.array, perm), tuple(x.axes[i] for i in perm))
+    return unchecked(jnp.transpose(x.array, perm), tuple(x.axes[i] for i in perm))
 
 
 def flatten_axes(x: NamedArray, axes: AxisSelection, new_axis: AxisSelector) -> NamedArray:
@@ -232,7 +232,7 @@ def flatten_axes(x: NamedArray, axes: AxisSelection, new_axis: AxisSelector) -> 
     new = Axis(name_of(new_axis), size)
     out_axes = tuple(x.axes[i] for i in before) + (new,) + tuple(x.axes[i] for i in after)
     check_unique(out_axes, "the flattened")
-    return NamedArray._unchecked(arr.reshape(tuple(a.size for a in out_axes)), out_axes)
+    return unchecked(arr.reshape(tuple(a.size for a in out_axes)), out_axes)
 
 
 def unflatten_axis(x: NamedArray, axis: AxisSelector, new_axes: Sequence[Axis]) -> NamedArray:
@@ -245,11 +245,12 @@ def unflatten_axis(x: NamedArray, axis: AxisSelector, new_axes: Sequence[Axis]) 
             raise AxisError(f"unflatten_axis needs Axis objects with sizes, got {a!r}")
     if int(np.prod([a.size for a in new_axes])) != x.axes[i].size:
         raise AxisError(
-            f"unflatten_axis: {format_axes(new_axes)} do not multiply to the size {x.axes[i].size} of {x.axes[i].name!r}"
+            f"unflatten_axis: {format_axes(new_axes)} do not multiply to the size {x.axes[i].size} of "
+            f"{x.axes[i].name!r}"
         )
     out_axes = x.axes[:i] + new_axes + x.axes[i + 1 :]
     check_unique(out_axes, "the unflattened")
-    return NamedArray._unchecked(x.array.reshape(tuple(a.size for a in out_axes)), out_axes)
+    return unchecked(x.array.reshape(tuple(a.size for a in out_axes)), out_axes)
 
 
 def split(x: NamedArray, axis: AxisSelector, new_axes: Sequence[Axis]) -> list[NamedArray]:
@@ -266,7 +267,7 @@ def split(x: NamedArray, axis: AxisSelector, new_axes: Sequence[Axis]) -> list[N
         raise AxisError(f"split: sizes {sizes} do not sum to the size {x.axes[i].size} of {x.axes[i].name!r}")
     cuts = np.cumsum(sizes)[:-1].tolist()
     parts = jnp.split(x.array, cuts, axis=i)
-    return [NamedArray._unchecked(p, x.axes[:i] + (a,) + x.axes[i + 1 :]) for p, a in zip(parts, new_axes)]
+    return [unchecked(p, x.axes[:i] + (a,) + x.axes[i + 1 :]) for p, a in zip(parts, new_axes)]
 
 
 def unbind(x: NamedArray, axis: AxisSelector) -> list[NamedArray]:
@@ -278,7 +279,7 @@ def unbind(x: NamedArray, axis: AxisSelector) -> list[NamedArray]:
     # (a scatter-add in the gradient), and n static slices have n pads in the gradient; the
     # gradient of a split is one concatenate.
     parts = lax.split(x.array, (1,) * x.axes[i].size, axis=i)
-    return [NamedArray._unchecked(lax.squeeze(p, (i,)), rest) for p in parts]
+    return [unchecked(lax.squeeze(p, (i,)), rest) for p in parts]
 
 
 def stack(axis: AxisSelector, arrays: Sequence[NamedArray]) -> NamedArray:
@@ -300,7 +301,7 @@ def stack(axis: AxisSelector, arrays: Sequence[NamedArray]) -> NamedArray:
     new = Axis(name, len(arrays))
     if isinstance(axis, Axis) and axis.size != new.size:
         raise AxisError(f"stack: {axis!r} but {len(arrays)} arrays were given")
-    return NamedArray._unchecked(jnp.stack(parts, axis=0), (new,) + first.axes)
+    return unchecked(jnp.stack(parts, axis=0), (new,) + first.axes)
 
 
 def concatenate(axis: AxisSelector, arrays: Sequence[NamedArray]) -> NamedArray:
@@ -320,13 +321,14 @@ def concatenate(axis: AxisSelector, arrays: Sequence[NamedArray]) -> NamedArray:
         rest = a.axes[:j] + a.axes[j + 1 :]
         if set(b.name for b in rest) != set(b.name for b in others):
             raise AxisError(
-                f"concatenate along {name!r}: arrays have different other axes {format_axes(others)} and {format_axes(rest)}"
+                f"concatenate along {name!r}: arrays have different other axes {format_axes(others)} and "
+                f"{format_axes(rest)}"
             )
         union(others, rest)
         total += a.axes[j].size
         parts.append(rearrange(a, first.names).array)
     out_axes = first.axes[:i] + (Axis(name, total),) + first.axes[i + 1 :]
-    return NamedArray._unchecked(jnp.concatenate(parts, axis=i), out_axes)
+    return unchecked(jnp.concatenate(parts, axis=i), out_axes)
 
 
 def broadcast_axis(x: NamedArray, axes: AxisSelection) -> NamedArray:
@@ -345,7 +347,7 @@ def broadcast_axis(x: NamedArray, axes: AxisSelection) -> NamedArray:
         return x
     out_axes = tuple(new) + x.axes
     arr = jnp.broadcast_to(x.array, tuple(a.size for a in out_axes))
-    return NamedArray._unchecked(arr, out_axes)
+    return unchecked(arr, out_axes)
 
 
 def broadcast_to(x, axes: AxisSelection) -> NamedArray:
@@ -371,7 +373,7 @@ def broadcast_to(x, axes: AxisSelection) -> NamedArray:
     from ._core import raw
 
     arr = jnp.broadcast_to(raw(x, out_axes), tuple(a.size for a in out_axes))
-    return NamedArray._unchecked(arr, out_axes)
+    return unchecked(arr, out_axes)
 
 
 # ---- masks, roll, pad, top_k, one_hot ------------------------------------------------
@@ -382,7 +384,7 @@ def _triangle(fn, x: NamedArray, axis1: AxisSelector, axis2: AxisSelector, k: in
     i, j = index_of(x.axes, axis1), index_of(x.axes, axis2)
     moved = jnp.moveaxis(x.array, (i, j), (-2, -1))
     out = jnp.moveaxis(fn(moved, k), (-2, -1), (i, j))
-    return NamedArray._unchecked(out, x.axes)
+    return unchecked(out, x.axes)
 
 
 def tril(x: NamedArray, axis1: AxisSelector, axis2: AxisSelector, k: int = 0) -> NamedArray:
@@ -401,7 +403,7 @@ def roll(x: NamedArray, shift, axis: AxisSelection) -> NamedArray:
     dims = tuple(index_of(x.axes, s) for s in sels)
     shifts = shift if isinstance(shift, (tuple, list)) else (shift,) * len(dims)
     shifts = tuple(_index.as_offset(s, "roll shift") for s in shifts)  # a 0-d NamedArray (an argmax) too
-    return NamedArray._unchecked(jnp.roll(x.array, shifts, axis=dims), x.axes)
+    return unchecked(jnp.roll(x.array, shifts, axis=dims), x.axes)
 
 
 def pad(
@@ -415,14 +417,14 @@ def pad(
         for w in (lo, hi):
             if isinstance(w, bool) or not isinstance(w, (int, np.integer)) or w < 0:
                 raise ArgumentError(
-                    f"nm.pad: the widths for axis {x.axes[i].name!r} must be ints >= 0 (as numpy's), got "
-                    f"({lo!r}, {hi!r})"
+                    f"nm.pad: the widths for axis {x.axes[i].name!r} must "
+                    f"be ints >= 0 (as numpy's), got ({lo!r}, {hi!r})"
                 )
         widths[i] = (int(lo), int(hi))
     kwargs = {"constant_values": constant_values} if mode == "constant" else {}
     arr = jnp.pad(x.array, widths, mode=mode, **kwargs)
     out_axes = tuple(Axis(a.name, a.size + lo + hi) for a, (lo, hi) in zip(x.axes, widths))
-    return NamedArray._unchecked(arr, out_axes)
+    return unchecked(arr, out_axes)
 
 
 def top_k(
@@ -440,8 +442,8 @@ def top_k(
     out_axes = x.axes[:i] + (new,) + x.axes[i + 1 :]
     check_unique(out_axes, "the top_k")
     return (
-        NamedArray._unchecked(jnp.moveaxis(vals, -1, i), out_axes),
-        NamedArray._unchecked(jnp.moveaxis(idx, -1, i), out_axes),
+        unchecked(jnp.moveaxis(vals, -1, i), out_axes),
+        unchecked(jnp.moveaxis(idx, -1, i), out_axes),
     )
 
 
@@ -465,4 +467,4 @@ def one_hot(index, axis: Axis, *, dtype=jnp.float32) -> NamedArray:
             raise ArgumentError(
                 f"nm.one_hot: index {int(known[where])} at ({at}) is outside [0, {axis.size}) (axis {axis.name!r})"
             )
-    return NamedArray._unchecked(jax.nn.one_hot(raw, axis.size, dtype=dtype), idx_axes + (axis,))
+    return unchecked(jax.nn.one_hot(raw, axis.size, dtype=dtype), idx_axes + (axis,))

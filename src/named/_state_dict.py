@@ -32,8 +32,7 @@ import numpy as np
 from ._axis import ArgumentTypeError, Axis, NamedError
 from ._core import NamedArray, is_named_array
 from ._shape import unbind
-from .nn._blockseq import BlockSeq
-from .nn._stacked import Stacked
+from .nn import BlockSeq, Stacked
 from .partitioning import sharding_for
 
 __all__ = [

@@ -34,7 +34,7 @@ from ._axis import (
     name_of,
     union,
 )
-from ._core import NamedArray, is_named_array
+from ._core import NamedArray, is_named_array, unchecked
 from ._remat import Remat, with_remat
 
 
@@ -58,7 +58,7 @@ def _predicate(is_scanned) -> Callable[[Any], bool]:
     return is_scanned
 
 
-class _Split:
+class MappedSplit:
     """The leaves of a pytree split into those mapped over ``axis`` and the rest. ``is_scanned``
     (None: NamedArrays only, as the explicit layer scan wants) picks the mapped leaves."""
 
@@ -82,12 +82,12 @@ class _Split:
             elif is_scanned is not None and _is_array(leaf) and is_scanned(leaf):
                 if not leaf.shape:
                     raise AxisError(
-                        f"{what}: the plain array at {_where(flat[k][0])} has no dimension to map over "
+                        f"{what}: the plain array at {place_of(flat[k][0])} has no dimension to map over "
                         f"{name!r}; pass it whole (is_scanned=) or give it a leading dimension"
                     )
                 i = 0
                 self.inner_axes[k] = None
-                sizes.append((leaf.shape[0], f"the plain array at {_where(flat[k][0])} (its first dimension)"))
+                sizes.append((leaf.shape[0], f"the plain array at {place_of(flat[k][0])} (its first dimension)"))
             else:
                 continue
             self.mapped.append(k)
@@ -120,11 +120,11 @@ class _Split:
         leaves = list(self.leaves)
         for k, v in zip(self.mapped, mapped_values):
             axes = self.inner_axes[k]
-            leaves[k] = v if axes is None else NamedArray._unchecked(v, axes)
+            leaves[k] = v if axes is None else unchecked(v, axes)
         return jax.tree.unflatten(self.treedef, leaves)
 
 
-def _where(path) -> str:
+def place_of(path) -> str:
     """A leaf's place in ``(args, kwargs)``: ``args[1]``, ``kwargs['key']``, ``args[0].w``."""
     if len(path) >= 2 and isinstance(path[0], jax.tree_util.SequenceKey):
         head = "args" if path[0].idx == 0 else "kwargs"
@@ -132,7 +132,7 @@ def _where(path) -> str:
     return jax.tree_util.keystr(path) or "the input"
 
 
-class _Outputs:
+class MappedOutputs:
     """Records the structure of a traced function's outputs, returns their arrays, and puts the
     mapped axis back on them afterwards."""
 
@@ -169,7 +169,7 @@ class _Outputs:
                     raise AxisError(
                         f"an output already has axis {new_axis.name!r} {format_axes(kind)}; it cannot be added again"
                     )
-                leaves.append(NamedArray._unchecked(next(it), (new_axis,) + kind))
+                leaves.append(unchecked(next(it), (new_axis,) + kind))
         return jax.tree.unflatten(self.treedef, leaves)
 
 
@@ -190,8 +190,8 @@ def vmap(fn: Callable, axis: AxisSelection) -> Callable:
 
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
-        split = _Split((args, kwargs), sel, f"vmap over {name_of(sel)!r}", is_named_or_shaped_array_like)
-        outs = _Outputs()
+        split = MappedSplit((args, kwargs), sel, f"vmap over {name_of(sel)!r}", is_named_or_shaped_array_like)
+        outs = MappedOutputs()
 
         def body(*mapped):
             a, kw = split.rebuild(mapped)
@@ -285,8 +285,8 @@ def scan(
     @functools.wraps(fn)
     def wrapped(init, *args, **kwargs):
         what = f"scan over {name_of(axis)!r}"
-        split = _Split((args, kwargs), axis, what, scanned)
-        outs = _Outputs()
+        split = MappedSplit((args, kwargs), axis, what, scanned)
+        outs = MappedOutputs()
         policy = Remat.parse(remat, split.size)
 
         def body(carry, mapped):
@@ -451,8 +451,8 @@ def _loss_value(out, what: str):
         if out.axes:
             raise AxisError(
                 f"{what}: the function returned a NamedArray with axes {format_axes(out.axes)}, but a gradient "
-                "is taken of one number: reduce it first (loss.mean(), loss.sum(...)) to a NamedArray "
-                "without axes"
+                "is taken of one number: reduce it first (loss.mean(), "
+                "loss.sum(...)) to a NamedArray without axes"
             )
         out = out.array
     dtype = getattr(out, "dtype", None)
@@ -498,8 +498,8 @@ def _value_and_grad(fn: Callable, has_aux: bool, caller: str) -> Callable:
         value, grads = inner(*args, **kwargs)
         if has_aux:
             loss, aux = value
-            return ((NamedArray._unchecked(loss, ()) if named_out[0] else loss), aux), grads
-        return (NamedArray._unchecked(value, ()) if named_out[0] else value), grads
+            return ((unchecked(loss, ()) if named_out[0] else loss), aux), grads
+        return (unchecked(value, ()) if named_out[0] else value), grads
 
     return wrapped
 

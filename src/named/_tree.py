@@ -14,8 +14,7 @@ from ._axis import ArgumentError, ArgumentTypeError, Axis, AxisError, AxisSelect
 from ._core import NamedArray, is_named_array
 from ._shape import concatenate, zeros
 from ._transforms import vmap
-from .nn._blockseq import BlockSeq
-from .nn._stacked import Stacked
+from .nn import BlockSeq, Stacked
 from .random import normal
 
 __all__ = ["resize_axis", "tree_map_layers"]

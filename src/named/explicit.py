@@ -28,29 +28,30 @@ from jax.sharding import PartitionSpec
 from . import _compat
 from ._axis import ArgumentTypeError, Axis, AxisSelection, NamedError, as_selectors, name_of
 from ._context import FrozenMapping, body_context, current_body
-from ._core import NamedArray, expect_named
+from ._core import NamedArray, expect_named, unchecked
 from ._einsum import local_einsum
 from ._local import (
     LocalBody,
     ShardedAxis,
     Unreduced,
     UnreducedError,
-    _is_leaf,
-    _split_over,
-    _with_split,
     block_layout,
+    is_local_leaf,
     issue,
+    split_over,
+    unreduced_error,
     with_layout,
+    with_split,
 )
 from .partitioning import (
     ResourceMapping,
     ShardingError,
-    _check_mapping_values,
-    _mesh_axes,
     check_mapping,
+    check_mapping_values,
     current_mapping,
     current_mesh,
     haliax_spellings,
+    mesh_axes_of,
     pspec_for,
 )
 
@@ -104,7 +105,7 @@ def _mapped(body: LocalBody, name: str, what: str) -> tuple[str, ...]:
 
 def _prefix_mappings(resources, args: tuple, what: str) -> list:
     """One mapping per leaf of ``args`` from a mapping, or a tuple of them (one per argument)."""
-    leaves = jax.tree.leaves(args, is_leaf=_is_leaf)
+    leaves = jax.tree.leaves(args, is_leaf=is_local_leaf)
     if resources is None or isinstance(resources, Mapping):
         return [resources] * len(leaves)
     if not isinstance(resources, (tuple, list)):
@@ -117,16 +118,16 @@ def _prefix_mappings(resources, args: tuple, what: str) -> list:
     for m, a in zip(resources, args):
         if m is not None and not isinstance(m, Mapping):
             raise ShardingError(f"{what}: each entry is a mapping or None, got {m!r}")
-        out += [m] * len(jax.tree.leaves(a, is_leaf=_is_leaf))
+        out += [m] * len(jax.tree.leaves(a, is_leaf=is_local_leaf))
     return out
 
 
 def _local_axes(axes: tuple[Axis, ...], spec: PartitionSpec, mesh) -> tuple[Axis, ...]:
     out = []
     for a, entry in zip(axes, tuple(spec) + (None,) * (len(axes) - len(spec))):
-        over = _mesh_axes(entry)
+        over = mesh_axes_of(entry)
         n = math.prod(mesh.shape[m] for m in over)
-        out.append(_with_split(a, a.size // n, over))
+        out.append(with_split(a, a.size // n, over))
     return tuple(out)
 
 
@@ -150,13 +151,13 @@ def _is_dynamic_leaf(x) -> bool:
 
 
 class _ShardMapped:
-    def __init__(self, fn, mesh, in_res, out_res, axis_res, check_vma):
-        self.fn, self.mesh, self.in_res, self.out_res, self.axis_res, self.check_vma = (
+    def __init__(self, fn, mesh, in_mapping, out_mapping, mapping, check_vma):
+        self.fn, self.mesh, self.in_mapping, self.out_mapping, self.mapping, self.check_vma = (
             fn,
             mesh,
-            in_res,
-            out_res,
-            axis_res,
+            in_mapping,
+            out_mapping,
+            mapping,
             check_vma,
         )
 
@@ -169,18 +170,18 @@ class _ShardMapped:
         mesh = self.mesh if self.mesh is not None else current_mesh()
         if mesh is None:
             raise ShardingError("nm.shard_map needs a mesh: pass mesh=, or call it under jax.set_mesh / named_jit")
-        in_res = self.in_res if self.in_res is not None else current_mapping()
-        for m in (list(in_res) if isinstance(in_res, (tuple, list)) else [in_res]) + [self.axis_res]:
+        in_mapping = self.in_mapping if self.in_mapping is not None else current_mapping()
+        for m in (list(in_mapping) if isinstance(in_mapping, (tuple, list)) else [in_mapping]) + [self.mapping]:
             if m is not None:
                 check_mapping(m, mesh)
-        leaves, treedef = jax.tree.flatten(args, is_leaf=_is_leaf)
-        mappings = _prefix_mappings(in_res, args, "in_mapping")
-        body = LocalBody(mesh, *self._active(in_res))
+        leaves, treedef = jax.tree.flatten(args, is_leaf=is_local_leaf)
+        mappings = _prefix_mappings(in_mapping, args, "in_mapping")
+        body = LocalBody(mesh, *self._active(in_mapping))
 
         dyn, specs, kinds = [], [], []  # kinds: local axes of a NamedArray, "array", or _Static
         for leaf, m in zip(leaves, mappings):
             if isinstance(leaf, Unreduced):
-                raise leaf._refuse("nm.shard_map (as an input)")
+                raise unreduced_error(leaf, "nm.shard_map (as an input)")
             if isinstance(leaf, NamedArray):
                 spec = pspec_for(leaf, m or {}, mesh)
                 dyn.append(leaf.array)
@@ -196,7 +197,7 @@ class _ShardMapped:
         def run(record: list, *arrays):
             it = iter(arrays)
             local = [
-                k.value if isinstance(k, _Static) else next(it) if k == "array" else NamedArray._unchecked(next(it), k)
+                k.value if isinstance(k, _Static) else next(it) if k == "array" else unchecked(next(it), k)
                 for k in kinds
             ]
             with body_context(body):
@@ -233,36 +234,36 @@ class _ShardMapped:
                 result.append(next(it))
             else:
                 arr = next(it)
-                result.append(NamedArray._unchecked(arr, tuple(Axis(a.name, n) for a, n in zip(k, arr.shape))))
+                result.append(unchecked(arr, tuple(Axis(a.name, n) for a, n in zip(k, arr.shape))))
         return jax.tree.unflatten(meta["treedef"], result)
 
-    def _active(self, in_res):
+    def _active(self, in_mapping):
         """The mapping collectives fall back on when no block can say (axis_index, plain psum_scatter)."""
-        if self.axis_res is not None:
-            return FrozenMapping({k: _mesh_axes(v) for k, v in self.axis_res.items()}), FrozenMapping({})
-        maps = [m for m in (in_res if isinstance(in_res, (tuple, list)) else [in_res]) if m is not None]
+        if self.mapping is not None:
+            return FrozenMapping({k: mesh_axes_of(v) for k, v in self.mapping.items()}), FrozenMapping({})
+        maps = [m for m in (in_mapping if isinstance(in_mapping, (tuple, list)) else [in_mapping]) if m is not None]
         merged: dict[str, tuple[str, ...]] = {}
         ambiguous: dict[str, list] = {}
         for m in maps:
             for k, v in m.items():
-                v = _mesh_axes(v)
+                v = mesh_axes_of(v)
                 if k in merged and merged[k] != v:
                     ambiguous.setdefault(k, [merged[k]]).append(v)
                 merged.setdefault(k, v)
         return FrozenMapping(merged), FrozenMapping({k: tuple(v) for k, v in ambiguous.items()})
 
     def _outputs(self, out, record: list):
-        flat, treedef = jax.tree_util.tree_flatten_with_path(out, is_leaf=_is_leaf)
-        if isinstance(self.out_res, (tuple, list)):
+        flat, treedef = jax.tree_util.tree_flatten_with_path(out, is_leaf=is_local_leaf)
+        if isinstance(self.out_mapping, (tuple, list)):
             outs = out if isinstance(out, tuple) else (out,)
-            out_maps = _prefix_mappings(self.out_res, outs, "out_mapping")
+            out_maps = _prefix_mappings(self.out_mapping, outs, "out_mapping")
         else:
-            out_maps = [self.out_res] * len(flat)
+            out_maps = [self.out_mapping] * len(flat)
         arrays, specs, kinds = [], [], []
         for (path, leaf), m in zip(flat, out_maps):
             where = f"output {jax.tree_util.keystr(path) or '(the result)'}"
             if isinstance(leaf, Unreduced):
-                raise leaf._refuse(f"nm.shard_map's {where}")
+                raise unreduced_error(leaf, f"nm.shard_map's {where}")
             if isinstance(leaf, NamedArray):
                 spec = _out_spec(leaf, m, where)
                 if self.check_vma:
@@ -288,18 +289,19 @@ class _ShardMapped:
 
 def _out_spec(x: NamedArray, mapping, where: str) -> PartitionSpec:
     """The block's own layout as a PartitionSpec; an out mapping only checks it."""
-    spec = PartitionSpec(*(_group(_split_over(a)) if _split_over(a) else None for a in x.axes))
+    spec = PartitionSpec(*(_group(split_over(a)) if split_over(a) else None for a in x.axes))
     if mapping is None:
         return spec
     for a, entry in zip(x.axes, pspec_for(x.names, mapping, mesh=None)):
-        have, want = _split_over(a), tuple(_mesh_axes(entry))
+        have, want = split_over(a), tuple(mesh_axes_of(entry))
         if have != want:
             from .inspect import layout
 
             state = f"split over {have}" if have else "whole here"
             raise ShardingError(
                 f"{where} is laid out {block_layout(x)!r} in the body, but out_mapping says "
-                f"{layout(x.names, mapping)!r}: axis {a.name!r} is {state}, not {'split over ' + str(want) if want else 'whole'}. "
+                f"{layout(x.names, mapping)!r}: axis {a.name!r} is {state}, not "
+                f"{'split over ' + str(want) if want else 'whole'}. "
                 f"Gather or scatter it in the body, fix out_mapping, or (if an op dropped the axis' layout) "
                 f"say where it is with nm.with_layout."
             )
@@ -307,7 +309,7 @@ def _out_spec(x: NamedArray, mapping, where: str) -> PartitionSpec:
 
 
 def _check_varying(x: NamedArray, spec: PartitionSpec, where: str) -> None:
-    named = {m for e in spec for m in _mesh_axes(e)}
+    named = {m for e in spec for m in mesh_axes_of(e)}
     extra = sorted(_varying(x.array) - named)
     if extra:
         raise ShardingError(
@@ -361,7 +363,7 @@ def shard_map(
         raise ArgumentTypeError(f"shard_map got unexpected keyword arguments {sorted(haliax_names)}")
     for m in (mapping,) + (tuple(in_mapping) if isinstance(in_mapping, (tuple, list)) else (in_mapping,)):
         if m is not None:
-            _check_mapping_values(m)
+            check_mapping_values(m)
 
     def wrap(f):
         wrapped = _ShardMapped(f, mesh, in_mapping, out_mapping, mapping, check_vma)
@@ -376,7 +378,7 @@ def shard_map(
 
 def _check_named(x, what: str) -> NamedArray:
     if isinstance(x, Unreduced):
-        raise x._refuse(f"nm.{what}")
+        raise unreduced_error(x, f"nm.{what}")
     return expect_named(x, f"nm.{what}")
 
 
@@ -396,7 +398,7 @@ def all_gather(x: NamedArray, axis: AxisSelection, *, invariant: bool = False) -
     for sel in as_selectors(axis):
         i = x.index_of(sel)
         a = axes[i]
-        over = _split_over(a)
+        over = split_over(a)
         if not over:
             raise ShardingError(
                 f"nm.all_gather: axis {a.name!r} is whole in this block (layout {block_layout(x)!r}); there is "
@@ -405,7 +407,7 @@ def all_gather(x: NamedArray, axis: AxisSelection, *, invariant: bool = False) -
         n = _size(body, over)
         arr = issue(lax.all_gather, arr, _group(over), axis=i, tiled=True, to="invarying" if invariant else "varying")
         axes[i] = Axis(a.name, a.size * n)
-    return NamedArray._unchecked(arr, tuple(axes))
+    return unchecked(arr, tuple(axes))
 
 
 def psum_scatter(
@@ -422,14 +424,14 @@ def psum_scatter(
     body = _body("psum_scatter")
     name = name_of(axis)
     if isinstance(x, Unreduced):
-        if mesh_axes is not None and tuple(_mesh_axes(mesh_axes)) != x.over:
+        if mesh_axes is not None and tuple(mesh_axes_of(mesh_axes)) != x.over:
             raise ShardingError(
-                f"nm.psum_scatter: the value is owed a sum over {x.over}, not {tuple(_mesh_axes(mesh_axes))}"
+                f"nm.psum_scatter: the value is owed a sum over {x.over}, not {tuple(mesh_axes_of(mesh_axes))}"
             )
         over, value = x.over, x.value
     else:
         value = _check_named(x, "psum_scatter")
-        over = tuple(_mesh_axes(mesh_axes)) if mesh_axes is not None else _mapped(body, name, "psum_scatter")
+        over = tuple(mesh_axes_of(mesh_axes)) if mesh_axes is not None else _mapped(body, name, "psum_scatter")
         if not over:
             raise ShardingError(
                 f"nm.psum_scatter: no mesh axes to reduce over for axis {name!r} of a block laid out "
@@ -443,30 +445,30 @@ def psum_scatter(
             f"nm.psum_scatter: axis {name!r} of the block {block_layout(value)!r} has local size {a.size}, "
             f"which does not split over mesh axes {over} ({n} devices)"
         )
-    clash = [b.name for b in value.axes if set(_split_over(b)) & set(over)]
+    clash = [b.name for b in value.axes if set(split_over(b)) & set(over)]
     if clash:
         raise ShardingError(f"nm.psum_scatter: axes {clash} of {block_layout(value)!r} are already split over {over}")
     arr = issue(lax.psum_scatter, value.array, _group(over), scatter_dimension=i, tiled=True)
     axes = list(value.axes)
-    axes[i] = _with_split(a, a.size // n, _split_over(a) + tuple(over))
-    return NamedArray._unchecked(arr, tuple(axes))
+    axes[i] = with_split(a, a.size // n, split_over(a) + tuple(over))
+    return unchecked(arr, tuple(axes))
 
 
 def _reduce(x, axis, mesh_axes, what: str, local_fn, collective):
     _body(what)  # refuses a collective outside a shard_map body
     if isinstance(x, Unreduced):
         if what != "psum":
-            raise x._refuse(f"nm.{what}")
+            raise unreduced_error(x, f"nm.{what}")
         if axis is not None:
             raise NamedError(
                 "nm.psum of an Unreduced value takes no axis: it settles the sum it is owed "
                 "(to also reduce an axis, sum it first: nm.psum(u).sum(axis))"
             )
-        over = x.over if mesh_axes is None else tuple(_mesh_axes(mesh_axes))
+        over = x.over if mesh_axes is None else tuple(mesh_axes_of(mesh_axes))
         extra = [m for m in over if m not in x.over]
         if extra:
             raise ShardingError(f"nm.psum: the value is owed a sum over {x.over}, not over {extra}")
-        out = NamedArray._unchecked(issue(lax.psum, x.value.array, _group(over)), x.value.axes)
+        out = unchecked(issue(lax.psum, x.value.array, _group(over)), x.value.axes)
         rest = tuple(m for m in x.over if m not in over)
         return Unreduced(out, rest) if rest else out
     x = _check_named(x, what)
@@ -475,13 +477,13 @@ def _reduce(x, axis, mesh_axes, what: str, local_fn, collective):
     names = [name_of(a) for a in as_selectors(axis)] if axis is not None else []
     over: list[str] = []
     for n in names:
-        for m in _split_over(x.resolve_axis(n)):
+        for m in split_over(x.resolve_axis(n)):
             over.append(m)
     if mesh_axes is not None:
-        over += [m for m in _mesh_axes(mesh_axes) if m not in over]
+        over += [m for m in mesh_axes_of(mesh_axes) if m not in over]
     out = local_fn(x, tuple(names)) if names else x
     if over:
-        out = NamedArray._unchecked(issue(collective, out.array, _group(tuple(over))), out.axes)
+        out = unchecked(issue(collective, out.array, _group(tuple(over))), out.axes)
     return out
 
 
@@ -533,8 +535,8 @@ def pmean(
     count = 1
     for n in [name_of(a) for a in as_selectors(axis)] if axis is not None else []:
         a = x.resolve_axis(n)
-        count *= a.size * _size(body, _split_over(a))
-    for m in _mesh_axes(mesh_axes) if mesh_axes is not None else ():
+        count *= a.size * _size(body, split_over(a))
+    for m in mesh_axes_of(mesh_axes) if mesh_axes is not None else ():
         count *= body.mesh.shape[m]
     return psum(x, axis, mesh_axes=mesh_axes) / count
 
@@ -551,14 +553,14 @@ def all_to_all(
     body = _body("all_to_all")
     si, ci = x.index_of(split), x.index_of(concat)
     s, c = x.axes[si], x.axes[ci]
-    over = tuple(_mesh_axes(mesh_axes)) if mesh_axes is not None else _split_over(c)
+    over = tuple(mesh_axes_of(mesh_axes)) if mesh_axes is not None else split_over(c)
     if not over:
         raise ShardingError(
             f"nm.all_to_all: axis {c.name!r} is whole in the block {block_layout(x)!r}; "
             "there is nothing to concatenate (pass mesh_axes= if an op dropped its layout)"
         )
-    if _split_over(c) and _split_over(c)[-len(over) :] != over:
-        raise ShardingError(f"nm.all_to_all: {c.name!r} is split over {_split_over(c)}, not (minor-most) over {over}")
+    if split_over(c) and split_over(c)[-len(over) :] != over:
+        raise ShardingError(f"nm.all_to_all: {c.name!r} is split over {split_over(c)}, not (minor-most) over {over}")
     n = _size(body, over)
     if s.size % n:
         raise ShardingError(
@@ -566,10 +568,10 @@ def all_to_all(
         )
     arr = issue(lax.all_to_all, x.array, _group(over), split_axis=si, concat_axis=ci, tiled=True)
     axes = list(x.axes)
-    axes[si] = _with_split(s, s.size // n, _split_over(s) + over)
-    c_rest = _split_over(c)[: len(_split_over(c)) - len(over)]
-    axes[ci] = _with_split(c, c.size * n, c_rest)
-    return NamedArray._unchecked(arr, tuple(axes))
+    axes[si] = with_split(s, s.size // n, split_over(s) + over)
+    c_rest = split_over(c)[: len(split_over(c)) - len(over)]
+    axes[ci] = with_split(c, c.size * n, c_rest)
+    return unchecked(arr, tuple(axes))
 
 
 def axis_index(
@@ -580,11 +582,11 @@ def axis_index(
     ``axis_index("position", of=x) * x.axis_size("position")`` is where the block starts."""
     body = _body("axis_index")
     if mesh_axes is not None:
-        over = tuple(_mesh_axes(mesh_axes))
+        over = tuple(mesh_axes_of(mesh_axes))
     elif axis is None:
         raise NamedError("nm.axis_index needs an axis name or mesh_axes=")
     elif of is not None:
-        over = _split_over(of.resolve_axis(name_of(axis)))
+        over = split_over(of.resolve_axis(name_of(axis)))
     else:
         over = _mapped(body, name_of(axis), "axis_index")
     if not over:
@@ -605,14 +607,14 @@ def einsum_unreduced(equation: str, *arrays: NamedArray, **kwargs) -> NamedArray
     """
     for k, x in enumerate(arrays):
         if isinstance(x, Unreduced):
-            raise x._refuse(f"nm.einsum_unreduced operand {k}")
+            raise unreduced_error(x, f"nm.einsum_unreduced operand {k}")
     claims = _merge_layouts(arrays, "einsum_unreduced")
     out = local_einsum(equation, *arrays, settle=False, **kwargs)
     contracted = {a.name for x in arrays for a in x.axes} - set(out.names)
     over: list[str] = []
     for n in sorted(contracted, key=lambda n: [a.name for x in arrays for a in x.axes].index(n)):
         over += [m for m in claims.get(n, ()) if m not in over]
-    out = NamedArray._unchecked(out.array, tuple(_with_split(a, a.size, claims.get(a.name, ())) for a in out.axes))
+    out = unchecked(out.array, tuple(with_split(a, a.size, claims.get(a.name, ())) for a in out.axes))
     return Unreduced(out, over) if over else out
 
 
@@ -624,12 +626,13 @@ def _merge_layouts(arrays: Sequence[NamedArray], what: str) -> dict[str, tuple[s
         if not isinstance(x, NamedArray):
             raise ArgumentTypeError(f"nm.{what} operand {k} is a {type(x).__name__}, not a NamedArray")
         for a in x.axes:
-            over = _split_over(a)
+            over = split_over(a)
             if a.name in first:
                 j, b = first[a.name]
                 if b.size != a.size or (over and claims.get(a.name, over) != over):
                     raise ShardingError(
-                        f"nm.{what}: axis {a.name!r} is {_describe(b)} in operand {j} ({block_layout(arrays[j])!r}) but "
+                        f"nm.{what}: axis {a.name!r} is {_describe(b)} in "
+                        f"operand {j} ({block_layout(arrays[j])!r}) but "
                         f"{_describe(a)} in operand {k} ({block_layout(x)!r}); gather the split one "
                         f"(nm.all_gather) or split the whole one so both blocks hold the same part"
                     )
@@ -641,5 +644,5 @@ def _merge_layouts(arrays: Sequence[NamedArray], what: str) -> dict[str, tuple[s
 
 
 def _describe(a: Axis) -> str:
-    over = _split_over(a)
+    over = split_over(a)
     return f"split over {over} (local size {a.size})" if over else f"whole here (size {a.size})"

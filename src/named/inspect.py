@@ -33,10 +33,10 @@ import numpy as np
 from . import _hlo
 from ._axis import ArgumentTypeError, Axis, AxisError, as_selectors
 from ._compat import is_tracer
-from ._core import NamedArray, expect_named, is_named_array
+from ._core import NamedArray, expect_named, is_named_array, unchecked
 from ._grid import DeviceGrid, DeviceGrids, device_grid
 from ._hlo import Collective
-from ._layout import _format_layout, _spec_entries, parse_layout, sharding_layout  # noqa: F401  (parse_layout: public here)
+from ._layout import format_layout, parse_layout, sharding_layout, spec_entries  # noqa: F401  (parse_layout: public here)
 from ._local import ShardedAxis, Unreduced, block_layout
 from .partitioning import ResourceMapping, current_mapping, current_mesh, pspec_for
 
@@ -62,7 +62,7 @@ def layout(x: NamedArray | Any, mapping: ResourceMapping | None = None) -> str:
     mapping = mapping if mapping is not None else current_mapping()
     if mapping is None and isinstance(x, NamedArray) and hasattr(x.array, "sharding") and not is_tracer(x.array):
         return sharding_layout(axes, x.array.sharding)
-    return _format_layout(axes, _spec_entries(pspec_for(axes, mapping or {}, mesh=None)))
+    return format_layout(axes, spec_entries(pspec_for(axes, mapping or {}, mesh=None)))
 
 
 # ---- sizes -------------------------------------------------------------------------------------
@@ -187,8 +187,8 @@ class ParamReport:
     def _summary(self) -> str:
         return (
             f"{len(self.rows)} arrays, {self.n_params:,} elements, {_human(self.total_bytes)} in all over mesh "
-            f"{self.mesh_shape}: {_human(self.bytes_per_device)} per device, {self.replicated_fraction:.1%} of the "
-            f"bytes replicated"
+            f"{self.mesh_shape}: {_human(self.bytes_per_device)} per "
+            f"device, {self.replicated_fraction:.1%} of the bytes replicated"
         )
 
     def __str__(self) -> str:
@@ -218,7 +218,7 @@ class ParamReport:
 
     def _grid(self, row: ParamRow) -> DeviceGrid:
         shaped = jax.ShapeDtypeStruct(tuple(a.size for a in row.axes), np.dtype(row.dtype))
-        return device_grid(NamedArray._unchecked(shaped, row.axes), self.mapping or {}, self.mesh, title=row.path)
+        return device_grid(unchecked(shaped, row.axes), self.mapping or {}, self.mesh, title=row.path)
 
 
 def param_report(tree: Any, mapping: ResourceMapping | None, mesh=None) -> ParamReport:
@@ -235,7 +235,7 @@ def param_report(tree: Any, mapping: ResourceMapping | None, mesh=None) -> Param
             continue
         spec = pspec_for(x, mapping or {}, mesh)
         parts = 1
-        for e in _spec_entries(spec):
+        for e in spec_entries(spec):
             parts *= math.prod(mesh_shape[m] for m in e) if e else 1
         nbytes = int(np.prod([a.size for a in x.axes], dtype=np.int64)) * np.dtype(x.array.dtype).itemsize
         rows.append(

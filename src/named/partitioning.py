@@ -27,12 +27,12 @@ from ._context import (  # noqa: F401  (re-exported: this module is where users 
     MeshAxes,
     ResourceMapping,
     ShardingError,
-    _check_mapping_values,
     axis_mapping,
+    check_mapping_values,
     current_mapping,
     current_mesh,
 )
-from ._core import NamedArray, is_named_array
+from ._core import NamedArray, is_named_array, unchecked
 from ._fields import field, map_named  # noqa: F401  (field: public here)
 
 # ---- meshes --------------------------------------------------------------------------
@@ -112,7 +112,7 @@ def set_mesh(mesh: Mesh):
 # ---- mappings (the current one, axis_mapping and current_mesh live in _context) ---------------
 
 
-def _mesh_axes(v: MeshAxes) -> tuple[str, ...]:
+def mesh_axes_of(v: MeshAxes) -> tuple[str, ...]:
     if v is None:
         return ()
     if isinstance(v, str):
@@ -123,10 +123,10 @@ def _mesh_axes(v: MeshAxes) -> tuple[str, ...]:
 def check_mapping(mapping: ResourceMapping, mesh: Mesh | Mapping[str, int]) -> None:
     """Every mesh axis the mapping names must exist in ``mesh`` (a mesh, or its axis sizes as
     ``make_mesh`` takes them: a config can be checked before there are devices)."""
-    _check_mapping_values(mapping)
+    check_mapping_values(mapping)
     sizes = getattr(mesh, "shape", mesh)  # a Mesh or AbstractMesh, or the sizes themselves
     for name, v in mapping.items():
-        for m in _mesh_axes(v):
+        for m in mesh_axes_of(v):
             if m not in sizes:
                 raise ShardingError(
                     f"axis {name!r} is mapped to mesh axis {m!r}, which the mesh does not have "
@@ -167,16 +167,17 @@ def pspec_for(x, mapping: ResourceMapping | None = None, mesh: Mesh | None = Non
     axes = _axes(x)
     if mapping is None:
         return PartitionSpec(*([None] * len(axes)))
-    _check_mapping_values(mapping)
+    check_mapping_values(mapping)
     used: dict[str, str] = {}
     entries = []
     for a in axes:
         name = a.name if isinstance(a, Axis) else a
-        target = _mesh_axes(mapping.get(name))
+        target = mesh_axes_of(mapping.get(name))
         for m in target:
             if mesh is not None and m not in mesh.shape:
                 raise ShardingError(
-                    f"axis {name!r} is mapped to mesh axis {m!r}, which the mesh does not have (mesh axes: {dict(mesh.shape)})"
+                    f"axis {name!r} is mapped to mesh axis {m!r}, which the mesh does not have (mesh axes: "
+                    f"{dict(mesh.shape)})"
                 )
             if m in used:
                 raise ShardingError(
@@ -211,7 +212,7 @@ def infer_shardings(tree: Any, mapping: ResourceMapping | None = None, mesh: Mes
     plain array in an ``nm.field(axis_names=...)`` field), None elsewhere."""
 
     def leaf(x):
-        return NamedArray._unchecked(sharding_for(x, mapping, mesh), x.axes)
+        return unchecked(sharding_for(x, mapping, mesh), x.axes)
 
     return map_named(leaf, tree, plain=lambda _: None)
 
@@ -233,7 +234,7 @@ def constrain(arr: jax.Array, mesh, spec: PartitionSpec) -> jax.Array:
     def part(keep) -> PartitionSpec:
         entries = []
         for e in spec:
-            ms = tuple(m for m in _mesh_axes(e) if keep(m))
+            ms = tuple(m for m in mesh_axes_of(e) if keep(m))
             entries.append(None if not ms else ms[0] if len(ms) == 1 else ms)
         return PartitionSpec(*entries)
 
@@ -262,7 +263,7 @@ def shard(tree: Any, mapping: ResourceMapping | None = None, mesh: Mesh | None =
             arr = constrain(x.array, mesh, spec)
         else:  # placed on the Auto twin of an Explicit mesh, where named_jit runs
             arr = jax.device_put(x.array, NamedSharding(auto_mesh(mesh), spec))
-        return NamedArray._unchecked(arr, x.axes)
+        return unchecked(arr, x.axes)
 
     return map_named(leaf, tree)
 
@@ -304,19 +305,21 @@ def _donated(prefix, tree, what: str) -> list[bool]:
 class NamedJitWrapped:
     """A function compiled by ``named_jit``; call it, or ``.lower(*args)`` to inspect the program."""
 
-    def __init__(self, fn: Callable, axis, inputs, outputs, donate: tuple, mesh: Mesh | None, jit_kwargs: dict):
+    def __init__(
+        self, fn: Callable, mapping, in_mapping, out_mapping, donate: tuple, mesh: Mesh | None, jit_kwargs: dict
+    ):
         def traced(donated, kept, static):
             treedef, fixed = static
             args, kwargs = jax.tree.unflatten(
                 treedef, [d if d is not None else k if k is not None else s for d, k, s in zip(donated, kept, fixed)]
             )
             mesh = current_mesh()
-            for m in (current_mapping(), inputs, outputs) if mesh is not None else ():
+            for m in (current_mapping(), in_mapping, out_mapping) if mesh is not None else ():
                 if m is not None:
                     check_mapping(m, mesh)
-            if inputs is not None:
-                args, kwargs = shard((args, kwargs), inputs)
-            dyn, stat = eqx.partition(shard(fn(*args, **kwargs), outputs), _is_dynamic)
+            if in_mapping is not None:
+                args, kwargs = shard((args, kwargs), in_mapping)
+            dyn, stat = eqx.partition(shard(fn(*args, **kwargs), out_mapping), _is_dynamic)
             return dyn, _StaticOut(stat)
 
         # the compiled module is then called jit_<fn name>, which is what HLO dumps and profiles show
@@ -324,7 +327,9 @@ class NamedJitWrapped:
         self._jitted = jax.jit(traced, donate_argnums=0, static_argnums=2, **jit_kwargs)
         self._donate = donate
         self._mesh = mesh
-        self._in_mapping = functools.partial(axis_mapping, axis) if axis is not None else contextlib.nullcontext
+        self._mapping_context = (
+            functools.partial(axis_mapping, mapping) if mapping is not None else contextlib.nullcontext
+        )
         functools.update_wrapper(self, fn)
 
     def _placed(self, args: tuple, kwargs: dict):
@@ -363,14 +368,14 @@ class NamedJitWrapped:
 
     def __call__(self, *args, **kwargs):
         mesh, args, kwargs = self._placed(args, kwargs)
-        with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext(), self._in_mapping():
+        with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext(), self._mapping_context():
             dyn, stat = self._jitted(*self._split(args, kwargs))
         return eqx.combine(dyn, stat.value)
 
     def lower(self, *args, **kwargs):
         """``jax.stages.Lowered`` for these arguments (``.compile().as_text()`` for the HLO)."""
         mesh, args, kwargs = self._placed(args, kwargs)
-        with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext(), self._in_mapping():
+        with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext(), self._mapping_context():
             return self._jitted.lower(*self._split(args, kwargs))
 
     def __get__(self, instance, owner):
@@ -423,7 +428,7 @@ def named_jit(
     )
     for m in (mapping, in_mapping, out_mapping):
         if m is not None:
-            _check_mapping_values(m)
+            check_mapping_values(m)
             if mesh is not None:
                 check_mapping(m, mesh)
 

@@ -29,9 +29,9 @@ from ._axis import (
 )
 from ._compat import threefry_partitionable
 from ._context import current_body
-from ._core import NamedArray, axes_of, expect_named, raw
+from ._core import NamedArray, axes_of, expect_named, raw, unchecked
 from ._index import concrete
-from ._shape import _axes_for_creation
+from ._shape import axes_for_creation
 
 if not threefry_partitionable():  # pragma: no cover - guards a jax default
     raise NamedError("named needs jax_threefry_partitionable=True for mesh-independent random init")
@@ -58,7 +58,7 @@ def block_draw(draw, axes):
     gives outside: explicit mode draws the whole array and keeps this device's block of it
     (the draw is mesh-independent: ``jax_threefry_partitionable``), at the cost of drawing all of
     it. Code that computes one part of a block (explicit mode's batch split) keeps that part."""
-    axes = _axes_for_creation(axes)
+    axes = axes_for_creation(axes)
     body = current_body()
     return draw(_shape(axes)) if body is None else body.draw(draw, axes)
 
@@ -117,13 +117,13 @@ def _param(value, axes, what: str, draw: str = ""):
 
 
 def normal(key, axes: AxisSelection, dtype=jnp.float32, *, mean=0.0, stddev=1.0) -> NamedArray:
-    ax = _axes_for_creation(axes)
+    ax = axes_for_creation(axes)
     z = _call("normal", jax.random.normal, _key(key), _shape(ax), dtype, dtype=dtype)
     return NamedArray(z * _param(stddev, ax, "stddev", "normal") + _param(mean, ax, "mean"), ax)
 
 
 def uniform(key, axes: AxisSelection, dtype=jnp.float32, *, minval=0.0, maxval=1.0) -> NamedArray:
-    ax = _axes_for_creation(axes)
+    ax = axes_for_creation(axes)
     lo, hi = _param(minval, ax, "minval"), _param(maxval, ax, "maxval")
     _ordered(lo, hi, "minval, maxval", "uniform")
     return NamedArray(_call("uniform", jax.random.uniform, _key(key), _shape(ax), dtype, lo, hi, dtype=dtype), ax)
@@ -131,7 +131,7 @@ def uniform(key, axes: AxisSelection, dtype=jnp.float32, *, minval=0.0, maxval=1
 
 def truncated_normal(key, axes: AxisSelection, dtype=jnp.float32, *, lower=-2.0, upper=2.0) -> NamedArray:
     """Standard normal truncated to ``[lower, upper]``."""
-    ax = _axes_for_creation(axes)
+    ax = axes_for_creation(axes)
     lo, hi = _param(lower, ax, "lower"), _param(upper, ax, "upper")
     _ordered(lo, hi, "lower, upper", "truncated_normal")
     return NamedArray(
@@ -140,12 +140,12 @@ def truncated_normal(key, axes: AxisSelection, dtype=jnp.float32, *, lower=-2.0,
 
 
 def bernoulli(key, axes: AxisSelection, p=0.5) -> NamedArray:
-    ax = _axes_for_creation(axes)
+    ax = axes_for_creation(axes)
     return NamedArray(jax.random.bernoulli(_key(key), _param(p, ax, "p", "bernoulli"), _shape(ax)), ax)
 
 
 def randint(key, axes: AxisSelection, minval, maxval, dtype=jnp.int32) -> NamedArray:
-    ax = _axes_for_creation(axes)
+    ax = axes_for_creation(axes)
     lo, hi = _param(minval, ax, "minval"), _param(maxval, ax, "maxval")
     _ordered(lo, hi, "minval, maxval", "randint")
     return NamedArray(_call("randint", jax.random.randint, _key(key), _shape(ax), lo, hi, dtype, dtype=dtype), ax)
@@ -158,7 +158,7 @@ def categorical(key, logits: NamedArray, axis: AxisSelector, axes: AxisSelection
     if logits.axes[i].size == 0:
         raise AxisError(f"nm.random.categorical along the zero-size axis {logits.axes[i].name!r}: no category to draw")
     rest = logits.axes[:i] + logits.axes[i + 1 :]
-    new = _axes_for_creation(axes) if as_selectors(axes) else ()
+    new = axes_for_creation(axes) if as_selectors(axes) else ()
     out_axes = new + rest
     check_unique(out_axes, "the categorical draw's")
     return NamedArray(jax.random.categorical(_key(key), logits.array, axis=i, shape=_shape(out_axes)), out_axes)
@@ -202,8 +202,8 @@ def split(key, num: int | Axis = 2):
     flat = key.array.reshape(-1)
     keys = jax.vmap(lambda k: jax.random.split(k, n))(flat).reshape(key.array.shape + (n,))
     if isinstance(num, Axis):
-        return NamedArray._unchecked(keys, key.axes + (num,))
-    return tuple(NamedArray._unchecked(keys[..., i], key.axes) for i in range(n))
+        return unchecked(keys, key.axes + (num,))
+    return tuple(unchecked(keys[..., i], key.axes) for i in range(n))
 
 
 # ---- distributions that draw alike: fn(key, *params, shape, dtype) -------------------------
@@ -235,8 +235,8 @@ def _draw(name: str, fn, params: tuple[str, ...]):
     def draw(key, axes: AxisSelection, *args, dtype=None, **kwargs) -> NamedArray:
         if len(args) > len(params):
             raise ArgumentTypeError(
-                f"nm.random.{name} takes {len(params)} parameters ({', '.join(params) or 'none'}) after the axes, "
-                f"got {len(args)}"
+                f"nm.random.{name} takes {len(params)} parameters "
+                f"({', '.join(params) or 'none'}) after the axes, got {len(args)}"
             )
         values = dict(zip(params, args))
         for k, v in kwargs.items():
@@ -249,7 +249,7 @@ def _draw(name: str, fn, params: tuple[str, ...]):
         missing = [p for p in params if p not in values]
         if missing:
             raise ArgumentTypeError(f"nm.random.{name} needs the parameters {missing}")
-        ax = _axes_for_creation(axes)
+        ax = axes_for_creation(axes)
         raw_params = [_param(values[p], ax, p, name) for p in params]
         return NamedArray(_call(name, fn, _key(key), *raw_params, _shape(ax), dtype, dtype=dtype), ax)
 
@@ -284,7 +284,7 @@ def permutation(key, x, axis: AxisSelector | None = None, *, independent: bool =
     if not isinstance(x, NamedArray):
         raise ArgumentTypeError(f"nm.random.permutation takes an Axis or a NamedArray, got {type(x).__name__}")
     i = _one_axis(x, axis, "permutation")
-    return NamedArray._unchecked(jax.random.permutation(_key(key), x.array, axis=i, independent=independent), x.axes)
+    return unchecked(jax.random.permutation(_key(key), x.array, axis=i, independent=independent), x.axes)
 
 
 def choice(
@@ -293,7 +293,7 @@ def choice(
     """Draw from ``0 .. a.size - 1`` (``a`` an Axis) or from a NamedArray's entries along ``axis``;
     the draws have the new ``axes``, which take the chosen axis' place. ``p`` (a NamedArray
     along the chosen axis) weights the choice."""
-    new = _axes_for_creation(axes) if as_selectors(axes) else ()
+    new = axes_for_creation(axes) if as_selectors(axes) else ()
     if isinstance(a, Axis):
         pool, i, rest_before, rest_after = a.size, 0, (), ()
         chosen = a
@@ -318,10 +318,11 @@ def choice(
     check_unique(out_axes, "the chosen")
     if not replace and int(np.prod([n.size for n in new])) > chosen.size:
         raise ArgumentError(
-            f"nm.random.choice: {format_axes(new)} draws without replacement from {chosen.size} entries of {chosen.name!r}"
+            f"nm.random.choice: {format_axes(new)} draws without "
+            f"replacement from {chosen.size} entries of {chosen.name!r}"
         )
     out = jax.random.choice(_key(key), pool, tuple(n.size for n in new), replace=replace, p=p, axis=i)
-    return NamedArray._unchecked(out, out_axes)
+    return unchecked(out, out_axes)
 
 
 def dirichlet(key, alpha: NamedArray, axis: AxisSelector, axes: AxisSelection = (), dtype=None) -> NamedArray:
@@ -332,8 +333,8 @@ def dirichlet(key, alpha: NamedArray, axis: AxisSelector, axes: AxisSelection = 
     _in_domain(alpha, "a", "dirichlet")
     event = alpha.axes[i]
     batch = alpha.axes[:i] + alpha.axes[i + 1 :]
-    new = _axes_for_creation(axes) if as_selectors(axes) else ()
+    new = axes_for_creation(axes) if as_selectors(axes) else ()
     out_axes = new + batch + (event,)
     check_unique(out_axes, "the dirichlet draw's")
     moved = jnp.moveaxis(alpha.array, i, -1)
-    return NamedArray._unchecked(jax.random.dirichlet(_key(key), moved, _shape(new + batch), dtype), out_axes)
+    return unchecked(jax.random.dirichlet(_key(key), moved, _shape(new + batch), dtype), out_axes)

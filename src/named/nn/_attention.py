@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from .. import _ops as ops
 from .._axis import ArgumentError, ArgumentTypeError, Axis, AxisError, AxisSelector, NamedError, format_axes, name_of
 from .._context import attention_context, current_attention
-from .._core import NamedArray, expect_named
+from .._core import NamedArray, expect_named, unchecked
 from .._einsum import dot, einsum
 from .._shape import arange, broadcast_to, concatenate, flatten_axes, rename, unflatten_axis
 from ..partitioning import shard
@@ -44,7 +44,7 @@ def positions_from_segments(segment_ids: NamedArray, Pos: AxisSelector = "positi
     starts = jnp.concatenate([jnp.ones_like(prev[..., :1], bool), prev[..., 1:] != prev[..., :-1]], axis=-1)
     idx = jnp.arange(n, dtype=jnp.int32)
     start_idx = jax.lax.cummax(jnp.where(starts, idx, 0), axis=prev.ndim - 1)
-    return NamedArray._unchecked(idx - start_idx, ids.axes).rearrange(segment_ids.names)
+    return unchecked(idx - start_idx, ids.axes).rearrange(segment_ids.names)
 
 
 def rotary_embedding(
@@ -222,7 +222,8 @@ def dot_product_attention(
             if r.name not in query.names or query.axis_size(r.name) != r.size:
                 raise AxisError(
                     f"dot_product_attention: q_offset has {r.name}={r.size}, but the query "
-                    f"{format_axes(query.axes)} has {r.name}={query.axis_size(r.name) if r.name in query.names else 'no such axis'}; "
+                    f"{format_axes(query.axes)} has "
+                    f"{r.name}={query.axis_size(r.name) if r.name in query.names else 'no such axis'}; "
                     "per-row offsets need one entry for each row"
                 )
     if window is not None and not causal:
@@ -245,7 +246,7 @@ def dot_product_attention(
         if segment_ids is not None:
             s = segment_mask(segment_ids, rename(segment_ids, {qpos: kpos}))
             mask = s if mask is None else mask & s
-        out = _fused_attention(query, key, value, qpos, kpos, hs, causal, mask, bias, scale, "cudnn", window)
+        out = fused_attention(query, key, value, qpos, kpos, hs, causal, mask, bias, scale, "cudnn", window)
     else:
         m = _combined_mask(query, key, qpos, kpos, causal, mask, segment_ids, q_offset, window)
         out = _xla_attention(query, key, value, qpos, kpos, hs, m, bias, scale, softcap)
@@ -299,8 +300,8 @@ def _with_one_query(fn, query, others, args: dict) -> NamedArray:
     qpos = name_of(args["QPos"])
     if args.get("segment_ids") is not None:
         raise AxisError(
-            f"attention: segment_ids are per query position, but the query {format_axes(query.axes)} has no "
-            f"{qpos!r} axis"
+            "attention: segment_ids are per query position, but the "
+            f"query {format_axes(query.axes)} has no {qpos!r} axis"
         )
     out = fn(query.broadcast_axis(Axis(qpos, 1)), *others, **args)
     return out[qpos, 0]
@@ -473,7 +474,7 @@ def _weights(query, key, kpos, hs, m, bias, scale, softcap):
     return ops.softmax(scores, kpos)
 
 
-def _fused_attention(query, key, value, qpos, kpos, hs, causal, mask, bias, scale, implementation, window=None):
+def fused_attention(query, key, value, qpos, kpos, hs, causal, mask, bias, scale, implementation, window=None):
     """``jax.nn.dot_product_attention`` on ``[B, T, N, D]`` arrays folded from the named ones:
     axes the query shares with the key (batch, kv heads) become B, query-only axes (heads, or
     the GQA group) become N against a single kv head. ``implementation="xla"`` runs the same

@@ -20,20 +20,20 @@ from .._axis import (
     format_axes,
     names_of,
 )
-from .._core import NamedArray, expect_named
+from .._core import NamedArray, expect_named, unchecked
 from .._ops import elu, gelu, leaky_relu, log_sigmoid, relu, relu6, sigmoid, silu, softplus, swish  # noqa: F401  (nn.relu, ...)
 from .._shape import split
 from ._linear import Linear
 
 # Activations jax.nn has and nm does not: the same elementwise wrapper as nm.relu (one broadcasting rule).
-selu = ops._wrap(jax.nn.selu, "selu")
-celu = ops._wrap(jax.nn.celu, "celu")
-hard_sigmoid = ops._wrap(jax.nn.hard_sigmoid, "hard_sigmoid")
-hard_silu = ops._wrap(jax.nn.hard_silu, "hard_silu")
+selu = ops.elementwise_op(jax.nn.selu, "selu")
+celu = ops.elementwise_op(jax.nn.celu, "celu")
+hard_sigmoid = ops.elementwise_op(jax.nn.hard_sigmoid, "hard_sigmoid")
+hard_silu = ops.elementwise_op(jax.nn.hard_silu, "hard_silu")
 hard_swish = hard_silu
-hard_tanh = ops._wrap(jax.nn.hard_tanh, "hard_tanh")
-soft_sign = ops._wrap(jax.nn.soft_sign, "soft_sign")
-mish = ops._wrap(jax.nn.mish, "mish")
+hard_tanh = ops.elementwise_op(jax.nn.hard_tanh, "hard_tanh")
+soft_sign = ops.elementwise_op(jax.nn.soft_sign, "soft_sign")
+mish = ops.elementwise_op(jax.nn.mish, "mish")
 
 
 def relu_squared(x: NamedArray) -> NamedArray:
@@ -94,7 +94,8 @@ ACTIVATIONS: dict[str, Callable[[NamedArray], NamedArray]] = {
 
 
 def activation(name: str | Callable[[NamedArray], NamedArray]) -> Callable[[NamedArray], NamedArray]:
-    """The activation called ``name`` (``gelu``, ``gelu_new``, ``silu``, ``relu``, ...); a callable is returned as it is."""
+    """The activation called ``name`` (``gelu``, ``gelu_new``, ``silu``, ``relu``, ...); a callable is
+    returned as it is."""
     if callable(name):
         return name
     try:
@@ -133,9 +134,9 @@ class Dropout(eqx.Module):
             key = key.array
         dtype = ops.floating(x.dtype)  # an int input is scaled, not truncated
         if self.pdrop == 1.0:  # x / 0 would put NaN into the gradient
-            return NamedArray._unchecked(jnp.zeros_like(x.array, dtype), x.axes)
+            return unchecked(jnp.zeros_like(x.array, dtype), x.axes)
         keep = nm_random.block_draw(lambda shape: jax.random.bernoulli(key, 1.0 - self.pdrop, shape), x.axes)
-        return NamedArray._unchecked(jnp.where(keep, x.array / (1.0 - self.pdrop), 0).astype(dtype), x.axes)
+        return unchecked(jnp.where(keep, x.array / (1.0 - self.pdrop), 0).astype(dtype), x.axes)
 
 
 WIDTH_NAME = "mlp"  # the hidden axis of MLP.init(In, Out, width=<int>, ...)

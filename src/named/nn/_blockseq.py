@@ -18,10 +18,10 @@ from .._axis import Axis, AxisError, NamedError
 from .._remat import Remat, remat_policy, with_remat
 from ._stacked import (
     M,
-    _call,
     argument_slices,
     as_method,
     block_init_function,
+    call_block,
     check_every,
     checkpointing,
     layer_index,
@@ -97,15 +97,15 @@ class BlockSeq(eqx.Module, Generic[M]):
         """``x = block(x, *args, **kwargs)`` for each block in order; arguments with the Layers
         axis (and plain arrays, along their first dimension) are sliced per layer, as in
         ``Stacked.fold``. ``unroll`` is accepted for Stacked's sake (the loop is unrolled)."""
-        return self.fold_via(_call, unroll=unroll)(x, *args, **kwargs)
+        return self.fold_via(call_block, unroll=unroll)(x, *args, **kwargs)
 
     def scan(self, x, *args, unroll=None, **kwargs):
         """Like ``fold`` but each block returns ``(x, y)``; the ys are stacked along Layers."""
-        return self.scan_via(_call, unroll=unroll)(x, *args, **kwargs)
+        return self.scan_via(call_block, unroll=unroll)(x, *args, **kwargs)
 
     def vmap(self, x, *args, **kwargs):
         """Every block applied to the same ``x`` (or its own slice of an ``x`` with Layers); stacked."""
-        return self.vmap_via(_call)(x, *args, **kwargs)
+        return self.vmap_via(call_block)(x, *args, **kwargs)
 
     def fold_via(self, fn: Callable | str, *, unroll=None) -> Callable:
         call = as_method(fn, "BlockSeq.fold_via")

@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import random as nmr
 from .._axis import ArgumentError, Axis, AxisError, AxisSelection, format_axes, name_of, names_of
-from .._core import NamedArray, expect_named
+from .._core import NamedArray, expect_named, unchecked
 from ..partitioning import shard
 
 _BATCH = "__conv_batch__"  # the batch axes folded into one, for the few calls that need exactly one
@@ -171,7 +171,7 @@ def _convolve(x: NamedArray, kernel: jax.Array, In: Axis, Out: Axis, spatial, ba
     y = jax.lax.conv_general_dilated(x.array.astype(dtype), kernel.astype(dtype), dimension_numbers=numbers, **conv)
     sizes = dict(zip(spatial, out_sizes))
     axes = tuple(Out if a.name == In.name else a.resize(sizes[a.name]) if a.name in sizes else a for a in x.axes)
-    out = NamedArray._unchecked(y, axes)
+    out = unchecked(y, axes)
     if len(batch) != 1:
         out = out[_BATCH, 0] if not batch else out.unflatten_axis(_BATCH, batch)
     return out

@@ -42,18 +42,18 @@ from .. import _compat
 from .._axis import ArgumentError, ArgumentTypeError, Axis, NamedError
 from .._context import (
     FrozenMapping,
-    _check_mapping_values,
     body_context,
+    check_mapping_values,
     current_body,
     current_layer_driver,
     layer_driver_context,
     part_of_block,
 )
-from .._core import NamedArray, is_named_array
-from .._local import CollectiveOrder, _split_over, join_blocks, split_block
-from .._transforms import _Outputs, _Split, _where
+from .._core import NamedArray, is_named_array, unchecked
+from .._local import CollectiveOrder, join_blocks, split_block, split_over
+from .._transforms import MappedOutputs, MappedSplit, place_of
 from ..explicit import all_gather, shard_map
-from ..partitioning import ShardingError, _mesh_axes
+from ..partitioning import ShardingError, mesh_axes_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +73,7 @@ class ExplicitStack:
         for field in ("param_mapping", "compute_mapping"):
             mapping = getattr(self, field) or {}
             try:
-                _check_mapping_values(mapping)
+                check_mapping_values(mapping)
             except ShardingError as e:
                 raise ShardingError(f"ExplicitStack {field}: {e}") from None
             object.__setattr__(self, field, FrozenMapping(mapping))
@@ -88,7 +88,7 @@ class ExplicitStack:
             raise ArgumentError(f"ExplicitStack: batch_split={self.batch_split!r} must be a positive int (1: no split)")
 
     def split(self, mapping: Mapping[str, Any], name: str) -> tuple[str, ...]:
-        return tuple(_mesh_axes(mapping.get(name)))
+        return tuple(mesh_axes_of(mapping.get(name)))
 
     def check(self, weight_axes: set[str], carried_axes: set[str]) -> None:
         """Refuse layouts the unchanged blocks cannot compute per device: an activation axis
@@ -111,7 +111,7 @@ class ExplicitStack:
 
     def keeps_split(self, a: Axis) -> bool:
         """A stored weight axis the layers use split as it is (tensor/expert parallelism)."""
-        return _split_over(a) == self.split(self.compute_mapping, a.name)
+        return split_over(a) == self.split(self.compute_mapping, a.name)
 
     def run(self, stacked, step, x, args, kwargs):
         """``step(block, x, *args, **kwargs) -> (x, y)`` over the layers of ``stacked``, per device."""
@@ -126,7 +126,7 @@ class ExplicitStack:
             if not isinstance(leaf, NamedArray) and eqx.is_array(leaf) and leaf.ndim:
                 # the local stack slices what names say: a plain per-layer argument would reach every layer whole
                 raise ShardingError(
-                    f"explicit mode: the layer argument {_where(path)} is a plain array of "
+                    f"explicit mode: the layer argument {place_of(path)} is a plain array of "
                     f"shape {tuple(leaf.shape)}; give per-layer arguments as NamedArrays "
                     f"(nm.named(a, ({stacked.Layers.name!r}, ...))) so that each device slices them"
                 )
@@ -138,10 +138,11 @@ class ExplicitStack:
                 if not (isinstance(w, NamedArray) and cut in w.names)
             ]
             if whole:
+                w = whole[0]
+                what = f"has axes {w.axes}" if isinstance(w, NamedArray) else "is not a NamedArray"
                 raise ShardingError(
-                    f"explicit mode: batch_split={self.batch_split} cuts the layers' carry along {cut!r}, but a carried "
-                    f"value {'has axes ' + str(whole[0].axes) if isinstance(whole[0], NamedArray) else 'is not a NamedArray'} "
-                    f"without it"
+                    f"explicit mode: batch_split={self.batch_split} cuts the layers' carry along {cut!r}, but a "
+                    f"carried value {what} without it"
                 )
 
         def body(weights, carry, a, kw):
@@ -157,7 +158,7 @@ class _PrefetchedScan:
     custom VJP (recompute each layer from its input, reduce-scatter its weight gradient).
 
     Everything is kept as flat lists of raw arrays, because that is what ``lax.scan`` carries
-    and ``jax.custom_vjp`` differentiates; ``_Split`` knows how to put the NamedArrays back.
+    and ``jax.custom_vjp`` differentiates; ``MappedSplit`` knows how to put the NamedArrays back.
     """
 
     def __init__(self, driver: ExplicitStack, step, Layers: Axis, weights, args, kwargs):
@@ -165,7 +166,7 @@ class _PrefetchedScan:
         # re-enters the body's context for its collectives.
         self.step, self.L, self.body = step, Layers.size, current_body()
         self.parts, self.cut = driver.batch_split, driver.independent[0]
-        self.split = _Split((weights, args, kwargs), Layers, "the explicit layer scan")
+        self.split = MappedSplit((weights, args, kwargs), Layers, "the explicit layer scan")
         n_weights = len(jax.tree.leaves(weights, is_leaf=is_named_array))
         self.weights = [j for j, k in enumerate(self.split.mapped) if k < n_weights]  # positions among mapped
         self.layered = self.split.mapped_arrays(front=True)  # weights and per-layer arguments, layers in front
@@ -179,7 +180,7 @@ class _PrefetchedScan:
         for j in self.weights:
             k = self.split.mapped[j]
             self.gather_axes[j] = [
-                a.name for a in self.split.inner_axes[k] if _split_over(a) and not driver.keeps_split(a)
+                a.name for a in self.split.inner_axes[k] if split_over(a) and not driver.keeps_split(a)
             ]
 
     # -- pieces of one layer --
@@ -190,7 +191,7 @@ class _PrefetchedScan:
         if not names:
             return raw
         k = self.split.mapped[j]
-        return all_gather(NamedArray._unchecked(raw, self.split.inner_axes[k]), names).array
+        return all_gather(unchecked(raw, self.split.inner_axes[k]), names).array
 
     def _gathered_layer(self, layered, i):
         return [self._gather(j, lax.dynamic_index_in_dim(layered[j], i, keepdims=False)) for j in self.weights]
@@ -207,11 +208,11 @@ class _PrefetchedScan:
                 axes = tuple(
                     a if a.name not in self.gather_axes[j] else Axis(a.name, n) for a, n in zip(axes, raw.shape)
                 )
-                leaves[k] = NamedArray._unchecked(raw, axes)
+                leaves[k] = unchecked(raw, axes)
             else:
-                leaves[k] = NamedArray._unchecked(next(it_a), axes)
+                leaves[k] = unchecked(next(it_a), axes)
         for k, v in zip(self.shared, shared):
-            leaves[k] = NamedArray._unchecked(v, leaves[k].axes) if isinstance(leaves[k], NamedArray) else v
+            leaves[k] = unchecked(v, leaves[k].axes) if isinstance(leaves[k], NamedArray) else v
         block, a, kw = jax.tree.unflatten(self.split.treedef, leaves)
         with layer_driver_context(None):  # a Stacked inside a layer runs locally
             carry, y = self.step(block, carry, *a, **kw) if self.parts == 1 else self._in_parts(block, carry, a, kw)
@@ -257,7 +258,7 @@ class _PrefetchedScan:
     # -- the scan --
 
     def __call__(self, carry):
-        self.outs = _Outputs()
+        self.outs = MappedOutputs()
         shared = [
             self.split.leaves[k].array if isinstance(self.split.leaves[k], NamedArray) else self.split.leaves[k]
             for k in self.shared
@@ -367,7 +368,7 @@ def _join(outs: list, cut: str):
             joined.append(join_blocks(col, cut))
         elif eqx.is_inexact_array(raw):
             mean = sum((c.array if isinstance(c, NamedArray) else c) for c in col) / len(col)
-            joined.append(NamedArray._unchecked(mean, v.axes) if isinstance(v, NamedArray) else mean)
+            joined.append(unchecked(mean, v.axes) if isinstance(v, NamedArray) else mean)
         elif eqx.is_array(raw):
             raise NamedError(
                 f"explicit mode's batch split: a layer output of dtype {raw.dtype} without axis {cut!r} "

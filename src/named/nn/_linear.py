@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import random as nmr
 from .._axis import ArgumentError, Axis, AxisError, AxisSelection, NamedError, as_selectors, format_axes
-from .._core import NamedArray, expect_named
+from .._core import NamedArray, expect_named, unchecked
 from .._einsum import dot
 from .._index import concrete, first_flagged
 from .._shape import zeros
@@ -20,7 +20,7 @@ from ._reparam import AbstractLinearReparam, LinearStandardParam
 
 # std of a standard normal truncated to [-2, 2] (jax.random.truncated_normal's default bounds);
 # dividing by it makes the weights' std what init() says (as jax.nn.initializers.variance_scaling does).
-_TRUNCATED_NORMAL_STD = 0.87962566103423978
+TRUNCATED_NORMAL_STD = 0.87962566103423978
 
 
 def _axes(axes: AxisSelection, what: str) -> tuple[Axis, ...]:
@@ -80,7 +80,7 @@ class Linear(eqx.Module):
                 f"Linear: reparam_cls must be a class from nn.mup (LinearStandardParam, InputLinearMup, "
                 f"HiddenLinearMup, OutputLinearMup), got {reparam_cls!r}"
             )
-        std = init_scale * reparam_cls.init_scale(In, Out) / _TRUNCATED_NORMAL_STD
+        std = init_scale * reparam_cls.init_scale(In, Out) / TRUNCATED_NORMAL_STD
         w = nmr.truncated_normal(key, (outs + ins) if out_first else (ins + outs), dtype) * std
         b = zeros(outs, dtype) if use_bias else None
         return Linear(w.astype(dtype), b, In, Out, reparam_cls)
@@ -148,7 +148,7 @@ def _merge(x: NamedArray, axes: tuple[Axis, ...], into: Axis) -> NamedArray:
         return x
     i = x.index_of(axes[0])
     new = x.axes[:i] + (into,) + x.axes[i + len(axes) :]
-    return NamedArray._unchecked(x.array.reshape(tuple(a.size for a in new)), new)
+    return unchecked(x.array.reshape(tuple(a.size for a in new)), new)
 
 
 def _split(x: NamedArray, flat: Axis, axes: tuple[Axis, ...]) -> NamedArray:
@@ -156,7 +156,7 @@ def _split(x: NamedArray, flat: Axis, axes: tuple[Axis, ...]) -> NamedArray:
         return x
     i = x.index_of(flat)
     new = x.axes[:i] + axes + x.axes[i + 1 :]
-    return NamedArray._unchecked(x.array.reshape(tuple(a.size for a in new)), new)
+    return unchecked(x.array.reshape(tuple(a.size for a in new)), new)
 
 
 def check_input(layer, x: NamedArray) -> None:
@@ -210,13 +210,13 @@ class Embedding(eqx.Module):
         bad = _outside(ids, self.Vocab) if self.check_ids else None  # before the gather's own, wider, check
         out = self.weight.take(self.Vocab.name, ids)
         if bad is not None:
-            out = NamedArray._unchecked(
+            out = unchecked(
                 eqx.error_if(
                     out.array,
                     jnp.any(bad),
                     f"Embedding: a token id is outside [0, "
-                    f"{self.Vocab.size}) (vocab {self.Vocab.name!r}); it would have "
-                    "been clamped",
+                    f"{self.Vocab.size}) (vocab {self.Vocab.name!r}); "
+                    "it would have been clamped",
                 ),
                 out.axes,
             )

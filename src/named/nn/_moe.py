@@ -38,12 +38,12 @@ from .. import _ops as ops
 from .. import partitioning
 from .._axis import ArgumentError, Axis, AxisError, as_selectors, format_axes
 from .._context import current_body, current_mapping, current_mesh
-from .._core import NamedArray, expect_named
+from .._core import NamedArray, expect_named, unchecked
 from .._einsum import dot
-from .._local import ShardedAxis, _split_over, issue
+from .._local import ShardedAxis, issue, split_over
 from .._shape import one_hot
 from ..explicit import all_gather, all_to_all, axis_index, psum, shard_map
-from ..partitioning import _mesh_axes, shard
+from ..partitioning import mesh_axes_of, shard
 from ._basic import MLP
 from ._basic import activation as _activation
 from ._linear import Linear
@@ -91,7 +91,7 @@ def _top_k(x: NamedArray, k: int) -> tuple[NamedArray, NamedArray]:
     arr = x.rearrange((..., EXPERTS)).array
     ids = jnp.argsort(-arr, axis=-1, stable=True)[..., :k]
     axes = x.rearrange((..., EXPERTS)).axes[:-1] + (Axis(TOPK, k),)
-    return NamedArray._unchecked(jnp.take_along_axis(arr, ids, -1), axes), NamedArray._unchecked(ids, axes)
+    return unchecked(jnp.take_along_axis(arr, ids, -1), axes), unchecked(ids, axes)
 
 
 def router_stats(logits: NamedArray, probs: NamedArray, ids: NamedArray) -> dict[str, NamedArray]:
@@ -157,10 +157,10 @@ def _token_mean(x: NamedArray, tokens: tuple[str, ...]) -> NamedArray:
     """The mean over ``tokens``; on local blocks (explicit mode) over every device's tokens, so a
     router's statistics, and the losses made of them, are the whole batch's as in auto mode."""
     m = x.mean(tokens)
-    over = tuple(dict.fromkeys(a for n in tokens for a in _split_over(x.resolve_axis(n))))
+    over = tuple(dict.fromkeys(a for n in tokens for a in split_over(x.resolve_axis(n))))
     if not over:
         return m
-    return NamedArray._unchecked(issue(jax.lax.pmean, m.array, over[0] if len(over) == 1 else over), m.axes)
+    return unchecked(issue(jax.lax.pmean, m.array, over[0] if len(over) == 1 else over), m.axes)
 
 
 # ---- the layer ------------------------------------------------------------------------------------
@@ -261,7 +261,7 @@ class MoE(eqx.Module):
         # not self.router(x): its output constraint would fail under expert parallelism, where
         # the compute mapping gives batch and experts one mesh axis (tokens and experts both split)
         router = self.router.weight
-        if _split_over(router.resolve_axis(EXPERTS)):  # on local blocks: every token scores every expert
+        if split_over(router.resolve_axis(EXPERTS)):  # on local blocks: every token scores every expert
             router = all_gather(router, EXPERTS)
         logits = dot(x, router, axis=tuple(a.name for a in as_selectors(self.router.In)))
         weights, ids, probs = route(logits, self.top_k, routing=self.routing, normalize=self.normalize)
@@ -349,7 +349,7 @@ def _grouped_mlp(rows, ids, gate, up, down, act, *, presorted: bool):
     live = (jnp.arange(xs.shape[0]) < sizes.sum())[:, None]
     g = jnp.where(live, jax.lax.ragged_dot(xs, gate, sizes), 0)
     u = jnp.where(live, jax.lax.ragged_dot(xs, up, sizes), 0)
-    h = _activation(act)(NamedArray._unchecked(g, (Axis("rows", g.shape[0]), Axis("mlp", g.shape[1])))).array * u
+    h = _activation(act)(unchecked(g, (Axis("rows", g.shape[0]), Axis("mlp", g.shape[1])))).array * u
     out = jnp.where(live, jax.lax.ragged_dot(h.astype(rows.dtype), down, sizes), 0)
     if order is None:
         return out
@@ -386,11 +386,11 @@ def _block(
     wa = w.rearrange((*names.tokens, TOPK)).array.reshape(xa.shape[0], k)
     g = gate.rearrange((EXPERTS, names.embed, names.mlp))
     E_l = g.axis_size(EXPERTS)
-    over = _split_over(g.resolve_axis(EXPERTS))
+    over = split_over(g.resolve_axis(EXPERTS))
     n_dst = n_experts // E_l
     # Tokens that are whole across some expert mesh axes (the same on each of those devices):
     # each device takes its share of them, and the results are gathered at the end.
-    split_tokens = {m for n in names.tokens for m in _split_over(x.resolve_axis(n))}
+    split_tokens = {m for n in names.tokens for m in split_over(x.resolve_axis(n))}
     copies = tuple(m for m in over if m not in split_tokens)
     T = xa.shape[0]
     if copies:
@@ -415,15 +415,15 @@ def _block(
         recv, recv_ids = exchange(send), exchange(send_ids)
         out = _grouped_mlp(recv.reshape(-1, D), recv_ids.reshape(-1), *weights, act, presorted=False)
         out = exchange(out.reshape(recv.shape))
-    tp = _split_over(down.resolve_axis(names.mlp))
+    tp = split_over(down.resolve_axis(names.mlp))
     if tp:  # each device holds a slice of every expert's mlp: its down projection is a partial sum
-        out = psum(NamedArray._unchecked(out, _raw_axes(out.shape)), mesh_axes=tp).array
+        out = psum(unchecked(out, _raw_axes(out.shape)), mesh_axes=tp).array
     y = _combine(out, wa, dst, pos)
     if copies:
         rows = ShardedAxis("moe_rows", y.shape[0], copies)
-        y = all_gather(NamedArray._unchecked(y, (rows, Axis("moe_embed", D))), "moe_rows", invariant=True).array
+        y = all_gather(unchecked(y, (rows, Axis("moe_embed", D))), "moe_rows", invariant=True).array
     y = y.reshape(tuple(x.axis_size(n) for n in names.tokens) + (D,))
-    return NamedArray._unchecked(y, tuple(x.resolve_axis(n) for n in (*names.tokens, names.embed))).rearrange(x.axes)
+    return unchecked(y, tuple(x.resolve_axis(n) for n in (*names.tokens, names.embed))).rearrange(x.axes)
 
 
 def _raw_axes(shape) -> tuple[Axis, ...]:
@@ -431,9 +431,10 @@ def _raw_axes(shape) -> tuple[Axis, ...]:
 
 
 def _all_to_all(a, *, over):
-    """Slice ``d`` of ``a`` (n, ...) to device ``d`` along ``over``; slice ``s`` of the result came from device ``s``."""
+    """Slice ``d`` of ``a`` (n, ...) to device ``d`` along ``over``; slice ``s`` of the result came
+    from device ``s``."""
     n = a.shape[0]
-    named = NamedArray._unchecked(a[None], (Axis("moe_src", 1), Axis("moe_dst", n)) + _raw_axes(a.shape[1:]))
+    named = unchecked(a[None], (Axis("moe_src", 1), Axis("moe_dst", n)) + _raw_axes(a.shape[1:]))
     return all_to_all(named, split="moe_dst", concat="moe_src", mesh_axes=over).array[:, 0]
 
 
@@ -445,8 +446,8 @@ def _auto(x, ids, w, weights, names: _Names, n_experts: int, act, mapping, mesh)
     axes ``(m1, m2)`` is cut into ``(|m1|, |m2|, rest)``; those pieces (and the expert mesh axes
     that split no token axis, as copies) make the block axis, laid out over the same mesh axes,
     so every step of a block stays on its device; the exchanges are GSPMD's all-to-alls."""
-    expert_axes = _mesh_axes(mapping.get(EXPERTS))
-    token_axes = [(x.resolve_axis(n), _mesh_axes(mapping.get(n))) for n in names.tokens]
+    expert_axes = mesh_axes_of(mapping.get(EXPERTS))
+    token_axes = [(x.resolve_axis(n), mesh_axes_of(mapping.get(n))) for n in names.tokens]
     split_tokens = [m for _, ms in token_axes for m in ms]
     copies = [m for m in expert_axes if m not in split_tokens]
     canon = split_tokens + copies
@@ -483,7 +484,7 @@ def _auto(x, ids, w, weights, names: _Names, n_experts: int, act, mapping, mesh)
         arr = arr.transpose(*(order.index(i) for i in range(len(shape))), len(shape))
         arr = arr.reshape(*(a.size for a, _ in token_axes), arr.shape[-1])
         axes = tuple(template.resolve_axis(n) for n in names.tokens) + (template.resolve_axis(names.embed),)
-        return NamedArray._unchecked(arr, axes).rearrange(template.axes)
+        return unchecked(arr, axes).rearrange(template.axes)
 
     def exchange(a):
         """(blocks, n_dst, ...): the expert mesh axes move from the blocks (sources) to n_dst."""
@@ -537,7 +538,7 @@ def _auto(x, ids, w, weights, names: _Names, n_experts: int, act, mapping, mesh)
 
 def _free(entry, taken) -> str | tuple[str, ...] | None:
     """A weight axis' mesh axes under the mapping, less those the blocks already use."""
-    left = tuple(m for m in _mesh_axes(entry) if m not in taken)
+    left = tuple(m for m in mesh_axes_of(entry) if m not in taken)
     return left if left else None
 
 

@@ -18,7 +18,7 @@ from .._core import NamedArray, expect_named
 from .._index import concrete
 from .._shape import zeros
 from ..partitioning import shard
-from ._linear import _TRUNCATED_NORMAL_STD
+from ._linear import TRUNCATED_NORMAL_STD
 
 
 class MoELinear(eqx.Module):
@@ -56,7 +56,7 @@ class MoELinear(eqx.Module):
             raise AxisError(
                 f"MoELinear.init: Experts, In and Out need three names, got {format_axes((Experts, In, Out))}"
             )
-        std = init_scale / math.sqrt(In.size) / _TRUNCATED_NORMAL_STD
+        std = init_scale / math.sqrt(In.size) / TRUNCATED_NORMAL_STD
         w = nmr.truncated_normal(key, (Experts, Out, In) if out_first else (Experts, In, Out), dtype) * std
         return MoELinear(w.astype(dtype), zeros(Out, dtype) if use_bias else None, Experts, In, Out, use_gmm)
 

@@ -36,11 +36,10 @@ hyper-parameters, the absolute one needs none.
 
 An untied output head that is an ``Embedding`` called through ``unembed`` (the decoders'
 ``lm_head``) is named in ``readouts=``: from the names alone it would look like an input layer.
-Not covered: an output head tied to the input embedding is both an input and a readout layer,
-which muP treats differently (untie it, or scale its logits by ``1/m`` in the model), and attention, whose logits muP scales by ``1/head_size`` rather than
-``1/sqrt(head_size)`` when ``head_size`` grows (``dot_product_attention(scale=...)``; growing the
-number of heads instead needs no change).
-"""
+Not covered: an output head tied to the input embedding is both an input and a readout layer, which
+muP treats differently (untie it, or scale its logits by ``1/m`` in the model), and attention, whose
+logits muP scales by ``1/head_size`` rather than ``1/sqrt(head_size)`` when ``head_size`` grows
+(``dot_product_attention(scale=...)``; growing the number of heads instead needs no change)."""
 
 from __future__ import annotations
 

@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._axis import ArgumentError, ArgumentTypeError, Axis, AxisError, format_axes
-from .._core import NamedArray, expect_named
-from .._ops import _lowest
+from .._core import NamedArray, expect_named, unchecked
+from .._ops import lowest_value
 from ._conv import explicit_padding, output_size, padding_spec, per_axis
 
 
@@ -71,8 +71,8 @@ def _pool(what, x, window, stride, padding, use_ceil, init, combine, weights: bo
         counts = jax.lax.reduce_window(
             jnp.asarray(ones), 0.0, jax.lax.add, tuple(sizes.values()), strides, [(0, e) for e in extra]
         )
-        divisor = NamedArray._unchecked(counts, tuple(a.resize(counts.shape[i]) for i, a in enumerate(axes)))
-    return NamedArray._unchecked(pooled, out_axes), divisor
+        divisor = unchecked(counts, tuple(a.resize(counts.shape[i]) for i, a in enumerate(axes)))
+    return unchecked(pooled, out_axes), divisor
 
 
 def max_pool(x: NamedArray, window, stride=None, padding="VALID", use_ceil: bool = False) -> NamedArray:
@@ -88,12 +88,14 @@ def max_pool(x: NamedArray, window, stride=None, padding="VALID", use_ceil: bool
             the window. Padding never wins the max.
         use_ceil: torch's ``ceil_mode``: a last, partial window when the stride leaves entries over.
     """
-    return _pool("max_pool", x, window, stride, padding, use_ceil, _lowest, jax.lax.max)[0]
+    return _pool("max_pool", x, window, stride, padding, use_ceil, lowest_value, jax.lax.max)[0]
 
 
 def min_pool(x: NamedArray, window, stride=None, padding="VALID", use_ceil: bool = False) -> NamedArray:
     """The smallest entry of each window; arguments as :func:`max_pool`."""
-    return _pool("min_pool", x, window, stride, padding, use_ceil, lambda d: _lowest(d, highest=True), jax.lax.min)[0]
+    return _pool(
+        "min_pool", x, window, stride, padding, use_ceil, lambda d: lowest_value(d, highest=True), jax.lax.min
+    )[0]
 
 
 def mean_pool(

@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 
 from .._axis import ArgumentError, Axis, AxisError, NamedError, as_selectors, format_axes
-from .._core import NamedArray, is_named_array
+from .._core import NamedArray, is_named_array, unchecked
 from .._einsum import dot
 from .._ops import abs as nabs
 from .._ops import floating, where
@@ -141,18 +141,18 @@ def _scale(history: NamedArray, amax_now: jax.Array, dtype) -> jax.Array:
 
 def _observe(history: NamedArray, amax: jax.Array) -> NamedArray:
     h = history.array
-    return NamedArray._unchecked(jnp.concatenate([amax.astype(h.dtype)[None], h[:-1]]), history.axes)
+    return unchecked(jnp.concatenate([amax.astype(h.dtype)[None], h[:-1]]), history.axes)
 
 
 def _to_fp8(x: NamedArray, scale: jax.Array, dtype) -> NamedArray:
     """``x / scale`` rounded to ``dtype``; beyond its range it saturates (a float8 cast would give NaN)."""
     top = float(jnp.finfo(dtype).max)
-    return NamedArray._unchecked(jnp.clip(x.array / scale, -top, top).astype(dtype), x.axes)
+    return unchecked(jnp.clip(x.array / scale, -top, top).astype(dtype), x.axes)
 
 
 def _from_fp8(q: NamedArray, scale: jax.Array) -> NamedArray:
     """The value ``q`` stands for, in ``scale``'s dtype (the compute dtype)."""
-    return NamedArray._unchecked(q.array.astype(scale.dtype) * scale, q.axes)
+    return unchecked(q.array.astype(scale.dtype) * scale, q.axes)
 
 
 def _amax(x: NamedArray) -> jax.Array:
@@ -226,7 +226,7 @@ def _int8(x: NamedArray, over: tuple[str, ...]) -> tuple[NamedArray, NamedArray]
     scale = where(amax > 0, amax / _INT8_MAX, 1.0)
     scaled = x / scale  # x's axes, in x's order (the operand with more axes keeps its order)
     q = jnp.clip(jnp.round(scaled.array), -_INT8_MAX, _INT8_MAX).astype(jnp.int8)
-    return NamedArray._unchecked(q, scaled.axes), scale
+    return unchecked(q, scaled.axes), scale
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0,))

@@ -21,9 +21,9 @@ import jax
 import jax.numpy as jnp
 
 from .._axis import Axis, AxisError, NamedError, format_axes, name_of
-from .._core import NamedArray, is_named_array
+from .._core import NamedArray, is_named_array, unchecked
 from .._remat import Remat, ScanCheckpointPolicy, remat_policy
-from .._transforms import _Split, is_named_or_shaped_array_like
+from .._transforms import MappedSplit, is_named_or_shaped_array_like
 from .._transforms import scan as nscan
 from .._transforms import vmap as nvmap
 from ._explicit_stack import active as _explicit_driver
@@ -50,7 +50,7 @@ def as_method(fn: Callable | str, what: str) -> Callable:
     return call
 
 
-def _call(block, *args, **kwargs):
+def call_block(block, *args, **kwargs):
     return block(*args, **kwargs)
 
 
@@ -74,7 +74,7 @@ def slice_layer(tree, Layers: Axis, i):
 def argument_slices(tree, Layers: Axis, what: str) -> Callable[[int], Any]:
     """Layer ``i``'s arguments, by the scan's rule: NamedArrays with Layers indexed, plain arrays
     along their first dimension (sizes checked once, here), anything else whole."""
-    split = _Split(tree, Layers, what, is_named_or_shaped_array_like)
+    split = MappedSplit(tree, Layers, what, is_named_or_shaped_array_like)
     xs = split.mapped_arrays(front=True)
     return lambda i: split.rebuild([x[i] for x in xs])
 
@@ -84,7 +84,7 @@ def _add_layers_axis(path, x, Layers: Axis):
     if isinstance(x, NamedArray):
         if Layers.name in x.names:
             raise AxisError(f"block weight {jax.tree_util.keystr(path)} already has the layers axis {Layers.name!r}")
-        return NamedArray._unchecked(x.array, (Layers,) + x.axes)
+        return unchecked(x.array, (Layers,) + x.axes)
     if eqx.is_array(x):
         # fold/scan slice only NamedArrays along Layers: a plain array would reach every
         # layer whole, with the stacking dimension still on it.
@@ -116,9 +116,7 @@ def stack_layers(trees: Sequence[Any], Layers: Axis, what: str):
                         f"{what}: {jax.tree_util.keystr(path)} has axes {format_axes(leaf.axes)} in layer 0 "
                         f"but {got} in layer {i}"
                     )
-            out.append(
-                _add_layers_axis(path, NamedArray._unchecked(jnp.stack([x.array for x in column]), leaf.axes), Layers)
-            )
+            out.append(_add_layers_axis(path, unchecked(jnp.stack([x.array for x in column]), leaf.axes), Layers))
         elif eqx.is_array(leaf):
             out.append(jnp.stack(column))
         else:
@@ -150,7 +148,11 @@ def checkpointing(remat, gradient_checkpointing, prevent_cse, Layers: Axis):
     if gradient_checkpointing is not None:
         if remat != "none":
             raise NamedError("give remat= or Haliax's gradient_checkpointing=, not both")
-        remat = ScanCheckpointPolicy._mk(gradient_checkpointing)
+        remat = (
+            gradient_checkpointing
+            if isinstance(gradient_checkpointing, ScanCheckpointPolicy)
+            else ScanCheckpointPolicy.from_bool_or_str(gradient_checkpointing)
+        )
     remat_policy(remat, Layers.size)  # an unknown policy fails here, before the (possibly large) init
     check_every(remat, Layers)
     return remat
@@ -274,16 +276,16 @@ class Stacked(eqx.Module, Generic[M]):
         """``x = block(x, *args, **kwargs)`` for each layer in order. Arguments with the Layers
         axis (e.g. per-layer keys as ``nm.named(keys, "layers")``) and plain arrays (along their
         first dimension) are sliced per layer."""
-        return self.fold_via(_call, unroll=unroll)(x, *args, **kwargs)
+        return self.fold_via(call_block, unroll=unroll)(x, *args, **kwargs)
 
     def scan(self, x, *args, unroll=None, **kwargs):
         """Like ``fold`` but ``block`` returns ``(x, y)``; the ys are stacked along Layers."""
-        return self.scan_via(_call, unroll=unroll)(x, *args, **kwargs)
+        return self.scan_via(call_block, unroll=unroll)(x, *args, **kwargs)
 
     def vmap(self, x, *args, **kwargs):
         """Every layer applied to the same ``x`` at once (an ``x`` with the Layers axis gives each
         layer its own); the outputs are stacked along Layers."""
-        return self.vmap_via(_call)(x, *args, **kwargs)
+        return self.vmap_via(call_block)(x, *args, **kwargs)
 
     def fold_via(self, fn: Callable | str, *, unroll=None) -> Callable:
         """``x = fn(block, x, *args, **kwargs)`` per layer; ``fn`` may name a method of the block."""
@@ -335,7 +337,8 @@ class Stacked(eqx.Module, Generic[M]):
                 if not isinstance(new, NamedArray) or new.axes != old.axes[1:]:
                     got = format_axes(new.axes) if isinstance(new, NamedArray) else type(new).__name__
                     raise AxisError(
-                        f"Stacked.set_layer: {jax.tree_util.keystr(path)} needs axes {format_axes(old.axes[1:])}, got {got}"
+                        f"Stacked.set_layer: {jax.tree_util.keystr(path)} "
+                        f"needs axes {format_axes(old.axes[1:])}, got {got}"
                     )
                 old = old.at[self.Layers.name, i].set(new)
             out.append(old)

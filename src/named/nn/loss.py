@@ -115,7 +115,8 @@ def _screen_ids(
             else "ignore_index marks a token to skip"
         )
         raise ArgumentError(
-            f"{what}: target id {int(ids[at_index])} at ({at}) is outside [0, {Vocab.size}) (vocab axis {Vocab.name!r}); "
+            f"{what}: target id {int(ids[at_index])} at ({at}) is outside [0, {Vocab.size}) (vocab axis "
+            f"{Vocab.name!r}); "
             f"{int(flags.sum())} counted target(s) out of range in all. Ids must be vocab entries; {skip}, "
             "and where= masks tokens out"
         )
@@ -376,7 +377,7 @@ def next_token_loss(
 # ---- blockwise over the vocabulary -----------------------------------------------------------
 
 
-def _block_error(V: Axis, block_size) -> ArgumentError:
+def block_size_error(V: Axis, block_size) -> ArgumentError:
     divisors = [d for d in range(1, V.size + 1) if V.size % d == 0]
     try:
         below = [d for d in divisors if d < block_size][-1:]
@@ -450,7 +451,7 @@ def blockwise_cross_entropy_loss(
     if V.name in hidden.names:
         raise AxisError(f"hidden {format_axes(hidden.axes)} already has the vocab axis {V.name!r}")
     if not isinstance(block_size, int) or block_size <= 0 or V.size % block_size:
-        raise _block_error(V, block_size)
+        raise block_size_error(V, block_size)
     token_axes = tuple(a for a in hidden.axes if a.name != Embed.name)
     _check_targets(targets, V, token_axes)
     where, in_vocab = _screen_ids(targets, V, where, ignore_index, "blockwise_cross_entropy_loss")

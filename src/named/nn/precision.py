@@ -94,7 +94,8 @@ def get_policy(spec: str | jmp.Policy) -> jmp.Policy:
         canonical = _KEYS.get(key.strip().lower())
         if canonical is None:
             raise ArgumentError(
-                f"unknown key {key.strip()!r} in {part.strip()!r} of precision policy {spec!r}; use params, compute or output"
+                f"unknown key {key.strip()!r} in {part.strip()!r} of "
+                f"precision policy {spec!r}; use params, compute or output"
             )
         if canonical in chosen:
             raise ArgumentError(f"precision policy {spec!r} sets {canonical!r} twice")

@@ -56,7 +56,6 @@ from .read import (
     verify_checkpoint,
 )
 from .store import COMMIT_FILE, CheckpointWarning, check_access, checkpoint_dir
-from .store import self_digest as _self_digest  # noqa: F401 - tests build commit records
 from .write import Checkpointer, save_checkpoint
 
 __all__ = [

@@ -90,10 +90,7 @@ def uncommitted_steps(ckdir: ObjectPath) -> list[str]:
 
 def read_commit(path: str | os.PathLike | ObjectPath) -> dict:
     """The commit record of a checkpoint (its own sha256 checked; the files are not read)."""
-    return _read_commit(location(path))
-
-
-def _read_commit(path: Location) -> dict:
+    path = location(path)
     commit_path = path / COMMIT_FILE
     if isinstance(path, ObjectPath):
         raw = read_object(path, COMMIT_FILE)
@@ -174,7 +171,7 @@ def _verify_files(path: Location, commit: dict, hash_only: set[str] | None = Non
 def verify_checkpoint(path: str | os.PathLike | ObjectPath) -> dict:
     """Check commit.json and the size and sha256 of every file; return the commit record."""
     path = location(path)
-    commit = _read_commit(path)
+    commit = read_commit(path)
     _verify_files(path, commit)
     return commit
 
@@ -333,7 +330,7 @@ def check_restorable(path: str | os.PathLike | ObjectPath, target: Any) -> dict:
     calls this before compiling anything, so a resume with a changed model fails at once.
     """
     path = location(path)
-    commit = _read_commit(path)
+    commit = read_commit(path)
     _plan(path, commit, target)
     return commit
 
@@ -367,7 +364,7 @@ def restore(
     """
     p = location(path_or_run_dir)
     if _is_checkpoint(p):
-        ckpt, commit = p, _read_commit(p)
+        ckpt, commit = p, read_commit(p)
         verified = False
     else:
         found = _latest(p, subdir)
@@ -414,7 +411,8 @@ def _read(plan: _Plan, ckpt: Location, commit: dict) -> Any:
         raise CheckpointError(f"{where}: cannot open: {e}") from None
     if list(arr.shape) != rec["store_shape"] or np.dtype(arr.dtype.numpy_dtype).name != rec["store_dtype"]:
         raise CheckpointError(
-            f"{where}: zarr.json says {arr.dtype}{list(arr.shape)}, commit.json {rec['store_dtype']}{rec['store_shape']}"
+            f"{where}: zarr.json says {arr.dtype}{list(arr.shape)}, commit.json "
+            f"{rec['store_dtype']}{rec['store_shape']}"
         )
     futures = {region: arr[tuple(slice(a, b) for a, b in region)].read() for region in plan.regions}
     try:

@@ -22,7 +22,7 @@ import shutil
 import uuid
 from pathlib import Path
 
-from .read import _read_commit, list_checkpoints, uncommitted_steps
+from .read import list_checkpoints, read_commit, uncommitted_steps
 from .store import COMMIT_FILE, CheckpointError, Location, ObjectPath, delete_objects, delete_prefix
 
 LEFTOVER_DIR = re.compile(r"^step_\d+\.(tmp|deleting|replaced)-[0-9a-f]+$")
@@ -38,7 +38,7 @@ def fsync_dir(path: Path) -> None:
 
 def _is_temporary(path: Location) -> bool:
     try:
-        return bool(_read_commit(path).get("temporary", False))
+        return bool(read_commit(path).get("temporary", False))
     except CheckpointError:
         return False  # unreadable: treated as permanent, so never deleted for being temporary
 

@@ -28,12 +28,12 @@ checkpoint's id; and a checkpoint of another run named explicitly by ``trainer.l
 
 Checkpoints live in ``<root>/checkpoints``, where the root is ``checkpoint.base`` when it is set
 (a local path, ``s3://bucket/prefix`` or ``gs://bucket/prefix``) and ``trainer.run_dir`` when not
-(``config.checkpoint_root``: the one rule; ``RunPlan.root`` holds its answer). The run
-directory itself (lock, config.yaml, logs, metrics) is always local. A bucket that is missing or refuses listing fails ``plan_run``, and
-one that refuses a write fails ``claim``, both naming the URL, before anything is compiled; a
-local base that is a file, lies under one or is not writable fails ``plan_run`` naming
-``checkpoint.base``. Neither the run directory nor a local base may lie inside a checkpoint
-folder or a checkpoint (``run_places``): that run's retention would delete it.
+(``config.checkpoint_root``: the one rule; ``RunPlan.root`` holds its answer). The run directory
+itself (lock, config.yaml, logs, metrics) is always local. A bucket that is missing or refuses
+listing fails ``plan_run``, and one that refuses a write fails ``claim``, both naming the URL,
+before anything is compiled; a local base that is a file, lies under one or is not writable fails
+``plan_run`` naming ``checkpoint.base``. Neither the run directory nor a local base may lie inside a
+checkpoint folder or a checkpoint (``run_places``): that run's retention would delete it.
 """
 
 from __future__ import annotations
@@ -301,7 +301,8 @@ def _owner_check(cfg: TrainConfig, plan: RunPlan, commit: dict, mine: str | None
         else "give the other run a checkpoint.base of its own"
     )
     raise ConfigError(
-        f"{root_key} {root}: the checkpoint {plan.restore_from} was saved by another run (trainer.run_dir {owner_dir}, run id "
+        f"{root_key} {root}: the checkpoint {plan.restore_from} was saved by another run "
+        f"(trainer.run_dir {owner_dir}, run id "
         f"{theirs}), not by this one (trainer.run_dir {plan.run_dir}, {this}). Runs that share a checkpoint folder "
         f"resume from and delete each other's checkpoints: {fix}. To continue the other run, launch it with "
         f"trainer.run_dir {owner_dir}; to start this one from that checkpoint on purpose, name it: "
@@ -484,7 +485,7 @@ def _agree(decide: Callable[[], RunPlan]) -> RunPlan:
     processes take its decision, or raise its error, instead of racing it on the file system."""
     if jax.process_count() == 1:
         return decide()
-    from named._compat import distributed_client  # the client checkpoint.py also uses
+    from named.internal import distributed_client  # the client checkpoint.py also uses
 
     client = distributed_client()
     key = f"named_run_plan/{next(_PLANS)}"

@@ -134,10 +134,6 @@ def kvstore_spec(loc: Location) -> dict:
     return spec
 
 
-def context_for(loc: Location) -> ts.Context | None:
-    return _context(loc.scheme) if isinstance(loc, ObjectPath) else None
-
-
 def _reason(e: BaseException) -> str:
     # tensorstore appends the HTTP response body and headers in brackets: the status is enough.
     text = str(e).split(" [", 1)[0].strip()

@@ -44,9 +44,9 @@ import numpy as np
 import tensorstore as ts
 
 from named import NamedArray, is_named_array
-from named._compat import distributed_client, is_tracer
+from named.internal import distributed_client, is_tracer
 
-from .read import latest_checkpoint, restore
+from .read import latest_checkpoint
 from .retention import apply_retention, fsync_dir
 from .store import (
     COMMIT_FILE,
@@ -216,7 +216,7 @@ def _write_shards(spec: dict, record: dict, shards, create: bool, context: ts.Co
     return (["zarr.json"] if create else []) + [_chunk_key(start, record["chunk"]) for start, _ in shards]
 
 
-def _write_leaf(array_dir: Path, record: dict, shards: list[tuple[tuple[int, ...], np.ndarray]], create: bool) -> list:
+def write_leaf(array_dir: Path, record: dict, shards: list[tuple[tuple[int, ...], np.ndarray]], create: bool) -> list:
     """Local: write one array's shards under ``array_dir``; return the files written, relative to it."""
     return _write_shards(zarr_spec(kvstore_spec(array_dir), record), record, shards, create)
 
@@ -237,7 +237,7 @@ def _barrier(name: str, timeout_s: float) -> None:
     client.wait_at_barrier(name, int(timeout_s * 1000))
 
 
-def _write_json(path: Path, obj: Any) -> None:
+def write_json(path: Path, obj: Any) -> None:
     data = json.dumps(obj, indent=1, sort_keys=True).encode()
     with open(path, "xb") as f:
         f.write(data)
@@ -290,13 +290,12 @@ def _write_checkpoint(ckdir: Path, s: _Save) -> Path:
     final = ckdir / f"step_{step}"
     tmp.mkdir(parents=True, exist_ok=True)
     try:
-        _test_pause()
         arrays = [leaf for leaf in s.leaves if leaf.record["kind"] == "array"]
         with concurrent.futures.ThreadPoolExecutor(IO_THREADS) as pool:
 
             def write(leaf: _Leaf) -> list[str]:
                 rel = leaf.record["dir"]
-                return [f"{rel}/{f}" for f in _write_leaf(tmp / rel, leaf.record, leaf.shards, primary)]
+                return [f"{rel}/{f}" for f in write_leaf(tmp / rel, leaf.record, leaf.shards, primary)]
 
             written = pool.map(write, arrays)
             rels = [rel for files in written for rel in files]
@@ -310,10 +309,9 @@ def _write_checkpoint(ckdir: Path, s: _Save) -> Path:
                 d = d.parent
         for d in sorted(dirs, reverse=True):
             fsync_dir(d)
-        _test_pause()
         if s.process_count > 1:
             if not primary:
-                _write_json(tmp / f"manifest.p{s.process_index}.json", files)
+                write_json(tmp / f"manifest.p{s.process_index}.json", files)
                 fsync_dir(tmp)
             _barrier(f"named_checkpoint/{token}/written", s.barrier_timeout_s)
         if primary:
@@ -322,9 +320,8 @@ def _write_checkpoint(ckdir: Path, s: _Save) -> Path:
                 files.update(json.loads(manifest.read_text()))
                 manifest.unlink()
             records = [leaf.record for leaf in s.leaves]
-            _write_json(tmp / COMMIT_FILE, _commit_body(step, s.process_count, s.metadata, records, files, s.temporary))
+            write_json(tmp / COMMIT_FILE, _commit_body(step, s.process_count, s.metadata, records, files, s.temporary))
             fsync_dir(tmp)
-            _test_pause()
             aside = None
             if final.exists():
                 # Re-saving a step (e.g. after a resume). os.rename cannot replace a non-empty
@@ -358,7 +355,6 @@ def _write_objects_checkpoint(ckdir: ObjectPath, s: _Save) -> ObjectPath:
     primary, token = s.primary, s.token
     final = ckdir / f"step_{s.step}"
     data = f"data-{token}"
-    _test_pause()
     arrays = [leaf for leaf in s.leaves if leaf.record["kind"] == "array"]
 
     def upload(leaf: _Leaf) -> dict:
@@ -371,7 +367,6 @@ def _write_objects_checkpoint(ckdir: ObjectPath, s: _Save) -> ObjectPath:
     with concurrent.futures.ThreadPoolExecutor(IO_THREADS) as pool:
         for part in pool.map(upload, arrays):
             files.update(part)
-    _test_pause()
     if s.process_count > 1:
         if not primary:
             write_objects(final, {f"{data}/manifest.p{s.process_index}.json": json.dumps(files).encode()})
@@ -388,7 +383,6 @@ def _write_objects_checkpoint(ckdir: ObjectPath, s: _Save) -> ObjectPath:
         ]
         body = _commit_body(s.step, s.process_count, s.metadata, records, files, s.temporary)
         write_objects(final, {COMMIT_FILE: json.dumps(body, indent=1, sort_keys=True).encode()})
-        _test_pause()
         # Objects of this step the new record does not list: manifests, an older commit's data,
         # or a crashed save's.
         stale = [k for k in list_objects(final) if k != COMMIT_FILE and k not in files]
@@ -397,16 +391,6 @@ def _write_objects_checkpoint(ckdir: ObjectPath, s: _Save) -> ObjectPath:
     if s.process_count > 1:
         _barrier(f"named_checkpoint/{token}/committed", s.barrier_timeout_s)
     return final
-
-
-def _test_pause() -> None:
-    # Test hook, off unless set: NAMED_TEST_CHECKPOINT_WRITE_DELAY=<seconds> makes the
-    # background writer sleep that long at three points of a save (nothing written yet; chunks
-    # written but no commit record; the record written but, locally, not renamed), so that
-    # tests can kill a run inside the write window on purpose.
-    delay = os.environ.get("NAMED_TEST_CHECKPOINT_WRITE_DELAY")
-    if delay:
-        time.sleep(float(delay))
 
 
 # ---- the asynchronous writer --------------------------------------------------------
@@ -520,10 +504,6 @@ class Checkpointer:
             return token
         return client.blocking_key_value_get(key, int(self.barrier_timeout_s * 1000))
 
-    @property
-    def in_flight(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
     def wait(self) -> Location | None:
         """Block until the save in flight is committed; return the newest committed path."""
         if self._thread is not None:
@@ -551,13 +531,6 @@ class Checkpointer:
         """The newest verified checkpoint of this run (after the save in flight, if any)."""
         self.wait()
         return latest_checkpoint(self.run_dir, subdir=self.subdir)
-
-    def restore(self, target: Any, step: int | None = None) -> tuple[Any, dict]:
-        """Restore ``step`` (or the newest verified checkpoint) onto ``target``'s layout."""
-        self.wait()
-        if step is None:
-            return restore(self.run_dir, target, subdir=self.subdir)
-        return restore(self.directory / f"step_{int(step)}", target)
 
 
 def save_checkpoint(

@@ -79,7 +79,7 @@ def _missing_extras(prog: str) -> int | None:
     return 2
 
 
-def _fail(e: BaseException, code: int = 2) -> int:
+def report_failure(e: BaseException, code: int = 2) -> int:
     print(f"error: {e}", file=sys.stderr)
     return code
 
@@ -94,9 +94,9 @@ def _guarded(body) -> int:
     except SystemExit as e:  # --help
         return int(e.code or 0)
     except NamedError as e:  # ours; one that is an OSError too (FileWriteError) is the machine's: exit 1
-        return _fail(e, 1 if isinstance(e, OSError) else 2)
+        return report_failure(e, 1 if isinstance(e, OSError) else 2)
     except OSError as e:  # the machine, not the input: no traceback, exit 1
-        return _fail(e, 1)
+        return report_failure(e, 1)
 
 
 def main_train(argv: list[str] | None = None) -> int:
@@ -111,7 +111,7 @@ def main_train(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(*_split_config_path(argv))
     except NamedError as e:
-        return _fail(e)
+        return report_failure(e)
     except SystemExit as e:  # --help: every key, from the config's declarations
         return int(e.code or 0)
     from ..loop.distributed import describe_failure, exit_now, maybe_initialize, peer_failed
@@ -119,9 +119,9 @@ def main_train(argv: list[str] | None = None) -> int:
     try:
         multi = maybe_initialize(cfg.distributed)
     except ConfigError as e:
-        return _fail(e)
+        return report_failure(e)
     except Exception as e:  # noqa: BLE001 - e.g. the coordinator unreachable, or the first collective failing
-        _fail(e)
+        report_failure(e)
         exit_now(1)
     import jax
 
@@ -131,19 +131,19 @@ def main_train(argv: list[str] | None = None) -> int:
         result = train(cfg)
     except NamedError as e:  # every error of ours: ConfigError, DataError, CheckpointError, TrainingError, ...
         if multi:
-            exit_now(_fail(RuntimeError(describe_failure(e))))
-        return _fail(e)
+            exit_now(report_failure(RuntimeError(describe_failure(e))))
+        return report_failure(e)
     except OSError as e:  # the machine, not the input (a full disk): no traceback, exit 1
         if multi:
-            exit_now(_fail(RuntimeError(describe_failure(e)), 1))
-        return _fail(e, 1)
+            exit_now(report_failure(RuntimeError(describe_failure(e)), 1))
+        return report_failure(e, 1)
     except BaseException as e:
         if multi:  # a peer died, or a bug: report it, then don't wait for the others (see exit_now)
             if not peer_failed(e):  # a bug keeps its traceback; a dead peer's broken collective is one line
                 import traceback
 
                 traceback.print_exc()
-            _fail(RuntimeError(describe_failure(e)))
+            report_failure(RuntimeError(describe_failure(e)))
             exit_now(130 if isinstance(e, KeyboardInterrupt) else 1)
         raise
     if result.stopped_by:  # a stop signal: checkpoint committed, resumable (trainer.stop_signals)
@@ -377,8 +377,8 @@ def main_plan(argv: list[str] | None = None) -> int:
             from ..loop.checks import check_device_count
 
             check_device_count(cfg, a.devices, 1)
-            if not _stand_in_devices(a.devices):
-                return _plan_in_child(argv, a.devices)
+            if not stand_in_devices(a.devices):
+                return plan_in_child(argv, a.devices)
         print(plan_report(cfg, compile=a.compile, target=target))
         explorer = None
         if a.html is not None:
@@ -473,12 +473,11 @@ def main_data(argv: list[str] | None = None) -> int:
         try:
             print(build_report(cfg.data, ray=a.ray))
         except ClusterError as e:  # the cluster's fault, not the input's: as an OSError is
-            return _fail(e, 1)
+            return report_failure(e, 1)
         return 0
 
     def run_show(a, rest) -> int:
-        from ..data import Mixture, build_data
-        from ..data._show import show_rows
+        from ..data import Mixture, build_data, show_rows
 
         if a.rows < 1 or a.start < 0:
             raise ConfigError(f"--rows must be at least 1 and --start at least 0, got {a.rows} and {a.start}")
@@ -517,12 +516,12 @@ _STAND_IN_LIMIT = (
 )
 
 
-def _stand_in_devices(n: int) -> bool:
+def stand_in_devices(n: int) -> bool:
     """Make JAX see ``n`` CPU devices, unless this process already started its backends (then
     False: the caller plans in a fresh process). The planned-for kind comes from --device-kind."""
     import jax
 
-    from named._compat import backends_initialized
+    from named.internal import backends_initialized
 
     if backends_initialized():
         return len(jax.devices()) == n
@@ -536,7 +535,7 @@ def _with_device_count(flags: str, n: int) -> str:
     return " ".join([*kept, f"--xla_force_host_platform_device_count={n}"])
 
 
-def _plan_in_child(argv: list[str], n: int) -> int:
+def plan_in_child(argv: list[str], n: int) -> int:
     env = {**os.environ, "XLA_FLAGS": _with_device_count(os.environ.get("XLA_FLAGS", ""), n), "JAX_PLATFORMS": "cpu"}
     return subprocess.run([sys.executable, "-m", "named.trainer.commands.cli", "plan", *argv], env=env).returncode
 

@@ -3,7 +3,8 @@
 ``named-data build --config NAME [--ray ADDRESS]`` tokenises every source of the config's ``data``
 section into ``data.cache_dir``, exactly as ``named-train`` would on its first step, and reports
 what it holds; with ``--ray`` the shards of a large corpus (``data._shards``) are tokenised on a
-Ray cluster (``data._ray``), into the same bytes. A later ``named-train`` with the same ``data`` section then only memory-maps the cache.
+Ray cluster (``data._ray``), into the same bytes. A later ``named-train`` with the same ``data``
+section then only memory-maps the cache.
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ def evaluate_checkpoint(
         tokenizer,
         max_length=max_positions(model_cfg),
         mesh=mesh,
-        compute=to_mapping(cfg.mesh.compute_mapping) if mesh is not None else {},
+        mapping=to_mapping(cfg.mesh.compute_mapping) if mesh is not None else {},
         policy=get_policy(cfg.trainer.precision),
         batch_size=batch_size,
         batch_multiple=data_parallel_size(cfg, dict(mesh.shape)) if mesh is not None else 1,

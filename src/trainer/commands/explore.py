@@ -370,11 +370,11 @@ def report_page(ex: Explorer, *, compile: bool = False, search: bool = False) ->
         ex.search()
     own = ex.layout
     layouts: dict[str, tuple[dict, dict, dict]] = {"config": (dict(own.mesh_shape), dict(own.compute), dict(own.param))}
-    from .plan_search import _param_axes
+    from .plan_search import param_axes
 
     t = cfg.trainer
-    for c in candidates(len(jax.devices()), _param_axes(cfg), t.train_batch_size):
-        layouts.setdefault(c.name, (c.mesh_shape, c.compute, c.param))
+    for c in candidates(len(jax.devices()), param_axes(cfg), t.train_batch_size):
+        layouts.setdefault(c.name, (c.mesh_shape, c.compute_mapping, c.param_mapping))
     remats = sorted({"none", "full", own.remat}, key=lambda r: (r != "none", r != "full", r))
     micros = sorted({m for m in (1, 2, 4) if t.train_batch_size % m == 0} | {own.microbatches})
     sections = []

@@ -43,8 +43,7 @@ import numpy as np
 
 import named as nm
 from named import nn
-from named.models._hf_config import folder_file
-from named.models.hf import CheckpointFormatError, save_pretrained
+from named.models.hf import CheckpointFormatError, folder_file, save_pretrained
 from named.models.registry import family_for
 
 from .. import checkpoint as ckpt
@@ -54,7 +53,7 @@ from ..config import ConfigError, TrainConfig, hub, load_config, pretrained, to_
 from ..data import DataError, load_tokenizer
 from ..loop.model_init import hf_linears, model_shapes
 from ..loop.registry import model_class
-from .sample import _model_config
+from .sample import saved_model_config
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
 # The special tokens' ids, which transformers and vLLM read from config.json (generation_config.json
@@ -100,10 +99,10 @@ def export(
     kind = _kind(cfg, run_dir, merge, adapters_only)
     out = _check_out(Path(out), overwrite)
     if max_shard_size is not None:
-        from named.models.hf import _parse_size  # the one parser of sizes like 2GB
+        from named.models.hf import parse_size  # the one parser of sizes like 2GB
 
         try:
-            _parse_size(max_shard_size)
+            parse_size(max_shard_size)
         except CheckpointFormatError as e:
             raise ConfigError(f"--max-shard-size: {e}") from None
     model, metadata, _ = restore_model(cfg, model_cfg, path)
@@ -118,7 +117,7 @@ def export(
             save_pretrained(model, model_cfg, tmp, max_shard_size=max_shard_size)
         notes = _copy_tokenizer(cfg, tmp)
         if kind != "adapters":
-            notes += _write_token_ids(cfg, model_cfg.vocab_size, tmp)
+            notes += write_token_ids(cfg, model_cfg.vocab_size, tmp)
         files = sorted(p.name for p in tmp.iterdir())
         _move_into_place(tmp, out)
     except OSError as e:  # the machine (a full disk, a size limit): named as the file of --out it was writing
@@ -142,7 +141,7 @@ def read_run(checkpoint: Path, step: int | None = None) -> tuple[Path, TrainConf
     checkpoint or the one of ``step``, or a checkpoint folder ``<run_dir>/checkpoints/step_N``), each
     file checked, before anything is read from the checkpoint."""
     run_dir, path = _locate(checkpoint, step)
-    model_cfg = _model_config(run_dir)
+    model_cfg = saved_model_config(run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise ckpt.CheckpointError(f"{run_dir / 'config.yaml'} is missing: is {run_dir} a named-train run directory?")
     cfg = load_config(run_dir / "config.yaml")
@@ -250,16 +249,16 @@ def restore_model(cfg: TrainConfig, model_cfg, path):
     """``(model, metadata, mesh)``: the checkpoint's model on the run's mesh and parameter mapping when
     these devices can hold it, else on one device (mesh None)."""
     shapes = model_shapes(cfg, model_class(model_cfg), model_cfg)
-    param = to_mapping(cfg.mesh.param_mapping)
+    param_mapping = to_mapping(cfg.mesh.param_mapping)
     try:
         mesh = nm.make_mesh(cfg.mesh.shape)
-        nm.check_sharding(shapes, param, mesh)
+        nm.check_sharding(shapes, param_mapping, mesh)
     except (nm.NamedError, ValueError):
         mesh = None  # another machine than the run's: one device
 
     def leaf(x):
         if isinstance(x, nm.NamedArray) and mesh is not None:
-            sharding = nm.sharding_for(x, param, mesh)
+            sharding = nm.sharding_for(x, param_mapping, mesh)
             return nm.NamedArray(jax.ShapeDtypeStruct(x.array.shape, x.array.dtype, sharding=sharding), x.axes)
         return x
 
@@ -324,7 +323,7 @@ def peft_config(cfg: TrainConfig, model) -> dict:
     return {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
-        **_base_model(cfg.model.init_from_hf),
+        **peft_base_model(cfg.model.init_from_hf),
         "r": lora.rank,
         "lora_alpha": lora.alpha,
         "lora_dropout": lora.dropout,
@@ -344,7 +343,7 @@ def peft_config(cfg: TrainConfig, model) -> dict:
     }
 
 
-def _base_model(value: str) -> dict:
+def peft_base_model(value: str) -> dict:
     """The base model as PEFT names it: a folder, or a Hub id and its commit (PEFT's ``revision``)."""
     hid = hub.hub_id(value)
     if hid is None:
@@ -431,7 +430,7 @@ def _in_vocab(value, vocab_size: int) -> bool:
     return all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < vocab_size for v in values)
 
 
-def _write_token_ids(cfg: TrainConfig, vocab_size: int, folder: Path) -> list[str]:
+def write_token_ids(cfg: TrainConfig, vocab_size: int, folder: Path) -> list[str]:
     ids, notes = token_ids(cfg, vocab_size, folder)
     path = folder / "config.json"
     hf_config = json.loads(path.read_text(encoding="utf-8"))

@@ -125,13 +125,11 @@ def launch(
 ) -> int:
     """Run ``cmd`` as ``nproc`` processes; return 0, or the first failure's exit code."""
     if nproc < 1:
-        raise SystemExit(
-            f"{PREFIX} --nproc must be >= 1, got {nproc}"
-        )  # protocol: a CLI exits with its message, as argparse does
+        # a CLI exits with its message, as argparse does: SystemExit, not a NamedError
+        raise SystemExit(f"{PREFIX} --nproc must be >= 1, got {nproc}")  # protocol
     if not cmd:
-        raise SystemExit(
-            f"{PREFIX} give the command after --, e.g. named-launch --nproc 2 -- named-train ..."
-        )  # protocol: as argparse
+        usage = "named-launch --nproc 2 -- named-train ..."
+        raise SystemExit(f"{PREFIX} give the command after --, e.g. {usage}")  # protocol: as argparse
     port = port or free_port()
     base = dict(os.environ if env is None else env)
     received: list[int] = []

@@ -136,7 +136,7 @@ def activation_bytes(cfg: TrainConfig, s: Setup) -> float:
     t = cfg.trainer
     shape = dict(s.mesh.shape)
     dp = data_parallel_size(cfg, shape)
-    tp_axes = s.compute.get("heads")
+    tp_axes = s.compute_mapping.get("heads")
     tp = math.prod(shape[m] for m in ([tp_axes] if isinstance(tp_axes, str) else (tp_axes or ())))
     seq, b = cfg.data.seq_len, t.train_batch_size // t.microbatches / max(dp, 1)
     per_layer = seq * b * h * (10 + 24 / tp + 5 * heads * seq / (h * tp))
@@ -157,7 +157,7 @@ def logits_bytes(cfg: TrainConfig, s: Setup) -> float:
     axes = (a for x in jax.tree.leaves(s.shapes, is_leaf=nm.is_named_array) for a in getattr(x, "axes", ()))
     vocab = next((a.size for a in axes if a.name == "vocab"), 0)
     shape = dict(s.mesh.shape)
-    split = s.compute.get("vocab")
+    split = s.compute_mapping.get("vocab")
     shards = math.prod(shape[m] for m in ([split] if isinstance(split, str) else (split or ())))
     t = cfg.trainer
     b = t.train_batch_size // t.microbatches / max(data_parallel_size(cfg, shape), 1)
@@ -210,10 +210,10 @@ def make_plan(cfg: TrainConfig, target: Target | None = None, s: Setup | None = 
         cfg,
         s,
         target,
-        nm.param_report(s.shapes, s.param, s.mesh),
+        nm.param_report(s.shapes, s.param_mapping, s.mesh),
         # Gradients and the optimizer state exist for the trainable parameters only (LoRA: the adapters).
-        nm.param_report(trainable_part(cfg, s.shapes), s.param, s.mesh),
-        nm.param_report(jax.eval_shape(lambda m: init_opt_state(cfg, m), s.shapes), s.param, s.mesh),
+        nm.param_report(trainable_part(cfg, s.shapes), s.param_mapping, s.mesh),
+        nm.param_report(jax.eval_shape(lambda m: init_opt_state(cfg, m), s.shapes), s.param_mapping, s.mesh),
         activation_bytes(cfg, s),
         logits_bytes(cfg, s),
     )
@@ -222,7 +222,7 @@ def make_plan(cfg: TrainConfig, target: Target | None = None, s: Setup | None = 
 def plan_report(cfg: TrainConfig, *, compile: bool = False, target: Target | None = None) -> str:
     p = make_plan(cfg, target)
     target, s = p.target, p.setup
-    model_cfg, mesh, compute, param = s.model_cfg, s.mesh, s.compute, s.param
+    model_cfg, mesh, compute_mapping, param_mapping = s.model_cfg, s.mesh, s.compute_mapping, s.param_mapping
     params, trained, moments = p.params, p.trained, p.moments
     t = cfg.trainer
     dp = p.data_parallel
@@ -238,8 +238,8 @@ def plan_report(cfg: TrainConfig, *, compile: bool = False, target: Target | Non
         f"devices: {len(jax.devices())} x {here} in {jax.process_count()} process(es)"
         + (f"; {planned}" if planned else ""),
         f"mesh: {dict(mesh.shape)}",
-        f"compute mapping: {compute}",
-        f"parameter mapping: {param}",
+        f"compute mapping: {compute_mapping}",
+        f"parameter mapping: {param_mapping}",
         "",
         "parameters:",
         str(params),
@@ -327,7 +327,7 @@ def abstract_train_step(cfg: TrainConfig, s: Setup | None = None) -> tuple:
     from ..loop.train import make_train_step
 
     s = s if s is not None else check_against_devices(cfg)
-    mesh, compute, param = s.mesh, s.compute, s.param
+    mesh, compute_mapping, param_mapping = s.mesh, s.compute_mapping, s.param_mapping
     t = cfg.trainer
     optimizer = build_optimizer(cfg.optimizer, t.num_train_steps)
 
@@ -353,9 +353,9 @@ def abstract_train_step(cfg: TrainConfig, s: Setup | None = None) -> tuple:
     }
     step = make_train_step(cfg, s, optimizer)
     return step, (
-        abstract(model, param),
-        abstract(opt_state, param),
-        abstract(batch, compute),
+        abstract(model, param_mapping),
+        abstract(opt_state, param_mapping),
+        abstract(batch, compute_mapping),
         jax.random.key(0),
         flags_layout(mesh),
     )

@@ -36,8 +36,8 @@ _TP_AXES = ("mlp", "heads", "kv_heads")
 class Candidate:
     name: str
     mesh_shape: dict[str, int]
-    compute: dict
-    param: dict
+    compute_mapping: dict
+    param_mapping: dict
     remat: str
     microbatches: int
     flops: float = 0.0
@@ -94,18 +94,22 @@ def candidates(n_devices: int, param_axes: set[str], batch_size: int) -> Iterato
     if tp_axes:
         tp_map = dict.fromkeys(tp_axes, "model")
         layouts.append(("TP", {"model": n_devices}, dict(tp_map), dict(tp_map)))
-    for name, shape, compute, param in layouts:
+    for name, shape, compute_mapping, param_mapping in layouts:
         for remat in ("none", "full"):
             for micro in (1, 2, 4):
                 if batch_size % micro == 0:
-                    yield Candidate(name, shape, compute, param, remat, micro)
+                    yield Candidate(name, shape, compute_mapping, param_mapping, remat, micro)
 
 
 def layout_of(base: Layout, c: Candidate) -> Layout:
     """The layout tried as ``c``: ``base`` (the config's) with the candidate's mesh, mappings, remat
     and microbatches."""
     return base.replace(
-        mesh_shape=c.mesh_shape, compute=c.compute, param=c.param, remat=c.remat, microbatches=c.microbatches
+        mesh_shape=c.mesh_shape,
+        compute=c.compute_mapping,
+        param=c.param_mapping,
+        remat=c.remat,
+        microbatches=c.microbatches,
     )
 
 
@@ -122,7 +126,7 @@ def search(cfg: TrainConfig, roof: Roofline, *, memory_budget: float, progress=N
     from ..loop.checks import check_against_devices
 
     out = []
-    for c in candidates(len(jax.devices()), _param_axes(cfg), cfg.trainer.train_batch_size):
+    for c in candidates(len(jax.devices()), param_axes(cfg), cfg.trainer.train_batch_size):
         trial = _with(cfg, c)
         try:
             report = train_step_report(trial, check_against_devices(trial))
@@ -156,7 +160,7 @@ def rank(found: list[Candidate], roof: Roofline, memory_budget: float) -> list[C
     return sorted(found, key=key)
 
 
-def _param_axes(cfg: TrainConfig) -> set[str]:
+def param_axes(cfg: TrainConfig) -> set[str]:
     import jax
 
     import named as nm

@@ -51,7 +51,7 @@ def read_metrics(run: Path) -> dict[str, list[tuple[int, float]]]:
     return series
 
 
-def _panels(runs: dict[str, dict]) -> list[tuple[str, list[str], bool]]:
+def panels_of(runs: dict[str, dict]) -> list[tuple[str, list[str], bool]]:
     """The panels some run has data for: the fixed ones, with the per-source evaluation losses
     (``eval/<source>/loss``) in a panel of their own after the loss."""
     logged = {k for s in runs.values() for k in s}
@@ -76,7 +76,7 @@ def figure(runs: list[Path]):
         while label in series:  # two runs of one name (a/run, b/run): the later gets a suffix
             label += "'"
         series[label] = read_metrics(run)
-    panels = _panels(series)
+    panels = panels_of(series)
     if not panels:
         raise ConfigError(f"{', '.join(map(str, runs))}: no losses, learning rates, norms or tokens/s logged yet")
     from matplotlib.figure import Figure

@@ -63,7 +63,7 @@ def _run_dir_and_checkpoint(path: Path) -> tuple[Path, Path]:
     return path, latest
 
 
-def _model_config(run_dir: Path):
+def saved_model_config(run_dir: Path):
     path = run_dir / "model_config.json"
     if not path.is_file():
         raise ckpt.CheckpointError(f"{path} is missing: is {run_dir} a named-train run directory?")
@@ -92,7 +92,7 @@ class Sampler:
     @classmethod
     def open(cls, path: Path) -> Sampler:
         run_dir, checkpoint = _run_dir_and_checkpoint(Path(path))
-        model_cfg = _model_config(run_dir)
+        model_cfg = saved_model_config(run_dir)
         if not (run_dir / "config.yaml").is_file():
             raise ckpt.CheckpointError(
                 f"{run_dir / 'config.yaml'} is missing: is {run_dir} a named-train run directory?"

@@ -31,4 +31,4 @@ def __getattr__(name: str):
         module = importlib.import_module(".train_config", __name__)
         if hasattr(module, name):
             return getattr(module, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")  # protocol: module __getattr__

@@ -30,6 +30,11 @@ _KINDS = {
 }
 
 
+def _is_union(tp) -> bool:
+    """``Union[A, B]`` or ``A | B`` (a types.UnionType: what annotations are written as here)."""
+    return typing.get_origin(tp) in (typing.Union, types.UnionType)
+
+
 def _without_none(tp) -> tuple[Any, bool]:
     """The annotation with ``None`` taken out of it, and whether it was there."""
     args = typing.get_args(tp)
@@ -44,9 +49,9 @@ def describe_type(tp) -> str:
     args = typing.get_args(base)
     if base in _KINDS:
         text = _KINDS[base][0]
-    elif typing.get_origin(base) in _UNIONS:  # data.train: a path (string) or a named source (mapping)
+    elif _is_union(base):  # data.train: a path (string) or a named source (mapping)
         text = " or ".join(describe_type(a) for a in sorted(args, key=lambda a: a is not str))
-    elif typing.get_origin(base) is list and typing.get_origin(args[0]) in _UNIONS:
+    elif typing.get_origin(base) is list and _is_union(args[0]):
         text = "a list of " + " or ".join(
             _KINDS[a][1] if a in _KINDS else "mappings"
             for a in sorted(typing.get_args(args[0]), key=lambda a: a is not str)
@@ -89,7 +94,7 @@ def _has_type(base, value) -> bool:
     if base is str:
         return isinstance(value, str)
     origin = typing.get_origin(base)
-    if origin in _UNIONS:
+    if _is_union(base):
         return any(_has_type(a, value) for a in typing.get_args(base))
     if origin in (list, dict):
         return isinstance(value, origin)

@@ -54,7 +54,8 @@ class Rule:
             return "non-empty"
         if self.high is None:
             return f"{'>' if self.low_open else '>='} {_number(self.low)}"
-        return f"in {'(' if self.low_open else '['}{_number(self.low)}, {_number(self.high)}{')' if self.high_open else ']'}"
+        low, high = "(" if self.low_open else "[", ")" if self.high_open else "]"
+        return f"in {low}{_number(self.low)}, {_number(self.high)}{high}"
 
 
 def _number(x: float) -> str:

@@ -174,7 +174,8 @@ class MeshConfig:
 
 @dataclass
 class OptimizerConfig:
-    """AdamW with a schedule; weight decay skips norms and biases (arrays of one axis)."""
+    """AdamW with a schedule; weight decay skips every bias (a leaf named ``bias``) and the parameters
+    of norm layers (modules that keep full precision), whatever their rank (``optim.decay_mask``)."""
 
     learning_rate: float = key(3e-4, above(0), doc="the peak learning rate")
     weight_decay: float = key(0.1, at_least(0), doc="AdamW's decoupled weight decay (not on norms and biases)")
@@ -234,8 +235,8 @@ class CheckpointConfig:
         NONEMPTY,
         free=True,
         doc="checkpoints in `<base>/checkpoints`: a local path, "
-        "`s3://bucket/prefix` or `gs://bucket/prefix` (null: in "
-        "trainer.run_dir)",
+        "`s3://bucket/prefix` or `gs://bucket/prefix` "
+        "(null: in trainer.run_dir)",
     )
 
 
@@ -336,13 +337,12 @@ def _as_choice(name: str, base_cfg: type):
 
 # one YAML model.type per family of the models registry
 SECTIONS = {name: _as_choice(name, family.config_cls) for name, family in FAMILIES.items()}
-Gpt2Section, LlamaSection = SECTIONS["gpt2"], SECTIONS["llama"]
 
 
 @dataclass
 class TrainConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    model: ModelChoice = field(default_factory=Gpt2Section)
+    model: ModelChoice = field(default_factory=SECTIONS["gpt2"])
     mesh: MeshConfig = field(default_factory=MeshConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     data: DataConfig = field(default_factory=DataConfig)

@@ -69,10 +69,12 @@ from ._mixture import JoinedRows, Mixture
 from ._packing import PAD_SEGMENT, Batch, Sequences, TokenStream, pack
 from ._ray import ClusterError, RayShards
 from ._shards import LocalShards
+from ._show import show_rows
 from ._sources import SourceFile, open_pretokenized, resolve_sources, stdlib_files
 from ._tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer
 
 __all__ = [
+    "show_rows",
     "PAD_SEGMENT",
     "ROLES",
     "STDLIB",

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config.data_section import DataError
-from ._packing import _FLAGGED, PAD_SEGMENT, START, Batch, TokenStream, pack
+from ._packing import FLAGGED, PAD_SEGMENT, START, Batch, TokenStream, pack
 
-_SCAN = 1 << 26  # flag bytes read at a time when finding documents (a memory-mapped file is never copied whole)
+SCAN_FLAGS = 1 << 26  # flag bytes read at a time when finding documents (a memory-mapped file is never copied whole)
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,8 @@ class Documents:
             if flags is None:
                 raise DataError("whole-sample packing needs flagged (chat) token arrays")
             first = np.concatenate(
-                [np.flatnonzero(flags[c : c + _SCAN] & START) + c for c in range(0, len(flags), _SCAN)] or [[]]
+                [np.flatnonzero(flags[c : c + SCAN_FLAGS] & START) + c for c in range(0, len(flags), SCAN_FLAGS)]
+                or [[]]
             ).astype(np.int64)
             if len(flags) and (not first.size or first[0] != 0):
                 raise DataError("a chat token array does not begin with a document start; delete its cache to rebuild")
@@ -178,11 +179,11 @@ class PackedSequences:
                 lo, hi = int(self.documents.starts[d]), int(self.documents.stops[d])
                 for piece, piece_flags in self.stream.pieces(lo, hi):
                     tokens[r, at : at + len(piece)] = piece
-                    flags[r, at : at + len(piece)] = piece_flags | _FLAGGED
+                    flags[r, at : at + len(piece)] = piece_flags | FLAGGED
                     at += len(piece)
             used[r] = at
         padding = np.arange(self.seq_len) >= used[:, None]
-        flags[padding] = _FLAGGED  # no LOSS: padding is never a target
+        flags[padding] = FLAGGED  # no LOSS: padding is never a target
         flags[np.flatnonzero(used < self.seq_len), used[used < self.seq_len]] |= START  # nor attends to a sample
         batch = pack(tokens, self.pad_id, None, flags)
         return Batch(batch.input_ids, np.where(padding, PAD_SEGMENT, batch.segment_ids), batch.loss_mask)

@@ -33,7 +33,7 @@ import numpy as np
 
 from ..config.data_section import DataError
 from ._chat import CHAT_FORMAT, DEFAULT_RULES, ChatRules, encode_chat_into
-from ._encode import _TEMP_PREFIX, CACHE_FORMAT, atomic_write, empty_corpus, encode_into
+from ._encode import CACHE_FORMAT, TEMP_PREFIX, atomic_write, empty_corpus, encode_into
 from ._shards import ShardRunner, build_sharded, use_shards
 from ._sources import FIELD_KINDS, SourceFile, iter_documents, iter_records, memmap_tokens
 from ._tokenizer import Tokenizer, check_tokenizer
@@ -161,7 +161,7 @@ def _chat_into(
 
 def _remove_stale_temps(cache_dir: Path) -> None:
     cutoff = time.time() - _STALE_TEMP_S
-    for p in cache_dir.glob(_TEMP_PREFIX + "*"):
+    for p in cache_dir.glob(TEMP_PREFIX + "*"):
         with suppress(OSError):
             if p.stat().st_mtime < cutoff:
                 p.unlink()

@@ -3,7 +3,7 @@
 The stdlib ``gzip`` module and ``zstandard.stream_reader`` both hide where a stream broke
 (and ``stream_reader`` returns a truncated frame as a short, silent end of file), so both
 codecs go through one loop over their ``decompressobj``: compressed bytes are fed in blocks
-of ``_BLOCK``, concatenated gzip members and zstd frames are read as one stream (``pigz``
+of ``BLOCK_BYTES``, concatenated gzip members and zstd frames are read as one stream (``pigz``
 and ``zstd -T`` write several), and a file that ends inside a member or frame is refused
 as truncated. Damage is reported as the block of compressed bytes it was found in, which is
 as precise as the decompressors allow, together with the last complete line before it.
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..config.data_section import DataError
 
-_BLOCK = 1 << 16  # compressed bytes per decompress call: bounds memory and the error's byte range
+BLOCK_BYTES = 1 << 16  # compressed bytes per decompress call: bounds memory and the error's byte range
 _GZIP_WBITS = 16 + zlib.MAX_WBITS  # gzip header and trailer, CRC and length checked by zlib
 
 CODECS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
@@ -58,7 +58,7 @@ def decompressed_blocks(path: Path, codec: str) -> Iterator[bytes]:
         d, fed, pos = _decompressor(codec), False, 0
         while True:
             try:
-                raw = f.read(_BLOCK)
+                raw = f.read(BLOCK_BYTES)
             except OSError as e:
                 raise DataError(f"cannot read data file {str(path)!r} at byte {pos}: {e.strerror}") from e
             if not raw:

@@ -19,8 +19,8 @@ from ._sources import SourceFile, first_out_of_range
 from ._tokenizer import Tokenizer
 
 CACHE_FORMAT = 2  # 2: ids range-checked when written; files of format 1 were not
-_ENCODE_CHUNK_CHARS = 4 << 20
-_TEMP_PREFIX = ".partial-"
+ENCODE_CHUNK_CHARS = 4 << 20
+TEMP_PREFIX = ".partial-"
 
 
 @contextmanager
@@ -28,7 +28,7 @@ def atomic_write(path: Path) -> Iterator[BinaryIO]:
     """Write ``path`` all-or-nothing: on any exception the temp file is removed, and
     ``path`` is untouched."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_TEMP_PREFIX + path.name + ".")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=TEMP_PREFIX + path.name + ".")
     try:
         with os.fdopen(fd, "wb") as f:
             yield f
@@ -81,12 +81,12 @@ def empty_corpus(files: Sequence[SourceFile]) -> DataError:
 
 
 def chunked(docs: Iterator[tuple]) -> Iterator[list[tuple]]:
-    """``(where, text, ...)`` items in lists of about ``_ENCODE_CHUNK_CHARS`` characters of text."""
+    """``(where, text, ...)`` items in lists of about ``ENCODE_CHUNK_CHARS`` characters of text."""
     chunk, size = [], 0
     for item in docs:
         chunk.append(item)
         size += len(item[1])
-        if size >= _ENCODE_CHUNK_CHARS:
+        if size >= ENCODE_CHUNK_CHARS:
             yield chunk
             chunk, size = [], 0
     if chunk:

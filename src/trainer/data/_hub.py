@@ -60,7 +60,7 @@ def dataset_paths(spec: SourceSpec) -> list[str]:
 def _inside(root: Path, path: Path) -> Path:
     """``path``, refused unless it leads (through its links) into the snapshot ``root`` or the blobs
     of its repository: the rule of every Hugging Face folder we read (``folder_file``)."""
-    from named.models._hf_config import CheckpointFormatError, folder_file  # with the models: not in workers
+    from named.models.hf import CheckpointFormatError, folder_file  # with the models: not in workers
 
     try:
         return folder_file(root, path.relative_to(root).as_posix())

@@ -27,7 +27,7 @@ from ..config.data_section import DataError
 
 PAD_SEGMENT = -1
 LOSS, START = 1, 2  # flag bits: the token is a target that carries loss; the token starts a document
-_FLAGGED = 4  # set by TokenStream.windows on tokens of flagged arrays
+FLAGGED = 4  # set by TokenStream.windows on tokens of flagged arrays
 
 
 class Batch(NamedTuple):
@@ -71,13 +71,13 @@ class TokenStream:
     def windows(self, starts: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """Tokens ``[start, start + length)`` for each start, as int32 ``[len(starts), length]``,
         a bool array of the same shape, True where a file begins, and the flags (with
-        ``_FLAGGED`` set on the tokens of flagged arrays), or None when no array has flags."""
+        ``FLAGGED`` set on the tokens of flagged arrays), or None when no array has flags."""
         pos = np.asarray(starts, dtype=np.int64)[:, None] + np.arange(length, dtype=np.int64)
         flagged = any(f is not None for f in self.flags)
         flags = np.zeros(pos.shape, np.uint8) if flagged else None
         if len(self.arrays) == 1:
             if flagged:
-                flags[...] = self.flags[0][pos] | _FLAGGED
+                flags[...] = self.flags[0][pos] | FLAGGED
             return np.asarray(self.arrays[0][pos], dtype=np.int32), np.zeros(pos.shape, bool), flags
         which = np.searchsorted(self.offsets, pos, side="right") - 1
         local = pos - self.offsets[which]
@@ -86,7 +86,7 @@ class TokenStream:
             at = which == k
             tokens[at] = self.arrays[k][local[at]]
             if self.flags[k] is not None:
-                flags[at] = self.flags[k][local[at]] | _FLAGGED
+                flags[at] = self.flags[k][local[at]] | FLAGGED
         return tokens, local == 0, flags
 
 
@@ -137,7 +137,7 @@ def pack(
     new_doc = np.zeros(tokens.shape, bool)
     new_doc[:, 1:] = tokens[:, :-1] == eos_id
     if flags is not None:
-        flagged = (flags[:, 1:] & _FLAGGED) != 0
+        flagged = (flags[:, 1:] & FLAGGED) != 0
         new_doc[:, 1:] = np.where(flagged, (flags[:, 1:] & START) != 0, new_doc[:, 1:])
     if file_start is not None:
         new_doc[:, 1:] |= file_start[:, 1:]

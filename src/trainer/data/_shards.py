@@ -173,10 +173,12 @@ class LocalShards:
     ) -> None:
         mine = [j for j in jobs if int(j[1].stem) % self.process_count == self.process_index]
         others = [j for j in jobs if int(j[1].stem) % self.process_count != self.process_index]
-        _tokenize([*mine, *others[::-1]], tokenizer, dtype, progress)
+        tokenize_pieces([*mine, *others[::-1]], tokenizer, dtype, progress)
 
 
-def _tokenize(jobs: Sequence[tuple[Piece, Path]], tokenizer: Tokenizer, dtype: np.dtype, progress: Progress) -> None:
+def tokenize_pieces(
+    jobs: Sequence[tuple[Piece, Path]], tokenizer: Tokenizer, dtype: np.dtype, progress: Progress
+) -> None:
     """This machine's cores, the pieces in the order given (the pool starts them in that order)."""
     # Only our own classes: a subclass may encode differently from what its spec loads.
     spec = tokenizer.load_spec if type(tokenizer) in (ByteTokenizer, HFTokenizer) else None

@@ -19,8 +19,8 @@ import jax.numpy as jnp
 
 import named as nm
 from named import nn
+from named.internal import block_size_error  # the blockwise loss's own message, with the nearest divisors
 from named.models.hf import CheckpointFormatError, check_folder
-from named.nn.loss import _block_error  # the blockwise loss's own message, with the nearest divisors
 
 from ..config import ConfigError, TrainConfig, data_parallel_size, pretrained, to_mapping
 from ..data import Tokenizer, load_tokenizer
@@ -44,8 +44,8 @@ class Setup:
     model_cls: type
     shapes: Any  # the model's parameters as jax.ShapeDtypeStruct leaves
     mesh: jax.sharding.Mesh
-    compute: dict
-    param: dict
+    compute_mapping: dict
+    param_mapping: dict
 
 
 def require_harness(what: str) -> None:
@@ -68,19 +68,19 @@ def check_against_devices(cfg: TrainConfig) -> Setup:
     tokenizer = load_tokenizer(cfg.data.tokenizer, cfg.data.eos_token)
     model_cfg, model_cls = model_config_for(cfg, tokenizer)
     mesh = nm.make_mesh(check_device_count(cfg, len(jax.devices()), jax.process_count()))
-    compute, param = to_mapping(cfg.mesh.compute_mapping), to_mapping(cfg.mesh.param_mapping)
+    compute_mapping, param_mapping = to_mapping(cfg.mesh.compute_mapping), to_mapping(cfg.mesh.param_mapping)
     check_positions(cfg, model_cfg)
     check_sample_length(cfg, tokenizer, model_cfg)
-    check_loss_block(cfg, model_cfg, mesh, compute)
+    check_loss_block(cfg, model_cfg, mesh, compute_mapping)
     if cfg.model.init_from_hf is not None:  # every header against the model before anything is compiled
         try:
             check_folder(pretrained.folder(cfg.model.init_from_hf))
         except CheckpointFormatError as e:
             raise ConfigError(f"model.init_from_hf: {e}") from None
     shapes = model_shapes(cfg, model_cls, model_cfg)
-    check_mappings(cfg, shapes, mesh, compute, param, model_cfg)
-    check_activations(cfg, model_cfg, shapes, mesh, compute, param)
-    return Setup(tokenizer, model_cfg, model_cls, shapes, mesh, compute, param)
+    check_mappings(cfg, shapes, mesh, compute_mapping, param_mapping, model_cfg)
+    check_activations(cfg, model_cfg, shapes, mesh, compute_mapping, param_mapping)
+    return Setup(tokenizer, model_cfg, model_cls, shapes, mesh, compute_mapping, param_mapping)
 
 
 def model_config_for(cfg: TrainConfig, tokenizer: Tokenizer | None = None):
@@ -132,7 +132,7 @@ def check_positions(cfg: TrainConfig, model_cfg) -> None:
         )
 
 
-def check_mappings(cfg: TrainConfig, shapes, mesh, compute, param, model_cfg) -> None:
+def check_mappings(cfg: TrainConfig, shapes, mesh, compute_mapping, param_mapping, model_cfg) -> None:
     """Both mappings name only axes the model has, and every axis they split divides evenly:
     the parameters' axes under both mappings, and batch / position under the compute mapping."""
     sizes: dict[str, set[int]] = {}
@@ -142,7 +142,7 @@ def check_mappings(cfg: TrainConfig, shapes, mesh, compute, param, model_cfg) ->
     micro = cfg.trainer.train_batch_size // cfg.trainer.microbatches
     for name, n in zip(_ACTIVATION_AXES, (micro, cfg.data.seq_len, cfg.data.seq_len)):
         sizes.setdefault(name, set()).add(n)
-    for key, mapping in (("mesh.param_mapping", param), ("mesh.compute_mapping", compute)):
+    for key, mapping in (("mesh.param_mapping", param_mapping), ("mesh.compute_mapping", compute_mapping)):
         for name in mapping:
             if name not in sizes:
                 raise ConfigError(
@@ -150,13 +150,13 @@ def check_mappings(cfg: TrainConfig, shapes, mesh, compute, param, model_cfg) ->
                     f"its axes are {', '.join(sorted(sizes))}"
                 )
     try:
-        nm.check_sharding(shapes, param, mesh)  # every parameter's layout, leaf by leaf
+        nm.check_sharding(shapes, param_mapping, mesh)  # every parameter's layout, leaf by leaf
     except nm.ShardingError as e:
         raise ConfigError(f"mesh.param_mapping: {e}") from None
-    for name in compute:
+    for name in compute_mapping:
         for n in sorted(sizes[name]):
             try:
-                nm.pspec_for((nm.Axis(name, n),), compute, mesh)
+                nm.pspec_for((nm.Axis(name, n),), compute_mapping, mesh)
             except nm.ShardingError as e:
                 raise ConfigError(f"mesh.compute_mapping: {e}") from None
 
@@ -164,7 +164,7 @@ def check_mappings(cfg: TrainConfig, shapes, mesh, compute, param, model_cfg) ->
 _CLASH = re.compile(r"axes '(\w+)' and '(\w+)' of one array are both mapped to mesh axis '(\w+)'")
 
 
-def check_activations(cfg: TrainConfig, model_cfg, shapes, mesh, compute, param=None) -> None:
+def check_activations(cfg: TrainConfig, model_cfg, shapes, mesh, compute_mapping, param_mapping=None) -> None:
     """The compute mapping fits every activation of the forward pass and the loss: no activation
     may have two axes on one mesh axis (``embed: data`` beside ``batch: data``), which the
     per-axis checks above cannot see. The forward is traced under the mapping on abstract inputs
@@ -178,7 +178,7 @@ def check_activations(cfg: TrainConfig, model_cfg, shapes, mesh, compute, param=
         return token_losses(model, batch, key=jax.random.key(0), block_size=cfg.trainer.loss_block_size)[0]
 
     try:
-        with nm.set_mesh(mesh), nm.axis_mapping(compute):
+        with nm.set_mesh(mesh), nm.axis_mapping(compute_mapping):
             jax.eval_shape(loss, shapes, ids)
     except nm.ShardingError as e:
         clash = _CLASH.search(str(e))
@@ -189,7 +189,7 @@ def check_activations(cfg: TrainConfig, model_cfg, shapes, mesh, compute, param=
             f"mesh.compute_mapping.{a} and mesh.compute_mapping.{b} both map to mesh axis {m!r}, but "
             f"the {model_type(model_cfg)} model has activations with both axes: {e}"
         ) from None
-    driver = layer_driver(cfg, compute, param)
+    driver = layer_driver(cfg, compute_mapping, param_mapping)
     if driver is not None:  # the layer stack traced per device, forward and backward, as the train step runs it
 
         def explicit_loss(model, ids):  # a function of its own: jax caches traces by function
@@ -197,22 +197,22 @@ def check_activations(cfg: TrainConfig, model_cfg, shapes, mesh, compute, param=
                 return loss(model, ids).array.astype(jnp.float32).mean()
 
         try:
-            with nm.set_mesh(mesh), nm.axis_mapping(compute):
+            with nm.set_mesh(mesh), nm.axis_mapping(compute_mapping):
                 jax.eval_shape(eqx.filter_grad(explicit_loss), shapes, ids)
         except nm.NamedError as e:
             raise ConfigError(f"mesh.mode: explicit: {e}") from None
 
 
-def check_loss_block(cfg: TrainConfig, model_cfg, mesh, compute) -> None:
+def check_loss_block(cfg: TrainConfig, model_cfg, mesh, compute_mapping) -> None:
     """``trainer.loss_block_size`` divides the vocab size, and each block of the vocab splits
     evenly over the devices a vocab-parallel compute mapping spreads it over."""
     size = cfg.trainer.loss_block_size
     if size is None:
         return
     if model_cfg.vocab_size % size:
-        raise ConfigError(f"trainer.loss_block_size: {_block_error(nm.Axis('vocab', model_cfg.vocab_size), size)}")
+        raise ConfigError(f"trainer.loss_block_size: {block_size_error(nm.Axis('vocab', model_cfg.vocab_size), size)}")
     try:
-        nm.pspec_for((nm.Axis("vocab", size),), compute, mesh)
+        nm.pspec_for((nm.Axis("vocab", size),), compute_mapping, mesh)
     except nm.ShardingError as e:
         raise ConfigError(
             f"trainer.loss_block_size={size}: a block of the vocab must split like the vocab "

@@ -83,7 +83,8 @@ def settings(cfg: DistributedConfig) -> dict | None:
     if kw and not needed <= kw.keys() and not cfg.initialize:
         missing = sorted(needed - kw.keys())
         raise ConfigError(
-            f"distributed: {', '.join('distributed.' + m for m in missing)} missing (or set initialize: true for auto-detection)"
+            f"distributed: {', '.join('distributed.' + m for m in missing)} "
+            "missing (or set initialize: true for auto-detection)"
         )
     return {**kw, **timeouts}
 
@@ -114,7 +115,7 @@ def _check_address(address: str, where: str) -> None:
 
 def _cluster_detected() -> bool:
     """Whether jax.distributed.initialize would find the coordinator itself (JAX's own test)."""
-    from named._compat import cluster_detected
+    from named.internal import cluster_detected
 
     return cluster_detected()
 

@@ -45,7 +45,7 @@ PREFIX = "eval_harness"  # the metrics' names: eval_harness/<task>/<metric>, in 
 
 
 class HarnessLM(TemplateLM):
-    """lm-eval's model interface over ``model`` (laid out on ``mesh``; forward under ``compute``)."""
+    """lm-eval's model interface over ``model`` (laid out on ``mesh``; forward under the compute ``mapping``)."""
 
     def __init__(
         self,
@@ -54,7 +54,7 @@ class HarnessLM(TemplateLM):
         *,
         max_length: int,
         mesh=None,
-        compute: dict | None = None,
+        mapping: dict | None = None,
         policy=None,
         batch_size: int = 8,
         batch_multiple: int = 1,
@@ -62,7 +62,7 @@ class HarnessLM(TemplateLM):
         super().__init__()
         self.model, self._tok, self.max_length = model, tokenizer, max_length
         self._hf = _as_transformers_reads(tokenizer)
-        self.mesh, self.compute = mesh, dict(compute or {})
+        self.mesh, self.mapping = mesh, dict(mapping or {})
         self.batch_rows = math.ceil(max(batch_size, 1) / batch_multiple) * batch_multiple
 
         def score(model, ids, targets):
@@ -74,7 +74,7 @@ class HarnessLM(TemplateLM):
             greedy = jnp.argmax(logp, axis=-1) == tgt
             return nm.named(picked, ("batch", "position")), nm.named(greedy, ("batch", "position"))
 
-        self._score = nm.named_jit(score, mapping=self.compute, out_mapping={})
+        self._score = nm.named_jit(score, mapping=self.mapping, out_mapping={})
 
     # ---- what TemplateLM asks of a model -------------------------------------------------------
 
@@ -171,7 +171,7 @@ class HarnessLM(TemplateLM):
         axes = (nm.Axis("batch", arr.shape[0]), nm.Axis("position", arr.shape[1]))
         if self.mesh is None:
             return nm.named(jnp.asarray(arr), axes)
-        sharding = nm.sharding_for(axes, self.compute, self.mesh)
+        sharding = nm.sharding_for(axes, self.mapping, self.mesh)
         return nm.NamedArray(jax.make_array_from_callback(arr.shape, sharding, lambda idx: arr[idx]), axes)
 
     def _run(self, ids: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

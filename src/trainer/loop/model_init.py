@@ -151,12 +151,12 @@ def with_quantization(cfg: TrainConfig, model):
         raise ConfigError(f"quantization.targets: {e}") from None
 
 
-def layer_driver(cfg: TrainConfig, compute, param) -> nn.ExplicitStack | None:
+def layer_driver(cfg: TrainConfig, compute_mapping, param_mapping) -> nn.ExplicitStack | None:
     """How the model's layer stack runs: None (``mesh.mode: auto``, GSPMD) or, for
     ``explicit``, per device inside ``nm.shard_map`` with each layer's weights gathered there."""
     if cfg.mesh.mode != "explicit":
         return None
-    return nn.ExplicitStack(param, compute, batch_split=cfg.mesh.batch_split)
+    return nn.ExplicitStack(param_mapping, compute_mapping, batch_split=cfg.mesh.batch_split)
 
 
 def model_shapes(cfg: TrainConfig, model_cls, model_cfg):
@@ -174,13 +174,16 @@ def model_shapes(cfg: TrainConfig, model_cls, model_cfg):
         raise ConfigError(f"model: {e}") from None
 
 
-def init_model(cfg: TrainConfig, model_cls, model_cfg, *, param, mesh, key, pretrained: bool = True, dtype=jnp.float32):
-    """The run's model, every array laid out by the parameter mapping ``param`` on ``mesh``.
+def init_model(
+    cfg: TrainConfig, model_cls, model_cfg, *, param_mapping, mesh, key, pretrained: bool = True, dtype=jnp.float32
+):
+    """The run's model, every array laid out by the parameter mapping ``param_mapping`` on ``mesh``.
     With ``model.init_from_hf`` (and ``pretrained``), the base weights are the folder's, read in
     ``dtype``; without ``pretrained`` (a resume, about to restore every weight) they are random."""
     base_key, adapt_key = jax.random.split(key)
     if cfg.model.init_from_hf is not None and pretrained:
-        _, base = load_pretrained(pretrained_folder(cfg.model.init_from_hf), mapping=param, mesh=mesh, dtype=dtype)
+        folder = pretrained_folder(cfg.model.init_from_hf)
+        _, base = load_pretrained(folder, mapping=param_mapping, mesh=mesh, dtype=dtype)
     else:
-        base = nm.named_jit(model_cls.init, mapping=param)(model_cfg, key=base_key)
-    return nm.named_jit(lambda m, k: adapt(cfg, m, k), mapping=param)(base, adapt_key)
+        base = nm.named_jit(model_cls.init, mapping=param_mapping)(model_cfg, key=base_key)
+    return nm.named_jit(lambda m, k: adapt(cfg, m, k), mapping=param_mapping)(base, adapt_key)

@@ -51,7 +51,7 @@ def decay_mask(params):
             return jax.tree.map(lambda _: False, x)
         decay = not any(getattr(k, "name", None) == "bias" for k in path)
         if isinstance(x, nm.NamedArray):
-            return nm.NamedArray._unchecked(decay, x.axes)
+            return nm.NamedArray(decay, x.axes)
         return decay
 
     return jax.tree_util.tree_map_with_path(leaf, params, is_leaf=is_leaf)

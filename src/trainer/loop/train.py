@@ -90,16 +90,20 @@ def _all_finite(tree) -> jax.Array:
 def make_train_step(cfg: TrainConfig, setup: Setup, optimizer):
     """The jitted step of the model ``setup`` describes, laid out by its mappings, in the precision
     of ``trainer.precision``: microbatched loss and gradients (exactly the full-batch mean over
-    tokens), clipping and ``optimizer`` (AdamW: ``optim.build_optimizer``). ``finite`` is false
-    when the loss, the gradient, the update, the new parameters or the new optimizer state is not
-    finite; under ``nan_policy: skip`` such a step leaves the state untouched. ``flags``
-    (``stop.flags_layout``) come back agreed over every device as ``stop_flags``: the stop and
-    save decisions ride in this one program."""
-    compute, param, policy = setup.compute, setup.param, get_policy(cfg.trainer.precision)
+    tokens), clipping and ``optimizer`` (AdamW: ``optim.build_optimizer``). ``finite`` is false when
+    the loss, the gradient, the update, the new parameters or the new optimizer state is not finite;
+    under ``nan_policy: skip`` such a step leaves the state untouched. ``flags``
+    (``stop.flags_layout``) come back agreed over every device as ``stop_flags``: the stop and save
+    decisions ride in this one program."""
+    compute_mapping, param_mapping, policy = (
+        setup.compute_mapping,
+        setup.param_mapping,
+        get_policy(cfg.trainer.precision),
+    )
     n_micro = cfg.trainer.microbatches
     skip_bad = cfg.trainer.nan_policy == "skip"
     lora_dropout = cfg.lora is not None and cfg.lora.dropout > 0
-    driver = layer_driver(cfg, compute, param)  # None unless mesh.mode is explicit
+    driver = layer_driver(cfg, compute_mapping, param_mapping)  # None unless mesh.mode is explicit
 
     def loss_sum(params, frozen, batch, key):
         m = cast_for_compute(eqx.combine(params, frozen, is_leaf=nm.is_named_array), policy)
@@ -159,7 +163,9 @@ def make_train_step(cfg: TrainConfig, setup: Setup, optimizer):
             },
         )
 
-    return nm.named_jit(step, mapping=compute, out_mapping=param, donate_args=(True, True, False, False, False))
+    return nm.named_jit(
+        step, mapping=compute_mapping, out_mapping=param_mapping, donate_args=(True, True, False, False, False)
+    )
 
 
 def make_eval_step(cfg: TrainConfig, setup: Setup):
@@ -170,16 +176,16 @@ def make_eval_step(cfg: TrainConfig, setup: Setup):
         per_token, _ = token_losses(cast_for_compute(model, policy), batch, block_size=block_size)
         return per_token.sum().scalar(), batch["loss_mask"][Pos, :-1].astype(jnp.float32).sum().scalar()
 
-    return nm.named_jit(eval_step, mapping=setup.compute)
+    return nm.named_jit(eval_step, mapping=setup.compute_mapping)
 
 
-def device_batch(batch: Batch, mesh, compute, global_rows: int) -> dict[str, nm.NamedArray]:
+def device_batch(batch: Batch, mesh, compute_mapping, global_rows: int) -> dict[str, nm.NamedArray]:
     """This process's rows -> global NamedArrays laid out by the compute mapping."""
     out = {}
     for name in ("input_ids", "segment_ids", "loss_mask"):
         local = np.asarray(getattr(batch, name))
         axes = (nm.Axis("batch", global_rows), nm.Axis(Pos, local.shape[1]))
-        sharding = nm.sharding_for(axes, compute, mesh)
+        sharding = nm.sharding_for(axes, compute_mapping, mesh)
         arr = jax.make_array_from_process_local_data(sharding, local, (global_rows, local.shape[1]))
         out[name] = nm.NamedArray(arr, axes)
     return out
@@ -311,7 +317,7 @@ def train(cfg: TrainConfig) -> TrainResult:
 
 def _train(cfg: TrainConfig, run: Run) -> TrainResult:
     t, plan, data, train_batches, setup = cfg.trainer, run.plan, run.data, run.train_batches, run.setup
-    mesh, compute = setup.mesh, setup.compute
+    mesh, compute_mapping = setup.mesh, setup.compute_mapping
     run_dir, restore_from, pid = plan.run_dir, plan.restore_from, jax.process_index()
     try:
         setup_logging(run_dir, pid)
@@ -345,13 +351,13 @@ def _train(cfg: TrainConfig, run: Run) -> TrainResult:
             cfg,
             setup.model_cls,
             setup.model_cfg,
-            param=setup.param,
+            param_mapping=setup.param_mapping,
             mesh=mesh,
             key=init_key,
             pretrained=restore_from is None,
             dtype=policy.param_dtype,
         )
-        opt_state = nm.named_jit(lambda m: init_opt_state(cfg, m, optimizer), mapping=setup.param)(model)
+        opt_state = nm.named_jit(lambda m: init_opt_state(cfg, m, optimizer), mapping=setup.param_mapping)(model)
         start = 0
         if restore_from is not None:
             (model, opt_state), meta = ckpt.restore(restore_from, (model, opt_state))
@@ -370,7 +376,7 @@ def _train(cfg: TrainConfig, run: Run) -> TrainResult:
 
         def batch_for(step: int) -> dict[str, nm.NamedArray]:
             log.debug("step %d: process %d reads data rows %s", step, pid, train_batches.indices(step).tolist())
-            return device_batch(train_batches.batch_at(step), mesh, compute, t.train_batch_size)
+            return device_batch(train_batches.batch_at(step), mesh, compute_mapping, t.train_batch_size)
 
         batch = batch_for(start)
         for step in range(start, t.num_train_steps):
@@ -389,9 +395,9 @@ def _train(cfg: TrainConfig, run: Run) -> TrainResult:
                 batch = batch_for(done)
             if len(pending) >= MAX_IN_FLIGHT:  # wait, reading nothing, for the step before this one
                 jax.block_until_ready(pending[-MAX_IN_FLIGHT][1])
-            # What this step ends with is decided here and only here (a new reason to stop or save goes into _due).
+            # What this step ends with is decided here and only here (a new reason to stop or save goes into step_due).
             signum, timed = stop.poll(agreed)  # the same on every process (see stop.py)
-            due = _due(done, cfg, data.validation is not None, len(pending), stop=bool(signum), timed=timed)
+            due = step_due(done, cfg, data.validation is not None, len(pending), stop=bool(signum), timed=timed)
             if not due.read:
                 continue
             rows = read_metrics(pending, t.nan_policy, checkpointer.latest)
@@ -414,7 +420,7 @@ def _train(cfg: TrainConfig, run: Run) -> TrainResult:
                 window = _Window()
             if due.eval:
                 evals = eval_losses(
-                    lambda b: eval_step(model, device_batch(b, mesh, compute, t.train_batch_size)), data, t
+                    lambda b: eval_step(model, device_batch(b, mesh, compute_mapping, t.train_batch_size)), data, t
                 )
                 trackers.log(done, evals, prefix="eval")
             if due.harness:
@@ -469,7 +475,7 @@ def _harness_lm(cfg: TrainConfig, setup: Setup, model):
         setup.tokenizer,
         max_length=max_positions(setup.model_cfg),
         mesh=setup.mesh,
-        compute=setup.compute,
+        mapping=setup.compute_mapping,
         policy=get_policy(t.precision),
         batch_size=t.train_batch_size // t.microbatches,
         batch_multiple=data_parallel_size(cfg, dict(setup.mesh.shape)),
@@ -501,7 +507,7 @@ class Due:
     stop: bool = False  # a stop signal: save, wait for the commit, end the run
 
 
-def _due(
+def step_due(
     done: int, cfg: TrainConfig, has_validation: bool, unread: int, stop: bool = False, timed: bool = False
 ) -> Due:
     t = cfg.trainer

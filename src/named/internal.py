@@ -1,0 +1,19 @@
+"""What the library's own upper layers (``named.models``, ``named.trainer``) and the benchmarks
+use from its internals, listed in one place, as ``equinox.internal`` does for Equinox's own
+packages. Users import ``named``; these names may change with any release.
+
+Nothing outside ``src/named`` imports one of its ``_private`` modules (tests/test_imports.py
+checks that): what another layer needs from them is re-exported here.
+"""
+
+from ._compat import backends_initialized, cluster_detected, cudnn_version, distributed_client, is_tracer
+from .nn.loss import block_size_error
+
+__all__ = [
+    "backends_initialized",  # the CLI: can this process still set its device count?
+    "block_size_error",  # the config check of trainer.loss_block_size: the loss's own message
+    "cluster_detected",  # distributed: would jax.distributed.initialize() find its coordinator?
+    "cudnn_version",  # bench/gpu_mfu.py: recorded beside GPU numbers
+    "distributed_client",  # checkpoints and the run plan: JAX's key-value store and barriers
+    "is_tracer",  # checkpoints: refuse to save a traced value
+]
