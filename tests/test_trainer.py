@@ -122,7 +122,9 @@ def test_restore_onto_another_mesh(corpus, tmp_path):
         "mesh.param_mapping": "{embed: data, mlp: model, heads: model}",
         "mesh.compute_mapping": "{batch: data, mlp: model, heads: model}",
     }
-    more = run(corpus, tmp_path / "run", **{**two_d, "trainer.num_train_steps": 12, "trainer.load_checkpoint": "auto"})
+    # two more steps on the run's schedule of 10 (a longer run must say which horizon it keeps)
+    longer = {"trainer.num_train_steps": 12, "optimizer.schedule_steps": 10, "trainer.load_checkpoint": "auto"}
+    more = run(corpus, tmp_path / "run", **{**two_d, **longer})
     assert len(more.losses) == 2
     # What the continued run started from: step 10 restored onto the 4x2 layout of its own state
     # is bitwise the 8-device run's final state, now split over model as well.
