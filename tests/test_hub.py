@@ -164,7 +164,9 @@ def test_the_weights_are_the_snapshots(hub, tmp_path):
     cfg = _config(tmp_path)
     s = check_against_devices(cfg)
     with nm.set_mesh(s.mesh):
-        model = init_model(cfg, s.model_cls, s.model_cfg, param=s.param, mesh=s.mesh, key=jax.random.key(0))
+        model = init_model(
+            cfg, s.model_cls, s.model_cfg, param_mapping=s.param_mapping, mesh=s.mesh, key=jax.random.key(0)
+        )
     saved = load_file(hub / "models--org--tiny-llama" / "snapshots" / MAIN / "model.safetensors")
     ours = hf_state_dict(model)
     for name, value in saved.items():

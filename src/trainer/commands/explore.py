@@ -207,7 +207,7 @@ class Explorer:
                 f"model: the live module is a {type(self.model).__name__}; the config's model.type builds a "
                 f"{s.model_cls.__name__}"
             )
-        check_mappings(cfg, self._model_shapes, s.mesh, s.compute, s.param, s.model_cfg)
+        check_mappings(cfg, self._model_shapes, s.mesh, s.compute_mapping, s.param_mapping, s.model_cfg)
         return dataclasses.replace(s, shapes=self._model_shapes)
 
     def search(self, progress=None) -> list[Candidate]:

@@ -21,6 +21,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from named import NamedError
+
 from .rules import ConfigError
 
 # A repository id as the Hub spells it (an optional owner, a name of letters, digits, '-', '_',
@@ -33,6 +35,12 @@ _COMMIT = re.compile(r"[0-9a-f]{40}")
 MODEL_FILES = ("*.json", "*.safetensors", "*.jinja")
 # What is fetched of a dataset repository: the data files our readers read (data/_sources.py).
 DATASET_FILES = ("*.parquet", "*.arrow", "*.jsonl", "*.json", "*.txt", "*.gz", "*.zst")
+
+
+def refusal(kind: type[NamedError], message: str) -> NamedError:
+    """The refusal of a Hub id, as the error type of the key it came from (``ConfigError`` for a
+    config key, ``DataError`` for a data source)."""
+    return kind(message)
 
 
 @dataclass(frozen=True)
@@ -65,9 +73,10 @@ def snapshot(
     try:
         import huggingface_hub as hub
     except ImportError as e:
-        raise error(
+        raise refusal(
+            error,
             f"{key}={str(hid)!r} is no local path, and reading it as a Hugging Face Hub id needs huggingface_hub, "
-            f"which does not import ({e}): pip install 'named-jax[hub]', or give a local folder"
+            f"which does not import ({e}): pip install 'named-jax[hub]', or give a local folder",
         ) from None
     from huggingface_hub import errors
 
@@ -84,23 +93,25 @@ def snapshot(
     except errors.LocalEntryNotFoundError:
         flag = f" --repo-type {kind}" if kind != "model" else ""
         rev = f" --revision {hid.revision}" if hid.revision else ""
-        raise error(
+        raise refusal(
+            error,
             f"{key}={str(hid)!r}: {either}the Hugging Face {kind} {hid} is not in the Hub cache "
             f"({_cache_dir()}), which is all there is to read (HF_HUB_OFFLINE=1, or no network): fetch it "
             f"where there is a network with `hf download {hid.repo}{flag}{rev}` into the same cache "
-            "(HF_HUB_CACHE), or give a local folder"
+            "(HF_HUB_CACHE), or give a local folder",
         ) from None
     except errors.RevisionNotFoundError:
-        raise error(
-            f"{key}={str(hid)!r}: {either}the Hugging Face {kind} {hid.repo} has no revision {hid.revision!r}"
+        raise refusal(
+            error, f"{key}={str(hid)!r}: {either}the Hugging Face {kind} {hid.repo} has no revision {hid.revision!r}"
         ) from None
     except errors.RepositoryNotFoundError:  # GatedRepoError too
-        raise error(
+        raise refusal(
+            error,
             f"{key}={str(hid)!r}: {either}the Hugging Face Hub has no {kind} {hid.repo} that this machine may read: "
-            "check the id, or for a private or gated one set HF_TOKEN (or run `hf auth login`)"
+            "check the id, or for a private or gated one set HF_TOKEN (or run `hf auth login`)",
         ) from None
     except (errors.HfHubHTTPError, errors.HFValidationError, OSError, ValueError) as e:
-        raise error(f"{key}={str(hid)!r}: {either}cannot fetch the Hugging Face {kind} {hid}: {e}") from None
+        raise refusal(error, f"{key}={str(hid)!r}: {either}cannot fetch the Hugging Face {kind} {hid}: {e}") from None
 
 
 def _download(hub, hid: HubId, kind: str, patterns, *, local_files_only: bool) -> str:
@@ -147,5 +158,7 @@ def dataset_id(value: str, key: str, error=ConfigError) -> HubId:
     """A source's ``hf_dataset``: always a Hub id (a local dataset is given by its ``paths``)."""
     m = _ID.fullmatch(value) if isinstance(value, str) else None
     if m is None:
-        raise error(f"{key} must be a Hugging Face dataset id, `org/name` or `org/name@revision`, got {value!r}")
+        raise refusal(
+            error, f"{key} must be a Hugging Face dataset id, `org/name` or `org/name@revision`, got {value!r}"
+        )
     return HubId(m.group("repo"), m.group("revision"))

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from named import NamedError
+
 from ..config.data_section import DataError
 from ._shards import Piece, Progress, write_shard
 from ._tokenizer import Tokenizer
@@ -34,7 +36,7 @@ _CONNECT_TIMEOUT_S = 10
 _SETTLE_S = 60  # how long a failed build waits for its cancelled tasks to stop
 
 
-class ClusterError(RuntimeError):
+class ClusterError(NamedError, RuntimeError):
     """A Ray task failed for a reason other than its input (its worker or node died more than
     ``max_retries`` times): the cluster's fault, not the data's (``named-data`` exits 1)."""
 
