@@ -15,34 +15,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from _chat_folder import make_chat_folder
+from _chat_folder import tiny_run
 
-from named.trainer.commands.cli import main_sample, main_train
+from named.trainer.commands.cli import main_sample
 from named.trainer.commands.sample import Sampler, chat_session, sample_from_checkpoint
-
-TEXT = "The quick brown fox jumps over the lazy dog. What is two plus two? Two plus two is four.\n" * 40
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("chat")
-    make_chat_folder(root / "tiny-llama")
-    (root / "text.txt").write_text(TEXT)
-    args = {
-        "model.init_from_hf": root / "tiny-llama",
-        "data.train": f"[{root / 'text.txt'}]",
-        "data.seq_len": 32,
-        "data.val_fraction": 0,
-        "data.cache_dir": root / "cache",
-        "trainer.train_batch_size": 8,
-        "trainer.num_train_steps": 1,
-        "trainer.eval_interval": 0,
-        "trainer.progress_bar": "false",
-        "trainer.run_dir": root / "run",
-        "tracker.console": "false",
-    }
-    assert main_train([x for k, v in args.items() for x in (f"--{k}", str(v))]) == 0
-    return root / "run"
+    return tiny_run(tmp_path_factory.mktemp("chat"))
 
 
 def _session(monkeypatch, capsys, run: Path, stdin: str, *flags: str) -> tuple[int, list[str], str]:

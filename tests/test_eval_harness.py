@@ -14,18 +14,17 @@ import os
 from pathlib import Path
 
 import pytest
-from _chat_folder import make_chat_folder
+from _chat_folder import make_chat_folder, tiny_run
 
 pytest.importorskip("lm_eval")
 
-from named.trainer.commands.cli import main_eval, main_train  # noqa: E402
+from named.trainer.commands.cli import main_eval  # noqa: E402
 from named.trainer.commands.evaluate import evaluate_checkpoint  # noqa: E402
 from named.trainer.commands.export import export  # noqa: E402
 from named.trainer.config import ConfigError, load_config  # noqa: E402
 from named.trainer.data import load_tokenizer  # noqa: E402
 
 TASKS = Path(__file__).resolve().parents[1] / "examples" / "eval_tasks"
-TEXT = "The quick brown fox jumps over the lazy dog. What is two plus two? Two plus two is four.\n" * 40
 
 
 @pytest.fixture(scope="module")
@@ -33,31 +32,19 @@ def run(tmp_path_factory) -> Path:
     """A two-step fine-tune of the tiny Llama that scores tiny_mc after step 2 (in the loop)."""
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    root = tmp_path_factory.mktemp("harness")
-    make_chat_folder(root / "tiny-llama")
-    (root / "text.txt").write_text(TEXT)
-    args = {
-        "model.init_from_hf": root / "tiny-llama",
-        "data.train": f"[{root / 'text.txt'}]",
-        "data.seq_len": 32,
-        "data.val_fraction": 0,
-        "data.cache_dir": root / "cache",
-        "trainer.train_batch_size": 8,
-        "trainer.num_train_steps": 2,
-        "trainer.eval_interval": 0,
-        "trainer.log_interval": 1,
-        "trainer.progress_bar": "false",
-        "trainer.run_dir": root / "run",
-        "trainer.eval_harness_tasks": "[tiny_mc]",
-        "trainer.eval_harness_interval": 2,
-        "trainer.eval_harness_include": TASKS,
-        "optimizer.learning_rate": 1e-2,
-        "tracker.console": "false",
-        "mesh.shape": "{data: 8}",
-        "mesh.param_mapping": "{embed: data}",
-    }
-    assert main_train([x for k, v in args.items() for x in (f"--{k}", str(v))]) == 0
-    return root / "run"
+    return tiny_run(
+        tmp_path_factory.mktemp("harness"),
+        **{
+            "trainer.num_train_steps": 2,
+            "trainer.log_interval": 1,
+            "trainer.eval_harness_tasks": "[tiny_mc]",
+            "trainer.eval_harness_interval": 2,
+            "trainer.eval_harness_include": TASKS,
+            "optimizer.learning_rate": 1e-2,
+            "mesh.shape": "{data: 8}",
+            "mesh.param_mapping": "{embed: data}",
+        },
+    )
 
 
 def _hf_scores(folder: Path, tasks: list[str]) -> dict:
