@@ -468,6 +468,12 @@ def _raises(path: pathlib.Path, module):
     tree = ast.parse(text)
     # factories defined inside functions (`def bad(what) -> CheckpointFormatError`): by annotation
     local = {f.name: ast.unparse(f.returns) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.returns}
+    # error types passed in (`error: type[ConfigError] = ConfigError`): by the parameter's annotation
+    for f in ast.walk(tree):
+        if isinstance(f, ast.FunctionDef):
+            for arg in (*f.args.args, *f.args.kwonlyargs):
+                if isinstance(arg.annotation, ast.Subscript) and ast.unparse(arg.annotation.value) == "type":
+                    local.setdefault(arg.arg, ast.unparse(arg.annotation.slice))
     out = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Assert):

@@ -37,12 +37,6 @@ MODEL_FILES = ("*.json", "*.safetensors", "*.jinja")
 DATASET_FILES = ("*.parquet", "*.arrow", "*.jsonl", "*.json", "*.txt", "*.gz", "*.zst")
 
 
-def refusal(kind: type[NamedError], message: str) -> NamedError:
-    """The refusal of a Hub id, as the error type of the key it came from (``ConfigError`` for a
-    config key, ``DataError`` for a data source)."""
-    return kind(message)
-
-
 @dataclass(frozen=True)
 class HubId:
     """A Hub repository and the revision asked for (None: its default branch, ``main``)."""
@@ -66,15 +60,19 @@ def hub_id(value: str) -> HubId | None:
 
 
 def snapshot(
-    hid: HubId, key: str, *, kind: str = "model", patterns: tuple[str, ...] = MODEL_FILES, error=ConfigError
+    hid: HubId,
+    key: str,
+    *,
+    kind: str = "model",
+    patterns: tuple[str, ...] = MODEL_FILES,
+    error: type[NamedError] = ConfigError,
 ) -> Path:
     """The local snapshot folder of ``hid`` (a ``kind`` repository: ``model`` or ``dataset``),
     fetched into the Hub cache unless it is there; ``error`` (naming ``key``) when it cannot be had."""
     try:
         import huggingface_hub as hub
     except ImportError as e:
-        raise refusal(
-            error,
+        raise error(
             f"{key}={str(hid)!r} is no local path, and reading it as a Hugging Face Hub id needs huggingface_hub, "
             f"which does not import ({e}): pip install 'named-jax[hub]', or give a local folder",
         ) from None
@@ -93,25 +91,23 @@ def snapshot(
     except errors.LocalEntryNotFoundError:
         flag = f" --repo-type {kind}" if kind != "model" else ""
         rev = f" --revision {hid.revision}" if hid.revision else ""
-        raise refusal(
-            error,
+        raise error(
             f"{key}={str(hid)!r}: {either}the Hugging Face {kind} {hid} is not in the Hub cache "
             f"({_cache_dir()}), which is all there is to read (HF_HUB_OFFLINE=1, or no network): fetch it "
             f"where there is a network with `hf download {hid.repo}{flag}{rev}` into the same cache "
             "(HF_HUB_CACHE), or give a local folder",
         ) from None
     except errors.RevisionNotFoundError:
-        raise refusal(
-            error, f"{key}={str(hid)!r}: {either}the Hugging Face {kind} {hid.repo} has no revision {hid.revision!r}"
+        raise error(
+            f"{key}={str(hid)!r}: {either}the Hugging Face {kind} {hid.repo} has no revision {hid.revision!r}"
         ) from None
     except errors.RepositoryNotFoundError:  # GatedRepoError too
-        raise refusal(
-            error,
+        raise error(
             f"{key}={str(hid)!r}: {either}the Hugging Face Hub has no {kind} {hid.repo} that this machine may read: "
             "check the id, or for a private or gated one set HF_TOKEN (or run `hf auth login`)",
         ) from None
     except (errors.HfHubHTTPError, errors.HFValidationError, OSError, ValueError) as e:
-        raise refusal(error, f"{key}={str(hid)!r}: {either}cannot fetch the Hugging Face {kind} {hid}: {e}") from None
+        raise error(f"{key}={str(hid)!r}: {either}cannot fetch the Hugging Face {kind} {hid}: {e}") from None
 
 
 def _download(hub, hid: HubId, kind: str, patterns, *, local_files_only: bool) -> str:
@@ -140,7 +136,14 @@ def pin(value, key: str, *, kind: str = "model", patterns: tuple[str, ...] = MOD
     return str(HubId(hid.repo, folder.name))  # a snapshot folder is named by its commit
 
 
-def folder(value: str, key: str, *, kind: str = "model", patterns: tuple[str, ...] = MODEL_FILES, error=ConfigError):
+def folder(
+    value: str,
+    key: str,
+    *,
+    kind: str = "model",
+    patterns: tuple[str, ...] = MODEL_FILES,
+    error: type[NamedError] = ConfigError,
+):
     """The local folder (or file) ``value`` names: the path itself, or a Hub id's snapshot."""
     hid = hub_id(value)
     if hid is None:
@@ -154,11 +157,9 @@ def dataset_files(subset: str | None) -> tuple[str, ...]:
     return tuple(f"{subset}/{p}" for p in DATASET_FILES) if subset else DATASET_FILES
 
 
-def dataset_id(value: str, key: str, error=ConfigError) -> HubId:
+def dataset_id(value: str, key: str, error: type[NamedError] = ConfigError) -> HubId:
     """A source's ``hf_dataset``: always a Hub id (a local dataset is given by its ``paths``)."""
     m = _ID.fullmatch(value) if isinstance(value, str) else None
     if m is None:
-        raise refusal(
-            error, f"{key} must be a Hugging Face dataset id, `org/name` or `org/name@revision`, got {value!r}"
-        )
+        raise error(f"{key} must be a Hugging Face dataset id, `org/name` or `org/name@revision`, got {value!r}")
     return HubId(m.group("repo"), m.group("revision"))
