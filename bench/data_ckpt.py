@@ -16,8 +16,9 @@ taking turns: ``save_checkpoint`` (synchronous: writes the arrays where they are
 with tensorstore, sha256 + fsync of every file, atomic commit); the trainer's way, one
 ``Checkpointer`` whose ``save`` snapshots to host memory (the time the train loop waits) and
 commits in the background (``wait``); and ``restore`` onto the same layout (checks sizes and
-hashes). MB/s = tree bytes / wall time, also given as a fraction of dd's. The temporary
-directory is on the machine's local disk.
+hashes), from the disk: the page cache is written back and dropped before each restore where the
+process may (Linux, root; the result's ``restore_from`` says which). MB/s = tree bytes / wall
+time, also given as a fraction of dd's. The temporary directory is on the machine's local disk.
 
 ``--s3``: the same tree saved to and restored from the local disk and from ``s3://`` on moto's
 standalone S3 server on 127.0.0.1 (started as a subprocess, as tests/test_s3_checkpoints.py
@@ -113,6 +114,20 @@ def dd_rates(tmp: Path, mib: int = 1024) -> dict:
     return out
 
 
+def drop_page_cache() -> bool:
+    """Write back and drop the page cache (Linux, as root), so that the next read comes from the
+    disk as dd's ``iflag=direct`` does; False where that is not allowed (the read is then warm)."""
+    import os
+
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+    except OSError:
+        return False
+    return True
+
+
 def _same(a, b) -> bool:
     return all(
         bool(jnp.array_equal(x.array, y.array))
@@ -133,6 +148,7 @@ def bench_checkpoint(tmp, total_mb: int, repeats: int, mesh, tree=None, dd: dict
     target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
     local = not isinstance(tmp, str)
     saves, restores, snapshots, commits, cpu = [], [], [], [], {"save": [], "restore": []}
+    cold: list[bool] = []  # whether each restore read from the disk (page cache dropped first)
     loop_dir = tmp / "loop" if local else f"{tmp}/loop"
     checkpointer = Checkpointer(loop_dir, keep_last=1)
     for r in range(repeats):
@@ -141,6 +157,7 @@ def bench_checkpoint(tmp, total_mb: int, repeats: int, mesh, tree=None, dd: dict
         path = save_checkpoint(run, r, tree)
         saves.append(time.perf_counter() - t0)
         cpu["save"].append(time.process_time() - c0)
+        cold.append(local and drop_page_cache())
         t0, c0 = time.perf_counter(), time.process_time()
         out, _ = restore(path, target)
         jax.block_until_ready(out)
@@ -180,6 +197,11 @@ def bench_checkpoint(tmp, total_mb: int, repeats: int, mesh, tree=None, dd: dict
         "restore_s": C.summary(restores),
         "save_MB_per_s": rate(saves),
         "restore_MB_per_s": rate(restores),
+        "restore_from": "disk (page cache dropped before each restore)"
+        if cold and all(cold)
+        else "page cache (could not drop it)"
+        if local
+        else "the object store",
         # this process's CPU time (all threads): the work, which a loaded machine does not change
         "save_cpu_s": C.summary(cpu["save"]),
         "restore_cpu_s": C.summary(cpu["restore"]),

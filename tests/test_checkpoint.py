@@ -284,6 +284,40 @@ def test_checkpointer_copies_into_the_buffers_of_its_previous_save(tmp_path):
         np.testing.assert_array_equal(np.asarray(restored["w0"]), want)
 
 
+@pytest.mark.parametrize("stage", ["write", "read"])
+def test_file_work_keeps_many_requests_in_flight_whatever_the_core_count(tmp_path, monkeypatch, stage):
+    """A save hashes and fsyncs its files, and a restore hashes them, with many in flight at once:
+    the disk wants a deep queue, and the number of cores (2 on CI) is not the limit. Each hash
+    here waits until 8 are running together; a pool of fewer threads never gets there."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
+    tree = _wide_tree(mesh, 0)  # 4 arrays x 8 shards: 32 chunk files
+    if stage == "read":
+        ck.save_checkpoint(tmp_path, 1, tree)
+    module = ck.write if stage == "write" else ck.read
+    real, lock, running, enough, peak = module.hash_file, threading.Lock(), [0], threading.Event(), [0]
+
+    def hash_file(*args, **kwargs):
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+            if running[0] >= 8:
+                enough.set()
+        enough.wait(timeout=1.0)
+        try:
+            return real(*args, **kwargs)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(module, "hash_file", hash_file)
+    if stage == "write":
+        ck.save_checkpoint(tmp_path, 1, tree)
+    else:
+        assert_bitwise_equal(ck.restore(tmp_path, abstract(tree))[0], tree)
+    assert enough.is_set(), f"at most {peak[0]} files were worked on at once"
+
+
 # ---- crash safety ---------------------------------------------------------------------
 
 

@@ -34,7 +34,11 @@ from ..config.location import CheckpointError, Location, ObjectPath, location
 FORMAT = "named-checkpoint/1"
 COMMIT_FILE = "commit.json"
 STEP_DIR = re.compile(r"^step_(\d+)$")
-IO_THREADS = min(16, (os.cpu_count() or 4))
+# Threads for checkpoint file work: writes, fsyncs, reads and hashes. They wait on the disk far
+# more than they compute (and release the GIL while they do), and a disk is fastest with many
+# requests in flight, so this is not tied to the core count: on a 2-core machine, 16 threads
+# save 1 GiB in 0.7-1.0 s where 2 threads took 1.1-1.8 s (docs/benchmarks.md section 5).
+IO_THREADS = 16
 
 # Transient errors (throttling, a dropped connection) are retried with exponential backoff, up
 # to about a minute in all; a server that stays away fails the save (tensorstore's own default
