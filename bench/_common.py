@@ -200,6 +200,14 @@ def hlo_stats(hlo_text: str) -> dict:
     }
 
 
+def cost_stats(compiled) -> dict:
+    """XLA's own cost analysis of a compiled program: FLOPs, bytes accessed and transcendentals
+    per device (a loop's body counted once, whatever its trip count)."""
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    return {k: float(cost.get(k, 0.0)) for k in ("flops", "bytes accessed", "transcendentals")}
+
+
 def memory_stats(compiled) -> dict:
     """``compiled.memory_analysis()`` in bytes, with per-device peak = temp + argument + output − alias."""
     m = compiled.memory_analysis()

@@ -135,10 +135,13 @@ def _same(a, b) -> bool:
     )
 
 
-def bench_checkpoint(tmp, total_mb: int, repeats: int, mesh, tree=None, dd: dict | None = None) -> dict:
+def bench_checkpoint(
+    tmp, total_mb: int, repeats: int, mesh, tree=None, dd: dict | None = None, cold: bool = True
+) -> dict:
     """Save and restore ``tree`` (default: make_tree) ``repeats`` times under ``tmp``: a local
     directory or an ``s3://`` URL. Each round: ``save_checkpoint``, ``restore``, then a save
-    through one ``Checkpointer`` kept across rounds (as the train loop keeps it)."""
+    through one ``Checkpointer`` kept across rounds (as the train loop keeps it). ``cold``: drop
+    the page cache before each local restore where the process may."""
     from named.trainer.checkpoint import Checkpointer, location, store
 
     if tree is None:
@@ -148,7 +151,7 @@ def bench_checkpoint(tmp, total_mb: int, repeats: int, mesh, tree=None, dd: dict
     target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
     local = not isinstance(tmp, str)
     saves, restores, snapshots, commits, cpu = [], [], [], [], {"save": [], "restore": []}
-    cold: list[bool] = []  # whether each restore read from the disk (page cache dropped first)
+    from_disk: list[bool] = []  # whether each restore read from the disk (page cache dropped first)
     loop_dir = tmp / "loop" if local else f"{tmp}/loop"
     checkpointer = Checkpointer(loop_dir, keep_last=1)
     for r in range(repeats):
@@ -157,7 +160,7 @@ def bench_checkpoint(tmp, total_mb: int, repeats: int, mesh, tree=None, dd: dict
         path = save_checkpoint(run, r, tree)
         saves.append(time.perf_counter() - t0)
         cpu["save"].append(time.process_time() - c0)
-        cold.append(local and drop_page_cache())
+        from_disk.append(local and cold and drop_page_cache())
         t0, c0 = time.perf_counter(), time.process_time()
         out, _ = restore(path, target)
         jax.block_until_ready(out)
@@ -198,8 +201,8 @@ def bench_checkpoint(tmp, total_mb: int, repeats: int, mesh, tree=None, dd: dict
         "save_MB_per_s": rate(saves),
         "restore_MB_per_s": rate(restores),
         "restore_from": "disk (page cache dropped before each restore)"
-        if cold and all(cold)
-        else "page cache (could not drop it)"
+        if from_disk and all(from_disk)
+        else "page cache (not dropped)"
         if local
         else "the object store",
         # this process's CPU time (all threads): the work, which a loaded machine does not change
@@ -245,7 +248,7 @@ def main(argv=None):
         loader = bench_loader(tmp, args.tokens, cases, args.steps, args.repeats)
         dd = dd_rates(tmp, 16 if args.tiny else 1024)
         with jax.set_mesh(mesh):
-            ckpt = bench_checkpoint(tmp, args.ckpt_mb, args.repeats, mesh, dd=dd)
+            ckpt = bench_checkpoint(tmp, args.ckpt_mb, args.repeats, mesh, dd=dd, cold=not args.tiny)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     result = {
@@ -319,7 +322,7 @@ def main_s3(args) -> dict:
             tree, _ = make_tree(args.ckpt_mb, mesh)
             blobs = _chunk_sized_blobs(tree)
             for r in range(args.repeats):  # one save + restore on each side per round
-                local.append(bench_checkpoint(tmp / f"round{r}", args.ckpt_mb, 1, mesh, tree))
+                local.append(bench_checkpoint(tmp / f"round{r}", args.ckpt_mb, 1, mesh, tree, cold=not args.tiny))
                 s3.append(bench_checkpoint(f"s3://bench/round{r}", args.ckpt_mb, 1, mesh, tree))
                 boto.append(boto3_copy(server.url, "bench", f"boto{r}", blobs))
     finally:

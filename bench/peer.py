@@ -154,15 +154,32 @@ def trainer_config(model_type: str, cfg: dict, batch: int, seq: int, dtype: str,
     return C.step_config({**cfg, "remat": remat}, batch=batch, seq=seq, dtype=dtype, base=base)
 
 
-def worker_named(model_type, cfg, batch, seq, dtype, remat, peer_loss, optimizer) -> dict:
+def with_layout(config, layout: dict | None):
+    """``config`` trained in ``layout``: a ``named-plan --search`` candidate's fields (mesh,
+    mappings, remat, microbatches and whatever else the search varies), applied as the search
+    applies them."""
+    if layout is None:
+        return config
+    from named.trainer.commands.plan import Layout
+    from named.trainer.commands.plan_search import Candidate, layout_of
+
+    return layout_of(Layout.of(config), Candidate(**layout)).apply(config)
+
+
+def worker_named(model_type, cfg, batch, seq, dtype, remat, peer_loss, optimizer, layout=None) -> dict:
     import numpy as np
 
     ids_np = np.random.default_rng(0).integers(0, cfg["vocab_size"], size=(batch, seq), dtype=np.int32)
-    step = C.TrainerStep(trainer_config(model_type, cfg, batch, seq, dtype, remat), ids_np, segments=False)
+    config = with_layout(trainer_config(model_type, cfg, batch, seq, dtype, remat or "none"), layout)
+    step = C.TrainerStep(config, ids_np, segments=False)
     t0 = time.perf_counter()
     compiled = step.compile()
     compile_s = time.perf_counter() - t0
-    program = {"hlo": C.hlo_stats(compiled.as_text()), "memory": C.memory_stats(compiled)}
+    program = {
+        "hlo": C.hlo_stats(compiled.as_text()),
+        "memory": C.memory_stats(compiled),
+        "cost": C.cost_stats(compiled),
+    }
     del compiled
 
     def run():
@@ -172,11 +189,15 @@ def worker_named(model_type, cfg, batch, seq, dtype, remat, peer_loss, optimizer
     return serve(run, {"compile_s": compile_s, "params": C.count_params(step.model), **program})
 
 
-def _levanter_config(model_type: str, cfg: dict, seq: int, remat: str):
-    """Levanter's config for the model our ``cfg`` describes (its field names differ)."""
+def _levanter_config(model_type: str, cfg: dict, seq: int, remat: str | None):
+    """Levanter's config for the model our ``cfg`` describes (its field names differ). ``remat``
+    None: Levanter's own defaults for gradient checkpointing and attention (``--setup
+    recommended``); otherwise ``remat`` and plain attention, as ours."""
     from levanter.layers.attention import AttentionBackend
 
-    common = dict(max_seq_len=seq, gradient_checkpointing=(remat == "full"), attn_backend=AttentionBackend.VANILLA)
+    common = dict(max_seq_len=seq)
+    if remat is not None:
+        common.update(gradient_checkpointing=(remat == "full"), attn_backend=AttentionBackend.VANILLA)
     if model_type == "gpt2":
         from levanter.models.gpt2 import Gpt2Config
 
@@ -186,7 +207,7 @@ def _levanter_config(model_type: str, cfg: dict, seq: int, remat: str):
             hidden_dim=cfg["n_embd"],
             num_layers=cfg["n_layer"],
             num_heads=cfg["n_head"],
-            use_flash_attention=False,
+            **({} if remat is None else {"use_flash_attention": False}),
             **common,
         )
     from levanter.layers.rotary import DefaultRotaryEmbeddingsConfig
@@ -205,7 +226,7 @@ def _levanter_config(model_type: str, cfg: dict, seq: int, remat: str):
     )
 
 
-def worker_peer(model_type, cfg, batch, seq, dtype, remat, peer_loss, optimizer) -> dict:
+def worker_peer(model_type, cfg, batch, seq, dtype, remat, peer_loss, optimizer, layout=None) -> dict:
     from importlib import metadata
 
     import equinox as eqx
@@ -305,7 +326,11 @@ def worker_peer(model_type, cfg, batch, seq, dtype, remat, peer_loss, optimizer)
         t0 = time.perf_counter()
         compiled = jstep.lower(model, opt_state, example, flags).compile()
         compile_s = time.perf_counter() - t0
-        program = {"hlo": C.hlo_stats(compiled.as_text()), "memory": C.memory_stats(compiled)}
+        program = {
+            "hlo": C.hlo_stats(compiled.as_text()),
+            "memory": C.memory_stats(compiled),
+            "cost": C.cost_stats(compiled),
+        }
         del compiled
 
         def run():
@@ -313,9 +338,16 @@ def worker_peer(model_type, cfg, batch, seq, dtype, remat, peer_loss, optimizer)
             jax.block_until_ready((state["model"], state["opt"], metrics))
             return float(metrics["loss"])
 
+        from levanter.layers.attention import default_attention_type
+
         params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(eqx.filter(model, eqx.is_array)))
         versions = {d: metadata.version(d) for d in PEER_DISTS}
-        return serve(run, {"compile_s": compile_s, "params": params, "versions": versions, **program})
+        setup = {
+            "gradient_checkpointing": str(config.gradient_checkpointing),
+            "attn_backend": str(config.attn_backend or f"default: {default_attention_type()}"),
+            "loss": "model.compute_next_token_loss" if peer_loss == "levanter" else "next_token_loss on the logits",
+        }
+        return serve(run, {"compile_s": compile_s, "params": params, "versions": versions, "setup": setup, **program})
 
 
 # ---- the driver ----------------------------------------------------------------------------------
@@ -324,13 +356,14 @@ def worker_peer(model_type, cfg, batch, seq, dtype, remat, peer_loss, optimizer)
 class Worker:
     """One side's persistent subprocess (its own venv's Python), driven line by line."""
 
-    def __init__(self, side: str, args, cfg, batch, seq, optimizer: dict, log_dir: Path):
-        python = str(PEER_PY) if side == "peer" else sys.executable
+    def __init__(self, side: str, args, cfg, batch, seq, optimizer: dict, log_dir: Path, layout: dict | None = None):
+        peer = side == "peer"
+        recommended = args.setup == "recommended"
         cmd = [
-            python,
+            str(PEER_PY) if peer else sys.executable,
             str(Path(__file__).resolve()),
             "--worker",
-            side,
+            "peer" if peer else "named",
             "--worker-config",
             json.dumps(
                 {
@@ -339,9 +372,11 @@ class Worker:
                     "batch": batch,
                     "seq": seq,
                     "dtype": args.dtype,
-                    "remat": args.remat,
-                    "peer_loss": args.peer_loss,
+                    # recommended: the peer keeps Levanter's defaults, ours its layout's remat
+                    "remat": None if recommended else args.remat,
+                    "peer_loss": "levanter" if recommended else args.peer_loss,
                     "optimizer": optimizer,
+                    "layout": layout,
                 }
             ),
         ]
@@ -386,6 +421,18 @@ def main(argv=None):
         default="full",
         help="the peer's loss: the same full-logits loss as ours, or its own default (fused, blockwise)",
     )
+    ap.add_argument(
+        "--setup",
+        choices=("same", "recommended"),
+        default="same",
+        help="same: both sides compute the same step; recommended: each side's own recommended setup "
+        "(Levanter's defaults against the layouts named-plan --search ranks first)",
+    )
+    ap.add_argument(
+        "--device-kind",
+        default="H100",
+        help="--setup recommended: the device whose roofline named-plan --search ranks by",
+    )
     ap.add_argument("--dtype", choices=("f32", "bf16"), default="f32")
     ap.add_argument("--remat", choices=("none", "full"), default="none")
     ap.add_argument("--repeats", type=int, default=2, help="pairs of fresh worker processes (one compile each)")
@@ -403,7 +450,15 @@ def main(argv=None):
         w = json.loads(args.worker_config)
         fn = worker_named if args.worker == "named" else worker_peer
         return fn(
-            w["model_type"], w["cfg"], w["batch"], w["seq"], w["dtype"], w["remat"], w["peer_loss"], w["optimizer"]
+            w["model_type"],
+            w["cfg"],
+            w["batch"],
+            w["seq"],
+            w["dtype"],
+            w["remat"],
+            w["peer_loss"],
+            w["optimizer"],
+            w["layout"],
         )
 
     full, tiny = MODELS[args.model]
@@ -414,8 +469,9 @@ def main(argv=None):
         "peer"
         + ("" if args.model == "gpt2" else f"_{args.model}")
         + f"_{args.dtype}"
-        + ("" if args.remat == "none" else f"_remat_{args.remat}")
-        + ("" if args.peer_loss == "full" else f"_peerloss_{args.peer_loss}")
+        + ("" if args.remat == "none" or args.setup == "recommended" else f"_remat_{args.remat}")
+        + ("" if args.peer_loss == "full" or args.setup == "recommended" else f"_peerloss_{args.peer_loss}")
+        + ("" if args.setup == "same" else "_recommended")
         + ("_tiny" if args.tiny else "")
     )
     o = trainer_config(args.model, cfg, batch, seq, args.dtype, args.remat).optimizer
@@ -460,6 +516,23 @@ def main(argv=None):
         f"{args.rounds} turns of {args.per_round} steps (named, peer, named, peer, ...)",
         "goal": "step_ratio_named_over_peer <= 0.9",
     }
+    if args.setup == "recommended":
+        result["config"].update(
+            {
+                "setup": "recommended",
+                "remat": "ours: the layout's; the peer: Levanter's default (gradient_checkpointing=True)",
+                "sides": {
+                    "named": "the trainer's step in the layout named-plan --search ranks first (no memory limit)",
+                    "named_at_peer_memory": "the trainer's step in the layout named-plan --search ranks first "
+                    "within the peer's compiled peak memory per device",
+                    "peer": "Levanter's model with its defaults (gradient checkpointing, its attention backend, "
+                    "model.compute_next_token_loss) in a haliax.named_jit step, FSDP as Levanter's default mesh",
+                },
+                "peer_attention": "Levanter's default",
+                "peer_loss": "model.compute_next_token_loss (fused)",
+            }
+        )
+        result["goal"] = "step <= 0.85 x the peer's, or peak memory per device <= 0.7 x at step <= 1.0 x"
     if args.no_build and not PEER_PY.exists():
         ok, why = False, f"{PEER_VENV.name} does not exist and --no-build was given"
     else:
@@ -471,31 +544,40 @@ def main(argv=None):
         return result
     result["peer_venv"] = why
 
-    times = {"named": [], "peer": []}
-    cpu = {"named": [], "peer": []}
-    compile_s = {"named": [], "peer": []}
-    losses = {"named": [], "peer": []}
-    per_round, info = [], {}
+    sides = ["named", "peer"] if args.setup == "same" else ["peer", "named", "named_at_peer_memory"]
+    times, cpu, compile_s, losses = ({} for _ in range(4))
+    per_round: dict[str, list[float]] = {}
+    info: dict[str, dict] = {}
     log_dir = Path(tempfile.mkdtemp(prefix="named-peer-"))
     for r in range(args.repeats):
-        workers = {}
+        workers: dict[str, Worker] = {}
         try:
-            for side in ("named", "peer"):
-                workers[side] = Worker(side, args, cfg, batch, seq, optimizer, log_dir)
+            for side in sides:
+                layout = None
+                if side != "peer" and args.setup == "recommended":
+                    if "search" not in result:  # once: the peer's memory is the second budget
+                        result["search"] = recommended_layouts(args, cfg, batch, seq, info["peer"]["memory"])
+                    layout = result["search"]["chosen"].get(side)
+                    if layout is None:  # the same layout as another side, or none fits
+                        continue
+                workers[side] = Worker(side, args, cfg, batch, seq, optimizer, log_dir, layout)
                 info[side] = workers[side].info
-                compile_s[side].append(info[side]["compile_s"])
+                compile_s.setdefault(side, []).append(info[side]["compile_s"])
             for side, w in workers.items():
-                losses[side].append([w.run(args.warmup)["loss"]])
+                losses.setdefault(side, []).append([w.run(args.warmup)["loss"]])
             for t in range(args.rounds):
                 med = {}
                 for side, w in workers.items():
                     out = w.run(args.per_round)
-                    times[side] += out["times"]
-                    cpu[side] += out["cpu"]
+                    times.setdefault(side, []).extend(out["times"])
+                    cpu.setdefault(side, []).extend(out["cpu"])
                     losses[side][-1].append(out["loss"])
                     med[side] = statistics.median(out["times"])
-                per_round.append(med["named"] / med["peer"])
-                print(f"  pair {r + 1} turn {t + 1}: named {med['named']:.4f}s peer {med['peer']:.4f}s", flush=True)
+                for side in med:
+                    if side != "peer":
+                        per_round.setdefault(side, []).append(med[side] / med["peer"])
+                shown = " ".join(f"{k} {v:.4f}s" for k, v in med.items())
+                print(f"  pair {r + 1} turn {t + 1}: {shown}", flush=True)
         except RuntimeError as e:  # recorded, so `make bench` still finishes and says why
             result.update({"skipped": True, "reason": str(e)[-2000:]})
             print(f"peer benchmark failed: {e}")
@@ -507,37 +589,91 @@ def main(argv=None):
     shutil.rmtree(log_dir, ignore_errors=True)
     step = {k: C.summary(v) for k, v in times.items()}
     comp = {k: C.summary(v) for k, v in compile_s.items()}
+    ours = [k for k in times if k != "peer"]
+    peak = {k: v["memory"]["peak_bytes"] for k, v in info.items()}
     result.update(
         {
             "peer_versions": info["peer"].get("versions"),
+            "peer_setup": info["peer"].get("setup"),
             "params": {k: v["params"] for k, v in info.items()},
             "step": step,
-            "step_ratio_named_over_peer": step["named"]["median_s"] / step["peer"]["median_s"],
-            "step_ratio_min_named_over_peer": step["named"]["min_s"] / step["peer"]["min_s"],
             "step_cpu": {k: C.summary(v) for k, v in cpu.items()},
-            "step_cpu_ratio_named_over_peer": statistics.median(cpu["named"]) / statistics.median(cpu["peer"]),
-            "step_ratio_per_round": [round(x, 4) for x in per_round],
-            "step_ratio_median_of_rounds": statistics.median(per_round),
             "compile_s": comp,
-            "compile_ratio_named_over_peer": comp["named"]["median_s"] / comp["peer"]["median_s"],
             "losses_first_and_last": {k: [v[0][0], v[0][-1]] for k, v in losses.items()},
             "hlo": {k: {kk: vv for kk, vv in v["hlo"].items() if kk != "opcodes"} for k, v in info.items()},
-            "hlo_opcode_difference_named_minus_peer": {
-                op: info["named"]["hlo"]["opcodes"].get(op, 0) - info["peer"]["hlo"]["opcodes"].get(op, 0)
-                for op in sorted(set(info["named"]["hlo"]["opcodes"]) | set(info["peer"]["hlo"]["opcodes"]))
-                if info["named"]["hlo"]["opcodes"].get(op, 0) != info["peer"]["hlo"]["opcodes"].get(op, 0)
-            },
             "memory": {k: v["memory"] for k, v in info.items()},
+            "cost": {k: v["cost"] for k, v in info.items()},
         }
     )
-    print(
-        f"step median: named {step['named']['median_s']:.4f}s peer {step['peer']['median_s']:.4f}s "
-        f"ratio {result['step_ratio_named_over_peer']:.3f} (median of turns "
-        f"{result['step_ratio_median_of_rounds']:.3f}, "
-        f"min {result['step_ratio_min_named_over_peer']:.3f}, CPU time {result['step_cpu_ratio_named_over_peer']:.3f})"
-    )
+    for k in ours:
+        suffix = "" if k == "named" else f"_{k.removeprefix('named_')}"
+        result.update(
+            {
+                f"step_ratio_named_over_peer{suffix}": step[k]["median_s"] / step["peer"]["median_s"],
+                f"step_ratio_min_named_over_peer{suffix}": step[k]["min_s"] / step["peer"]["min_s"],
+                f"step_cpu_ratio_named_over_peer{suffix}": statistics.median(cpu[k]) / statistics.median(cpu["peer"]),
+                f"step_ratio_per_round{suffix}": [round(x, 4) for x in per_round[k]],
+                f"step_ratio_median_of_rounds{suffix}": statistics.median(per_round[k]),
+                f"compile_ratio_named_over_peer{suffix}": comp[k]["median_s"] / comp["peer"]["median_s"],
+                f"peak_memory_ratio_named_over_peer{suffix}": peak[k] / peak["peer"],
+                f"tokens_per_s{suffix}": batch * seq / step[k]["median_s"],
+            }
+        )
+        print(
+            f"{k}: step median {step[k]['median_s']:.4f}s vs peer {step['peer']['median_s']:.4f}s, ratio "
+            f"{result[f'step_ratio_named_over_peer{suffix}']:.3f} (median of turns "
+            f"{result[f'step_ratio_median_of_rounds{suffix}']:.3f}, CPU time "
+            f"{result[f'step_cpu_ratio_named_over_peer{suffix}']:.3f}); peak memory per device "
+            f"{peak[k] / 2**20:.1f} MiB vs {peak['peer'] / 2**20:.1f} MiB ({peak[k] / peak['peer']:.3f})"
+        )
+    result["tokens_per_s_peer"] = batch * seq / step["peer"]["median_s"]
+    if args.setup == "same":
+        named, peer = info["named"]["hlo"]["opcodes"], info["peer"]["hlo"]["opcodes"]
+        result["hlo_opcode_difference_named_minus_peer"] = {
+            op: named.get(op, 0) - peer.get(op, 0)
+            for op in sorted(set(named) | set(peer))
+            if named.get(op, 0) != peer.get(op, 0)
+        }
     C.write_result(name, result, args.out)
     return result
+
+
+def recommended_layouts(args, cfg: dict, batch: int, seq: int, peer_memory: dict) -> dict:
+    """``named-plan --search`` for our side of ``--setup recommended``, run here on the same 8 CPU
+    devices, ranked by the roofline of ``--device-kind``: the layout it ranks first with no memory
+    limit ("named"), and the one it ranks first within the peer's compiled peak memory per device
+    ("named_at_peer_memory"; left out when it is the same layout, or when none fits)."""
+    import dataclasses
+
+    from named.trainer.commands.plan_search import Roofline, format_table, rank, search
+    from named.trainer.loop import hardware
+
+    config = trainer_config(args.model, cfg, batch, seq, args.dtype, "none")
+    roof = Roofline.of(config, hardware.find(args.device_kind))
+    t0 = time.perf_counter()
+    found = search(config, roof, memory_budget=float("inf"))
+    seconds = time.perf_counter() - t0
+    budget = peer_memory["peak_bytes"]
+    fastest = rank(found, roof, float("inf"))[0]
+    within = rank(found, roof, budget)
+    table = format_table(within, roof, budget)
+    print(table, flush=True)
+
+    def fields(c) -> dict:
+        return {f.name: getattr(c, f.name) for f in dataclasses.fields(c)}
+
+    chosen = {"named": fields(fastest)}
+    if not within[0].error and within[0].peak_bytes <= budget and fields(within[0]) != chosen["named"]:
+        chosen["named_at_peer_memory"] = fields(within[0])
+    return {
+        "device_kind": args.device_kind,
+        "search_s": seconds,
+        "candidates": len(found),
+        "budget_bytes_at_peer_memory": budget,
+        "table_within_peer_memory": table,
+        "chosen": chosen,
+        "fastest_fits_peer_memory": fastest.peak_bytes <= budget,
+    }
 
 
 if __name__ == "__main__":
