@@ -275,9 +275,10 @@ def test_search_ranks_the_layouts_that_fit():
     rows = [r.split() for r in table.splitlines() if re.match(r"\d+\s", r)]
     assert len(rows) == len(ranked)
     # columns: rank layout mesh mode remat microbatches loss-block est compute HBM comm peak [note]
-    ok = [r for r in rows if "cannot" not in r and "over" not in r]
-    over = [r for r in rows if "over" in r]
-    blocked = [r for r in rows if "cannot" in r]
+    ok = [r for r in rows if r[7] != "-" and r[12:13] != ["over"]]
+    over = [r for r in rows if r[12:13] == ["over"]]
+    blocked = [r for r in rows if r[12:14] == ["cannot", "run:"]]
+    assert len(ok) + len(over) + len(blocked) == len(rows)
     assert {"DP", "FSDP", "FSDP+TP2"} <= {r[1] for r in rows}
     blocked_text = [" ".join(r) for r in blocked]
     assert blocked and all("heads" in r or "does not split" in r for r in blocked_text)  # TP over 8 of 2 heads
