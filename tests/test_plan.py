@@ -4,6 +4,7 @@ train step on request, a plan for devices this machine does not have, and the la
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -256,6 +257,28 @@ def test_a_layout_explicit_mode_cannot_run_is_a_row_that_says_so():
     )
 
 
+def test_a_layouts_flags_give_the_config_apply_gives():
+    """``Layout.flags`` (what ``--search`` prints for the layout ranked first) read by ``load_config``
+    make the config ``Layout.apply`` makes: every key of the layout, mappings with a list of mesh axes too."""
+    from named.trainer.commands.plan import Layout
+
+    base = load_config(CONFIG, SMALL)
+    lay = Layout.of(base).replace(
+        mesh_shape={"replica": 2, "data": 2, "model": 2},
+        compute={"batch": ["replica", "data"], "mlp": "model", "heads": "model"},
+        param={"embed": "data", "mlp": "model", "heads": "model"},
+        remat="full",
+        microbatches=2,
+        loss_block_size=128,
+        mode="explicit",
+    )
+    applied = lay.apply(base)
+    assert Layout.of(applied) == lay
+    assert load_config(CONFIG, [*SMALL, *lay.flags()]) == applied
+    assert lay.flags()[lay.flags().index("--mesh.mode") + 1] == '"explicit"'
+    assert lay.overrides()["mesh.compute_mapping"] == {"batch": ["replica", "data"], "mlp": "model", "heads": "model"}
+
+
 @pytest.mark.slow
 def test_search_ranks_the_layouts_that_fit():
     """One search of a tiny GPT-2 (one layout refined, to keep it short): the ranking, the second
@@ -321,3 +344,5 @@ def test_search_ranks_the_layouts_that_fit():
         top.loss_block_size,
     )
     check_against_devices(run)
+    flags = shlex.split(text.split("the layout ranked first, as flags after the config's: ")[1])
+    assert load_config(CONFIG.with_name("gpt2_nano.yaml"), [*tiny, *flags]) == run

@@ -33,6 +33,7 @@ ranked first; ``Layout`` names the keys it sets (``mesh.shape``, both mappings, 
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from collections.abc import Iterator
 
 from ..config import ConfigError, TrainConfig
@@ -312,13 +313,15 @@ def search_report(cfg: TrainConfig, target: Target, ranked: list[Candidate] | No
     roof = roofline(cfg, target)
     budget = target.memory if target.memory is not None else float("inf")
     ranked = ranked if ranked is not None else search(cfg, roof, memory_budget=budget)
-    return "\n".join(
-        [
-            f"layouts for {len(jax.devices())} x {target.device.name} (each compiled on abstract inputs):",
-            searched(cfg, ranked),
-            format_table(ranked, roof, budget),
-        ]
-    )
+    lines = [
+        f"layouts for {len(jax.devices())} x {target.device.name} (each compiled on abstract inputs):",
+        searched(cfg, ranked),
+        format_table(ranked, roof, budget),
+    ]
+    if ranked and not ranked[0].error:
+        flags = shlex.join(layout_of(Layout.of(cfg), ranked[0]).flags())
+        lines.append(f"the layout ranked first, as flags after the config's: {flags}")
+    return "\n".join(lines)
 
 
 def searched(cfg: TrainConfig, ranked: list[Candidate]) -> str:
