@@ -369,7 +369,7 @@ pick();
 
 def report_page(ex: Explorer, *, compile: bool = False, search: bool = False) -> str:
     """The page ``named-plan --html`` writes: one self-contained file (no network, no scripts
-    beyond a dozen lines that show the chosen section). Every layout ``--search`` would try, and
+    beyond a dozen lines that show the chosen section). Every layout of ``--search``'s first stage, and
     the config's own, each with remat none/full and 1, 2 or 4 microbatches, planned from shapes;
     three selects pick which one shows. ``compile``: the config's own layout compiled too;
     ``search``: the ranking table, and each section's rank."""
