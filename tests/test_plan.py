@@ -275,7 +275,8 @@ def test_a_layouts_flags_give_the_config_apply_gives():
     applied = lay.apply(base)
     assert Layout.of(applied) == lay
     assert load_config(CONFIG, [*SMALL, *lay.flags()]) == applied
-    assert lay.flags()[lay.flags().index("--mesh.mode") + 1] == '"explicit"'
+    assert " ".join(lay.flags()[:2]) == "--mesh.shape {replica: 2, data: 2, model: 2}"
+    assert lay.flags()[lay.flags().index("--mesh.mode") + 1] == "explicit"
     assert lay.overrides()["mesh.compute_mapping"] == {"batch": ["replica", "data"], "mlp": "model", "heads": "model"}
 
 

@@ -13,12 +13,12 @@ stands N CPU devices in for them, ``--device-kind`` names the chip.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import yaml
 
 import named as nm
 
@@ -113,9 +113,18 @@ class Layout:
         }
 
     def flags(self) -> list[str]:
-        """``overrides`` as command-line flags (``--mesh.mode explicit ...``): given to ``named-train``
-        after a config's own, they train it with this layout (what ``apply`` makes)."""
-        return [x for key, value in self.overrides().items() for x in (f"--{key}", json.dumps(value))]
+        """``overrides`` as command-line flags, each value in YAML's flow style as a flag's text is
+        read (``--mesh.shape '{data: 8}' --mesh.mode explicit ...``): given to ``named-train`` after a
+        config's own, they train it with this layout (what ``apply`` makes)."""
+
+        def text(value) -> str:  # a lone scalar's dump ends with YAML's document-end marker
+            return (
+                yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=2**31)
+                .removesuffix("\n")
+                .removesuffix("\n...")
+            )
+
+        return [x for key, value in self.overrides().items() for x in (f"--{key}", text(value))]
 
     def apply(self, cfg: TrainConfig) -> TrainConfig:
         """``cfg`` with this layout (``overrides``), checked as ``load_config`` checks a config (each
