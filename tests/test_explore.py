@@ -88,19 +88,27 @@ def test_views_are_cached_and_refusals_name_the_key(explorer):
 def test_a_views_rank_is_its_place_among_the_search_candidates(explorer):
     """The ranking is --search's (measured figures stood in here: compiling them all is the slow test's)."""
     found = []
-    for i, c in enumerate(candidates(8, {"mlp", "heads"}, 8)):
+    for i, c in enumerate([*candidates(8, {"mlp", "heads"}, 8), *candidates(8, set(), 8, mode="explicit")]):
         c.flops, c.hbm_bytes, c.peak_bytes = 1e9 * (i + 1), 1e6, 2**20
         found.append(c)
     explorer._ranked = rank(found, explorer.roof, explorer.budget)
     try:
-        fsdp = next(
-            i for i, c in enumerate(explorer._ranked, 1) if (c.name, c.remat, c.microbatches) == ("FSDP", "none", 1)
-        )
+
+        def place(name, mode):
+            return next(
+                i
+                for i, c in enumerate(explorer._ranked, 1)
+                if (c.name, c.remat, c.microbatches, c.mode) == (name, "none", 1, mode)
+            )
+
+        fsdp = place("FSDP", "auto")
         assert explorer.view(param={"embed": "data"}).rank == (fsdp, len(found))
+        assert explorer.view(param={"embed": "data"}, mode="explicit").rank == (place("FSDP", "explicit"), len(found))
         odd = explorer.view(param={"vocab": "data"})  # no candidate of --search: ranked only once compiled
         assert odd.rank is None
         page = report_page(explorer, search=True)  # the ranking table, and each section's rank
         assert "layouts ranked by --search" in page
+        assert "<th>mode</th>" in page and "<th>loss block</th>" in page and "<td>explicit</td>" in page
         section = re.search(r"data-key='FSDP\|none\|1'>(.*?)</section>", page, re.S).group(1)
         assert f"ranks <b data-figure='rank'>{fsdp}</b> of {len(found)}" in section
     finally:

@@ -4,6 +4,7 @@ train step on request, a plan for devices this machine does not have, and the la
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -174,8 +175,11 @@ def test_recomputation_ranks_after_the_same_layout_without_it_when_that_fits():
     assert plenty[0] == ("DP", "none")
     assert all(plenty.index((name, "none")) < plenty.index((name, "full")) for name in ("DP", "FSDP"))
     header = format_table(ranked, roof, 10 * gib).splitlines()[0].split("  ")
-    assert [h.strip() for h in header if h.strip()][4:] == [
+    assert [h.strip() for h in header if h.strip()][3:] == [
+        "mode",
+        "remat",
         "microbatches",
+        "loss block",
         "est. ms/step",
         "compute ms",
         "HBM ms",
@@ -184,38 +188,162 @@ def test_recomputation_ranks_after_the_same_layout_without_it_when_that_fits():
     ]
 
 
-@pytest.mark.slow
-def test_search_ranks_the_layouts_that_fit(capsys):
-    tiny = [
-        "--model.n_layer",
-        "1",
-        "--model.n_embd",
-        "32",
-        "--model.n_head",
-        "2",
-        "--data.seq_len",
-        "32",
-        "--trainer.train_batch_size",
-        "8",
-    ]
-    assert (
-        cli.main_plan(["--config", "gpt2_nano", "--device-kind", "H100", "--device-memory", "5MiB", "--search", *tiny])
-        == 0
+def test_the_loss_block_the_search_tries_divides_the_vocab_near_an_eighth():
+    from named.trainer.commands.plan_search import loss_block_for
+    from named.trainer.config import ConfigError
+
+    assert loss_block_for(50304) == 6288  # GPT-2's padded vocab: exactly an eighth
+    assert loss_block_for(384) == 48
+    assert loss_block_for(50257) == 1733  # GPT-2's own, 29 x 1733: an eighth (6282.1) is no divisor
+    assert loss_block_for(100) == 10  # 12.5 lies between 10 and 20, nearer 10 by ratio
+    assert loss_block_for(6) == 2  # nearer an eighth (0.75) by ratio than 3
+    with pytest.raises(ConfigError, match="trainer.loss_block_size: the vocab size 50261 has no divisor"):
+        loss_block_for(50261)  # a prime
+
+
+def test_the_second_stage_tries_the_best_layouts_in_the_other_mode_and_loss():
+    from named.trainer.commands.plan_search import Candidate, Roofline, format_table, rank, refinements
+    from named.trainer.loop import hardware
+
+    roof = Roofline(hardware.find("H100"), 494e12, "TF32")
+
+    def measured(name, remat, flops, peak, mode="auto", block=None, error=None):
+        c = Candidate(name, {"data": 8}, {"batch": "data"}, {}, remat, 1, mode, block, error=error)
+        c.flops, c.hbm_bytes, c.peak_bytes = flops, 1e6, peak
+        return c
+
+    ranked = rank(
+        [
+            measured("FSDP", "none", 1e9, 1),
+            measured("FSDP", "full", 1.1e9, 1),  # FSDP's remat twin: the same program in explicit mode
+            measured("DP", "none", 2e9, 1),
+            measured("TP", "none", 1, 0, error="heads do not split"),  # cannot run: never refined
+            measured("FSDP+TP2", "none", 3e9, 2**40),  # over the budget, yet third among those that compile
+            measured("FSDP+TP4", "none", 4e9, 2**40),  # over it and slower: beyond the best 3
+        ],
+        roof,
+        memory_budget=2**30,
     )
-    table = capsys.readouterr().out.split("layouts for 8 x H100")[1]
-    rows = [r for r in table.splitlines() if re.match(r"\d+\s", r)]
-    ok = [r for r in rows if "cannot run" not in r and "over budget" not in r]
-    over = [r for r in rows if "over budget" in r]
-    blocked = [r for r in rows if "cannot run" in r]
-    assert {"DP", "FSDP", "FSDP+TP2"} <= {r.split()[1] for r in rows}
-    assert blocked and all("heads" in r or "does not split" in r for r in blocked)  # TP over 8 of 2 heads; 8/4 rows
-    estimates = [float(r.split()[5]) for r in ok]
+    second = refinements(ranked, 384)
+    assert [(c.name, c.remat, c.mode, c.loss_block_size) for c in second] == [
+        (name, "none", mode, block)
+        for name in ("FSDP", "DP", "FSDP+TP2")
+        for mode, block in (("explicit", None), ("auto", 48), ("explicit", 48))
+    ]
+    assert not any(c.error or c.flops for c in second)  # to be measured
+    # a config already in explicit mode with blocks: the other mode, the full logits, both
+    blocked = refinements([measured("FSDP", "none", 1e9, 1, "explicit", 96)], 384)
+    assert [(c.mode, c.loss_block_size) for c in blocked] == [("auto", 96), ("explicit", None), ("auto", None)]
+    # a vocab with no block: the blockwise variants are rows that cannot run, naming the key
+    prime = refinements(ranked, 383, best=1)
+    assert [(c.mode, c.error is None) for c in prime] == [("explicit", True), ("auto", False), ("explicit", False)]
+    table = format_table(rank([*ranked, *prime], roof, 2**30), roof, 2**30)
+    assert re.search(r"FSDP\s+data8\s+auto\s+none\s+1\s+none\s.*cannot run: trainer.loss_block_size", table)
+
+
+def test_a_layout_explicit_mode_cannot_run_is_a_row_that_says_so():
+    from named.trainer.commands.plan_search import Candidate, Roofline, format_table, measure
+    from named.trainer.loop import hardware
+
+    cfg = load_config(CONFIG, SMALL)
+    # tensor-parallel activations over weights stored whole: auto mode gathers them, explicit mode refuses
+    odd = Candidate("odd", {"data": 4, "model": 2}, {"batch": "data", "mlp": "model"}, {}, "none", 1, "explicit")
+    seen = []
+    assert measure(cfg, odd, seen.append) is odd and seen == [odd]
+    assert odd.error.startswith("mesh.mode: explicit:") and "'mlp'" in odd.error and not odd.flops
+    roof = Roofline(hardware.find("H100"), 494e12, "TF32")
+    assert "explicit  none" in format_table([odd], roof, 2**30) and "cannot run: mesh.mode: explicit" in format_table(
+        [odd], roof, 2**30
+    )
+
+
+def test_a_layouts_flags_give_the_config_apply_gives():
+    """``Layout.flags`` (what ``--search`` prints for the layout ranked first) read by ``load_config``
+    make the config ``Layout.apply`` makes: every key of the layout, mappings with a list of mesh axes too."""
+    from named.trainer.commands.plan import Layout
+
+    base = load_config(CONFIG, SMALL)
+    lay = Layout.of(base).replace(
+        mesh_shape={"replica": 2, "data": 2, "model": 2},
+        compute={"batch": ["replica", "data"], "mlp": "model", "heads": "model"},
+        param={"embed": "data", "mlp": "model", "heads": "model"},
+        remat="full",
+        microbatches=2,
+        loss_block_size=128,
+        mode="explicit",
+    )
+    applied = lay.apply(base)
+    assert Layout.of(applied) == lay
+    assert load_config(CONFIG, [*SMALL, *lay.flags()]) == applied
+    assert " ".join(lay.flags()[:2]) == "--mesh.shape {replica: 2, data: 2, model: 2}"
+    assert lay.flags()[lay.flags().index("--mesh.mode") + 1] == "explicit"
+    assert lay.overrides()["mesh.compute_mapping"] == {"batch": ["replica", "data"], "mlp": "model", "heads": "model"}
+
+
+@pytest.mark.slow
+def test_search_ranks_the_layouts_that_fit():
+    """One search of a tiny GPT-2 (one layout refined, to keep it short): the ranking, the second
+    stage's rows, and the config of the layout ranked first."""
+    from named.trainer.commands.plan import Layout, Target
+    from named.trainer.commands.plan_search import layout_of, loss_block_for, roofline, search, search_report
+    from named.trainer.loop.checks import check_against_devices, model_config_for
+
+    tiny = ["--model.n_embd", "32", "--model.n_head", "2", *SMALL]
+    cfg = load_config(CONFIG.with_name("gpt2_nano.yaml"), tiny)
+    target = Target.of("H100", "5MiB")
+    ranked = search(cfg, roofline(cfg, target), memory_budget=target.memory, refine=1)
+    text = search_report(cfg, target, ranked)
+    block = loss_block_for(model_config_for(cfg)[0].vocab_size)
+    assert "then the best 1 (one per layout" in text and f"with loss blocks of {block}" in text
+    table = text.split("layouts for 8 x H100")[1]
+    rows = [r.split() for r in table.splitlines() if re.match(r"\d+\s", r)]
+    assert len(rows) == len(ranked)
+    # columns: rank layout mesh mode remat microbatches loss-block est compute HBM comm peak [note]
+    ok = [r for r in rows if r[7] != "-" and r[12:13] != ["over"]]
+    over = [r for r in rows if r[12:13] == ["over"]]
+    blocked = [r for r in rows if r[12:14] == ["cannot", "run:"]]
+    assert len(ok) + len(over) + len(blocked) == len(rows)
+    assert {"DP", "FSDP", "FSDP+TP2"} <= {r[1] for r in rows}
+    blocked_text = [" ".join(r) for r in blocked]
+    assert blocked and all("heads" in r or "does not split" in r for r in blocked_text)  # TP over 8 of 2 heads
+    estimates = [float(r[7]) for r in ok]
     assert estimates == sorted(estimates)  # ranked by the estimate
     assert rows.index((ok or over)[0]) < rows.index(blocked[0])
     for r in over:  # over budget sorts after every row that fits
         assert all(rows.index(r) > rows.index(o) for o in ok)
-        assert float(r.split()[9]) * 2**30 > 5 * 2**20
-    fits = {(r.split()[1], r.split()[4], r.split()[3]): i for i, r in enumerate(ok)}  # (layout, microbatches, remat)
+        assert float(r[11]) * 2**30 > 5 * 2**20
+    plain = [r for r in ok if r[3] == "auto" and r[6] == "none"]
+    fits = {(r[1], r[5], r[4]): i for i, r in enumerate(plain)}  # (layout, microbatches, remat)
     pairs = [(n, m) for n, m, remat in fits if remat == "full" and (n, m, "none") in fits]
     assert pairs and all(fits[(n, m, "none")] < fits[(n, m, "full")] for n, m in pairs)  # no needless recompute
-    assert "est. ms/step compute ms HBM ms comm ms peak GiB/device" in " ".join(table.split("\n", 2)[1].split())
+    head = " ".join(table.split("\n", 3)[2].split())
+    assert "mode remat microbatches loss block est. ms/step compute ms HBM ms comm ms peak GiB/device" in head
+    # the second stage: the first stage's best, in explicit mode, with loss blocks, and with both
+    first = [c for c in ranked if c.mode == "auto" and c.loss_block_size is None and not c.error]
+    best = min(first, key=lambda c: ranked.index(c))
+    same = [c for c in ranked if (c.name, c.microbatches, c.remat) == (best.name, best.microbatches, best.remat)]
+    assert {(c.mode, c.loss_block_size) for c in same} == {
+        ("auto", None),
+        ("explicit", None),
+        ("auto", block),
+        ("explicit", block),
+    }
+    assert all(c.error is None and c.flops > 0 for c in same)
+    assert sum(c.mode == "explicit" or c.loss_block_size is not None for c in ranked) == 3
+    # the layout ranked first, as a config: its keys set, and the trainer's checks pass it
+    top = ranked[0]
+    run = layout_of(Layout.of(cfg), top).apply(cfg)
+    assert (run.mesh.shape, run.mesh.compute_mapping, run.mesh.param_mapping) == (
+        top.mesh_shape,
+        top.compute_mapping,
+        top.param_mapping,
+    )
+    assert (run.mesh.mode, run.model.remat, run.trainer.microbatches, run.trainer.loss_block_size) == (
+        top.mode,
+        top.remat,
+        top.microbatches,
+        top.loss_block_size,
+    )
+    check_against_devices(run)
+    flags = shlex.split(text.split("the layout ranked first, as flags after the config's: ")[1])
+    assert load_config(CONFIG.with_name("gpt2_nano.yaml"), [*tiny, *flags]) == run

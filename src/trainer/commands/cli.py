@@ -352,7 +352,7 @@ def main_plan(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--html",
         metavar="PAGE",
-        help="also write one self-contained HTML page: memory per device of every layout --search tries "
+        help="also write one self-contained HTML page: memory per device of every layout --search tries first "
         "(remat none/full, 1/2/4 microbatches; selects pick one), the device grid, and --search's ranking",
     )
 

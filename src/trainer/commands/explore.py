@@ -83,7 +83,14 @@ class View:
         """This layout as ``--search`` measures one (compiled figures where there are some)."""
         lay = self.layout
         c = Candidate(
-            "this layout", dict(lay.mesh_shape), dict(lay.compute), dict(lay.param), lay.remat, lay.microbatches
+            "this layout",
+            dict(lay.mesh_shape),
+            dict(lay.compute),
+            dict(lay.param),
+            lay.remat,
+            lay.microbatches,
+            lay.mode,
+            lay.loss_block_size,
         )
         if self.compiled is not None:
             c.flops, c.hbm_bytes, c.peak_bytes = (
@@ -334,12 +341,13 @@ def view_html(v: View, array: str | None = None) -> str:
 def ranking_html(ranked: list[Candidate], roof: Roofline, budget: float) -> str:
     """``named-plan --search``'s table as HTML."""
     head = "".join(
-        f"<th>{h}</th>" for h in ("rank", "layout", "mesh", "remat", "microbatches", "est. ms/step", "peak GiB")
+        f"<th>{h}</th>"
+        for h in ("rank", "layout", "mesh", "mode", "remat", "microbatches", "loss block", "est. ms/step", "peak GiB")
     )
     rows = []
     for i, c in enumerate(ranked, 1):
         mesh = "x".join(f"{k}{v}" for k, v in c.mesh_shape.items())
-        cells = [str(i), c.name, mesh, c.remat, str(c.microbatches)]
+        cells = [str(i), c.name, mesh, c.mode, c.remat, str(c.microbatches), str(c.loss_block_size or "none")]
         if c.error:
             cells += ["-", f"cannot run: {c.error}"]
         else:
@@ -361,7 +369,7 @@ pick();
 
 def report_page(ex: Explorer, *, compile: bool = False, search: bool = False) -> str:
     """The page ``named-plan --html`` writes: one self-contained file (no network, no scripts
-    beyond a dozen lines that show the chosen section). Every layout ``--search`` would try, and
+    beyond a dozen lines that show the chosen section). Every layout of ``--search``'s first stage, and
     the config's own, each with remat none/full and 1, 2 or 4 microbatches, planned from shapes;
     three selects pick which one shows. ``compile``: the config's own layout compiled too;
     ``search``: the ranking table, and each section's rank."""

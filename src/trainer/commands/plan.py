@@ -18,6 +18,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import yaml
 
 import named as nm
 
@@ -53,6 +54,22 @@ def _frozen(mapping: dict) -> tuple:
     return tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in mapping.items())
 
 
+def _thawed(pairs: tuple) -> dict:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in pairs}
+
+
+# each field of a Layout, and the config key it sets
+_KEYS = {
+    "mesh_shape": "mesh.shape",
+    "compute": "mesh.compute_mapping",
+    "param": "mesh.param_mapping",
+    "remat": "model.remat",
+    "microbatches": "trainer.microbatches",
+    "loss_block_size": "trainer.loss_block_size",
+    "mode": "mesh.mode",
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class Layout:
     """The keys of a config that decide how a run is laid out and what it keeps in memory: what
@@ -69,16 +86,12 @@ class Layout:
 
     @classmethod
     def of(cls, cfg: TrainConfig) -> Layout:
-        m = cfg.mesh
-        return cls(
-            _frozen(m.shape),
-            _frozen(m.compute_mapping),
-            _frozen(m.param_mapping),
-            str(getattr(cfg.model, "remat", "none")),
-            cfg.trainer.microbatches,
-            cfg.trainer.loss_block_size,
-            m.mode,
-        )
+        def read(key: str):
+            section, name = key.split(".")
+            value = getattr(getattr(cfg, section), name, "none")  # a model family without remat: none
+            return _frozen(value) if isinstance(value, dict) else value
+
+        return cls(**{f: read(key) for f, key in _KEYS.items()})
 
     def replace(self, **changes) -> Layout:
         """This layout with some fields changed; mappings and the mesh shape may be given as dicts."""
@@ -91,28 +104,41 @@ class Layout:
                 changes[name] = _frozen(changes[name])
         return dataclasses.replace(self, **changes)
 
+    def overrides(self) -> dict[str, Any]:
+        """The config keys this layout sets, dotted (``mesh.shape``, ``trainer.loss_block_size``, ...),
+        with their values; mappings and the mesh shape as dicts."""
+        return {
+            key: _thawed(getattr(self, f)) if f in ("mesh_shape", "compute", "param") else getattr(self, f)
+            for f, key in _KEYS.items()
+        }
+
+    def flags(self) -> list[str]:
+        """``overrides`` as command-line flags, each value in YAML's flow style as a flag's text is
+        read (``--mesh.shape '{data: 8}' --mesh.mode explicit ...``): given to ``named-train`` after a
+        config's own, they train it with this layout (what ``apply`` makes)."""
+
+        def text(value) -> str:  # a lone scalar's dump ends with YAML's document-end marker
+            return (
+                yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=2**31)
+                .removesuffix("\n")
+                .removesuffix("\n...")
+            )
+
+        return [x for key, value in self.overrides().items() for x in (f"--{key}", text(value))]
+
     def apply(self, cfg: TrainConfig) -> TrainConfig:
-        """``cfg`` with this layout, checked as ``load_config`` checks a config (each key against its
-        declaration, then the rules that tie keys together): a bad value is a ConfigError naming its key."""
+        """``cfg`` with this layout (``overrides``), checked as ``load_config`` checks a config (each
+        key against its declaration, then the rules that tie keys together): a bad value is a
+        ConfigError naming its key."""
         from ..config import validate_static
         from ..config.check import check_section
 
-        def thawed(pairs):
-            return {k: list(v) if isinstance(v, tuple) else v for k, v in pairs}
-
+        sections: dict[str, dict[str, Any]] = {}
+        for key, value in self.overrides().items():
+            section, name = key.split(".")
+            sections.setdefault(section, {})[name] = value
         out = dataclasses.replace(
-            cfg,
-            mesh=dataclasses.replace(
-                cfg.mesh,
-                shape=thawed(self.mesh_shape),
-                compute_mapping=thawed(self.compute),
-                param_mapping=thawed(self.param),
-                mode=self.mode,
-            ),
-            trainer=dataclasses.replace(
-                cfg.trainer, microbatches=self.microbatches, loss_block_size=self.loss_block_size
-            ),
-            model=dataclasses.replace(cfg.model, remat=self.remat),
+            cfg, **{section: dataclasses.replace(getattr(cfg, section), **kv) for section, kv in sections.items()}
         )
         check_section(type(out), out, "")
         validate_static(out)

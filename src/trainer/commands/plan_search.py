@@ -1,10 +1,15 @@
 """``named-plan --search``: which layout to train a config with, on a mesh you may not have.
 
-Every layout that fits the device count is tried: data parallel, FSDP, FSDP + Megatron tensor
-parallel (2, 4, 8 ways, where the heads and MLP divide), pure tensor parallel, each with no
-gradient checkpointing and with full checkpointing of every block, and with 1, 2 or 4
-microbatches. Each is checked as ``named-train`` would check it and its train step compiled on
-abstract inputs (nothing is allocated), then ranked by a roofline estimate of one step::
+The search runs in two stages. First, every layout that fits the device count: data parallel,
+FSDP, FSDP + Megatron tensor parallel (2, 4, 8 ways, where the heads and MLP divide), pure tensor
+parallel, each with no gradient checkpointing and with full checkpointing of every block, and with
+1, 2 or 4 microbatches, all in the config's ``mesh.mode`` and with its ``trainer.loss_block_size``.
+Then the best few of those (``REFINED``, distinct in layout and microbatches; those that fit the
+memory budget first) are tried again in the other ``mesh.mode``, with the other loss (the
+blockwise loss of ``loss_block_for`` where the config reads the full logits, the full logits where
+it has blocks), and with both: at most ``3 * REFINED`` more compiles. Each is checked as
+``named-train`` would check it and its train step compiled on abstract inputs (nothing is
+allocated), then ranked by a roofline estimate of one step::
 
     time ≈ FLOPs / peak FLOP/s  +  HBM bytes / HBM bandwidth  +  collective bytes sent / link bandwidth
 
@@ -17,12 +22,18 @@ computing once, but XLA:CPU counts the program that keeps its activations higher
 higher for GPT-2 medium), which ranked recomputation first even when memory was plentiful; so a
 layout with ``remat: full`` and the same layout without it are both charged the smaller of their
 two counts, and recomputation costs its extra FLOPs. A layout whose compiled peak memory exceeds
-the budget is listed below the others, marked.
+the budget is listed below the others, marked; one the checks refuse (explicit mode a layout
+cannot run, a vocab with no block) is listed last with the reason.
+
+``layout_of(Layout.of(cfg), ranked[0]).apply(cfg)`` is the config that trains with the layout
+ranked first; ``Layout`` names the keys it sets (``mesh.shape``, both mappings, ``mesh.mode``,
+``model.remat``, ``trainer.microbatches``, ``trainer.loss_block_size``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from collections.abc import Iterator
 
 from ..config import ConfigError, TrainConfig
@@ -30,6 +41,8 @@ from ..loop.hardware import Device
 from .plan import Layout, Target, train_step_report
 
 _TP_AXES = ("mlp", "heads", "kv_heads")
+REFINED = 3  # how many of the first stage's best layouts the second stage tries in the other mode and loss
+_OTHER_MODE = {"auto": "explicit", "explicit": "auto"}
 
 
 @dataclasses.dataclass
@@ -40,6 +53,8 @@ class Candidate:
     param_mapping: dict
     remat: str
     microbatches: int
+    mode: str = "auto"  # mesh.mode
+    loss_block_size: int | None = None  # trainer.loss_block_size; None: the full logits
     flops: float = 0.0
     hbm_bytes: float = 0.0
     comm_bytes: float = 0.0
@@ -74,7 +89,10 @@ class Roofline:
         return cls(dev, *dev.matmul_peak(get_policy(cfg.trainer.precision).compute_dtype))
 
 
-def candidates(n_devices: int, param_axes: set[str], batch_size: int) -> Iterator[Candidate]:
+def candidates(
+    n_devices: int, param_axes: set[str], batch_size: int, *, mode: str = "auto", loss_block_size: int | None = None
+) -> Iterator[Candidate]:
+    """The first stage's layouts, each in ``mode`` and with ``loss_block_size``."""
     tp_axes = [a for a in _TP_AXES if a in param_axes]
     layouts = [
         ("DP", {"data": n_devices}, {"batch": "data"}, {}),
@@ -98,18 +116,20 @@ def candidates(n_devices: int, param_axes: set[str], batch_size: int) -> Iterato
         for remat in ("none", "full"):
             for micro in (1, 2, 4):
                 if batch_size % micro == 0:
-                    yield Candidate(name, shape, compute_mapping, param_mapping, remat, micro)
+                    yield Candidate(name, shape, compute_mapping, param_mapping, remat, micro, mode, loss_block_size)
 
 
 def layout_of(base: Layout, c: Candidate) -> Layout:
-    """The layout tried as ``c``: ``base`` (the config's) with the candidate's mesh, mappings, remat
-    and microbatches."""
+    """The layout tried as ``c``: ``base`` (the config's) with the candidate's mesh, mappings, mode,
+    remat, microbatches and loss blocks."""
     return base.replace(
         mesh_shape=c.mesh_shape,
         compute=c.compute_mapping,
         param=c.param_mapping,
         remat=c.remat,
         microbatches=c.microbatches,
+        mode=c.mode,
+        loss_block_size=c.loss_block_size,
     )
 
 
@@ -117,38 +137,101 @@ def _with(cfg: TrainConfig, c: Candidate) -> TrainConfig:
     return layout_of(Layout.of(cfg), c).apply(cfg)
 
 
-def search(cfg: TrainConfig, roof: Roofline, *, memory_budget: float, progress=None) -> list[Candidate]:
-    """Check, compile and measure every candidate; ranked (``rank``)."""
+def search(
+    cfg: TrainConfig, roof: Roofline, *, memory_budget: float, progress=None, refine: int = REFINED
+) -> list[Candidate]:
+    """Check, compile and measure every candidate of both stages (the module docstring; ``refine``
+    of the first stage's best are tried again); ranked (``rank``). ``progress`` is called with
+    each candidate once measured."""
     import jax
 
+    from ..loop.checks import model_config_for
+
+    t = cfg.trainer
+    first = candidates(
+        len(jax.devices()), param_axes(cfg), t.train_batch_size, mode=cfg.mesh.mode, loss_block_size=t.loss_block_size
+    )
+    found = [measure(cfg, c, progress) for c in first]
+    second = refinements(rank(found, roof, memory_budget), model_config_for(cfg)[0].vocab_size, refine)
+    return rank([*found, *(measure(cfg, c, progress) for c in second)], roof, memory_budget)
+
+
+def measure(cfg: TrainConfig, c: Candidate, progress=None) -> Candidate:
+    """``c`` with its compiled figures, or with ``error`` (the first line of the ConfigError or
+    NamedError of the checks ``named-train`` runs, raised before anything compiles)."""
     import named as nm
 
     from ..loop.checks import check_against_devices
 
-    out = []
-    for c in candidates(len(jax.devices()), param_axes(cfg), cfg.trainer.train_batch_size):
-        trial = _with(cfg, c)
+    if c.error is None:
         try:
+            trial = _with(cfg, c)
             report = train_step_report(trial, check_against_devices(trial))
         except (ConfigError, nm.NamedError) as e:
             c.error = str(e).splitlines()[0]
         else:
             c.flops, c.hbm_bytes, c.peak_bytes = report.flops, report.bytes_accessed, report.peak_bytes
             c.comm_bytes = sum(col.sent_bytes * col.runs for col in report.collectives)
-        out.append(c)
-        if progress is not None:
-            progress(c)
-    return rank(out, roof, memory_budget)
+    if progress is not None:
+        progress(c)
+    return c
+
+
+def refinements(ranked: list[Candidate], vocab_size: int, best: int = REFINED) -> list[Candidate]:
+    """The second stage: the first ``best`` candidates of ``ranked`` that compiled, one per layout
+    and microbatch count (a layout with and without remat ranks side by side, and explicit mode
+    recomputes every layer whatever ``remat`` says, so both would try one program twice), each
+    in the other mode, with the other loss (``loss_block_for``'s block, or the full logits where
+    the candidate has blocks), and with both. Not measured yet; a variant that needs a block the
+    vocab does not have carries its ``error``."""
+    try:
+        block, no_block = loss_block_for(vocab_size), None
+    except ConfigError as e:
+        block, no_block = None, str(e)
+    picked: dict[tuple[str, int], Candidate] = {}
+    for c in ranked:
+        if len(picked) < best and not c.error:
+            picked.setdefault((c.name, c.microbatches), c)
+    out = []
+    for c in picked.values():
+        other_mode, other_loss = _OTHER_MODE[c.mode], None if c.loss_block_size is not None else block
+        for mode, loss_changes in ((other_mode, False), (c.mode, True), (other_mode, True)):
+            loss = other_loss if loss_changes else c.loss_block_size
+            v = Candidate(c.name, c.mesh_shape, c.compute_mapping, c.param_mapping, c.remat, c.microbatches, mode, loss)
+            if loss_changes and c.loss_block_size is None and block is None:
+                v.error = no_block  # the blockwise variant of a vocab without a block
+            out.append(v)
+    return out
+
+
+def loss_block_for(vocab_size: int) -> int:
+    """The ``trainer.loss_block_size`` the search tries: the divisor of the vocab size nearest an
+    eighth of it (by ratio; of two as near, the larger), so the loss holds an eighth of the
+    logits in eight steps. At least 2 and less than the vocab; a ConfigError where the vocab has
+    no such divisor (a prime size)."""
+    import math
+
+    divisors = [d for d in range(2, vocab_size) if vocab_size % d == 0]
+    if not divisors:
+        raise ConfigError(
+            f"trainer.loss_block_size: the vocab size {vocab_size} has no divisor between 2 and itself to make "
+            "blocks of (pad the vocabulary, e.g. model.vocab_size, to a multiple of 128)"
+        )
+    return min(divisors, key=lambda d: (abs(math.log(d * 8 / vocab_size)), -d))
 
 
 def rank(found: list[Candidate], roof: Roofline, memory_budget: float) -> list[Candidate]:
     """Those that fit ``memory_budget`` by estimated step time, then those over it, then those that
-    cannot run. A layout with and without recomputation (same mesh, mappings and microbatches)
-    are both charged the smaller of their HBM counts (the module docstring says why), so the one
-    that recomputes ranks after the other whenever that one fits."""
-    plain = {(c.name, c.microbatches): c for c in found if c.remat == "none" and not c.error}
+    cannot run. A layout with and without recomputation (same mesh, mappings, mode, microbatches
+    and loss blocks) are both charged the smaller of their HBM counts (the module docstring says
+    why), so the one that recomputes ranks after the other whenever that one fits."""
+
+    def twin_key(c: Candidate):
+        return c.name, c.microbatches, c.mode, c.loss_block_size
+
+    plain = {twin_key(c): c for c in found if c.remat == "none" and not c.error}
     for c in found:
-        twin = plain.get((c.name, c.microbatches))
+        twin = plain.get(twin_key(c))
         if c.remat != "none" and not c.error and twin is not None:
             c.hbm_charged = twin.hbm_charged = min(c.hbm_bytes, twin.hbm_bytes)
 
@@ -177,8 +260,10 @@ def format_table(ranked: list[Candidate], roof: Roofline, memory_budget: float) 
         "rank",
         "layout",
         "mesh",
+        "mode",
         "remat",
         "microbatches",
+        "loss block",
         "est. ms/step",
         "compute ms",
         "HBM ms",
@@ -189,31 +274,25 @@ def format_table(ranked: list[Candidate], roof: Roofline, memory_budget: float) 
     rows = []
     for i, c in enumerate(ranked, 1):
         mesh = "x".join(f"{k}{v}" for k, v in c.mesh_shape.items())
+        layout = (str(i), c.name, mesh, c.mode, c.remat, str(c.microbatches), str(c.loss_block_size or "none"))
         if c.error:
-            rows.append(
-                (str(i), c.name, mesh, c.remat, str(c.microbatches), "-", "-", "-", "-", "-", f"cannot run: {c.error}")
-            )
+            rows.append((*layout, "-", "-", "-", "-", "-", f"cannot run: {c.error}"))
             continue
         t = c.seconds(roof)
         over = c.peak_bytes > memory_budget
         rows.append(
             (
-                str(i),
-                c.name,
-                mesh,
-                c.remat,
-                str(c.microbatches),
+                *layout,
                 f"{sum(t) * 1e3:.3g}",
                 *(f"{x * 1e3:.3g}" for x in t),
                 f"{c.peak_bytes / 2**30:.3g}",
                 f"over budget ({memory_budget / 2**30:.1f} GiB)" if over else "",
             )
         )
+    left = {0, 1, 2, 3, 4, len(head) - 1}  # the rank and the words; numbers align right
     widths = [max(len(r[j]) for r in (head, *rows)) for j in range(len(head))]
     lines = [
-        "  ".join(
-            x.rjust(w) if j and j not in (1, 2, 3, 10) else x.ljust(w) for j, (x, w) in enumerate(zip(r, widths))
-        ).rstrip()
+        "  ".join(x.ljust(w) if j in left else x.rjust(w) for j, (x, w) in enumerate(zip(r, widths))).rstrip()
         for r in (head, *rows)
     ]
     dev = roof.device
@@ -234,11 +313,37 @@ def search_report(cfg: TrainConfig, target: Target, ranked: list[Candidate] | No
     roof = roofline(cfg, target)
     budget = target.memory if target.memory is not None else float("inf")
     ranked = ranked if ranked is not None else search(cfg, roof, memory_budget=budget)
-    return "\n".join(
-        [
-            f"layouts for {len(jax.devices())} x {target.device.name} (each compiled on abstract inputs):",
-            format_table(ranked, roof, budget),
-        ]
+    lines = [
+        f"layouts for {len(jax.devices())} x {target.device.name} (each compiled on abstract inputs):",
+        searched(cfg, ranked),
+        format_table(ranked, roof, budget),
+    ]
+    if ranked and not ranked[0].error:
+        flags = shlex.join(layout_of(Layout.of(cfg), ranked[0]).flags())
+        lines.append(f"the layout ranked first, as flags after the config's: {flags}")
+    return "\n".join(lines)
+
+
+def searched(cfg: TrainConfig, ranked: list[Candidate]) -> str:
+    """What ``search`` tried for ``cfg`` (``ranked``, its result), in a sentence: the module
+    docstring's two stages."""
+    from ..loop.checks import model_config_for
+
+    mode, block = cfg.mesh.mode, cfg.trainer.loss_block_size
+    refined = {(c.name, c.microbatches) for c in ranked if (c.mode, c.loss_block_size) != (mode, block)}
+    vocab = model_config_for(cfg)[0].vocab_size
+    if block is not None:
+        loss, other_loss = f"loss blocks of {block}", "the full logits"
+    else:
+        loss = "the full logits"
+        try:
+            other_loss = f"loss blocks of {loss_block_for(vocab)} (the divisor of the vocab {vocab} nearest an eighth)"
+        except ConfigError:
+            other_loss = f"no loss blocks (the vocab {vocab} has no divisor to make them of)"
+    return (
+        f"searched: DP, FSDP, FSDP+TP2/4/8 and TP (where the devices and heads divide), remat none and full, "
+        f"1, 2 or 4 microbatches, in mesh.mode {mode} with {loss}; then the best {len(refined)} (one per layout and "
+        f"microbatch count) in mesh.mode {_OTHER_MODE[mode]}, with {other_loss}, and with both"
     )
 
 
