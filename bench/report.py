@@ -221,6 +221,79 @@ def peer_block(name: str) -> str:
     )
 
 
+def _layout(c: dict) -> str:
+    """A ``named-plan --search`` candidate in a few words."""
+    mesh = "x".join(f"{k}{v}" for k, v in c["mesh_shape"].items())
+    extra = [f"{c['mode']} mode"] if c.get("mode") not in (None, "auto") else []
+    if c.get("loss_block_size"):
+        extra.append(f"loss block {c['loss_block_size']}")
+    return ", ".join([f"{c['name']} ({mesh})", f"remat {c['remat']}", f"{c['microbatches']} microbatch(es)", *extra])
+
+
+def recommended_block(name: str) -> str:
+    """``peer.py --setup recommended``: each side's recommended setup, step and peak memory."""
+    r = load(name)
+    if r is None:
+        return f"_not run: bench/results/{name}.json is missing_"
+    if r.get("skipped"):
+        return f"**Skipped**: {r['reason']}\n\n{provenance(r)}"
+    st, cpu, mem, cost = r["step"], r["step_cpu"], r["memory"], r.get("cost", {})
+    chosen = r["search"]["chosen"]
+    ps = r.get("peer_setup") or {}
+    peer_layout = (
+        f"Levanter's defaults: FSDP (data8), gradient checkpointing {ps.get('gradient_checkpointing')}, "
+        f"attention {ps.get('attn_backend')}, loss {ps.get('loss')}"
+    )
+    rows = []
+    for side in st:
+        suffix = "" if side in ("named", "peer") else f"_{side.removeprefix('named_')}"
+        is_peer = side == "peer"
+        rows.append(
+            [
+                side,
+                peer_layout if is_peer else _layout(chosen[side]),
+                ms(st[side]["median_s"]),
+                ms(cpu[side]["median_s"]),
+                mib(mem[side]["peak_bytes"]),
+                f"{r['config']['batch'] * r['config']['seq'] / st[side]['median_s']:,.0f}",
+                f"{cost[side]['flops'] / 1e9:.1f} / {cost[side]['bytes accessed'] / 1e9:.2f}" if side in cost else "–",
+                "1"
+                if is_peer
+                else f"**{r[f'step_ratio_named_over_peer{suffix}']:.3f}** "
+                f"(CPU {r[f'step_cpu_ratio_named_over_peer{suffix}']:.3f})",
+                "1" if is_peer else f"**{r[f'peak_memory_ratio_named_over_peer{suffix}']:.3f}**",
+            ]
+        )
+    per = "; ".join(
+        f"{k.removeprefix('step_ratio_per_round').lstrip('_') or 'named'}: " + ", ".join(f"{x:.3f}" for x in v)
+        for k, v in r.items()
+        if k.startswith("step_ratio_per_round")
+    )
+    srch = r["search"]
+    cfg = r["config"]
+    return (
+        f"{cfg['model']}, {cfg['dtype']}, batch {cfg['batch']} × seq {cfg['seq']}. Our layouts: what "
+        f"`named-plan --search` ranks first by the {srch['device_kind']} roofline, run on the same 8 CPU devices, "
+        f"without a memory limit (`named`) and with the peer's compiled peak per device as `--device-memory` "
+        f"(`named_at_peer_memory`): {srch['candidates']} layouts each, both searches {srch['search_s']:.0f} s.\n\n"
+        + table(
+            [
+                "side",
+                "setup",
+                "step wall (median)",
+                "step CPU time",
+                "peak memory / device",
+                "tokens/s",
+                "XLA GFLOP / GB accessed (loop bodies once)",
+                "step ÷ peer's",
+                "memory ÷ peer's",
+            ],
+            rows,
+        )
+        + f"\n\nPer-turn step ratios over the peer's: {per}. Protocol: {r['protocol']}.\n\n{provenance(r)}"
+    )
+
+
 def compile_block() -> str:
     r = load("compile_depth")
     if r is None:
@@ -352,6 +425,8 @@ def data_block() -> str:
             ]
         )
     head = f"{c['bytes'] / 2**20:,.0f} MiB in {c['leaves']} leaves, {c['layout']}; medians of {c['save_s']['n']}."
+    if "restore_from" in c:
+        head += f" Restores read from the {c['restore_from']}."
     if "write_direct_MB_per_s" in dd:
         head += (
             f" dd in the same directory just before: {dd['write_direct_MB_per_s']:,.0f} MB/s writing "
@@ -625,6 +700,8 @@ BLOCKS = {
     "peer_f32": lambda: peer_block("peer_f32"),
     "peer_f32_remat_full": lambda: peer_block("peer_f32_remat_full"),
     "peer_llama_f32": lambda: peer_block("peer_llama_f32"),
+    "peer_f32_recommended": lambda: recommended_block("peer_f32_recommended"),
+    "peer_llama_f32_recommended": lambda: recommended_block("peer_llama_f32_recommended"),
     "compile_depth": compile_block,
     "memory": memory_block,
     "data_ckpt": data_block,
