@@ -52,6 +52,8 @@ bench: $(STAMP)
 	$(PY) bench/data_ckpt.py --s3 --ckpt-mb 512 --repeats 3
 	$(PY) bench/peer.py
 	$(PY) bench/peer.py --model llama
+	$(PY) bench/peer.py --setup recommended
+	$(PY) bench/peer.py --setup recommended --model llama
 	$(PY) bench/moe.py
 	$(PY) bench/decode.py
 	$(PY) bench/first_step.py

@@ -1,5 +1,6 @@
 """Checkpoints: bitwise roundtrip, resharding on restore, async save, crash safety, integrity, retention."""
 
+import errno
 import json
 import os
 import textwrap
@@ -286,18 +287,19 @@ def test_checkpointer_copies_into_the_buffers_of_its_previous_save(tmp_path):
 
 @pytest.mark.parametrize("stage", ["write", "read"])
 def test_file_work_keeps_many_requests_in_flight_whatever_the_core_count(tmp_path, monkeypatch, stage):
-    """A save hashes and fsyncs its files, and a restore hashes them, with many in flight at once:
-    the disk wants a deep queue, and the number of cores (2 on CI) is not the limit. Each hash
-    here waits until 8 are running together; a pool of fewer threads never gets there."""
+    """A save writes, hashes and fsyncs its chunk files, and a restore hashes them, with many in
+    flight at once: the disk wants a deep queue, and the number of cores (2 on CI) is not the
+    limit. Each call here waits until 8 are running together; a pool of fewer threads never gets
+    there."""
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
     tree = _wide_tree(mesh, 0)  # 4 arrays x 8 shards: 32 chunk files
     if stage == "read":
         ck.save_checkpoint(tmp_path, 1, tree)
-    module = ck.write if stage == "write" else ck.read
-    real, lock, running, enough, peak = module.hash_file, threading.Lock(), [0], threading.Event(), [0]
+    module, name = (ck.write, "write_raw_chunk") if stage == "write" else (ck.read, "hash_file")
+    real, lock, running, enough, peak = getattr(module, name), threading.Lock(), [0], threading.Event(), [0]
 
-    def hash_file(*args, **kwargs):
+    def work(*args, **kwargs):
         with lock:
             running[0] += 1
             peak[0] = max(peak[0], running[0])
@@ -310,12 +312,69 @@ def test_file_work_keeps_many_requests_in_flight_whatever_the_core_count(tmp_pat
             with lock:
                 running[0] -= 1
 
-    monkeypatch.setattr(module, "hash_file", hash_file)
+    monkeypatch.setattr(module, name, work)
     if stage == "write":
         ck.save_checkpoint(tmp_path, 1, tree)
     else:
         assert_bitwise_equal(ck.restore(tmp_path, abstract(tree))[0], tree)
     assert enough.is_set(), f"at most {peak[0]} files were worked on at once"
+
+
+def _odd_tree(mesh) -> dict:
+    """Shards whose byte sizes are no multiple of a disk block, in several dtypes."""
+    keys = jax.random.split(jax.random.key(3), 3)
+    place = NamedSharding(mesh, P(None, "data"))
+    return {
+        "f32": jax.device_put(jax.random.normal(keys[0], (8, 1000)), place),  # 4000-byte shards
+        "bf16": jax.device_put(jax.random.normal(keys[1], (67, 3000)).astype(jnp.bfloat16), place),
+        "i8": jax.device_put(jax.random.randint(keys[2], (3, 8), -100, 100).astype(jnp.int8), place),
+        "scalar": jnp.float32(2.5),
+    }
+
+
+def test_chunks_are_written_directly_hashed_from_memory_and_never_read_back(tmp_path, monkeypatch):
+    """Whole-chunk shards go to their files as their bytes (O_DIRECT where the OS has it, in
+    several pieces and a cut last block here), hashed as they are written: the save reads back
+    only the small metadata files, and the restore (which checks every hash) gets every value."""
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
+    tree = _odd_tree(mesh)
+    monkeypatch.setattr(ck.write, "_PIECE", 8192)
+    hashed, flags = [], {}
+    real_hash, real_open = ck.write.hash_file, os.open
+
+    def hash_file(path, *a, **k):
+        hashed.append(Path(path).name)
+        return real_hash(path, *a, **k)
+
+    def os_open(path, f, *a):
+        flags[str(path)] = f
+        return real_open(path, f, *a)
+
+    monkeypatch.setattr(ck.write, "hash_file", hash_file)
+    monkeypatch.setattr(ck.write.os, "open", os_open)
+    path = ck.save_checkpoint(tmp_path, 1, tree)
+    monkeypatch.undo()
+    assert set(hashed) == {"zarr.json"}, hashed
+    chunk_files = [p for p, f in flags.items() if f & os.O_WRONLY and ("/c/" in p or p.endswith("/c"))]
+    assert len(chunk_files) == 3 * 8 + 1
+    if hasattr(os, "O_DIRECT"):
+        assert all(flags[p] & os.O_DIRECT for p in chunk_files)
+    assert_bitwise_equal(ck.restore(path, abstract(tree))[0], tree)
+
+
+def test_a_file_system_without_o_direct_gets_the_same_checkpoint(tmp_path, monkeypatch):
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
+    tree = _odd_tree(mesh)
+    calls = []
+
+    def refuse(fd, src, digest):
+        calls.append(fd)
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    monkeypatch.setattr(ck.write, "_write_direct", refuse)
+    path = ck.save_checkpoint(tmp_path, 1, tree)
+    assert calls or not hasattr(os, "O_DIRECT")
+    assert_bitwise_equal(ck.restore(path, abstract(tree))[0], tree)
 
 
 # ---- crash safety ---------------------------------------------------------------------

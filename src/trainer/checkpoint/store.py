@@ -234,6 +234,10 @@ def zarr_spec(kvstore: dict, record: dict | None = None) -> dict:
             "shape": record["store_shape"],
             "data_type": record["store_dtype"],
             "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": record["chunk"]}},
+            # Stated rather than left to tensorstore's defaults: a whole chunk's file is then its
+            # values' bytes in C order, little-endian, which write.write_raw_chunk relies on.
+            "chunk_key_encoding": {"name": "default"},
+            "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
         }
         # Without this, chunks equal to the fill value (all-zero moments) are not written,
         # and "every listed file exists" could not be the integrity rule.
