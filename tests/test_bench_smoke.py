@@ -226,3 +226,32 @@ def test_explicit_configs_one_config(tmp_path):
     row = _load(tmp_path, "explicit_configs")["rows"]["gpt2_nano_fsdp_tp"]
     assert len(row["losses"]["explicit"]) == len(row["losses"]["auto"]) == 3
     assert row["max_relative_difference"] < 1e-5
+
+
+def test_the_recommended_setup_trains_our_side_in_the_layout_the_search_chose():
+    """peer.py --setup recommended hands our worker a search candidate's fields (as JSON); the
+    config it then trains has that candidate's mesh, mappings, mode, remat, microbatches and
+    loss block, not the FSDP defaults of the like-for-like comparison."""
+    import dataclasses
+
+    import peer
+
+    from named.trainer.commands.plan_search import Candidate
+
+    chosen = Candidate(
+        "FSDP+TP2",
+        {"data": 4, "model": 2},
+        {"batch": "data", "mlp": "model", "heads": "model"},
+        {"embed": "data", "mlp": "model", "heads": "model"},
+        "full",
+        2,
+        mode="explicit",
+        loss_block_size=192,
+    )
+    fields = json.loads(json.dumps(dataclasses.asdict(chosen)))
+    cfg = peer.with_layout(peer.trainer_config("gpt2", peer.MODELS["gpt2"][1], 8, 32, "f32", "none"), fields)
+    assert dict(cfg.mesh.shape) == {"data": 4, "model": 2}
+    assert dict(cfg.mesh.compute_mapping) == chosen.compute_mapping
+    assert dict(cfg.mesh.param_mapping) == chosen.param_mapping
+    assert (cfg.mesh.mode, cfg.model.remat, cfg.trainer.microbatches) == ("explicit", "full", 2)
+    assert cfg.trainer.loss_block_size == 192
