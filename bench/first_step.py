@@ -108,28 +108,34 @@ CACHE_EVENTS = ("cache_retrieval_time_sec",)
 
 
 def launch(side: str, args: list[str], env: dict) -> dict:
-    """One launch of ``side`` (``named`` or ``levanter``) with ``args``: its first loss and phases."""
+    """One launch of ``side`` (``named`` or ``levanter``) with ``args``: its first loss and phases.
+
+    Recorded, not raised: a launch that aborts is a result too (see docs/benchmarks.md §12); one
+    that aborts after its first loss keeps its times and says why it ended (``aborted_after``)."""
     python, child = (sys.executable, CHILD) if side == "named" else (str(PEER_PY), PEER_CHILD)
     t0 = time.time()
     env = {**env, "FIRST_STEP_T0": repr(t0), "FIRST_STEP_ARGS": json.dumps(args)}
-    proc = subprocess.Popen([python, "-c", child], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    first = None
-    for line in proc.stdout:
-        if first is None and line.startswith(FIRST_LOSS[side]):
-            first = time.time() - t0
-    err = proc.stderr.read()
-    proc.wait()
-    report = [line for line in err.splitlines() if line.startswith("FIRST_STEP ")]
-    if proc.returncode != 0 or first is None or not report:
-        # recorded, not raised: a launch that aborts is a result too (see docs/benchmarks.md §12)
-        lines = [ln for ln in err.splitlines() if ln.startswith(("F", "E", "Traceback")) or "Error" in ln]
-        return {"failed": f"exit {proc.returncode}: {(lines or err.splitlines() or [''])[0][:300]}"}
+    with tempfile.TemporaryFile("w+") as stderr:  # a file: a chatty child never blocks on a full pipe
+        proc = subprocess.Popen([python, "-c", child], env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)
+        first = None
+        for line in proc.stdout:
+            if first is None and line.startswith(FIRST_LOSS[side]):
+                first = time.time() - t0
+        proc.wait()
+        stderr.seek(0)
+        err = stderr.read().splitlines()
+    report = [line for line in err if line.startswith("FIRST_STEP ")]
+    others = [ln for ln in err if not ln.startswith("FIRST_STEP ")]
+    why = [ln for ln in others if ln.startswith(("F", "E", "Traceback")) or "Error" in ln] or others or [""]
+    ended = f"exit {proc.returncode}: {why[0][:300]}"
+    if first is None or not report:
+        return {"failed": ended}
     inner = json.loads(report[-1][len("FIRST_STEP ") :])
     events = inner["events"]
     compile_s = sum(v for k, v in events.items() if k.endswith(COMPILE_EVENTS))
     cache_s = sum(v for k, v in events.items() if k.endswith(CACHE_EVENTS))
     marks = inner["marks"]
-    return {
+    run = {
         "first_loss_s": first,
         "python_started_s": marks["python_started_s"],
         "imports_s": marks["imported_s"] - marks["python_started_s"],
@@ -137,12 +143,18 @@ def launch(side: str, args: list[str], env: dict) -> dict:
         "cache_read_s": cache_s,
         "rest_s": first - marks["imported_s"] - compile_s - cache_s,
     }
+    return run | ({"aborted_after": ended} if proc.returncode != 0 else {})
 
 
 def _summary(rows: list[dict], phases) -> dict:
     ok = [run for run in rows if "failed" not in run]
     out = {p: statistics.median(run[p] for run in ok) for p in phases} if ok else {}
-    return out | {"launches": len(rows), "failed": [run["failed"] for run in rows if "failed" in run], "all": rows}
+    return out | {
+        "launches": len(rows),
+        "failed": [run["failed"] for run in rows if "failed" in run],
+        "aborted_after_first_loss": [run["aborted_after"] for run in rows if "aborted_after" in run],
+        "all": rows,
+    }
 
 
 def our_args(tiny: bool) -> list[str]:
