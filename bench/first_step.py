@@ -1,23 +1,23 @@
 """Time to the first step's loss of ``named-train --config gpt2_nano``, and of Levanter's
 ``train_lm`` on the same model and text, from process start, by phase.
 
-    .venv/bin/python bench/first_step.py              # both sides (the peer: bench/.venv-peer)
+    .venv/bin/python bench/first_step.py              # both sides (the peer: bench/.venv-peer, built if missing)
     .venv/bin/python bench/first_step.py --no-peer    # ours only
     .venv/bin/python bench/first_step.py --tiny       # a 1-layer model of width 16 (smoke test)
 
 Each launch is a fresh process. Ours runs the ``named-train`` entry point (``main_train``) on the
 embedded corpus for one step, with evaluation, samples and checkpoints off. The peer runs
-Levanter's own entry point, ``levanter.main.train_lm`` through ``levanter.config.main`` with a
-YAML config, as a Levanter user launches it, in its own virtual environment (``bench/.venv-peer``,
-see bench/peer.py; skipped, with the reason, where it is missing). The time runs from just before
-the process is started to the moment its first loss reaches this script: our ``[train 1] loss=``
-line; for the peer, the ``train/loss`` record of step 0 that its ``json_logger`` tracker logs.
-Inside, each process notes when Python starts running its code and when the training modules are
-imported (ours: the CLI module, which imports the rest lazily; the peer: ``levanter`` and
-``levanter.main.train_lm``), and sums JAX's own compile events (tracing, lowering to MLIR, XLA's
-backend compile, reads from the persistent compilation cache), so a launch splits into:
-interpreter start, imports, compilation, and the rest (config checks, data, model and optimizer
-init, the first batch and the step itself).
+Levanter's own entry point, ``levanter.main.train_lm`` through ``levanter.config.main`` with a YAML
+config, as a Levanter user launches it, in its own virtual environment (``bench/.venv-peer``, built
+as bench/peer.py builds it; skipped, with the reason, where that fails or with ``--no-build``). The
+time runs from just before the process is started to the moment its first loss reaches this script:
+our ``[train 1] loss=`` line; for the peer, the ``train/loss`` record of step 0 that its
+``json_logger`` tracker logs. Inside, each process notes when Python starts running its code and
+when the training modules are imported (ours: the CLI module, which imports the rest lazily; the
+peer: ``levanter`` and ``levanter.main.train_lm``), and sums JAX's own compile events (tracing,
+lowering to MLIR, XLA's backend compile, reads from the persistent compilation cache), so a launch
+splits into: interpreter start, imports, compilation, and the rest (config checks, data, model and
+optimizer init, the first batch and the step itself).
 
 The same model on both sides: GPT-2 with ``config/gpt2_nano.yaml``'s shape (layers, heads,
 width, positions), sequence length, batch and vocabulary (the byte tokenizer's 257 ids padded to
@@ -250,6 +250,7 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--tiny", action="store_true", help="a 1-layer model of width 16 (smoke test)")
     ap.add_argument("--no-peer", action="store_true", help="time named-train alone")
+    ap.add_argument("--no-build", action="store_true", help="skip the peer (with a message) if its venv is missing")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     machine = C.machine()  # the load average before the run
@@ -259,8 +260,9 @@ def main(argv=None):
     sides: dict[str, list[str]] = {"named": train}
     peer: dict = {"skipped": "--no-peer"} if args.no_peer else {}
     if not args.no_peer:
-        ok, why = (True, "") if PEER_PY.exists() else (False, f"no peer venv at {PEER_PY.parent.parent.name}")
-        if ok:
+        if args.no_build and not PEER_PY.exists():
+            ok, why = False, f"no {PEER_PY.parent.parent.name} (--no-build)"
+        else:
             ok, why = ensure_peer_venv()
         if ok:
             sides["levanter"] = ["--config_path", str(peer_config(tmp, train))]

@@ -162,7 +162,7 @@ def test_first_step_tiny(tmp_path):
     import first_step
     from peer import PEER_PY
 
-    first_step.main(["--tiny", "--repeats", "1", "--out", str(tmp_path)])
+    first_step.main(["--tiny", "--repeats", "1", "--no-build", "--out", str(tmp_path)])
     r = _load(tmp_path, "first_step_tiny")
     sides = [r["launches"]] + ([r["peer"]["launches"]] if PEER_PY.exists() else [])
     for launches in sides:
