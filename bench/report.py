@@ -560,21 +560,33 @@ def first_step_block() -> str:
     if r is None:
         return "_not run: bench/results/first_step.json is missing_"
     phases = ("first_loss_s", "python_started_s", "imports_s", "compile_s", "cache_read_s", "rest_s")
+    peer = r.get("peer") or {}
+    sides = {"named-train": r["launches"]} | ({"Levanter train_lm": peer["launches"]} if "launches" in peer else {})
     rows = []
-    for kind, x in r["launches"].items():
-        failed = len(x.get("failed", []))
-        cells = [sec(x[p]) if p in x else "–" for p in phases]
-        if failed:
-            cells[0] = f"{cells[0]} ({failed} of {x['launches']} aborted)"
-        rows.append([kind, *cells])
+    for kind in r["launches"]:
+        for side, launches in sides.items():
+            x = launches[kind]
+            failed, late = len(x.get("failed", [])), len(x.get("aborted_after_first_loss", []))
+            cells = [sec(x[p]) if p in x else "–" for p in phases]
+            if failed:
+                cells[0] = f"{cells[0]} ({failed} of {x['launches']} aborted)"
+            if late:
+                cells[0] = f"{cells[0]} ({late} of {x['launches']} aborted after it)"
+            rows.append([kind, side, *cells])
     # one line per distinct reason: without the log prefix (time, thread, source line), backticks as quotes
     prefix = re.compile(r"^(exit -?\d+): [EF]\d{4} [\d:.]+\s+\d+ \S+\] (\[id=\d+\] )?")
     aborts = sorted(
-        {prefix.sub(r"\1: ", why).replace("`", "'") for x in r["launches"].values() for why in x.get("failed", [])}
+        {
+            f"{side}: " + prefix.sub(r"\1: ", why).replace("`", "'")
+            for side, launches in sides.items()
+            for x in launches.values()
+            for why in x.get("failed", []) + x.get("aborted_after_first_loss", [])
+        }
     )
     t = table(
         [
             "launch",
+            "side",
             "first loss (median)",
             "interpreter",
             "imports",
@@ -584,9 +596,19 @@ def first_step_block() -> str:
         ],
         rows,
     )
-    head = f"`named-train --config {r['config']}`, 1 step; medians of {r['repeats']} launches each."
+    head = f"`named-train --config {r['config']}` and Levanter's `train_lm` on the same model and text, 1 step; "
+    head += f"medians of {r['repeats']} launches each."
+    if "launches" in peer:
+        ratios = ", ".join(f"{kind} **{x:.2f}**" for kind, x in peer["named_over_levanter"].items())
+        v = peer["versions"]
+        tail = (
+            f"\n\nnamed / Levanter, time to the first loss (medians): {ratios}. Peer: marin-levanter "
+            f"{v['marin-levanter']}, marin-haliax {v['marin-haliax']}, jax {v['jax']}."
+        )
+    else:
+        tail = f"\n\nLevanter: skipped ({peer.get('skipped', 'not run')})."
     why = "".join(f"\n\nAborted: `{a}`" for a in aborts)
-    return f"{head}\n\n{t}{why}\n\n{provenance(r)}"
+    return f"{head}\n\n{t}{tail}{why}\n\n{provenance(r)}"
 
 
 def gpu_block(results: Path = RESULTS, name: str = "gpu_mfu") -> str:

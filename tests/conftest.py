@@ -26,6 +26,11 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["NAMED_TESTS_JAX_CACHE_OWNER"] = str(os.getpid())
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 << 30))
+# Programs loaded back from that cache deadlock on several CPU devices unless XLA:CPU scheduled them
+# plainly (named._compat.CACHE_SAFE_CPU_FLAG); the processes tests start inherit the flag too.
+from named._compat import cache_safe_xla_flags  # noqa: E402 - imports jax, which reads XLA_FLAGS only later
+
+os.environ["XLA_FLAGS"] = cache_safe_xla_flags(os.environ["XLA_FLAGS"]) or os.environ["XLA_FLAGS"]
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

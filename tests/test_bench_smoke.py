@@ -155,6 +155,26 @@ def test_decode_tiny(tmp_path):
         assert {row["side"] for row in f["rows"]} == {"named", "transformers", "named-sample (continue_ids)"}
 
 
+def test_first_step_tiny(tmp_path):
+    """Every kind of launch reaches its first loss on our side (the warm cache included, which
+    aborted before named-train compiled with CACHE_SAFE_CPU_FLAG), and on Levanter's where its
+    venv is present (CI has none: then the result says why it was skipped)."""
+    import first_step
+    from peer import PEER_PY
+
+    first_step.main(["--tiny", "--repeats", "1", "--no-build", "--out", str(tmp_path)])
+    r = _load(tmp_path, "first_step_tiny")
+    sides = [r["launches"]] + ([r["peer"]["launches"]] if PEER_PY.exists() else [])
+    for launches in sides:
+        for kind, x in launches.items():
+            assert not x["failed"], (kind, x["failed"])
+            assert 0 < x["compile_s"] < x["first_loss_s"]
+    if PEER_PY.exists():
+        assert set(r["peer"]["named_over_levanter"]) == set(r["launches"])
+    else:
+        assert "skipped" in r["peer"]
+
+
 def test_data_ckpt_tiny(tmp_path):
     import data_ckpt
 

@@ -4,8 +4,12 @@ replace the YAML's, and the one-line answer when the training extras are not ins
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import jax
 import pytest
 
 from named.trainer.commands import cli
@@ -112,3 +116,45 @@ def test_named_eval_without_lm_eval_says_what_to_install(monkeypatch, capsys, tm
     assert err == [
         "error: named-eval needs lm-evaluation-harness (lm_eval is not installed): pip install 'named-jax[eval]'"
     ]
+
+
+def test_a_compilation_cache_gets_the_flag_its_programs_run_under(monkeypatch):
+    from named import _compat
+
+    assert jax.config.jax_compilation_cache_dir  # conftest turns the persistent cache on
+    monkeypatch.setattr(_compat, "backends_initialized", lambda: False)  # as in a fresh process
+    flags = "--xla_force_host_platform_device_count=8"
+    assert _compat.cache_safe_xla_flags(flags).split() == [flags, _compat.CACHE_SAFE_CPU_FLAG]
+    # the user's own choice stands, either way
+    for choice in ("true", "false"):
+        assert (
+            _compat.cache_safe_xla_flags(f"{flags} --xla_cpu_enable_concurrency_optimized_scheduler={choice}") is None
+        )
+    monkeypatch.setattr(_compat, "backends_initialized", lambda: True)  # too late to change XLA's flags
+    assert _compat.cache_safe_xla_flags(flags) is None
+
+
+@pytest.mark.slow
+def test_a_second_launch_runs_from_a_warm_compilation_cache(tmp_path):
+    """Programs XLA:CPU's concurrency-optimized scheduler made deadlock when loaded back from the
+    persistent cache (named._compat.CACHE_SAFE_CPU_FLAG): with gpt2_nano on 8 devices every
+    second launch aborted in an all-reduce. Both launches must now reach their last step."""
+    env = {
+        **os.environ,
+        "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax-cache"),
+        # XLA's default code generation (the suite's FAST_COMPILE hid the deadlock in 2 of 3 tries)
+        # and a 5 s collective timeout instead of 40 s, so that a deadlock fails fast
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=8 --xla_cpu_collective_call_terminate_timeout_seconds=5",
+        "JAX_PLATFORMS": "cpu",
+    }
+    args = ["--config", "gpt2_nano", "--trainer.num_train_steps", "3", "--trainer.log_interval", "1"]
+    args += ["--trainer.eval_interval", "0", "--trainer.sample_interval", "0", "--trainer.progress_bar", "false"]
+    args += ["--checkpoint.interval", "0"]
+    main = "import sys; from named.trainer.commands.cli import main_train; sys.exit(main_train())"
+    for launch in ("cold", "warm"):
+        run = [*args, "--trainer.run_dir", str(tmp_path / launch)]
+        p = subprocess.run([sys.executable, "-c", main, *run], env=env, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, f"{launch} launch: exit {p.returncode}\n{p.stderr[-2000:]}"
+        assert p.stdout.count("loss=") == 3, p.stdout
+        if launch == "cold":
+            assert any(f.name.startswith("jit_step") for f in (tmp_path / "jax-cache").iterdir())

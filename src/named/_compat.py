@@ -61,6 +61,27 @@ def backends_initialized() -> bool:
     return xla_bridge.backends_are_initialized()
 
 
+# XLA:CPU's concurrency-optimized HLO scheduler (on by default in jaxlib 0.10.2) makes programs that
+# deadlock when JAX loads them back from its persistent compilation cache: on several devices the
+# devices of one run reach their collectives in different orders (7 of 8 wait in one all-reduce, the
+# 8th in another) and XLA aborts the process after 40 s. Freshly compiled, the same programs run;
+# compiled with the plain scheduler they also run when loaded from the cache, and a step costs the
+# same (docs/benchmarks.md §12). The option belongs to XLA:CPU's compiler; other backends ignore it.
+CACHE_SAFE_CPU_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
+
+
+def cache_safe_xla_flags(flags: str) -> str | None:
+    """``XLA_FLAGS`` with :data:`CACHE_SAFE_CPU_FLAG` added, for a process whose backends have not
+    started and whose persistent compilation cache is on; None when nothing changes (the cache is
+    off, the backends already started, or ``flags`` sets the scheduler option either way)."""
+    option = CACHE_SAFE_CPU_FLAG.split("=")[0]
+    if not jax.config.jax_compilation_cache_dir or backends_initialized():
+        return None
+    if any(f.split("=")[0] == option for f in flags.split()):
+        return None
+    return f"{flags} {CACHE_SAFE_CPU_FLAG}".strip()
+
+
 def distributed_client():
     """The coordination-service client of ``jax.distributed.initialize`` (key-value store and
     barriers, the one JAX's own array serialization uses), or None before it started."""

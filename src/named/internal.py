@@ -6,12 +6,20 @@ Nothing outside ``src/named`` imports one of its ``_private`` modules (tests/tes
 checks that): what another layer needs from them is re-exported here.
 """
 
-from ._compat import backends_initialized, cluster_detected, cudnn_version, distributed_client, is_tracer
+from ._compat import (
+    backends_initialized,
+    cache_safe_xla_flags,
+    cluster_detected,
+    cudnn_version,
+    distributed_client,
+    is_tracer,
+)
 from .nn.loss import block_size_error
 
 __all__ = [
     "backends_initialized",  # the CLI: can this process still set its device count?
     "block_size_error",  # the config check of trainer.loss_block_size: the loss's own message
+    "cache_safe_xla_flags",  # the CLI: XLA flags under which programs loaded from the compilation cache run
     "cluster_detected",  # distributed: would jax.distributed.initialize() find its coordinator?
     "cudnn_version",  # bench/gpu_mfu.py: recorded beside GPU numbers
     "distributed_client",  # checkpoints and the run plan: JAX's key-value store and barriers
