@@ -61,13 +61,20 @@ import _common as C  # sets XLA_FLAGS (8 devices), which the launches inherit
 import numpy as np
 from peer import PEER_DISTS, PEER_PY, ensure_peer_venv
 
-CHILD = r"""
-import collections, json, os, sys, time
+# What both sides' launches run first: the time since the driver started the process, and the
+# sum of JAX's compile events by kind.
+PREAMBLE = r"""
+import collections, json, logging, os, sys, time
 t0 = float(os.environ["FIRST_STEP_T0"])
 marks = {"python_started_s": time.time() - t0}
 import jax
 events = collections.defaultdict(float)
 jax.monitoring.register_event_duration_secs_listener(lambda e, d, **kw: events.__setitem__(e, events[e] + d))
+"""
+
+CHILD = (
+    PREAMBLE
+    + r"""
 from named.trainer.commands.cli import main_train
 marks["imported_s"] = time.time() - t0
 sys.argv = ["named-train", *json.loads(os.environ["FIRST_STEP_ARGS"])]
@@ -76,16 +83,13 @@ try:
 finally:
     print("FIRST_STEP " + json.dumps({"marks": marks, "events": events}), file=sys.stderr, flush=True)
 """
+)
 
 # The peer: Levanter's train_lm as its CLI runs it. Its json_logger tracker logs every metric as a
 # JSON record; the first "train/loss" record is the first step's loss, read back from the devices.
-PEER_CHILD = r"""
-import collections, json, logging, os, sys, time
-t0 = float(os.environ["FIRST_STEP_T0"])
-marks = {"python_started_s": time.time() - t0}
-import jax
-events = collections.defaultdict(float)
-jax.monitoring.register_event_duration_secs_listener(lambda e, d, **kw: events.__setitem__(e, events[e] + d))
+PEER_CHILD = (
+    PREAMBLE
+    + r"""
 import levanter
 import levanter.main.train_lm as train_lm
 marks["imported_s"] = time.time() - t0
@@ -101,6 +105,7 @@ tracker_log.addHandler(FirstLoss())
 sys.argv = ["train_lm", *json.loads(os.environ["FIRST_STEP_ARGS"])]
 levanter.config.main(train_lm.main)()
 """
+)
 FIRST_LOSS = {"named": "[train 1] loss=", "levanter": "[peer 1] loss "}
 
 COMPILE_EVENTS = ("jaxpr_trace_duration", "jaxpr_to_mlir_module_duration", "backend_compile_duration")

@@ -56,6 +56,15 @@ def provenance(r: dict) -> str:
     return f"Run {m.get('date_utc')}, {code}; {load_note(r)}.\n\n```\n{r['command']}\n```"
 
 
+def unavailable(name: str, r: dict | None) -> str | None:
+    """What a block says when the result ``name`` is missing or was skipped (else None)."""
+    if r is None:
+        return f"_not run: bench/results/{name}.json is missing_"
+    if r.get("skipped"):
+        return f"**Skipped**: {r['reason']}\n\n{provenance(r)}"
+    return None
+
+
 def machine_block() -> str:
     r = next((x for x in (load(n) for n in ("overhead_f32", "compile_depth", "memory", "data_ckpt")) if x), None)
     if r is None:
@@ -78,8 +87,8 @@ def machine_block() -> str:
 
 def overhead_block(name: str) -> str:
     r = load(name)
-    if r is None:
-        return f"_not run: bench/results/{name}.json is missing_"
+    if (text := unavailable(name, r)) is not None:
+        return text
     st, lc = r["step"], r["lower_plus_compile_s"]
     cpu = r["step_cpu"]
     rows = [
@@ -165,10 +174,8 @@ def overhead_block(name: str) -> str:
 
 def peer_block(name: str) -> str:
     r = load(name)
-    if r is None:
-        return f"_not run: bench/results/{name}.json is missing_"
-    if r.get("skipped"):
-        return f"**Skipped**: {r['reason']}\n\n{provenance(r)}"
+    if (text := unavailable(name, r)) is not None:
+        return text
     st, c = r["step"], r["compile_s"]
     cpu = r["step_cpu"]
     rows = [
@@ -233,10 +240,8 @@ def _layout(c: dict) -> str:
 def recommended_block(name: str) -> str:
     """``peer.py --setup recommended``: each side's recommended setup, step and peak memory."""
     r = load(name)
-    if r is None:
-        return f"_not run: bench/results/{name}.json is missing_"
-    if r.get("skipped"):
-        return f"**Skipped**: {r['reason']}\n\n{provenance(r)}"
+    if (text := unavailable(name, r)) is not None:
+        return text
     st, cpu, mem, cost = r["step"], r["step_cpu"], r["memory"], r.get("cost", {})
     chosen = r["search"]["chosen"]
     ps = r.get("peer_setup") or {}
@@ -296,8 +301,8 @@ def recommended_block(name: str) -> str:
 
 def compile_block() -> str:
     r = load("compile_depth")
-    if r is None:
-        return "_not run: bench/results/compile_depth.json is missing_"
+    if (text := unavailable("compile_depth", r)) is not None:
+        return text
     base = r["reference_depth"]
     rows = [
         [
@@ -332,8 +337,8 @@ def compile_block() -> str:
 
 def memory_block() -> str:
     r = load("memory")
-    if r is None:
-        return "_not run: bench/results/memory.json is missing_"
+    if (text := unavailable("memory", r)) is not None:
+        return text
     rows = []
     for name, row in r["rows"].items():
         c, m = row["config"], row["memory"]
@@ -379,8 +384,8 @@ def memory_block() -> str:
 
 def data_block() -> str:
     r = load("data_ckpt")
-    if r is None:
-        return "_not run: bench/results/data_ckpt.json is missing_"
+    if (text := unavailable("data_ckpt", r)) is not None:
+        return text
     rows = [
         [
             row["seq_len"],
@@ -438,8 +443,8 @@ def data_block() -> str:
 
 def s3_block() -> str:
     r = load("data_ckpt_s3")
-    if r is None:
-        return "_not run: bench/results/data_ckpt_s3.json is missing_"
+    if (text := unavailable("data_ckpt_s3", r)) is not None:
+        return text
     rows = []
     for where, key in (("local disk", "local"), (f"S3 ({r['s3_server']})", "s3")):
         c = r[key]
@@ -479,8 +484,8 @@ def s3_block() -> str:
 
 def moe_block() -> str:
     r = load("moe")
-    if r is None:
-        return "_not run: bench/results/moe.json is missing_"
+    if (text := unavailable("moe", r)) is not None:
+        return text
     what = {
         "dispatch": "dispatch (parameters replicated, `{batch: data}`)",
         "placement": "placement (dropless, `{batch: expert}`)",
@@ -509,8 +514,8 @@ def moe_block() -> str:
 
 def decode_block() -> str:
     r = load("decode")
-    if r is None:
-        return "_not run: bench/results/decode.json is missing_"
+    if (text := unavailable("decode", r)) is not None:
+        return text
     rows = []
     for f in r["families"]:
         for row in f["rows"]:
@@ -557,8 +562,8 @@ def decode_block() -> str:
 
 def first_step_block() -> str:
     r = load("first_step")
-    if r is None:
-        return "_not run: bench/results/first_step.json is missing_"
+    if (text := unavailable("first_step", r)) is not None:
+        return text
     phases = ("first_loss_s", "python_started_s", "imports_s", "compile_s", "cache_read_s", "rest_s")
     peer = r.get("peer") or {}
     sides = {"named-train": r["launches"]} | ({"Levanter train_lm": peer["launches"]} if "launches" in peer else {})
