@@ -285,7 +285,7 @@ def test_checkpointer_copies_into_the_buffers_of_its_previous_save(tmp_path):
         np.testing.assert_array_equal(np.asarray(restored["w0"]), want)
 
 
-@pytest.mark.parametrize("stage", ["write", "read"])
+@pytest.mark.parametrize("stage", ["write", "read", "read_step"])
 def test_file_work_keeps_many_requests_in_flight_whatever_the_core_count(tmp_path, monkeypatch, stage):
     """A save writes, hashes and fsyncs its chunk files, and a restore hashes them, with many in
     flight at once: the disk wants a deep queue, and the number of cores (2 on CI) is not the
@@ -294,9 +294,13 @@ def test_file_work_keeps_many_requests_in_flight_whatever_the_core_count(tmp_pat
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
     tree = _wide_tree(mesh, 0)  # 4 arrays x 8 shards: 32 chunk files
-    if stage == "read":
-        ck.save_checkpoint(tmp_path, 1, tree)
-    module, name = (ck.write, "write_raw_chunk") if stage == "write" else (ck.read, "hash_file")
+    if stage != "write":
+        step = ck.save_checkpoint(tmp_path, 1, tree)
+    module, name = {
+        "write": (ck.write, "write_raw_chunk"),
+        "read": (ck.read, "hash_file"),  # a run's newest checkpoint: every file verified first
+        "read_step": (ck.read, "_read_whole_chunk"),  # a named step: each chunk read and hashed once
+    }[stage]
     real, lock, running, enough, peak = getattr(module, name), threading.Lock(), [0], threading.Event(), [0]
 
     def work(*args, **kwargs):
@@ -316,7 +320,7 @@ def test_file_work_keeps_many_requests_in_flight_whatever_the_core_count(tmp_pat
     if stage == "write":
         ck.save_checkpoint(tmp_path, 1, tree)
     else:
-        assert_bitwise_equal(ck.restore(tmp_path, abstract(tree))[0], tree)
+        assert_bitwise_equal(ck.restore(tmp_path if stage == "read" else step, abstract(tree))[0], tree)
     assert enough.is_set(), f"at most {peak[0]} files were worked on at once"
 
 
@@ -360,6 +364,27 @@ def test_chunks_are_written_directly_hashed_from_memory_and_never_read_back(tmp_
     if hasattr(os, "O_DIRECT"):
         assert all(flags[p] & os.O_DIRECT for p in chunk_files)
     assert_bitwise_equal(ck.restore(path, abstract(tree))[0], tree)
+
+
+def test_a_restore_reads_each_whole_chunk_once_and_tensorstore_the_rest(tmp_path, monkeypatch):
+    """Restoring a named step onto the layout it was saved in reads each chunk file once, hashed
+    from memory (the verify pass hashes only the zarr.json files); onto another layout the
+    regions that are no whole chunk go through tensorstore. Both are bitwise."""
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
+    tree = _odd_tree(mesh)
+    step = ck.save_checkpoint(tmp_path, 1, tree)
+    hashed, whole = [], []
+    real_hash, real_whole = ck.read.hash_file, ck.read._read_whole_chunk
+    monkeypatch.setattr(ck.read, "hash_file", lambda path, *a, **k: hashed.append(Path(path).name) or real_hash(path))
+    monkeypatch.setattr(ck.read, "_read_whole_chunk", lambda *a: whole.append(a[1]) or real_whole(*a))
+    assert_bitwise_equal(ck.restore(step, abstract(tree))[0], tree)
+    assert set(hashed) == {"zarr.json"} and len(whole) == 3 * 8 + 1 == len(set(whole))
+    whole.clear()
+    mesh42 = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    target = abstract(tree)
+    target["bf16"] = jax.ShapeDtypeStruct((67, 3000), jnp.bfloat16, sharding=NamedSharding(mesh42, P(None, "data")))
+    assert_bitwise_equal(ck.restore(step, target)[0], tree)
+    assert not any("bf16" in rel for rel in whole)  # its regions span chunks: tensorstore read them
 
 
 def test_a_file_system_without_o_direct_gets_the_same_checkpoint(tmp_path, monkeypatch):

@@ -9,8 +9,11 @@ CheckpointError naming a bad one. The target tree gives each leaf's shape, dtype
 every process reads only the regions its own devices hold, so a checkpoint saved on 8 devices
 restores onto a 4x2 mesh, one device, or another number of processes.
 
-On an object store each file this process needs is fetched once, its size and sha256 checked,
-and decoded from memory: the bytes checked are the bytes used.
+A region of the target that is one whole chunk of the saved array (every region, when the
+layout is the one saved) is its chunk file's bytes, read once: on a local disk hashed from
+memory as it is read, in place of a hashing pass before the read. Other regions are read through
+tensorstore. On an object store each file this process needs is fetched once, its size and
+sha256 checked, and decoded from memory: the bytes checked are the bytes used.
 """
 
 from __future__ import annotations
@@ -243,6 +246,76 @@ class _Plan:
             out |= _chunk_files(self.record, region)
         return out
 
+    def whole_chunks(self, meta: dict | None) -> dict[tuple, str]:
+        """The regions that are one whole chunk each in an array whose ``zarr.json`` (``meta``)
+        stores a chunk as its values' bytes, with the file (relative to the checkpoint) of each."""
+        rec = self.record
+        if not _raw_layout(meta, rec):
+            return {}
+        chunk = rec["chunk"]
+        return {
+            region: f"{rec['dir']}/c" + "".join(f"/{start // c}" for (start, _), c in zip(region, chunk))
+            for region in self.regions
+            if all(start % c == 0 and stop - start == c for (start, stop), c in zip(region, chunk))
+        }
+
+
+def _raw_layout(meta: dict | None, record: dict) -> bool:
+    """Whether ``meta`` (an array's zarr.json) describes the array ``record`` with each whole chunk
+    stored as its values' bytes in C order, little-endian, under the default chunk keys (what
+    ``store.zarr_spec`` asks tensorstore for, and tensorstore's default before it did)."""
+    if not isinstance(meta, dict) or meta.get("zarr_format") != 3:
+        return False
+    keys = meta.get("chunk_key_encoding") or {}
+    grid = (meta.get("chunk_grid") or {}).get("configuration") or {}
+    try:
+        itemsize = jax.numpy.dtype(record["store_dtype"]).itemsize
+    except TypeError:
+        return False
+    codecs = meta.get("codecs")
+    return (
+        (
+            codecs == [{"name": "bytes", "configuration": {"endian": "little"}}]
+            or (codecs == [{"name": "bytes"}] and itemsize == 1)
+        )
+        and keys.get("name") == "default"
+        and (keys.get("configuration") or {}).get("separator", "/") == "/"
+        and meta.get("data_type") == record["store_dtype"]
+        and meta.get("shape") == record["store_shape"]
+        and grid.get("chunk_shape") == record["chunk"]
+    )
+
+
+def _meta_of(raw: bytes | None) -> dict | None:
+    try:
+        return json.loads(raw) if raw is not None else None
+    except ValueError:
+        return None  # tensorstore's own open then says what is wrong with it
+
+
+def _chunk_from(data, rel: str, record: dict, where: str) -> np.ndarray:
+    """A whole chunk's values from its file's bytes."""
+    dtype = jax.numpy.dtype(record["store_dtype"])
+    if len(data) != int(np.prod(record["chunk"])) * dtype.itemsize:
+        raise CheckpointError(f"{where}: {rel} has {len(data)} bytes, not one whole chunk {record['chunk']} of {dtype}")
+    return np.frombuffer(data, dtype).reshape(record["chunk"])
+
+
+def _read_whole_chunk(ckpt: Path, rel: str, info: dict, check: bool) -> bytearray:
+    """A chunk file's bytes, read once; with ``check``, hashed from memory against ``info``."""
+    full = safe_relpath(rel, ckpt)
+    buf = bytearray(info["size"])
+    with open(full, "rb", buffering=0) as f:
+        view, got = memoryview(buf), 0
+        while got < len(buf):
+            n = f.readinto(view[got:])
+            if not n:
+                raise CheckpointError(f"checkpoint {ckpt}: file {full} ended after {got} bytes (truncated?)")
+            got += n
+    if check and hashlib.sha256(buf).hexdigest() != info["sha256"]:
+        raise CheckpointError(f"checkpoint {ckpt}: checksum mismatch in file {full} (corrupted)")
+    return buf
+
 
 def _region(index: tuple, shape: list[int]) -> tuple[tuple[int, int], ...]:
     return tuple(tuple(s.indices(n)[:2]) for s, n in zip(index, shape))
@@ -374,24 +447,37 @@ def restore(
 
     plans, treedef = _plan(ckpt, commit, target, partial)
 
-    if not verified and isinstance(ckpt, Path):  # hash exactly the files this process is about to read
-        needed = set()
-        for plan in plans:
-            if isinstance(plan, _Plan):
-                needed |= plan.files()
-        _verify_files(ckpt, commit, hash_only=needed)
+    arrays = [plan for plan in plans if isinstance(plan, _Plan)]
+    whole: dict[int, dict] = {}  # per plan: its whole-chunk regions, read straight from their files
+    if isinstance(ckpt, Path):
+        for plan in arrays:
+            meta_file = safe_relpath(f"{plan.record['dir']}/zarr.json", ckpt)
+            whole[id(plan)] = plan.whole_chunks(_meta_of(meta_file.read_bytes() if meta_file.is_file() else None))
+        if not verified:  # hash exactly the files this process is about to read, once
+            needed = set().union(*(plan.files() for plan in arrays))
+            on_read = {rel for chunks in whole.values() for rel in chunks.values()}
+            _verify_files(ckpt, commit, hash_only=needed - on_read)
 
-    with concurrent.futures.ThreadPoolExecutor(IO_THREADS) as pool:
-        out = list(pool.map(lambda plan: _read(plan, ckpt, commit) if isinstance(plan, _Plan) else plan, plans))
+    # Leaves in one pool, the chunk files they read in another (a leaf waits on its chunks).
+    with (
+        concurrent.futures.ThreadPoolExecutor(IO_THREADS) as pool,
+        concurrent.futures.ThreadPoolExecutor(IO_THREADS) as chunks,
+    ):
+
+        def read(plan):
+            if not isinstance(plan, _Plan):
+                return plan
+            return _read(plan, ckpt, commit, whole.get(id(plan)), check=not verified, pool=chunks)
+
+        out = list(pool.map(read, plans))
     return jax.tree_util.tree_unflatten(treedef, out), commit["metadata"]
 
 
-def _open_leaf(plan: _Plan, ckpt: Location, commit: dict):
+def _open_leaf(plan: _Plan, ckpt: Location, data: dict[str, bytes] | None):
     rec = plan.record
     if isinstance(ckpt, Path):
         return ts.open(zarr_spec(kvstore_spec(ckpt / rec["dir"])), open=True, read=True).result()
-    # An object store: fetch and check this leaf's files, then decode them from memory.
-    data = fetch_verified(ckpt, commit, sorted(plan.files()))
+    # An object store: this leaf's files, fetched and checked, decoded from memory.
     context = ts.Context()  # a memory kvstore of its own
     memory = ts.KvStore.open({"driver": "memory"}, context=context).result()
     prefix = rec["dir"] + "/"
@@ -400,27 +486,47 @@ def _open_leaf(plan: _Plan, ckpt: Location, commit: dict):
     return ts.open(zarr_spec({"driver": "memory"}), context=context, open=True, read=True).result()
 
 
-def _read(plan: _Plan, ckpt: Location, commit: dict) -> Any:
+def _read(plan: _Plan, ckpt: Location, commit: dict, whole: dict[tuple, str] | None, check: bool, pool) -> Any:
+    """One leaf. A region that is one whole chunk of a raw layout (``whole``, or on an object
+    store found from the fetched zarr.json) is its chunk file's bytes, read once (on a local
+    disk hashed from memory when ``check``; an object store's were checked when fetched); the
+    others go through tensorstore."""
     rec = plan.record
     where = f"leaf {show(rec['path'])} ({ckpt / rec['dir']})"
-    try:
-        arr = _open_leaf(plan, ckpt, commit)
-    except CheckpointError:
-        raise
-    except Exception as e:
-        raise CheckpointError(f"{where}: cannot open: {e}") from None
-    if list(arr.shape) != rec["store_shape"] or np.dtype(arr.dtype.numpy_dtype).name != rec["store_dtype"]:
-        raise CheckpointError(
-            f"{where}: zarr.json says {arr.dtype}{list(arr.shape)}, commit.json "
-            f"{rec['store_dtype']}{rec['store_shape']}"
-        )
-    futures = {region: arr[tuple(slice(a, b) for a, b in region)].read() for region in plan.regions}
-    try:
-        host = {region: f.result() for region, f in futures.items()}
-    except Exception as e:
-        raise CheckpointError(f"{where}: read failed: {e}") from None
+    host: dict[tuple, np.ndarray] = {}
+    if isinstance(ckpt, Path):
+        data = None
+        jobs = {
+            region: pool.submit(_read_whole_chunk, ckpt, rel, commit["files"][rel], check)
+            for region, rel in (whole or {}).items()
+            if rel in commit["files"]
+        }
+        host = {region: _chunk_from(job.result(), whole[region], rec, where) for region, job in jobs.items()}
+    else:
+        data = fetch_verified(ckpt, commit, sorted(plan.files()))
+        chunks = plan.whole_chunks(_meta_of(data.get(f"{rec['dir']}/zarr.json")))
+        host = {region: _chunk_from(data[rel], rel, rec, where) for region, rel in chunks.items() if rel in data}
+    rest = [region for region in plan.regions if region not in host]
+    if rest:
+        try:
+            arr = _open_leaf(plan, ckpt, data)
+        except CheckpointError:
+            raise
+        except Exception as e:
+            raise CheckpointError(f"{where}: cannot open: {e}") from None
+        if list(arr.shape) != rec["store_shape"] or np.dtype(arr.dtype.numpy_dtype).name != rec["store_dtype"]:
+            raise CheckpointError(
+                f"{where}: zarr.json says {arr.dtype}{list(arr.shape)}, commit.json "
+                f"{rec['store_dtype']}{rec['store_shape']}"
+            )
+        futures = {region: arr[tuple(slice(a, b) for a, b in region)].read() for region in rest}
+        try:
+            host.update({region: f.result() for region, f in futures.items()})
+        except Exception as e:
+            raise CheckpointError(f"{where}: read failed: {e}") from None
     if plan.sharding is None:
         (value,) = host.values()
+        value = value if value.flags.writeable else value.copy()  # an object's bytes are read-only
         result = value[()] if isinstance(plan.target, np.generic) else value
     else:
         buffers = [jax.device_put(host[r], device) for r, devices in plan.regions.items() for device in devices]
