@@ -299,7 +299,7 @@ def test_file_work_keeps_many_requests_in_flight_whatever_the_core_count(tmp_pat
     module, name = {
         "write": (ck.write, "write_raw_chunk"),
         "read": (ck.read, "hash_file"),  # a run's newest checkpoint: every file verified first
-        "read_step": (ck.read, "_read_whole_chunk"),  # a named step: each chunk read and hashed once
+        "read_step": (ck.read, "read_whole_chunk"),  # a named step: each chunk read and hashed once
     }[stage]
     real, lock, running, enough, peak = getattr(module, name), threading.Lock(), [0], threading.Event(), [0]
 
@@ -342,7 +342,7 @@ def test_chunks_are_written_directly_hashed_from_memory_and_never_read_back(tmp_
     only the small metadata files, and the restore (which checks every hash) gets every value."""
     mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
     tree = _odd_tree(mesh)
-    monkeypatch.setattr(ck.write, "_PIECE", 8192)
+    monkeypatch.setattr(ck.write, "DIRECT_PIECE", 8192)
     hashed, flags = [], {}
     real_hash, real_open = ck.write.hash_file, os.open
 
@@ -374,9 +374,9 @@ def test_a_restore_reads_each_whole_chunk_once_and_tensorstore_the_rest(tmp_path
     tree = _odd_tree(mesh)
     step = ck.save_checkpoint(tmp_path, 1, tree)
     hashed, whole = [], []
-    real_hash, real_whole = ck.read.hash_file, ck.read._read_whole_chunk
+    real_hash, real_whole = ck.read.hash_file, ck.read.read_whole_chunk
     monkeypatch.setattr(ck.read, "hash_file", lambda path, *a, **k: hashed.append(Path(path).name) or real_hash(path))
-    monkeypatch.setattr(ck.read, "_read_whole_chunk", lambda *a: whole.append(a[1]) or real_whole(*a))
+    monkeypatch.setattr(ck.read, "read_whole_chunk", lambda *a: whole.append(a[1]) or real_whole(*a))
     assert_bitwise_equal(ck.restore(step, abstract(tree))[0], tree)
     assert set(hashed) == {"zarr.json"} and len(whole) == 3 * 8 + 1 == len(set(whole))
     whole.clear()
@@ -396,7 +396,7 @@ def test_a_file_system_without_o_direct_gets_the_same_checkpoint(tmp_path, monke
         calls.append(fd)
         raise OSError(errno.EINVAL, "Invalid argument")
 
-    monkeypatch.setattr(ck.write, "_write_direct", refuse)
+    monkeypatch.setattr(ck.write, "write_direct", refuse)
     path = ck.save_checkpoint(tmp_path, 1, tree)
     assert calls or not hasattr(os, "O_DIRECT")
     assert_bitwise_equal(ck.restore(path, abstract(tree))[0], tree)

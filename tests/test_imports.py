@@ -299,7 +299,12 @@ def _private_uses(source: str, module: str | None, files: dict[str, object], our
 
 def _private_crossings() -> list[str]:
     files = _modules()
-    sources = {f: f.read_text() for d in SCANNED for f in sorted((ROOT / d).rglob("*.py")) if ".venv" not in f.parts}
+    sources = {
+        f: f.read_text()
+        for d in SCANNED
+        for f in sorted((ROOT / d).rglob("*.py"))
+        if not any(part.startswith(".venv") for part in f.parts)
+    }
     ours = set().union(*(_private_defs(ast.parse(sources[f])) for f in files.values()))
     module_of = {f: m for m, f in files.items()}
     return [

@@ -301,7 +301,7 @@ def _chunk_from(data, rel: str, record: dict, where: str) -> np.ndarray:
     return np.frombuffer(data, dtype).reshape(record["chunk"])
 
 
-def _read_whole_chunk(ckpt: Path, rel: str, info: dict, check: bool) -> bytearray:
+def read_whole_chunk(ckpt: Path, rel: str, info: dict, check: bool) -> bytearray:
     """A chunk file's bytes, read once; with ``check``, hashed from memory against ``info``."""
     full = safe_relpath(rel, ckpt)
     buf = bytearray(info["size"])
@@ -497,7 +497,7 @@ def _read(plan: _Plan, ckpt: Location, commit: dict, whole: dict[tuple, str] | N
     if isinstance(ckpt, Path):
         data = None
         jobs = {
-            region: pool.submit(_read_whole_chunk, ckpt, rel, commit["files"][rel], check)
+            region: pool.submit(read_whole_chunk, ckpt, rel, commit["files"][rel], check)
             for region, rel in (whole or {}).items()
             if rel in commit["files"]
         }

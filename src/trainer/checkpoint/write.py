@@ -232,8 +232,8 @@ def write_leaf(array_dir: Path, record: dict, shards: list[tuple[tuple[int, ...]
 # as it lies in memory, hashed on the way, with O_DIRECT where the file system takes it. Through
 # the page cache (tensorstore's file driver) a save cost this VM 1-3 s of CPU per GiB, most of it
 # first-touching page-cache memory, then as much again to read every file back for its hash.
-_ALIGN = 4096  # O_DIRECT: buffer address, file offset and length multiples of the logical block
-_PIECE = 4 << 20  # bytes per write, through one page-aligned staging buffer per call
+DIRECT_ALIGN = 4096  # O_DIRECT: buffer address, file offset and length multiples of the logical block
+DIRECT_PIECE = 4 << 20  # bytes per write, through one page-aligned staging buffer per call
 
 
 def raw_chunk_ok(record: dict, data: np.ndarray) -> bool:
@@ -259,7 +259,7 @@ def write_raw_chunk(path: Path, data: np.ndarray) -> tuple[str, int]:
     try:
         if direct:
             try:
-                _write_direct(fd, src, digest)
+                write_direct(fd, src, digest)
             except OSError as e:
                 if e.errno != errno.EINVAL:
                     raise
@@ -279,9 +279,9 @@ def write_raw_chunk(path: Path, data: np.ndarray) -> tuple[str, int]:
     return digest.hexdigest(), len(src)
 
 
-def _write_direct(fd: int, src: memoryview, digest) -> None:
+def write_direct(fd: int, src: memoryview, digest) -> None:
     n = len(src)
-    stage = mmap.mmap(-1, min(_PIECE, -(-n // _ALIGN) * _ALIGN))  # anonymous: page-aligned
+    stage = mmap.mmap(-1, min(DIRECT_PIECE, -(-n // DIRECT_ALIGN) * DIRECT_ALIGN))  # anonymous: page-aligned
     try:
         buf = np.frombuffer(stage, np.uint8)
         for pos in range(0, n, len(stage)):
@@ -289,13 +289,13 @@ def _write_direct(fd: int, src: memoryview, digest) -> None:
             digest.update(piece)
             k = len(piece)
             buf[:k] = np.frombuffer(piece, np.uint8)
-            padded = -(-k // _ALIGN) * _ALIGN
+            padded = -(-k // DIRECT_ALIGN) * DIRECT_ALIGN
             buf[k:padded] = 0
             view, done = memoryview(stage)[:padded], 0
             while done < padded:
                 done += os.write(fd, view[done:])
             view.release()
-        if n % _ALIGN:
+        if n % DIRECT_ALIGN:
             os.ftruncate(fd, n)  # the padding of the last block goes
         del buf
     finally:
