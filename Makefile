@@ -41,7 +41,8 @@ TRAIN_ARGS ?=
 train: $(STAMP)
 	$(VENV)/bin/named-train --config_path config/gpt2_nano.yaml $(TRAIN_ARGS)
 
-# CPU benchmarks (8 fake devices), ~15 minutes on an idle 2-core machine; JSON in bench/results/,
+# CPU benchmarks (8 fake devices); JSON in bench/results/. Not timed as a whole since the recommended
+# setups (about 8 and 7 minutes for GPT-2 and Llama) and Levanter's first step joined the ~15 minutes it took;
 # tables in docs/benchmarks.md. The peer (Haliax + Levanter) runs when bench/.venv-peer can be
 # built from PyPI (first time: several minutes more); otherwise its JSON says why it was skipped.
 bench: $(STAMP)

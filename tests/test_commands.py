@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 NOT_RUN = {
     "make test": "it is this test suite; CI runs it",
-    "make bench": "about ten minutes of timing runs; tests/test_bench_smoke.py runs each script at toy sizes",
+    "make bench": "over half an hour of timing runs; tests/test_bench_smoke.py runs each script at toy sizes",
 }
 _BLOCK = re.compile(r"^```(?:bash|sh|shell)\n(.*?)^```", re.S | re.M)
 
