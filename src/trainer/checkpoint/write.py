@@ -255,7 +255,14 @@ def write_raw_chunk(path: Path, data: np.ndarray) -> tuple[str, int]:
     src = memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
     digest = hashlib.sha256()
     direct = getattr(os, "O_DIRECT", 0)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | direct, 0o644)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | direct, 0o644)
+    except OSError as e:
+        if not direct or e.errno != errno.EINVAL:
+            raise
+        # the file system refuses O_DIRECT at open (e.g. tmpfs before Linux 6.6), perhaps after
+        # creating the file: open it plainly
+        fd, direct = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), 0
     try:
         if direct:
             try:
