@@ -660,16 +660,17 @@ def recommended_layouts(args, cfg: dict, batch: int, seq: int, peer_memory: dict
     table = format_table(within, roof, budget)
     print(table, flush=True)
 
-    def fields(c) -> dict:
-        return {f.name: getattr(c, f.name) for f in dataclasses.fields(c)}
-
     def same(a: dict, b: dict) -> bool:  # the same layout (the measured fields may differ by run)
         keys = ("name", "mesh_shape", "remat", "microbatches", "mode", "loss_block_size")
         return all(a.get(k) == b.get(k) for k in keys)
 
-    chosen = {"named": fields(fastest)}
-    if not within[0].error and within[0].peak_bytes <= budget and not same(fields(within[0]), chosen["named"]):
-        chosen["named_at_peer_memory"] = fields(within[0])
+    chosen = {"named": dataclasses.asdict(fastest)}
+    if (
+        not within[0].error
+        and within[0].peak_bytes <= budget
+        and not same(dataclasses.asdict(within[0]), chosen["named"])
+    ):
+        chosen["named_at_peer_memory"] = dataclasses.asdict(within[0])
     return {
         "device_kind": args.device_kind,
         "search_s": seconds,

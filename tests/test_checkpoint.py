@@ -342,7 +342,7 @@ def test_chunks_are_written_directly_hashed_from_memory_and_never_read_back(tmp_
     only the small metadata files, and the restore (which checks every hash) gets every value."""
     mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
     tree = _odd_tree(mesh)
-    monkeypatch.setattr(ck.write, "DIRECT_PIECE", 8192)
+    monkeypatch.setattr(ck.chunks, "DIRECT_PIECE", 8192)
     hashed, flags = [], {}
     real_hash, real_open = ck.write.hash_file, os.open
 
@@ -355,7 +355,7 @@ def test_chunks_are_written_directly_hashed_from_memory_and_never_read_back(tmp_
         return real_open(path, f, *a)
 
     monkeypatch.setattr(ck.write, "hash_file", hash_file)
-    monkeypatch.setattr(ck.write.os, "open", os_open)
+    monkeypatch.setattr(ck.chunks.os, "open", os_open)
     path = ck.save_checkpoint(tmp_path, 1, tree)
     monkeypatch.undo()
     assert set(hashed) == {"zarr.json"}, hashed
@@ -409,9 +409,9 @@ def test_a_file_system_without_o_direct_gets_the_same_checkpoint(tmp_path, monke
         return real_open(path, flags, *a)
 
     if refused_at == "write":
-        monkeypatch.setattr(ck.write, "write_direct", refuse_write)
+        monkeypatch.setattr(ck.chunks, "write_direct", refuse_write)
     else:
-        monkeypatch.setattr(ck.write.os, "open", refuse_open)
+        monkeypatch.setattr(ck.chunks.os, "open", refuse_open)
     path = ck.save_checkpoint(tmp_path, 1, tree)
     monkeypatch.undo()
     assert len(refusals) == 3 * 8 + 1

@@ -21,6 +21,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -35,6 +36,7 @@ from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from named import NamedArray, is_named_array
 
+from .chunks import chunk_from, raw_layout, read_whole_chunk
 from .store import (
     COMMIT_FILE,
     FORMAT,
@@ -45,6 +47,7 @@ from .store import (
     Location,
     ObjectPath,
     checkpoint_dir,
+    chunk_key,
     hash_file,
     kvstore_spec,
     list_objects,
@@ -250,40 +253,14 @@ class _Plan:
         """The regions that are one whole chunk each in an array whose ``zarr.json`` (``meta``)
         stores a chunk as its values' bytes, with the file (relative to the checkpoint) of each."""
         rec = self.record
-        if not _raw_layout(meta, rec):
+        if not raw_layout(meta, rec):
             return {}
         chunk = rec["chunk"]
         return {
-            region: f"{rec['dir']}/c" + "".join(f"/{start // c}" for (start, _), c in zip(region, chunk))
+            region: f"{rec['dir']}/{chunk_key((start for start, _ in region), chunk)}"
             for region in self.regions
             if all(start % c == 0 and stop - start == c for (start, stop), c in zip(region, chunk))
         }
-
-
-def _raw_layout(meta: dict | None, record: dict) -> bool:
-    """Whether ``meta`` (an array's zarr.json) describes the array ``record`` with each whole chunk
-    stored as its values' bytes in C order, little-endian, under the default chunk keys (what
-    ``store.zarr_spec`` asks tensorstore for, and tensorstore's default before it did)."""
-    if not isinstance(meta, dict) or meta.get("zarr_format") != 3:
-        return False
-    keys = meta.get("chunk_key_encoding") or {}
-    grid = (meta.get("chunk_grid") or {}).get("configuration") or {}
-    try:
-        itemsize = jax.numpy.dtype(record["store_dtype"]).itemsize
-    except TypeError:
-        return False
-    codecs = meta.get("codecs")
-    return (
-        (
-            codecs == [{"name": "bytes", "configuration": {"endian": "little"}}]
-            or (codecs == [{"name": "bytes"}] and itemsize == 1)
-        )
-        and keys.get("name") == "default"
-        and (keys.get("configuration") or {}).get("separator", "/") == "/"
-        and meta.get("data_type") == record["store_dtype"]
-        and meta.get("shape") == record["store_shape"]
-        and grid.get("chunk_shape") == record["chunk"]
-    )
 
 
 def _meta_of(raw: bytes | None) -> dict | None:
@@ -293,30 +270,6 @@ def _meta_of(raw: bytes | None) -> dict | None:
         return None  # tensorstore's own open then says what is wrong with it
 
 
-def _chunk_from(data, rel: str, record: dict, where: str) -> np.ndarray:
-    """A whole chunk's values from its file's bytes."""
-    dtype = jax.numpy.dtype(record["store_dtype"])
-    if len(data) != int(np.prod(record["chunk"])) * dtype.itemsize:
-        raise CheckpointError(f"{where}: {rel} has {len(data)} bytes, not one whole chunk {record['chunk']} of {dtype}")
-    return np.frombuffer(data, dtype).reshape(record["chunk"])
-
-
-def read_whole_chunk(ckpt: Path, rel: str, info: dict, check: bool) -> bytearray:
-    """A chunk file's bytes, read once; with ``check``, hashed from memory against ``info``."""
-    full = safe_relpath(rel, ckpt)
-    buf = bytearray(info["size"])
-    with open(full, "rb", buffering=0) as f:
-        view, got = memoryview(buf), 0
-        while got < len(buf):
-            n = f.readinto(view[got:])
-            if not n:
-                raise CheckpointError(f"checkpoint {ckpt}: file {full} ended after {got} bytes (truncated?)")
-            got += n
-    if check and hashlib.sha256(buf).hexdigest() != info["sha256"]:
-        raise CheckpointError(f"checkpoint {ckpt}: checksum mismatch in file {full} (corrupted)")
-    return buf
-
-
 def _region(index: tuple, shape: list[int]) -> tuple[tuple[int, int], ...]:
     return tuple(tuple(s.indices(n)[:2]) for s, n in zip(index, shape))
 
@@ -324,11 +277,9 @@ def _region(index: tuple, shape: list[int]) -> tuple[tuple[int, int], ...]:
 def _chunk_files(record: dict, region: tuple[tuple[int, int], ...]) -> set[str]:
     if any(stop <= start for start, stop in region):
         return set()
-    ranges = [range(start // c, (stop - 1) // c + 1) for (start, stop), c in zip(region, record["chunk"])]
-    keys = {"c"}
-    for r in ranges:
-        keys = {f"{k}/{i}" for k in keys for i in r}
-    return {f"{record['dir']}/{k}" for k in keys}
+    chunk = record["chunk"]
+    starts = itertools.product(*(range(start - start % c, stop, c) for (start, stop), c in zip(region, chunk)))
+    return {f"{record['dir']}/{chunk_key(first, chunk)}" for first in starts}
 
 
 def _match(record: dict, path: str, target: Any, ckpt: Location) -> _Plan | Any:
@@ -501,11 +452,11 @@ def _read(plan: _Plan, ckpt: Location, commit: dict, whole: dict[tuple, str] | N
             for region, rel in (whole or {}).items()
             if rel in commit["files"]
         }
-        host = {region: _chunk_from(job.result(), whole[region], rec, where) for region, job in jobs.items()}
+        host = {region: chunk_from(job.result(), whole[region], rec, where) for region, job in jobs.items()}
     else:
         data = fetch_verified(ckpt, commit, sorted(plan.files()))
         chunks = plan.whole_chunks(_meta_of(data.get(f"{rec['dir']}/zarr.json")))
-        host = {region: _chunk_from(data[rel], rel, rec, where) for region, rel in chunks.items() if rel in data}
+        host = {region: chunk_from(data[rel], rel, rec, where) for region, rel in chunks.items() if rel in data}
     rest = [region for region in plan.regions if region not in host]
     if rest:
         try:

@@ -226,6 +226,18 @@ def check_access(loc: ObjectPath, write: bool) -> None:
         delete_objects(loc, [probe])
 
 
+# Stated in every array's zarr.json rather than left to tensorstore's defaults: a whole chunk's
+# file is then its values' bytes in C order, little-endian (chunks.write_raw_chunk writes such
+# files, chunks.read_whole_chunk reads them), under the key chunk_key gives.
+RAW_CODECS = [{"name": "bytes", "configuration": {"endian": "little"}}]
+
+
+def chunk_key(start: Iterable[int], chunk: Iterable[int]) -> str:
+    """The key, relative to its array, of the chunk that begins at ``start`` (zarr v3's default
+    chunk key encoding: ``c/i/j/...``, the chunk's index along each axis)."""
+    return "/".join(["c", *(str(s // c) for s, c in zip(start, chunk))])
+
+
 def zarr_spec(kvstore: dict, record: dict | None = None) -> dict:
     """The zarr v3 spec of one saved array over ``kvstore``; with ``record``, the metadata to create it."""
     spec: dict = {"driver": "zarr3", "kvstore": kvstore}
@@ -234,10 +246,8 @@ def zarr_spec(kvstore: dict, record: dict | None = None) -> dict:
             "shape": record["store_shape"],
             "data_type": record["store_dtype"],
             "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": record["chunk"]}},
-            # Stated rather than left to tensorstore's defaults: a whole chunk's file is then its
-            # values' bytes in C order, little-endian, which write.write_raw_chunk relies on.
             "chunk_key_encoding": {"name": "default"},
-            "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
+            "codecs": RAW_CODECS,
         }
         # Without this, chunks equal to the fill value (all-zero moments) are not written,
         # and "every listed file exists" could not be the integrity rule.

@@ -30,10 +30,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import errno
 import hashlib
 import json
-import mmap
 import os
 import re
 import shutil
@@ -50,6 +48,7 @@ import tensorstore as ts
 from named import NamedArray, is_named_array
 from named.internal import distributed_client, is_tracer
 
+from .chunks import raw_chunk_ok, write_raw_chunk
 from .read import latest_checkpoint
 from .retention import apply_retention, fsync_dir
 from .store import (
@@ -60,6 +59,7 @@ from .store import (
     Location,
     ObjectPath,
     checkpoint_dir,
+    chunk_key,
     delete_objects,
     hash_file,
     kvstore_spec,
@@ -196,10 +196,6 @@ def _array_dir(index: int, path: str) -> str:
     return f"arrays/{index:05d}" + (f".{readable}" if readable else "")
 
 
-def _chunk_key(start: tuple[int, ...], chunk: list[int]) -> str:
-    return "/".join(["c", *(str(s // c) for s, c in zip(start, chunk))])
-
-
 # ---- writing one array ----------------------------------------------------------------
 
 
@@ -217,7 +213,7 @@ def _write_shards(spec: dict, record: dict, shards, create: bool, context: ts.Co
     futures = [arr[tuple(slice(s, s + n) for s, n in zip(start, data.shape))].write(data) for start, data in shards]
     for f in futures:
         f.result()
-    return (["zarr.json"] if create else []) + [_chunk_key(start, record["chunk"]) for start, _ in shards]
+    return (["zarr.json"] if create else []) + [chunk_key(start, record["chunk"]) for start, _ in shards]
 
 
 def write_leaf(array_dir: Path, record: dict, shards: list[tuple[tuple[int, ...], np.ndarray]], create: bool) -> list:
@@ -225,88 +221,6 @@ def write_leaf(array_dir: Path, record: dict, shards: list[tuple[tuple[int, ...]
     if not create and not shards:
         return []
     return _write_shards(zarr_spec(kvstore_spec(array_dir), record), record, shards, create)
-
-
-# A chunk file written directly: zarr's ``bytes`` codec stores a whole chunk as its values in C
-# order, little-endian (zarr_spec states that codec), so a shard that fills its chunk is written
-# as it lies in memory, hashed on the way, with O_DIRECT where the file system takes it. Through
-# the page cache (tensorstore's file driver) a save cost this VM 1-3 s of CPU per GiB, most of it
-# first-touching page-cache memory, then as much again to read every file back for its hash.
-DIRECT_ALIGN = 4096  # O_DIRECT: buffer address, file offset and length multiples of the logical block
-DIRECT_PIECE = 4 << 20  # bytes per write, through one page-aligned staging buffer per call
-
-
-def raw_chunk_ok(record: dict, data: np.ndarray) -> bool:
-    """Whether ``data`` is a whole chunk of ``record``'s array, in a dtype whose bytes are its
-    values (what ``write_raw_chunk`` writes)."""
-    dt = np.dtype(data.dtype)
-    return (
-        list(data.shape) == record["chunk"]
-        and dt.name == record["store_dtype"]
-        and dt.byteorder in ("=", "<", "|")
-        and dt.kind in "biufcV"
-        and data.size > 0
-    )
-
-
-def write_raw_chunk(path: Path, data: np.ndarray) -> tuple[str, int]:
-    """Write one whole chunk as its C-order bytes to the new file ``path``, fsync it, and return
-    its (sha256, size), hashed from memory as it is written (nothing is read back)."""
-    src = memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
-    digest = hashlib.sha256()
-    direct = getattr(os, "O_DIRECT", 0)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | direct, 0o644)
-    except OSError as e:
-        if not direct or e.errno != errno.EINVAL:
-            raise
-        # the file system refuses O_DIRECT at open (e.g. tmpfs before Linux 6.6), perhaps after
-        # creating the file: open it plainly
-        fd, direct = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), 0
-    try:
-        if direct:
-            try:
-                write_direct(fd, src, digest)
-            except OSError as e:
-                if e.errno != errno.EINVAL:
-                    raise
-                # the file system does not take O_DIRECT (tmpfs, some network mounts): start over
-                os.close(fd)
-                fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
-                digest = hashlib.sha256()
-                direct = 0
-        if not direct:
-            digest.update(src)
-            view = src
-            while view:
-                view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return digest.hexdigest(), len(src)
-
-
-def write_direct(fd: int, src: memoryview, digest) -> None:
-    n = len(src)
-    stage = mmap.mmap(-1, min(DIRECT_PIECE, -(-n // DIRECT_ALIGN) * DIRECT_ALIGN))  # anonymous: page-aligned
-    try:
-        buf = np.frombuffer(stage, np.uint8)
-        for pos in range(0, n, len(stage)):
-            piece = src[pos : pos + len(stage)]
-            digest.update(piece)
-            k = len(piece)
-            buf[:k] = np.frombuffer(piece, np.uint8)
-            padded = -(-k // DIRECT_ALIGN) * DIRECT_ALIGN
-            buf[k:padded] = 0
-            view, done = memoryview(stage)[:padded], 0
-            while done < padded:
-                done += os.write(fd, view[done:])
-            view.release()
-        if n % DIRECT_ALIGN:
-            os.ftruncate(fd, n)  # the padding of the last block goes
-        del buf
-    finally:
-        stage.close()
 
 
 def _encode_leaf(record: dict, shards, create: bool) -> dict[str, bytes]:
@@ -379,24 +293,22 @@ def _write_checkpoint(ckdir: Path, s: _Save) -> Path:
     tmp.mkdir(parents=True, exist_ok=True)
     try:
         arrays = [leaf for leaf in s.leaves if leaf.record["kind"] == "array"]
-        raw = [
-            (f"{leaf.record['dir']}/{_chunk_key(start, leaf.record['chunk'])}", data)
-            for leaf in arrays
-            for start, data in leaf.shards
-            if raw_chunk_ok(leaf.record, data)
-        ]
-        raw_rels = {rel for rel, _ in raw}
+        raw: list[tuple[str, np.ndarray]] = []  # (file, shard): whole chunks, written as their bytes
+        rest: list[list] = []  # per array, the shards tensorstore writes
+        for leaf in arrays:
+            rec, mine = leaf.record, []
+            for start, data in leaf.shards:
+                if raw_chunk_ok(rec, data):
+                    raw.append((f"{rec['dir']}/{chunk_key(start, rec['chunk'])}", data))
+                else:
+                    mine.append((start, data))
+            rest.append(mine)
         with concurrent.futures.ThreadPoolExecutor(IO_THREADS) as pool:
 
-            def write(leaf: _Leaf) -> list[str]:
+            def write(leaf: _Leaf, shards: list) -> list[str]:
                 # zarr.json (process 0) and the shards a raw write cannot take, through tensorstore
                 rel = leaf.record["dir"]
-                rest = [
-                    (start, d)
-                    for start, d in leaf.shards
-                    if f"{rel}/{_chunk_key(start, leaf.record['chunk'])}" not in raw_rels
-                ]
-                return [f"{rel}/{f}" for f in write_leaf(tmp / rel, leaf.record, rest, primary)]
+                return [f"{rel}/{f}" for f in write_leaf(tmp / rel, leaf.record, shards, primary)]
 
             def write_raw(job) -> tuple[str, int]:
                 rel, data = job
@@ -404,7 +316,7 @@ def _write_checkpoint(ckdir: Path, s: _Save) -> Path:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 return write_raw_chunk(path, data)
 
-            written = pool.map(write, arrays)
+            written = pool.map(write, arrays, rest)
             raw_digests = pool.map(write_raw, raw)
             rels = [rel for files in written for rel in files]
             digests = pool.map(lambda rel: hash_file(safe_relpath(rel, tmp), fsync=True), rels)
