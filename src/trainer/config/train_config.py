@@ -170,6 +170,13 @@ class MeshConfig:
         free=True,
         doc="explicit mode: each layer runs on this many equal parts of each device's microbatch",
     )
+    layout: str = key(
+        "config",
+        one_of("config", "auto"),
+        free=True,
+        doc="`config`: the keys above as given; `auto`: named-train takes the layout `named-plan --search` ranks "
+        "first for the machine it starts on (the run's config.yaml records it; a resume keeps it)",
+    )
 
 
 @dataclass
