@@ -489,7 +489,7 @@ def resolve_layout(cfg: TrainConfig, *, progress: Progress | None = None) -> tup
     recorded = Path(cfg.trainer.run_dir) / "config.yaml"
     if recorded.is_file():
         lay = Layout.of(load_config(recorded))
-        return lay.apply(settled), f"mesh.layout auto: the layout of the run in {cfg.trainer.run_dir} ({recorded})"
+        return lay.apply(settled), f"mesh.layout auto: the layout recorded in {recorded} (a resume keeps its layout)"
     target = Target.of(None, None, calibrate=True)
     roof = roofline(settled, target)
     budget = target.memory if target.memory is not None else math.inf
