@@ -6,12 +6,19 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+TRAIN_STAMP := $(VENV)/.installed-train
 
 .PHONY: install browser lint test train bench bench-gpu clean
 
-$(STAMP): pyproject.toml
+# Two stamps: `make train` installs only what training needs (the train extra); `make test` adds the
+# test and notebook extras on top (torch, transformers, lm-eval, Ray, moto, Jupyter: gigabytes).
+$(TRAIN_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[train]'
+	touch $(TRAIN_STAMP)
+
+$(STAMP): $(TRAIN_STAMP)
 	$(PY) -m pip install --quiet -e '.[train,test,notebook]'
 	touch $(STAMP)
 
@@ -38,7 +45,7 @@ test: lint
 
 # TRAIN_ARGS: overrides for the run, e.g. TRAIN_ARGS="--trainer.num_train_steps 30"
 TRAIN_ARGS ?=
-train: $(STAMP)
+train: $(TRAIN_STAMP)
 	$(VENV)/bin/named-train --config_path config/gpt2_nano.yaml $(TRAIN_ARGS)
 
 # CPU benchmarks (8 fake devices); JSON in bench/results/. Not timed as a whole since the recommended

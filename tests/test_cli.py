@@ -13,21 +13,21 @@ import jax
 import pytest
 
 from named.trainer.commands import cli
-from named.trainer.config import load_config
+from named.trainer.config import load_config, read
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_shipped_configs_are_the_repository_configs():
-    assert cli.shipped_configs() == sorted(p.stem for p in (ROOT / "config").glob("*.yaml"))
-    assert Path(cli.resolve_config("gpt2_nano")).read_text() == (ROOT / "config/gpt2_nano.yaml").read_text()
-    assert cli.resolve_config("gpt2_nano.yaml") == cli.resolve_config("gpt2_nano")
+    assert read.shipped_configs() == sorted(p.stem for p in (ROOT / "config").glob("*.yaml"))
+    assert Path(read.resolve_config("gpt2_nano")).read_text() == (ROOT / "config/gpt2_nano.yaml").read_text()
+    assert read.resolve_config("gpt2_nano.yaml") == read.resolve_config("gpt2_nano")
 
 
 def test_a_path_wins_over_a_shipped_name(tmp_path, monkeypatch):
     (tmp_path / "gpt2_nano").write_text("trainer: {num_train_steps: 3}\n")
     monkeypatch.chdir(tmp_path)
-    assert cli.resolve_config("gpt2_nano") == "gpt2_nano"
+    assert read.resolve_config("gpt2_nano") == "gpt2_nano"
 
 
 def test_unknown_config_names_the_choices(capsys):
@@ -86,7 +86,7 @@ def test_named_data_build_writes_the_cache_training_reads(tmp_path, capsys):
     from named.trainer.data import build_data
 
     before = built.stat().st_mtime_ns
-    cfg = load_config(cli.resolve_config("gpt2_nano"), flags[2:])
+    cfg = load_config(read.resolve_config("gpt2_nano"), flags[2:])
     build_data(cfg.data)  # what named-train does first: the file is there, so it is only mapped
     assert list(cache.iterdir()) == [built] and built.stat().st_mtime_ns == before
 

@@ -11,6 +11,7 @@ import pytest
 from tokenizers import Tokenizer as HFTok
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
+from named.trainer.config import ConfigError
 from named.trainer.data import (
     PAD_SEGMENT,
     ByteTokenizer,
@@ -525,9 +526,9 @@ def test_bad_data_raises_data_error_naming_the_culprit(tmp_path, case):
     ],
 )
 def test_bad_config_raises_before_any_work(tmp_path, kw, culprit):
-    with pytest.raises(DataError, match=culprit):
+    with pytest.raises(ConfigError, match=culprit):
         cfg(tmp_path, ["stdlib"], **kw)
-    with pytest.raises(DataError, match="seq_len"):
+    with pytest.raises(ConfigError, match="data.seq_len must be >= 2, got 1"):
         Sequences(TokenStream([np.zeros(8, np.uint16)], EOS), 1)
 
 
