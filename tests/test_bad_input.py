@@ -627,6 +627,7 @@ CLI_SUBPROCESS = {
 
 
 @pytest.mark.parametrize("name", list(CLI_SUBPROCESS))
+@pytest.mark.procs
 def test_cli_exit_code_and_nothing_written(files, tmp_path, name):
     over, needle = CLI_SUBPROCESS[name]
     run_dir = tmp_path / "run"

@@ -512,6 +512,7 @@ def test_distributed_settings(no_cluster, name):
     _fails(ConfigError, match, dist.checked_settings, cfg.distributed)
 
 
+@pytest.mark.procs
 def test_distributed_settings_that_are_fine(no_cluster):
     # the control: a full set from the config, and one from named-launch's variables
     cfg = load_config(

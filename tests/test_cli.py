@@ -135,6 +135,7 @@ def test_a_compilation_cache_gets_the_flag_its_programs_run_under(monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.procs
 def test_a_second_launch_runs_from_a_warm_compilation_cache(tmp_path):
     """Programs XLA:CPU's concurrency-optimized scheduler made deadlock when loaded back from the
     persistent cache (named._compat.CACHE_SAFE_CPU_FLAG): with gpt2_nano on 8 devices every
@@ -150,11 +151,19 @@ def test_a_second_launch_runs_from_a_warm_compilation_cache(tmp_path):
     args = ["--config", "gpt2_nano", "--trainer.num_train_steps", "3", "--trainer.log_interval", "1"]
     args += ["--trainer.eval_interval", "0", "--trainer.sample_interval", "0", "--trainer.progress_bar", "false"]
     args += ["--checkpoint.interval", "0"]
-    main = "import sys; from named.trainer.commands.cli import main_train; sys.exit(main_train())"
+    # the run prints the XLA flags its programs compiled under: a deadlock shows in some launches only,
+    # the missing flag in every one (named-train must add CACHE_SAFE_CPU_FLAG before JAX starts)
+    main = (
+        "import os, sys; from named.trainer.commands.cli import main_train; code = main_train(); "
+        "print('XLA_FLAGS=' + os.environ['XLA_FLAGS']); sys.exit(code)"
+    )
+    from named._compat import CACHE_SAFE_CPU_FLAG
+
     for launch in ("cold", "warm"):
         run = [*args, "--trainer.run_dir", str(tmp_path / launch)]
         p = subprocess.run([sys.executable, "-c", main, *run], env=env, capture_output=True, text=True, timeout=120)
         assert p.returncode == 0, f"{launch} launch: exit {p.returncode}\n{p.stderr[-2000:]}"
         assert p.stdout.count("loss=") == 3, p.stdout
+        assert CACHE_SAFE_CPU_FLAG in p.stdout.split("XLA_FLAGS=")[-1].split(), p.stdout
         if launch == "cold":
             assert any(f.name.startswith("jit_step") for f in (tmp_path / "jax-cache").iterdir())

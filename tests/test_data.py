@@ -544,6 +544,7 @@ def test_batch_and_process_errors():
         token_stream([], BYTE, DataConfig())
 
 
+@pytest.mark.procs
 def test_data_imports_no_models_and_no_training_stack():
     # named.trainer.data sits under the named namespace, so jax is already imported with
     # `named`; what the data layer must not pull in is model code or the training stack.
@@ -572,6 +573,7 @@ np.savez(out, asked=np.stack(asked), **{f"{k}{s}": b[k] for s, b in enumerate(go
 """
 
 
+@pytest.mark.procs
 def test_two_hosts_each_read_their_own_share_of_a_shared_cache(tmp_path):
     """Two processes (hosts) open one cache folder, built beforehand (named-data build): neither
     tokenises nor writes anything, and each reads only its block of rows of every global batch."""
