@@ -24,6 +24,9 @@ from named.trainer.commands.export import export  # noqa: E402
 from named.trainer.config import ConfigError, load_config  # noqa: E402
 from named.trainer.data import load_tokenizer  # noqa: E402
 
+pytestmark = [pytest.mark.lmeval]
+
+
 TASKS = Path(__file__).resolve().parents[1] / "examples" / "eval_tasks"
 
 

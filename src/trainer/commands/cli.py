@@ -33,38 +33,17 @@ class _ArgumentParser(argparse.ArgumentParser):
         raise ConfigError(message)
 
 
-# The config names --config takes live with the config reader (config/read.py); imported on use,
-# since the reader needs the training extras and this module must load without them.
-def shipped_configs() -> list[str]:
-    from ..config.read import shipped_configs
-
-    return shipped_configs()
-
-
-def resolve_config(name: str) -> str:
-    from ..config.read import resolve_config
-
-    return resolve_config(name)
-
-
 def _config_flags(p: argparse.ArgumentParser) -> None:
+    from ..config.read import shipped_configs  # the config reader needs the training extras: imported on use
+
     p.add_argument("--config_path", metavar="FILE", help="a YAML config file")
     p.add_argument("--config", metavar="NAME", help=f"a YAML file or a shipped config: {', '.join(shipped_configs())}")
 
 
 def _config_of(a: argparse.Namespace) -> str | None:
-    from ..config import ConfigError
+    from ..config.read import config_file
 
-    if a.config_path is not None and a.config is not None:
-        raise ConfigError("give --config_path FILE or --config NAME, not both")
-    return resolve_config(a.config) if a.config is not None else a.config_path
-
-
-def _split_config_path(argv: list[str]) -> tuple[str | None, list[str]]:
-    parser = _ArgumentParser(add_help=False, allow_abbrev=False)
-    _config_flags(parser)
-    known, rest = parser.parse_known_args(argv)
-    return _config_of(known), rest
+    return config_file(a.config_path, a.config)
 
 
 def _missing_extras(prog: str) -> int | None:
@@ -109,7 +88,7 @@ def main_train(argv: list[str] | None = None) -> int:
     from ..config import ConfigError, load_config
 
     try:
-        cfg = load_config(*_split_config_path(argv))
+        cfg = load_config(None, argv)
     except NamedError as e:
         return report_failure(e)
     except SystemExit as e:  # --help: every key, from the config's declarations
