@@ -79,6 +79,7 @@ def test_activation_estimate_follows_the_formula():
     assert got_full == pytest.approx((2 * s * b * h * L + expected / L / 2) * 2 / 2**20, abs=0.01)
 
 
+@pytest.mark.procs
 def test_plan_for_a_device_count_this_process_does_not_have(capsys):
     # this process runs 8 devices; --devices 2 re-plans in a fresh process with 2 stand-ins
     code = cli.main_plan(["--config", "gpt2_nano", "--devices", "2", "--device-kind", "H100", *SMALL])
@@ -433,6 +434,7 @@ print(json.dumps(out))
 
 
 @pytest.mark.slow
+@pytest.mark.procs
 def test_a_7b_llama_on_64_h100s_from_shapes_alone():
     """Issue 41's case, planned from shapes (nothing of a 7B compiled) in a process with 64 CPU
     devices standing in: the search, the explorer and the report give one figure per layout, the

@@ -142,7 +142,7 @@ def cache_dir() -> Path:
 
 def _machine_key(devices) -> str:
     """What a calibration holds for: the machine, the JAX version, the device count and kind."""
-    cpu = platform.processor() or platform.machine()
+    cpu = platform.machine()  # (platform.processor() would start `uname -p`)
     try:
         with open("/proc/cpuinfo") as f:
             cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
