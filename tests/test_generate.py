@@ -193,9 +193,9 @@ def test_decoding_is_one_program_whatever_the_number_of_tokens(monkeypatch):
     traced = []
     decode = type(model).decode
 
-    def counting_decode(self, input_ids, cache, pos):
+    def counting_decode(self, input_ids, cache, pos, **kw):
         traced.append(input_ids.axis_size("position"))
-        return decode(self, input_ids, cache, pos)
+        return decode(self, input_ids, cache, pos, **kw)
 
     monkeypatch.setattr(type(model), "decode", counting_decode)
     first, second = (_named(random_ids(53, (2, 5), seed=s)) for s in (1, 2))
