@@ -174,6 +174,11 @@ def test_generate_checks_its_arguments():
         models.generate(model, prompt, 6, temperature=0)
     with pytest.raises(ValueError, match="top_p"):
         models.generate(model, prompt, 2, top_p=0.0, key=jax.random.key(0))
+    with pytest.raises(ValueError, match="prompt_lengths has 2 entries for batch=1"):
+        models.generate(model, prompt, 2, temperature=0, prompt_lengths=[3, 2])
+    for bad in (0, 4):
+        with pytest.raises(ValueError, match=rf"prompt_lengths: {bad} is not in \[1, 3\]"):
+            models.generate(model, prompt, 2, temperature=0, prompt_lengths=[bad])
 
 
 def test_decoding_is_one_program_whatever_the_number_of_tokens(monkeypatch):

@@ -20,6 +20,7 @@ import numpy as np
 
 import named as nm
 from named import Axis, NamedArray, nn
+from named.internal import is_tracer
 
 from ._common import split_key
 
@@ -102,7 +103,7 @@ def _lengths(prompt_lengths, Batch: Axis, P: int) -> NamedArray | None:
         if values.shape != (Batch.size,):
             raise nm.ArgumentError(f"prompt_lengths has {values.size} entries for batch={Batch.size}")
         lengths = nm.named(jnp.asarray(values, jnp.int32), (Batch,))
-    if not isinstance(lengths.array, jax.core.Tracer):
+    if not is_tracer(lengths.array):
         bad = [int(n) for n in np.asarray(lengths.array) if not 1 <= n <= P]
         if bad:
             raise nm.ArgumentError(f"prompt_lengths: {bad[0]} is not in [1, {P}] (the prompt's positions)")
