@@ -320,7 +320,7 @@ def test_save_checkpoint_writes_the_arrays_without_a_host_copy(tmp_path):
     assert_bitwise_equal(restored, tree)
 
 
-def test_checkpointer_copies_into_the_buffers_of_its_previous_save(tmp_path):
+def test_checkpointer_copies_into_the_buffers_of_its_previous_save(tmp_path, monkeypatch):
     """The second save of the same layout copies into the host buffers of the first (no fresh
     allocation, whose page faults cost more than the copy); both checkpoints keep their values."""
     mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
@@ -330,14 +330,43 @@ def test_checkpointer_copies_into_the_buffers_of_its_previous_save(tmp_path):
     ckpt = Checkpointer(tmp_path, keep_last=None)
     ckpt.save(1, first)
     ckpt.wait()
+    fresh, real = [], ck.write.aligned_empty
+    monkeypatch.setattr(ck.write, "aligned_empty", lambda n: fresh.append(n) or real(n))
     peak = _host_peak(lambda: ckpt.save(2, second))
     assert peak < nbytes / 4, f"the second save allocated {peak} host bytes for a {nbytes}-byte tree"
+    assert not fresh, f"the second save took {sum(fresh)} bytes of fresh host buffers"
     for x in second.values():  # donated right after save() returns, as the train step does
         x.delete()
     ckpt.wait()
     for step, want in zip((1, 2), expected):
         restored, _ = ck.restore(tmp_path / "checkpoints" / f"step_{step}", abstract(first))
         np.testing.assert_array_equal(np.asarray(restored["w0"]), want)
+
+
+def test_a_checkpointers_host_copies_go_to_the_disk_as_they_lie(tmp_path, monkeypatch):
+    """A Checkpointer's host copies are page-aligned, so each chunk is written from them with
+    O_DIRECT (where the OS has it), with no staging copy: every byte written comes from them."""
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
+    tree = _wide_tree(mesh, 0)  # 32 chunks of 256 KiB: whole disk blocks
+    copies, writes, real_empty, real_write = [], [], ck.write.aligned_empty, os.write
+
+    def empty(n):
+        out = real_empty(n)
+        copies.append((out.ctypes.data, out.ctypes.data + n))
+        return out
+
+    def write(fd, data):
+        writes.append((np.frombuffer(data, np.uint8).ctypes.data, len(data)))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(ck.write, "aligned_empty", empty)
+    monkeypatch.setattr(ck.chunks.os, "write", write)
+    with Checkpointer(tmp_path) as ckpt:
+        ckpt.save(1, tree)
+    monkeypatch.undo()
+    assert len(copies) == 32 and sum(n for _, n in writes) == sum(x.nbytes for x in tree.values())
+    assert all(any(lo <= a and a + n <= hi for lo, hi in copies) for a, n in writes)
+    assert_bitwise_equal(ck.restore(tmp_path, abstract(tree))[0], tree)
 
 
 @pytest.mark.parametrize("stage", ["write", "read", "read_step"])

@@ -51,7 +51,7 @@ from named.internal import distributed_client, is_tracer
 from ..config import CHECKSUMS
 from . import checksum
 from .checksum import hash_file
-from .chunks import raw_chunk_ok, write_raw_chunk
+from .chunks import aligned_empty, raw_chunk_ok, write_raw_chunk
 from .read import latest_checkpoint
 from .retention import apply_retention, fsync_dir
 from .store import (
@@ -91,7 +91,8 @@ class _HostBuffers:
     ``save`` returns, so a save copies it. Copying into fresh memory is dominated by page faults
     (the OS zeroes and maps every page, on each save, since buffers this large are ``mmap``-ed
     and returned at ``free``); copying into the buffers of the previous save, which the writer is
-    done with by then, costs a ``memcpy``. Where ``np.asarray`` already transfers to new host
+    done with by then, costs a ``memcpy``. They are page-aligned (``aligned_empty``), so the writer
+    sends them to the disk as they lie. Where ``np.asarray`` already transfers to new host
     memory (a GPU or TPU), nothing is kept.
     """
 
@@ -104,7 +105,8 @@ class _HostBuffers:
             return host
         buf = self._kept.get(key)
         if buf is None or buf.shape != host.shape or buf.dtype != host.dtype:
-            buf = self._kept[key] = np.empty_like(host)
+            # page-aligned: the writer sends it to the disk with O_DIRECT as it lies, no staging copy
+            buf = self._kept[key] = aligned_empty(host.nbytes)[: host.nbytes].view(host.dtype).reshape(host.shape)
         np.copyto(buf, host)
         return buf
 
