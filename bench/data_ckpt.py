@@ -126,6 +126,26 @@ def drop_page_cache() -> bool:
     return True
 
 
+def fresh_memory(tree) -> tuple[float, float]:
+    """(wall, CPU) seconds to map fresh page-aligned memory for every shard of ``tree``, as many at
+    once as a restore reads (``aligned_empty``, what a restore reads into): the part of a restore's
+    CPU that is this machine's cost of new memory, not the checkpoint's work."""
+    import concurrent.futures
+
+    from named.trainer.checkpoint.chunks import aligned_empty
+    from named.trainer.checkpoint.store import IO_THREADS
+
+    sizes = [
+        sh.data.nbytes for x in jax.tree.leaves(tree, is_leaf=nm.is_named_array) for sh in x.array.addressable_shards
+    ]
+    t0, c0 = time.perf_counter(), time.process_time()
+    with concurrent.futures.ThreadPoolExecutor(IO_THREADS) as pool:
+        buffers = list(pool.map(aligned_empty, sizes))
+    out = time.perf_counter() - t0, time.process_time() - c0
+    del buffers
+    return out
+
+
 def _same(a, b) -> bool:
     return all(
         bool(jnp.array_equal(x.array, y.array))
@@ -153,7 +173,7 @@ def bench_checkpoint(
     local = not isinstance(tmp, str)
     saves, restores, snapshots, commits, cpu = [], [], [], [], {"save": [], "restore": []}
     dd: dict[str, list] = {"write_direct": [], "read_direct": []}
-    loads = []
+    loads, fresh = [], []  # fresh: (wall, CPU) seconds to map fresh memory for the tree's shards
     from_disk: list[bool] = []  # whether each restore read from the disk (page cache dropped first)
     loop_dir = tmp / "loop" if local else f"{tmp}/loop"
     checkpointer = Checkpointer(loop_dir, keep_last=1)
@@ -170,6 +190,8 @@ def bench_checkpoint(
             dd["read_direct"].append(dd_rate(tmp, "read_direct", dd_mib))
             (tmp / "dd.bin").unlink(missing_ok=True)
         from_disk.append(local and cold and drop_page_cache())
+        if local:
+            fresh.append(fresh_memory(tree))
         t0, c0 = time.perf_counter(), time.process_time()
         out, _ = restore(path, target)
         jax.block_until_ready(out)
@@ -192,12 +214,13 @@ def bench_checkpoint(
             if dd_mib and not any(isinstance(x, str) for x in dd["write_direct"] + dd["read_direct"])
             else ""
         )
+        mem_text = f"; fresh memory for it: {fresh[-1][0]:.2f}s, CPU {fresh[-1][1] / gib:.2f} s/GiB" if fresh else ""
         print(
             f"checkpoint {'local' if local else run} {nbytes / 2**20:.0f} MiB (load {loads[-1]}): "
             f"save {saves[-1]:.2f}s ({nbytes / 1e6 / saves[-1]:.0f} MB/s, CPU {cpu['save'][-1] / gib:.2f} s/GiB), "
             f"restore {restores[-1]:.2f}s ({nbytes / 1e6 / restores[-1]:.0f} MB/s, "
             f"CPU {cpu['restore'][-1] / gib:.2f} s/GiB), "
-            f"Checkpointer.save {snapshots[-1]:.2f}s, committed after {commits[-1]:.2f}s{dd_text}",
+            f"Checkpointer.save {snapshots[-1]:.2f}s, committed after {commits[-1]:.2f}s{dd_text}{mem_text}",
             flush=True,
         )
     if local:
@@ -227,6 +250,15 @@ def bench_checkpoint(
         "save_cpu_s_per_GiB": C.summary(cpu["save"])["median_s"] * 2**30 / nbytes,
         "restore_cpu_s_per_GiB": C.summary(cpu["restore"])["median_s"] * 2**30 / nbytes,
         "load_average_1min_per_round": loads,
+        # the floor under a restore's CPU on this machine: memory for the values, mapped fresh
+        **(
+            {
+                "fresh_memory_s": C.summary([w for w, _ in fresh]),
+                "fresh_memory_cpu_s_per_GiB": C.summary([c for _, c in fresh])["median_s"] * 2**30 / nbytes,
+            }
+            if fresh
+            else {}
+        ),
         # the trainer's Checkpointer: rounds after the first copy into its previous save's buffers
         "checkpointer_save_s": C.summary(snapshots),
         "checkpointer_commit_s": C.summary(commits),
