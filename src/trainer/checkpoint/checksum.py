@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import warnings
 from pathlib import Path
 
 import google_crc32c
@@ -30,6 +31,16 @@ class _Crc32c:
 
     def __init__(self) -> None:
         self._crc = 0
+        if google_crc32c.implementation != "c" and not _Crc32c.warned:
+            _Crc32c.warned = True
+            warnings.warn(
+                "google-crc32c has no compiled extension on this platform: checkpoint crc32c runs in pure "
+                "Python, far slower than the disk (install its wheel, or set checkpoint.checksum: sha256)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+
+    warned = False
 
     def update(self, data) -> None:
         if len(data):
