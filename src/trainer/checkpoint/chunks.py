@@ -157,8 +157,8 @@ def aligned_empty(n: int) -> np.ndarray:
     (O_DIRECT reads whole blocks), its pages mapped at once (``MAP_POPULATE``, where Linux has it).
 
     Not ``np.empty``: numpy asks for transparent huge pages on large arrays, and on this VM faulting
-    them in (compaction, and the host backing each fresh page) cost 2.5-3 s of CPU per GiB, where
-    mapping 4 KiB pages in one call costs about 0.4 s (docs/benchmarks.md section 5)."""
+    them in cost 2.5-3 s of CPU per GiB (a restore took 10-14 s), where mapping 4 KiB pages in one
+    call costs about 0.4-0.7 s (docs/benchmarks.md section 5)."""
     room = max(DIRECT_ALIGN, -(-n // DIRECT_ALIGN) * DIRECT_ALIGN)
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
     return np.frombuffer(mmap.mmap(-1, room, flags=flags), np.uint8)  # the array keeps the mapping alive
@@ -212,10 +212,12 @@ def read_whole_chunk(ckpt: Path, rel: str, info: dict, check: bool, record: dict
                 raise
             # the file system refuses O_DIRECT at the first read: read it plainly, from the start
             os.close(fd)
+            fd = -1
             fd, digest = os.open(full, os.O_RDONLY), checksum.new(kind) if check else _NoDigest()
             got = read_direct(fd, buf, n, digest)
     finally:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
     if got != n:
         raise CheckpointError(f"checkpoint {ckpt}: file {full} ended after {got} bytes (truncated?)")
     if check and digest.hexdigest() != info[kind]:
