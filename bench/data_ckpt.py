@@ -9,22 +9,24 @@ written to a temporary directory, then ``trainer.data.loader_throughput`` times 
 shuffled, packed train batches (input_ids, segment_ids, loss_mask) from the memory-mapped
 file, as training does, in this one process (one host). Goal: ≥ 5M tokens/s.
 
-Checkpoints: first ``dd`` writes and reads 1 GiB with ``oflag=direct`` / ``iflag=direct`` in
-the same directory (what the disk itself does, without the page cache), then a tree of f32
-NamedArrays laid out FSDP-style over 8 fake CPU devices (1 GiB by default) is saved and restored,
-taking turns: ``save_checkpoint`` (synchronous: writes the arrays where they are, zarr v3 chunks
-with tensorstore, sha256 + fsync of every file, atomic commit); the trainer's way, one
+Checkpoints: a tree of f32 NamedArrays laid out FSDP-style over 8 fake CPU devices (1 GiB by
+default) is saved and restored, each round taking turns with ``dd`` writing and reading as many
+bytes with ``oflag=direct`` / ``iflag=direct`` in the same directory (what the disk itself does,
+without the page cache): dd writes, ``save_checkpoint`` (synchronous: writes the arrays where
+they are, zarr v3 chunks, a crc32c and an fsync of every file, atomic commit), dd reads,
+``restore`` onto the same layout (checks sizes and checksums), then the trainer's way, one
 ``Checkpointer`` whose ``save`` snapshots to host memory (the time the train loop waits) and
-commits in the background (``wait``); and ``restore`` onto the same layout (checks sizes and
-hashes), from the disk: the page cache is written back and dropped before each restore where the
-process may (Linux, root; the result's ``restore_from`` says which). MB/s = tree bytes / wall
-time, also given as a fraction of dd's. The temporary directory is on the machine's local disk.
+commits in the background (``wait``). Restores read from the disk: the page cache is written
+back and dropped before each restore where the process may (Linux, root; the result's
+``restore_from`` says which). MB/s = tree bytes / wall time, also given as a fraction of dd's
+(medians over the rounds); CPU time is this process's, all threads, per GiB; the load average is
+printed each round. The temporary directory is on the machine's local disk.
 
 ``--s3``: the same tree saved to and restored from the local disk and from ``s3://`` on moto's
 standalone S3 server on 127.0.0.1 (started as a subprocess, as tests/test_s3_checkpoints.py
 does), taking turns; written to ``bench/results/data_ckpt_s3.json``. On the store a save
 encodes every chunk in memory, hashes and uploads it and writes the commit record last; a
-restore fetches each needed object once, checks its sha256 and decodes it from memory.
+restore fetches each needed object once, checks its crc32c and decodes it from memory.
 """
 
 from __future__ import annotations
@@ -87,31 +89,27 @@ def make_tree(total_mb: int, mesh) -> tuple[dict, int]:
     return tree, 4 * rows * 1024 * 4
 
 
-def dd_rates(tmp: Path, mib: int = 1024) -> dict:
-    """MB/s of ``dd`` writing then reading ``mib`` MiB in ``tmp``, bypassing the page cache."""
+def dd_rate(tmp: Path, way: str, mib: int = 1024) -> float | str:
+    """MB/s of ``dd`` writing (``way="write_direct"``: a new file) or reading back (``"read_direct"``)
+    ``mib`` MiB of ``tmp/dd.bin``, bypassing the page cache; the error's text where dd fails (no
+    dd, or no O_DIRECT on this file system)."""
     import re
     import subprocess
 
     path = tmp / "dd.bin"
-    runs = {
+    cmd = {
         "write_direct": ["dd", "if=/dev/zero", f"of={path}", "bs=16M", f"count={mib // 16}", "oflag=direct"],
         "read_direct": ["dd", f"if={path}", "of=/dev/null", "bs=16M", "iflag=direct"],
-    }
-    out = {}
+    }[way]
     try:
-        for name, cmd in runs.items():
-            t0 = time.perf_counter()
-            r = subprocess.run(cmd, capture_output=True, text=True, check=True)
-            wall = time.perf_counter() - t0
-            m = re.search(r"(\d+) bytes .* copied, ([\d.]+) s", r.stderr)
-            nbytes, secs = (int(m.group(1)), float(m.group(2))) if m else (mib * 2**20, wall)
-            out[name + "_MB_per_s"] = nbytes / 1e6 / secs
-            print(f"dd {name}: {out[name + '_MB_per_s']:.0f} MB/s", flush=True)
-    except (OSError, subprocess.CalledProcessError) as e:  # no dd, or no O_DIRECT on this file system
-        out["skipped"] = str(e)
-    finally:
-        path.unlink(missing_ok=True)
-    return out
+        t0 = time.perf_counter()
+        r = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        wall = time.perf_counter() - t0
+    except (OSError, subprocess.CalledProcessError) as e:
+        return str(e)
+    m = re.search(r"(\d+) bytes .* copied, ([\d.]+) s", r.stderr)
+    nbytes, secs = (int(m.group(1)), float(m.group(2))) if m else (mib * 2**20, wall)
+    return nbytes / 1e6 / secs
 
 
 def drop_page_cache() -> bool:
@@ -128,6 +126,26 @@ def drop_page_cache() -> bool:
     return True
 
 
+def fresh_memory(tree) -> tuple[float, float]:
+    """(wall, CPU) seconds to map fresh page-aligned memory for every shard of ``tree``, as many at
+    once as a restore reads (``aligned_empty``, what a restore reads into): the part of a restore's
+    CPU that is this machine's cost of new memory, not the checkpoint's work."""
+    import concurrent.futures
+
+    from named.trainer.checkpoint.chunks import aligned_empty
+    from named.trainer.checkpoint.store import IO_THREADS
+
+    sizes = [
+        sh.data.nbytes for x in jax.tree.leaves(tree, is_leaf=nm.is_named_array) for sh in x.array.addressable_shards
+    ]
+    t0, c0 = time.perf_counter(), time.process_time()
+    with concurrent.futures.ThreadPoolExecutor(IO_THREADS) as pool:
+        buffers = list(pool.map(aligned_empty, sizes))
+    out = time.perf_counter() - t0, time.process_time() - c0
+    del buffers
+    return out
+
+
 def _same(a, b) -> bool:
     return all(
         bool(jnp.array_equal(x.array, y.array))
@@ -136,12 +154,15 @@ def _same(a, b) -> bool:
 
 
 def bench_checkpoint(
-    tmp, total_mb: int, repeats: int, mesh, tree=None, dd: dict | None = None, cold: bool = True
+    tmp, total_mb: int, repeats: int, mesh, tree=None, dd_mib: int | None = None, cold: bool = True
 ) -> dict:
     """Save and restore ``tree`` (default: make_tree) ``repeats`` times under ``tmp``: a local
-    directory or an ``s3://`` URL. Each round: ``save_checkpoint``, ``restore``, then a save
-    through one ``Checkpointer`` kept across rounds (as the train loop keeps it). ``cold``: drop
-    the page cache before each local restore where the process may."""
+    directory or an ``s3://`` URL. Each round: (``dd_mib``: dd writes that many MiB)
+    ``save_checkpoint``, (dd reads them back) ``restore``, then a save through one
+    ``Checkpointer`` kept across rounds (as the train loop keeps it). ``cold``: drop the page cache
+    before each local restore where the process may."""
+    import os
+
     from named.trainer.checkpoint import Checkpointer, location, store
 
     if tree is None:
@@ -151,16 +172,26 @@ def bench_checkpoint(
     target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
     local = not isinstance(tmp, str)
     saves, restores, snapshots, commits, cpu = [], [], [], [], {"save": [], "restore": []}
+    dd: dict[str, list] = {"write_direct": [], "read_direct": []}
+    loads, fresh = [], []  # fresh: (wall, CPU) seconds to map fresh memory for the tree's shards
     from_disk: list[bool] = []  # whether each restore read from the disk (page cache dropped first)
     loop_dir = tmp / "loop" if local else f"{tmp}/loop"
     checkpointer = Checkpointer(loop_dir, keep_last=1)
     for r in range(repeats):
+        loads.append(round(os.getloadavg()[0], 2))
         run = tmp / f"run{r}" if local else f"{tmp}/run{r}"
+        if dd_mib:
+            dd["write_direct"].append(dd_rate(tmp, "write_direct", dd_mib))
         t0, c0 = time.perf_counter(), time.process_time()
         path = save_checkpoint(run, r, tree)
         saves.append(time.perf_counter() - t0)
         cpu["save"].append(time.process_time() - c0)
+        if dd_mib:
+            dd["read_direct"].append(dd_rate(tmp, "read_direct", dd_mib))
+            (tmp / "dd.bin").unlink(missing_ok=True)
         from_disk.append(local and cold and drop_page_cache())
+        if local:
+            fresh.append(fresh_memory(tree))
         t0, c0 = time.perf_counter(), time.process_time()
         out, _ = restore(path, target)
         jax.block_until_ready(out)
@@ -177,11 +208,19 @@ def bench_checkpoint(
         snapshots.append(time.perf_counter() - t0)
         checkpointer.wait()
         commits.append(time.perf_counter() - t0)
+        gib = nbytes / 2**30
+        dd_text = (
+            f"; dd write {dd['write_direct'][-1]:.0f} MB/s, read {dd['read_direct'][-1]:.0f} MB/s"
+            if dd_mib and not any(isinstance(x, str) for x in dd["write_direct"] + dd["read_direct"])
+            else ""
+        )
+        mem_text = f"; fresh memory for it: {fresh[-1][0]:.2f}s, CPU {fresh[-1][1] / gib:.2f} s/GiB" if fresh else ""
         print(
-            f"checkpoint {'local' if local else run} {nbytes / 2**20:.0f} MiB: "
-            f"save {saves[-1]:.2f}s ({nbytes / 1e6 / saves[-1]:.0f} MB/s), "
-            f"restore {restores[-1]:.2f}s ({nbytes / 1e6 / restores[-1]:.0f} MB/s), "
-            f"Checkpointer.save {snapshots[-1]:.2f}s, committed after {commits[-1]:.2f}s",
+            f"checkpoint {'local' if local else run} {nbytes / 2**20:.0f} MiB (load {loads[-1]}): "
+            f"save {saves[-1]:.2f}s ({nbytes / 1e6 / saves[-1]:.0f} MB/s, CPU {cpu['save'][-1] / gib:.2f} s/GiB), "
+            f"restore {restores[-1]:.2f}s ({nbytes / 1e6 / restores[-1]:.0f} MB/s, "
+            f"CPU {cpu['restore'][-1] / gib:.2f} s/GiB), "
+            f"Checkpointer.save {snapshots[-1]:.2f}s, committed after {commits[-1]:.2f}s{dd_text}{mem_text}",
             flush=True,
         )
     if local:
@@ -205,20 +244,42 @@ def bench_checkpoint(
         else "page cache (not dropped)"
         if local
         else "the object store",
-        # this process's CPU time (all threads): the work, which a loaded machine does not change
+        # this process's CPU time (all threads): the work, which a loaded machine changes least
         "save_cpu_s": C.summary(cpu["save"]),
         "restore_cpu_s": C.summary(cpu["restore"]),
+        "save_cpu_s_per_GiB": C.summary(cpu["save"])["median_s"] * 2**30 / nbytes,
+        "restore_cpu_s_per_GiB": C.summary(cpu["restore"])["median_s"] * 2**30 / nbytes,
+        "load_average_1min_per_round": loads,
+        # the floor under a restore's CPU on this machine: memory for the values, mapped fresh
+        **(
+            {
+                "fresh_memory_s": C.summary([w for w, _ in fresh]),
+                "fresh_memory_cpu_s_per_GiB": C.summary([c for _, c in fresh])["median_s"] * 2**30 / nbytes,
+            }
+            if fresh
+            else {}
+        ),
         # the trainer's Checkpointer: rounds after the first copy into its previous save's buffers
         "checkpointer_save_s": C.summary(snapshots),
         "checkpointer_commit_s": C.summary(commits),
         "checkpointer_commit_MB_per_s": rate(commits),
     }
-    if dd and "write_direct_MB_per_s" in dd:
-        result["save_over_dd_write"] = result["save_MB_per_s"] / dd["write_direct_MB_per_s"]
-        result["checkpointer_commit_over_dd_write"] = (
-            result["checkpointer_commit_MB_per_s"] / dd["write_direct_MB_per_s"]
-        )
-        result["restore_over_dd_read"] = result["restore_MB_per_s"] / dd["read_direct_MB_per_s"]
+    if dd_mib:
+        failed = [x for x in dd["write_direct"] + dd["read_direct"] if isinstance(x, str)]
+        if failed:
+            result["dd"] = {"skipped": failed[0]}
+        else:
+            import statistics
+
+            result["dd"] = {
+                "mib": dd_mib,
+                **{f"{k}_MB_per_s": statistics.median(v) for k, v in dd.items()},
+                **{f"{k}_MB_per_s_all": [round(x) for x in v] for k, v in dd.items()},
+            }
+            w, rd = result["dd"]["write_direct_MB_per_s"], result["dd"]["read_direct_MB_per_s"]
+            result["save_over_dd_write"] = result["save_MB_per_s"] / w
+            result["checkpointer_commit_over_dd_write"] = result["checkpointer_commit_MB_per_s"] / w
+            result["restore_over_dd_read"] = result["restore_MB_per_s"] / rd
     return result
 
 
@@ -230,6 +291,7 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--tmp", default=None, help="directory for the temporary files (default: the system's)")
     ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--no-loader", action="store_true", help="checkpoints only (the loader's rows are left out)")
     ap.add_argument("--out", default=None)
     ap.add_argument(
         "--s3", action="store_true", help="checkpoints only: local disk and a local S3 server, taking turns"
@@ -245,10 +307,11 @@ def main(argv=None):
     mesh = nm.make_mesh(C.MESH)
     tmp = Path(tempfile.mkdtemp(prefix="named-bench-", dir=args.tmp))
     try:
-        loader = bench_loader(tmp, args.tokens, cases, args.steps, args.repeats)
-        dd = dd_rates(tmp, 16 if args.tiny else 1024)
+        loader = bench_loader(tmp, args.tokens, cases, args.steps, args.repeats) if not args.no_loader else []
         with jax.set_mesh(mesh):
-            ckpt = bench_checkpoint(tmp, args.ckpt_mb, args.repeats, mesh, dd=dd, cold=not args.tiny)
+            ckpt = bench_checkpoint(
+                tmp, args.ckpt_mb, args.repeats, mesh, dd_mib=16 if args.tiny else 1024, cold=not args.tiny
+            )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     result = {
@@ -258,8 +321,9 @@ def main(argv=None):
         "tmp_dir": str(tmp.parent),
         "loader": loader,
         "loader_goal": "tokens_per_s >= 5e6 per host",
-        "dd": dd,
-        "checkpoint_goal": "save and restore MB/s >= 0.5 x dd's (oflag=direct / iflag=direct)",
+        "dd": ckpt.pop("dd", {}),
+        "checkpoint_goal": "save and restore MB/s >= 0.8 x dd's (oflag=direct / iflag=direct), "
+        "restore CPU <= 0.5 s per GiB",
         "checkpoint": ckpt,
     }
     C.write_result("data_ckpt" + ("_tiny" if args.tiny else ""), result, args.out)

@@ -317,6 +317,7 @@ RANGES = {
     "checkpoint.keep_every": (NANO, ["0", "-3"], ["null", "1"]),
     "checkpoint.every_minutes": (NANO, ["0", "-1", "nan"], ["null", "0.5"]),
     "checkpoint.base": (NANO, ['""', "ftp://host/x", "s3://UPPER/x"], ["null", "s3://my-bucket/runs/a"]),
+    "checkpoint.checksum": (NANO, ["md5", "CRC32C"], ["sha256", "crc32c"]),
     "tracker.wandb_mode": (NANO, ["loud"], ["offline"]),
     "data.chat_packing": (NANO, ["ffd"], ["stream"]),
     "data.seq_len": (NANO, ["1", "0"], ["2"]),

@@ -1,8 +1,11 @@
 """Checkpoints: bitwise roundtrip, resharding on restore, async save, crash safety, integrity, retention."""
 
 import errno
+import fcntl
+import hashlib
 import json
 import os
+import re
 import textwrap
 import threading
 import tracemalloc
@@ -120,8 +123,31 @@ def test_roundtrip_model_optimizer_and_metadata_bitwise(tmp_path):
     assert_bitwise_equal(restored2, state)
 
 
-def test_commit_json_describes_tree_files_and_checksums(tmp_path):
-    path = ck.save_checkpoint(tmp_path, 3, train_state(), {"step": 3})
+def crc32c_reference(data: bytes) -> str:
+    """CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), bit by bit: RFC 3720's checksum."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    return f"{crc ^ 0xFFFFFFFF:08x}"
+
+
+REFERENCE = {"crc32c": crc32c_reference, "sha256": lambda data: hashlib.sha256(data).hexdigest()}
+
+
+def test_crc32c_reference_is_rfc_3720s():
+    assert crc32c_reference(b"123456789") == "e3069283"  # RFC 3720's check value
+    assert crc32c_reference(bytes(32)) == "8a9136aa"  # RFC 3720 B.4: 32 bytes of zeros
+
+
+@pytest.mark.parametrize("check", ["crc32c", "sha256"])
+def test_commit_json_describes_tree_files_and_checksums(tmp_path, check):
+    """Every file is listed with its size and the digest of the check asked for, which an
+    independent implementation of that check reproduces from the file's bytes."""
+    path = ck.save_checkpoint(
+        tmp_path, 3, train_state(), {"step": 3}, **({} if check == "crc32c" else {"checksum": check})
+    )
     commit = json.loads((path / "commit.json").read_text())
     assert commit["step"] == 3 and commit["metadata"] == {"step": 3}
     by_path = {r["path"]: r for r in commit["leaves"]}
@@ -131,8 +157,37 @@ def test_commit_json_describes_tree_files_and_checksums(tmp_path):
     assert (eps["kind"], eps["type"], eps["value"]) == ("scalar", "float", 1e-5)
     on_disk = {str(p.relative_to(path)) for p in path.rglob("*") if p.is_file()} - {"commit.json"}
     assert on_disk == set(commit["files"])
-    assert all(len(f["sha256"]) == 64 for f in commit["files"].values())
+    for rel, info in commit["files"].items():
+        data = (path / rel).read_bytes()
+        assert info == {check: REFERENCE[check](data), "size": len(data)}, rel
     assert ck.verify_checkpoint(path)["step"] == 3
+
+
+def _rewrite_commit(path: Path, edit) -> None:
+    commit = json.loads((path / "commit.json").read_text())
+    body = {k: v for k, v in commit.items() if k != "commit_sha256"}
+    edit(body)
+    (path / "commit.json").write_text(json.dumps({**body, "commit_sha256": ck.store.self_digest(body)}))
+
+
+def test_a_checkpoint_listing_sha256_restores_and_an_unknown_check_is_named(tmp_path):
+    """Checkpoints saved before crc32c list each file's sha256 (and nothing else changed): they
+    verify and restore; a file whose entry carries no known check is refused, named."""
+    state = train_state()
+    path = ck.save_checkpoint(tmp_path, 1, state)
+
+    def to_sha256(body):
+        for rel, info in body["files"].items():
+            body["files"][rel] = {"sha256": hashlib.sha256((path / rel).read_bytes()).hexdigest(), "size": info["size"]}
+
+    _rewrite_commit(path, to_sha256)
+    assert ck.verify_checkpoint(path)["step"] == 1
+    assert_bitwise_equal(ck.restore(path, abstract(state))[0], state)
+    victim = _chunk_file(path)
+    rel = str(victim.relative_to(path))
+    _rewrite_commit(path, lambda body: body["files"][rel].update(md5="0" * 32) or body["files"][rel].pop("sha256"))
+    with pytest.raises(CheckpointError, match=re.escape(str(victim)) + ".*no one checksum"):
+        ck.restore(path, abstract(state))
 
 
 # ---- meshes ---------------------------------------------------------------------------
@@ -265,7 +320,7 @@ def test_save_checkpoint_writes_the_arrays_without_a_host_copy(tmp_path):
     assert_bitwise_equal(restored, tree)
 
 
-def test_checkpointer_copies_into_the_buffers_of_its_previous_save(tmp_path):
+def test_checkpointer_copies_into_the_buffers_of_its_previous_save(tmp_path, monkeypatch):
     """The second save of the same layout copies into the host buffers of the first (no fresh
     allocation, whose page faults cost more than the copy); both checkpoints keep their values."""
     mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
@@ -275,14 +330,43 @@ def test_checkpointer_copies_into_the_buffers_of_its_previous_save(tmp_path):
     ckpt = Checkpointer(tmp_path, keep_last=None)
     ckpt.save(1, first)
     ckpt.wait()
+    fresh, real = [], ck.write.aligned_empty
+    monkeypatch.setattr(ck.write, "aligned_empty", lambda n: fresh.append(n) or real(n))
     peak = _host_peak(lambda: ckpt.save(2, second))
     assert peak < nbytes / 4, f"the second save allocated {peak} host bytes for a {nbytes}-byte tree"
+    assert not fresh, f"the second save took {sum(fresh)} bytes of fresh host buffers"
     for x in second.values():  # donated right after save() returns, as the train step does
         x.delete()
     ckpt.wait()
     for step, want in zip((1, 2), expected):
         restored, _ = ck.restore(tmp_path / "checkpoints" / f"step_{step}", abstract(first))
         np.testing.assert_array_equal(np.asarray(restored["w0"]), want)
+
+
+def test_a_checkpointers_host_copies_go_to_the_disk_as_they_lie(tmp_path, monkeypatch):
+    """A Checkpointer's host copies are page-aligned, so each chunk is written from them with
+    O_DIRECT (where the OS has it), with no staging copy: every byte written comes from them."""
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
+    tree = _wide_tree(mesh, 0)  # 32 chunks of 256 KiB: whole disk blocks
+    copies, writes, real_empty, real_write = [], [], ck.write.aligned_empty, os.write
+
+    def empty(n):
+        out = real_empty(n)
+        copies.append((out.ctypes.data, out.ctypes.data + n))
+        return out
+
+    def write(fd, data):
+        writes.append((np.frombuffer(data, np.uint8).ctypes.data, len(data)))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(ck.write, "aligned_empty", empty)
+    monkeypatch.setattr(ck.chunks.os, "write", write)
+    with Checkpointer(tmp_path) as ckpt:
+        ckpt.save(1, tree)
+    monkeypatch.undo()
+    assert len(copies) == 32 and sum(n for _, n in writes) == sum(x.nbytes for x in tree.values())
+    assert all(any(lo <= a and a + n <= hi for lo, hi in copies) for a, n in writes)
+    assert_bitwise_equal(ck.restore(tmp_path, abstract(tree))[0], tree)
 
 
 @pytest.mark.parametrize("stage", ["write", "read", "read_step"])
@@ -375,7 +459,9 @@ def test_a_restore_reads_each_whole_chunk_once_and_tensorstore_the_rest(tmp_path
     step = ck.save_checkpoint(tmp_path, 1, tree)
     hashed, whole = [], []
     real_hash, real_whole = ck.read.hash_file, ck.read.read_whole_chunk
-    monkeypatch.setattr(ck.read, "hash_file", lambda path, *a, **k: hashed.append(Path(path).name) or real_hash(path))
+    monkeypatch.setattr(
+        ck.read, "hash_file", lambda path, *a, **k: hashed.append(Path(path).name) or real_hash(path, *a, **k)
+    )
     monkeypatch.setattr(ck.read, "read_whole_chunk", lambda *a: whole.append(a[1]) or real_whole(*a))
     assert_bitwise_equal(ck.restore(step, abstract(tree))[0], tree)
     assert set(hashed) == {"zarr.json"} and len(whole) == 3 * 8 + 1 == len(set(whole))
@@ -390,16 +476,23 @@ def test_a_restore_reads_each_whole_chunk_once_and_tensorstore_the_rest(tmp_path
 @pytest.mark.parametrize("refused_at", ["open", "write"])
 def test_a_file_system_without_o_direct_gets_the_same_checkpoint(tmp_path, monkeypatch, refused_at):
     """Some file systems refuse O_DIRECT when the file is opened (having created it), others at
-    the first write: either way every chunk is written plainly and the checkpoint is the same."""
+    the first write or read: either way every chunk is written and read plainly, and the
+    checkpoint and the values restored are the same."""
     if not hasattr(os, "O_DIRECT"):
         pytest.skip("no O_DIRECT on this platform: chunks are always written plainly")
     mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
     tree = _odd_tree(mesh)
-    refusals, real_open = [], os.open
+    refusals, real_open, real_readv = [], os.open, os.readv
 
     def refuse_write(fd, src, digest):
         refusals.append(fd)
         raise OSError(errno.EINVAL, "Invalid argument")
+
+    def refuse_read(fd, buffers):
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+            refusals.append(fd)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_readv(fd, buffers)
 
     def refuse_open(path, flags, *a):
         if flags & os.O_DIRECT:
@@ -410,12 +503,43 @@ def test_a_file_system_without_o_direct_gets_the_same_checkpoint(tmp_path, monke
 
     if refused_at == "write":
         monkeypatch.setattr(ck.chunks, "write_direct", refuse_write)
+        monkeypatch.setattr(ck.chunks.os, "readv", refuse_read)
     else:
         monkeypatch.setattr(ck.chunks.os, "open", refuse_open)
     path = ck.save_checkpoint(tmp_path, 1, tree)
-    monkeypatch.undo()
     assert len(refusals) == 3 * 8 + 1
     assert_bitwise_equal(ck.restore(path, abstract(tree))[0], tree)
+    assert len(refusals) == 2 * (3 * 8 + 1)  # each chunk file read once more, refused first
+
+
+def test_a_restore_reads_each_chunk_with_o_direct_into_the_arrays_it_returns(tmp_path, monkeypatch):
+    """Whole chunks are read with O_DIRECT (where the OS has it) into page-aligned buffers, which
+    become the restored arrays' device buffers (on CPU devices: the same memory, no second copy)."""
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
+    tree = _odd_tree(mesh)
+    step = ck.save_checkpoint(tmp_path, 1, tree)
+    flags, buffers, real_open, real_whole = {}, set(), os.open, ck.read.read_whole_chunk
+
+    def os_open(path, f, *a):
+        flags[str(path)] = f
+        return real_open(path, f, *a)
+
+    def whole(*a):
+        out = real_whole(*a)
+        buffers.add(out.ctypes.data)
+        return out
+
+    monkeypatch.setattr(ck.chunks.os, "open", os_open)
+    monkeypatch.setattr(ck.read, "read_whole_chunk", whole)
+    restored = ck.restore(step, abstract(tree))[0]
+    assert_bitwise_equal(restored, tree)
+    assert len(flags) == len(buffers) == 3 * 8 + 1
+    if hasattr(os, "O_DIRECT"):
+        assert all(f & os.O_DIRECT for f in flags.values())
+    assert all(address % 4096 == 0 for address in buffers)
+    for name in ("f32", "bf16", "i8", "scalar"):
+        for shard in restored[name].addressable_shards:
+            assert shard.data.unsafe_buffer_pointer() in buffers, name
 
 
 # ---- crash safety ---------------------------------------------------------------------
@@ -467,9 +591,10 @@ def _chunk_file(path: Path) -> Path:
     return path / rec["dir"] / "c" / "0" / "0"
 
 
+@pytest.mark.parametrize("check", ["crc32c", "sha256"])
 @pytest.mark.parametrize("damage", ["flip", "truncate", "delete", "commit"])
-def test_corrupted_newest_falls_back_and_explicit_restore_names_the_file(tmp_path, damage):
-    ckpt = Checkpointer(tmp_path)
+def test_corrupted_newest_falls_back_and_explicit_restore_names_the_file(tmp_path, damage, check):
+    ckpt = Checkpointer(tmp_path, checksum=check)
     for step in (1, 2):
         ckpt.save(step, train_state(seed=step), {"step": step})
         ckpt.wait()
@@ -479,7 +604,7 @@ def test_corrupted_newest_falls_back_and_explicit_restore_names_the_file(tmp_pat
         data = bytearray(victim.read_bytes())
         data[17] ^= 0xFF
         victim.write_bytes(bytes(data))
-        culprit = "checksum mismatch.*" + str(victim)
+        culprit = "checksum mismatch.*" + str(victim) + f".*{check}"
     elif damage == "truncate":
         victim.write_bytes(victim.read_bytes()[:100])
         culprit = str(victim) + ".*truncated"

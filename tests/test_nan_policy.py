@@ -144,11 +144,8 @@ def test_skip_in_a_real_run_keeps_the_state_of_the_last_finite_step(corpus, tmp_
     for s in (2, 3, 4):
         assert f"non-finite loss or gradient in step {s} " in log and "update skipped" in log
     # step_1 .. step_4 were saved after steps 1..4: the three skipped steps changed no bit of
-    # the model or the optimizer state (the files' sha256 are equal)
-    files = [
-        {k: v["sha256"] for k, v in ckpt.verify_checkpoint(run_dir / "checkpoints" / f"step_{s}")["files"].items()}
-        for s in (1, 2, 3, 4)
-    ]
+    # the model or the optimizer state (the files' checksums and sizes are equal)
+    files = [ckpt.verify_checkpoint(run_dir / "checkpoints" / f"step_{s}")["files"] for s in (1, 2, 3, 4)]
     assert len(files[0]) > 10 and files[1] == files[0] and files[2] == files[0] and files[3] == files[0]
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(result.model))
 

@@ -140,8 +140,8 @@ def test_roundtrip_and_reshard_bitwise_with_the_bytes_of_a_local_save(url, tmp_p
     assert all(re.fullmatch(r"data-[0-9a-f]{12}/arrays/.+", k) for k in commit["files"])
     # the objects hold exactly the bytes a local save writes, file for file
     local = ck.save_checkpoint(tmp_path, 1, state, {"step": 1})
-    local_sha = {rel: info["sha256"] for rel, info in ck.verify_checkpoint(local)["files"].items()}
-    remote_sha = {rel.split("/", 1)[1]: info["sha256"] for rel, info in commit["files"].items()}
+    local_sha = ck.verify_checkpoint(local)["files"]  # each file's checksum and size
+    remote_sha = {rel.split("/", 1)[1]: info for rel, info in commit["files"].items()}
     assert remote_sha == local_sha and len(local_sha) > 10
     # the newest checkpoint of the run, onto 8 devices, a 4x2 mesh and one device
     restored, meta = ck.restore(url, abstract(state))
@@ -213,9 +213,11 @@ def test_resaving_a_step_keeps_the_old_one_whole_until_the_new_record(url):
 # ---- what is never trusted ----------------------------------------------------------------
 
 
-def test_partial_and_corrupted_checkpoints_are_skipped_with_a_warning(url):
-    ck.save_checkpoint(url, 1, train_state(seed=1), {"step": 1})
-    good = ck.save_checkpoint(url, 2, train_state(seed=2), {"step": 2})
+@pytest.mark.parametrize("check", ["crc32c", "sha256"])
+def test_partial_and_corrupted_checkpoints_are_skipped_with_a_warning(url, check):
+    ck.save_checkpoint(url, 1, train_state(seed=1), {"step": 1}, checksum=check)
+    good = ck.save_checkpoint(url, 2, train_state(seed=2), {"step": 2}, checksum=check)
+    assert all(set(info) == {check, "size"} for info in ck.read_commit(good)["files"].values())
     # a save of step 3 that never wrote its record
     commit = ck.read_commit(good)
     partial = ck.location(f"{url}/checkpoints/step_3")
@@ -230,7 +232,7 @@ def test_partial_and_corrupted_checkpoints_are_skipped_with_a_warning(url):
     data = bytearray(checkpoint_store.read_object(good, victim))
     data[len(data) // 2] ^= 0xFF
     checkpoint_store.write_objects(good, {victim: bytes(data)})
-    with pytest.raises(ck.CheckpointError, match=re.escape(f"{good}/{victim}") + r" \(corrupted\)"):
+    with pytest.raises(ck.CheckpointError, match=re.escape(f"{good}/{victim}") + rf" \(corrupted; {check}\)"):
         ck.verify_checkpoint(good)
     with pytest.raises(ck.CheckpointError, match=re.escape(f"{good}/{victim}")):
         ck.restore(good, abstract(train_state()))
@@ -409,7 +411,7 @@ def _train(workdir: Path, run_dir: Path, base: str, log: Path, *, write_delay=No
 
 def _final_sha(base: str, step: int) -> dict:
     commit = ck.verify_checkpoint(ck.location(f"{base}/checkpoints/step_{step}"))
-    return {rel.split("/", 1)[1]: info["sha256"] for rel, info in commit["files"].items()}
+    return {rel.split("/", 1)[1]: info for rel, info in commit["files"].items()}  # checksum and size
 
 
 STEPS, INTERVAL = 12, 3  # shorter than test_kill_resume's run: every save goes through the S3 server

@@ -9,6 +9,8 @@ checkpoint as ckpt``); the work is split along its seams:
   ``config.location``, where ``load_config`` uses them too;
 - ``write``: the snapshot to host memory, writing and committing (``Checkpointer``);
 - ``read``: finding, verifying and restoring;
+- ``checksum``: the check each file carries (crc32c or sha256); ``chunks``: whole chunks read and
+  written as their bytes, without tensorstore;
 - ``retention``: which checkpoints are kept after a commit.
 
 Beside them, what a run keeps on disk: ``rundir`` (a run directory: new run or resume, its lock
@@ -26,8 +28,9 @@ Layout of one checkpoint, ``<run_dir>/checkpoints/step_<N>/``::
 ``write``.) ``commit.json`` holds the format tag, the step, whether the checkpoint
 is temporary, the user's JSON metadata (data position, RNG key data, config, ...), every leaf
 of the tree in flatten order (its key path, and for arrays the directory, shape, dtype, chunk
-shape and NamedArray axis names; Python scalars are stored inline), the sha256 and size of
-every file of the checkpoint, and a sha256 of its own content.
+shape and NamedArray axis names; Python scalars are stored inline), the checksum (``checksum``:
+crc32c, or sha256 where asked for) and size of every file of the checkpoint, and a sha256 of its
+own content.
 
 Why zarr v3 with one chunk per shard, and not OCDBT: a chunk is then exactly one shard
 of the saving mesh, so every file is written by exactly one process (the owner of the

@@ -2,18 +2,19 @@
 
 zarr's ``bytes`` codec stores a whole chunk as its values in C order, little-endian
 (``store.zarr_spec`` states that codec and the default chunk keys), so a shard that fills its
-chunk is written as it lies in memory, hashed on the way, with O_DIRECT where the file system
-takes it; and a region of a restore that is one whole chunk is its file's bytes, read once and
-hashed from memory. Through the page cache (tensorstore's file driver) a save cost this VM
-1-3 s of CPU per GiB, most of it first-touching page-cache memory, then as much again to read
-every file back for its hash. Everything else (``zarr.json``, shards that are not one chunk,
-regions that span chunks, another codec) goes through tensorstore.
+chunk is written as it lies in memory, checksummed on the way, with O_DIRECT where the file
+system takes it; and a region of a restore that is one whole chunk is its file's bytes, read
+with O_DIRECT straight into the page-aligned buffer the device array is made from, checksummed
+piece by piece from memory as the pieces arrive. Through the page cache (tensorstore's file
+driver) a save cost this VM 1-3 s of CPU per GiB, most of it first-touching page-cache memory,
+then as much again to read every file back for its hash; a restore paid the kernel's copy out of
+the page cache and one more copy into a fresh buffer. Everything else (``zarr.json``, shards that
+are not one chunk, regions that span chunks, another codec) goes through tensorstore.
 """
 
 from __future__ import annotations
 
 import errno
-import hashlib
 import mmap
 import os
 from pathlib import Path
@@ -21,10 +22,12 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from . import checksum
 from .store import RAW_CODECS, CheckpointError, safe_relpath
 
 DIRECT_ALIGN = 4096  # O_DIRECT: buffer address, file offset and length multiples of the logical block
 DIRECT_PIECE = 4 << 20  # bytes per write, through one page-aligned staging buffer per call
+READ_PIECE = 8 << 20  # bytes per read; each piece is checksummed as soon as it is in memory
 
 
 def raw_chunk_ok(record: dict, data: np.ndarray) -> bool:
@@ -40,11 +43,11 @@ def raw_chunk_ok(record: dict, data: np.ndarray) -> bool:
     )
 
 
-def write_raw_chunk(path: Path, data: np.ndarray) -> tuple[str, int]:
+def write_raw_chunk(path: Path, data: np.ndarray, check: str = checksum.DEFAULT) -> tuple[str, int]:
     """Write one whole chunk as its C-order bytes to the new file ``path``, fsync it, and return
-    its (sha256, size), hashed from memory as it is written (nothing is read back)."""
+    its (``check`` digest, size), computed from memory as it is written (nothing is read back)."""
     src = memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
-    digest = hashlib.sha256()
+    digest = checksum.new(check)
     direct = getattr(os, "O_DIRECT", 0)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | direct, 0o644)
@@ -64,13 +67,11 @@ def write_raw_chunk(path: Path, data: np.ndarray) -> tuple[str, int]:
                 # the file system does not take O_DIRECT (tmpfs, some network mounts): start over
                 os.close(fd)
                 fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
-                digest = hashlib.sha256()
+                digest = checksum.new(check)
                 direct = 0
         if not direct:
             digest.update(src)
-            view = src
-            while view:
-                view = view[os.write(fd, view) :]
+            _write_all(fd, src)
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -78,26 +79,41 @@ def write_raw_chunk(path: Path, data: np.ndarray) -> tuple[str, int]:
 
 
 def write_direct(fd: int, src: memoryview, digest) -> None:
-    n = len(src)
-    stage = mmap.mmap(-1, min(DIRECT_PIECE, -(-n // DIRECT_ALIGN) * DIRECT_ALIGN))  # anonymous: page-aligned
-    try:
-        buf = np.frombuffer(stage, np.uint8)
-        for pos in range(0, n, len(stage)):
-            piece = src[pos : pos + len(stage)]
+    """Write ``src`` to ``fd`` (opened with O_DIRECT), feeding ``digest`` as it goes: from where
+    it lies when that is page-aligned (a Checkpointer's host copies, ``aligned_empty``), its whole
+    blocks at least; the rest through one page-aligned staging buffer."""
+    n, done = len(src), 0
+    if n and np.frombuffer(src, np.uint8).ctypes.data % DIRECT_ALIGN == 0:
+        done = n - n % DIRECT_ALIGN
+        for pos in range(0, done, DIRECT_PIECE):
+            piece = src[pos : min(pos + DIRECT_PIECE, done)]
             digest.update(piece)
-            k = len(piece)
-            buf[:k] = np.frombuffer(piece, np.uint8)
-            padded = -(-k // DIRECT_ALIGN) * DIRECT_ALIGN
-            buf[k:padded] = 0
-            view, done = memoryview(stage)[:padded], 0
-            while done < padded:
-                done += os.write(fd, view[done:])
-            view.release()
-        if n % DIRECT_ALIGN:
-            os.ftruncate(fd, n)  # the padding of the last block goes
-        del buf
-    finally:
-        stage.close()
+            _write_all(fd, piece)
+    if done < n:
+        stage = mmap.mmap(-1, min(DIRECT_PIECE, -(-(n - done) // DIRECT_ALIGN) * DIRECT_ALIGN))  # page-aligned
+        try:
+            buf = np.frombuffer(stage, np.uint8)
+            for pos in range(done, n, len(stage)):
+                piece = src[pos : pos + len(stage)]
+                digest.update(piece)
+                k = len(piece)
+                buf[:k] = np.frombuffer(piece, np.uint8)
+                padded = -(-k // DIRECT_ALIGN) * DIRECT_ALIGN
+                buf[k:padded] = 0
+                view = memoryview(stage)[:padded]
+                _write_all(fd, view)
+                view.release()
+            del buf
+        finally:
+            stage.close()
+    if n % DIRECT_ALIGN:
+        os.ftruncate(fd, n)  # the padding of the last block goes
+
+
+def _write_all(fd: int, view: memoryview) -> None:
+    done = 0
+    while done < len(view):
+        done += os.write(fd, view[done:])
 
 
 def raw_layout(meta: dict | None, record: dict) -> bool:
@@ -123,25 +139,92 @@ def raw_layout(meta: dict | None, record: dict) -> bool:
     )
 
 
-def chunk_from(data, rel: str, record: dict, where: str) -> np.ndarray:
-    """A whole chunk's values from its file's bytes."""
+def check_chunk_size(size: int, rel: str, record: dict, where: str) -> None:
+    """A whole chunk's file holds exactly the chunk's values."""
     dtype = jax.numpy.dtype(record["store_dtype"])
-    if len(data) != int(np.prod(record["chunk"])) * dtype.itemsize:
-        raise CheckpointError(f"{where}: {rel} has {len(data)} bytes, not one whole chunk {record['chunk']} of {dtype}")
-    return np.frombuffer(data, dtype).reshape(record["chunk"])
+    if size != int(np.prod(record["chunk"])) * dtype.itemsize:
+        raise CheckpointError(f"{where}: {rel} has {size} bytes, not one whole chunk {record['chunk']} of {dtype}")
 
 
-def read_whole_chunk(ckpt: Path, rel: str, info: dict, check: bool) -> bytearray:
-    """A chunk file's bytes, read once; with ``check``, hashed from memory against ``info``."""
+def chunk_from(data, rel: str, record: dict, where: str) -> np.ndarray:
+    """A whole chunk's values from its file's bytes (a view, no copy)."""
+    check_chunk_size(len(data), rel, record, where)
+    return np.frombuffer(data, jax.numpy.dtype(record["store_dtype"])).reshape(record["chunk"])
+
+
+def aligned_empty(n: int) -> np.ndarray:
+    """``n`` bytes of fresh anonymous memory, page-aligned, with room up to the next block boundary
+    (O_DIRECT reads whole blocks), its pages mapped at once (``MAP_POPULATE``, where Linux has it).
+
+    Not ``np.empty``: numpy asks for transparent huge pages on large arrays, and on this VM faulting
+    them in cost 2.5-3 s of CPU per GiB (a restore took 10-14 s), where mapping 4 KiB pages in one
+    call costs about 0.4-0.7 s (docs/benchmarks.md section 5)."""
+    room = max(DIRECT_ALIGN, -(-n // DIRECT_ALIGN) * DIRECT_ALIGN)
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
+    return np.frombuffer(mmap.mmap(-1, room, flags=flags), np.uint8)  # the array keeps the mapping alive
+
+
+def _open_read(path: Path, direct: int) -> tuple[int, int]:
+    try:
+        return os.open(path, os.O_RDONLY | direct), direct
+    except OSError as e:
+        if not direct or e.errno != errno.EINVAL:
+            raise
+        return os.open(path, os.O_RDONLY), 0  # the file system refuses O_DIRECT at open
+
+
+def read_direct(fd: int, buf: np.ndarray, n: int, digest) -> int:
+    """Read up to ``n`` bytes from ``fd`` into ``buf`` (page-aligned, room for whole blocks),
+    feeding each piece to ``digest`` once it is in memory; return the bytes read."""
+    view, got = memoryview(buf), 0
+    try:
+        while got < n:
+            k = os.readv(fd, [view[got : min(got + READ_PIECE, len(view))]])
+            if not k:
+                break
+            digest.update(view[got : min(got + k, n)])
+            got += k
+    finally:
+        view.release()
+    return got
+
+
+def read_whole_chunk(ckpt: Path, rel: str, info: dict, check: bool, record: dict, where: str) -> np.ndarray:
+    """A whole chunk of ``record``'s array from its file ``rel``: read once, with O_DIRECT where
+    the file system takes it, into a page-aligned buffer that becomes the chunk's values (no
+    second copy); with ``check``, checksummed from memory as it is read, against ``info``."""
     full = safe_relpath(rel, ckpt)
-    buf = bytearray(info["size"])
-    with open(full, "rb", buffering=0) as f:
-        view, got = memoryview(buf), 0
-        while got < len(buf):
-            n = f.readinto(view[got:])
-            if not n:
-                raise CheckpointError(f"checkpoint {ckpt}: file {full} ended after {got} bytes (truncated?)")
-            got += n
-    if check and hashlib.sha256(buf).hexdigest() != info["sha256"]:
-        raise CheckpointError(f"checkpoint {ckpt}: checksum mismatch in file {full} (corrupted)")
-    return buf
+    n = info["size"]
+    check_chunk_size(n, rel, record, where)
+    kind = checksum.check_of(info, full)
+    buf = aligned_empty(n)
+    fd, direct = _open_read(full, getattr(os, "O_DIRECT", 0))
+    try:
+        if os.fstat(fd).st_size != n:
+            raise CheckpointError(
+                f"checkpoint {ckpt}: file {full} has {os.fstat(fd).st_size} bytes, the commit says {n} (truncated?)"
+            )
+        digest = checksum.new(kind) if check else _NoDigest()
+        try:
+            got = read_direct(fd, buf, n, digest)
+        except OSError as e:
+            if not direct or e.errno != errno.EINVAL:
+                raise
+            # the file system refuses O_DIRECT at the first read: read it plainly, from the start
+            os.close(fd)
+            fd = -1
+            fd, digest = os.open(full, os.O_RDONLY), checksum.new(kind) if check else _NoDigest()
+            got = read_direct(fd, buf, n, digest)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    if got != n:
+        raise CheckpointError(f"checkpoint {ckpt}: file {full} ended after {got} bytes (truncated?)")
+    if check and digest.hexdigest() != info[kind]:
+        raise CheckpointError(f"checkpoint {ckpt}: checksum mismatch in file {full} (corrupted; {kind})")
+    return buf[:n].view(jax.numpy.dtype(record["store_dtype"])).reshape(record["chunk"])
+
+
+class _NoDigest:
+    def update(self, data) -> None:
+        pass

@@ -1,26 +1,27 @@
 """Finding, verifying and reading checkpoints, from a local directory or an object store.
 
-``latest_checkpoint`` (what ``load_checkpoint auto`` uses) verifies size and sha256 of every
-file of the newest commit and falls back, with a CheckpointWarning naming the bad file, to the
-previous one; on an object store it also warns about step prefixes that hold objects but no
-commit record (a save that never committed: never trusted). ``restore`` of an explicit
-``step_<N>`` checks every file's size and hashes the files this process reads, and raises
-CheckpointError naming a bad one. The target tree gives each leaf's shape, dtype and sharding;
-every process reads only the regions its own devices hold, so a checkpoint saved on 8 devices
-restores onto a 4x2 mesh, one device, or another number of processes.
+``latest_checkpoint`` (what ``load_checkpoint auto`` uses) verifies size and checksum (the
+crc32c or sha256 its commit record lists: ``checksum``) of every file of the newest commit and
+falls back, with a CheckpointWarning naming the bad file, to the previous one; on an object
+store it also warns about step prefixes that hold objects but no commit record (a save that never
+committed: never trusted). ``restore`` of an explicit ``step_<N>`` checks every file's size and
+checksums the files this process reads, and raises CheckpointError naming a bad one. The target
+tree gives each leaf's shape, dtype and sharding; every process reads only the regions its own
+devices hold, so a checkpoint saved on 8 devices restores onto a 4x2 mesh, one device, or another
+number of processes.
 
 A region of the target that is one whole chunk of the saved array (every region, when the
-layout is the one saved) is its chunk file's bytes, read once: on a local disk hashed from
-memory as it is read, in place of a hashing pass before the read. Other regions are read through
-tensorstore. On an object store each file this process needs is fetched once, its size and
-sha256 checked, and decoded from memory: the bytes checked are the bytes used.
+layout is the one saved) is its chunk file's bytes, read once: on a local disk with O_DIRECT
+into the buffer the device array is made from, many files in flight, each checksummed from
+memory piece by piece as it is read, in place of a hashing pass before the read. Other regions
+are read through tensorstore. On an object store each file this process needs is fetched once,
+its size and checksum checked, and decoded from memory: the bytes checked are the bytes used.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import hashlib
 import itertools
 import json
 import os
@@ -36,6 +37,8 @@ from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from named import NamedArray, is_named_array
 
+from . import checksum
+from .checksum import hash_file
 from .chunks import chunk_from, raw_layout, read_whole_chunk
 from .store import (
     COMMIT_FILE,
@@ -48,7 +51,6 @@ from .store import (
     ObjectPath,
     checkpoint_dir,
     chunk_key,
-    hash_file,
     kvstore_spec,
     list_objects,
     location,
@@ -128,8 +130,10 @@ def _check_bytes(path: Location, rel: str, data: bytes | None, info: dict) -> No
         raise CheckpointError(
             f"checkpoint {path}: file {full} has {len(data)} bytes, the commit says {info['size']} (truncated?)"
         )
-    if hashlib.sha256(data).hexdigest() != info["sha256"]:
-        raise CheckpointError(f"checkpoint {path}: checksum mismatch in file {full} (corrupted)")
+    if not checksum.matches(info, data, full):
+        raise CheckpointError(
+            f"checkpoint {path}: checksum mismatch in file {full} (corrupted; {checksum.check_of(info, full)})"
+        )
 
 
 def fetch_verified(path: ObjectPath, commit: dict, rels) -> dict[str, bytes]:
@@ -168,14 +172,17 @@ def _verify_files(path: Location, commit: dict, hash_only: set[str] | None = Non
             )
         if hash_only is None or rel in hash_only:
             to_hash.append(rel)
+    checks = {rel: checksum.check_of(files[rel], path / rel) for rel in to_hash}
     with concurrent.futures.ThreadPoolExecutor(IO_THREADS) as pool:
-        for rel, (digest, _) in zip(to_hash, pool.map(lambda r: hash_file(path / r), to_hash)):
-            if digest != files[rel]["sha256"]:
-                raise CheckpointError(f"checkpoint {path}: checksum mismatch in file {path / rel} (corrupted)")
+        for rel, (digest, _) in zip(to_hash, pool.map(lambda r: hash_file(path / r, checks[r]), to_hash)):
+            if digest != files[rel][checks[rel]]:
+                raise CheckpointError(
+                    f"checkpoint {path}: checksum mismatch in file {path / rel} (corrupted; {checks[rel]})"
+                )
 
 
 def verify_checkpoint(path: str | os.PathLike | ObjectPath) -> dict:
-    """Check commit.json and the size and sha256 of every file; return the commit record."""
+    """Check commit.json and the size and checksum of every file; return the commit record."""
     path = location(path)
     commit = read_commit(path)
     _verify_files(path, commit)
@@ -440,19 +447,19 @@ def _open_leaf(plan: _Plan, ckpt: Location, data: dict[str, bytes] | None):
 def _read(plan: _Plan, ckpt: Location, commit: dict, whole: dict[tuple, str] | None, check: bool, pool) -> Any:
     """One leaf. A region that is one whole chunk of a raw layout (``whole``, or on an object
     store found from the fetched zarr.json) is its chunk file's bytes, read once (on a local
-    disk hashed from memory when ``check``; an object store's were checked when fetched); the
-    others go through tensorstore."""
+    disk into the buffer the device array is made from, checksummed from memory when ``check``;
+    an object store's were checked when fetched); the others go through tensorstore."""
     rec = plan.record
     where = f"leaf {show(rec['path'])} ({ckpt / rec['dir']})"
     host: dict[tuple, np.ndarray] = {}
     if isinstance(ckpt, Path):
         data = None
         jobs = {
-            region: pool.submit(read_whole_chunk, ckpt, rel, commit["files"][rel], check)
+            region: pool.submit(read_whole_chunk, ckpt, rel, commit["files"][rel], check, rec, where)
             for region, rel in (whole or {}).items()
             if rel in commit["files"]
         }
-        host = {region: chunk_from(job.result(), whole[region], rec, where) for region, job in jobs.items()}
+        host = {region: job.result() for region, job in jobs.items()}
     else:
         data = fetch_verified(ckpt, commit, sorted(plan.files()))
         chunks = plan.whole_chunks(_meta_of(data.get(f"{rec['dir']}/zarr.json")))

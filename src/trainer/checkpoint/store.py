@@ -89,15 +89,6 @@ def safe_relpath(rel: str, root: Location) -> Location:
     return root / (p.as_posix() if isinstance(root, ObjectPath) else p)
 
 
-def hash_file(path: Path, fsync: bool = False) -> tuple[str, int]:
-    with open(path, "rb", buffering=0) as f:
-        digest = hashlib.file_digest(f, "sha256").hexdigest()
-        size = f.tell()
-        if fsync:
-            os.fsync(f.fileno())
-    return digest, size
-
-
 # ---- object stores through tensorstore's kvstore drivers -------------------------------------
 
 _CONTEXTS: dict[str, ts.Context] = {}

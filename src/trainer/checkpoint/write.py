@@ -7,16 +7,16 @@ commits. ``save_checkpoint``, which blocks until the commit, writes the shards f
 are, without a copy. The commit:
 
 - **Local directory**: the chunks go into ``step_<N>.tmp-<token>/`` (a shard that fills its chunk
-  written as its bytes, O_DIRECT where the file system takes it, hashed from memory as it is
-  written; anything else through tensorstore, hashed from its file) and are fsynced;
+  written as its bytes, O_DIRECT where the file system takes it, checksummed from memory as it is
+  written; anything else through tensorstore, checksummed from its file) and are fsynced;
   with several processes each writes a manifest of its files and all meet at a barrier;
   process 0 writes ``commit.json`` last, fsyncs it, renames the directory to ``step_<N>`` and
   fsyncs the parent, then applies retention. A crash at any point leaves either a ``.tmp-``
   directory (ignored, removed by the next successful save) or a complete commit.
 - **Object store** (no atomic rename): every data object of the save goes under
-  ``step_<N>/data-<token>/`` (each chunk encoded in memory by tensorstore, hashed, then
+  ``step_<N>/data-<token>/`` (each chunk encoded in memory by tensorstore, checksummed, then
   uploaded through the store's kvstore driver); manifests and the barrier as above; process 0
-  then writes ``step_<N>/commit.json`` last, with the sha256 and size of every object. Its
+  then writes ``step_<N>/commit.json`` last, with the checksum and size of every object. Its
   presence is the commit, and a checkpoint is trusted only when its record is present and every
   object it lists matches. A crash or a server that goes away before that leaves objects
   without a record: never trusted, warned about by auto-resume, removed by a later save. A
@@ -48,7 +48,10 @@ import tensorstore as ts
 from named import NamedArray, is_named_array
 from named.internal import distributed_client, is_tracer
 
-from .chunks import raw_chunk_ok, write_raw_chunk
+from ..config import CHECKSUMS
+from . import checksum
+from .checksum import hash_file
+from .chunks import aligned_empty, raw_chunk_ok, write_raw_chunk
 from .read import latest_checkpoint
 from .retention import apply_retention, fsync_dir
 from .store import (
@@ -61,7 +64,6 @@ from .store import (
     checkpoint_dir,
     chunk_key,
     delete_objects,
-    hash_file,
     kvstore_spec,
     list_objects,
     location,
@@ -89,7 +91,8 @@ class _HostBuffers:
     ``save`` returns, so a save copies it. Copying into fresh memory is dominated by page faults
     (the OS zeroes and maps every page, on each save, since buffers this large are ``mmap``-ed
     and returned at ``free``); copying into the buffers of the previous save, which the writer is
-    done with by then, costs a ``memcpy``. Where ``np.asarray`` already transfers to new host
+    done with by then, costs a ``memcpy``. They are page-aligned (``aligned_empty``), so the writer
+    sends them to the disk as they lie. Where ``np.asarray`` already transfers to new host
     memory (a GPU or TPU), nothing is kept.
     """
 
@@ -102,7 +105,8 @@ class _HostBuffers:
             return host
         buf = self._kept.get(key)
         if buf is None or buf.shape != host.shape or buf.dtype != host.dtype:
-            buf = self._kept[key] = np.empty_like(host)
+            # page-aligned: the writer sends it to the disk with O_DIRECT as it lies, no staging copy
+            buf = self._kept[key] = aligned_empty(host.nbytes)[: host.nbytes].view(host.dtype).reshape(host.shape)
         np.copyto(buf, host)
         return buf
 
@@ -277,6 +281,7 @@ class _Save:
     keep_last: int | None
     keep_every: int | None
     barrier_timeout_s: float
+    checksum: str
 
     @property
     def primary(self) -> bool:
@@ -314,14 +319,14 @@ def _write_checkpoint(ckdir: Path, s: _Save) -> Path:
                 rel, data = job
                 path = safe_relpath(rel, tmp)
                 path.parent.mkdir(parents=True, exist_ok=True)
-                return write_raw_chunk(path, data)
+                return write_raw_chunk(path, data, s.checksum)
 
             written = pool.map(write, arrays, rest)
             raw_digests = pool.map(write_raw, raw)
             rels = [rel for files in written for rel in files]
-            digests = pool.map(lambda rel: hash_file(safe_relpath(rel, tmp), fsync=True), rels)
-            files = {rel: {"sha256": d, "size": n} for rel, (d, n) in zip(rels, digests)}
-            files.update({rel: {"sha256": d, "size": n} for (rel, _), (d, n) in zip(raw, raw_digests)})
+            digests = pool.map(lambda rel: hash_file(safe_relpath(rel, tmp), s.checksum, fsync=True), rels)
+            files = {rel: checksum.entry(s.checksum, d, n) for rel, (d, n) in zip(rels, digests)}
+            files.update({rel: checksum.entry(s.checksum, d, n) for (rel, _), (d, n) in zip(raw, raw_digests)})
         dirs = {tmp}
         for rel in files:  # every directory that gained an entry, up to tmp itself
             d = (tmp / rel).parent
@@ -382,7 +387,7 @@ def _write_objects_checkpoint(ckdir: ObjectPath, s: _Save) -> ObjectPath:
         rel = f"{data}/{leaf.record['dir']}"
         blobs = {f"{rel}/{k}": b for k, b in _encode_leaf(leaf.record, leaf.shards, primary).items()}
         write_objects(final, blobs)
-        return {k: {"sha256": hashlib.sha256(b).hexdigest(), "size": len(b)} for k, b in blobs.items()}
+        return {k: checksum.entry(s.checksum, checksum.digest(s.checksum, b), len(b)) for k, b in blobs.items()}
 
     files: dict = {}
     with concurrent.futures.ThreadPoolExecutor(IO_THREADS) as pool:
@@ -428,6 +433,8 @@ class Checkpointer:
         keep_every: also keep every step divisible by ``keep_every`` (None: no such rule).
         subdir: relative path of the checkpoint directory inside ``run_dir``.
         barrier_timeout_s: with several processes, how long one waits for the others.
+        checksum: the check each file carries in the commit record, ``"crc32c"`` (the default)
+            or ``"sha256"`` (``checkpoint.checksum``); a restore checks whichever a file carries.
 
     ``save`` returns once this process's shards are in host memory; ``wait`` blocks until
     the commit. An error in the background is raised (as CheckpointError) by the next
@@ -442,6 +449,7 @@ class Checkpointer:
         keep_every: int | None = None,
         subdir: str = "checkpoints",
         barrier_timeout_s: float = 600.0,
+        checksum: str = checksum.DEFAULT,
     ):
         if keep_last is not None and keep_last < 1:
             raise CheckpointError(f"keep_last must be >= 1 or None, got {keep_last}")
@@ -452,6 +460,9 @@ class Checkpointer:
         self.directory: Location = checkpoint_dir(self.run_dir, subdir)
         self.keep_last, self.keep_every = keep_last, keep_every
         self.barrier_timeout_s = barrier_timeout_s
+        if checksum not in CHECKSUMS:
+            raise CheckpointError(f"checksum must be one of {', '.join(CHECKSUMS)}, got {checksum!r}")
+        self.checksum = checksum
         self._thread: threading.Thread | None = None
         self._error: tuple[int, BaseException] | None = None
         self._last: Location | None = None
@@ -498,6 +509,7 @@ class Checkpointer:
             self.keep_last,
             self.keep_every,
             self.barrier_timeout_s,
+            self.checksum,
         )
         write = _write_objects_checkpoint if isinstance(self.directory, ObjectPath) else _write_checkpoint
 

@@ -5,7 +5,8 @@ the checks on its values alone. The lowest layer of the trainer: it imports noth
 - ``train_config``: the sections and ``TrainConfig``, ``load_config`` and the checks that tie keys
   together, the tables derived from the declarations (``RULES``, ``keys_table``, ``--help``);
 - ``data_section``: the ``data`` section and ``DataError`` (``named.trainer.data`` re-exports them);
-- ``location``: the rule from a value to a place for checkpoints, and ``CheckpointError``;
+- ``location``: the rule from a value to a place for checkpoints, ``CheckpointError`` and the
+  checks a checkpoint file may carry (``CHECKSUMS``);
 - ``check``, ``read``, ``adapt``, ``pretrained``: per-value checks, the YAML file and the flags,
   the ``lora`` and ``quantization`` sections, a Hugging Face folder's config;
 - ``hub``, ``pinning``: Hugging Face Hub ids where a value names a folder, fetched, and pinned to
@@ -22,7 +23,7 @@ import importlib
 
 # the error types and the data section, without draccus or the models
 from .data_section import DataConfig, DataError  # noqa: F401
-from .location import CheckpointError  # noqa: F401
+from .location import CHECKSUMS, CheckpointError  # noqa: F401
 from .rules import ConfigError  # noqa: F401
 
 

@@ -17,6 +17,9 @@ from pathlib import Path
 from named import NamedError
 
 SCHEMES = ("s3", "gs")
+# The checks a checkpoint file may carry, the default first: the values of the config key
+# ``checkpoint.checksum`` (the module ``named.trainer.checkpoint.checksum`` computes them).
+CHECKSUMS = ("crc32c", "sha256")
 
 
 class CheckpointError(NamedError, RuntimeError):

@@ -42,7 +42,7 @@ from . import pinning, pretrained
 from .adapt import LoraConfig, QuantizationConfig  # re-exported: sections of TrainConfig
 from .check import check_flag_keys, check_section, describe_type
 from .data_section import DataConfig, DataError
-from .location import CheckpointError, inside, location
+from .location import CHECKSUMS, CheckpointError, inside, location
 from .read import (
     CONFIG_NAME,
     CONFIG_PATH,
@@ -261,6 +261,13 @@ class CheckpointConfig:
         doc="checkpoints in `<base>/checkpoints`: a local path, "
         "`s3://bucket/prefix` or `gs://bucket/prefix` "
         "(null: in trainer.run_dir)",
+    )
+    checksum: str = key(
+        CHECKSUMS[0],
+        one_of(*CHECKSUMS),
+        free=True,
+        doc="the check every checkpoint file carries: `crc32c` (in hardware, 10+ GB/s a core) "
+        "or `sha256` (also against deliberate edits; about 10x the CPU)",
     )
 
 

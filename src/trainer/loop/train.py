@@ -342,7 +342,10 @@ def _train(cfg: TrainConfig, run: Run) -> TrainResult:
     optimizer = build_optimizer(cfg.optimizer, t.num_train_steps)
     lr_at = schedule(cfg.optimizer, t.num_train_steps)
     checkpointer = ckpt.Checkpointer(
-        plan.root, keep_last=cfg.checkpoint.keep_last, keep_every=cfg.checkpoint.keep_every
+        plan.root,
+        keep_last=cfg.checkpoint.keep_last,
+        keep_every=cfg.checkpoint.keep_every,
+        checksum=cfg.checkpoint.checksum,
     )
     key = jax.random.key(t.seed)
     init_key, data_key = jax.random.split(key)
