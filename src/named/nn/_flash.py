@@ -250,9 +250,9 @@ def _backward(plan: _Plan, q, k, v, bias, aux: _Aux, out, M, L, dout):
             if valid is not None:
                 ds = jnp.where(valid, ds, 0.0)
             if db is not None:
-                rows = plan.bq if db.shape[-2] != 1 else 1
-                g = _reduce_to(ds, db.shape[:-2] + (rows, plan.bk))
-                start = i0 if rows != 1 else 0
+                whole = db.shape[-2] != 1  # else one row for every query
+                g = _reduce_to(ds, db.shape[:-2] + ((plan.bq if whole else 1), plan.bk))
+                start = i0 if whole else 0
                 db = lax.dynamic_update_slice(
                     db,
                     lax.dynamic_slice(db, (0,) * (db.ndim - 2) + (start, j0), g.shape) + g,
