@@ -245,6 +245,7 @@ def dot_product_attention(
         return _with_one_query(dot_product_attention, query, (key, value), args)
     _check_axes("dot_product_attention", query, key, value, qpos, kpos, hs, mask, bias)
     heads, kvheads = name_of(Heads), name_of(KVHeads)
+    query_heads = query.resolve_axis(heads) if heads in query.names else None
     query, mask, bias, group = _grouped(query, key, mask, bias, heads, kvheads)
     grouped = group is not None
     if isinstance(q_offset, NamedArray):
@@ -309,6 +310,8 @@ def dot_product_attention(
         out = _xla_attention(query, key, value, qpos, kpos, hs, m, bias, scale, softcap)
     if grouped:
         out = flatten_axes(out, (kvheads, group.name), heads)
+        # the query's own heads axis back: in explicit mode it carries the heads' split
+        out = unchecked(out.array, tuple(query_heads if a.name == heads else a for a in out.axes))
     return shard(out)
 
 

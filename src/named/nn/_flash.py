@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .._compat import is_tracer
+from .._compat import is_tracer, varying_axes
 from .._core import NamedArray, unchecked
 from .._index import concrete
 from .._shape import arange, rename
@@ -44,7 +44,7 @@ def block_size(n: int) -> tuple[int, int]:
     target = BLOCK
     if n <= target:
         return n, n
-    for b in range(target, target // 4 - 1, -1):
+    for b in range(target, max(2, target // 4) - 1, -1):
         if n % b == 0:
             return b, n
     return target, -(-n // target) * target
@@ -66,6 +66,17 @@ class _Plan:
     offset: int | None  # the queries' static place among the keys (None: a traced one in aux)
     window: int | None  # a static sliding window (a traced one is in aux)
     skip: bool  # whether causally masked blocks may be skipped
+    vary: frozenset = frozenset()  # inside shard_map: the mesh axes the inputs vary over
+
+    def full(self, shape, fill, dtype):
+        """A loop's starting value, of the inputs' type inside shard_map (a carry keeps its type)."""
+        return _varying(jnp.full(shape, fill, dtype), self.vary)
+
+
+def _varying(x, vary: frozenset):
+    """``x`` typed as varying over ``vary`` (a relabelling inside shard_map; no data moves)."""
+    missing = vary - varying_axes(x)
+    return jax.lax.pcast(x, tuple(sorted(missing)), to="varying") if missing else x
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,9 +175,9 @@ def _finite(m):
 
 def _forward(plan: _Plan, q, k, v, bias, aux: _Aux):
     rows = q.shape[:-1]  # [*B, *G, Tp]
-    out = jnp.zeros(rows + (v.shape[-1],), v.dtype)
-    M = jnp.zeros(rows, jnp.float32)
-    L = jnp.zeros(rows, jnp.float32)
+    out = plan.full(rows + (v.shape[-1],), 0, v.dtype)
+    M = plan.full(rows, 0, jnp.float32)
+    L = plan.full(rows, 0, jnp.float32)
     nb = k.ndim - 2
     ng = q.ndim - 2 - nb
     vexp = lax.expand_dims(v, tuple(range(nb, nb + ng)))
@@ -189,9 +200,9 @@ def _forward(plan: _Plan, q, k, v, bias, aux: _Aux):
             return m_new, alpha * l + p.sum(-1), alpha[..., None] * acc + pv
 
         init = (
-            jnp.full(qi.shape[:-1], -jnp.inf, jnp.float32),
-            jnp.zeros(qi.shape[:-1], jnp.float32),
-            jnp.zeros(qi.shape[:-1] + (v.shape[-1],), jnp.float32),
+            plan.full(qi.shape[:-1], -jnp.inf, jnp.float32),
+            plan.full(qi.shape[:-1], 0, jnp.float32),
+            plan.full(qi.shape[:-1] + (v.shape[-1],), 0, jnp.float32),
         )
         lo, hi = _key_blocks(plan, i)
         m, l, acc = lax.fori_loop(lo, hi, per_key_block, init)
@@ -222,10 +233,10 @@ def _backward(plan: _Plan, q, k, v, bias, aux: _Aux, out, M, L, dout):
     gdims = tuple(range(nb, nb + ng))
     delta = jnp.einsum("...d,...d->...", dout.astype(jnp.float32), out.astype(jnp.float32))
     base, inv_l = _finite(M), 1.0 / L
-    dq = jnp.zeros(q.shape, jnp.float32)
-    dk = jnp.zeros(k.shape, jnp.float32)
-    dv = jnp.zeros(v.shape, jnp.float32)
-    db = None if bias is None else jnp.zeros(bias.shape, jnp.float32)
+    dq = plan.full(q.shape, 0, jnp.float32)
+    dk = plan.full(k.shape, 0, jnp.float32)
+    dv = plan.full(v.shape, 0, jnp.float32)
+    db = None if bias is None else plan.full(bias.shape, 0, jnp.float32)
     vexp = lax.expand_dims(v, gdims)
     kexp_all = lax.expand_dims(k, gdims)
 
@@ -265,7 +276,7 @@ def _backward(plan: _Plan, q, k, v, bias, aux: _Aux, out, M, L, dout):
             dkj = dkj + jnp.einsum("...ts,...td->...sd", ds, qi.astype(jnp.float32)).sum(gdims)
             return _add_at(dq, dqi, i0, -2), dkj, dvj, db
 
-        init = (dq, jnp.zeros(kj.shape, jnp.float32), jnp.zeros(kj.shape[:-1] + (v.shape[-1],), jnp.float32), db)
+        init = (dq, plan.full(kj.shape, 0, jnp.float32), plan.full(kj.shape[:-1] + (v.shape[-1],), 0, jnp.float32), db)
         lo, hi = _query_blocks(plan, j)
         dq, dkj, dvj, db = lax.fori_loop(lo, hi, per_query_block, init)
         dk = lax.dynamic_update_slice_in_dim(dk, dkj, j0, axis=-2)
@@ -358,6 +369,13 @@ def flash_attention(
             static_window = int(known)
         else:
             traced_window = jnp.asarray(w, jnp.int32)
+    # Inside shard_map every input (and every loop carry) gets the type of the most varying one,
+    # so that autodiff, not this VJP, sums the gradient of an input that the others outvary.
+    arrays = [x for x in (q, k, v, b, m, qseg, kseg, qposn, traced_window) if x is not None]
+    vary = frozenset().union(*(varying_axes(x) for x in arrays))
+    q, k, v, b, m, qseg, kseg, qposn, traced_window = (
+        None if x is None else _varying(x, vary) for x in (q, k, v, b, m, qseg, kseg, qposn, traced_window)
+    )
     plan = _Plan(
         T=T,
         S=S,
@@ -371,8 +389,11 @@ def flash_attention(
         offset=offset,
         window=static_window,
         skip=bool(causal) and mask is None and offset == 0 and traced_window is None,
+        vary=vary,
     )
     aux = _Aux(mask=m, qseg=qseg, kseg=kseg, qposn=qposn, window=traced_window)
     out = _attend(plan, q, k, v, b, aux)[..., :T, :]
-    axes = tuple(query.resolve_axis(n) for n in lead + [qpos]) + (value.resolve_axis(hs),)
+    # the key's own axes where it has them: in explicit mode they carry the split of a kv head
+    # (GQA's split of the query's heads does not)
+    axes = tuple((key if n in key.names else query).resolve_axis(n) for n in lead + [qpos]) + (value.resolve_axis(hs),)
     return unchecked(out, axes).rearrange(query.names)
