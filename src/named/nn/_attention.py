@@ -114,7 +114,7 @@ def attention_keeps_scores(implementation: str = "auto", backend: str | None = N
     """Whether attention's backward pass keeps the ``[query, key]`` scores of each layer: what a
     memory model counts. ``"xla"`` keeps them; ``"cudnn"`` and ``"flash"`` never do. ``"auto"``
     (read through ``nn.attention_implementation``) takes cuDNN on a GPU where it can and the
-    blockwise path elsewhere once the keys span more than one block (``key_length`` > 512);
+    blockwise path elsewhere once the keys span more than one block (``key_length`` > 256);
     below that the XLA path, whose one block of scores is the whole of them. ``backend`` is the
     device kind the run will use (``"gpu"``, ``"tpu"``, ``"cpu"``; default this process's)."""
     if implementation not in _IMPLEMENTATIONS:
@@ -200,7 +200,7 @@ def dot_product_attention(
             inputs are bf16/f16 with a head size that is a multiple of 8 and <= 128, and there
             is no bias, softcap, traced window or offset (``causal`` and an int ``window`` are
             fine; ``mask`` and ``segment_ids`` reach cuDNN as a dense bias); otherwise the
-            blockwise path when the keys span more than one block of 512 (``"flash"``), else
+            blockwise path when the keys span more than one block of 256 (``"flash"``), else
             the XLA path. The choice is logged (logger
             ``named.nn``, INFO on GPU, DEBUG elsewhere) once per trace.
             ``"xla"`` forces the XLA path, which keeps the float32 ``[query, key]`` scores for

@@ -34,8 +34,9 @@ from .._shape import arange, rename
 from ._masks import check_window
 
 # Key/query block size: the largest divisor of the length in [BLOCK / 4, BLOCK], or BLOCK with
-# the length padded to a multiple (docs/benchmarks.md, "Blockwise attention", measured 256 and 512).
-BLOCK = 512
+# the length padded to a multiple. 256 beat 512 on CPU at T = 512 to 2048 (smaller blocks skip
+# more of the causal triangle; docs/benchmarks.md, "Blockwise attention on CPU").
+BLOCK = 256
 _NEG = float(jnp.finfo(jnp.float32).min)
 
 
