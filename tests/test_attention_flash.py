@@ -204,6 +204,8 @@ def test_auto_takes_flash_once_the_keys_span_more_than_one_block(caplog):
     assert paths == ["flash path", "flash path", "xla path", "flash path"], paths
     assert nn.attention_keeps_scores("xla") and not nn.attention_keeps_scores("flash")
     assert not nn.attention_keeps_scores("cudnn", "gpu")
+    assert not nn.attention_keeps_scores("auto", "gpu", key_length=128, dtype=jnp.bfloat16)
+    assert nn.attention_keeps_scores("auto", "gpu", key_length=128, dtype=jnp.float32)
     assert nn.attention_keeps_scores("auto", "cpu", key_length=256)
     assert not nn.attention_keeps_scores("auto", "cpu", key_length=512)
     with nn.attention_implementation("xla"):

@@ -110,20 +110,25 @@ def attention_implementation(implementation: str) -> Iterator[None]:
         yield
 
 
-def attention_keeps_scores(implementation: str = "auto", backend: str | None = None, key_length: int = 0) -> bool:
+def attention_keeps_scores(
+    implementation: str = "auto", backend: str | None = None, key_length: int = 0, dtype=None
+) -> bool:
     """Whether attention's backward pass keeps the ``[query, key]`` scores of each layer: what a
     memory model counts. ``"xla"`` keeps them; ``"cudnn"`` and ``"flash"`` never do. ``"auto"``
-    (read through ``nn.attention_implementation``) takes cuDNN on a GPU where it can and the
-    blockwise path elsewhere once the keys span more than one block (``key_length`` > 256);
-    below that the XLA path, whose one block of scores is the whole of them. ``backend`` is the
-    device kind the run will use (``"gpu"``, ``"tpu"``, ``"cpu"``; default this process's)."""
+    (read through ``nn.attention_implementation``) keeps none when it takes cuDNN (``backend``
+    ``"gpu"`` with a bf16/f16 ``dtype``: a plan from shapes alone does not know the head size or
+    the bias, and assumes cuDNN's conditions on them hold) or the blockwise path (the keys span
+    more than one block, ``key_length`` > 256), and keeps them on the XLA path below that, whose
+    one block of scores is the whole of them. ``backend`` is the device kind the run will use
+    (``"gpu"``, ``"tpu"``, ``"cpu"``; default this process's)."""
     if implementation not in _IMPLEMENTATIONS:
         raise ArgumentError(f"unknown attention implementation {implementation!r}; use {', '.join(_IMPLEMENTATIONS)}")
     if implementation == "auto":
         implementation = current_attention()
     if implementation == "auto":
-        del backend  # cuDNN (GPU) and the blockwise path (elsewhere) both keep none past one block
-        return not _flash_pays(key_length)
+        backend = jax.default_backend() if backend is None else backend
+        cudnn = backend == "gpu" and dtype is not None and jnp.dtype(dtype) in _CUDNN_DTYPES
+        return not (cudnn or _flash_pays(key_length))
     return implementation == "xla"
 
 
