@@ -1,17 +1,26 @@
 # Two commands set everything up on a fresh machine:
 #   make train   trains a small GPT-2 on the embedded corpus
 #   make test    runs ruff (make lint), then the whole suite (8 fake CPU devices)
+#   make test-quick  the edit loop's tier: everything but what trains end to end, starts processes,
+#                or needs Ray, S3, lm-eval, notebooks, a browser or the network (pytest markers)
 #   make bench   runs the CPU benchmarks (docs/benchmarks.md)
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+TRAIN_STAMP := $(VENV)/.installed-train
 
-.PHONY: install browser lint test train bench bench-gpu clean
+.PHONY: install browser lint test test-quick train bench bench-gpu clean
 
-$(STAMP): pyproject.toml
+# Two stamps: `make train` installs only what training needs (the train extra); `make test` adds the
+# test and notebook extras on top (torch, transformers, lm-eval, Ray, moto, Jupyter: gigabytes).
+$(TRAIN_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[train]'
+	touch $(TRAIN_STAMP)
+
+$(STAMP): $(TRAIN_STAMP)
 	$(PY) -m pip install --quiet -e '.[train,test,notebook]'
 	touch $(STAMP)
 
@@ -34,11 +43,15 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check $(LINTED)
 
 test: lint
-	$(PY) -m pytest -n 2 --dist loadfile -q tests
+	$(PY) -m pytest -n 2 --dist loadfile -q --durations=25 tests
+
+QUICK := not slow and not procs and not ray and not s3 and not lmeval and not notebook and not browser and not network
+test-quick: $(STAMP)
+	$(PY) -m pytest -n 2 --dist loadfile -q -m "$(QUICK)" tests
 
 # TRAIN_ARGS: overrides for the run, e.g. TRAIN_ARGS="--trainer.num_train_steps 30"
 TRAIN_ARGS ?=
-train: $(STAMP)
+train: $(TRAIN_STAMP)
 	$(VENV)/bin/named-train --config_path config/gpt2_nano.yaml $(TRAIN_ARGS)
 
 # CPU benchmarks (8 fake devices); JSON in bench/results/. Not timed as a whole since the recommended

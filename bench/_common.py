@@ -84,9 +84,14 @@ def machine() -> dict:
         # (its copy may carry a stale .git: BENCH_COMMIT, when set, wins)
         "commit": os.environ.get("BENCH_COMMIT") or _git("rev-parse", "--short=12", "HEAD"),
         "dirty_src": dirty,
-        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+        "load_average_at_start": load_average(),
         "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
+
+
+def load_average() -> list[float]:
+    """The 1-, 5- and 15-minute load averages, rounded."""
+    return [round(x, 2) for x in os.getloadavg()]
 
 
 def command_line() -> str:
@@ -103,7 +108,7 @@ def write_result(name: str, result: dict, out_dir: str | os.PathLike | None = No
     out = Path(out_dir) if out_dir else RESULTS
     out.mkdir(parents=True, exist_ok=True)
     result = {**result}
-    result.setdefault("machine", {})["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    result.setdefault("machine", {})["load_average_at_end"] = load_average()
     path = out / f"{name}.json"
     path.write_text(json.dumps(result, indent=2, sort_keys=False) + "\n")
     print(f"wrote {os.path.relpath(path, ROOT) if path.is_relative_to(ROOT) else path}")

@@ -176,10 +176,10 @@ def peer_config(folder: Path, train: list[str]) -> Path:
     the corpus and tokenizer it reads, written under ``folder``; returns the config's path."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    from named.trainer.commands.cli import resolve_config
     from named.trainer.config import load_config
+    from named.trainer.config.read import resolve_config
+    from named.trainer.config.train_config import VOCAB_MULTIPLE
     from named.trainer.data import ByteTokenizer, cached_tokens, resolve_sources
-    from named.trainer.loop.checks import VOCAB_MULTIPLE
 
     cfg = load_config(resolve_config("gpt2_nano"), train[2:])
     m, tok = cfg.model, ByteTokenizer()

@@ -431,7 +431,8 @@ def main(argv=None):
     ap.add_argument(
         "--device-kind",
         default="H100",
-        help="--setup recommended: the device whose roofline named-plan --search ranks by",
+        help="--setup recommended: the device whose roofline named-plan --search ranks by "
+        "(cpu: this machine, measured as named-plan --search measures it on a CPU)",
     )
     ap.add_argument("--dtype", choices=("f32", "bf16"), default="f32")
     ap.add_argument("--remat", choices=("none", "full"), default="none")
@@ -645,17 +646,20 @@ def recommended_layouts(args, cfg: dict, batch: int, seq: int, peer_memory: dict
     ("named_at_peer_memory"; left out when it is the same layout, or when none fits)."""
     import dataclasses
 
-    from named.trainer.commands.plan_search import Roofline, format_table, search
+    from named.trainer.commands.plan import Target
+    from named.trainer.commands.plan_search import Roofline, fits, format_table, search
     from named.trainer.loop import hardware
 
     config = trainer_config(args.model, cfg, batch, seq, args.dtype, "none")
-    roof = Roofline.of(config, hardware.find(args.device_kind))
+    device = hardware.this_cpu() if args.device_kind == "cpu" else hardware.find(args.device_kind)
+    roof = Roofline.of(config, device)
     budget = peer_memory["peak_bytes"]
     t0 = time.perf_counter()
     # named-plan --search, then named-plan --search --device-memory <the peer's peak>: each
     # refines its own best layouts (explicit mode, the blockwise loss)
-    fastest = search(config, roof, memory_budget=float("inf"))[0]
-    within = search(config, roof, memory_budget=budget)
+    # (a layout's memory is named-plan's estimate from shapes, judged against the peer's compiled peak)
+    fastest = search(config, Target(device, None), roof=roof)[0]
+    within = search(config, Target(device, budget), roof=roof)
     seconds = time.perf_counter() - t0
     table = format_table(within, roof, budget)
     print(table, flush=True)
@@ -665,11 +669,7 @@ def recommended_layouts(args, cfg: dict, batch: int, seq: int, peer_memory: dict
         return all(a.get(k) == b.get(k) for k in keys)
 
     chosen = {"named": dataclasses.asdict(fastest)}
-    if (
-        not within[0].error
-        and within[0].peak_bytes <= budget
-        and not same(dataclasses.asdict(within[0]), chosen["named"])
-    ):
+    if not within[0].error and fits(within[0], budget) and not same(dataclasses.asdict(within[0]), chosen["named"]):
         chosen["named_at_peer_memory"] = dataclasses.asdict(within[0])
     return {
         "device_kind": args.device_kind,
@@ -678,7 +678,7 @@ def recommended_layouts(args, cfg: dict, batch: int, seq: int, peer_memory: dict
         "budget_bytes_at_peer_memory": budget,
         "table_within_peer_memory": table,
         "chosen": chosen,
-        "fastest_fits_peer_memory": fastest.peak_bytes <= budget,
+        "fastest_fits_peer_memory": fits(fastest, budget),
     }
 
 

@@ -539,7 +539,7 @@ def decode_block() -> str:
     ratios = "; ".join(
         f"{f['family']} "
         + ", ".join(
-            f"batch {b} **{x:.1f}×** (CPU time per call {cpu_ratio(f, b):.2f}×)"
+            f"batch {b} **{cpu_ratio(f, b):.2f}×** (tokens/s {x:.2f}×)"
             for b, x in f["named_over_transformers_tokens_per_s"].items()
         )
         for f in r["families"]
@@ -551,12 +551,12 @@ def decode_block() -> str:
     head = (
         f"Greedy, KV cache, prompt {r['prompt_tokens']} tokens, {r['new_tokens']} new tokens per call; "
         f"transformers {r['transformers']} on torch {r['torch']} ({r['torch_threads']} threads); "
-        f"{r['rounds']} rounds taking turns, medians."
+        f"{r['rounds']} rounds taking turns, medians; CPU time is the process's (all its threads)."
     )
     t = table(["model", "side", "batch", "new tokens/s", "call (wall)", "call (CPU)", "time to first token"], rows)
     return (
-        f"{head}\n\n{t}\n\nnamed / transformers, tokens/s: {ratios}. XLA compilations during the timed calls: "
-        f"{compiles}. Greedy tokens equal to transformers': {agree}.\n\n{provenance(r)}"
+        f"{head}\n\n{t}\n\ntransformers / named, CPU time per call: {ratios}. XLA compilations during the "
+        f"timed calls: {compiles}. Greedy tokens equal to transformers': {agree}.\n\n{provenance(r)}"
     )
 
 

@@ -6,8 +6,10 @@ commands) compile each program once. It lives in a temporary folder that the pro
 made it removes at the end. A maximum size turns on jax's file lock, so concurrent processes
 never read an entry that another is still writing."""
 
+import gc
 import os
 import shutil
+import subprocess
 import tempfile
 
 # Must happen before jax is imported anywhere (pytest imports conftest first).
@@ -45,3 +47,34 @@ def pytest_sessionstart(session):
 def pytest_unconfigure(config):
     if os.environ.get("NAMED_TESTS_JAX_CACHE_OWNER") == str(os.getpid()):
         shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
+
+
+# ---- tiers: what a test needs beyond this process is a marker (pyproject.toml) ----------------------
+# `make test-quick` leaves these out; a test that starts a process without one fails here, so the
+# quick tier stays free of processes as tests are added.
+_STARTS_PROCESSES = ("procs", "ray", "s3", "notebook", "browser")
+
+
+@pytest.fixture(autouse=True)
+def _processes_are_marked(request, monkeypatch):
+    if not any(request.node.get_closest_marker(m) for m in _STARTS_PROCESSES):
+
+        def refuse(self, args=None, *rest, **kw):
+            pytest.fail(
+                f"{request.node.nodeid} starts a process ({args!r}) but is not marked: add "
+                f"@pytest.mark.procs (or one of {', '.join(_STARTS_PROCESSES[1:])})",
+                pytrace=False,
+            )
+
+        monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+    yield
+
+
+# ---- memory: each test file's compiled programs are let go when the file ends ----------------------
+# (a worker runs whole files, --dist loadfile; without this, both workers grew to about 6 GB by the end
+# of the suite). The persistent compilation cache still serves a program a later file compiles again.
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    yield
+    jax.clear_caches()
+    gc.collect()

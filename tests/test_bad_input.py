@@ -174,9 +174,9 @@ YAML_CASES = {
     "bad precision": ("trainer:\n  precision: params=float33\n", ConfigError, r"trainer\.precision"),
     "bad schedule": ("optimizer:\n  schedule: sawtooth\n", ConfigError, r"optimizer\.schedule.*sawtooth"),
     "bad wandb mode": ("tracker:\n  wandb_mode: loud\n", ConfigError, r"tracker\.wandb_mode.*loud"),
-    "data.seq_len (raised in __post_init__)": ("data:\n  seq_len: 1\n", DataError, r"data\.seq_len.*1"),
-    "data.val_fraction": ("data:\n  val_fraction: 1.5\n", DataError, r"data\.val_fraction.*1\.5"),
-    "data.bin_dtype": ("data:\n  bin_dtype: float32\n", DataError, r"data\.bin_dtype.*float32"),
+    "data.seq_len": ("data:\n  seq_len: 1\n", ConfigError, r"data\.seq_len.*1"),
+    "data.val_fraction": ("data:\n  val_fraction: 1.5\n", ConfigError, r"data\.val_fraction.*1\.5"),
+    "data.bin_dtype": ("data:\n  bin_dtype: float32\n", ConfigError, r"data\.bin_dtype.*float32"),
     "model.n_layer zero": ("model:\n  type: gpt2\n  n_layer: 0\n", ConfigError, r"model\.n_layer.*0"),
     "model.dropout": ("model:\n  type: gpt2\n  dropout: 1.5\n", ConfigError, r"model\.dropout"),
     "model heads vs width (model __post_init__)": (
@@ -228,7 +228,7 @@ CLI_CASES = {
     "bad choice": (["--model.type", "gpt3"], ConfigError, r"--model\.type.*gpt3"),
     "negative lr": (["--optimizer.learning_rate", "-1"], ConfigError, r"optimizer\.learning_rate"),
     "bad dict": (["--mesh.shape", "{data: x}"], ConfigError, r"mesh\.shape\.data"),
-    "seq_len in __post_init__": (["--data.seq_len", "1"], DataError, r"data\.seq_len"),
+    "data.seq_len": (["--data.seq_len", "1"], ConfigError, r"data\.seq_len"),
     "warmup longer than run": (["--optimizer.warmup_steps", "1000"], ConfigError, r"optimizer\.warmup_steps=1000"),
     "batch vs microbatches": (["--trainer.microbatches", "3"], ConfigError, r"train_batch_size=16 .*microbatches=3"),
     "checkpoint outside run_dir": (
@@ -627,6 +627,7 @@ CLI_SUBPROCESS = {
 
 
 @pytest.mark.parametrize("name", list(CLI_SUBPROCESS))
+@pytest.mark.procs
 def test_cli_exit_code_and_nothing_written(files, tmp_path, name):
     over, needle = CLI_SUBPROCESS[name]
     run_dir = tmp_path / "run"

@@ -319,6 +319,11 @@ RANGES = {
     "checkpoint.base": (NANO, ['""', "ftp://host/x", "s3://UPPER/x"], ["null", "s3://my-bucket/runs/a"]),
     "tracker.wandb_mode": (NANO, ["loud"], ["offline"]),
     "data.chat_packing": (NANO, ["ffd"], ["stream"]),
+    "data.seq_len": (NANO, ["1", "0"], ["2"]),
+    "data.val_fraction": (NANO, ["1", "-0.1", "1.5"], ["0", "0.5"]),
+    "data.bin_dtype": (NANO, ["int8", "uint64"], ["uint32"]),
+    "data.stdlib_bytes": (NANO, ["0", "-1"], ["1"]),
+    "data.chat_template": (NANO, ['""', '"  "'], ["null", "t.jinja"]),
     "data.chat_too_long": (NANO, ["cut"], ["drop"]),
     "mesh.mode": (NANO, ["manual", "Explicit"], ["explicit", "auto"]),
     "mesh.batch_split": (NANO, ["0", "-2"], ["1"]),  # more than 1 needs mesh.mode: explicit
@@ -394,6 +399,20 @@ def test_every_range_of_the_declarations_is_tested():
 
 
 # ---- the declarations and the line that reads a config ----------------------------------------
+
+
+def test_no_rule_of_a_key_lives_outside_its_declaration():
+    # a key's allowed values are its key(...) rule, checked by config/check.py alone (so the keys table
+    # shows them): no other module of the trainer words a "KEY must be" of its own for a declared key
+    src = ROOT / "src" / "trainer"
+    keys = [d.name for d in declarations() if "<" not in d.name]
+    found = []
+    for path in src.rglob("*.py"):
+        if path.name in ("rules.py", "check.py"):
+            continue
+        text = path.read_text()
+        found += [f"{path.relative_to(ROOT)}: {k}" for k in keys if re.search(re.escape(k) + r"`? must be", text)]
+    assert found == [], found
 
 
 def test_a_resume_may_change_exactly_the_keys_declared_free():
@@ -493,6 +512,7 @@ def test_distributed_settings(no_cluster, name):
     _fails(ConfigError, match, dist.checked_settings, cfg.distributed)
 
 
+@pytest.mark.procs
 def test_distributed_settings_that_are_fine(no_cluster):
     # the control: a full set from the config, and one from named-launch's variables
     cfg = load_config(
@@ -724,6 +744,20 @@ def test_range_messages_say_the_range_and_the_value():
     assert str(err) == "optimizer.beta1 must be in [0, 1), got 1.5"
 
 
-def test_data_errors_stay_the_data_sections(tmp_path):
-    # the data section checks its own keys (DataError); the config layer does not shadow them
-    _fails(DataError, r"data\.seq_len", load_config, NANO, ["--data.seq_len", "1"])
+def test_the_data_section_raises_one_error_type_per_kind_of_fault(tmp_path):
+    # a data key's value is checked by its declaration like every other key's (ConfigError), from a
+    # config file and from code alike; the structure of its sources is the data section's (DataError)
+    from named.trainer.data import DataConfig
+
+    err = _fails(ConfigError, r"data\.seq_len", load_config, NANO, ["--data.seq_len", "1"])
+    assert str(err) == "data.seq_len must be >= 2, got 1"
+    with pytest.raises(ConfigError) as made:
+        DataConfig(seq_len=1)
+    assert str(made.value) == str(err)
+    _fails(
+        DataError,
+        r"data\.train\[0\]\.weight",
+        load_config,
+        NANO,
+        ["--data.train", "[{name: a, paths: [x], weight: -1}]"],
+    )

@@ -257,10 +257,11 @@ def test_explicit_configs_one_config(tmp_path):
     assert row["max_relative_difference"] < 1e-5
 
 
-def test_the_recommended_setup_trains_our_side_in_the_layout_the_search_chose():
+def test_the_recommended_setup_configures_our_side_in_the_layout_the_search_chose():
     """peer.py --setup recommended hands our worker a search candidate's fields (as JSON); the
     config it then trains has that candidate's mesh, mappings, mode, remat, microbatches and
-    loss block, not the FSDP defaults of the like-for-like comparison."""
+    loss block, not the FSDP defaults of the like-for-like comparison (what that config's step
+    does is the trainer's, tested there)."""
     import dataclasses
 
     import peer

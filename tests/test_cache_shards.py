@@ -160,6 +160,7 @@ token_stream([sys.argv[1]], Slow(), DataConfig(cache_dir=sys.argv[2]))
 """
 
 
+@pytest.mark.procs
 def test_a_build_killed_with_sigkill_resumes_to_the_same_cache(corpus, reference, sharded, tmp_path):
     cache = tmp_path / "c"
     proc = subprocess.Popen([sys.executable, "-c", _SLOW_BUILD, str(corpus / "*.txt"), str(cache)])
@@ -243,6 +244,7 @@ token_stream([corpus], Slow(), DataConfig(cache_dir=cache), runner=LocalShards(p
 """
 
 
+@pytest.mark.procs
 def test_two_hosts_building_one_shared_cache_split_its_pieces(corpus, reference, tmp_path):
     from _procs import run_workers
 

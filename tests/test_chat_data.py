@@ -16,6 +16,7 @@ import transformers
 from _chat_folder import CHATML, CHATS, make_chat_folder, write_chats
 from tokenizers import Tokenizer as HFTok
 
+from named.trainer.config import ConfigError
 from named.trainer.data import ByteTokenizer, DataConfig, DataError, Sequences, TokenStream, _cache, build_data
 from named.trainer.data import chat as chat_api
 from named.trainer.data._packing import LOSS, START
@@ -531,7 +532,7 @@ def test_bad_source_settings(folder, chats, tmp_path):
         DataConfig(train=[{"name": "c", "paths": [str(chats)], "format": "sharegpt"}])
     with pytest.raises(DataError, match=r"data.train\[0\].text_field: a chat source reads whole records"):
         DataConfig(train=[{"name": "c", "paths": [str(chats)], "format": "chat", "text_field": "x"}])
-    with pytest.raises(DataError, match=r"data.chat_template must be a path"):
+    with pytest.raises(ConfigError, match=r"data.chat_template must be non-empty, got ''"):
         DataConfig(chat_template="")
     with pytest.raises(DataError, match=r"chat data needs the byte tokenizer or a tokenizer.json"):
         build_data(data_cfg(tmp_path, [chats], folder), tokenizer=_OtherTokenizer())

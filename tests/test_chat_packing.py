@@ -279,18 +279,21 @@ def test_loss_roles_on_prompt_completion_pairs_and_a_system_role(tmp_path):
 
 
 def test_loss_option_settings_are_checked():
-    with pytest.raises(DataError, match=r"data.chat_packing must be one of whole, stream, got 'ffd'"):
-        DataConfig(chat_packing="ffd")
-    with pytest.raises(DataError, match=r"data.chat_too_long must be one of truncate, drop, error, got 'cut'"):
-        DataConfig(chat_too_long="cut")
-    with pytest.raises(DataError, match=r"data.loss_roles must be one of system, user, assistant, tool, got \['gpt'\]"):
-        DataConfig(loss_roles=["gpt"])
-    with pytest.raises(DataError, match=r"data.loss_roles is empty"):
-        DataConfig(loss_roles=[])
     from named.trainer.config import ConfigError, load_config
 
+    # a DataConfig made in code is checked by its declarations, as a config file's values are
+    with pytest.raises(ConfigError, match=r"data.chat_packing must be one of whole, stream, got 'ffd'"):
+        DataConfig(chat_packing="ffd")
+    with pytest.raises(ConfigError, match=r"data.chat_too_long must be one of truncate, drop, error, got 'cut'"):
+        DataConfig(chat_too_long="cut")
+    with pytest.raises(ConfigError, match=r"data.loss_roles must be one of system, user, assistant, tool \(at least"):
+        DataConfig(loss_roles=["gpt"])
+    with pytest.raises(ConfigError, match=r"data.loss_roles must be non-empty, got \[\]"):
+        DataConfig(loss_roles=[])
+
     with pytest.raises(
-        ConfigError, match=r"^data.loss_roles must be one of system, user, assistant, tool, got \['gpt'\]"
+        ConfigError,
+        match=r"^data.loss_roles must be one of system, user, assistant, tool \(at least one\), got \['gpt'\]",
     ):
         load_config(None, ["--data.loss_roles", "[gpt]"])
 

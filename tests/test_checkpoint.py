@@ -653,6 +653,7 @@ _WORKER = textwrap.dedent(
 )
 
 
+@pytest.mark.procs
 def test_two_processes_write_one_checkpoint_restored_by_one(tmp_path):
     import socket
 

@@ -74,6 +74,7 @@ _ran: set[str] = set()  # the commands this session ran, in the shared scratch c
 
 @pytest.mark.slow
 @pytest.mark.parametrize("page", sorted(RUN))
+@pytest.mark.procs
 def test_page_commands_run_as_written(page, checkout):
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env["XLA_FLAGS"] = xla_flags()  # one device

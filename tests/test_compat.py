@@ -108,6 +108,7 @@ def test_threefry_partitionable_is_on_and_random_init_is_mesh_independent():
     np.testing.assert_array_equal(np.asarray(laid_out.array), plain)
 
 
+@pytest.mark.procs
 def test_backends_initialized_before_and_after_first_use():
     code = (
         "from named._compat import backends_initialized as b; before = b(); import jax; jax.devices(); "

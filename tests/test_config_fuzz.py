@@ -225,6 +225,7 @@ _NANO, _TINY = [c.name for c in CONFIGS].index("gpt2_nano.yaml"), [c.name for c 
         ("named-train", len(CONFIGS) * KINDS.index("unknown key") + _TINY),
     ],
 )
+@pytest.mark.procs
 def test_console_scripts(corpus, tmp_path, script, case):
     # one duplicate-key case and one unknown-key case, through the installed console scripts
     rng = random.Random(case)

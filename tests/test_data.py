@@ -11,6 +11,7 @@ import pytest
 from tokenizers import Tokenizer as HFTok
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
+from named.trainer.config import ConfigError
 from named.trainer.data import (
     PAD_SEGMENT,
     ByteTokenizer,
@@ -337,21 +338,20 @@ def test_order_is_a_seeded_permutation_per_epoch():
     assert not np.array_equal(TrainBatches(seqs, batch_size=6, seed=4).global_indices(0), a.global_indices(0))
 
 
-def test_batch_at_equals_iterating_from_zero_without_replay(monkeypatch):
+def test_batch_at_any_step_equals_the_run_from_zero_without_replay(monkeypatch):
+    # a resume asks for its step's batch directly (the loop calls batch_at(step)): the same rows as a
+    # run that went through every step before it, and only that batch's rows are read
     seqs = _seqs()
     batches = TrainBatches(seqs, batch_size=4, seed=0)
-    it = iter(batches)
-    streamed = [next(it) for _ in range(20)]  # crosses two epoch boundaries (9 batches per epoch)
+    streamed = [batches.batch_at(step) for step in range(20)]  # crosses two epoch boundaries (9 batches each)
     fresh = TrainBatches(seqs, batch_size=4, seed=0)
     read = []
     real_rows = Sequences.rows
     monkeypatch.setattr(Sequences, "rows", lambda self, idx: read.append(len(idx)) or real_rows(self, idx))
-    for k in (13, 0, 19, 9):
+    for k in (13, 0, 19, 9, 18):
         assert all(np.array_equal(x, y) for x, y in zip(fresh.batch_at(k), streamed[k]))
-    assert read == [4, 4, 4, 4]  # each resume read exactly one batch's rows
-    resumed = fresh.iter_from(17)
-    for k in (17, 18, 19):
-        assert all(np.array_equal(x, y) for x, y in zip(next(resumed), streamed[k]))
+    assert read == [4] * 5  # each resume read exactly one batch's rows
+    assert len({tuple(fresh.global_indices(k)) for k in range(9)}) == 9  # and the steps' batches differ
 
 
 @pytest.mark.parametrize("process_count", [1, 2, 4])
@@ -525,9 +525,9 @@ def test_bad_data_raises_data_error_naming_the_culprit(tmp_path, case):
     ],
 )
 def test_bad_config_raises_before_any_work(tmp_path, kw, culprit):
-    with pytest.raises(DataError, match=culprit):
+    with pytest.raises(ConfigError, match=culprit):
         cfg(tmp_path, ["stdlib"], **kw)
-    with pytest.raises(DataError, match="seq_len"):
+    with pytest.raises(ConfigError, match="data.seq_len must be >= 2, got 1"):
         Sequences(TokenStream([np.zeros(8, np.uint16)], EOS), 1)
 
 
@@ -543,6 +543,7 @@ def test_batch_and_process_errors():
         token_stream([], BYTE, DataConfig())
 
 
+@pytest.mark.procs
 def test_data_imports_no_models_and_no_training_stack():
     # named.trainer.data sits under the named namespace, so jax is already imported with
     # `named`; what the data layer must not pull in is model code or the training stack.
@@ -571,6 +572,7 @@ np.savez(out, asked=np.stack(asked), **{f"{k}{s}": b[k] for s, b in enumerate(go
 """
 
 
+@pytest.mark.procs
 def test_two_hosts_each_read_their_own_share_of_a_shared_cache(tmp_path):
     """Two processes (hosts) open one cache folder, built beforehand (named-data build): neither
     tokenises nor writes anything, and each reads only its block of rows of every global batch."""

@@ -27,6 +27,7 @@ ray = pytest.importorskip("ray")
 from _ray_tokenizers import FailOn, KillOnce, Recording  # noqa: E402  (after the skip: Ray needs to be there)
 
 pytestmark = [
+    pytest.mark.ray,
     pytest.mark.slow,  # a Ray start is about 15 s here
     pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning"),  # Ray starts its processes; JAX is loaded, unused
 ]

@@ -83,3 +83,50 @@ def test_pages_cite_no_missing_documents():
         if "DESIGN.md" in text:
             bad.append(f"{page.name}: cites DESIGN.md, which is not part of the repository")
     assert not bad, "\n".join(bad)
+
+
+_FENCE = re.compile(r"^```text\n(.*?)^```", re.S | re.M)
+_MODULE = re.compile(r"\b(\w+\.py)\b")
+
+
+def code_map_modules(text: str) -> set[str]:
+    """The modules docs/code_map.md names, as paths under src/: its ```text blocks that start with
+    ``src/<package>/`` list modules at two spaces, and a ``folder/`` at two spaces lists its own
+    modules indented below it."""
+    named = set()
+    for block in _FENCE.findall(text):
+        lines = block.splitlines()
+        head = re.match(r"src/(\w+)/\s*$", lines[0]) if lines else None
+        if not head:
+            continue
+        folder = None
+        for line in lines[1:]:
+            indent = len(line) - len(line.lstrip())
+            sub = re.match(r"  (\w+)/\s", line + " ")
+            if sub and indent == 2:
+                folder = sub.group(1)
+                continue
+            if indent == 2:
+                folder = None
+            for name in _MODULE.findall(line):
+                named.add("/".join(p for p in (head.group(1), folder if indent > 2 else None, name) if p))
+    return named
+
+
+def test_code_map_names_every_module():
+    """docs/code_map.md's trees name every module under src/ (each in its own folder) and nothing
+    that is gone: a new module without a line there, or a deleted one still listed, fails here."""
+    src = DOCS.parent / "src"
+    actual = {str(p.relative_to(src)) for p in src.rglob("*.py") if p.name != "__init__.py"}
+    documented = {m for m in code_map_modules((DOCS / "code_map.md").read_text()) if not m.endswith("__init__.py")}
+    assert not actual - documented, f"docs/code_map.md does not name: {sorted(actual - documented)}"
+    assert not documented - actual, f"docs/code_map.md names modules that do not exist: {sorted(documented - actual)}"
+
+
+def test_code_map_names_every_command():
+    """Every console script pyproject.toml installs is named on docs/code_map.md."""
+    import tomllib
+
+    scripts = tomllib.loads((DOCS.parent / "pyproject.toml").read_text())["project"]["scripts"]
+    text = (DOCS / "code_map.md").read_text()
+    assert not [s for s in scripts if s not in text], [s for s in scripts if s not in text]

@@ -24,6 +24,9 @@ from named.trainer.commands.export import export  # noqa: E402
 from named.trainer.config import ConfigError, load_config  # noqa: E402
 from named.trainer.data import load_tokenizer  # noqa: E402
 
+pytestmark = [pytest.mark.lmeval]
+
+
 TASKS = Path(__file__).resolve().parents[1] / "examples" / "eval_tasks"
 
 
@@ -181,3 +184,47 @@ def test_requests_are_tokenised_as_lm_evals_hf_backend_tokenises_them(tmp_path):
         assert ours.tok_encode(text, add_special_tokens=False) == theirs.tok_encode(text, add_special_tokens=False)
     pair = ("Question: What is two plus two?\nAnswer: ", "four")
     assert ours._encode_pair(*pair) == theirs._encode_pair(*pair)
+
+
+def test_generate_until_decodes_requests_in_batches_as_one_at_a_time(monkeypatch):
+    """Five requests of different prompt lengths, in rows of 4: two calls of ``models.generate``
+    (a ragged batch each), and each text is what decoding its request alone gives, cut at ``until``."""
+    from types import SimpleNamespace
+
+    from _hf_models import random_model
+
+    from named import models
+    from named.models import LlamaConfig, LlamaLMHeadModel
+    from named.trainer.data import ByteTokenizer
+    from named.trainer.loop.generate import continue_ids
+    from named.trainer.loop.harness import HarnessLM
+
+    config = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=260,
+        max_position_embeddings=64,
+    )
+    model = random_model(LlamaLMHeadModel, config, scale=0.5)
+    tok = ByteTokenizer()
+    lm = HarnessLM(model, tok, max_length=64, batch_size=4)
+    contexts = ["Q: 1+1?", "a", "The quick brown fox", "xyz", "Hello there, world"]
+    requests = [SimpleNamespace(args=(c, {"until": ["e"], "max_gen_toks": 6})) for c in contexts]
+    calls = []
+    generate = models.generate
+
+    def counting(*a, **kw):
+        calls.append(a[1].axis_size("batch"))
+        return generate(*a, **kw)
+
+    monkeypatch.setattr(models, "generate", counting)
+    texts = lm.generate_until(requests)
+    assert calls == [4, 4]  # two batches of 4 rows (the second holds one request, padded)
+    monkeypatch.setattr(models, "generate", generate)
+    for context, text in zip(contexts, texts):
+        alone = tok.decode(continue_ids(model, tok.encode(context), 6, stop_ids=(tok.eos_id,)))
+        assert text == alone.split("e")[0], context
+    assert sum(len(t) for t in texts) > 5, texts  # not all cut at once: the comparison proves something

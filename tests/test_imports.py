@@ -21,6 +21,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGES = {"named": ROOT / "src/named", "named.models": ROOT / "src/models", "named.trainer": ROOT / "src/trainer"}
 DELEGATES = {"named._ops", "named._shape", "named._index", "named._einsum"}
@@ -179,6 +181,7 @@ def test_the_trainer_sub_packages_import_only_the_ones_below():
     )
 
 
+@pytest.mark.procs
 def test_import_named_loads_no_model_or_trainer_code():
     code = (
         "import sys, named\n"

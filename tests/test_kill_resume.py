@@ -40,6 +40,8 @@ from named.trainer.config import load_config
 from named.trainer.loop.optim import build_optimizer
 from named.trainer.loop.registry import model_class
 
+pytestmark = [pytest.mark.procs, pytest.mark.slow]
+
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 45
 INTERVAL = 3

@@ -32,6 +32,8 @@ from named.trainer.data import TrainBatches, build_data
 from named.trainer.loop.distributed import settings
 from named.trainer.loop.train import train
 
+pytestmark = [pytest.mark.procs]
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "config" / "gpt2_nano.yaml")
 TRAIN = [

@@ -153,6 +153,7 @@ def test_skip_in_a_real_run_keeps_the_state_of_the_last_finite_step(corpus, tmp_
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(result.model))
 
 
+@pytest.mark.procs
 def test_stop_from_the_cli_names_the_step_and_exits_2(corpus, tmp_path):
     run_dir = tmp_path / "run"
     env = {**os.environ, "XLA_FLAGS": xla_flags(2), "JAX_PLATFORMS": "cpu"}

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import named as nm
-from named import models
+from named import models, nn
 from named.trainer.config import OptimizerConfig
 from named.trainer.loop.optim import decay_mask, schedule
 
@@ -51,6 +51,23 @@ def test_decay_goes_by_name_and_module_not_by_rank():
     layer = Layer(nm.named(np.ones(4), "embed"), nm.named(np.zeros((2, 4)), "heads embed"))
     assert _mask_by_path(layer) == {".scale": True, ".bias": False}
     assert decay_mask(layer).scale.axes == layer.scale.axes  # laid out as the parameter is
+
+    # ... and by module: every parameter of a norm (its one-axis weight too, not named bias) is skipped,
+    # while the same weight held by another module is decayed; a class opts out by declaring it
+    Embed = nm.Axis("embed", 4)
+
+    class Holder(eqx.Module):
+        norm: nn.RMSNorm
+        same: Layer
+
+    class Own(eqx.Module):
+        keep_full_precision = True
+        w: nm.NamedArray
+
+    norm = nn.RMSNorm.init(Embed)
+    held = Holder(norm, Layer(norm.weight, nm.named(np.zeros(4), "embed")))
+    assert _mask_by_path(held) == {".norm.weight": False, ".same.scale": True, ".same.bias": False}
+    assert _mask_by_path(Own(nm.named(np.ones((2, 4)), "heads embed"))) == {".w": False}
 
 
 def test_schedules():

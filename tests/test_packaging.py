@@ -20,6 +20,9 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = [pytest.mark.procs, pytest.mark.network]
+
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

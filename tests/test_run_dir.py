@@ -215,6 +215,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.procs
 def test_a_live_holder_is_named_and_a_killed_one_blocks_nothing(corpus, first, tmp_path):
     run_dir = _copy(first, tmp_path)
     holder = subprocess.Popen(
@@ -283,6 +284,7 @@ def test_zero_steps_checks_everything_and_compiles_and_writes_nothing(corpus, fi
     assert _hashes(old) == before
 
 
+@pytest.mark.procs
 def test_zero_steps_from_the_cli_prints_one_line_and_exits_0(corpus, tmp_path):
     run_dir = tmp_path / "run"
     env = {**os.environ, "XLA_FLAGS": xla_flags(2), "JAX_PLATFORMS": "cpu"}

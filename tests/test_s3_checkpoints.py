@@ -35,6 +35,8 @@ from named.trainer import checkpoint as ck
 from named.trainer.checkpoint import store as checkpoint_store
 from named.trainer.checkpoint import write as checkpoint_write
 
+pytestmark = [pytest.mark.s3, pytest.mark.procs]
+
 BUCKET = "named-ckpt"
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -20,7 +20,7 @@ _spec.loader.exec_module(shots)
 
 if shots.browser() is None and os.environ.get("CI"):
     pytest.fail("CI needs a headless Chromium for these tests: `make browser` (as root) installs it", pytrace=False)
-pytestmark = pytest.mark.skipif(shots.browser() is None, reason="no headless Chromium installed")
+pytestmark = [pytest.mark.browser, pytest.mark.skipif(shots.browser() is None, reason="no headless Chromium installed")]
 
 
 def test_the_explorer_views_render_without_errors(tmp_path):

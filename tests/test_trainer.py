@@ -170,6 +170,7 @@ def _cli(args, cwd=ROOT, env_extra=None, timeout=600):
     )
 
 
+@pytest.mark.procs
 def test_cli_end_to_end(corpus, tmp_path):
     r = _cli(
         [
@@ -212,6 +213,7 @@ def test_cli_end_to_end(corpus, tmp_path):
     assert s.stdout.startswith("def ")
 
 
+@pytest.mark.procs
 def test_cli_reports_config_errors_before_compiling(tmp_path):
     r = _cli(["--config_path", "config/gpt2_nano.yaml", "--trainer.num_trian_steps", "5"])
     assert r.returncode == 2 and "num_trian_steps" in r.stderr

@@ -16,23 +16,66 @@ import named as nm
 from named import Axis, NamedArray, nn
 
 
-class KVCache(eqx.Module):
-    """Keys and values of every layer for the tokens decoded so far.
-
-    ``k`` and ``v`` have axes ``(layers, batch, key_position, heads | kv_heads, head_size)``;
-    ``key_position`` is the longest sequence the cache can hold. Entries past the current
-    position are garbage that the causal mask hides.
-    """
+class LayerCache(NamedTuple):
+    """One layer's part of a ``KVCache``: its keys, its values and the rows' first positions."""
 
     k: NamedArray
     v: NamedArray
+    start: NamedArray
+
+
+class KVCache(eqx.Module):
+    """Keys and values of every layer for the tokens decoded so far.
+
+    ``k`` and ``v`` hold one array per layer, each ``(batch, heads | kv_heads, key_position,
+    head_size)``: the order both contractions of a decode step read as they lie (the scores
+    contract ``head_size``, the weights·values ``key_position``, with batch and heads in front),
+    and one buffer per layer, so that a step writes each layer's new token in place (one
+    ``dynamic_update_slice``) and its attention reads the buffer without a copy.
+    ``key_position`` is the longest sequence the cache can hold. ``start`` (int32 over
+    ``batch``) is where each row's tokens begin: a shorter prompt of a batch is padded on the
+    left, its token at ``key_position`` s stands at position ``s - start`` and the keys before
+    ``start`` are masked. Entries past the current position are garbage that the causal mask hides.
+    """
+
+    k: tuple[NamedArray, ...]
+    v: tuple[NamedArray, ...]
+    start: NamedArray
 
     @staticmethod
-    def init(Layers: Axis, Batch: Axis, KeyPos: Axis, Heads: Axis, HeadSize: Axis, dtype=jnp.float32) -> KVCache:
+    def init(
+        Layers: Axis, Batch: Axis, KeyPos: Axis, Heads: Axis, HeadSize: Axis, dtype=jnp.float32, start=None
+    ) -> KVCache:
         if KeyPos.name != "key_position":
             raise nm.ArgumentError(f"the cache's length axis must be called 'key_position', got {KeyPos.name!r}")
-        zeros = nm.zeros((Layers, Batch, KeyPos, Heads, HeadSize), dtype)
-        return KVCache(zeros, zeros)
+        zeros = tuple(nm.zeros((Batch, Heads, KeyPos, HeadSize), dtype) for _ in range(Layers.size))
+        start = nm.zeros(Batch, jnp.int32) if start is None else start.astype(jnp.int32)
+        return KVCache(zeros, zeros, start)
+
+    def layer(self, i: int) -> LayerCache:
+        return LayerCache(self.k[i], self.v[i], self.start)
+
+    def with_layers(self, layers) -> KVCache:
+        return KVCache(tuple(c.k for c in layers), tuple(c.v for c in layers), self.start)
+
+    def positions(self, Position: Axis, pos) -> NamedArray:
+        """The positions of tokens written at ``pos, pos + 1, ...``: ``(batch, position)``, each row's
+        counted from its ``start`` (a padding slot before it gets 0)."""
+        return nm.maximum(nm.arange(Position) + pos - self.start, 0).rearrange(("batch", Position.name))
+
+
+def decode_layers(stack, x: NamedArray, cache: KVCache, pos, **kwargs) -> tuple[NamedArray, KVCache]:
+    """``x, layer_cache = block(x, cache=..., pos=pos, **kwargs)`` for each block of ``stack`` (an
+    ``nn.Stacked`` or ``nn.BlockSeq``) in a Python loop, each with its own layer of ``cache``;
+    keyword arguments with the stack's Layers axis are sliced per layer. The loop is unrolled so
+    that each layer's cache stays its own buffer (a scan would slice it out and stack it back)."""
+    name = stack.Layers.name
+    layers = []
+    for i, block in enumerate(stack.unstacked()):
+        kw = {k: v[name, i] if isinstance(v, NamedArray) and name in v.names else v for k, v in kwargs.items()}
+        x, layer_cache = block(x, cache=cache.layer(i), pos=pos, **kw)
+        layers.append(layer_cache)
+    return x, cache.with_layers(layers)
 
 
 class Head(NamedTuple):
@@ -59,17 +102,18 @@ def causal_attention(
     v: NamedArray,
     *,
     segment_ids=None,
-    cache: KVCache | None = None,
+    cache: LayerCache | None = None,
     pos=None,
     window=None,
     scale: float | None = None,
     softcap: float | None = None,
-) -> tuple[NamedArray, KVCache | None]:
+) -> tuple[NamedArray, LayerCache | None]:
     """Causal attention of ``q`` over ``k, v``, all three with a ``position`` axis.
 
     Without a cache the keys are the queries' own positions (``segment_ids`` keep packed
-    documents apart). With one layer's ``cache``, ``k, v`` are first written into it at
-    ``pos`` and the queries, which stand at ``pos, pos + 1, ...``, attend to the whole cache.
+    documents apart). With one layer's ``cache`` (``KVCache.layer``), ``k, v`` are first written into
+    it at ``pos`` and the queries, which stand at ``pos, pos + 1, ...``, attend to the whole cache
+    from each row's ``start`` on.
     ``window`` (a sliding window), ``scale`` and ``softcap`` go to ``nn.dot_product_attention``,
     which combines them with the causal mask and the segments.
     Returns the output (the query's axes) and the updated cache (None without one).
@@ -82,7 +126,10 @@ def causal_attention(
         raise nm.ArgumentError("decoding with a KV cache does not take segment_ids")
     k = nm.updated_slice(cache.k, {"key_position": pos}, k)
     v = nm.updated_slice(cache.v, {"key_position": pos}, v)
-    return nn.dot_product_attention(q, k, v, q_offset=pos, **options), KVCache(k, v)
+    valid = nm.arange(k.resolve_axis("key_position")) >= cache.start  # a left-padded row's padding is no key
+    # The XLA path: one query per step needs no blocking, and cuDNN's kernel takes no offset.
+    out = nn.dot_product_attention(q, k, v, q_offset=pos, mask=valid, implementation="xla", **options)
+    return out, LayerCache(k, v, cache.start)
 
 
 def split_key(key, n: int):

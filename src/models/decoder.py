@@ -53,7 +53,15 @@ import numpy as np
 import named as nm
 from named import Axis, NamedArray, nn
 
-from ._common import Head, HfLayout, KVCache, causal_attention, check_sequence_length, token_positions
+from ._common import (
+    Head,
+    HfLayout,
+    KVCache,
+    causal_attention,
+    check_sequence_length,
+    decode_layers,
+    token_positions,
+)
 from ._rope import RopeScaling, rope_frequencies
 
 QK_NORMS = ("none", "head", "projection")
@@ -489,39 +497,46 @@ class DecoderLMHeadModel(eqx.Module):
         (``models.hidden_with_aux``)."""
         check_sequence_length(input_ids, self.config.max_position_embeddings, "max_position_embeddings")
         positions = token_positions(input_ids, segment_ids)
-        hidden, _, stats = self._run(input_ids, positions, segment_ids=segment_ids)
+        hidden, stats = self._run(input_ids, positions, segment_ids=segment_ids)
         return hidden, self.head, aux_losses(self.config, stats)
 
-    def decode(self, input_ids: NamedArray, cache: KVCache, pos) -> tuple[NamedArray, KVCache]:
+    def decode(self, input_ids: NamedArray, cache: KVCache, pos, *, last: bool = False) -> tuple[NamedArray, KVCache]:
         """Logits for ``input_ids`` standing at positions ``pos, pos + 1, ...`` of sequences whose
         earlier keys and values are in ``cache``; returns them and the cache with these tokens added.
+        ``last``: the logits of the last position only (all a prefill needs), without ``position``.
         The cache keeps every position; a local layer's window masks the older ones."""
-        positions = nm.arange(input_ids.resolve_axis("position")) + pos
-        hidden, cache, _ = self._run(input_ids, positions, cache=cache, pos=pos)
+        x = self._embed(input_ids)
+        positions = cache.positions(input_ids.resolve_axis("position"), pos)
+        x, cache = decode_layers(self.layers, x, cache, pos, positions=positions, **layer_data(self.config))
+        hidden = self.norm(x["position", -1] if last else x)
         return self.head.logits(hidden), cache
 
     @property
     def head(self) -> Head:
         return Head(self.embed_tokens if self.lm_head is None else self.lm_head, self.config.final_logit_softcapping)
 
-    def init_cache(self, Batch: Axis, max_length: int) -> KVCache:
+    def init_cache(self, Batch: Axis, max_length: int, start: NamedArray | None = None) -> KVCache:
+        """An empty cache of ``max_length`` positions; ``start`` (over ``batch``): where each row's
+        tokens begin, for prompts padded on the left (``KVCache``)."""
         c = self.config
         if max_length > c.max_position_embeddings:
             raise nm.ArgumentError(
                 f"a cache of {max_length} positions exceeds max_position_embeddings={c.max_position_embeddings}"
             )
         KeyPos = Axis("key_position", max_length)
-        return KVCache.init(c.Layers, Batch, KeyPos, c.KVHeads, c.HeadSize, self.embed_tokens.weight.dtype)
+        return KVCache.init(c.Layers, Batch, KeyPos, c.KVHeads, c.HeadSize, self.embed_tokens.weight.dtype, start)
 
-    def _run(self, input_ids, positions, *, segment_ids=None, cache=None, pos=None):
-        c = self.config
+    def _embed(self, input_ids: NamedArray) -> NamedArray:
         x = self.embed_tokens(input_ids)
-        if c.scale_embeddings:
-            x = x * jnp.asarray(math.sqrt(c.hidden_size), x.dtype)  # rounded to the compute dtype, as Gemma does
-        x, (cache, stats) = self.layers.scan_via("forward_with_aux")(
-            x, positions=positions, segment_ids=segment_ids, cache=cache, pos=pos, **layer_data(c)
+        if self.config.scale_embeddings:  # rounded to the compute dtype, as Gemma does
+            x = x * jnp.asarray(math.sqrt(self.config.hidden_size), x.dtype)
+        return x
+
+    def _run(self, input_ids, positions, *, segment_ids=None):
+        x, (_, stats) = self.layers.scan_via("forward_with_aux")(
+            self._embed(input_ids), positions=positions, segment_ids=segment_ids, **layer_data(self.config)
         )
-        return self.norm(x), cache, stats
+        return self.norm(x), stats
 
 
 # ---- size and cost --------------------------------------------------------------------

@@ -32,6 +32,7 @@ from ._common import (
     KVCache,
     causal_attention,
     check_sequence_length,
+    decode_layers,
     layer_keys,
     split_key,
     token_positions,
@@ -165,35 +166,37 @@ class Gpt2LMHeadModel(eqx.Module):
         head that makes the logits of them, and no auxiliary losses (``models.hidden_with_aux``)."""
         check_sequence_length(input_ids, self.config.n_positions, "n_positions")
         positions = token_positions(input_ids, segment_ids)
-        hidden, _ = self._run(input_ids, positions, segment_ids=segment_ids, key=key)
+        hidden = self._run(input_ids, positions, segment_ids=segment_ids, key=key)
         return hidden, self.head, {}
 
-    def decode(self, input_ids: NamedArray, cache: KVCache, pos) -> tuple[NamedArray, KVCache]:
+    def decode(self, input_ids: NamedArray, cache: KVCache, pos, *, last: bool = False) -> tuple[NamedArray, KVCache]:
         """Logits for ``input_ids`` standing at positions ``pos, pos + 1, ...`` of sequences whose
-        earlier keys and values are in ``cache``; returns them and the cache with these tokens added."""
-        positions = nm.arange(input_ids.resolve_axis("position")) + pos
-        hidden, cache = self._run(input_ids, positions, cache=cache, pos=pos)
+        earlier keys and values are in ``cache``; returns them and the cache with these tokens added.
+        ``last``: the logits of the last position only (all a prefill needs), without ``position``."""
+        positions = cache.positions(input_ids.resolve_axis("position"), pos)
+        x, cache = decode_layers(self.blocks, self.wte(input_ids) + self.wpe(positions), cache, pos)
+        hidden = self.ln_f(x["position", -1] if last else x)
         return self.head.logits(hidden), cache
 
     @property
     def head(self) -> Head:
         return Head(self.wte if self.lm_head is None else self.lm_head)
 
-    def init_cache(self, Batch: Axis, max_length: int) -> KVCache:
+    def init_cache(self, Batch: Axis, max_length: int, start: NamedArray | None = None) -> KVCache:
+        """An empty cache of ``max_length`` positions; ``start`` (over ``batch``): where each row's
+        tokens begin, for prompts padded on the left (``KVCache``)."""
         c = self.config
         if max_length > c.n_positions:
             raise nm.ArgumentError(f"a cache of {max_length} positions exceeds n_positions={c.n_positions}")
         KeyPos = Axis("key_position", max_length)
-        return KVCache.init(c.Layers, Batch, KeyPos, c.Heads, c.HeadSize, self.wte.weight.dtype)
+        return KVCache.init(c.Layers, Batch, KeyPos, c.Heads, c.HeadSize, self.wte.weight.dtype, start)
 
-    def _run(self, input_ids, positions, *, segment_ids=None, cache=None, pos=None, key=None):
+    def _run(self, input_ids, positions, *, segment_ids=None, key=None):
         k_embed, k_layers = split_key(key, 2) if key is not None else (None, None)
         x = self.wte(input_ids) + self.wpe(positions)
         x = self.dropout(x, key=k_embed, inference=key is None)
-        x, cache = self.blocks.scan(
-            x, segment_ids=segment_ids, cache=cache, pos=pos, key=layer_keys(k_layers, self.config.Layers)
-        )
-        return self.ln_f(x), cache
+        x, _ = self.blocks.scan(x, segment_ids=segment_ids, key=layer_keys(k_layers, self.config.Layers))
+        return self.ln_f(x)
 
 
 # ---- size and cost --------------------------------------------------------------------

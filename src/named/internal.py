@@ -23,5 +23,5 @@ __all__ = [
     "cluster_detected",  # distributed: would jax.distributed.initialize() find its coordinator?
     "cudnn_version",  # bench/gpu_mfu.py: recorded beside GPU numbers
     "distributed_client",  # checkpoints and the run plan: JAX's key-value store and barriers
-    "is_tracer",  # checkpoints: refuse to save a traced value
+    "is_tracer",  # checkpoints: refuse to save a traced value; generate: check prompt lengths known before tracing
 ]

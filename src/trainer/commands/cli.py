@@ -33,38 +33,17 @@ class _ArgumentParser(argparse.ArgumentParser):
         raise ConfigError(message)
 
 
-# The config names --config takes live with the config reader (config/read.py); imported on use,
-# since the reader needs the training extras and this module must load without them.
-def shipped_configs() -> list[str]:
-    from ..config.read import shipped_configs
-
-    return shipped_configs()
-
-
-def resolve_config(name: str) -> str:
-    from ..config.read import resolve_config
-
-    return resolve_config(name)
-
-
 def _config_flags(p: argparse.ArgumentParser) -> None:
+    from ..config.read import shipped_configs  # the config reader needs the training extras: imported on use
+
     p.add_argument("--config_path", metavar="FILE", help="a YAML config file")
     p.add_argument("--config", metavar="NAME", help=f"a YAML file or a shipped config: {', '.join(shipped_configs())}")
 
 
 def _config_of(a: argparse.Namespace) -> str | None:
-    from ..config import ConfigError
+    from ..config.read import config_file
 
-    if a.config_path is not None and a.config is not None:
-        raise ConfigError("give --config_path FILE or --config NAME, not both")
-    return resolve_config(a.config) if a.config is not None else a.config_path
-
-
-def _split_config_path(argv: list[str]) -> tuple[str | None, list[str]]:
-    parser = _ArgumentParser(add_help=False, allow_abbrev=False)
-    _config_flags(parser)
-    known, rest = parser.parse_known_args(argv)
-    return _config_of(known), rest
+    return config_file(a.config_path, a.config)
 
 
 def _missing_extras(prog: str) -> int | None:
@@ -109,7 +88,7 @@ def main_train(argv: list[str] | None = None) -> int:
     from ..config import ConfigError, load_config
 
     try:
-        cfg = load_config(*_split_config_path(argv))
+        cfg = load_config(None, argv)
     except NamedError as e:
         return report_failure(e)
     except SystemExit as e:  # --help: every key, from the config's declarations
@@ -129,6 +108,15 @@ def main_train(argv: list[str] | None = None) -> int:
     from ..loop.train import train
 
     try:
+        if cfg.mesh.layout == "auto":
+            if multi:
+                raise ConfigError(
+                    "mesh.layout: auto searches on one process; for several, run named-plan --search and give its flags"
+                )
+            from .plan_search import resolve_layout
+
+            cfg, chosen = resolve_layout(cfg, progress=search_progress)
+            print(chosen, flush=True)
         result = train(cfg)
     except NamedError as e:  # every error of ours: ConfigError, DataError, CheckpointError, TrainingError, ...
         if multi:
@@ -353,6 +341,14 @@ def main_plan(argv: list[str] | None = None) -> int:
         "and rank them by a roofline estimate",
     )
     p.add_argument(
+        "--measure",
+        type=int,
+        metavar="K",
+        default=0,
+        help="with --search: also train the first K layouts that fit for a few steps on this machine's devices "
+        "and rank those by the measured step time",
+    )
+    p.add_argument(
         "--html",
         metavar="PAGE",
         help="also write one self-contained HTML page: memory per device of every layout --search tries first "
@@ -367,8 +363,16 @@ def main_plan(argv: list[str] | None = None) -> int:
         from .plan_search import roofline, search_report
 
         # What needs no devices comes first: standing many in takes minutes, and a refusal needs none.
+        if a.measure and not a.search:
+            raise ConfigError("--measure K times the first K layouts of --search: give --search too")
+        if a.measure < 0:
+            raise ConfigError(f"--measure must be at least 0, got {a.measure}")
+        if a.measure and (a.device_kind is not None or a.devices is not None):
+            raise ConfigError(
+                "--measure times layouts on this machine's own devices: leave out --device-kind and --devices"
+            )
         cfg = load_config(_config_of(a), rest)
-        target = Target.of(a.device_kind, a.device_memory, stand_ins=a.devices is not None)
+        target = Target.of(a.device_kind, a.device_memory, stand_ins=a.devices is not None, calibrate=a.search)
         if a.search:
             roofline(cfg, target)
         if a.html is not None:
@@ -383,13 +387,14 @@ def main_plan(argv: list[str] | None = None) -> int:
             if not stand_in_devices(a.devices):
                 return plan_in_child(argv, a.devices)
         print(plan_report(cfg, compile=a.compile, target=target))
-        explorer = None
-        if a.html is not None:
-            from .explore import Explorer
+        from .explore import Explorer
 
-            explorer = Explorer(cfg, target=target)
+        explorer = Explorer(cfg, target=target) if a.html is not None else None
         if a.search:
-            print("\n" + search_report(cfg, target, explorer.search() if explorer is not None else None))
+            ranked = (explorer or Explorer(cfg, target=target)).search(
+                search_progress, measure=a.measure, measured=measure_progress
+            )
+            print("\n" + search_report(cfg, target, ranked))
         if explorer is not None:
             from ..data import atomic_write
             from .explore import report_page
@@ -507,6 +512,21 @@ def main_data(argv: list[str] | None = None) -> int:
         return (run_build if a.command == "build" else run_show)(a, rest)
 
     return _guarded(body)
+
+
+def search_progress(done: int, total: int, c, best) -> None:
+    """One line on stderr per layout ``--search`` (or ``mesh.layout: auto``) has planned and compiled."""
+    from .plan_search import describe
+
+    what = f"cannot run ({c.error})" if c.error else f"{c.memory / 2**30:.3g} GiB/device"
+    lead = f"; best so far: {describe(best)}" if best is not None and not best.error else ""
+    print(f"search {done}/{total}: {describe(c)}: {what}{lead}", file=sys.stderr, flush=True)
+
+
+def measure_progress(c) -> None:
+    from .plan_search import describe
+
+    print(f"measured {describe(c)}: {c.measured * 1e3:.3g} ms/step", file=sys.stderr, flush=True)
 
 
 # How many CPU devices named-plan stands in, at most. Each costs host memory and start-up time (8192

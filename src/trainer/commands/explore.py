@@ -27,7 +27,7 @@ from ..config import ConfigError, TrainConfig
 from ..loop.checks import Setup, check_against_devices, check_mappings
 from ..loop.registry import flops_per_token
 from .plan import Layout, Plan, Target, make_plan, train_step_report
-from .plan_search import Candidate, Roofline, candidates, layout_of, rank
+from .plan_search import Candidate, Roofline, candidates, fits, layout_of, rank
 
 _MiB = 2**20
 
@@ -52,8 +52,10 @@ class View:
 
     def memory(self) -> dict[str, float]:
         """Bytes per device: parameters, gradients, optimizer state, activations and logits (estimates,
-        ``plan.Plan``), and, once compiled, the temporaries: XLA's peak less everything else (never below 0).
-        A refused layout has none: its error, raised."""
+        ``plan.Plan``: the figures ``named-plan`` and ``--search`` judge "fits" by). A compiled step's
+        peak on this machine (``compiled.peak_bytes``) is shown beside them, never added: XLA:CPU's
+        buffer assignment says nothing of another device kind's. A refused layout has none: its
+        error, raised."""
         if self.plan is None:
             raise ConfigError(self.error)
         p = self.plan
@@ -64,8 +66,6 @@ class View:
             "activations": p.activations,
             "logits": p.logits,
         }
-        if self.compiled is not None:
-            out["temporaries"] = max(0.0, self.compiled.peak_bytes - p.total_bytes)
         return out
 
     @property
@@ -91,13 +91,10 @@ class View:
             lay.microbatches,
             lay.mode,
             lay.loss_block_size,
+            memory=self.total_bytes,
         )
         if self.compiled is not None:
-            c.flops, c.hbm_bytes, c.peak_bytes = (
-                self.compiled.flops,
-                self.compiled.bytes_accessed,
-                self.compiled.peak_bytes,
-            )
+            c.flops, c.hbm_bytes = self.compiled.flops, self.compiled.bytes_accessed
             c.comm_bytes = sum(self.collectives().values())
         return c
 
@@ -217,13 +214,16 @@ class Explorer:
         check_mappings(cfg, self._model_shapes, s.mesh, s.compute_mapping, s.param_mapping, s.model_cfg)
         return dataclasses.replace(s, shapes=self._model_shapes)
 
-    def search(self, progress=None) -> list[Candidate]:
-        """``named-plan --search``'s ranking (compiles every candidate once; then cached)."""
+    def search(self, progress=None, *, measure: int = 0, measured=None) -> list[Candidate]:
+        """``named-plan --search``'s ranking (compiles every candidate once; then cached), with
+        ``progress`` (``plan_search.search``'s); ``measure``: the first that many that fit timed on
+        this machine and ranked by it (``plan_search.timed``; ``measured`` is called with each)."""
         if self._ranked is None:
-            from .plan_search import roofline, search
+            from .plan_search import roofline, search, timed
 
             roof = self.roof if self.roof is not None else roofline(self.cfg, self.target)  # refuses, naming why
-            self._ranked = search(self.cfg, roof, memory_budget=self.budget, progress=progress)
+            ranked = search(self.cfg, self.target, roof=roof, progress=progress)
+            self._ranked = timed(self.cfg, ranked, measure, self.budget, progress=measured) if measure else ranked
         return self._ranked
 
     def _rank_of(self, v: View) -> tuple[int, int] | None:
@@ -303,8 +303,14 @@ def view_html(v: View, array: str | None = None) -> str:
         + (f"<tr><th></th><th>bytes</th><th>of {esc(_capacity_name(p))}</th><th></th></tr>" if cap else "")
         + "".join(rows)
         + f"</table><div><small>{cap_text}; activations: "
-        "an estimate for one microbatch (Korthikanti et al. 2022); logits: float32, with their gradient"
-        + ("; temporaries: the compiled peak less the rest" if v.compiled is not None else "; compile for temporaries")
+        f"an estimate for one microbatch (Korthikanti et al. 2022) with {esc(p.attention)} attention (no T x T "
+        "scores); logits: float32, with their gradient"
+        + (
+            f"; the compiled step's peak on this machine (XLA:CPU, not the device's): "
+            f"<span data-figure='compiled peak'>{_mib(v.compiled.peak_bytes)}</span>"
+            if v.compiled is not None
+            else ""
+        )
         + "</small></div>"
     )
     if v.compiled is not None:
@@ -342,7 +348,7 @@ def ranking_html(ranked: list[Candidate], roof: Roofline, budget: float) -> str:
     """``named-plan --search``'s table as HTML."""
     head = "".join(
         f"<th>{h}</th>"
-        for h in ("rank", "layout", "mesh", "mode", "remat", "microbatches", "loss block", "est. ms/step", "peak GiB")
+        for h in ("rank", "layout", "mesh", "mode", "remat", "microbatches", "loss block", "est. ms/step", "memory GiB")
     )
     rows = []
     for i, c in enumerate(ranked, 1):
@@ -351,8 +357,8 @@ def ranking_html(ranked: list[Candidate], roof: Roofline, budget: float) -> str:
         if c.error:
             cells += ["-", f"cannot run: {c.error}"]
         else:
-            over = " (over budget)" if c.peak_bytes > budget else ""
-            cells += [f"{sum(c.seconds(roof)) * 1e3:.3g}", f"{c.peak_bytes / 2**30:.3g}{over}"]
+            over = "" if fits(c, budget) else " (over budget)"
+            cells += [f"{sum(c.seconds(roof)) * 1e3:.3g}", f"{c.memory / 2**30:.3g}{over}"]
         rows.append("<tr>" + "".join(f"<td>{html.escape(x)}</td>" for x in cells) + "</tr>")
     return f"<div class='nx'><table><tr>{head}</tr>{''.join(rows)}</table></div>"
 

@@ -36,10 +36,13 @@ class Target:
     memory: float | None
 
     @classmethod
-    def of(cls, kind: str | None, memory: str | None, *, stand_ins: bool = False) -> Target:
+    def of(cls, kind: str | None, memory: str | None, *, stand_ins: bool = False, calibrate: bool = False) -> Target:
         """``kind`` (else this machine's device; none for ``stand_ins``, CPU devices standing in,
-        which JAX is not asked about: asking would start it) and ``memory`` (else the kind's)."""
+        which JAX is not asked about: asking would start it) and ``memory`` (else the kind's).
+        ``calibrate``: on a CPU, this machine measured (``hardware.this_cpu``) in place of no row."""
         device = hardware.find(kind) if kind is not None else None if stand_ins else hardware.local()
+        if device is None and kind is None and not stand_ins and calibrate and jax.devices()[0].platform == "cpu":
+            device = hardware.this_cpu()
         if kind is not None and device is None:
             raise ConfigError(f"--device-kind {kind!r} is not in the device table ({', '.join(hardware.DEVICES)})")
         budget = (
@@ -145,11 +148,13 @@ class Layout:
         return out
 
 
-def activation_bytes(cfg: TrainConfig, s: Setup) -> float:
+def activation_bytes(cfg: TrainConfig, s: Setup, *, scores: bool = False) -> float:
     """Per device, the activations one microbatch keeps for the backward pass, after Korthikanti
     et al. 2022 ("Reducing activation recomputation in large transformer models"), eq. 2 with
-    tensor parallelism: ``s·b·h·(10 + 24/t + 5·a·s/(h·t))`` bytes per layer at 16-bit, for
-    sequence length s, b sequences per device, width h, a heads and t-way tensor parallelism.
+    tensor parallelism: ``s·b·h·(10 + 24/t)`` bytes per layer at 16-bit, for sequence length s,
+    b sequences per device, width h and t-way tensor parallelism. The attention scores' share,
+    ``5·a·s/(h·t)`` more for a heads, is counted only with ``scores``: the flash paths every run
+    takes (``hardware.Device.attention``: cuDNN on a GPU, blockwise elsewhere) keep no T x T scores.
     ``remat: full`` keeps only each layer's input (``2·s·b·h`` bytes) plus one layer's whole set
     during its recomputation; other policies are counted as no checkpointing (an upper bound).
     Scaled by the compute dtype's size / 2. An estimate for a standard decoder layer;
@@ -165,7 +170,7 @@ def activation_bytes(cfg: TrainConfig, s: Setup) -> float:
     tp_axes = s.compute_mapping.get("heads")
     tp = math.prod(shape[m] for m in ([tp_axes] if isinstance(tp_axes, str) else (tp_axes or ())))
     seq, b = cfg.data.seq_len, t.train_batch_size // t.microbatches / max(dp, 1)
-    per_layer = seq * b * h * (10 + 24 / tp + 5 * heads * seq / (h * tp))
+    per_layer = seq * b * h * (10 + 24 / tp + (5 * heads * seq / (h * tp) if scores else 0))
     remat = str(getattr(cfg.model, "remat", "none")).split()
     # Only full checkpointing of every layer changes the estimate; any other policy (save_dots,
     # save_names, every=k) keeps part of each layer, which the estimate counts as all of it.
@@ -178,8 +183,9 @@ def activation_bytes(cfg: TrainConfig, s: Setup) -> float:
 def logits_bytes(cfg: TrainConfig, s: Setup) -> float:
     """Per device, the logits one microbatch's loss holds and their gradient, in float32 (the loss
     is computed in float32): ``2 · b · s · V · 4`` bytes for b sequences per device of length s and
-    V vocab entries per device (the vocab over the mesh axes the compute mapping splits it on).
-    With ``trainer.loss_block_size`` B the loss makes the logits a block at a time: V is B."""
+    V vocab entries per device (the vocab over the mesh axes the compute mapping splits it on:
+    tensor-parallel layouts split it over ``model``). With ``trainer.loss_block_size`` B the loss
+    makes the logits a block at a time: V is B, or the device's share of the vocab where smaller."""
     axes = (a for x in jax.tree.leaves(s.shapes, is_leaf=nm.is_named_array) for a in getattr(x, "axes", ()))
     vocab = next((a.size for a in axes if a.name == "vocab"), 0)
     shape = dict(s.mesh.shape)
@@ -187,7 +193,7 @@ def logits_bytes(cfg: TrainConfig, s: Setup) -> float:
     shards = math.prod(shape[m] for m in ([split] if isinstance(split, str) else (split or ())))
     t = cfg.trainer
     b = t.train_batch_size // t.microbatches / max(data_parallel_size(cfg, shape), 1)
-    per_device_vocab = t.loss_block_size if t.loss_block_size is not None else vocab / shards
+    per_device_vocab = vocab / shards if t.loss_block_size is None else min(t.loss_block_size, vocab / shards)
     return 2 * b * cfg.data.seq_len * per_device_vocab * 4
 
 
@@ -204,6 +210,7 @@ class Plan:
     moments: nm.inspect.ParamReport  # the optimizer state
     activations: float  # bytes, ``activation_bytes``
     logits: float  # bytes, ``logits_bytes``
+    attention: str  # the attention path on the target (``hardware.Device.attention``)
 
     @property
     def data_parallel(self) -> int:
@@ -222,6 +229,8 @@ class Plan:
 
     @property
     def over_budget(self) -> bool:
+        """The one rule of "fits" that the report, the explorer, the page and ``--search`` apply:
+        ``total_bytes`` against the target's memory (the model, never a compiler's peak)."""
         return bool(self.target.memory) and self.total_bytes > self.target.memory
 
 
@@ -232,6 +241,7 @@ def make_plan(cfg: TrainConfig, target: Target | None = None, s: Setup | None = 
 
     target = target if target is not None else Target(hardware.local(), None)
     s = s if s is not None else check_against_devices(cfg)
+    attention = target.device.attention if target.device is not None else "blockwise flash"
     return Plan(
         cfg,
         s,
@@ -242,6 +252,7 @@ def make_plan(cfg: TrainConfig, target: Target | None = None, s: Setup | None = 
         nm.param_report(jax.eval_shape(lambda m: init_opt_state(cfg, m), s.shapes), s.param_mapping, s.mesh),
         activation_bytes(cfg, s),
         logits_bytes(cfg, s),
+        attention,
     )
 
 
@@ -285,14 +296,9 @@ def plan_report(cfg: TrainConfig, *, compile: bool = False, target: Target | Non
         f"{micro // max(dp, 1)} per data-parallel group of {dp} device(s)",
         f"model: {type(model_cfg).__name__} with {params.n_params:,} parameters; "
         f"{flops_per_token(model_cfg, cfg.data.seq_len) / 1e9:.3f} GFLOP per token (6N + 12·L·d·T)",
+        f"attention: {p.attention} (keeps no [batch, heads, T, T] scores)",
         f"activations per device (estimate, one microbatch, remat {getattr(cfg.model, 'remat', 'none')}): "
-        f"{acts / 2**20:.2f} MiB; with params + grads + moments: {(acts + state) / 2**20:.2f} MiB"
-        + (
-            f" of {target.memory / 2**30:.1f} GiB per device"
-            + (" (OVER BUDGET)" if acts + state > target.memory else "")
-            if target.memory
-            else ""
-        ),
+        f"{acts / 2**20:.2f} MiB; with params + grads + moments: {(acts + state) / 2**20:.2f} MiB",
         f"logits per device (estimate, one microbatch, loss blocks {t.loss_block_size or 'none'}; "
         f"float32, with their gradient): {p.logits / 2**20:.2f} MiB; in all: {p.total_bytes / 2**20:.2f} MiB"
         + (

@@ -4,41 +4,49 @@ The search runs in two stages. First, every layout that fits the device count: d
 FSDP, FSDP + Megatron tensor parallel (2, 4, 8 ways, where the heads and MLP divide), pure tensor
 parallel, each with no gradient checkpointing and with full checkpointing of every block, and with
 1, 2 or 4 microbatches, all in the config's ``mesh.mode`` and with its ``trainer.loss_block_size``.
-Then the best few of those (``REFINED``, distinct in layout and microbatches; those that fit the
-memory budget first) are tried again in the other ``mesh.mode``, with the other loss (the
-blockwise loss of ``loss_block_for`` where the config reads the full logits, the full logits where
-it has blocks), and with both: at most ``3 * REFINED`` more compiles. Each is checked as
-``named-train`` would check it and its train step compiled on abstract inputs (nothing is
-allocated), then ranked by a roofline estimate of one step::
+The tensor-parallel layouts split the vocabulary (the embedding, the output head and the logits)
+over ``model`` too. Then the best few of those (``REFINED``, distinct in layout and microbatches;
+those that fit the memory budget first) are tried again in the other ``mesh.mode``, with the other
+loss (the blockwise loss of ``loss_block_for`` where the config reads the full logits, the full
+logits where it has blocks), and with both: at most ``3 * REFINED`` more compiles. Each is checked
+as ``named-train`` would check it, its memory per device planned from shapes (``plan.make_plan``:
+the one rule of "fits" that ``named-plan``'s report, the explorer and the HTML page apply too; a
+compiler's peak on this CPU never judges another device kind), and its train step compiled on
+abstract inputs (nothing is allocated), then ranked by a roofline estimate of one step::
 
     time ≈ FLOPs / peak FLOP/s  +  HBM bytes / HBM bandwidth  +  collective bytes sent / link bandwidth
 
 all per device, from the compiled program (loop bodies counted once per iteration) and the
-device row of :mod:`named.trainer.loop.hardware`; the peak is the one of the config's compute dtype
-(``Device.matmul_peak``: a float32 run on an H100 runs its matmuls as TF32, at half the bf16
+device row of :mod:`named.trainer.loop.hardware` (on a CPU without ``--device-kind``: this
+machine, measured and cached, ``hardware.this_cpu``); the peak is the one of the config's compute
+dtype (``Device.matmul_peak``: a float32 run on an H100 runs its matmuls as TF32, at half the bf16
 peak). The three terms are added, not overlapped: the estimate is an upper bound that ranks
 layouts; it is no prediction of a measured step time. Recomputation moves at least the bytes of
 computing once, but XLA:CPU counts the program that keeps its activations higher (three times
 higher for GPT-2 medium), which ranked recomputation first even when memory was plentiful; so a
 layout with ``remat: full`` and the same layout without it are both charged the smaller of their
-two counts, and recomputation costs its extra FLOPs. A layout whose compiled peak memory exceeds
-the budget is listed below the others, marked; one the checks refuse (explicit mode a layout
-cannot run, a vocab with no block) is listed last with the reason.
+two counts, and recomputation costs its extra FLOPs. A layout over the memory budget is listed
+below the others, marked; one the checks refuse (explicit mode a layout cannot run, a vocab with
+no block) is listed last with the reason. ``timed`` (``--search --measure K``) runs the first K
+that fit for a few steps on this machine's devices and ranks them by the measured step time.
 
 ``layout_of(Layout.of(cfg), ranked[0]).apply(cfg)`` is the config that trains with the layout
 ranked first; ``Layout`` names the keys it sets (``mesh.shape``, both mappings, ``mesh.mode``,
-``model.remat``, ``trainer.microbatches``, ``trainer.loss_block_size``).
+``model.remat``, ``trainer.microbatches``, ``trainer.loss_block_size``). ``resolve_layout`` is
+what ``mesh.layout: auto`` does in ``named-train``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import shlex
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 from ..config import ConfigError, TrainConfig
 from ..loop.hardware import Device
-from .plan import Layout, Target, train_step_report
+from .plan import Layout, Target, abstract_train_step, make_plan, train_step_report
 
 _TP_AXES = ("mlp", "heads", "kv_heads")
 REFINED = 3  # how many of the first stage's best layouts the second stage tries in the other mode and loss
@@ -58,9 +66,10 @@ class Candidate:
     flops: float = 0.0
     hbm_bytes: float = 0.0
     comm_bytes: float = 0.0
-    peak_bytes: int = 0
+    memory: float = 0.0  # bytes per device: ``plan.Plan.total_bytes`` (from shapes)
     error: str | None = None
     hbm_charged: float | None = None  # the HBM bytes the estimate uses, when not hbm_bytes (rank sets it)
+    measured: float | None = None  # seconds per step, timed on this machine (``timed``)
 
     def seconds(self, roof: Roofline) -> tuple[float, float, float]:
         """Compute, HBM and communication time of one step, in seconds."""
@@ -100,7 +109,7 @@ def candidates(
     ]
     for tp in (2, 4, 8):
         if n_devices % tp == 0 and tp_axes and tp < n_devices:
-            tp_map = dict.fromkeys(tp_axes, "model")
+            tp_map = dict.fromkeys([*tp_axes, *(["vocab"] if "vocab" in param_axes else [])], "model")
             layouts.append(
                 (
                     f"FSDP+TP{tp}",
@@ -110,7 +119,7 @@ def candidates(
                 )
             )
     if tp_axes:
-        tp_map = dict.fromkeys(tp_axes, "model")
+        tp_map = dict.fromkeys([*tp_axes, *(["vocab"] if "vocab" in param_axes else [])], "model")
         layouts.append(("TP", {"model": n_devices}, dict(tp_map), dict(tp_map)))
     for name, shape, compute_mapping, param_mapping in layouts:
         for remat in ("none", "full"):
@@ -137,28 +146,58 @@ def _with(cfg: TrainConfig, c: Candidate) -> TrainConfig:
     return layout_of(Layout.of(cfg), c).apply(cfg)
 
 
+Progress = Callable[[int, int, "Candidate", "Candidate | None"], None]
+
+
 def search(
-    cfg: TrainConfig, roof: Roofline, *, memory_budget: float, progress=None, refine: int = REFINED
+    cfg: TrainConfig,
+    target: Target,
+    *,
+    roof: Roofline | None = None,
+    progress: Progress | None = None,
+    refine: int = REFINED,
 ) -> list[Candidate]:
-    """Check, compile and measure every candidate of both stages (the module docstring; ``refine``
-    of the first stage's best are tried again); ranked (``rank``). ``progress`` is called with
-    each candidate once measured."""
+    """Check, plan, compile and measure every candidate of both stages (the module docstring;
+    ``refine`` of the first stage's best are tried again); ranked (``rank``) for ``target`` (its
+    device's speeds, ``roof`` where the caller has them, and its memory). ``progress`` is called
+    after each candidate with how many are done, of how many, that candidate and the best so far."""
     import jax
 
     from ..loop.checks import model_config_for
 
+    roof = roof if roof is not None else roofline(cfg, target)
+    budget = target.memory if target.memory is not None else math.inf
     t = cfg.trainer
-    first = candidates(
-        len(jax.devices()), param_axes(cfg), t.train_batch_size, mode=cfg.mesh.mode, loss_block_size=t.loss_block_size
+    first = list(
+        candidates(
+            len(jax.devices()),
+            param_axes(cfg),
+            t.train_batch_size,
+            mode=cfg.mesh.mode,
+            loss_block_size=t.loss_block_size,
+        )
     )
-    found = [measure(cfg, c, progress) for c in first]
-    second = refinements(rank(found, roof, memory_budget), model_config_for(cfg)[0].vocab_size, refine)
-    return rank([*found, *(measure(cfg, c, progress) for c in second)], roof, memory_budget)
+    found: list[Candidate] = []
+    total = len(first) + 3 * refine  # the second stage's size is known once the first is ranked
+
+    def step(c: Candidate) -> None:
+        found.append(measure(cfg, c, target))
+        if progress is not None:
+            progress(len(found), total, c, rank(list(found), roof, budget)[0])
+
+    for c in first:
+        step(c)
+    second = refinements(rank(found, roof, budget), model_config_for(cfg)[0].vocab_size, refine)
+    total = len(first) + len(second)
+    for c in second:
+        step(c)
+    return rank(found, roof, budget)
 
 
-def measure(cfg: TrainConfig, c: Candidate, progress=None) -> Candidate:
-    """``c`` with its compiled figures, or with ``error`` (the first line of the ConfigError or
-    NamedError of the checks ``named-train`` runs, raised before anything compiles)."""
+def planned(cfg: TrainConfig, c: Candidate, target: Target | None = None):
+    """``c`` with its memory per device (``plan.make_plan`` for ``target``, from shapes: nothing
+    compiled), or with ``error`` (the first line of the ConfigError or NamedError of the checks
+    ``named-train`` runs); and the config and checked setup that train it (None with an error)."""
     import named as nm
 
     from ..loop.checks import check_against_devices
@@ -166,15 +205,75 @@ def measure(cfg: TrainConfig, c: Candidate, progress=None) -> Candidate:
     if c.error is None:
         try:
             trial = _with(cfg, c)
-            report = train_step_report(trial, check_against_devices(trial))
+            s = check_against_devices(trial)
+            c.memory = make_plan(trial, target, s).total_bytes
+            return trial, s
+        except (ConfigError, nm.NamedError) as e:
+            c.error = str(e).splitlines()[0]
+    return None, None
+
+
+def measure(cfg: TrainConfig, c: Candidate, target: Target | None = None) -> Candidate:
+    """``c`` planned (``planned``) and, where it can run, its train step compiled on abstract
+    inputs: FLOPs, HBM bytes and collective bytes sent per device."""
+    import named as nm
+
+    trial, s = planned(cfg, c, target)
+    if trial is not None:
+        try:
+            report = train_step_report(trial, s)
         except (ConfigError, nm.NamedError) as e:
             c.error = str(e).splitlines()[0]
         else:
-            c.flops, c.hbm_bytes, c.peak_bytes = report.flops, report.bytes_accessed, report.peak_bytes
+            c.flops, c.hbm_bytes = report.flops, report.bytes_accessed
             c.comm_bytes = sum(col.sent_bytes * col.runs for col in report.collectives)
-    if progress is not None:
-        progress(c)
     return c
+
+
+def timed(
+    cfg: TrainConfig, ranked: list[Candidate], k: int, memory_budget: float, *, steps: int = 3, progress=None
+) -> list[Candidate]:
+    """``ranked`` with its first ``k`` candidates that can run and fit (``rank`` lists those first)
+    timed on this machine's devices: each one's train step compiled, run once to warm up, then
+    ``steps`` times on zeros (the same program and layout as on real data), the best run its
+    ``measured`` seconds. The timed come first, by measured time; the rest keep their order.
+    ``progress`` is called with each timed candidate."""
+    import jax
+    import jax.numpy as jnp
+
+    import named as nm
+
+    from ..loop.checks import check_against_devices
+
+    fit = [c for c in ranked if fits(c, memory_budget)][:k]
+    for c in fit:
+        trial = _with(cfg, c)
+        s = check_against_devices(trial)
+        step, args = abstract_train_step(trial, s)
+
+        leaves, tree = jax.tree.flatten(args)
+        empty = [i for i, x in enumerate(leaves) if isinstance(x, jax.ShapeDtypeStruct)]
+        fill = jax.jit(  # every input at once, laid out as the step takes it; the loss mask all true
+            lambda: [jnp.full(leaves[i].shape, leaves[i].dtype == jnp.bool_, leaves[i].dtype) for i in empty],
+            out_shardings=[leaves[i].sharding for i in empty],
+        )
+        for i, x in zip(empty, fill()):
+            leaves[i] = x
+        model, opt_state, batch, key, flags = jax.tree.unflatten(tree, leaves)
+        with nm.set_mesh(s.mesh):
+            model, opt_state, metrics = step(model, opt_state, batch, key, flags)  # compiled, warm
+            jax.block_until_ready(metrics)
+            best = math.inf
+            for _ in range(steps):
+                t0 = time.perf_counter()
+                model, opt_state, metrics = step(model, opt_state, batch, key, flags)
+                jax.block_until_ready(metrics)
+                best = min(best, time.perf_counter() - t0)
+        c.measured = best
+        if progress is not None:
+            progress(c)
+    rest = [c for c in ranked if c not in fit]
+    return sorted(fit, key=lambda c: c.measured) + rest
 
 
 def refinements(ranked: list[Candidate], vocab_size: int, best: int = REFINED) -> list[Candidate]:
@@ -238,7 +337,7 @@ def rank(found: list[Candidate], roof: Roofline, memory_budget: float) -> list[C
     def key(c: Candidate):
         if c.error:
             return (2, 0.0)
-        return (int(c.peak_bytes > memory_budget), sum(c.seconds(roof)))
+        return (int(c.memory > memory_budget), sum(c.seconds(roof)))
 
     return sorted(found, key=key)
 
@@ -255,7 +354,13 @@ def param_axes(cfg: TrainConfig) -> set[str]:
     return {a.name for x in jax.tree.leaves(shapes, is_leaf=nm.is_named_array) for a in getattr(x, "axes", ())}
 
 
+def fits(c: Candidate, memory_budget: float) -> bool:
+    """``c`` can run and its memory per device (``plan.Plan.total_bytes``) is within the budget."""
+    return not c.error and c.memory <= memory_budget
+
+
 def format_table(ranked: list[Candidate], roof: Roofline, memory_budget: float) -> str:
+    timed_any = any(c.measured is not None for c in ranked)
     head = (
         "rank",
         "layout",
@@ -268,7 +373,8 @@ def format_table(ranked: list[Candidate], roof: Roofline, memory_budget: float) 
         "compute ms",
         "HBM ms",
         "comm ms",
-        "peak GiB/device",
+        "memory GiB/device",
+        *(("measured ms/step",) if timed_any else ()),
         "",
     )
     rows = []
@@ -276,17 +382,17 @@ def format_table(ranked: list[Candidate], roof: Roofline, memory_budget: float) 
         mesh = "x".join(f"{k}{v}" for k, v in c.mesh_shape.items())
         layout = (str(i), c.name, mesh, c.mode, c.remat, str(c.microbatches), str(c.loss_block_size or "none"))
         if c.error:
-            rows.append((*layout, "-", "-", "-", "-", "-", f"cannot run: {c.error}"))
+            rows.append((*layout, *["-"] * (len(head) - len(layout) - 1), f"cannot run: {c.error}"))
             continue
         t = c.seconds(roof)
-        over = c.peak_bytes > memory_budget
         rows.append(
             (
                 *layout,
                 f"{sum(t) * 1e3:.3g}",
                 *(f"{x * 1e3:.3g}" for x in t),
-                f"{c.peak_bytes / 2**30:.3g}",
-                f"over budget ({memory_budget / 2**30:.1f} GiB)" if over else "",
+                f"{c.memory / 2**30:.3g}",
+                *((f"{c.measured * 1e3:.3g}" if c.measured is not None else "-",) if timed_any else ()),
+                "" if fits(c, memory_budget) else f"over budget ({memory_budget / 2**30:.1f} GiB)",
             )
         )
     left = {0, 1, 2, 3, 4, len(head) - 1}  # the rank and the words; numbers align right
@@ -300,8 +406,10 @@ def format_table(ranked: list[Candidate], roof: Roofline, memory_budget: float) 
         f"estimate per step on {dev.name}: FLOPs / {roof.peak_flops / 1e12:.3g} TFLOP/s ({roof.peak_kind} matmuls) "
         f"+ HBM bytes / {dev.hbm_bandwidth / 1e12:.3g} TB/s (a layout with and without remat: the smaller count) "
         f"+ collective bytes sent / {dev.link_bandwidth / 1e9:.3g} GB/s, added without overlap "
-        "(an upper bound for ranking); "
-        "peak memory from XLA's CPU buffer assignment, which can differ from a GPU's or TPU's."
+        "(an upper bound for ranking); memory: named-plan's estimate from shapes (parameters, gradients, "
+        f"optimizer state, one microbatch's activations with {dev.attention} attention, and its logits)"
+        + ("; measured: the best of a few steps on this machine, which ranks those timed first" if timed_any else "")
+        + "."
     )
     return "\n".join([*lines, "", note])
 
@@ -311,8 +419,8 @@ def search_report(cfg: TrainConfig, target: Target, ranked: list[Candidate] | No
     import jax
 
     roof = roofline(cfg, target)
-    budget = target.memory if target.memory is not None else float("inf")
-    ranked = ranked if ranked is not None else search(cfg, roof, memory_budget=budget)
+    budget = target.memory if target.memory is not None else math.inf
+    ranked = ranked if ranked is not None else search(cfg, target, roof=roof)
     lines = [
         f"layouts for {len(jax.devices())} x {target.device.name} (each compiled on abstract inputs):",
         searched(cfg, ranked),
@@ -322,6 +430,15 @@ def search_report(cfg: TrainConfig, target: Target, ranked: list[Candidate] | No
         flags = shlex.join(layout_of(Layout.of(cfg), ranked[0]).flags())
         lines.append(f"the layout ranked first, as flags after the config's: {flags}")
     return "\n".join(lines)
+
+
+def describe(c: Candidate) -> str:
+    """One candidate in a few words (the progress lines, ``mesh.layout: auto``'s choice)."""
+    mesh = "x".join(f"{k}{v}" for k, v in c.mesh_shape.items())
+    return (
+        f"{c.name} ({mesh}, mode {c.mode}, remat {c.remat}, {c.microbatches} microbatch(es), "
+        f"loss blocks {c.loss_block_size or 'none'})"
+    )
 
 
 def searched(cfg: TrainConfig, ranked: list[Candidate]) -> str:
@@ -353,3 +470,43 @@ def roofline(cfg: TrainConfig, target: Target) -> Roofline:
     if target.device is None:
         raise ConfigError("--search ranks layouts by a device's speeds: name it with --device-kind (e.g. H100)")
     return Roofline.of(cfg, target.device)
+
+
+def resolve_layout(cfg: TrainConfig, *, progress: Progress | None = None) -> tuple[TrainConfig, str]:
+    """What ``mesh.layout: auto`` does in ``named-train``: ``cfg`` with the layout of its run when
+    the run exists (its ``config.yaml``: a resume keeps its layout), else with the layout ``search``
+    ranks first for this machine (its device row; on a CPU, ``hardware.this_cpu``), and
+    ``mesh.layout: config`` (the keys as now set, which the run's config.yaml records); with a
+    sentence saying which. A ConfigError when no layout can run within the device's memory."""
+    import dataclasses
+    from pathlib import Path
+
+    from ..config import load_config
+
+    if cfg.mesh.layout != "auto":
+        return cfg, "mesh.layout: config (the config's keys)"
+    settled = dataclasses.replace(cfg, mesh=dataclasses.replace(cfg.mesh, layout="config"))
+    recorded = Path(cfg.trainer.run_dir) / "config.yaml"
+    if recorded.is_file():
+        lay = Layout.of(load_config(recorded))
+        return lay.apply(settled), f"mesh.layout auto: the layout recorded in {recorded} (a resume keeps its layout)"
+    target = Target.of(None, None, calibrate=True)
+    roof = roofline(settled, target)
+    budget = target.memory if target.memory is not None else math.inf
+    ranked = search(settled, target, roof=roof, progress=progress, refine=REFINED)
+    best = ranked[0] if ranked else None
+    if best is None or not fits(best, budget):
+        why = (
+            f"the best, {describe(best)}, needs {best.memory / 2**30:.3g} GiB per device of {budget / 2**30:.3g}"
+            if best is not None and not best.error
+            else "none of the layouts can run"
+        )
+        raise ConfigError(
+            f"mesh.layout: auto found no layout for {roof.device.name} ({why}); "
+            "see named-plan --search, or set mesh.shape and the mappings"
+        )
+    ms = sum(best.seconds(roof)) * 1e3
+    return layout_of(Layout.of(settled), best).apply(settled), (
+        f"mesh.layout auto: {describe(best)}, ranked first of {len(ranked)} by named-plan --search's estimate "
+        f"on {roof.device.name} ({ms:.3g} ms/step); flags: {shlex.join(layout_of(Layout.of(settled), best).flags())}"
+    )

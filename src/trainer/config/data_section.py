@@ -8,7 +8,6 @@ file is opened. A ``DataConfig`` checks its own values when it is made, from a c
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import math
 import re
@@ -18,8 +17,9 @@ from typing import Any
 
 from named import NamedError
 
+from .check import check_section, declaration
 from .hub import dataset_id
-from .rules import NONEMPTY, declared, key, one_of
+from .rules import NONEMPTY, Rule, at_least, between, key, one_of
 
 STDLIB = "stdlib"  # the source spec of the embedded corpus: this Python's standard library
 BIN_DTYPES = ("uint16", "uint32")
@@ -171,15 +171,17 @@ class DataConfig:
     validation: list[dict[str, Any] | str] = key(
         factory=list, doc="validation sources in either form; empty: the last val_fraction of the train sequences"
     )
-    val_fraction: float = key(0.05, doc="share of the sequences held out for validation (0: none)")
+    val_fraction: float = key(
+        0.05, between(0, 1, high_open=True), doc="share of the sequences held out for validation (0: none)"
+    )
     tokenizer: str = key(
         "byte", doc="`byte`, a local tokenizer.json (or a folder holding one), or a Hugging Face model id holding one"
     )
     chat_template: str | None = key(
-        None, doc="a Jinja chat template file for chat sources (null: the tokenizer folder's)"
+        None, NONEMPTY, doc="a Jinja chat template file for chat sources (null: the tokenizer folder's)"
     )
     eos_token: str | None = key(None, doc="the end-of-document token of an HF tokenizer, where it cannot be found")
-    seq_len: int = key(256, doc="tokens per packed sequence")
+    seq_len: int = key(256, at_least(2), doc="tokens per packed sequence (at least a token and its target)")
     chat_packing: str = key(
         "whole",
         one_of(*CHAT_PACKINGS),
@@ -193,8 +195,8 @@ class DataConfig:
     )
     loss_roles: list[str] = key(
         factory=lambda: ["assistant"],
-        rule=one_of(*MESSAGE_ROLES),
-        doc="chat sources: the roles whose turns carry loss",
+        rule=Rule(names=MESSAGE_ROLES, nonempty=True),
+        doc="chat sources: the roles whose turns carry loss (at least one)",
     )
     train_on_inputs: bool = key(
         False, doc="chat sources: every token of a sample carries loss (prompts, headers), not only loss_roles' turns"
@@ -202,30 +204,25 @@ class DataConfig:
     skip_bad_records: bool = key(
         False, doc="chat sources: leave out bad records (counted in the log) instead of refusing the data"
     )
-    bin_dtype: str = key("uint16", doc="the token dtype of `.bin` files (`.npy` files say their own)")
+    bin_dtype: str = key(
+        "uint16", one_of(*BIN_DTYPES), doc="the token dtype of `.bin` files (`.npy` files say their own)"
+    )
     cache_dir: str = key("~/.cache/named/data", free=True, doc="where tokenised text is cached")
-    stdlib_bytes: int = key(8_000_000, doc="how much of the standard library the `stdlib` corpus takes")
+    stdlib_bytes: int = key(8_000_000, at_least(1), doc="how much of the standard library the `stdlib` corpus takes")
 
     def __post_init__(self):
+        # every value against its declaration, as a config file's are (ConfigError naming the key),
+        # also for a DataConfig made in code; then the sources' structure (DataError)
+        check_section(DataConfig, self, "data")
         self.sources("train")
         self.sources("validation")
-        if self.seq_len < 2:
-            raise DataError(f"data.seq_len must be at least 2 (a token and its target), got {self.seq_len}")
-        if not 0.0 <= self.val_fraction < 1.0:
-            raise DataError(f"data.val_fraction must be in [0, 1), got {self.val_fraction}")
-        if self.bin_dtype not in BIN_DTYPES:
-            raise DataError(f"data.bin_dtype must be one of {BIN_DTYPES}, got {self.bin_dtype!r}")
-        if self.stdlib_bytes < 1:
-            raise DataError(f"data.stdlib_bytes must be positive, got {self.stdlib_bytes}")
-        if self.chat_template is not None and not self.chat_template.strip():
-            raise DataError("data.chat_template must be a path to a Jinja template file, or null, got ''")
-        for f in dataclasses.fields(self):  # the named choices, also for a DataConfig made in code
-            rule = declared(f).rule
-            if rule is not None and rule.names and not rule.allows(getattr(self, f.name)):
-                raise DataError(f"data.{f.name} must be {rule}, got {getattr(self, f.name)!r}")
-        if not self.loss_roles:
-            raise DataError("data.loss_roles is empty: no token would carry loss; list at least one role")
 
     def sources(self, key: str) -> list[SourceSpec]:
         """``data.train`` or ``data.validation`` as sources: one unnamed source for plain specs."""
         return parse_sources(getattr(self, key), f"data.{key}", weighted=key == "train")
+
+
+def check_data_key(name: str, value) -> None:
+    """``value`` against the declaration of ``data.<name>``, for code that takes one of the section's
+    values outside a DataConfig (ConfigError naming the key, as for a config file's)."""
+    declaration(DataConfig, name).rule.check(value, f"data.{name}")

@@ -33,7 +33,8 @@ class Flag:
 
 
 HELP = "help"  # --help and -h
-CONFIG_PATH = "config_path"  # the file, also given among the flags (draccus' name for it)
+CONFIG_PATH = "config_path"  # --config_path FILE: the file, also given among the flags (draccus' name for it)
+CONFIG_NAME = "config"  # --config NAME: a file, or a config shipped with the package
 
 
 def read_flags(args: list[str]) -> tuple[list[Flag], list[str]]:
@@ -186,3 +187,10 @@ def resolve_config(name: str) -> str:
     if stem in shipped_configs():
         return str(importlib.resources.files("named.configs") / f"{stem}.yaml")
     raise ConfigError(f"--config {name!r} is neither a file nor a shipped config ({', '.join(shipped_configs())})")
+
+
+def config_file(path: str | None, name: str | None) -> str | None:
+    """The config file that ``--config_path FILE`` or ``--config NAME`` (one of them, or neither) names."""
+    if path is not None and name is not None:
+        raise ConfigError(f"give --{CONFIG_PATH} FILE or --{CONFIG_NAME} NAME, not both")
+    return resolve_config(name) if name is not None else path

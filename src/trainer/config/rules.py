@@ -31,11 +31,16 @@ class Rule:
     names: tuple[str, ...] = ()
     nonempty: bool = False
 
+    def _empty(self, value) -> bool:
+        return self.nonempty and not (value.strip() if isinstance(value, str) else len(value) > 0)
+
     def allows(self, value) -> bool:
+        if self._empty(value):
+            return False
         if self.names:  # a list (trainer.stop_signals): each of its items
             return all(v in self.names for v in value) if isinstance(value, list) else value in self.names
         if self.nonempty:
-            return len(value) > 0
+            return True
         if isinstance(value, float) and not math.isfinite(value):
             return False
         if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
@@ -44,12 +49,14 @@ class Rule:
 
     def check(self, value, key: str) -> None:
         """Raise ConfigError naming ``key`` (a config key or a CLI flag) unless the rule allows ``value``."""
+        if value is not None and self._empty(value):
+            raise ConfigError(f"{key} must be non-empty, got {value!r}")
         if value is not None and not self.allows(value):
             raise ConfigError(f"{key} must be {self}, got {value!r}")
 
     def __str__(self) -> str:
         if self.names:
-            return "one of " + ", ".join(self.names)
+            return "one of " + ", ".join(self.names) + (" (at least one)" if self.nonempty else "")
         if self.nonempty:
             return "non-empty"
         if self.high is None:

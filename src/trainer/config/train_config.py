@@ -43,7 +43,18 @@ from .adapt import LoraConfig, QuantizationConfig  # re-exported: sections of Tr
 from .check import check_flag_keys, check_section, describe_type
 from .data_section import DataConfig, DataError
 from .location import CheckpointError, inside, location
-from .read import CONFIG_PATH, HELP, Flag, check_flag_values, override, read_file, read_flags, read_value
+from .read import (
+    CONFIG_NAME,
+    CONFIG_PATH,
+    HELP,
+    Flag,
+    check_flag_values,
+    config_file,
+    override,
+    read_file,
+    read_flags,
+    read_value,
+)
 from .rules import (  # ConfigError: also this module's public face
     NONEMPTY,
     ConfigError,
@@ -58,6 +69,11 @@ from .rules import (  # ConfigError: also this module's public face
 )
 
 # ---- sections: every key declared once ------------------------------------------------
+
+
+# The vocabulary a null model.vocab_size takes: the tokenizer's, rounded up so that it splits
+# over the usual mesh sizes and fills whole vector lanes.
+VOCAB_MULTIPLE = 128
 
 
 @dataclass
@@ -169,6 +185,14 @@ class MeshConfig:
         at_least(1),
         free=True,
         doc="explicit mode: each layer runs on this many equal parts of each device's microbatch",
+    )
+    layout: str = key(
+        "config",
+        one_of("config", "auto"),
+        free=True,
+        doc="`config`: the mesh, mappings, mode, remat, microbatches and loss blocks as given; `auto`: named-train "
+        "takes the layout `named-plan --search` ranks first for the machine it starts on (the run's config.yaml "
+        "records it; a resume keeps it)",
     )
 
 
@@ -317,7 +341,7 @@ def _as_choice(name: str, base_cfg: type):
     @dataclass(frozen=frozen)
     class Choice(ModelChoice, base_cfg):  # type: ignore[misc, valid-type]
         vocab_size: int | None = key(
-            None, at_least(1), doc="null: the tokenizer's vocabulary, rounded up to a multiple of 128"
+            None, at_least(1), doc=f"null: the tokenizer's vocabulary, rounded up to a multiple of {VOCAB_MULTIPLE}"
         )
         init_from_hf: str | None = key(
             None,
@@ -500,16 +524,17 @@ def load_config(config_path: str | os.PathLike | None, args: Sequence[str] = ())
 
 
 def _command_line(args: list[str], config_path) -> tuple[Any, list[Flag], list[str]]:
-    """The config file (``--config_path`` among the flags names it too), the flags that set keys,
-    and the words that are no flag's. ``--help`` prints every key and exits."""
+    """The config file (``--config_path FILE`` or ``--config NAME`` among the flags names it too),
+    the flags that set keys, and the words that are no flag's. ``--help`` prints every key and exits."""
     flags, stray = read_flags(args)
     if any(f.key == HELP for f in flags):
         print(help_text())
         raise SystemExit(0)  # protocol: --help exits, as argparse's does
-    for f in flags:
-        if f.key == CONFIG_PATH and f.text:
-            config_path = f.text
-    return config_path, [f for f in flags if f.key != CONFIG_PATH], stray
+    given = {f.key: f.text for f in flags if f.key in (CONFIG_PATH, CONFIG_NAME)}
+    check_flag_values([f for f in flags if f.key in given], [])  # --config_path without its file
+    if given:
+        config_path = config_file(given.get(CONFIG_PATH), given.get(CONFIG_NAME))
+    return config_path, [f for f in flags if f.key not in (CONFIG_PATH, CONFIG_NAME)], stray
 
 
 def _override(raw: dict, flags: list[Flag], stray: list[str]) -> None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config.data_section import DataError
+from ..config.data_section import DataError, check_data_key
 from ._packing import FLAGGED, PAD_SEGMENT, START, Batch, TokenStream, pack
 
 SCAN_FLAGS = 1 << 26  # flag bytes read at a time when finding documents (a memory-mapped file is never copied whole)
@@ -116,8 +116,7 @@ class PackedSequences:
         too_long: str = "truncate",
         label: str = "",
     ):
-        if seq_len < 2:
-            raise DataError(f"data.seq_len must be at least 2 (a token and its target), got {seq_len}")
+        check_data_key("seq_len", seq_len)
         docs = Documents.of(stream) if documents is None else documents
         lengths = docs.lengths
         long = lengths > seq_len

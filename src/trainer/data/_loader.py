@@ -96,15 +96,6 @@ class TrainBatches:
         rows = self._mixture.rows_before(step)
         return {f"tokens/{name}": int(n) * self.sequences.seq_len for name, n in zip(self.sequences.names, rows)}
 
-    def iter_from(self, step: int = 0) -> Iterator[Batch]:
-        """Endless batches starting at ``step`` (resume by passing the checkpointed step)."""
-        while True:
-            yield self.batch_at(step)
-            step += 1
-
-    def __iter__(self) -> Iterator[Batch]:
-        return self.iter_from(0)
-
     def _permutation(self, epoch: int) -> np.ndarray:
         if epoch != self._epoch:
             rng = np.random.default_rng([self.seed % (1 << 63), epoch])

@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..config.data_section import DataError
+from ..config.data_section import DataError, check_data_key
 
 PAD_SEGMENT = -1
 LOSS, START = 1, 2  # flag bits: the token is a target that carries loss; the token starts a document
@@ -94,8 +94,7 @@ class Sequences:
     """Rows ``[first, first + count)`` of a token stream packed at ``seq_len`` (one split)."""
 
     def __init__(self, stream: TokenStream, seq_len: int, first: int = 0, count: int | None = None):
-        if seq_len < 2:
-            raise DataError(f"data.seq_len must be at least 2 (a token and its target), got {seq_len}")
+        check_data_key("seq_len", seq_len)
         total = len(stream) // seq_len
         count = total - first if count is None else count
         if not (0 <= first and 0 <= count and first + count <= total):

@@ -33,7 +33,7 @@ from typing import Literal
 
 import numpy as np
 
-from ..config.data_section import BIN_DTYPES, STDLIB, DataError
+from ..config.data_section import STDLIB, DataError, check_data_key
 from . import _columnar, _compressed
 
 _SKIPPED_STDLIB_DIRS = {"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test"}
@@ -379,8 +379,7 @@ def _map_npy(path: Path) -> np.ndarray:
 
 
 def _map_bin(path: Path, dtype_name: str) -> np.ndarray:
-    if dtype_name not in BIN_DTYPES:
-        raise DataError(f"data.bin_dtype must be one of {BIN_DTYPES}, got {dtype_name!r}")
+    check_data_key("bin_dtype", dtype_name)
     dtype = np.dtype(dtype_name)
     try:
         size = path.stat().st_size

@@ -23,6 +23,7 @@ from named.internal import block_size_error  # the blockwise loss's own message,
 from named.models.hf import CheckpointFormatError, check_folder
 
 from ..config import ConfigError, TrainConfig, data_parallel_size, pretrained, to_mapping
+from ..config.train_config import VOCAB_MULTIPLE
 from ..data import Tokenizer, load_tokenizer
 from .loss import token_losses
 from .model_init import layer_driver, model_shapes
@@ -30,9 +31,6 @@ from .registry import max_positions, model_class, model_type
 
 # Axes of activations that no parameter has; a mapping may name these and the parameters' axes.
 _ACTIVATION_AXES = ("batch", "position", "key_position")
-# The vocabulary a null model.vocab_size takes: the tokenizer's, rounded up so that it splits
-# over the usual mesh sizes and fills whole vector lanes.
-VOCAB_MULTIPLE = 128
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,7 +11,9 @@ continuation exactly as its Hugging Face backend does) over a model laid out on 
 - ``loglikelihood_rolling``: lm-eval's own disjoint windows of the model's positions (each
   token scored once, after the bos or eos prefix), scored as above and summed per document;
 - ``generate_until``: greedy decoding (``models.generate``) of at most ``max_gen_toks`` tokens,
-  stopped at eos and cut before the first of the request's ``until`` strings.
+  stopped at eos and cut before the first of the request's ``until`` strings; the requests are
+  decoded ``batch_size`` rows at a time (prompts of different lengths together, padded to a
+  power-of-two length; a batch ends when each of its rows has given eos).
 
 ``evaluate`` runs tasks by name, from lm-eval's registry or from YAML files in a folder of
 one's own (``include``; searched alone first, so a folder holding every task asked for needs no
@@ -127,21 +129,29 @@ class HarnessLM(TemplateLM):
         return out
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        out = []
+        jobs = []
         for context, gen_kwargs in [r.args for r in requests]:
             kwargs = dict(gen_kwargs or {})
             until = kwargs.pop("until", None) or []
             until = [until] if isinstance(until, str) else list(until)
-            max_new = int(kwargs.pop("max_gen_toks", 256))
+            max_new = max(min(int(kwargs.pop("max_gen_toks", 256)), self.max_length - 1), 1)
             ids = self.tok_encode(context) or [self.prefix_token_id]
-            max_new = max(min(max_new, self.max_length - 1), 1)
-            ids = ids[-(self.max_length - max_new) :]
-            new = self._generate(ids, max_new)
-            text = self.tok_decode(new)
-            for stop in until:
-                if stop and stop in text:
-                    text = text[: text.index(stop)]
-            out.append(text)
+            jobs.append((ids[-(self.max_length - max_new) :], max_new, until))
+        out: list[str | None] = [None] * len(jobs)
+        # batches of one token budget, the longest prompts first: one padded length per batch
+        order = sorted(range(len(jobs)), key=lambda i: (jobs[i][1], -len(jobs[i][0])))
+        for start in range(0, len(order), self.batch_rows):
+            chunk = order[start : start + self.batch_rows]
+            for max_new in sorted({jobs[i][1] for i in chunk}):
+                rows = [i for i in chunk if jobs[i][1] == max_new]
+                longest = max(len(jobs[i][0]) for i in rows)
+                width = min(max(MIN_BUCKET, 1 << max(longest - 1, 0).bit_length()), self.max_length - max_new)
+                for i, new in zip(rows, self._generate([jobs[i][0] for i in rows], max_new, width)):
+                    text = self.tok_decode(new)
+                    for stop in jobs[i][2]:
+                        if stop and stop in text:
+                            text = text[: text.index(stop)]
+                    out[i] = text
         return out
 
     # ---- scoring ---------------------------------------------------------------------------------
@@ -179,11 +189,19 @@ class HarnessLM(TemplateLM):
             logp, greedy = self._score(self.model, self._placed(ids), self._placed(targets))
         return np.asarray(logp.array), np.asarray(greedy.array)
 
-    def _generate(self, ids: list[int], n_tokens: int) -> list[int]:
-        from .generate import continue_ids
+    def _generate(self, rows: list[list[int]], n_tokens: int, width: int) -> list[list[int]]:
+        from .generate import continue_rows
 
         with nm.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext():
-            return continue_ids(self.model, ids, n_tokens, temperature=0.0, stop_ids=(self._tok.eos_id,))
+            return continue_rows(
+                self.model,
+                rows,
+                n_tokens,
+                temperature=0.0,
+                stop_ids=(self._tok.eos_id,),
+                width=width,
+                batch=self.batch_rows,
+            )
 
 
 def _as_transformers_reads(tokenizer):

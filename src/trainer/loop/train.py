@@ -28,7 +28,7 @@ from named.nn.precision import cast_for_compute, get_policy
 from .. import checkpoint as ckpt
 from ..checkpoint import rundir
 from ..checkpoint.run_places import DATA_FILES
-from ..config import TrainConfig, data_parallel_size, dump_config
+from ..config import ConfigError, TrainConfig, data_parallel_size, dump_config
 from ..data import (
     Batch,
     Data,
@@ -275,7 +275,12 @@ def _check_data_unchanged(cfg: TrainConfig, plan: rundir.RunPlan) -> bool:
 def train(cfg: TrainConfig) -> TrainResult:
     """Train in ``trainer.run_dir``: a new run, or the resumption of the one it holds (see
     ``rundir``). With ``num_train_steps: 0``, or a run already at ``num_train_steps``, every
-    check runs and nothing is compiled or written; ``message`` says so."""
+    check runs and nothing is compiled or written; ``message`` says so. ``mesh.layout: auto`` is
+    resolved before (``named-train`` does it: ``commands.plan_search.resolve_layout``)."""
+    if cfg.mesh.layout == "auto":
+        raise ConfigError(
+            "mesh.layout: auto is resolved by named-train before training (commands.plan_search.resolve_layout)"
+        )
     t = cfg.trainer
     run = build_run(cfg)
     plan = run.plan

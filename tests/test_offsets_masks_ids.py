@@ -1,4 +1,4 @@
-"""Regression tests for four silent or needless failures of issue 23, each against numpy:
+"""Offsets, attention masks and embedding ids, each against numpy (issue 23's four silent or needless failures):
 a 0-d NamedArray (an argmax) as an offset under jit; updated_slice refusing a static offset
 that would be clamped; attention refusing a mask or bias without the key axis (and
 padding_mask, which builds the right one); Embedding's checked mode for ids outside the vocab."""
