@@ -145,6 +145,7 @@ def test_moe_tiny(tmp_path):
     assert r["placement"]["EP explicit"]["collectives"]["all-to-all"] > 0
 
 
+@pytest.mark.procs  # the result records the commit (git)
 def test_attention_tiny(tmp_path):
     import attention
 
