@@ -70,6 +70,7 @@ bench: $(STAMP)
 	$(PY) bench/peer.py --setup recommended --model llama
 	$(PY) bench/moe.py
 	$(PY) bench/decode.py
+	$(PY) bench/attention.py
 	$(PY) bench/first_step.py
 	$(PY) bench/report.py
 

@@ -283,8 +283,8 @@ def test_cudnn_on_cpu_raises_a_named_error_and_auto_falls_back():
     q32, k32, v32 = qkv()
     with pytest.raises(nm.NamedError, match="bfloat16, float16"):
         jcall(nn.dot_product_attention, q32, k32, v32, implementation="cudnn")
-    with pytest.raises(nm.NamedError, match="unknown attention implementation 'flash'"):
-        jcall(nn.dot_product_attention, q, k, v, implementation="flash")
+    with pytest.raises(nm.NamedError, match="unknown attention implementation 'pallas'"):
+        jcall(nn.dot_product_attention, q, k, v, implementation="pallas")
     assert jcall(nn.dot_product_attention, q, k, v, causal=True).dtype == jnp.bfloat16
 
 
@@ -306,8 +306,8 @@ def test_attention_implementation_scope_sets_what_auto_means():
     np.testing.assert_array_equal(np.asarray(named_xla.array, np.float32), np.asarray(want.array, np.float32))
     after = jax.jit(lambda q, k, v: nn.dot_product_attention(q, k, v, causal=True))(q, k, v)  # a fresh trace
     assert after.axes == want.axes
-    with pytest.raises(nm.NamedError, match="unknown attention implementation 'flash'"):
-        with nn.attention_implementation("flash"):
+    with pytest.raises(nm.NamedError, match="unknown attention implementation 'pallas'"):
+        with nn.attention_implementation("pallas"):
             pass
 
 

@@ -145,6 +145,16 @@ def test_moe_tiny(tmp_path):
     assert r["placement"]["EP explicit"]["collectives"]["all-to-all"] > 0
 
 
+@pytest.mark.procs  # the result records the commit (git)
+def test_attention_tiny(tmp_path):
+    import attention
+
+    attention.main(["--tiny", "--out", str(tmp_path)])
+    row = _load(tmp_path, "attention_tiny")["rows"][0]
+    assert set(row) == {"T", "xla", "flash512", "flash256"}
+    assert all(row[side]["temp_bytes"] > 0 for side in ("xla", "flash512", "flash256"))
+
+
 def test_decode_tiny(tmp_path):
     import decode
 

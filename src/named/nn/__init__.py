@@ -5,6 +5,7 @@ from . import _lora as lora  # nn.lora.apply / merge / trainable
 from . import _mup as mup  # nn.mup.rescale_init / scale_updates / roles
 from ._attention import (
     attention_implementation,
+    attention_keeps_scores,
     dot_product_attention,
     dot_product_attention_weights,
     positions_from_segments,

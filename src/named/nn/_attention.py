@@ -24,6 +24,8 @@ from .._core import NamedArray, expect_named, unchecked
 from .._einsum import dot, einsum
 from .._shape import arange, broadcast_to, concatenate, flatten_axes, rename, unflatten_axis
 from ..partitioning import shard
+from . import _flash
+from ._flash import flash_attention, flash_unmet
 from ._masks import causal_mask, check_segment_ids, segment_mask
 
 _LOG = logging.getLogger("named.nn")
@@ -92,13 +94,13 @@ def rotary_embedding(
 # ---- attention --------------------------------------------------------------------------
 
 _CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
-_IMPLEMENTATIONS = ("auto", "xla", "cudnn")
+_IMPLEMENTATIONS = ("auto", "xla", "cudnn", "flash")
 
 
 @contextlib.contextmanager
 def attention_implementation(implementation: str) -> Iterator[None]:
     """Make every ``dot_product_attention(implementation="auto")`` inside take ``implementation``
-    ("xla" or "cudnn"; "auto" restores the automatic choice). Calls that name an implementation
+    ("xla", "flash" or "cudnn"; "auto" restores the automatic choice). Calls that name an implementation
     keep theirs. This is how a model whose layers call attention with the default is run on the
     XLA path on a GPU (to compare it with cuDNN's kernel, or to rule the kernel out). It is part
     of every jit's cache key: a jitted step called under another implementation is traced again."""
@@ -106,6 +108,34 @@ def attention_implementation(implementation: str) -> Iterator[None]:
         raise ArgumentError(f"unknown attention implementation {implementation!r}; use {', '.join(_IMPLEMENTATIONS)}")
     with attention_context(implementation):
         yield
+
+
+def attention_keeps_scores(
+    implementation: str = "auto", backend: str | None = None, key_length: int = 0, dtype=None
+) -> bool:
+    """Whether attention's backward pass keeps the ``[query, key]`` scores of each layer: what a
+    memory model counts. ``"xla"`` keeps them; ``"cudnn"`` and ``"flash"`` never do. ``"auto"``
+    (read through ``nn.attention_implementation``) keeps none when it takes cuDNN (``backend``
+    ``"gpu"`` with a bf16/f16 ``dtype``: a plan from shapes alone does not know the head size or
+    the bias, and assumes cuDNN's conditions on them hold) or the blockwise path (the keys span
+    more than one block, ``key_length`` > 256), and keeps them on the XLA path below that, whose
+    one block of scores is the whole of them. ``backend`` is the device kind the run will use
+    (``"gpu"``, ``"tpu"``, ``"cpu"``; default this process's)."""
+    if implementation not in _IMPLEMENTATIONS:
+        raise ArgumentError(f"unknown attention implementation {implementation!r}; use {', '.join(_IMPLEMENTATIONS)}")
+    if implementation == "auto":
+        implementation = current_attention()
+    if implementation == "auto":
+        backend = jax.default_backend() if backend is None else backend
+        cudnn = backend == "gpu" and dtype is not None and jnp.dtype(dtype) in _CUDNN_DTYPES
+        return not (cudnn or _flash_pays(key_length))
+    return implementation == "xla"
+
+
+def _flash_pays(key_length: int) -> bool:
+    """Whether "auto" takes the blockwise path over the XLA one: once the keys span more than one
+    block; with one block both hold the same scores, and the XLA path does not recompute them."""
+    return key_length > _flash.BLOCK
 
 
 def _cudnn_unmet(query: NamedArray, key: NamedArray, value: NamedArray, hs: str) -> list[str]:
@@ -174,10 +204,15 @@ def dot_product_attention(
         implementation: ``"auto"`` uses cuDNN flash attention when the backend is GPU, the
             inputs are bf16/f16 with a head size that is a multiple of 8 and <= 128, and there
             is no bias, softcap, traced window or offset (``causal`` and an int ``window`` are
-            fine; ``mask`` and ``segment_ids`` reach cuDNN as a dense bias); otherwise the XLA
-            path below. The choice is logged (logger
+            fine; ``mask`` and ``segment_ids`` reach cuDNN as a dense bias); otherwise the
+            blockwise path when the keys span more than one block of 256 (``"flash"``), else
+            the XLA path. The choice is logged (logger
             ``named.nn``, INFO on GPU, DEBUG elsewhere) once per trace.
-            ``"xla"`` forces the XLA path; ``"cudnn"`` requires cuDNN and raises a NamedError
+            ``"xla"`` forces the XLA path, which keeps the float32 ``[query, key]`` scores for
+            the backward pass; ``"flash"`` forces the blockwise one (an online softmax over
+            key blocks with its own VJP: it keeps the output and each row's logsumexp, and
+            the backward pass recomputes each block's scores); both compute the same values.
+            ``"cudnn"`` requires cuDNN and raises a NamedError
             saying why when it cannot run (masks, bias and segments then become a dense bias).
             Inside ``nn.attention_implementation(...)``, ``"auto"`` means what that names.
 
@@ -215,6 +250,7 @@ def dot_product_attention(
         return _with_one_query(dot_product_attention, query, (key, value), args)
     _check_axes("dot_product_attention", query, key, value, qpos, kpos, hs, mask, bias)
     heads, kvheads = name_of(Heads), name_of(KVHeads)
+    query_heads = query.resolve_axis(heads) if heads in query.names else None
     query, mask, bias, group = _grouped(query, key, mask, bias, heads, kvheads)
     grouped = group is not None
     if isinstance(q_offset, NamedArray):
@@ -239,19 +275,48 @@ def dot_product_attention(
     # A boolean mask and segment ids go to cuDNN as a dense bias: on an H200 the trainer's step on
     # packed rows ran 1.9x faster than on the XLA path, whose f32 scores it keeps per layer
     # (docs/benchmarks.md §6). An additive bias is not sent there unasked (not measured).
+    flash_why = flash_unmet(query, key, value, kpos, hs, scale, softcap)
+    if implementation == "flash" and flash_why:
+        raise NamedError(
+            "dot_product_attention(implementation='flash') cannot run here: "
+            + "; ".join(flash_why)
+            + ". Use implementation='auto' or 'xla'."
+        )
     why_not = _cudnn_unmet(query, key, value, hs) + _fused_unmet(None, bias, None, softcap, window, q_offset)
     use_fused = implementation == "cudnn" or (implementation == "auto" and not why_not)
-    _log_choice("cudnn" if use_fused else "xla", implementation, why_not)
+    use_flash = not use_fused and (
+        implementation == "flash" or (implementation == "auto" and not flash_why and _flash_pays(key.axis_size(kpos)))
+    )
+    _log_choice("cudnn" if use_fused else "flash" if use_flash else "xla", implementation, why_not)
     if use_fused:
         if segment_ids is not None:
             s = segment_mask(segment_ids, rename(segment_ids, {qpos: kpos}))
             mask = s if mask is None else mask & s
         out = fused_attention(query, key, value, qpos, kpos, hs, causal, mask, bias, scale, "cudnn", window)
+    elif use_flash:
+        out = flash_attention(
+            query,
+            key,
+            value,
+            qpos,
+            kpos,
+            hs,
+            causal=causal,
+            mask=mask,
+            bias=bias,
+            segment_ids=segment_ids,
+            q_offset=q_offset,
+            window=window,
+            scale=scale,
+            softcap=softcap,
+        )
     else:
         m = _combined_mask(query, key, qpos, kpos, causal, mask, segment_ids, q_offset, window)
         out = _xla_attention(query, key, value, qpos, kpos, hs, m, bias, scale, softcap)
     if grouped:
         out = flatten_axes(out, (kvheads, group.name), heads)
+        # the query's own heads axis back: in explicit mode it carries the heads' split
+        out = unchecked(out.array, tuple(query_heads if a.name == heads else a for a in out.axes))
     return shard(out)
 
 

@@ -31,11 +31,18 @@ def causal_mask(QPos: Axis, KPos: Axis, *, q_offset=0, window=None) -> NamedArra
     causal = distance >= 0
     if window is None:
         return causal
+    window = check_window(window)
+    return causal & (distance < window)
+
+
+def check_window(window):
+    """A sliding window as an int or array (a NamedArray's array), refused when it is known to be
+    below 1 (a window of no key would mask every query's keys)."""
     window = window.array if isinstance(window, NamedArray) else window
     known = concrete(window)
-    if known is not None and (known < 1).any():  # a window of no key masks every query's keys
+    if known is not None and (known < 1).any():
         raise ArgumentError(f"causal_mask: window={window!r}; a sliding window holds at least 1 key (the query's own)")
-    return causal & (distance < window)
+    return window
 
 
 def chunked_mask(QPos: Axis, KPos: Axis, chunk: int, *, q_offset=0) -> NamedArray:
