@@ -6,6 +6,7 @@ from . import _mup as mup  # nn.mup.rescale_init / scale_updates / roles
 from ._attention import (
     attention_implementation,
     attention_keeps_scores,
+    auto_attention,
     dot_product_attention,
     dot_product_attention_weights,
     positions_from_segments,

@@ -110,25 +110,33 @@ def attention_implementation(implementation: str) -> Iterator[None]:
         yield
 
 
+def auto_attention(backend: str | None = None, key_length: int = 0, dtype=None) -> str:
+    """The implementation ``dot_product_attention(implementation="auto")`` takes (read through
+    ``nn.attention_implementation``): ``"cudnn"`` on a GPU with a bf16/f16 ``dtype`` (a plan from
+    shapes alone does not know the head size or the bias, and assumes cuDNN's conditions on them
+    hold), else ``"flash"`` once the keys span more than one block (``key_length`` > 256), else
+    ``"xla"``. ``backend`` is the device kind the run will use (``"gpu"``, ``"tpu"``, ``"cpu"``;
+    default this process's)."""
+    implementation = current_attention()
+    if implementation != "auto":
+        return implementation
+    backend = jax.default_backend() if backend is None else backend
+    if backend == "gpu" and dtype is not None and jnp.dtype(dtype) in _CUDNN_DTYPES:
+        return "cudnn"
+    return "flash" if _flash_pays(key_length) else "xla"
+
+
 def attention_keeps_scores(
     implementation: str = "auto", backend: str | None = None, key_length: int = 0, dtype=None
 ) -> bool:
     """Whether attention's backward pass keeps the ``[query, key]`` scores of each layer: what a
-    memory model counts. ``"xla"`` keeps them; ``"cudnn"`` and ``"flash"`` never do. ``"auto"``
-    (read through ``nn.attention_implementation``) keeps none when it takes cuDNN (``backend``
-    ``"gpu"`` with a bf16/f16 ``dtype``: a plan from shapes alone does not know the head size or
-    the bias, and assumes cuDNN's conditions on them hold) or the blockwise path (the keys span
-    more than one block, ``key_length`` > 256), and keeps them on the XLA path below that, whose
-    one block of scores is the whole of them. ``backend`` is the device kind the run will use
-    (``"gpu"``, ``"tpu"``, ``"cpu"``; default this process's)."""
+    memory model counts. ``"xla"`` keeps them; ``"cudnn"`` and ``"flash"`` never do; ``"auto"``
+    is what ``auto_attention`` says it takes (on the XLA path below one block of keys, whose one
+    block of scores is the whole of them)."""
     if implementation not in _IMPLEMENTATIONS:
         raise ArgumentError(f"unknown attention implementation {implementation!r}; use {', '.join(_IMPLEMENTATIONS)}")
     if implementation == "auto":
-        implementation = current_attention()
-    if implementation == "auto":
-        backend = jax.default_backend() if backend is None else backend
-        cudnn = backend == "gpu" and dtype is not None and jnp.dtype(dtype) in _CUDNN_DTYPES
-        return not (cudnn or _flash_pays(key_length))
+        implementation = auto_attention(backend, key_length, dtype)
     return implementation == "xla"
 
 

@@ -303,8 +303,9 @@ def view_html(v: View, array: str | None = None) -> str:
         + (f"<tr><th></th><th>bytes</th><th>of {esc(_capacity_name(p))}</th><th></th></tr>" if cap else "")
         + "".join(rows)
         + f"</table><div><small>{cap_text}; activations: "
-        f"an estimate for one microbatch (Korthikanti et al. 2022) with {esc(p.attention)} attention (no T x T "
-        "scores); logits: float32, with their gradient"
+        f"an estimate for one microbatch (Korthikanti et al. 2022) with {esc(p.attention)} attention"
+        + (" (its T x T scores included)" if p.attention == "XLA" else " (no T x T scores)")
+        + "; logits: float32, with their gradient"
         + (
             f"; the compiled step's peak on this machine (XLA:CPU, not the device's): "
             f"<span data-figure='compiled peak'>{_mib(v.compiled.peak_bytes)}</span>"

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import yaml
 
 import named as nm
+from named import nn
 
 from ..config import ConfigError, TrainConfig, data_parallel_size
 from ..loop import hardware
@@ -153,8 +154,8 @@ def activation_bytes(cfg: TrainConfig, s: Setup, *, scores: bool = False) -> flo
     et al. 2022 ("Reducing activation recomputation in large transformer models"), eq. 2 with
     tensor parallelism: ``s·b·h·(10 + 24/t)`` bytes per layer at 16-bit, for sequence length s,
     b sequences per device, width h and t-way tensor parallelism. The attention scores' share,
-    ``5·a·s/(h·t)`` more for a heads, is counted only with ``scores``: the flash paths every run
-    takes (``hardware.Device.attention``: cuDNN on a GPU, blockwise elsewhere) keep no T x T scores.
+    ``5·a·s/(h·t)`` more for a heads, is counted only with ``scores``: the path the run takes
+    (``attention_path``) says whether it keeps them (cuDNN and the blockwise path keep none).
     ``remat: full`` keeps only each layer's input (``2·s·b·h`` bytes) plus one layer's whole set
     during its recomputation; other policies are counted as no checkpointing (an upper bound).
     Scaled by the compute dtype's size / 2. An estimate for a standard decoder layer;
@@ -210,7 +211,7 @@ class Plan:
     moments: nm.inspect.ParamReport  # the optimizer state
     activations: float  # bytes, ``activation_bytes``
     logits: float  # bytes, ``logits_bytes``
-    attention: str  # the attention path on the target (``hardware.Device.attention``)
+    attention: str  # the attention path on the target (``attention_path``)
 
     @property
     def data_parallel(self) -> int:
@@ -234,6 +235,21 @@ class Plan:
         return bool(self.target.memory) and self.total_bytes > self.target.memory
 
 
+_PATHS = {"cudnn": "cuDNN flash", "flash": "blockwise flash", "xla": "XLA"}
+
+
+def attention_path(cfg: TrainConfig, target: Target) -> tuple[str, bool]:
+    """The attention path ``implementation="auto"`` takes in this run on the target's kind (its
+    name), and whether it keeps the [batch, heads, T, T] scores: ``nn.auto_attention``'s rule, so
+    the plan counts what the run will do."""
+    from named.nn.precision import get_policy
+
+    platform = target.device.platform if target.device is not None else jax.default_backend()
+    dtype = get_policy(cfg.trainer.precision).compute_dtype
+    path = nn.auto_attention(platform, cfg.data.seq_len, dtype)
+    return _PATHS.get(path, path), nn.attention_keeps_scores(path)
+
+
 def make_plan(cfg: TrainConfig, target: Target | None = None, s: Setup | None = None) -> Plan:
     """Check ``cfg`` against the devices (``check_against_devices``, unless ``s`` is its result)
     and measure its layout from shapes; nothing is compiled."""
@@ -241,7 +257,7 @@ def make_plan(cfg: TrainConfig, target: Target | None = None, s: Setup | None = 
 
     target = target if target is not None else Target(hardware.local(), None)
     s = s if s is not None else check_against_devices(cfg)
-    attention = target.device.attention if target.device is not None else "blockwise flash"
+    attention, scores = attention_path(cfg, target)
     return Plan(
         cfg,
         s,
@@ -250,7 +266,7 @@ def make_plan(cfg: TrainConfig, target: Target | None = None, s: Setup | None = 
         # Gradients and the optimizer state exist for the trainable parameters only (LoRA: the adapters).
         nm.param_report(trainable_part(cfg, s.shapes), s.param_mapping, s.mesh),
         nm.param_report(jax.eval_shape(lambda m: init_opt_state(cfg, m), s.shapes), s.param_mapping, s.mesh),
-        activation_bytes(cfg, s),
+        activation_bytes(cfg, s, scores=scores),
         logits_bytes(cfg, s),
         attention,
     )
@@ -296,7 +312,8 @@ def plan_report(cfg: TrainConfig, *, compile: bool = False, target: Target | Non
         f"{micro // max(dp, 1)} per data-parallel group of {dp} device(s)",
         f"model: {type(model_cfg).__name__} with {params.n_params:,} parameters; "
         f"{flops_per_token(model_cfg, cfg.data.seq_len) / 1e9:.3f} GFLOP per token (6N + 12·L·d·T)",
-        f"attention: {p.attention} (keeps no [batch, heads, T, T] scores)",
+        f"attention: {p.attention} ({'keeps' if p.attention == _PATHS['xla'] else 'keeps no'} "
+        "[batch, heads, T, T] scores)",
         f"activations per device (estimate, one microbatch, remat {getattr(cfg.model, 'remat', 'none')}): "
         f"{acts / 2**20:.2f} MiB; with params + grads + moments: {(acts + state) / 2**20:.2f} MiB",
         f"logits per device (estimate, one microbatch, loss blocks {t.loss_block_size or 'none'}; "

@@ -407,7 +407,7 @@ def format_table(ranked: list[Candidate], roof: Roofline, memory_budget: float) 
         f"+ HBM bytes / {dev.hbm_bandwidth / 1e12:.3g} TB/s (a layout with and without remat: the smaller count) "
         f"+ collective bytes sent / {dev.link_bandwidth / 1e9:.3g} GB/s, added without overlap "
         "(an upper bound for ranking); memory: named-plan's estimate from shapes (parameters, gradients, "
-        f"optimizer state, one microbatch's activations with {dev.attention} attention, and its logits)"
+        f"optimizer state, one microbatch's activations with the attention path the run takes on it, and its logits)"
         + ("; measured: the best of a few steps on this machine, which ranks those timed first" if timed_any else "")
         + "."
     )

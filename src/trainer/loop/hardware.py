@@ -42,13 +42,6 @@ class Device:
     f32_flops: float | None = None  # plain float32 (NVIDIA CUDA cores; a CPU's measured float32)
     platform: str = "gpu"  # JAX's platform: gpu, tpu or cpu
 
-    @property
-    def attention(self) -> str:
-        """The path ``nn.dot_product_attention(implementation="auto")`` takes on this kind: cuDNN's
-        fused kernel on a GPU, the blockwise (flash) path elsewhere. Neither keeps the
-        [batch, heads, T, T] scores; only ``implementation="xla"`` does, which no run chooses."""
-        return "cuDNN flash" if self.platform == "gpu" else "blockwise flash"
-
     def matmul_peak(self, compute_dtype, precision: str | None = None) -> tuple[float, str]:
         """The dense matmul FLOP/s for compute in ``compute_dtype``, and its name (``bf16``, ...).
 
