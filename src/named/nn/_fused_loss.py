@@ -159,6 +159,18 @@ fused_token_loss.defvjp(_fwd, _bwd)
 # ---- named blocks in, named per-token losses out ------------------------------------------------
 
 
+def whole_axis(a: Axis) -> Axis:
+    """``a`` at its size across the devices: inside a ``shard_map`` body a split axis has its
+    local size (``block_size`` counts vocab entries of the whole vocabulary)."""
+    body, over = current_body(), split_over(a)
+    if body is None or not over:
+        return Axis(a.name, a.size)
+    n = 1
+    for m in over:
+        n *= body.mesh.shape[m]
+    return Axis(a.name, a.size * n)
+
+
 def _gather(x: NamedArray, name: str, tokens_over: set[str]) -> NamedArray:
     """``x`` whole along ``name``. Typed varying over the gathered mesh axes when the tokens are
     split over them too (so the gradient is one reduce-scatter); typed replicated otherwise (the

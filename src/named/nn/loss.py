@@ -27,7 +27,7 @@ from .._core import NamedArray, expect_named
 from .._index import concrete, first_flagged
 from .._shape import arange, broadcast_to, roll
 from ..partitioning import ResourceMapping, check_mapping_values
-from ._fused_loss import fused_per_token_loss
+from ._fused_loss import fused_per_token_loss, whole_axis
 
 Reduction = Literal["mean", "sum", "none"]
 _REDUCTIONS = ("mean", "sum", "none")
@@ -445,14 +445,15 @@ def blockwise_cross_entropy_loss(
     _check_reduction(reduction)
     if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not softcap > 0):
         raise ArgumentError(f"softcap={softcap!r}; it must be a positive number, or None for no cap")
-    Embed = expect_named(hidden, "blockwise_cross_entropy_loss", "hidden").resolve_axis(Embed)
-    V = expect_named(unembed_weight, "blockwise_cross_entropy_loss", "unembed_weight").resolve_axis(Vocab)
+    Embed = whole_axis(expect_named(hidden, "blockwise_cross_entropy_loss", "hidden").resolve_axis(Embed))
+    V = whole_axis(expect_named(unembed_weight, "blockwise_cross_entropy_loss", "unembed_weight").resolve_axis(Vocab))
     if set(unembed_weight.names) != {Embed.name, V.name}:
         raise AxisError(
             f"unembed_weight must have exactly the axes {Embed.name!r} and {V.name!r}, "
             f"got {format_axes(unembed_weight.axes)}"
         )
-    unembed_weight.resolve_axis(Embed)  # size check against hidden
+    if whole_axis(unembed_weight.resolve_axis(Embed.name)) != Embed:
+        unembed_weight.resolve_axis(Embed)  # the size error, naming both sizes
     if V.name in hidden.names:
         raise AxisError(f"hidden {format_axes(hidden.axes)} already has the vocab axis {V.name!r}")
     if not isinstance(block_size, int) or block_size <= 0 or V.size % block_size:
