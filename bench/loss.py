@@ -95,7 +95,7 @@ def worker(side: str, tiny: bool) -> None:
     }
 
     def run():
-        value, grads = step(hidden, head, ids)
+        value, *grads = step(hidden, head, ids)
         C.block(grads)
         return float(value)
 
@@ -136,9 +136,10 @@ class Worker:
         return self._reply()
 
     def close(self) -> None:
-        self.proc.stdin.write("quit\n")
-        self.proc.stdin.close()
-        self.proc.wait(timeout=60)
+        if self.proc.poll() is None:
+            self.proc.stdin.write("quit\n")
+            self.proc.stdin.close()
+            self.proc.wait(timeout=60)
 
 
 def main(argv=None) -> dict:
