@@ -14,7 +14,7 @@ activations ``{"batch": "data"}``), in float32, with vocabulary blocks of 1024 (
 Sides: ``full`` (``cross_entropy_loss`` of the whole logits), ``blockwise`` (this tree's loss),
 and with ``--baseline COMMIT`` ``baseline`` (the same call on the library as it was at COMMIT,
 taken with ``git archive`` into a temporary folder). Each side is a persistent subprocess that
-compiles once and then runs steps when the driver asks (``peer.serve``): the sides take turns of
+compiles once and then runs steps when the driver asks (``peer.serve``, ``peer.Worker``): the sides take turns of
 ``--per-round`` steps for ``--rounds`` rounds, the idle ones asleep on their stdin. Each worker
 also reports its compiled program: the collectives (how many instructions, how many of them in a
 loop, how many runs per call, bytes per call) and the peak memory per device.
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import json
 import os
 import statistics
 import subprocess
@@ -34,6 +33,7 @@ import time
 from pathlib import Path
 
 import _common as C  # sets XLA_FLAGS before jax is imported
+import peer
 
 BLOCK = 1024
 SIDES = ("full", "blockwise")
@@ -42,7 +42,6 @@ SIDES = ("full", "blockwise")
 def worker(side: str, tiny: bool) -> None:
     import jax
     import numpy as np
-    from peer import serve
 
     import named as nm
     from named.inspect import parse_collectives
@@ -99,7 +98,7 @@ def worker(side: str, tiny: bool) -> None:
         C.block(grads)
         return float(value)
 
-    serve(run, info)
+    peer.serve(run, info)
 
 
 def _baseline_path(commit: str, into: Path) -> Path:
@@ -113,33 +112,25 @@ def _baseline_path(commit: str, into: Path) -> Path:
     return into / "pkg"
 
 
-class Worker:
-    def __init__(self, side: str, tiny: bool, python_path: Path | None = None):
+class Worker(peer.Worker):
+    """One side's persistent subprocess; ``python_path`` first on its path (the baseline's library)."""
+
+    def __init__(self, side: str, tiny: bool, log_dir: Path, python_path: Path | None = None):
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         if python_path is not None:
             env["PYTHONPATH"] = str(python_path)
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "full" if side == "full" else "blockwise"]
+        self.side, self.log = side, log_dir / f"{side}.log"
+        self._stderr = open(self.log, "w")
         self.proc = subprocess.Popen(
-            cmd + (["--tiny"] if tiny else []), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+            cmd + (["--tiny"] if tiny else []),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+            env=env,
         )
         self.info = self._reply()
-
-    def _reply(self) -> dict:
-        for line in self.proc.stdout:
-            if line.startswith("{"):
-                return json.loads(line)
-        raise RuntimeError(f"worker exited with {self.proc.wait()}")
-
-    def run(self, steps: int) -> dict:
-        self.proc.stdin.write(f"run {steps}\n")
-        self.proc.stdin.flush()
-        return self._reply()
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.stdin.write("quit\n")
-            self.proc.stdin.close()
-            self.proc.wait(timeout=60)
 
 
 def main(argv=None) -> dict:
@@ -158,9 +149,9 @@ def main(argv=None) -> dict:
 
     machine = C.machine()
     with tempfile.TemporaryDirectory() as tmp:
-        sides = {side: Worker(side, args.tiny) for side in SIDES}
+        sides = {side: Worker(side, args.tiny, Path(tmp)) for side in SIDES}
         if args.baseline:
-            sides["baseline"] = Worker("baseline", args.tiny, _baseline_path(args.baseline, Path(tmp)))
+            sides["baseline"] = Worker("baseline", args.tiny, Path(tmp), _baseline_path(args.baseline, Path(tmp)))
             assert sides["baseline"].info["library"].startswith(str(Path(tmp).resolve())), sides["baseline"].info
         wall: dict = {s: [] for s in sides}
         cpu: dict = {s: [] for s in sides}
