@@ -103,7 +103,8 @@ def _forward(spec: _Blocks, h, w, ids):
         return (new_top, total, picked), None
 
     n = h.shape[0]
-    init = tuple(_varying(x, h) for x in (jnp.full((n,), -jnp.inf), jnp.zeros((n,)), jnp.zeros((n,))))
+    start = (jnp.full((n,), -jnp.inf, jnp.float32), jnp.zeros((n,), jnp.float32), jnp.zeros((n,), jnp.float32))
+    init = tuple(_varying(x, h) for x in start)
     (top, total, picked), _ = lax.scan(block, init, jnp.arange(spec.n_blocks))
     if spec.vocab_mesh_axes:  # each device saw its own slice of the vocab: combine them, once
         overall = issue(lax.pmax, top, spec.group())
@@ -210,7 +211,8 @@ def _local_loss(spec: _Blocks, Embed: str, Vocab: str, hidden: NamedArray, weigh
     n = 1
     for a in token_axes:
         n *= a.size
-    h = hidden.rearrange((*token_axes, hidden.resolve_axis(Embed))).array.reshape(n, -1)
+    E = hidden.resolve_axis(Embed)
+    h = hidden.rearrange((*token_axes, E)).array.reshape(n, E.size)  # no -1: there may be no token
     w = weight.rearrange((weight.resolve_axis(Embed), Local)).array
     t = ids.rearrange(token_axes).array.reshape(n)
     # every input typed alike: where one varies and another does not, the pcast's transpose is
