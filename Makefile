@@ -68,6 +68,7 @@ bench: $(STAMP)
 	$(PY) bench/peer.py --model llama
 	$(PY) bench/peer.py --setup recommended
 	$(PY) bench/peer.py --setup recommended --model llama
+	$(PY) bench/loss.py --baseline 62ea26f
 	$(PY) bench/moe.py
 	$(PY) bench/decode.py
 	$(PY) bench/attention.py

@@ -534,6 +534,50 @@ def moe_block() -> str:
     )
 
 
+def loss_block() -> str:
+    """``bench/loss.py``: the loss's gradient step, fused against full logits and against a baseline commit."""
+    r = load("loss")
+    if (text := unavailable("loss", r)) is not None:
+        return text
+    what = {
+        "full": "full logits (`cross_entropy_loss`)",
+        "blockwise": "fused, blocks of {block} (this commit)",
+        "baseline": f"the scan over blocks of {{block}} (`{r.get('baseline')}`)",
+    }
+    rows = []
+    for name, v in r["sides"].items():
+        coll = v["collectives"]
+        cells = [
+            f"{k} {c['runs']}" + (f" (from {c['in_loop']} in loops)" if c["in_loop"] else "") for k, c in coll.items()
+        ]
+        rows.append(
+            [
+                what[name].format(block=v["shapes"]["block"]),
+                ms(v["wall"]["median_s"]),
+                ms(v["cpu"]["median_s"]),
+                ", ".join(cells) or "none",
+                mib(v["memory"]["peak_bytes"]),
+                f"{v['loss']:.6f}",
+            ]
+        )
+    s = next(iter(r["sides"].values()))["shapes"]
+    ratios = "; ".join(
+        f"fused / {k.split('_over_')[1]}: wall **{v['wall']:.2f}**, CPU **{v['cpu']:.2f}**"
+        for k, v in r.items()
+        if k.startswith("blockwise_over_")
+    )
+    head = (
+        f"`value_and_grad` of the mean next-token loss over the hidden states and the head, batch {s['batch']} x "
+        f"seq {s['seq']}, embed {s['embed']}, vocab {s['vocab']}, f32, FSDP on 8 devices ({r['protocol']})."
+    )
+    return (
+        head
+        + "\n\n"
+        + table(["loss", "step wall", "step CPU", "collectives per step", "peak per device", "loss value"], rows)
+        + f"\n\n{ratios}.\n\n{provenance(r)}"
+    )
+
+
 def decode_block() -> str:
     r = load("decode")
     if (text := unavailable("decode", r)) is not None:
@@ -756,6 +800,7 @@ BLOCKS = {
     "data_ckpt": data_block,
     "data_ckpt_s3": s3_block,
     "moe": moe_block,
+    "loss": loss_block,
     "decode": decode_block,
     "first_step": first_step_block,
     "gpu": gpu_block,

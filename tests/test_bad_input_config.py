@@ -563,8 +563,9 @@ SAME = {
             "trainer.loss_block_size": 3,
             "mesh.shape": "{data: 4, model: 2}",
             "mesh.compute_mapping": "{batch: data, vocab: model}",
+            "mesh.param_mapping": "{vocab: model}",
         },
-        r"trainer\.loss_block_size=3: a block of the vocab must split like the vocab .*3 is not divisible by 2",
+        r"trainer\.loss_block_size=3: a block of the vocab must split like the head's vocab .*3 is not divisible by 2",
     ),
 }
 

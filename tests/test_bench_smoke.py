@@ -286,3 +286,15 @@ def test_the_recommended_setup_configures_our_side_in_the_layout_the_search_chos
     assert dict(cfg.mesh.param_mapping) == chosen.param_mapping
     assert (cfg.mesh.mode, cfg.model.remat, cfg.trainer.microbatches) == ("explicit", "full", 2)
     assert cfg.trainer.loss_block_size == 192
+
+
+def test_loss_tiny(tmp_path):
+    import loss
+
+    loss.main(["--tiny", "--rounds", "1", "--per-round", "1", "--warmup", "1", "--out", str(tmp_path)])
+    r = _load(tmp_path, "loss_tiny")
+    fused, full = r["sides"]["blockwise"], r["sides"]["full"]
+    assert abs(fused["loss"] - full["loss"]) < 1e-4  # the same loss
+    # the FSDP head: gathered once, its gradient reduce-scattered once, nothing in a loop
+    assert fused["collectives"]["all-gather"] == {"instructions": 1, "in_loop": 0, "runs": 1, "bytes": 512 * 32 * 4}
+    assert fused["collectives"]["reduce-scatter"]["runs"] == 1

@@ -37,6 +37,8 @@ CASES = {
     },
     # tensor parallelism: mlp and heads stay split over model; the blocks' contractions over them are psum'd
     "fsdp+tp+dropout": {**TP, "model.dropout": 0.1},
+    # the fused loss (its own shard_map) beside the explicit stack
+    "fsdp+tp, loss blocks": {**TP, "trainer.loss_block_size": 96},
     "fsdp+tp (gqa)": {
         "mesh.shape": "{data: 4, model: 2}",
         "mesh.param_mapping": "{embed: data, mlp: model, heads: model, kv_heads: model}",
@@ -49,7 +51,7 @@ CASES = {
         "mesh.compute_mapping": "{batch: [data, expert], experts: expert}",
     },
 }
-GPT2_CASES = ["plain", "remat+microbatches", "2-D mesh", "fsdp+tp+dropout"]
+GPT2_CASES = ["plain", "remat+microbatches", "2-D mesh", "fsdp+tp+dropout", "fsdp+tp, loss blocks"]
 
 
 @pytest.fixture(scope="module")

@@ -125,3 +125,32 @@ def test_compiled_step_holds_no_full_logits():
     assert full.peak_bytes - block.peak_bytes >= 4 * logits
     largest = {name: max(int(np.prod(s)) for s in _hlo_shapes(r.hlo)) for name, r in (("full", full), ("block", block))}
     assert largest["full"] >= logits > largest["block"], largest  # the detector finds them in the full step
+
+
+def test_compiled_step_gathers_the_head_once():
+    """The trainer's FSDP step with the fused loss: GPT-2's tied table (the head) is all-gathered
+    once in the whole step (XLA shares that one gather with the embedding lookup) and its gradient
+    reduce-scattered once (the transpose of the loss's own gather; XLA:CPU forms no reduce-scatter
+    under GSPMD, so the full-logits step shows an all-reduce instead), never inside a loop, and the
+    step's collectives do not change with the number of vocab blocks. (The scan this loss replaced
+    gathered each block of the head in the forward loop and again in the backward loop: 37
+    all-gathers in this step with 8 blocks, 25 with 2.)"""
+    B, T, V, E = 8, 64, 1024, 32
+    args = [
+        *("--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", str(E), "--model.n_positions", str(T)),
+        *("--trainer.sample_interval", "0", "--model.vocab_size", str(V), "--data.seq_len", str(T)),
+        *("--trainer.train_batch_size", str(B)),
+        *[a for k, v in FSDP.items() for a in (f"--{k}", v)],
+    ]
+    steps = {
+        block: train_step_report(
+            load_config(ROOT / "config/gpt2_nano.yaml", [*args, "--trainer.loss_block_size", block])
+        )
+        for block in ("128", "512")
+    }
+    kinds = ("all-gather", "reduce-scatter", "all-reduce")
+    counts = {b: {k: r.count(k) for k in kinds} for b, r in steps.items()}
+    assert counts["128"] == counts["512"], counts
+    for r in steps.values():
+        head = [(c.kind, c.shape, c.in_loop) for c in r.collectives if str(V) in c.shape]
+        assert head == [("all-gather", f"f32[{V},{E}]", False), ("reduce-scatter", f"f32[{V},{E // 8}]", False)]

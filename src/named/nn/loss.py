@@ -18,18 +18,16 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from .. import _ops as ops
 from .._axis import ArgumentError, ArgumentTypeError, Axis, AxisError, AxisSelector, format_axes
 from .._core import NamedArray, expect_named
-from .._einsum import dot
 from .._index import concrete, first_flagged
-from .._shape import arange, broadcast_to, full, roll, zeros
-from .._transforms import scan
-from ..partitioning import current_mapping, shard
+from .._shape import arange, broadcast_to, roll
+from ..partitioning import ResourceMapping, check_mapping_values
+from ._fused_loss import fused_per_token_loss, whole_axis
 
 Reduction = Literal["mean", "sum", "none"]
 _REDUCTIONS = ("mean", "sum", "none")
@@ -404,19 +402,24 @@ def blockwise_cross_entropy_loss(
     z_loss_weight: float = 0.0,
     softcap: float | None = None,
     ignore_index: int | None = IGNORE_INDEX,
+    weight_mapping: ResourceMapping | None = None,
 ) -> NamedArray:
-    """:func:`cross_entropy_loss` of ``hidden · unembed_weight`` without ever holding all the logits.
+    """:func:`cross_entropy_loss` of ``hidden · unembed_weight`` without ever holding all the logits:
+    a fused loss with its own gradient.
 
-    The logits are made ``block_size`` vocab entries at a time inside a ``scan`` that keeps an
+    The logits exist ``block_size`` vocab entries at a time. One pass over the blocks keeps an
     online log-sum-exp (running max and rescaled sum) and picks the target's logit in the block
-    that holds it. The block body is wrapped in ``jax.checkpoint``, so the backward pass
-    recomputes each block's logits instead of storing them: neither pass has an array of size
-    ``tokens × vocab``; the largest is ``tokens × block_size``. The matmul accumulates in float32.
+    that holds it; only the log-sum-exp of each token is kept for the backward pass, which makes
+    each block's logits again and adds their share to the gradients of ``hidden`` and of the
+    weight (``jax.custom_vjp``). Neither pass holds an array of size ``tokens × vocab``; the
+    largest is ``tokens × block_size``. The matmuls accumulate in float32.
 
-    Blocks are strided: block ``b`` holds vocab ids ``b, b + n, b + 2n, ...`` (``n`` blocks).
-    Under ``{"vocab": "model"}`` every block is then spread evenly over the tensor-parallel
-    devices, so each device multiplies only its own weight columns (Megatron's vocab-parallel
-    loss, blockwise); ``block_size`` must then also be divisible by the number of devices.
+    Under a mesh and a compute mapping the loss runs per device (``nm.shard_map``), with its
+    collectives once per call, never per block: an embed-split (FSDP) weight is all-gathered once
+    and its gradient reduce-scattered once; a vocab-split weight (Megatron's vocab-parallel head,
+    ``{"vocab": "model"}``) stays split, each device making the blocks of its own slice, and only
+    ``[tokens]``-sized maxima and sums cross devices; ``block_size`` must then split over those
+    devices as the vocab does. Inside an ``nm.shard_map`` body it runs on the blocks it is given.
 
     For next-token prediction use :func:`blockwise_next_token_loss`, or pass the outputs of
     :func:`next_token_targets` as ``targets`` and ``where``.
@@ -433,6 +436,8 @@ def blockwise_cross_entropy_loss(
             outside the vocab included.
         softcap: when set, each logit ``x`` becomes ``tanh(x / softcap) * softcap`` before the loss
             (Gemma 2's ``final_logit_softcapping``, which its model applies to the full logits).
+        weight_mapping: the mapping ``unembed_weight`` is stored under (the parameter mapping), so
+            that the loss gathers it from where it lies; default: the compute mapping.
 
     Returns:
         A float32 NamedArray: 0-d for ``"mean"``/``"sum"``, the token axes for ``"none"``.
@@ -440,54 +445,36 @@ def blockwise_cross_entropy_loss(
     _check_reduction(reduction)
     if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not softcap > 0):
         raise ArgumentError(f"softcap={softcap!r}; it must be a positive number, or None for no cap")
-    Embed = expect_named(hidden, "blockwise_cross_entropy_loss", "hidden").resolve_axis(Embed)
-    V = expect_named(unembed_weight, "blockwise_cross_entropy_loss", "unembed_weight").resolve_axis(Vocab)
+    Embed = whole_axis(expect_named(hidden, "blockwise_cross_entropy_loss", "hidden").resolve_axis(Embed))
+    V = whole_axis(expect_named(unembed_weight, "blockwise_cross_entropy_loss", "unembed_weight").resolve_axis(Vocab))
     if set(unembed_weight.names) != {Embed.name, V.name}:
         raise AxisError(
             f"unembed_weight must have exactly the axes {Embed.name!r} and {V.name!r}, "
             f"got {format_axes(unembed_weight.axes)}"
         )
-    unembed_weight.resolve_axis(Embed)  # size check against hidden
+    if whole_axis(unembed_weight.resolve_axis(Embed.name)) != Embed:
+        unembed_weight.resolve_axis(Embed)  # the size error, naming both sizes
     if V.name in hidden.names:
         raise AxisError(f"hidden {format_axes(hidden.axes)} already has the vocab axis {V.name!r}")
     if not isinstance(block_size, int) or block_size <= 0 or V.size % block_size:
         raise block_size_error(V, block_size)
+    if weight_mapping is not None:
+        check_mapping_values(weight_mapping)
     token_axes = tuple(a for a in hidden.axes if a.name != Embed.name)
     _check_targets(targets, V, token_axes)
     where, in_vocab = _screen_ids(targets, V, where, ignore_index, "blockwise_cross_entropy_loss")
-
-    n_blocks = V.size // block_size
-    Block = Axis(f"{V.name}_block", n_blocks)
-    Inner = V.resize(block_size)  # keeps the name, so the compute mapping of vocab applies to a block
-    w_blocks = unembed_weight.unflatten_axis(V.name, (Inner, Block))
-    if (current_mapping() or {}).get(V.name):
-        # Vocab-parallel: each block spread over the devices that hold its vocab entries. Under
-        # any other compute mapping a constraint would replicate the whole weight before the
-        # scan (e.g. all-gather an FSDP embed-sharded table, and hold its full gradient); left
-        # alone it keeps its parameter layout and each block is gathered inside the scan.
-        w_blocks = shard(w_blocks)
-    id_blocks = shard(arange(V, dtype=targets.dtype).unflatten_axis(V.name, (Inner, Block)))
-
-    def block(carry, w, ids):
-        running_max, sum_exp, picked = carry
-        logits = dot(hidden, w, axis=Embed.name, preferred_element_type=jnp.float32).astype(jnp.float32)
-        if softcap is not None:
-            logits = ops.tanh(logits / softcap) * softcap
-        logits = shard(logits)
-        # The max only shifts the exponent; stopping its gradient is exact (as in
-        # jax.nn.logsumexp) and keeps the backward pass free of max bookkeeping.
-        new_max = ops.maximum(running_max, jax.lax.stop_gradient(logits.max(Inner.name).rearrange(token_axes)))
-        sum_exp = sum_exp * ops.exp(running_max - new_max) + ops.exp(logits - new_max).sum(Inner.name).rearrange(
-            token_axes
-        )
-        picked = picked + _target_logit(logits, Inner, targets, ids).rearrange(token_axes)
-        return (new_max, sum_exp, picked), None
-
-    init = (full(token_axes, -jnp.inf, jnp.float32), zeros(token_axes, jnp.float32), zeros(token_axes, jnp.float32))
-    body = jax.checkpoint(block, prevent_cse=False)
-    (running_max, sum_exp, picked), _ = scan(body, Block.name)(init, w_blocks, id_blocks)
-    lse = running_max + ops.log(sum_exp)
-    return _apply_reduction(_nan_outside(_loss_from_parts(lse, picked, z_loss_weight), in_vocab), where, reduction)
+    loss = fused_per_token_loss(
+        hidden,
+        unembed_weight,
+        broadcast_to(targets, token_axes),
+        Embed=Embed,
+        Vocab=V,
+        block_size=block_size,
+        softcap=softcap,
+        z_loss_weight=z_loss_weight,
+        weight_mapping=weight_mapping,
+    )
+    return _apply_reduction(_nan_outside(loss, in_vocab), where, reduction)
 
 
 def blockwise_next_token_loss(
@@ -504,6 +491,7 @@ def blockwise_next_token_loss(
     z_loss_weight: float = 0.0,
     softcap: float | None = None,
     ignore_index: int | None = IGNORE_INDEX,
+    weight_mapping: ResourceMapping | None = None,
 ) -> NamedArray:
     """:func:`next_token_loss` computed by :func:`blockwise_cross_entropy_loss` (no full logits)."""
     targets, mask = next_token_targets(input_ids, Pos=Pos, loss_mask=loss_mask)
@@ -519,4 +507,5 @@ def blockwise_next_token_loss(
         z_loss_weight=z_loss_weight,
         softcap=softcap,
         ignore_index=ignore_index,
+        weight_mapping=weight_mapping,
     )

@@ -21,6 +21,7 @@ import named as nm
 from named import nn
 from named.internal import block_size_error  # the blockwise loss's own message, with the nearest divisors
 from named.models.hf import CheckpointFormatError, check_folder
+from named.partitioning import mesh_axes_of
 
 from ..config import ConfigError, TrainConfig, data_parallel_size, pretrained, to_mapping
 from ..config.train_config import VOCAB_MULTIPLE
@@ -69,7 +70,7 @@ def check_against_devices(cfg: TrainConfig) -> Setup:
     compute_mapping, param_mapping = to_mapping(cfg.mesh.compute_mapping), to_mapping(cfg.mesh.param_mapping)
     check_positions(cfg, model_cfg)
     check_sample_length(cfg, tokenizer, model_cfg)
-    check_loss_block(cfg, model_cfg, mesh, compute_mapping)
+    check_loss_block(cfg, model_cfg, mesh, compute_mapping, param_mapping)
     if cfg.model.init_from_hf is not None:  # every header against the model before anything is compiled
         try:
             check_folder(pretrained.folder(cfg.model.init_from_hf))
@@ -173,7 +174,8 @@ def check_activations(cfg: TrainConfig, model_cfg, shapes, mesh, compute_mapping
 
     def loss(model, ids):  # the key: dropout's layouts too
         batch = {"input_ids": ids, "segment_ids": ids}
-        return token_losses(model, batch, key=jax.random.key(0), block_size=cfg.trainer.loss_block_size)[0]
+        block = cfg.trainer.loss_block_size
+        return token_losses(model, batch, key=jax.random.key(0), block_size=block, param_mapping=param_mapping)[0]
 
     try:
         with nm.set_mesh(mesh), nm.axis_mapping(compute_mapping):
@@ -201,20 +203,26 @@ def check_activations(cfg: TrainConfig, model_cfg, shapes, mesh, compute_mapping
             raise ConfigError(f"mesh.mode: explicit: {e}") from None
 
 
-def check_loss_block(cfg: TrainConfig, model_cfg, mesh, compute_mapping) -> None:
+def check_loss_block(cfg: TrainConfig, model_cfg, mesh, compute_mapping, param_mapping) -> None:
     """``trainer.loss_block_size`` divides the vocab size, and each block of the vocab splits
-    evenly over the devices a vocab-parallel compute mapping spreads it over."""
+    evenly over the devices a vocab-parallel head spreads it over: the fused loss takes the head
+    as ``mesh.param_mapping`` stores it, and keeps its vocab split over mesh axes the batch is not
+    split over (over the others it is gathered whole first)."""
     size = cfg.trainer.loss_block_size
     if size is None:
         return
     if model_cfg.vocab_size % size:
         raise ConfigError(f"trainer.loss_block_size: {block_size_error(nm.Axis('vocab', model_cfg.vocab_size), size)}")
+    tokens_over = {m for a in ("batch", "position") for m in mesh_axes_of(compute_mapping.get(a))}
+    vocab_over = mesh_axes_of(param_mapping.get("vocab"))
+    if set(vocab_over) & tokens_over:
+        return
     try:
-        nm.pspec_for((nm.Axis("vocab", size),), compute_mapping, mesh)
+        nm.pspec_for((nm.Axis("vocab", size),), {"vocab": vocab_over}, mesh)
     except nm.ShardingError as e:
         raise ConfigError(
-            f"trainer.loss_block_size={size}: a block of the vocab must split like the vocab "
-            f"(mesh.compute_mapping.vocab): {e}"
+            f"trainer.loss_block_size={size}: a block of the vocab must split like the head's vocab "
+            f"(mesh.param_mapping.vocab): {e}"
         ) from None
 
 

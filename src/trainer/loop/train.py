@@ -110,7 +110,9 @@ def make_train_step(cfg: TrainConfig, setup: Setup, optimizer):
         if lora_dropout:  # the models call their linears without keys: the adapters hold theirs for this pass
             m = nn.lora.with_dropout_keys(m, jax.random.fold_in(key, 1))
         with nn.explicit_layers(driver):
-            per_token, aux = token_losses(m, batch, key=key, block_size=cfg.trainer.loss_block_size)
+            per_token, aux = token_losses(
+                m, batch, key=key, block_size=cfg.trainer.loss_block_size, param_mapping=param_mapping
+            )
         count = batch["loss_mask"][Pos, :-1].astype(jnp.float32).sum().scalar()
         total = per_token.sum().scalar()
         if aux:  # auxiliary losses (an MoE router's) are per-token means: weighted by the tokens, like the loss
@@ -173,7 +175,9 @@ def make_eval_step(cfg: TrainConfig, setup: Setup):
     policy, block_size = get_policy(cfg.trainer.precision), cfg.trainer.loss_block_size
 
     def eval_step(model, batch):
-        per_token, _ = token_losses(cast_for_compute(model, policy), batch, block_size=block_size)
+        per_token, _ = token_losses(
+            cast_for_compute(model, policy), batch, block_size=block_size, param_mapping=setup.param_mapping
+        )
         return per_token.sum().scalar(), batch["loss_mask"][Pos, :-1].astype(jnp.float32).sum().scalar()
 
     return nm.named_jit(eval_step, mapping=setup.compute_mapping)
