@@ -59,6 +59,7 @@ from ._state_dict import (
     load_state_dict_file,
     save_safetensors,
     save_state_dict,
+    square_keys,
     state_dict,
     state_dict_entries,
     unflatten_modules_from_export,

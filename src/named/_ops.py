@@ -154,6 +154,13 @@ def floating(dtype):
     return dtype if jnp.issubdtype(dtype, jnp.inexact) else jnp.float32
 
 
+def wide(*dtypes):
+    """The dtype norms, attention scores and losses compute in: the widest of the inputs' floating
+    dtypes and float32. bf16 statistics are worth nothing, and a float64 input (a gradient check)
+    must not be rounded to float32 on the way."""
+    return jnp.result_type(jnp.float32, *(d for d in dtypes if jnp.issubdtype(d, jnp.floating)))
+
+
 def where(condition, x, y):
     """``x`` where ``condition`` else ``y``; all three broadcast by the union rule."""
     return _elementwise(jnp.where, condition, x, y, name="where")

@@ -1,11 +1,11 @@
-"""LayerNorm and RMSNorm. Statistics are computed in float32 whatever the input dtype."""
+"""LayerNorm and RMSNorm. Statistics are computed in float32, or float64 for a float64 input
+(``_ops.wide``)."""
 
 from __future__ import annotations
 
 from typing import ClassVar
 
 import equinox as eqx
-import jax.numpy as jnp
 
 from .. import _ops as ops
 from .._axis import ArgumentError, Axis
@@ -27,7 +27,7 @@ class LayerNorm(eqx.Module):
         return LayerNorm(ones(axis) if use_weight else None, zeros(axis) if use_bias else None, axis, eps)
 
     def __call__(self, x: NamedArray) -> NamedArray:
-        x32 = expect_named(x, "LayerNorm").astype(jnp.float32)
+        x32 = expect_named(x, "LayerNorm").astype(ops.wide(x.dtype))
         mean = x32.mean(self.axis.name)
         var = ops.square(x32 - mean).mean(self.axis.name)
         y = (x32 - mean) * ops.rsqrt(var + self.eps)
@@ -42,7 +42,7 @@ class RMSNorm(eqx.Module):
     """``x / sqrt(mean(x²) + eps) * weight`` over ``axis`` (Llama), or ``* (1 + weight)`` with
     ``unit_offset`` (Gemma, whose weights start at 0). ``axis`` is one axis or several (OLMo 2
     normalises a whole q/k projection, ``(heads, head_size)``); the statistics and the product
-    are float32."""
+    are float32 (float64 for a float64 input)."""
 
     weight: NamedArray | None
     axis: Axis | tuple[Axis, ...] = eqx.field(static=True)
@@ -62,9 +62,9 @@ class RMSNorm(eqx.Module):
 
     def __call__(self, x: NamedArray) -> NamedArray:
         names = tuple(a.name for a in self.axis) if isinstance(self.axis, tuple) else self.axis.name
-        x32 = expect_named(x, "RMSNorm").astype(jnp.float32)
+        x32 = expect_named(x, "RMSNorm").astype(ops.wide(x.dtype))
         y = x32 * ops.rsqrt(ops.square(x32).mean(names) + self.eps)
         if self.weight is not None:
-            w = self.weight.astype(jnp.float32)
+            w = self.weight.astype(x32.dtype)
             y = y * (1.0 + w if self.unit_offset else w)
         return y.astype(ops.floating(x.dtype))
