@@ -205,3 +205,46 @@ def test_losses_and_attention_keep_float64(x64):
     np.testing.assert_allclose(
         np.asarray(out.rearrange(("batch", "position", "heads", "head_size")).array), want, atol=1e-12
     )
+
+
+# ---- the smaller ones: Stacked's differing field, the missing vocab axis, array_equiv -------------------
+
+
+def test_stacked_names_the_field_where_blocks_differ():
+    import equinox as eqx
+
+    class Block(eqx.Module):
+        norm: nn.LayerNorm
+        act: str = eqx.field(static=True)
+
+    blocks = [Block(nn.LayerNorm.init(Embed), "gelu"), Block(nn.LayerNorm.init(Embed, eps=1e-3), "gelu")]
+    with pytest.raises(nm.NamedError, match=r"\.norm\.eps is 1e-05 in one, 0\.001 in the other"):
+        nn.Stacked.from_layers(blocks, Axis("layers", 2))
+    stack = nn.Stacked.from_layers([blocks[0], blocks[0]], Axis("layers", 2))
+    with pytest.raises(nm.NamedError, match=r"\.act is 'gelu' in one, 'relu' in the other"):
+        stack.set_layer(1, Block(nn.LayerNorm.init(Embed), "relu"))
+
+
+def test_a_loss_without_the_vocab_axis_says_which_keyword_names_it():
+    Classes = Axis("classes", 5)
+    logits = rand((Batch, Pos, Classes), 9)
+    ids = nm.named(jnp.zeros((2, 3), jnp.int32), (Batch, Pos))
+    with pytest.raises(nm.AxisError, match="axis='classes'"):
+        nn.cross_entropy_loss(logits, ids)
+    with pytest.raises(nm.AxisError, match="axis="):
+        nn.next_token_loss(logits, ids)
+    with pytest.raises(nm.AxisError, match="Vocab='classes'"):
+        nn.blockwise_cross_entropy_loss(rand((Batch, Pos, Embed), 3), rand((Embed, Classes), 4), ids, block_size=5)
+    want = nn.cross_entropy_loss(logits.rename({"classes": "vocab"}), ids)
+    np.testing.assert_allclose(float(nn.cross_entropy_loss(logits, ids, axis="classes").array), float(want.array))
+
+
+def test_array_equiv_is_numpys_broadcast_rule_by_name():
+    A, B, C = Axis("a", 2), Axis("b", 3), Axis("c", 4)
+    x = nm.ones((A, B))
+    # numpy: equivalent when one broadcasts to the other; disjoint names do not (Haliax says False too)
+    assert bool(nm.array_equiv(x, nm.ones(()))) is bool(np.array_equiv(np.ones((2, 3)), np.ones(())))
+    assert bool(nm.array_equiv(x, nm.ones((B,)))) is bool(np.array_equiv(np.ones((2, 3)), np.ones((3,))))
+    assert bool(nm.array_equiv(x, nm.ones((C,)))) is False
+    assert bool(nm.array_equiv(nm.ones((C,)), x)) is False
+    assert bool(nm.array_equiv(x, nm.ones((B.resize(2),)))) is False

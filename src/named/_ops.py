@@ -34,6 +34,11 @@ from ._core import NamedArray, axes_of, expect_named, raw, unchecked
 
 
 def _elementwise(fn: Callable, *args, name: str | None = None, **kwargs):
+    if kwargs.get("where") is not None or kwargs.get("out") is not None:  # jnp's ufuncs raise NotImplementedError
+        raise ArgumentTypeError(
+            f"nm.{name}: elementwise ops take no where= or out= (JAX arrays are immutable); write "
+            f"nm.where(mask, nm.{name}(...), fallback) with a boolean mask"
+        )
     axes = broadcast_axes(*(axes_of(a) for a in args))
     named = builtins.any(isinstance(a, NamedArray) for a in args)
     try:

@@ -44,6 +44,8 @@ __all__ = [
     "load_state_dict_file",
     "save_safetensors",
     "square_keys",
+    "stack_state_dict",
+    "unstack_state_dict",
     "save_state_dict",
     "state_dict",
     "state_dict_entries",
@@ -207,6 +209,55 @@ def state_dict(tree, *, flatten: bool = False) -> dict[str, jax.Array]:
             if key in out:
                 raise StateDictError(f"two leaves of the tree have the state-dict key {key!r} (the second at {e.path})")
             out[key] = value
+    return out
+
+
+def _layer_key(prefix: str) -> re.Pattern:
+    return re.compile(rf"^{re.escape(prefix)}\.(\d+)\.(.+)$" if prefix else r"^(\d+)\.(.+)$")
+
+
+def stack_state_dict(state_dict: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    """Haliax's ``_stack_state_dict``: the per-layer keys ``<prefix>.<i>.<rest>`` merged into one
+    ``<prefix>.<rest>`` each, stacked along a new leading axis in layer order (a ``Stacked``'s
+    arrays as one array); other keys are kept as they are. A layer missing from ``0..n-1`` for some
+    ``<rest>`` is a StateDictError naming it."""
+    if not isinstance(prefix, str):
+        raise ArgumentTypeError(f"stack_state_dict: prefix is a key prefix (a str), got {prefix!r}")
+    pattern, out, layers = _layer_key(prefix), {}, {}
+    for key, value in state_dict.items():
+        m = pattern.match(key)
+        if m is None:
+            out[key] = value
+        else:
+            layers.setdefault(m.group(2), {})[int(m.group(1))] = value
+    for rest, by_layer in layers.items():
+        missing = [i for i in range(max(by_layer) + 1) if i not in by_layer]
+        if missing:
+            raise StateDictError(
+                f"stack_state_dict: {prefix + '.' if prefix else ''}{missing[0]}.{rest} is missing, but layer "
+                f"{max(by_layer)} has {rest!r}"
+            )
+        values = [by_layer[i] for i in range(len(by_layer))]
+        xp = jnp if any(isinstance(v, jax.Array) for v in values) else np
+        out[f"{prefix}.{rest}" if prefix else rest] = xp.stack([xp.asarray(v) for v in values])
+    return out
+
+
+def unstack_state_dict(state_dict: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    """The inverse of :func:`stack_state_dict`: each ``<prefix>.<rest>`` split along its leading
+    axis into ``<prefix>.<i>.<rest>``; other keys are kept."""
+    if not isinstance(prefix, str):
+        raise ArgumentTypeError(f"unstack_state_dict: prefix is a key prefix (a str), got {prefix!r}")
+    out = {}
+    for key, value in state_dict.items():
+        if prefix and not key.startswith(prefix + "."):
+            out[key] = value
+            continue
+        rest = key[len(prefix) + 1 :] if prefix else key
+        if not np.ndim(value):
+            raise StateDictError(f"unstack_state_dict: {key!r} is 0-d: it has no layers axis to split")
+        for i in range(np.shape(value)[0]):
+            out[f"{prefix}.{i}.{rest}" if prefix else f"{i}.{rest}"] = value[i]
     return out
 
 

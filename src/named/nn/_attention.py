@@ -24,7 +24,7 @@ from .._core import NamedArray, expect_named, unchecked
 from .._einsum import dot, einsum
 from .._shape import arange, broadcast_to, concatenate, flatten_axes, rename, unflatten_axis
 from ..partitioning import shard
-from ._masks import causal_mask, check_segment_ids, segment_mask
+from ._masks import causal_mask, check_query_key, check_segment_ids, segment_mask
 
 _LOG = logging.getLogger("named.nn")
 
@@ -196,6 +196,7 @@ def dot_product_attention(
         "dot_product_attention", query=query, key=key, value=value, mask=mask, bias=bias, segment_ids=segment_ids
     )
     qpos, kpos, hs = name_of(QPos), name_of(KPos), name_of(HeadSize)
+    check_query_key("dot_product_attention", QPos, KPos)
     _check_mask("dot_product_attention", mask, bias)
     if qpos not in query.names:  # one query per row (Haliax's form, a decoding step)
         args = dict(
@@ -363,6 +364,7 @@ def dot_product_attention_weights(
     _expect_named_inputs(
         "dot_product_attention_weights", query=query, key=key, mask=mask, bias=bias, segment_ids=segment_ids
     )
+    check_query_key("dot_product_attention_weights", QPos, KPos)
     _check_mask("dot_product_attention_weights", mask, bias)
     qpos, kpos, hs = name_of(QPos), name_of(KPos), name_of(HeadSize)
     args = dict(

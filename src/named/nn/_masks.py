@@ -154,6 +154,7 @@ def alibi_bias(Heads: Axis, QPos: Axis, KPos: Axis, *, q_offset=0, slopes: Named
     key_position)``, float32, for ``dot_product_attention(bias=...)``; under grouped-query
     attention the bias keeps the query's ``heads``. Use it with ``causal=True`` (the keys
     after the query would get a positive bias). ``slopes`` replaces ``alibi_slopes(Heads)``."""
+    check_query_key("alibi_bias", QPos, KPos)
     slopes = alibi_slopes(Heads) if slopes is None else slopes
     union((Heads,), expect_named(slopes, "alibi_bias", "slopes").axes)  # one size per name: the heads'
     bias = slopes * (arange(KPos) - _query_positions(QPos, q_offset)).astype(jnp.float32)

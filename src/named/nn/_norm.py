@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import ClassVar
 
 import equinox as eqx
@@ -10,32 +12,67 @@ import equinox as eqx
 from .. import _ops as ops
 from .._axis import ArgumentError, Axis
 from .._core import NamedArray, expect_named
-from .._shape import ones, zeros
+from .._shape import flatten_axes, ones, unflatten_axis, zeros
 
 
 class LayerNorm(eqx.Module):
-    """``(x - mean) / sqrt(var + eps) * weight + bias`` over ``axis``."""
+    """``(x - mean) / sqrt(var + eps) * weight + bias`` over ``axis``: one axis, or several (the
+    statistics then run over all of them, and the weight and bias have them all)."""
 
     weight: NamedArray | None
     bias: NamedArray | None
-    axis: Axis = eqx.field(static=True)
+    axis: Axis | tuple[Axis, ...] = eqx.field(static=True)
     eps: float = eqx.field(static=True, default=1e-5)
     keep_full_precision: ClassVar[bool] = True  # precision.cast_for_compute leaves these params alone
 
     @staticmethod
-    def init(axis: Axis, *, eps: float = 1e-5, use_weight: bool = True, use_bias: bool = True) -> LayerNorm:
+    def init(
+        axis: Axis | tuple[Axis, ...], *, eps: float = 1e-5, use_weight: bool = True, use_bias: bool = True
+    ) -> LayerNorm:
+        axis = tuple(axis) if isinstance(axis, (tuple, list)) else axis
         return LayerNorm(ones(axis) if use_weight else None, zeros(axis) if use_bias else None, axis, eps)
 
     def __call__(self, x: NamedArray) -> NamedArray:
+        names = _names(self.axis)
         x32 = expect_named(x, "LayerNorm").astype(ops.wide(x.dtype))
-        mean = x32.mean(self.axis.name)
-        var = ops.square(x32 - mean).mean(self.axis.name)
+        mean = x32.mean(names)
+        var = ops.square(x32 - mean).mean(names)
         y = (x32 - mean) * ops.rsqrt(var + self.eps)
         if self.weight is not None:
             y = y * self.weight
         if self.bias is not None:
             y = y + self.bias
         return y.astype(ops.floating(x.dtype))
+
+    # -- torch's layout, for state dicts with flatten=True (Haliax's flatten_for_export) --
+
+    def flatten_for_export(self) -> LayerNorm:
+        """This norm with its weight and bias over one axis (several axes merged, row-major), as
+        torch's ``LayerNorm(d * e)`` holds them; ``unflatten_from_export(template)`` undoes it."""
+        if not isinstance(self.axis, tuple) or len(self.axis) == 1:
+            return self
+        flat = Axis("__OUT__", math.prod(a.size for a in self.axis))
+
+        def merge(p):
+            return None if p is None else flatten_axes(p, _names(self.axis), flat)
+
+        return dataclasses.replace(self, weight=merge(self.weight), bias=merge(self.bias), axis=flat)
+
+    def unflatten_from_export(self, template: LayerNorm) -> LayerNorm:
+        """This flattened norm back in ``template``'s axes."""
+        if not isinstance(template.axis, tuple) or len(template.axis) == 1:
+            return dataclasses.replace(template, weight=self.weight, bias=self.bias)
+
+        def split(p, t):
+            return None if p is None else unflatten_axis(p, self.axis.name, template.axis).rearrange(t.names)
+
+        return dataclasses.replace(
+            template, weight=split(self.weight, template.weight), bias=split(self.bias, template.bias)
+        )
+
+
+def _names(axis) -> str | tuple[str, ...]:
+    return tuple(a.name for a in axis) if isinstance(axis, tuple) else axis.name
 
 
 class RMSNorm(eqx.Module):
@@ -61,7 +98,7 @@ class RMSNorm(eqx.Module):
         return RMSNorm(weight, axis, eps, unit_offset)
 
     def __call__(self, x: NamedArray) -> NamedArray:
-        names = tuple(a.name for a in self.axis) if isinstance(self.axis, tuple) else self.axis.name
+        names = _names(self.axis)
         x32 = expect_named(x, "RMSNorm").astype(ops.wide(x.dtype))
         y = x32 * ops.rsqrt(ops.square(x32).mean(names) + self.eps)
         if self.weight is not None:

@@ -146,6 +146,20 @@ def _target_logit(logits: NamedArray, Vocab: Axis, targets: NamedArray, vocab_id
     return picked.sum(Vocab.name)
 
 
+def vocab_axis(x: NamedArray, axis: AxisSelector, what: str, arg: str, keyword: str = "axis") -> Axis:
+    """``x``'s class axis ``axis``; a NamedArray without it is an AxisError that says which keyword names it."""
+    x = expect_named(x, what, arg)
+    name = axis.name if isinstance(axis, Axis) else axis
+    if name not in x.names:
+        raise AxisError(
+            f"{what}: {arg} {format_axes(x.axes)} has no class axis {name!r}; name its class axis with "
+            f"{keyword}= (e.g. {keyword}={x.axes[-1].name!r} if it is the last)"
+            if x.axes
+            else f"{what}: {arg} is 0-d: it has no class axis {name!r}"
+        )
+    return x.resolve_axis(axis)
+
+
 def _check_within(x: NamedArray, axes: tuple[Axis, ...], what: str, of: str) -> None:
     """Every axis of ``x`` is one of ``axes``, at the same size."""
     known = {a.name: a.size for a in axes}
@@ -245,7 +259,7 @@ def cross_entropy_loss(
     """
     _check_reduction(reduction)
     _check_smoothing(label_smoothing)
-    Vocab = expect_named(logits, "cross_entropy_loss", "logits").resolve_axis(axis)
+    Vocab = vocab_axis(logits, axis, "cross_entropy_loss", "logits")
     token_axes = tuple(a for a in logits.axes if a.name != Vocab.name)
     logits32 = logits.astype(ops.wide(logits.dtype))
     lse = ops.logsumexp(logits32, Vocab.name)
@@ -453,7 +467,7 @@ def blockwise_cross_entropy_loss(
     if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not softcap > 0):
         raise ArgumentError(f"softcap={softcap!r}; it must be a positive number, or None for no cap")
     Embed = expect_named(hidden, "blockwise_cross_entropy_loss", "hidden").resolve_axis(Embed)
-    V = expect_named(unembed_weight, "blockwise_cross_entropy_loss", "unembed_weight").resolve_axis(Vocab)
+    V = vocab_axis(unembed_weight, Vocab, "blockwise_cross_entropy_loss", "unembed_weight", "Vocab")
     if set(unembed_weight.names) != {Embed.name, V.name}:
         raise AxisError(
             f"unembed_weight must have exactly the axes {Embed.name!r} and {V.name!r}, "
