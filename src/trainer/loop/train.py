@@ -421,9 +421,11 @@ def _train(cfg: TrainConfig, run: Run) -> TrainResult:
                     "grad_norm": float(rows[-1]["grad_norm"]),
                     **window.rates(flops_tok, peak, n_dev),
                 }
-                row.update(
-                    {k: float(v) for k, v in rows[-1].items() if k.startswith("aux/")}
-                )  # models.forward_with_aux
+                row.update(  # models.forward_with_aux; trainer.loss_scale=dynamic's scale
+                    {k: float(v) for k, v in rows[-1].items() if k.startswith("aux/") or k == "loss_scale"}
+                )
+                if "overflow" in rows[-1]:  # the steps since the last line that dynamic loss scaling skipped
+                    row["skipped_steps"] = window.skipped
                 row.update(train_batches.tokens_by_source(done))  # a mixture's tokens per source so far
                 trackers.log(done, row)
                 window = _Window()
@@ -557,14 +559,16 @@ def read_metrics(pending: list[tuple[int, dict]], nan_policy: str, last_checkpoi
 
 
 class _Window:
-    """Tokens and wall time since the last log line (read points in between add their steps)."""
+    """Tokens, wall time and steps skipped by dynamic loss scaling since the last log line (read points
+    in between add their steps)."""
 
     def __init__(self):
-        self.start, self.tokens, self.steps = time.perf_counter(), 0.0, 0
+        self.start, self.tokens, self.steps, self.skipped = time.perf_counter(), 0.0, 0, 0
 
     def add(self, rows: list[dict]) -> None:
         self.tokens += sum(float(r["tokens"]) for r in rows)
         self.steps += len(rows)
+        self.skipped += sum(int(r.get("overflow", 0)) for r in rows)
 
     def rates(self, flops_tok: float, peak: float | None, n_dev: int) -> dict:
         elapsed = time.perf_counter() - self.start
