@@ -2245,6 +2245,20 @@ STATE = {
         "missing": must(lambda: nm.load_state_dict_file(LIN, "no-such-file.safetensors"), nm.NamedError, "no-such-file")
     },
     "nm.save_state_dict": {},
+    "nm.square_keys": {
+        "plain": gives(lambda: nm.square_keys({"w": plain()}), lambda: np.zeros(0)),
+        "zero": gives(lambda: nm.square_keys(nn.Linear.init(Embed.resize(0), Mlp, key=KEY)), lambda: np.zeros(0)),
+    },
+    "nm.stack_state_dict": {
+        "missing": must(
+            lambda: nm.stack_state_dict({"b.0.w": np.ones(2), "b.2.w": np.ones(2)}, "b"), nm.StateDictError, "b.1.w"
+        ),
+        "dtype": must(lambda: nm.stack_state_dict({}, 3), nm.ArgumentTypeError, "3"),
+    },
+    "nm.unstack_state_dict": {
+        "zero": lambda: _assert(nm.unstack_state_dict({"b.w": np.ones((0, 2))}, "b") == {}, "layers from none"),
+        "dtype": must(lambda: nm.unstack_state_dict({}, None), nm.ArgumentTypeError, "None"),
+    },
     "nm.save_safetensors": {
         "dtype": must(lambda: nm.save_safetensors(plain(), "unused.safetensors"), nm.ArgumentTypeError, "mapping")
     },
@@ -2258,7 +2272,8 @@ cases_kind(
     "state dicts and files",
     STATE,
     plain="a plain leaf is an entry under its path, as it is",
-    missing="a key the module needs and the dict lacks, a file that is not there: `StateDictError` naming it",
+    missing="a key the module needs and the dict lacks, a file that is not there, a layer missing from a stack: "
+    "`StateDictError` naming it",
     extra="a key the module has no parameter for (`strict=True`), a tree not shaped as the template: `StateDictError`",
     size="a tensor of another shape: `StateDictError` naming the key, both shapes and the axes",
     zero="zero-size parameters round-trip as any",
@@ -2338,6 +2353,19 @@ CONFIG = {
     },
     "nm.is_named_array": {"plain": lambda: _assert(nm.is_named_array(plain()) is False, "a plain array")},
     "nm.axis_spec_to_tuple": {"dtype": must(lambda: nm.axis_spec_to_tuple(3), nm.AxisError, "3")},
+    "nm.axis_spec_to_shape_dict": {
+        "dtype": must(lambda: nm.axis_spec_to_shape_dict({"a": 2.5}), nm.AxisError, "2.5"),
+        "range": must(lambda: nm.axis_spec_to_shape_dict({"a": -1}), nm.AxisError, "-1"),
+    },
+    "nm.concat_axes": {"size": must(lambda: nm.concat_axes((A, B), (B,)), nm.AxisError, "'b'")},
+    "nm.eliminate_axes": {
+        "missing": must(lambda: nm.eliminate_axes((A, B), "z"), nm.AxisError, "'z'"),
+        "size": must(lambda: nm.eliminate_axes((A, B), B.resize(9)), nm.AxisError, "'b'"),
+    },
+    "nm.without_axes": {"size": must(lambda: nm.without_axes((A, B), B.resize(9)), nm.AxisError, "'b'")},
+    "nm.replace_axis": {"missing": must(lambda: nm.replace_axis((A, B), "z", C), nm.AxisError, "'z'")},
+    "nn.DynamicLossScale": {"range": must(lambda: nn.DynamicLossScale(period=0), nm.ArgumentError, "period")},
+    "nn.all_finite": {"plain": lambda: _assert(bool(nn.all_finite(plain())), "a finite plain array")},
     "nm.typecheck": {"dtype": must(lambda: nm.typecheck(3), nm.ArgumentTypeError, "int")},
     "nn.QuantConfig": {"range": must(lambda: nn.QuantConfig("fp8", history=0), nm.ArgumentError, "history")},
     "nn.Fp8State": {"range": must(lambda: nn.Fp8State.init(0), nm.ArgumentError, "history")},
@@ -2357,15 +2385,238 @@ CONFIG = {
     "nn.mup.InputLinearMup": {},
     "nn.mup.HiddenLinearMup": {},
     "nn.mup.OutputLinearMup": {},
+    "nn.mup.AbstractEmbeddingReparam": {},
+    "nn.mup.EmbeddingStandardParam": {},
+    "nn.mup.EmbeddingMup": {},
 }
 cases_kind(
     "types, errors and configuration",
     CONFIG,
-    plain="`axes_of` refuses an array with dimensions (`AxisError`: wrap it); `is_named_array` says False",
-    missing="an unknown name (a policy, an activation, an implementation): `ArgumentError` listing the known ones",
+    plain="`axes_of` refuses an array with dimensions (`AxisError`: wrap it); `is_named_array` says False; "
+    "`all_finite` checks it as any leaf",
+    missing="an unknown name (a policy, an activation, an implementation): `ArgumentError` listing the known ones; "
+    "an axis an axis spec lacks (`eliminate_axes`, `replace_axis`): `AxisError` naming it",
+    size="one name at two sizes in two axis specs (or in both of `concat_axes`'): `AxisError` naming it",
     dtype="a value of the wrong type (a float size, a number for a function or an axis): a `NamedError` naming it",
     range="a value outside its range (a negative size, `every=0`, a history of 0): `ArgumentError`/`AxisError`",
 )
+
+
+# ---- argument kinds -------------------------------------------------------------------------------------
+# A mask, a bias, weights, a pair of axes whose order matters and a square weight's orientation are
+# kinds of argument that a value of the right shape can fill with the wrong meaning (a 0/1 mask as a
+# bias, an additive mask as where=, the key axis where the query's goes, a torch-layout file into our
+# layout): nothing about the shape tells. ARG_KINDS says what each kind accepts and what the refusal of
+# each other input names (the right argument); ARGUMENTS gives, for every public function that takes
+# one, a call of it per argument. test_every_kinded_argument_is_declared walks the signatures, so a new
+# mask=, where=, bias=, weights= or query/key pair fails until it has a row here.
+
+
+@dataclasses.dataclass(frozen=True)
+class ArgKind:
+    """``accepts``: the docs' text; ``right(axes)``: an input of the kind, which every member takes;
+    ``wrong``: description -> an input every member refuses with ``exc`` naming ``names``."""
+
+    accepts: str
+    right: Callable[[tuple], Any]
+    wrong: dict[str, Callable[[tuple], Any]]
+    exc: type = nm.NamedError
+    names: str = ""
+
+
+def _keep(axes) -> nm.NamedArray:
+    """A boolean over ``axes`` with both values, True first (no row is empty)."""
+    n = math.prod(a.size for a in axes)
+    return nm.named(jnp.asarray(np.arange(n).reshape([a.size for a in axes]) % 3 != 1), axes)
+
+
+ARG_KINDS = {
+    "mask": ArgKind(
+        "boolean, True = keep (attend, count the token); its dtype is the whole rule",
+        _keep,
+        {
+            "0/1 floats": lambda axes: _keep(axes).astype(jnp.float32),
+            "0/1 integers": lambda axes: _keep(axes).astype(jnp.int32),
+            "an additive 0/-inf mask": lambda axes: nm.where(_keep(axes), 0.0, -jnp.inf),
+        },
+        nm.ArgumentTypeError,
+        "`mask != 0`",
+    ),
+    "no mask": ArgKind(
+        "none: an elementwise op takes no where= (write nm.where(mask, op(...), fallback))",
+        lambda axes: None,
+        {"a boolean mask": _keep},
+        nm.ArgumentTypeError,
+        "nm.where(",
+    ),
+    "bias": ArgKind(
+        "floats added to the scores (0 = unchanged, -inf = blocked)",
+        lambda axes: nm.where(_keep(axes), 0.0, -1.5),
+        {"a boolean mask": _keep, "0/1 integers": lambda axes: _keep(axes).astype(jnp.int32)},
+        nm.ArgumentTypeError,
+        "mask=",
+    ),
+    "weights": ArgKind(
+        "numbers over (some of) the input's axes, used as numpy uses them (a boolean counts as 0/1)",
+        lambda axes: _keep(axes).astype(jnp.float32) * 2.5,
+        {},
+    ),
+    "query/key axes": ArgKind(
+        "the query's axis as QPos, the key's as KPos (positionally: query first)",
+        lambda axes: axes,
+        {"the two swapped": lambda axes: axes[::-1]},
+        nm.AxisError,
+        "QPos",
+    ),
+    "square weight orientation": ArgKind(
+        "the layout the file records (save_state_dict writes it) or flatten= given; a square weight from "
+        "a source that records none (torch's) needs flatten=",
+        lambda axes: "ours",
+        {"a torch-layout square weight without a record": lambda axes: "torch"},
+        nm.StateDictError,
+        "flatten=True",
+    ),
+}
+
+SQ_IN, SQ_OUT = Axis("embed", 4), Axis("out", 4)
+
+
+def _square() -> nn.Linear:
+    return nn.Linear.init(SQ_IN, SQ_OUT, key=KEY)
+
+
+def _load_square(source: str, loader, tmp=None):
+    """Load a square Linear from our own file or dict (``"ours"``, checked equal) or from a torch-layout
+    one that does not say so (``"torch"``: the member must refuse it)."""
+    lin = _square()
+    torch_sd = {k: np.asarray(v) for k, v in nm.state_dict(lin, flatten=True).items()}
+    template = nn.Linear.init(SQ_IN, SQ_OUT, key=jax.random.key(1))
+    if loader is nm.load_state_dict:
+        if source == "torch":
+            import torch
+
+            return nm.load_state_dict(template, {k: torch.from_numpy(v.copy()) for k, v in torch_sd.items()})
+        out = nm.load_state_dict(template, nm.state_dict(lin))
+    else:
+        import tempfile
+
+        from safetensors.numpy import save_file
+
+        with tempfile.TemporaryDirectory() as d:
+            path = pathlib.Path(d) / "m.safetensors"
+            if source == "torch":
+                save_file(torch_sd, str(path))  # another writer: no layout record
+                return nm.load_state_dict_file(template, path)
+            nm.save_state_dict(lin, path, flatten=True)
+            out = nm.load_state_dict_file(template, path)
+    np.testing.assert_array_equal(
+        np.asarray(out.weight.rearrange(lin.weight.names).array), np.asarray(lin.weight.array)
+    )
+    return out
+
+
+def _ids_b() -> nm.NamedArray:
+    return nm.named(jnp.asarray([0, 2, 2, 1]), (B,))
+
+
+def _bincount_checked(w):
+    got = nm.bincount(_ids_b(), Axis("found", 3), weights=w)
+    want = np.bincount(np.asarray(_ids_b().array), weights=np.asarray(w.array), minlength=3)
+    np.testing.assert_allclose(as_numpy(got), want, rtol=1e-6)
+    return got
+
+
+# member -> [(argument, kind, the axes its values are over, use(value))]
+ARGUMENTS: dict[str, list[tuple[str, str, tuple, Callable[[Any], Any]]]] = {
+    "nn.dot_product_attention": [
+        ("mask", "mask", (KPos,), lambda v: _attend(mask=v)),
+        ("bias", "bias", (Pos, KPos), lambda v: _attend(bias=v)),
+        ("QPos, KPos", "query/key axes", (Pos, KPos), lambda ax: _attend(QPos=ax[0], KPos=ax[1])),
+    ],
+    "nn.dot_product_attention_weights": [
+        ("mask", "mask", (KPos,), lambda v: _weights(mask=v)),
+        ("bias", "bias", (Pos, KPos), lambda v: _weights(bias=v)),
+        ("QPos, KPos", "query/key axes", (Pos, KPos), lambda ax: _weights(QPos=ax[0], KPos=ax[1])),
+    ],
+    "nn.causal_mask": [("QPos, KPos", "query/key axes", (Pos, KPos), lambda ax: nn.causal_mask(*ax))],
+    "nn.chunked_mask": [("QPos, KPos", "query/key axes", (Pos, KPos), lambda ax: nn.chunked_mask(*ax, 2))],
+    "nn.alibi_bias": [("QPos, KPos", "query/key axes", (Pos, KPos), lambda ax: nn.alibi_bias(Heads, *ax))],
+    "nn.cross_entropy_loss": [("where", "mask", (Pos,), lambda v: _ce(LOGITS, TOKENS, where=v))],
+    "nn.binary_cross_entropy_loss": [
+        ("where", "mask", (Pos,), lambda v: nn.binary_cross_entropy_loss(LOGITS, nm.sigmoid(LOGITS), where=v)),
+        (
+            "pos_weight",
+            "weights",
+            (Vocab,),
+            lambda v: nn.binary_cross_entropy_loss(LOGITS, nm.sigmoid(LOGITS), pos_weight=v),
+        ),
+    ],
+    "nn.blockwise_cross_entropy_loss": [("where", "mask", (Pos,), lambda v: _bw(H, TOKENS, where=v))],
+    "nn.next_token_loss": [("loss_mask", "mask", (Pos,), lambda v: nn.next_token_loss(LOGITS, TOKENS, loss_mask=v))],
+    "nn.next_token_targets": [("loss_mask", "mask", (Pos,), lambda v: nn.next_token_targets(TOKENS, loss_mask=v))],
+    "nn.blockwise_next_token_loss": [
+        (
+            "loss_mask",
+            "mask",
+            (Pos,),
+            lambda v: nn.blockwise_next_token_loss(H, WV, TOKENS, block_size=5, loss_mask=v),
+        )
+    ],
+    "nm.bincount": [("weights", "weights", (B,), _bincount_checked)],
+    "nm.load_state_dict": [("flatten", "square weight orientation", (), lambda v: _load_square(v, nm.load_state_dict))],
+    "nm.load_state_dict_file": [
+        ("flatten", "square weight orientation", (), lambda v: _load_square(v, nm.load_state_dict_file))
+    ],
+}
+
+
+def _where_members() -> None:
+    """Every public function with numpy's where=: a reduction (it has an axis) takes a mask; an
+    elementwise op takes none."""
+    for name, fn in public_surface().items():
+        if name in ARGUMENTS or not takes(fn, "where"):
+            continue
+        if takes(fn, "axis"):
+            needs_axis = inspect.signature(fn).parameters["axis"].default is inspect.Parameter.empty
+            ARGUMENTS[name] = [
+                ("where", "mask", (A, B), lambda v, fn=fn, ax=needs_axis: fn(X, "b", where=v) if ax else fn(X, where=v))
+            ]
+        else:
+            ARGUMENTS[name] = [("where", "no mask", (A, B), lambda v, fn=fn: fn(X, X, where=v))]
+
+
+_where_members()
+KINDED = ("mask", "where", "loss_mask", "bias", "weights", "pos_weight")
+
+
+def kinded_arguments(name: str, fn) -> set[str]:
+    """The arguments of ``fn`` that ARG_KINDS covers: masks, biases, weights, a query/key pair and a
+    loader's ``flatten``. A class is asked about its call (its constructor's ``bias`` or ``weight``
+    is a parameter array, not an argument of a kind)."""
+    fn = fn.__call__ if inspect.isclass(fn) else fn
+    found = {k for k in KINDED if takes(fn, k)}
+    if takes(fn, "QPos") and takes(fn, "KPos"):
+        found.add("QPos, KPos")
+    if name.startswith("nm.load") and takes(fn, "flatten"):
+        found.add("flatten")
+    return found
+
+
+def _kind_probe(name: str) -> list[str]:
+    broken = []
+    for arg, kind_name, axes, use in ARGUMENTS[name]:
+        k = ARG_KINDS[kind_name]
+        try:
+            if kind_name != "no mask":
+                runs(lambda: use(k.right(axes)))
+            for what, wrong in k.wrong.items():
+                try:
+                    refused(lambda: use(wrong(axes)), k.exc, k.names)
+                except AssertionError as e:
+                    raise AssertionError(f"{what}: {e}") from None
+        except AssertionError as e:
+            broken.append(f"{name}({arg}=, {kind_name}): {str(e).strip().splitlines()[0][:300]}")
+    return broken
 
 
 # ---- the docs' table ---------------------------------------------------------------------------------------
@@ -2392,10 +2643,32 @@ def render() -> str:
     return "\n".join(lines) + "\n"
 
 
+_KINDS_BLOCK = re.compile(r"(<!-- contract:kinds -->\n).*?(<!-- /contract:kinds -->)", re.S)
+
+
+def render_kinds() -> str:
+    """The docs' table of ARG_KINDS: what each kind accepts, what is refused (and what the refusal
+    names), and the members' arguments of that kind."""
+    lines = ["| argument kind | accepts | refused | the refusal | arguments |", "|---|---|---|---|---|"]
+    for kind_name, k in ARG_KINDS.items():
+        args = sorted(
+            f"`{n}({a}=)`" if "," not in a else f"`{n}({a})`"
+            for n, rows in ARGUMENTS.items()
+            for a, kn, _, _ in rows
+            if kn == kind_name
+        )
+        named = k.names if "`" in k.names else f"`{k.names}`"
+        refusal = f"`{k.exc.__name__}` naming {named}" if k.wrong else "—"
+        lines.append(f"| **{kind_name}** | {k.accepts} | {'; '.join(k.wrong) or '—'} | {refusal} | {', '.join(args)} |")
+    return "\n".join(lines) + "\n"
+
+
 def write_docs() -> None:
     text = DOCS.read_text()
     assert _BLOCK.search(text), f"{DOCS.name} has no <!-- contract:table --> block"
-    DOCS.write_text(_BLOCK.sub(lambda m: m.group(1) + render() + m.group(2), text))
+    assert _KINDS_BLOCK.search(text), f"{DOCS.name} has no <!-- contract:kinds --> block"
+    text = _BLOCK.sub(lambda m: m.group(1) + render() + m.group(2), text)
+    DOCS.write_text(_KINDS_BLOCK.sub(lambda m: m.group(1) + render_kinds() + m.group(2), text))
 
 
 # ---- the tests -------------------------------------------------------------------------------------------
@@ -2435,6 +2708,36 @@ def test_the_docs_table_is_the_contract():
     assert found, f"{DOCS.name} has no <!-- contract:table --> block"
     shown = found.group(0)[len(found.group(1)) : -len(found.group(2))]
     assert shown == render(), "the contract's table in docs/named_arrays.md is stale: run python tests/test_contract.py"
+
+
+@pytest.mark.parametrize("name", sorted(ARGUMENTS))
+def test_argument_kinds(name):
+    """Each argument of a kind takes the kind's input and refuses every other with the kind's error,
+    whose message names the right argument."""
+    broken = _kind_probe(name)
+    assert not broken, "\n".join(broken)
+
+
+def test_every_kinded_argument_is_declared():
+    """A public function that takes a mask, a bias, weights, a query/key pair or a loader's flatten=
+    has each such argument in ARGUMENTS (and ARGUMENTS lists nothing that is not public)."""
+    undeclared = []
+    for name, fn in SURFACE.items():
+        declared = {a for a, *_ in ARGUMENTS.get(name, [])}
+        missing = kinded_arguments(name, fn) - declared
+        if missing:
+            undeclared.append(f"{name}: {sorted(missing)}")
+    assert not undeclared, f"arguments without a kind (tests/test_contract.py ARGUMENTS): {undeclared}"
+    assert set(ARGUMENTS) <= set(SURFACE), sorted(set(ARGUMENTS) - set(SURFACE))
+
+
+def test_the_docs_kinds_table_is_arg_kinds():
+    found = _KINDS_BLOCK.search(DOCS.read_text())
+    assert found, f"{DOCS.name} has no <!-- contract:kinds --> block"
+    shown = found.group(0)[len(found.group(1)) : -len(found.group(2))]
+    assert shown == render_kinds(), (
+        "the argument kinds in docs/named_arrays.md are stale: run python tests/test_contract.py"
+    )
 
 
 def test_every_rule_is_checked():

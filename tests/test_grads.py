@@ -4,9 +4,10 @@ Each case is a function of float arrays (a layer's parameters and its input). ``
 its VJP under ``jax.jit`` (``nm.named_jit`` where a case needs a mesh) and compares it, with
 ``jax.test_util.check_vjp``, to central differences of the jitted function along a random
 direction. The cases run in float64 (x64 is on for this module only), so that the differences
-are exact to many digits; where a layer computes in float32 on purpose (norm statistics,
-attention scores, losses, routing, a mixed-precision policy) the case says so and is checked at
-float32's tolerance. Inputs sit away from kinks and ties (``grid``), where a derivative exists.
+are exact to many digits; norms, attention scores and losses compute in float64 for float64
+inputs and are checked at float64's tolerance. Where a layer computes in float32 on purpose
+(routing, rotary angles, a mixed-precision policy) the case says so and is checked at float32's
+tolerance. Inputs sit away from kinks and ties (``grid``), where a derivative exists.
 A quantized Linear's rounding has no derivative: its cases check what its gradient is
 documented to be (straight-through for fp8, the float gradient for int8).
 
@@ -645,7 +646,7 @@ def embedding():
 def norms():
     ln = eqx.tree_at(lambda m: (m.weight, m.bias), nn.LayerNorm.init(Embed), (randn((Embed,), 1), randn((Embed,), 2)))
     rms = eqx.tree_at(lambda m: m.weight, nn.RMSNorm.init(Embed), randn((Embed,), 3))
-    layer_check((ln, rms), randn((Batch, Embed), 4), lambda m, v: {"ln": m[0](v), "rms": m[1](v * 2.0)}, **F32)
+    layer_check((ln, rms), randn((Batch, Embed), 4), lambda m, v: {"ln": m[0](v), "rms": m[1](v * 2.0)}, **F64)
 
 
 @case("nn.MLP", "nn.activation", "nn.glu")
@@ -713,7 +714,7 @@ def qkv(kv_heads: Axis | None = None, k_len: int = KPos.size):
 
 def attention_check(params=None, **kwargs):
     params = qkv() if params is None else params
-    fd_check(lambda p: nn.dot_product_attention(*p, **kwargs), params, **F32)
+    fd_check(lambda p: nn.dot_product_attention(*p, **kwargs), params, **F64)
 
 
 ATTENTION = {  # case name -> (dot_product_attention's arguments, the inputs)
@@ -818,22 +819,22 @@ def routing():
 @case("nn.cross_entropy_loss", "nn.next_token_loss", "nn.next_token_targets", "nn.binary_cross_entropy_loss")
 def losses():
     tokens = ids((Batch, Pos), Vocab.size, 1)
-    weights = nm.named(jnp.asarray([[1.0, 0.5, 0.0, 2.0], [1.0, 1.0, 1.0, 0.0]]), (Batch, Pos))
+    keep = nm.named(jnp.asarray([[True, True, False, True], [True, True, True, False]]), (Batch, Pos))
 
     def f(p):
         logits, probs, labels = p
         return {
-            "targets_mask": nn.next_token_targets(tokens, loss_mask=nm.exp(labels["vocab", 0]))[1],
-            "ids": nn.cross_entropy_loss(logits, tokens, where=weights, z_loss_weight=1e-2, label_smoothing=0.1),
+            "targets": nn.next_token_targets(tokens, loss_mask=keep)[0].astype(logits.dtype) * logits["vocab", 0],
+            "ids": nn.cross_entropy_loss(logits, tokens, where=keep, z_loss_weight=1e-2, label_smoothing=0.1),
             "sum": nn.cross_entropy_loss(logits, tokens, reduction="none"),
             "probs": nn.cross_entropy_loss(logits, nm.softmax(probs, "vocab")),
-            "next": nn.next_token_loss(logits, tokens, loss_mask=weights, reduction="sum"),
+            "next": nn.next_token_loss(logits, tokens, loss_mask=keep, reduction="sum"),
             "binary": nn.binary_cross_entropy_loss(
                 logits, nm.sigmoid(labels), pos_weight=nm.exp(probs["batch", 0, "position", 0])
             ),
         }
 
-    fd_check(f, tuple(randn((Batch, Pos, Vocab), seed) for seed in (1, 2, 3)), **F32)
+    fd_check(f, tuple(randn((Batch, Pos, Vocab), seed) for seed in (1, 2, 3)), **F64)  # float64 all through
 
 
 @case("nn.blockwise_cross_entropy_loss", "nn.blockwise_next_token_loss")
@@ -1148,7 +1149,7 @@ def moe_linear():
 
 @case("nn.dot_product_attention_weights")
 def attention_weights():
-    fd_check(lambda p: nn.dot_product_attention_weights(p[0], p[1], causal=True, softcap=2.0), qkv(KVHeads)[:2], **F32)
+    fd_check(lambda p: nn.dot_product_attention_weights(p[0], p[1], causal=True, softcap=2.0), qkv(KVHeads)[:2], **F64)
 
 
 @case("nn.mup.LinearStandardParam", "nn.mup.InputLinearMup", "nn.mup.HiddenLinearMup", "nn.mup.OutputLinearMup")
@@ -1161,6 +1162,18 @@ def mup_linears():
         )
     ]
     layer_check(layers, grid((Batch, Embed), 2), lambda m, v: [layer(v) for layer in m])
+
+
+@case("nn.mup.AbstractEmbeddingReparam", "nn.mup.EmbeddingStandardParam", "nn.mup.EmbeddingMup")
+def mup_embeddings():
+    """An Embedding over two axes under each parametrization: lookup and unembed (EmbeddingMup's 1/embed size)."""
+    two = (Embed, Axis("extra", 2))
+    layers = [
+        nn.Embedding.init(Vocab, two, key=key(i), reparam_cls=cls)
+        for i, cls in enumerate((nn.mup.AbstractEmbeddingReparam, nn.mup.EmbeddingStandardParam, nn.mup.EmbeddingMup))
+    ]
+    tokens = ids((Batch, Pos), Vocab.size)
+    layer_check(layers, randn((Batch, *two), 2), lambda m, h: [(e(tokens), e.unembed(h)) for e in m])
 
 
 # ---- the tests -----------------------------------------------------------------------------------------
@@ -1314,6 +1327,11 @@ EXCLUDED: dict[str, str] = {
             "nm.explicit.block_layout",
             "nm.typecheck",
             "nm.axis_spec_to_tuple",
+            "nm.axis_spec_to_shape_dict",
+            "nm.concat_axes",
+            "nm.eliminate_axes",
+            "nm.without_axes",
+            "nm.replace_axis",
             "nm.field",
         ],
         _LAYOUT,
@@ -1327,6 +1345,9 @@ EXCLUDED: dict[str, str] = {
             "nm.load_state_dict_file",
             "nm.save_state_dict",
             "nm.save_safetensors",
+            "nm.square_keys",
+            "nm.stack_state_dict",
+            "nm.unstack_state_dict",
         ],
         "moves a model's arrays to and from files and flat dicts",
     ),
@@ -1379,6 +1400,8 @@ EXCLUDED: dict[str, str] = {
     "nn.remat_policy": "jax's checkpoint policy for a Remat; the stack cases differentiate each policy through a stack",
     "nn.get_policy": "parses a precision policy",
     "nn.keeps_full_precision": "says whether a module keeps float32 parameters under a policy",
+    "nn.DynamicLossScale": "a float16 step's loss scale: a multiplication by a power of two and its update rule",
+    "nn.all_finite": _DISCRETE,
     **dict.fromkeys(
         ["nn.is_overwrite_state", "nn.without_overwrites", "nn.overwrite_updates"],
         "the optimizer's side of fp8's state: tree surgery on gradients, not a differentiated function",

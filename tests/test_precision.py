@@ -13,6 +13,7 @@ import optax
 import pytest
 
 import named as nm
+from named import nn
 from named.nn.loss import next_token_loss
 from named.nn.precision import cast_for_compute, cast_output, cast_to_param, get_policy, keeps_full_precision
 
@@ -282,3 +283,23 @@ def _eqns(jaxpr):
                     yield from _eqns(s.jaxpr)
                 elif isinstance(s, jax.extend.core.Jaxpr):
                     yield from _eqns(s)
+
+
+# ---- dynamic loss scaling ------------------------------------------------------------------------------
+
+
+def test_dynamic_loss_scale_crosses_our_jit_and_follows_jmps_arithmetic():
+    ours, theirs = nn.DynamicLossScale(2.0**4, period=2), jmp.DynamicLossScale(jnp.float32(2.0**4), period=2)
+    step = nm.named_jit(lambda s, ok: s.adjust(ok))
+    for ok in (True, True, True, False, True, False, False):
+        ours = eqx.filter_jit(lambda s, ok: s.adjust(ok))(step(ours, jnp.bool_(ok)), jnp.bool_(True))
+        theirs = theirs.adjust(jnp.bool_(ok)).adjust(jnp.bool_(True))  # jmp, eagerly: the reference
+        assert float(ours.loss_scale) == float(theirs.loss_scale) and int(ours.counter) == int(theirs.counter)
+    g = {"w": nm.named(jnp.asarray([1.0, 2.0], jnp.float16), "a")}
+    np.testing.assert_array_equal(np.asarray(ours.unscale(ours.scale(g))["w"].array), [1.0, 2.0])
+    assert bool(nn.all_finite(g)) and not bool(nn.all_finite({"x": jnp.asarray([1.0, jnp.inf])}))
+
+
+def test_a_jmp_loss_scale_through_named_jit_is_our_error_naming_ours():
+    with pytest.raises(nm.ArgumentTypeError, match="nn.DynamicLossScale"):
+        nm.named_jit(lambda s: s.adjust(jnp.bool_(True)))(jmp.DynamicLossScale(jnp.float32(2.0**4)))

@@ -255,3 +255,30 @@ def test_skip_reports_every_bad_step_of_the_window(corpus, tmp_path):
     log = (run_dir / "logs" / "process_0.log").read_text()
     assert [s for s in range(1, 5) if f"non-finite loss or gradient in step {s} " in log] == [2, 3, 4]
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(result.model))
+
+
+@pytest.mark.slow
+def test_float16_trains_with_dynamic_loss_scaling(corpus, tmp_path):
+    """float16 compute with trainer.loss_scale=dynamic: the scale starts at 2**15 and is halved on each
+    overflowing step (skipped, parameters unchanged), the loss is finite and falls."""
+    result = train(
+        _cfg(
+            corpus,
+            tmp_path / "run",
+            **{
+                "trainer.precision": "params=float32,compute=float16,output=float32",
+                "trainer.loss_scale": "dynamic",
+                "trainer.num_train_steps": 8,
+                "optimizer.learning_rate": 3e-3,
+            },
+        )
+    )
+    _, scaler = result.opt_state
+    assert all(math.isfinite(x) for x in result.losses) and result.losses[-1] < result.losses[0]
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(result.model))
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    logged = [r for r in rows if "train/loss_scale" in r]
+    assert logged, rows[:1]
+    # every skipped step halved the scale (2000 finite steps would double it: none here)
+    skipped = sum(r["train/skipped_steps"] for r in logged)
+    assert float(scaler.loss_scale) == 2.0 ** (15 - skipped) and skipped < 8

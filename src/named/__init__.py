@@ -14,6 +14,14 @@ from ._axis import (
     NamedError,
     axis_spec_to_tuple,
 )
+from ._axis_spec import (
+    axis_spec_to_shape_dict,
+    concat_axes,
+    concat_axis_specs,
+    eliminate_axes,
+    replace_axis,
+    without_axes,
+)
 from ._core import NamedArray, axes_of, is_named_array, named
 from ._einsum import dot, einsum
 from ._index import ds, take, updated_slice
@@ -59,9 +67,12 @@ from ._state_dict import (
     load_state_dict_file,
     save_safetensors,
     save_state_dict,
+    square_keys,
+    stack_state_dict,
     state_dict,
     state_dict_entries,
     unflatten_modules_from_export,
+    unstack_state_dict,
 )
 from ._transforms import fold, grad, map, nmap, scan, value_and_grad, vmap
 from ._tree import resize_axis, tree_map_layers

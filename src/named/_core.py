@@ -101,6 +101,21 @@ class NamedArray:
         device's index along a mesh axis inside ``nm.shard_map``."""
         return index_of(self.axes, axis)
 
+    def axis_indices(self, axis: AxisSelection) -> int | None | tuple[int | None, ...]:
+        """Haliax's lookup: the index of one axis, or a tuple of them for several, None where
+        the array lacks the name. An Axis whose name is here at another size is an AxisError."""
+        if isinstance(axis, Axis) or (isinstance(axis, str) and " " not in axis.strip()):
+            name = name_of(axis)
+            if name not in self.names:
+                return None
+            i = self.names.index(name)
+            if isinstance(axis, Axis) and self.axes[i].size != axis.size:
+                raise AxisError(
+                    f"axis_indices: {axis} is here as {self.axes[i]} (another size) in {format_axes(self.axes)}"
+                )
+            return i
+        return tuple(self.axis_indices(a) for a in as_selectors(axis))
+
     def item(self):
         """The Python value of a one-element array."""
         return self.array.item()
@@ -143,8 +158,8 @@ class NamedArray:
     def broadcast_axis(self, axes) -> NamedArray:
         return _shape.broadcast_axis(self, axes)
 
-    def broadcast_to(self, axes) -> NamedArray:
-        return _shape.broadcast_to(self, axes)
+    def broadcast_to(self, axes, **kwargs) -> NamedArray:
+        return _shape.broadcast_to(self, axes, **kwargs)
 
     def flatten_axes(self, axes, new_axis) -> NamedArray:
         return _shape.flatten_axes(self, axes, new_axis)

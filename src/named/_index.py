@@ -408,6 +408,12 @@ def updated_slice(x: NamedArray, start: Mapping, update: NamedArray) -> NamedArr
     for a, b in zip(up_axes, x.axes):
         if a.size > b.size:
             raise AxisError(f"updated_slice: update axis {a.name!r} has size {a.size} > {b.size}")
+        if a.size != b.size and a.name not in given:  # as x.at[...].set: an axis not indexed is written whole
+            raise AxisError(
+                f"updated_slice: the update has {a.name}={a.size} but the array has {b.name}={b.size}, and "
+                f"no offset for {a.name!r}: give one ({{{a.name!r}: 0}} writes the first {a.size}) or an "
+                "update over the whole axis"
+            )
     offsets: dict[str, Any] = {}
     for sel, s in start.items():
         i = index_of(x.axes, sel)

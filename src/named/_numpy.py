@@ -580,11 +580,15 @@ def array_equal(a, b, *, equal_nan: bool = False) -> NamedArray:
 
 
 def array_equiv(a, b) -> NamedArray:
-    """Whether ``a`` and ``b`` are equal wherever they broadcast by name (``np.array_equiv`` by
-    name): False, not an error, when a shared name has two sizes. Two plain arrays: ``jnp.array_equiv``."""
+    """Whether one of ``a`` and ``b`` broadcasts to the other by name and they are then equal
+    (``np.array_equiv`` by name, and Haliax's): False, not an error, when a shared name has two
+    sizes or each has an axis the other lacks (neither broadcasts to the other). Two plain arrays:
+    ``jnp.array_equiv``."""
     if _both_positional(a, b):
         return NamedArray(jnp.array_equiv(a, b), ())
-    axes_of(a), axes_of(b)  # a plain array with dimensions mixed in is refused, not "not equivalent"
+    a_names, b_names = {x.name for x in axes_of(a)}, {x.name for x in axes_of(b)}  # a plain array is refused
+    if not (a_names <= b_names or b_names <= a_names):
+        return NamedArray(jnp.asarray(False), ())
     try:
         eq = _ops.equal(a, b)
     except AxisError:

@@ -34,6 +34,11 @@ from ._core import NamedArray, axes_of, expect_named, raw, unchecked
 
 
 def _elementwise(fn: Callable, *args, name: str | None = None, **kwargs):
+    if kwargs.get("where") is not None or kwargs.get("out") is not None:  # jnp's ufuncs raise NotImplementedError
+        raise ArgumentTypeError(
+            f"nm.{name}: elementwise ops take no where= or out= (JAX arrays are immutable); write "
+            f"nm.where(mask, nm.{name}(...), fallback) with a boolean mask"
+        )
     axes = broadcast_axes(*(axes_of(a) for a in args))
     named = builtins.any(isinstance(a, NamedArray) for a in args)
     try:
@@ -152,6 +157,13 @@ def floating(dtype):
     """The dtype a layer that scales or normalises returns for an input of ``dtype``: the input's own
     when it is floating (bf16 stays bf16), else float32, so that an int input is never truncated."""
     return dtype if jnp.issubdtype(dtype, jnp.inexact) else jnp.float32
+
+
+def wide(*dtypes):
+    """The dtype norms, attention scores and losses compute in: the widest of the inputs' floating
+    dtypes and float32. bf16 statistics are worth nothing, and a float64 input (a gradient check)
+    must not be rounded to float32 on the way."""
+    return jnp.result_type(jnp.float32, *(d for d in dtypes if jnp.issubdtype(d, jnp.floating)))
 
 
 def where(condition, x, y):

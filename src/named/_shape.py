@@ -350,8 +350,22 @@ def broadcast_axis(x: NamedArray, axes: AxisSelection) -> NamedArray:
     return unchecked(arr, out_axes)
 
 
-def broadcast_to(x, axes: AxisSelection) -> NamedArray:
-    """Broadcast to exactly ``axes`` (in that order); x's axes must be among them."""
+def broadcast_to(
+    x, axes: AxisSelection, *, ensure_order: bool = True, enforce_no_extra_axes: bool = True
+) -> NamedArray:
+    """Broadcast to exactly ``axes`` (in that order); x's axes must be among them.
+
+    ``enforce_no_extra_axes=False`` (Haliax's) keeps x's axes that ``axes`` lacks, after them.
+    ``ensure_order=False`` (Haliax's) puts the new axes in front and leaves x's in its order."""
+    if not (enforce_no_extra_axes and ensure_order):
+        target = as_selectors(axes)
+        x_axes = x.axes if isinstance(x, NamedArray) else ()
+        extra = tuple(a for a in x_axes if a.name not in {name_of(t) for t in target})
+        full = broadcast_to(x, target if enforce_no_extra_axes else target + extra)  # extra axes refused, or kept
+        if ensure_order:
+            return full
+        kept = [a.name for a in x_axes]
+        return full.rearrange(tuple(n for n in full.names if n not in kept) + tuple(kept))
     if not isinstance(x, NamedArray) and jnp.ndim(x):  # a number or a 0-d array broadcasts anywhere
         expect_named(x, "nm.broadcast_to")
     target = as_selectors(axes)

@@ -43,6 +43,9 @@ __all__ = [
     "load_state_dict",
     "load_state_dict_file",
     "save_safetensors",
+    "square_keys",
+    "stack_state_dict",
+    "unstack_state_dict",
     "save_state_dict",
     "state_dict",
     "state_dict_entries",
@@ -209,6 +212,55 @@ def state_dict(tree, *, flatten: bool = False) -> dict[str, jax.Array]:
     return out
 
 
+def _layer_key(prefix: str) -> re.Pattern:
+    return re.compile(rf"^{re.escape(prefix)}\.(\d+)\.(.+)$" if prefix else r"^(\d+)\.(.+)$")
+
+
+def stack_state_dict(state_dict: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    """Haliax's ``_stack_state_dict``: the per-layer keys ``<prefix>.<i>.<rest>`` merged into one
+    ``<prefix>.<rest>`` each, stacked along a new leading axis in layer order (a ``Stacked``'s
+    arrays as one array); other keys are kept as they are. A layer missing from ``0..n-1`` for some
+    ``<rest>`` is a StateDictError naming it."""
+    if not isinstance(prefix, str):
+        raise ArgumentTypeError(f"stack_state_dict: prefix is a key prefix (a str), got {prefix!r}")
+    pattern, out, layers = _layer_key(prefix), {}, {}
+    for key, value in state_dict.items():
+        m = pattern.match(key)
+        if m is None:
+            out[key] = value
+        else:
+            layers.setdefault(m.group(2), {})[int(m.group(1))] = value
+    for rest, by_layer in layers.items():
+        missing = [i for i in range(max(by_layer) + 1) if i not in by_layer]
+        if missing:
+            raise StateDictError(
+                f"stack_state_dict: {prefix + '.' if prefix else ''}{missing[0]}.{rest} is missing, but layer "
+                f"{max(by_layer)} has {rest!r}"
+            )
+        values = [by_layer[i] for i in range(len(by_layer))]
+        xp = jnp if any(isinstance(v, jax.Array) for v in values) else np
+        out[f"{prefix}.{rest}" if prefix else rest] = xp.stack([xp.asarray(v) for v in values])
+    return out
+
+
+def unstack_state_dict(state_dict: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    """The inverse of :func:`stack_state_dict`: each ``<prefix>.<rest>`` split along its leading
+    axis into ``<prefix>.<i>.<rest>``; other keys are kept."""
+    if not isinstance(prefix, str):
+        raise ArgumentTypeError(f"unstack_state_dict: prefix is a key prefix (a str), got {prefix!r}")
+    out = {}
+    for key, value in state_dict.items():
+        if prefix and not key.startswith(prefix + "."):
+            out[key] = value
+            continue
+        rest = key[len(prefix) + 1 :] if prefix else key
+        if not np.ndim(value):
+            raise StateDictError(f"unstack_state_dict: {key!r} is 0-d: it has no layers axis to split")
+        for i in range(np.shape(value)[0]):
+            out[f"{prefix}.{i}.{rest}" if prefix else f"{i}.{rest}"] = value[i]
+    return out
+
+
 # ---- loading -----------------------------------------------------------------------------------------
 
 _KINDS = (
@@ -306,6 +358,61 @@ def _join(e: StateDictEntry, get: Callable[[str], Any], mapping, mesh):
     return NamedArray(value, e.leaf.axes) if isinstance(e.leaf, NamedArray) else value
 
 
+# The safetensors metadata entry that records the layout a file was written in: "torch" for
+# flatten=True (a Linear's weight [out, in]), "named" for the modules' own axis order. A square
+# weight has the same shape both ways, so without it a load in the other layout is a silent transpose.
+LAYOUT_KEY = "named.layout"
+_LAYOUTS = {"torch": True, "named": False}
+
+
+def square_keys(template) -> list[str]:
+    """The state-dict keys whose torch layout (``flatten=True``) has the same shape as the modules'
+    own but another axis order (a square Linear's weight): a file in either layout fits them, so
+    which one a file holds must be known, not guessed from shapes."""
+    if not any(_exports(m) for m in jax.tree.leaves(template, is_leaf=_exports)):
+        return []
+
+    def layout(tree):
+        out = {}
+        for e in state_dict_entries(tree):
+            if isinstance(e.leaf, NamedArray):
+                names = tuple(a.name for a in e.leaf.axes if a not in e.stacks)
+                for idx in e.layer_indices():
+                    out[e.key(*idx)] = (_expected_shape(e), names)
+        return out
+
+    own = layout(template)
+    flat = layout(eqx.filter_eval_shape(lambda t: flatten_modules_for_export(t), template))
+    return [k for k, (shape, names) in flat.items() if k in own and own[k][0] == shape and own[k][1] != names]
+
+
+def _layout(template, flatten, recorded: str | None, foreign: bool, where: str) -> bool:
+    """Whether to load in torch's layout: ``flatten`` as given, else the layout the source records;
+    a source that records none (another writer's file, torch tensors) is refused where a square
+    weight makes its layout a guess."""
+    if recorded is not None and recorded not in _LAYOUTS:
+        raise StateDictError(f"{where}: its {LAYOUT_KEY!r} metadata is {recorded!r}; expected 'torch' or 'named'")
+    if flatten is not None and not isinstance(flatten, bool):
+        raise ArgumentTypeError(f"{where}: flatten must be True, False or None (the file's record), got {flatten!r}")
+    if recorded is not None:
+        if flatten is not None and flatten != _LAYOUTS[recorded]:
+            raise StateDictError(
+                f"{where}: the file was saved with flatten={_LAYOUTS[recorded]} ({recorded} layout, its "
+                f"{LAYOUT_KEY!r} metadata) but is loaded with flatten={flatten}; leave flatten out to follow the file"
+            )
+        return _LAYOUTS[recorded]
+    if flatten is not None:
+        return flatten
+    square = square_keys(template) if foreign else []
+    if square:
+        raise StateDictError(
+            f"{where}: key {_missing_text(square)} is a square weight, and the source does not record its "
+            "layout: pass flatten=True if it holds torch's [out, in] (a torch or Hugging Face file), "
+            "flatten=False if it holds the modules' own axis order"
+        )
+    return False
+
+
 def _rebuild(template, found, get, strict, mapping, mesh, where, flatten: bool):
     if not flatten:
         return _rebuild_flat(template, state_dict_entries(template), found, get, strict, mapping, mesh, where)
@@ -356,7 +463,13 @@ def _as_array(key, v):
 
 
 def load_state_dict(
-    template, state_dict: Mapping[str, Any], *, strict: bool = True, mapping=None, mesh=None, flatten: bool = False
+    template,
+    state_dict: Mapping[str, Any],
+    *,
+    strict: bool = True,
+    mapping=None,
+    mesh=None,
+    flatten: bool | None = None,
 ):
     """A copy of ``template`` with its arrays taken from ``state_dict`` (as ``nm.state_dict`` makes).
 
@@ -369,8 +482,11 @@ def load_state_dict(
             template's values.
         mapping, mesh: place every array by this parameter mapping on this mesh. Without them an
             array goes where the template's array is (its sharding), or to the default device.
-        flatten: the dict holds torch's layouts (``nm.state_dict(m, flatten=True)``); the
-            template's axes are put back.
+        flatten: True: the dict holds torch's layouts (``nm.state_dict(m, flatten=True)``); the
+            template's axes are put back. False: the modules' own axis order (``nm.state_dict(m)``).
+            None (the default): False, except for a dict of torch tensors, whose layout is
+            torch's or ours; it is then a StateDictError when a square weight (``nm.square_keys``)
+            would load either way, and must be said.
 
     Raises:
         StateDictError: naming the missing, unexpected or misshapen key, before anything is placed.
@@ -380,6 +496,8 @@ def load_state_dict(
     for k in state_dict:
         if not isinstance(k, str):
             raise StateDictError(f"state dict keys are strings, got {k!r}")
+    foreign = any(type(v).__module__.split(".")[0] == "torch" for v in state_dict.values())
+    flatten = _layout(template, flatten, None, foreign, "load_state_dict")
     arrays = {k: _as_array(k, v) for k, v in state_dict.items()}
     found = {k: _Found(tuple(v.shape), _kind(v.dtype)) for k, v in arrays.items()}
     return _rebuild(template, found, arrays.__getitem__, strict, mapping, mesh, "load_state_dict", flatten)
@@ -418,7 +536,9 @@ def save_state_dict(
     The file is written beside ``path`` and renamed into place, so a failed save leaves no
     partial file and any earlier file at ``path`` whole. With ``digest`` (the default) the
     metadata also holds the sha256 of every tensor (under ``"named.sha256"``), which
-    ``load_state_dict_file`` checks; other readers ignore it.
+    ``load_state_dict_file`` checks; other readers ignore it. The metadata always records the
+    layout (``"named.layout"``: ``"torch"`` for ``flatten=True``, else ``"named"``), which
+    ``load_state_dict_file`` follows, so a file loads back equal whatever ``flatten`` it was saved with.
     """
     path = Path(path)
     if path.is_dir():
@@ -428,6 +548,9 @@ def save_state_dict(
         raise StateDictError(
             f"{path}: metadata key {DIGEST_KEY!r} holds the tensors' digests; use another name (or digest=False)"
         )
+    if LAYOUT_KEY in metadata:
+        raise StateDictError(f"{path}: metadata key {LAYOUT_KEY!r} records the layout (flatten=); use another name")
+    metadata[LAYOUT_KEY] = "torch" if flatten else "named"
     arrays = {k: np.ascontiguousarray(np.asarray(v)) for k, v in state_dict(tree, flatten=flatten).items()}
     if digest:
         metadata[DIGEST_KEY] = json.dumps({k: _sha256(v) for k, v in arrays.items()}, sort_keys=True)
@@ -466,7 +589,13 @@ def _digests(path: Path, metadata: Mapping[str, str] | None, keys) -> dict[str, 
 
 
 def load_state_dict_file(
-    template, path: str | os.PathLike, *, strict: bool = True, mapping=None, mesh=None, flatten: bool = False
+    template,
+    path: str | os.PathLike,
+    *,
+    strict: bool = True,
+    mapping=None,
+    mesh=None,
+    flatten: bool | None = None,
 ):
     """``load_state_dict(template, <the safetensors file at path>)``: every key, shape and dtype
     in the file's header is checked against ``template`` before a tensor is read, and each
@@ -475,7 +604,13 @@ def load_state_dict_file(
     A file saved with digests (``save_state_dict``'s default) has each tensor's bytes checked
     against its sha256 as it is read: a tensor whose bytes changed since (a flipped bit, a bad
     copy) raises a StateDictError naming it and the file, and nothing is returned. A file
-    without digests (other writers') loads unchecked."""
+    without digests (other writers') loads unchecked.
+
+    ``flatten``: None (the default) follows the layout the file records (``save_state_dict``
+    writes it); a file that records none (torch's, Hugging Face's) is read in the modules' own
+    layout, except that a square weight (``nm.square_keys``), which fits either, makes it a
+    StateDictError asking for ``flatten=True`` (torch's ``[out, in]``) or ``False``. An explicit
+    ``flatten`` that contradicts the file's record is a StateDictError."""
     from safetensors import SafetensorError, safe_open
 
     path = Path(path)
@@ -488,6 +623,7 @@ def load_state_dict_file(
                 s = f.get_slice(k)
                 found[k] = _Found(tuple(s.get_shape()), _safetensors_kind(s.get_dtype()))
             digests = _digests(path, f.metadata(), found)
+            flatten = _layout(template, flatten, (f.metadata() or {}).get(LAYOUT_KEY), True, str(path))
             get = f.get_tensor
             if digests is not None:
 

@@ -12,6 +12,8 @@ import contextlib
 import dataclasses
 import functools
 import math
+import os
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -369,7 +371,10 @@ class NamedJitWrapped:
     def __call__(self, *args, **kwargs):
         mesh, args, kwargs = self._placed(args, kwargs)
         with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext(), self._mapping_context():
-            dyn, stat = self._jitted(*self._split(args, kwargs))
+            try:
+                dyn, stat = self._jitted(*self._split(args, kwargs))
+            except AttributeError as e:
+                raise _jmp_crossing(e) from e
         return eqx.combine(dyn, stat.value)
 
     def lower(self, *args, **kwargs):
@@ -384,6 +389,19 @@ class NamedJitWrapped:
         bound = functools.partial(self, instance)
         bound.lower = functools.partial(self.lower, instance)  # type: ignore[attr-defined]
         return bound
+
+
+def _jmp_crossing(e: AttributeError) -> Exception:
+    """jmp's loss scales check their leaves when rebuilt (``__post_init__``), which fails when a jit
+    rebuilds one from placeholders: our error for that, the AttributeError itself otherwise."""
+    frames = traceback.extract_tb(e.__traceback__)
+    if not any(f"{os.sep}jmp{os.sep}" in f.filename for f in frames):
+        return e
+    return ArgumentTypeError(
+        "a jmp loss scale (jmp.DynamicLossScale) cannot be returned from or passed through a jit: jmp "
+        "checks its leaves when a jit rebuilds it from placeholders. Use nn.DynamicLossScale, the same "
+        "arithmetic as an Equinox module, which crosses nm.named_jit and eqx.filter_jit"
+    )
 
 
 # Haliax's spellings of the three mapping arguments, accepted from code moving over (see

@@ -77,4 +77,12 @@ from .loss import (
     next_token_loss,
     next_token_targets,
 )
-from .precision import cast_for_compute, cast_output, cast_to_param, get_policy, keeps_full_precision
+from .precision import (
+    DynamicLossScale,
+    all_finite,
+    cast_for_compute,
+    cast_output,
+    cast_to_param,
+    get_policy,
+    keeps_full_precision,
+)

@@ -26,7 +26,7 @@ from .._shape import arange, broadcast_to, concatenate, flatten_axes, rename, un
 from ..partitioning import shard
 from . import _flash
 from ._flash import flash_attention, flash_unmet
-from ._masks import causal_mask, check_segment_ids, segment_mask
+from ._masks import causal_mask, check_query_key, check_segment_ids, segment_mask
 
 _LOG = logging.getLogger("named.nn")
 
@@ -182,7 +182,8 @@ def dot_product_attention(
     q_offset=0,
     implementation: str = "auto",
 ) -> NamedArray:
-    """``softmax(cap(q·k * scale) + bias, masked) · v`` with the scores and softmax in float32.
+    """``softmax(cap(q·k * scale) + bias, masked) · v`` with the scores and softmax in float32
+    (float64 for float64 inputs).
 
     Args:
         query: axes include ``QPos``, ``HeadSize`` and (for GQA) ``Heads``. A query without
@@ -197,8 +198,9 @@ def dot_product_attention(
             other dtype is an ArgumentTypeError: an additive mask (0 = attend, -inf = blocked,
             torch's) goes in ``bias``. A query whose keys are all masked gets uniform weights
             (the mean of the values), not NaN.
-        bias: added to the scores (e.g. ``alibi_bias``); the same axes rule as ``mask``; may
-            have ``Heads`` also under GQA.
+        bias: a float array added to the scores (e.g. ``alibi_bias``); the same axes rule as
+            ``mask``; may have ``Heads`` also under GQA. A boolean or integer one is an
+            ArgumentTypeError: a keep/drop mask goes in ``mask``.
         segment_ids: integer NamedArray with ``QPos`` (and batch axes): tokens attend only
             within their segment (packed sequences).
         scale: multiplies the scores; default ``1 / sqrt(head_size)``.
@@ -237,7 +239,8 @@ def dot_product_attention(
         "dot_product_attention", query=query, key=key, value=value, mask=mask, bias=bias, segment_ids=segment_ids
     )
     qpos, kpos, hs = name_of(QPos), name_of(KPos), name_of(HeadSize)
-    _check_mask("dot_product_attention", mask)
+    check_query_key("dot_product_attention", QPos, KPos)
+    _check_mask("dot_product_attention", mask, bias)
     if qpos not in query.names:  # one query per row (Haliax's form, a decoding step)
         args = dict(
             QPos=QPos,
@@ -350,10 +353,20 @@ def _expect_named_inputs(what: str, **inputs) -> None:
             expect_named(x, what, arg)
 
 
-def _check_mask(what: str, mask) -> None:
+def _check_mask(what: str, mask, bias=None) -> None:
+    """``mask`` is boolean (True = attend); ``bias`` is a float added to the scores. A boolean or
+    integer array as ``bias`` would be added as 0/1, keeping every masked key."""
     if mask is not None:
         ops.check_bool_mask(
-            mask, f"{what}: mask", "attend", "; pass an additive mask as bias= instead (it is added to the scores)"
+            mask,
+            f"{what}: mask",
+            "attend",
+            "; a float mask of scores to add (ALiBi, a learned bias) is bias=, not a mask",
+        )
+    if bias is not None and not jnp.issubdtype(bias.dtype, jnp.floating):
+        raise ArgumentTypeError(
+            f"{what}: bias has dtype {bias.dtype} {format_axes(bias.axes)}; bias= is a float added to the "
+            "scores. A boolean mask (True = attend) goes in mask=, as do 0/1 ones (`mask=bias != 0`)"
         )
 
 
@@ -424,7 +437,8 @@ def dot_product_attention_weights(
     _expect_named_inputs(
         "dot_product_attention_weights", query=query, key=key, mask=mask, bias=bias, segment_ids=segment_ids
     )
-    _check_mask("dot_product_attention_weights", mask)
+    check_query_key("dot_product_attention_weights", QPos, KPos)
+    _check_mask("dot_product_attention_weights", mask, bias)
     qpos, kpos, hs = name_of(QPos), name_of(KPos), name_of(HeadSize)
     args = dict(
         QPos=QPos,
@@ -517,9 +531,10 @@ def _xla_attention(query, key, value, qpos, kpos, hs, m, bias, scale, softcap):
 
 
 def _weights(query, key, kpos, hs, m, bias, scale, softcap):
-    """The float32 softmax over ``kpos`` of the scaled, capped, biased and masked scores, in
-    dot_general's own output order (no transpose of the largest array)."""
+    """The float32 (float64 for float64 inputs) softmax over ``kpos`` of the scaled, capped, biased
+    and masked scores, in dot_general's own output order (no transpose of the largest array)."""
     scale = 1.0 / math.sqrt(query.axis_size(hs)) if scale is None else scale
+    acc = jnp.dtype(ops.wide(query.dtype, key.dtype))  # float32, or float64 for float64 inputs
     # Scores in dot_general's own output order (shared axes such as batch and heads, then the
     # query's, then the key's): any other order costs a transpose of the largest array here.
     shared = [n for n in query.names if n in key.names and n != hs]
@@ -532,18 +547,18 @@ def _weights(query, key, kpos, hs, m, bias, scale, softcap):
         f"{' '.join(query.names)}, {' '.join(key.names)} -> {' '.join(order)}",
         query,
         key,
-        preferred_element_type=jnp.float32,
+        preferred_element_type=acc,
     )
     # Scale the float32 scores, not the query: q * scale in bf16 would round (as jax.nn does).
-    scores = scores.astype(jnp.float32) * jnp.float32(scale)
+    scores = scores.astype(acc) * acc.type(scale)
     if softcap is not None:
-        scores = ops.tanh(scores / jnp.float32(softcap)) * jnp.float32(softcap)
+        scores = ops.tanh(scores / acc.type(softcap)) * acc.type(softcap)
     if bias is not None:
-        scores = scores + bias.astype(jnp.float32)
+        scores = scores + bias.astype(acc)
     if m is not None:
         # where() lays its result out in first-seen axis order: bring the (small) mask to the
         # scores' layout first, so that the big scores array is not transposed.
-        scores = ops.where(broadcast_to(m, scores.axes), scores, jnp.finfo(jnp.float32).min)
+        scores = ops.where(broadcast_to(m, scores.axes), scores, jnp.finfo(acc).min)
     return ops.softmax(scores, kpos)
 
 

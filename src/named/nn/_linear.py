@@ -10,13 +10,22 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import random as nmr
-from .._axis import ArgumentError, Axis, AxisError, AxisSelection, NamedError, as_selectors, format_axes
+from .._axis import (
+    ArgumentError,
+    ArgumentTypeError,
+    Axis,
+    AxisError,
+    AxisSelection,
+    NamedError,
+    as_selectors,
+    format_axes,
+)
 from .._core import NamedArray, expect_named, unchecked
 from .._einsum import dot
 from .._index import concrete, first_flagged
 from .._shape import zeros
 from ..partitioning import shard
-from ._reparam import AbstractLinearReparam, LinearStandardParam
+from ._reparam import AbstractEmbeddingReparam, AbstractLinearReparam, EmbeddingStandardParam, LinearStandardParam
 
 # std of a standard normal truncated to [-2, 2] (jax.random.truncated_normal's default bounds);
 # dividing by it makes the weights' std what init() says (as jax.nn.initializers.variance_scaling does).
@@ -192,15 +201,36 @@ class Embedding(eqx.Module):
 
     weight: NamedArray
     Vocab: Axis = eqx.field(static=True)
-    Embed: Axis = eqx.field(static=True)
+    Embed: Axis | tuple[Axis, ...] = eqx.field(static=True)  # one axis, or several (Haliax's AxisSpec)
     check_ids: bool = eqx.field(static=True, default=False)
+    reparam_cls: type[AbstractEmbeddingReparam] = eqx.field(static=True, default=EmbeddingStandardParam)
 
     @staticmethod
     def init(
-        Vocab: Axis, Embed: Axis, *, key, init_scale: float = 0.02, dtype=jnp.float32, check_ids: bool = False
+        Vocab: Axis,
+        Embed: Axis | tuple[Axis, ...],
+        *,
+        key,
+        init_scale: float = 0.02,
+        dtype=jnp.float32,
+        check_ids: bool = False,
+        reparam_cls: type[AbstractEmbeddingReparam] = EmbeddingStandardParam,
     ) -> Embedding:
-        w = nmr.normal(key, (Vocab, Embed), dtype) * init_scale
-        return Embedding(w, Vocab, Embed, check_ids)
+        """Normal weights of std ``init_scale * reparam_cls.init_scale``. ``Embed`` may be several
+        axes (a lookup then gives all of them); ``reparam_cls=nn.mup.EmbeddingMup`` scales
+        ``unembed``'s logits by ``1 / embed size``."""
+        if not (isinstance(reparam_cls, type) and issubclass(reparam_cls, AbstractEmbeddingReparam)):
+            raise ArgumentTypeError(
+                f"Embedding: reparam_cls must be nn.mup.EmbeddingStandardParam or EmbeddingMup, got {reparam_cls!r}"
+            )
+        Embed = tuple(Embed) if isinstance(Embed, (tuple, list)) else Embed
+        std = init_scale * reparam_cls.init_scale(Vocab, Embed)
+        w = nmr.normal(key, (Vocab, *as_selectors(Embed)), dtype) * std
+        return Embedding(w, Vocab, Embed, check_ids, reparam_cls)
+
+    @property
+    def reparam(self) -> AbstractEmbeddingReparam:
+        return self.reparam_cls(self.Embed, self.Vocab)
 
     def __call__(self, ids: NamedArray) -> NamedArray:
         """Look up integer ``ids`` (any axes): the result has ``ids.axes + (Embed,)``."""
@@ -231,7 +261,9 @@ class Embedding(eqx.Module):
                 f"Embedding.unembed makes the axis {self.Vocab.name!r}, which the input "
                 f"{format_axes(x.axes)} already has; rename it first"
             )
-        return shard(dot(x, self.weight, axis=self.Embed.name))
+        logits = dot(x, self.weight, axis=tuple(a.name for a in as_selectors(self.Embed)))
+        scale = self.reparam.unembed_active_scale
+        return shard(logits if scale == 1.0 else logits * scale)
 
 
 def _outside(ids: NamedArray, Vocab: Axis):

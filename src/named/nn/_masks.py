@@ -6,6 +6,8 @@ queries' place among the keys as ``q_offset``: an int, a traced scalar, or a Nam
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 
@@ -22,11 +24,36 @@ def _query_positions(QPos: Axis, q_offset) -> NamedArray:
     return arange(QPos) + q_offset
 
 
+_KEY_WORDS = frozenset({"k", "key", "keys", "kv", "kpos"})
+_QUERY_WORDS = frozenset({"q", "query", "queries", "qpos"})
+
+
+def _words(axis) -> set[str]:
+    return set(re.split(r"[^a-z]+", name_of(axis).lower()))
+
+
+def check_query_key(what: str, QPos, KPos) -> None:
+    """The query axis comes first, the key axis second: a mask built with the two swapped is the
+    transpose, which for a causal mask is anti-causal and still a valid-looking boolean. The swap is
+    refused where the names tell it (a query axis named like a key's, or the other way round);
+    passing ``QPos=``/``KPos=`` by keyword makes the roles explicit."""
+    if _words(QPos) & _KEY_WORDS or _words(KPos) & _QUERY_WORDS:
+        raise AxisError(
+            f"{what}: the query axis is {name_of(QPos)!r} and the key axis {name_of(KPos)!r}; these names "
+            f"read the other way round. The query's axis comes first: {what}(QPos, KPos), or by keyword "
+            f"{what}(QPos=..., KPos=...) (swapped, a causal mask is anti-causal)"
+        )
+
+
 def causal_mask(QPos: Axis, KPos: Axis, *, q_offset=0, window=None) -> NamedArray:
     """True where key position <= query position (+ ``q_offset``, for queries that continue a cache;
     an int, a traced scalar, or a NamedArray over ``batch`` when each row stands at its own
     position) and, with a sliding ``window`` (an int, or a traced scalar such as a layer's entry
-    of per-layer windows), the key is one of the ``window`` latest: ``query - window < key <= query``."""
+    of per-layer windows), the key is one of the ``window`` latest: ``query - window < key <= query``.
+
+    ``QPos`` is the query's axis and ``KPos`` the key's (Haliax's order). Axes whose names read the
+    other way round (``causal_mask(KPos, QPos)`` with ``key_position`` first) are an AxisError."""
+    check_query_key("causal_mask", QPos, KPos)
     distance = _query_positions(QPos, q_offset) - arange(KPos)
     causal = distance >= 0
     if window is None:
@@ -50,6 +77,7 @@ def chunked_mask(QPos: Axis, KPos: Axis, chunk: int, *, q_offset=0) -> NamedArra
     attention: pass it as ``mask=`` together with ``causal=True``). Not causal by itself."""
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ArgumentError(f"chunked_mask: chunk must be a positive int, got {chunk!r}")
+    check_query_key("chunked_mask", QPos, KPos)
     return _query_positions(QPos, q_offset) // chunk == arange(KPos) // chunk
 
 
@@ -133,6 +161,7 @@ def alibi_bias(Heads: Axis, QPos: Axis, KPos: Axis, *, q_offset=0, slopes: Named
     key_position)``, float32, for ``dot_product_attention(bias=...)``; under grouped-query
     attention the bias keeps the query's ``heads``. Use it with ``causal=True`` (the keys
     after the query would get a positive bias). ``slopes`` replaces ``alibi_slopes(Heads)``."""
+    check_query_key("alibi_bias", QPos, KPos)
     slopes = alibi_slopes(Heads) if slopes is None else slopes
     union((Heads,), expect_named(slopes, "alibi_bias", "slopes").axes)  # one size per name: the heads'
     bias = slopes * (arange(KPos) - _query_positions(QPos, q_offset)).astype(jnp.float32)

@@ -54,7 +54,16 @@ from .._axis import ArgumentError, Axis, as_selectors
 from .._core import NamedArray
 from ._linear import Embedding, Linear
 from ._quant import Fp8Linear, Int8Linear
-from ._reparam import AbstractLinearReparam, HiddenLinearMup, InputLinearMup, LinearStandardParam, OutputLinearMup
+from ._reparam import (
+    AbstractEmbeddingReparam,
+    AbstractLinearReparam,
+    EmbeddingMup,
+    EmbeddingStandardParam,
+    HiddenLinearMup,
+    InputLinearMup,
+    LinearStandardParam,
+    OutputLinearMup,
+)
 
 __all__ = [
     "INPUT",
@@ -69,6 +78,9 @@ __all__ = [
     "InputLinearMup",
     "HiddenLinearMup",
     "OutputLinearMup",
+    "AbstractEmbeddingReparam",
+    "EmbeddingStandardParam",
+    "EmbeddingMup",
 ]
 
 INPUT, HIDDEN, READOUT = "input", "hidden", "readout"
@@ -99,7 +111,8 @@ def _is_layer(x) -> bool:
 
 def _axes(layer, readout: bool) -> tuple[tuple[Axis, ...], tuple[Axis, ...]]:
     if isinstance(layer, Embedding):
-        return ((layer.Embed,), (layer.Vocab,)) if readout else ((layer.Vocab,), (layer.Embed,))
+        embed = as_selectors(layer.Embed)
+        return (embed, (layer.Vocab,)) if readout else ((layer.Vocab,), embed)
     return as_selectors(layer.In), as_selectors(layer.Out)
 
 

@@ -1,35 +1,42 @@
-"""LayerNorm and RMSNorm. Statistics are computed in float32 whatever the input dtype."""
+"""LayerNorm and RMSNorm. Statistics are computed in float32, or float64 for a float64 input
+(``_ops.wide``)."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import ClassVar
 
 import equinox as eqx
-import jax.numpy as jnp
 
 from .. import _ops as ops
 from .._axis import ArgumentError, Axis
 from .._core import NamedArray, expect_named
-from .._shape import ones, zeros
+from .._shape import flatten_axes, ones, unflatten_axis, zeros
 
 
 class LayerNorm(eqx.Module):
-    """``(x - mean) / sqrt(var + eps) * weight + bias`` over ``axis``."""
+    """``(x - mean) / sqrt(var + eps) * weight + bias`` over ``axis``: one axis, or several (the
+    statistics then run over all of them, and the weight and bias have them all)."""
 
     weight: NamedArray | None
     bias: NamedArray | None
-    axis: Axis = eqx.field(static=True)
+    axis: Axis | tuple[Axis, ...] = eqx.field(static=True)
     eps: float = eqx.field(static=True, default=1e-5)
     keep_full_precision: ClassVar[bool] = True  # precision.cast_for_compute leaves these params alone
 
     @staticmethod
-    def init(axis: Axis, *, eps: float = 1e-5, use_weight: bool = True, use_bias: bool = True) -> LayerNorm:
+    def init(
+        axis: Axis | tuple[Axis, ...], *, eps: float = 1e-5, use_weight: bool = True, use_bias: bool = True
+    ) -> LayerNorm:
+        axis = tuple(axis) if isinstance(axis, (tuple, list)) else axis
         return LayerNorm(ones(axis) if use_weight else None, zeros(axis) if use_bias else None, axis, eps)
 
     def __call__(self, x: NamedArray) -> NamedArray:
-        x32 = expect_named(x, "LayerNorm").astype(jnp.float32)
-        mean = x32.mean(self.axis.name)
-        var = ops.square(x32 - mean).mean(self.axis.name)
+        names = _names(self.axis)
+        x32 = expect_named(x, "LayerNorm").astype(ops.wide(x.dtype))
+        mean = x32.mean(names)
+        var = ops.square(x32 - mean).mean(names)
         y = (x32 - mean) * ops.rsqrt(var + self.eps)
         if self.weight is not None:
             y = y * self.weight
@@ -37,12 +44,42 @@ class LayerNorm(eqx.Module):
             y = y + self.bias
         return y.astype(ops.floating(x.dtype))
 
+    # -- torch's layout, for state dicts with flatten=True (Haliax's flatten_for_export) --
+
+    def flatten_for_export(self) -> LayerNorm:
+        """This norm with its weight and bias over one axis (several axes merged, row-major), as
+        torch's ``LayerNorm(d * e)`` holds them; ``unflatten_from_export(template)`` undoes it."""
+        if not isinstance(self.axis, tuple) or len(self.axis) == 1:
+            return self
+        flat = Axis("__OUT__", math.prod(a.size for a in self.axis))
+
+        def merge(p):
+            return None if p is None else flatten_axes(p, _names(self.axis), flat)
+
+        return dataclasses.replace(self, weight=merge(self.weight), bias=merge(self.bias), axis=flat)
+
+    def unflatten_from_export(self, template: LayerNorm) -> LayerNorm:
+        """This flattened norm back in ``template``'s axes."""
+        if not isinstance(template.axis, tuple) or len(template.axis) == 1:
+            return dataclasses.replace(template, weight=self.weight, bias=self.bias)
+
+        def split(p, t):
+            return None if p is None else unflatten_axis(p, self.axis.name, template.axis).rearrange(t.names)
+
+        return dataclasses.replace(
+            template, weight=split(self.weight, template.weight), bias=split(self.bias, template.bias)
+        )
+
+
+def _names(axis) -> str | tuple[str, ...]:
+    return tuple(a.name for a in axis) if isinstance(axis, tuple) else axis.name
+
 
 class RMSNorm(eqx.Module):
     """``x / sqrt(mean(x²) + eps) * weight`` over ``axis`` (Llama), or ``* (1 + weight)`` with
     ``unit_offset`` (Gemma, whose weights start at 0). ``axis`` is one axis or several (OLMo 2
     normalises a whole q/k projection, ``(heads, head_size)``); the statistics and the product
-    are float32."""
+    are float32 (float64 for a float64 input)."""
 
     weight: NamedArray | None
     axis: Axis | tuple[Axis, ...] = eqx.field(static=True)
@@ -61,10 +98,10 @@ class RMSNorm(eqx.Module):
         return RMSNorm(weight, axis, eps, unit_offset)
 
     def __call__(self, x: NamedArray) -> NamedArray:
-        names = tuple(a.name for a in self.axis) if isinstance(self.axis, tuple) else self.axis.name
-        x32 = expect_named(x, "RMSNorm").astype(jnp.float32)
+        names = _names(self.axis)
+        x32 = expect_named(x, "RMSNorm").astype(ops.wide(x.dtype))
         y = x32 * ops.rsqrt(ops.square(x32).mean(names) + self.eps)
         if self.weight is not None:
-            w = self.weight.astype(jnp.float32)
+            w = self.weight.astype(x32.dtype)
             y = y * (1.0 + w if self.unit_offset else w)
         return y.astype(ops.floating(x.dtype))

@@ -21,8 +21,23 @@ def fan_in(In: AxisSelection) -> int:
     return max(math.prod(a.size for a in as_selectors(In)), 1)
 
 
+class AbstractReparam:
+    """What a layer's output (``active_scale``) and its weight's learning rate (``lr_scale``) are
+    multiplied by; 1 unless a parametrization says otherwise."""
+
+    @property
+    def active_scale(self) -> float:
+        """What the layer's output (before the bias) is multiplied by."""
+        return 1.0
+
+    @property
+    def lr_scale(self) -> float:
+        """What the weight's learning rate is multiplied by (``nn.mup.scale_reparam_updates``)."""
+        return 1.0
+
+
 @dataclasses.dataclass(frozen=True)
-class AbstractLinearReparam:
+class AbstractLinearReparam(AbstractReparam):
     """A Linear's parametrization, given its ``In`` and ``Out`` axes."""
 
     In: Axis | tuple[Axis, ...]
@@ -39,16 +54,6 @@ class AbstractLinearReparam:
     def init_scale(In, Out) -> float:
         """The weights' standard deviation (before ``Linear.init``'s ``init_scale``)."""
         return 1.0 / math.sqrt(fan_in(In))
-
-    @property
-    def active_scale(self) -> float:
-        """What the layer's output (before the bias) is multiplied by."""
-        return 1.0
-
-    @property
-    def lr_scale(self) -> float:
-        """What the weight's learning rate is multiplied by (``nn.mup.scale_reparam_updates``)."""
-        return 1.0
 
 
 class LinearStandardParam(AbstractLinearReparam):
@@ -81,3 +86,35 @@ class OutputLinearMup(AbstractLinearReparam):
     @property
     def active_scale(self) -> float:
         return 1.0 / fan_in(self.In)
+
+
+@dataclasses.dataclass(frozen=True)
+class AbstractEmbeddingReparam(AbstractReparam):
+    """An Embedding's parametrization (Haliax's), given its ``Embed`` and ``Vocab`` axes: the same
+    scales as a Linear's, and ``unembed_active_scale``, what ``unembed``'s logits are multiplied
+    by (a tied output head's muP readout multiplier)."""
+
+    Embed: Axis | tuple[Axis, ...]
+    Vocab: Axis
+
+    @staticmethod
+    def init_scale(In, Out) -> float:
+        """Multiplies ``Embedding.init``'s ``init_scale`` (the weights' standard deviation)."""
+        return 1.0
+
+    @property
+    def unembed_active_scale(self) -> float:
+        return 1.0
+
+
+class EmbeddingStandardParam(AbstractEmbeddingReparam):
+    """The standard parametrization: ``Embedding.init``'s ``init_scale`` as the std, nothing scaled."""
+
+
+class EmbeddingMup(AbstractEmbeddingReparam):
+    """muP for an embedding: init and learning rate unchanged; ``unembed`` (a tied output head)
+    multiplies its logits by ``1 / embed size``, muP's readout multiplier."""
+
+    @property
+    def unembed_active_scale(self) -> float:
+        return 1.0 / fan_in(self.Embed)

@@ -13,6 +13,7 @@ interface for blocks that differ, run by a Python loop.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -95,6 +96,41 @@ def _add_layers_axis(path, x, Layers: Axis):
     return x
 
 
+def structure_difference(a, b, path: str = "") -> str | None:
+    """Where two blocks differ in structure: the first field (``.mlp.act``, ``[2]``) whose type, static
+    value or set of entries is not the same, or None. Arrays are compared elsewhere (by axes)."""
+    here = path or "the block"
+    if is_named_array(a) or eqx.is_array(a):
+        return (
+            None
+            if is_named_array(b) or eqx.is_array(b)
+            else f"{here} is an array in one, {type(b).__name__} in the other"
+        )
+    if type(a) is not type(b):
+        return f"{here} is {type(a).__name__} in one, {type(b).__name__} in the other"
+    if dataclasses.is_dataclass(a):
+        parts = [(f".{f.name}", getattr(a, f.name, None), getattr(b, f.name, None)) for f in dataclasses.fields(a)]
+    elif isinstance(a, (list, tuple)):
+        if len(a) != len(b):
+            return f"{here} has {len(a)} entries in one, {len(b)} in the other"
+        parts = [(f"[{i}]", x, y) for i, (x, y) in enumerate(zip(a, b))]
+    elif isinstance(a, dict):
+        if set(a) != set(b):
+            return f"{here} has keys {sorted(map(str, a))} in one, {sorted(map(str, b))} in the other"
+        parts = [(f"[{k!r}]", a[k], b[k]) for k in a]
+    else:
+        try:
+            equal = bool(a == b)
+        except Exception:  # noqa: BLE001 - a value without a plain ==: compare by identity
+            equal = a is b
+        return None if equal else f"{here} is {a!r} in one, {b!r} in the other"
+    for name, x, y in parts:
+        found = structure_difference(x, y, path + name)
+        if found:
+            return found
+    return None
+
+
 def stack_layers(trees: Sequence[Any], Layers: Axis, what: str):
     """Pytrees of one structure, one per layer, stacked leaf by leaf along a new leading Layers
     axis (plain arrays get a leading dimension; other leaves must be equal)."""
@@ -102,9 +138,9 @@ def stack_layers(trees: Sequence[Any], Layers: Axis, what: str):
     (first, treedef), out = flat[0], []
     for i, (_, td) in enumerate(flat[1:], 1):
         if td != treedef:
+            where = structure_difference(trees[0], trees[i]) or "a different block type or static field"
             raise NamedError(
-                f"{what}: layer {i} differs in structure from layer 0 (a different block type, or "
-                "different static fields): use BlockSeq for blocks that differ"
+                f"{what}: layer {i} differs in structure from layer 0 ({where}): use BlockSeq for blocks that differ"
             )
     for k, (path, leaf) in enumerate(first):
         column = [leaves[k][1] for leaves, _ in flat]
@@ -330,7 +366,8 @@ class Stacked(eqx.Module, Generic[M]):
         old_leaves, treedef = jax.tree_util.tree_flatten_with_path(self.stacked, is_leaf=is_named_array)
         new_leaves, new_def = jax.tree.flatten(block, is_leaf=is_named_array)
         if new_def != jax.tree.structure(self.get_layer(0), is_leaf=is_named_array):
-            raise NamedError("Stacked.set_layer: the block differs in structure from the stacked ones")
+            where = structure_difference(self.get_layer(0), block) or "a different block type or static field"
+            raise NamedError(f"Stacked.set_layer: the block differs in structure from the stacked ones ({where})")
         out = []
         for (path, old), new in zip(old_leaves, new_leaves):
             if isinstance(old, NamedArray):

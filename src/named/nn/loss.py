@@ -3,7 +3,7 @@ over the vocabulary, and binary (per-entry sigmoid).
 
 Every loss is computed in float32 whatever the dtype of the logits (or of the hidden states and
 weights for the blockwise loss): the log-sum-exp of a bf16 row of 50k logits is not worth
-having.
+having. Float64 logits (a gradient check) are computed, and returned, in float64.
 
 Vocab-parallel (Megatron's fused cross-entropy) needs no special code path. The loss is written
 as three reductions over the vocab axis, a max, a sum of exponentials and a masked sum that picks
@@ -76,9 +76,18 @@ def _check_targets(targets: NamedArray, Vocab: Axis, loss_axes: tuple[Axis, ...]
             )
 
 
-def _check_where(where) -> None:
+def _check_where(where, what: str = "where=") -> None:
+    """A mask is boolean, as the reductions' ``where=``: read as weights, an additive 0/-inf mask
+    would zero the loss and a float 0.5 would halve a token rather than drop it."""
     if where is not None and not isinstance(where, NamedArray):
-        raise ArgumentTypeError(f"where= must be a NamedArray mask over the targets' axes, got {type(where).__name__}")
+        raise ArgumentTypeError(f"{what} must be a NamedArray mask over the targets' axes, got {type(where).__name__}")
+    if where is not None:
+        ops.check_bool_mask(
+            where,
+            what,
+            "count the token",
+            "; to weight tokens, take reduction='none' and reduce (loss * weights).sum() / weights.sum()",
+        )
 
 
 def _screen_ids(
@@ -97,12 +106,12 @@ def _screen_ids(
     wrong = ~in_vocab
     if ignore_index is not None:
         keep = targets != ignore_index
-        where = keep if where is None else where * keep
+        where = keep if where is None else where & keep
         wrong = wrong & keep
     known = concrete(wrong)
     counted = None if known is None or (where is not None and concrete(where) is None) else wrong
     if counted is not None and where is not None:
-        counted = counted & (where != 0)
+        counted = counted & where
     flags = None if counted is None else concrete(counted)
     if flags is not None and flags.any():
         at_index, at = first_flagged(flags, counted.axes)
@@ -135,6 +144,20 @@ def _target_logit(logits: NamedArray, Vocab: Axis, targets: NamedArray, vocab_id
     return picked.sum(Vocab.name)
 
 
+def vocab_axis(x: NamedArray, axis: AxisSelector, what: str, arg: str, keyword: str = "axis") -> Axis:
+    """``x``'s class axis ``axis``; a NamedArray without it is an AxisError that says which keyword names it."""
+    x = expect_named(x, what, arg)
+    name = axis.name if isinstance(axis, Axis) else axis
+    if name not in x.names:
+        raise AxisError(
+            f"{what}: {arg} {format_axes(x.axes)} has no class axis {name!r}; name its class axis with "
+            f"{keyword}= (e.g. {keyword}={x.axes[-1].name!r} if it is the last)"
+            if x.axes
+            else f"{what}: {arg} is 0-d: it has no class axis {name!r}"
+        )
+    return x.resolve_axis(axis)
+
+
 def _check_within(x: NamedArray, axes: tuple[Axis, ...], what: str, of: str) -> None:
     """Every axis of ``x`` is one of ``axes``, at the same size."""
     known = {a.name: a.size for a in axes}
@@ -158,9 +181,9 @@ def _apply_reduction(loss: NamedArray, where, reduction: str) -> NamedArray:
             raise AxisError(
                 f"where= has axes {format_axes(extra)} that the per-token loss {format_axes(loss.axes)} lacks"
             )
-        weight = broadcast_to(where.astype(jnp.float32), loss.axes)
+        weight = broadcast_to(where.astype(loss.dtype), loss.axes)
         # where(), not a product: a masked-out token whose loss is inf or nan must not leak in.
-        loss = ops.where(weight != 0, loss * weight, 0.0)
+        loss = ops.where(weight != 0, loss, 0.0)
     if reduction == "none":
         return loss
     total = loss.sum()
@@ -200,7 +223,7 @@ def cross_entropy_loss(
     label_smoothing: float = 0.0,
     ignore_index: int | None = IGNORE_INDEX,
 ) -> NamedArray:
-    """Softmax cross-entropy of ``targets`` under ``logits``, in float32.
+    """Softmax cross-entropy of ``targets`` under ``logits``, in float32 (float64 for float64 logits).
 
     Per token, for integer targets: ``logsumexp(logits) - logits[target] + z_loss_weight *
     logsumexp(logits)**2``; for probability targets ``p``: ``-sum(p * log_softmax(logits))`` plus
@@ -212,8 +235,9 @@ def cross_entropy_loss(
         targets: integer ids in ``[0, vocab)`` with (some of) the logits' axes except the vocab
             axis; or float probabilities with the vocab axis and (some of) the token axes.
         axis: the vocab (class) axis of ``logits`` (by default the one named ``"vocab"``).
-        where: a bool or 0/1 (or weight) mask over the targets' axes; masked tokens contribute
-            nothing and are not counted by the mean.
+        where: a boolean mask over the targets' axes (True = count the token); masked tokens
+            contribute nothing and are not counted by the mean. Any other dtype is an
+            ArgumentTypeError (a 0/1 or additive mask: convert it; weights: ``reduction="none"``).
         reduction: ``"mean"`` (masked mean over every remaining axis), ``"sum"``, or ``"none"``
             (the per-token loss, zero where masked).
         z_loss_weight: weight of the z-loss term (PaLM uses 1e-4); 0 turns it off.
@@ -229,17 +253,17 @@ def cross_entropy_loss(
     mean or sum that counts it.
 
     Returns:
-        A float32 NamedArray: 0-d for ``"mean"``/``"sum"``, the token axes for ``"none"``.
+        A float32 (float64) NamedArray: 0-d for ``"mean"``/``"sum"``, the token axes for ``"none"``.
     """
     _check_reduction(reduction)
     _check_smoothing(label_smoothing)
-    Vocab = expect_named(logits, "cross_entropy_loss", "logits").resolve_axis(axis)
+    Vocab = vocab_axis(logits, axis, "cross_entropy_loss", "logits")
     token_axes = tuple(a for a in logits.axes if a.name != Vocab.name)
-    logits32 = logits.astype(jnp.float32)
+    logits32 = logits.astype(ops.wide(logits.dtype))
     lse = ops.logsumexp(logits32, Vocab.name)
     if isinstance(targets, NamedArray) and jnp.issubdtype(targets.dtype, jnp.floating) and Vocab.name in targets.names:
         _check_within(targets, logits.axes, "targets", "logits'")
-        probs = targets.astype(jnp.float32)
+        probs = targets.astype(logits32.dtype)
         if label_smoothing:
             probs = (1.0 - label_smoothing) * probs + label_smoothing / Vocab.size
         loss = _plus_z_loss((probs * (lse - logits32)).sum(Vocab.name), lse, z_loss_weight)
@@ -266,7 +290,7 @@ def binary_cross_entropy_loss(
     reduction: Reduction = "mean",
 ) -> NamedArray:
     """Sigmoid cross-entropy of ``targets`` in ``[0, 1]`` under ``logits``, entry by entry, in float32
-    (``torch.nn.functional.binary_cross_entropy_with_logits``).
+    (float64 for float64 logits; ``torch.nn.functional.binary_cross_entropy_with_logits``).
 
     Per entry: ``-(pos_weight * t * log(sigmoid(x)) + (1 - t) * log(1 - sigmoid(x)))``, computed
     from the logits without forming ``sigmoid(x)``, so large logits neither overflow nor round to 0.
@@ -276,12 +300,12 @@ def binary_cross_entropy_loss(
         targets: probabilities (or 0/1 labels) with exactly the logits' axes, in any order.
         pos_weight: weight of the positive term: a number, or a NamedArray over some of the
             logits' axes (one per class, as torch's ``pos_weight``).
-        where: a bool or 0/1 (or weight) mask over some of the logits' axes; masked entries
-            contribute nothing and are not counted by the mean.
+        where: a boolean mask over some of the logits' axes (as in :func:`cross_entropy_loss`);
+            masked entries contribute nothing and are not counted by the mean.
         reduction: ``"mean"`` (over every entry that counts), ``"sum"`` or ``"none"``.
 
     Returns:
-        A float32 NamedArray: 0-d for ``"mean"``/``"sum"``, the logits' axes for ``"none"``.
+        A float32 (float64) NamedArray: 0-d for ``"mean"``/``"sum"``, the logits' axes for ``"none"``.
     """
     _check_reduction(reduction)
     for what, v in (("logits", logits), ("targets", targets)):
@@ -293,7 +317,8 @@ def binary_cross_entropy_loss(
             f"{format_axes(logits.axes)} must have the same axes; {odd[0]!r} is in only one"
         )
     _check_within(targets, logits.axes, "targets", "logits'")
-    x, t = logits.astype(jnp.float32), targets.astype(jnp.float32)
+    x = logits.astype(ops.wide(logits.dtype))
+    t = targets.astype(x.dtype)
     softplus_neg = ops.softplus(-x)  # -log(sigmoid(x)); -log(1 - sigmoid(x)) is x + softplus(-x)
     if pos_weight is None:
         positive = softplus_neg
@@ -320,23 +345,24 @@ def next_token_targets(
     Args:
         input_ids: integer token ids with the ``Pos`` axis.
         Pos: the position (sequence) axis.
-        loss_mask: a bool or 0/1 mask aligned with the *predicting* positions: entry ``t``
-            weights the prediction of token ``t + 1`` made at position ``t``. Its axes must be
+        loss_mask: a boolean mask aligned with the *predicting* positions: entry ``t``
+            keeps the prediction of token ``t + 1`` made at position ``t``. Its axes must be
             among ``input_ids``' axes.
 
     Returns:
-        ``(targets, mask)``: both with ``input_ids``' axes; ``mask`` is float32.
+        ``(targets, mask)``: both with ``input_ids``' axes; ``mask`` is boolean.
     """
     Pos = expect_named(input_ids, "next_token_targets", "input_ids").resolve_axis(Pos)
     targets = roll(input_ids, -1, Pos.name)
-    mask = (arange(Pos) < Pos.size - 1).astype(jnp.float32)
+    mask = arange(Pos) < Pos.size - 1
     if loss_mask is not None:
+        _check_where(loss_mask, "loss_mask")
         extra = [a for a in loss_mask.axes if a.name not in input_ids.names]
         if extra:
             raise AxisError(
                 f"loss_mask has axes {format_axes(extra)} that input_ids {format_axes(input_ids.axes)} lack"
             )
-        mask = mask * loss_mask.astype(jnp.float32)
+        mask = mask & loss_mask
     return targets, broadcast_to(mask, input_ids.axes)
 
 
@@ -446,7 +472,7 @@ def blockwise_cross_entropy_loss(
     if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not softcap > 0):
         raise ArgumentError(f"softcap={softcap!r}; it must be a positive number, or None for no cap")
     Embed = whole_axis(expect_named(hidden, "blockwise_cross_entropy_loss", "hidden").resolve_axis(Embed))
-    V = whole_axis(expect_named(unembed_weight, "blockwise_cross_entropy_loss", "unembed_weight").resolve_axis(Vocab))
+    V = whole_axis(vocab_axis(unembed_weight, Vocab, "blockwise_cross_entropy_loss", "unembed_weight", "Vocab"))
     if set(unembed_weight.names) != {Embed.name, V.name}:
         raise AxisError(
             f"unembed_weight must have exactly the axes {Embed.name!r} and {V.name!r}, "

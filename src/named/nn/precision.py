@@ -30,7 +30,15 @@ import numpy as np
 
 from .._axis import ArgumentError, ArgumentTypeError
 
-__all__ = ["cast_for_compute", "cast_output", "cast_to_param", "get_policy", "keeps_full_precision"]
+__all__ = [
+    "DynamicLossScale",
+    "all_finite",
+    "cast_for_compute",
+    "cast_output",
+    "cast_to_param",
+    "get_policy",
+    "keeps_full_precision",
+]
 
 _DTYPES: dict[str, Any] = {}
 for _names, _dtype in (
@@ -153,3 +161,62 @@ def cast_to_param(tree: Any, policy: str | jmp.Policy) -> Any:
 def cast_output(x: Any, policy: str | jmp.Policy) -> Any:
     """Cast the floating leaves of ``x`` (a NamedArray, array or pytree) to the policy's output dtype."""
     return _cast_floating(x, get_policy(policy).output_dtype)
+
+
+# ---- dynamic loss scaling ------------------------------------------------------------------------------
+
+
+def all_finite(tree: Any) -> jax.Array:
+    """A 0-d boolean: every floating leaf of ``tree`` (NamedArrays included) is finite."""
+    leaves = [x for x in jax.tree.leaves(tree) if _is_floating_array(x)]
+    return jnp.all(jnp.stack([jnp.isfinite(x).all() for x in leaves])) if leaves else jnp.bool_(True)
+
+
+class DynamicLossScale(eqx.Module):
+    """Dynamic loss scaling for float16 training (Micikevicius et al. 2018), as ``jmp.DynamicLossScale``
+    computes it, as an Equinox module: it crosses ``nm.named_jit`` and ``eqx.filter_jit`` (jmp's
+    own checks its leaves in ``__post_init__``, which fails when a jit rebuilds it from placeholders).
+
+    Multiply the loss by ``scale`` before taking gradients, ``unscale`` the gradients, and keep
+    ``adjust(all_finite(grads))`` for the next step, skipping the update when they are not finite:
+    the scale halves (by ``factor``) on an overflow, down to ``min_loss_scale``, and doubles after
+    ``period`` finite steps in a row.
+    """
+
+    loss_scale: jax.Array
+    counter: jax.Array
+    period: int = eqx.field(static=True, default=2000)
+    factor: int = eqx.field(static=True, default=2)
+    min_loss_scale: float = eqx.field(static=True, default=1.0)
+
+    def __init__(self, loss_scale=2.0**15, counter=None, period: int = 2000, factor: int = 2, min_loss_scale=1.0):
+        for what, v, ok in (("period", period, period >= 1), ("factor", factor, factor > 1)):
+            if isinstance(v, bool) or not isinstance(v, int) or not ok:
+                raise ArgumentError(
+                    f"DynamicLossScale: {what}={v!r}; it must be an int, {'>= 1' if what == 'period' else '> 1'}"
+                )
+        self.loss_scale = jnp.asarray(loss_scale, jnp.float32)
+        self.counter = jnp.zeros((), jnp.int32) if counter is None else jnp.asarray(counter, jnp.int32)
+        self.period, self.factor, self.min_loss_scale = period, factor, float(min_loss_scale)
+
+    def scale(self, tree: Any) -> Any:
+        """``tree`` times the loss scale (each floating leaf in its own dtype)."""
+        return jax.tree.map(lambda x: x * self.loss_scale.astype(x.dtype) if _is_floating_array(x) else x, tree)
+
+    def unscale(self, tree: Any) -> Any:
+        """``tree`` divided by the loss scale (each floating leaf in its own dtype)."""
+        inv = 1.0 / self.loss_scale
+        return jax.tree.map(lambda x: x * inv.astype(x.dtype) if _is_floating_array(x) else x, tree)
+
+    def adjust(self, grads_finite) -> DynamicLossScale:
+        """The scale for the next step, given whether this step's gradients were all finite."""
+        grown = self.counter + 1 >= self.period
+        up = jnp.where(grown, self.loss_scale * self.factor, self.loss_scale)
+        down = jnp.maximum(self.loss_scale / self.factor, self.min_loss_scale)
+        return DynamicLossScale(
+            jnp.where(grads_finite, up, down),
+            jnp.where(grads_finite & ~grown, self.counter + 1, 0),
+            self.period,
+            self.factor,
+            self.min_loss_scale,
+        )

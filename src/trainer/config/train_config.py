@@ -139,6 +139,12 @@ class TrainerConfig:
     nan_policy: str = key(
         "stop", one_of("stop", "skip"), free=True, doc="`stop`: raise, naming the step; `skip`: drop the update"
     )
+    loss_scale: str = key(
+        "none",
+        one_of("none", "dynamic"),
+        doc="`dynamic`: dynamic loss scaling (`nn.DynamicLossScale`) for float16 compute: a step whose "
+        "gradients overflow is skipped and the scale halved; the scale is optimizer state",
+    )
     peak_flops_per_device: float | None = key(
         None, above(0), free=True, doc="FLOP/s of one device for MFU, where the built-in table lacks it"
     )

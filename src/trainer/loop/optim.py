@@ -103,4 +103,6 @@ def init_opt_state(cfg: TrainConfig, model, optimizer: optax.GradientTransformat
     """The run's optimizer state for ``model`` (real, or ``jax.eval_shape`` leaves for the shapes
     a resume checks and the plan counts): state for the trainable leaves only."""
     optimizer = optimizer if optimizer is not None else build_optimizer(cfg.optimizer, cfg.trainer.num_train_steps)
-    return optimizer.init(trainable_part(cfg, model))
+    state = optimizer.init(trainable_part(cfg, model))
+    # dynamic loss scaling: the scale and its count of finite steps are saved and resumed with the state
+    return (state, nn.DynamicLossScale()) if cfg.trainer.loss_scale == "dynamic" else state

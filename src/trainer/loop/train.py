@@ -82,11 +82,6 @@ def peak_flops(cfg: TrainConfig) -> float | None:
     return device.matmul_peak(get_policy(cfg.trainer.precision).compute_dtype)[0] if device is not None else None
 
 
-def _all_finite(tree) -> jax.Array:
-    leaves = jax.tree.leaves(eqx.filter(tree, eqx.is_inexact_array))
-    return jnp.all(jnp.stack([jnp.isfinite(x).all() for x in leaves])) if leaves else jnp.bool_(True)
-
-
 def make_train_step(cfg: TrainConfig, setup: Setup, optimizer):
     """The jitted step of the model ``setup`` describes, laid out by its mappings, in the precision
     of ``trainer.precision``: microbatched loss and gradients (exactly the full-batch mean over
@@ -102,10 +97,11 @@ def make_train_step(cfg: TrainConfig, setup: Setup, optimizer):
     )
     n_micro = cfg.trainer.microbatches
     skip_bad = cfg.trainer.nan_policy == "skip"
+    dynamic = cfg.trainer.loss_scale == "dynamic"  # the opt state is then (state, nn.DynamicLossScale)
     lora_dropout = cfg.lora is not None and cfg.lora.dropout > 0
     driver = layer_driver(cfg, compute_mapping, param_mapping)  # None unless mesh.mode is explicit
 
-    def loss_sum(params, frozen, batch, key):
+    def loss_sum(params, frozen, batch, key, scale):
         m = cast_for_compute(eqx.combine(params, frozen, is_leaf=nm.is_named_array), policy)
         if lora_dropout:  # the models call their linears without keys: the adapters hold theirs for this pass
             m = nn.lora.with_dropout_keys(m, jax.random.fold_in(key, 1))
@@ -117,7 +113,9 @@ def make_train_step(cfg: TrainConfig, setup: Setup, optimizer):
         total = per_token.sum().scalar()
         if aux:  # auxiliary losses (an MoE router's) are per-token means: weighted by the tokens, like the loss
             total = total + count * sum(w * v for w, v in aux.values())
-        return total, (count, {name: v * count for name, (_, v) in aux.items()})
+        # differentiated times the loss scale (1 without loss scaling): float16 gradients then neither
+        # underflow nor, at a scale dynamic scaling lowered, overflow
+        return total * scale, (count, {name: v * count for name, (_, v) in aux.items()})
 
     grad_fn = eqx.filter_value_and_grad(loss_sum, has_aux=True)
 
@@ -125,6 +123,8 @@ def make_train_step(cfg: TrainConfig, setup: Setup, optimizer):
         # Gradients, their accumulators and the update exist for the trainable leaves only
         # (all of them, or LoRA's adapters); the frozen rest passes through the step unchanged.
         params, frozen = eqx.partition(model, trainable(cfg, model), is_leaf=nm.is_named_array)
+        inner_opt, scaler = opt_state if dynamic else (opt_state, None)
+        scale = scaler.loss_scale if dynamic else jnp.float32(1.0)
         split = {
             k: v.unflatten_axis(
                 "batch", (nm.Axis(Microbatch, n_micro), nm.Axis("batch", v.axis_size("batch") // n_micro))
@@ -134,20 +134,28 @@ def make_train_step(cfg: TrainConfig, setup: Setup, optimizer):
         keys = nm.named(jax.random.split(key, n_micro), (Microbatch,))
 
         def accumulate(acc, mb, k):
-            (s, (c, a)), g = grad_fn(params, frozen, nm.shard(mb), k.array)
+            (s, (c, a)), g = grad_fn(params, frozen, nm.shard(mb), k.array, scale)
             return jax.tree.map(jnp.add, acc, (s, c, g)), a
 
         zero = (jnp.zeros(()), jnp.zeros(()), jax.tree.map(jnp.zeros_like, params))
         (total, count, grads), aux = nm.scan(accumulate, Microbatch)(zero, split, keys)
         count = jnp.maximum(count, 1.0)
-        loss = total / count
-        grads = jax.tree.map(lambda g: g / count, grads)
+        loss = total / scale / count  # the scale is a power of two: exact
+        grads = jax.tree.map(lambda g: g / (count * scale), grads)
+        overflow = ~nn.all_finite(grads) if dynamic else jnp.bool_(False)
+        if dynamic:  # an overflow is expected now and then: that step is skipped and the scale lowered
+            grads = jax.tree.map(lambda g: jnp.where(overflow, jnp.zeros_like(g), g), grads)
         grad_norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))
-        updates, new_opt = optimizer.update(grads, opt_state, params)
+        updates, new_opt = optimizer.update(grads, inner_opt, params)
         new_model = eqx.combine(eqx.apply_updates(params, updates), frozen, is_leaf=nm.is_named_array)
         # A finite loss and gradient can still make a non-finite update (a NaN learning rate,
         # an overflow in the optimizer), so the step's outputs are checked too.
-        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & _all_finite((updates, new_model, new_opt))
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & nn.all_finite((updates, new_model, new_opt))
+        if dynamic:
+            new_model, new_opt = jax.tree.map(
+                lambda new, old: jnp.where(overflow, old, new), (new_model, new_opt), (model, inner_opt)
+            )
+            new_opt = (new_opt, scaler.adjust(~overflow))
         if skip_bad:
             new_model, new_opt = jax.tree.map(
                 lambda new, old: jnp.where(finite, new, old), (new_model, new_opt), (model, opt_state)
@@ -161,6 +169,7 @@ def make_train_step(cfg: TrainConfig, setup: Setup, optimizer):
                 "finite": finite,
                 "tokens": count,
                 "stop_flags": agree(flags),
+                **({"loss_scale": scale, "overflow": overflow.astype(jnp.float32)} if dynamic else {}),
                 **{f"aux/{name}": v.sum() / count for name, v in aux.items()},
             },
         )
@@ -424,9 +433,11 @@ def _train(cfg: TrainConfig, run: Run) -> TrainResult:
                     "grad_norm": float(rows[-1]["grad_norm"]),
                     **window.rates(flops_tok, peak, n_dev),
                 }
-                row.update(
-                    {k: float(v) for k, v in rows[-1].items() if k.startswith("aux/")}
-                )  # models.forward_with_aux
+                row.update(  # models.forward_with_aux; trainer.loss_scale=dynamic's scale
+                    {k: float(v) for k, v in rows[-1].items() if k.startswith("aux/") or k == "loss_scale"}
+                )
+                if "overflow" in rows[-1]:  # the steps since the last line that dynamic loss scaling skipped
+                    row["skipped_steps"] = window.skipped
                 row.update(train_batches.tokens_by_source(done))  # a mixture's tokens per source so far
                 trackers.log(done, row)
                 window = _Window()
@@ -560,14 +571,16 @@ def read_metrics(pending: list[tuple[int, dict]], nan_policy: str, last_checkpoi
 
 
 class _Window:
-    """Tokens and wall time since the last log line (read points in between add their steps)."""
+    """Tokens, wall time and steps skipped by dynamic loss scaling since the last log line (read points
+    in between add their steps)."""
 
     def __init__(self):
-        self.start, self.tokens, self.steps = time.perf_counter(), 0.0, 0
+        self.start, self.tokens, self.steps, self.skipped = time.perf_counter(), 0.0, 0, 0
 
     def add(self, rows: list[dict]) -> None:
         self.tokens += sum(float(r["tokens"]) for r in rows)
         self.steps += len(rows)
+        self.skipped += sum(int(r.get("overflow", 0)) for r in rows)
 
     def rates(self, flops_tok: float, peak: float | None, n_dev: int) -> dict:
         elapsed = time.perf_counter() - self.start
