@@ -49,11 +49,11 @@ from named.models.registry import family_for
 from .. import checkpoint as ckpt
 from ..checkpoint import run_places
 from ..checkpoint.rundir import checkpoint_root
-from ..config import ConfigError, TrainConfig, hub, load_config, pretrained, to_mapping
+from ..config import ConfigError, TrainConfig, hub, pretrained, to_mapping
 from ..data import DataError, load_tokenizer
 from ..loop.model_init import hf_linears, model_shapes
 from ..loop.registry import model_class
-from .sample import saved_model_config
+from .sample import saved_config, saved_model_config
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
 # The special tokens' ids, which transformers and vLLM read from config.json (generation_config.json
@@ -142,9 +142,7 @@ def read_run(checkpoint: Path, step: int | None = None) -> tuple[Path, TrainConf
     file checked, before anything is read from the checkpoint."""
     run_dir, path = _locate(checkpoint, step)
     model_cfg = saved_model_config(run_dir)
-    if not (run_dir / "config.yaml").is_file():
-        raise ckpt.CheckpointError(f"{run_dir / 'config.yaml'} is missing: is {run_dir} a named-train run directory?")
-    cfg = load_config(run_dir / "config.yaml")
+    cfg = saved_config(run_dir)  # trainer.run_dir: where the run is now (a copy exports its own checkpoints)
     if path is None:
         path = _checkpoint_of(run_dir, checkpoint_root(cfg), step)
     return run_dir, cfg, model_cfg, path

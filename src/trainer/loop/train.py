@@ -251,8 +251,24 @@ def _check_data_unchanged(cfg: TrainConfig, plan: rundir.RunPlan) -> bool:
     files that changed since the run began (edited, replaced, added, removed) would train on other
     rows at the same steps: refused, naming each file, unless ``trainer.resume_changed_data``."""
     path = plan.run_dir / DATA_FILES
-    if plan.restore_from is None or not path.is_file():  # a fresh start, or a run older than the record
-        return plan.restore_from is None
+    if plan.restore_from is None:
+        return True
+    if not path.is_file():  # lost, or a checkpoint copied into a new run directory without it
+        steps = cfg.trainer.num_train_steps
+        if steps and plan.step >= steps:  # nothing to train: nothing that the data could change
+            return False
+        if not cfg.trainer.resume_changed_data:
+            raise DataError(
+                f"the run in {plan.run_dir} has no record of its data files ({path} is missing), so resuming at "
+                f"step {plan.step} cannot check that the data is what the run trained on. Copy {DATA_FILES} from "
+                "the run the checkpoint comes from, or resume on the data as it is now with "
+                "--trainer.resume_changed_data true. Nothing was written"
+            )
+        plan.notes.append(
+            f"resuming without {DATA_FILES} (trainer.resume_changed_data): the data could not be checked; "
+            "the files as they are now become the record"
+        )
+        return True
     current = fingerprint(data_files(cfg.data))
     try:
         recorded = json.loads(path.read_text(encoding="utf-8"))
