@@ -31,6 +31,7 @@ half-written folder, and an existing non-empty ``--out`` is replaced only with `
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import shutil
@@ -50,7 +51,7 @@ from .. import checkpoint as ckpt
 from ..checkpoint import run_places
 from ..checkpoint.rundir import checkpoint_root
 from ..config import ConfigError, TrainConfig, hub, pretrained, to_mapping
-from ..data import DataError, load_tokenizer
+from ..data import DataError, load_tokenizer, remove_abandoned, working_in
 from ..loop.model_init import hf_linears, model_shapes
 from ..loop.registry import model_class
 from .sample import saved_config, saved_model_config
@@ -106,9 +107,13 @@ def export(
         except CheckpointFormatError as e:
             raise ConfigError(f"--max-shard-size: {e}") from None
     model, metadata, _ = restore_model(cfg, model_cfg, path)
-    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
+    prefix = f".{out.name}.tmp-"
+    left = [p for p in out.parent.iterdir() if p.name.startswith(prefix)] if out.parent.is_dir() else []
+    left = remove_abandoned(left, f"an export to {out}")  # what a killed export to --out left behind
+    tmp = out.parent / f"{prefix}{uuid.uuid4().hex[:8]}"
+    held = contextlib.ExitStack()  # a live export's folder: never removed as a leftover
     try:
-        tmp.mkdir(parents=True)
+        held.enter_context(working_in(tmp, lambda: tmp.mkdir(parents=True, exist_ok=True)))
         if kind == "adapters":
             _write_adapters(model, cfg, tmp)
         else:
@@ -130,6 +135,8 @@ def export(
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+        held.close()
+    notes += [f"removed {p}, left behind by an export to {out} that was stopped before it finished" for p in left]
     return ExportResult(out, int(metadata["step"]), kind, files, notes)
 
 
