@@ -519,6 +519,12 @@ def test_a_longer_resume_keeps_the_schedule_or_is_refused(corpus, tmp_path):
     cosine = {"optimizer.schedule": "cosine", "optimizer.min_lr_ratio": 0.1}
     run_dir = tmp_path / "run"
     train(_cfg(corpus, run_dir, **cosine))
+    _refused(  # fewer steps than the run has done: that is the fault, not the schedule
+        ConfigError,
+        r"trainer.num_train_steps=1, but the run is past that step: .*step_2 in trainer.run_dir is at step 2",
+        _cfg(corpus, run_dir, **cosine, **{"trainer.num_train_steps": 1}),
+        run_dir,
+    )
     _refused(
         ConfigError,
         r"trainer.num_train_steps=4: .*schedule of 2 steps.*re-stretch it to 4 steps.*from step 3 on.*"

@@ -447,14 +447,14 @@ def _decide(cfg: TrainConfig) -> RunPlan:
                 f"{run_dir} has no {CONFIG_FILE}: only the seed and the tensors' shapes of "
                 f"{plan.restore_from} were checked against this config"
             )
+    if t.num_train_steps and t.num_train_steps < plan.step:  # first: no schedule is followed past it
+        raise ConfigError(
+            f"trainer.num_train_steps={t.num_train_steps}, but the run is past that step: {plan.restore_from} in "
+            f"trainer.run_dir is at step {plan.step}. To train on, set trainer.num_train_steps above {plan.step}; to "
+            "start a new run, choose another trainer.run_dir"
+        )
     if saved is not None and plan.step > 0 and t.num_train_steps:
         _check_schedule(cfg, saved, plan)
-    if t.num_train_steps and t.num_train_steps < plan.step:
-        raise ConfigError(
-            f"trainer.num_train_steps={t.num_train_steps}, but {plan.restore_from} in trainer.run_dir is at step "
-            f"{plan.step}. To train on, set trainer.num_train_steps above {plan.step}; to start a new run, choose "
-            "another trainer.run_dir"
-        )
     return plan
 
 
