@@ -372,10 +372,15 @@ def main_plan(argv: list[str] | None = None) -> int:
         if a.search:
             roofline(cfg, target)
         if a.html is not None:
+            from ..data import check_target
+
             folder = os.path.dirname(os.path.abspath(a.html))
-            if os.path.isdir(a.html) or not os.path.isdir(folder):
-                what = "is a folder" if os.path.isdir(a.html) else f"is in a folder that does not exist ({folder})"
-                raise ConfigError(f"--html {a.html} {what}: name the page's file, e.g. --html plan.html")
+            if not os.path.isdir(a.html) and not os.path.isdir(folder):
+                raise ConfigError(
+                    f"--html {a.html} is in a folder that does not exist ({folder}): name the page's file, "
+                    "e.g. --html plan.html"
+                )
+            check_target(Path(a.html), "--html", "plan.html")
         if a.devices is not None:
             from ..loop.checks import check_device_count
 
