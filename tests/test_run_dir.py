@@ -598,3 +598,16 @@ def test_a_copied_run_dir_reads_its_own_checkpoints(corpus, first, tmp_path):
     gone = tmp_path / "gone"  # the original, deleted: its path is all the copy's config.yaml has of it
     (copy / "config.yaml").write_text((copy / "config.yaml").read_text().replace(str(first), str(gone)))
     assert read_run(copy)[3] == copy / "checkpoints" / "step_2"
+
+
+@pytest.mark.parametrize("what", ["file", "broken link"])
+def test_a_tensorboard_folder_in_the_way_is_named_before_anything_is_written(corpus, tmp_path, what):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    if what == "file":
+        (run_dir / "tensorboard").write_text("not a folder")
+        match = rf"trainer.run_dir: {run_dir / 'tensorboard'} is a file; the trainer writes a directory there"
+    else:
+        (run_dir / "tensorboard").symlink_to(tmp_path / "gone")
+        match = rf"trainer.run_dir: {run_dir / 'tensorboard'} is a broken link \(to {tmp_path / 'gone'}\)"
+    _refused(ConfigError, match, _cfg(corpus, run_dir, **{"tracker.tensorboard": True}), run_dir)
