@@ -181,3 +181,13 @@ def test_requests_are_tokenised_as_lm_evals_hf_backend_tokenises_them(tmp_path):
         assert ours.tok_encode(text, add_special_tokens=False) == theirs.tok_encode(text, add_special_tokens=False)
     pair = ("Question: What is two plus two?\nAnswer: ", "four")
     assert ours._encode_pair(*pair) == theirs._encode_pair(*pair)
+
+
+def test_a_task_file_that_does_not_parse_is_named_with_its_error(tmp_path):
+    from named.trainer.loop.harness import task_manager
+
+    (tmp_path / "broken.yaml").write_text("task: broken\ndataset_kwargs: {data_files: [a.jsonl\n")
+    with pytest.raises(
+        ConfigError, match=rf"no task 'broken' in {tmp_path} .*{tmp_path / 'broken.yaml'}: .*flow sequence"
+    ):
+        task_manager(["broken"], tmp_path, "--tasks")
