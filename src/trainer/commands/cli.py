@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -152,8 +153,13 @@ def main_train(argv: list[str] | None = None) -> int:
 
         return exit_code(result.stopped_by)
     if result.losses and jax.process_index() == 0:
-        first, last = result.losses[0], result.losses[-1]
-        print(f"done: {len(result.losses)} steps, loss {first:.4f} -> {last:.4f}; run dir {result.run_dir}")
+        counted = [x for x in result.losses if not math.isnan(x)] or [math.nan]  # NaN: a step without loss tokens
+        empty = result.steps_without_loss_tokens
+        said = f" ({empty} steps had no loss token: left out)" if empty else ""
+        print(
+            f"done: {len(result.losses)} steps, loss {counted[0]:.4f} -> {counted[-1]:.4f}{said}; "
+            f"run dir {result.run_dir}"
+        )
     elif result.message and jax.process_index() == 0:
         print(result.message)
     return 0

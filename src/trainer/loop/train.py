@@ -71,6 +71,7 @@ class TrainResult:
     run_dir: Path
     message: str = ""
     stopped_by: int = 0  # the signal that stopped the run after a committed checkpoint (0: it ran to the end)
+    steps_without_loss_tokens: int = 0  # steps whose batch kept no loss token (their ``losses`` are NaN)
 
 
 def peak_flops(cfg: TrainConfig) -> float | None:
@@ -137,7 +138,7 @@ def make_train_step(cfg: TrainConfig, setup: Setup, optimizer):
 
         zero = (jnp.zeros(()), jnp.zeros(()), jax.tree.map(jnp.zeros_like, params))
         (total, count, grads), aux = nm.scan(accumulate, Microbatch)(zero, split, keys)
-        count = jnp.maximum(count, 1.0)
+        tokens, count = count, jnp.maximum(count, 1.0)  # no loss token: a zero gradient (the host says so)
         loss = total / count
         grads = jax.tree.map(lambda g: g / count, grads)
         grad_norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))
@@ -157,7 +158,7 @@ def make_train_step(cfg: TrainConfig, setup: Setup, optimizer):
                 "loss": loss,
                 "grad_norm": grad_norm,
                 "finite": finite,
-                "tokens": count,
+                "tokens": tokens,
                 "stop_flags": agree(flags),
                 **{f"aux/{name}": v.sum() / count for name, v in aux.items()},
             },
@@ -385,6 +386,7 @@ def _train(cfg: TrainConfig, run: Run) -> TrainResult:
         peak = peak_flops(cfg)
         n_dev = len(jax.devices())
         losses: list[float] = []
+        empty_steps = 0  # steps without a loss token: said, counted, their loss no number
         progress = _progress(t, start, pid, stack)
         harness = _harness_lm(cfg, setup, model) if run.harness_tasks is not None else None
         window = _Window()
@@ -416,14 +418,17 @@ def _train(cfg: TrainConfig, run: Run) -> TrainResult:
             due = step_due(done, cfg, data.validation is not None, len(pending), stop=bool(signum), timed=timed)
             if not due.read:
                 continue
+            steps = [s for s, _ in pending]
             rows = read_metrics(pending, t.nan_policy, checkpointer.latest)
-            losses += [float(r["loss"]) for r in rows]
+            losses += [_loss_of(s, r) for s, r in zip(steps, rows)]
+            empty_steps += sum(float(r["tokens"]) == 0 for r in rows)
             window.add(rows)
             if progress is not None:
                 progress.set_postfix(loss=f"{losses[-1]:.3f}")
             if due.log:
                 row = {
-                    "loss": losses[-1],
+                    **({"loss": losses[-1]} if float(rows[-1]["tokens"]) else {}),
+                    **({"steps_without_loss_tokens": empty_steps} if empty_steps else {}),
                     "lr": float(lr_at(step)),
                     "grad_norm": float(rows[-1]["grad_norm"]),
                     **window.rates(flops_tok, peak, n_dev),
@@ -477,7 +482,28 @@ def _train(cfg: TrainConfig, run: Run) -> TrainResult:
         checkpointer.wait()
         checkpointer.close()
     trackers.close()
-    return TrainResult(losses, done if stopped else t.num_train_steps, model, opt_state, run_dir, stopped_by=stopped)
+    return TrainResult(
+        losses,
+        done if stopped else t.num_train_steps,
+        model,
+        opt_state,
+        run_dir,
+        stopped_by=stopped,
+        steps_without_loss_tokens=empty_steps,
+    )
+
+
+def _loss_of(step: int, row: dict) -> float:
+    """The step's loss; NaN, said in the log, for a step whose batch kept no loss token: its loss
+    is no number (the loss is a mean over the loss tokens), not 0, and its gradient was zero."""
+    if float(row["tokens"]):
+        return float(row["loss"])
+    log.warning(
+        f"step {step}: no token of its batch carries loss (in a chat corpus: every reply was cut off by "
+        "data.seq_len, see the build's summary), so its loss is undefined and left out of the log; its "
+        "gradient was zero"
+    )
+    return math.nan
 
 
 def _harness_lm(cfg: TrainConfig, setup: Setup, model):
