@@ -27,7 +27,7 @@ from named.nn.precision import cast_for_compute, get_policy
 
 from .. import checkpoint as ckpt
 from ..checkpoint import rundir
-from ..checkpoint.run_places import DATA_FILES
+from ..checkpoint.run_places import CONFIG_FILE, DATA_FILES
 from ..config import TrainConfig, data_parallel_size, dump_config
 from ..data import (
     Batch,
@@ -254,7 +254,9 @@ def _check_data_unchanged(cfg: TrainConfig, plan: rundir.RunPlan) -> bool:
     path = plan.run_dir / DATA_FILES
     if plan.restore_from is None:
         return True
-    if not path.is_file():  # lost, or a checkpoint copied into a new run directory without it
+    if not path.is_file():
+        if not (plan.run_dir / CONFIG_FILE).is_file():  # a new run directory starting from a checkpoint
+            return True  # (copied in, or named by trainer.load_checkpoint): its data begins here
         steps = cfg.trainer.num_train_steps
         if steps and plan.step >= steps:  # nothing to train: nothing that the data could change
             return False
