@@ -322,3 +322,14 @@ def test_flash_in_explicit_mode():
     close(got_l, want_l)
     for a, b in zip(got_g, want_g, strict=True):
         close(a.rearrange(b.names).array, b.array)
+
+
+def test_auto_attention_names_the_path_auto_takes_and_what_it_keeps():
+    # what the planner counts: cuDNN on a GPU in 16 bits, the blockwise path past one block of keys,
+    # else XLA (which keeps its scores); nn.attention_implementation overrides all of it
+    assert nn.auto_attention("gpu", 4096, jnp.bfloat16) == "cudnn"
+    assert nn.auto_attention("gpu", 4096, jnp.float32) == nn.auto_attention("tpu", 4096) == "flash"
+    assert (nn.auto_attention("cpu", 256), nn.auto_attention("cpu", 257)) == ("xla", "flash")
+    assert nn.attention_keeps_scores("auto", "cpu", 256) and not nn.attention_keeps_scores("auto", "cpu", 257)
+    with nn.attention_implementation("xla"):
+        assert nn.auto_attention("gpu", 4096, jnp.bfloat16) == "xla" and nn.attention_keeps_scores("auto", "gpu", 4096)

@@ -270,3 +270,19 @@ def test_a_build_logs_its_progress(corpus, sharded, monkeypatch, caplog, tmp_pat
         f"tokenised {N_FILES} of {N_FILES} pieces"
     ]
     assert "tokens/s" in lines[-1]
+
+
+def test_a_killed_builds_shards_are_removed_by_a_build_of_another_key(corpus, sharded, caplog, tmp_path):
+    """Rebuilt under a new key (other files), nobody would finish the stopped build's shards: the
+    next build removes them and names the folder; a folder a live build holds stays."""
+    from named.trainer.data import working_in
+
+    cache = tmp_path / "c"
+    with pytest.raises(Interrupted):
+        build(corpus, cache, ByteCounting(stop_at="file 3 "))
+    [stopped] = [p for p in cache.iterdir() if p.name.startswith(".shards-")]
+    live = cache / ".shards-tokens-live.uint16.bin"
+    with working_in(live, live.mkdir), caplog.at_level("WARNING"):
+        token_stream([str(corpus / "f0.txt")], ByteTokenizer(), DataConfig(cache_dir=str(cache)))
+        assert sorted(p.name for p in cache.iterdir() if p.name.startswith(".")) == [live.name]
+    assert f"removed {stopped}, left behind by a cache build that was stopped" in caplog.text

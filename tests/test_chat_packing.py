@@ -358,3 +358,38 @@ def test_named_data_show_marks_samples_and_loss(tmp_path, capsys):
     assert err == "error: --source 'nope' is not a named source of data.train: ['chat', 'text']\n"
     assert main_data(["show", *flags, "--split", "validation", "--data.val_fraction", "0"]) == 2
     assert "holds out no validation data" in capsys.readouterr().err
+
+
+def _lost(n: int) -> list[dict]:
+    """Conversations whose user turn alone is longer than a row of 32: cut to a row, no reply is left."""
+    long = " ".join(_WORDS * 3) + "."
+    return [{"messages": [{"role": "user", "content": long}, {"role": "assistant", "content": "Paris."}]}] * n
+
+
+def test_the_build_summary_counts_samples_cut_before_their_reply(folder, reference, tmp_path):
+    records = _lost(3) + conversations(20, seed=5)
+    path = write_jsonl(tmp_path / "chats.jsonl", records)
+    seq_len = 32
+    want = [hf_sample(reference, r) for r in records]
+    lost = sum(len(t) > seq_len and any(m) and not any(m[1:seq_len]) for t, m in want)  # transformers' masks
+    assert lost >= 3
+    summary = build_data(data_cfg(tmp_path, [path], folder, seq_len=seq_len)).train.describe()
+    assert f", {lost} of them keeping no loss token (their reply lies past data.seq_len" in summary
+
+
+@pytest.mark.slow
+def test_steps_without_a_loss_token_are_said_and_not_logged_as_0(tmp_path, capsys):
+    import json
+
+    from _chat_folder import tiny_run
+
+    path = write_jsonl(tmp_path / "chats.jsonl", _lost(16))
+    source = f"[{{name: chat, paths: [{path}], format: chat}}]"
+    run = tiny_run(tmp_path, **{"data.train": source, "trainer.num_train_steps": 2, "trainer.log_interval": 1})
+    assert "done: 2 steps, loss nan -> nan (2 steps had no loss token: left out)" in capsys.readouterr().out
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [r for r in rows if "train/lr" in r]
+    assert [r["step"] for r in train_rows] == [1, 2]
+    assert all("train/loss" not in r for r in train_rows)
+    assert [r["train/steps_without_loss_tokens"] for r in train_rows] == [1, 2]
+    assert "step 1: no token of its batch carries loss" in (run / "logs" / "process_0.log").read_text()

@@ -804,3 +804,20 @@ def test_two_processes_write_one_checkpoint_restored_by_one(tmp_path):
     assert meta == {"step": 7}
     np.testing.assert_array_equal(np.asarray(out["w"]), np.arange(64 * 3, dtype=np.float32).reshape(64, 3))
     np.testing.assert_array_equal(np.asarray(out["r"]), np.arange(5))
+
+
+def test_a_full_disk_is_named_with_the_bytes_before_the_save(tmp_path, monkeypatch):
+    """A disk without room for the checkpoint is said before anything is written, naming the disk
+    and both byte counts (a write failing in the middle said "cannot close exported pointers exist")."""
+    import collections
+    import shutil
+
+    tree = {"w": jnp.ones((64, 64), jnp.float32), "b": jnp.zeros((64,), jnp.float32)}
+    needed = 64 * 64 * 4 + 64 * 4  # numpy's count of the arrays' bytes
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10**9, 10**9 - 1000, 1000))
+    with pytest.raises(
+        CheckpointError, match=rf"step 3: the disk of .* \(mounted at .*\) has 1,000 bytes free.*needs {needed:,} bytes"
+    ):
+        ck.save_checkpoint(tmp_path, 3, tree)
+    assert ck.list_checkpoints(tmp_path) == [] and not any((tmp_path / "checkpoints").iterdir())

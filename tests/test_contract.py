@@ -2379,6 +2379,8 @@ CONFIG = {
     "nn.attention_implementation": {
         "missing": must(lambda: nn.attention_implementation("nope").__enter__(), nm.ArgumentError, "nope")
     },
+    "nn.attention_keeps_scores": {"missing": must(lambda: nn.attention_keeps_scores("nope"), nm.ArgumentError, "nope")},
+    "nn.auto_attention": {},
     "nn.activation": {"missing": must(lambda: nn.activation("nope"), nm.ArgumentError, "nope")},
     "nn.mup.AbstractLinearReparam": {"dtype": must(lambda: nn.mup.AbstractLinearReparam(3, 4), nm.AxisError, "3")},
     "nn.mup.LinearStandardParam": {},

@@ -228,3 +228,13 @@ def test_generate_until_decodes_requests_in_batches_as_one_at_a_time(monkeypatch
         alone = tok.decode(continue_ids(model, tok.encode(context), 6, stop_ids=(tok.eos_id,)))
         assert text == alone.split("e")[0], context
     assert sum(len(t) for t in texts) > 5, texts  # not all cut at once: the comparison proves something
+
+
+def test_a_task_file_that_does_not_parse_is_named_with_its_error(tmp_path):
+    from named.trainer.loop.harness import task_manager
+
+    (tmp_path / "broken.yaml").write_text("task: broken\ndataset_kwargs: {data_files: [a.jsonl\n")
+    with pytest.raises(
+        ConfigError, match=rf"no task 'broken' in {tmp_path} .*{tmp_path / 'broken.yaml'}: .*flow sequence"
+    ):
+        task_manager(["broken"], tmp_path, "--tasks")

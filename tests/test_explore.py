@@ -167,6 +167,20 @@ def test_named_plan_html_refuses_a_missing_folder(tmp_path, capsys):
     assert "is a folder" in capsys.readouterr().err
 
 
+def test_named_plan_html_refuses_an_unwritable_folder_before_planning(tmp_path, monkeypatch, capsys):
+    import os
+
+    from named.trainer.commands import plan
+
+    monkeypatch.setattr(plan, "plan_report", lambda *a, **k: pytest.fail("planned before checking --html"))
+    access = os.access  # a folder this user may not write (the tests may run as root, who may)
+    monkeypatch.setattr(os, "access", lambda p, mode: access(p, mode) and os.fspath(p) != str(tmp_path))
+    assert cli.main_plan(["--config_path", str(CONFIG), "--html", str(tmp_path / "p.html"), *SMALL]) == 2
+    assert f"--html {tmp_path / 'p.html'} cannot be written: the folder {tmp_path} is not writable" in (
+        capsys.readouterr().err
+    )
+
+
 def test_a_live_module_is_planned_in_place_of_the_configs_model():
     """A module built (or changed) in a notebook: its shapes are planned, checked against both mappings."""
     import jax

@@ -267,6 +267,21 @@ def test_an_export_replaces_a_folder_whole_or_not_at_all(full_run, tmp_path, mon
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
+def test_a_killed_exports_folder_is_removed_by_the_next_and_named(full_run, tmp_path, capsys):
+    """A killed export leaves its temporary folder beside --out; the next export to --out removes
+    it and says so. A folder a live export works in (it holds the folder's lock) stays."""
+    from named.trainer.data import working_in
+
+    out = tmp_path / "out"
+    dead, live = tmp_path / ".out.tmp-dead0000", tmp_path / ".out.tmp-live0000"
+    dead.mkdir()
+    (dead / "model.safetensors").write_bytes(b"half")
+    with working_in(live, live.mkdir):
+        assert _export("--checkpoint", full_run, "--out", out) == 0
+        assert f"removed {dead}, left behind by an export to {out}" in capsys.readouterr().out
+        assert sorted(p.name for p in tmp_path.iterdir()) == [".out.tmp-live0000", "out"]
+
+
 def test_an_out_in_or_over_what_a_run_keeps_is_refused(full_run, tmp_path, capsys):
     # --overwrite used to delete every checkpoint of the run (--out RUN/checkpoints) and exit 0
     ckdir = full_run / "checkpoints"

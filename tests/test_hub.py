@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -292,3 +293,20 @@ def test_what_the_hub_refuses_is_one_config_error_naming_the_key(cache, monkeypa
     value = "org/x@v9" if name == "RevisionNotFoundError" else "org/x"
     with pytest.raises(ConfigError, match=rf"model.init_from_hf='{value}': {match}"):
         load_config(None, ["--model.init_from_hf", value])
+
+
+def test_a_revision_is_a_name_never_a_path(hub, cache, tmp_path):
+    # huggingface_hub reads a branch's commit from refs/<revision>: this revision reads a file
+    # outside the Hub cache, which here names a snapshot that is there
+    (cache.parent / "x").write_text(MAIN)
+    for key, value in (
+        ("model.init_from_hf", "org/tiny-llama@../../../x"),
+        ("data.tokenizer", "org/tiny-llama@../../../x"),
+        ("data.train[0].hf_dataset", "org/corpus@../../../x"),
+    ):
+        over = {key: value} if key != "data.train[0].hf_dataset" else {"data.train": f"[{{hf_dataset: '{value}'}}]"}
+        with pytest.raises(
+            (ConfigError, DataError), match=rf"{re.escape(key)}=.{re.escape(value)}.: the revision '../../../x' is not"
+        ):
+            _config(tmp_path, **over)
+    assert not (tmp_path / "run").exists()

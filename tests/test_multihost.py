@@ -26,7 +26,7 @@ from _procs import xla_flags
 from test_trainer import CORPUS, FSDP, tiny_args
 
 from named.trainer import checkpoint as ck
-from named.trainer.commands.launch import child_env, free_port, parse_args
+from named.trainer.commands.launch import child_env, free_port, launch, parse_args
 from named.trainer.config import load_config
 from named.trainer.data import TrainBatches, build_data
 from named.trainer.loop.distributed import settings
@@ -659,3 +659,50 @@ def test_a_survivor_of_a_dead_peer_prints_one_line_and_a_bug_its_traceback(monke
     last = err.strip().splitlines()[-1]
     assert last.startswith("error: process 0 of 1: ") and type(raised).__name__ in last, err
     assert ("another process has most likely died" in last) != traceback_kept
+
+
+def test_launcher_and_config_process_counts_must_agree(monkeypatch):
+    from named.trainer.config import ConfigError, DistributedConfig
+
+    monkeypatch.setenv("NAMED_COORDINATOR", "127.0.0.1:1234")
+    monkeypatch.setenv("NAMED_NUM_PROCESSES", "2")
+    monkeypatch.setenv("NAMED_PROCESS_ID", "1")
+    assert settings(DistributedConfig(num_processes=2))["num_processes"] == 2
+    with pytest.raises(
+        ConfigError, match=r"distributed.num_processes=4 .* started 2 processes \(NAMED_NUM_PROCESSES=2\)"
+    ):
+        settings(DistributedConfig(num_processes=4))
+
+
+def test_launcher_bounds_the_process_count(monkeypatch):
+    from named.trainer.commands import launch as launch_module
+
+    def refuse(*args, **kwargs):  # a launcher without the bound would start processes: none is
+        raise OSError("started a process")
+
+    monkeypatch.setattr(launch_module.subprocess, "Popen", refuse)
+    with pytest.raises(SystemExit, match=r"--nproc 100000 is more than this machine's \d+ CPU cores can run"):
+        launch(["true"], 100000)
+
+
+@pytest.mark.slow
+def test_a_signal_while_starting_stops_the_starting(monkeypatch, tmp_path):
+    """SIGTERM arrives after the second of six processes started: those two get it and end,
+    no third is started, and the launcher exits 143 at once."""
+    from named.trainer.commands import launch as launch_module
+
+    started = []
+
+    class Popen(subprocess.Popen):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            started.append(self.pid)
+            if len(started) == 2:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(launch_module.subprocess, "Popen", Popen)
+    t0 = time.monotonic()
+    code = launch(["sleep", "60"], 6, grace_s=30, env={"PATH": os.environ["PATH"]})
+    assert code == 128 + signal.SIGTERM and len(started) == 2
+    assert time.monotonic() - t0 < 20
+    assert wait_gone(started)

@@ -80,3 +80,21 @@ def test_without_matplotlib_one_line_says_what_to_install(monkeypatch, capsys, t
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
     assert cli.main_plot([str(tmp_path)]) == 2
     assert capsys.readouterr().err.strip() == "error: named-plot needs matplotlib: pip install 'named-jax[notebook]'"
+
+
+def test_an_out_that_cannot_be_written_is_refused_before_drawing(tmp_path, monkeypatch, capsys):
+    import os
+
+    from named.trainer.commands import plot
+
+    run = _run(tmp_path / "ok", _rows(1.0))
+    monkeypatch.setattr(plot, "figure", lambda runs: pytest.fail("drew the runs before checking --out"))
+    (tmp_path / "curves.png").mkdir()
+    assert cli.main_plot([str(run), "--out", str(tmp_path / "curves.png")]) == 2
+    assert f"--out {tmp_path / 'curves.png'} is a folder: name the file to write" in capsys.readouterr().err
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    access = os.access  # a folder this user may not write (the tests may run as root, who may)
+    monkeypatch.setattr(os, "access", lambda p, mode: access(p, mode) and os.fspath(p) != str(locked))
+    assert cli.main_plot([str(run), "--out", str(locked / "c.png")]) == 2
+    assert f"the folder {locked} is not writable" in capsys.readouterr().err

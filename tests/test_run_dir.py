@@ -521,6 +521,12 @@ def test_a_longer_resume_keeps_the_schedule_or_is_refused(corpus, tmp_path):
     cosine = {"optimizer.schedule": "cosine", "optimizer.min_lr_ratio": 0.1}
     run_dir = tmp_path / "run"
     train(_cfg(corpus, run_dir, **cosine))
+    _refused(  # fewer steps than the run has done: that is the fault, not the schedule
+        ConfigError,
+        r"trainer.num_train_steps=1, but the run is past that step: .*step_2 in trainer.run_dir is at step 2",
+        _cfg(corpus, run_dir, **cosine, **{"trainer.num_train_steps": 1}),
+        run_dir,
+    )
     _refused(
         ConfigError,
         r"trainer.num_train_steps=4: .*schedule of 2 steps.*re-stretch it to 4 steps.*from step 3 on.*"
@@ -562,3 +568,48 @@ def test_a_data_file_edited_in_place_is_named_on_resume(corpus, tmp_path):
     assert len(resumed.losses) == 1
     assert json.loads((run_dir / "data_files.json").read_text()) != recorded  # the new files are the record
     assert "resuming on changed data" in (run_dir / "logs" / "process_0.log").read_text()
+
+
+def test_a_resume_without_its_data_record_is_refused_unless_told(corpus, first, tmp_path):
+    """Without data_files.json a resume cannot check its data: refused naming the file, unless
+    trainer.resume_changed_data, which resumes and makes the files as they are the record."""
+    run_dir = _copy(first, tmp_path)
+    (run_dir / "data_files.json").unlink()
+    _refused(
+        DataError,
+        rf"the run in {run_dir} has no record of its data files \({run_dir / 'data_files.json'} is missing\).*"
+        r"--trainer.resume_changed_data true",
+        _cfg(corpus, run_dir, **{"trainer.num_train_steps": 3}),
+        run_dir,
+    )
+    resumed = train(_cfg(corpus, run_dir, **{"trainer.num_train_steps": 3, "trainer.resume_changed_data": True}))
+    assert len(resumed.losses) == 1 and (run_dir / "data_files.json").is_file()
+    assert "resuming without data_files.json" in (run_dir / "logs" / "process_0.log").read_text()
+
+
+def test_a_copied_run_dir_reads_its_own_checkpoints(corpus, first, tmp_path):
+    """named-export, named-eval and named-sample find a run where it is: a copy reads the copy's
+    checkpoints (its config.yaml still names the original's trainer.run_dir), and a copy whose
+    original is gone still has its checkpoints."""
+    from named.trainer.commands.export import read_run
+
+    copy = _copy(first, tmp_path)
+    run_dir, cfg, _, path = read_run(copy)
+    assert (run_dir, Path(cfg.trainer.run_dir), path) == (copy, copy, copy / "checkpoints" / "step_2")
+    assert read_run(copy, 1)[3] == copy / "checkpoints" / "step_1"
+    gone = tmp_path / "gone"  # the original, deleted: its path is all the copy's config.yaml has of it
+    (copy / "config.yaml").write_text((copy / "config.yaml").read_text().replace(str(first), str(gone)))
+    assert read_run(copy)[3] == copy / "checkpoints" / "step_2"
+
+
+@pytest.mark.parametrize("what", ["file", "broken link"])
+def test_a_tensorboard_folder_in_the_way_is_named_before_anything_is_written(corpus, tmp_path, what):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    if what == "file":
+        (run_dir / "tensorboard").write_text("not a folder")
+        match = rf"trainer.run_dir: {run_dir / 'tensorboard'} is a file; the trainer writes a directory there"
+    else:
+        (run_dir / "tensorboard").symlink_to(tmp_path / "gone")
+        match = rf"trainer.run_dir: {run_dir / 'tensorboard'} is a broken link \(to {tmp_path / 'gone'}\)"
+    _refused(ConfigError, match, _cfg(corpus, run_dir, **{"tracker.tensorboard": True}), run_dir)

@@ -27,6 +27,7 @@ CONFIG_FILE = "config.yaml"
 LOCK_FILE = ".lock"
 RUN_FILE = "run.json"  # the run's identity (see rundir)
 DATA_FILES = "data_files.json"  # the data files' sizes and hashes when the run began (loop.train)
+EVENTS_DIR = "tensorboard"  # TensorBoard's event files, with tracker.tensorboard (loop.tensorboard)
 METRICS_FILE = "metrics.jsonl"  # one JSON object per line, each with the "step" it describes (loop.trackers)
 
 RUN_DIR, CHECKPOINT_FOLDER, CHECKPOINT = "run directory", "checkpoint folder", "checkpoint"

@@ -73,6 +73,7 @@ from .run_places import (
     CHECKPOINT_FOLDER,
     CONFIG_FILE,
     DATA_FILES,
+    EVENTS_DIR,
     LOCK_FILE,
     METRICS_FILE,
     RUN_FILE,
@@ -209,6 +210,10 @@ def check_writable(run_dir: Path, key: str = "trainer.run_dir", entries: dict[st
             raise ConfigError(f"{key} {run_dir} is not writable")
         for name, kind in entries.items():
             entry = run_dir / name
+            if entry.is_symlink() and not entry.exists():
+                raise ConfigError(
+                    f"{key}: {entry} is a broken link (to {os.readlink(entry)}); the trainer writes a {kind} there"
+                )
             if entry.exists() and entry.is_dir() != (kind == "directory"):
                 raise ConfigError(
                     f"{key}: {entry} is a {'directory' if entry.is_dir() else 'file'}; "
@@ -447,14 +452,14 @@ def _decide(cfg: TrainConfig) -> RunPlan:
                 f"{run_dir} has no {CONFIG_FILE}: only the seed and the tensors' shapes of "
                 f"{plan.restore_from} were checked against this config"
             )
+    if t.num_train_steps and t.num_train_steps < plan.step:  # first: no schedule is followed past it
+        raise ConfigError(
+            f"trainer.num_train_steps={t.num_train_steps}, but the run is past that step: {plan.restore_from} in "
+            f"trainer.run_dir is at step {plan.step}. To train on, set trainer.num_train_steps above {plan.step}; to "
+            "start a new run, choose another trainer.run_dir"
+        )
     if saved is not None and plan.step > 0 and t.num_train_steps:
         _check_schedule(cfg, saved, plan)
-    if t.num_train_steps and t.num_train_steps < plan.step:
-        raise ConfigError(
-            f"trainer.num_train_steps={t.num_train_steps}, but {plan.restore_from} in trainer.run_dir is at step "
-            f"{plan.step}. To train on, set trainer.num_train_steps above {plan.step}; to start a new run, choose "
-            "another trainer.run_dir"
-        )
     return plan
 
 
@@ -527,7 +532,7 @@ def plan_run(cfg: TrainConfig) -> RunPlan:
     ``trainer.run_dir`` (and from which checkpoint), or is refused (ConfigError or
     CheckpointError naming the key, file or holder of the lock)."""
     run_dir = Path(cfg.trainer.run_dir)
-    check_writable(run_dir)
+    check_writable(run_dir, entries={**_ENTRIES, EVENTS_DIR: "directory"} if cfg.tracker.tensorboard else _ENTRIES)
     check_outside_checkpoints(run_dir, "trainer.run_dir")
     root = checkpoint_root(cfg)
     base = _local_base(run_dir, root)

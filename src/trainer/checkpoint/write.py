@@ -236,6 +236,25 @@ def _encode_leaf(record: dict, shards, create: bool) -> dict[str, bytes]:
     return {k: memory.read(k).result().value for k in keys}
 
 
+def check_room(directory: Path, step: int, needed: int) -> None:
+    """CheckpointError naming the disk and both byte counts when ``directory``'s disk has less room
+    than ``needed`` (this process's shards): said before the save, not as a failed write in it."""
+    try:
+        free = shutil.disk_usage(directory).free
+    except OSError:
+        return  # unknown: the write itself reports what fails
+    if free >= needed:
+        return
+    mount = directory.resolve()
+    while not os.path.ismount(mount) and mount != mount.parent:
+        mount = mount.parent
+    raise CheckpointError(
+        f"checkpoint step {step}: the disk of {directory} (mounted at {mount}) has {free:,} bytes free, and "
+        f"this checkpoint needs {needed:,} bytes ({needed / 2**30:.2f} GiB; more when the old ones stay). Free "
+        "space on it, lower checkpoint.keep_last, or point checkpoint.base at another disk"
+    )
+
+
 def _barrier(name: str, timeout_s: float) -> None:
     client = distributed_client()  # JAX's own array serialization uses the same client
     if client is None:
@@ -498,6 +517,7 @@ class Checkpointer:
                 raise CheckpointError(
                     f"cannot create the checkpoint directory {self.directory}: {e.strerror or e}"
                 ) from None
+            check_room(self.directory, step, sum(d.nbytes for leaf in leaves for _, d in leaf.shards))
         job = _Save(
             step,
             token,

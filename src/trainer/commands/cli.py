@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -140,8 +141,13 @@ def main_train(argv: list[str] | None = None) -> int:
 
         return exit_code(result.stopped_by)
     if result.losses and jax.process_index() == 0:
-        first, last = result.losses[0], result.losses[-1]
-        print(f"done: {len(result.losses)} steps, loss {first:.4f} -> {last:.4f}; run dir {result.run_dir}")
+        counted = [x for x in result.losses if not math.isnan(x)] or [math.nan]  # NaN: a step without loss tokens
+        empty = result.steps_without_loss_tokens
+        said = f" ({empty} steps had no loss token: left out)" if empty else ""
+        print(
+            f"done: {len(result.losses)} steps, loss {counted[0]:.4f} -> {counted[-1]:.4f}{said}; "
+            f"run dir {result.run_dir}"
+        )
     elif result.message and jax.process_index() == 0:
         print(result.message)
     return 0
@@ -376,10 +382,15 @@ def main_plan(argv: list[str] | None = None) -> int:
         if a.search:
             roofline(cfg, target)
         if a.html is not None:
+            from ..data import check_target
+
             folder = os.path.dirname(os.path.abspath(a.html))
-            if os.path.isdir(a.html) or not os.path.isdir(folder):
-                what = "is a folder" if os.path.isdir(a.html) else f"is in a folder that does not exist ({folder})"
-                raise ConfigError(f"--html {a.html} {what}: name the page's file, e.g. --html plan.html")
+            if not os.path.isdir(a.html) and not os.path.isdir(folder):
+                raise ConfigError(
+                    f"--html {a.html} is in a folder that does not exist ({folder}): name the page's file, "
+                    "e.g. --html plan.html"
+                )
+            check_target(Path(a.html), "--html", "plan.html")
         if a.devices is not None:
             from ..loop.checks import check_device_count
 

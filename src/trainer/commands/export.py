@@ -31,6 +31,7 @@ half-written folder, and an existing non-empty ``--out`` is replaced only with `
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import shutil
@@ -49,11 +50,11 @@ from named.models.registry import family_for
 from .. import checkpoint as ckpt
 from ..checkpoint import run_places
 from ..checkpoint.rundir import checkpoint_root
-from ..config import ConfigError, TrainConfig, hub, load_config, pretrained, to_mapping
-from ..data import DataError, load_tokenizer
+from ..config import ConfigError, TrainConfig, hub, pretrained, to_mapping
+from ..data import DataError, load_tokenizer, remove_abandoned, working_in
 from ..loop.model_init import hf_linears, model_shapes
 from ..loop.registry import model_class
-from .sample import saved_model_config
+from .sample import saved_config, saved_model_config
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
 # The special tokens' ids, which transformers and vLLM read from config.json (generation_config.json
@@ -106,9 +107,13 @@ def export(
         except CheckpointFormatError as e:
             raise ConfigError(f"--max-shard-size: {e}") from None
     model, metadata, _ = restore_model(cfg, model_cfg, path)
-    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
+    prefix = f".{out.name}.tmp-"
+    left = [p for p in out.parent.iterdir() if p.name.startswith(prefix)] if out.parent.is_dir() else []
+    left = remove_abandoned(left, f"an export to {out}")  # what a killed export to --out left behind
+    tmp = out.parent / f"{prefix}{uuid.uuid4().hex[:8]}"
+    held = contextlib.ExitStack()  # a live export's folder: never removed as a leftover
     try:
-        tmp.mkdir(parents=True)
+        held.enter_context(working_in(tmp, lambda: tmp.mkdir(parents=True, exist_ok=True)))
         if kind == "adapters":
             _write_adapters(model, cfg, tmp)
         else:
@@ -130,6 +135,8 @@ def export(
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+        held.close()
+    notes += [f"removed {p}, left behind by an export to {out} that was stopped before it finished" for p in left]
     return ExportResult(out, int(metadata["step"]), kind, files, notes)
 
 
@@ -142,9 +149,7 @@ def read_run(checkpoint: Path, step: int | None = None) -> tuple[Path, TrainConf
     file checked, before anything is read from the checkpoint."""
     run_dir, path = _locate(checkpoint, step)
     model_cfg = saved_model_config(run_dir)
-    if not (run_dir / "config.yaml").is_file():
-        raise ckpt.CheckpointError(f"{run_dir / 'config.yaml'} is missing: is {run_dir} a named-train run directory?")
-    cfg = load_config(run_dir / "config.yaml")
+    cfg = saved_config(run_dir)  # trainer.run_dir: where the run is now (a copy exports its own checkpoints)
     if path is None:
         path = _checkpoint_of(run_dir, checkpoint_root(cfg), step)
     return run_dir, cfg, model_cfg, path

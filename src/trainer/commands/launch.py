@@ -12,6 +12,10 @@ devices each; with ``--gpu``, D GPUs each (JAX_LOCAL_DEVICE_IDS). Everything aft
 - When one process fails (non-zero exit, or killed by a signal), the launcher says which one
   and how, stops the others (SIGTERM, then SIGKILL after ``--grace`` seconds) and exits with
   that process's code (128 + signal number for a signal).
+- ``--nproc`` is at most ``PROCESSES_PER_CORE`` (4) per CPU core of this machine: more only
+  thrash it (each process holds a JAX runtime), and a mistyped count would start until the
+  machine runs out of processes. A signal that arrives while the processes are being started
+  stops the starting too: the ones started get it, no more are started.
 - Each process runs in its own process group (so a terminal's Ctrl-C reaches it once, through
   the launcher) and gets SIGTERM if the launcher itself dies.
 """
@@ -31,6 +35,12 @@ PREFIX = "named-launch:"
 # Forwarded to every process: the stop signals named-train may be told to save on.
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
 GRACE_S = 120.0  # long enough for a stop checkpoint of a small run; --grace for larger ones
+PROCESSES_PER_CORE = 4
+
+
+def max_processes() -> int:
+    """The most processes ``--nproc`` may start on this machine."""
+    return PROCESSES_PER_CORE * (os.cpu_count() or 1)
 
 
 def _port_free(port: int) -> bool:
@@ -127,6 +137,12 @@ def launch(
     if nproc < 1:
         # a CLI exits with its message, as argparse does: SystemExit, not a NamedError
         raise SystemExit(f"{PREFIX} --nproc must be >= 1, got {nproc}")  # protocol
+    if nproc > max_processes():
+        raise SystemExit(  # protocol: as argparse
+            f"{PREFIX} --nproc {nproc} is more than this machine's {os.cpu_count()} CPU cores can run "
+            f"({PROCESSES_PER_CORE} per core: at most {max_processes()}); named-launch starts processes on this "
+            "machine only"
+        )
     if not cmd:
         usage = "named-launch --nproc 2 -- named-train ..."
         raise SystemExit(f"{PREFIX} give the command after --, e.g. {usage}")  # protocol: as argparse
@@ -134,17 +150,21 @@ def launch(
     base = dict(os.environ if env is None else env)
     received: list[int] = []
     procs: list[subprocess.Popen] = []
+    told: set[int] = set()  # the pids that have the first signal
 
     def on_signal(signum, _frame):
         received.append(signum)
         sig = signum if len(received) == 1 else signal.SIGKILL
         for p in procs:
             _signal_group(p, sig)
+            told.add(p.pid)
 
     old = {s: signal.signal(s, on_signal) for s in FORWARDED}
     preexec = _die_with(os.getpid())
     try:
         for i in range(nproc):
+            if received:  # stopped while starting: the started ones have the signal, start no more
+                break
             try:
                 procs.append(
                     subprocess.Popen(
@@ -154,11 +174,13 @@ def launch(
                         preexec_fn=preexec,
                     )
                 )
+                if received and procs[-1].pid not in told:  # the signal came while it was being started
+                    _signal_group(procs[-1], received[0])
             except OSError as e:
                 print(f"{PREFIX} cannot start {cmd[0]!r}: {e}", file=sys.stderr)
                 _stop(procs, grace_s)
                 return 127
-        while True:
+        while not received:
             codes = [p.poll() for p in procs]
             if received:
                 break
@@ -179,7 +201,12 @@ def launch(
             time.sleep(0.05)
         signum = received[0]
         print(
-            f"{PREFIX} got {signal.Signals(signum).name}; forwarded it to all {nproc} processes",
+            f"{PREFIX} got {signal.Signals(signum).name}; forwarded it to "
+            + (
+                f"all {nproc} processes"
+                if len(procs) == nproc
+                else f"the {len(procs)} of {nproc} started; started no more"
+            ),
             file=sys.stderr,
             flush=True,
         )

@@ -119,6 +119,9 @@ def plot_runs(runs: list[Path], out: Path) -> Path:
     """Draw ``runs`` into ``out`` (``.png`` or ``.html``); every input is checked before anything is written."""
     if out.suffix.lower() not in FORMATS:
         raise ConfigError(f"--out {out}: write a {' or '.join(FORMATS)} file")
+    from ..data import atomic_write, check_target
+
+    check_target(out, "--out", "curves.png")  # before the runs are read and drawn
     fig = figure(runs)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
@@ -131,8 +134,6 @@ def plot_runs(runs: list[Path], out: Path) -> Path:
             f"<img alt='training curves of {names}' src='data:image/png;base64,{base64.b64encode(data).decode()}'>"
             "</body></html>"
         ).encode()
-    from ..data import atomic_write
-
     with atomic_write(out) as f:
         f.write(data)
     return out

@@ -20,6 +20,7 @@ from typing import Any
 import jax
 
 from .. import checkpoint as ckpt
+from ..checkpoint.run_places import CONFIG_FILE
 from ..config import RULES, ConfigError, ModelChoice, load_config
 from ..config.check import check_section
 from ..data import ROLES, load_tokenizer
@@ -78,6 +79,16 @@ def saved_model_config(run_dir: Path):
         raise ckpt.CheckpointError(f"{path} is not a model config written by named-train: {e}") from None
 
 
+def saved_config(run_dir: Path):
+    """The run's ``config.yaml`` with ``trainer.run_dir`` the folder it was read from: a run
+    directory is found where it is, not where its config says it was made, so a copied or moved
+    one reads its own checkpoints (those under ``checkpoint.base``, when set, stay there)."""
+    path = run_dir / CONFIG_FILE
+    if not path.is_file():
+        raise ckpt.CheckpointError(f"{path} is missing: is {run_dir} a named-train run directory?")
+    return load_config(path, ["--trainer.run_dir", str(run_dir)])
+
+
 @dataclasses.dataclass
 class Sampler:
     """A run's model, config and tokenizer, for prompts and conversations. ``open`` checks the paths
@@ -93,11 +104,7 @@ class Sampler:
     def open(cls, path: Path) -> Sampler:
         run_dir, checkpoint = _run_dir_and_checkpoint(Path(path))
         model_cfg = saved_model_config(run_dir)
-        if not (run_dir / "config.yaml").is_file():
-            raise ckpt.CheckpointError(
-                f"{run_dir / 'config.yaml'} is missing: is {run_dir} a named-train run directory?"
-            )
-        cfg = load_config(run_dir / "config.yaml")
+        cfg = saved_config(run_dir)
         return cls(checkpoint, cfg, model_cfg, load_tokenizer(cfg.data.tokenizer, cfg.data.eos_token))
 
     def restore(self) -> None:

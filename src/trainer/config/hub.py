@@ -29,6 +29,9 @@ from .rules import ConfigError
 # '.'), then '@' and a revision (a branch or tag may hold '/': refs/pr/1, refs/convert/parquet).
 _ID = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]*(?:/[A-Za-z0-9][\w.-]*)?)(?:@(?P<revision>[^@\s]+))?")
 _COMMIT = re.compile(r"[0-9a-f]{40}")
+# A revision is a name (a branch, a tag, a commit), never a path: parts of letters, digits, '_', '-'
+# and '.', none empty nor starting with '.', so no '..' can climb out of the Hub cache's folders.
+_REVISION = re.compile(r"[\w-][\w.-]*(?:/[\w-][\w.-]*)*")
 
 # What is fetched of a model repository: its config, safetensors weights, tokenizer and chat
 # template; never a pickle (*.bin, *.pt), nor TensorFlow, Flax or ONNX weights.
@@ -48,15 +51,25 @@ class HubId:
         return self.repo + (f"@{self.revision}" if self.revision else "")
 
 
-def hub_id(value: str) -> HubId | None:
+def hub_id(value: str, key: str = "model.init_from_hf", error: type[NamedError] = ConfigError) -> HubId | None:
     """``value`` as a Hub id, or None when it is a local path: one that exists, or one that
-    cannot be an id (absolute, ``./``, ``~``, more than one ``/``)."""
+    cannot be an id (absolute, ``./``, ``~``, more than one ``/``). An id whose revision is no
+    name (``org/name@../x``) is ``error``, naming ``key``."""
     if not isinstance(value, str) or Path(value).expanduser().exists():
         return None
     m = _ID.fullmatch(value)
     if m is None or m.group("repo").endswith((".", "-")) or ".." in m.group("repo"):
         return None
-    return HubId(m.group("repo"), m.group("revision"))
+    return HubId(m.group("repo"), _revision(m.group("revision"), value, key, error))
+
+
+def _revision(revision: str | None, value: str, key: str, error: type[NamedError]) -> str | None:
+    if revision is None or (_REVISION.fullmatch(revision) and not revision.endswith(".lock")):
+        return revision
+    raise error(
+        f"{key}={value!r}: the revision {revision!r} is not a branch, tag or commit name (parts of letters, "
+        "digits, '_', '-' and '.' joined by '/', none starting with '.'); a revision is a name, never a path"
+    )
 
 
 def snapshot(
@@ -129,7 +142,7 @@ def _cache_dir() -> str:
 def pin(value, key: str, *, kind: str = "model", patterns: tuple[str, ...] = MODEL_FILES):
     """``value`` with a Hub id made ``repo@<commit>`` (its snapshot fetched); a local path, or a
     value of another type (the type check names it), as it is."""
-    hid = hub_id(value)
+    hid = hub_id(value, key)
     if hid is None:
         return value
     folder = snapshot(hid, key, kind=kind, patterns=patterns)
@@ -145,7 +158,7 @@ def folder(
     error: type[NamedError] = ConfigError,
 ):
     """The local folder (or file) ``value`` names: the path itself, or a Hub id's snapshot."""
-    hid = hub_id(value)
+    hid = hub_id(value, key, error)
     if hid is None:
         return Path(value).expanduser()
     return snapshot(hid, key, kind=kind, patterns=patterns, error=error)
@@ -162,4 +175,4 @@ def dataset_id(value: str, key: str, error: type[NamedError] = ConfigError) -> H
     m = _ID.fullmatch(value) if isinstance(value, str) else None
     if m is None:
         raise error(f"{key} must be a Hugging Face dataset id, `org/name` or `org/name@revision`, got {value!r}")
-    return HubId(m.group("repo"), m.group("revision"))
+    return HubId(m.group("repo"), _revision(m.group("revision"), value, key, error))

@@ -62,8 +62,9 @@ from ._binpack import PackedSequences
 from ._build import Data, build_data, data_files, token_stream
 from ._cache import cached_tokens, token_dtype
 from ._chat import ROLES
-from ._encode import atomic_write
+from ._encode import atomic_write, check_target
 from ._fingerprint import changed_files, fingerprint
+from ._leftovers import remove_abandoned, working_in
 from ._loader import TrainBatches, eval_batches, loader_throughput, num_eval_batches
 from ._mixture import JoinedRows, Mixture
 from ._packing import PAD_SEGMENT, Batch, Sequences, TokenStream, pack
@@ -100,6 +101,7 @@ __all__ = [
     "build_data",
     "cached_tokens",
     "changed_files",
+    "check_target",
     "data_files",
     "eval_batches",
     "fingerprint",
@@ -108,8 +110,10 @@ __all__ = [
     "num_eval_batches",
     "open_pretokenized",
     "pack",
+    "remove_abandoned",
     "resolve_sources",
     "stdlib_files",
     "token_dtype",
     "token_stream",
+    "working_in",
 ]

@@ -25,9 +25,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config.data_section import DataError, check_data_key
-from ._packing import FLAGGED, PAD_SEGMENT, START, Batch, TokenStream, pack
+from ._packing import FLAGGED, LOSS, PAD_SEGMENT, START, Batch, TokenStream, pack
 
 SCAN_FLAGS = 1 << 26  # flag bytes read at a time when finding documents (a memory-mapped file is never copied whole)
+
+
+def _carries_loss(stream: TokenStream, start: int, stop: int) -> bool:
+    """Whether a target in ``[start, stop)`` of ``stream`` carries loss (a stream without flags: all do)."""
+    return any(f is None or bool((f & LOSS).any()) for _, f in stream.pieces(start, stop))
 
 
 @dataclass(frozen=True)
@@ -127,6 +132,15 @@ class PackedSequences:
                 f"(the longest has {int(lengths.max())}); raise data.seq_len, or set data.chat_too_long "
                 "to truncate or drop"
             )
+        # a sample cut to a row whose loss tokens (a chat reply) all lie past it trains nothing
+        self.num_lost = (
+            0
+            if too_long != "truncate"
+            else sum(
+                _carries_loss(stream, s + 1, e) and not _carries_loss(stream, s + 1, s + seq_len)
+                for s, e in zip(docs.starts[long].tolist(), docs.stops[long].tolist())
+            )
+        )
         if too_long == "drop":
             docs = Documents(docs.starts[~long], docs.stops[~long])
         else:
@@ -159,6 +173,11 @@ class PackedSequences:
         """One line for the log: samples, rows, padding, what happened to long samples."""
         what = {"truncate": "cut to seq_len", "drop": "left out"}.get(self.too_long, "")
         long = f"; {self.num_long} longer than a row {what}" if self.num_long else ""
+        if self.num_lost:
+            long += (
+                f", {self.num_lost} of them keeping no loss token (their reply lies past data.seq_len: "
+                "they train nothing)"
+            )
         return (
             f"{self.label}packed {len(self.documents)} whole samples into {len(self)} rows of {self.seq_len} "
             f"tokens: {self.padding_share:.1%} padding{long}"

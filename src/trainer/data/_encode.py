@@ -42,6 +42,22 @@ def atomic_write(path: Path) -> Iterator[BinaryIO]:
     _fsync_dir(path.parent)
 
 
+def check_target(path: Path, flag: str, example: str) -> None:
+    """``path`` can be written by ``atomic_write``: not a folder, and the nearest folder of it that
+    exists is a writable folder; a ConfigError naming ``flag`` otherwise, before any work is done."""
+    from ..config import ConfigError
+
+    if path.is_dir():
+        raise ConfigError(f"{flag} {path} is a folder: name the file to write, e.g. {flag} {example}")
+    folder = path.absolute().parent
+    while not folder.exists() and not folder.is_symlink():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise ConfigError(f"{flag} {path} cannot be written: {folder} is a file (or a broken link), not a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag} {path} cannot be written: the folder {folder} is not writable")
+
+
 def encode_into(f: BinaryIO, docs: Iterator[tuple[str, str]], tokenizer: Tokenizer, dtype: np.dtype) -> int:
     """Tokenise ``docs`` in batches into ``f`` (each document then eos), checking every id;
     returns the number of tokens written."""

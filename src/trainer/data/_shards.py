@@ -43,6 +43,7 @@ import numpy as np
 from ..config.data_section import DataError
 from ._columnar import documents, row_group_bytes
 from ._encode import CACHE_FORMAT, atomic_write, empty_corpus, encode_into
+from ._leftovers import remove_abandoned, working_in
 from ._sources import SourceFile, iter_documents
 from ._tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer
 
@@ -53,7 +54,6 @@ PIECE_BYTES = 128 << 20  # a Parquet file larger than this is tokenised in runs 
 WORKERS: int | None = None  # worker processes; None: one per core this process may use
 LOG_EVERY_S = 30.0  # a progress line in the log at most this often (the bar is for terminals only)
 _COPY_BLOCK = 16 << 20
-_STALE_S = 24 * 3600  # a shard folder without progress for this long belongs to an abandoned build
 
 
 @dataclass(frozen=True)
@@ -115,8 +115,14 @@ def build_sharded(
     folder = path.parent / f".shards-{path.name}"
     work = pieces(files)
     manifest = _manifest(files, work, tokenizer, dtype)
-    _remove_stale(path.parent, keep=folder)
-    _start(folder, manifest)
+    remove_abandoned(
+        (p for p in path.parent.glob(".shards-*") if p != folder and p.is_dir()), "a cache build"
+    )  # an earlier build, killed, perhaps of another key: nobody finishes it
+    with working_in(folder, lambda: _start(folder, manifest)):
+        return _build(path, folder, files, work, manifest, tokenizer, dtype, runner)
+
+
+def _build(path, folder, files, work, manifest, tokenizer, dtype, runner) -> int:
     shards = [folder / f"{i:06d}.bin" for i in range(len(work))]
     todo = [i for i, s in enumerate(shards) if not s.is_file()]
     if len(todo) < len(work):
@@ -246,17 +252,9 @@ def _start(folder: Path, manifest: dict) -> None:
     except (OSError, ValueError):
         pass
     shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
+    folder.mkdir(parents=True, exist_ok=True)
     with atomic_write(record) as f:
         f.write(json.dumps(manifest, indent=1).encode())
-
-
-def _remove_stale(cache_dir: Path, keep: Path) -> None:
-    cutoff = time.time() - _STALE_S
-    for p in cache_dir.glob(".shards-*"):
-        with suppress(OSError):
-            if p != keep and p.stat().st_mtime < cutoff:
-                shutil.rmtree(p)
 
 
 def _stat(f: SourceFile) -> os.stat_result:

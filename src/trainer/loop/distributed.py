@@ -61,6 +61,8 @@ def settings(cfg: DistributedConfig) -> dict | None:
         if value is None and os.environ.get(env):
             value = os.environ[env] if field == "coordinator_address" else _env_int(env)
             where[field] = env
+        elif value is not None and field == "num_processes" and os.environ.get(env):
+            _check_count(value, env)
         if value is not None:
             kw[field] = value
     for field in ("num_processes", "process_id"):  # values from the environment meet the config's rules too
@@ -87,6 +89,18 @@ def settings(cfg: DistributedConfig) -> dict | None:
             "missing (or set initialize: true for auto-detection)"
         )
     return {**kw, **timeouts}
+
+
+def _check_count(value: int, env: str) -> None:
+    """A process count that both the config and the launcher give is one count: processes told
+    to wait for more peers than were started would wait until the coordinator gives up on them."""
+    given = _env_int(env)
+    if given != value:
+        raise ConfigError(
+            f"distributed.num_processes={value} in the config, but the launcher started {given} processes "
+            f"({env}={given}): the run would wait for processes that were never started. Remove "
+            f"distributed.num_processes from the config (the launcher's count is used) or launch with --nproc {value}"
+        )
 
 
 def checked_settings(cfg: DistributedConfig) -> dict | None:

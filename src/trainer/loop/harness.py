@@ -231,8 +231,28 @@ def task_manager(tasks: Sequence[str], include: str | Path | None, what: str):
     unknown = sorted(set(tasks) - set(manager.all_tasks))
     if unknown:
         where = f"in {include} or " if include is not None else ""
-        raise ConfigError(f"{what}: no task {', '.join(map(repr, unknown))} {where}in lm-eval's registry")
+        broken = _unparsed_task_files(Path(include)) if include is not None else []
+        said = f"; lm-eval skipped what does not parse: {'; '.join(broken)}" if broken else ""
+        raise ConfigError(f"{what}: no task {', '.join(map(repr, unknown))} {where}in lm-eval's registry{said}")
     return manager
+
+
+def _unparsed_task_files(folder: Path) -> list[str]:
+    """``file: parse error`` for each task YAML under ``folder`` that does not parse (lm-eval skips
+    those with a log line, and then knows no task by their names)."""
+    import yaml
+
+    class Lenient(yaml.SafeLoader):  # lm-eval's own tags (!function) are no parse error
+        pass
+
+    Lenient.add_multi_constructor("!", lambda loader, suffix, node: None)
+    found = []
+    for path in sorted(folder.rglob("*.yaml")):
+        try:
+            yaml.load(path.read_text(encoding="utf-8"), Loader=Lenient)  # noqa: S506 - a safe loader
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+            found.append(f"{path}: {' '.join(str(e).split())}")
+    return found
 
 
 def evaluate(

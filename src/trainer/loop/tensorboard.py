@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-EVENTS_DIR = "tensorboard"  # under the run directory
+from ..checkpoint.run_places import EVENTS_DIR  # under the run directory
 
 
 class EventWriter:

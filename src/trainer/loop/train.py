@@ -27,7 +27,7 @@ from named.nn.precision import cast_for_compute, get_policy
 
 from .. import checkpoint as ckpt
 from ..checkpoint import rundir
-from ..checkpoint.run_places import DATA_FILES
+from ..checkpoint.run_places import CONFIG_FILE, DATA_FILES
 from ..config import ConfigError, TrainConfig, data_parallel_size, dump_config
 from ..data import (
     Batch,
@@ -71,6 +71,7 @@ class TrainResult:
     run_dir: Path
     message: str = ""
     stopped_by: int = 0  # the signal that stopped the run after a committed checkpoint (0: it ran to the end)
+    steps_without_loss_tokens: int = 0  # steps whose batch kept no loss token (their ``losses`` are NaN)
 
 
 def peak_flops(cfg: TrainConfig) -> float | None:
@@ -139,7 +140,7 @@ def make_train_step(cfg: TrainConfig, setup: Setup, optimizer):
 
         zero = (jnp.zeros(()), jnp.zeros(()), jax.tree.map(jnp.zeros_like, params))
         (total, count, grads), aux = nm.scan(accumulate, Microbatch)(zero, split, keys)
-        count = jnp.maximum(count, 1.0)
+        tokens, count = count, jnp.maximum(count, 1.0)  # no loss token: a zero gradient (the host says so)
         loss = total / scale / count  # the scale is a power of two: exact
         grads = jax.tree.map(lambda g: g / (count * scale), grads)
         overflow = ~nn.all_finite(grads) if dynamic else jnp.bool_(False)
@@ -167,7 +168,7 @@ def make_train_step(cfg: TrainConfig, setup: Setup, optimizer):
                 "loss": loss,
                 "grad_norm": grad_norm,
                 "finite": finite,
-                "tokens": count,
+                "tokens": tokens,
                 "stop_flags": agree(flags),
                 **({"loss_scale": scale, "overflow": overflow.astype(jnp.float32)} if dynamic else {}),
                 **{f"aux/{name}": v.sum() / count for name, v in aux.items()},
@@ -264,8 +265,26 @@ def _check_data_unchanged(cfg: TrainConfig, plan: rundir.RunPlan) -> bool:
     files that changed since the run began (edited, replaced, added, removed) would train on other
     rows at the same steps: refused, naming each file, unless ``trainer.resume_changed_data``."""
     path = plan.run_dir / DATA_FILES
-    if plan.restore_from is None or not path.is_file():  # a fresh start, or a run older than the record
-        return plan.restore_from is None
+    if plan.restore_from is None:
+        return True
+    if not path.is_file():
+        if not (plan.run_dir / CONFIG_FILE).is_file():  # a new run directory starting from a checkpoint
+            return True  # (copied in, or named by trainer.load_checkpoint): its data begins here
+        steps = cfg.trainer.num_train_steps
+        if steps and plan.step >= steps:  # nothing to train: nothing that the data could change
+            return False
+        if not cfg.trainer.resume_changed_data:
+            raise DataError(
+                f"the run in {plan.run_dir} has no record of its data files ({path} is missing), so resuming at "
+                f"step {plan.step} cannot check that the data is what the run trained on. Copy {DATA_FILES} from "
+                "the run the checkpoint comes from, or resume on the data as it is now with "
+                "--trainer.resume_changed_data true. Nothing was written"
+            )
+        plan.notes.append(
+            f"resuming without {DATA_FILES} (trainer.resume_changed_data): the data could not be checked; "
+            "the files as they are now become the record"
+        )
+        return True
     current = fingerprint(data_files(cfg.data))
     try:
         recorded = json.loads(path.read_text(encoding="utf-8"))
@@ -390,6 +409,7 @@ def _train(cfg: TrainConfig, run: Run) -> TrainResult:
         peak = peak_flops(cfg)
         n_dev = len(jax.devices())
         losses: list[float] = []
+        empty_steps = 0  # steps without a loss token: said, counted, their loss no number
         progress = _progress(t, start, pid, stack)
         harness = _harness_lm(cfg, setup, model) if run.harness_tasks is not None else None
         window = _Window()
@@ -421,14 +441,17 @@ def _train(cfg: TrainConfig, run: Run) -> TrainResult:
             due = step_due(done, cfg, data.validation is not None, len(pending), stop=bool(signum), timed=timed)
             if not due.read:
                 continue
+            steps = [s for s, _ in pending]
             rows = read_metrics(pending, t.nan_policy, checkpointer.latest)
-            losses += [float(r["loss"]) for r in rows]
+            losses += [_loss_of(s, r) for s, r in zip(steps, rows)]
+            empty_steps += sum(float(r["tokens"]) == 0 for r in rows)
             window.add(rows)
             if progress is not None:
                 progress.set_postfix(loss=f"{losses[-1]:.3f}")
             if due.log:
                 row = {
-                    "loss": losses[-1],
+                    **({"loss": losses[-1]} if float(rows[-1]["tokens"]) else {}),
+                    **({"steps_without_loss_tokens": empty_steps} if empty_steps else {}),
                     "lr": float(lr_at(step)),
                     "grad_norm": float(rows[-1]["grad_norm"]),
                     **window.rates(flops_tok, peak, n_dev),
@@ -484,7 +507,28 @@ def _train(cfg: TrainConfig, run: Run) -> TrainResult:
         checkpointer.wait()
         checkpointer.close()
     trackers.close()
-    return TrainResult(losses, done if stopped else t.num_train_steps, model, opt_state, run_dir, stopped_by=stopped)
+    return TrainResult(
+        losses,
+        done if stopped else t.num_train_steps,
+        model,
+        opt_state,
+        run_dir,
+        stopped_by=stopped,
+        steps_without_loss_tokens=empty_steps,
+    )
+
+
+def _loss_of(step: int, row: dict) -> float:
+    """The step's loss; NaN, said in the log, for a step whose batch kept no loss token: its loss
+    is no number (the loss is a mean over the loss tokens), not 0, and its gradient was zero."""
+    if float(row["tokens"]):
+        return float(row["loss"])
+    log.warning(
+        f"step {step}: no token of its batch carries loss (in a chat corpus: every reply was cut off by "
+        "data.seq_len, see the build's summary), so its loss is undefined and left out of the log; its "
+        "gradient was zero"
+    )
+    return math.nan
 
 
 def _harness_lm(cfg: TrainConfig, setup: Setup, model):
