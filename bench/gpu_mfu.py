@@ -24,7 +24,7 @@ steps each waited for (the median is the figure) and ``--steps`` steps queued ba
     tokens/s = batch · seq / median step time
     MFU      = flops_per_token · tokens/s / peak
 
-with ``flops_per_token`` the trainer's (``registry.flops_per_token``: ``6 N + 12 L d T``, N the
+with ``flops_per_token`` the one the trainer uses (``named.models.flops_per_token``: ``6 N + 12 L d T``, N the
 matmul weights incl. the output head, L layers, d = heads · head size, T = seq; the causal mask
 does *not* halve the attention term) and ``peak`` the device's dense bf16 peak from
 ``trainer/loop/hardware.py`` (989 TFLOP/s for the H100 and H200 SXM; the device notes here measured

@@ -22,10 +22,10 @@ import equinox as eqx
 import jax
 
 import named as nm
+from named.models import flops_per_token
 
 from ..config import ConfigError, TrainConfig
 from ..loop.checks import Setup, check_against_devices, check_mappings
-from ..loop.registry import flops_per_token
 from .plan import Layout, Plan, Target, make_plan, train_step_report
 from .plan_search import Candidate, Roofline, candidates, fits, layout_of, rank
 

@@ -22,11 +22,11 @@ import yaml
 
 import named as nm
 from named import nn
+from named.models import flops_per_token
 
 from ..config import ConfigError, TrainConfig, data_parallel_size
 from ..loop import hardware
 from ..loop.checks import Setup, check_against_devices
-from ..loop.registry import flops_per_token
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The trainer's view of ``named.models.registry`` (the one list of families): a family's name,
-model class, FLOPs and positions for a model config, and a model config from a dict, with the
-trainer's ConfigError for an unknown one."""
+model class and positions for a model config, and a model config from a dict, with the trainer's
+ConfigError for an unknown one. FLOPs per token: ``named.models.flops_per_token``."""
 
 from __future__ import annotations
 
@@ -24,10 +24,6 @@ def model_type(model_cfg) -> str:
 
 def model_class(model_cfg):
     return _family(model_cfg).model_cls
-
-
-def flops_per_token(model_cfg, seq_len: int) -> float:
-    return _family(model_cfg).flops_per_token(model_cfg, seq_len)
 
 
 def max_positions(model_cfg) -> int:

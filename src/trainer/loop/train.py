@@ -23,6 +23,7 @@ import numpy as np
 
 import named as nm
 from named import nn
+from named.models import flops_per_token
 from named.nn.precision import cast_for_compute, get_policy
 
 from .. import checkpoint as ckpt
@@ -51,7 +52,7 @@ from .generate import sample_text
 from .loss import token_losses
 from .model_init import init_model, layer_driver, trainable
 from .optim import build_optimizer, init_opt_state, schedule
-from .registry import flops_per_token, max_positions, model_type
+from .registry import max_positions, model_type
 from .stop import StopRequests, agree
 from .trackers import Trackers, check_trackers, log, setup_logging
 
