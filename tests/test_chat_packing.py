@@ -210,7 +210,8 @@ def test_sharegpt_records_are_the_same_conversations(folder, reference, tmp_path
         f"data.train source 'chat': {bad}:1: conversations[0]: unknown 'from' 'bot'; ShareGPT speakers: system, "
         "human, gpt, user, assistant, tool",
         f"{bad}:2: conversations[0] has no 'value' (the text of the turn)",
-        f"{bad}:3: a record has one of 'messages', 'conversations', or 'prompt' and 'completion'; this one has "
+        f"{bad}:3: a record has one of 'messages', 'conversations', 'prompt' and 'completion', or 'instruction' "
+        "and 'output'; this one has "
         "'messages' and 'conversations'",
     ]
 
