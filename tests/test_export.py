@@ -362,3 +362,30 @@ def test_a_failed_safetensors_write_names_the_file_and_leaves_nothing(full_run, 
         "is renamed into place whole, or not at all)\n"
     )
     assert list(tmp_path.iterdir()) == []  # neither --out nor a temporary folder
+
+
+def test_named_sample_logprobs_are_transformers_and_top_k_1_or_a_tiny_top_p_is_greedy(full_run, tmp_path, capsys):
+    """``named-sample --logprobs``: each new token's log-probability equals transformers' on the export;
+    top-k 1 and a tiny top-p at temperature 1 draw the greedy tokens."""
+    from named.trainer.commands.cli import main_sample
+
+    out = tmp_path / "hf"
+    assert _export("--checkpoint", full_run, "--out", out) == 0
+    capsys.readouterr()
+    args = ["--checkpoint", str(full_run), "--prompt", "The quick brown", "--tokens", "5"]
+    assert main_sample([*args, "--logprobs"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line.split("\t") for line in lines if line.count("\t") == 3]
+    new, logprobs = [int(r[1]) for r in rows], [float(r[3]) for r in rows]
+    assert len(new) == 5
+    prompt = transformers.AutoTokenizer.from_pretrained(out)("The quick brown", add_special_tokens=False)["input_ids"]
+    logits = torch.log_softmax(torch.tensor(hf_logits(out, np.asarray([prompt + new]))[0]), -1).numpy()
+    want = [logits[len(prompt) - 1 + i, t] for i, t in enumerate(new)]
+    np.testing.assert_allclose(logprobs, want, atol=1e-4)
+    assert new == [int(np.argmax(logits[len(prompt) - 1 + i])) for i in range(5)]  # greedy by default
+    for flags in (["--top-k", "1"], ["--top-p", "1e-6"]):
+        assert main_sample([*args, "--temperature", "1", "--seed", "3", "--logprobs", *flags]) == 0
+        drawn = [int(r.split("\t")[1]) for r in capsys.readouterr().out.splitlines() if r.count("\t") == 3]
+        assert drawn == new, flags
+    assert main_sample([*args, "--top-p", "0"]) == 2
+    assert "--top-p must be in (0, 1]" in capsys.readouterr().err

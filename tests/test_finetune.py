@@ -238,3 +238,22 @@ def test_a_tokenizer_transformers_reads_otherwise_is_refused_naming_both(tmp_pat
     check_against_devices(
         dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, tokenizer=str(tmp_path / "saved")))
     )
+
+
+def test_the_log_has_an_eval_at_step_0_the_first_steps_loss_and_the_steps_of_an_epoch(tmp_path):
+    import json
+
+    from _chat_folder import tiny_run
+
+    over = {"trainer.num_train_steps": 3, "trainer.log_interval": 10, "trainer.eval_at_start": "true"}
+    run = tiny_run(tmp_path, **over, **{"data.val_fraction": 0.2, "trainer.eval_interval": 0})
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    by_step = {}
+    for r in rows:
+        by_step.setdefault(r["step"], {}).update(r)
+    assert sorted(by_step) == [0, 3]  # before any update, and the end (log_interval 10)
+    assert "eval/loss" in by_step[0] and "train/loss" not in by_step[0] and "train/loss" in by_step[3]
+    log = (run / "logs" / "process_0.log").read_text()
+    assert "one epoch (every one of the " in log and "trainer.num_train_steps=3 is " in log
+    first = float(log.split("step 1 (the first): loss ")[1].split()[0])
+    assert np.isfinite(first) and first != by_step[3]["train/loss"]
