@@ -431,7 +431,7 @@ GOOD = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "c
 BAD = {
     "no messages": (
         {"text": "hi"},
-        r"a chat record needs 'messages' .* or 'prompt' and 'completion'; its keys: 'text'",
+        r"a chat record needs 'messages' .* or 'instruction' and 'output' \(alpaca\); its keys: 'text'",
     ),
     "not an object": (
         [1, 2],
@@ -467,7 +467,8 @@ BAD = {
     "no assistant": ({"messages": [{"role": "user", "content": "Hi"}]}, r"no assistant message, so no token"),
     "both kinds": (
         {**GOOD, "prompt": "a", "completion": "b"},
-        r"a record has one of 'messages', 'conversations', or 'prompt' and 'completion'; this one has 'messages' "
+        r"a record has one of 'messages', 'conversations', 'prompt' and 'completion', or 'instruction' and "
+        r"'output'; this one has 'messages' "
         r"and 'prompt' and 'completion'",
     ),
     "prompt only": ({"prompt": "a"}, r"'completion' must be a string, got missing"),
@@ -597,3 +598,83 @@ def test_sft_from_the_folder_lowers_the_assistant_loss(folder, chats, tmp_path):
     # the run's log gives the padding share of the whole-sample packing (data.chat_packing: whole)
     logged = (tmp_path / "run" / "logs" / "process_0.log").read_text()
     assert "data.train source 'chat': packed 24 whole samples into " in logged and "% padding" in logged
+
+
+# ---- Parquet and Arrow chats, alpaca records --------------------------------------------------------
+
+
+def _assert_stream(data, hf, records) -> None:
+    """The chat cache of ``data`` holds transformers' tokens of ``records``, a START flag on each
+    record's first token and LOSS on the tokens of its {% generation %} mask."""
+    ids, doc, loss = _reference_stream(hf, records)
+    tokens, flags = (np.asarray(a[0]) for a in (data.train.stream.arrays, data.train.stream.flags))
+    np.testing.assert_array_equal(tokens, ids)
+    np.testing.assert_array_equal((flags & LOSS) > 0, loss)
+    np.testing.assert_array_equal(np.flatnonzero(flags & START), np.flatnonzero(np.diff(doc, prepend=-1)))
+
+
+def test_parquet_arrow_and_alpaca_chats_are_read_as_transformers_renders_them(folder, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    hf = hf_tokenizer(variant(folder, tmp_path / "gen", CHATML_GEN))
+    records = [c for c in CHATS if "messages" in c] * 2
+    # UltraChat's columns: a prompt and its id beside the messages (a list of {role, content} structs)
+    table = pa.Table.from_pylist(
+        [{"prompt": r["messages"][0]["content"], "prompt_id": str(i), **r} for i, r in enumerate(records)]
+    )
+    pq.write_table(table, tmp_path / "chats.parquet", row_group_size=3)
+    with pa.OSFile(str(tmp_path / "chats.arrow"), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+        w.write_table(table, max_chunksize=2)
+    for name in ("chats.parquet", "chats.arrow"):
+        cfg = data_cfg(tmp_path, [tmp_path / name], folder, chat_packing="stream")
+        _assert_stream(build_data(cfg), hf, records)
+
+    alpaca = [
+        {"instruction": "Add the numbers.", "input": "2 and 2", "output": "Four."},
+        {"instruction": "Say hello.", "input": "", "output": "Hello!"},
+        {"instruction": "Name a colour.", "output": "Blue.", "system": "Be brief."},
+    ]
+    as_messages = [
+        {
+            "messages": [
+                {"role": "user", "content": "Add the numbers.\n\n2 and 2"},
+                {"role": "assistant", "content": "Four."},
+            ]
+        },
+        {"messages": [{"role": "user", "content": "Say hello."}, {"role": "assistant", "content": "Hello!"}]},
+        {
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Name a colour."},
+                {"role": "assistant", "content": "Blue."},
+            ]
+        },
+    ]
+    columns = ("instruction", "input", "output", "system")  # null where a record lacks one
+    pq.write_table(pa.table({c: [r.get(c) for r in alpaca] for c in columns}), tmp_path / "alpaca.parquet")
+    for path in (write_jsonl(tmp_path / "alpaca.jsonl", alpaca), tmp_path / "alpaca.parquet"):
+        cfg = data_cfg(tmp_path, [path], folder, chat_packing="stream")
+        _assert_stream(build_data(cfg), hf, as_messages)
+
+
+def test_a_columnar_file_without_its_columns_is_named_as_listed_never_as_its_blob(folder, tmp_path):
+    """A Hub snapshot's files are links to blobs named by hash: errors name the link."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    blob = tmp_path / "blobs" / "3f2a9c0e1d"
+    blob.parent.mkdir()
+    pq.write_table(pa.Table.from_pylist([{"messages": [{"role": "user", "content": "Hi"}], "id": "a"}]), blob)
+    link = tmp_path / "snapshots" / "main" / "train.parquet"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(blob)
+    text = DataConfig(train=[str(link)], tokenizer=str(folder), seq_len=16, cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(DataError, match=rf"^{link}: no column 'text' .*format: chat") as e:
+        build_data(text)
+    assert "3f2a9c0e1d" not in str(e.value)
+    pq.write_table(pa.Table.from_pylist([{"question": "Hi", "id": "a"}]), blob)
+    with pytest.raises(
+        DataError, match=rf"^data.train source 'chat': {link}: no chat columns \(its columns: question, id\)"
+    ):
+        build_data(data_cfg(tmp_path, [link], folder))

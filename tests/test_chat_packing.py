@@ -210,7 +210,8 @@ def test_sharegpt_records_are_the_same_conversations(folder, reference, tmp_path
         f"data.train source 'chat': {bad}:1: conversations[0]: unknown 'from' 'bot'; ShareGPT speakers: system, "
         "human, gpt, user, assistant, tool",
         f"{bad}:2: conversations[0] has no 'value' (the text of the turn)",
-        f"{bad}:3: a record has one of 'messages', 'conversations', or 'prompt' and 'completion'; this one has "
+        f"{bad}:3: a record has one of 'messages', 'conversations', 'prompt' and 'completion', or 'instruction' "
+        "and 'output'; this one has "
         "'messages' and 'conversations'",
     ]
 
@@ -343,6 +344,7 @@ def test_named_data_show_marks_samples_and_loss(tmp_path, capsys):
     assert main_data(["show", *flags, "--source", "chat", "--rows", "3", "--data.val_fraction", "0"]) == 0
     # by hand: a conversation is 31 bytes (9 carry loss: "Hello.</>"), a pair 4 tokens (2: "c", eos)
     conversation, pair = "<user>Hi</><assistant>[[Hello.</>]]", "p\\n[[c<eos>]]"
+    conversation_bytes = list(b"<user>Hi</><assistant>Hello.</>")
     assert capsys.readouterr().out.splitlines() == [
         "data.train source 'chat': packed 6 whole samples into 2 rows of 64 tokens: 18.0% padding",
         "[[...]]: the tokens that carry loss",
@@ -353,6 +355,16 @@ def test_named_data_show_marks_samples_and_loss(tmp_path, capsys):
         f"  1| {conversation}",
         *(f"  {k}| {pair}" for k in (2, 3, 4)),
     ]
+    # --ids: each sample's byte ids, and its labels as transformers writes them (-100: no loss)
+    assert main_data(["show", *flags, "--source", "chat", "--rows", "1", "--start", "1", "--ids"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    labels = [-100] * 22 + conversation_bytes[22:]  # "Hello.</>", the last 9 bytes, carry loss
+    assert out[3:6] == [
+        f"  1| {conversation}",
+        f"   ids| {' '.join(map(str, conversation_bytes))}",
+        f"labels| {' '.join(map(str, labels))}",
+    ]
+    assert out[6:9] == [f"  2| {pair}", "   ids| 112 10 99 256", "labels| -100 -100 99 256"]
     assert main_data(["show", *flags, "--source", "nope"]) == 2
     err = capsys.readouterr().err
     assert err == "error: --source 'nope' is not a named source of data.train: ['chat', 'text']\n"

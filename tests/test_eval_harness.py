@@ -43,6 +43,7 @@ def run(tmp_path_factory) -> Path:
             "trainer.eval_harness_tasks": "[tiny_mc]",
             "trainer.eval_harness_interval": 2,
             "trainer.eval_harness_include": TASKS,
+            "trainer.eval_harness_files": True,
             "optimizer.learning_rate": 1e-2,
             "mesh.shape": "{data: 8}",
             "mesh.param_mapping": "{embed: data}",
@@ -50,7 +51,7 @@ def run(tmp_path_factory) -> Path:
     )
 
 
-def _hf_scores(folder: Path, tasks: list[str]) -> dict:
+def _hf_scores(folder: Path, tasks: list[str], **more) -> dict:
     from lm_eval import evaluator
     from lm_eval.tasks import TaskManager
 
@@ -62,6 +63,7 @@ def _hf_scores(folder: Path, tasks: list[str]) -> dict:
         batch_size=4,
         log_samples=True,
         bootstrap_iters=0,
+        **more,
     )
 
 
@@ -101,6 +103,37 @@ def test_the_loop_logs_eval_harness_metrics_equal_to_named_eval(run):
     assert set(logged) == {"eval_harness/tiny_mc/acc", "eval_harness/tiny_mc/acc_norm"}
     ours = evaluate_checkpoint(run, ["tiny_mc"], include=TASKS)  # the step-2 checkpoint: the same model
     assert logged == {f"eval_harness/{k}": v for k, v in ours.metrics.items()}
+    # trainer.eval_harness_files: lm-eval's results JSON and samples of the step, as named-eval writes them
+    (results,) = (run / "eval_harness" / "step_2").rglob("results_*.json")
+    written = json.loads(results.read_text())["results"]["tiny_mc"]
+    assert {
+        "eval_harness/tiny_mc/acc": written["acc,none"],
+        "eval_harness/tiny_mc/acc_norm": written["acc_norm,none"],
+    } == logged
+    (samples,) = (run / "eval_harness" / "step_2").rglob("samples_tiny_mc_*.jsonl")
+    assert len(samples.read_text().splitlines()) == len((TASKS / "tiny_mc.jsonl").read_text().splitlines())
+
+
+@pytest.mark.slow
+def test_named_eval_writes_lm_evals_files_and_renders_the_chat_template_as_lm_evals_hf_backend(run, tmp_path, capsys):
+    out = tmp_path / "results"
+    argv = ["--checkpoint", str(run), "--tasks", "tiny_mc", "--include", str(TASKS), "--output_path", str(out)]
+    more = ["--log_samples", "--apply_chat_template", "--fewshot_as_multiturn", "--gen_kwargs", "max_gen_toks=4"]
+    assert main_eval(argv + more) == 0
+    printed = dict(line.split() for line in capsys.readouterr().out.splitlines()[1:] if line.startswith("eval_"))
+    (results,) = out.rglob("results_*.json")
+    written = json.loads(results.read_text())
+    for metric in ("acc", "acc_norm"):  # printed at full precision: the very float lm-eval wrote
+        assert float(printed[f"eval_harness/tiny_mc/{metric}"]) == written["results"]["tiny_mc"][f"{metric},none"]
+    (samples,) = out.rglob("samples_tiny_mc_*.jsonl")
+    rows = [json.loads(line) for line in samples.read_text().splitlines()]
+    assert rows and all("<|im_start|>user" in r["arguments"]["gen_args_0"]["arg_0"] for r in rows)
+    # the chat-templated requests score as lm-eval's HF backend scores them on the exported folder
+    ours = evaluate_checkpoint(run, ["tiny_mc"], include=TASKS, samples=True, apply_chat_template=True)
+    export(run, tmp_path / "hf")
+    theirs = _hf_scores(tmp_path / "hf", ["tiny_mc"], apply_chat_template=True)
+    a, b = _loglikelihoods(ours.results, "tiny_mc"), _loglikelihoods(theirs, "tiny_mc")
+    assert len(a) == len(b) > 0 and a == pytest.approx(b, abs=1e-4)
 
 
 @pytest.mark.slow
@@ -113,6 +146,10 @@ def test_named_eval_cli_generates_and_names_bad_input(run, capsys):
         (["--tasks", "tiny_mc", "--include", str(run / "nowhere")], "is not a directory"),
         (["--tasks", "tiny_mc", "--limit", "0"], "--limit must be"),
         (["--tasks", " ", "--include", str(TASKS)], "--tasks must name"),
+        (["--tasks", "tiny_mc", "--log_samples"], "give --output_path too"),
+        (["--tasks", "tiny_mc", "--fewshot_as_multiturn"], "give --apply_chat_template too"),
+        (["--tasks", "tiny_mc", "--gen_kwargs", "beams=4"], "'beams' not understood"),
+        (["--tasks", "tiny_mc", "--output_path", str(run / "config.yaml")], "is a file; give a folder"),
     ):
         assert main_eval(["--checkpoint", str(run), *argv]) == 2
         assert culprit in capsys.readouterr().err

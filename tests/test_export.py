@@ -154,6 +154,40 @@ def test_config_json_names_the_run_tokenizers_special_tokens(folder, tmp_path):
     }
 
 
+def test_the_export_keeps_every_tokenizer_file_and_writes_the_runs_chat_template(folder, tmp_path):
+    """The source's chat_template.jinja and other tokenizer files are copied; data.chat_template is
+    written as chat_template.jinja, which transformers renders as it renders the template given
+    directly; a template transformers renders otherwise is refused naming the file."""
+    source = tmp_path / "source"
+    shutil.copytree(folder, source)
+    (source / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
+    (source / "added_tokens.json").write_text("{}")
+    given = tmp_path / "run_template.jinja"
+    given.write_text(
+        "{% for m in messages %}<|im_start|>{{ m['role'] | upper }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>ASSISTANT\n{% endif %}"
+    )
+    out = tmp_path / "out"
+    for chat_template, expected in ((None, source / "chat_template.jinja"), (given, given)):
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir()
+        more = {"data.tokenizer": source} | ({"data.chat_template": chat_template} if chat_template else {})
+        cfg = _config(source, tmp_path, "unused", **more)
+        export_module._copy_tokenizer(cfg, out)
+        export_module._write_template(cfg, out, out)
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json"):
+            assert (out / name).read_bytes() == (source / name).read_bytes(), name
+        assert (out / "chat_template.jinja").read_text() == expected.read_text()
+        chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+        theirs = transformers.AutoTokenizer.from_pretrained(source)
+        assert transformers.AutoTokenizer.from_pretrained(out).apply_chat_template(
+            chat, tokenize=False
+        ) == theirs.apply_chat_template(chat, tokenize=False, chat_template=expected.read_text())
+    other = export_module.find_template(None, str(source / "chat_template.jinja"))
+    with pytest.raises(nm.NamedError, match="out/chat_template.jinja: transformers renders"):
+        export_module.check_template(out, other, out / "chat_template.jinja")
+
+
 def test_a_full_fine_tune_exports_a_sharded_folder_transformers_loads_with_our_logits(
     full_run, folder, tmp_path, capsys
 ):
@@ -343,3 +377,30 @@ def test_a_failed_safetensors_write_names_the_file_and_leaves_nothing(full_run, 
         "is renamed into place whole, or not at all)\n"
     )
     assert list(tmp_path.iterdir()) == []  # neither --out nor a temporary folder
+
+
+def test_named_sample_logprobs_are_transformers_and_top_k_1_or_a_tiny_top_p_is_greedy(full_run, tmp_path, capsys):
+    """``named-sample --logprobs``: each new token's log-probability equals transformers' on the export;
+    top-k 1 and a tiny top-p at temperature 1 draw the greedy tokens."""
+    from named.trainer.commands.cli import main_sample
+
+    out = tmp_path / "hf"
+    assert _export("--checkpoint", full_run, "--out", out) == 0
+    capsys.readouterr()
+    args = ["--checkpoint", str(full_run), "--prompt", "The quick brown", "--tokens", "5"]
+    assert main_sample([*args, "--logprobs"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line.split("\t") for line in lines if line.count("\t") == 3]
+    new, logprobs = [int(r[1]) for r in rows], [float(r[3]) for r in rows]
+    assert len(new) == 5
+    prompt = transformers.AutoTokenizer.from_pretrained(out)("The quick brown", add_special_tokens=False)["input_ids"]
+    logits = torch.log_softmax(torch.tensor(hf_logits(out, np.asarray([prompt + new]))[0]), -1).numpy()
+    want = [logits[len(prompt) - 1 + i, t] for i, t in enumerate(new)]
+    np.testing.assert_allclose(logprobs, want, atol=1e-4)
+    assert new == [int(np.argmax(logits[len(prompt) - 1 + i])) for i in range(5)]  # greedy by default
+    for flags in (["--top-k", "1"], ["--top-p", "1e-6"]):
+        assert main_sample([*args, "--temperature", "1", "--seed", "3", "--logprobs", *flags]) == 0
+        drawn = [int(r.split("\t")[1]) for r in capsys.readouterr().out.splitlines() if r.count("\t") == 3]
+        assert drawn == new, flags
+    assert main_sample([*args, "--top-p", "0"]) == 2
+    assert "--top-p must be in (0, 1]" in capsys.readouterr().err

@@ -8,6 +8,7 @@ test_export.py); this one checks that they compose as docs/finetune.md says.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import jax
@@ -18,6 +19,7 @@ import pytest
 import torch
 import transformers
 from _chat_folder import CHATS, make_chat_folder, write_chats
+from tokenizers import Tokenizer
 
 import named as nm
 from named.trainer import checkpoint as ckpt
@@ -191,3 +193,67 @@ def test_lora_from_a_folder_then_merge_and_peft_give_the_runs_logits(demo, capsy
         demo / "tiny-llama", attn_implementation="eager", dtype=torch.float32
     ).eval()
     assert np.abs(ours - _theirs(plain, ids)).max() > 1e-2
+
+
+def _qwen2_folder(path: Path) -> Path:
+    """A tiny byte-level BPE tokenizer.json without a splitting rule, in a folder that transformers
+    loads as its own Qwen2Tokenizer (which splits text by its own rule, whatever the file says)."""
+    import json
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    path.mkdir(parents=True)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"], initial_alphabet=alphabet)
+    tok.train_from_iterator(["Hello world, it's 2024: 12345 apples don't fall far."] * 50, trainer)
+    tok.save(str(path / "tokenizer.json"))
+    config = {"tokenizer_class": "Qwen2Tokenizer", "eos_token": "<|endoftext|>"}
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    (path / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    return path
+
+
+def test_a_tokenizer_transformers_reads_otherwise_is_refused_naming_both(tmp_path):
+    from named.trainer.data import DataError
+    from named.trainer.loop.checks import check_against_devices
+
+    folder = _qwen2_folder(tmp_path / "qwen2-tok")
+    theirs = transformers.AutoTokenizer.from_pretrained(folder)
+    text = "Hello world, it's 2024: 12345 apples don't fall far."
+    ours = Tokenizer.from_file(str(folder / "tokenizer.json")).encode(text, add_special_tokens=False).ids
+    assert ours != theirs(text, add_special_tokens=False)["input_ids"]  # the disagreement is real
+    cfg = load_config(Path(__file__).resolve().parents[1] / "config/gpt2_nano.yaml", ["--data.tokenizer", str(folder)])
+    with pytest.raises(
+        DataError,
+        match=rf"data.tokenizer: transformers loads {folder} as Qwen2Tokenizer, .*"
+        rf"{folder / 'tokenizer.json'}, the file this run reads: \"Hello world.* is \[303\] here, "
+        r"\[270, 258, .*\.\.\. \(39 ids\)\] in",
+    ):
+        check_against_devices(cfg)
+    # the way out the message gives: train with the tokenizer transformers uses, saved as a folder
+    theirs.save_pretrained(tmp_path / "saved")
+    check_against_devices(
+        dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, tokenizer=str(tmp_path / "saved")))
+    )
+
+
+def test_the_log_has_an_eval_at_step_0_the_first_steps_loss_and_the_steps_of_an_epoch(tmp_path):
+    import json
+
+    from _chat_folder import tiny_run
+
+    over = {"trainer.num_train_steps": 3, "trainer.log_interval": 10, "trainer.eval_at_start": "true"}
+    run = tiny_run(tmp_path, **over, **{"data.val_fraction": 0.2, "trainer.eval_interval": 0})
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    by_step = {}
+    for r in rows:
+        by_step.setdefault(r["step"], {}).update(r)
+    assert sorted(by_step) == [0, 3]  # before any update, and the end (log_interval 10)
+    assert "eval/loss" in by_step[0] and "train/loss" not in by_step[0] and "train/loss" in by_step[3]
+    log = (run / "logs" / "process_0.log").read_text()
+    assert "one epoch (every one of the " in log and "trainer.num_train_steps=3 is " in log
+    first = float(log.split("step 1 (the first): loss ")[1].split()[0])
+    assert np.isfinite(first) and first != by_step[3]["train/loss"]

@@ -88,7 +88,7 @@ def test_an_out_that_cannot_be_written_is_refused_before_drawing(tmp_path, monke
     from named.trainer.commands import plot
 
     run = _run(tmp_path / "ok", _rows(1.0))
-    monkeypatch.setattr(plot, "figure", lambda runs: pytest.fail("drew the runs before checking --out"))
+    monkeypatch.setattr(plot, "figure", lambda *a: pytest.fail("drew the runs before checking --out"))
     (tmp_path / "curves.png").mkdir()
     assert cli.main_plot([str(run), "--out", str(tmp_path / "curves.png")]) == 2
     assert f"--out {tmp_path / 'curves.png'} is a folder: name the file to write" in capsys.readouterr().err
@@ -98,3 +98,27 @@ def test_an_out_that_cannot_be_written_is_refused_before_drawing(tmp_path, monke
     monkeypatch.setattr(os, "access", lambda p, mode: access(p, mode) and os.fspath(p) != str(locked))
     assert cli.main_plot([str(run), "--out", str(locked / "c.png")]) == 2
     assert f"the folder {locked} is not writable" in capsys.readouterr().err
+
+
+def test_a_run_not_logged_yet_is_named_and_smoothing_and_legends(tmp_path, capsys):
+    import numpy as np
+
+    from named.trainer.commands.plot import figure, smoothed
+
+    a = _run(tmp_path / "a", _rows(1.0))
+    fresh = _run(tmp_path / "fresh", [])  # started, not at its first log step yet
+    out = tmp_path / "c.png"
+    assert cli.main_plot([str(a), str(fresh), "--out", str(out), "--smooth", "0.6"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"note: {fresh} has logged no curve yet (nothing in its metrics.jsonl): not drawn",
+        f"wrote {out}",
+    ]
+    # TensorBoard's smoothing: each point the mean of the values so far weighted by 0.6 ** age
+    x = np.random.default_rng(0).normal(size=12)
+    want = [np.average(x[: i + 1], weights=0.6 ** np.arange(i, -1, -1)) for i in range(12)]
+    np.testing.assert_allclose(smoothed(list(x), 0.6), want, rtol=1e-12)
+    assert smoothed(list(x), 0.0) == list(x)
+    assert cli.main_plot([str(a), "--out", str(out), "--smooth", "1"]) == 2
+    assert "--smooth must be in [0, 1)" in capsys.readouterr().err
+    labels = [ax.get_legend_handles_labels()[1] for ax in figure([a]).axes if ax.get_visible()]
+    assert labels[0] == ["a train", "a eval"] and labels[1] == ["a eval code", "a eval web"]

@@ -546,15 +546,18 @@ def test_a_data_file_edited_in_place_is_named_on_resume(corpus, tmp_path):
     """The run records its data files' sizes and hashes; a resume over an edited file is refused
     naming it (its rows would differ at the same steps), unless trainer.resume_changed_data."""
     data = tmp_path / "code.txt"
-    data.write_text(CORPUS)
+    text = CORPUS * (3 * 2**20 // len(CORPUS))  # past 3 MiB: the middle is neither the first nor the last MiB
+    data.write_text(text)
     run_dir = tmp_path / "run"
     over = {"data.train": f"[{data}]"}
     train(_cfg(corpus, run_dir, **over))
     recorded = json.loads((run_dir / "data_files.json").read_text())
     assert list(recorded) == [str(data.resolve())]
+    assert recorded[str(data.resolve())]["sha256"] == hashlib.sha256(text.encode()).hexdigest()
     os.utime(data, ns=(1, 1))  # touched, not changed: the same data
     assert data_pkg.changed_files(recorded, data_pkg.fingerprint([data.resolve()])) == []
-    data.write_text(CORPUS.replace("h_1(", "g_1("))  # the same size, other tokens
+    middle = len(text) // 2
+    data.write_text(text[:middle] + text[middle:].replace("h_1(", "g_1(", 1))  # the same size, other tokens
     _refused(
         DataError,
         rf"data of the run in {run_dir} changed.*{data.resolve()} \(same size, other content\).*"
@@ -613,3 +616,16 @@ def test_a_tensorboard_folder_in_the_way_is_named_before_anything_is_written(cor
         (run_dir / "tensorboard").symlink_to(tmp_path / "gone")
         match = rf"trainer.run_dir: {run_dir / 'tensorboard'} is a broken link \(to {tmp_path / 'gone'}\)"
     _refused(ConfigError, match, _cfg(corpus, run_dir, **{"tracker.tensorboard": True}), run_dir)
+
+
+def test_a_record_of_an_older_trainer_is_compared_as_it_was_made(tmp_path):
+    """Records without ``whole`` hashed a file past two MiB over its first and last MiB: the same file
+    is unchanged against such a record, and a file edited there is changed."""
+    data = tmp_path / "big.txt"
+    content = bytes(range(256)) * (3 * 2**20 // 256)
+    data.write_bytes(content)
+    ends = hashlib.sha256(content[: 2**20] + content[-(2**20) :]).hexdigest()
+    legacy = {str(data): {"size": len(content), "mtime_ns": 0, "sha256": ends}}
+    assert data_pkg.changed_files(legacy, data_pkg.fingerprint([data])) == []
+    data.write_bytes(b"x" + content[1:])
+    assert data_pkg.changed_files(legacy, data_pkg.fingerprint([data])) == [f"{data} (same size, other content)"]

@@ -180,6 +180,11 @@ def main_sample(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--tokens", type=int, default=100)
     p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-k", type=int, metavar="K", help="draw a sampled token from the K likeliest")
+    p.add_argument("--top-p", type=float, metavar="P", help="draw from the likeliest tokens holding probability P")
+    p.add_argument(
+        "--logprobs", action="store_true", help="after the text, each new token's id, text and log-probability"
+    )
     p.add_argument("--seed", type=int, default=0)
 
     def body() -> int:
@@ -187,10 +192,16 @@ def main_sample(argv: list[str] | None = None) -> int:
         a = p.parse_args(sys.argv[1:] if argv is None else argv)
         messages = read_messages(Path(a.messages)) if a.messages is not None else None
         if a.chat == INTERACTIVE:
+            if a.logprobs:
+                from ..config import ConfigError
+
+                raise ConfigError("--logprobs is for one continuation or reply, not a --chat session")
             return chat_session(
                 Path(a.checkpoint),
                 a.tokens,
                 temperature=a.temperature,
+                top_k=a.top_k,
+                top_p=a.top_p,
                 seed=a.seed,
                 system=a.system,
                 messages=messages,
@@ -206,6 +217,9 @@ def main_sample(argv: list[str] | None = None) -> int:
                 chat=a.chat,
                 system=a.system,
                 messages=messages,
+                top_k=a.top_k,
+                top_p=a.top_p,
+                logprobs=a.logprobs,
             )
         )
         return 0
@@ -263,7 +277,9 @@ def main_export(argv: list[str] | None = None) -> int:
 
 def main_eval(argv: list[str] | None = None) -> int:
     """``named-eval --checkpoint RUN_DIR --tasks T1,T2 [--include FOLDER] [--step N] [--limit N]
-    [--num-fewshot K] [--batch-size B]``: lm-evaluation-harness tasks on a checkpoint (see ``evaluate``)."""
+    [--num-fewshot K] [--batch-size B] [--output_path PATH] [--log_samples] [--apply_chat_template]
+    [--fewshot_as_multiturn] [--gen_kwargs K=V,...]``: lm-evaluation-harness tasks on a checkpoint
+    (see ``evaluate``)."""
     if (code := _missing_extras("named-eval")) is not None:
         return code
     p = _ArgumentParser(
@@ -283,6 +299,25 @@ def main_eval(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", type=int, metavar="N", help="score only the first N documents of each task")
     p.add_argument("--num-fewshot", type=int, metavar="K", help="few-shot examples per prompt (default: the task's)")
     p.add_argument("--batch-size", type=int, default=8, metavar="B", help="rows per forward pass (default 8)")
+    p.add_argument(
+        "--output_path", "--output-path", metavar="PATH", help="write lm-eval's results JSON in this folder (or .json)"
+    )
+    p.add_argument("--log_samples", "--log-samples", action="store_true", help="write every sample too (JSON Lines)")
+    p.add_argument(
+        "--apply_chat_template",
+        "--apply-chat-template",
+        action="store_true",
+        help="render prompts with the run's chat template",
+    )
+    p.add_argument(
+        "--fewshot_as_multiturn",
+        "--fewshot-as-multiturn",
+        action="store_true",
+        help="give few-shot examples as chat turns (with --apply_chat_template)",
+    )
+    p.add_argument(
+        "--gen_kwargs", "--gen-kwargs", metavar="K=V,...", help="generation arguments over the tasks' (k=v,k=v)"
+    )
     from .evaluate import evaluate_checkpoint
 
     def body() -> int:
@@ -297,6 +332,11 @@ def main_eval(argv: list[str] | None = None) -> int:
                 limit=a.limit,
                 num_fewshot=a.num_fewshot,
                 batch_size=a.batch_size,
+                output_path=a.output_path,
+                log_samples=a.log_samples,
+                apply_chat_template=a.apply_chat_template,
+                fewshot_as_multiturn=a.fewshot_as_multiturn,
+                gen_kwargs=a.gen_kwargs,
             )
         )
         return 0
@@ -433,12 +473,15 @@ def main_plot(argv: list[str] | None = None) -> int:
     )
     p.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="a run directory (or its metrics.jsonl)")
     p.add_argument("--out", type=Path, default=Path("curves.png"), help="a .png or .html file (default: curves.png)")
+    p.add_argument(
+        "--smooth", type=float, default=0.0, metavar="W", help="smooth each curve, TensorBoard's weight in [0, 1)"
+    )
 
     def body() -> int:
         from .plot import plot_runs
 
         a = p.parse_args(argv)
-        print(f"wrote {plot_runs(a.runs, a.out)}")
+        print("\n".join(plot_runs(a.runs, a.out, a.smooth)))
         return 0
 
     return _guarded(body)
@@ -482,6 +525,9 @@ def main_data(argv: list[str] | None = None) -> int:
     show.add_argument("--start", type=int, default=0, metavar="ROW", help="the first row shown (default 0)")
     show.add_argument("--split", choices=["train", "validation"], default="train")
     show.add_argument("--source", metavar="NAME", help="one named source of data.train (default: all, as one range)")
+    show.add_argument(
+        "--ids", action="store_true", help="each sample's token ids and labels (-100: no loss) under its text"
+    )
 
     def run_build(a, rest) -> int:
         from ..data import ClusterError
@@ -515,7 +561,7 @@ def main_data(argv: list[str] | None = None) -> int:
         if a.start >= len(rows):
             raise ConfigError(f"--start {a.start} is past the {len(rows)} rows of the {a.split} split")
         indices = range(a.start, min(a.start + a.rows, len(rows)))
-        print(show_rows(rows, data.tokenizer, list(indices), a.split if a.source is None else a.source))
+        print(show_rows(rows, data.tokenizer, list(indices), a.split if a.source is None else a.source, ids=a.ids))
         return 0
 
     def body() -> int:

@@ -8,8 +8,14 @@ The run's ``config.yaml`` and ``model_config.json`` say what was trained; the ch
 one device (a checkpoint restores onto any mesh). The folder gets ``config.json`` (with the ids of the
 special tokens, which transformers and vLLM read there: ``token_ids``), safetensors
 (sharded past ``--max-shard-size``, each file fetched to the host on its own) and the tokenizer
-files of the run (``data.tokenizer``, else ``model.init_from_hf``): tokenizer.json,
-tokenizer_config.json, special_tokens_map.json, generation_config.json, where they exist.
+files of the run (``data.tokenizer``, else ``model.init_from_hf``): every one the source has of
+``TOKENIZER_FILES`` (tokenizer.json, tokenizer_config.json, special_tokens_map.json,
+generation_config.json, chat_template.jinja, the slow tokenizers' vocabularies, ...). The chat
+template the run read (``data.chat_template``, or its tokenizer folder's) is written as
+``chat_template.jinja`` when the run gave one or the folder would lack it, and, where transformers
+is installed, the export is checked after writing: transformers' ``apply_chat_template`` on the
+written folder must render a probe conversation as the run's template does, else DataError
+naming the file.
 
 A LoRA run (a ``lora`` section) is exported one of two ways, chosen explicitly:
 
@@ -52,11 +58,28 @@ from ..checkpoint import run_places
 from ..checkpoint.rundir import checkpoint_root
 from ..config import ConfigError, TrainConfig, hub, pretrained, to_mapping
 from ..data import DataError, load_tokenizer, remove_abandoned, working_in
+from ..data.chat import find_template
 from ..loop.model_init import hf_linears, model_shapes
 from ..loop.registry import model_class
 from .sample import saved_config, saved_model_config
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
+# Every file of a tokenizer folder that transformers reads for the tokenizer, its chat template or
+# generation (whichever the source has is copied): the fast tokenizer, the slow tokenizers' vocabularies,
+# and the template as transformers writes it today (chat_template.jinja) or wrote it before.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "generation_config.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "vocab.json",
+    "merges.txt",
+    "vocab.txt",
+    "tokenizer.model",
+    "spiece.model",
+)
 # The special tokens' ids, which transformers and vLLM read from config.json (generation_config.json
 # only guides generate()); token_ids says where each comes from.
 TOKEN_ID_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id")
@@ -121,6 +144,7 @@ def export(
                 model = _one_dtype(nn.lora.merge(model))
             save_pretrained(model, model_cfg, tmp, max_shard_size=max_shard_size)
         notes = _copy_tokenizer(cfg, tmp)
+        _write_template(cfg, tmp, out)
         if kind != "adapters":
             notes += write_token_ids(cfg, model_cfg.vocab_size, tmp)
         files = sorted(p.name for p in tmp.iterdir())
@@ -393,6 +417,66 @@ def _copy_tokenizer(cfg: TrainConfig, folder: Path) -> list[str]:
         )
         return [f"note: no tokenizer.json written: the run's tokenizer is {what}"]
     return []
+
+
+_TEMPLATE_PROBE = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "What is 2+2?"},
+    {"role": "assistant", "content": "4"},
+    {"role": "user", "content": "And 3+3?"},
+]
+
+
+def _write_template(cfg: TrainConfig, folder: Path, out: Path) -> None:
+    """The run's chat template (``data.chat_template``, else its tokenizer folder's) into the export
+    being written in ``folder`` as ``chat_template.jinja``, unless the copied files hold it; then,
+    where transformers is installed, checked: transformers renders probes with it as the run does
+    (DataError naming the file)."""
+    spec = cfg.data.tokenizer
+    source = None if spec == "byte" else hub.folder(spec, "data.tokenizer")
+    try:
+        template = find_template(
+            None if source is None else source if source.is_dir() else source.parent, cfg.data.chat_template
+        )
+    except DataError:
+        return  # the template is gone since the run: nothing of it to write
+    if template is None:
+        return
+    jinja = folder / "chat_template.jinja"
+    copied = find_template(folder)  # chat_template.jinja first, as transformers reads it
+    if copied is None or copied.text != template.text:
+        jinja.write_text(template.text, encoding="utf-8")
+    check_template(folder, template, out / jinja.name)
+
+
+def check_template(folder: Path, template, shown: Path) -> None:
+    """transformers' ``apply_chat_template`` with the tokenizer of ``folder`` renders probe
+    conversations as ``template`` (ours, what the run trained on) does; DataError naming ``shown``
+    if not. Nothing is checked without transformers or a tokenizer it loads."""
+    try:
+        import transformers
+    except ImportError:
+        return
+    if not (folder / "tokenizer.json").is_file():
+        return
+    try:
+        tok = transformers.AutoTokenizer.from_pretrained(str(folder))
+    except Exception:  # noqa: BLE001 - a tokenizer transformers cannot load has no template to compare
+        return
+    for probe, prompt in ((_TEMPLATE_PROBE[:3], False), (_TEMPLATE_PROBE, True), (_TEMPLATE_PROBE[1:3], False)):
+        try:
+            ours = template.render(probe, add_generation_prompt=prompt)
+        except DataError:
+            continue  # the template refuses this conversation (a system message, say): no check from it
+        try:
+            theirs = tok.apply_chat_template(probe, tokenize=False, add_generation_prompt=prompt)
+        except Exception as e:  # noqa: BLE001 - transformers' failure, whatever its type, is the finding
+            theirs = f"<{type(e).__name__}: {e}>"
+        if theirs != ours:
+            raise DataError(
+                f"{shown}: transformers renders the exported chat template otherwise than the run's "
+                f"({template.source}): {theirs[:200]!r} against {ours[:200]!r}; the export was not written"
+            )
 
 
 def token_ids(cfg: TrainConfig, vocab_size: int, folder: Path) -> tuple[dict, list[str]]:

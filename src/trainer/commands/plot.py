@@ -2,8 +2,10 @@
 
 Reads ``metrics.jsonl`` in each run directory (the rows ``loop.trackers.Trackers`` writes:
 ``{"step": N, "train/loss": ..., "eval/<source>/loss": ...}``) and draws one panel per quantity
-that some run logged: the loss (training, and evaluation dashed), the evaluation loss of each
-source, the learning rate, the gradient norm and tokens/s. Matplotlib (the ``notebook`` extra)
+that some run logged: the loss (training, and evaluation dashed with round markers, each named in
+the legend), the evaluation loss of each source, the learning rate, the gradient norm and
+tokens/s; ``--smooth W`` smooths each curve as TensorBoard does. A run that has logged no curve
+yet is not drawn, and a note says so. Matplotlib (the ``notebook`` extra)
 draws it; ``.png`` writes the picture, ``.html`` one self-contained page with the picture inside.
 """
 
@@ -65,11 +67,38 @@ def panels_of(runs: dict[str, dict]) -> list[tuple[str, list[str], bool]]:
     return out
 
 
-def figure(runs: list[Path]):
+def smoothed(values: list[float], weight: float) -> list[float]:
+    """TensorBoard's smoothing: an exponential moving average (``weight`` of the past, 0: none),
+    its start corrected for the missing history so the first point is the first value."""
+    if not weight:
+        return list(values)
+    out, mean = [], 0.0
+    for i, v in enumerate(values, start=1):
+        mean = weight * mean + (1 - weight) * v
+        out.append(mean / (1 - weight**i))
+    return out
+
+
+def unplotted(runs: list[Path]) -> list[str]:
+    """One note per run with nothing to draw yet (its metrics.jsonl holds no curve: a run that has
+    not reached its first log step), which ``figure`` leaves out of the picture."""
+    drawn = {k for _, keys, _ in PANELS for k in keys}
+    notes = []
+    for run in map(Path, runs):
+        if not any(k in drawn or (k.startswith("eval/") and k.endswith("/loss")) for k in read_metrics(run)):
+            notes.append(f"note: {run} has logged no curve yet (nothing in its {METRICS_FILE}): not drawn")
+    return notes
+
+
+def figure(runs: list[Path], smooth: float = 0.0):
     """The curves of ``runs`` as a matplotlib Figure (a notebook shows it as it is); each run is
-    labelled with its folder's name."""
+    labelled with its folder's name, each curve in the loss panels with what it is (``train``,
+    ``eval``, ``eval <source>``). ``smooth`` in [0, 1) draws each curve smoothed (``smoothed``)
+    over its raw values, faint."""
     if not runs:
         raise ConfigError("name at least one run directory")
+    if not (isinstance(smooth, int | float) and 0 <= smooth < 1):
+        raise ConfigError(f"--smooth must be in [0, 1) (the weight of the past; 0: none), got {smooth}")
     series = {}
     for run in map(Path, runs):
         label = (run if run.is_dir() else run.parent).resolve().name
@@ -94,11 +123,14 @@ def figure(runs: list[Path]):
                 if k not in s:
                     continue
                 steps, values = zip(*s[k])
-                what = k.removeprefix("eval/").removesuffix("/loss") if title == "eval loss per source" else k
-                name = label if len(keys) == 1 else f"{label} {what}"
+                name = f"{label} {_curve_name(k)}" if title in ("loss", "eval loss per source") else label
                 style = "--" if k.startswith("eval/") and title == "loss" else ["-", "--", ":", "-."][j % 4]
-                marker = "." if len(steps) < 20 else None
-                ax.plot(steps, values, style, color=colours[r % len(colours)], label=name, marker=marker)
+                marker = ("o" if k.startswith("eval/") else ".") if len(steps) < 20 else None
+                colour = colours[r % len(colours)]
+                if smooth and len(steps) > 1:
+                    ax.plot(steps, values, style, color=colour, alpha=0.25)
+                    values = smoothed(list(values), smooth)
+                ax.plot(steps, values, style, color=colour, label=name, marker=marker)
         ax.set_title(title)
         ax.set_xlabel("step")
         if log:
@@ -115,14 +147,20 @@ def figure(runs: list[Path]):
     return fig
 
 
-def plot_runs(runs: list[Path], out: Path) -> Path:
-    """Draw ``runs`` into ``out`` (``.png`` or ``.html``); every input is checked before anything is written."""
+def _curve_name(key: str) -> str:
+    """``train/loss`` -> ``train``, ``eval/loss`` -> ``eval``, ``eval/code/loss`` -> ``eval code``."""
+    return key.removesuffix("/loss").replace("/", " ")
+
+
+def plot_runs(runs: list[Path], out: Path, smooth: float = 0.0) -> list[str]:
+    """Draw ``runs`` into ``out`` (``.png`` or ``.html``); every input is checked before anything is
+    written. Returns what to print: ``wrote OUT``, after a note for each run not drawn (``unplotted``)."""
     if out.suffix.lower() not in FORMATS:
         raise ConfigError(f"--out {out}: write a {' or '.join(FORMATS)} file")
     from ..data import atomic_write, check_target
 
     check_target(out, "--out", "curves.png")  # before the runs are read and drawn
-    fig = figure(runs)
+    fig = figure(runs, smooth)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     data = buf.getvalue()
@@ -136,4 +174,4 @@ def plot_runs(runs: list[Path], out: Path) -> Path:
         ).encode()
     with atomic_write(out) as f:
         f.write(data)
-    return out
+    return [*unplotted(runs), f"wrote {out}"]

@@ -31,12 +31,33 @@ from ..loop.model_init import model_shapes
 from ..loop.registry import max_positions, model_class, model_config_from_dict
 
 
-def check_flags(n_tokens: int, temperature: float, seed: int) -> None:
+def check_flags(
+    n_tokens: int, temperature: float, seed: int, top_k: int | None = None, top_p: float | None = None
+) -> None:
     if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < 0:
         raise ConfigError(f"--tokens must be an integer >= 0, got {n_tokens!r}")
     if not math.isfinite(temperature) or temperature < 0:
         raise ConfigError(f"--temperature must be a finite number >= 0 (0 decodes greedily), got {temperature}")
     RULES["trainer.seed"].check(seed, "--seed")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ConfigError(f"--top-k must be an integer >= 1 (the likeliest tokens drawn from), got {top_k!r}")
+    if top_p is not None and not (math.isfinite(top_p) and 0 < top_p <= 1):
+        raise ConfigError(f"--top-p must be in (0, 1] (the probability mass drawn from), got {top_p}")
+
+
+def token_logprobs(model, ids: list[int], new: list[int]) -> list[float]:
+    """The model's log-probability of each id of ``new`` after ``ids`` and the ones before it (at
+    temperature 1, unfiltered: what the model gives the token, however it was drawn)."""
+    if not new:
+        return []
+    import jax.numpy as jnp
+
+    import named as nm
+
+    whole = nm.named(jnp.asarray([ids + new[:-1]], jnp.int32), ("batch", "position"))
+    logits = model(whole).rearrange(("batch", "position", "vocab")).array[0, len(ids) - 1 :]
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    return [float(x) for x in jnp.take_along_axis(logp, jnp.asarray(new)[:, None], axis=-1)[:, 0]]
 
 
 def _run_dir_and_checkpoint(path: Path) -> tuple[Path, Path]:
@@ -129,12 +150,25 @@ class Sampler:
                 f"positions; the model has {self.positions}"
             )
 
-    def continuation(self, ids: list[int], n_tokens: int, *, temperature: float, key, chat: bool) -> str:
+    def continuation(
+        self, ids: list[int], n_tokens: int, *, temperature: float, key, chat: bool, top_k=None, top_p=None
+    ) -> str:
         """The text after ``ids``: with ``chat``, a reply that ends at eos or the template's end of turn."""
+        return self.tokenizer.decode(self.continuation_ids(ids, n_tokens, temperature, key, chat, top_k, top_p))
+
+    def continuation_ids(self, ids, n_tokens, temperature, key, chat, top_k=None, top_p=None) -> list[int]:
         self.restore()
         stops = tuple(stop_token_ids(self.tokenizer, chat_template=self.cfg.data.chat_template)) if chat else ()
-        new = continue_ids(self.model, ids, n_tokens, temperature=temperature, key=key, stop_ids=stops)
-        return self.tokenizer.decode(new)
+        return continue_ids(
+            self.model, ids, n_tokens, temperature=temperature, top_k=top_k, top_p=top_p, key=key, stop_ids=stops
+        )
+
+    def logprob_lines(self, ids: list[int], new: list[int]) -> list[str]:
+        """One line per new token: its position, id, text and the model's log-probability of it."""
+        rows = zip(new, token_logprobs(self.model, ids, new))
+        return [
+            f"{i}\t{t}\t{self.tokenizer.decode([t], keep_special=True)!r}\t{lp!r}" for i, (t, lp) in enumerate(rows)
+        ]
 
 
 def sample_from_checkpoint(
@@ -147,28 +181,34 @@ def sample_from_checkpoint(
     chat: str | None = None,
     system: str | None = None,
     messages: list[dict] | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    logprobs: bool = False,
 ) -> str:
     """``prompt`` and its continuation; with ``chat`` or ``messages``, the assistant's reply alone
     to the conversation ``messages`` (a ``--messages`` file's), then ``system`` and the user
     message ``chat`` as given: rendered with the run's chat template, the reply ends at eos or
-    the template's end-of-turn token."""
-    check_flags(n_tokens, temperature, seed)
+    the template's end-of-turn token. ``top_k``/``top_p`` filter what a sampled token is drawn
+    from; ``logprobs`` adds a line per new token: position, id, text, the model's log-probability."""
+    check_flags(n_tokens, temperature, seed, top_k, top_p)
     conversation = conversation_of(prompt, chat, system, messages)
     sampler = Sampler.open(Path(path))
     if conversation is None:
         ids = sampler.tokenizer.encode(prompt) or [sampler.tokenizer.eos_id]
         sampler.check_room(ids, n_tokens, "--prompt")
-        return prompt + sampler.continuation(
-            ids, n_tokens, temperature=temperature, key=jax.random.key(seed), chat=False
-        )
-    if conversation[-1]["role"] != "user":
-        raise ConfigError(
-            f"--messages: the conversation ends with a {conversation[-1]['role']} message; a reply needs a user "
-            "message last (add one, or give --chat MESSAGE)"
-        )
-    ids = sampler.chat_ids(conversation)
-    sampler.check_room(ids, n_tokens, "the conversation (with the chat template)")
-    return sampler.continuation(ids, n_tokens, temperature=temperature, key=jax.random.key(seed), chat=True)
+        head, chat_ = prompt, False
+    else:
+        if conversation[-1]["role"] != "user":
+            raise ConfigError(
+                f"--messages: the conversation ends with a {conversation[-1]['role']} message; a reply needs a "
+                "user message last (add one, or give --chat MESSAGE)"
+            )
+        ids = sampler.chat_ids(conversation)
+        sampler.check_room(ids, n_tokens, "the conversation (with the chat template)")
+        head, chat_ = "", True
+    new = sampler.continuation_ids(ids, n_tokens, temperature, jax.random.key(seed), chat_, top_k, top_p)
+    text = head + sampler.tokenizer.decode(new)
+    return "\n".join([text, *sampler.logprob_lines(ids, new)]) if logprobs else text
 
 
 def conversation_of(
@@ -254,6 +294,8 @@ def chat_session(
     system: str | None = None,
     messages: list[dict] | None = None,
     prompt: str = "",
+    top_k: int | None = None,
+    top_p: float | None = None,
     read=None,
     write=None,
     ask=None,
@@ -263,7 +305,7 @@ def chat_session(
     ``messages`` and ``system`` (a conversation that ends with a user message is answered first).
     ``/reset`` starts over from them, ``/exit`` or the end of the input ends the session. When the
     conversation outgrows the model's positions, its oldest turns are dropped (``ask`` says so)."""
-    check_flags(n_tokens, temperature, seed)
+    check_flags(n_tokens, temperature, seed, top_k, top_p)
     start = conversation_of(prompt, INTERACTIVE, system, messages)
     sampler = Sampler.open(Path(path))
     read = read if read is not None else sys.stdin.readline
@@ -296,8 +338,9 @@ def chat_session(
         if ids is None:
             history.pop()
             continue
+        key = jax.random.fold_in(jax.random.key(seed), turn)
         reply = sampler.continuation(
-            ids, n_tokens, temperature=temperature, key=jax.random.fold_in(jax.random.key(seed), turn), chat=True
+            ids, n_tokens, temperature=temperature, key=key, chat=True, top_k=top_k, top_p=top_p
         )
         turn += 1
         history.append({"role": "assistant", "content": reply})

@@ -92,6 +92,11 @@ class TrainerConfig:
     # jax.random.key keeps 32 bits: 2**32 would be seed 0 again
     seed: int = key(0, between(0, 2**32 - 1), doc="one seed for init, data order and dropout")
     eval_interval: int = key(50, at_least(0), free=True, doc="evaluate every N steps (0: never)")
+    eval_at_start: bool = key(
+        False,
+        free=True,
+        doc="a new run also evaluates (validation loss, eval_harness_tasks) before its first step, logged at step 0",
+    )
     eval_batches: int = key(
         4, at_least(0), free=True, doc="batches evaluated, of each source of a mixture (0: all of them)"
     )
@@ -114,6 +119,12 @@ class TrainerConfig:
     )
     eval_harness_limit: int | None = key(
         None, at_least(1), free=True, doc="documents scored of each eval_harness task (null: all)"
+    )
+    eval_harness_files: bool = key(
+        False,
+        free=True,
+        doc="write lm-eval's results JSON and samples of each eval_harness evaluation in "
+        "`<run_dir>/eval_harness/step_<N>/`, as `named-eval --output_path --log_samples` writes them",
     )
     log_interval: int = key(10, at_least(0), free=True, doc="log every N steps (0: never)")
     run_dir: str = key(

@@ -72,7 +72,7 @@ from ._ray import ClusterError, RayShards
 from ._shards import LocalShards
 from ._show import show_rows
 from ._sources import SourceFile, open_pretokenized, resolve_sources, stdlib_files
-from ._tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer
+from ._tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, check_transformers_agrees, load_tokenizer
 
 __all__ = [
     "show_rows",
@@ -102,6 +102,7 @@ __all__ = [
     "cached_tokens",
     "changed_files",
     "check_target",
+    "check_transformers_agrees",
     "data_files",
     "eval_batches",
     "fingerprint",

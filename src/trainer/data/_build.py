@@ -106,7 +106,12 @@ def data_files(cfg: DataConfig) -> list[Path]:
     for split in ("train", "validation"):
         for spec in cfg.sources(split):
             try:
-                files = resolve_sources(_spec_paths(spec), stdlib_bytes=cfg.stdlib_bytes, text_field=spec.text_field)
+                files = resolve_sources(
+                    _spec_paths(spec),
+                    stdlib_bytes=cfg.stdlib_bytes,
+                    text_field=spec.text_field,
+                    chat=spec.format == "chat",
+                )
             except DataError as e:
                 raise _named(e, _label(spec, split)) from e.__cause__
             for f in files:
@@ -141,7 +146,9 @@ def _checked_sources(spec: SourceSpec, tokenizer: Tokenizer, cfg: DataConfig, sp
     check_tokenizer(tokenizer)
     label = _label(spec, split)
     try:
-        files = resolve_sources(_spec_paths(spec), stdlib_bytes=cfg.stdlib_bytes, text_field=spec.text_field)
+        files = resolve_sources(
+            _spec_paths(spec), stdlib_bytes=cfg.stdlib_bytes, text_field=spec.text_field, chat=spec.format == "chat"
+        )
         if spec.format == "chat":
             _check_chat_files(files)
         pretokenized = [
@@ -156,10 +163,10 @@ def _checked_sources(spec: SourceSpec, tokenizer: Tokenizer, cfg: DataConfig, sp
 
 def _check_chat_files(files: Sequence[SourceFile]) -> None:
     for f in files:
-        if f.kind != "jsonl":
+        if f.kind not in ("jsonl", "parquet", "arrow"):
             raise DataError(
-                f"{str(f.path)!r} is a {f.kind} file; a chat source reads JSON Lines records "
-                "(.jsonl, .json, .jsonl.gz, .jsonl.zst)"
+                f"{str(f.shown)!r} is a {f.kind} file; a chat source reads JSON Lines records "
+                "(.jsonl, .json, .jsonl.gz, .jsonl.zst) or the rows of Parquet and Arrow files"
             )
 
 

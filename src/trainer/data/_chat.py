@@ -1,7 +1,7 @@
-"""Chat sources: JSONL records of conversations or prompt/completion pairs, tokenised with a
-loss flag per token.
+"""Chat sources: records of conversations, instructions or prompt/completion pairs, tokenised with
+a loss flag per token.
 
-A record (one JSON object per line; other keys are ignored) is one of:
+A record (one JSON object per line, or one row; other keys are ignored) is one of:
 
 - ``{"messages": [{"role": ..., "content": ...}, ...]}``, optionally with ``"tools": [...]``:
   roles ``system``, ``user``, ``assistant`` (and ``tool`` when the template mentions tools),
@@ -15,8 +15,18 @@ A record (one JSON object per line; other keys are ignored) is one of:
 - ``{"conversations": [{"from": ..., "value": ...}, ...]}`` (ShareGPT): the same conversation,
   ``from`` one of ``system``, ``human`` (the user), ``gpt`` (the assistant), or ``user``,
   ``assistant``, ``tool``; ``value`` its content.
+- ``{"instruction": "...", "input": "...", "output": "..."}`` (alpaca, as axolotl reads it;
+  ``input`` and ``system`` optional): the conversation of a user turn (the instruction, then the
+  input after a blank line when it is not blank) and an assistant turn (the output), after a
+  system message when ``system`` is given, rendered with the chat template as ``messages`` are.
 - ``{"prompt": "...", "completion": "..."}``: plain text, no template (as for a base model);
   the tokens are those of prompt + completion, then eos; the completion's and eos carry loss.
+
+Records are the lines of JSONL files, or the rows of Parquet and Arrow files (``_columnar``: a
+``messages`` column of lists of ``{role, content}`` structs, as the Hub's SFT sets ship). A
+columnar file's record kind is chosen by its columns, the first found of ``messages``,
+``conversations``, ``prompt`` and ``completion``, ``instruction`` and ``output``; the other
+columns are not read (UltraChat's ``prompt`` beside its ``messages`` is not a second kind).
 
 ``ChatRules`` changes what carries loss: ``loss_roles`` (``data.loss_roles``) lists the roles whose
 turns do (an assistant turn from the end of its generation prompt, another role's from the start
@@ -53,6 +63,7 @@ CHAT_FORMAT = 1  # these rules (what carries loss, how documents are marked): a 
 ROLES = tuple(r for r in MESSAGE_ROLES if r != "tool")  # and tool, when the template mentions tools
 SHAREGPT_ROLES = {"system": "system", "human": "user", "gpt": "assistant", "user": "user", "assistant": "assistant"}
 MAX_LISTED = 20  # bad records named one by one in the error; the rest are counted
+_KIND_KEYS = ("messages", "conversations", "prompt", "completion", "instruction", "output")
 
 
 @dataclass(frozen=True)
@@ -195,17 +206,21 @@ def document(
             f"{where}: expected an object with 'messages' or 'conversations', or 'prompt' and 'completion'; "
             f"got {json_kind(record)}"
         )
-    kinds = [k for k in ("messages", "conversations") if k in record]
-    if kinds:
-        if len(kinds) > 1 or "prompt" in record or "completion" in record:
-            given = " and ".join(repr(k) for k in (*kinds, "prompt", "completion") if k in record)
-            raise DataError(
-                f"{where}: a record has one of 'messages', 'conversations', or 'prompt' and 'completion'; "
-                f"this one has {given}"
-            )
+    kinds = [k for k in ("messages", "conversations", "prompt", "instruction") if k in record]
+    kinds += ["prompt"] if "completion" in record and "prompt" not in record else []
+    kinds += ["instruction"] if "output" in record and "instruction" not in record else []
+    if len(kinds) > 1:
+        given = " and ".join(repr(k) for k in _KIND_KEYS if k in record)
+        raise DataError(
+            f"{where}: a record has one of 'messages', 'conversations', 'prompt' and 'completion', or "
+            f"'instruction' and 'output'; this one has {given}"
+        )
+    if kinds and kinds[0] in ("messages", "conversations", "instruction"):
         template = _template(where, fmt)
         if kinds[0] == "conversations":
             record = {**record, "messages": _sharegpt(where, record["conversations"])}
+        elif kinds[0] == "instruction":
+            record = {"messages": _alpaca(where, record)}
         messages, tools = _conversation(where, record, template, kinds[0], rules)
         try:
             if rules.train_on_inputs:
@@ -216,7 +231,7 @@ def document(
         except DataError as e:
             raise DataError(f"{where}: {e}") from None
         eos_loss = None
-    elif "prompt" in record or "completion" in record:
+    elif kinds:
         prompt, completion = (_string(where, record, k) for k in ("prompt", "completion"))
         if not completion.strip():
             raise DataError(f"{where}: 'completion' is blank: nothing to train on")
@@ -230,11 +245,23 @@ def document(
         keys = ", ".join(map(repr, record)) or "none"
         raise DataError(
             f"{where}: a chat record needs 'messages' (a list of {{role, content}}), 'conversations' (ShareGPT: "
-            f"a list of {{from, value}}) or 'prompt' and 'completion'; its keys: {keys}"
+            f"a list of {{from, value}}), 'prompt' and 'completion', or 'instruction' and 'output' (alpaca); "
+            f"its keys: {keys}"
         )
     if has_surrogate(text):
         raise DataError(f"{where}: the record holds a lone UTF-16 surrogate (\\ud800-\\udfff escape)")
     return where, text, spans, eos_loss
+
+
+def _alpaca(where: str, record: dict) -> list[dict]:
+    """An alpaca record (``instruction``, optional ``input`` and ``system``, ``output``) as messages:
+    the system message when given, the user's instruction followed by the input after a blank
+    line when the input is not blank, and the assistant's output."""
+    instruction, output = (_string(where, record, k, "an alpaca record") for k in ("instruction", "output"))
+    extra = {k: _string(where, record, k, "an alpaca record") for k in ("input", "system") if k in record}
+    user = instruction + (f"\n\n{extra['input']}" if extra.get("input", "").strip() else "")
+    system = [{"role": "system", "content": extra["system"]}] if extra.get("system", "").strip() else []
+    return [*system, {"role": "user", "content": user}, {"role": "assistant", "content": output}]
 
 
 def _sharegpt(where: str, turns) -> list[dict]:
@@ -263,11 +290,11 @@ def _template(where: str, fmt: ChatFormat) -> ChatTemplate:
         raise DataError(f"{where}: {e}") from None
 
 
-def _string(where: str, record: dict, key: str) -> str:
+def _string(where: str, record: dict, key: str, what: str = "a prompt/completion pair") -> str:
     value = record.get(key)
     if not isinstance(value, str):
         got = "missing" if key not in record else json_kind(value)
-        raise DataError(f"{where}: {key!r} must be a string, got {got} (a prompt/completion pair is two strings)")
+        raise DataError(f"{where}: {key!r} must be a string, got {got} ({what} is strings)")
     return value
 
 

@@ -67,7 +67,7 @@ class Piece:
     def documents(self) -> Iterator[tuple[str, str]]:
         if self.row_groups is None:
             return iter_documents([self.src])
-        return documents(self.src.path, "parquet", self.src.text_field, range(*self.row_groups))
+        return documents(self.src.path, "parquet", self.src.text_field, range(*self.row_groups), self.src.shown)
 
     def __str__(self) -> str:
         groups = f" (row groups {self.row_groups[0]}-{self.row_groups[1] - 1})" if self.row_groups else ""

@@ -4,7 +4,9 @@ axolotl's preprocess debug output.
 Each row is printed sample by sample (a sample is a segment of the row: one conversation under
 whole packing), one line each, its text decoded with special tokens kept and newlines written as
 ``\\n``. ``[[...]]`` encloses the tokens that carry loss: token ``j`` does when ``loss_mask[j - 1]``
-is set (it is the target of position ``j - 1``). Padding is counted, not printed.
+is set (it is the target of position ``j - 1``). Padding is counted, not printed. With ``ids``,
+each sample's line is followed by its token ids and their labels, as transformers' ``labels``
+write them: a token's own id where it carries loss, ``-100`` (ignored) where it does not.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from ._packing import PAD_SEGMENT, Batch, Sequences
 from ._tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 
 OPEN, CLOSE = "[[", "]]"
+IGNORED = -100  # transformers' label for a token that carries no loss
 
 
 def describe_rows(rows: Sequences | PackedSequences | JoinedRows) -> str:
@@ -31,12 +34,17 @@ def describe_rows(rows: Sequences | PackedSequences | JoinedRows) -> str:
 
 
 def show_rows(
-    rows: Sequences | PackedSequences | JoinedRows, tokenizer: Tokenizer, indices: Sequence[int], label: str = "train"
+    rows: Sequences | PackedSequences | JoinedRows,
+    tokenizer: Tokenizer,
+    indices: Sequence[int],
+    label: str = "train",
+    *,
+    ids: bool = False,
 ) -> str:
     """The rows at ``indices`` as text (see the module docstring)."""
     lines = [f"{describe_rows(rows)}", f"{OPEN}...{CLOSE}: the tokens that carry loss"]
     batch: Batch = rows.rows(np.asarray(indices, np.int64))
-    for r, ids, seg, mask in zip(indices, *batch):
+    for r, tokens, seg, mask in zip(indices, *batch):
         trained = np.r_[False, mask[:-1]]
         samples = [s for s in dict.fromkeys(seg.tolist()) if s != PAD_SEGMENT]
         pad = int((seg == PAD_SEGMENT).sum())
@@ -46,7 +54,11 @@ def show_rows(
         )
         for k, s in enumerate(samples):
             at = np.flatnonzero(seg == s)
-            lines.append(f"  {k + 1}| {_marked(tokenizer, ids[at], trained[at])}")
+            lines.append(f"  {k + 1}| {_marked(tokenizer, tokens[at], trained[at])}")
+            if ids:
+                labels = np.where(trained[at], tokens[at], IGNORED)
+                lines.append(f"   ids| {' '.join(map(str, tokens[at].tolist()))}")
+                lines.append(f"labels| {' '.join(map(str, labels.tolist()))}")
     return "\n".join(lines)
 
 

@@ -93,18 +93,24 @@ class SourceFile:
     kind: Kind
     codec: str | None = None  # "gzip" or "zstd" for a compressed file
     text_field: str = "text"  # the field holding the document, for the FIELD_KINDS
+    listed: Path | None = None  # the path as the source lists it, when ``path`` (resolved) differs
 
     @property
     def pretokenized(self) -> bool:
         return self.kind in ("npy", "bin")
 
+    @property
+    def shown(self) -> Path:
+        """The file as messages name it: as listed (a Hub snapshot's link, not the blob it leads to)."""
+        return self.listed or self.path
+
 
 def resolve_sources(
-    specs: Sequence[str], *, stdlib_bytes: int = 8_000_000, text_field: str = "text"
+    specs: Sequence[str], *, stdlib_bytes: int = 8_000_000, text_field: str = "text", chat: bool = False
 ) -> list[SourceFile]:
     """Expand specs into an ordered, de-duplicated file list; fail on anything missing or
-    unreadable: for Parquet and Arrow files the text column is checked here, before any
-    tokenising."""
+    unreadable: for Parquet and Arrow files the text column (``chat``: the columns of chat
+    records) is checked here, before any tokenising."""
     if not specs:
         raise DataError("no data sources given; list files, globs or 'stdlib' in data.train")
     files: list[Path] = []
@@ -134,9 +140,12 @@ def resolve_sources(
         if p not in seen:
             seen.add(p)
             kind, codec = _kind(listed)  # by the name listed: a Hub snapshot's files link to blobs named by hash
-            src = SourceFile(p, kind, codec, text_field)
-            if kind in ("parquet", "arrow"):
-                _columnar.check_text_column(p, kind, text_field)
+            shown = listed.absolute()
+            src = SourceFile(p, kind, codec, text_field, shown if shown != p else None)
+            if kind in ("parquet", "arrow") and chat:
+                _columnar.chat_columns(p, kind, src.shown)
+            elif kind in ("parquet", "arrow"):
+                _columnar.check_text_column(p, kind, text_field, src.shown)
             out.append(src)
     return out
 
@@ -206,7 +215,7 @@ def iter_documents(files: Sequence[SourceFile]) -> Iterator[tuple[str, str]]:
             for where, record in iter_records([src]):
                 yield where, _record_text(record, where, src.text_field)
         elif src.kind in ("parquet", "arrow"):
-            yield from _columnar.documents(src.path, src.kind, src.text_field)
+            yield from _columnar.documents(src.path, src.kind, src.text_field, shown=src.shown)
 
 
 def open_pretokenized(src: SourceFile, *, bin_dtype: str, vocab_size: int | None) -> np.ndarray:
@@ -309,9 +318,13 @@ def _plain_lines(path: Path) -> Iterator[tuple[int, bytes]]:
 def iter_records(
     files: Sequence[SourceFile], on_bad: Callable[[DataError], None] | None = None
 ) -> Iterator[tuple[str, object]]:
-    """``(file:line, value)`` for each non-blank line of JSONL files (chat sources read whole
-    records). A line that is not JSON raises, or is handed to ``on_bad`` and passed over."""
+    """``(file:line, value)`` for each non-blank line of JSONL files, ``(file: row group, row,
+    record)`` for each row of Parquet and Arrow files (chat sources read whole records). A line
+    that is not JSON raises, or is handed to ``on_bad`` and passed over."""
     for src in files:
+        if src.kind in ("parquet", "arrow"):
+            yield from _columnar.records(src.path, src.kind, src.shown)
+            continue
         lines = _compressed.lines(src.path, src.codec) if src.codec else _plain_lines(src.path)
         for lineno, line in lines:
             if not line.strip():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 from collections.abc import Sequence
 from numbers import Integral
@@ -174,6 +175,56 @@ def load_tokenizer(spec: str, eos_token: str | None = None) -> Tokenizer:
     if spec == "byte":
         return ByteTokenizer()
     return HFTokenizer(local_folder(spec, "data.tokenizer", error=DataError), eos_token=eos_token)
+
+
+# Texts that tell splitting rules apart: contractions in both cases, digit runs, whitespace runs,
+# accents and other scripts, code.
+PROBES = (
+    "Hello world, it's 2024: 12345 apples don't fall far.",
+    "I'M SHOUTING, THEY'RE here; we'll see.",
+    "  two leading spaces\n\n\tand a tab   three trailing   ",
+    "naïve café, ünïcödé, 日本語のテキスト, Ελληνικά",
+    "def f(x):\n    return x**2  # 3.14159",
+)
+_AGREED: set[str] = set()  # fingerprints of tokenizers found to encode as transformers does
+
+
+def check_transformers_agrees(tokenizer: Tokenizer, key: str = "data.tokenizer") -> None:
+    """The tokenizer transformers loads from ``tokenizer``'s folder encodes ``PROBES`` as ``tokenizer``
+    does, where transformers is installed: a folder can name a tokenizer class that ignores its
+    tokenizer.json's splitting rule (transformers 5's Qwen2Tokenizer for ``model_type: qwen2``), and
+    the run would then train on other ids than the export is scored and served with. DataError naming
+    both tokenizers, the first probe they split differently and the way out, if not. Nothing is
+    checked for the byte tokenizer, a tokenizer file of another name, or a folder transformers
+    cannot load on its own."""
+    if not isinstance(tokenizer, HFTokenizer) or tokenizer.path.name != "tokenizer.json":
+        return
+    if tokenizer.fingerprint in _AGREED or importlib.util.find_spec("transformers") is None:
+        return
+    folder = tokenizer.path.parent
+    try:
+        import transformers
+
+        theirs = transformers.AutoTokenizer.from_pretrained(str(folder))
+    except Exception:  # noqa: BLE001 - a folder transformers cannot load gives it no tokenizer to disagree with
+        return
+    for text in PROBES:
+        ours, got = tokenizer.encode(text), list(theirs(text, add_special_tokens=False)["input_ids"])
+        if ours != got:
+            raise DataError(
+                f"{key}: transformers loads {folder} as {type(theirs).__name__}, which splits text otherwise than "
+                f"{tokenizer.path}, the file this run reads: {text!r} is {_ids(ours)} here, {_ids(got)} in "
+                "transformers. "
+                "Training on these ids, the export would be scored and served with others. Train with "
+                "transformers' tokenizer: save it (AutoTokenizer.from_pretrained(folder).save_pretrained(new)) and "
+                "give the new folder as data.tokenizer; or name tokenizer_class PreTrainedTokenizerFast in the "
+                "folder's tokenizer_config.json to make transformers read tokenizer.json as it is"
+            )
+    _AGREED.add(tokenizer.fingerprint)
+
+
+def _ids(ids: list[int], shown: int = 12) -> str:
+    return str(ids) if len(ids) <= shown else f"{str(ids[:shown])[:-1]}, ... ({len(ids)} ids)]"
 
 
 def _token_from_config(path: Path, key: str) -> str | None:

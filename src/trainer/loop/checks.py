@@ -25,7 +25,7 @@ from named.partitioning import mesh_axes_of
 
 from ..config import ConfigError, TrainConfig, data_parallel_size, pretrained, to_mapping
 from ..config.train_config import VOCAB_MULTIPLE
-from ..data import Tokenizer, load_tokenizer
+from ..data import Tokenizer, check_transformers_agrees, load_tokenizer
 from .loss import token_losses
 from .model_init import layer_driver, model_shapes
 from .registry import max_positions, model_class, model_type
@@ -65,6 +65,7 @@ def check_against_devices(cfg: TrainConfig) -> Setup:
 
     checked_settings(cfg.distributed)
     tokenizer = load_tokenizer(cfg.data.tokenizer, cfg.data.eos_token)
+    check_transformers_agrees(tokenizer)
     model_cfg, model_cls = model_config_for(cfg, tokenizer)
     mesh = nm.make_mesh(check_device_count(cfg, len(jax.devices()), jax.process_count()))
     compute_mapping, param_mapping = to_mapping(cfg.mesh.compute_mapping), to_mapping(cfg.mesh.param_mapping)

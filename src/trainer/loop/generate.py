@@ -35,11 +35,14 @@ def continue_ids(
     *,
     temperature: float = 0.0,
     top_k: int | None = None,
+    top_p: float | None = None,
     key=None,
     stop_ids: tuple[int, ...] = (),
 ) -> list[int]:
     """Up to ``n_tokens`` new ids after ``ids``, ending before the first of ``stop_ids``."""
-    return continue_rows(model, [ids], n_tokens, temperature=temperature, top_k=top_k, key=key, stop_ids=stop_ids)[0]
+    return continue_rows(
+        model, [ids], n_tokens, temperature=temperature, top_k=top_k, top_p=top_p, key=key, stop_ids=stop_ids
+    )[0]
 
 
 def continue_rows(
@@ -49,6 +52,7 @@ def continue_rows(
     *,
     temperature: float = 0.0,
     top_k: int | None = None,
+    top_p: float | None = None,
     key=None,
     stop_ids: tuple[int, ...] = (),
     width: int | None = None,
@@ -71,6 +75,7 @@ def continue_rows(
         n_tokens,
         temperature=temperature,
         top_k=top_k,
+        top_p=top_p,
         key=key,
         stop_ids=stop_ids,
         prompt_lengths=None if (lengths == width).all() else lengths,

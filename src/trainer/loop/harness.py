@@ -10,10 +10,13 @@ continuation exactly as its Hugging Face backend does) over a model laid out on 
   continuation's tokens, and it is greedy when each of them is the argmax;
 - ``loglikelihood_rolling``: lm-eval's own disjoint windows of the model's positions (each
   token scored once, after the bos or eos prefix), scored as above and summed per document;
-- ``generate_until``: greedy decoding (``models.generate``) of at most ``max_gen_toks`` tokens,
-  stopped at eos and cut before the first of the request's ``until`` strings; the requests are
-  decoded ``batch_size`` rows at a time (prompts of different lengths together, padded to a
-  power-of-two length; a batch ends when each of its rows has given eos).
+- ``generate_until``: decoding (``models.generate``) of at most ``max_gen_toks`` tokens, stopped
+  at eos and cut before the first of the request's ``until`` strings: greedy, the requests
+  ``batch_size`` rows at a time (prompts of different lengths together, padded to a power-of-two
+  length; a batch ends when each of its rows has given eos), or, when ``do_sample`` is true,
+  sampled as transformers' generate samples (``temperature``, ``top_k``, ``top_p``), one request
+  at a time with its own key from ``seed``;
+- ``apply_chat_template``: the run's chat template (lm-eval's ``--apply_chat_template``).
 
 ``evaluate`` runs tasks by name, from lm-eval's registry or from YAML files in a folder of
 one's own (``include``; searched alone first, so a folder holding every task asked for needs no
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -60,9 +64,12 @@ class HarnessLM(TemplateLM):
         policy=None,
         batch_size: int = 8,
         batch_multiple: int = 1,
+        chat_template=None,
+        seed: int = 0,
     ):
         super().__init__()
         self.model, self._tok, self.max_length = model, tokenizer, max_length
+        self._chat, self._seed = chat_template, seed  # a data.chat.ChatTemplate, for apply_chat_template
         self._hf = _as_transformers_reads(tokenizer)
         self.mesh, self.mapping = mesh, dict(mapping or {})
         self.batch_rows = math.ceil(max(batch_size, 1) / batch_multiple) * batch_multiple
@@ -105,6 +112,21 @@ class HarnessLM(TemplateLM):
     def tok_decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids))
 
+    # ---- chat templates (lm-eval's --apply_chat_template) --------------------------------------------
+
+    @property
+    def tokenizer_name(self) -> str:
+        return str(getattr(self._tok, "path", "byte"))
+
+    def chat_template(self, chat_template: bool | str = False) -> str | None:
+        return self._chat.text if self._chat is not None and chat_template not in (False, None) else None
+
+    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """The conversation rendered with the run's chat template, as the run's chat data was."""
+        if self._chat is None:
+            raise ConfigError("--apply_chat_template: this evaluation was set up without the run's chat template")
+        return self._chat.render(chat_history, add_generation_prompt=add_generation_prompt)
+
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
         rows = []
         for _, context_enc, continuation_enc in requests:
@@ -136,10 +158,24 @@ class HarnessLM(TemplateLM):
             until = [until] if isinstance(until, str) else list(until)
             max_new = max(min(int(kwargs.pop("max_gen_toks", 256)), self.max_length - 1), 1)
             ids = self.tok_encode(context) or [self.prefix_token_id]
-            jobs.append((ids[-(self.max_length - max_new) :], max_new, until))
+            jobs.append((ids[-(self.max_length - max_new) :], max_new, until, sampling(kwargs)))
         out: list[str | None] = [None] * len(jobs)
-        # batches of one token budget, the longest prompts first: one padded length per batch
-        order = sorted(range(len(jobs)), key=lambda i: (jobs[i][1], -len(jobs[i][0])))
+
+        def finish(i: int, new: list[int]) -> None:
+            text = self.tok_decode(new)
+            for stop in jobs[i][2]:
+                if stop and stop in text:
+                    text = text[: text.index(stop)]
+            out[i] = text
+
+        # a sampled request is decoded alone, with its own key (from seed and its index), as
+        # transformers samples each; greedy ones in batches of one token budget, the longest
+        # prompts first: one padded length per batch
+        sampled = [i for i, job in enumerate(jobs) if job[3]["temperature"] > 0]
+        for i in sampled:
+            finish(i, self._sample(jobs[i][0], jobs[i][1], jobs[i][3], i))
+        greedy = [i for i in range(len(jobs)) if i not in set(sampled)]
+        order = sorted(greedy, key=lambda i: (jobs[i][1], -len(jobs[i][0])))
         for start in range(0, len(order), self.batch_rows):
             chunk = order[start : start + self.batch_rows]
             for max_new in sorted({jobs[i][1] for i in chunk}):
@@ -147,11 +183,7 @@ class HarnessLM(TemplateLM):
                 longest = max(len(jobs[i][0]) for i in rows)
                 width = min(max(MIN_BUCKET, 1 << max(longest - 1, 0).bit_length()), self.max_length - max_new)
                 for i, new in zip(rows, self._generate([jobs[i][0] for i in rows], max_new, width)):
-                    text = self.tok_decode(new)
-                    for stop in jobs[i][2]:
-                        if stop and stop in text:
-                            text = text[: text.index(stop)]
-                    out[i] = text
+                    finish(i, new)
         return out
 
     # ---- scoring ---------------------------------------------------------------------------------
@@ -202,6 +234,97 @@ class HarnessLM(TemplateLM):
                 width=width,
                 batch=self.batch_rows,
             )
+
+    def _sample(self, ids: list[int], n_tokens: int, how: dict, index: int) -> list[int]:
+        from .generate import continue_ids
+
+        key = jax.random.fold_in(jax.random.key(self._seed), index)
+        with nm.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext():
+            return continue_ids(self.model, ids, n_tokens, key=key, stop_ids=(self._tok.eos_id,), **how)
+
+
+GEN_KWARGS = ("until", "max_gen_toks", "do_sample", "temperature", "top_k", "top_p")
+
+
+def sampling(kwargs: dict) -> dict:
+    """``{temperature, top_k, top_p}`` of a request's generation arguments, as transformers' generate
+    reads them: greedy unless ``do_sample`` is true (then ``temperature``, default 1, and the
+    filters); ``temperature: 0`` is greedy too. Other arguments are not ours to act on."""
+    sample = str(kwargs.get("do_sample", False)).lower() in ("true", "1")
+    temperature = float(kwargs.get("temperature", 1.0 if sample else 0.0))
+    if not sample or temperature <= 0:
+        return {"temperature": 0.0, "top_k": None, "top_p": None}
+    top_k, top_p = kwargs.get("top_k"), kwargs.get("top_p")
+    return {
+        "temperature": temperature,
+        "top_k": int(top_k) if top_k not in (None, 0) else None,
+        "top_p": float(top_p) if top_p not in (None, 1, 1.0) else None,
+    }
+
+
+def check_gen_kwargs(text: str | None, what: str = "--gen_kwargs") -> dict | None:
+    """lm-eval's ``k=v,k=v`` generation arguments, parsed as lm-eval parses them; ConfigError naming
+    a key named-eval does not act on (``GEN_KWARGS``) or a value that is not a number."""
+    if text is None:
+        return None
+    try:
+        parsed = lm_utils.simple_parse_args_string(text)
+    except (ValueError, IndexError) as e:
+        raise ConfigError(f"{what} {text!r} is not k=v,k=v ({e})") from None
+    unknown = sorted(set(parsed) - set(GEN_KWARGS))
+    if unknown:
+        raise ConfigError(
+            f"{what}: {', '.join(map(repr, unknown))} not understood; named-eval reads {', '.join(GEN_KWARGS)}"
+        )
+    try:
+        sampling(parsed)
+        int(parsed.get("max_gen_toks", 1))
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{what} {text!r}: {e}") from None
+    return parsed
+
+
+def check_output_path(path: str | Path | None, what: str = "--output_path") -> Path | None:
+    """Where lm-eval's files will go: a ``.json`` file's folder, or a folder; ConfigError naming
+    ``what`` when it is a file that is not ``.json`` or lies where nothing can be written."""
+    if path is None:
+        return None
+    path = Path(path).expanduser()
+    if path.exists() and not path.is_dir() and path.suffix != ".json":
+        raise ConfigError(f"{what} {path} is a file; give a folder, or a .json file name")
+    existing = path if path.is_dir() else path.parent
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{what} {path}: {existing} is not a folder this process can write into")
+    return path
+
+
+def write_results(result: dict, output_path: Path, *, model_name: str) -> list[Path]:
+    """lm-eval's files for ``result``, as its ``--output_path`` writes them (its own
+    ``EvaluationTracker``): ``results_<time>.json`` and, when samples were logged,
+    ``samples_<task>_<time>.jsonl``, in ``<output_path>/<model_name>/`` (or beside a ``.json``
+    ``output_path``, its name stamped). Returns the files written."""
+    from lm_eval.loggers import EvaluationTracker
+
+    tracker = EvaluationTracker(output_path=str(output_path))
+    tracker.general_config_tracker.model_name = model_name
+    tracker.general_config_tracker.model_name_sanitized = lm_utils.sanitize_model_name(model_name)
+    before = _files_under(output_path)
+    samples = result.get("samples")
+    results = {k: v for k, v in result.items() if k != "samples"}
+    tracker.save_results_aggregated(results=results, samples=samples)
+    for task in samples or {}:
+        tracker.save_results_samples(task_name=task, samples=samples[task])
+    written = sorted(_files_under(output_path) - before)
+    if not any(p.name.startswith(("results_", output_path.stem)) for p in written):
+        raise ConfigError(f"--output_path {output_path}: lm-eval wrote no results file there")
+    return written
+
+
+def _files_under(path: Path) -> set[Path]:
+    folder = path.parent if path.suffix == ".json" else path
+    return set(folder.rglob("*")) if folder.is_dir() else set()
 
 
 def _as_transformers_reads(tokenizer):
@@ -265,10 +388,15 @@ def evaluate(
     manager=None,
     samples: bool = False,
     bootstrap_iters: int = 0,
+    apply_chat_template: bool = False,
+    fewshot_as_multiturn: bool = False,
+    gen_kwargs: dict | None = None,
 ) -> tuple[dict[str, float], dict]:
     """``({"<task>/<metric>": value}, lm-eval's whole result)`` for ``tasks`` scored by ``lm``.
     A metric under a filter other than lm-eval's ``none`` is ``<metric>_<filter>``; standard errors
-    need ``bootstrap_iters`` > 0 (lm-eval's own default is 100000)."""
+    need ``bootstrap_iters`` > 0 (lm-eval's own default is 100000). ``apply_chat_template``,
+    ``fewshot_as_multiturn`` and ``gen_kwargs`` are lm-eval's (the prompts rendered with the run's
+    chat template, its few-shot examples as turns, generation arguments over the tasks')."""
     from lm_eval import evaluator
 
     manager = manager if manager is not None else task_manager(tasks, include, "tasks")
@@ -281,6 +409,9 @@ def evaluate(
         log_samples=samples,
         bootstrap_iters=bootstrap_iters,
         verbosity="WARNING",
+        apply_chat_template=apply_chat_template,
+        fewshot_as_multiturn=fewshot_as_multiturn,
+        gen_kwargs=gen_kwargs,
     )
     return metrics_of(result), result
 

@@ -369,7 +369,7 @@ def _train(cfg: TrainConfig, run: Run) -> TrainResult:
         )
     except OSError as e:
         raise rundir.os_error(run_dir, e) from None
-    for note in [*plan.notes, *data.notes]:  # data.notes: whole packing's padding share, per split
+    for note in [*plan.notes, *data.notes, epochs_note(len(data.train), t)]:  # data.notes: padding share, per split
         log.info(note)
     policy = get_policy(t.precision)
     optimizer = build_optimizer(cfg.optimizer, t.num_train_steps)
@@ -420,6 +420,19 @@ def _train(cfg: TrainConfig, run: Run) -> TrainResult:
             log.debug("step %d: process %d reads data rows %s", step, pid, train_batches.indices(step).tolist())
             return device_batch(train_batches.batch_at(step), mesh, compute_mapping, t.train_batch_size)
 
+        if t.eval_at_start and start == 0:  # the model before any update: the baseline of the curves
+            if data.validation is not None:
+                evals = eval_losses(
+                    lambda b: eval_step(model, device_batch(b, mesh, compute_mapping, t.train_batch_size)), data, t
+                )
+                trackers.log(0, evals, prefix="eval")
+            if harness is not None:
+                from .harness import PREFIX, evaluate
+
+                scores, _ = evaluate(
+                    harness, t.eval_harness_tasks, manager=run.harness_tasks, limit=t.eval_harness_limit
+                )
+                trackers.log(0, scores, prefix=PREFIX)
         batch = batch_for(start)
         for step in range(start, t.num_train_steps):
             # The step is dispatched, not waited for: until the next read point nothing below reads
@@ -444,7 +457,10 @@ def _train(cfg: TrainConfig, run: Run) -> TrainResult:
                 continue
             steps = [s for s, _ in pending]
             rows = read_metrics(pending, t.nan_policy, checkpointer.latest)
+            first = not losses and start == 0 and rows  # where the curve starts, read with the steps after it
             losses += [_loss_of(s, r) for s, r in zip(steps, rows)]
+            if first:
+                log.info(f"step 1 (the first): loss {losses[0]!r}")
             empty_steps += sum(float(r["tokens"]) == 0 for r in rows)
             window.add(rows)
             if progress is not None:
@@ -471,13 +487,19 @@ def _train(cfg: TrainConfig, run: Run) -> TrainResult:
                 )
                 trackers.log(done, evals, prefix="eval")
             if due.harness:
-                from .harness import PREFIX, evaluate
+                from .harness import PREFIX, evaluate, write_results
 
                 harness.model = model
-                scores, _ = evaluate(
-                    harness, t.eval_harness_tasks, manager=run.harness_tasks, limit=t.eval_harness_limit
+                scores, result = evaluate(
+                    harness,
+                    t.eval_harness_tasks,
+                    manager=run.harness_tasks,
+                    limit=t.eval_harness_limit,
+                    samples=t.eval_harness_files,
                 )
                 trackers.log(done, scores, prefix=PREFIX)
+                if t.eval_harness_files and jax.process_index() == 0:
+                    write_results(result, run_dir / PREFIX / f"step_{done}", model_name=f"{run_dir.name}/step_{done}")
             if due.sample:
                 trackers.text(
                     done,
@@ -573,6 +595,19 @@ class Due:
     harness: bool = False  # score trainer.eval_harness_tasks
     temporary: bool = False  # the checkpoint is time-based or a stop's (checkpoint.retention)
     stop: bool = False  # a stop signal: save, wait for the commit, end the run
+
+
+def epochs_note(sequences: int, t) -> str:
+    """How the run's steps measure against its training data: the steps of one epoch (one pass over
+    the ``sequences`` training rows) and the epochs ``trainer.num_train_steps`` makes."""
+    if not sequences:
+        return "no training sequences: no epoch to count steps by"
+    per_epoch = sequences / t.train_batch_size
+    return (
+        f"one epoch (every one of the {sequences} training sequences once) is {per_epoch:.4g} steps of "
+        f"{t.train_batch_size} sequences; trainer.num_train_steps={t.num_train_steps} is "
+        f"{t.num_train_steps / per_epoch:.4g} epochs"
+    )
 
 
 def step_due(
