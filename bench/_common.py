@@ -298,9 +298,9 @@ def compile_trainer_step(cfg) -> dict:
 
     import named as nm
     from named.trainer.commands.plan import abstract_train_step
-    from named.trainer.loop.checks import check_against_devices
+    from named.trainer.loop.checks import checked_setup
 
-    s = check_against_devices(cfg)
+    s = checked_setup(cfg)
     step, args = abstract_train_step(cfg, s)
     jax.clear_caches()
     with nm.set_mesh(s.mesh):
@@ -336,13 +336,13 @@ class TrainerStep:
 
         import named as nm
         from named.trainer.data import Batch
-        from named.trainer.loop.checks import check_against_devices
+        from named.trainer.loop.checks import checked_setup
         from named.trainer.loop.model_init import init_model
         from named.trainer.loop.optim import build_optimizer, init_opt_state
         from named.trainer.loop.stop import flags_layout
         from named.trainer.loop.train import device_batch, make_train_step
 
-        s = check_against_devices(cfg)
+        s = checked_setup(cfg)
         t = cfg.trainer
         optimizer = build_optimizer(cfg.optimizer, t.num_train_steps)
         self.setup, self.mesh = s, s.mesh

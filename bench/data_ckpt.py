@@ -5,7 +5,7 @@
     .venv/bin/python bench/data_ckpt.py --s3      # checkpoints only: local disk beside a local S3 server
 
 Loader: a ``.bin`` file of uint16 token ids (random, with an eos every ~1000 tokens) is
-written to a temporary directory, then ``trainer.data.loader_throughput`` times making
+written to a temporary directory, then ``loader_throughput`` (below) times making
 shuffled, packed train batches (input_ids, segment_ids, loss_mask) from the memory-mapped
 file, as training does, in this one process (one host). Goal: ≥ 5M tokens/s.
 
@@ -44,7 +44,7 @@ import numpy as np
 
 import named as nm
 from named.trainer.checkpoint import restore, save_checkpoint
-from named.trainer.data import loader_throughput
+from named.trainer.data import Sequences, TokenStream, TrainBatches, open_pretokenized, resolve_sources
 
 
 def write_tokens(path: Path, n_tokens: int, vocab: int = 50257, eos: int = 0) -> None:
@@ -52,6 +52,21 @@ def write_tokens(path: Path, n_tokens: int, vocab: int = 50257, eos: int = 0) ->
     ids = rng.integers(1, vocab, size=n_tokens, dtype=np.uint16)
     ids[rng.random(n_tokens) < 1e-3] = eos
     ids.tofile(path)
+
+
+def loader_throughput(
+    path: Path, *, seq_len: int, batch_size: int, steps: int, bin_dtype: str = "uint16", eos_id: int = 0
+) -> float:
+    """Tokens per second of the trainer's shuffled train batches (``TrainBatches.batch_at``, what the
+    loop calls) from a pre-tokenised file, memory-mapped as in training; one warm-up batch untimed."""
+    (src,) = resolve_sources([str(path)])
+    stream = TokenStream([open_pretokenized(src, bin_dtype=bin_dtype, vocab_size=None)], eos_id)
+    batches = TrainBatches(Sequences(stream, seq_len), batch_size=batch_size, seed=0)
+    batches.batch_at(0)
+    t0 = time.perf_counter()
+    for step in range(1, steps + 1):
+        batches.batch_at(step)
+    return steps * batch_size * seq_len / (time.perf_counter() - t0)
 
 
 def bench_loader(tmp: Path, n_tokens: int, cases, steps: int, repeats: int) -> list[dict]:

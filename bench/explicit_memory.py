@@ -91,10 +91,10 @@ def measure(model: dict, remat: str, mode: str, loss_block: int | None) -> dict:
 
 def memory_table(model: dict) -> dict:
     from named.trainer.commands.plan import activation_bytes
-    from named.trainer.loop.checks import check_against_devices
+    from named.trainer.loop.checks import checked_setup
 
     cfg = config(model, "none", "explicit")
-    s = check_against_devices(cfg)
+    s = checked_setup(cfg)
     n = C.count_params(s.shapes)
     layers = model["model.n_layer"]
     ideal = 16 * n / 8

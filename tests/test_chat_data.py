@@ -1,4 +1,4 @@
-"""Chat data (``format: chat`` sources, ``trainer.data.chat``): templates rendered as
+"""Chat data (``format: chat`` sources, ``trainer.data.chat_template``): templates rendered as
 ``transformers`` renders them, a loss mask on assistant tokens only (checked against
 transformers' own ``{% generation %}`` masks and by decoding), packing of flagged streams
 against a token-by-token reference, the cache pair, bad records and templates, and a short
@@ -18,7 +18,7 @@ from tokenizers import Tokenizer as HFTok
 
 from named.trainer.config import ConfigError
 from named.trainer.data import ByteTokenizer, DataConfig, DataError, Sequences, TokenStream, _cache, build_data
-from named.trainer.data import chat as chat_api
+from named.trainer.data import chat_template as chat_api
 from named.trainer.data._packing import LOSS, START
 
 # ChatML with the assistant's text marked for transformers' return_assistant_tokens_mask: the

@@ -26,7 +26,6 @@ from named.trainer.data import (
     build_data,
     eval_batches,
     load_tokenizer,
-    loader_throughput,
     num_eval_batches,
     stdlib_files,
     token_dtype,
@@ -414,14 +413,6 @@ def test_separate_validation_sources(tmp_path):
     data = build_data(cfg(tmp_path, [tmp_path / "t.txt"], validation=[str(tmp_path / "v.txt")], seq_len=10))
     assert (len(data.train), len(data.validation)) == (10, 5)
     assert set(data.validation.rows(np.arange(5)).input_ids.ravel().tolist()) == {ord("v"), EOS}
-
-
-def test_loader_throughput_on_a_memmapped_file(tmp_path):
-    (np.arange(100_000) % 257).astype(np.uint16).tofile(tmp_path / "t.bin")
-    tps = loader_throughput(tmp_path / "t.bin", seq_len=128, batch_size=8, steps=20, eos_id=EOS)
-    assert tps > 0
-    with pytest.raises(DataError, match="pre-tokenised"):
-        loader_throughput(write(tmp_path / "x.txt", "x"))
 
 
 # --- errors: each names its culprit, nothing left on disk --------------------------------

@@ -27,7 +27,7 @@ from named.trainer.commands.cli import main_export, main_sample, main_train
 from named.trainer.commands.sample import saved_model_config
 from named.trainer.config import load_config
 from named.trainer.data import TrainBatches, build_data
-from named.trainer.data.chat import prompt_ids
+from named.trainer.data.chat_template import prompt_ids
 from named.trainer.loop.model_init import model_shapes
 from named.trainer.loop.registry import model_class
 
@@ -218,7 +218,7 @@ def _qwen2_folder(path: Path) -> Path:
 
 def test_a_tokenizer_transformers_reads_otherwise_is_refused_naming_both(tmp_path):
     from named.trainer.data import DataError
-    from named.trainer.loop.checks import check_against_devices
+    from named.trainer.loop.checks import checked_setup
 
     folder = _qwen2_folder(tmp_path / "qwen2-tok")
     theirs = transformers.AutoTokenizer.from_pretrained(folder)
@@ -232,12 +232,10 @@ def test_a_tokenizer_transformers_reads_otherwise_is_refused_naming_both(tmp_pat
         rf"{folder / 'tokenizer.json'}, the file this run reads: \"Hello world.* is \[303\] here, "
         r"\[270, 258, .*\.\.\. \(39 ids\)\] in",
     ):
-        check_against_devices(cfg)
+        checked_setup(cfg)
     # the way out the message gives: train with the tokenizer transformers uses, saved as a folder
     theirs.save_pretrained(tmp_path / "saved")
-    check_against_devices(
-        dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, tokenizer=str(tmp_path / "saved")))
-    )
+    checked_setup(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, tokenizer=str(tmp_path / "saved"))))
 
 
 def test_the_log_has_an_eval_at_step_0_the_first_steps_loss_and_the_steps_of_an_epoch(tmp_path):

@@ -32,7 +32,7 @@ from named.trainer.config import ConfigError, DataError, load_config
 from named.trainer.config.data_section import SourceSpec
 from named.trainer.data import build_data
 from named.trainer.data._hub import dataset_paths
-from named.trainer.loop.checks import check_against_devices
+from named.trainer.loop.checks import checked_setup
 from named.trainer.loop.model_init import init_model
 from named.trainer.loop.train import train
 
@@ -163,7 +163,7 @@ def test_a_cached_model_and_dataset_train_offline_and_the_commits_are_recorded(h
 
 def test_the_weights_are_the_snapshots(hub, tmp_path):
     cfg = _config(tmp_path)
-    s = check_against_devices(cfg)
+    s = checked_setup(cfg)
     with nm.set_mesh(s.mesh):
         model = init_model(
             cfg, s.model_cls, s.model_cfg, param_mapping=s.param_mapping, mesh=s.mesh, key=jax.random.key(0)

@@ -21,7 +21,7 @@ from safetensors.numpy import load_file, save_file
 import named as nm
 from named.models import hf_state_dict
 from named.trainer.config import ConfigError, load_config
-from named.trainer.loop.checks import check_against_devices
+from named.trainer.loop.checks import checked_setup
 from named.trainer.loop.model_init import init_model
 from named.trainer.loop.train import train
 
@@ -84,7 +84,7 @@ def test_the_model_section_is_the_folders(folder, corpus, tmp_path):
 
 def test_the_weights_are_the_folders_laid_out_by_the_mapping(folder, corpus, tmp_path):
     cfg = _config(folder, corpus, tmp_path / "run")
-    s = check_against_devices(cfg)
+    s = checked_setup(cfg)
     with nm.set_mesh(s.mesh):
         model = init_model(
             cfg, s.model_cls, s.model_cfg, param_mapping=s.param_mapping, mesh=s.mesh, key=jax.random.key(0)

@@ -28,7 +28,7 @@ from named.trainer import checkpoint as ckpt
 from named.trainer.commands.cli import main_train
 from named.trainer.commands.sample import saved_model_config
 from named.trainer.config import ConfigError, load_config
-from named.trainer.loop.checks import check_against_devices
+from named.trainer.loop.checks import checked_setup
 from named.trainer.loop.model_init import model_shapes
 from named.trainer.loop.optim import init_opt_state
 from named.trainer.loop.registry import model_class
@@ -352,13 +352,13 @@ def test_gpt2_targets_are_its_hf_module_names():
         "config/gpt2_nano.yaml",
         ["--lora.targets", "[c_attn, c_proj]", "--lora.rank", "2", "--trainer.sample_interval", "0"],
     )
-    s = check_against_devices(cfg)
+    s = checked_setup(cfg)
     block = s.shapes.blocks.stacked
     # c_proj names both projections, as in PEFT's target_modules (attn.c_proj and mlp.c_proj)
     assert all(isinstance(m, nn.LoraLinear) for m in (block.attn.c_attn, block.attn.c_proj, block.mlp.down))
     assert isinstance(block.mlp.up, nn.Linear)  # c_fc, not targeted
     with pytest.raises(ConfigError, match="its linear modules: c_attn, c_proj, c_fc"):
-        check_against_devices(load_config("config/gpt2_nano.yaml", ["--lora.targets", "[q_proj]"]))
+        checked_setup(load_config("config/gpt2_nano.yaml", ["--lora.targets", "[q_proj]"]))
 
 
 def test_named_plan_counts_the_adam_state_of_the_adapters_alone():

@@ -53,7 +53,7 @@ def test_decay_goes_by_name_and_module_not_by_rank():
     assert decay_mask(layer).scale.axes == layer.scale.axes  # laid out as the parameter is
 
     # ... and by module: every parameter of a norm (its one-axis weight too, not named bias) is skipped,
-    # while the same weight held by another module is decayed; a class opts out by declaring it
+    # while the same weight held by another module is decayed; a class opts out by declaring no_weight_decay
     Embed = nm.Axis("embed", 4)
 
     class Holder(eqx.Module):
@@ -61,7 +61,7 @@ def test_decay_goes_by_name_and_module_not_by_rank():
         same: Layer
 
     class Own(eqx.Module):
-        keep_full_precision = True
+        no_weight_decay = True  # what the optimizer reads; keep_full_precision is the precision policy's
         w: nm.NamedArray
 
     norm = nn.RMSNorm.init(Embed)

@@ -292,7 +292,7 @@ def test_search_ranks_the_layouts_that_fit():
     stage's rows, and the config of the layout ranked first."""
     from named.trainer.commands.plan import Layout, Target
     from named.trainer.commands.plan_search import layout_of, loss_block_for, search, search_report
-    from named.trainer.loop.checks import check_against_devices, model_config_for
+    from named.trainer.loop.checks import checked_setup, model_config_for
 
     tiny = ["--model.n_embd", "32", "--model.n_head", "2", *SMALL]
     cfg = load_config(CONFIG.with_name("gpt2_nano.yaml"), tiny)
@@ -353,7 +353,7 @@ def test_search_ranks_the_layouts_that_fit():
         top.microbatches,
         top.loss_block_size,
     )
-    check_against_devices(run)
+    checked_setup(run)
     flags = shlex.split(text.split("the layout ranked first, as flags after the config's: ")[1])
     assert load_config(CONFIG.with_name("gpt2_nano.yaml"), [*tiny, *flags]) == run
 

@@ -25,7 +25,7 @@ import named as nm
 from named import Axis, nn
 from named.models import Gpt2Config, Gpt2LMHeadModel, LlamaConfig, LlamaLMHeadModel
 from named.trainer.config import ConfigError, OptimizerConfig, load_config
-from named.trainer.loop.checks import check_against_devices
+from named.trainer.loop.checks import checked_setup
 from named.trainer.loop.optim import build_optimizer
 from named.trainer.loop.train import train
 
@@ -344,14 +344,14 @@ def test_fp8_training_under_fsdp_tracks_the_float_run(corpus, tmp_path):
 def test_quantization_config_composes_with_lora_or_refuses(corpus, tmp_path):
     lora = {"lora.rank": 2, "lora.targets": "[c_attn]"}
     int8 = load_config(_yaml(tmp_path, "quantization:\n  kind: int8\n"), tiny_args(corpus, tmp_path / "r", **lora))
-    block = check_against_devices(int8).shapes.blocks.stacked
+    block = checked_setup(int8).shapes.blocks.stacked
     assert type(block.attn.c_attn) is nn.LoraLinear and type(block.attn.c_attn.linear) is nn.Linear
     assert type(block.attn.c_proj) is nn.Int8Linear and type(block.mlp.up) is nn.Int8Linear
     fp8 = load_config(_yaml(tmp_path, "quantization:\n  kind: fp8\n"), tiny_args(corpus, tmp_path / "r", **lora))
     with pytest.raises(ConfigError, match=r"quantization.kind=fp8 with lora"):
-        check_against_devices(fp8)
+        checked_setup(fp8)
     typo = load_config(
         _yaml(tmp_path, "quantization:\n  kind: int8\n  targets: [mlpp]\n"), tiny_args(corpus, tmp_path / "r")
     )
     with pytest.raises(ConfigError, match=r"^quantization.targets: .*\['mlpp'\] match no Linear"):
-        check_against_devices(typo)
+        checked_setup(typo)

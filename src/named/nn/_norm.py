@@ -24,6 +24,7 @@ class LayerNorm(eqx.Module):
     axis: Axis | tuple[Axis, ...] = eqx.field(static=True)
     eps: float = eqx.field(static=True, default=1e-5)
     keep_full_precision: ClassVar[bool] = True  # precision.cast_for_compute leaves these params alone
+    no_weight_decay: ClassVar[bool] = True  # an optimizer's decay mask leaves them out (trainer's decay_mask)
 
     @staticmethod
     def init(
@@ -86,6 +87,7 @@ class RMSNorm(eqx.Module):
     eps: float = eqx.field(static=True, default=1e-6)
     unit_offset: bool = eqx.field(static=True, default=False)
     keep_full_precision: ClassVar[bool] = True
+    no_weight_decay: ClassVar[bool] = True
 
     @staticmethod
     def init(

@@ -120,6 +120,7 @@ class Fp8State(eqx.Module):
     g: NamedArray
     probe: NamedArray
     keep_full_precision: ClassVar[bool] = True  # amax and scales stay float32 under a bf16 policy
+    no_weight_decay: ClassVar[bool] = True  # history and scales, not weights
     overwrite_with_gradient: ClassVar[bool] = True  # optimizers set it from its gradient (overwrite_updates)
 
     @staticmethod

@@ -66,7 +66,7 @@ from ..config import (  # noqa: F401  (TRAJECTORY_FREE, checkpoint_root: also th
     checkpoint_root,
     checkpoint_root_setting,
     dump_config,
-    explicit_checkpoint,
+    named_checkpoint,
 )
 from .run_places import (
     CHECKPOINT,
@@ -427,7 +427,7 @@ def _decide(cfg: TrainConfig) -> RunPlan:
         plan.restore_from = ckpt.latest_checkpoint(root)  # verified; a corrupted newer one is skipped, warned
         commit = ckpt.read_commit(plan.restore_from) if plan.restore_from is not None else None
     else:
-        plan.restore_from = explicit_checkpoint(cfg)
+        plan.restore_from = named_checkpoint(cfg)
         commit = ckpt.verify_checkpoint(plan.restore_from)  # an explicit checkpoint must be whole
         later = [f"step_{s}" for s, _ in committed if s > int(commit["step"])]
         if later:

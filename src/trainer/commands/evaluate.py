@@ -26,7 +26,7 @@ from named.nn.precision import get_policy
 
 from ..config import ConfigError, data_parallel_size, to_mapping
 from ..data import load_tokenizer
-from ..data.chat import ChatFormat
+from ..data.chat_template import ChatFormat
 from ..loop.checks import require_harness
 from ..loop.registry import max_positions
 from .export import read_run, restore_model

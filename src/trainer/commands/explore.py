@@ -25,7 +25,7 @@ import named as nm
 from named.models import flops_per_token
 
 from ..config import ConfigError, TrainConfig
-from ..loop.checks import Setup, check_against_devices, check_mappings
+from ..loop.checks import Setup, check_mappings, checked_setup
 from .plan import Layout, Plan, Target, make_plan, train_step_report
 from .plan_search import Candidate, Roofline, candidates, fits, layout_of, rank
 
@@ -201,9 +201,9 @@ class Explorer:
         return v
 
     def _setup(self, cfg: TrainConfig) -> Setup:
-        """The checks of ``cfg`` (``check_against_devices``); with a live model, its shapes in place
+        """The checks of ``cfg`` (``checked_setup``); with a live model, its shapes in place
         of the config's, checked against both mappings."""
-        s = check_against_devices(cfg)
+        s = checked_setup(cfg)
         if self._model_shapes is None:
             return s
         if not isinstance(self.model, s.model_cls):

@@ -58,7 +58,7 @@ from ..checkpoint import run_places
 from ..checkpoint.rundir import checkpoint_root
 from ..config import ConfigError, TrainConfig, hub, pretrained, to_mapping
 from ..data import DataError, load_tokenizer, remove_abandoned, working_in
-from ..data.chat import find_template
+from ..data.chat_template import find_template
 from ..loop.model_init import hf_linears, model_shapes
 from ..loop.registry import model_class
 from .sample import saved_config, saved_model_config

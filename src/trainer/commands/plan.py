@@ -1,7 +1,7 @@
 """``named-plan``: what a config would do on a set of devices, without training.
 
 It runs every check ``named-train`` runs short of the data and the run directory
-(``checks.check_against_devices``), so it refuses the configs train refuses. By default nothing
+(``checks.checked_setup``), so it refuses the configs train refuses. By default nothing
 is compiled or allocated: the mesh, every parameter's layout and bytes per device, an estimate
 of the activations, and the microbatch plan. ``compile=True`` (``named-plan --compile``) also
 compiles the train step on abstract inputs and reports its collectives, memory per device and
@@ -26,7 +26,7 @@ from named.models import flops_per_token
 
 from ..config import ConfigError, TrainConfig, data_parallel_size
 from ..loop import hardware
-from ..loop.checks import Setup, check_against_devices
+from ..loop.checks import Setup, checked_setup
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,12 +251,12 @@ def attention_path(cfg: TrainConfig, target: Target) -> tuple[str, bool]:
 
 
 def make_plan(cfg: TrainConfig, target: Target | None = None, s: Setup | None = None) -> Plan:
-    """Check ``cfg`` against the devices (``check_against_devices``, unless ``s`` is its result)
+    """Check ``cfg`` against the devices (``checked_setup``, unless ``s`` is its result)
     and measure its layout from shapes; nothing is compiled."""
     from ..loop.optim import init_opt_state, trainable_part
 
     target = target if target is not None else Target(hardware.local(), None)
-    s = s if s is not None else check_against_devices(cfg)
+    s = s if s is not None else checked_setup(cfg)
     attention, scores = attention_path(cfg, target)
     return Plan(
         cfg,
@@ -370,12 +370,12 @@ def abstract_train_step(cfg: TrainConfig, s: Setup | None = None) -> tuple:
     abstract inputs laid out as the run lays them out (parameters and optimizer state by the
     parameter mapping, the batch by the compute mapping), so that ``step.lower(*args)`` under the
     run's mesh compiles it without allocating anything. ``s``: the result of
-    ``check_against_devices(cfg)``, when the caller has it."""
+    ``checked_setup(cfg)``, when the caller has it."""
     from ..loop.optim import build_optimizer, init_opt_state
     from ..loop.stop import flags_layout
     from ..loop.train import make_train_step
 
-    s = s if s is not None else check_against_devices(cfg)
+    s = s if s is not None else checked_setup(cfg)
     mesh, compute_mapping, param_mapping = s.mesh, s.compute_mapping, s.param_mapping
     t = cfg.trainer
     optimizer = build_optimizer(cfg.optimizer, t.num_train_steps)
@@ -413,7 +413,7 @@ def abstract_train_step(cfg: TrainConfig, s: Setup | None = None) -> tuple:
 def train_step_report(cfg: TrainConfig, s: Setup | None = None) -> nm.inspect.CompiledReport:
     """Compile the train step ``named-train`` would run on abstract inputs (``abstract_train_step``)
     and report its collectives, memory per device and FLOPs."""
-    s = s if s is not None else check_against_devices(cfg)
+    s = s if s is not None else checked_setup(cfg)
     step, args = abstract_train_step(cfg, s)
     with nm.set_mesh(s.mesh):
         lowered = step.lower(*args)

@@ -200,12 +200,12 @@ def planned(cfg: TrainConfig, c: Candidate, target: Target | None = None):
     ``named-train`` runs); and the config and checked setup that train it (None with an error)."""
     import named as nm
 
-    from ..loop.checks import check_against_devices
+    from ..loop.checks import checked_setup
 
     if c.error is None:
         try:
             trial = _with(cfg, c)
-            s = check_against_devices(trial)
+            s = checked_setup(trial)
             c.memory = make_plan(trial, target, s).total_bytes
             return trial, s
         except (ConfigError, nm.NamedError) as e:
@@ -243,12 +243,12 @@ def timed(
 
     import named as nm
 
-    from ..loop.checks import check_against_devices
+    from ..loop.checks import checked_setup
 
     fit = [c for c in ranked if fits(c, memory_budget)][:k]
     for c in fit:
         trial = _with(cfg, c)
-        s = check_against_devices(trial)
+        s = checked_setup(trial)
         step, args = abstract_train_step(trial, s)
 
         leaves, tree = jax.tree.flatten(args)

@@ -24,8 +24,8 @@ from ..checkpoint.run_places import CONFIG_FILE
 from ..config import RULES, ConfigError, ModelChoice, load_config
 from ..config.check import check_section
 from ..data import ROLES, load_tokenizer
-from ..data.chat import prompt_ids as chat_ids
-from ..data.chat import stop_token_ids
+from ..data.chat_template import prompt_ids as chat_ids
+from ..data.chat_template import stop_token_ids
 from ..loop.generate import continue_ids
 from ..loop.model_init import model_shapes
 from ..loop.registry import max_positions, model_class, model_config_from_dict

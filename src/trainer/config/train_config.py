@@ -696,7 +696,7 @@ def validate_static(cfg: TrainConfig) -> None:
             except nm.ShardingError as e:
                 raise ConfigError(f"{name}.{axis}: {e}") from None
     checkpoint_root(cfg)  # checkpoint.base: a path, or a URL of a scheme we write to
-    explicit_checkpoint(cfg)
+    named_checkpoint(cfg)
 
 
 # ---- where checkpoints live: the one rule ---------------------------------------------------
@@ -722,9 +722,9 @@ def checkpoint_root(cfg: TrainConfig):
         raise ConfigError(f"{root_key} {e}") from None
 
 
-def explicit_checkpoint(cfg: TrainConfig):
-    """``trainer.load_checkpoint`` as a place inside the checkpoint root (relative to it, or
-    absolute), None for ``auto`` and null; ConfigError when it lies outside the root."""
+def named_checkpoint(cfg: TrainConfig):
+    """The checkpoint ``trainer.load_checkpoint`` names, as a place inside the checkpoint root
+    (relative to it, or absolute), None for ``auto`` and null; ConfigError when it lies outside."""
     value = cfg.trainer.load_checkpoint
     if value in (None, "auto"):
         return None

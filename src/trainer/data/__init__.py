@@ -65,7 +65,7 @@ from ._chat import ROLES
 from ._encode import atomic_write, check_target
 from ._fingerprint import changed_files, fingerprint
 from ._leftovers import remove_abandoned, working_in
-from ._loader import TrainBatches, eval_batches, loader_throughput, num_eval_batches
+from ._loader import TrainBatches, eval_batches, num_eval_batches
 from ._mixture import JoinedRows, Mixture
 from ._packing import PAD_SEGMENT, Batch, Sequences, TokenStream, pack
 from ._ray import ClusterError, RayShards
@@ -107,7 +107,6 @@ __all__ = [
     "eval_batches",
     "fingerprint",
     "load_tokenizer",
-    "loader_throughput",
     "num_eval_batches",
     "open_pretokenized",
     "pack",

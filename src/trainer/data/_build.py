@@ -19,7 +19,7 @@ from ._packing import Sequences, TokenStream
 from ._shards import ShardRunner
 from ._sources import SourceFile, check_token_ids, open_pretokenized, resolve_sources
 from ._tokenizer import Tokenizer, check_tokenizer, load_tokenizer
-from .chat import ChatFormat
+from .chat_template import ChatFormat
 
 log = logging.getLogger(__name__)
 

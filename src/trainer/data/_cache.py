@@ -37,7 +37,7 @@ from ._encode import CACHE_FORMAT, TEMP_PREFIX, atomic_write, empty_corpus, enco
 from ._shards import ShardRunner, build_sharded, use_shards
 from ._sources import FIELD_KINDS, SourceFile, iter_documents, iter_records, memmap_tokens
 from ._tokenizer import Tokenizer, check_tokenizer
-from .chat import ChatFormat
+from .chat_template import ChatFormat
 
 log = logging.getLogger(__name__)
 

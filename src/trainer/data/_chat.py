@@ -9,7 +9,7 @@ A record (one JSON object per line, or one row; other keys are ignored) is one o
   assistant message, none with blank content. The text is the chat template's rendering; the
   tokens that carry loss are each assistant turn's: from the end of the generation prompt that
   precedes it (``<|im_start|>assistant\\n``) through its last stop token (ChatML's ``<|im_end|>``,
-  Llama 3's ``<|eot_id|>``; ``chat.stop_token_ids``), so the model learns to end its turn, but
+  Llama 3's ``<|eot_id|>``; ``chat_template.stop_token_ids``), so the model learns to end its turn, but
   not what a template puts after that token (ChatML's newline). Without a stop token in the
   turn, the whole turn as the template renders it.
 - ``{"conversations": [{"from": ..., "value": ...}, ...]}`` (ShareGPT): the same conversation,
@@ -55,7 +55,7 @@ from ..config.data_section import MESSAGE_ROLES, DataError
 from ._encode import check_ids, chunked
 from ._packing import LOSS, START
 from ._sources import has_surrogate, json_kind
-from .chat import ChatFormat, ChatTemplate, turn_spans
+from .chat_template import ChatFormat, ChatTemplate, turn_spans
 
 log = logging.getLogger(__name__)
 

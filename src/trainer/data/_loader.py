@@ -13,17 +13,14 @@ from ``(seed, step)`` alone, and the same split between processes.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 
 from ..config.data_section import DataError
 from ._binpack import PackedSequences
 from ._mixture import JoinedRows, Mixture, MixtureOrder
-from ._packing import Batch, Sequences, TokenStream, padding_rows
-from ._sources import open_pretokenized, resolve_sources
+from ._packing import Batch, Sequences, padding_rows
 
 
 def _check_processes(batch_size: int, process_index: int, process_count: int) -> int:
@@ -129,30 +126,3 @@ def eval_batches(
             pad = padding_rows(local - len(real), sequences.seq_len, sequences.pad_id)
             batch = Batch(*(np.concatenate([a, p]) for a, p in zip(batch, pad)))
         yield batch
-
-
-def loader_throughput(
-    path: str | Path,
-    *,
-    seq_len: int = 1024,
-    batch_size: int = 8,
-    steps: int = 100,
-    bin_dtype: str = "uint16",
-    eos_id: int = 0,
-    seed: int = 0,
-) -> float:
-    """Tokens per second of producing shuffled train batches from a pre-tokenised file.
-
-    The file is memory-mapped as in training (ids are not checked); one warm-up batch is
-    not timed.
-    """
-    (src,) = resolve_sources([str(path)])
-    if not src.pretokenized:
-        raise DataError(f"loader_throughput needs a pre-tokenised .npy or .bin file, got {str(path)!r}")
-    stream = TokenStream([open_pretokenized(src, bin_dtype=bin_dtype, vocab_size=None)], eos_id)
-    batches = TrainBatches(Sequences(stream, seq_len), batch_size=batch_size, seed=seed)
-    batches.batch_at(0)
-    t0 = time.perf_counter()
-    for step in range(1, steps + 1):
-        batches.batch_at(step)
-    return steps * batch_size * seq_len / (time.perf_counter() - t0)

@@ -1,7 +1,7 @@
 """The training run: what it is built from and the loop that runs it.
 
 - ``checks``: every check that needs the devices, the tokenizer or the model's shapes
-  (``check_against_devices``, shared with ``named-plan``), and the ``Setup`` they build;
+  (``checked_setup``, shared with ``named-plan``), and the ``Setup`` they build;
 - ``registry``, ``model_init``, ``optim``: the model class, the model a run starts from, the optimizer;
 - ``loss``, ``train``: the train step and the loop (``build_run`` gives the ``Run``, ``train`` runs it);
 - ``generate``: text from a model, for the loop's samples and ``named-sample``;

@@ -1,6 +1,6 @@
 """The checks that need the devices, the tokenizer or the model's shapes, in one place.
 
-``named-train`` (``train.build_run``) and ``named-plan`` both call ``check_against_devices``, so
+``named-train`` (``train.build_run``) and ``named-plan`` both call ``checked_setup``, so
 the two refuse the same configs (both read the config with ``config.load_config`` first, which
 runs the checks that need none of these). Everything here runs on abstract shapes (``jax.eval_shape``):
 nothing is compiled, allocated or written.
@@ -56,11 +56,12 @@ def require_harness(what: str) -> None:
         )
 
 
-def check_against_devices(cfg: TrainConfig) -> Setup:
-    """Every check of a loaded config (``load_config`` ran the static layer) short of its data and
-    run directory, cheapest first: the distributed settings, the tokenizer and model config, the
-    mesh against the devices, batch and lengths, both mappings against the parameters' shapes,
-    and the compute mapping against every activation of the forward pass."""
+def checked_setup(cfg: TrainConfig) -> Setup:
+    """The run's Setup, built by every check of a loaded config (``load_config`` ran the static
+    layer) short of its data and run directory, cheapest first: the distributed settings, the
+    tokenizer and model config, the mesh against the devices, batch and lengths, both mappings
+    against the parameters' shapes, and the compute mapping against every activation of the
+    forward pass."""
     from .distributed import checked_settings
 
     checked_settings(cfg.distributed)

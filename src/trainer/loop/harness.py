@@ -69,7 +69,7 @@ class HarnessLM(TemplateLM):
     ):
         super().__init__()
         self.model, self._tok, self.max_length = model, tokenizer, max_length
-        self._chat, self._seed = chat_template, seed  # a data.chat.ChatTemplate, for apply_chat_template
+        self._chat, self._seed = chat_template, seed  # a data.chat_template.ChatTemplate, for apply_chat_template
         self._hf = _as_transformers_reads(tokenizer)
         self.mesh, self.mapping = mesh, dict(mapping or {})
         self.batch_rows = math.ceil(max(batch_size, 1) / batch_multiple) * batch_multiple

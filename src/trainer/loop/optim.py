@@ -41,13 +41,13 @@ def schedule(cfg: OptimizerConfig, num_steps: int) -> optax.Schedule:
 
 def decay_mask(params):
     """True for weights that get weight decay: every array except biases and the parameters of
-    norm layers (any module that keeps full precision, as LayerNorm and RMSNorm do)."""
+    modules that declare ``no_weight_decay = True`` (LayerNorm, RMSNorm, an fp8 Linear's state)."""
 
     def is_leaf(x):
-        return isinstance(x, nm.NamedArray) or getattr(type(x), "keep_full_precision", False)
+        return isinstance(x, nm.NamedArray) or getattr(type(x), "no_weight_decay", False)
 
     def leaf(path, x):
-        if getattr(type(x), "keep_full_precision", False):
+        if getattr(type(x), "no_weight_decay", False):
             return jax.tree.map(lambda _: False, x)
         decay = not any(getattr(k, "name", None) == "bias" for k in path)
         if isinstance(x, nm.NamedArray):

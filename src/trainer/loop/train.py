@@ -47,7 +47,7 @@ from ..data import (
     num_eval_batches,
 )
 from . import hardware
-from .checks import Setup, check_against_devices, require_harness
+from .checks import Setup, checked_setup, require_harness
 from .generate import sample_text
 from .loss import token_losses
 from .model_init import init_model, layer_driver, trainable
@@ -228,7 +228,7 @@ def build_run(cfg: TrainConfig) -> Run:
     only after this returns."""
     t = cfg.trainer
     check_trackers(cfg.tracker)
-    setup = check_against_devices(cfg)  # the checks named-plan runs too
+    setup = checked_setup(cfg)  # the checks named-plan runs too
     harness_tasks = _harness_tasks(cfg)
     plan = rundir.plan_run(cfg)  # resume, new run, or refused
     if plan.restore_from is not None:  # a resume with another model or optimizer fails here, not after init
