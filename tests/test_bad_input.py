@@ -205,7 +205,7 @@ def test_yaml(tmp_path, name):
     path = tmp_path / "bad.yaml"
     path.write_text(text)
     err = _fails(exc, match, load_config, path)
-    if exc is ConfigError and "file" in str(err):
+    if exc is ConfigError and "config file" in str(err):  # a message about the file names it
         assert str(path) in str(err)
 
 

@@ -328,6 +328,7 @@ RANGES = {
     "data.chat_too_long": (NANO, ["cut"], ["drop"]),
     "mesh.mode": (NANO, ["manual", "Explicit"], ["explicit", "auto"]),
     "mesh.batch_split": (NANO, ["0", "-2"], ["1"]),  # more than 1 needs mesh.mode: explicit
+    "trainer.loss_scale": (NANO, ["static", "Dynamic"], ["none"]),  # dynamic: float16 (tests/test_silent_results.py)
     "mesh.layout": (NANO, ["search", "Auto"], ["config", "auto"]),  # auto: resolved by named-train (test_plan.py)
     "distributed.num_processes": (NANO, ["0", "-2"], ["null", "1"]),
     "distributed.process_id": (NANO, ["-1"], ["null", "0"]),

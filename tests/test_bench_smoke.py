@@ -17,7 +17,7 @@ import pytest
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 sys.path.insert(0, str(BENCH))
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.procs]  # the results record the git commit (a git process)
 
 
 def _load(tmp_path: Path, name: str) -> dict:

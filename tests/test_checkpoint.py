@@ -821,3 +821,14 @@ def test_a_full_disk_is_named_with_the_bytes_before_the_save(tmp_path, monkeypat
     ):
         ck.save_checkpoint(tmp_path, 3, tree)
     assert ck.list_checkpoints(tmp_path) == [] and not any((tmp_path / "checkpoints").iterdir())
+
+
+def test_every_check_the_config_names_has_a_digest(tmp_path):
+    # checkpoint.checksum's allowed values (config.CHECKSUMS) and the digests checksum.py computes agree
+    from named.trainer.checkpoint import checksum
+    from named.trainer.config import CHECKSUMS
+
+    path = tmp_path / "f"
+    path.write_bytes(b"123456789")
+    digests = {check: checksum.hash_file(path, check)[0] for check in CHECKSUMS}
+    assert digests == {"crc32c": "e3069283", "sha256": hashlib.sha256(b"123456789").hexdigest()}

@@ -24,7 +24,7 @@ from named.trainer.commands.export import export  # noqa: E402
 from named.trainer.config import ConfigError, load_config  # noqa: E402
 from named.trainer.data import load_tokenizer  # noqa: E402
 
-pytestmark = [pytest.mark.lmeval]
+pytestmark = [pytest.mark.lmeval, pytest.mark.procs]  # lm-eval asks git for the commit (a process)
 
 
 TASKS = Path(__file__).resolve().parents[1] / "examples" / "eval_tasks"

@@ -344,6 +344,7 @@ def test_plan_compile_puts_the_modes_side_by_side(capsys):
     assert "beside auto" not in capsys.readouterr().out
 
 
+@pytest.mark.procs
 @pytest.mark.slow
 def test_explicit_memory_bench_tiny(tmp_path):
     import json

@@ -173,8 +173,8 @@ def test_the_export_keeps_every_tokenizer_file_and_writes_the_runs_chat_template
         out.mkdir()
         more = {"data.tokenizer": source} | ({"data.chat_template": chat_template} if chat_template else {})
         cfg = _config(source, tmp_path, "unused", **more)
-        export_module._copy_tokenizer(cfg, out)
-        export_module._write_template(cfg, out, out)
+        export_module.copy_tokenizer(cfg, out)
+        export_module.write_template(cfg, out, out)
         for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json"):
             assert (out / name).read_bytes() == (source / name).read_bytes(), name
         assert (out / "chat_template.jinja").read_text() == expected.read_text()

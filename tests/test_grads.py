@@ -1400,6 +1400,8 @@ EXCLUDED: dict[str, str] = {
     "nn.remat_policy": "jax's checkpoint policy for a Remat; the stack cases differentiate each policy through a stack",
     "nn.get_policy": "parses a precision policy",
     "nn.keeps_full_precision": "says whether a module keeps float32 parameters under a policy",
+    "nn.attention_keeps_scores": "says whether an attention path keeps its scores (a memory model's input)",
+    "nn.auto_attention": "names the attention path implementation='auto' takes",
     "nn.DynamicLossScale": "a float16 step's loss scale: a multiplication by a power of two and its update rule",
     "nn.all_finite": _DISCRETE,
     **dict.fromkeys(

@@ -205,6 +205,7 @@ def _stopped_at(log_text: str) -> int:
     return int(m.group(1))
 
 
+@pytest.mark.procs
 def test_sigterm_at_random_moments_commits_and_resumes_bitwise(workdir, reference):
     ref_losses = dict(_losses(reference))
     ref_files = _files(reference / "checkpoints" / f"step_{STEPS}")
@@ -273,6 +274,7 @@ class warnings_as_errors:
         self._ctx.__exit__(*exc)
 
 
+@pytest.mark.procs
 def test_a_second_signal_stops_at_once_and_leaves_the_last_commit_whole(workdir, reference):
     run_dir = workdir / "twice"
     proc = _start(workdir, run_dir, workdir / "twice.log", write_delay=1.0)  # a long write window
@@ -303,6 +305,7 @@ MP_RUN = {
 }
 
 
+@pytest.mark.procs
 def test_sigterm_to_one_of_two_processes_stops_both_at_one_step(corpus, tmp_path):
     ref_dir, out = tmp_path / "ref", tmp_path / "ref-out"
     finish(start_two(tiny_args(corpus, ref_dir, **MP_RUN), out), out)

@@ -54,9 +54,9 @@ def test_per_row_offsets_mix_with_a_shared_offset_and_check_static_ones():
         want[b, o, 1:3] = 1.0
     close(out.array, want)
     with pytest.raises(nm.AxisError, match="update of size 1 at offset 7 does not fit in axis 'seq' of size 7"):
-        nm.updated_slice(x, {"seq": nm.named(jnp.array([0, 7, 1, 1]), (Batch,))}, u)
+        nm.updated_slice(x, {"seq": nm.named(jnp.array([0, 7, 1, 1]), (Batch,)), "embed": 1}, u)
     with pytest.raises(nm.AxisError, match=r"per-row offsets have axes \['beam'\]"):
-        nm.updated_slice(x, {"seq": nm.named(jnp.array([0, 1]), "beam")}, u)
+        nm.updated_slice(x, {"seq": nm.named(jnp.array([0, 1]), "beam"), "embed": 1}, u)
 
 
 def test_ds_with_per_row_starts_reads_and_writes_each_rows_window():

@@ -72,7 +72,9 @@ def test_a_run_without_wandb_or_tensorboard_never_imports_them(no_wandb, monkeyp
 
 
 def test_asking_for_tensorboard_without_it_is_a_config_error(monkeypatch, tmp_path):
-    monkeypatch.setitem(sys.modules, "tensorboard", None)
+    # the writer module too: a test file before this one in the worker may have imported it
+    for name in ("tensorboard", "tensorboard.summary.writer.event_file_writer"):
+        monkeypatch.setitem(sys.modules, name, None)
     with pytest.raises(ConfigError, match=r"tracker\.tensorboard=true needs the tensorboard package.*\[tensorboard\]"):
         train(_cfg(tmp_path, "disabled", **{"tracker.tensorboard": "true"}))
     assert not (tmp_path / "run").exists()

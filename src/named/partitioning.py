@@ -374,7 +374,13 @@ class NamedJitWrapped:
             try:
                 dyn, stat = self._jitted(*self._split(args, kwargs))
             except AttributeError as e:
-                raise _jmp_crossing(e) from e
+                if not _jmp_crossing(e):
+                    raise
+                raise ArgumentTypeError(
+                    "a jmp loss scale (jmp.DynamicLossScale) cannot be returned from or passed through a jit: "
+                    "jmp checks its leaves when a jit rebuilds it from placeholders. Use nn.DynamicLossScale, the "
+                    "same arithmetic as an Equinox module, which crosses nm.named_jit and eqx.filter_jit"
+                ) from e
         return eqx.combine(dyn, stat.value)
 
     def lower(self, *args, **kwargs):
@@ -391,17 +397,10 @@ class NamedJitWrapped:
         return bound
 
 
-def _jmp_crossing(e: AttributeError) -> Exception:
-    """jmp's loss scales check their leaves when rebuilt (``__post_init__``), which fails when a jit
-    rebuilds one from placeholders: our error for that, the AttributeError itself otherwise."""
-    frames = traceback.extract_tb(e.__traceback__)
-    if not any(f"{os.sep}jmp{os.sep}" in f.filename for f in frames):
-        return e
-    return ArgumentTypeError(
-        "a jmp loss scale (jmp.DynamicLossScale) cannot be returned from or passed through a jit: jmp "
-        "checks its leaves when a jit rebuilds it from placeholders. Use nn.DynamicLossScale, the same "
-        "arithmetic as an Equinox module, which crosses nm.named_jit and eqx.filter_jit"
-    )
+def _jmp_crossing(e: AttributeError) -> bool:
+    """Whether ``e`` is jmp's loss scale checking its leaves when rebuilt (``__post_init__``), which
+    fails when a jit rebuilds one from placeholders."""
+    return any(f"{os.sep}jmp{os.sep}" in f.filename for f in traceback.extract_tb(e.__traceback__))
 
 
 # Haliax's spellings of the three mapping arguments, accepted from code moving over (see

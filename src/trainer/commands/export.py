@@ -143,8 +143,8 @@ def export(
             if kind == "merged":
                 model = _one_dtype(nn.lora.merge(model))
             save_pretrained(model, model_cfg, tmp, max_shard_size=max_shard_size)
-        notes = _copy_tokenizer(cfg, tmp)
-        _write_template(cfg, tmp, out)
+        notes = copy_tokenizer(cfg, tmp)
+        write_template(cfg, tmp, out)
         if kind != "adapters":
             notes += write_token_ids(cfg, model_cfg.vocab_size, tmp)
         files = sorted(p.name for p in tmp.iterdir())
@@ -398,7 +398,7 @@ def _tokenizer_sources(cfg: TrainConfig) -> list[tuple[Path, tuple[str, ...]]]:
     return sources
 
 
-def _copy_tokenizer(cfg: TrainConfig, folder: Path) -> list[str]:
+def copy_tokenizer(cfg: TrainConfig, folder: Path) -> list[str]:
     done: set[str] = set()
     for root, names in _tokenizer_sources(cfg):
         for name in names:
@@ -427,7 +427,7 @@ _TEMPLATE_PROBE = [
 ]
 
 
-def _write_template(cfg: TrainConfig, folder: Path, out: Path) -> None:
+def write_template(cfg: TrainConfig, folder: Path, out: Path) -> None:
     """The run's chat template (``data.chat_template``, else its tokenizer folder's) into the export
     being written in ``folder`` as ``chat_template.jinja``, unless the copied files hold it; then,
     where transformers is installed, checked: transformers renders probes with it as the run does

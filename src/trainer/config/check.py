@@ -15,8 +15,6 @@ import types
 import typing
 from typing import Any
 
-import draccus
-
 from .rules import INT_LIMIT, ConfigError, Key, declared
 
 # ``X | Y`` and ``Optional``/``Union``: which of the two ``get_type_hints`` gives for a string
@@ -155,6 +153,12 @@ def declaration(cls, name: str) -> Key | None:
     return own if own is not None else getattr(cls, "field_keys", {}).get(name)
 
 
+def _is_choice(cls) -> bool:
+    """A section with one dataclass per ``type`` (draccus' ChoiceRegistry: the model section). Read by
+    its interface, so that checking the data section (which ``named.trainer.data`` does) needs no draccus."""
+    return isinstance(cls, type) and hasattr(cls, "get_known_choices")
+
+
 def _is_section(tp) -> bool:
     return isinstance(tp, type) and dataclasses.is_dataclass(tp)
 
@@ -204,7 +208,7 @@ def check_flag_keys(root, key: str, chosen_type) -> Any:
     at = ""
     parts = key.split(".")
     for i, name in enumerate(parts):
-        if isinstance(cls, type) and issubclass(cls, draccus.ChoiceRegistry):
+        if _is_choice(cls):
             known = cls.get_known_choices()
             if name == "type":
                 tp = typing.Literal[tuple(known)]
@@ -238,7 +242,7 @@ def check_flag_keys(root, key: str, chosen_type) -> Any:
 
 def check_section(cls, value, key: str) -> None:
     """A section (a dict from YAML and the CLI, or a dataclass) against its dataclass, key by key."""
-    if issubclass(cls, draccus.ChoiceRegistry):
+    if _is_choice(cls):
         cls, value = _choice_section(cls, value, key)
     if isinstance(value, dict):
         names = [f.name for f in dataclasses.fields(cls)]
