@@ -87,12 +87,13 @@ def test_the_explorer_page_shows_named_plans_figure_for_the_chosen_layout(tmp_pa
         for select, value in shots.PLAN_PAGE_CHOICES:
             assert shots.choose(tab, select, value) == value
         assert tab.eval("document.querySelectorAll('section.variant:not([hidden])').length") == 1
+        # tensor-parallel layouts split the vocabulary too
         fsdp_tp = [
             "--mesh.shape", "{data: 4, model: 2}",
             "--mesh.compute_mapping", "{batch: data, mlp: model, heads: model, vocab: model}",
             "--mesh.param_mapping", "{embed: data, mlp: model, heads: model, vocab: model}",
             "--model.remat", "full", "--trainer.microbatches", "2",
-        ]  # fmt: skip (tensor-parallel layouts split the vocabulary too)
+        ]  # fmt: skip
         assert tab.eval(shots.SHOWN_TOTAL) == named_plan_total(fsdp_tp)
         assert tab.eval(shots.SHOWN_TOTAL) != named_plan_total([])
         png = tmp_path / "explorer.png"
