@@ -304,7 +304,7 @@ def view_html(v: View, array: str | None = None) -> str:
         + "".join(rows)
         + f"</table><div><small>{cap_text}; activations: "
         f"an estimate for one microbatch (Korthikanti et al. 2022) with {esc(p.attention)} attention"
-        + (" (its T x T scores included)" if p.attention == "XLA" else " (no T x T scores)")
+        + (" (its T x T scores included)" if p.keeps_scores else " (no T x T scores)")
         + "; logits: float32, with their gradient"
         + (
             f"; the compiled step's peak on this machine (XLA:CPU, not the device's): "

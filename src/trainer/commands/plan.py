@@ -212,6 +212,7 @@ class Plan:
     activations: float  # bytes, ``activation_bytes``
     logits: float  # bytes, ``logits_bytes``
     attention: str  # the attention path on the target (``attention_path``)
+    keeps_scores: bool  # whether that path keeps the [batch, heads, T, T] scores (counted in activations)
 
     @property
     def data_parallel(self) -> int:
@@ -269,6 +270,7 @@ def make_plan(cfg: TrainConfig, target: Target | None = None, s: Setup | None = 
         activation_bytes(cfg, s, scores=scores),
         logits_bytes(cfg, s),
         attention,
+        scores,
     )
 
 
@@ -312,8 +314,7 @@ def plan_report(cfg: TrainConfig, *, compile: bool = False, target: Target | Non
         f"{micro // max(dp, 1)} per data-parallel group of {dp} device(s)",
         f"model: {type(model_cfg).__name__} with {params.n_params:,} parameters; "
         f"{flops_per_token(model_cfg, cfg.data.seq_len) / 1e9:.3f} GFLOP per token (6N + 12·L·d·T)",
-        f"attention: {p.attention} ({'keeps' if p.attention == _PATHS['xla'] else 'keeps no'} "
-        "[batch, heads, T, T] scores)",
+        f"attention: {p.attention} ({'keeps' if p.keeps_scores else 'keeps no'} [batch, heads, T, T] scores)",
         f"activations per device (estimate, one microbatch, remat {getattr(cfg.model, 'remat', 'none')}): "
         f"{acts / 2**20:.2f} MiB; with params + grads + moments: {(acts + state) / 2**20:.2f} MiB",
         f"logits per device (estimate, one microbatch, loss blocks {t.loss_block_size or 'none'}; "

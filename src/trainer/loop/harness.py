@@ -174,7 +174,7 @@ class HarnessLM(TemplateLM):
         sampled = [i for i, job in enumerate(jobs) if job[3]["temperature"] > 0]
         for i in sampled:
             finish(i, self._sample(jobs[i][0], jobs[i][1], jobs[i][3], i))
-        greedy = [i for i in range(len(jobs)) if i not in set(sampled)]
+        greedy = sorted(set(range(len(jobs))) - set(sampled))
         order = sorted(greedy, key=lambda i: (jobs[i][1], -len(jobs[i][0])))
         for start in range(0, len(order), self.batch_rows):
             chunk = order[start : start + self.batch_rows]
