@@ -189,10 +189,10 @@ def read_direct(fd: int, buf: np.ndarray, n: int, digest) -> int:
     return got
 
 
-def read_whole_chunk(ckpt: Path, rel: str, info: dict, check: bool, record: dict, where: str) -> np.ndarray:
+def read_whole_chunk(ckpt: Path, rel: str, info: dict, record: dict, where: str) -> np.ndarray:
     """A whole chunk of ``record``'s array from its file ``rel``: read once, with O_DIRECT where
     the file system takes it, into a page-aligned buffer that becomes the chunk's values (no
-    second copy); with ``check``, checksummed from memory as it is read, against ``info``."""
+    second copy), checksummed from memory as it is read, against ``info``."""
     full = safe_relpath(rel, ckpt)
     n = info["size"]
     check_chunk_size(n, rel, record, where)
@@ -204,7 +204,7 @@ def read_whole_chunk(ckpt: Path, rel: str, info: dict, check: bool, record: dict
             raise CheckpointError(
                 f"checkpoint {ckpt}: file {full} has {os.fstat(fd).st_size} bytes, the commit says {n} (truncated?)"
             )
-        digest = checksum.new(kind) if check else _NoDigest()
+        digest = checksum.new(kind)
         try:
             got = read_direct(fd, buf, n, digest)
         except OSError as e:
@@ -213,18 +213,13 @@ def read_whole_chunk(ckpt: Path, rel: str, info: dict, check: bool, record: dict
             # the file system refuses O_DIRECT at the first read: read it plainly, from the start
             os.close(fd)
             fd = -1
-            fd, digest = os.open(full, os.O_RDONLY), checksum.new(kind) if check else _NoDigest()
+            fd, digest = os.open(full, os.O_RDONLY), checksum.new(kind)
             got = read_direct(fd, buf, n, digest)
     finally:
         if fd >= 0:
             os.close(fd)
     if got != n:
         raise CheckpointError(f"checkpoint {ckpt}: file {full} ended after {got} bytes (truncated?)")
-    if check and digest.hexdigest() != info[kind]:
+    if digest.hexdigest() != info[kind]:
         raise CheckpointError(f"checkpoint {ckpt}: checksum mismatch in file {full} (corrupted; {kind})")
     return buf[:n].view(jax.numpy.dtype(record["store_dtype"])).reshape(record["chunk"])
-
-
-class _NoDigest:
-    def update(self, data) -> None:
-        pass
