@@ -146,12 +146,6 @@ def check_chunk_size(size: int, rel: str, record: dict, where: str) -> None:
         raise CheckpointError(f"{where}: {rel} has {size} bytes, not one whole chunk {record['chunk']} of {dtype}")
 
 
-def chunk_from(data, rel: str, record: dict, where: str) -> np.ndarray:
-    """A whole chunk's values from its file's bytes (a view, no copy)."""
-    check_chunk_size(len(data), rel, record, where)
-    return np.frombuffer(data, jax.numpy.dtype(record["store_dtype"])).reshape(record["chunk"])
-
-
 def aligned_empty(n: int) -> np.ndarray:
     """``n`` bytes of fresh anonymous memory, page-aligned, with room up to the next block boundary
     (O_DIRECT reads whole blocks), its pages mapped at once (``MAP_POPULATE``, where Linux has it).

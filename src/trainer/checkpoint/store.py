@@ -129,14 +129,14 @@ def kvstore_spec(loc: Location) -> dict:
     return spec
 
 
-def _reason(e: BaseException) -> str:
+def reason(e: BaseException) -> str:
     # tensorstore appends the HTTP response body and headers in brackets: the status is enough.
     text = str(e).split(" [", 1)[0].strip()
     return text or type(e).__name__
 
 
 def store_error(loc: Location, what: str, e: BaseException) -> CheckpointError:
-    return CheckpointError(f"{loc}: cannot {what}: {_reason(e)}")
+    return CheckpointError(f"{loc}: cannot {what}: {reason(e)}")
 
 
 def open_store(loc: ObjectPath) -> ts.KvStore:
@@ -144,6 +144,16 @@ def open_store(loc: ObjectPath) -> ts.KvStore:
         return ts.KvStore.open(kvstore_spec(loc), context=_context(loc.scheme)).result()
     except Exception as e:  # noqa: BLE001 - reported with the URL
         raise store_error(loc, "open the object store", e) from None
+
+
+def open_array(loc: ObjectPath) -> ts.TensorStore:
+    """The zarr array saved under ``loc`` on an object store, opened for reading through the shared
+    context; a chunk whose object is missing fails its read instead of reading as the fill value."""
+    spec = {**zarr_spec(kvstore_spec(loc)), "fill_missing_data_reads": False}
+    try:
+        return ts.open(spec, context=_context(loc.scheme), open=True, read=True).result()
+    except Exception as e:  # noqa: BLE001
+        raise store_error(loc, "open the array", e) from None
 
 
 def read_object(loc: ObjectPath, rel: str) -> bytes | None:
