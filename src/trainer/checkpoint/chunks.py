@@ -150,9 +150,13 @@ def aligned_empty(n: int) -> np.ndarray:
     """``n`` bytes of fresh anonymous memory, page-aligned, with room up to the next block boundary
     (O_DIRECT reads whole blocks), its pages mapped at once (``MAP_POPULATE``, where Linux has it).
 
-    Not ``np.empty``: numpy asks for transparent huge pages on large arrays, and on this VM faulting
-    them in cost 2.5-3 s of CPU per GiB (a restore took 10-14 s), where mapping 4 KiB pages in one
-    call costs about 0.4-0.7 s (docs/benchmarks.md section 5)."""
+    Not ``np.empty``, and no ``madvise(MADV_HUGEPAGE)``: numpy asks for transparent huge pages on
+    large arrays, and on this VM faulting them in cost 2.5-3 s of CPU per GiB (a restore took
+    10-14 s), where mapping 4 KiB pages in one call costs about 0.4-0.7 s. Huge pages are cheap
+    (a 1 GiB read with its crc32c in 0.27-0.35 s of CPU) only while the 2 MiB blocks some earlier
+    buffer freed are still the guest's; a few seconds later the VM's free page reporting has given
+    them back to the host, and the same read cost 2.4-2.75 s of CPU against 0.60-0.75 s with
+    4 KiB pages (docs/benchmarks.md section 5)."""
     room = max(DIRECT_ALIGN, -(-n // DIRECT_ALIGN) * DIRECT_ALIGN)
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
     return np.frombuffer(mmap.mmap(-1, room, flags=flags), np.uint8)  # the array keeps the mapping alive

@@ -40,6 +40,14 @@ STEP_DIR = re.compile(r"^step_(\d+)$")
 # save 1 GiB in 0.7-1.0 s where 2 threads took 1.1-1.8 s (docs/benchmarks.md section 5).
 IO_THREADS = 16
 
+# Tensorstore's HTTP transport (its s3 and gcs drivers) moves every response's bytes on 4 threads
+# unless told otherwise, read once, when the transport is first used. On a loaded machine 4
+# threads get a small share of the cores, where a client with a thread per request (boto3) gets
+# many: on the local S3 server at a load of 17-20 a restore fetched at 0.57 of boto3's rate with 4
+# and 0.68 with 16 (medians of 4 rounds each, one run taking turns; docs/benchmarks.md section 5).
+# A value the user set is kept.
+os.environ.setdefault("TENSORSTORE_HTTP_THREADS", str(IO_THREADS))
+
 # Transient errors (throttling, a dropped connection) are retried with exponential backoff, up
 # to about a minute in all; a server that stays away fails the save (tensorstore's own default
 # waits a quarter of an hour). Tests shorten this.
