@@ -26,7 +26,9 @@ printed each round. The temporary directory is on the machine's local disk.
 standalone S3 server on 127.0.0.1 (started as a subprocess, as tests/test_s3_checkpoints.py
 does), taking turns; written to ``bench/results/data_ckpt_s3.json``. On the store a save
 encodes every chunk in memory, hashes and uploads it and writes the commit record last; a
-restore fetches each needed object once, checks its crc32c and decodes it from memory.
+restore reads each whole chunk once through tensorstore's zarr driver and checks its crc32c.
+CPU time (this process's; not the server's) is given beside each wall time, and the ratio to
+boto3 round by round as well as of the medians.
 """
 
 from __future__ import annotations
