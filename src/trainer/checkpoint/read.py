@@ -472,9 +472,10 @@ def _restore(ckpt: Location, commit: dict, plans: list, treedef, every_file: boo
 
 def _whole_objects(ckpt: ObjectPath, commit: dict, rec: dict, chunks: dict[tuple, str]) -> dict[tuple, np.ndarray]:
     """Whole chunks from an object store, many requests in flight, decoded by tensorstore's zarr
-    driver straight into arrays (no Python ``bytes`` and no second copy on the way: the fetch was
-    CPU bound, and on the local S3 server at half of boto3's rate), each checked against its
-    object's checksum from the array's own bytes, which are the object's (a raw layout)."""
+    driver straight into arrays: no Python ``bytes`` on the way, which cost a copy into fresh
+    memory and were never aligned for jax to keep (a CPU-bound fetch, at half of boto3's rate on
+    the local S3 server). Each is checked against its object's checksum from the array's own
+    bytes, which are the object's: a raw layout is little-endian, as every host jax runs on."""
     if not chunks:
         return {}
     arr = open_array(ckpt / rec["dir"])
