@@ -467,6 +467,10 @@ def s3_block() -> str:
     if (text := unavailable("data_ckpt_s3", r)) is not None:
         return text
     rows = []
+
+    def cpu(c: dict, key: str) -> str:
+        return sec(c[key]["median_s"]) if key in c else "–"
+
     for where, key in (("local disk", "local"), (f"S3 ({r['s3_server']})", "s3")):
         c = r[key]
         rows.append(
@@ -474,8 +478,10 @@ def s3_block() -> str:
                 where,
                 sec(c["save_s"]["median_s"]),
                 f"{c['save_MB_per_s']:,.0f}",
+                cpu(c, "save_cpu_s"),
                 sec(c["restore_s"]["median_s"]),
                 f"{c['restore_MB_per_s']:,.0f}",
+                cpu(c, "restore_cpu_s"),
             ]
         )
     b = r.get("boto3")
@@ -485,11 +491,15 @@ def s3_block() -> str:
                 f"boto3 `put_object` / `get_object` of the same bytes ({b['objects']} objects)",
                 sec(b["put_s"]["median_s"]),
                 f"{b['bytes'] / 1e6 / b['put_s']['median_s']:,.0f}",
+                cpu(b, "put_cpu_s"),
                 sec(b["get_s"]["median_s"]),
                 f"{b['bytes'] / 1e6 / b['get_s']['median_s']:,.0f}",
+                cpu(b, "get_cpu_s"),
             ]
         )
-    t = table(["where", "save (median)", "save MB/s", "restore (median)", "restore MB/s"], rows)
+    t = table(
+        ["where", "save (median)", "save MB/s", "save CPU", "restore (median)", "restore MB/s", "restore CPU"], rows
+    )
     c = r["local"]
     head = (
         f"{c['bytes'] / 2**20:,.0f} MiB in {c['leaves']} leaves, {c['layout']}; medians of {c['save_s']['n']} rounds."
@@ -501,6 +511,13 @@ def s3_block() -> str:
             f"save **{r['s3_save_over_boto3']:.2f}**, "
             f"restore **{r['s3_restore_over_boto3']:.2f}**."
         )
+        if "s3_restore_over_boto3_per_round" in r:
+            ratio += (
+                f" Round by round: save {', '.join(map(str, r['s3_save_over_boto3_per_round']))}; restore "
+                f"{', '.join(map(str, r['s3_restore_over_boto3_per_round']))}. CPU is this process's, all threads "
+                "(the server's is not counted). 1-minute load average at the start of each round: "
+                f"{', '.join(str(x) for x in r['load_average_1min_per_round'])}."
+            )
     return f"{head}\n\n{t}{ratio}\n\n{provenance(r)}"
 
 

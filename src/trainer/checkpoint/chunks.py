@@ -146,19 +146,17 @@ def check_chunk_size(size: int, rel: str, record: dict, where: str) -> None:
         raise CheckpointError(f"{where}: {rel} has {size} bytes, not one whole chunk {record['chunk']} of {dtype}")
 
 
-def chunk_from(data, rel: str, record: dict, where: str) -> np.ndarray:
-    """A whole chunk's values from its file's bytes (a view, no copy)."""
-    check_chunk_size(len(data), rel, record, where)
-    return np.frombuffer(data, jax.numpy.dtype(record["store_dtype"])).reshape(record["chunk"])
-
-
 def aligned_empty(n: int) -> np.ndarray:
     """``n`` bytes of fresh anonymous memory, page-aligned, with room up to the next block boundary
     (O_DIRECT reads whole blocks), its pages mapped at once (``MAP_POPULATE``, where Linux has it).
 
-    Not ``np.empty``: numpy asks for transparent huge pages on large arrays, and on this VM faulting
-    them in cost 2.5-3 s of CPU per GiB (a restore took 10-14 s), where mapping 4 KiB pages in one
-    call costs about 0.4-0.7 s (docs/benchmarks.md section 5)."""
+    Not ``np.empty``, and no ``madvise(MADV_HUGEPAGE)``: numpy asks for transparent huge pages on
+    large arrays, and on this VM faulting them in cost 2.5-3 s of CPU per GiB (a restore took
+    10-14 s), where mapping 4 KiB pages in one call costs about 0.4-0.7 s. Huge pages are cheap
+    (a 1 GiB read with its crc32c in 0.27-0.35 s of CPU) only while the 2 MiB blocks some earlier
+    buffer freed are still the guest's; a few seconds later the VM's free page reporting has given
+    them back to the host, and the same read cost 2.4-2.75 s of CPU against 0.60-0.75 s with
+    4 KiB pages (docs/benchmarks.md section 5)."""
     room = max(DIRECT_ALIGN, -(-n // DIRECT_ALIGN) * DIRECT_ALIGN)
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
     return np.frombuffer(mmap.mmap(-1, room, flags=flags), np.uint8)  # the array keeps the mapping alive
@@ -189,10 +187,10 @@ def read_direct(fd: int, buf: np.ndarray, n: int, digest) -> int:
     return got
 
 
-def read_whole_chunk(ckpt: Path, rel: str, info: dict, check: bool, record: dict, where: str) -> np.ndarray:
+def read_whole_chunk(ckpt: Path, rel: str, info: dict, record: dict, where: str) -> np.ndarray:
     """A whole chunk of ``record``'s array from its file ``rel``: read once, with O_DIRECT where
     the file system takes it, into a page-aligned buffer that becomes the chunk's values (no
-    second copy); with ``check``, checksummed from memory as it is read, against ``info``."""
+    second copy), checksummed from memory as it is read, against ``info``."""
     full = safe_relpath(rel, ckpt)
     n = info["size"]
     check_chunk_size(n, rel, record, where)
@@ -204,7 +202,7 @@ def read_whole_chunk(ckpt: Path, rel: str, info: dict, check: bool, record: dict
             raise CheckpointError(
                 f"checkpoint {ckpt}: file {full} has {os.fstat(fd).st_size} bytes, the commit says {n} (truncated?)"
             )
-        digest = checksum.new(kind) if check else _NoDigest()
+        digest = checksum.new(kind)
         try:
             got = read_direct(fd, buf, n, digest)
         except OSError as e:
@@ -213,18 +211,13 @@ def read_whole_chunk(ckpt: Path, rel: str, info: dict, check: bool, record: dict
             # the file system refuses O_DIRECT at the first read: read it plainly, from the start
             os.close(fd)
             fd = -1
-            fd, digest = os.open(full, os.O_RDONLY), checksum.new(kind) if check else _NoDigest()
+            fd, digest = os.open(full, os.O_RDONLY), checksum.new(kind)
             got = read_direct(fd, buf, n, digest)
     finally:
         if fd >= 0:
             os.close(fd)
     if got != n:
         raise CheckpointError(f"checkpoint {ckpt}: file {full} ended after {got} bytes (truncated?)")
-    if check and digest.hexdigest() != info[kind]:
+    if digest.hexdigest() != info[kind]:
         raise CheckpointError(f"checkpoint {ckpt}: checksum mismatch in file {full} (corrupted; {kind})")
     return buf[:n].view(jax.numpy.dtype(record["store_dtype"])).reshape(record["chunk"])
-
-
-class _NoDigest:
-    def update(self, data) -> None:
-        pass

@@ -1,14 +1,16 @@
 """Finding, verifying and reading checkpoints, from a local directory or an object store.
 
-``latest_checkpoint`` (what ``load_checkpoint auto`` uses) verifies size and checksum (the
-crc32c or sha256 its commit record lists: ``checksum``) of every file of the newest commit and
-falls back, with a CheckpointWarning naming the bad file, to the previous one; on an object
-store it also warns about step prefixes that hold objects but no commit record (a save that never
-committed: never trusted). ``restore`` of an explicit ``step_<N>`` checks every file's size and
-checksums the files this process reads, and raises CheckpointError naming a bad one. The target
-tree gives each leaf's shape, dtype and sharding; every process reads only the regions its own
-devices hold, so a checkpoint saved on 8 devices restores onto a 4x2 mesh, one device, or another
-number of processes.
+``latest_checkpoint`` verifies size and checksum (the crc32c or sha256 its commit record lists:
+``checksum``) of every file of the newest commit and falls back, with a CheckpointWarning naming
+the bad file, to the previous one; on an object store it also warns about step prefixes that hold
+objects but no commit record (a save that never committed: never trusted). ``restore`` of a run
+directory does the same while it reads: each candidate, newest first, is read once, every byte
+checked as it arrives, and the tree is returned only when all of them agree with the commit
+record; a bad file is named and the previous checkpoint read instead. ``restore`` of an explicit
+``step_<N>`` checks every file's size and checksums the files this process reads, and raises
+CheckpointError naming a bad one. The target tree gives each leaf's shape, dtype and sharding;
+every process reads only the regions its own devices hold, so a checkpoint saved on 8 devices
+restores onto a 4x2 mesh, one device, or another number of processes.
 
 A region of the target that is one whole chunk of the saved array (every region, when the
 layout is the one saved) is its chunk file's bytes, read once: on a local disk with O_DIRECT
@@ -27,6 +29,7 @@ import json
 import os
 import re
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +42,7 @@ from named import NamedArray, is_named_array
 
 from . import checksum
 from .checksum import hash_file
-from .chunks import chunk_from, raw_layout, read_whole_chunk
+from .chunks import raw_layout, read_whole_chunk
 from .store import (
     COMMIT_FILE,
     FORMAT,
@@ -54,8 +57,10 @@ from .store import (
     kvstore_spec,
     list_objects,
     location,
+    open_array,
     read_object,
     read_objects,
+    reason,
     safe_relpath,
     self_digest,
     show,
@@ -150,13 +155,18 @@ def fetch_verified(path: ObjectPath, commit: dict, rels) -> dict[str, bytes]:
     return out
 
 
-def _verify_files(path: Location, commit: dict, hash_only: set[str] | None = None) -> None:
-    """Every listed file exists with its size; hashes all of them, or only ``hash_only``."""
+def _verify_files(
+    path: Location, commit: dict, hash_only: set[str] | None = None, only: set[str] | None = None
+) -> None:
+    """Every listed file exists with its size; hashes all of them, or only ``hash_only``. On an
+    object store (where reading an object is the only way to learn its size) every file, or
+    ``only`` those, is fetched and checked."""
     files = commit["files"]
-    if isinstance(path, ObjectPath):  # reading an object is the only way to learn its size
-        for rel in files:
+    if isinstance(path, ObjectPath):
+        rels = sorted(files if only is None else only)
+        for rel in rels:
             safe_relpath(rel, path)
-        for rel, data in read_objects(path, sorted(files)):
+        for rel, data in read_objects(path, rels):
             _check_bytes(path, rel, data, files[rel])
         return
     to_hash = []
@@ -189,7 +199,10 @@ def verify_checkpoint(path: str | os.PathLike | ObjectPath) -> dict:
     return commit
 
 
-def _latest(root: Location, subdir: str) -> tuple[Location, dict] | None:
+def _newest(root: Location, subdir: str, use: Callable[[Location, dict], Any]) -> tuple[Location, Any] | None:
+    """``(path, use(path, commit))`` for the newest committed checkpoint under ``root`` whose
+    commit record reads and for which ``use`` raises no CheckpointError; each one skipped (and
+    every uncommitted save newer than the one used) is named in one CheckpointWarning."""
     skipped = []
     ckdir = checkpoint_dir(root, subdir)
     found = list_checkpoints(root, subdir=subdir)
@@ -201,13 +214,13 @@ def _latest(root: Location, subdir: str) -> tuple[Location, dict] | None:
         ]
     for _, path in reversed(found):
         try:
-            commit = verify_checkpoint(path)
+            out = use(path, read_commit(path))
         except CheckpointError as e:
             skipped.append(str(e))
             continue
         if skipped:
             warnings.warn(f"skipped unusable checkpoint(s): {'; '.join(skipped)}; using {path}", CheckpointWarning, 3)
-        return path, commit
+        return path, out
     if skipped:
         warnings.warn(f"skipped unusable checkpoint(s): {'; '.join(skipped)}; none is left", CheckpointWarning, 3)
     return None
@@ -219,7 +232,11 @@ def latest_checkpoint(run_dir: str | os.PathLike | ObjectPath, *, subdir: str = 
     A newer checkpoint that fails verification is skipped with a CheckpointWarning naming
     the bad file and the checkpoint used instead.
     """
-    found = _latest(location(run_dir), subdir)
+
+    def verify(path: Location, commit: dict) -> None:
+        _verify_files(path, commit)
+
+    found = _newest(location(run_dir), subdir, verify)
     return None if found is None else found[0]
 
 
@@ -381,8 +398,10 @@ def restore(
 
     Args:
         path_or_run_dir: a ``step_<N>`` directory (restored as is, or a CheckpointError
-            naming the corrupted file), or a run directory (its newest verified checkpoint);
-            either may be an object-store URL (``s3://``, ``gs://``).
+            naming the corrupted file), or a run directory (its newest checkpoint whose files
+            all check out as they are read, each byte read once; a corrupted newer one is
+            skipped with a CheckpointWarning naming the file); either may be an object-store
+            URL (``s3://``, ``gs://``).
         target: a pytree of the saved structure whose array leaves are jax.Arrays or
             jax.ShapeDtypeStructs (their ``.sharding`` is the layout of the result; none
             means the first local device), numpy arrays (read to host) or NamedArrays of
@@ -395,26 +414,46 @@ def restore(
     """
     p = location(path_or_run_dir)
     if _is_checkpoint(p):
-        ckpt, commit = p, read_commit(p)
-        verified = False
-    else:
-        found = _latest(p, subdir)
-        if found is None:
-            raise CheckpointError(f"no committed checkpoint under {checkpoint_dir(p, subdir)}")
-        (ckpt, commit), verified = found, True
+        commit = read_commit(p)
+        return _restore(p, commit, *_plan(p, commit, target, partial), every_file=False)
 
-    plans, treedef = _plan(ckpt, commit, target, partial)
+    def use(path: Location, commit: dict):
+        try:
+            plans = _plan(path, commit, target, partial)
+        except CheckpointError as e:  # a target that does not fit: the caller's error, not the checkpoint's
+            raise _NotTheTarget(e) from None
+        return _restore(path, commit, *plans, every_file=True)
 
+    try:
+        found = _newest(p, subdir, use)
+    except _NotTheTarget as e:
+        raise e.args[0] from None
+    if found is None:
+        raise CheckpointError(f"no committed checkpoint under {checkpoint_dir(p, subdir)}")
+    return found[1]
+
+
+class _NotTheTarget(Exception):
+    """Carries a CheckpointError about the target past the search for a usable checkpoint."""
+
+
+def _restore(ckpt: Location, commit: dict, plans: list, treedef, every_file: bool) -> tuple[Any, dict]:
+    """Read ``plans`` (``_plan``'s) from ``ckpt``, every byte read once and checked against the
+    commit record before the tree is returned. ``every_file``: also check the files this read does
+    not need (other processes' shards, leaves a partial target leaves out), so every process of a
+    run judges a checkpoint whole or not alike; otherwise only the files read are checked."""
     arrays = [plan for plan in plans if isinstance(plan, _Plan)]
-    whole: dict[int, dict] = {}  # per plan: its whole-chunk regions, read straight from their files
+    needed = set().union(*(plan.files() for plan in arrays))
+    whole: dict[int, dict] = {}  # per plan: its whole-chunk regions, read (and hashed) straight from their files
     if isinstance(ckpt, Path):
         for plan in arrays:
             meta_file = safe_relpath(f"{plan.record['dir']}/zarr.json", ckpt)
             whole[id(plan)] = plan.whole_chunks(_meta_of(meta_file.read_bytes() if meta_file.is_file() else None))
-        if not verified:  # hash exactly the files this process is about to read, once
-            needed = set().union(*(plan.files() for plan in arrays))
-            on_read = {rel for chunks in whole.values() for rel in chunks.values()}
-            _verify_files(ckpt, commit, hash_only=needed - on_read)
+        on_read = {rel for chunks in whole.values() for rel in chunks.values()}
+        # every file's size; the hash of those not hashed as they are read, each once
+        _verify_files(ckpt, commit, hash_only=(set(commit["files"]) if every_file else needed) - on_read)
+    elif every_file:
+        _verify_files(ckpt, commit, only=set(commit["files"]) - needed)
 
     # Leaves in one pool, the chunk files they read in another (a leaf waits on its chunks).
     with (
@@ -425,10 +464,38 @@ def restore(
         def read(plan):
             if not isinstance(plan, _Plan):
                 return plan
-            return _read(plan, ckpt, commit, whole.get(id(plan)), check=not verified, pool=chunks)
+            return _read(plan, ckpt, commit, whole.get(id(plan)), pool=chunks)
 
         out = list(pool.map(read, plans))
     return jax.tree_util.tree_unflatten(treedef, out), commit["metadata"]
+
+
+def _whole_objects(ckpt: ObjectPath, commit: dict, rec: dict, chunks: dict[tuple, str]) -> dict[tuple, np.ndarray]:
+    """Whole chunks from an object store, many requests in flight, decoded by tensorstore's zarr
+    driver straight into arrays: no Python ``bytes`` on the way, which cost a copy into fresh
+    memory and were never aligned for jax to keep (a CPU-bound fetch, at half of boto3's rate on
+    the local S3 server). Each is checked against its object's checksum from the array's own
+    bytes, which are the object's: a raw layout is little-endian, as every host jax runs on."""
+    if not chunks:
+        return {}
+    arr = open_array(ckpt / rec["dir"])
+    reads = {region: arr[tuple(slice(a, b) for a, b in region)].read() for region in chunks}
+    out = {}
+    for region, rel in chunks.items():
+        full, info = ckpt / rel, commit["files"][rel]
+        try:
+            value = reads[region].result()
+        except Exception as e:  # noqa: BLE001 - named with the object
+            raise CheckpointError(
+                f"checkpoint {ckpt}: file {full} cannot be read as one whole chunk {rec['chunk']} of "
+                f"{rec['store_dtype']} (missing or truncated?): {reason(e)}"
+            ) from None
+        if not checksum.matches(info, np.ascontiguousarray(value).reshape(-1).view(np.uint8), full):
+            raise CheckpointError(
+                f"checkpoint {ckpt}: checksum mismatch in file {full} (corrupted; {checksum.check_of(info, full)})"
+            )
+        out[region] = value
+    return out
 
 
 def _open_leaf(plan: _Plan, ckpt: Location, data: dict[str, bytes] | None):
@@ -444,28 +511,30 @@ def _open_leaf(plan: _Plan, ckpt: Location, data: dict[str, bytes] | None):
     return ts.open(zarr_spec({"driver": "memory"}), context=context, open=True, read=True).result()
 
 
-def _read(plan: _Plan, ckpt: Location, commit: dict, whole: dict[tuple, str] | None, check: bool, pool) -> Any:
+def _read(plan: _Plan, ckpt: Location, commit: dict, whole: dict[tuple, str] | None, pool) -> Any:
     """One leaf. A region that is one whole chunk of a raw layout (``whole``, or on an object
     store found from the fetched zarr.json) is its chunk file's bytes, read once (on a local
-    disk into the buffer the device array is made from, checksummed from memory when ``check``;
-    an object store's were checked when fetched); the others go through tensorstore."""
+    disk into the buffer the device array is made from, on an object store decoded by
+    tensorstore, checksummed from memory either way); the others go through tensorstore."""
     rec = plan.record
     where = f"leaf {show(rec['path'])} ({ckpt / rec['dir']})"
     host: dict[tuple, np.ndarray] = {}
     if isinstance(ckpt, Path):
         data = None
         jobs = {
-            region: pool.submit(read_whole_chunk, ckpt, rel, commit["files"][rel], check, rec, where)
+            region: pool.submit(read_whole_chunk, ckpt, rel, commit["files"][rel], rec, where)
             for region, rel in (whole or {}).items()
             if rel in commit["files"]
         }
         host = {region: job.result() for region, job in jobs.items()}
     else:
-        data = fetch_verified(ckpt, commit, sorted(plan.files()))
-        chunks = plan.whole_chunks(_meta_of(data.get(f"{rec['dir']}/zarr.json")))
-        host = {region: chunk_from(data[rel], rel, rec, where) for region, rel in chunks.items() if rel in data}
+        meta = f"{rec['dir']}/zarr.json"
+        chunks = plan.whole_chunks(_meta_of(fetch_verified(ckpt, commit, [meta])[meta]))
+        host = _whole_objects(ckpt, commit, rec, {r: rel for r, rel in chunks.items() if rel in commit["files"]})
     rest = [region for region in plan.regions if region not in host]
     if rest:
+        if not isinstance(ckpt, Path):  # the rest's files, fetched and checked, for a memory kvstore
+            data = fetch_verified(ckpt, commit, sorted({meta}.union(*(_chunk_files(rec, r) for r in rest))))
         try:
             arr = _open_leaf(plan, ckpt, data)
         except CheckpointError:

@@ -40,6 +40,14 @@ STEP_DIR = re.compile(r"^step_(\d+)$")
 # save 1 GiB in 0.7-1.0 s where 2 threads took 1.1-1.8 s (docs/benchmarks.md section 5).
 IO_THREADS = 16
 
+# Tensorstore's HTTP transport (its s3 and gcs drivers) moves every response's bytes on 4 threads
+# unless told otherwise, read once, when the transport is first used. On a loaded machine 4
+# threads get a small share of the cores, where a client with a thread per request (boto3) gets
+# many: on the local S3 server at a load of 17-20 a restore fetched at 0.57 of boto3's rate with 4
+# and 0.68 with 16 (medians of 4 rounds each, one run taking turns; docs/benchmarks.md section 5).
+# A value the user set is kept.
+os.environ.setdefault("TENSORSTORE_HTTP_THREADS", str(IO_THREADS))
+
 # Transient errors (throttling, a dropped connection) are retried with exponential backoff, up
 # to about a minute in all; a server that stays away fails the save (tensorstore's own default
 # waits a quarter of an hour). Tests shorten this.
@@ -129,14 +137,14 @@ def kvstore_spec(loc: Location) -> dict:
     return spec
 
 
-def _reason(e: BaseException) -> str:
+def reason(e: BaseException) -> str:
     # tensorstore appends the HTTP response body and headers in brackets: the status is enough.
     text = str(e).split(" [", 1)[0].strip()
     return text or type(e).__name__
 
 
 def store_error(loc: Location, what: str, e: BaseException) -> CheckpointError:
-    return CheckpointError(f"{loc}: cannot {what}: {_reason(e)}")
+    return CheckpointError(f"{loc}: cannot {what}: {reason(e)}")
 
 
 def open_store(loc: ObjectPath) -> ts.KvStore:
@@ -144,6 +152,16 @@ def open_store(loc: ObjectPath) -> ts.KvStore:
         return ts.KvStore.open(kvstore_spec(loc), context=_context(loc.scheme)).result()
     except Exception as e:  # noqa: BLE001 - reported with the URL
         raise store_error(loc, "open the object store", e) from None
+
+
+def open_array(loc: ObjectPath) -> ts.TensorStore:
+    """The zarr array saved under ``loc`` on an object store, opened for reading through the shared
+    context; a chunk whose object is missing fails its read instead of reading as the fill value."""
+    spec = {**zarr_spec(kvstore_spec(loc)), "fill_missing_data_reads": False}
+    try:
+        return ts.open(spec, context=_context(loc.scheme), open=True, read=True).result()
+    except Exception as e:  # noqa: BLE001
+        raise store_error(loc, "open the array", e) from None
 
 
 def read_object(loc: ObjectPath, rel: str) -> bytes | None:
