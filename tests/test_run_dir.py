@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -131,6 +132,39 @@ def test_second_run_with_the_default_config_resumes_and_replaces_nothing(corpus,
     assert {k: after[k] for k in kept} == kept  # step_1, step_2 and config.yaml: not a byte changed
     assert [s for s, _ in ckpt.list_checkpoints(run_dir)] == [1, 2, 3, 4]
     assert "trainer.num_train_steps 2 -> 4" in (run_dir / "logs" / "process_0.log").read_text()
+
+
+def test_an_auto_resume_reads_each_byte_once_and_falls_back_as_it_reads(corpus, first, tmp_path, monkeypatch):
+    """Resuming reads the newest checkpoint once: no chunk file is hashed from the disk before
+    or after the restore (only the small zarr.json files; the chunks are checked as they are read
+    into the arrays, each once). A corrupted newest checkpoint, found by that read, is skipped with
+    a warning naming the file, the one before it is resumed, and the metrics logged past it are
+    dropped before the steps are trained again."""
+    full = train(_cfg(corpus, tmp_path / "full", **{"trainer.num_train_steps": 3}))
+    hashed, chunks = [], []
+    real_hash, real_whole = ckpt.read.hash_file, ckpt.read.read_whole_chunk
+    monkeypatch.setattr(
+        ckpt.read, "hash_file", lambda path, *a, **k: hashed.append(Path(path).name) or real_hash(path, *a, **k)
+    )
+    monkeypatch.setattr(ckpt.read, "read_whole_chunk", lambda *a: chunks.append(a[1]) or real_whole(*a))
+    run_dir = _copy(first, tmp_path / "whole")
+    assert train(_cfg(corpus, run_dir, **{"trainer.num_train_steps": 3})).losses == full.losses[STEPS:]
+    assert set(hashed) == {"zarr.json"} and chunks and len(chunks) == len(set(chunks))
+
+    run_dir = _copy(first, tmp_path / "corrupted")
+    bad = next(
+        p for p in sorted((run_dir / "checkpoints" / "step_2" / "arrays").rglob("*")) if p.is_file() and p.name == "0"
+    )
+    data = bytearray(bad.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    bad.write_bytes(bytes(data))
+    with pytest.warns(ckpt.CheckpointWarning, match=re.escape(str(bad))):
+        resumed = train(_cfg(corpus, run_dir, **{"trainer.num_train_steps": 3}))
+    assert resumed.losses == full.losses[1:]
+    log_text = (run_dir / "logs" / "process_0.log").read_text()
+    assert f"resumed from {run_dir / 'checkpoints' / 'step_1'} at step 1" in log_text
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "train/loss" in r] == [1, 2, 3]
 
 
 @pytest.mark.parametrize(

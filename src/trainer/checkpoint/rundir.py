@@ -118,6 +118,9 @@ class RunPlan:
     root: ckpt.Location  # where the checkpoints live, in <root>/checkpoints (config.checkpoint_root)
     restore_from: ckpt.Location | None = None  # the checkpoint to resume from
     step: int = 0  # its step (0: from scratch)
+    # auto: restore_from is the newest checkpoint with every file there at its size, and the restore
+    # reads the newest that checks out as it is read (each byte once), an older one if it does not
+    fall_back: bool = False
     notes: list[str] = dataclasses.field(default_factory=list)  # logged once the run's log is open
     fingerprint: tuple | None = None  # what process 0 saw; claim() checks it again under the lock
     run_id: str | None = None  # this run's identity (run.json; decided by plan_run)
@@ -424,8 +427,14 @@ def _decide(cfg: TrainConfig) -> RunPlan:
                 f"settings changed since {run_dir / CONFIG_FILE} (which keeps the first launch's): {_show(free)}"
             )
     if t.load_checkpoint == "auto":
-        plan.restore_from = ckpt.latest_checkpoint(root)  # verified; a corrupted newer one is skipped, warned
+        # its checksums are checked as the restore reads it (each byte read once: no verify pass first)
+        plan.restore_from, plan.fall_back = ckpt.latest_checkpoint(root, checksums=False), True
         commit = ckpt.read_commit(plan.restore_from) if plan.restore_from is not None else None
+        if commit is not None and int(commit["step"]) >= (t.num_train_steps or 0):
+            # the run is done if that checkpoint is whole, and nothing will read it: check it whole now
+            # (a corrupted one is skipped, warned, and an older one resumed)
+            plan.restore_from, plan.fall_back = ckpt.latest_checkpoint(root), False
+            commit = ckpt.read_commit(plan.restore_from) if plan.restore_from is not None else None
     else:
         plan.restore_from = named_checkpoint(cfg)
         commit = ckpt.verify_checkpoint(plan.restore_from)  # an explicit checkpoint must be whole

@@ -360,14 +360,6 @@ def _train(cfg: TrainConfig, run: Run) -> TrainResult:
     run_dir, restore_from, pid = plan.run_dir, plan.restore_from, jax.process_index()
     try:
         setup_logging(run_dir, pid)
-        trackers = Trackers(
-            cfg.tracker,
-            run_dir,
-            pid,
-            json.loads(json.dumps(dataclasses.asdict(cfg), default=str)),
-            start_step=plan.step,
-            config_text=dump_config(cfg),
-        )
     except OSError as e:
         raise rundir.os_error(run_dir, e) from None
     for note in [*plan.notes, *data.notes, epochs_note(len(data.train), t)]:  # data.notes: padding share, per split
@@ -391,9 +383,25 @@ def _train(cfg: TrainConfig, run: Run) -> TrainResult:
         model, opt_state = state.model, state.opt_state
         start = 0
         if restore_from is not None:
-            (model, opt_state), meta = ckpt.restore(restore_from, (model, opt_state))
+            # auto: the run's newest checkpoint that checks out as it is read (each byte read once), else an older one
+            source = plan.root if plan.fall_back else restore_from
+            (model, opt_state), meta = ckpt.restore(source, (model, opt_state))
             start = int(meta["step"])
+            if start != plan.step:  # named in the CheckpointWarning the restore gave
+                log.warning(f"{restore_from} did not check out as it was read: step {start} is resumed instead")
+                restore_from = ckpt.checkpoint_dir(plan.root) / f"step_{start}"
             log.info(f"resumed from {restore_from} at step {start}")
+        try:  # after the restore: the metrics logged past the step it restored are dropped
+            trackers = Trackers(
+                cfg.tracker,
+                run_dir,
+                pid,
+                json.loads(json.dumps(dataclasses.asdict(cfg), default=str)),
+                start_step=start,
+                config_text=dump_config(cfg),
+            )
+        except OSError as e:
+            raise rundir.os_error(run_dir, e) from None
         train_step = make_train_step(cfg, setup, state.optimizer)
         eval_step = make_eval_step(cfg, setup)
         flops_tok = flops_per_token(setup.model_cfg, cfg.data.seq_len)
