@@ -24,7 +24,7 @@ import named as nm
 from named import nn
 from named.models import flops_per_token
 
-from ..config import ConfigError, TrainConfig, data_parallel_size
+from ..config import ConfigError, TrainConfig, data_parallel_size, mesh_mapping
 from ..loop import hardware
 from ..loop.checks import Setup, checked_setup
 
@@ -55,7 +55,7 @@ class Target:
 
 
 def _frozen(mapping: dict) -> tuple:
-    return tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in mapping.items())
+    return tuple(mesh_mapping(mapping).items())
 
 
 def _thawed(pairs: tuple) -> dict:

@@ -94,8 +94,10 @@ def _has_type(base, value) -> bool:
     origin = typing.get_origin(base)
     if _is_union(base):
         return any(_has_type(a, value) for a in typing.get_args(base))
-    if origin in (list, dict):
-        return isinstance(value, origin)
+    if origin is list:  # a decoded mesh mapping holds its lists as tuples (MeshConfig)
+        return isinstance(value, (list, tuple))
+    if origin is dict:
+        return isinstance(value, dict)
     return True
 
 

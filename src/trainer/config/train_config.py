@@ -212,6 +212,18 @@ class MeshConfig:
         "records it; a resume keeps it)",
     )
 
+    def __post_init__(self):
+        # Every MeshConfig, decoded or built in code, holds its mappings as the library takes them.
+        self.compute_mapping = mesh_mapping(self.compute_mapping)
+        self.param_mapping = mesh_mapping(self.param_mapping)
+
+
+def mesh_mapping(entries: dict[str, Any]) -> dict[str, Any]:
+    """A mapping as the library takes it: YAML gives a list of mesh axes, the library a tuple
+    (hashable: jit's caches key on mappings). The one conversion, run when a config is decoded;
+    a mapping read elsewhere (the layout explorer's fields) goes through it too."""
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in entries.items()}
+
 
 @dataclass
 class OptimizerConfig:
@@ -690,7 +702,7 @@ def validate_static(cfg: TrainConfig) -> None:
         ("mesh.compute_mapping", cfg.mesh.compute_mapping),
         ("mesh.param_mapping", cfg.mesh.param_mapping),
     ):
-        for axis, target in to_mapping(mapping).items():  # entry by entry, to name the key
+        for axis, target in mapping.items():  # entry by entry, to name the key
             try:  # the library's own check, against the mesh's axis names (their sizes need the devices)
                 nm.check_mapping({axis: target}, cfg.mesh.shape)
             except nm.ShardingError as e:
@@ -743,10 +755,6 @@ def data_parallel_size(cfg: TrainConfig, mesh_shape: dict[str, int]) -> int:
     for a in axes:
         n *= mesh_shape[a]
     return n
-
-
-def to_mapping(m: dict[str, Any]) -> dict[str, Any]:
-    return {k: (tuple(v) if isinstance(v, list) else v) for k, v in m.items()}
 
 
 def dump_config(cfg: TrainConfig) -> str:
