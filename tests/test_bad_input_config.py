@@ -446,6 +446,28 @@ def test_a_mapping_is_converted_in_one_place():
     assert wraps == [], wraps
 
 
+def test_the_trainers_error_types_live_in_one_module_and_keep_their_public_names():
+    # ConfigError, DataError and CheckpointError are defined in config/errors.py alone, and reached
+    # where users import them (the config, data and checkpoint packages)
+    from named.trainer import checkpoint, config, data
+    from named.trainer.config import errors
+
+    assert (config.ConfigError, data.DataError, checkpoint.CheckpointError, config.CheckpointError) == (
+        errors.ConfigError,
+        errors.DataError,
+        errors.CheckpointError,
+        errors.CheckpointError,
+    )
+    defined = [
+        f"{path.relative_to(ROOT)}: {name}"
+        for path in (ROOT / "src" / "trainer").rglob("*.py")
+        for name in re.findall(r"(?m)^class (ConfigError|DataError|CheckpointError)\b", path.read_text())
+    ]
+    assert sorted(defined) == [
+        f"src/trainer/config/errors.py: {n}" for n in ("CheckpointError", "ConfigError", "DataError")
+    ]
+
+
 def test_a_resume_may_change_exactly_the_keys_declared_free():
     # rundir.TRAJECTORY_FREE comes from the declarations: a key's `free` alone decides whether a
     # resumed run may change it (a whole section is free when each of its keys is)

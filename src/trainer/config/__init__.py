@@ -1,12 +1,14 @@
 """The training configuration: every key declared once, a config read from YAML and flags, and
 the checks on its values alone. The lowest layer of the trainer: it imports nothing of its siblings.
 
-- ``rules``: how a key is declared (``key(...)``) and ``ConfigError``;
+- ``errors``: the trainer's error types, ``ConfigError``, ``DataError`` and ``CheckpointError``, here
+  at the bottom so that every layer raises them;
+- ``rules``: how a key is declared (``key(...)``);
 - ``train_config``: the sections and ``TrainConfig``, ``load_config`` and the checks that tie keys
   together, the tables derived from the declarations (``RULES``, ``keys_table``, ``--help``);
-- ``data_section``: the ``data`` section and ``DataError`` (``named.trainer.data`` re-exports them);
-- ``location``: the rule from a value to a place for checkpoints, ``CheckpointError`` and the
-  checks a checkpoint file may carry (``CHECKSUMS``);
+- ``data_section``: the ``data`` section (``named.trainer.data`` re-exports it);
+- ``location``: the rule from a value to a place for checkpoints and the checks a checkpoint file
+  may carry (``CHECKSUMS``);
 - ``check``, ``read``, ``adapt``, ``pretrained``: per-value checks, the YAML file and the flags,
   the ``lora`` and ``quantization`` sections, a Hugging Face folder's config;
 - ``hub``, ``pinning``: Hugging Face Hub ids where a value names a folder, fetched, and pinned to
@@ -22,9 +24,9 @@ from __future__ import annotations
 import importlib
 
 # the error types and the data section, without draccus or the models
-from .data_section import DataConfig, DataError  # noqa: F401
-from .location import CHECKSUMS, CheckpointError  # noqa: F401
-from .rules import ConfigError  # noqa: F401
+from .data_section import DataConfig  # noqa: F401
+from .errors import CheckpointError, ConfigError, DataError  # noqa: F401
+from .location import CHECKSUMS  # noqa: F401
 
 
 def __getattr__(name: str):

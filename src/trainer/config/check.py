@@ -15,7 +15,8 @@ import types
 import typing
 from typing import Any
 
-from .rules import INT_LIMIT, ConfigError, Key, declared
+from .errors import ConfigError
+from .rules import INT_LIMIT, Key, declared
 
 # ``X | Y`` and ``Optional``/``Union``: which of the two ``get_type_hints`` gives for a string
 # annotation depends on what typing's caches already hold, so both are read alike.

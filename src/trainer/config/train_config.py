@@ -41,8 +41,9 @@ from named.models.registry import FAMILIES
 from . import pinning, pretrained
 from .adapt import LoraConfig, QuantizationConfig  # re-exported: sections of TrainConfig
 from .check import check_flag_keys, check_section, describe_type
-from .data_section import DataConfig, DataError
-from .location import CHECKSUMS, CheckpointError, inside, location
+from .data_section import DataConfig
+from .errors import CheckpointError, ConfigError, DataError  # ConfigError: also this module's public face
+from .location import CHECKSUMS, inside, location
 from .read import (
     CONFIG_NAME,
     CONFIG_PATH,
@@ -55,9 +56,8 @@ from .read import (
     read_flags,
     read_value,
 )
-from .rules import (  # ConfigError: also this module's public face
+from .rules import (
     NONEMPTY,
-    ConfigError,
     Key,
     Rule,
     above,
