@@ -442,7 +442,7 @@ def test_a_mapping_is_converted_in_one_place():
         text = path.read_text()
         written += [str(path.relative_to(ROOT))] * len(idiom.findall(text))
         wraps += [f"{path.relative_to(ROOT)}: {m.group(0)}" for m in wrapped.finditer(text)]
-    assert written == ["src/trainer/config/train_config.py"], written
+    assert written == ["src/trainer/config/sections.py"], written
     assert wraps == [], wraps
 
 

@@ -4,8 +4,9 @@ the checks on its values alone. The lowest layer of the trainer: it imports noth
 - ``errors``: the trainer's error types, ``ConfigError``, ``DataError`` and ``CheckpointError``, here
   at the bottom so that every layer raises them;
 - ``rules``: how a key is declared (``key(...)``);
-- ``train_config``: the sections and ``TrainConfig``, ``load_config`` and the checks that tie keys
-  together, the tables derived from the declarations (``RULES``, ``keys_table``, ``--help``);
+- ``sections``: the sections, every key declared once, and ``TrainConfig``;
+- ``train_config``: ``load_config`` and the checks that tie keys together, the tables derived from
+  the declarations (``RULES``, ``keys_table``, ``--help``);
 - ``data_section``: the ``data`` section (``named.trainer.data`` re-exports it);
 - ``location``: the rule from a value to a place for checkpoints and the checks a checkpoint file
   may carry (``CHECKSUMS``);
@@ -14,8 +15,8 @@ the checks on its values alone. The lowest layer of the trainer: it imports noth
 - ``hub``, ``pinning``: Hugging Face Hub ids where a value names a folder, fetched, and pinned to
   their commit when a config is read.
 
-Every name of ``train_config`` is also this package's (``from named.trainer.config import
-load_config``). That module is imported on first use: it needs draccus and the model families,
+Every name of ``sections`` and ``train_config`` is also this package's (``from named.trainer.config
+import load_config``). These modules are imported on first use: they need draccus and the model families,
 which the data pipeline, built on ``data_section`` and ``rules`` alone, must not pull in.
 """
 
@@ -31,7 +32,8 @@ from .location import CHECKSUMS  # noqa: F401
 
 def __getattr__(name: str):
     if not name.startswith("_"):
-        module = importlib.import_module(".train_config", __name__)
-        if hasattr(module, name):
-            return getattr(module, name)
+        for module in (".sections", ".train_config"):
+            module = importlib.import_module(module, __name__)
+            if hasattr(module, name):
+                return getattr(module, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")  # protocol: module __getattr__

@@ -1,8 +1,9 @@
 """How a config key is declared: its dataclass field says its type and default, and ``key(...)``
 adds the rest (the values it may take beyond its type, whether a resumed run may change it, one
-line of doc) as the field's metadata. Everything else about keys is derived from these
-declarations (``train_config``): the rules table, the keys a resume may change, the docs' keys table.
-``ConfigError``, the error every config check raises, lies in ``errors``."""
+line of doc) as the field's metadata. The sections are declared in ``sections``; everything else
+about keys is derived from these declarations (``train_config``): the rules table, the keys a
+resume may change, the docs' keys table. ``ConfigError``, the error every config check raises,
+lies in ``errors``."""
 
 from __future__ import annotations
 

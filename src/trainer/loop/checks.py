@@ -24,7 +24,7 @@ from named.models.hf import CheckpointFormatError, check_folder
 from named.partitioning import mesh_axes_of
 
 from ..config import ConfigError, TrainConfig, data_parallel_size, pretrained
-from ..config.train_config import VOCAB_MULTIPLE
+from ..config.sections import VOCAB_MULTIPLE
 from ..data import Tokenizer, check_transformers_agrees, load_tokenizer
 from .loss import token_losses
 from .model_init import layer_driver, model_shapes
