@@ -435,7 +435,7 @@ def test_a_mapping_is_decoded_with_tuples_of_mesh_axes(tmp_path):
 def test_a_mapping_is_converted_in_one_place():
     # the list -> tuple conversion is written once (config's mesh_mapping, run when a config is
     # decoded): no module wraps a decoded mapping (`f(cfg.mesh.param_mapping)`) in a conversion of its own
-    idiom = re.compile(r"tuple\(\w+\) if isinstance\(\w+, list\)")
+    idiom = re.compile(r"tuple\(\w+\) if isinstance\(\w+, (list|\(list, tuple\)|\(tuple, list\))\)")
     wrapped = re.compile(r"\w+\(\w+\.mesh\.(compute|param)_mapping\)")
     written, wraps = [], []
     for path in [*(ROOT / "src" / "trainer").rglob("*.py"), *(ROOT / "bench").rglob("*.py")]:
