@@ -324,42 +324,34 @@ def count_params(tree) -> int:
 
 class TrainerStep:
     """The trainer's compiled step (``train.make_train_step``: microbatched loss and gradient,
-    clipping, AdamW, the finite checks, donated state) and the state it trains, built from a
-    loaded config on fixed token rows ``ids`` (``[batch, seq]`` int32), each row one document.
-    Every benchmark that times "a train step" times this one, not a copy of it.
-    ``segments=False`` leaves ``segment_ids`` out of the batch (then attention has no segment mask).
+    clipping, AdamW, the finite checks, donated state) and the state it trains, built by the loop's
+    builder (``state.run_state``) from a loaded config on fixed token rows ``ids`` (``[batch, seq]``
+    int32), each row one document. Every benchmark that times "a train step" times this one, not a
+    copy of it. ``segments=False`` leaves ``segment_ids`` out of the batch (then attention has no segment mask).
     """
 
     def __init__(self, cfg, ids, segments: bool = True):
         import jax
         import numpy as np
 
-        import named as nm
         from named.trainer.data import Batch
         from named.trainer.loop.checks import checked_setup
-        from named.trainer.loop.model_init import init_model
-        from named.trainer.loop.optim import build_optimizer, init_opt_state
+        from named.trainer.loop.state import run_state
         from named.trainer.loop.stop import flags_layout
         from named.trainer.loop.train import device_batch, make_train_step
 
         s = checked_setup(cfg)
         t = cfg.trainer
-        optimizer = build_optimizer(cfg.optimizer, t.num_train_steps)
         self.setup, self.mesh = s, s.mesh
-        with nm.set_mesh(s.mesh):
-            self.model = init_model(
-                cfg, s.model_cls, s.model_cfg, param_mapping=s.param_mapping, mesh=s.mesh, key=jax.random.key(0)
-            )
-            self.opt_state = nm.named_jit(lambda m: init_opt_state(cfg, m, optimizer), mapping=s.param_mapping)(
-                self.model
-            )
+        state = run_state(cfg, s, jax.random.key(0))  # the loop's own builder
+        self.model, self.opt_state = state.model, state.opt_state
         rows = Batch(ids, np.zeros_like(ids), np.ones_like(ids, dtype=bool))
         self.batch = device_batch(rows, s.mesh, s.compute_mapping, t.train_batch_size)
         if not segments:
             del self.batch["segment_ids"]
         layout = flags_layout(s.mesh)
         self.flags = jax.device_put(np.zeros(layout.shape, np.int32), layout.sharding)
-        self.step = make_train_step(cfg, s, optimizer)
+        self.step = make_train_step(cfg, s, state.optimizer)
         self.key = jax.random.key(1)
         self.losses: list[float] = []
 

@@ -154,16 +154,24 @@ def trainer_config(model_type: str, cfg: dict, batch: int, seq: int, dtype: str,
     return C.step_config({**cfg, "remat": remat}, batch=batch, seq=seq, dtype=dtype, base=base)
 
 
+def record(c) -> dict:
+    """A ``named-plan --search`` candidate as the result's JSON holds it: its name, its layout's
+    fields (as a config writes them: ``Layout.fields``) and its measurements, in one flat dict."""
+    import dataclasses
+
+    measured = dataclasses.asdict(c)
+    del measured["layout"]
+    return {**measured, **c.layout.fields()}
+
+
 def with_layout(config, layout: dict | None):
-    """``config`` trained in ``layout``: a ``named-plan --search`` candidate's fields (mesh,
-    mappings, remat, microbatches and whatever else the search varies), applied as the search
-    applies them."""
+    """``config`` trained in ``layout``: a candidate's ``record`` (mesh, mappings, remat,
+    microbatches and whatever else the search varies), applied as the search applies them."""
     if layout is None:
         return config
-    from named.trainer.commands.plan import Layout
-    from named.trainer.commands.plan_search import Candidate, layout_of
+    from named.trainer.config.layout import KEYS, Layout
 
-    return layout_of(Layout.of(config), Candidate(**layout)).apply(config)
+    return Layout(**{f: layout[f] for f in KEYS}).apply(config)
 
 
 def worker_named(model_type, cfg, batch, seq, dtype, remat, peer_loss, optimizer, layout=None) -> dict:
@@ -644,8 +652,6 @@ def recommended_layouts(args, cfg: dict, batch: int, seq: int, peer_memory: dict
     devices, ranked by the roofline of ``--device-kind``: the layout it ranks first with no memory
     limit ("named"), and the one it ranks first within the peer's compiled peak memory per device
     ("named_at_peer_memory"; left out when it is the same layout, or when none fits)."""
-    import dataclasses
-
     from named.trainer.commands.plan import Target
     from named.trainer.commands.plan_search import Roofline, fits, format_table, search
     from named.trainer.loop import hardware
@@ -664,13 +670,17 @@ def recommended_layouts(args, cfg: dict, batch: int, seq: int, peer_memory: dict
     table = format_table(within, roof, budget)
     print(table, flush=True)
 
-    def same(a: dict, b: dict) -> bool:  # the same layout (the measured fields may differ by run)
-        keys = ("name", "mesh_shape", "remat", "microbatches", "mode", "loss_block_size")
-        return all(a.get(k) == b.get(k) for k in keys)
-
-    chosen = {"named": dataclasses.asdict(fastest)}
-    if not within[0].error and fits(within[0], budget) and not same(dataclasses.asdict(within[0]), chosen["named"]):
-        chosen["named_at_peer_memory"] = dataclasses.asdict(within[0])
+    chosen = {"named": record(fastest)}
+    if (
+        not within[0].error
+        and fits(within[0], budget)
+        and (within[0].name, within[0].layout)
+        != (
+            fastest.name,
+            fastest.layout,
+        )
+    ):
+        chosen["named_at_peer_memory"] = record(within[0])
     return {
         "device_kind": args.device_kind,
         "search_s": seconds,

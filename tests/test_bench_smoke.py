@@ -263,27 +263,20 @@ def test_the_recommended_setup_configures_our_side_in_the_layout_the_search_chos
     config it then trains has that candidate's mesh, mappings, mode, remat, microbatches and
     loss block, not the FSDP defaults of the like-for-like comparison (what that config's step
     does is the trainer's, tested there)."""
-    import dataclasses
-
     import peer
 
     from named.trainer.commands.plan_search import Candidate
+    from named.trainer.config.layout import Layout
 
-    chosen = Candidate(
-        "FSDP+TP2",
-        {"data": 4, "model": 2},
-        {"batch": "data", "mlp": "model", "heads": "model"},
-        {"embed": "data", "mlp": "model", "heads": "model"},
-        "full",
-        2,
-        mode="explicit",
-        loss_block_size=192,
-    )
-    fields = json.loads(json.dumps(dataclasses.asdict(chosen)))
+    compute = {"batch": "data", "mlp": "model", "heads": "model"}
+    param = {"embed": "data", "mlp": "model", "heads": "model"}
+    chosen = Candidate("FSDP+TP2", Layout({"data": 4, "model": 2}, compute, param, "full", 2, 192, "explicit"))
+    fields = json.loads(json.dumps(peer.record(chosen)))
+    assert fields["name"] == "FSDP+TP2" and fields["compute_mapping"] == compute
     cfg = peer.with_layout(peer.trainer_config("gpt2", peer.MODELS["gpt2"][1], 8, 32, "f32", "none"), fields)
     assert dict(cfg.mesh.shape) == {"data": 4, "model": 2}
-    assert dict(cfg.mesh.compute_mapping) == chosen.compute_mapping
-    assert dict(cfg.mesh.param_mapping) == chosen.param_mapping
+    assert dict(cfg.mesh.compute_mapping) == compute
+    assert dict(cfg.mesh.param_mapping) == param
     assert (cfg.mesh.mode, cfg.model.remat, cfg.trainer.microbatches) == ("explicit", "full", 2)
     assert cfg.trainer.loss_block_size == 192
 

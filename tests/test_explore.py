@@ -10,9 +10,9 @@ import pytest
 
 from named.trainer.commands import cli, plan
 from named.trainer.commands.explore import Explorer, report_page
-from named.trainer.commands.plan import Layout
 from named.trainer.commands.plan_search import candidates, rank
 from named.trainer.config import ConfigError, load_config
+from named.trainer.config.layout import Layout
 
 CONFIG = Path(__file__).parent.parent / "config" / "gpt2_nano.yaml"
 SMALL = ["--model.n_layer", "1", "--data.seq_len", "32", "--trainer.train_batch_size", "8"]
@@ -33,12 +33,12 @@ def _plan_total_mib(flags: list[str]) -> float:
     "changes, flags",
     [
         ({}, []),
-        ({"param": {"embed": "data"}}, ["--mesh.param_mapping", "{embed: data}"]),
+        ({"param_mapping": {"embed": "data"}}, ["--mesh.param_mapping", "{embed: data}"]),
         (
             {
                 "mesh_shape": {"data": 4, "model": 2},
-                "compute": {"batch": "data", "mlp": "model", "heads": "model"},
-                "param": {"embed": "data", "mlp": "model", "heads": "model"},
+                "compute_mapping": {"batch": "data", "mlp": "model", "heads": "model"},
+                "param_mapping": {"embed": "data", "mlp": "model", "heads": "model"},
                 "microbatches": 2,
             },
             [
@@ -67,18 +67,18 @@ def test_the_explorers_memory_is_named_plans(explorer, changes, flags):
 
 
 def test_fsdp_divides_the_state_by_the_data_axis(explorer):
-    dp, fsdp = explorer.view(param={}), explorer.view(param={"embed": "data"})
+    dp, fsdp = explorer.view(param_mapping={}), explorer.view(param_mapping={"embed": "data"})
     assert fsdp.memory()["parameters"] < dp.memory()["parameters"] / 4
     assert fsdp.memory()["activations"] == dp.memory()["activations"]
 
 
 def test_views_are_cached_and_refusals_name_the_key(explorer):
-    assert explorer.view(param={"embed": "data"}) is explorer.view(param={"embed": "data"})
-    assert "mesh.param_mapping.nope" in explorer.view(param={"nope": "data"}).error
+    assert explorer.view(param_mapping={"embed": "data"}) is explorer.view(param_mapping={"embed": "data"})
+    assert "mesh.param_mapping.nope" in explorer.view(param_mapping={"nope": "data"}).error
     assert "trainer.microbatches" in explorer.view(microbatches=3).error
     assert "mesh.mode" in explorer.view(mode="sideways").error
     with pytest.raises(ConfigError, match="mesh.param_mapping.nope"):
-        explorer.view(param={"nope": "data"}).memory()  # a refused layout has no figures
+        explorer.view(param_mapping={"nope": "data"}).memory()  # a refused layout has no figures
     with pytest.raises(ConfigError, match="unknown layout field"):
         explorer.view(mapping={"batch": "data"})
     with pytest.raises(ConfigError, match="devices=4, but this process has 8"):
@@ -98,13 +98,16 @@ def test_a_views_rank_is_its_place_among_the_search_candidates(explorer):
             return next(
                 i
                 for i, c in enumerate(explorer._ranked, 1)
-                if (c.name, c.remat, c.microbatches, c.mode) == (name, "none", 1, mode)
+                if (c.name, c.layout.remat, c.layout.microbatches, c.layout.mode) == (name, "none", 1, mode)
             )
 
         fsdp = place("FSDP", "auto")
-        assert explorer.view(param={"embed": "data"}).rank == (fsdp, len(found))
-        assert explorer.view(param={"embed": "data"}, mode="explicit").rank == (place("FSDP", "explicit"), len(found))
-        odd = explorer.view(param={"vocab": "data"})  # no candidate of --search: ranked only once compiled
+        assert explorer.view(param_mapping={"embed": "data"}).rank == (fsdp, len(found))
+        assert explorer.view(param_mapping={"embed": "data"}, mode="explicit").rank == (
+            place("FSDP", "explicit"),
+            len(found),
+        )
+        odd = explorer.view(param_mapping={"vocab": "data"})  # no candidate of --search: ranked only once compiled
         assert odd.rank is None
         page = report_page(explorer, search=True)  # the ranking table, and each section's rank
         assert "layouts ranked by --search" in page
@@ -116,13 +119,13 @@ def test_a_views_rank_is_its_place_among_the_search_candidates(explorer):
 
 
 def test_compiling_on_request_adds_collectives_the_cpu_peak_and_the_roofline(explorer):
-    v = explorer.view(param={"embed": "data"}, compile=True)
+    v = explorer.view(param_mapping={"embed": "data"}, compile=True)
     assert v.collectives().get("all-gather", 0) > 0  # FSDP gathers the weights
     # this CPU's compiled peak is shown beside the estimate, never added to what is judged against an H100
     assert set(v.memory()) == {"parameters", "gradients", "optimizer state", "activations", "logits"}
     assert f"data-figure='compiled peak'>{v.compiled.peak_bytes / 2**20:.2f} MiB" in v.html()
     assert set(v.step_seconds()) == {"compute", "HBM", "communication"}
-    assert explorer.view(param={"embed": "data"}).compiled is v.compiled  # cached
+    assert explorer.view(param_mapping={"embed": "data"}).compiled is v.compiled  # cached
     assert "data-figure='collective all-gather'" in v.html()
 
 
@@ -133,14 +136,14 @@ def test_the_widget_replans_when_a_mapping_changes(explorer):
     out = box.children[-1]
     before = explorer.view().total_bytes
     texts["parameters"].value = "embed: data"
-    after = explorer.view(param={"embed": "data"}).total_bytes
+    after = explorer.view(param_mapping={"embed": "data"}).total_bytes
     assert after < before and f"{after / 2**20:.2f} MiB" in out.value
     texts["compile the step"].value = True  # compiled once per layout (the compile test's, when it ran first)
     assert "data-figure='collective all-gather'" in out.value and "compiled peak" in out.value
     texts["compile the step"].value = False
     texts["remat"].value = "full"
     assert "remat full" in out.value
-    assert f"{explorer.view(param={'embed': 'data'}, remat='full').total_bytes / 2**20:.2f} MiB" in out.value
+    assert f"{explorer.view(param_mapping={'embed': 'data'}, remat='full').total_bytes / 2**20:.2f} MiB" in out.value
     texts["microbatches"].value = 2  # 4 sequences over 8 devices: refused, and said so
     assert "trainer.microbatches=2" in out.value
     texts["parameters"].value = "embed: [data"
@@ -192,11 +195,11 @@ def test_a_live_module_is_planned_in_place_of_the_configs_model():
     module = cls.init(model_cfg, key=jax.random.key(0))
     ex = Explorer(load_config(CONFIG, SMALL), model=module)  # the config says one layer
     fsdp = {"embed": "data"}
-    expected = plan.make_plan(Layout.of(two_layers).replace(param=fsdp).apply(two_layers))
-    v = ex.view(param=fsdp)
+    expected = plan.make_plan(Layout.of(two_layers).replace(param_mapping=fsdp).apply(two_layers))
+    v = ex.view(param_mapping=fsdp)
     assert v.memory()["parameters"] == expected.params.bytes_per_device
     assert v.memory()["activations"] == expected.activations  # the estimate reads the layers off the shapes
-    assert "mesh.param_mapping.nope" in ex.view(param={"nope": "data"}).error
+    assert "mesh.param_mapping.nope" in ex.view(param_mapping={"nope": "data"}).error
     import named as nm
 
     other = Explorer(

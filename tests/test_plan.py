@@ -11,6 +11,7 @@ import pytest
 
 from named.trainer.commands import cli, plan
 from named.trainer.config import load_config
+from named.trainer.config.layout import Layout
 
 CONFIG = Path(__file__).parent.parent / "config" / "gpt2_nano_fsdp.yaml"
 SMALL = ["--model.n_layer", "1", "--data.seq_len", "32", "--trainer.train_batch_size", "8"]
@@ -156,11 +157,7 @@ def test_recomputation_ranks_after_the_same_layout_without_it_when_that_fits():
     def layout(name, remat, flops, hbm, memory):  # XLA:CPU counts fewer HBM bytes for the recomputing program
         return Candidate(
             name,
-            {"data": 8},
-            {"batch": "data"},
-            {},
-            remat,
-            1,
+            Layout({"data": 8}, {"batch": "data"}, {}, remat),
             flops=flops,
             hbm_bytes=hbm,
             comm_bytes=1e9 if name == "FSDP" else 1e6,
@@ -175,10 +172,15 @@ def test_recomputation_ranks_after_the_same_layout_without_it_when_that_fits():
     ]
     ranked = rank(found, roof, memory_budget=10 * gib)
     # DP without recomputation is over the budget, so DP with it is the best layout; FSDP fits without it
-    assert [(c.name, c.remat) for c in ranked] == [("DP", "full"), ("FSDP", "none"), ("FSDP", "full"), ("DP", "none")]
+    assert [(c.name, c.layout.remat) for c in ranked] == [
+        ("DP", "full"),
+        ("FSDP", "none"),
+        ("FSDP", "full"),
+        ("DP", "none"),
+    ]
     assert ranked[1].seconds(roof)[1] == ranked[2].seconds(roof)[1] == 1e9 / roof.device.hbm_bandwidth  # the smaller
     # plenty of memory for all: each layout ranks before itself with recomputation, the best has none
-    plenty = [(c.name, c.remat) for c in rank(found, roof, memory_budget=80 * gib)]
+    plenty = [(c.name, c.layout.remat) for c in rank(found, roof, memory_budget=80 * gib)]
     assert plenty[0] == ("DP", "none")
     assert all(plenty.index((name, "none")) < plenty.index((name, "full")) for name in ("DP", "FSDP"))
     header = format_table(ranked, roof, 10 * gib).splitlines()[0].split("  ")
@@ -215,7 +217,7 @@ def test_the_second_stage_tries_the_best_layouts_in_the_other_mode_and_loss():
     roof = Roofline(hardware.find("H100"), 494e12, "TF32")
 
     def measured(name, remat, flops, memory, mode="auto", block=None, error=None):
-        c = Candidate(name, {"data": 8}, {"batch": "data"}, {}, remat, 1, mode, block, error=error)
+        c = Candidate(name, Layout({"data": 8}, {"batch": "data"}, {}, remat, 1, block, mode), error=error)
         c.flops, c.hbm_bytes, c.memory = flops, 1e6, memory
         return c
 
@@ -232,7 +234,7 @@ def test_the_second_stage_tries_the_best_layouts_in_the_other_mode_and_loss():
         memory_budget=2**30,
     )
     second = refinements(ranked, 384)
-    assert [(c.name, c.remat, c.mode, c.loss_block_size) for c in second] == [
+    assert [(c.name, c.layout.remat, c.layout.mode, c.layout.loss_block_size) for c in second] == [
         (name, "none", mode, block)
         for name in ("FSDP", "DP", "FSDP+TP2")
         for mode, block in (("explicit", None), ("auto", 48), ("explicit", 48))
@@ -240,10 +242,18 @@ def test_the_second_stage_tries_the_best_layouts_in_the_other_mode_and_loss():
     assert not any(c.error or c.flops for c in second)  # to be measured
     # a config already in explicit mode with blocks: the other mode, the full logits, both
     blocked = refinements([measured("FSDP", "none", 1e9, 1, "explicit", 96)], 384)
-    assert [(c.mode, c.loss_block_size) for c in blocked] == [("auto", 96), ("explicit", None), ("auto", None)]
+    assert [(c.layout.mode, c.layout.loss_block_size) for c in blocked] == [
+        ("auto", 96),
+        ("explicit", None),
+        ("auto", None),
+    ]
     # a vocab with no block: the blockwise variants are rows that cannot run, naming the key
     prime = refinements(ranked, 383, best=1)
-    assert [(c.mode, c.error is None) for c in prime] == [("explicit", True), ("auto", False), ("explicit", False)]
+    assert [(c.layout.mode, c.error is None) for c in prime] == [
+        ("explicit", True),
+        ("auto", False),
+        ("explicit", False),
+    ]
     table = format_table(rank([*ranked, *prime], roof, 2**30), roof, 2**30)
     assert re.search(r"FSDP\s+data8\s+auto\s+none\s+1\s+none\s.*cannot run: trainer.loss_block_size", table)
 
@@ -254,7 +264,7 @@ def test_a_layout_explicit_mode_cannot_run_is_a_row_that_says_so():
 
     cfg = load_config(CONFIG, SMALL)
     # tensor-parallel activations over weights stored whole: auto mode gathers them, explicit mode refuses
-    odd = Candidate("odd", {"data": 4, "model": 2}, {"batch": "data", "mlp": "model"}, {}, "none", 1, "explicit")
+    odd = Candidate("odd", Layout({"data": 4, "model": 2}, {"batch": "data", "mlp": "model"}, {}, mode="explicit"))
     assert measure(cfg, odd) is odd
     assert odd.error.startswith("mesh.mode: explicit:") and "'mlp'" in odd.error and not odd.flops
     roof = Roofline(hardware.find("H100"), 494e12, "TF32")
@@ -266,13 +276,11 @@ def test_a_layout_explicit_mode_cannot_run_is_a_row_that_says_so():
 def test_a_layouts_flags_give_the_config_apply_gives():
     """``Layout.flags`` (what ``--search`` prints for the layout ranked first) read by ``load_config``
     make the config ``Layout.apply`` makes: every key of the layout, mappings with a list of mesh axes too."""
-    from named.trainer.commands.plan import Layout
-
     base = load_config(CONFIG, SMALL)
     lay = Layout.of(base).replace(
         mesh_shape={"replica": 2, "data": 2, "model": 2},
-        compute={"batch": ["replica", "data"], "mlp": "model", "heads": "model"},
-        param={"embed": "data", "mlp": "model", "heads": "model"},
+        compute_mapping={"batch": ["replica", "data"], "mlp": "model", "heads": "model"},
+        param_mapping={"embed": "data", "mlp": "model", "heads": "model"},
         remat="full",
         microbatches=2,
         loss_block_size=128,
@@ -290,8 +298,8 @@ def test_a_layouts_flags_give_the_config_apply_gives():
 def test_search_ranks_the_layouts_that_fit():
     """One search of a tiny GPT-2 (one layout refined, to keep it short): the ranking, the second
     stage's rows, and the config of the layout ranked first."""
-    from named.trainer.commands.plan import Layout, Target
-    from named.trainer.commands.plan_search import layout_of, loss_block_for, search, search_report
+    from named.trainer.commands.plan import Target
+    from named.trainer.commands.plan_search import loss_block_for, search, search_report
     from named.trainer.loop.checks import checked_setup, model_config_for
 
     tiny = ["--model.n_embd", "32", "--model.n_head", "2", *SMALL]
@@ -328,30 +336,33 @@ def test_search_ranks_the_layouts_that_fit():
     head = " ".join(table.split("\n", 3)[2].split())
     assert "mode remat microbatches loss block est. ms/step compute ms HBM ms comm ms memory GiB/device" in head
     # the second stage: the first stage's best, in explicit mode, with loss blocks, and with both
-    first = [c for c in ranked if c.mode == "auto" and c.loss_block_size is None and not c.error]
+    first = [c for c in ranked if c.layout.mode == "auto" and c.layout.loss_block_size is None and not c.error]
     best = min(first, key=lambda c: ranked.index(c))
-    same = [c for c in ranked if (c.name, c.microbatches, c.remat) == (best.name, best.microbatches, best.remat)]
-    assert {(c.mode, c.loss_block_size) for c in same} == {
+    same = [
+        c for c in ranked if c.name == best.name and c.layout.replace(mode="auto", loss_block_size=None) == best.layout
+    ]
+    assert {(c.layout.mode, c.layout.loss_block_size) for c in same} == {
         ("auto", None),
         ("explicit", None),
         ("auto", block),
         ("explicit", block),
     }
     assert all(c.error is None and c.flops > 0 for c in same)
-    assert sum(c.mode == "explicit" or c.loss_block_size is not None for c in ranked) == 3
+    assert sum(c.layout.mode == "explicit" or c.layout.loss_block_size is not None for c in ranked) == 3
     # the layout ranked first, as a config: its keys set, and the trainer's checks pass it
     top = ranked[0]
-    run = layout_of(Layout.of(cfg), top).apply(cfg)
+    run = top.layout.apply(cfg)
+    lay = top.layout.fields()
     assert (run.mesh.shape, run.mesh.compute_mapping, run.mesh.param_mapping) == (
-        top.mesh_shape,
-        top.compute_mapping,
-        top.param_mapping,
+        lay["mesh_shape"],
+        lay["compute_mapping"],
+        lay["param_mapping"],
     )
     assert (run.mesh.mode, run.model.remat, run.trainer.microbatches, run.trainer.loss_block_size) == (
-        top.mode,
-        top.remat,
-        top.microbatches,
-        top.loss_block_size,
+        lay["mode"],
+        lay["remat"],
+        lay["microbatches"],
+        lay["loss_block_size"],
     )
     checked_setup(run)
     flags = shlex.split(text.split("the layout ranked first, as flags after the config's: ")[1])
@@ -363,10 +374,10 @@ def test_tensor_parallel_layouts_split_the_vocab():
 
     cfg = load_config(CONFIG, SMALL)  # GPT-2 nano: vocab 384, seq 32, 8 sequences on 8 devices
     found = list(candidates(8, param_axes(cfg), 8))
-    tp = [c for c in found if "TP" in c.name]
-    assert tp and all(c.compute_mapping["vocab"] == c.param_mapping["vocab"] == "model" for c in tp)
-    assert not any("vocab" in c.compute_mapping for c in found if "TP" not in c.name)
-    c = next(c for c in tp if (c.name, c.remat, c.microbatches) == ("FSDP+TP2", "none", 1))
+    tp = [c.layout.fields() | {"name": c.name} for c in found if "TP" in c.name]
+    assert tp and all(c["compute_mapping"]["vocab"] == c["param_mapping"]["vocab"] == "model" for c in tp)
+    assert not any("vocab" in c.layout.fields()["compute_mapping"] for c in found if "TP" not in c.name)
+    c = next(c for c in found if (c.name, c.layout.remat, c.layout.microbatches) == ("FSDP+TP2", "none", 1))
     trial, s = planned(cfg, c)
     assert c.error is None and trial.mesh.compute_mapping["vocab"] == "model"
     # the logits and their gradient in float32, 2 sequences per device (data=4), half the vocab each
@@ -383,10 +394,10 @@ def test_estimate_explorer_page_and_search_agree_on_memory_and_fit():
     """One rule: the report's "in all", the explorer's total, the page's and the search's memory
     are one figure for the same flags, and each says "fits" alike against the device's memory."""
     from named.trainer.commands.explore import Explorer, report_page
-    from named.trainer.commands.plan_search import candidates, fits, layout_of, param_axes, planned
+    from named.trainer.commands.plan_search import candidates, fits, param_axes, planned
 
     cfg = load_config(CONFIG, SMALL)
-    layouts = [c for c in candidates(8, param_axes(cfg), 8) if c.microbatches == 1]
+    layouts = [c for c in candidates(8, param_axes(cfg), 8) if c.layout.microbatches == 1]
     sizes = sorted(c.memory for c in map(_fresh, layouts) if planned(cfg, c)[0] is not None)
     budget = (sizes[0] + sizes[-1]) / 2  # some fit, some do not
     target = plan.Target.of("H100", f"{budget:.0f}b")
@@ -395,14 +406,15 @@ def test_estimate_explorer_page_and_search_agree_on_memory_and_fit():
     verdicts = set()
     for c in map(_fresh, layouts):
         planned(cfg, c, target)
-        v = ex.view(layout_of(ex.layout, c))
+        v = ex.view(c.layout)
         if c.error is not None:
             assert v.error is not None and c.error in v.error
             continue
-        text = plan.plan_report(layout_of(plan.Layout.of(cfg), c).apply(cfg), target=target)
+        text = plan.plan_report(c.layout.apply(cfg), target=target)
         total = re.search(r"in all: ([\d.]+) MiB", text).group(1)
         assert f"{c.memory / 2**20:.2f}" == f"{v.total_bytes / 2**20:.2f}" == total
-        section = re.search(rf"data-key='{re.escape(c.name)}\|{c.remat}\|1'>(.*?)</section>", page, re.S).group(1)
+        key = rf"data-key='{re.escape(c.name)}\|{c.layout.remat}\|1'>(.*?)</section>"
+        section = re.search(key, page, re.S).group(1)
         assert f"data-figure='total'>{total} MiB" in section
         fit = fits(c, target.memory)
         assert fit == (not v.plan.over_budget) == ("OVER BUDGET" not in text) == ("OVER BUDGET" not in section)
@@ -414,21 +426,22 @@ _SEVEN_B = """
 import json, re, sys
 from named.trainer.commands import plan
 from named.trainer.commands.explore import Explorer
-from named.trainer.commands.plan_search import candidates, fits, layout_of, param_axes, planned
+from named.trainer.commands.plan_search import candidates, fits, param_axes, planned
 from named.trainer.config import load_config
+from named.trainer.config.layout import Layout
 
 cfg = load_config(sys.argv[1], sys.argv[2:])
 target = plan.Target.of("H100", None)
 ex = Explorer(cfg, target=target)
 out = []
 for c in candidates(64, param_axes(cfg), cfg.trainer.train_batch_size):
-    if c.remat != "none" or (c.name, c.microbatches) not in {("FSDP", 1), ("FSDP+TP8", 1), *(
+    if c.layout.remat != "none" or (c.name, c.layout.microbatches) not in {("FSDP", 1), ("FSDP+TP8", 1), *(
         (f"FSDP+TP{t}", 4) for t in (2, 4, 8))}:
         continue
     planned(cfg, c, target)
-    v = ex.view(layout_of(ex.layout, c))
-    text = plan.plan_report(layout_of(plan.Layout.of(cfg), c).apply(cfg), target=target)
-    out.append(dict(name=c.name, micro=c.microbatches, search=c.memory, fits=fits(c, target.memory),
+    v = ex.view(c.layout)
+    text = plan.plan_report(c.layout.apply(cfg), target=target)
+    out.append(dict(name=c.name, micro=c.layout.microbatches, search=c.memory, fits=fits(c, target.memory),
         explorer=v.total_bytes, explorer_over=v.plan.over_budget, logits=v.plan.logits,
         report=float(re.search(r"in all: ([\\d.]+) MiB", text).group(1)), report_over="OVER BUDGET" in text))
 print(json.dumps(out))
@@ -510,9 +523,9 @@ def test_measure_times_the_layouts_that_fit_and_ranks_them_by_the_time():
     from named.trainer.loop import hardware
 
     cfg = load_config(CONFIG, SMALL)
-    dp = Candidate("DP", {"data": 8}, {"batch": "data"}, {}, "none", 1)
-    fsdp = Candidate("FSDP", {"data": 8}, {"batch": "data"}, {"embed": "data"}, "none", 1)
-    big = Candidate("FSDP", {"data": 8}, {"batch": "data"}, {"embed": "data"}, "full", 1)
+    dp = Candidate("DP", Layout({"data": 8}, {"batch": "data"}, {}))
+    fsdp = Candidate("FSDP", Layout({"data": 8}, {"batch": "data"}, {"embed": "data"}))
+    big = Candidate("FSDP", Layout({"data": 8}, {"batch": "data"}, {"embed": "data"}, "full"))
     for c in (dp, fsdp, big):
         planned(cfg, c)
     big.memory = 2**40  # over the budget: never timed
@@ -542,7 +555,7 @@ def test_mesh_layout_auto_trains_with_the_first_ranked_layout_and_a_resume_keeps
     saved = load_config(tmp_path / "run" / "config.yaml")
     assert saved.mesh.layout == "config"  # the resolved layout, not "auto"
     chosen = load_config(nano, [*base[:-2], *flags])
-    assert plan.Layout.of(saved) == plan.Layout.of(chosen)
+    assert Layout.of(saved) == Layout.of(chosen)
 
     def never(*a, **k):
         raise AssertionError("a resume searched again")
@@ -552,4 +565,4 @@ def test_mesh_layout_auto_trains_with_the_first_ranked_layout_and_a_resume_keeps
     assert cli.main_train(["--config_path", str(nano), *base, *more]) == 0
     out = capsys.readouterr().out
     assert f"mesh.layout auto: the layout recorded in {tmp_path / 'run' / 'config.yaml'}" in out
-    assert plan.Layout.of(load_config(tmp_path / "run" / "config.yaml")) == plan.Layout.of(saved)
+    assert Layout.of(load_config(tmp_path / "run" / "config.yaml")) == Layout.of(saved)

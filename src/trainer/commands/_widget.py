@@ -9,7 +9,7 @@ import html
 import named as nm
 
 from ..config import ConfigError
-from .plan import Layout
+from ..config.layout import Layout
 
 
 def parse_flow(text: str, key: str) -> dict:
@@ -33,8 +33,8 @@ def explorer_widget(ex):
     lay = ex.layout
     batch = ex.cfg.trainer.train_batch_size
     mesh = w.Text(_flow(lay.mesh_shape), description="mesh", continuous_update=False)
-    compute = w.Text(_flow(lay.compute), description="compute", continuous_update=False)
-    param = w.Text(_flow(lay.param), description="parameters", continuous_update=False)
+    compute = w.Text(_flow(lay.compute_mapping), description="compute", continuous_update=False)
+    param = w.Text(_flow(lay.param_mapping), description="parameters", continuous_update=False)
     remats = list(dict.fromkeys([lay.remat, "none", "full", "save_dots"]))
     remat = w.Dropdown(options=remats, value=lay.remat, description="remat")
     micro = w.Dropdown(
@@ -60,8 +60,8 @@ def explorer_widget(ex):
             raise ConfigError(f"trainer.loss_block_size: {text!r} is not a whole number (empty: none)")
         return lay.replace(
             mesh_shape=parse_flow(mesh.value, "mesh.shape"),
-            compute=parse_flow(compute.value, "mesh.compute_mapping"),
-            param=parse_flow(param.value, "mesh.param_mapping"),
+            compute_mapping=parse_flow(compute.value, "mesh.compute_mapping"),
+            param_mapping=parse_flow(param.value, "mesh.param_mapping"),
             remat=remat.value,
             microbatches=micro.value,
             loss_block_size=int(text) if text else None,

@@ -6,7 +6,7 @@ layout ranks among those ``named-plan --search`` tries.
 One computation serves the command line, the HTML page and Jupyter: every figure comes from
 ``plan.make_plan`` (shapes, nothing compiled), ``plan.train_step_report`` (the compiled step, on
 request) and ``plan_search`` (the roofline and the ranking, on request). ``Explorer`` is the plain
-API (``Explorer(cfg, device_kind="H100").view(param={"embed": "data"})``); ``Explorer.widget()``
+API (``Explorer(cfg, device_kind="H100").view(param_mapping={"embed": "data"})``); ``Explorer.widget()``
 puts ipywidgets controls on it (the ``notebook`` extra); ``report_page`` writes the self-contained
 page of ``named-plan --html``.
 """
@@ -25,9 +25,10 @@ import named as nm
 from named.models import flops_per_token
 
 from ..config import ConfigError, TrainConfig
+from ..config.layout import Layout
 from ..loop.checks import Setup, check_mappings, checked_setup
-from .plan import Layout, Plan, Target, make_plan, train_step_report
-from .plan_search import Candidate, Roofline, candidates, fits, layout_of, rank
+from .plan import Plan, Target, make_plan, train_step_report
+from .plan_search import Candidate, Roofline, candidates, fits, rank, row_words
 
 _MiB = 2**20
 
@@ -81,18 +82,7 @@ class View:
 
     def candidate(self) -> Candidate:
         """This layout as ``--search`` measures one (compiled figures where there are some)."""
-        lay = self.layout
-        c = Candidate(
-            "this layout",
-            dict(lay.mesh_shape),
-            dict(lay.compute),
-            dict(lay.param),
-            lay.remat,
-            lay.microbatches,
-            lay.mode,
-            lay.loss_block_size,
-            memory=self.total_bytes,
-        )
+        c = Candidate("this layout", self.layout, memory=self.total_bytes)
         if self.compiled is not None:
             c.flops, c.hbm_bytes = self.compiled.flops, self.compiled.bytes_accessed
             c.comm_bytes = sum(self.collectives().values())
@@ -182,7 +172,7 @@ class Explorer:
 
     def view(self, layout: Layout | None = None, *, compile: bool = False, **changes) -> View:
         """The plan of ``layout`` (default: the config's) with ``changes`` (``Layout.replace``'s
-        fields: ``param={"embed": "data"}``, ``remat="full"``, ...). A layout the checks refuse
+        fields: ``param_mapping={"embed": "data"}``, ``remat="full"``, ...). A layout the checks refuse
         gives a View with ``error`` set (the ConfigError's or NamedError's message)."""
         lay = (layout if layout is not None else self.layout).replace(**changes)
         v = self._views.get(lay)
@@ -233,7 +223,7 @@ class Explorer:
             return None
         resolved = v.layout.replace(mesh_shape=dict(v.plan.setup.mesh.shape))  # {data: -1} is {data: 8}
         for i, c in enumerate(self._ranked, 1):
-            if layout_of(self.layout, c) == resolved:
+            if c.layout == resolved:
                 return i, len(self._ranked)
         if v.compiled is None:
             return None
@@ -262,7 +252,7 @@ _STYLE = (
 
 def _layout_text(lay: Layout) -> str:
     return (
-        f"mesh {dict(lay.mesh_shape)}; compute {dict(lay.compute)}; parameters {dict(lay.param)}; "
+        f"mesh {dict(lay.mesh_shape)}; compute {dict(lay.compute_mapping)}; parameters {dict(lay.param_mapping)}; "
         f"remat {lay.remat}; microbatches {lay.microbatches}; loss blocks {lay.loss_block_size or 'none'}; "
         f"mode {lay.mode}"
     )
@@ -353,8 +343,7 @@ def ranking_html(ranked: list[Candidate], roof: Roofline, budget: float) -> str:
     )
     rows = []
     for i, c in enumerate(ranked, 1):
-        mesh = "x".join(f"{k}{v}" for k, v in c.mesh_shape.items())
-        cells = [str(i), c.name, mesh, c.mode, c.remat, str(c.microbatches), str(c.loss_block_size or "none")]
+        cells = [str(i), *row_words(c)]
         if c.error:
             cells += ["-", f"cannot run: {c.error}"]
         else:
@@ -384,19 +373,25 @@ def report_page(ex: Explorer, *, compile: bool = False, search: bool = False) ->
     if search:
         ex.search()
     own = ex.layout
-    layouts: dict[str, tuple[dict, dict, dict]] = {"config": (dict(own.mesh_shape), dict(own.compute), dict(own.param))}
+    layouts = {"config": own}
     from .plan_search import param_axes
 
     t = cfg.trainer
     for c in candidates(len(jax.devices()), param_axes(cfg), t.train_batch_size):
-        layouts.setdefault(c.name, (c.mesh_shape, c.compute_mapping, c.param_mapping))
+        layouts.setdefault(c.name, c.layout)
     remats = sorted({"none", "full", own.remat}, key=lambda r: (r != "none", r != "full", r))
     micros = sorted({m for m in (1, 2, 4) if t.train_batch_size % m == 0} | {own.microbatches})
     sections = []
-    for name, (shape, compute, param) in layouts.items():
+    for name, family in layouts.items():
         for remat in remats:
             for micro in micros:
-                lay = own.replace(mesh_shape=shape, compute=compute, param=param, remat=remat, microbatches=micro)
+                lay = own.replace(
+                    mesh_shape=family.mesh_shape,
+                    compute_mapping=family.compute_mapping,
+                    param_mapping=family.param_mapping,
+                    remat=remat,
+                    microbatches=micro,
+                )
                 v = ex.view(lay, compile=compile and lay == own)
                 key = f"{name}|{remat}|{micro}"
                 sections.append(f"<section class='variant' data-key='{html.escape(key)}'>{v.html()}</section>")
@@ -412,9 +407,13 @@ def report_page(ex: Explorer, *, compile: bool = False, search: bool = False) ->
     model = ex.view().plan
     model = type(model.setup.model_cfg).__name__ if model is not None else "config"
     mappings = "".join(
-        f"<tr><td>{html.escape(n)}</td><td><code>{html.escape(json.dumps(s))}</code></td>"
-        f"<td><code>{html.escape(json.dumps(c))}</code></td><td><code>{html.escape(json.dumps(p))}</code></td></tr>"
-        for n, (s, c, p) in layouts.items()
+        f"<tr><td>{html.escape(n)}</td>"
+        + "".join(
+            f"<td><code>{html.escape(json.dumps(lay.fields()[f]))}</code></td>"
+            for f in ("mesh_shape", "compute_mapping", "param_mapping")
+        )
+        + "</tr>"
+        for n, lay in layouts.items()
     )
     ranking = (
         "<h3>layouts ranked by --search (each compiled on abstract inputs)</h3>"

@@ -14,17 +14,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
 
 import jax
 import jax.numpy as jnp
-import yaml
 
 import named as nm
 from named import nn
 from named.models import flops_per_token
 
-from ..config import ConfigError, TrainConfig, data_parallel_size, mesh_mapping
+from ..config import ConfigError, TrainConfig, data_parallel_size
 from ..loop import hardware
 from ..loop.checks import Setup, checked_setup
 
@@ -52,101 +50,6 @@ class Target:
         if memory is not None and budget is None:
             raise ConfigError(f"--device-memory {memory!r} is not a size like 16GiB, 80GB or 512MiB")
         return cls(device, budget)
-
-
-def _frozen(mapping: dict) -> tuple:
-    return tuple(mesh_mapping(mapping).items())
-
-
-def _thawed(pairs: tuple) -> dict:
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in pairs}
-
-
-# each field of a Layout, and the config key it sets
-_KEYS = {
-    "mesh_shape": "mesh.shape",
-    "compute": "mesh.compute_mapping",
-    "param": "mesh.param_mapping",
-    "remat": "model.remat",
-    "microbatches": "trainer.microbatches",
-    "loss_block_size": "trainer.loss_block_size",
-    "mode": "mesh.mode",
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class Layout:
-    """The keys of a config that decide how a run is laid out and what it keeps in memory: what
-    ``named-plan --search`` varies and the layout explorer (``explore.py``) lets a user change.
-    Hashable (mappings as tuples of pairs), so plans can be cached by it."""
-
-    mesh_shape: tuple[tuple[str, int], ...]
-    compute: tuple[tuple[str, Any], ...]
-    param: tuple[tuple[str, Any], ...]
-    remat: str = "none"
-    microbatches: int = 1
-    loss_block_size: int | None = None
-    mode: str = "auto"
-
-    @classmethod
-    def of(cls, cfg: TrainConfig) -> Layout:
-        def read(key: str):
-            section, name = key.split(".")
-            value = getattr(getattr(cfg, section), name, "none")  # a model family without remat: none
-            return _frozen(value) if isinstance(value, dict) else value
-
-        return cls(**{f: read(key) for f, key in _KEYS.items()})
-
-    def replace(self, **changes) -> Layout:
-        """This layout with some fields changed; mappings and the mesh shape may be given as dicts."""
-        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
-        if unknown:
-            fields = ", ".join(f.name for f in dataclasses.fields(self))
-            raise ConfigError(f"unknown layout field(s) {unknown}: a layout has {fields}")
-        for name in ("mesh_shape", "compute", "param"):
-            if isinstance(changes.get(name), dict):
-                changes[name] = _frozen(changes[name])
-        return dataclasses.replace(self, **changes)
-
-    def overrides(self) -> dict[str, Any]:
-        """The config keys this layout sets, dotted (``mesh.shape``, ``trainer.loss_block_size``, ...),
-        with their values; mappings and the mesh shape as dicts."""
-        return {
-            key: _thawed(getattr(self, f)) if f in ("mesh_shape", "compute", "param") else getattr(self, f)
-            for f, key in _KEYS.items()
-        }
-
-    def flags(self) -> list[str]:
-        """``overrides`` as command-line flags, each value in YAML's flow style as a flag's text is
-        read (``--mesh.shape '{data: 8}' --mesh.mode explicit ...``): given to ``named-train`` after a
-        config's own, they train it with this layout (what ``apply`` makes)."""
-
-        def text(value) -> str:  # a lone scalar's dump ends with YAML's document-end marker
-            return (
-                yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=2**31)
-                .removesuffix("\n")
-                .removesuffix("\n...")
-            )
-
-        return [x for key, value in self.overrides().items() for x in (f"--{key}", text(value))]
-
-    def apply(self, cfg: TrainConfig) -> TrainConfig:
-        """``cfg`` with this layout (``overrides``), checked as ``load_config`` checks a config (each
-        key against its declaration, then the rules that tie keys together): a bad value is a
-        ConfigError naming its key."""
-        from ..config import validate_static
-        from ..config.check import check_section
-
-        sections: dict[str, dict[str, Any]] = {}
-        for key, value in self.overrides().items():
-            section, name = key.split(".")
-            sections.setdefault(section, {})[name] = value
-        out = dataclasses.replace(
-            cfg, **{section: dataclasses.replace(getattr(cfg, section), **kv) for section, kv in sections.items()}
-        )
-        check_section(type(out), out, "")
-        validate_static(out)
-        return out
 
 
 def activation_bytes(cfg: TrainConfig, s: Setup, *, scores: bool = False) -> float:
@@ -254,7 +157,8 @@ def attention_path(cfg: TrainConfig, target: Target) -> tuple[str, bool]:
 def make_plan(cfg: TrainConfig, target: Target | None = None, s: Setup | None = None) -> Plan:
     """Check ``cfg`` against the devices (``checked_setup``, unless ``s`` is its result)
     and measure its layout from shapes; nothing is compiled."""
-    from ..loop.optim import init_opt_state, trainable_part
+    from ..loop.optim import trainable_part
+    from ..loop.state import run_state
 
     target = target if target is not None else Target(hardware.local(), None)
     s = s if s is not None else checked_setup(cfg)
@@ -266,7 +170,7 @@ def make_plan(cfg: TrainConfig, target: Target | None = None, s: Setup | None = 
         nm.param_report(s.shapes, s.param_mapping, s.mesh),
         # Gradients and the optimizer state exist for the trainable parameters only (LoRA: the adapters).
         nm.param_report(trainable_part(cfg, s.shapes), s.param_mapping, s.mesh),
-        nm.param_report(jax.eval_shape(lambda m: init_opt_state(cfg, m), s.shapes), s.param_mapping, s.mesh),
+        nm.param_report(run_state(cfg, s).opt_state, s.param_mapping, s.mesh),
         activation_bytes(cfg, s, scores=scores),
         logits_bytes(cfg, s),
         attention,
@@ -368,47 +272,16 @@ def mode_table(reports: dict[str, nm.inspect.CompiledReport]) -> list[str]:
 
 def abstract_train_step(cfg: TrainConfig, s: Setup | None = None) -> tuple:
     """``(step, args)``: the train step ``named-train`` would run (``train.make_train_step``) and
-    abstract inputs laid out as the run lays them out (parameters and optimizer state by the
-    parameter mapping, the batch by the compute mapping), so that ``step.lower(*args)`` under the
-    run's mesh compiles it without allocating anything. ``s``: the result of
-    ``checked_setup(cfg)``, when the caller has it."""
-    from ..loop.optim import build_optimizer, init_opt_state
-    from ..loop.stop import flags_layout
+    abstract inputs laid out as the run lays them out, from the builder the run uses
+    (``state.run_state`` without a key; ``RunState.abstract_inputs``), so that
+    ``step.lower(*args)`` under the run's mesh compiles it without allocating anything. ``s``: the
+    result of ``checked_setup(cfg)``, when the caller has it."""
+    from ..loop.state import run_state
     from ..loop.train import make_train_step
 
     s = s if s is not None else checked_setup(cfg)
-    mesh, compute_mapping, param_mapping = s.mesh, s.compute_mapping, s.param_mapping
-    t = cfg.trainer
-    optimizer = build_optimizer(cfg.optimizer, t.num_train_steps)
-
-    def abstract(tree, mapping):
-        def leaf(x):
-            if isinstance(x, nm.NamedArray):
-                return nm.NamedArray(
-                    jax.ShapeDtypeStruct(x.array.shape, x.array.dtype, sharding=nm.sharding_for(x, mapping, mesh)),
-                    x.axes,
-                )
-            if isinstance(x, jax.ShapeDtypeStruct):
-                return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=jax.sharding.NamedSharding(mesh, jax.P()))
-            return x
-
-        return jax.tree.map(leaf, tree, is_leaf=nm.is_named_array)
-
-    model = s.shapes
-    opt_state = jax.eval_shape(lambda m: init_opt_state(cfg, m, optimizer), model)
-    rows = (nm.Axis("batch", t.train_batch_size), nm.Axis("position", cfg.data.seq_len))
-    batch = {
-        name: nm.NamedArray(jax.ShapeDtypeStruct((rows[0].size, rows[1].size), dtype), rows)
-        for name, dtype in (("input_ids", jnp.int32), ("segment_ids", jnp.int32), ("loss_mask", jnp.bool_))
-    }
-    step = make_train_step(cfg, s, optimizer)
-    return step, (
-        abstract(model, param_mapping),
-        abstract(opt_state, param_mapping),
-        abstract(batch, compute_mapping),
-        jax.random.key(0),
-        flags_layout(mesh),
-    )
+    state = run_state(cfg, s)
+    return make_train_step(cfg, s, state.optimizer), state.abstract_inputs(cfg, s)
 
 
 def train_step_report(cfg: TrainConfig, s: Setup | None = None) -> nm.inspect.CompiledReport:

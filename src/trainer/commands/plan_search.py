@@ -30,10 +30,10 @@ below the others, marked; one the checks refuse (explicit mode a layout cannot r
 no block) is listed last with the reason. ``timed`` (``--search --measure K``) runs the first K
 that fit for a few steps on this machine's devices and ranks them by the measured step time.
 
-``layout_of(Layout.of(cfg), ranked[0]).apply(cfg)`` is the config that trains with the layout
-ranked first; ``Layout`` names the keys it sets (``mesh.shape``, both mappings, ``mesh.mode``,
-``model.remat``, ``trainer.microbatches``, ``trainer.loss_block_size``). ``resolve_layout`` is
-what ``mesh.layout: auto`` does in ``named-train``.
+A candidate is a ``config.layout.Layout`` (the keys it sets: ``mesh.shape``, both mappings,
+``mesh.mode``, ``model.remat``, ``trainer.microbatches``, ``trainer.loss_block_size``) and what was
+measured of it: ``ranked[0].layout.apply(cfg)`` is the config that trains with the layout ranked
+first. ``resolve_layout`` is what ``mesh.layout: auto`` does in ``named-train``.
 """
 
 from __future__ import annotations
@@ -45,8 +45,9 @@ import time
 from collections.abc import Callable, Iterator
 
 from ..config import ConfigError, TrainConfig
+from ..config.layout import Layout
 from ..loop.hardware import Device
-from .plan import Layout, Target, abstract_train_step, make_plan, train_step_report
+from .plan import Target, abstract_train_step, make_plan, train_step_report
 
 _TP_AXES = ("mlp", "heads", "kv_heads")
 REFINED = 3  # how many of the first stage's best layouts the second stage tries in the other mode and loss
@@ -55,14 +56,10 @@ _OTHER_MODE = {"auto": "explicit", "explicit": "auto"}
 
 @dataclasses.dataclass
 class Candidate:
+    """A layout the search tries (``name``: its family, DP, FSDP, ...) and what was measured of it."""
+
     name: str
-    mesh_shape: dict[str, int]
-    compute_mapping: dict
-    param_mapping: dict
-    remat: str
-    microbatches: int
-    mode: str = "auto"  # mesh.mode
-    loss_block_size: int | None = None  # trainer.loss_block_size; None: the full logits
+    layout: Layout
     flops: float = 0.0
     hbm_bytes: float = 0.0
     comm_bytes: float = 0.0
@@ -125,25 +122,8 @@ def candidates(
         for remat in ("none", "full"):
             for micro in (1, 2, 4):
                 if batch_size % micro == 0:
-                    yield Candidate(name, shape, compute_mapping, param_mapping, remat, micro, mode, loss_block_size)
-
-
-def layout_of(base: Layout, c: Candidate) -> Layout:
-    """The layout tried as ``c``: ``base`` (the config's) with the candidate's mesh, mappings, mode,
-    remat, microbatches and loss blocks."""
-    return base.replace(
-        mesh_shape=c.mesh_shape,
-        compute=c.compute_mapping,
-        param=c.param_mapping,
-        remat=c.remat,
-        microbatches=c.microbatches,
-        mode=c.mode,
-        loss_block_size=c.loss_block_size,
-    )
-
-
-def _with(cfg: TrainConfig, c: Candidate) -> TrainConfig:
-    return layout_of(Layout.of(cfg), c).apply(cfg)
+                    lay = Layout(shape, compute_mapping, param_mapping, remat, micro, loss_block_size, mode)
+                    yield Candidate(name, lay)
 
 
 Progress = Callable[[int, int, "Candidate", "Candidate | None"], None]
@@ -204,7 +184,7 @@ def planned(cfg: TrainConfig, c: Candidate, target: Target | None = None):
 
     if c.error is None:
         try:
-            trial = _with(cfg, c)
+            trial = c.layout.apply(cfg)
             s = checked_setup(trial)
             c.memory = make_plan(trial, target, s).total_bytes
             return trial, s
@@ -247,7 +227,7 @@ def timed(
 
     fit = [c for c in ranked if fits(c, memory_budget)][:k]
     for c in fit:
-        trial = _with(cfg, c)
+        trial = c.layout.apply(cfg)
         s = checked_setup(trial)
         step, args = abstract_train_step(trial, s)
 
@@ -290,14 +270,15 @@ def refinements(ranked: list[Candidate], vocab_size: int, best: int = REFINED) -
     picked: dict[tuple[str, int], Candidate] = {}
     for c in ranked:
         if len(picked) < best and not c.error:
-            picked.setdefault((c.name, c.microbatches), c)
+            picked.setdefault((c.name, c.layout.microbatches), c)
     out = []
     for c in picked.values():
-        other_mode, other_loss = _OTHER_MODE[c.mode], None if c.loss_block_size is not None else block
-        for mode, loss_changes in ((other_mode, False), (c.mode, True), (other_mode, True)):
-            loss = other_loss if loss_changes else c.loss_block_size
-            v = Candidate(c.name, c.mesh_shape, c.compute_mapping, c.param_mapping, c.remat, c.microbatches, mode, loss)
-            if loss_changes and c.loss_block_size is None and block is None:
+        lay = c.layout
+        other_mode, other_loss = _OTHER_MODE[lay.mode], None if lay.loss_block_size is not None else block
+        for mode, loss_changes in ((other_mode, False), (lay.mode, True), (other_mode, True)):
+            loss = other_loss if loss_changes else lay.loss_block_size
+            v = Candidate(c.name, lay.replace(mode=mode, loss_block_size=loss))
+            if loss_changes and lay.loss_block_size is None and block is None:
                 v.error = no_block  # the blockwise variant of a vocab without a block
             out.append(v)
     return out
@@ -326,12 +307,12 @@ def rank(found: list[Candidate], roof: Roofline, memory_budget: float) -> list[C
     why), so the one that recomputes ranks after the other whenever that one fits."""
 
     def twin_key(c: Candidate):
-        return c.name, c.microbatches, c.mode, c.loss_block_size
+        return c.name, c.layout.microbatches, c.layout.mode, c.layout.loss_block_size
 
-    plain = {twin_key(c): c for c in found if c.remat == "none" and not c.error}
+    plain = {twin_key(c): c for c in found if c.layout.remat == "none" and not c.error}
     for c in found:
         twin = plain.get(twin_key(c))
-        if c.remat != "none" and not c.error and twin is not None:
+        if c.layout.remat != "none" and not c.error and twin is not None:
             c.hbm_charged = twin.hbm_charged = min(c.hbm_bytes, twin.hbm_bytes)
 
     def key(c: Candidate):
@@ -379,8 +360,7 @@ def format_table(ranked: list[Candidate], roof: Roofline, memory_budget: float) 
     )
     rows = []
     for i, c in enumerate(ranked, 1):
-        mesh = "x".join(f"{k}{v}" for k, v in c.mesh_shape.items())
-        layout = (str(i), c.name, mesh, c.mode, c.remat, str(c.microbatches), str(c.loss_block_size or "none"))
+        layout = (str(i), *row_words(c))
         if c.error:
             rows.append((*layout, *["-"] * (len(head) - len(layout) - 1), f"cannot run: {c.error}"))
             continue
@@ -427,18 +407,22 @@ def search_report(cfg: TrainConfig, target: Target, ranked: list[Candidate] | No
         format_table(ranked, roof, budget),
     ]
     if ranked and not ranked[0].error:
-        flags = shlex.join(layout_of(Layout.of(cfg), ranked[0]).flags())
+        flags = shlex.join(ranked[0].layout.flags())
         lines.append(f"the layout ranked first, as flags after the config's: {flags}")
     return "\n".join(lines)
 
 
+def row_words(c: Candidate) -> tuple[str, ...]:
+    """The words of ``c``'s row in the ranking's tables: layout, mesh, mode, remat, microbatches, loss block."""
+    lay = c.layout
+    mesh = "x".join(f"{k}{v}" for k, v in lay.mesh_shape)
+    return c.name, mesh, lay.mode, lay.remat, str(lay.microbatches), str(lay.loss_block_size or "none")
+
+
 def describe(c: Candidate) -> str:
     """One candidate in a few words (the progress lines, ``mesh.layout: auto``'s choice)."""
-    mesh = "x".join(f"{k}{v}" for k, v in c.mesh_shape.items())
-    return (
-        f"{c.name} ({mesh}, mode {c.mode}, remat {c.remat}, {c.microbatches} microbatch(es), "
-        f"loss blocks {c.loss_block_size or 'none'})"
-    )
+    name, mesh, mode, remat, micro, block = row_words(c)
+    return f"{name} ({mesh}, mode {mode}, remat {remat}, {micro} microbatch(es), loss blocks {block})"
 
 
 def searched(cfg: TrainConfig, ranked: list[Candidate]) -> str:
@@ -447,7 +431,9 @@ def searched(cfg: TrainConfig, ranked: list[Candidate]) -> str:
     from ..loop.checks import model_config_for
 
     mode, block = cfg.mesh.mode, cfg.trainer.loss_block_size
-    refined = {(c.name, c.microbatches) for c in ranked if (c.mode, c.loss_block_size) != (mode, block)}
+    refined = {
+        (c.name, c.layout.microbatches) for c in ranked if (c.layout.mode, c.layout.loss_block_size) != (mode, block)
+    }
     vocab = model_config_for(cfg)[0].vocab_size
     if block is not None:
         loss, other_loss = f"loss blocks of {block}", "the full logits"
@@ -506,7 +492,7 @@ def resolve_layout(cfg: TrainConfig, *, progress: Progress | None = None) -> tup
             "see named-plan --search, or set mesh.shape and the mappings"
         )
     ms = sum(best.seconds(roof)) * 1e3
-    return layout_of(Layout.of(settled), best).apply(settled), (
+    return best.layout.apply(settled), (
         f"mesh.layout auto: {describe(best)}, ranked first of {len(ranked)} by named-plan --search's estimate "
-        f"on {roof.device.name} ({ms:.3g} ms/step); flags: {shlex.join(layout_of(Layout.of(settled), best).flags())}"
+        f"on {roof.device.name} ({ms:.3g} ms/step); flags: {shlex.join(best.layout.flags())}"
     )

@@ -52,9 +52,10 @@ from .cadence import (
 from .checks import Setup, checked_setup, require_harness
 from .generate import sample_text
 from .loss import token_losses
-from .model_init import init_model, layer_driver, trainable
-from .optim import build_optimizer, init_opt_state, schedule
+from .model_init import layer_driver, trainable
+from .optim import schedule
 from .registry import max_positions, model_type
+from .state import run_state
 from .stop import StopRequests, agree
 from .trackers import Trackers, check_trackers, log, setup_logging
 from .validation import eval_losses
@@ -231,8 +232,8 @@ def build_run(cfg: TrainConfig) -> Run:
     harness_tasks = _harness_tasks(cfg)
     plan = rundir.plan_run(cfg)  # resume, new run, or refused
     if plan.restore_from is not None:  # a resume with another model or optimizer fails here, not after init
-        opt_shapes = jax.eval_shape(lambda m: init_opt_state(cfg, m), setup.shapes)
-        ckpt.check_restorable(plan.restore_from, (setup.shapes, opt_shapes))
+        shapes = run_state(cfg, setup)
+        ckpt.check_restorable(plan.restore_from, (shapes.model, shapes.opt_state))
     new_record = _check_data_unchanged(cfg, plan)  # before tokenising
     # Hosts building one shared cache at once split its pieces between them (one host: None, the default).
     shares = LocalShards(jax.process_index(), jax.process_count()) if jax.process_count() > 1 else None
@@ -370,8 +371,6 @@ def _train(cfg: TrainConfig, run: Run) -> TrainResult:
         raise rundir.os_error(run_dir, e) from None
     for note in [*plan.notes, *data.notes, epochs_note(len(data.train), t)]:  # data.notes: padding share, per split
         log.info(note)
-    policy = get_policy(t.precision)
-    optimizer = build_optimizer(cfg.optimizer, t.num_train_steps)
     lr_at = schedule(cfg.optimizer, t.num_train_steps)
     checkpointer = ckpt.Checkpointer(
         plan.root,
@@ -387,23 +386,14 @@ def _train(cfg: TrainConfig, run: Run) -> TrainResult:
         stop = stack.enter_context(StopRequests(t.stop_signals, cfg.checkpoint.every_minutes, mesh))
         stopped = 0
         # A resume restores every weight from our checkpoint: the pretrained folder is not read again.
-        model = init_model(
-            cfg,
-            setup.model_cls,
-            setup.model_cfg,
-            param_mapping=setup.param_mapping,
-            mesh=mesh,
-            key=init_key,
-            pretrained=restore_from is None,
-            dtype=policy.param_dtype,
-        )
-        opt_state = nm.named_jit(lambda m: init_opt_state(cfg, m, optimizer), mapping=setup.param_mapping)(model)
+        state = run_state(cfg, setup, init_key, pretrained=restore_from is None)
+        model, opt_state = state.model, state.opt_state
         start = 0
         if restore_from is not None:
             (model, opt_state), meta = ckpt.restore(restore_from, (model, opt_state))
             start = int(meta["step"])
             log.info(f"resumed from {restore_from} at step {start}")
-        train_step = make_train_step(cfg, setup, optimizer)
+        train_step = make_train_step(cfg, setup, state.optimizer)
         eval_step = make_eval_step(cfg, setup)
         flops_tok = flops_per_token(setup.model_cfg, cfg.data.seq_len)
         peak = peak_flops(cfg)
