@@ -8,6 +8,8 @@ the checks on its values alone. The lowest layer of the trainer: it imports noth
 - ``train_config``: ``load_config`` and the checks that tie keys together, the tables derived from
   the declarations (``RULES``, ``keys_table``, ``--help``);
 - ``data_section``: the ``data`` section (``named.trainer.data`` re-exports it);
+- ``layout``: the keys that lay a run out over the devices, as one value (``Layout``: the planner's
+  search, the layout explorer, ``mesh.layout: auto``);
 - ``location``: the rule from a value to a place for checkpoints and the checks a checkpoint file
   may carry (``CHECKSUMS``);
 - ``check``, ``read``, ``adapt``, ``pretrained``: per-value checks, the YAML file and the flags,
