@@ -178,7 +178,7 @@ def peer_config(folder: Path, train: list[str]) -> Path:
 
     from named.trainer.config import load_config
     from named.trainer.config.read import resolve_config
-    from named.trainer.config.train_config import VOCAB_MULTIPLE
+    from named.trainer.config.sections import VOCAB_MULTIPLE
     from named.trainer.data import ByteTokenizer, cached_tokens, resolve_sources
 
     cfg = load_config(resolve_config("gpt2_nano"), train[2:])

@@ -418,6 +418,56 @@ def test_no_rule_of_a_key_lives_outside_its_declaration():
     assert found == [], found
 
 
+def test_a_mapping_is_decoded_with_tuples_of_mesh_axes(tmp_path):
+    # YAML gives a list of mesh axes; every consumer of the decoded config gets a tuple (jit's caches
+    # key on mappings), from the file, from a flag, and for a config section built in code
+    path = tmp_path / "tp.yaml"
+    mesh = "  shape: {data: 4, model: 2}\n  compute_mapping: {batch: [data, model], mlp: model}\n"
+    path.write_text(re.sub(r"(?m)^mesh:\n(  .*\n)+", "mesh:\n" + mesh, NANO.read_text()))
+    cfg = load_config(path, ["--mesh.param_mapping", "{embed: [data], mlp: model, heads: null}"])
+    assert cfg.mesh.compute_mapping == {"batch": ("data", "model"), "mlp": "model"}
+    assert cfg.mesh.param_mapping == {"embed": ("data",), "mlp": "model", "heads": None}
+    built = type(cfg.mesh)(compute_mapping={"batch": ["data", "model"]})
+    assert built.compute_mapping == {"batch": ("data", "model")}
+    assert "- data\n" in dump_config(cfg)  # written back as YAML's list
+
+
+def test_a_mapping_is_converted_in_one_place():
+    # the list -> tuple conversion is written once (config's mesh_mapping, run when a config is
+    # decoded): no module wraps a decoded mapping (`f(cfg.mesh.param_mapping)`) in a conversion of its own
+    idiom = re.compile(r"tuple\(\w+\) if isinstance\(\w+, (list|\(list, tuple\)|\(tuple, list\))\)")
+    wrapped = re.compile(r"\w+\(\w+\.mesh\.(compute|param)_mapping\)")
+    written, wraps = [], []
+    for path in [*(ROOT / "src" / "trainer").rglob("*.py"), *(ROOT / "bench").rglob("*.py")]:
+        text = path.read_text()
+        written += [str(path.relative_to(ROOT))] * len(idiom.findall(text))
+        wraps += [f"{path.relative_to(ROOT)}: {m.group(0)}" for m in wrapped.finditer(text)]
+    assert written == ["src/trainer/config/sections.py"], written
+    assert wraps == [], wraps
+
+
+def test_the_trainers_error_types_live_in_one_module_and_keep_their_public_names():
+    # ConfigError, DataError and CheckpointError are defined in config/errors.py alone, and reached
+    # where users import them (the config, data and checkpoint packages)
+    from named.trainer import checkpoint, config, data
+    from named.trainer.config import errors
+
+    assert (config.ConfigError, data.DataError, checkpoint.CheckpointError, config.CheckpointError) == (
+        errors.ConfigError,
+        errors.DataError,
+        errors.CheckpointError,
+        errors.CheckpointError,
+    )
+    defined = [
+        f"{path.relative_to(ROOT)}: {name}"
+        for path in (ROOT / "src" / "trainer").rglob("*.py")
+        for name in re.findall(r"(?m)^class (ConfigError|DataError|CheckpointError)\b", path.read_text())
+    ]
+    assert sorted(defined) == [
+        f"src/trainer/config/errors.py: {n}" for n in ("CheckpointError", "ConfigError", "DataError")
+    ]
+
+
 def test_a_resume_may_change_exactly_the_keys_declared_free():
     # rundir.TRAJECTORY_FREE comes from the declarations: a key's `free` alone decides whether a
     # resumed run may change it (a whole section is free when each of its keys is)

@@ -151,7 +151,7 @@ def test_eval_loss_of_a_mixture_stands_for_every_source():
     would give the first source's (issue 30)."""
     from types import SimpleNamespace
 
-    from named.trainer.loop.train import eval_losses
+    from named.trainer.loop.validation import eval_losses
 
     flat = {
         "small": Sequences(TokenStream([np.full(7 * SEQ, 10, np.uint32)], EOS), SEQ),

@@ -31,11 +31,12 @@ import named as nm
 from named.trainer import checkpoint as ckpt
 from named.trainer.config import load_config
 from named.trainer.data import pack
+from named.trainer.loop.cadence import TrainingError, check_finite
 from named.trainer.loop.checks import Setup
 from named.trainer.loop.optim import build_optimizer
 from named.trainer.loop.registry import model_class
 from named.trainer.loop.stop import StopRequests
-from named.trainer.loop.train import TrainingError, check_finite, device_batch, make_train_step, train
+from named.trainer.loop.train import device_batch, make_train_step, train
 
 ROOT = Path(__file__).resolve().parents[1]
 NANO = ROOT / "config/gpt2_nano.yaml"

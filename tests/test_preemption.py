@@ -39,8 +39,9 @@ from test_trainer import FSDP, tiny_args
 from named.trainer import checkpoint as ckpt
 from named.trainer.config import ConfigError, load_config
 from named.trainer.loop import train as train_mod
+from named.trainer.loop.cadence import step_due
 from named.trainer.loop.stop import StopRequests, exit_code
-from named.trainer.loop.train import step_due, train
+from named.trainer.loop.train import train
 
 N_TRIALS = 6
 SEED = 20251125

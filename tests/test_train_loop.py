@@ -23,7 +23,8 @@ import pytest
 
 from named.trainer.config import load_config
 from named.trainer.loop import train as train_mod
-from named.trainer.loop.train import TrainingError, train
+from named.trainer.loop.cadence import MAX_IN_FLIGHT, TrainingError
+from named.trainer.loop.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
 NANO = ROOT / "config/gpt2_nano.yaml"
@@ -145,7 +146,7 @@ def test_steps_are_dispatched_ahead_and_read_only_at_read_points(corpus, tmp_pat
     # dispatching step k+1 the host waits only for step k-1 (MAX_IN_FLIGHT 2), so step k+1 is
     # queued while step k may still run, and then reads nothing but step k-1's stop flags (after
     # a read point, step k-1 has finished: no wait).
-    assert train_mod.MAX_IN_FLIGHT == 2
+    assert MAX_IN_FLIGHT == 2
     expected = [
         ("batch", 1),
         ("dispatch", 1),

@@ -1,5 +1,6 @@
-"""LayerNorm and RMSNorm. Statistics are computed in float32, or float64 for a float64 input
-(``_ops.wide``)."""
+"""LayerNorm and RMSNorm, both on the one core ``nm.standardize`` (``(x - mean) * rsqrt(variance +
+eps)``): LayerNorm with the input's mean and variance, RMSNorm about zero with its mean square.
+Statistics are computed in float32, or float64 for a float64 input (``_ops.wide``)."""
 
 from __future__ import annotations
 
@@ -36,9 +37,7 @@ class LayerNorm(eqx.Module):
     def __call__(self, x: NamedArray) -> NamedArray:
         names = _names(self.axis)
         x32 = expect_named(x, "LayerNorm").astype(ops.wide(x.dtype))
-        mean = x32.mean(names)
-        var = ops.square(x32 - mean).mean(names)
-        y = (x32 - mean) * ops.rsqrt(var + self.eps)
+        y = ops.standardize(x32, names, epsilon=self.eps)
         if self.weight is not None:
             y = y * self.weight
         if self.bias is not None:
@@ -102,7 +101,7 @@ class RMSNorm(eqx.Module):
     def __call__(self, x: NamedArray) -> NamedArray:
         names = _names(self.axis)
         x32 = expect_named(x, "RMSNorm").astype(ops.wide(x.dtype))
-        y = x32 * ops.rsqrt(ops.square(x32).mean(names) + self.eps)
+        y = ops.standardize(x32, names, mean=0.0, variance=ops.square(x32).mean(names), epsilon=self.eps)
         if self.weight is not None:
             w = self.weight.astype(x32.dtype)
             y = y * (1.0 + w if self.unit_offset else w)

@@ -5,8 +5,9 @@ This package's ``__init__`` is the public surface of checkpoint files (``from na
 checkpoint as ckpt``); the work is split along its seams:
 
 - ``store``: where checkpoints live (tensorstore kvstore specs, object reads and writes), shared
-  helpers; the one rule from a path or URL to a place, and ``CheckpointError``, lie in
-  ``config.location``, where ``load_config`` uses them too;
+  helpers; the one rule from a path or URL to a place lies in ``config.location``, where
+  ``load_config`` uses it too, and ``CheckpointError`` in ``config.errors``, with the trainer's
+  other error types;
 - ``write``: the snapshot to host memory, writing and committing (``Checkpointer``);
 - ``read``: finding, verifying and restoring;
 - ``checksum``: the check each file carries (crc32c or sha256); ``chunks``: whole chunks read and
@@ -48,7 +49,8 @@ to be worked around rather than used.
 
 from __future__ import annotations
 
-from ..config.location import CheckpointError, Location, ObjectPath, inside, is_remote, location
+from ..config.errors import CheckpointError
+from ..config.location import Location, ObjectPath, inside, is_remote, location
 from .read import (
     check_restorable,
     latest_checkpoint,

@@ -29,7 +29,8 @@ from pathlib import Path
 
 import tensorstore as ts
 
-from ..config.location import CheckpointError, Location, ObjectPath, location
+from ..config.errors import CheckpointError
+from ..config.location import Location, ObjectPath, location
 
 FORMAT = "named-checkpoint/1"
 COMMIT_FILE = "commit.json"

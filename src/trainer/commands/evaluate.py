@@ -24,7 +24,7 @@ from pathlib import Path
 
 from named.nn.precision import get_policy
 
-from ..config import ConfigError, data_parallel_size, to_mapping
+from ..config import ConfigError, data_parallel_size
 from ..data import load_tokenizer
 from ..data.chat_template import ChatFormat
 from ..loop.checks import require_harness
@@ -117,7 +117,7 @@ def evaluate_checkpoint(
         tokenizer,
         max_length=max_positions(model_cfg),
         mesh=mesh,
-        mapping=to_mapping(cfg.mesh.compute_mapping) if mesh is not None else {},
+        mapping=cfg.mesh.compute_mapping if mesh is not None else {},
         policy=get_policy(cfg.trainer.precision),
         batch_size=batch_size,
         batch_multiple=data_parallel_size(cfg, dict(mesh.shape)) if mesh is not None else 1,

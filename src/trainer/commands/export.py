@@ -56,7 +56,7 @@ from named.models.registry import family_for
 from .. import checkpoint as ckpt
 from ..checkpoint import run_places
 from ..checkpoint.rundir import checkpoint_root
-from ..config import ConfigError, TrainConfig, hub, pretrained, to_mapping
+from ..config import ConfigError, TrainConfig, hub, pretrained
 from ..data import DataError, load_tokenizer, remove_abandoned, working_in
 from ..data.chat_template import find_template
 from ..loop.model_init import hf_linears, model_shapes
@@ -278,7 +278,7 @@ def restore_model(cfg: TrainConfig, model_cfg, path):
     """``(model, metadata, mesh)``: the checkpoint's model on the run's mesh and parameter mapping when
     these devices can hold it, else on one device (mesh None)."""
     shapes = model_shapes(cfg, model_class(model_cfg), model_cfg)
-    param_mapping = to_mapping(cfg.mesh.param_mapping)
+    param_mapping = cfg.mesh.param_mapping
     try:
         mesh = nm.make_mesh(cfg.mesh.shape)
         nm.check_sharding(shapes, param_mapping, mesh)

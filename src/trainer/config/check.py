@@ -15,7 +15,8 @@ import types
 import typing
 from typing import Any
 
-from .rules import INT_LIMIT, ConfigError, Key, declared
+from .errors import ConfigError
+from .rules import INT_LIMIT, Key, declared
 
 # ``X | Y`` and ``Optional``/``Union``: which of the two ``get_type_hints`` gives for a string
 # annotation depends on what typing's caches already hold, so both are read alike.
@@ -94,8 +95,10 @@ def _has_type(base, value) -> bool:
     origin = typing.get_origin(base)
     if _is_union(base):
         return any(_has_type(a, value) for a in typing.get_args(base))
-    if origin in (list, dict):
-        return isinstance(value, origin)
+    if origin is list:  # a decoded mesh mapping holds its lists as tuples (MeshConfig)
+        return isinstance(value, (list, tuple))
+    if origin is dict:
+        return isinstance(value, dict)
     return True
 
 

@@ -1,4 +1,5 @@
-"""The ``data`` section of a config: its keys, the sources they name, and ``DataError``.
+"""The ``data`` section of a config: its keys and the sources they name (``DataError``, which its
+checks raise, lies in ``errors``).
 
 The section is declared here, with the other sections, so that the config's declarations lie
 below the code that reads data (``named.trainer.data`` builds splits from a ``DataConfig`` and
@@ -15,9 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from named import NamedError
-
 from .check import check_section, declaration
+from .errors import DataError
 from .hub import dataset_id
 from .rules import NONEMPTY, Rule, at_least, between, key, one_of
 
@@ -29,14 +29,6 @@ FORMATS = ("text", "chat")  # a source's documents: text (by file kind) or chat 
 CHAT_PACKINGS = ("whole", "stream")  # whole samples bin-packed into rows (_binpack), or concatenate-and-chunk
 TOO_LONG = ("truncate", "drop", "error")  # what whole-sample packing does with a sample longer than a row
 MESSAGE_ROLES = ("system", "user", "assistant", "tool")
-
-
-class DataError(NamedError, ValueError):
-    """Bad data input: a missing or corrupt file, an empty corpus, an impossible setting.
-
-    The message always names the culprit (the file, the glob pattern, the config key) and,
-    where there is one, the fix.
-    """
 
 
 @dataclass(frozen=True)

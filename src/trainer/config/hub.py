@@ -23,7 +23,7 @@ from pathlib import Path
 
 from named import NamedError
 
-from .rules import ConfigError
+from .errors import ConfigError
 
 # A repository id as the Hub spells it (an optional owner, a name of letters, digits, '-', '_',
 # '.'), then '@' and a revision (a branch or tag may hold '/': refs/pr/1, refs/convert/parquet).

@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from .rules import ConfigError
+from .sections import mesh_mapping
 
 # each field of a Layout, and the config key it is
 KEYS = {
@@ -27,8 +28,8 @@ _MAPS = ("mesh_shape", "compute_mapping", "param_mapping")  # dicts, held as tup
 
 
 def _frozen(value) -> tuple:
-    pairs = value.items() if isinstance(value, dict) else value
-    return tuple((k, tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in pairs)
+    """A dict or pairs as pairs, each list of mesh axes a tuple (``mesh_mapping``, the config's own)."""
+    return tuple(mesh_mapping(dict(value)).items())
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,16 +14,12 @@ import os
 import re
 from pathlib import Path
 
-from named import NamedError
+from .errors import CheckpointError
 
 SCHEMES = ("s3", "gs")
 # The checks a checkpoint file may carry, the default first: the values of the config key
 # ``checkpoint.checksum`` (the module ``named.trainer.checkpoint.checksum`` computes them).
 CHECKSUMS = ("crc32c", "sha256")
-
-
-class CheckpointError(NamedError, RuntimeError):
-    """A checkpoint cannot be written, found, verified or matched to the target tree."""
 
 
 @dataclasses.dataclass(frozen=True)

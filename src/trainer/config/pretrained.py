@@ -19,7 +19,7 @@ from typing import Any
 from named.models.hf import CheckpointFormatError, read_config
 
 from . import hub
-from .rules import ConfigError
+from .errors import ConfigError
 
 # What a fine-tune may change without changing the function the weights compute: regularisation
 # and memory. Anything else (a width, a norm epsilon, the RoPE base) would silently make the

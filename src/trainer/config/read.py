@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from .check import join_key
-from .rules import ConfigError
+from .errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)

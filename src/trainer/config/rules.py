@@ -1,8 +1,9 @@
 """How a config key is declared: its dataclass field says its type and default, and ``key(...)``
 adds the rest (the values it may take beyond its type, whether a resumed run may change it, one
-line of doc) as the field's metadata. Everything else about keys is derived from these
-declarations (``train_config``): the rules table, the keys a resume may change, the docs' keys table.
-Also the error every config check raises."""
+line of doc) as the field's metadata. The sections are declared in ``sections``; everything else
+about keys is derived from these declarations (``train_config``): the rules table, the keys a
+resume may change, the docs' keys table. ``ConfigError``, the error every config check raises,
+lies in ``errors``."""
 
 from __future__ import annotations
 
@@ -12,11 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from named import NamedError
-
-
-class ConfigError(NamedError, ValueError):
-    """A configuration key is unknown, missing or has a bad value; the message names it."""
+from .errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ from named.internal import block_size_error  # the blockwise loss's own message,
 from named.models.hf import CheckpointFormatError, check_folder
 from named.partitioning import mesh_axes_of
 
-from ..config import ConfigError, TrainConfig, data_parallel_size, pretrained, to_mapping
-from ..config.train_config import VOCAB_MULTIPLE
+from ..config import ConfigError, TrainConfig, data_parallel_size, pretrained
+from ..config.sections import VOCAB_MULTIPLE
 from ..data import Tokenizer, check_transformers_agrees, load_tokenizer
 from .loss import token_losses
 from .model_init import layer_driver, model_shapes
@@ -69,7 +69,7 @@ def checked_setup(cfg: TrainConfig) -> Setup:
     check_transformers_agrees(tokenizer)
     model_cfg, model_cls = model_config_for(cfg, tokenizer)
     mesh = nm.make_mesh(check_device_count(cfg, len(jax.devices()), jax.process_count()))
-    compute_mapping, param_mapping = to_mapping(cfg.mesh.compute_mapping), to_mapping(cfg.mesh.param_mapping)
+    compute_mapping, param_mapping = cfg.mesh.compute_mapping, cfg.mesh.param_mapping
     check_positions(cfg, model_cfg)
     check_sample_length(cfg, tokenizer, model_cfg)
     check_loss_block(cfg, model_cfg, mesh, compute_mapping, param_mapping)

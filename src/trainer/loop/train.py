@@ -1,5 +1,6 @@
 """The training loop: sharded init, a named_jit train step with donation and gradient
-accumulation, eval, samples, checkpoints and metrics.
+accumulation, eval, samples, checkpoints and metrics. What is due after each step and how its
+metrics are read lie in ``cadence``; the validation loss in ``validation``.
 
     named-train --config_path config/gpt2_nano.yaml
 """
@@ -9,10 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import math
 import signal
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -34,19 +32,23 @@ from ..data import (
     Batch,
     Data,
     DataError,
-    JoinedRows,
     LocalShards,
-    PackedSequences,
-    Sequences,
     TrainBatches,
     build_data,
     changed_files,
     data_files,
-    eval_batches,
     fingerprint,
-    num_eval_batches,
 )
 from . import hardware
+from .cadence import (
+    MAX_IN_FLIGHT,
+    RateWindow,
+    epochs_note,
+    progress_bar,
+    read_metrics,
+    step_due,
+    step_loss,
+)
 from .checks import Setup, checked_setup, require_harness
 from .generate import sample_text
 from .loss import token_losses
@@ -56,12 +58,9 @@ from .registry import max_positions, model_type
 from .state import run_state
 from .stop import StopRequests, agree
 from .trackers import Trackers, check_trackers, log, setup_logging
+from .validation import eval_losses
 
 Pos, Microbatch = "position", "microbatch"
-
-
-class TrainingError(nm.NamedError, RuntimeError):
-    """The run cannot go on (a NaN under nan_policy=stop, for example); the message says where."""
 
 
 @dataclasses.dataclass
@@ -409,9 +408,9 @@ def _train(cfg: TrainConfig, run: Run) -> TrainResult:
         n_dev = len(jax.devices())
         losses: list[float] = []
         empty_steps = 0  # steps without a loss token: said, counted, their loss no number
-        progress = _progress(t, start, pid, stack)
+        progress = progress_bar(t, start, pid, stack)
         harness = _harness_lm(cfg, setup, model) if run.harness_tasks is not None else None
-        window = _Window()
+        window = RateWindow()
         pending: list[tuple[int, dict]] = []  # (step, its metrics still on the device), oldest first
 
         def batch_for(step: int) -> dict[str, nm.NamedArray]:
@@ -456,7 +455,7 @@ def _train(cfg: TrainConfig, run: Run) -> TrainResult:
             steps = [s for s, _ in pending]
             rows = read_metrics(pending, t.nan_policy, checkpointer.latest)
             first = not losses and start == 0 and rows  # where the curve starts, read with the steps after it
-            losses += [_loss_of(s, r) for s, r in zip(steps, rows)]
+            losses += [step_loss(s, r) for s, r in zip(steps, rows)]
             if first:
                 log.info(f"step 1 (the first): loss {losses[0]!r}")
             empty_steps += sum(float(r["tokens"]) == 0 for r in rows)
@@ -478,7 +477,7 @@ def _train(cfg: TrainConfig, run: Run) -> TrainResult:
                     row["skipped_steps"] = window.skipped
                 row.update(train_batches.tokens_by_source(done))  # a mixture's tokens per source so far
                 trackers.log(done, row)
-                window = _Window()
+                window = RateWindow()
             if due.eval:
                 evals = eval_losses(
                     lambda b: eval_step(model, device_batch(b, mesh, compute_mapping, t.train_batch_size)), data, t
@@ -539,19 +538,6 @@ def _train(cfg: TrainConfig, run: Run) -> TrainResult:
     )
 
 
-def _loss_of(step: int, row: dict) -> float:
-    """The step's loss; NaN, said in the log, for a step whose batch kept no loss token: its loss
-    is no number (the loss is a mean over the loss tokens), not 0, and its gradient was zero."""
-    if float(row["tokens"]):
-        return float(row["loss"])
-    log.warning(
-        f"step {step}: no token of its batch carries loss (in a chat corpus: every reply was cut off by "
-        "data.seq_len, see the build's summary), so its loss is undefined and left out of the log; its "
-        "gradient was zero"
-    )
-    return math.nan
-
-
 def _harness_lm(cfg: TrainConfig, setup: Setup, model):
     """The lm-eval model of this run: its mesh, compute mapping and precision, a microbatch of rows
     per forward pass."""
@@ -570,185 +556,8 @@ def _harness_lm(cfg: TrainConfig, setup: Setup, model):
     )
 
 
-# Without logging, eval, samples or checkpoints, the metrics are still read this often, so that a
-# non-finite step under nan_policy=stop ends the run within this many steps.
-MAX_UNREAD_STEPS = 100
-# Steps dispatched but maybe unfinished: two keep the device busy (one runs, the next is queued)
-# while the host prepares the batch after them. Running further ahead gains nothing and queues a
-# batch per step; on the 2-core CPU it was slower (docs/benchmarks.md, the loop section).
-MAX_IN_FLIGHT = 2
-
-
-@dataclasses.dataclass(frozen=True)
-class Due:
-    """What happens after step ``done`` (numbered as in the logs). Each of these waits for the
-    device, so each first reads the metrics of the steps since the last read (``read``);
-    every other step only dispatches."""
-
-    log: bool
-    eval: bool
-    sample: bool
-    checkpoint: bool
-    read: bool
-    harness: bool = False  # score trainer.eval_harness_tasks
-    temporary: bool = False  # the checkpoint is time-based or a stop's (checkpoint.retention)
-    stop: bool = False  # a stop signal: save, wait for the commit, end the run
-
-
-def epochs_note(sequences: int, t) -> str:
-    """How the run's steps measure against its training data: the steps of one epoch (one pass over
-    the ``sequences`` training rows) and the epochs ``trainer.num_train_steps`` makes."""
-    if not sequences:
-        return "no training sequences: no epoch to count steps by"
-    per_epoch = sequences / t.train_batch_size
-    return (
-        f"one epoch (every one of the {sequences} training sequences once) is {per_epoch:.4g} steps of "
-        f"{t.train_batch_size} sequences; trainer.num_train_steps={t.num_train_steps} is "
-        f"{t.num_train_steps / per_epoch:.4g} epochs"
-    )
-
-
-def step_due(
-    done: int, cfg: TrainConfig, has_validation: bool, unread: int, stop: bool = False, timed: bool = False
-) -> Due:
-    t = cfg.trainer
-    end = done == t.num_train_steps
-    stop = stop and not end  # at the end the run finishes as usual
-
-    def every(n: int) -> bool:
-        return bool(n) and (done % n == 0 or end)
-
-    log_, eval_, sample = every(t.log_interval), has_validation and every(t.eval_interval), every(t.sample_interval)
-    harness = bool(t.eval_harness_tasks) and every(t.eval_harness_interval)
-    if stop:  # time is short: no eval or sample before the save
-        eval_ = sample = harness = False
-    regular = bool(cfg.checkpoint.interval) and done % cfg.checkpoint.interval == 0 and not end  # the end: save_at_end
-    checkpoint = regular or ((stop or timed) and not end)
-    read = log_ or eval_ or sample or harness or checkpoint or end or unread >= MAX_UNREAD_STEPS
-    return Due(
-        log=log_,
-        eval=eval_,
-        harness=harness,
-        sample=sample,
-        checkpoint=checkpoint,
-        read=read,
-        temporary=checkpoint and not regular,
-        stop=stop,
-    )
-
-
-def read_metrics(pending: list[tuple[int, dict]], nan_policy: str, last_checkpoint=None) -> list[dict]:
-    """The metrics of the steps in ``pending`` on the host, in one transfer, with the NaN policy
-    applied to each step in order (``stop`` names the first non-finite one); ``pending`` is
-    emptied."""
-    rows = jax.device_get([m for _, m in pending])
-    for (step, _), row in zip(pending, rows):
-        check_finite(step, row, nan_policy, last_checkpoint)
-    pending.clear()
-    return rows
-
-
-class _Window:
-    """Tokens, wall time and steps skipped by dynamic loss scaling since the last log line (read points
-    in between add their steps)."""
-
-    def __init__(self):
-        self.start, self.tokens, self.steps, self.skipped = time.perf_counter(), 0.0, 0, 0
-
-    def add(self, rows: list[dict]) -> None:
-        self.tokens += sum(float(r["tokens"]) for r in rows)
-        self.steps += len(rows)
-        self.skipped += sum(int(r.get("overflow", 0)) for r in rows)
-
-    def rates(self, flops_tok: float, peak: float | None, n_dev: int) -> dict:
-        elapsed = time.perf_counter() - self.start
-        out = {"tokens_per_s": self.tokens / elapsed, "step_time_s": elapsed / self.steps}
-        if peak:
-            out["mfu"] = out["tokens_per_s"] * flops_tok / (peak * n_dev)
-        return out
-
-
-def check_finite(step: int, metrics: dict, nan_policy: str, last_checkpoint=None) -> bool:
-    """Whether step ``step`` (numbered as in the logs and checkpoints: the update that made
-    step_<step>) was finite. If not: ``stop`` raises TrainingError naming the step and
-    ``last_checkpoint()`` (which lets a save in flight commit first), ``skip`` warns (the
-    train step has already kept the old state) and returns False."""
-    if bool(metrics["finite"]):
-        return True
-    loss, grad_norm = float(metrics["loss"]), float(metrics["grad_norm"])
-    if math.isfinite(loss) and math.isfinite(grad_norm):
-        what = (
-            f"non-finite update in step {step}: the new parameters or optimizer state are not finite, although the "
-            f"loss ({loss}) and gradient norm ({grad_norm}) are (a non-finite learning rate, or an overflow in the "
-            "optimizer)"
-        )
-    else:
-        what = f"non-finite loss or gradient in step {step} (loss={loss}, grad_norm={grad_norm})"
-    if nan_policy == "stop":
-        try:
-            last = last_checkpoint() if last_checkpoint is not None else None
-        except ckpt.CheckpointError as e:  # the save in flight failed: report both
-            last = f"unknown ({e})"
-        raise TrainingError(f"{what}; stopped (trainer.nan_policy=stop); the last committed checkpoint is {last}")
-    log.warning(f"{what}; update skipped, parameters and optimizer state unchanged (trainer.nan_policy=skip)")
-    return False
-
-
 def _metadata(step: int, cfg: TrainConfig, plan: rundir.RunPlan) -> dict:
     # The data position is the step: TrainBatches.batch_at(step) needs nothing else, and the
     # RNG is derived from (seed, step), so nothing else has to be saved to resume exactly.
     # ``run`` says which run saved it (rundir: a resume never continues another run's checkpoint).
     return {"step": step, "data_step": step, "seed": cfg.trainer.seed, "run": plan.identity}
-
-
-def eval_losses(loss_sum, data: Data, t) -> dict[str, float]:
-    """``loss`` over the validation rows and, for several named sources, ``<name>/loss`` per
-    source. ``loss_sum(batch)`` gives a batch's summed token loss and its count of loss tokens.
-
-    Each source is evaluated on its first ``trainer.eval_batches`` batches (0: all of them), and
-    its rows count in the overall ``loss`` as many times as they stand for its validation rows:
-    the overall loss estimates the loss over every validation token, and equals it when every
-    batch is evaluated. (Evaluating the sources' rows one after another instead would make the
-    first ``eval_batches`` batches, and so the overall loss, the first source's alone.)"""
-    if not data.validation_sources:
-        total, count, _ = _eval_sums(loss_sum, data.validation, t)
-        return {"loss": total / max(count, 1.0)}
-    per_source, total, count = {}, 0.0, 0.0
-    for name, rows in data.validation_sources.items():
-        s, c, seen = _eval_sums(loss_sum, rows, t)
-        per_source[f"{name}/loss"] = s / max(c, 1.0)
-        stands_for = len(rows) / seen  # validation rows of this source per evaluated row
-        total, count = total + stands_for * s, count + stands_for * c
-    return {"loss": total / max(count, 1.0), **per_source}
-
-
-def _eval_sums(loss_sum, rows: Sequences | PackedSequences | JoinedRows, t) -> tuple[float, float, int]:
-    """The summed loss and loss tokens of the first ``trainer.eval_batches`` batches of ``rows``
-    (all of them for 0), and how many of its rows these batches hold."""
-    limit = t.eval_batches or num_eval_batches(rows, t.train_batch_size)
-    total = count = 0.0
-    for i, b in enumerate(
-        eval_batches(
-            rows, batch_size=t.train_batch_size, process_index=jax.process_index(), process_count=jax.process_count()
-        )
-    ):
-        if i >= limit:
-            break
-        s, c = loss_sum(b)
-        total, count = total + float(s), count + float(c)
-    return total, count, min(limit * t.train_batch_size, len(rows))
-
-
-def _progress(t, start: int, pid: int, stack: contextlib.ExitStack):
-    """A progress bar on process 0 when stderr is a terminal (in logs it would be noise); while
-    it is up, console log lines are written above it instead of through it."""
-    if not t.progress_bar or pid != 0 or not sys.stderr.isatty():
-        return None
-    from tqdm.auto import tqdm
-    from tqdm.contrib.logging import logging_redirect_tqdm
-
-    bar = stack.enter_context(
-        tqdm(total=t.num_train_steps, initial=start, desc="train", unit="step", leave=False, dynamic_ncols=True)
-    )
-    stack.enter_context(logging_redirect_tqdm(loggers=[log]))
-    return bar
