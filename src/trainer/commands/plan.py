@@ -192,9 +192,10 @@ def logits_bytes(cfg: TrainConfig, s: Setup) -> float:
     s and V vocab entries per device (the vocab over the mesh axes the compute mapping splits it
     on: tensor-parallel layouts split it over ``model``). With ``trainer.loss_block_size`` B the
     loss makes the logits a block at a time: V is B, or the device's share of the vocab where
-    smaller; and where the head is stored split along ``embed`` the fused loss also holds it
-    gathered with its whole gradient, or a block of each (``nn.loss.head_bytes_held``, the
-    loss's own rule)."""
+    smaller. Where the head is stored split along ``embed`` the loss also holds it gathered, with
+    its gradient made whole before the reduce-scatter: the full-logits loss (XLA gathers it for
+    the logits' matmul) and the fused loss gathering it once hold both whole, the fused loss
+    gathering block by block a block of each (``nn.loss.head_bytes_held``, the loss's own rule)."""
     axes = [a for x in jax.tree.leaves(s.shapes, is_leaf=nm.is_named_array) for a in getattr(x, "axes", ())]
     vocab = next((a.size for a in axes if a.name == "vocab"), 0)
     shape = dict(s.mesh.shape)
@@ -204,7 +205,7 @@ def logits_bytes(cfg: TrainConfig, s: Setup) -> float:
     per_device_vocab = vocab / shards if t.loss_block_size is None else min(t.loss_block_size, vocab / shards)
     logits = 2 * b * cfg.data.seq_len * per_device_vocab * 4
     embed_over = _mesh_axes(s.param_mapping, "embed")
-    if t.loss_block_size is None or not embed_over:
+    if not embed_over:
         return logits
     from named.nn.loss import head_bytes_held
     from named.nn.precision import get_policy
@@ -216,9 +217,11 @@ def logits_bytes(cfg: TrainConfig, s: Setup) -> float:
         rows,
         next((a.size for a in axes if a.name == "embed"), 0),
         jnp.dtype(get_policy(t.precision).compute_dtype).itemsize,
-        block_size=t.loss_block_size,
+        block_size=t.loss_block_size or 0,
         embed_shards=math.prod(shape[m] for m in embed_over),
-        blocks_possible=set(embed_over) <= tokens_over and (not vocab_over or bool(vocab_over & tokens_over)),
+        blocks_possible=t.loss_block_size is not None
+        and set(embed_over) <= tokens_over
+        and (not vocab_over or bool(vocab_over & tokens_over)),
     )
 
 
