@@ -370,8 +370,9 @@ def test_tensor_parallel_layouts_split_the_vocab():
     c = next(c for c in tp if (c.name, c.remat, c.microbatches) == ("FSDP+TP2", "none", 1))
     trial, s = planned(cfg, c)
     assert c.error is None and trial.mesh.compute_mapping["vocab"] == "model"
-    # the logits and their gradient in float32, 2 sequences per device (data=4), half the vocab each
-    assert plan.make_plan(trial, None, s).logits == 2 * 2 * 32 * (384 / 2) * 4
+    # the logits and their gradient in float32, 2 sequences per device (data=4), half the vocab each;
+    # and the head's half (split along embed over data) gathered with its gradient, 128 wide
+    assert plan.make_plan(trial, None, s).logits == 2 * 2 * 32 * (384 / 2) * 4 + 2 * (384 // 2) * 128 * 4
 
 
 def _fresh(c):
