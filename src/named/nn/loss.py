@@ -27,7 +27,8 @@ from .._core import NamedArray, expect_named
 from .._index import concrete, first_flagged
 from .._shape import arange, broadcast_to, roll
 from ..partitioning import ResourceMapping, check_mapping_values
-from ._fused_loss import GATHERS, fused_per_token_loss, head_bytes_held, whole_axis
+from ._fused_loss import GATHERS, fused_per_token_loss, whole_axis
+from ._fused_loss import head_bytes_held as head_bytes_held  # for named.internal (named-plan)
 
 Reduction = Literal["mean", "sum", "none"]
 _REDUCTIONS = ("mean", "sum", "none")
@@ -38,7 +39,6 @@ __all__ = [
     "blockwise_cross_entropy_loss",
     "blockwise_next_token_loss",
     "cross_entropy_loss",
-    "head_bytes_held",
     "next_token_loss",
     "next_token_targets",
 ]

@@ -195,7 +195,7 @@ def logits_bytes(cfg: TrainConfig, s: Setup) -> float:
     smaller. Where the head is stored split along ``embed`` the loss also holds it gathered, with
     its gradient made whole before the reduce-scatter: the full-logits loss (XLA gathers it for
     the logits' matmul) and the fused loss gathering it once hold both whole, the fused loss
-    gathering block by block a block of each (``nn.loss.head_bytes_held``, the loss's own rule)."""
+    gathering block by block a block of each (``named.internal.head_bytes_held``, the loss's own rule)."""
     axes = [a for x in jax.tree.leaves(s.shapes, is_leaf=nm.is_named_array) for a in getattr(x, "axes", ())]
     vocab = next((a.size for a in axes if a.name == "vocab"), 0)
     shape = dict(s.mesh.shape)
@@ -207,7 +207,7 @@ def logits_bytes(cfg: TrainConfig, s: Setup) -> float:
     embed_over = _mesh_axes(s.param_mapping, "embed")
     if not embed_over:
         return logits
-    from named.nn.loss import head_bytes_held
+    from named.internal import head_bytes_held
     from named.nn.precision import get_policy
 
     tokens_over = {m for name in ("batch", "position") for m in _mesh_axes(s.compute_mapping, name)}
