@@ -103,7 +103,7 @@ def make_train_step(cfg: TrainConfig, setup: Setup, optimizer):
     lora_dropout = cfg.lora is not None and cfg.lora.dropout > 0
     driver = layer_driver(cfg, compute_mapping, param_mapping)  # None unless mesh.mode is explicit
 
-    def loss_sum(params, frozen, batch, key, per_token_scale):
+    def loss_sum(params, frozen, batch, key, scale):
         m = cast_for_compute(eqx.combine(params, frozen, is_leaf=nm.is_named_array), policy)
         if lora_dropout:  # the models call their linears without keys: the adapters hold theirs for this pass
             m = nn.lora.with_dropout_keys(m, jax.random.fold_in(key, 1))
@@ -115,11 +115,9 @@ def make_train_step(cfg: TrainConfig, setup: Setup, optimizer):
         total = per_token.sum().scalar()
         if aux:  # auxiliary losses (an MoE router's) are per-token means: weighted by the tokens, like the loss
             total = total + count * sum(w * v for w, v in aux.values())
-        # differentiated times the loss scale over the step's loss tokens (``per_token_scale``): the
-        # gradients come out as the mean's, times the loss scale (1 without loss scaling; float16
-        # gradients then neither underflow nor, at a scale dynamic scaling lowered, overflow), so no
-        # second full-size copy of them is made to divide them afterwards
-        return total * per_token_scale, (total, count, {name: v * count for name, (_, v) in aux.items()})
+        # differentiated times the loss scale (1 without loss scaling): float16 gradients then neither
+        # underflow nor, at a scale dynamic scaling lowered, overflow
+        return total * scale, (count, {name: v * count for name, (_, v) in aux.items()})
 
     grad_fn = eqx.filter_value_and_grad(loss_sum, has_aux=True)
 
@@ -136,19 +134,16 @@ def make_train_step(cfg: TrainConfig, setup: Setup, optimizer):
             for k, v in batch.items()
         }
         keys = nm.named(jax.random.split(key, n_micro), (Microbatch,))
-        # the step's loss tokens, known before the forward pass (no loss token: a zero gradient, the host says so)
-        count = jnp.maximum(batch["loss_mask"][Pos, :-1].astype(jnp.float32).sum().scalar(), 1.0)
-        per_token_scale = scale / count
 
         def accumulate(acc, mb, k):
-            (_, (s, c, a)), g = grad_fn(params, frozen, nm.shard(mb), k.array, per_token_scale)
+            (s, (c, a)), g = grad_fn(params, frozen, nm.shard(mb), k.array, scale)
             return jax.tree.map(jnp.add, acc, (s, c, g)), a
 
         zero = (jnp.zeros(()), jnp.zeros(()), jax.tree.map(jnp.zeros_like, params))
-        (total, tokens, grads), aux = nm.scan(accumulate, Microbatch)(zero, split, keys)
-        loss = total / count
-        if dynamic:  # the gradients of the scaled loss: the scale is a power of two, dividing by it is exact
-            grads = jax.tree.map(lambda g: g / scale, grads)
+        (total, count, grads), aux = nm.scan(accumulate, Microbatch)(zero, split, keys)
+        tokens, count = count, jnp.maximum(count, 1.0)  # no loss token: a zero gradient (the host says so)
+        loss = total / scale / count  # the scale is a power of two: exact
+        grads = jax.tree.map(lambda g: g / (count * scale), grads)
         overflow = ~nn.all_finite(grads) if dynamic else jnp.bool_(False)
         if dynamic:  # an overflow is expected now and then: that step is skipped and the scale lowered
             grads = jax.tree.map(lambda g: jnp.where(overflow, jnp.zeros_like(g), g), grads)
