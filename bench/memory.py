@@ -60,6 +60,11 @@ def measure(cfg: dict, batch: int, seq: int, remat: str, loss: str) -> dict:
     over = {"trainer.loss_block_size": block if loss == "blockwise" else "null"}
     step = C.compile_trainer_step(C.step_config({**cfg, "remat": remat}, batch=batch, seq=seq, over=over))
     mem = C.memory_stats(step["compiled"])
+    # how the fused loss gathers the FSDP head (nn.blockwise_cross_entropy_loss, gather="auto")
+    from named.nn import _fused_loss
+
+    head = cfg["vocab_size"] * cfg["n_embd"] * 4  # float32
+    gather = ("once" if head <= _fused_loss.WHOLE_HEAD_BYTES else "by blocks") if loss == "blockwise" else None
     n = step["params"]
     n_dev = math.prod(C.MESH.values())
     floor = 16 * n / n_dev
@@ -72,6 +77,7 @@ def measure(cfg: dict, batch: int, seq: int, remat: str, loss: str) -> dict:
             "remat": remat,
             "loss": loss,
             "loss_block_size": block if loss == "blockwise" else None,
+            "head_gather": gather,
         },
         "params": n,
         "memory": mem,

@@ -348,7 +348,7 @@ def memory_block() -> str:
                 f"{row['params']:,}",
                 f"{c['batch']}×{c['seq']}",
                 c["remat"],
-                c["loss"],
+                c["loss"] + (f", head {c['head_gather']}" if c.get("head_gather") else ""),
                 mib(m["argument_size_in_bytes"]),
                 mib(m["output_size_in_bytes"]),
                 mib(m["alias_size_in_bytes"]),

@@ -129,7 +129,7 @@ def test_compiled_step_holds_no_full_logits():
 
 def test_compiled_step_gathers_the_head_once():
     """The trainer's FSDP step with the fused loss: GPT-2's tied table (the head) is all-gathered
-    once in the whole step (XLA shares that one gather with the embedding lookup) and its gradient
+    once in the whole step (the embedding lookup gathers rows, not the table) and its gradient
     reduce-scattered once (the transpose of the loss's own gather; XLA:CPU forms no reduce-scatter
     under GSPMD, so the full-logits step shows an all-reduce instead), never inside a loop, and the
     step's collectives do not change with the number of vocab blocks. (The scan this loss replaced
@@ -153,4 +153,5 @@ def test_compiled_step_gathers_the_head_once():
     assert counts["128"] == counts["512"], counts
     for r in steps.values():
         head = [(c.kind, c.shape, c.in_loop) for c in r.collectives if str(V) in c.shape]
-        assert head == [("all-gather", f"f32[{V},{E}]", False), ("reduce-scatter", f"f32[{V},{E // 8}]", False)]
+        # gathered as [embed, vocab]: the device's slice is turned before the gather, not the whole head after it
+        assert head == [("all-gather", f"f32[{E},{V}]", False), ("reduce-scatter", f"f32[{E // 8},{V}]", False)]

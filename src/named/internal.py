@@ -14,7 +14,7 @@ from ._compat import (
     distributed_client,
     is_tracer,
 )
-from .nn.loss import block_size_error
+from .nn.loss import block_size_error, head_bytes_held
 
 __all__ = [
     "backends_initialized",  # the CLI: can this process still set its device count?
@@ -23,5 +23,6 @@ __all__ = [
     "cluster_detected",  # distributed: would jax.distributed.initialize() find its coordinator?
     "cudnn_version",  # bench/gpu_mfu.py: recorded beside GPU numbers
     "distributed_client",  # checkpoints and the run plan: JAX's key-value store and barriers
+    "head_bytes_held",  # named-plan: what the fused loss holds of an FSDP head, by the loss's own rule
     "is_tracer",  # checkpoints: refuse to save a traced value; generate: check prompt lengths known before tracing
 ]

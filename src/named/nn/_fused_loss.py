@@ -8,13 +8,22 @@ again from the same weight, turned into ``d loss / d logits`` with that log-sum-
 multiplied into the hidden states' gradient (summed over blocks) and the block's columns of the
 weight's gradient. Neither pass holds more than ``tokens × block`` logits.
 
-It runs per device (``nm.shard_map`` around it under a mesh and a mapping, or as it is inside a
-body), so every collective is one the code asks for, once per call, outside the block loop:
+The weight is used as ``[embed, vocab]`` (a device's slice turned so before any gather, so that
+gathering along ``embed`` concatenates whole rows and needs no copy after it), each block a slice
+of its columns. It runs per
+device (``nm.shard_map`` around it under a mesh and a mapping, or as it is inside a body), so
+every collective is one the code asks for:
 
-- a weight stored split along ``embed`` (FSDP) is all-gathered once; the gathered weight is the
-  one both passes use (not gathered again for the backward's recomputation), and the transpose
-  of that one gather, a reduce-scatter, returns its gradient, made whole on each device from its
-  own tokens;
+- a weight stored split along ``embed`` (FSDP) is all-gathered once, after the hidden states
+  exist (an optimisation barrier ties the two, so XLA does not gather it at the start of the step
+  and hold it through the model); the gathered weight is the one both passes use (not gathered
+  again for the backward's recomputation), and the transpose of that one gather, a
+  reduce-scatter, returns its gradient, made whole on each device from its own tokens. That
+  holds the whole head and its whole gradient on every device at once; where that is more than
+  ``WHOLE_HEAD_BYTES`` (``gather="auto"``) or ``gather="blocks"`` asks, each block of the head is
+  gathered instead, in the forward pass and again in the backward pass, and each block's
+  gradient is reduce-scattered as it is made: twice the gathered bytes, in ``2 x blocks``
+  collectives, for a ``block x embed`` slice in place of the ``vocab x embed`` head and gradient;
 - a weight split along ``vocab`` over mesh axes that do not split the tokens (Megatron's
   vocab-parallel head) stays split: each device makes the blocks of its own vocabulary slice,
   and the log-sum-exp and the target's logit are combined across those devices with one max and
@@ -50,22 +59,35 @@ class _Blocks:
     softcap: float | None
     z_loss_weight: float
     vocab_mesh_axes: tuple[str, ...]  # the mesh axes the vocab is split over (vocab-parallel), or ()
+    embed_mesh_axes: tuple[str, ...] = ()  # gathered block by block along embed over these (or () : whole)
+    vocab_rows: bool = False  # ``w`` is ``[vocab, embed]`` (a block-gathered head, as stored), else ``[embed, vocab]``
+
+    @property
+    def vocab_dim(self) -> int:
+        return 0 if self.vocab_rows else 1
 
     def group(self):
         axes = self.vocab_mesh_axes
+        return axes[0] if len(axes) == 1 else axes
+
+    def embed_group(self):
+        axes = self.embed_mesh_axes
         return axes[0] if len(axes) == 1 else axes
 
     def first_id(self, w) -> jax.Array:
         """The vocab id of this device's first column of ``w``."""
         if not self.vocab_mesh_axes:
             return jnp.zeros((), jnp.int32)
-        return lax.axis_index(self.group()) * w.shape[1]
+        return lax.axis_index(self.group()) * w.shape[self.vocab_dim]
 
     def logits(self, h, w, b):
-        """Block ``b``'s columns of ``w``, its (capped) float32 logits, and ``tanh`` of the cap
-        (None without one) for the cap's derivative."""
-        size = w.shape[1] // self.n_blocks
-        wb = lax.dynamic_slice_in_dim(w, b * size, size, axis=1)
+        """Block ``b``'s columns of ``w`` (gathered along embed in the blocks mode), its (capped)
+        float32 logits, and ``tanh`` of the cap (None without one) for the cap's derivative."""
+        size = w.shape[self.vocab_dim] // self.n_blocks
+        wb = lax.dynamic_slice_in_dim(w, b * size, size, axis=self.vocab_dim)
+        wb = wb.T if self.vocab_rows else wb  # one block turned, never the whole head
+        if self.embed_mesh_axes:
+            wb = lax.all_gather(wb, self.embed_group(), axis=0, tiled=True)
         raw = jnp.dot(h, wb, preferred_element_type=jnp.float32).astype(jnp.float32)
         if self.softcap is None:
             return wb, raw, None
@@ -90,7 +112,7 @@ def _varying(x, like):
 
 
 def _forward(spec: _Blocks, h, w, ids):
-    size = w.shape[1] // spec.n_blocks
+    size = w.shape[spec.vocab_dim] // spec.n_blocks
     first = spec.first_id(w)
 
     def block(carry, b):
@@ -120,7 +142,9 @@ def _forward(spec: _Blocks, h, w, ids):
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def fused_token_loss(spec: _Blocks, h, w, ids):
     """Per-token ``lse - logit[target] (+ z * lse²)`` of ``h [tokens, embed] · w [embed, vocab]``
-    (raw arrays; ``ids [tokens]`` global vocab ids), float32, one vocabulary block at a time."""
+    (raw arrays; ``w [vocab, embed]`` where ``spec.vocab_rows``, and this device's embed slice where
+    ``spec.embed_mesh_axes`` says the blocks are gathered; ``ids [tokens]`` global vocab ids),
+    float32, one vocabulary block at a time."""
     return _forward(spec, h, w, ids)[0]
 
 
@@ -131,7 +155,7 @@ def _fwd(spec, h, w, ids):
 
 def _bwd(spec, res, g):
     h, w, ids, lse = res
-    size = w.shape[1] // spec.n_blocks
+    size = w.shape[spec.vocab_dim] // spec.n_blocks
     first = spec.first_id(w)
     g = g.astype(jnp.float32)
     # d loss / d lse: 1, plus the z-loss's 2 z lse; d lse / d logit is the softmax
@@ -147,7 +171,10 @@ def _bwd(spec, res, g):
         d = d.astype(w.dtype)  # the two products below in the weight's dtype (bf16 stays bf16), summed in f32
         dh = dh + jnp.dot(d, wb.T, preferred_element_type=jnp.float32)
         dwb = jnp.dot(h.T.astype(w.dtype), d, preferred_element_type=jnp.float32)
-        return (dh, lax.dynamic_update_slice_in_dim(dw, dwb.astype(dw.dtype), b * size, axis=1)), None
+        if spec.embed_mesh_axes:  # each device keeps its embed slice of the block's gradient, summed over tokens
+            dwb = lax.psum_scatter(dwb, spec.embed_group(), scatter_dimension=0, tiled=True)
+        dwb = dwb.T if spec.vocab_rows else dwb
+        return (dh, lax.dynamic_update_slice_in_dim(dw, dwb.astype(dw.dtype), b * size, axis=spec.vocab_dim)), None
 
     init = (_varying(jnp.zeros(h.shape, jnp.float32), h), _varying(jnp.zeros(w.shape, w.dtype), w))
     (dh, dw), _ = lax.scan(block, init, jnp.arange(spec.n_blocks))
@@ -182,9 +209,61 @@ def _gather(x: NamedArray, name: str, tokens_over: set[str]) -> NamedArray:
     return all_gather(x, name, invariant=not set(over) <= tokens_over)
 
 
-def _local_loss(spec: _Blocks, Embed: str, Vocab: str, hidden: NamedArray, weight: NamedArray, ids: NamedArray):
+# Above this many bytes per device, ``gather="auto"`` gathers the head a block at a time rather
+# than whole (the whole head and its whole gradient are then held at once): the f32 head of a
+# 4096-entry vocabulary at width 1024, of GPT-2's 50304 x 768 about a ninth.
+WHOLE_HEAD_BYTES = 16 * 2**20
+
+GATHERS = ("auto", "once", "blocks")
+
+
+def _whole(gather: str, head_bytes: int) -> bool:
+    """Whether a head that could go either way is gathered whole: ``head_bytes`` is its size
+    gathered, on one device."""
+    return gather == "once" or (gather == "auto" and head_bytes <= WHOLE_HEAD_BYTES)
+
+
+def head_bytes_held(
+    rows: int, embed: int, itemsize: int, *, block_size: int, embed_shards: int, blocks_possible: bool, gather="auto"
+) -> int:
+    """Bytes one device holds of an embed-split head while the loss runs, beyond its stored
+    slice: ``rows`` vocab entries (the device's) x ``embed`` (whole) gathered and their gradient
+    made whole before its reduce-scatter, or, gathering block by block (where
+    ``blocks_possible``: the head's embed split also splits the tokens and its vocab is not
+    split), a ``block_size``-row block of each plus the reduce-scattered gradient of the
+    device's slice. What ``named-plan`` counts for the loss path (the one rule of
+    ``_local_loss``)."""
+    whole = rows * embed * itemsize
+    if not blocks_possible or _whole(gather, whole):
+        return 2 * whole
+    return 2 * block_size * embed * itemsize + whole // max(embed_shards, 1)
+
+
+def _gathers_blocks(gather: str, weight: NamedArray, Embed: str, Vocab: str, tokens_over: set[str]) -> bool:
+    """Whether the head is gathered block by block: it is split along ``Embed`` over mesh axes
+    that also split the tokens (FSDP; its gradient is then a reduce-scatter), its vocabulary is
+    not split, and ``gather`` asks for it (``"auto"``: the gathered head would exceed
+    ``WHOLE_HEAD_BYTES``)."""
+    over = split_over(weight.resolve_axis(Embed))
+    if not over or not set(over) <= tokens_over or split_over(weight.resolve_axis(Vocab)):
+        return False
+    whole = whole_axis(weight.resolve_axis(Embed)).size * weight.resolve_axis(Vocab).size
+    return not _whole(gather, whole * weight.dtype.itemsize)
+
+
+def _tied(hidden: NamedArray, weight: NamedArray) -> tuple[NamedArray, NamedArray]:
+    """``hidden`` and ``weight`` through one optimisation barrier: nothing made from the weight
+    (its gather) can be scheduled before the hidden states exist."""
+    h, w = lax.optimization_barrier((hidden.array, weight.array))
+    return unchecked(h, hidden.axes), unchecked(w, weight.axes)
+
+
+def _local_loss(
+    spec: _Blocks, Embed: str, Vocab: str, gather: str, hidden: NamedArray, weight: NamedArray, ids: NamedArray
+):
     """The per-token loss of local blocks (a ``shard_map`` body's, or whole arrays): the token
     axes laid out as ``hidden``'s."""
+    hidden, weight = _tied(hidden, weight)
     token_axes = tuple(a for a in hidden.axes if a.name != Embed)
     tokens_over = {m for a in token_axes for m in split_over(a)}
     for a in ids.axes:
@@ -199,7 +278,14 @@ def _local_loss(spec: _Blocks, Embed: str, Vocab: str, hidden: NamedArray, weigh
     # a weight used against tokens split where it is not: its gradient is summed over them (a
     # replicated weight's all-reduce), on the stored block, before the gather makes it whole
     weight = unchecked(_to(weight.array, frozenset(tokens_over)), weight.axes)
-    weight, hidden = _gather(weight, Embed, tokens_over), _gather(hidden, Embed, tokens_over)
+    blocks = _gathers_blocks(gather, weight, Embed, Vocab, tokens_over)
+    embed_over = split_over(weight.resolve_axis(Embed)) if blocks else ()
+    # whole: the device's slice turned to [embed, vocab] before the gather, so that the gather
+    # concatenates whole rows and needs no copy after it; blocks: as stored, each block turned
+    rows = blocks and weight.axes[0].name == Vocab
+    weight = weight.rearrange((Vocab, Embed) if rows else (Embed, Vocab))
+    weight = weight if blocks else _gather(weight, Embed, tokens_over)
+    hidden = _gather(hidden, Embed, tokens_over)
     Local = weight.resolve_axis(Vocab)
     if Local.size % spec.n_blocks:
         raise ShardingError(
@@ -207,13 +293,15 @@ def _local_loss(spec: _Blocks, Embed: str, Vocab: str, hidden: NamedArray, weigh
             f"{Local.size} entries per device, which do not cut into the {spec.n_blocks} blocks of the loss; "
             "block_size must split over those devices as the vocab does"
         )
-    spec = dataclasses.replace(spec, vocab_mesh_axes=tuple(vocab_over))
+    spec = dataclasses.replace(
+        spec, vocab_mesh_axes=tuple(vocab_over), embed_mesh_axes=tuple(embed_over), vocab_rows=rows
+    )
     n = 1
     for a in token_axes:
         n *= a.size
     E = hidden.resolve_axis(Embed)
     h = hidden.rearrange((*token_axes, E)).array.reshape(n, E.size)  # no -1: there may be no token
-    w = weight.rearrange((weight.resolve_axis(Embed), Local)).array
+    w = weight.array
     t = ids.rearrange(token_axes).array.reshape(n)
     # every input typed alike: where one varies and another does not, the pcast's transpose is
     # the gradient's sum (the hidden states' over the vocab slices, Megatron's)
@@ -234,14 +322,15 @@ def fused_per_token_loss(
     softcap: float | None,
     z_loss_weight: float,
     weight_mapping=None,
+    gather: str = "auto",
 ) -> NamedArray:
     """The float32 loss of each token of ``hidden`` (its axes but ``Embed``); ``ids`` have exactly
     those axes. Under a mesh and a compute mapping it runs under ``nm.shard_map``: ``hidden`` and
     ``ids`` laid out by the compute mapping, ``weight`` by ``weight_mapping`` (where the weight
     is stored: the parameter mapping; default: the compute mapping). Inside a body it runs on the
-    blocks it is given."""
+    blocks it is given. ``gather``: how an FSDP head is gathered (``GATHERS``; the module's text)."""
     spec = _Blocks(Vocab.size // block_size, softcap, float(z_loss_weight), ())
-    run = functools.partial(_local_loss, spec, Embed.name, Vocab.name)
+    run = functools.partial(_local_loss, spec, Embed.name, Vocab.name, gather)
     mesh, mapping = current_mesh(), current_mapping()
     if current_body() is not None or mesh is None or (mapping is None and weight_mapping is None):
         return run(hidden, weight, ids)

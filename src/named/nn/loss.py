@@ -27,7 +27,8 @@ from .._core import NamedArray, expect_named
 from .._index import concrete, first_flagged
 from .._shape import arange, broadcast_to, roll
 from ..partitioning import ResourceMapping, check_mapping_values
-from ._fused_loss import fused_per_token_loss, whole_axis
+from ._fused_loss import GATHERS, fused_per_token_loss, whole_axis
+from ._fused_loss import head_bytes_held as head_bytes_held  # for named.internal (named-plan)
 
 Reduction = Literal["mean", "sum", "none"]
 _REDUCTIONS = ("mean", "sum", "none")
@@ -429,6 +430,7 @@ def blockwise_cross_entropy_loss(
     softcap: float | None = None,
     ignore_index: int | None = IGNORE_INDEX,
     weight_mapping: ResourceMapping | None = None,
+    gather: str = "auto",
 ) -> NamedArray:
     """:func:`cross_entropy_loss` of ``hidden · unembed_weight`` without ever holding all the logits:
     a fused loss with its own gradient.
@@ -441,8 +443,11 @@ def blockwise_cross_entropy_loss(
     largest is ``tokens × block_size``. The matmuls accumulate in float32.
 
     Under a mesh and a compute mapping the loss runs per device (``nm.shard_map``), with its
-    collectives once per call, never per block: an embed-split (FSDP) weight is all-gathered once
-    and its gradient reduce-scattered once; a vocab-split weight (Megatron's vocab-parallel head,
+    collectives outside the block loop: an embed-split (FSDP) weight is all-gathered once and its
+    gradient reduce-scattered once (``gather="once"``), or, to hold a block of it rather than all
+    of it, each block is gathered in both passes and its gradient reduce-scattered
+    (``gather="blocks"``); ``"auto"`` gathers block by block where the whole head would be more
+    than ``nn._fused_loss.WHOLE_HEAD_BYTES`` (16 MiB) per device; a vocab-split weight (Megatron's vocab-parallel head,
     ``{"vocab": "model"}``) stays split, each device making the blocks of its own slice, and only
     ``[tokens]``-sized maxima and sums cross devices; ``block_size`` must then split over those
     devices as the vocab does. Inside an ``nm.shard_map`` body it runs on the blocks it is given.
@@ -464,6 +469,7 @@ def blockwise_cross_entropy_loss(
             (Gemma 2's ``final_logit_softcapping``, which its model applies to the full logits).
         weight_mapping: the mapping ``unembed_weight`` is stored under (the parameter mapping), so
             that the loss gathers it from where it lies; default: the compute mapping.
+        gather: ``"auto"``, ``"once"`` or ``"blocks"``: how an embed-split weight is gathered (above).
 
     Returns:
         A float32 NamedArray: 0-d for ``"mean"``/``"sum"``, the token axes for ``"none"``.
@@ -486,6 +492,8 @@ def blockwise_cross_entropy_loss(
         raise block_size_error(V, block_size)
     if weight_mapping is not None:
         check_mapping_values(weight_mapping)
+    if gather not in GATHERS:
+        raise ArgumentError(f"gather={gather!r}; it must be one of {', '.join(map(repr, GATHERS))}")
     token_axes = tuple(a for a in hidden.axes if a.name != Embed.name)
     _check_targets(targets, V, token_axes)
     where, in_vocab = _screen_ids(targets, V, where, ignore_index, "blockwise_cross_entropy_loss")
@@ -499,6 +507,7 @@ def blockwise_cross_entropy_loss(
         softcap=softcap,
         z_loss_weight=z_loss_weight,
         weight_mapping=weight_mapping,
+        gather=gather,
     )
     return _apply_reduction(_nan_outside(loss, in_vocab), where, reduction)
 
@@ -518,6 +527,7 @@ def blockwise_next_token_loss(
     softcap: float | None = None,
     ignore_index: int | None = IGNORE_INDEX,
     weight_mapping: ResourceMapping | None = None,
+    gather: str = "auto",
 ) -> NamedArray:
     """:func:`next_token_loss` computed by :func:`blockwise_cross_entropy_loss` (no full logits)."""
     targets, mask = next_token_targets(input_ids, Pos=Pos, loss_mask=loss_mask)
@@ -534,4 +544,5 @@ def blockwise_next_token_loss(
         softcap=softcap,
         ignore_index=ignore_index,
         weight_mapping=weight_mapping,
+        gather=gather,
     )

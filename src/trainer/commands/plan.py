@@ -84,21 +84,48 @@ def activation_bytes(cfg: TrainConfig, s: Setup, *, scores: bool = False) -> flo
     return total * jnp.dtype(get_policy(t.precision).compute_dtype).itemsize / 2
 
 
+def _mesh_axes(mapping: dict, name: str) -> tuple[str, ...]:
+    split = mapping.get(name)
+    return (split,) if isinstance(split, str) else tuple(split or ())
+
+
 def logits_bytes(cfg: TrainConfig, s: Setup) -> float:
-    """Per device, the logits one microbatch's loss holds and their gradient, in float32 (the loss
-    is computed in float32): ``2 · b · s · V · 4`` bytes for b sequences per device of length s and
-    V vocab entries per device (the vocab over the mesh axes the compute mapping splits it on:
-    tensor-parallel layouts split it over ``model``). With ``trainer.loss_block_size`` B the loss
-    makes the logits a block at a time: V is B, or the device's share of the vocab where smaller."""
-    axes = (a for x in jax.tree.leaves(s.shapes, is_leaf=nm.is_named_array) for a in getattr(x, "axes", ()))
+    """Per device, what one microbatch's loss holds: its logits and their gradient, in float32 (the
+    loss is computed in float32): ``2 · b · s · V · 4`` bytes for b sequences per device of length
+    s and V vocab entries per device (the vocab over the mesh axes the compute mapping splits it
+    on: tensor-parallel layouts split it over ``model``). With ``trainer.loss_block_size`` B the
+    loss makes the logits a block at a time: V is B, or the device's share of the vocab where
+    smaller. Where the head is stored split along ``embed`` the loss also holds it gathered, with
+    its gradient made whole before the reduce-scatter: the full-logits loss (XLA gathers it for
+    the logits' matmul) and the fused loss gathering it once hold both whole, the fused loss
+    gathering block by block a block of each (``named.internal.head_bytes_held``, the loss's own rule)."""
+    axes = [a for x in jax.tree.leaves(s.shapes, is_leaf=nm.is_named_array) for a in getattr(x, "axes", ())]
     vocab = next((a.size for a in axes if a.name == "vocab"), 0)
     shape = dict(s.mesh.shape)
-    split = s.compute_mapping.get("vocab")
-    shards = math.prod(shape[m] for m in ([split] if isinstance(split, str) else (split or ())))
+    shards = math.prod(shape[m] for m in _mesh_axes(s.compute_mapping, "vocab"))
     t = cfg.trainer
     b = t.train_batch_size // t.microbatches / max(data_parallel_size(cfg, shape), 1)
     per_device_vocab = vocab / shards if t.loss_block_size is None else min(t.loss_block_size, vocab / shards)
-    return 2 * b * cfg.data.seq_len * per_device_vocab * 4
+    logits = 2 * b * cfg.data.seq_len * per_device_vocab * 4
+    embed_over = _mesh_axes(s.param_mapping, "embed")
+    if not embed_over:
+        return logits
+    from named.internal import head_bytes_held
+    from named.nn.precision import get_policy
+
+    tokens_over = {m for name in ("batch", "position") for m in _mesh_axes(s.compute_mapping, name)}
+    vocab_over = set(_mesh_axes(s.param_mapping, "vocab"))
+    rows = vocab if vocab_over & tokens_over else vocab // math.prod(shape[m] for m in vocab_over)
+    return logits + head_bytes_held(
+        rows,
+        next((a.size for a in axes if a.name == "embed"), 0),
+        jnp.dtype(get_policy(t.precision).compute_dtype).itemsize,
+        block_size=t.loss_block_size or 0,
+        embed_shards=math.prod(shape[m] for m in embed_over),
+        blocks_possible=t.loss_block_size is not None
+        and set(embed_over) <= tokens_over
+        and (not vocab_over or bool(vocab_over & tokens_over)),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,7 +249,8 @@ def plan_report(cfg: TrainConfig, *, compile: bool = False, target: Target | Non
         f"activations per device (estimate, one microbatch, remat {getattr(cfg.model, 'remat', 'none')}): "
         f"{acts / 2**20:.2f} MiB; with params + grads + moments: {(acts + state) / 2**20:.2f} MiB",
         f"logits per device (estimate, one microbatch, loss blocks {t.loss_block_size or 'none'}; "
-        f"float32, with their gradient): {p.logits / 2**20:.2f} MiB; in all: {p.total_bytes / 2**20:.2f} MiB"
+        f"float32, with their gradient and the head the fused loss gathers): {p.logits / 2**20:.2f} MiB; "
+        f"in all: {p.total_bytes / 2**20:.2f} MiB"
         + (
             f" of {target.memory / 2**30:.1f} GiB per device" + (" (OVER BUDGET)" if p.over_budget else "")
             if target.memory

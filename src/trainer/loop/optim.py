@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import optax
 
 import named as nm
@@ -57,10 +58,26 @@ def decay_mask(params):
     return jax.tree_util.tree_map_with_path(leaf, params, is_leaf=is_leaf)
 
 
+def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
+    """``optax.clip_by_global_norm``'s rule (gradients whose global norm exceeds ``max_norm`` are
+    scaled down to it; its empty state, so saved optimizer states are unchanged) written as one
+    scalar factor times each gradient: XLA folds that product into the moments' updates instead of
+    keeping a clipped full-size copy of every gradient beside the gradient (optax's
+    ``select(norm < max, g, g / norm * max)`` reads both)."""
+
+    def update(updates, state, params=None):
+        del params
+        norm = optax.tree.norm(updates)
+        factor = jnp.where(norm < max_norm, 1.0, max_norm / norm)
+        return jax.tree.map(lambda g: g * factor.astype(g.dtype), updates), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
 def build_optimizer(cfg: OptimizerConfig, num_steps: int) -> optax.GradientTransformation:
     parts = []
     if cfg.max_grad_norm is not None:
-        parts.append(optax.clip_by_global_norm(cfg.max_grad_norm))
+        parts.append(clip_by_global_norm(cfg.max_grad_norm))
     parts.append(
         optax.adamw(
             schedule(cfg, num_steps),

@@ -151,8 +151,11 @@ def make_train_step(cfg: TrainConfig, setup: Setup, optimizer):
         updates, new_opt = optimizer.update(grads, inner_opt, params)
         new_model = eqx.combine(eqx.apply_updates(params, updates), frozen, is_leaf=nm.is_named_array)
         # A finite loss and gradient can still make a non-finite update (a NaN learning rate,
-        # an overflow in the optimizer), so the step's outputs are checked too.
-        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & nn.all_finite((updates, new_model, new_opt))
+        # an overflow in the optimizer), so the step's outputs are checked too. The update itself is
+        # checked through the new parameters: p + u is finite exactly when p and u both are (IEEE),
+        # and reading only p + u lets XLA write it over p (a check that read u, which weight decay
+        # computes from p, kept a full-size copy of every parameter alive through the step).
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & nn.all_finite((new_model, new_opt))
         if dynamic:
             new_model, new_opt = jax.tree.map(
                 lambda new, old: jnp.where(overflow, old, new), (new_model, new_opt), (model, inner_opt)
