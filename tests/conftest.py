@@ -78,3 +78,37 @@ def _release_compiled_programs():
     yield
     jax.clear_caches()
     gc.collect()
+
+
+# ---- the edit loop's tier: tests that run long in process are `slow` too ----------------------------
+# `make test-quick` must take <= 3 minutes on 2 cores; these tests alone took about a third of its CPU
+# time. Each keeps running in `make test`; here it gets the `slow` marker ("runs long"), by name (a
+# test's own name covers all its parameters). The figure is its CPU seconds in one pytest process
+# (tests/conftest.py's flags, 2-core machine, 2026-12-02). A name that no longer matches a test of
+# a collected file is an error, so the list cannot go stale.
+RUNS_LONG = {
+    "test_docs.py::test_page_examples_run[nn.md]": 74,
+    "test_moe.py::test_expert_parallel_training_equals_one_device": 48,
+    "test_attention_flash.py::test_flash_equals_the_xla_path_in_value_and_gradient": 17.3,
+    "test_chat_sampling.py::test_a_session_keeps_the_conversation": 11.8,
+    "test_chat_data.py::test_sft_from_the_folder_lowers_the_assistant_loss": 9.0,
+    "test_attention_flash.py::test_fully_masked_rows_traced_windows_and_per_row_offsets": 7.0,
+    "test_chat_packing.py::test_a_packed_row_gives_each_conversation_transformers_loss": 5.0,
+    "test_attention_flash.py::test_compiled_backward_memory_grows_linearly_in_t": 3.9,
+    "test_blockseq.py::test_get_layer_is_the_block_made_with_that_key_and_set_layer_edits_it": 3.8,
+    "test_checkpoint.py::test_roundtrip_model_optimizer_and_metadata_bitwise": 3.2,
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects
+def pytest_collection_modifyitems(config, items):
+    found, files = set(), set()
+    for item in items:
+        files.add(item.path.name)
+        for key in (f"{item.path.name}::{item.name}", f"{item.path.name}::{getattr(item, 'originalname', item.name)}"):
+            if key in RUNS_LONG:
+                item.add_marker(pytest.mark.slow)
+                found.add(key)
+    stale = [k for k in RUNS_LONG if k.split("::")[0] in files and k not in found]
+    if stale:
+        raise pytest.UsageError(f"tests/conftest.py RUNS_LONG names tests that do not exist: {stale}")
