@@ -90,6 +90,7 @@ RUNS_LONG = {
     "test_docs.py::test_page_examples_run[nn.md]": 74,
     "test_moe.py::test_expert_parallel_training_equals_one_device": 48,
     "test_attention_flash.py::test_flash_equals_the_xla_path_in_value_and_gradient": 17.3,
+    "test_config_fuzz.py::test_every_config_passes_the_explicit_mode_checks": 16.7,
     "test_chat_sampling.py::test_a_session_keeps_the_conversation": 11.8,
     "test_chat_data.py::test_sft_from_the_folder_lowers_the_assistant_loss": 9.0,
     "test_attention_flash.py::test_fully_masked_rows_traced_windows_and_per_row_offsets": 7.0,
