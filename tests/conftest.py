@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from pathlib import Path
 
 # Must happen before jax is imported anywhere (pytest imports conftest first).
 _flags = os.environ.get("XLA_FLAGS", "")
@@ -81,23 +82,14 @@ def _release_compiled_programs():
 
 
 # ---- the edit loop's tier: tests that run long in process are `slow` too ----------------------------
-# `make test-quick` must take <= 3 minutes on 2 cores; these tests alone took about a third of its CPU
-# time. Each keeps running in `make test`; here it gets the `slow` marker ("runs long"), by name (a
-# test's own name covers all its parameters). The figure is its CPU seconds in one pytest process
-# (tests/conftest.py's flags, 2-core machine, 2026-12-02). A name that no longer matches a test of
-# a collected file is an error, so the list cannot go stale.
-RUNS_LONG = {
-    # every page's examples in one namespace: nn.md 74 (the full run's figure), named_arrays.md 25,
-    # models.md 22, explicit.md 9, from_haliax.md 5
-    "test_docs.py::test_page_examples_run": 140,
-    "test_moe.py::test_expert_parallel_training_equals_one_device": 48,
-    "test_attention_flash.py::test_flash_equals_the_xla_path_in_value_and_gradient": 17.3,
-    "test_config_fuzz.py::test_every_config_passes_the_explicit_mode_checks": 16.7,
-    "test_chat_sampling.py::test_a_session_keeps_the_conversation": 11.8,
-    "test_chat_data.py::test_sft_from_the_folder_lowers_the_assistant_loss": 9.0,
-    "test_attention_flash.py::test_fully_masked_rows_traced_windows_and_per_row_offsets": 7.0,
-    "test_chat_packing.py::test_a_packed_row_gives_each_conversation_transformers_loss": 5.0,
-    "test_attention_flash.py::test_compiled_backward_memory_grows_linearly_in_t": 3.9,
+# `make test-quick` must take <= 3 minutes on 2 cores. tests/runs_long.txt names the tests that took over
+# 0.7 s of CPU each in a measured run of that tier (most of its CPU time, in an eighth of its tests);
+# each keeps running in `make test`, and here gets the `slow` marker ("runs long"). A line that no
+# longer matches a test of a collected file is an error, so the list cannot go stale.
+RUNS_LONG = {  # a line: CPU seconds, a tab, the test; "#" starts a comment line
+    line.split("\t", 1)[1]
+    for line in Path(__file__).with_name("runs_long.txt").read_text().splitlines()
+    if line.strip() and not line.startswith("#")
 }
 
 
@@ -110,6 +102,8 @@ def pytest_collection_modifyitems(config, items):
             if key in RUNS_LONG:
                 item.add_marker(pytest.mark.slow)
                 found.add(key)
-    stale = [k for k in RUNS_LONG if k.split("::")[0] in files and k not in found]
+    if any("::" in str(a) for a in config.args):  # single tests asked for: their files are not whole
+        return
+    stale = sorted(k for k in RUNS_LONG if k.split("::")[0] in files and k not in found)
     if stale:
-        raise pytest.UsageError(f"tests/conftest.py RUNS_LONG names tests that do not exist: {stale}")
+        raise pytest.UsageError(f"tests/runs_long.txt names tests that do not exist: {stale}")
