@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from pathlib import Path
 
 # Must happen before jax is imported anywhere (pytest imports conftest first).
 _flags = os.environ.get("XLA_FLAGS", "")
@@ -78,3 +79,31 @@ def _release_compiled_programs():
     yield
     jax.clear_caches()
     gc.collect()
+
+
+# ---- the edit loop's tier: tests that run long in process are `slow` too ----------------------------
+# `make test-quick` must take <= 3 minutes on 2 cores. tests/runs_long.txt names the tests that took over
+# 0.7 s of CPU each in a measured run of that tier (most of its CPU time, in an eighth of its tests);
+# each keeps running in `make test`, and here gets the `slow` marker ("runs long"). A line that no
+# longer matches a test of a collected file is an error, so the list cannot go stale.
+RUNS_LONG = {  # a line: CPU seconds, a tab, the test; "#" starts a comment line
+    line.split("\t", 1)[1]
+    for line in Path(__file__).with_name("runs_long.txt").read_text().splitlines()
+    if line.strip() and not line.startswith("#")
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects
+def pytest_collection_modifyitems(config, items):
+    found, files = set(), set()
+    for item in items:
+        files.add(item.path.name)
+        for key in (f"{item.path.name}::{item.name}", f"{item.path.name}::{getattr(item, 'originalname', item.name)}"):
+            if key in RUNS_LONG:
+                item.add_marker(pytest.mark.slow)
+                found.add(key)
+    if any("::" in str(a) for a in config.args):  # single tests asked for: their files are not whole
+        return
+    stale = sorted(k for k in RUNS_LONG if k.split("::")[0] in files and k not in found)
+    if stale:
+        raise pytest.UsageError(f"tests/runs_long.txt names tests that do not exist: {stale}")

@@ -9,8 +9,9 @@ on a reader's machine: the test's own fake-device flags are removed from their e
 
 Two commands are not run, each for a reason that this file states (the table below); cluster
 templates (SLURM, TPU pods) are fenced as ```text on their pages and are not commands here.
-`make train` runs 30 of its 300 steps (``TRAIN_ARGS``, read by the Makefile): the whole run takes
-about four minutes, and what follows it on the page needs only a finished run. A command that an
+`make train` runs 10 of its 300 steps (``TRAIN_ARGS``, read by the Makefile): the whole run takes
+about four minutes, and what follows it on the page needs only a finished run (a checkpoint for
+`named-sample`, a metrics row, an eval and a sample for `named-plot`: the last step logs all three). A command that an
 earlier page of this session already ran, word for word, is not run twice.
 Each command must exit 0 with no traceback.
 """
@@ -80,7 +81,7 @@ def test_page_commands_run_as_written(page, checkout):
     env["XLA_FLAGS"] = xla_flags()  # one device
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
     env["PYTHONUNBUFFERED"] = "1"
-    env["TRAIN_ARGS"] = "--trainer.num_train_steps 30"  # make train: 30 of its 300 steps (warmup: 3)
+    env["TRAIN_ARGS"] = "--trainer.num_train_steps 10"  # make train: 10 of its 300 steps (warmup: 1)
     for command in RUN[page]:
         if command in _ran:
             continue

@@ -9,6 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from _ray_tokenizers import FailOn, KillOnce, Recording
 
 from named.trainer.commands import cli
 from named.trainer.data import (
@@ -21,10 +22,6 @@ from named.trainer.data import (
     build_data,
     token_stream,
 )
-
-ray = pytest.importorskip("ray")
-
-from _ray_tokenizers import FailOn, KillOnce, Recording  # noqa: E402  (after the skip: Ray needs to be there)
 
 pytestmark = [
     pytest.mark.ray,
@@ -42,6 +39,9 @@ def shard_everything(monkeypatch) -> None:
 
 @pytest.fixture(scope="module", autouse=True)
 def local_ray():
+    # Imported here, not at the top: collecting this file (every pytest worker does, whatever -m
+    # leaves out) then costs no Ray import, about 5 s of CPU.
+    ray = pytest.importorskip("ray")
     # Ray's processes inherit this environment: its workers then import the tokenizers above by name.
     before = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join([str(TESTS), *filter(None, [before])])

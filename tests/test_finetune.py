@@ -14,7 +14,6 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-import peft
 import pytest
 import torch
 import transformers
@@ -186,6 +185,8 @@ def test_lora_from_a_folder_then_merge_and_peft_give_the_runs_logits(demo, capsy
     base = transformers.AutoModelForCausalLM.from_pretrained(
         demo / "tiny-llama", attn_implementation="eager", dtype=torch.float32
     )
+    import peft  # here: collecting this file (every worker does) then costs no PEFT import
+
     with_adapters = peft.PeftModel.from_pretrained(base, adapters).eval()
     np.testing.assert_allclose(ours, _theirs(with_adapters, ids), atol=1e-4, rtol=0)
     # and the adapters did something: the base folder alone gives other logits

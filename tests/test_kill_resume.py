@@ -9,15 +9,18 @@ and auto-resume falls back past it.
 
 Speed: one uninterrupted reference run fills a persistent JAX compilation cache that every
 later process reads (a resume then costs ~2-3 s of CPU, mostly imports), and all runs
-share one token cache.
+share one token cache; test_preemption.py shares the same reference run and caches (made once a
+session, whichever pytest worker first needs them).
 
 Every subprocess imports a snapshot of ``src/`` (and reads a copy of the YAML) taken when
-the module starts: the comparison is bitwise, so all runs must execute the same code even
+the session first needs it: the comparison is bitwise, so all runs must execute the same code even
 if the working tree is edited while the test runs.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import random
@@ -175,25 +178,49 @@ def test_runs_import_the_snapshot(workdir):
     assert r.stdout.split() == [str(workdir / "src" / "named" / p / "__init__.py") for p in ("trainer", "models", ".")]
 
 
-@pytest.fixture(scope="module")
+@contextlib.contextmanager
+def _once(marker: Path):
+    """Runs the block unless ``marker`` exists, then writes it; one process at a time (a file lock
+    beside it), so the pytest workers of a session share what the block made."""
+    with open(marker.with_name(marker.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield not marker.exists()
+            marker.touch()
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@pytest.fixture(scope="session")
 def workdir(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("kill")
-    (d / "code.txt").write_text(CORPUS)
-    # The installed layout (pyproject's package-dir): src/models and src/trainer become
-    # named.models and named.trainer.
-    skip = shutil.ignore_patterns("__pycache__", "*.egg-info")
-    shutil.copytree(ROOT / "src" / "named", d / "src" / "named", ignore=skip)
-    for sub in ("models", "trainer"):
-        shutil.copytree(ROOT / "src" / sub, d / "src" / "named" / sub, ignore=skip)
-    shutil.copy(ROOT / "config/gpt2_nano.yaml", d / "gpt2_nano.yaml")
+    """One snapshot, token cache and compilation cache for the session, shared by this module and
+    test_preemption.py on whichever pytest worker runs them (the folder above each xdist worker's
+    own temporary folder)."""
+    base = tmp_path_factory.getbasetemp()
+    d = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "kill"
+    d.mkdir(exist_ok=True)
+    with _once(d / ".snapshot") as first:
+        if first:
+            (d / "code.txt").write_text(CORPUS)
+            # The installed layout (pyproject's package-dir): src/models and src/trainer become
+            # named.models and named.trainer.
+            skip = shutil.ignore_patterns("__pycache__", "*.egg-info")
+            shutil.copytree(ROOT / "src" / "named", d / "src" / "named", ignore=skip)
+            for sub in ("models", "trainer"):
+                shutil.copytree(ROOT / "src" / sub, d / "src" / "named" / sub, ignore=skip)
+            shutil.copy(ROOT / "config/gpt2_nano.yaml", d / "gpt2_nano.yaml")
     return d
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def reference(workdir) -> Path:
-    """The uninterrupted run (it also fills the compilation and token caches)."""
+    """The uninterrupted run (it also fills the compilation and token caches), made once a session
+    for this module and test_preemption.py: the runs compared with it never write into it (the
+    tests that damage a checkpoint copy it first)."""
     run_dir = workdir / "reference"
-    _run(workdir, run_dir, workdir / "reference.log")
+    with _once(workdir / ".reference") as first:
+        if first:
+            _run(workdir, run_dir, workdir / "reference.log")
     return run_dir
 
 
