@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
@@ -443,6 +444,14 @@ def main(argv=None):
         "(cpu, the default: this machine, measured as named-plan --search measures it on a CPU, "
         "which is what the search ranks by when run here)",
     )
+    ap.add_argument(
+        "--measure",
+        type=int,
+        default=0,
+        metavar="K",
+        help="--setup recommended: as named-plan --search --measure K, time the first K layouts of each "
+        "search here for a few steps and take the fastest",
+    )
     ap.add_argument("--dtype", choices=("f32", "bf16"), default="f32")
     ap.add_argument("--remat", choices=("none", "full"), default="none")
     ap.add_argument("--repeats", type=int, default=2, help="pairs of fresh worker processes (one compile each)")
@@ -654,7 +663,7 @@ def recommended_layouts(args, cfg: dict, batch: int, seq: int, peer_memory: dict
     limit ("named"), and the one it ranks first within the peer's compiled peak memory per device
     ("named_at_peer_memory"; left out when it is the same layout, or when none fits)."""
     from named.trainer.commands.plan import Target
-    from named.trainer.commands.plan_search import Roofline, fits, format_table, search
+    from named.trainer.commands.plan_search import Roofline, fits, format_table, search, timed
     from named.trainer.loop import hardware
 
     config = trainer_config(args.model, cfg, batch, seq, args.dtype, "none")
@@ -665,8 +674,12 @@ def recommended_layouts(args, cfg: dict, batch: int, seq: int, peer_memory: dict
     # named-plan --search, then named-plan --search --device-memory <the peer's peak>: each
     # refines its own best layouts (explicit mode, the blockwise loss)
     # (a layout's memory is named-plan's estimate from shapes, judged against the peer's compiled peak)
-    fastest = search(config, Target(device, None), roof=roof)[0]
+    fastest = search(config, Target(device, None), roof=roof)
     within = search(config, Target(device, budget), roof=roof)
+    if args.measure:  # named-plan --search --measure K: the first K that fit timed here, and re-ranked
+        fastest = timed(config, fastest, args.measure, math.inf)
+        within = timed(config, within, args.measure, budget)
+    fastest = fastest[0]
     seconds = time.perf_counter() - t0
     table = format_table(within, roof, budget)
     print(table, flush=True)
@@ -684,6 +697,7 @@ def recommended_layouts(args, cfg: dict, batch: int, seq: int, peer_memory: dict
         chosen["named_at_peer_memory"] = record(within[0])
     return {
         "device_kind": args.device_kind,
+        "measure": args.measure,
         "search_s": seconds,
         "candidates": len(within),
         "budget_bytes_at_peer_memory": budget,

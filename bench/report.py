@@ -276,9 +276,17 @@ def recommended_block(name: str) -> str:
     )
     srch = r["search"]
     cfg = r["config"]
+    k = srch.get("measure") or 0
+    by = (
+        "this CPU (measured, as the search does when run here)"
+        if srch["device_kind"] == "cpu"
+        else (f"the {srch['device_kind']} roofline")
+    )
+    timed = f", the first {k} of each search then timed here and re-ranked" if k else ""
     return (
         f"{cfg['model']}, {cfg['dtype']}, batch {cfg['batch']} × seq {cfg['seq']}. Our layouts: what "
-        f"`named-plan --search` ranks first by the {srch['device_kind']} roofline, run on the same 8 CPU devices, "
+        f"`named-plan --search{f' --measure {k}' if k else ''}` ranks first by {by}{timed}, "
+        f"run on the same 8 CPU devices, "
         f"without a memory limit (`named`) and with the peer's compiled peak per device as `--device-memory` "
         f"(`named_at_peer_memory`): {srch['candidates']} layouts each, both searches {srch['search_s']:.0f} s.\n\n"
         + table(
