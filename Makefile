@@ -2,7 +2,8 @@
 #   make train   trains a small GPT-2 on the embedded corpus
 #   make test    runs ruff (make lint), then the whole suite (8 fake CPU devices)
 #   make test-quick  the edit loop's tier: everything but what trains end to end, starts processes,
-#                or needs Ray, S3, lm-eval, notebooks, a browser or the network (pytest markers)
+#                or needs Ray, S3, lm-eval, notebooks, a browser or the network (pytest markers),
+#                and the tests tests/runs_long.txt lists (over 0.25 s of CPU each when measured)
 #   make bench   runs the CPU benchmarks (docs/benchmarks.md)
 PYTHON ?= python3
 VENV   := .venv

@@ -83,7 +83,7 @@ def _release_compiled_programs():
 
 # ---- the edit loop's tier: tests that run long in process are `slow` too ----------------------------
 # `make test-quick` must take <= 3 minutes on 2 cores. tests/runs_long.txt names the tests that took over
-# 0.7 s of CPU each in a measured run of that tier (most of its CPU time, in an eighth of its tests);
+# 0.25 s of CPU each in a measured run of that tier (most of its CPU time, in a third of its tests);
 # each keeps running in `make test`, and here gets the `slow` marker ("runs long"). A line that no
 # longer matches a test of a collected file is an error, so the list cannot go stale.
 RUNS_LONG = {  # a line: CPU seconds, a tab, the test; "#" starts a comment line

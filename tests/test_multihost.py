@@ -100,13 +100,15 @@ _COMPILE_CACHE: dict[str, str] = {}
 
 
 @pytest.fixture(scope="module", autouse=True)
-def compile_cache():
-    """The processes this module starts keep every program in the session's persistent compilation
-    cache (tests/conftest.py; their environment inherits its folder), so later runs of the same
-    program load it instead of compiling again (about 40 % of a short run's CPU), and so do the
-    same programs started by test_preemption.py on either pytest worker."""
-    assert os.environ.get("JAX_COMPILATION_CACHE_DIR"), "tests/conftest.py sets the session's cache"
-    _COMPILE_CACHE.update(JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+def compile_cache(tmp_path_factory):
+    """One persistent compilation cache for the processes this module starts: later runs of
+    the same program load it instead of compiling again (about 40 % of a short run's CPU).
+    The pytest process itself does not use it, nor does any other module's process (programs of
+    two processes loaded from a cache that other runs filled aborted in gloo's all-gather)."""
+    _COMPILE_CACHE.update(
+        JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("jax_cache")),
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+    )
     yield
     _COMPILE_CACHE.clear()
 

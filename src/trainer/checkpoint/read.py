@@ -38,7 +38,7 @@ import numpy as np
 import tensorstore as ts
 from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
-from named import NamedArray, is_named_array
+from named import NamedArray, NamedError, is_named_array
 
 from . import checksum
 from .checksum import hash_file
@@ -437,7 +437,7 @@ def restore(
     return found[1]
 
 
-class _NotTheTarget(Exception):
+class _NotTheTarget(NamedError):  # not a CheckpointError: the search for a usable checkpoint lets it through
     """Carries a CheckpointError about the target past the search for a usable checkpoint."""
 
 
