@@ -277,11 +277,8 @@ def recommended_block(name: str) -> str:
     srch = r["search"]
     cfg = r["config"]
     k = srch.get("measure") or 0
-    by = (
-        "this CPU (measured, as the search does when run here)"
-        if srch["device_kind"] == "cpu"
-        else (f"the {srch['device_kind']} roofline")
-    )
+    cpu = srch["device_kind"] == "cpu"
+    by = "this CPU (measured, as the search does when run here)" if cpu else f"the {srch['device_kind']} roofline"
     timed = f", the first {k} of each search then timed here and re-ranked" if k else ""
     return (
         f"{cfg['model']}, {cfg['dtype']}, batch {cfg['batch']} × seq {cfg['seq']}. Our layouts: what "

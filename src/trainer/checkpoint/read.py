@@ -238,7 +238,10 @@ def latest_checkpoint(
     """
 
     def verify(path: Location, commit: dict) -> None:
-        _verify_files(path, commit, *((set(), set()) if not checksums else ()))
+        if checksums:
+            _verify_files(path, commit)
+        else:  # sizes only on a file system, nothing on an object store
+            _verify_files(path, commit, hash_only=set(), only=set())
 
     found = _newest(location(run_dir), subdir, verify)
     return None if found is None else found[0]

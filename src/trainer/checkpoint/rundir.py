@@ -428,13 +428,12 @@ def _decide(cfg: TrainConfig) -> RunPlan:
             )
     if t.load_checkpoint == "auto":
         # its checksums are checked as the restore reads it (each byte read once: no verify pass first)
-        plan.restore_from, plan.fall_back = ckpt.latest_checkpoint(root, checksums=False), True
+        newest = ckpt.latest_checkpoint(root, checksums=False)
+        done = newest is not None and int(ckpt.read_commit(newest)["step"]) >= (t.num_train_steps or 0)
+        # a run that is done if that checkpoint is whole reads nothing: check it whole now (a corrupted
+        # one is skipped, warned, and an older one resumed)
+        plan.restore_from, plan.fall_back = (ckpt.latest_checkpoint(root), False) if done else (newest, True)
         commit = ckpt.read_commit(plan.restore_from) if plan.restore_from is not None else None
-        if commit is not None and int(commit["step"]) >= (t.num_train_steps or 0):
-            # the run is done if that checkpoint is whole, and nothing will read it: check it whole now
-            # (a corrupted one is skipped, warned, and an older one resumed)
-            plan.restore_from, plan.fall_back = ckpt.latest_checkpoint(root), False
-            commit = ckpt.read_commit(plan.restore_from) if plan.restore_from is not None else None
     else:
         plan.restore_from = named_checkpoint(cfg)
         commit = ckpt.verify_checkpoint(plan.restore_from)  # an explicit checkpoint must be whole
