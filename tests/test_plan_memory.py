@@ -26,6 +26,11 @@ PATHS = {  # name: (flags, the whole-head budget of the fused loss)
     "full logits": ([], None),
     "fused, head gathered once": (["--trainer.loss_block_size", "1024"], 2**40),
     "fused, head gathered by blocks": (["--trainer.loss_block_size", "1024"], 0),
+    # 8 layers, every 4th layer's input kept (nested remat): 2 + 4 layer inputs instead of 8
+    "fused by blocks, nested remat": (
+        ["--trainer.loss_block_size", "1024", "--model.n_layer", "8", "--model.remat", "full every=4"],
+        0,
+    ),
 }
 
 

@@ -264,6 +264,36 @@ def test_stacked_under_mappings(mapping):
     close(g.stacked.up.weight.array, jcall(jax.grad(stack_loss), s, x).stacked.up.weight.array)
 
 
+def nested_loss(s, x, keys):
+    """A scan with per-layer outputs and per-layer dropout keys, every output in the loss."""
+
+    def layer(block, h, key):
+        y = block(h, key=key)
+        return y, y * y
+
+    h, ys = s.scan_via(layer)(x, keys)
+    return (h * h).sum().scalar() + ys.sum().scalar()
+
+
+@pytest.mark.parametrize("mapping", [None, *sorted(MAPPINGS)])
+def test_nested_remat_equals_no_remat_in_value_and_gradient(mapping):
+    # every=2 over 4 layers: 2 kept layer inputs, each group of 2 re-run in the backward pass
+    # (nested_scan's own VJP); the reference is the same stack without checkpointing
+    Four = nm.Axis("layers", 4)
+    x, keys = x_input(), jax.random.split(jax.random.PRNGKey(7), 4)
+    plain = make("none", layers=Four)
+    nested = nn.Stacked(plain.stacked, Four, "full every=2")
+    grad = jax.value_and_grad(nested_loss, argnums=(0, 1))
+    want_v, want_g = jcall(grad, plain, x, keys)
+    if mapping is None:
+        got_v, got_g = jcall(grad, nested, x, keys)
+    else:
+        (got_v, got_g), _, _ = run_sharded(grad, nested, x, keys, mapping=mapping)
+    np.testing.assert_allclose(float(got_v), float(want_v), rtol=1e-5)
+    for a, b in zip(leaves(got_g), leaves(want_g), strict=True):  # atol: sums split over devices
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6 * max(1.0, np.abs(b).max()))
+
+
 # ---- Haliax's spellings ---------------------------------------------------------------------------
 
 

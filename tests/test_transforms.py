@@ -209,6 +209,27 @@ def test_scan_remat_and_unroll_keep_the_numbers():
     with pytest.raises(nm.NamedError, match="every=3 groups steps 3 at a time, but 'step' has 4"):
         loss(ws, "full every=3", 1)
 
+    # reversed, with the per-step outputs (nested_scan's own backward pass): steps 3, 2, 1, 0
+    def scanned(ws, remat):
+        def step(h, w):
+            h = layer(h, w)
+            return h, h * h
+
+        h, ys = nm.scan(step, "step", remat=remat, reverse=True)(x, ws)
+        return h.sum().scalar() + (ys * nm.arange(Steps).astype(jnp.float32)).sum().scalar()
+
+    h, want_ys = np.asarray(x.array), []
+    for i in reversed(range(4)):
+        h = np.tanh(h @ wa[i])
+        want_ys.append((h * h).sum() * i)
+    np.testing.assert_allclose(float(scanned(ws, "full every=2")), h.sum() + sum(want_ys), rtol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(jax.grad(scanned)(ws, "full every=2").array),
+        np.asarray(jax.grad(scanned)(ws, None).array),
+        rtol=1e-5,
+        atol=1e-6,
+    )
+
 
 def test_map_linspace_family_and_tree_checkpoint_name_match_numpy():
     xs = nm.random.normal(jax.random.key(5), (Layers, Batch, Embed))

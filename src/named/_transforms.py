@@ -35,6 +35,7 @@ from ._axis import (
     union,
 )
 from ._core import NamedArray, is_named_array, unchecked
+from ._nested_scan import nested_scan
 from ._remat import Remat, with_remat
 
 
@@ -297,13 +298,18 @@ def scan(
         step = with_remat(body, policy)
         xs, n = split.mapped_arrays(front=True), split.size
         k = 1 if policy is None else policy.every
+        if k > 1 and n % k:
+            raise NamedError(
+                f"remat every={k} groups steps {k} at a time, but {split.name!r} has {n}: pick a divisor of {n}"
+            )
+        # every=k: only every k-th carry is kept (nested_scan's own backward pass); a carry or
+        # output that is not a float falls back to groups of k steps checkpointed whole
+        nested = None if k == 1 else nested_scan(body, init, xs, n, k, reverse=reverse)
         if k == 1:
             carry, ys = lax.scan(step, init, xs, length=n, reverse=reverse, unroll=unroll)
+        elif nested is not None:
+            carry, ys = nested
         else:
-            if n % k:
-                raise NamedError(
-                    f"remat every={k} groups steps {k} at a time, but {split.name!r} has {n}: pick a divisor of {n}"
-                )
 
             def group(carry, chunk):  # k steps, checkpointed whole: only the group's input is kept
                 return lax.scan(step, carry, chunk, length=k, reverse=reverse, unroll=unroll)

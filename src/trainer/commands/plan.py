@@ -60,7 +60,9 @@ def activation_bytes(cfg: TrainConfig, s: Setup, *, scores: bool = False) -> flo
     ``5·a·s/(h·t)`` more for a heads, is counted only with ``scores``: the path the run takes
     (``attention_path``) says whether it keeps them (cuDNN and the blockwise path keep none).
     ``remat: full`` keeps only each layer's input (``2·s·b·h`` bytes) plus one layer's whole set
-    during its recomputation; other policies are counted as no checkpointing (an upper bound).
+    during its recomputation; with ``every=k`` (nested) the input of every k-th layer and the k
+    inputs of the group being re-run; other policies are counted as no checkpointing (an upper
+    bound).
     Scaled by the compute dtype's size / 2. An estimate for a standard decoder layer;
     ``--compile`` measures the real program."""
     sizes: dict[str, int] = {}
@@ -75,10 +77,17 @@ def activation_bytes(cfg: TrainConfig, s: Setup, *, scores: bool = False) -> flo
     tp = math.prod(shape[m] for m in ([tp_axes] if isinstance(tp_axes, str) else (tp_axes or ())))
     seq, b = cfg.data.seq_len, t.train_batch_size // t.microbatches / max(dp, 1)
     per_layer = seq * b * h * (10 + 24 / tp + (5 * heads * seq / (h * tp) if scores else 0))
-    remat = str(getattr(cfg.model, "remat", "none")).split()
-    # Only full checkpointing of every layer changes the estimate; any other policy (save_dots,
-    # save_names, every=k) keeps part of each layer, which the estimate counts as all of it.
-    total = (2 * seq * b * h * layers + per_layer) if remat == ["full"] else per_layer * layers
+    r = nn.Remat.parse(getattr(cfg.model, "remat", "none"))
+    inputs = 2 * seq * b * h  # one layer's input
+    if r is not None and r.every > 1 and layers % r.every == 0:
+        # nested: every k-th layer's input, and a group's k inputs while it is re-run (each group
+        # re-runs every layer in it, whatever else the policy saves: nn.Stacked's nested scan)
+        total = inputs * (layers // r.every + r.every) + per_layer
+    elif r == nn.Remat():
+        total = inputs * layers + per_layer
+    else:
+        # any other policy (save_dots, save_names) keeps part of each layer, counted as all of it
+        total = per_layer * layers
     from named.nn.precision import get_policy
 
     return total * jnp.dtype(get_policy(t.precision).compute_dtype).itemsize / 2
