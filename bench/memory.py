@@ -44,6 +44,14 @@ CONFIGS = {
         "full",
         "blockwise",
     ),
+    # the same with nested remat: every 6th layer's input kept (nn.Remat(every=6), docs/nn.md)
+    "gpt2_48L_1024_b8_nested": (
+        dict(n_layer=48, n_head=16, n_embd=1024, n_positions=256, vocab_size=8192),
+        8,
+        256,
+        "full every=6",
+        "blockwise",
+    ),
     "gpt2_124M_seq1024_b8": (
         dict(n_layer=12, n_head=12, n_embd=768, n_positions=1024, vocab_size=50304),
         8,
