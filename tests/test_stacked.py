@@ -264,14 +264,14 @@ def test_stacked_under_mappings(mapping):
     close(g.stacked.up.weight.array, jcall(jax.grad(stack_loss), s, x).stacked.up.weight.array)
 
 
-def nested_loss(s, x, keys):
-    """A scan with per-layer outputs and per-layer dropout keys, every output in the loss."""
+def nested_loss(s, x, scale, keys):
+    """A scan with per-layer outputs, a shared argument and per-layer dropout keys."""
 
-    def layer(block, h, key):
-        y = block(h, key=key)
+    def layer(block, h, scale, key):
+        y = block(h, scale, key=key)
         return y, y * y
 
-    h, ys = s.scan_via(layer)(x, keys)
+    h, ys = s.scan_via(layer)(x, scale, keys)
     return (h * h).sum().scalar() + ys.sum().scalar()
 
 
@@ -281,14 +281,15 @@ def test_nested_remat_equals_no_remat_in_value_and_gradient(mapping):
     # (nested_scan's own VJP); the reference is the same stack without checkpointing
     Four = nm.Axis("layers", 4)
     x, keys = x_input(), jax.random.split(jax.random.PRNGKey(7), 4)
+    scale = nm.named(jnp.linspace(0.5, 1.5, Embed.size), (Embed,))  # shared by every layer
     plain = make("none", layers=Four)
     nested = nn.Stacked(plain.stacked, Four, "full every=2")
-    grad = jax.value_and_grad(nested_loss, argnums=(0, 1))
-    want_v, want_g = jcall(grad, plain, x, keys)
+    grad = jax.value_and_grad(nested_loss, argnums=(0, 1, 2))
+    want_v, want_g = jcall(grad, plain, x, scale, keys)
     if mapping is None:
-        got_v, got_g = jcall(grad, nested, x, keys)
+        got_v, got_g = jcall(grad, nested, x, scale, keys)
     else:
-        (got_v, got_g), _, _ = run_sharded(grad, nested, x, keys, mapping=mapping)
+        (got_v, got_g), _, _ = run_sharded(grad, nested, x, scale, keys, mapping=mapping)
     np.testing.assert_allclose(float(got_v), float(want_v), rtol=1e-5)
     for a, b in zip(leaves(got_g), leaves(want_g), strict=True):  # atol: sums split over devices
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6 * max(1.0, np.abs(b).max()))
