@@ -548,14 +548,20 @@ def test_mesh_layout_auto_trains_with_the_first_ranked_layout_and_a_resume_keeps
     from named.trainer.commands import plan_search
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setattr(plan_search, "REFINED", 0)  # the first stage only, to keep the test short
+    # to keep the test short, the first stage only and, of it, each layout once (no remat, one
+    # microbatch): each candidate costs a compile, and test_search_ranks_the_layouts_that_fit ranks them all
+    monkeypatch.setattr(plan_search, "REFINED", 0)
+    every = plan_search.candidates
+    once = lambda c: c.layout.remat == "none" and c.layout.microbatches == 1  # noqa: E731
+    monkeypatch.setattr(plan_search, "candidates", lambda *a, **k: filter(once, every(*a, **k)))
     nano = CONFIG.with_name("gpt2_nano.yaml")
     base = [*SMALL, "--model.n_embd", "32", "--model.n_head", "2", "--data.stdlib_bytes", "200000"]
     base += ["--data.cache_dir", str(tmp_path / "data"), "--trainer.run_dir", str(tmp_path / "run")]
     base += ["--trainer.eval_interval", "0", "--trainer.sample_interval", "0", "--mesh.layout", "auto"]
     assert cli.main_train(["--config_path", str(nano), *base, "--trainer.num_train_steps", "2"]) == 0
     out, err = capsys.readouterr()
-    assert re.search(r"^search 1/\d+: ", err, re.M) and "best so far" in err  # progress on stderr
+    assert re.search(r"^search 1/5: ", err, re.M) and "best so far" in err  # progress on stderr
+    assert re.search(r"^search 5/5: ", err, re.M)  # DP, FSDP, FSDP+TP2, FSDP+TP4, TP: each once
     flags = shlex.split(re.search(r"^mesh.layout auto: .*; flags: (.*)$", out, re.M).group(1))
     saved = load_config(tmp_path / "run" / "config.yaml")
     assert saved.mesh.layout == "config"  # the resolved layout, not "auto"
