@@ -522,6 +522,35 @@ def test_this_cpu_is_measured_once_and_cached(tmp_path, monkeypatch):
     assert hardware.this_cpu().f32_flops == 1  # a damaged cache is measured again
 
 
+def test_measure_takes_turns_within_the_memory_budget(monkeypatch):
+    """--measure K runs the layouts' steps in turns (a change of load falls on all alike), holding
+    at once only layouts whose planned memory fits the budget together, and ranks by the median."""
+    from named.trainer.commands import plan_search
+    from named.trainer.commands.plan_search import Candidate, timed
+
+    log, times = [], {"a": [5.0, 1.0, 2.0], "b": [1.5, 1.6, 9.0], "c": [3.0, 3.0, 3.0]}
+
+    def warm(cfg, c):
+        log.append(f"warm {c.name}")
+        left = iter(times[c.name])
+
+        def run():
+            log.append(c.name)
+            return next(left)
+
+        return run
+
+    monkeypatch.setattr(plan_search, "_warm_step", warm)
+    a, b, c = (Candidate(n, Layout({"data": 8}, {"batch": "data"}, {})) for n in "abc")
+    for cand, mem in ((a, 40), (b, 50), (c, 30)):
+        cand.memory = mem
+    out = timed(None, [a, b, c], 3, 100, steps=3)
+    # a and b fit the budget together (90 <= 100); c would not fit beside them, so it runs alone
+    assert log == ["warm a", "warm b", "a", "b", "a", "b", "a", "b", "warm c", "c", "c", "c"]
+    assert (a.measured, b.measured, c.measured) == (2.0, 1.6, 3.0)  # medians, not the best or the mean
+    assert out == [b, a, c]
+
+
 @pytest.mark.slow
 def test_measure_times_the_layouts_that_fit_and_ranks_them_by_the_time():
     from named.trainer.commands.plan_search import Candidate, Roofline, format_table, planned, timed

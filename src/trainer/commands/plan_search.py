@@ -28,7 +28,8 @@ layout with ``remat: full`` and the same layout without it are both charged the 
 two counts, and recomputation costs its extra FLOPs. A layout over the memory budget is listed
 below the others, marked; one the checks refuse (explicit mode a layout cannot run, a vocab with
 no block) is listed last with the reason. ``timed`` (``--search --measure K``) runs the first K
-that fit for a few steps on this machine's devices and ranks them by the measured step time.
+that fit for a few steps on this machine's devices, taking turns step by step, and ranks them by
+the median measured step time.
 
 A candidate is a ``config.layout.Layout`` (the keys it sets: ``mesh.shape``, both mappings,
 ``mesh.mode``, ``model.remat``, ``trainer.microbatches``, ``trainer.loss_block_size``) and what was
@@ -41,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import shlex
+import statistics
 import time
 from collections.abc import Callable, Iterator
 
@@ -214,10 +216,44 @@ def timed(
     cfg: TrainConfig, ranked: list[Candidate], k: int, memory_budget: float, *, steps: int = 3, progress=None
 ) -> list[Candidate]:
     """``ranked`` with its first ``k`` candidates that can run and fit (``rank`` lists those first)
-    timed on this machine's devices: each one's train step compiled, run once to warm up, then
-    ``steps`` times on zeros (the same program and layout as on real data), the best run its
-    ``measured`` seconds. The timed come first, by measured time; the rest keep their order.
-    ``progress`` is called with each timed candidate."""
+    timed on this machine's devices: each one's train step compiled and run once to warm up on
+    zeros (the same program and layout as on real data), then ``steps`` rounds in which each
+    candidate runs one step in turn, so that a change in the machine's load (a shared machine's
+    other work) falls on all of them alike; its ``measured`` seconds are the median of its rounds.
+    Candidates take turns in groups whose planned memory fits ``memory_budget`` together (every
+    state of a group is held at once); a group of one is timed alone. The timed come first, by
+    measured time; the rest keep their order. ``progress`` is called with each timed candidate."""
+    fit = [c for c in ranked if fits(c, memory_budget)][:k]
+    for group in _held_together(fit, memory_budget):
+        runs = [_warm_step(cfg, c) for c in group]
+        rounds: list[list[float]] = [[] for _ in group]
+        for _ in range(steps):
+            for run, seconds in zip(runs, rounds):
+                seconds.append(run())
+        for c, seconds in zip(group, rounds):
+            c.measured = statistics.median(seconds)
+            if progress is not None:
+                progress(c)
+        del runs  # the group's states go before the next group's are made
+    rest = [c for c in ranked if c not in fit]
+    return sorted(fit, key=lambda c: c.measured) + rest
+
+
+def _held_together(cands: list[Candidate], memory_budget: float) -> Iterator[list[Candidate]]:
+    """``cands`` in order, in runs whose planned memory per device adds up within the budget."""
+    group: list[Candidate] = []
+    for c in cands:
+        if group and sum(g.memory for g in group) + c.memory > memory_budget:
+            yield group
+            group = []
+        group.append(c)
+    if group:
+        yield group
+
+
+def _warm_step(cfg: TrainConfig, c: Candidate) -> Callable[[], float]:
+    """``c``'s train step compiled and run once on zeros; returns a function that runs one more
+    step on the state it keeps and gives its wall seconds."""
     import jax
     import jax.numpy as jnp
 
@@ -225,35 +261,29 @@ def timed(
 
     from ..loop.checks import checked_setup
 
-    fit = [c for c in ranked if fits(c, memory_budget)][:k]
-    for c in fit:
-        trial = c.layout.apply(cfg)
-        s = checked_setup(trial)
-        step, args = abstract_train_step(trial, s)
+    trial = c.layout.apply(cfg)
+    s = checked_setup(trial)
+    step, args = abstract_train_step(trial, s)
+    leaves, tree = jax.tree.flatten(args)
+    empty = [i for i, x in enumerate(leaves) if isinstance(x, jax.ShapeDtypeStruct)]
+    fill = jax.jit(  # every input at once, laid out as the step takes it; the loss mask all true
+        lambda: [jnp.full(leaves[i].shape, leaves[i].dtype == jnp.bool_, leaves[i].dtype) for i in empty],
+        out_shardings=[leaves[i].sharding for i in empty],
+    )
+    for i, x in zip(empty, fill()):
+        leaves[i] = x
+    state = list(jax.tree.unflatten(tree, leaves))  # model, opt_state, batch, key, flags
 
-        leaves, tree = jax.tree.flatten(args)
-        empty = [i for i, x in enumerate(leaves) if isinstance(x, jax.ShapeDtypeStruct)]
-        fill = jax.jit(  # every input at once, laid out as the step takes it; the loss mask all true
-            lambda: [jnp.full(leaves[i].shape, leaves[i].dtype == jnp.bool_, leaves[i].dtype) for i in empty],
-            out_shardings=[leaves[i].sharding for i in empty],
-        )
-        for i, x in zip(empty, fill()):
-            leaves[i] = x
-        model, opt_state, batch, key, flags = jax.tree.unflatten(tree, leaves)
+    def run() -> float:
+        model, opt_state, batch, key, flags = state
         with nm.set_mesh(s.mesh):
-            model, opt_state, metrics = step(model, opt_state, batch, key, flags)  # compiled, warm
+            t0 = time.perf_counter()
+            state[0], state[1], metrics = step(model, opt_state, batch, key, flags)
             jax.block_until_ready(metrics)
-            best = math.inf
-            for _ in range(steps):
-                t0 = time.perf_counter()
-                model, opt_state, metrics = step(model, opt_state, batch, key, flags)
-                jax.block_until_ready(metrics)
-                best = min(best, time.perf_counter() - t0)
-        c.measured = best
-        if progress is not None:
-            progress(c)
-    rest = [c for c in ranked if c not in fit]
-    return sorted(fit, key=lambda c: c.measured) + rest
+            return time.perf_counter() - t0
+
+    run()  # compiles
+    return run
 
 
 def refinements(ranked: list[Candidate], vocab_size: int, best: int = REFINED) -> list[Candidate]:
@@ -388,7 +418,11 @@ def format_table(ranked: list[Candidate], roof: Roofline, memory_budget: float) 
         f"+ collective bytes sent / {dev.link_bandwidth / 1e9:.3g} GB/s, added without overlap "
         "(an upper bound for ranking); memory: named-plan's estimate from shapes (parameters, gradients, "
         f"optimizer state, one microbatch's activations with the attention path the run takes on it, and its logits)"
-        + ("; measured: the best of a few steps on this machine, which ranks those timed first" if timed_any else "")
+        + (
+            "; measured: the median of a few steps on this machine, taken in turns, which ranks those timed first"
+            if timed_any
+            else ""
+        )
         + "."
     )
     return "\n".join([*lines, "", note])
