@@ -17,6 +17,7 @@ from named.trainer.config import load_config
 from named.trainer.loop.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
+STEPS = 10  # the layouts' losses part at the first step that differs; ten show the run learning too
 FAMILIES = ["llama3", "mistral", "qwen2", "qwen3", "olmo2", "gemma2", "gemma3"]
 TP = "mlp: model, heads: model, kv_heads: model"
 LAYOUTS = {
@@ -45,7 +46,7 @@ def corpus(tmp_path_factory) -> Path:
 
 def _run(family: str, layout: str, corpus: Path, run_dir: Path):
     over = {
-        "trainer.num_train_steps": 20,
+        "trainer.num_train_steps": STEPS,
         "trainer.train_batch_size": 8,
         "trainer.log_interval": 1,
         "trainer.eval_interval": 0,
@@ -80,7 +81,7 @@ def test_fsdp_and_tp_train_like_one_device(family, corpus, tmp_path):
     layouts = list(LAYOUTS) if family == "llama3" else ["unsharded", "fsdp+tp"]
     runs = {layout: _run(family, layout, corpus, tmp_path / layout) for layout in layouts}
     expected = runs["unsharded"].losses
-    assert len(expected) == 20 and expected[-1] < expected[0]
+    assert len(expected) == STEPS and expected[-1] < expected[0]
     for layout in layouts[1:]:
         np.testing.assert_allclose(runs[layout].losses, expected, rtol=0, atol=1e-5, err_msg=layout)
     specs = [

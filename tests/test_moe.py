@@ -3,7 +3,7 @@ dispatch, shared expert, router losses against transformers' own), expert parall
 fake devices (auto and explicit mode, with FSDP and TP) equal to one device with the all-to-alls
 counted in the HLO, the Mixtral / Qwen3-MoE / Qwen2-MoE families against transformers (logits,
 gradients, decoding, export, config.json), FLOPs of the active experts only, and expert-parallel
-training from the shipped YAMLs equal to one device over 20 steps."""
+training from the shipped YAMLs equal to one device over 10 steps."""
 
 from __future__ import annotations
 
@@ -548,6 +548,7 @@ LAYOUTS = {
         "model.expert_parallel": "explicit",
     },
 }
+STEPS = 10
 RUNS = {"mixtral": list(LAYOUTS), "qwen3_moe": ["one device", "ep4 + fsdp explicit"]}
 SMALL = {"mixtral": {}, "qwen3_moe": {"model.moe_intermediate_size": 24, "model.head_dim": 8}}
 
@@ -561,7 +562,7 @@ def corpus(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def trained(corpus, tmp_path_factory):
-    """``trained(family, layout, **overrides)``: a 20-step run from config/<family>_tiny.yaml, once per module."""
+    """``trained(family, layout, **overrides)``: a STEPS-step run from config/<family>_tiny.yaml, once per module."""
     cache = {}
 
     def get(family: str, layout: str, **extra):
@@ -569,7 +570,7 @@ def trained(corpus, tmp_path_factory):
         if key not in cache:
             run_dir = tmp_path_factory.mktemp(re.sub(r"\W", "_", f"{family}-{layout}"))
             over = {
-                "trainer.num_train_steps": 20,
+                "trainer.num_train_steps": STEPS,
                 "trainer.train_batch_size": 8,
                 "trainer.log_interval": 1,
                 "trainer.eval_interval": 0,
@@ -608,7 +609,7 @@ def trained(corpus, tmp_path_factory):
 @pytest.mark.parametrize("family", list(RUNS))
 def test_expert_parallel_training_equals_one_device(family, trained):
     expected, rows = trained(family, "one device")
-    assert len(expected.losses) == 20 and expected.losses[-1] < expected.losses[0]
+    assert len(expected.losses) == STEPS and expected.losses[-1] < expected.losses[0]
     for layout in RUNS[family][1:]:
         run, _ = trained(family, layout)
         np.testing.assert_allclose(run.losses, expected.losses, rtol=0, atol=1e-5, err_msg=layout)
@@ -622,10 +623,10 @@ def test_expert_parallel_training_equals_one_device(family, trained):
 
 def test_the_router_losses_are_part_of_the_training_loss(trained):
     # step 1 trains the same model on the same batch: the losses differ by exactly the weighted terms
-    (with_aux, rows), (without, _) = (
-        trained("mixtral", "one device"),
-        trained("mixtral", "one device", **{"model.router_aux_loss_coef": 0.0, "model.router_z_loss_coef": 0.0}),
-    )
+    # (the run without them needs two steps only: the first loss, and the second made by its gradient)
+    off = {"model.router_aux_loss_coef": 0.0, "model.router_z_loss_coef": 0.0, "trainer.num_train_steps": 2}
+    (with_aux, rows), (without, _) = trained("mixtral", "one device"), trained("mixtral", "one device", **off)
+    assert len(without.losses) == 2
     weighted = 0.01 * rows[0]["train/aux/moe_load_balancing"] + 0.001 * rows[0]["train/aux/moe_router_z"]
     assert with_aux.losses[0] - without.losses[0] == pytest.approx(weighted, rel=1e-3)
     assert with_aux.losses[1] != without.losses[1]  # and its gradient trained another model

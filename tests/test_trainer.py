@@ -3,6 +3,7 @@ mesh, gradient accumulation, and the CLI in a subprocess."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -70,8 +71,15 @@ def run(corpus, run_dir, config="config/gpt2_nano.yaml", **over):
     return train(cfg)
 
 
-def test_fsdp_run_learns_and_shards(corpus, tmp_path):
-    result = run(corpus, tmp_path / "run", **FSDP)
+@pytest.fixture(scope="module")
+def fsdp_run(corpus, tmp_path_factory):
+    """20 steps under FSDP, a checkpoint at the end: the uninterrupted run the resume and the restore
+    onto another mesh start from or compare with (the tests that continue it copy its folder)."""
+    return run(corpus, tmp_path_factory.mktemp("fsdp") / "run", **FSDP)
+
+
+def test_fsdp_run_learns_and_shards(fsdp_run):
+    result = fsdp_run
     losses = result.losses
     assert len(losses) == 20
     assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.5, losses
@@ -81,14 +89,14 @@ def test_fsdp_run_learns_and_shards(corpus, tmp_path):
     # FSDP ({embed: data}): every weight with an embed axis is split, so a device holds 1/8 of it.
     for x in with_embed:
         assert x.addressable_shards[0].data.size * 8 == x.size
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "train/loss" in r] == [5, 10, 15, 20]
     assert all(r["train/tokens_per_s"] > 0 for r in rows if "train/loss" in r)
-    assert (tmp_path / "run" / "checkpoints" / "step_20" / "commit.json").exists()
+    assert (result.run_dir / "checkpoints" / "step_20" / "commit.json").exists()
 
 
-def test_resume_reproduces_uninterrupted_run(corpus, tmp_path):
-    full = run(corpus, tmp_path / "full", **FSDP)
+def test_resume_reproduces_uninterrupted_run(corpus, tmp_path, fsdp_run):
+    full = fsdp_run
     first = run(
         corpus,
         tmp_path / "split",
@@ -115,24 +123,25 @@ def test_resume_reproduces_uninterrupted_run(corpus, tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def test_restore_onto_another_mesh(corpus, tmp_path):
-    eight = run(corpus, tmp_path / "run", **{**FSDP, "trainer.num_train_steps": 10})
+def test_restore_onto_another_mesh(corpus, tmp_path, fsdp_run):
+    eight = fsdp_run  # 20 steps on 8 devices, its final checkpoint at step 20
+    shutil.copytree(eight.run_dir, tmp_path / "run")
     two_d = {
         "mesh.shape": "{data: 4, model: 2}",
         "mesh.param_mapping": "{embed: data, mlp: model, heads: model}",
         "mesh.compute_mapping": "{batch: data, mlp: model, heads: model}",
     }
-    # two more steps on the run's schedule of 10 (a longer run must say which horizon it keeps)
-    longer = {"trainer.num_train_steps": 12, "optimizer.schedule_steps": 10, "trainer.load_checkpoint": "auto"}
+    # two more steps on the run's schedule of 20 (a longer run must say which horizon it keeps)
+    longer = {"trainer.num_train_steps": 22, "optimizer.schedule_steps": 20, "trainer.load_checkpoint": "auto"}
     more = run(corpus, tmp_path / "run", **{**two_d, **longer})
     assert len(more.losses) == 2
-    # What the continued run started from: step 10 restored onto the 4x2 layout of its own state
+    # What the continued run started from: step 20 restored onto the 4x2 layout of its own state
     # is bitwise the 8-device run's final state, now split over model as well.
-    (model10, opt10), meta = ckpt.restore(tmp_path / "run" / "checkpoints" / "step_10", (more.model, more.opt_state))
-    assert meta["step"] == 10
-    for restored, saved in zip(jax.tree.leaves((model10, opt10)), jax.tree.leaves((eight.model, eight.opt_state))):
+    (model20, opt20), meta = ckpt.restore(tmp_path / "run" / "checkpoints" / "step_20", (more.model, more.opt_state))
+    assert meta["step"] == 20
+    for restored, saved in zip(jax.tree.leaves((model20, opt20)), jax.tree.leaves((eight.model, eight.opt_state))):
         np.testing.assert_array_equal(np.asarray(restored), np.asarray(saved))
-    w = [x for x in jax.tree.leaves(model10) if hasattr(x, "sharding") and x.ndim >= 2]
+    w = [x for x in jax.tree.leaves(model20) if hasattr(x, "sharding") and x.ndim >= 2]
     assert any("model" in str(x.sharding.spec) for x in w)
 
 
