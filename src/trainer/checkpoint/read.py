@@ -42,7 +42,7 @@ from named import NamedArray, NamedError, is_named_array
 
 from . import checksum
 from .checksum import hash_file
-from .chunks import raw_layout, read_whole_chunk
+from .chunks import aligned_empty, raw_layout, read_whole_chunk
 from .store import (
     COMMIT_FILE,
     FORMAT,
@@ -477,31 +477,42 @@ def _restore(ckpt: Location, commit: dict, plans: list, treedef, every_file: boo
     return jax.tree_util.tree_unflatten(treedef, out), commit["metadata"]
 
 
-def _whole_objects(ckpt: ObjectPath, commit: dict, rec: dict, chunks: dict[tuple, str]) -> dict[tuple, np.ndarray]:
-    """Whole chunks from an object store, many requests in flight, decoded by tensorstore's zarr
-    driver straight into arrays: no Python ``bytes`` on the way, which cost a copy into fresh
-    memory and were never aligned for jax to keep (a CPU-bound fetch, at half of boto3's rate on
-    the local S3 server). Each is checked against its object's checksum from the array's own
-    bytes, which are the object's: a raw layout is little-endian, as every host jax runs on."""
+def _whole_objects(
+    ckpt: ObjectPath, commit: dict, rec: dict, meta: dict, chunks: dict[tuple, str]
+) -> dict[tuple, np.ndarray]:
+    """Whole chunks from an object store, many requests in flight, each decoded by tensorstore's
+    zarr driver straight into a page-aligned buffer of ours (``aligned_empty``), which the device
+    array is then made from without a copy: no Python ``bytes`` on the way (a copy into fresh
+    memory), and no array of tensorstore's, which jax copied again wherever it was not aligned.
+    Each is checked against its object's checksum from the buffer's bytes, which are the
+    object's: a raw layout is little-endian, as every host jax runs on."""
     if not chunks:
         return {}
-    arr = open_array(ckpt / rec["dir"])
-    reads = {region: arr[tuple(slice(a, b) for a, b in region)].read() for region in chunks}
+    arr = open_array(ckpt / rec["dir"], meta)
+    dtype = jax.numpy.dtype(rec["store_dtype"])
+    n = int(np.prod(rec["chunk"])) * dtype.itemsize
+    reads = {}
+    for region in chunks:
+        src = arr[tuple(slice(a, b) for a, b in region)]
+        buf = aligned_empty(n)[:n]
+        dest = ts.array(buf.view(dtype).reshape(rec["chunk"]), copy=False, write=True)
+        reads[region] = (buf, dest.translate_to[src.domain.origin].write(src))
     out = {}
     for region, rel in chunks.items():
         full, info = ckpt / rel, commit["files"][rel]
+        buf, write = reads[region]
         try:
-            value = reads[region].result()
+            write.result()
         except Exception as e:  # noqa: BLE001 - named with the object
             raise CheckpointError(
                 f"checkpoint {ckpt}: file {full} cannot be read as one whole chunk {rec['chunk']} of "
                 f"{rec['store_dtype']} (missing or truncated?): {reason(e)}"
             ) from None
-        if not checksum.matches(info, np.ascontiguousarray(value).reshape(-1).view(np.uint8), full):
+        if not checksum.matches(info, buf, full):
             raise CheckpointError(
                 f"checkpoint {ckpt}: checksum mismatch in file {full} (corrupted; {checksum.check_of(info, full)})"
             )
-        out[region] = value
+        out[region] = buf.view(dtype).reshape(rec["chunk"])
     return out
 
 
@@ -536,8 +547,9 @@ def _read(plan: _Plan, ckpt: Location, commit: dict, whole: dict[tuple, str] | N
         host = {region: job.result() for region, job in jobs.items()}
     else:
         meta = f"{rec['dir']}/zarr.json"
-        chunks = plan.whole_chunks(_meta_of(fetch_verified(ckpt, commit, [meta])[meta]))
-        host = _whole_objects(ckpt, commit, rec, {r: rel for r, rel in chunks.items() if rel in commit["files"]})
+        zarr_json = _meta_of(fetch_verified(ckpt, commit, [meta])[meta])
+        chunks = {r: rel for r, rel in plan.whole_chunks(zarr_json).items() if rel in commit["files"]}
+        host = _whole_objects(ckpt, commit, rec, zarr_json, chunks)
     rest = [region for region in plan.regions if region not in host]
     if rest:
         if not isinstance(ckpt, Path):  # the rest's files, fetched and checked, for a memory kvstore

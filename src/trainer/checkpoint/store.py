@@ -155,10 +155,16 @@ def open_store(loc: ObjectPath) -> ts.KvStore:
         raise store_error(loc, "open the object store", e) from None
 
 
-def open_array(loc: ObjectPath) -> ts.TensorStore:
+def open_array(loc: ObjectPath, meta: dict) -> ts.TensorStore:
     """The zarr array saved under ``loc`` on an object store, opened for reading through the shared
-    context; a chunk whose object is missing fails its read instead of reading as the fill value."""
-    spec = {**zarr_spec(kvstore_spec(loc)), "fill_missing_data_reads": False}
+    context with ``meta``, its ``zarr.json`` as already fetched and checked (not fetched again); a
+    chunk whose object is missing fails its read instead of reading as the fill value."""
+    spec = {
+        **zarr_spec(kvstore_spec(loc)),
+        "metadata": meta,
+        "assume_metadata": True,
+        "fill_missing_data_reads": False,
+    }
     try:
         return ts.open(spec, context=_context(loc.scheme), open=True, read=True).result()
     except Exception as e:  # noqa: BLE001
