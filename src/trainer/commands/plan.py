@@ -107,7 +107,11 @@ def logits_bytes(cfg: TrainConfig, s: Setup) -> float:
     smaller. Where the head is stored split along ``embed`` the loss also holds it gathered, with
     its gradient made whole before the reduce-scatter: the full-logits loss (XLA gathers it for
     the logits' matmul) and the fused loss gathering it once hold both whole, the fused loss
-    gathering block by block a block of each (``named.internal.head_bytes_held``, the loss's own rule)."""
+    gathering block by block a block of each (``named.internal.head_bytes_held``, the loss's own rule).
+    With more than one microbatch that head is counted twice: in the microbatch loop's body XLA
+    keeps the gathered head beside its copy in the matmul's layout and the head's whole gradient
+    beside its reduction (four head-sized buffers in the compiled step on XLA:CPU, where one pass
+    without the loop keeps two; ``tests/test_plan_memory.py``)."""
     axes = [a for x in jax.tree.leaves(s.shapes, is_leaf=nm.is_named_array) for a in getattr(x, "axes", ())]
     vocab = next((a.size for a in axes if a.name == "vocab"), 0)
     shape = dict(s.mesh.shape)
@@ -125,7 +129,7 @@ def logits_bytes(cfg: TrainConfig, s: Setup) -> float:
     tokens_over = {m for name in ("batch", "position") for m in _mesh_axes(s.compute_mapping, name)}
     vocab_over = set(_mesh_axes(s.param_mapping, "vocab"))
     rows = vocab if vocab_over & tokens_over else vocab // math.prod(shape[m] for m in vocab_over)
-    return logits + head_bytes_held(
+    return logits + (2 if t.microbatches > 1 else 1) * head_bytes_held(
         rows,
         next((a.size for a in axes if a.name == "embed"), 0),
         jnp.dtype(get_policy(t.precision).compute_dtype).itemsize,
@@ -158,9 +162,16 @@ class Plan:
         return data_parallel_size(self.cfg, dict(self.setup.mesh.shape))
 
     @property
+    def gradient_bytes(self) -> float:
+        """The gradients per device: with more than one microbatch, twice the trainable bytes (the
+        accumulated sum, carried through the microbatch loop, beside the gradient of the microbatch
+        being added to it)."""
+        return self.trained.bytes_per_device * (2 if self.cfg.trainer.microbatches > 1 else 1)
+
+    @property
     def state_bytes(self) -> float:
-        """Parameters + gradients + optimizer state, per device."""
-        return self.params.bytes_per_device + self.trained.bytes_per_device + self.moments.bytes_per_device
+        """Parameters + gradients (``gradient_bytes``) + optimizer state, per device."""
+        return self.params.bytes_per_device + self.gradient_bytes + self.moments.bytes_per_device
 
     @property
     def total_bytes(self) -> float:
