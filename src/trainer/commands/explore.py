@@ -62,7 +62,7 @@ class View:
         p = self.plan
         out = {
             "parameters": float(p.params.bytes_per_device),
-            "gradients": float(p.trained.bytes_per_device),
+            "gradients": float(p.gradient_bytes),
             "optimizer state": float(p.moments.bytes_per_device),
             "activations": p.activations,
             "logits": p.logits,

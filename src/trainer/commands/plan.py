@@ -52,7 +52,15 @@ class Target:
         return cls(device, budget)
 
 
-def activation_bytes(cfg: TrainConfig, s: Setup, *, scores: bool = False) -> float:
+# What the train step keeps per layer on XLA:CPU, measured (per token and unit of width; t-way
+# tensor parallelism; a heads, T positions, h wide): JAX's residuals of the layer as the compiled
+# step stores them, 8 + 28/t float32 values plus 2·a·T/(h·t) of scores where the attention keeps
+# them, the same for GPT-2 and Llama and for float32 and bfloat16 compute (XLA:CPU computes
+# bfloat16 in float32). tests/test_plan_memory.py holds the estimate to the compiled peak.
+CPU_KEPT = (8, 28, 2)  # values replicated over TP, split over TP, per score tensor element
+
+
+def activation_bytes(cfg: TrainConfig, s: Setup, *, scores: bool = False, platform: str | None = None) -> float:
     """Per device, the activations one microbatch keeps for the backward pass, after Korthikanti
     et al. 2022 ("Reducing activation recomputation in large transformer models"), eq. 2 with
     tensor parallelism: ``s·b·h·(10 + 24/t)`` bytes per layer at 16-bit, for sequence length s,
@@ -64,7 +72,9 @@ def activation_bytes(cfg: TrainConfig, s: Setup, *, scores: bool = False) -> flo
     inputs of the group being re-run; other policies are counted as no checkpointing (an upper
     bound).
     Scaled by the compute dtype's size / 2. An estimate for a standard decoder layer;
-    ``--compile`` measures the real program."""
+    ``--compile`` measures the real program. On a CPU (``platform``), a layer's set is what
+    XLA:CPU's compiled step keeps (``CPU_KEPT``, in float32) in place of the paper's count, which
+    is for fused 16-bit kernels."""
     sizes: dict[str, int] = {}
     for x in jax.tree.leaves(s.shapes, is_leaf=nm.is_named_array):
         for a in getattr(x, "axes", ()):
@@ -76,7 +86,16 @@ def activation_bytes(cfg: TrainConfig, s: Setup, *, scores: bool = False) -> flo
     tp_axes = s.compute_mapping.get("heads")
     tp = math.prod(shape[m] for m in ([tp_axes] if isinstance(tp_axes, str) else (tp_axes or ())))
     seq, b = cfg.data.seq_len, t.train_batch_size // t.microbatches / max(dp, 1)
-    per_layer = seq * b * h * (10 + 24 / tp + (5 * heads * seq / (h * tp) if scores else 0))
+    from named.nn.precision import get_policy
+
+    scale = jnp.dtype(get_policy(t.precision).compute_dtype).itemsize / 2  # the paper's bytes are 16-bit
+    if platform == "cpu":
+        replicated, split, per_score = CPU_KEPT
+        # float32 values, in the paper's 16-bit bytes (scaled back below)
+        per_layer = seq * b * h * (replicated + split / tp + (per_score * heads * seq / (h * tp) if scores else 0))
+        per_layer *= 4 / scale
+    else:
+        per_layer = seq * b * h * (10 + 24 / tp + (5 * heads * seq / (h * tp) if scores else 0))
     r = nn.Remat.parse(getattr(cfg.model, "remat", "none"))
     inputs = 2 * seq * b * h  # one layer's input
     if r is not None and r.every > 1 and layers % r.every == 0:
@@ -88,9 +107,7 @@ def activation_bytes(cfg: TrainConfig, s: Setup, *, scores: bool = False) -> flo
     else:
         # any other policy (save_dots, save_names) keeps part of each layer, counted as all of it
         total = per_layer * layers
-    from named.nn.precision import get_policy
-
-    return total * jnp.dtype(get_policy(t.precision).compute_dtype).itemsize / 2
+    return total * scale
 
 
 def _mesh_axes(mapping: dict, name: str) -> tuple[str, ...]:
@@ -107,7 +124,11 @@ def logits_bytes(cfg: TrainConfig, s: Setup) -> float:
     smaller. Where the head is stored split along ``embed`` the loss also holds it gathered, with
     its gradient made whole before the reduce-scatter: the full-logits loss (XLA gathers it for
     the logits' matmul) and the fused loss gathering it once hold both whole, the fused loss
-    gathering block by block a block of each (``named.internal.head_bytes_held``, the loss's own rule)."""
+    gathering block by block a block of each (``named.internal.head_bytes_held``, the loss's own rule).
+    With more than one microbatch that head is counted twice: in the microbatch loop's body XLA
+    keeps the gathered head beside its copy in the matmul's layout and the head's whole gradient
+    beside its reduction (four head-sized buffers in the compiled step on XLA:CPU, where one pass
+    without the loop keeps two; ``tests/test_plan_memory.py``)."""
     axes = [a for x in jax.tree.leaves(s.shapes, is_leaf=nm.is_named_array) for a in getattr(x, "axes", ())]
     vocab = next((a.size for a in axes if a.name == "vocab"), 0)
     shape = dict(s.mesh.shape)
@@ -125,7 +146,7 @@ def logits_bytes(cfg: TrainConfig, s: Setup) -> float:
     tokens_over = {m for name in ("batch", "position") for m in _mesh_axes(s.compute_mapping, name)}
     vocab_over = set(_mesh_axes(s.param_mapping, "vocab"))
     rows = vocab if vocab_over & tokens_over else vocab // math.prod(shape[m] for m in vocab_over)
-    return logits + head_bytes_held(
+    return logits + (2 if t.microbatches > 1 else 1) * head_bytes_held(
         rows,
         next((a.size for a in axes if a.name == "embed"), 0),
         jnp.dtype(get_policy(t.precision).compute_dtype).itemsize,
@@ -158,9 +179,16 @@ class Plan:
         return data_parallel_size(self.cfg, dict(self.setup.mesh.shape))
 
     @property
+    def gradient_bytes(self) -> float:
+        """The gradients per device: with more than one microbatch, twice the trainable bytes (the
+        accumulated sum, carried through the microbatch loop, beside the gradient of the microbatch
+        being added to it)."""
+        return self.trained.bytes_per_device * (2 if self.cfg.trainer.microbatches > 1 else 1)
+
+    @property
     def state_bytes(self) -> float:
-        """Parameters + gradients + optimizer state, per device."""
-        return self.params.bytes_per_device + self.trained.bytes_per_device + self.moments.bytes_per_device
+        """Parameters + gradients (``gradient_bytes``) + optimizer state, per device."""
+        return self.params.bytes_per_device + self.gradient_bytes + self.moments.bytes_per_device
 
     @property
     def total_bytes(self) -> float:
@@ -178,13 +206,18 @@ class Plan:
 _PATHS = {"cudnn": "cuDNN flash", "flash": "blockwise flash", "xla": "XLA"}
 
 
+def target_platform(target: Target) -> str:
+    """The platform planned for: the target device's, else this machine's."""
+    return target.device.platform if target.device is not None else jax.default_backend()
+
+
 def attention_path(cfg: TrainConfig, target: Target) -> tuple[str, bool]:
     """The attention path ``implementation="auto"`` takes in this run on the target's kind (its
     name), and whether it keeps the [batch, heads, T, T] scores: ``nn.auto_attention``'s rule, so
     the plan counts what the run will do."""
     from named.nn.precision import get_policy
 
-    platform = target.device.platform if target.device is not None else jax.default_backend()
+    platform = target_platform(target)
     dtype = get_policy(cfg.trainer.precision).compute_dtype
     path = nn.auto_attention(platform, cfg.data.seq_len, dtype)
     return _PATHS.get(path, path), nn.attention_keeps_scores(path)
@@ -199,6 +232,7 @@ def make_plan(cfg: TrainConfig, target: Target | None = None, s: Setup | None = 
     target = target if target is not None else Target(hardware.local(), None)
     s = s if s is not None else checked_setup(cfg)
     attention, scores = attention_path(cfg, target)
+    platform = target_platform(target)
     return Plan(
         cfg,
         s,
@@ -207,7 +241,7 @@ def make_plan(cfg: TrainConfig, target: Target | None = None, s: Setup | None = 
         # Gradients and the optimizer state exist for the trainable parameters only (LoRA: the adapters).
         nm.param_report(trainable_part(cfg, s.shapes), s.param_mapping, s.mesh),
         nm.param_report(run_state(cfg, s).opt_state, s.param_mapping, s.mesh),
-        activation_bytes(cfg, s, scores=scores),
+        activation_bytes(cfg, s, scores=scores, platform=platform),
         logits_bytes(cfg, s),
         attention,
         scores,
