@@ -548,7 +548,7 @@ def test_measure_takes_turns_within_the_memory_budget(monkeypatch):
 
         return run
 
-    monkeypatch.setattr(plan_search, "_warm_step", warm)
+    monkeypatch.setattr(plan_search, "warm_step", warm)
     a, b, c = (Candidate(n, Layout({"data": 8}, {"batch": "data"}, {})) for n in "abc")
     for cand, mem in ((a, 40), (b, 50), (c, 30)):
         cand.memory = mem

@@ -23,6 +23,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from ._axis import NamedError
+
 
 def _inexact(x) -> bool:
     return jnp.issubdtype(jnp.result_type(x), jnp.inexact)
@@ -46,7 +48,8 @@ def nested_scan(step: Callable, init, xs: list, n: int, k: int, *, reverse: bool
     (``k`` divides ``n``). Returns the last carry and the stacked outputs, ``ys[i]`` made at
     ``xs[i]``; or None where the carry or an output is not a float (this backward pass
     differentiates all of them; the caller then scans groups whole)."""
-    assert n % k == 0 and k > 1
+    if k < 2 or n % k:
+        raise NamedError(f"nested_scan keeps every k-th of n carries: k={k} must be at least 2 and divide n={n}")
     example = (init, _at(xs, 0))
     fn, consts = jax.closure_convert(lambda c, x: step(c, x), *example)
     if not differentiable(jax.eval_shape(fn, *example, *consts)):

@@ -225,7 +225,7 @@ def timed(
     measured time; the rest keep their order. ``progress`` is called with each timed candidate."""
     fit = [c for c in ranked if fits(c, memory_budget)][:k]
     for group in _held_together(fit, memory_budget):
-        runs = [_warm_step(cfg, c) for c in group]
+        runs = [warm_step(cfg, c) for c in group]
         rounds: list[list[float]] = [[] for _ in group]
         for _ in range(steps):
             for run, seconds in zip(runs, rounds):
@@ -251,7 +251,7 @@ def _held_together(cands: list[Candidate], memory_budget: float) -> Iterator[lis
         yield group
 
 
-def _warm_step(cfg: TrainConfig, c: Candidate) -> Callable[[], float]:
+def warm_step(cfg: TrainConfig, c: Candidate) -> Callable[[], float]:
     """``c``'s train step compiled and run once on zeros; returns a function that runs one more
     step on the state it keeps and gives its wall seconds."""
     import jax
