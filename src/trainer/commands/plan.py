@@ -89,15 +89,13 @@ def activation_bytes(cfg: TrainConfig, s: Setup, *, scores: bool = False, platfo
     from named.nn.precision import get_policy
 
     scale = jnp.dtype(get_policy(t.precision).compute_dtype).itemsize / 2  # the paper's bytes are 16-bit
-    if platform == "cpu":
+    if platform == "cpu":  # float32 values
         replicated, split, per_score = CPU_KEPT
-        # float32 values, in the paper's 16-bit bytes (scaled back below)
-        per_layer = seq * b * h * (replicated + split / tp + (per_score * heads * seq / (h * tp) if scores else 0))
-        per_layer *= 4 / scale
+        per_layer = 4 * seq * b * h * (replicated + split / tp + (per_score * heads * seq / (h * tp) if scores else 0))
     else:
-        per_layer = seq * b * h * (10 + 24 / tp + (5 * heads * seq / (h * tp) if scores else 0))
+        per_layer = scale * seq * b * h * (10 + 24 / tp + (5 * heads * seq / (h * tp) if scores else 0))
     r = nn.Remat.parse(getattr(cfg.model, "remat", "none"))
-    inputs = 2 * seq * b * h  # one layer's input
+    inputs = scale * 2 * seq * b * h  # one layer's input, in the compute dtype
     if r is not None and r.every > 1 and layers % r.every == 0:
         # nested: every k-th layer's input, and a group's k inputs while it is re-run (each group
         # re-runs every layer in it, whatever else the policy saves: nn.Stacked's nested scan)
@@ -107,7 +105,7 @@ def activation_bytes(cfg: TrainConfig, s: Setup, *, scores: bool = False, platfo
     else:
         # any other policy (save_dots, save_names) keeps part of each layer, counted as all of it
         total = per_layer * layers
-    return total * scale
+    return total
 
 
 def _mesh_axes(mapping: dict, name: str) -> tuple[str, ...]:

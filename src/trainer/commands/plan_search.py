@@ -242,11 +242,13 @@ def timed(
 def _held_together(cands: list[Candidate], memory_budget: float) -> Iterator[list[Candidate]]:
     """``cands`` in order, in runs whose planned memory per device adds up within the budget."""
     group: list[Candidate] = []
+    held = 0.0
     for c in cands:
-        if group and sum(g.memory for g in group) + c.memory > memory_budget:
+        if group and held + c.memory > memory_budget:
             yield group
-            group = []
+            group, held = [], 0.0
         group.append(c)
+        held += c.memory
     if group:
         yield group
 
