@@ -44,11 +44,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check $(LINTED)
 
 test: lint
-	$(PY) -m pytest -n 2 --dist loadfile -q --durations=25 tests
+	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder -q --durations=25 tests
 
 QUICK := not slow and not procs and not ray and not s3 and not lmeval and not notebook and not browser and not network
 test-quick: $(STAMP)
-	$(PY) -m pytest -n 2 --dist loadfile -q -m "$(QUICK)" tests
+	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder -q -m "$(QUICK)" tests
 
 # TRAIN_ARGS: overrides for the run, e.g. TRAIN_ARGS="--trainer.num_train_steps 30"
 TRAIN_ARGS ?=

@@ -86,11 +86,12 @@ def _release_compiled_programs():
 # 0.25 s of CPU each in a measured run of that tier (most of its CPU time, in a third of its tests);
 # each keeps running in `make test`, and here gets the `slow` marker ("runs long"). A line that no
 # longer matches a test of a collected file is an error, so the list cannot go stale.
-RUNS_LONG = {  # a line: CPU seconds, a tab, the test; "#" starts a comment line
-    line.split("\t", 1)[1]
+RUNS_LONG_S = {  # a line: CPU seconds, a tab, the test; "#" starts a comment line
+    line.split("\t", 1)[1]: float(line.split("\t", 1)[0])
     for line in Path(__file__).with_name("runs_long.txt").read_text().splitlines()
     if line.strip() and not line.startswith("#")
 }
+RUNS_LONG = set(RUNS_LONG_S)
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects
@@ -102,8 +103,38 @@ def pytest_collection_modifyitems(config, items):
             if key in RUNS_LONG:
                 item.add_marker(pytest.mark.slow)
                 found.add(key)
+    _longest_files_first(items)
     if any("::" in str(a) for a in config.args):  # single tests asked for: their files are not whole
         return
     stale = sorted(k for k in RUNS_LONG if k.split("::")[0] in files and k not in found)
     if stale:
         raise pytest.UsageError(f"tests/runs_long.txt names tests that do not exist: {stale}")
+
+
+# ---- scheduling: the longest files go to the workers first ----------------------------------------
+# xdist's loadfile hands each worker one file at a time in the order collected (the Makefile passes
+# --no-loadscope-reorder, whose default orders files by their number of tests and so sent the few long
+# end-to-end files last, where one worker ran them while the other sat idle). A file's expected cost:
+# the CPU seconds runs_long.txt gives its tests, and a flat guess for the rest by what they start.
+_GUESS_S = {"procs": 30.0, "ray": 30.0, "s3": 30.0, "notebook": 30.0, "browser": 30.0, "slow": 10.0}
+
+
+def _longest_files_first(items):
+    def key(item):  # the line of runs_long.txt that names this test, if any
+        for name in (item.name, getattr(item, "originalname", item.name)):
+            if (k := f"{item.path.name}::{name}") in RUNS_LONG_S:
+                return k
+        return None
+
+    sharing: dict = {}  # a line naming a test without [parameters] is shared by its parametrizations
+    for item in items:
+        sharing[key(item)] = sharing.get(key(item), 0) + 1
+    cost: dict = {}
+    for item in items:
+        if (k := key(item)) is not None:
+            seconds = RUNS_LONG_S[k] / sharing[k]
+        else:
+            seconds = max((s for m, s in _GUESS_S.items() if item.get_closest_marker(m)), default=0.2)
+        cost[item.path] = cost.get(item.path, 0.0) + seconds
+    rank = {path: i for i, path in enumerate(sorted(cost, key=lambda p: (-cost[p], str(p))))}
+    items.sort(key=lambda item: rank[item.path])  # stable: a file's own order is kept
