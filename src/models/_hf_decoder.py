@@ -1,4 +1,5 @@
-"""``config.json`` <-> ``DecoderConfig`` for the decoder families. One reader and one writer, driven
+"""``config.json`` <-> ``DecoderConfig`` for the decoder families, and their tensors' names in a Hugging Face
+checkpoint (``HF_LAYOUT``). One reader and one writer, driven
 by each family's ``HfDecoder`` (in ``registry.py``; an ``HfConfigFormat``): which fields its ``config.json`` has and
 what they mean. Every field of the file is either read, accepted at the one value we implement,
 or known to change nothing in the model (token ids, init range, ...); any other is an error that
@@ -12,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ._common import HfLayout
 from ._hf_config import REQUIRED, CheckpointFormatError, build_config, checked_field
 from ._rope import ROPE_TYPES, RopeScaling
 from .decoder import LAYER_TYPES
@@ -467,3 +469,57 @@ def _write(spec: HfDecoder, family, c) -> dict:
                 f"{family.model_type!r}"
             )
     return out
+
+
+# ---- Hugging Face layout ------------------------------------------------------------------
+# Our parameter path -> the transformers tensor name; "{i}" is the layer, "{j}" an MoE layer's
+# expert. The names are theirs, so the map is the identity under "model." (but for the router,
+# which transformers calls "gate"); a model has the subset its config asks for. torch's
+# nn.Linear stores its weight [out, in]: the transpose of our Linear's (In, Out) with each side
+# flattened, e.g. q_proj [heads * head_size, embed]. OLMo 2's q/k norm weight over (heads,
+# head_size) is stored flat, [heads * head_size].
+
+_LAYER = [
+    "input_layernorm.weight",
+    "post_attention_layernorm.weight",
+    "pre_feedforward_layernorm.weight",
+    "post_feedforward_layernorm.weight",
+    "self_attn.q_norm.weight",
+    "self_attn.k_norm.weight",
+    *(f"self_attn.{p}_proj.{w}" for p in "qkvo" for w in ("weight", "bias")),
+]
+
+
+def moe_hf_keys(block: str, experts: dict[str, str]) -> dict[str, str]:
+    """An MoE layer's tensors, in the module ``block`` of a transformers layer: its router
+    (``gate``), each expert ``{j}`` (``experts`` names our gate/up/down there) and the shared expert."""
+    return {
+        "layers.stacked.mlp.router.weight": f"model.layers.{{i}}.{block}.gate.weight",
+        **{
+            f"layers.stacked.mlp.experts.stacked.{p}.weight": f"model.layers.{{i}}.{block}.experts.{{j}}.{name}.weight"
+            for p, name in experts.items()
+        },
+        **{
+            f"layers.stacked.mlp.shared_expert.{p}.weight": f"model.layers.{{i}}.{block}.shared_expert.{p}_proj.weight"
+            for p in ("gate", "up", "down")
+        },
+        "layers.stacked.mlp.shared_expert_gate.weight": f"model.layers.{{i}}.{block}.shared_expert_gate.weight",
+    }
+
+
+HF_LAYOUT = HfLayout(
+    linear="out_in",
+    base_prefix="model.",
+    ignored=(r"\.rotary_emb\.inv_freq$",),  # a buffer some older checkpoints saved
+    keys={
+        "embed_tokens.weight": "model.embed_tokens.weight",
+        **{f"layers.stacked.{name}": f"model.layers.{{i}}.{name}" for name in _LAYER},
+        **{f"layers.stacked.mlp.{p}.weight": f"model.layers.{{i}}.mlp.{p}_proj.weight" for p in ("gate", "up", "down")},
+        **moe_hf_keys("mlp", {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}),  # Qwen2/3-MoE's names
+        "norm.weight": "model.norm.weight",
+        "lm_head.weight": "lm_head.weight",  # untied only
+    },
+)
+
+# Mixtral keeps its experts in "block_sparse_moe" and calls their gate, up and down w1, w3, w2.
+MIXTRAL_HF_LAYOUT = HF_LAYOUT.with_keys(moe_hf_keys("block_sparse_moe", {"gate": "w1", "up": "w3", "down": "w2"}))

@@ -55,7 +55,6 @@ from named import Axis, NamedArray, nn
 
 from ._common import (
     Head,
-    HfLayout,
     KVCache,
     causal_attention,
     check_sequence_length,
@@ -595,57 +594,3 @@ def flops_per_token(config: DecoderConfig, seq_len: int) -> float:
         local = L if c.sliding_window_pattern is None else L - L // c.sliding_window_pattern
     keys = (L - local) * seq_len + local * min(seq_len, c.sliding_window or seq_len)
     return 6.0 * n_matmul + 12.0 * d * keys
-
-
-# ---- Hugging Face layout ------------------------------------------------------------------
-# Our parameter path -> the transformers tensor name; "{i}" is the layer, "{j}" an MoE layer's
-# expert. The names are theirs, so the map is the identity under "model." (but for the router,
-# which transformers calls "gate"); a model has the subset its config asks for. torch's
-# nn.Linear stores its weight [out, in]: the transpose of our Linear's (In, Out) with each side
-# flattened, e.g. q_proj [heads * head_size, embed]. OLMo 2's q/k norm weight over (heads,
-# head_size) is stored flat, [heads * head_size].
-
-_LAYER = [
-    "input_layernorm.weight",
-    "post_attention_layernorm.weight",
-    "pre_feedforward_layernorm.weight",
-    "post_feedforward_layernorm.weight",
-    "self_attn.q_norm.weight",
-    "self_attn.k_norm.weight",
-    *(f"self_attn.{p}_proj.{w}" for p in "qkvo" for w in ("weight", "bias")),
-]
-
-
-def moe_hf_keys(block: str, experts: dict[str, str]) -> dict[str, str]:
-    """An MoE layer's tensors, in the module ``block`` of a transformers layer: its router
-    (``gate``), each expert ``{j}`` (``experts`` names our gate/up/down there) and the shared expert."""
-    return {
-        "layers.stacked.mlp.router.weight": f"model.layers.{{i}}.{block}.gate.weight",
-        **{
-            f"layers.stacked.mlp.experts.stacked.{p}.weight": f"model.layers.{{i}}.{block}.experts.{{j}}.{name}.weight"
-            for p, name in experts.items()
-        },
-        **{
-            f"layers.stacked.mlp.shared_expert.{p}.weight": f"model.layers.{{i}}.{block}.shared_expert.{p}_proj.weight"
-            for p in ("gate", "up", "down")
-        },
-        "layers.stacked.mlp.shared_expert_gate.weight": f"model.layers.{{i}}.{block}.shared_expert_gate.weight",
-    }
-
-
-HF_LAYOUT = HfLayout(
-    linear="out_in",
-    base_prefix="model.",
-    ignored=(r"\.rotary_emb\.inv_freq$",),  # a buffer some older checkpoints saved
-    keys={
-        "embed_tokens.weight": "model.embed_tokens.weight",
-        **{f"layers.stacked.{name}": f"model.layers.{{i}}.{name}" for name in _LAYER},
-        **{f"layers.stacked.mlp.{p}.weight": f"model.layers.{{i}}.mlp.{p}_proj.weight" for p in ("gate", "up", "down")},
-        **moe_hf_keys("mlp", {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}),  # Qwen2/3-MoE's names
-        "norm.weight": "model.norm.weight",
-        "lm_head.weight": "lm_head.weight",  # untied only
-    },
-)
-
-# Mixtral keeps its experts in "block_sparse_moe" and calls their gate, up and down w1, w3, w2.
-MIXTRAL_HF_LAYOUT = HF_LAYOUT.with_keys(moe_hf_keys("block_sparse_moe", {"gate": "w1", "up": "w3", "down": "w2"}))

@@ -13,7 +13,7 @@ from typing import Any
 
 import named as nm
 
-from . import decoder, families, gpt2
+from . import _hf_decoder, decoder, families, gpt2
 from ._common import HfLayout
 from ._hf_config import CheckpointFormatError, HfConfigFormat, HfGpt2, checked_field
 from ._hf_decoder import HfDecoder
@@ -53,7 +53,7 @@ class Family:
         return getattr(config, self.positions_field)
 
 
-def _decoder(name, config_cls, model_type, architecture, layout=decoder.HF_LAYOUT, **hf) -> Family:
+def _decoder(name, config_cls, model_type, architecture, layout=_hf_decoder.HF_LAYOUT, **hf) -> Family:
     return Family(
         name,
         config_cls,
@@ -117,7 +117,7 @@ FAMILIES: dict[str, Family] = {
             families.MixtralConfig,
             "mixtral",
             "MixtralForCausalLM",
-            layout=decoder.MIXTRAL_HF_LAYOUT,
+            layout=_hf_decoder.MIXTRAL_HF_LAYOUT,
             bias="fixed",
             windows="all",
             moe="mixtral",

@@ -9,8 +9,6 @@ from ._attention import (
     auto_attention,
     dot_product_attention,
     dot_product_attention_weights,
-    positions_from_segments,
-    rotary_embedding,
 )
 from ._basic import (  # activations by function; nn.activation(name) finds each by name
     ACTIVATIONS,
@@ -68,6 +66,7 @@ from ._quant import (  # low-precision Linears: nn.quantize(model, "fp8")
     quantize,
     without_overwrites,
 )
+from ._rotary import positions_from_segments, rotary_embedding
 from ._stacked import Stacked
 from .loss import (
     binary_cross_entropy_loss,
