@@ -178,15 +178,20 @@ EP = {  # name: (mesh, compute mapping, parameter mapping)
 
 def _objective(m, x):
     y, losses = m(x)
-    return jnp.sum(y.array**2) + losses["load_balancing"] + losses["router_z"]
+    return jnp.sum(y.array**2) + losses["load_balancing"] + losses["router_z"], y
+
+
+# The layer's output and the objective's gradient from one program (one compile per layout, not
+# two): the output is the forward pass the gradient differentiates.
+_output_and_grad = eqx.filter_grad(_objective, has_aux=True)
 
 
 @pytest.fixture(scope="module")
 def one_device():
     moe = _layer(top_k=2, shared_mlp=nm.Axis("mlp", 12), shared_gate=True)
     x = _tokens()
-    y = eqx.filter_jit(lambda m, x: m(x)[0])(moe, x)
-    return moe, x, y, eqx.filter_jit(eqx.filter_grad(_objective))(moe, x)
+    g, y = eqx.filter_jit(_output_and_grad)(moe, x)
+    return moe, x, y, g
 
 
 def _sharded(moe, x, parallel, layout):
@@ -196,17 +201,17 @@ def _sharded(moe, x, parallel, layout):
     with nm.set_mesh(mesh), nm.axis_mapping(compute):
         m = nm.shard(m, param)
         fwd = nm.named_jit(lambda m, x: m(x)[0], mapping=compute)
-        grad = nm.named_jit(eqx.filter_grad(_objective), mapping=compute)
-        return m, mesh, fwd, grad
+        both = nm.named_jit(_output_and_grad, mapping=compute)
+        return m, mesh, fwd, both
 
 
 @pytest.mark.parametrize("layout", list(EP))
 @pytest.mark.parametrize("parallel", ["auto", "explicit"])
 def test_expert_parallel_layer_equals_one_device(one_device, parallel, layout):
     moe, x, y1, g1 = one_device
-    m, mesh, fwd, grad = _sharded(moe, x, parallel, layout)
+    m, mesh, _, both = _sharded(moe, x, parallel, layout)
     with nm.set_mesh(mesh):
-        y, g = fwd(m, x), grad(m, x)
+        g, y = both(m, x)
     experts_spec = m.experts.stacked.gate.weight.array.sharding.spec
     assert experts_spec[0] is not None, "the experts are not split: the test would prove nothing"
     np.testing.assert_allclose(_flat(y), _flat(y1), atol=1e-5, rtol=0)
@@ -224,9 +229,9 @@ def test_the_hlo_holds_the_expected_all_to_alls(one_device, parallel):
     # the expert axis (compiled_report names auto mode's groups by the whole mesh: it does not read
     # the "mesh[...] {'axis_2'}" form of replica groups, so the pieces are what is checked there).
     moe, x, _, _ = one_device
-    m, mesh, fwd, grad = _sharded(moe, x, parallel, "ep4 + fsdp")
+    m, mesh, fwd, both = _sharded(moe, x, parallel, "ep4 + fsdp")
     with nm.set_mesh(mesh):
-        for fn, n in ((fwd, 3), (grad, 4)):
+        for fn, n in ((fwd, 3), (both, 4)):  # both: the gradient program (it returns the output too)
             a2a = [c for c in nm.compiled_report(fn, m, x).collectives if c.kind == "all-to-all"]
             assert len(a2a) == n, a2a
             assert all(len(re.findall(r"\w+\[[\d,]*\]", c.shape)) == 4 for c in a2a), a2a
