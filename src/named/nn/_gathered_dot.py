@@ -61,8 +61,11 @@ def gather_per_use(param_mapping: Mapping[str, Any] | None) -> Iterator[None]:
 def _plan(x: NamedArray, w: NamedArray, contract: tuple[str, ...]):
     """(mesh, x spec, w spec, y spec, gathered weight dims, the mesh axes summed beyond them),
     or None where the rule does not apply."""
-    params, compute, mesh = current(), current_mapping(), current_mesh()
-    if params is None or compute is None or mesh is None or current_body() is not None:
+    params = current()
+    if params is None:  # the usual case: one context read, nothing else
+        return None
+    compute, mesh = current_mapping(), current_mesh()
+    if compute is None or mesh is None or current_body() is not None:
         return None
     if current_layer_driver() is not None:
         return None
