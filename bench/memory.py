@@ -26,7 +26,7 @@ import math
 
 import _common as C  # sets XLA_FLAGS before jax is imported
 
-# name -> (model config, batch, seq, remat, loss)
+# name -> (model config, batch, seq, remat, loss[, mesh.gather]; "auto" when left out)
 CONFIGS = {
     "gpt2_4L_256_issue": (dict(C.SMALL_GPT2), C.BATCH, C.SEQ, "none", "full"),
     "gpt2_4L_256_issue_remat_blockwise": (dict(C.SMALL_GPT2), C.BATCH, C.SEQ, "full", "blockwise"),
@@ -52,6 +52,16 @@ CONFIGS = {
         "full every=6",
         "blockwise",
     ),
+    # the same with each linear layer's FSDP weight gathered where it is used and its gradient
+    # reduce-scattered there (mesh.gather: per_use, nn.gather_per_use)
+    "gpt2_48L_1024_b8_nested_per_use": (
+        dict(n_layer=48, n_head=16, n_embd=1024, n_positions=256, vocab_size=8192),
+        8,
+        256,
+        "full every=6",
+        "blockwise",
+        "per_use",
+    ),
     "gpt2_124M_seq1024_b8": (
         dict(n_layer=12, n_head=12, n_embd=768, n_positions=1024, vocab_size=50304),
         8,
@@ -63,9 +73,9 @@ CONFIGS = {
 TINY = {"tiny": (dict(n_layer=2, n_head=2, n_embd=64, n_positions=32, vocab_size=384), 8, 32, "none", "full")}
 
 
-def measure(cfg: dict, batch: int, seq: int, remat: str, loss: str) -> dict:
+def measure(cfg: dict, batch: int, seq: int, remat: str, loss: str, weight_gather: str = "auto") -> dict:
     block = max(d for d in range(1, 1025) if cfg["vocab_size"] % d == 0)  # the largest divisor <= 1024
-    over = {"trainer.loss_block_size": block if loss == "blockwise" else "null"}
+    over = {"trainer.loss_block_size": block if loss == "blockwise" else "null", "mesh.gather": weight_gather}
     step = C.compile_trainer_step(C.step_config({**cfg, "remat": remat}, batch=batch, seq=seq, over=over))
     mem = C.memory_stats(step["compiled"])
     # how the fused loss gathers the FSDP head (nn.blockwise_cross_entropy_loss, gather="auto")
@@ -86,6 +96,7 @@ def measure(cfg: dict, batch: int, seq: int, remat: str, loss: str) -> dict:
             "loss": loss,
             "loss_block_size": block if loss == "blockwise" else None,
             "head_gather": gather,
+            "weight_gather": weight_gather,
         },
         "params": n,
         "memory": mem,
@@ -104,8 +115,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     configs = TINY if args.tiny else {k: CONFIGS[k] for k in args.configs}
     rows = {}
-    for name, (cfg, batch, seq, remat, loss) in configs.items():
-        row = rows[name] = measure(cfg, batch, seq, remat, loss)
+    for name, spec in configs.items():
+        row = rows[name] = measure(*spec)
         m = row["memory"]
         print(
             f"{name}: N={row['params']:,} peak {m['peak_bytes'] / 2**20:.1f} MiB/device "

@@ -352,7 +352,7 @@ def memory_block() -> str:
                 f"`{name}`",
                 f"{row['params']:,}",
                 f"{c['batch']}×{c['seq']}",
-                c["remat"],
+                c["remat"] + (", weights gathered per use" if c.get("weight_gather") == "per_use" else ""),
                 c["loss"] + (f", head {c['head_gather']}" if c.get("head_gather") else ""),
                 mib(m["argument_size_in_bytes"]),
                 mib(m["output_size_in_bytes"]),

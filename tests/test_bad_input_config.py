@@ -330,6 +330,11 @@ RANGES = {
     "mesh.batch_split": (NANO, ["0", "-2"], ["1"]),  # more than 1 needs mesh.mode: explicit
     "trainer.loss_scale": (NANO, ["static", "Dynamic"], ["none"]),  # dynamic: float16 (tests/test_silent_results.py)
     "mesh.layout": (NANO, ["search", "Auto"], ["config", "auto"]),  # auto: resolved by named-train (test_plan.py)
+    "mesh.gather": (
+        NANO,
+        ["per-use", "PER_USE"],
+        ["auto", "per_use"],
+    ),  # per_use with mode explicit: test_gather_per_use.py
     "distributed.num_processes": (NANO, ["0", "-2"], ["null", "1"]),
     "distributed.process_id": (NANO, ["-1"], ["null", "0"]),
     "distributed.initialization_timeout_s": (NANO, ["0"], ["1"]),

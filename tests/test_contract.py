@@ -2376,6 +2376,9 @@ CONFIG = {
         "range": must(lambda: nn.ExplicitStack({}, {}, batch_split=0), nm.ArgumentError, "batch_split")
     },
     "nn.explicit_layers": {"dtype": must(lambda: nn.explicit_layers(3).__enter__(), nm.ArgumentTypeError, "int")},
+    "nn.gather_per_use": {
+        "dtype": must(lambda: nn.gather_per_use(["embed"]).__enter__(), nm.ArgumentTypeError, "list")
+    },
     "nn.attention_implementation": {
         "missing": must(lambda: nn.attention_implementation("nope").__enter__(), nm.ArgumentError, "nope")
     },

@@ -9,6 +9,8 @@ produced under the first (as a thread-local stack, invisible to jax, did in Hali
 - the ``nm.shard_map`` body being traced, which explicit mode's collectives read and through
   which explicit mode hooks its contractions and draws into the array core (:class:`Body`);
 - the layer-stack driver (``nn.explicit_layers``), which makes every ``Stacked`` run per device;
+- the parameter mapping of ``nn.gather_per_use``, under which a ``Linear`` gathers its FSDP
+  weight where it uses it;
 - the attention implementation that ``"auto"`` means (``nn.attention_implementation``);
 - the part of a device's block being traced (explicit mode's batch split), which tells a random
   draw where the block sits in the global array.
@@ -92,6 +94,7 @@ class FrozenMapping(Mapping):
 _mapping = jax.make_user_context(default_value=None)
 _body = jax.make_user_context(default_value=None)
 _layer_driver = jax.make_user_context(default_value=None)
+weight_gather = jax.make_user_context(default_value=None)  # nn.gather_per_use's parameter mapping
 _attention = jax.make_user_context(default_value="auto")
 _parts = jax.make_user_context(default_value=FrozenMapping({}))
 _order: contextvars.ContextVar = contextvars.ContextVar("named_collective_order", default=None)  # trace-local

@@ -40,6 +40,7 @@ from ._basic import (  # activations by function; nn.activation(name) finds each
 from ._blockseq import BlockSeq
 from ._conv import Conv, ConvTranspose
 from ._explicit_stack import ExplicitStack, explicit_layers
+from ._gathered_dot import gather_per_use
 from ._linear import Embedding, Linear
 from ._lora import LoraLinear
 from ._masks import (

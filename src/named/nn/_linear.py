@@ -25,6 +25,7 @@ from .._einsum import dot
 from .._index import concrete, first_flagged
 from .._shape import zeros
 from ..partitioning import shard
+from ._gathered_dot import gathered_dot
 from ._reparam import AbstractEmbeddingReparam, AbstractLinearReparam, EmbeddingStandardParam, LinearStandardParam
 
 # std of a standard normal truncated to [-2, 2] (jax.random.truncated_normal's default bounds);
@@ -101,7 +102,10 @@ class Linear(eqx.Module):
 
     def __call__(self, x: NamedArray, *, key=None) -> NamedArray:
         check_input(self, x)
-        y = dot(x, self.weight, axis=tuple(a.name for a in as_selectors(self.In)))
+        contract = tuple(a.name for a in as_selectors(self.In))
+        y = gathered_dot(x, self.weight, contract)  # None unless nn.gather_per_use applies
+        if y is None:
+            y = dot(x, self.weight, axis=contract)
         scale = self.reparam.active_scale
         if scale != 1:
             y = y * jnp.asarray(scale, y.dtype)

@@ -147,6 +147,14 @@ class MeshConfig:
         free=True,
         doc="`auto`: GSPMD places the collectives; `explicit`: the layer stack runs per device (docs/explicit.md)",
     )
+    gather: str = key(
+        "auto",
+        one_of("auto", "per_use"),
+        free=True,
+        doc="auto mode, FSDP: `auto`: GSPMD gathers the weights and sums their gradients; `per_use`: each linear "
+        "layer gathers its weight where it uses it and reduce-scatters its gradient there, one weight at a time "
+        "(less memory; docs/benchmarks.md section 4)",
+    )
     batch_split: int = key(
         1,
         at_least(1),

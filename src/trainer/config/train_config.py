@@ -320,6 +320,11 @@ def validate_static(cfg: TrainConfig) -> None:
             f"mesh.batch_split={cfg.mesh.batch_split} needs mesh.mode: explicit (auto mode leaves the "
             f"schedule to XLA); set --mesh.mode explicit or mesh.batch_split: 1"
         )
+    if cfg.mesh.gather == "per_use" and cfg.mesh.mode == "explicit":
+        raise ConfigError(
+            "mesh.gather: per_use is for mesh.mode: auto (explicit mode gathers each layer's weights itself); "
+            "set --mesh.gather auto or --mesh.mode auto"
+        )
     if o.warmup_steps >= 1 and o.warmup_steps != int(o.warmup_steps):
         raise ConfigError(
             f"optimizer.warmup_steps={o.warmup_steps} must be a whole number of steps, or a fraction "

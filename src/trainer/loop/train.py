@@ -102,12 +102,13 @@ def make_train_step(cfg: TrainConfig, setup: Setup, optimizer):
     dynamic = cfg.trainer.loss_scale == "dynamic"  # the opt state is then (state, nn.DynamicLossScale)
     lora_dropout = cfg.lora is not None and cfg.lora.dropout > 0
     driver = layer_driver(cfg, compute_mapping, param_mapping)  # None unless mesh.mode is explicit
+    gathered = param_mapping if cfg.mesh.gather == "per_use" else None  # nn.gather_per_use
 
     def loss_sum(params, frozen, batch, key, scale):
         m = cast_for_compute(eqx.combine(params, frozen, is_leaf=nm.is_named_array), policy)
         if lora_dropout:  # the models call their linears without keys: the adapters hold theirs for this pass
             m = nn.lora.with_dropout_keys(m, jax.random.fold_in(key, 1))
-        with nn.explicit_layers(driver):
+        with nn.explicit_layers(driver), nn.gather_per_use(gathered):
             per_token, aux = token_losses(
                 m, batch, key=key, block_size=cfg.trainer.loss_block_size, param_mapping=param_mapping
             )
