@@ -143,8 +143,13 @@ TINY_ATTENTION_SHAPES = [("tiny", 2, 64, 4, 2, 16)]
 # ---- worker: one training configuration -----------------------------------------------------
 
 
+# --tiny on a CPU: the toy programs compile faster without LLVM's optimisation of XLA:CPU's code (as
+# the test suite compiles them); a GPU run never has these.
+TINY_CPU_FLAGS = ["--xla_backend_optimization_level=0"]
+
+
 def _xla_flags(spec: dict) -> str:
-    return " ".join(spec["tuned_flags"] if spec["flags"] == "tuned" else [])
+    return " ".join([*(spec["tuned_flags"] if spec["flags"] == "tuned" else []), *spec.get("cpu_flags", [])])
 
 
 def train_worker(spec: dict) -> dict:
@@ -560,6 +565,8 @@ def main(argv=None):
             print(f"budget spent: {model} {settings} not run", flush=True)
             continue
         spec = {"model": model, "flags": settings.get("flags", "tuned"), "tuned_flags": tuned}
+        if args.tiny and backend == "cpu":
+            spec["cpu_flags"] = TINY_CPU_FLAGS
         if model == "attention":
             spec.update(shapes=TINY_ATTENTION_SHAPES if args.tiny else ATTENTION_SHAPES, repeats=3 if args.tiny else 20)
         else:

@@ -11,8 +11,11 @@ Two commands are not run, each for a reason that this file states (the table bel
 templates (SLURM, TPU pods) are fenced as ```text on their pages and are not commands here.
 `make train` runs 10 of its 300 steps (``TRAIN_ARGS``, read by the Makefile): the whole run takes
 about four minutes, and what follows it on the page needs only a finished run (a checkpoint for
-`named-sample`, a metrics row, an eval and a sample for `named-plot`: the last step logs all three). A command that an
-earlier page of this session already ran, word for word, is not run twice.
+`named-sample`, a metrics row, an eval and a sample for `named-plot`: the last step logs all three);
+docs/trainer.md's first run trains those same 10 steps of the same config, so its programs come from
+the session's persistent compilation cache (a run of another length bakes another learning-rate
+schedule into its step: another program). A command that an earlier page of this session already
+ran, word for word, is not run twice.
 Each command must exit 0 with no traceback.
 """
 
