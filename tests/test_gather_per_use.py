@@ -152,3 +152,41 @@ def test_the_trainer_refuses_per_use_in_explicit_mode():
     assert load_config(NANO, ["--mesh.gather=per_use"]).mesh.gather == "per_use"
     with pytest.raises(ConfigError, match="mesh.gather: per_use is for mesh.mode: auto"):
         load_config(NANO, ["--mesh.gather=per_use", "--mesh.mode=explicit"])
+
+
+def test_named_train_with_per_use_gathers_trains_as_with_gspmds(tmp_path_factory, tmp_path):
+    # the trainer's key end to end: the same FSDP run (3 steps, one eval) with mesh.gather auto and per_use
+    from test_loss_block import FSDP as FSDP_KEYS
+    from test_loss_block import _run
+
+    corpus = tmp_path_factory.mktemp("corpus")
+    (corpus / "code.txt").write_text("\n".join(f"def g_{i}(a, b):\n    return a * {i} - b\n" for i in range(300)))
+    losses, eval_loss = _run(corpus, tmp_path / "auto", "gpt2_nano.yaml", **FSDP_KEYS)
+    per_use, per_use_eval = _run(
+        corpus, tmp_path / "per_use", "gpt2_nano.yaml", **FSDP_KEYS, **{"mesh.gather": "per_use"}
+    )
+    assert len(per_use) == 3
+    np.testing.assert_allclose(per_use, losses, rtol=1e-5)  # the loss, and through it every update
+    np.testing.assert_allclose(per_use_eval, eval_loss, rtol=1e-5)
+    # and the key reached the step: its layers' weight gradients are reduce-scattered, not all-reduced
+    from test_loss_block import ROOT, TINY
+
+    from named.trainer.commands.plan import train_step_report
+    from named.trainer.config import load_config
+
+    over = {
+        **TINY["gpt2_nano.yaml"],
+        **FSDP_KEYS,
+        "data.seq_len": 32,
+        "trainer.train_batch_size": 16,
+        "trainer.sample_interval": 0,
+    }
+    args = [x for k, v in over.items() for x in (f"--{k}", str(v))]
+    auto, use = (
+        train_step_report(load_config(ROOT / "config/gpt2_nano.yaml", [*args, f"--mesh.gather={g}"]))
+        for g in ("auto", "per_use")
+    )
+    assert use.count("reduce-scatter") > auto.count("reduce-scatter"), (
+        auto.count("reduce-scatter"),
+        use.count("reduce-scatter"),
+    )
