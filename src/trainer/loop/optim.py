@@ -141,7 +141,7 @@ def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
     return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)  # hashed as itself, like an optax transformation
 class Optimizer:
     """The run's optimizer (``build_optimizer``) as its ``numbers`` and the optax transformation
     ``transformation(numbers)`` makes of them: ``init`` and ``update`` use its own numbers (an optax

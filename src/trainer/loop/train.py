@@ -188,7 +188,7 @@ def make_train_step(cfg: TrainConfig, setup: Setup, optimizer):
     return TrainStep(jitted, as_inputs(optimizer.numbers) if isinstance(optimizer, Optimizer) else None)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class TrainStep:
     """``make_train_step``'s program, called (or ``lower``ed) with the run's five arguments (model,
     optimizer state, batch, key, stop flags); the optimizer's numbers go in as the sixth."""
