@@ -112,3 +112,53 @@ def test_a_warmup_longer_than_schedule_steps_names_the_key():
 
     with pytest.raises(ConfigError, match=r"warmup_steps=30 is longer than optimizer.schedule_steps=20"):
         load_config(None, ["--optimizer.warmup_steps", "30", "--optimizer.schedule_steps", "20"])
+
+
+def _optax_schedule(cfg: OptimizerConfig, num_steps: int):
+    """The reference: the schedule built from optax's own schedules with Python numbers (what the
+    trainer built before its numbers became inputs of the compiled step)."""
+    import optax
+
+    lr, warm = cfg.learning_rate, cfg.warmup(num_steps)
+    horizon = cfg.horizon(num_steps)
+    end, rest = lr * cfg.min_lr_ratio, max(horizon - warm, 1)
+    if cfg.schedule == "cosine":
+        main = optax.cosine_decay_schedule(lr, rest, alpha=cfg.min_lr_ratio)
+    elif cfg.schedule == "linear":
+        main = optax.linear_schedule(lr, end, rest)
+    elif cfg.schedule == "constant":
+        main = optax.constant_schedule(lr)
+    else:
+        decay = max(int(round(horizon * cfg.decay_fraction)), 1)
+        main = optax.join_schedules(
+            [optax.constant_schedule(lr), optax.linear_schedule(lr, end, decay)], [max(rest - decay, 0)]
+        )
+    return main if warm == 0 else optax.join_schedules([optax.linear_schedule(0.0, lr, warm), main], [warm])
+
+
+@pytest.mark.parametrize("kind", ["cosine", "linear", "constant", "wsd"])
+@pytest.mark.parametrize(
+    "over,n",
+    [
+        ({}, 7),
+        ({"warmup_steps": 0.1}, 300),
+        ({"warmup_steps": 3, "learning_rate": 3e-4}, 50),
+        ({"schedule_steps": 9}, 40),
+    ],
+)
+def test_the_compiled_schedule_is_optaxs_bit_for_bit(kind, over, n):
+    """The train step computes the learning rate from its numbers as inputs (``optim.numbers``);
+    at every step it is, bit for bit, the float32 optax's schedules compute with the numbers as
+    constants of the program, warmup or none."""
+    import jax.numpy as jnp
+
+    from named.trainer.loop.optim import as_inputs, numbers, schedule_of
+
+    cfg = OptimizerConfig(schedule=kind, **{"learning_rate": 2e-3, "warmup_steps": 2, "min_lr_ratio": 0.1, **over})
+    # one int32 count at a time, as the step reads its own (XLA:CPU computes a vector's cosines otherwise)
+    ours, theirs = jax.jit(lambda nums, c: schedule_of(kind, nums)(c)), jax.jit(_optax_schedule(cfg, n))
+    nums, logged = as_inputs(numbers(cfg, n)), schedule(cfg, n)  # logged: what the loop logs as "lr"
+    for s in range(n + 5):
+        a, b = ours(nums, jnp.int32(s)), theirs(jnp.int32(s))
+        assert a.dtype == b.dtype == np.float32 and np.asarray(a).view(np.uint32) == np.asarray(b).view(np.uint32), s
+        assert float(logged(s)) == float(b)

@@ -108,3 +108,32 @@ def test_the_training_loop_builds_its_state_with_the_one_builder(corpus, tmp_pat
     assert abstract_tree == real_tree and abstract == real
     # and what the step gives back stays laid out so: the donated state keeps its layout
     assert _where((result.model, result.opt_state)) == real
+
+
+@pytest.mark.parametrize("mode", ["auto", "explicit"])
+def test_runs_differing_in_the_optimizers_numbers_compile_one_train_step(corpus, tmp_path, mode):
+    """The learning rate, the schedule's span and warmup, weight decay and clipping are inputs of the
+    compiled train step, not constants in it: runs that differ only in them lower to one program
+    (so the persistent compilation cache serves the second); Adam's betas are still constants."""
+
+    def program(**over):
+        cfg = load_config(
+            ROOT / "config/gpt2_nano.yaml",
+            tiny_args(corpus, tmp_path / "run", **{"model.n_layer": 1, "data.seq_len": 16, "mesh.mode": mode, **over}),
+        )
+        step, args = plan.abstract_train_step(cfg)
+        with nm.set_mesh(args[2]["input_ids"].array.sharding.mesh):
+            return step.lower(*args).as_text()
+
+    base = program(**{"trainer.num_train_steps": 3, "optimizer.warmup_steps": 0.1})  # 0 steps of warmup
+    assert base == program(**{"trainer.num_train_steps": 40, "optimizer.warmup_steps": 0.1})  # 4 steps of warmup
+    assert base == program(
+        **{
+            "optimizer.learning_rate": 0.01,
+            "optimizer.weight_decay": 0.05,
+            "optimizer.max_grad_norm": 0.5,
+            "optimizer.min_lr_ratio": 0.0,
+            "optimizer.schedule_steps": 100,
+        }
+    )
+    assert base != program(**{"optimizer.beta1": 0.8})  # the comparison tells programs apart

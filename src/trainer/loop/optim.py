@@ -4,9 +4,14 @@ gradient, outside all of these (``with_overwrites``)."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+from collections.abc import Callable
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 import named as nm
@@ -16,28 +21,90 @@ from ..config import OptimizerConfig, TrainConfig
 from .model_init import trainable
 
 
+def numbers(cfg: OptimizerConfig, num_steps: int) -> dict[str, int | float]:
+    """The numbers of a run's optimizer that runs of one model often differ in: the schedule's (peak
+    and final learning rate, warmup, the spans of its parts), the weight decay and the clipping norm.
+    The train step takes them as inputs of its program (``Optimizer``), so runs that differ only in
+    them share one compiled step. What XLA would fold were they constants is folded here, as it
+    folds it (sums in Python's float64 as optax takes them, a division by a span as a product with
+    its float32 reciprocal, products of constants as one float32 constant), so the step computes
+    bit for bit what it computed with them as constants (``tests/test_optim.py`` compares)."""
+    f32 = np.float32
+    lr, warm = cfg.learning_rate, cfg.warmup(num_steps)
+    horizon = cfg.horizon(num_steps)
+    end = lr * cfg.min_lr_ratio
+    rest = max(horizon - warm, 1)
+    decay = max(int(round(horizon * cfg.decay_fraction)), 1)  # wsd's final decay
+    out = {
+        "lr": lr,
+        "end": end,
+        "lr_minus_end": lr - end,
+        "min_lr_ratio": cfg.min_lr_ratio,
+        "half_of_one_minus_min_lr_ratio": float(f32(0.5) * f32(1 - cfg.min_lr_ratio)),
+        "warmup": warm,
+        "rest": rest,
+        "stable": max(rest - decay, 0),
+        "decay": decay,
+        **{f"per_{k}": float(f32(1) / f32(max(v, 1))) for k, v in (("warmup", warm), ("rest", rest), ("decay", decay))},
+        "pi_per_rest": float(f32(np.pi) * (f32(1) / f32(rest))),
+    }
+    if cfg.max_grad_norm is not None:
+        out["max_grad_norm"] = cfg.max_grad_norm
+    if cfg.weight_decay:  # zero: no decay term at all (optax leaves it out), so zero is no number here
+        out["weight_decay"] = cfg.weight_decay
+    return out
+
+
+def schedule_of(kind: str, n: dict) -> optax.Schedule:
+    """The learning rate by step (an int32 count) of schedule ``kind`` from ``numbers``: linear warmup
+    to ``lr``, then the chosen shape down to ``end`` over ``rest`` steps, flat after it (wsd: flat for
+    ``stable`` steps, then a linear decay over ``decay``). The formulas are optax's
+    (``linear_schedule``, ``cosine_decay_schedule``, ``join_schedules``) written over numbers that
+    may be traced; a warmup of 0 steps is the same program, its branch never chosen."""
+
+    def linear(init_minus_end, end, span):  # optax.linear_schedule(init, end, n[span]), n[span] > 0
+        def f(count):
+            frac = 1 - jnp.clip(count, 0, n[span]) * n[f"per_{span}"]
+            return init_minus_end * frac + end
+
+        return f
+
+    def cosine(count):  # optax.cosine_decay_schedule(lr, rest, alpha=min_lr_ratio)
+        cos = 1 + jnp.cos(jnp.minimum(count, n["rest"]) * n["pi_per_rest"])
+        return n["lr"] * (cos * n["half_of_one_minus_min_lr_ratio"] + n["min_lr_ratio"])
+
+    def constant(count):
+        return n["lr"]
+
+    def wsd(count):
+        decay = linear(n["lr_minus_end"], n["end"], "decay")
+        return jnp.where(count < n["stable"], n["lr"], decay(count - n["stable"]))
+
+    main = {"cosine": cosine, "linear": linear(n["lr_minus_end"], n["end"], "rest"), "constant": constant}.get(
+        kind, wsd
+    )
+    warmup = linear(0.0 - n["lr"], n["lr"], "warmup")
+    return lambda count: jnp.where(count < n["warmup"], warmup(count), main(count - n["warmup"]))
+
+
 def schedule(cfg: OptimizerConfig, num_steps: int) -> optax.Schedule:
     """Learning rate by step in a run of ``num_steps``: linear warmup (``cfg.warmup``) to ``learning_rate``, then
     the chosen shape down to ``min_lr_ratio * learning_rate`` at the schedule's horizon (``cfg.horizon``:
     ``num_steps`` unless ``schedule_steps`` is set), flat after it (wsd: flat, then a linear decay over
-    the last ``decay_fraction`` of the horizon)."""
-    lr, warm = cfg.learning_rate, cfg.warmup(num_steps)
-    num_steps = cfg.horizon(num_steps)
-    end = lr * cfg.min_lr_ratio
-    rest = max(num_steps - warm, 1)
-    if cfg.schedule == "cosine":
-        main = optax.cosine_decay_schedule(lr, rest, alpha=cfg.min_lr_ratio)
-    elif cfg.schedule == "linear":
-        main = optax.linear_schedule(lr, end, rest)
-    elif cfg.schedule == "constant":
-        main = optax.constant_schedule(lr)
-    else:  # wsd
-        decay = max(int(round(num_steps * cfg.decay_fraction)), 1)
-        stable = max(rest - decay, 0)
-        main = optax.join_schedules([optax.constant_schedule(lr), optax.linear_schedule(lr, end, decay)], [stable])
-    if warm == 0:
-        return main
-    return optax.join_schedules([optax.linear_schedule(0.0, lr, warm), main], [warm])
+    the last ``decay_fraction`` of the horizon). Computed as the train step computes it."""
+    n = as_inputs(numbers(cfg, num_steps))
+    return lambda step: _rate(cfg.schedule, n, jnp.asarray(step, jnp.int32))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _rate(kind: str, n: dict, count):  # one program per kind for every run the process logs
+    return schedule_of(kind, n)(count)
+
+
+def as_inputs(n: dict) -> dict:
+    """``numbers`` as arrays of the dtypes and weak types that Python numbers take in a trace
+    (int32, float32), which a compiled program takes as inputs instead of constants."""
+    return {k: jnp.asarray(v) for k, v in n.items()}
 
 
 def decay_mask(params):
@@ -74,21 +141,42 @@ def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
     return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
-def build_optimizer(cfg: OptimizerConfig, num_steps: int) -> optax.GradientTransformation:
-    parts = []
-    if cfg.max_grad_norm is not None:
-        parts.append(clip_by_global_norm(cfg.max_grad_norm))
-    parts.append(
-        optax.adamw(
-            schedule(cfg, num_steps),
-            b1=cfg.beta1,
-            b2=cfg.beta2,
-            eps=cfg.epsilon,
-            weight_decay=cfg.weight_decay,
-            mask=decay_mask,
+@dataclasses.dataclass(frozen=True, eq=False)  # hashed as itself, like an optax transformation
+class Optimizer:
+    """The run's optimizer (``build_optimizer``) as its ``numbers`` and the optax transformation
+    ``transformation(numbers)`` makes of them: ``init`` and ``update`` use its own numbers (an optax
+    transformation like any other), and the train step passes them in as inputs, so that runs
+    differing only in them share one compiled program. Its state is optax's ``adamw`` state."""
+
+    numbers: dict
+    transformation: Callable[[dict], optax.GradientTransformation]
+
+    def init(self, params):
+        return self.transformation(self.numbers).init(params)
+
+    def update(self, updates, state, params=None):
+        return self.transformation(self.numbers).update(updates, state, params)
+
+
+def build_optimizer(cfg: OptimizerConfig, num_steps: int) -> Optimizer:
+    """AdamW (optax's) after clipping, with ``schedule``'s learning rate and ``decay_mask``'s weight
+    decay, for a run of ``num_steps``. Betas and epsilon stay constants of the program."""
+
+    def transformation(n: dict) -> optax.GradientTransformation:
+        parts = [clip_by_global_norm(n["max_grad_norm"])] if "max_grad_norm" in n else []
+        parts.append(
+            optax.adamw(
+                schedule_of(cfg.schedule, n),
+                b1=cfg.beta1,
+                b2=cfg.beta2,
+                eps=cfg.epsilon,
+                weight_decay=n.get("weight_decay", 0.0),
+                mask=decay_mask,
+            )
         )
-    )
-    return with_overwrites(optax.chain(*parts))
+        return with_overwrites(optax.chain(*parts))
+
+    return Optimizer(numbers(cfg, num_steps), transformation)
 
 
 def with_overwrites(inner: optax.GradientTransformation) -> optax.GradientTransformation:

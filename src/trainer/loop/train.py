@@ -53,7 +53,7 @@ from .checks import Setup, checked_setup, require_harness
 from .generate import sample_text
 from .loss import token_losses
 from .model_init import layer_driver, trainable
-from .optim import schedule
+from .optim import Optimizer, as_inputs, schedule
 from .registry import max_positions, model_type
 from .state import run_state
 from .stop import StopRequests, agree
@@ -91,7 +91,9 @@ def make_train_step(cfg: TrainConfig, setup: Setup, optimizer):
     the loss, the gradient, the update, the new parameters or the new optimizer state is not finite;
     under ``nan_policy: skip`` such a step leaves the state untouched. ``flags``
     (``stop.flags_layout``) come back agreed over every device as ``stop_flags``: the stop and save
-    decisions ride in this one program."""
+    decisions ride in this one program. An ``optim.Optimizer``'s numbers (learning rate, schedule,
+    weight decay, clipping) are inputs of the program, not constants in it: runs that differ only in
+    them compile one program (and find it in the persistent compilation cache)."""
     compute_mapping, param_mapping, policy = (
         setup.compute_mapping,
         setup.param_mapping,
@@ -122,7 +124,8 @@ def make_train_step(cfg: TrainConfig, setup: Setup, optimizer):
 
     grad_fn = eqx.filter_value_and_grad(loss_sum, has_aux=True)
 
-    def step(model, opt_state, batch, key, flags):
+    def step(model, opt_state, batch, key, flags, numbers):
+        opt = optimizer.transformation(numbers) if numbers is not None else optimizer
         # Gradients, their accumulators and the update exist for the trainable leaves only
         # (all of them, or LoRA's adapters); the frozen rest passes through the step unchanged.
         params, frozen = eqx.partition(model, trainable(cfg, model), is_leaf=nm.is_named_array)
@@ -149,7 +152,7 @@ def make_train_step(cfg: TrainConfig, setup: Setup, optimizer):
         if dynamic:  # an overflow is expected now and then: that step is skipped and the scale lowered
             grads = jax.tree.map(lambda g: jnp.where(overflow, jnp.zeros_like(g), g), grads)
         grad_norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))
-        updates, new_opt = optimizer.update(grads, inner_opt, params)
+        updates, new_opt = opt.update(grads, inner_opt, params)
         new_model = eqx.combine(eqx.apply_updates(params, updates), frozen, is_leaf=nm.is_named_array)
         # A finite loss and gradient can still make a non-finite update (a NaN learning rate,
         # an overflow in the optimizer), so the step's outputs are checked too. The update itself is
@@ -180,9 +183,25 @@ def make_train_step(cfg: TrainConfig, setup: Setup, optimizer):
             },
         )
 
-    return nm.named_jit(
-        step, mapping=compute_mapping, out_mapping=param_mapping, donate_args=(True, True, False, False, False)
+    jitted = nm.named_jit(
+        step, mapping=compute_mapping, out_mapping=param_mapping, donate_args=(True, True, False, False, False, False)
     )
+    return TrainStep(jitted, as_inputs(optimizer.numbers) if isinstance(optimizer, Optimizer) else None)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TrainStep:
+    """``make_train_step``'s program, called (or ``lower``ed) with the run's five arguments (model,
+    optimizer state, batch, key, stop flags); the optimizer's numbers go in as the sixth."""
+
+    jitted: Any  # what nm.named_jit returns
+    numbers: dict | None
+
+    def __call__(self, model, opt_state, batch, key, flags):
+        return self.jitted(model, opt_state, batch, key, flags, self.numbers)
+
+    def lower(self, model, opt_state, batch, key, flags):
+        return self.jitted.lower(model, opt_state, batch, key, flags, self.numbers)
 
 
 def make_eval_step(cfg: TrainConfig, setup: Setup):
