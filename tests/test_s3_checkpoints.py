@@ -406,7 +406,8 @@ def _train(workdir: Path, run_dir: Path, base: str, log: Path, *, write_delay=No
 
 def _final_sha(base: str, step: int) -> dict:
     commit = ck.verify_checkpoint(ck.location(f"{base}/checkpoints/step_{step}"))
-    return {rel.split("/", 1)[1]: info for rel, info in commit["files"].items()}  # checksum and size
+    # each file's checksum and size, named below the step's folder as a local checkpoint's commit names them
+    return {rel.split("/", 1)[1]: info for rel, info in commit["files"].items()}
 
 
 def _restore_numpy(base: str, step: int, workdir: Path):
@@ -433,7 +434,7 @@ S3_INTERVAL = 9  # fewer saves than test_kill_resume's run makes: every one goes
 def test_named_train_killed_and_resumed_from_the_bucket_bitwise(workdir, reference, s3):
     """The reference is test_kill_resume's uninterrupted run (the same training, its checkpoints on
     the local disk, made once a session): the run killed and resumed on the bucket must end equal."""
-    from test_kill_resume import STEPS, _losses
+    from test_kill_resume import STEPS, _files, _losses
     from test_kill_resume import _restore_numpy as _restore_local
 
     over = {"checkpoint.interval": S3_INTERVAL}
@@ -463,7 +464,7 @@ def test_named_train_killed_and_resumed_from_the_bucket_bitwise(workdir, referen
     ref_losses = dict(_losses(reference))
     resumed = _losses(run_dir)
     assert [s for s, _ in resumed][-1] == STEPS and all(ref_losses[s] == loss for s, loss in resumed)
-    assert _final_sha(base, STEPS) == _final_sha(str(reference), STEPS)
+    assert _final_sha(base, STEPS) == _files(reference / "checkpoints" / f"step_{STEPS}")  # each file's bytes
     assert ck.uncommitted_steps(ckdir) == []  # removed by the next successful save
     # reshard on restore: the bucket's checkpoint onto host numpy arrays, equal to the reference's
     got, want = _restore_numpy(base, STEPS, workdir), _restore_local(reference, STEPS, workdir)
