@@ -9,8 +9,10 @@ and auto-resume falls back past it.
 
 Speed: one uninterrupted reference run fills a persistent JAX compilation cache that every
 later process reads (a resume then costs ~2-3 s of CPU, mostly imports), and all runs
-share one token cache; test_preemption.py shares the same reference run and caches (made once a
-session, whichever pytest worker first needs them).
+share one token cache; test_preemption.py and test_s3_checkpoints.py share the same reference run
+and caches (made once a session, whichever pytest worker first needs them). Every run has the same
+number of steps: the learning-rate schedule's constants are part of the compiled step, so a run of
+12 steps compiles a step of its own (measured), unless ``optimizer.schedule_steps`` fixes them.
 
 Every subprocess imports a snapshot of ``src/`` (and reads a copy of the YAML) taken when
 the session first needs it: the comparison is bitwise, so all runs must execute the same code even
@@ -178,8 +180,8 @@ def test_runs_import_the_snapshot(workdir):
 
 @pytest.fixture(scope="session")
 def workdir(tmp_path_factory) -> Path:
-    """One snapshot, token cache and compilation cache for the session, shared by this module and
-    test_preemption.py on whichever pytest worker runs them (the folder above each xdist worker's
+    """One snapshot, token cache and compilation cache for the session, shared by this module,
+    test_preemption.py and test_s3_checkpoints.py on whichever pytest worker runs them (the folder above each xdist worker's
     own temporary folder)."""
     d = shared_dir(tmp_path_factory, "kill")
     with once(d / ".snapshot") as first:
@@ -198,7 +200,7 @@ def workdir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def reference(workdir) -> Path:
     """The uninterrupted run (it also fills the compilation and token caches), made once a session
-    for this module and test_preemption.py: the runs compared with it never write into it (the
+    for this module, test_preemption.py and test_s3_checkpoints.py: the runs compared with it never write into it (the
     tests that damage a checkpoint copy it first)."""
     run_dir = workdir / "reference"
     with once(workdir / ".reference") as first:
