@@ -181,8 +181,8 @@ def test_runs_import_the_snapshot(workdir):
 @pytest.fixture(scope="session")
 def workdir(tmp_path_factory) -> Path:
     """One snapshot, token cache and compilation cache for the session, shared by this module,
-    test_preemption.py and test_s3_checkpoints.py on whichever pytest worker runs them (the folder above each xdist worker's
-    own temporary folder)."""
+    test_preemption.py and test_s3_checkpoints.py on whichever pytest worker runs them (the folder
+    above each xdist worker's own temporary folder)."""
     d = shared_dir(tmp_path_factory, "kill")
     with once(d / ".snapshot") as first:
         if first:
