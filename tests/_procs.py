@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 # What conftest.py gives XLA in the pytest process (besides its 8 devices): the processes tests start
 # compile the same way. The tests' models are tiny, so LLVM's optimisation of the generated code costs
@@ -30,3 +34,25 @@ def run_workers(argvs: list[list[str]], env: dict, timeout: float) -> tuple[list
                 p.kill()
                 p.wait()
     return [p.returncode for p in procs], outs
+
+
+def shared_dir(tmp_path_factory, name: str) -> Path:
+    """A folder of the whole pytest session, the same for every xdist worker (the folder above each
+    worker's own temporary folder): what a test file makes there once, another file's tests reuse."""
+    base = tmp_path_factory.getbasetemp()
+    d = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / name
+    d.mkdir(exist_ok=True)
+    return d
+
+
+@contextlib.contextmanager
+def once(marker: Path):
+    """Runs the block unless ``marker`` exists, then writes it (not when the block fails); one process
+    at a time (a file lock beside it), so the pytest workers of a session share what the block made."""
+    with open(marker.with_name(marker.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield not marker.exists()
+            marker.touch()
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

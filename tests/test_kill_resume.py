@@ -9,8 +9,10 @@ and auto-resume falls back past it.
 
 Speed: one uninterrupted reference run fills a persistent JAX compilation cache that every
 later process reads (a resume then costs ~2-3 s of CPU, mostly imports), and all runs
-share one token cache; test_preemption.py shares the same reference run and caches (made once a
-session, whichever pytest worker first needs them).
+share one token cache; test_preemption.py and test_s3_checkpoints.py share the same reference run
+and caches (made once a session, whichever pytest worker first needs them). Every run has the same
+number of steps: the learning-rate schedule's constants are part of the compiled step, so a run of
+12 steps compiles a step of its own (measured), unless ``optimizer.schedule_steps`` fixes them.
 
 Every subprocess imports a snapshot of ``src/`` (and reads a copy of the YAML) taken when
 the session first needs it: the comparison is bitwise, so all runs must execute the same code even
@@ -19,8 +21,6 @@ if the working tree is edited while the test runs.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import random
@@ -36,7 +36,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from _procs import xla_flags
+from _procs import once, shared_dir, xla_flags
 
 from named.trainer import checkpoint as ckpt
 from named.trainer.config import load_config
@@ -178,28 +178,13 @@ def test_runs_import_the_snapshot(workdir):
     assert r.stdout.split() == [str(workdir / "src" / "named" / p / "__init__.py") for p in ("trainer", "models", ".")]
 
 
-@contextlib.contextmanager
-def _once(marker: Path):
-    """Runs the block unless ``marker`` exists, then writes it; one process at a time (a file lock
-    beside it), so the pytest workers of a session share what the block made."""
-    with open(marker.with_name(marker.name + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield not marker.exists()
-            marker.touch()
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
 @pytest.fixture(scope="session")
 def workdir(tmp_path_factory) -> Path:
-    """One snapshot, token cache and compilation cache for the session, shared by this module and
-    test_preemption.py on whichever pytest worker runs them (the folder above each xdist worker's
-    own temporary folder)."""
-    base = tmp_path_factory.getbasetemp()
-    d = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "kill"
-    d.mkdir(exist_ok=True)
-    with _once(d / ".snapshot") as first:
+    """One snapshot, token cache and compilation cache for the session, shared by this module,
+    test_preemption.py and test_s3_checkpoints.py on whichever pytest worker runs them (the folder
+    above each xdist worker's own temporary folder)."""
+    d = shared_dir(tmp_path_factory, "kill")
+    with once(d / ".snapshot") as first:
         if first:
             (d / "code.txt").write_text(CORPUS)
             # The installed layout (pyproject's package-dir): src/models and src/trainer become
@@ -215,10 +200,10 @@ def workdir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def reference(workdir) -> Path:
     """The uninterrupted run (it also fills the compilation and token caches), made once a session
-    for this module and test_preemption.py: the runs compared with it never write into it (the
+    for this module, test_preemption.py and test_s3_checkpoints.py: the runs compared with it never write into it (the
     tests that damage a checkpoint copy it first)."""
     run_dir = workdir / "reference"
-    with _once(workdir / ".reference") as first:
+    with once(workdir / ".reference") as first:
         if first:
             _run(workdir, run_dir, workdir / "reference.log")
     return run_dir

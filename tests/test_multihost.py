@@ -22,7 +22,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from _procs import xla_flags
+from _procs import once, shared_dir, xla_flags
 from test_trainer import CORPUS, FSDP, tiny_args
 
 from named.trainer import checkpoint as ck
@@ -79,14 +79,17 @@ RUN = {
 }
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def corpus(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("corpus")
-    (d / "code.txt").write_text(CORPUS)
+    """The corpus (and its token cache) of the session, shared with test_preemption.py."""
+    d = shared_dir(tmp_path_factory, "corpus")
+    with once(d / ".written") as first:
+        if first:
+            (d / "code.txt").write_text(CORPUS)
     return d
 
 
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture(scope="session", autouse=True)
 def no_core_dumps():
     """A process that JAX aborts (heartbeat failure) must not leave a core file behind;
     children inherit the limit (a preexec_fn would fork a multithreaded JAX process)."""
@@ -96,20 +99,14 @@ def no_core_dumps():
     resource.setrlimit(resource.RLIMIT_CORE, old)
 
 
-_COMPILE_CACHE: dict[str, str] = {}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def compile_cache():
-    """The processes this module (and test_preemption.py) starts compile without a persistent
-    compilation cache. With one cache per module, shared by the two processes of a run, 2 to 4 of
-    the two-process tests aborted in gloo ("Received data size doesn't match expected size": the
-    processes' collectives out of step), most likely where one process loaded the program its peer
-    had just written; with the cache off they passed. Why a loaded program orders its collectives
-    otherwise than the one compiled was not found (docs/benchmarks.md section 12 met it before)."""
-    _COMPILE_CACHE.update(JAX_COMPILATION_CACHE_DIR="")
-    yield
-    _COMPILE_CACHE.clear()
+# The processes this module (and test_preemption.py) starts compile without a persistent compilation
+# cache: two processes of a gloo run whose programs came from one abort in their first collective
+# ("Received data size doesn't match expected size": their collectives out of step). Measured with
+# jax 0.10.2, both processes with XLA_FLAGS identical, the scheduler flag of named._compat included:
+# process 0 loading the programs it wrote in the previous launch while process 1 compiled them
+# failed 1 of 1; both loading them failed 2 of 2; neither reading a cache passed (process 0 writing
+# one changes nothing). Only process 0 writes the cache, so a cache per process cannot serve process 1.
+NO_COMPILATION_CACHE = {"JAX_COMPILATION_CACHE_DIR": ""}
 
 
 def _base_env(**extra) -> dict:
@@ -118,7 +115,7 @@ def _base_env(**extra) -> dict:
     }
     env["XLA_FLAGS"] = xla_flags()  # the launcher adds each process's device count
     env["NAMED_LOG_LEVEL"] = "DEBUG"  # the per-process log files record the data rows read at each step
-    env.update(_COMPILE_CACHE)
+    env.update(NO_COMPILATION_CACHE)
     env.update(extra)
     return env
 
@@ -173,15 +170,19 @@ def one_process(corpus, tmp_path_factory):
     return result
 
 
-@pytest.fixture(scope="module")
-def two_processes(corpus, tmp_path_factory):
-    """The same run on 2 processes x 4 devices; process 0's console on."""
-    base = tmp_path_factory.mktemp("two")
+@pytest.fixture(scope="session")
+def two_processes(corpus, no_core_dumps, tmp_path_factory):
+    """The same run on 2 processes x 4 devices, process 0's console on; made once a session: it is
+    also the uninterrupted run test_preemption.py's stopped one must end equal to."""
+    base = shared_dir(tmp_path_factory, "two")
     run_dir, out = base / "run", base / "out"
-    t0 = time.monotonic()
-    procs = start_two(tiny_args(corpus, run_dir, **RUN, **{"tracker.console": "true"}), out)
-    finish(procs, out)
-    print(f"2x4 run of {STEPS} steps: {time.monotonic() - t0:.1f} s")
+    with once(base / ".done") as first:
+        if first:
+            shutil.rmtree(base / "run", ignore_errors=True)  # what a failed try left
+            t0 = time.monotonic()
+            procs = start_two(tiny_args(corpus, run_dir, **RUN, **{"tracker.console": "true"}), out)
+            finish(procs, out)
+            print(f"2x4 run of {STEPS} steps: {time.monotonic() - t0:.1f} s")
     return run_dir, out
 
 

@@ -33,8 +33,9 @@ from test_kill_resume import (  # noqa: F401 - fixtures
     reference,  # noqa: F401 - a fixture
     workdir,  # noqa: F401 - a fixture
 )
-from test_multihost import CONFIG, compile_cache, corpus, finish, no_core_dumps, start_two  # noqa: F401 - fixtures
-from test_trainer import FSDP, tiny_args
+from test_multihost import CONFIG, RUN, corpus, finish, no_core_dumps, start_two, two_processes  # noqa: F401 - fixtures
+from test_multihost import STEPS as STEPS_2X4
+from test_trainer import tiny_args
 
 from named.trainer import checkpoint as ckpt
 from named.trainer.config import ConfigError, load_config
@@ -301,21 +302,15 @@ def test_a_second_signal_stops_at_once_and_leaves_the_last_commit_whole(workdir,
 
 # ---- 2 processes x 4 devices --------------------------------------------------------------
 
-MP_STEPS = 20
-MP_RUN = {
-    **FSDP,
-    "trainer.num_train_steps": MP_STEPS,
-    "trainer.log_interval": 1,
-    "checkpoint.interval": 10,
-    "checkpoint.keep_last": 3,
-}
+# test_multihost's run (its uninterrupted 2 x 4 run is the reference here, made once a session),
+# without the eval and the sample at its end: they must not change what the run trains.
+MP_STEPS = STEPS_2X4
+MP_RUN = {**RUN, "trainer.eval_interval": 0, "trainer.sample_interval": 0}
 
 
 @pytest.mark.procs
-def test_sigterm_to_one_of_two_processes_stops_both_at_one_step(corpus, tmp_path):
-    ref_dir, out = tmp_path / "ref", tmp_path / "ref-out"
-    finish(start_two(tiny_args(corpus, ref_dir, **MP_RUN), out), out)
-
+def test_sigterm_to_one_of_two_processes_stops_both_at_one_step(corpus, two_processes, tmp_path):
+    ref_dir, _ = two_processes
     run_dir, out = tmp_path / "run", tmp_path / "out"
     procs = start_two(tiny_args(corpus, run_dir, **MP_RUN), out)
     metrics = run_dir / "metrics.jsonl"

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -30,6 +29,7 @@ from _procs import run_workers
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 from test_checkpoint import abstract, assert_bitwise_equal, fsdp_state, train_state
+from test_kill_resume import reference, workdir  # noqa: F401 - fixtures
 
 from named.trainer import checkpoint as ck
 from named.trainer.checkpoint import store as checkpoint_store
@@ -388,21 +388,9 @@ def test_two_processes_write_one_checkpoint_to_the_bucket(url):
 # ---- named-train against the bucket --------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    from test_kill_resume import CORPUS
-
-    d = tmp_path_factory.mktemp("s3train")
-    (d / "code.txt").write_text(CORPUS)
-    skip = shutil.ignore_patterns("__pycache__", "*.egg-info")  # a snapshot of the code, as in test_kill_resume
-    shutil.copytree(ROOT / "src" / "named", d / "src" / "named", ignore=skip)
-    for sub in ("models", "trainer"):
-        shutil.copytree(ROOT / "src" / sub, d / "src" / "named" / sub, ignore=skip)
-    shutil.copy(ROOT / "config/gpt2_nano.yaml", d / "gpt2_nano.yaml")
-    return d
-
-
 def _train(workdir: Path, run_dir: Path, base: str, log: Path, *, write_delay=None, **over) -> subprocess.Popen:
+    """named-train as test_kill_resume starts it (its snapshot of the code, token cache and compilation
+    cache), with checkpoints under ``base``."""
     from test_kill_resume import _args, _env, _main
 
     env = {**_env(workdir), **{k: os.environ[k] for k in s3_env("")}}
@@ -418,10 +406,8 @@ def _train(workdir: Path, run_dir: Path, base: str, log: Path, *, write_delay=No
 
 def _final_sha(base: str, step: int) -> dict:
     commit = ck.verify_checkpoint(ck.location(f"{base}/checkpoints/step_{step}"))
-    return {rel.split("/", 1)[1]: info for rel, info in commit["files"].items()}  # checksum and size
-
-
-STEPS, INTERVAL = 12, 3  # shorter than test_kill_resume's run: every save goes through the S3 server
+    # each file's checksum and size, named below the step's folder as a local checkpoint's commit names them
+    return {rel.split("/", 1)[1]: info for rel, info in commit["files"].items()}
 
 
 def _restore_numpy(base: str, step: int, workdir: Path):
@@ -442,25 +428,24 @@ def _restore_numpy(base: str, step: int, workdir: Path):
     return tree
 
 
-def test_named_train_killed_and_resumed_from_the_bucket_bitwise(workdir, s3):
-    from test_kill_resume import _losses
+S3_INTERVAL = 9  # fewer saves than test_kill_resume's run makes: every one goes through the S3 server
 
-    over = {"trainer.num_train_steps": STEPS, "checkpoint.interval": INTERVAL}
-    ref = f"s3://{BUCKET}/train-ref"
-    proc = _train(workdir, workdir / "ref", ref, workdir / "ref.log", **over)
-    assert proc.wait(timeout=600) == 0, (workdir / "ref.log").read_text()[-3000:]
-    assert [s for s, _ in ck.list_checkpoints(ref)] == [STEPS - INTERVAL, STEPS]
-    assert not (workdir / "ref" / "checkpoints").exists()  # lock, config, logs and metrics stay local
-    assert {"config.yaml", "metrics.jsonl", ".lock"} <= {p.name for p in (workdir / "ref").iterdir()}
 
+def test_named_train_killed_and_resumed_from_the_bucket_bitwise(workdir, reference, s3):
+    """The reference is test_kill_resume's uninterrupted run (the same training, its checkpoints on
+    the local disk, made once a session): the run killed and resumed on the bucket must end equal."""
+    from test_kill_resume import STEPS, _files, _losses
+    from test_kill_resume import _restore_numpy as _restore_local
+
+    over = {"checkpoint.interval": S3_INTERVAL}
     # killed inside the write window of a save (its objects on the bucket, no record yet)
     base = f"s3://{BUCKET}/train-killed"
-    run_dir = workdir / "killed"
-    proc = _train(workdir, run_dir, base, workdir / "killed-1.log", write_delay=0.3, **over)
+    run_dir = workdir / "s3-killed"
+    proc = _train(workdir, run_dir, base, workdir / "s3-killed-1.log", write_delay=0.3, **over)
     ckdir = ck.location(f"{base}/checkpoints")
     deadline = time.monotonic() + 300
     while not (ck.list_checkpoints(base) and ck.uncommitted_steps(ckdir)):
-        assert proc.poll() is None and time.monotonic() < deadline, (workdir / "killed-1.log").read_text()[-3000:]
+        assert proc.poll() is None and time.monotonic() < deadline, (workdir / "s3-killed-1.log").read_text()[-3000:]
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     assert proc.wait(timeout=60) == -signal.SIGKILL
@@ -468,18 +453,21 @@ def test_named_train_killed_and_resumed_from_the_bucket_bitwise(workdir, s3):
     partial = ck.uncommitted_steps(ckdir)
     assert partial and int(partial[-1][5:]) > committed[-1]
     # resumed from the newest committed checkpoint, warned about the partial one, finished bitwise equal
-    proc = _train(workdir, run_dir, base, workdir / "killed-2.log", **over)
-    assert proc.wait(timeout=600) == 0, (workdir / "killed-2.log").read_text()[-3000:]
-    text = (workdir / "killed-2.log").read_text()
+    proc = _train(workdir, run_dir, base, workdir / "s3-killed-2.log", **over)
+    assert proc.wait(timeout=600) == 0, (workdir / "s3-killed-2.log").read_text()[-3000:]
+    text = (workdir / "s3-killed-2.log").read_text()
     assert f"resumed from {base}/checkpoints/step_{committed[-1]} at step {committed[-1]}" in text
     assert "CheckpointWarning" in text and f"{partial[-1]} holds objects but no commit.json" in text
-    ref_losses = dict(_losses(workdir / "ref"))
+    assert [s for s, _ in ck.list_checkpoints(base)] == [STEPS - S3_INTERVAL, STEPS]
+    assert not (run_dir / "checkpoints").exists()  # lock, config, logs and metrics stay local
+    assert {"config.yaml", "metrics.jsonl", ".lock"} <= {p.name for p in run_dir.iterdir()}
+    ref_losses = dict(_losses(reference))
     resumed = _losses(run_dir)
     assert [s for s, _ in resumed][-1] == STEPS and all(ref_losses[s] == loss for s, loss in resumed)
-    assert _final_sha(base, STEPS) == _final_sha(ref, STEPS)
+    assert _final_sha(base, STEPS) == _files(reference / "checkpoints" / f"step_{STEPS}")  # each file's bytes
     assert ck.uncommitted_steps(ckdir) == []  # removed by the next successful save
     # reshard on restore: the bucket's checkpoint onto host numpy arrays, equal to the reference's
-    got, want = _restore_numpy(base, STEPS, workdir), _restore_numpy(ref, STEPS, workdir)
+    got, want = _restore_numpy(base, STEPS, workdir), _restore_local(reference, STEPS, workdir)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_array_equal(a, b, strict=True)
     assert len(jax.tree.leaves(got)) > 10
