@@ -1396,6 +1396,10 @@ EXCLUDED: dict[str, str] = {
         "a trace-time switch; on CPU every implementation it may name but 'cudnn' (refused "
         "without a GPU) is the XLA path that the attention cases differentiate"
     ),
+    "nn.gather_per_use": (
+        "a trace-time switch for the Linears under it; tests/test_gather_per_use.py compares their values and "
+        "every gradient with plain jnp on the 8-device mesh"
+    ),
     "nn.QuantConfig": "a configuration for nn.quantize",
     "nn.remat_policy": "jax's checkpoint policy for a Remat; the stack cases differentiate each policy through a stack",
     "nn.get_policy": "parses a precision policy",
