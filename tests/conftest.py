@@ -103,7 +103,6 @@ def pytest_collection_modifyitems(config, items):
             if key in RUNS_LONG:
                 item.add_marker(pytest.mark.slow)
                 found.add(key)
-    _longest_files_first(items)
     if any("::" in str(a) for a in config.args):  # single tests asked for: their files are not whole
         return
     stale = sorted(k for k in RUNS_LONG if k.split("::")[0] in files and k not in found)
@@ -117,6 +116,16 @@ def pytest_collection_modifyitems(config, items):
 # end-to-end files last, where one worker ran them while the other sat idle). A file's expected cost:
 # the CPU seconds runs_long.txt gives its tests, and a flat guess for the rest by what they start.
 _GUESS_S = {"procs": 30.0, "ray": 30.0, "s3": 30.0, "notebook": 30.0, "browser": 30.0, "slow": 10.0}
+
+
+class _LongestFilesFirst:
+    @pytest.hookimpl(trylast=True)  # after -m deselects: a file's cost is that of its tests that run
+    def pytest_collection_modifyitems(self, items):
+        _longest_files_first(items)
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(_LongestFilesFirst(), "named-longest-files-first")
 
 
 def _longest_files_first(items):
