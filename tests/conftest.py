@@ -91,7 +91,6 @@ RUNS_LONG_S = {  # a line: CPU seconds, a tab, the test; "#" starts a comment li
     for line in Path(__file__).with_name("runs_long.txt").read_text().splitlines()
     if line.strip() and not line.startswith("#")
 }
-RUNS_LONG = set(RUNS_LONG_S)
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects
@@ -100,12 +99,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         files.add(item.path.name)
         for key in (f"{item.path.name}::{item.name}", f"{item.path.name}::{getattr(item, 'originalname', item.name)}"):
-            if key in RUNS_LONG:
+            if key in RUNS_LONG_S:
                 item.add_marker(pytest.mark.slow)
                 found.add(key)
     if any("::" in str(a) for a in config.args):  # single tests asked for: their files are not whole
         return
-    stale = sorted(k for k in RUNS_LONG if k.split("::")[0] in files and k not in found)
+    stale = sorted(k for k in RUNS_LONG_S if k.split("::")[0] in files and k not in found)
     if stale:
         raise pytest.UsageError(f"tests/runs_long.txt names tests that do not exist: {stale}")
 

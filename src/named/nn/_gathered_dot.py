@@ -58,12 +58,10 @@ def gather_per_use(param_mapping: Mapping[str, Any] | None) -> Iterator[None]:
         yield
 
 
-def _plan(x: NamedArray, w: NamedArray, contract: tuple[str, ...]):
-    """(mesh, x spec, w spec, y spec, gathered weight dims, the mesh axes summed beyond them),
-    or None where the rule does not apply."""
+def _plan(x: NamedArray, w: NamedArray, kept: list[str]):
+    """(mesh, x spec, w spec, y spec over ``kept``, the weight's gathered dims, the mesh axes summed
+    beyond them, the mesh axes each gathered dim is split over), or None where the rule does not apply."""
     params = current()
-    if params is None:  # the usual case: one context read, nothing else
-        return None
     compute, mesh = current_mapping(), current_mesh()
     if compute is None or mesh is None or current_body() is not None:
         return None
@@ -83,24 +81,27 @@ def _plan(x: NamedArray, w: NamedArray, contract: tuple[str, ...]):
             return None  # the shard's rows would not be this device's rows of the batch
     w_axes = {m for v in w_mesh.values() for m in v}
     extra = tuple(sorted(used_by_x - w_axes))  # data-parallel mesh axes: a plain sum
-    kept = [n for n in x.names if n not in contract] + [n for n in w.names if n not in contract]
     ys = PartitionSpec(*(_entry(x_mesh.get(n, ())) for n in kept))
     return mesh, xs, ws, ys, gathered, extra, [tuple(w_mesh[w.names[i]]) for i in gathered]
 
 
 def _entry(over: tuple[str, ...]):
+    """One mesh axis as its name, several as a tuple, none as None (a PartitionSpec entry, or the
+    axis_name of a collective)."""
     return None if not over else over[0] if len(over) == 1 else over
 
 
 def gathered_dot(x: NamedArray, w: NamedArray, contract: tuple[str, ...]) -> NamedArray | None:
     """``nm.dot(x, w, axis=contract)`` with ``w`` gathered where it is used (module docstring),
     or None where the rule does not apply (the caller then computes it as usual)."""
-    plan = _plan(x, w, contract)
+    if current() is None:  # the usual case: one context read, nothing else
+        return None
+    kept = [n for n in x.names if n not in contract] + [n for n in w.names if n not in contract]
+    plan = _plan(x, w, kept)
     if plan is None:
         return None
     mesh, xs, ws, ys, dims, extra, overs = plan
     letters = {n: chr(ord("a") + i) for i, n in enumerate(dict.fromkeys(x.names + w.names))}
-    kept = [n for n in x.names if n not in contract] + [n for n in w.names if n not in contract]
     # The weight's gathered axes go in front before the gather (a gather along a minor axis
     # would make XLA copy the whole gathered weight into the layout the product wants).
     perm = dims + [i for i in range(len(w.names)) if i not in dims]
@@ -112,7 +113,7 @@ def gathered_dot(x: NamedArray, w: NamedArray, contract: tuple[str, ...]) -> Nam
     def gather(shard, after):
         shard = _after(jnp.transpose(shard, perm), after)
         for d, over in enumerate(overs):
-            shard = lax.all_gather(shard, _group(over), axis=d, tiled=True)
+            shard = lax.all_gather(shard, _entry(over), axis=d, tiled=True)
         return shard
 
     def local_fwd(xb, wb):
@@ -122,9 +123,9 @@ def gathered_dot(x: NamedArray, w: NamedArray, contract: tuple[str, ...]) -> Nam
         dx = jnp.einsum(dx_eq, dy, gather(wb, dy)).astype(xb.dtype)  # gathered again, once dy exists
         dw = jnp.einsum(dw_eq, xb, dy).astype(wb.dtype)  # this device's rows only: a partial sum
         for d, over in reversed(list(enumerate(overs))):
-            dw = lax.psum_scatter(dw, _group(over), scatter_dimension=d, tiled=True)
+            dw = lax.psum_scatter(dw, _entry(over), scatter_dimension=d, tiled=True)
         if extra:
-            dw = lax.psum(dw, _group(extra))
+            dw = lax.psum(dw, _entry(extra))
         return dx, jnp.transpose(dw, back)
 
     fwd_map = _compat.shard_map(local_fwd, mesh=mesh, in_specs=(xs, ws), out_specs=ys, check_vma=False)
@@ -154,7 +155,3 @@ def _after(w, dep):
     infinite; then the product is NaN, as it is anyway once its input holds one)."""
     zero = lax.index_in_dim(dep.reshape(-1), 0, keepdims=False).astype(w.dtype) * 0
     return w + zero
-
-
-def _group(over: tuple[str, ...]):
-    return over[0] if len(over) == 1 else over
