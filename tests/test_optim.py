@@ -162,3 +162,37 @@ def test_the_compiled_schedule_is_optaxs_bit_for_bit(kind, over, n):
         a, b = ours(nums, jnp.int32(s)), theirs(jnp.int32(s))
         assert a.dtype == b.dtype == np.float32 and np.asarray(a).view(np.uint32) == np.asarray(b).view(np.uint32), s
         assert float(logged(s)) == float(b)
+
+
+@pytest.mark.parametrize("max_grad_norm", [0.5, 100.0, None])  # clipped, not clipped, no clipping
+def test_the_gradients_factor_is_applied_once_with_or_without_clipping(max_grad_norm):
+    """The train step hands the optimizer its summed gradients and ``grad_scale`` (one over the token
+    count): the update equals optax's clipping and AdamW on the gradients times that factor."""
+    import jax.numpy as jnp
+    import optax
+
+    from named.trainer.loop.optim import build_optimizer
+
+    # an epsilon as large as the gradients: AdamW's first update then shows their size, so clipping's
+    cfg = OptimizerConfig(
+        schedule="constant", learning_rate=1e-2, warmup_steps=0, epsilon=1.0, max_grad_norm=max_grad_norm
+    )
+    params = {"w": jnp.arange(6.0).reshape(2, 3), "bias": jnp.ones(3)}
+    sums = {"w": jnp.array([[3.0, -1.0, 2.0], [0.5, 4.0, -2.0]]), "bias": jnp.array([1.0, -3.0, 0.25])}
+    factor = 1 / 7.0  # seven tokens
+    ours = build_optimizer(cfg, 10)
+    got, _ = ours.update(sums, ours.init(params), params, grad_scale=jnp.float32(factor))
+    clip = [] if max_grad_norm is None else [optax.clip_by_global_norm(max_grad_norm)]
+    reference = optax.chain(
+        *clip,
+        optax.adamw(1e-2, b1=cfg.beta1, b2=cfg.beta2, eps=cfg.epsilon, weight_decay=cfg.weight_decay, mask=decay_mask),
+    )
+    want, _ = reference.update(jax.tree.map(lambda g: g * factor, sums), reference.init(params), params)
+    for k in params:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-6, atol=0, err_msg=k)
+    if max_grad_norm == 0.5:  # clipping did act: the update is not the unclipped one
+        free = optax.adamw(
+            1e-2, b1=cfg.beta1, b2=cfg.beta2, eps=cfg.epsilon, weight_decay=cfg.weight_decay, mask=decay_mask
+        )
+        unclipped, _ = free.update(jax.tree.map(lambda g: g * factor, sums), free.init(params), params)
+        assert not np.allclose(got["w"], unclipped["w"], rtol=1e-3)

@@ -18,6 +18,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 import named as nm
 from named import nn
@@ -147,12 +148,16 @@ def make_train_step(cfg: TrainConfig, setup: Setup, optimizer):
         (total, count, grads), aux = nm.scan(accumulate, Microbatch)(zero, split, keys)
         tokens, count = count, jnp.maximum(count, 1.0)  # no loss token: a zero gradient (the host says so)
         loss = total / scale / count  # the scale is a power of two: exact
-        grads = jax.tree.map(lambda g: g / (count * scale), grads)
+        # ``grads`` are sums over the tokens, times the loss scale: ``unscale`` makes them the mean's
         overflow = ~nn.all_finite(grads) if dynamic else jnp.bool_(False)
         if dynamic:  # an overflow is expected now and then: that step is skipped and the scale lowered
             grads = jax.tree.map(lambda g: jnp.where(overflow, jnp.zeros_like(g), g), grads)
-        grad_norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))
-        updates, new_opt = opt.update(grads, inner_opt, params)
+        unscale = 1.0 / (count * scale)
+        grad_norm = optax.tree.norm(grads) * unscale
+        if numbers is not None:  # an optim.Optimizer: the factor joins clipping's (optim.clip_by_global_norm)
+            updates, new_opt = opt.update(grads, inner_opt, params, grad_scale=unscale)
+        else:
+            updates, new_opt = opt.update(jax.tree.map(lambda g: g / (count * scale), grads), inner_opt, params)
         new_model = eqx.combine(eqx.apply_updates(params, updates), frozen, is_leaf=nm.is_named_array)
         # A finite loss and gradient can still make a non-finite update (a NaN learning rate,
         # an overflow in the optimizer), so the step's outputs are checked too. The update itself is
