@@ -13,11 +13,21 @@ from pathlib import Path
 # compile the same way. The tests' models are tiny, so LLVM's optimisation of the generated code costs
 # more than it saves (about 30 % of the suite's CPU time, measured on test_moe and test_families_sharded).
 FAST_COMPILE = "--xla_backend_optimization_level=0"
+# XLA:CPU ends the whole process (SIGABRT) when a device has waited at a collective for 20 s (its
+# warning) plus 40 s (its termination timeout). With two pytest workers of 8 fake devices each on 2
+# cores, a device thread can be left that far behind the others: a CI run lost a worker inside a
+# sharded train step that way, and pytest-xdist 3.8 then hung at the end of the run (a crashed
+# worker's finished files go back on its queue as empty work). Ten minutes still ends a real deadlock.
+PATIENT_COLLECTIVES = (
+    "--xla_cpu_collective_call_warn_stuck_timeout_seconds=60 --xla_cpu_collective_call_terminate_timeout_seconds=540"
+)
 
 
 def xla_flags(devices: int | None = None) -> str:
     """XLA_FLAGS for a process a test starts: ``devices`` fake CPU devices (None: jax's default, one)."""
-    return (f"--xla_force_host_platform_device_count={devices} " if devices else "") + FAST_COMPILE
+    return (
+        f"--xla_force_host_platform_device_count={devices} " if devices else ""
+    ) + f"{FAST_COMPILE} {PATIENT_COLLECTIVES}"
 
 
 def run_workers(argvs: list[list[str]], env: dict, timeout: float) -> tuple[list[int], list[str]]:

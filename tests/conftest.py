@@ -13,6 +13,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from _procs import PATIENT_COLLECTIVES  # tests/: no jax there
+
 # Must happen before jax is imported anywhere (pytest imports conftest first).
 _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
@@ -22,6 +24,9 @@ if "xla_force_host_platform_device_count" not in _flags:
 # test_families_sharded). XLA's own HLO passes, which the collective and memory tests read, still run.
 if "xla_backend_optimization_level" not in _flags:
     _flags += " --xla_backend_optimization_level=0"
+# A device thread starved on 2 cores must not end the worker at XLA:CPU's 60 s collective timeout.
+if "xla_cpu_collective_call_terminate_timeout_seconds" not in _flags:
+    _flags += " " + PATIENT_COLLECTIVES
 os.environ["XLA_FLAGS"] = _flags.strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
