@@ -7,9 +7,12 @@ computes its product per device, inside ``shard_map``, with a backward pass of i
 - forward: the weight's shard is all-gathered, multiplied and dropped; what is saved for the
   backward pass is the input and the weight's *shard*, never the gathered weight;
 - backward: the weight is gathered again (tied to the incoming cotangent, so that XLA neither
-  hoists it nor merges it with the forward's gather), the input's cotangent computed, the
-  weight's gradient made from this device's rows only and reduce-scattered (``psum_scatter``)
-  at once, so a full-size weight gradient lives only for the one weight being differentiated.
+  hoists it nor merges it with the forward's gather), the input's cotangent computed, then (tied
+  to it, so the gathered weight is gone) the weight's gradient made from this device's rows only
+  and reduce-scattered (``psum_scatter``) at once; the input's cotangent is handed on only once
+  that is done, so one full-size weight, gathered or as a gradient, lives at a time. On a GPU
+  this keeps the reduce-scatter from overlapping the next weight's products: the price of the
+  memory.
 
 Under GSPMD a layer's weights are gathered as XLA schedules them, several at a time, and on a
 CPU their gradients are all-reduced whole and then sliced (XLA:CPU forms no reduce-scatter).
@@ -121,12 +124,15 @@ def gathered_dot(x: NamedArray, w: NamedArray, contract: tuple[str, ...]) -> Nam
 
     def local_bwd(xb, wb, dy):
         dx = jnp.einsum(dx_eq, dy, gather(wb, dy)).astype(xb.dtype)  # gathered again, once dy exists
-        dw = jnp.einsum(dw_eq, xb, dy).astype(wb.dtype)  # this device's rows only: a partial sum
+        # this device's rows only, a partial sum, made once dx is done and the gathered weight gone
+        dw = jnp.einsum(dw_eq, _after(xb, dx), dy).astype(wb.dtype)
         for d, over in reversed(list(enumerate(overs))):
             dw = lax.psum_scatter(dw, _entry(over), scatter_dimension=d, tiled=True)
         if extra:
             dw = lax.psum(dw, _entry(extra))
-        return dx, jnp.transpose(dw, back)
+        # the input's cotangent waits for the scattered gradient: the backward pass goes on to the
+        # next weight only once this one's full-size gradient is gone (XLA had two at once)
+        return _after(dx, dw), jnp.transpose(dw, back)
 
     fwd_map = _compat.shard_map(local_fwd, mesh=mesh, in_specs=(xs, ws), out_specs=ys, check_vma=False)
     bwd_map = _compat.shard_map(local_bwd, mesh=mesh, in_specs=(xs, ws, ys), out_specs=(xs, ws), check_vma=False)
