@@ -125,6 +125,13 @@ def decay_mask(params):
     return jax.tree_util.tree_map_with_path(leaf, params, is_leaf=is_leaf)
 
 
+def scaled_norm(grads, scale) -> jax.Array:
+    """The global norm of ``grads`` times ``scale``, each gradient scaled before it is squared (a
+    sum over the tokens times a loss scale can be large enough that its square overflows float32,
+    where the mean's cannot); XLA computes the product inside the reduction, writing nothing."""
+    return optax.tree.norm(jax.tree.map(lambda g: g * jnp.asarray(scale, g.dtype), grads))
+
+
 def clip_by_global_norm(max_norm: float) -> optax.GradientTransformationExtraArgs:
     """``optax.clip_by_global_norm``'s rule (gradients whose global norm exceeds ``max_norm`` are
     scaled down to it; its empty state, so saved optimizer states are unchanged) written as one
@@ -139,7 +146,7 @@ def clip_by_global_norm(max_norm: float) -> optax.GradientTransformationExtraArg
 
     def update(updates, state, params=None, *, grad_scale=1.0, **extra):
         del params, extra
-        norm = optax.tree.norm(updates) * grad_scale
+        norm = scaled_norm(updates, grad_scale)
         factor = grad_scale * jnp.where(norm < max_norm, 1.0, max_norm / norm)
         return jax.tree.map(lambda g: g * factor.astype(g.dtype), updates), state
 

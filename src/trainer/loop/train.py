@@ -18,7 +18,6 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 import named as nm
 from named import nn
@@ -54,11 +53,11 @@ from .checks import Setup, checked_setup, require_harness
 from .generate import sample_text
 from .loss import token_losses
 from .model_init import layer_driver, trainable
-from .optim import Optimizer, as_inputs, schedule
+from .optim import Optimizer, as_inputs, scaled_norm, schedule
 from .registry import max_positions, model_type
 from .state import run_state
 from .stop import StopRequests, agree
-from .trackers import Trackers, check_trackers, log, setup_logging
+from .trackers import Trackers, check_trackers, log, release_logging, setup_logging
 from .validation import eval_losses
 
 Pos, Microbatch = "position", "microbatch"
@@ -153,7 +152,7 @@ def make_train_step(cfg: TrainConfig, setup: Setup, optimizer):
         if dynamic:  # an overflow is expected now and then: that step is skipped and the scale lowered
             grads = jax.tree.map(lambda g: jnp.where(overflow, jnp.zeros_like(g), g), grads)
         unscale = 1.0 / (count * scale)
-        grad_norm = optax.tree.norm(grads) * unscale
+        grad_norm = scaled_norm(grads, unscale)
         if numbers is not None:  # an optim.Optimizer: the factor joins clipping's (optim.clip_by_global_norm)
             updates, new_opt = opt.update(grads, inner_opt, params, grad_scale=unscale)
         else:
@@ -378,7 +377,10 @@ def train(cfg: TrainConfig) -> TrainResult:
     }
     files[DATA_FILES] = run.data_record
     with rundir.claim(plan, files, replace=(DATA_FILES,) if run.new_data_record else ()):
-        return _train(cfg, run)
+        try:
+            return _train(cfg, run)
+        finally:
+            release_logging()
 
 
 def _train(cfg: TrainConfig, run: Run) -> TrainResult:
