@@ -95,6 +95,17 @@ def test_fsdp_run_learns_and_shards(fsdp_run):
     assert (result.run_dir / "checkpoints" / "step_20" / "commit.json").exists()
 
 
+def test_a_run_leaves_no_logging_behind(fsdp_run):
+    """The run's log handlers end with it: its log file is complete and closed, and the trainer's
+    logger is as in a new process. (A console handler left on a finished run's stdout made a later
+    in-process run print "--- Logging error ---" once pytest had closed that stream.)"""
+    import logging
+
+    logger = logging.getLogger("named.trainer")
+    assert logger.handlers == [] and logger.propagate and logger.level == logging.NOTSET
+    assert "step 1 (the first)" in (fsdp_run.run_dir / "logs" / "process_0.log").read_text()
+
+
 def test_resume_reproduces_uninterrupted_run(corpus, tmp_path, fsdp_run):
     full = fsdp_run
     first = run(

@@ -52,6 +52,18 @@ def setup_logging(run_dir: Path, process_index: int) -> None:
         log.addHandler(ch)
 
 
+def release_logging() -> None:
+    """Close and remove what ``setup_logging`` installed, as a new process has it (no handler, records
+    passed up to the root logger): a run's handlers end with the run, so neither its log file stays
+    open nor a later run in the same process writes to the console stream of this one (a stream a
+    notebook or a test may since have closed)."""
+    for h in log.handlers:
+        h.close()
+    log.handlers.clear()
+    log.setLevel(logging.NOTSET)
+    log.propagate = True
+
+
 def check_trackers(cfg: TrackerConfig) -> None:
     """Refuse a tracker whose package is missing: part of the checks that run before anything
     is compiled or written (every process runs them, so none is left waiting for another)."""
