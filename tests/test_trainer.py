@@ -95,6 +95,7 @@ def test_fsdp_run_learns_and_shards(fsdp_run):
     assert (result.run_dir / "checkpoints" / "step_20" / "commit.json").exists()
 
 
+@pytest.mark.slow  # the 20-step FSDP run
 def test_a_run_leaves_no_logging_behind(fsdp_run):
     """The run's log handlers end with it: its log file is complete and closed, and the trainer's
     logger is as in a new process. (A console handler left on a finished run's stdout made a later
