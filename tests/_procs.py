@@ -25,9 +25,8 @@ PATIENT_COLLECTIVES = (
 
 def xla_flags(devices: int | None = None) -> str:
     """XLA_FLAGS for a process a test starts: ``devices`` fake CPU devices (None: jax's default, one)."""
-    return (
-        f"--xla_force_host_platform_device_count={devices} " if devices else ""
-    ) + f"{FAST_COMPILE} {PATIENT_COLLECTIVES}"
+    count = f"--xla_force_host_platform_device_count={devices} " if devices else ""
+    return f"{count}{FAST_COMPILE} {PATIENT_COLLECTIVES}"
 
 
 def run_workers(argvs: list[list[str]], env: dict, timeout: float) -> tuple[list[int], list[str]]:

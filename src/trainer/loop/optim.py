@@ -125,11 +125,16 @@ def decay_mask(params):
     return jax.tree_util.tree_map_with_path(leaf, params, is_leaf=is_leaf)
 
 
+def _times(grads, scale):
+    """Each gradient times the scalar ``scale``, in the gradient's dtype."""
+    return jax.tree.map(lambda g: g * jnp.asarray(scale, g.dtype), grads)
+
+
 def scaled_norm(grads, scale) -> jax.Array:
     """The global norm of ``grads`` times ``scale``, each gradient scaled before it is squared (a
     sum over the tokens times a loss scale can be large enough that its square overflows float32,
     where the mean's cannot); XLA computes the product inside the reduction, writing nothing."""
-    return optax.tree.norm(jax.tree.map(lambda g: g * jnp.asarray(scale, g.dtype), grads))
+    return optax.tree.norm(_times(grads, scale))
 
 
 def clip_by_global_norm(max_norm: float) -> optax.GradientTransformationExtraArgs:
@@ -148,7 +153,7 @@ def clip_by_global_norm(max_norm: float) -> optax.GradientTransformationExtraArg
         del params, extra
         norm = scaled_norm(updates, grad_scale)
         factor = grad_scale * jnp.where(norm < max_norm, 1.0, max_norm / norm)
-        return jax.tree.map(lambda g: g * factor.astype(g.dtype), updates), state
+        return _times(updates, factor), state
 
     return optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), update)
 
@@ -159,7 +164,7 @@ def _scaled_first(inner: optax.GradientTransformation) -> optax.GradientTransfor
 
     def update(updates, state, params=None, *, grad_scale=1.0, **extra):
         del extra
-        return inner.update(jax.tree.map(lambda g: g * jnp.asarray(grad_scale, g.dtype), updates), state, params)
+        return inner.update(_times(updates, grad_scale), state, params)
 
     return optax.GradientTransformationExtraArgs(inner.init, update)
 

@@ -36,9 +36,7 @@ def setup_logging(run_dir: Path, process_index: int) -> None:
     level = os.environ.get("NAMED_LOG_LEVEL", "INFO").upper()
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(f"NAMED_LOG_LEVEL={level!r}: use DEBUG, INFO, WARNING or ERROR")
-    for h in log.handlers:
-        h.close()
-    log.handlers.clear()
+    release_logging()  # a run before this one in the process
     log.setLevel(min(logging.INFO, getattr(logging, level)))
     log.propagate = False
     fh = logging.FileHandler(run_dir / "logs" / f"process_{process_index}.log")
