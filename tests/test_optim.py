@@ -146,10 +146,12 @@ def _optax_schedule(cfg: OptimizerConfig, num_steps: int):
         ({"schedule_steps": 9}, 40),
     ],
 )
-def test_the_compiled_schedule_is_optaxs_bit_for_bit(kind, over, n):
+def test_the_compiled_schedule_is_optaxs(kind, over, n):
     """The train step computes the learning rate from its numbers as inputs (``optim.numbers``);
-    at every step it is, bit for bit, the float32 optax's schedules compute with the numbers as
-    constants of the program, warmup or none."""
+    at every step it is the float32 optax's schedules compute with the numbers as constants of the
+    program, warmup or none, within 1e-6 of its value (8 units in the last place): where the CPU has
+    FMA, XLA fuses a product and a sum into one rounding in one program and not in the other (AMD
+    EPYC: up to 5 units). What the loop logs is the step's own number, bit for bit."""
     import jax.numpy as jnp
 
     from named.trainer.loop.optim import as_inputs, numbers, schedule_of
@@ -160,8 +162,9 @@ def test_the_compiled_schedule_is_optaxs_bit_for_bit(kind, over, n):
     nums, logged = as_inputs(numbers(cfg, n)), schedule(cfg, n)  # logged: what the loop logs as "lr"
     for s in range(n + 5):
         a, b = ours(nums, jnp.int32(s)), theirs(jnp.int32(s))
-        assert a.dtype == b.dtype == np.float32 and np.asarray(a).view(np.uint32) == np.asarray(b).view(np.uint32), s
-        assert float(logged(s)) == float(b)
+        assert a.dtype == b.dtype == np.float32, s
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=0, err_msg=str(s))
+        assert np.asarray(logged(s)).view(np.uint32) == np.asarray(a).view(np.uint32), s
 
 
 @pytest.mark.parametrize("max_grad_norm", [0.5, 100.0, None])  # clipped, not clipped, no clipping
