@@ -114,13 +114,13 @@ def test_stand_ins_compile_without_llvm_optimisation_unless_the_user_chose_a_lev
     """Stand-in devices' programs are read, never run: their XLA flags turn LLVM's optimisation off
     (the README's search took 140 s with it, 96 s without, its table the same); the device count
     replaces one already there; a level the user set stays."""
-    flags = cli._with_device_count("--xla_force_host_platform_device_count=2 --xla_dump_to=d", 8).split()
+    flags = cli.stand_in_flags("--xla_force_host_platform_device_count=2 --xla_dump_to=d", 8).split()
     assert flags == [
         "--xla_dump_to=d",
         "--xla_backend_optimization_level=0",
         "--xla_force_host_platform_device_count=8",
     ]
-    mine = cli._with_device_count("--xla_backend_optimization_level=3", 4).split()
+    mine = cli.stand_in_flags("--xla_backend_optimization_level=3", 4).split()
     assert mine == ["--xla_backend_optimization_level=3", "--xla_force_host_platform_device_count=4"]
 
 

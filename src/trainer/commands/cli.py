@@ -615,12 +615,12 @@ def stand_in_devices(n: int) -> bool:
 
     if backends_initialized():
         return len(jax.devices()) == n
-    os.environ["XLA_FLAGS"] = _with_device_count(os.environ.get("XLA_FLAGS", ""), n)
+    os.environ["XLA_FLAGS"] = stand_in_flags(os.environ.get("XLA_FLAGS", ""), n)
     jax.config.update("jax_platforms", "cpu")
     return True
 
 
-def _with_device_count(flags: str, n: int) -> str:
+def stand_in_flags(flags: str, n: int) -> str:
     """``flags`` for ``n`` stand-in CPU devices. Their programs are compiled to be read (collectives,
     FLOPs, buffers: XLA's HLO passes), never run or timed (--measure refuses --devices), so LLVM does
     not optimise the machine code: the same ranking and bytes, in two thirds of the time (the README's
@@ -633,7 +633,7 @@ def _with_device_count(flags: str, n: int) -> str:
 
 
 def plan_in_child(argv: list[str], n: int) -> int:
-    env = {**os.environ, "XLA_FLAGS": _with_device_count(os.environ.get("XLA_FLAGS", ""), n), "JAX_PLATFORMS": "cpu"}
+    env = {**os.environ, "XLA_FLAGS": stand_in_flags(os.environ.get("XLA_FLAGS", ""), n), "JAX_PLATFORMS": "cpu"}
     return subprocess.run([sys.executable, "-m", "named.trainer.commands.cli", "plan", *argv], env=env).returncode
 
 
