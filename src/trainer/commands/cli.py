@@ -625,7 +625,7 @@ def stand_in_flags(flags: str, n: int) -> str:
     FLOPs, buffers: XLA's HLO passes), never run or timed (--measure refuses --devices), so LLVM does
     not optimise the machine code: the same ranking and bytes, in two thirds of the time (the README's
     1-layer GPT-2 search on 8 stand-ins, 2 cores: 140 s of wall and 208 s of CPU at the default level,
-    91 s and 119 s at 0). A level the user set is kept."""
+    96 s and 126 s at 0). A level the user set is kept."""
     kept = [f for f in flags.split() if not f.startswith("--xla_force_host_platform_device_count")]
     if not any(f.startswith("--xla_backend_optimization_level") for f in kept):
         kept.append("--xla_backend_optimization_level=0")
