@@ -173,11 +173,11 @@ def main(argv=None) -> None:
     if args.tiny:
         args.rounds, args.per_round = 1, 1
     main_model, deep, step_model = (TINY, None, TINY) if args.tiny else (GPT2_124M, DEEP_48, STEP_GPT2)
-    result = {"command": C.command_line(), "machine": C.machine(), "batch": BATCH}
     # the smoke test takes each loss head and each remat once (4 compiles, not 8) and times one remat
-    first = memory_table(
-        main_model, [(None, "none"), (LOSS_BLOCK[TINY["model.vocab_size"]], "full")] if args.tiny else None
-    )
+    settings = [(None, "none"), (LOSS_BLOCK[TINY["model.vocab_size"]], "full")] if args.tiny else None
+    remats = ("none",) if args.tiny else ("full", "none")
+    result = {"command": C.command_line(), "machine": C.machine(), "batch": BATCH}
+    first = memory_table(main_model, settings)
     result.update({k: first[k] for k in ("params", "ideal_bytes", "layer_bytes", "seq", "rows")})
     if deep is not None:  # the same measurement as the first: the smoke test skips it
         result["deep"] = memory_table(deep)
@@ -186,9 +186,7 @@ def main(argv=None) -> None:
         "batch": BATCH,
         "rounds": args.rounds,
         "per_round": args.per_round,
-        **step_times(
-            step_model, args.rounds, args.per_round, warmup=2, remats=("none",) if args.tiny else ("full", "none")
-        ),
+        **step_times(step_model, args.rounds, args.per_round, warmup=2, remats=remats),
     }
     C.write_result("explicit_memory_tiny" if args.tiny else "explicit_memory", result, args.out)
 
