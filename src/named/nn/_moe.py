@@ -285,13 +285,13 @@ class MoE(eqx.Module):
     def dropless(self, x: NamedArray, ids: NamedArray, weights: NamedArray) -> NamedArray:
         """Each token through exactly its ``k`` experts: sorted by expert, grouped matmuls, and
         all-to-alls where the mapping splits ``experts`` over devices."""
-        e = self.experts.stacked
+        e = self.experts.compute_stacked()
         Embed = as_selectors(e.down.Out)[0]
         ws = (e.gate.weight, e.up.weight, e.down.weight)
         names = _Names(
             Embed.name, as_selectors(e.up.Out)[0].name, tuple(a.name for a in x.axes if a.name != Embed.name)
         )
-        block = functools.partial(_block, names=names, n_experts=self.Experts.size, act=self.experts.stacked.act)
+        block = functools.partial(_block, names=names, n_experts=self.Experts.size, act=e.act)
         if current_body() is not None:  # already per device (a caller's nm.shard_map): the blocks say the split
             return block(x, ids, weights, *ws)
         mapping, mesh = current_mapping(), current_mesh()
@@ -299,7 +299,7 @@ class MoE(eqx.Module):
             return block(x, ids, weights, *ws)
         if self.parallel == "explicit":
             return shard_map(block, in_mapping=mapping)(x, ids, weights, *ws)
-        return _auto(x, ids, weights, ws, names, self.Experts.size, self.experts.stacked.act, mapping, mesh)
+        return _auto(x, ids, weights, ws, names, self.Experts.size, e.act, mapping, mesh)
 
 
 # ---- one block of tokens: pack, exchange, compute, exchange back, combine ------------------------------

@@ -230,6 +230,10 @@ class Stacked(eqx.Module, Generic[M]):
     stacked: M
     Layers: Axis = eqx.field(static=True)
     remat: Any = eqx.field(static=True, default="none")
+    # A precision policy (jmp.Policy) set by nn.cast_for_compute: each layer's weights are cast to its
+    # compute dtype as the scan reaches the layer, so no cast copy of the whole stack (nor of its
+    # gradient) is ever held. None: the layers compute with the weights as stored.
+    layer_cast: Any = eqx.field(static=True, default=None)
 
     def __check_init__(self):
         if not isinstance(self.Layers, Axis):
@@ -340,12 +344,33 @@ class Stacked(eqx.Module, Generic[M]):
     def vmap_via(self, fn: Callable | str) -> Callable:
         """``fn(block, x, *args, **kwargs)`` for all layers at once, stacked along Layers."""
         call = as_method(fn, "Stacked.vmap_via")
-        return lambda x, *args, **kwargs: nvmap(call, self.Layers)(self.stacked, x, *args, **kwargs)
+        return lambda x, *args, **kwargs: nvmap(call, self.Layers)(self.compute_stacked(), x, *args, **kwargs)
+
+    def compute_stacked(self) -> M:
+        """The stacked block as the layers compute with it: ``stacked`` with the cast of
+        ``nn.cast_for_compute`` applied (a copy of the whole stack in the compute dtype). For
+        code that uses the stack whole (an MoE's experts); ``fold`` and ``scan`` cast per layer."""
+        return self._cast(self.stacked)
+
+    def _cast(self, block):
+        if self.layer_cast is None:
+            return block
+        from .precision import cast_for_compute  # precision finds Stacked nodes: imported here, not at the top
+
+        return cast_for_compute(block, self.layer_cast)
 
     def _run(self, step, x, args, kwargs, unroll=None):
         driver = _explicit_driver()  # set by nn.explicit_layers: run the scan per device
         if driver is not None:
-            return driver.run(self, step, x, args, kwargs)
+            # Explicit mode gathers each layer's stored shards itself: they are cast first, so that
+            # what it gathers (and reduce-scatters back) is in the compute dtype.
+            stack = self if self.layer_cast is None else Stacked(self.compute_stacked(), self.Layers, self.remat)
+            return driver.run(stack, step, x, args, kwargs)
+        if self.layer_cast is not None:
+            inner = step
+
+            def step(block, *a, **kw):
+                return inner(self._cast(block), *a, **kw)
 
         def body(carry, block, *a, **kw):
             return step(block, carry, *a, **kw)
@@ -358,7 +383,7 @@ class Stacked(eqx.Module, Generic[M]):
 
     def get_layer(self, i: int) -> M:
         """Block ``i`` (negative counts from the end), for inspection or editing."""
-        return slice_layer(self.stacked, self.Layers, layer_index(i, self.Layers))
+        return self._cast(slice_layer(self.stacked, self.Layers, layer_index(i, self.Layers)))
 
     def set_layer(self, i: int, block: M) -> Stacked[M]:
         """A copy of the stack with block ``i`` replaced (it must match the others' structure and axes)."""
@@ -379,7 +404,7 @@ class Stacked(eqx.Module, Generic[M]):
                     )
                 old = old.at[self.Layers.name, i].set(new)
             out.append(old)
-        return Stacked(jax.tree.unflatten(treedef, out), self.Layers, self.remat)
+        return dataclasses.replace(self, stacked=jax.tree.unflatten(treedef, out))
 
     def unstacked(self) -> list[M]:
         """The blocks one by one (for per-layer access and editing; ``from_layers`` puts them back)."""
