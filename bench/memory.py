@@ -26,7 +26,7 @@ import math
 
 import _common as C  # sets XLA_FLAGS before jax is imported
 
-# name -> (model config, batch, seq, remat, loss[, mesh.gather]; "auto" when left out)
+# name -> (model config, batch, seq, remat, loss[, mesh.gather[, compute dtype]]; "auto" and "f32" when left out)
 CONFIGS = {
     "gpt2_4L_256_issue": (dict(C.SMALL_GPT2), C.BATCH, C.SEQ, "none", "full"),
     "gpt2_4L_256_issue_remat_blockwise": (dict(C.SMALL_GPT2), C.BATCH, C.SEQ, "full", "blockwise"),
@@ -62,6 +62,16 @@ CONFIGS = {
         "blockwise",
         "per_use",
     ),
+    # the same computing in bfloat16 (float32 state): each layer's weights cast as the scan reaches it
+    "gpt2_48L_1024_b8_nested_per_use_bf16": (
+        dict(n_layer=48, n_head=16, n_embd=1024, n_positions=256, vocab_size=8192),
+        8,
+        256,
+        "full every=6",
+        "blockwise",
+        "per_use",
+        "bf16",
+    ),
     "gpt2_124M_seq1024_b8": (
         dict(n_layer=12, n_head=12, n_embd=768, n_positions=1024, vocab_size=50304),
         8,
@@ -73,15 +83,17 @@ CONFIGS = {
 TINY = {"tiny": (dict(n_layer=2, n_head=2, n_embd=64, n_positions=32, vocab_size=384), 8, 32, "none", "full")}
 
 
-def measure(cfg: dict, batch: int, seq: int, remat: str, loss: str, weight_gather: str = "auto") -> dict:
+def measure(
+    cfg: dict, batch: int, seq: int, remat: str, loss: str, weight_gather: str = "auto", dtype: str = "f32"
+) -> dict:
     block = max(d for d in range(1, 1025) if cfg["vocab_size"] % d == 0)  # the largest divisor <= 1024
     over = {"trainer.loss_block_size": block if loss == "blockwise" else "null", "mesh.gather": weight_gather}
-    step = C.compile_trainer_step(C.step_config({**cfg, "remat": remat}, batch=batch, seq=seq, over=over))
+    step = C.compile_trainer_step(C.step_config({**cfg, "remat": remat}, batch=batch, seq=seq, dtype=dtype, over=over))
     mem = C.memory_stats(step["compiled"])
     # how the fused loss gathers the FSDP head (nn.blockwise_cross_entropy_loss, gather="auto")
     from named.nn import _fused_loss
 
-    head = cfg["vocab_size"] * cfg["n_embd"] * 4  # float32
+    head = cfg["vocab_size"] * cfg["n_embd"] * (4 if dtype == "f32" else 2)  # in the compute dtype
     gather = ("once" if head <= _fused_loss.WHOLE_HEAD_BYTES else "by blocks") if loss == "blockwise" else None
     n = step["params"]
     n_dev = math.prod(C.MESH.values())
@@ -97,6 +109,7 @@ def measure(cfg: dict, batch: int, seq: int, remat: str, loss: str, weight_gathe
             "loss_block_size": block if loss == "blockwise" else None,
             "head_gather": gather,
             "weight_gather": weight_gather,
+            "dtype": dtype,
         },
         "params": n,
         "memory": mem,
@@ -135,7 +148,7 @@ def main(argv=None):
         "mesh": C.MESH,
         "param_mapping": C.PARAM_MAPPING,
         "compute_mapping": C.COMPUTE_MAPPING,
-        "dtype": "f32",
+        "dtype": "float32 state; compute as each row's config says",
         "step": "train.make_train_step (the trainer's loss, clipping, AdamW, finite checks), donated state",
         "rows": rows,
         "goal": "ratio_peak_over_floor <= 1.05",
