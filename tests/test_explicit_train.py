@@ -291,6 +291,72 @@ def test_prefetched_gathers_and_one_reduce_scatter_per_layer_weight():
     assert report(None).count("reduce-scatter") == 0
 
 
+def test_a_bf16_stack_is_cast_per_layer_shard_before_its_gather():
+    """Explicit mode with a bfloat16 compute cast (``nn.cast_for_compute``) over a recomputing
+    stack: each layer's float32 shards are cast before they are gathered, so every gather and
+    gradient reduce-scatter in the layer loop moves bfloat16, no bfloat16 copy of the whole stack
+    is made, and the gradients are those of the stack cast whole, to the bit."""
+    import jax.numpy as jnp
+
+    mesh = nm.make_mesh({"data": 8})
+    param, compute = {"embed": "data"}, {"batch": "data"}
+    # 5 layers: no per-layer weight or shard has a leading dimension of 5, the check below can tell them apart
+    cfg = Gpt2Config(n_embd=32, n_layer=5, n_head=4, vocab_size=96, n_positions=32, remat="full")
+    model = nm.shard(Gpt2LMHeadModel.init(cfg, key=jax.random.key(0)), param, mesh)
+    ids = nm.shard(
+        nm.named(jax.random.randint(jax.random.key(1), (8, 16), 0, 96), ("batch", "position")), compute, mesh
+    )
+
+    def per_layer(m):
+        return nn.cast_for_compute(m, "bf16")
+
+    def whole(m):
+        stack = m.blocks
+        cast = nn.Stacked(nn.cast_for_compute(stack.stacked, "bf16"), stack.Layers, stack.remat)
+        return eqx.tree_at(lambda c: c.blocks, nn.cast_for_compute(m, "bf16"), cast)
+
+    def grad_fn(cast):
+        def loss(m, ids):
+            with nn.explicit_layers(nn.ExplicitStack(param, compute)):
+                return (cast(m)(ids).array.astype(jnp.float32) ** 2).mean()
+
+        return nm.named_jit(eqx.filter_grad(loss), mapping=compute, out_mapping=param, mesh=mesh)
+
+    late, early = grad_fn(per_layer)(model, ids), grad_fn(whole)(model, ids)
+    leaves = jax.tree.leaves(late, is_leaf=nm.is_named_array)
+    assert leaves and all(g.dtype == jnp.float32 for g in leaves)
+    for a, b in zip(leaves, jax.tree.leaves(early, is_leaf=nm.is_named_array)):
+        np.testing.assert_array_equal(np.asarray(a.array), np.asarray(b.array))
+
+    # The program jax hands to XLA (XLA:CPU computes bf16 matmuls in float32 and moves those converts
+    # ahead of the gathers, so its compiled program gathers float32 on this backend).
+    eqns = list(_eqns(grad_fn(per_layer).trace(model, ids).jaxpr.jaxpr))
+    moved = [e for e in eqns if e.primitive.name in ("all_gather", "reduce_scatter") and e.invars[0].aval.ndim >= 2]
+    assert moved and all(e.invars[0].aval.dtype == jnp.bfloat16 for e in moved), [
+        (e.primitive.name, e.invars[0].aval.str_short()) for e in moved
+    ]
+    stacked_casts = [
+        e
+        for e in eqns
+        if e.primitive.name == "convert_element_type"
+        and e.outvars[0].aval.dtype == jnp.bfloat16
+        and e.invars[0].aval.ndim >= 3
+        and e.invars[0].aval.shape[0] == cfg.n_layer
+    ]
+    assert not stacked_casts, [e.invars[0].aval.str_short() for e in stacked_casts]  # no copy of the whole stack
+
+
+def _eqns(jaxpr):
+    """Every equation of ``jaxpr`` and of the jaxprs inside it (jit, scan, shard_map, custom VJPs)."""
+    for e in jaxpr.eqns:
+        yield e
+        for v in e.params.values():
+            for sub in v if isinstance(v, (list, tuple)) else (v,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    yield from _eqns(inner)
+
+
 def test_batch_split_runs_each_layer_on_two_halves():
     """With ``batch_split=2`` each layer runs on two halves of every device's sequences. The halves
     do not depend on each other, except that the program orders their collectives: the second

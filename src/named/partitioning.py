@@ -385,15 +385,23 @@ class NamedJitWrapped:
 
     def lower(self, *args, **kwargs):
         """``jax.stages.Lowered`` for these arguments (``.compile().as_text()`` for the HLO)."""
+        return self._stage("lower", args, kwargs)
+
+    def trace(self, *args, **kwargs):
+        """``jax.stages.Traced`` for these arguments (``.jaxpr``: the program before XLA sees it)."""
+        return self._stage("trace", args, kwargs)
+
+    def _stage(self, stage: str, args, kwargs):
         mesh, args, kwargs = self._placed(args, kwargs)
         with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext(), self._mapping_context():
-            return self._jitted.lower(*self._split(args, kwargs))
+            return getattr(self._jitted, stage)(*self._split(args, kwargs))
 
     def __get__(self, instance, owner):
         if instance is None:
             return self
         bound = functools.partial(self, instance)
         bound.lower = functools.partial(self.lower, instance)  # type: ignore[attr-defined]
+        bound.trace = functools.partial(self.trace, instance)  # type: ignore[attr-defined]
         return bound
 
 

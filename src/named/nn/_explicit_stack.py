@@ -146,7 +146,7 @@ class ExplicitStack:
                 )
 
         def body(weights, carry, a, kw):
-            return _PrefetchedScan(self, step, stacked.Layers, weights, a, kw)(carry)
+            return _PrefetchedScan(self, step, stacked.Layers, weights, a, kw, stacked.layer_cast)(carry)
 
         c = self.compute_mapping
         run = shard_map(body, mesh=self.mesh, in_mapping=(self.param_mapping, c, c, c))
@@ -161,7 +161,7 @@ class _PrefetchedScan:
     and ``jax.custom_vjp`` differentiates; ``MappedSplit`` knows how to put the NamedArrays back.
     """
 
-    def __init__(self, driver: ExplicitStack, step, Layers: Axis, weights, args, kwargs):
+    def __init__(self, driver: ExplicitStack, step, Layers: Axis, weights, args, kwargs, cast=None):
         # jax traces the backward pass later, outside shard_map's trace of the body: it
         # re-enters the body's context for its collectives.
         self.step, self.L, self.body = step, Layers.size, current_body()
@@ -175,6 +175,18 @@ class _PrefetchedScan:
             for k, leaf in enumerate(self.split.leaves)
             if k not in self.split.positions and eqx.is_array(leaf if not isinstance(leaf, NamedArray) else leaf.array)
         ]
+        # The dtype each weight is cast to before its gather (the stack's layer_cast, nn.cast_for_compute's
+        # rule): the layer's shard is cast, so the gather and its reduce-scatter move compute-dtype bytes.
+        self.cast_to: dict[int, Any] = {}
+        if cast is not None:
+            from .precision import cast_for_compute  # precision imports the stack, which imports this module
+
+            cast_shapes = jax.eval_shape(lambda w: cast_for_compute(w, cast), weights)
+            shapes = jax.tree.leaves(cast_shapes, is_leaf=is_named_array)
+            for j in self.weights:
+                k = self.split.mapped[j]
+                if shapes[k].dtype != self.split.leaves[k].dtype:
+                    self.cast_to[j] = shapes[k].dtype
         # What each weight's gather makes whole: the axes its stored layout splits and the layers do not.
         self.gather_axes: dict[int, list[str]] = {}
         for j in self.weights:
@@ -186,7 +198,9 @@ class _PrefetchedScan:
     # -- pieces of one layer --
 
     def _gather(self, j: int, raw):
-        """One layer's block of weight ``j`` (raw) gathered whole where its layout splits it."""
+        """One layer's block of weight ``j`` (raw), cast for compute, gathered whole where its layout splits it."""
+        if j in self.cast_to:
+            raw = raw.astype(self.cast_to[j])
         names = self.gather_axes[j]
         if not names:
             return raw
@@ -350,7 +364,7 @@ class _PrefetchedScan:
         return ct_layered, ct_carry, _merge(shared, ct_sh, want_shared, fill=None)
 
     def _scatter(self, j: int, shard, ct_gathered):
-        if not self.gather_axes[j]:
+        if not self.gather_axes[j] and j not in self.cast_to:
             return ct_gathered
         _, transpose = jax.vjp(lambda s: self._gather(j, s), shard)  # the gather itself is dead code here
         return transpose(ct_gathered)[0]

@@ -361,11 +361,8 @@ class Stacked(eqx.Module, Generic[M]):
 
     def _run(self, step, x, args, kwargs, unroll=None):
         driver = _explicit_driver()  # set by nn.explicit_layers: run the scan per device
-        if driver is not None:
-            # Explicit mode gathers each layer's stored shards itself: they are cast first, so that
-            # what it gathers (and reduce-scatters back) is in the compute dtype.
-            stack = self if self.layer_cast is None else Stacked(self.compute_stacked(), self.Layers, self.remat)
-            return driver.run(stack, step, x, args, kwargs)
+        if driver is not None:  # it gathers each layer's shards itself, and casts them first (layer_cast)
+            return driver.run(self, step, x, args, kwargs)
         if self.layer_cast is not None:
             inner = step
 
