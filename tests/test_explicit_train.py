@@ -291,17 +291,19 @@ def test_prefetched_gathers_and_one_reduce_scatter_per_layer_weight():
     assert report(None).count("reduce-scatter") == 0
 
 
-def test_a_bf16_stack_is_cast_per_layer_shard_before_its_gather():
-    """Explicit mode with a bfloat16 compute cast (``nn.cast_for_compute``) over a recomputing
-    stack: each layer's float32 shards are cast before they are gathered, so every gather and
-    gradient reduce-scatter in the layer loop moves bfloat16, no bfloat16 copy of the whole stack
-    is made, and the gradients are those of the stack cast whole, to the bit."""
+@pytest.mark.parametrize("remat", ["none", "full"])
+def test_a_bf16_stack_is_cast_per_layer_shard_before_its_gather(remat):
+    """Explicit mode with a bfloat16 compute cast (``nn.cast_for_compute``), with or without
+    ``remat`` (the driver recomputes each layer in its backward pass either way): each layer's
+    float32 shards are cast before they are gathered, so every gather and gradient
+    reduce-scatter in the layer loop moves bfloat16, no bfloat16 copy of the whole stack is
+    made, and the gradients are those of the stack cast whole, to the bit."""
     import jax.numpy as jnp
 
     mesh = nm.make_mesh({"data": 8})
     param, compute = {"embed": "data"}, {"batch": "data"}
     # 5 layers: no per-layer weight or shard has a leading dimension of 5, the check below can tell them apart
-    cfg = Gpt2Config(n_embd=32, n_layer=5, n_head=4, vocab_size=96, n_positions=32, remat="full")
+    cfg = Gpt2Config(n_embd=32, n_layer=5, n_head=4, vocab_size=96, n_positions=32, remat=remat)
     model = nm.shard(Gpt2LMHeadModel.init(cfg, key=jax.random.key(0)), param, mesh)
     ids = nm.shard(
         nm.named(jax.random.randint(jax.random.key(1), (8, 16), 0, 96), ("batch", "position")), compute, mesh

@@ -182,7 +182,7 @@ def _eagerly_cast(stack: nn.Stacked, policy) -> nn.Stacked:
     return nn.Stacked(cast_for_compute(stack.stacked, policy), stack.Layers, stack.remat)
 
 
-@pytest.mark.parametrize("remat", ["full", "full every=2", "save_dots"])
+@pytest.mark.parametrize("remat", ["none", "full", "full every=2", "save_dots"])
 def test_a_stack_cast_per_layer_computes_and_differentiates_as_the_whole_cast(remat):
     stack = _stack(Embed, Mlp, 4, remat)
     x = nm.named(jax.random.normal(jax.random.key(4), (3, Embed.size)), ("batch", "embed")).astype(jnp.bfloat16)
@@ -200,7 +200,6 @@ def test_a_stack_cast_per_layer_computes_and_differentiates_as_the_whole_cast(re
 
     cast = cast_for_compute(stack, "bf16")
     assert _floating_dtypes(cast.stacked) == {F32}  # stored as they were
-    assert cast_for_compute(_stack(Embed, Mlp, 4), "bf16").stacked.up.weight.dtype == BF16  # no remat: cast whole
     layer = cast.get_layer(1)
     assert layer.up.weight.dtype == BF16 and layer.norm.scale.dtype == F32
     whole_stack = cast.compute_stacked()

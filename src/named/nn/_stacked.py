@@ -13,6 +13,7 @@ interface for blocks that differ, run by a Python loop.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
@@ -231,8 +232,9 @@ class Stacked(eqx.Module, Generic[M]):
     Layers: Axis = eqx.field(static=True)
     remat: Any = eqx.field(static=True, default="none")
     # A precision policy (jmp.Policy) set by nn.cast_for_compute: each layer's weights are cast to its
-    # compute dtype as the scan reaches the layer, so no cast copy of the whole stack (nor of its
-    # gradient) is ever held. None: the layers compute with the weights as stored.
+    # compute dtype as the scan reaches the layer (where it recomputes its layers; explicit mode casts
+    # each layer's shards before gathering them), so no cast copy of the whole stack, nor of its
+    # gradient, is held. None: the layers compute with the weights as stored.
     layer_cast: Any = eqx.field(static=True, default=None)
 
     def __check_init__(self):
@@ -352,6 +354,13 @@ class Stacked(eqx.Module, Generic[M]):
         code that uses the stack whole (an MoE's experts); ``fold`` and ``scan`` cast per layer."""
         return self._cast(self.stacked)
 
+    def _with_layer_cast(self, policy) -> Stacked[M]:
+        """This stack with ``layer_cast`` set (``nn.cast_for_compute``). Its arrays are not checked
+        again: they may be one device's shards (explicit mode rebuilds blocks from them)."""
+        out = copy.copy(self)
+        object.__setattr__(out, "layer_cast", policy)  # a frozen module: set on the fresh copy
+        return out
+
     def _cast(self, block):
         if self.layer_cast is None:
             return block
@@ -363,7 +372,13 @@ class Stacked(eqx.Module, Generic[M]):
         driver = _explicit_driver()  # set by nn.explicit_layers: run the scan per device
         if driver is not None:  # it gathers each layer's shards itself, and casts them first (layer_cast)
             return driver.run(self, step, x, args, kwargs)
-        if self.layer_cast is not None:
+        remat = Remat.parse(self.remat, self.Layers.size)
+        stacked = self.stacked
+        if self.layer_cast is not None and remat is None:
+            # Without recomputation the backward pass keeps every layer's cast weights anyway; cast per
+            # layer, XLA:CPU (bf16 matmuls in float32) also kept float32 copies of them.
+            stacked = self.compute_stacked()
+        elif self.layer_cast is not None:
             inner = step
 
             def step(block, *a, **kw):
@@ -372,9 +387,7 @@ class Stacked(eqx.Module, Generic[M]):
         def body(carry, block, *a, **kw):
             return step(block, carry, *a, **kw)
 
-        return nscan(body, self.Layers, remat=Remat.parse(self.remat, self.Layers.size), unroll=unroll)(
-            x, self.stacked, *args, **kwargs
-        )
+        return nscan(body, self.Layers, remat=remat, unroll=unroll)(x, stacked, *args, **kwargs)
 
     # -- per-layer access --
 

@@ -20,7 +20,6 @@ their internal statistics in float32 (upcast the input, cast the result back).
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import equinox as eqx
@@ -144,22 +143,19 @@ def cast_for_compute(module: Any, policy: str | jmp.Policy) -> Any:
     gradient of a loss of the cast module with respect to the original module has the
     original (param) dtypes.
 
-    A ``Stacked`` that recomputes its layers (any ``remat`` but ``"none"``) is not cast whole:
-    it keeps its stored weights and casts each layer, by this same rule, as its scan reaches it,
-    so neither a compute-dtype copy of the whole stack nor one of its gradient is held.
+    A ``Stacked`` is cast as it runs: it keeps its stored weights and, where it recomputes its
+    layers (any ``remat`` but ``"none"``) or runs in explicit mode (``explicit_layers``), casts
+    each layer by this same rule as its scan reaches it, so neither a compute-dtype copy of the
+    whole stack nor one of its gradient is held. Without recomputation in auto mode the backward
+    pass keeps every layer's cast weights anyway, and the stack is cast whole when it runs.
     ``get_layer`` and ``compute_stacked()`` give the cast weights; ``.stacked`` stays as stored.
-    Without recomputation the backward pass keeps every layer's cast weights whichever way they
-    are cast, and the stack is cast whole.
     """
     policy = get_policy(policy)
-    from .._remat import Remat
     from ._stacked import Stacked  # _stacked imports this module
 
     def cast(node):
         if isinstance(node, Stacked):
-            if Remat.parse(node.remat, node.Layers.size) is None:
-                return dataclasses.replace(node, stacked=cast_for_compute(node.stacked, policy))
-            return dataclasses.replace(node, layer_cast=policy)
+            return node._with_layer_cast(policy)
         if keeps_full_precision(node):
             return _cast_floating(node, policy.param_dtype)
         return _cast_floating(node, policy.compute_dtype)
