@@ -54,6 +54,7 @@ from .._local import CollectiveOrder, join_blocks, split_block, split_over
 from .._transforms import MappedOutputs, MappedSplit, place_of
 from ..explicit import all_gather, shard_map
 from ..partitioning import ShardingError, mesh_axes_of
+from .precision import cast_for_compute
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,8 +180,6 @@ class _PrefetchedScan:
         # rule): the layer's shard is cast, so the gather and its reduce-scatter move compute-dtype bytes.
         self.cast_to: dict[int, Any] = {}
         if cast is not None:
-            from .precision import cast_for_compute  # precision imports the stack, which imports this module
-
             cast_shapes = jax.eval_shape(lambda w: cast_for_compute(w, cast), weights)
             shapes = jax.tree.leaves(cast_shapes, is_leaf=is_named_array)
             for j in self.weights:

@@ -29,6 +29,7 @@ from .._transforms import MappedSplit, is_named_or_shaped_array_like
 from .._transforms import scan as nscan
 from .._transforms import vmap as nvmap
 from ._explicit_stack import active as _explicit_driver
+from .precision import cast_for_compute
 
 M = TypeVar("M", bound=eqx.Module)
 
@@ -354,19 +355,16 @@ class Stacked(eqx.Module, Generic[M]):
         code that uses the stack whole (an MoE's experts); ``fold`` and ``scan`` cast per layer."""
         return self._cast(self.stacked)
 
-    def _with_layer_cast(self, policy) -> Stacked[M]:
-        """This stack with ``layer_cast`` set (``nn.cast_for_compute``). Its arrays are not checked
+    def cast_as_it_runs(self, policy) -> Stacked[M]:
+        """This stack as ``nn.cast_for_compute(stack, policy)`` returns it: the weights as stored,
+        each layer cast by ``policy`` as the stack runs (``layer_cast``). Its arrays are not checked
         again: they may be one device's shards (explicit mode rebuilds blocks from them)."""
         out = copy.copy(self)
         object.__setattr__(out, "layer_cast", policy)  # a frozen module: set on the fresh copy
         return out
 
     def _cast(self, block):
-        if self.layer_cast is None:
-            return block
-        from .precision import cast_for_compute  # precision finds Stacked nodes: imported here, not at the top
-
-        return cast_for_compute(block, self.layer_cast)
+        return block if self.layer_cast is None else cast_for_compute(block, self.layer_cast)
 
     def _run(self, step, x, args, kwargs, unroll=None):
         driver = _explicit_driver()  # set by nn.explicit_layers: run the scan per device

@@ -151,16 +151,20 @@ def cast_for_compute(module: Any, policy: str | jmp.Policy) -> Any:
     ``get_layer`` and ``compute_stacked()`` give the cast weights; ``.stacked`` stays as stored.
     """
     policy = get_policy(policy)
-    from ._stacked import Stacked  # _stacked imports this module
 
     def cast(node):
-        if isinstance(node, Stacked):
-            return node._with_layer_cast(policy)
+        if _casts_as_it_runs(node):
+            return node.cast_as_it_runs(policy)
         if keeps_full_precision(node):
             return _cast_floating(node, policy.param_dtype)
         return _cast_floating(node, policy.compute_dtype)
 
-    return jax.tree.map(cast, module, is_leaf=lambda n: isinstance(n, Stacked) or keeps_full_precision(n))
+    return jax.tree.map(cast, module, is_leaf=lambda n: _casts_as_it_runs(n) or keeps_full_precision(n))
+
+
+def _casts_as_it_runs(node: Any) -> bool:
+    """A module that casts its own weights as it runs (``Stacked``): it has ``cast_as_it_runs(policy)``."""
+    return isinstance(node, eqx.Module) and callable(getattr(node, "cast_as_it_runs", None))
 
 
 def cast_to_param(tree: Any, policy: str | jmp.Policy) -> Any:
