@@ -38,6 +38,14 @@ def _subjaxprs(params):
                 yield x
 
 
+def all_eqns(jaxpr):
+    """Every equation of a jaxpr and of the jaxprs nested in it (jit, scan, shard_map, custom VJPs)."""
+    for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns:
+        yield eqn
+        for sub in _subjaxprs(eqn.params):
+            yield from all_eqns(sub)
+
+
 def constraint_specs(jaxpr) -> list[tuple[tuple[int, ...], tuple]]:
     """(shape, spec) of every sharding_constraint in a jaxpr, nested jaxprs included, in order."""
     jaxpr = getattr(jaxpr, "jaxpr", jaxpr)

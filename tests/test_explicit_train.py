@@ -12,6 +12,7 @@ import equinox as eqx
 import jax
 import numpy as np
 import pytest
+from _nn_util import all_eqns
 
 import named as nm
 from named import nn
@@ -332,7 +333,7 @@ def test_a_bf16_stack_is_cast_per_layer_shard_before_its_gather(remat):
 
     # The program jax hands to XLA (XLA:CPU computes bf16 matmuls in float32 and moves those converts
     # ahead of the gathers, so its compiled program gathers float32 on this backend).
-    eqns = list(_eqns(grad_fn(per_layer).trace(model, ids).jaxpr.jaxpr))
+    eqns = list(all_eqns(grad_fn(per_layer).trace(model, ids).jaxpr))
     moved = [e for e in eqns if e.primitive.name in ("all_gather", "reduce_scatter") and e.invars[0].aval.ndim >= 2]
     assert moved and all(e.invars[0].aval.dtype == jnp.bfloat16 for e in moved), [
         (e.primitive.name, e.invars[0].aval.str_short()) for e in moved
@@ -346,17 +347,6 @@ def test_a_bf16_stack_is_cast_per_layer_shard_before_its_gather(remat):
         and e.invars[0].aval.shape[0] == cfg.n_layer
     ]
     assert not stacked_casts, [e.invars[0].aval.str_short() for e in stacked_casts]  # no copy of the whole stack
-
-
-def _eqns(jaxpr):
-    """Every equation of ``jaxpr`` and of the jaxprs inside it (jit, scan, shard_map, custom VJPs)."""
-    for e in jaxpr.eqns:
-        yield e
-        for v in e.params.values():
-            for sub in v if isinstance(v, (list, tuple)) else (v,):
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    yield from _eqns(inner)
 
 
 def test_batch_split_runs_each_layer_on_two_halves():

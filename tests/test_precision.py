@@ -11,6 +11,7 @@ import jmp
 import numpy as np
 import optax
 import pytest
+from _nn_util import all_eqns
 
 import named as nm
 from named import nn
@@ -337,7 +338,7 @@ def test_bf16_training_keeps_float32_state_and_tracks_float32_loss():
     # the matmuls really run in bf16 (and the loss comes out float32)
     ids = _batches(1)[0]
     jaxpr = jax.make_jaxpr(step16)(model16, opt16, ids)
-    dots = [e for e in _eqns(jaxpr.jaxpr) if e.primitive.name == "dot_general"]
+    dots = [e for e in all_eqns(jaxpr) if e.primitive.name == "dot_general"]
     assert dots and any(all(v.aval.dtype == BF16 for v in e.invars) for e in dots)
     assert jax.eval_shape(step16, model16, opt16, ids)[2].dtype == F32
 
@@ -346,17 +347,6 @@ def test_bf16_training_keeps_float32_state_and_tracks_float32_loss():
     gap = np.abs(losses16 - losses32)
     assert gap.max() < LOSS_GAP_TOLERANCE, (losses32, losses16)
     assert np.all(np.isfinite(losses16))
-
-
-def _eqns(jaxpr):
-    for e in jaxpr.eqns:
-        yield e
-        for p in e.params.values():
-            for s in p if isinstance(p, (tuple, list)) else [p]:
-                if isinstance(s, jax.extend.core.ClosedJaxpr):
-                    yield from _eqns(s.jaxpr)
-                elif isinstance(s, jax.extend.core.Jaxpr):
-                    yield from _eqns(s)
 
 
 # ---- dynamic loss scaling ------------------------------------------------------------------------------

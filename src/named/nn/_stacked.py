@@ -371,20 +371,15 @@ class Stacked(eqx.Module, Generic[M]):
         if driver is not None:  # it gathers each layer's shards itself, and casts them first (layer_cast)
             return driver.run(self, step, x, args, kwargs)
         remat = Remat.parse(self.remat, self.Layers.size)
-        stacked = self.stacked
-        if self.layer_cast is not None and remat is None:
-            # Without recomputation the backward pass keeps every layer's cast weights anyway; cast per
-            # layer, XLA:CPU (bf16 matmuls in float32) also kept float32 copies of them.
-            stacked = self.compute_stacked()
-        elif self.layer_cast is not None:
-            inner = step
-
-            def step(block, *a, **kw):
-                return inner(self._cast(block), *a, **kw)
+        # Without recomputation the backward pass keeps every layer's cast weights anyway: the stack is
+        # cast whole here (cast per layer, XLA:CPU, computing bf16 matmuls in float32, also kept float32
+        # copies of them). With it, each layer is cast as the scan reaches it.
+        whole = remat is None
 
         def body(carry, block, *a, **kw):
-            return step(block, carry, *a, **kw)
+            return step(block if whole else self._cast(block), carry, *a, **kw)
 
+        stacked = self.compute_stacked() if whole else self.stacked
         return nscan(body, self.Layers, remat=remat, unroll=unroll)(x, stacked, *args, **kwargs)
 
     # -- per-layer access --
