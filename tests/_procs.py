@@ -4,15 +4,50 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
+import importlib.util
+import mmap
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 # What conftest.py gives XLA in the pytest process (besides its 8 devices): the processes tests start
-# compile the same way. The tests' models are tiny, so LLVM's optimisation of the generated code costs
-# more than it saves (about 30 % of the suite's CPU time, measured on test_moe and test_families_sharded).
-FAST_COMPILE = "--xla_backend_optimization_level=0"
+# compile the same way. The tests' models are tiny, so compiling them costs more than running them:
+# - LLVM's optimisation of the generated code (about 30 % of the suite's CPU time, measured on test_moe
+#   and test_families_sharded) is off;
+# - XLA:CPU's MLIR fusion emitters are off where this jaxlib has the option (the older emitters generate
+#   the same fusions; XLA's HLO passes, which the collective and memory tests read, still run): on 2 cores
+#   test_moe took 79 s instead of 138 s (XLA's backend compile 32 s instead of 77 s) and
+#   test_families_sharded 45 s instead of 69 s (22 s instead of 43 s).
+# An XLA that does not know an option in XLA_FLAGS ends the process, so the second is asked for only
+# where this jaxlib's library has its name.
+_OPT_LEVEL = "--xla_backend_optimization_level=0"
+_NO_FUSION_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
+
+
+@functools.cache
+def fast_compile() -> str:
+    """The compile options above that this jaxlib knows, for XLA_FLAGS."""
+    return f"{_OPT_LEVEL} {_NO_FUSION_EMITTERS}" if _xla_knows(_NO_FUSION_EMITTERS) else _OPT_LEVEL
+
+
+def as_users_compile() -> dict:
+    """Options for one ``Lowered.compile``: XLA's HLO passes as in a user's process, for a test that reads
+    a program's structure (its loops, its copies). Without the fusion emitters XLA:CPU also rewrites every
+    scatter (an embedding's gradient) into a while loop, and lays some parameters out differently."""
+    return {_NO_FUSION_EMITTERS.split("=")[0].removeprefix("--"): True} if _xla_knows(_NO_FUSION_EMITTERS) else {}
+
+
+def _xla_knows(flag: str) -> bool:
+    name = flag.split("=")[0].removeprefix("--").encode()
+    for lib in Path(importlib.util.find_spec("jaxlib").origin).parent.glob("*.so"):
+        with open(lib, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            if m.find(name) >= 0:
+                return True
+    return False
+
+
 # XLA:CPU ends the whole process (SIGABRT) when a device has waited at a collective for 20 s (its
 # warning) plus 40 s (its termination timeout). With two pytest workers of 8 fake devices each on 2
 # cores, a device thread can be left that far behind the others: a CI run lost a worker inside a
@@ -26,7 +61,7 @@ PATIENT_COLLECTIVES = (
 def xla_flags(devices: int | None = None) -> str:
     """XLA_FLAGS for a process a test starts: ``devices`` fake CPU devices (None: jax's default, one)."""
     count = f"--xla_force_host_platform_device_count={devices} " if devices else ""
-    return f"{count}{FAST_COMPILE} {PATIENT_COLLECTIVES}"
+    return f"{count}{fast_compile()} {PATIENT_COLLECTIVES}"
 
 
 def run_workers(argvs: list[list[str]], env: dict, timeout: float) -> tuple[list[int], list[str]]:

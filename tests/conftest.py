@@ -13,17 +13,16 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from _procs import PATIENT_COLLECTIVES  # tests/: no jax there
+from _procs import PATIENT_COLLECTIVES, fast_compile  # tests/: no jax there
 
 # Must happen before jax is imported anywhere (pytest imports conftest first).
 _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
     _flags += " --xla_force_host_platform_device_count=8"
-# The tests' models are tiny, so LLVM's optimisation of the code XLA:CPU generates costs more than
-# it saves: without it the suite takes about 30 % less CPU time (measured on test_moe and
-# test_families_sharded). XLA's own HLO passes, which the collective and memory tests read, still run.
-if "xla_backend_optimization_level" not in _flags:
-    _flags += " --xla_backend_optimization_level=0"
+# Compile for tiny models (tests/_procs.py says what and what it saves); an option already set is kept.
+for _option in fast_compile().split():
+    if _option.split("=")[0] not in _flags:
+        _flags += " " + _option
 # A device thread starved on 2 cores must not end the worker at XLA:CPU's 60 s collective timeout.
 if "xla_cpu_collective_call_terminate_timeout_seconds" not in _flags:
     _flags += " " + PATIENT_COLLECTIVES

@@ -143,7 +143,7 @@ def test_a_second_launch_runs_from_a_warm_compilation_cache(tmp_path):
     env = {
         **os.environ,
         "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax-cache"),
-        # XLA's default code generation (the suite's FAST_COMPILE hid the deadlock in 2 of 3 tries)
+        # XLA's default code generation (the suite's fast_compile() hid the deadlock in 2 of 3 tries)
         # and a 5 s collective timeout instead of 40 s, so that a deadlock fails fast
         "XLA_FLAGS": "--xla_force_host_platform_device_count=8 --xla_cpu_collective_call_terminate_timeout_seconds=5",
         "JAX_PLATFORMS": "cpu",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import pytest
+from _procs import as_users_compile
 
 import named as nm
 from named import Axis
@@ -307,7 +308,7 @@ def _gpt2_grad_step(n_layer: int, *, unrolled: bool = False):
     grad = nm.named_jit(
         jax.grad(lambda m, ids: next_token_loss(logits(m, ids), ids).scalar()), mapping={"batch": "data"}, mesh=mesh
     )
-    return cfg, nm.compiled_report(grad, model, ids)
+    return cfg, nm.compiled_report(grad.lower(model, ids).compile(as_users_compile()))  # loops as users see them
 
 
 @pytest.fixture(scope="module")
@@ -378,7 +379,7 @@ def test_named_plan_compile_counts_microbatches_and_layers():
             "2",
         ],
     )
-    rep = plan.train_step_report(cfg)
+    rep = plan.train_step_report(cfg, compiler_options=as_users_compile())  # the loops a user's compile has
     model_cfg = Gpt2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=384)  # what FLOPs/token depends on
     want = flops_per_token(model_cfg, 32) * 16 * 32 / 8
     assert sorted(n for _, n in rep.loops) == [2, 2, 2]  # the microbatch fold around two layer scans

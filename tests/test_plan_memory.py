@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from _procs import as_users_compile
 
 from named.nn import _fused_loss
 from named.trainer.commands import plan
@@ -115,6 +116,6 @@ def test_the_compiled_step_copies_no_parameter():
     s = checked_setup(cfg)
     step, args = plan.abstract_train_step(cfg, s)
     with nm.set_mesh(s.mesh):
-        text = step.lower(*args).compile().as_text()
+        text = step.lower(*args).compile(as_users_compile()).as_text()  # laid out as in a user's process
     entry = text[text.index("\nENTRY") :]
     assert not re.findall(r"= f32\[[^\n]* copy\(%param[.\d]*\)", entry)

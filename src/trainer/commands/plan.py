@@ -353,11 +353,14 @@ def abstract_train_step(cfg: TrainConfig, s: Setup | None = None) -> tuple:
     return make_train_step(cfg, s, state.optimizer), state.abstract_inputs(cfg, s)
 
 
-def train_step_report(cfg: TrainConfig, s: Setup | None = None) -> nm.inspect.CompiledReport:
+def train_step_report(
+    cfg: TrainConfig, s: Setup | None = None, compiler_options: dict | None = None
+) -> nm.inspect.CompiledReport:
     """Compile the train step ``named-train`` would run on abstract inputs (``abstract_train_step``)
-    and report its collectives, memory per device and FLOPs."""
+    and report its collectives, memory per device and FLOPs. ``compiler_options``: XLA's, for this
+    compile only, as ``jax.stages.Lowered.compile`` takes them."""
     s = s if s is not None else checked_setup(cfg)
     step, args = abstract_train_step(cfg, s)
     with nm.set_mesh(s.mesh):
-        lowered = step.lower(*args)
-    return nm.compiled_report(lowered, mesh=s.mesh)
+        compiled = step.lower(*args).compile(compiler_options)
+    return nm.compiled_report(compiled, mesh=s.mesh)
