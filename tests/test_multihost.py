@@ -662,6 +662,24 @@ def test_a_survivor_of_a_dead_peer_prints_one_line_and_a_bug_its_traceback(monke
     assert ("another process has most likely died" in last) != traceback_kept
 
 
+@pytest.mark.parametrize(
+    "codes, culprit",
+    [
+        ([None, None], None),
+        ([0, None], None),
+        ([-signal.SIGABRT, -signal.SIGKILL], 1),  # the killed one, not the survivor gloo aborted (CI, once)
+        ([-signal.SIGABRT, -signal.SIGTERM, 1], 1),
+        ([1, -signal.SIGABRT], 1),
+        ([None, 2, 1], 1),
+        ([-signal.SIGKILL, -signal.SIGKILL], 0),
+    ],
+)
+def test_the_launcher_reports_the_root_cause_of_failures_seen_together(codes, culprit):
+    from named.trainer.commands.launch import root_cause
+
+    assert root_cause(codes) == culprit
+
+
 def test_launcher_and_config_process_counts_must_agree(monkeypatch):
     from named.trainer.config import ConfigError, DistributedConfig
 

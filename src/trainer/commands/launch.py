@@ -184,11 +184,9 @@ def launch(
             codes = [p.poll() for p in procs]
             if received:
                 break
-            bad = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
-            if bad:
-                # Report the root cause: a process killed by a signal brings its peers down with
-                # errors of their own (a failed collective), which may be seen in the same poll.
-                i, code = min(bad, key=lambda ic: (ic[1] > 0, ic[0]))
+            i = root_cause(codes)
+            if i is not None:
+                code = codes[i]
                 print(
                     f"{PREFIX} process {i} of {nproc} (pid {procs[i].pid}) {describe(code)}; stopping the others",
                     file=sys.stderr,
@@ -215,6 +213,18 @@ def launch(
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+
+
+def root_cause(codes: list[int | None]) -> int | None:
+    """Of the processes' exit codes seen in one poll (None: running; -N: killed by signal N), the
+    failure to report, or None. A process killed from outside brings its peers down with errors of
+    their own, which may end in the same poll: a failed gloo collective throws in C++, whose
+    ``terminate`` ends the process with SIGABRT. So a signal other than SIGABRT comes first, then
+    SIGABRT, then a non-zero exit; the lowest process index among equals."""
+    bad = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+    if not bad:
+        return None
+    return min(bad, key=lambda ic: (ic[1] > 0, ic[1] == -signal.SIGABRT, ic[0]))[0]
 
 
 def _stop(procs: list[subprocess.Popen], grace_s: float, already_signalled: bool = False) -> None:
