@@ -5,8 +5,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
-import importlib.util
-import mmap
 import os
 import subprocess
 import sys
@@ -20,8 +18,7 @@ from pathlib import Path
 #   the same fusions; XLA's HLO passes, which the collective and memory tests read, still run): on 2 cores
 #   test_moe took 79 s instead of 138 s (XLA's backend compile 32 s instead of 77 s) and
 #   test_families_sharded 45 s instead of 69 s (22 s instead of 43 s).
-# An XLA that does not know an option in XLA_FLAGS ends the process, so the second is asked for only
-# where this jaxlib's library has its name.
+# The second is asked for only where this jaxlib has it (named.internal.xla_knows_option).
 _OPT_LEVEL = "--xla_backend_optimization_level=0"
 _NO_FUSION_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
 
@@ -29,23 +26,18 @@ _NO_FUSION_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
 @functools.cache
 def fast_compile() -> str:
     """The compile options above that this jaxlib knows, for XLA_FLAGS."""
-    return f"{_OPT_LEVEL} {_NO_FUSION_EMITTERS}" if _xla_knows(_NO_FUSION_EMITTERS) else _OPT_LEVEL
+    from named.internal import xla_knows_option  # imports jax, which reads XLA_FLAGS only later
+
+    return f"{_OPT_LEVEL} {_NO_FUSION_EMITTERS}" if xla_knows_option(_NO_FUSION_EMITTERS) else _OPT_LEVEL
 
 
 def as_users_compile() -> dict:
     """Options for one ``Lowered.compile``: XLA's HLO passes as in a user's process, for a test that reads
     a program's structure (its loops, its copies). Without the fusion emitters XLA:CPU also rewrites every
     scatter (an embedding's gradient) into a while loop, and lays some parameters out differently."""
-    return {_NO_FUSION_EMITTERS.split("=")[0].removeprefix("--"): True} if _xla_knows(_NO_FUSION_EMITTERS) else {}
+    from named.internal import xla_knows_option
 
-
-def _xla_knows(flag: str) -> bool:
-    name = flag.split("=")[0].removeprefix("--").encode()
-    for lib in Path(importlib.util.find_spec("jaxlib").origin).parent.glob("*.so"):
-        with open(lib, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-            if m.find(name) >= 0:
-                return True
-    return False
+    return {_NO_FUSION_EMITTERS.split("=")[0].removeprefix("--"): True} if xla_knows_option(_NO_FUSION_EMITTERS) else {}
 
 
 # XLA:CPU ends the whole process (SIGABRT) when a device has waited at a collective for 20 s (its

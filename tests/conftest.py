@@ -13,9 +13,16 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from _procs import PATIENT_COLLECTIVES, fast_compile  # tests/: no jax there
+from _procs import PATIENT_COLLECTIVES, fast_compile  # imports no jax itself
 
-# Must happen before jax is imported anywhere (pytest imports conftest first).
+# Must happen before jax is imported anywhere (pytest imports conftest first): jax reads these when
+# imported, XLA_FLAGS (below) only when its backends start.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="named-tests-jax-cache-")
+    os.environ["NAMED_TESTS_JAX_CACHE_OWNER"] = str(os.getpid())
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 << 30))
 _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
     _flags += " --xla_force_host_platform_device_count=8"
@@ -27,12 +34,6 @@ for _option in fast_compile().split():
 if "xla_cpu_collective_call_terminate_timeout_seconds" not in _flags:
     _flags += " " + PATIENT_COLLECTIVES
 os.environ["XLA_FLAGS"] = _flags.strip()
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="named-tests-jax-cache-")
-    os.environ["NAMED_TESTS_JAX_CACHE_OWNER"] = str(os.getpid())
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
-os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 << 30))
 # Programs loaded back from that cache deadlock on several CPU devices unless XLA:CPU scheduled them
 # plainly (named._compat.CACHE_SAFE_CPU_FLAG); the processes tests start inherit the flag too.
 from named._compat import cache_safe_xla_flags  # noqa: E402 - imports jax, which reads XLA_FLAGS only later

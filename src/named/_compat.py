@@ -19,8 +19,12 @@ elsewhere because it is the same on 0.10, 0.11 and 0.12: ``jax.tree``/``jax.tree
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+import mmap
 import re
 import warnings
+from pathlib import Path
 
 import jax
 
@@ -59,6 +63,19 @@ def backends_initialized() -> bool:
     from jax._src import xla_bridge
 
     return xla_bridge.backends_are_initialized()
+
+
+@functools.cache
+def xla_knows_option(flag: str) -> bool:
+    """Whether this jaxlib's XLA has the option ``flag`` (``--name=value`` or ``name``), by its name
+    in jaxlib's libraries: an XLA that does not know an option given in ``XLA_FLAGS`` ends the
+    process when its backends start, so an option that releases drop is asked for only where known."""
+    name = flag.split("=")[0].removeprefix("--").encode()
+    for lib in Path(importlib.util.find_spec("jaxlib").origin).parent.glob("*.so"):
+        with open(lib, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            if m.find(name) >= 0:
+                return True
+    return False
 
 
 # XLA:CPU's concurrency-optimized HLO scheduler (on by default in jaxlib 0.10.2) makes programs that
