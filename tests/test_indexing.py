@@ -71,13 +71,16 @@ def _expected(size_of, names, xn, idx_np):
         if isinstance(v, slice):
             sizes_out[n] = len(range(*v.indices(size_of[n])))
     point = {n for n in idx_axes if n in names and n not in idx_np}  # matched pointwise
-    block = {n for n, _ in gathered} | point
+    # a 0-d index (a NamedArray without axes, such as an argmax) drops its axis as an int does, so it
+    # does not decide where the gathered axes go
+    block = {n for n, v in gathered if v[1]} | point
+    dropped = {n for n, v in idx_np.items() if isinstance(v, (int, np.integer)) or (isinstance(v, tuple) and not v[1])}
     out: list[str] = []
     for n in names:
         if n in block:
             if n == next(m for m in names if m in block):
                 out.extend(idx_axes)
-        elif not isinstance(idx_np.get(n), (int, np.integer)):
+        elif n not in dropped:
             out.append(n)
     out_t = tuple(out)
     grids = np.indices(tuple(sizes_out[n] for n in out_t), sparse=True)
