@@ -12,32 +12,27 @@ from pathlib import Path
 
 # What conftest.py gives XLA in the pytest process (besides its 8 devices): the processes tests start
 # compile the same way. The tests' models are tiny, so compiling them costs more than running them:
-# - LLVM's optimisation of the generated code (about 30 % of the suite's CPU time, measured on test_moe
-#   and test_families_sharded) is off;
-# - XLA:CPU's MLIR fusion emitters are off where this jaxlib has the option (the older emitters generate
-#   the same fusions; XLA's HLO passes, which the collective and memory tests read, still run): on 2 cores
-#   test_moe took 79 s instead of 138 s (XLA's backend compile 32 s instead of 77 s) and
-#   test_families_sharded 45 s instead of 69 s (22 s instead of 43 s).
-# The second is asked for only where this jaxlib has it (named.internal.xla_knows_option).
-_OPT_LEVEL = "--xla_backend_optimization_level=0"
-_NO_FUSION_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
+# XLA:CPU makes its cheapest machine code (named.internal.cheap_codegen_flags: no LLVM optimisation,
+# about 30 % of the suite's CPU time, measured on test_moe and test_families_sharded; no MLIR fusion
+# emitters, where this jaxlib has the option: on 2 cores test_moe took 79 s instead of 138 s, XLA's
+# backend compile 32 s instead of 77 s, and test_families_sharded 45 s instead of 69 s, 22 s instead
+# of 43 s). XLA's HLO passes, which the collective and memory tests read, still run.
+_NO_FUSION_EMITTERS = "xla_cpu_use_fusion_emitters"
 
 
 @functools.cache
 def fast_compile() -> str:
     """The compile options above that this jaxlib knows, for XLA_FLAGS."""
-    from named.internal import xla_knows_option  # imports jax, which reads XLA_FLAGS only later
+    from named.internal import cheap_codegen_flags  # imports jax, which reads XLA_FLAGS only later
 
-    return f"{_OPT_LEVEL} {_NO_FUSION_EMITTERS}" if xla_knows_option(_NO_FUSION_EMITTERS) else _OPT_LEVEL
+    return " ".join(cheap_codegen_flags())
 
 
 def as_users_compile() -> dict:
     """Options for one ``Lowered.compile``: XLA's HLO passes as in a user's process, for a test that reads
     a program's structure (its loops, its copies). Without the fusion emitters XLA:CPU also rewrites every
     scatter (an embedding's gradient) into a while loop, and lays some parameters out differently."""
-    from named.internal import xla_knows_option
-
-    return {_NO_FUSION_EMITTERS.split("=")[0].removeprefix("--"): True} if xla_knows_option(_NO_FUSION_EMITTERS) else {}
+    return {_NO_FUSION_EMITTERS: True} if _NO_FUSION_EMITTERS in fast_compile() else {}
 
 
 # XLA:CPU ends the whole process (SIGABRT) when a device has waited at a collective for 20 s (its

@@ -65,17 +65,32 @@ def backends_initialized() -> bool:
     return xla_bridge.backends_are_initialized()
 
 
-@functools.cache
 def xla_knows_option(flag: str) -> bool:
     """Whether this jaxlib's XLA has the option ``flag`` (``--name=value`` or ``name``), by its name
     in jaxlib's libraries: an XLA that does not know an option given in ``XLA_FLAGS`` ends the
     process when its backends start, so an option that releases drop is asked for only where known."""
-    name = flag.split("=")[0].removeprefix("--").encode()
+    return _in_jaxlib(flag.split("=")[0].removeprefix("--"))
+
+
+@functools.cache
+def _in_jaxlib(name: str) -> bool:
     for lib in Path(importlib.util.find_spec("jaxlib").origin).parent.glob("*.so"):
         with open(lib, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-            if m.find(name) >= 0:
+            if m.find(name.encode()) >= 0:
                 return True
     return False
+
+
+# XLA:CPU's cheapest machine code, for programs that are only read (named-plan's stand-in devices) or
+# are tiny (the tests'): no LLVM optimisation, and the older emitters instead of the MLIR fusion
+# emitters, which cost most of the compile time. Without the emitters XLA:CPU also rewrites every
+# scatter into a while loop.
+_CHEAP_CODEGEN = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
+
+
+def cheap_codegen_flags() -> tuple[str, ...]:
+    """The options of ``_CHEAP_CODEGEN`` that this jaxlib has, for XLA_FLAGS."""
+    return tuple(f for f in _CHEAP_CODEGEN if xla_knows_option(f))
 
 
 # XLA:CPU's concurrency-optimized HLO scheduler (on by default in jaxlib 0.10.2) makes programs that

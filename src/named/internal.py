@@ -9,6 +9,7 @@ checks that): what another layer needs from them is re-exported here.
 from ._compat import (
     backends_initialized,
     cache_safe_xla_flags,
+    cheap_codegen_flags,
     cluster_detected,
     cudnn_version,
     distributed_client,
@@ -21,10 +22,11 @@ __all__ = [
     "backends_initialized",  # the CLI: can this process still set its device count?
     "block_size_error",  # the config check of trainer.loss_block_size: the loss's own message
     "cache_safe_xla_flags",  # the CLI: XLA flags under which programs loaded from the compilation cache run
+    "cheap_codegen_flags",  # named-plan's stand-ins and the tests: XLA:CPU's cheapest machine code
     "cluster_detected",  # distributed: would jax.distributed.initialize() find its coordinator?
     "cudnn_version",  # bench/gpu_mfu.py: recorded beside GPU numbers
     "distributed_client",  # checkpoints and the run plan: JAX's key-value store and barriers
     "head_bytes_held",  # named-plan: what the fused loss holds of an FSDP head, by the loss's own rule
-    "xla_knows_option",  # the CLI and the tests: XLA_FLAGS only with options this jaxlib has
     "is_tracer",  # checkpoints: refuse to save a traced value; generate: check prompt lengths known before tracing
+    "xla_knows_option",  # the tests: XLA_FLAGS only with options this jaxlib has
 ]

@@ -620,25 +620,19 @@ def stand_in_devices(n: int) -> bool:
     return True
 
 
-# Machine code for programs that are read, never run: LLVM does not optimise it and, where this jaxlib
-# has the option, XLA:CPU's older emitters generate it instead of its MLIR fusion emitters.
-_READ_ONLY_CODEGEN = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
-
-
 def stand_in_flags(flags: str, n: int) -> str:
     """``flags`` for ``n`` stand-in CPU devices. Their programs are compiled to be read (collectives,
     FLOPs, buffers: XLA's HLO passes), never run or timed (--measure refuses --devices), so their
-    machine code is made the cheapest way (``_READ_ONLY_CODEGEN``). The README's 1-layer GPT-2 search
+    machine code is made the cheapest way (``named.internal.cheap_codegen_flags``). The README's 1-layer GPT-2 search
     on 8 stand-ins, 2 cores: 140 s of wall and 208 s of CPU at LLVM's default level, 96 s and 126 s at
     0; then 63 s and 82 s against 40 s and 43 s without the fusion emitters, the same layouts in the
     same order and the same memory, the HBM column within 0.3 % (without the emitters XLA rewrites a
     scatter into a loop). An option the user set is kept."""
-    from named.internal import xla_knows_option
+    from named.internal import cheap_codegen_flags
 
     kept = [f for f in flags.split() if not f.startswith("--xla_force_host_platform_device_count")]
-    for option in _READ_ONLY_CODEGEN:
-        name = option.split("=")[0]
-        if xla_knows_option(option) and not any(f.split("=")[0] == name for f in kept):
+    for option in cheap_codegen_flags():
+        if not any(f.split("=")[0] == option.split("=")[0] for f in kept):
             kept.append(option)
     return " ".join([*kept, f"--xla_force_host_platform_device_count={n}"])
 
