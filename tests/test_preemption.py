@@ -3,7 +3,7 @@ exit with 128 + the signal (143 for SIGTERM); the resumed run ends bitwise equal
 uninterrupted one. SIGTERM is sent at seeded random moments, during steps and inside the write
 window of an asynchronous save (the same tiny GPT-2 on 2 CPU devices as test_kill_resume, whose
 compilation cache makes each process cheap); a second signal stops at once; with 2 processes x
-4 devices a SIGTERM to one process stops both at the same step. Also: time-based temporary
+2 devices a SIGTERM to one process stops both at the same step. Also: time-based temporary
 checkpoints, the per-step decisions (``step_due``, ``StopRequests``) in process, and that the flags
 are agreed inside the train step itself (its output decides, over every device's row).
 """
@@ -34,7 +34,7 @@ from test_kill_resume import (  # noqa: F401 - fixtures
     workdir,  # noqa: F401 - a fixture
 )
 from test_multihost import CONFIG, RUN, corpus, finish, no_core_dumps, start_two, two_processes  # noqa: F401 - fixtures
-from test_multihost import STEPS as STEPS_2X4
+from test_multihost import STEPS as STEPS_2P
 from test_trainer import tiny_args
 
 from named.trainer import checkpoint as ckpt
@@ -300,11 +300,11 @@ def test_a_second_signal_stops_at_once_and_leaves_the_last_commit_whole(workdir,
         assert ckpt.latest_checkpoint(run_dir) == run_dir / "checkpoints" / f"step_{_committed(run_dir)[-1]}"
 
 
-# ---- 2 processes x 4 devices --------------------------------------------------------------
+# ---- 2 processes x 2 devices --------------------------------------------------------------
 
-# test_multihost's run (its uninterrupted 2 x 4 run is the reference here, made once a session),
+# test_multihost's run (its uninterrupted 2-process run is the reference here, made once a session),
 # without the eval and the sample at its end: they must not change what the run trains.
-MP_STEPS = STEPS_2X4
+MP_STEPS = STEPS_2P
 MP_RUN = {**RUN, "trainer.eval_interval": 0, "trainer.sample_interval": 0}
 
 
