@@ -143,11 +143,6 @@ TINY_ATTENTION_SHAPES = [("tiny", 2, 64, 4, 2, 16)]
 # ---- worker: one training configuration -----------------------------------------------------
 
 
-# --tiny on a CPU: the toy programs compile faster without LLVM's optimisation of XLA:CPU's code (as
-# the test suite compiles them); a GPU run never has these.
-TINY_CPU_FLAGS = ["--xla_backend_optimization_level=0"]
-
-
 def _xla_flags(spec: dict) -> str:
     return " ".join([*(spec["tuned_flags"] if spec["flags"] == "tuned" else []), *spec.get("cpu_flags", [])])
 
@@ -522,6 +517,8 @@ def main(argv=None):
     import _common as C
     import report
 
+    from named.internal import cheap_codegen_flags
+
     tuned, dropped, backend = usable_flags(TUNED_FLAGS)
     if backend != "gpu" and not args.tiny:
         raise SystemExit(
@@ -566,7 +563,8 @@ def main(argv=None):
             continue
         spec = {"model": model, "flags": settings.get("flags", "tuned"), "tuned_flags": tuned}
         if args.tiny and backend == "cpu":
-            spec["cpu_flags"] = TINY_CPU_FLAGS
+            # the toy programs compile in XLA:CPU's cheapest code, as the test suite's do; a GPU run never
+            spec["cpu_flags"] = list(cheap_codegen_flags())
         if model == "attention":
             spec.update(shapes=TINY_ATTENTION_SHAPES if args.tiny else ATTENTION_SHAPES, repeats=3 if args.tiny else 20)
         else:
