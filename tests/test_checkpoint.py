@@ -24,6 +24,7 @@ from jax.sharding import PartitionSpec as P
 import named as nm
 from named.trainer import checkpoint as ck
 from named.trainer.checkpoint import Checkpointer, CheckpointError, CheckpointWarning
+from named.trainer.commands.launch import free_port
 
 
 class Block(eqx.Module):
@@ -782,11 +783,7 @@ _WORKER = textwrap.dedent(
 
 @pytest.mark.procs
 def test_two_processes_write_one_checkpoint_restored_by_one(tmp_path):
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
     src = str(Path(ck.__file__).parents[1])
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")

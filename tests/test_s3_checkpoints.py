@@ -34,6 +34,7 @@ from test_kill_resume import reference, workdir  # noqa: F401 - fixtures
 from named.trainer import checkpoint as ck
 from named.trainer.checkpoint import store as checkpoint_store
 from named.trainer.checkpoint import write as checkpoint_write
+from named.trainer.commands.launch import free_port
 
 pytestmark = [pytest.mark.s3, pytest.mark.procs]
 
@@ -41,17 +42,11 @@ BUCKET = "named-ckpt"
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class MotoServer:
     """moto's standalone S3 server in a subprocess (``python -m moto.server``)."""
 
     def __init__(self, **env):
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
@@ -372,7 +367,7 @@ with Checkpointer(sys.argv[3]) as ckpt:
 
 
 def test_two_processes_write_one_checkpoint_to_the_bucket(url):
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
     codes, outs = run_workers([["-c", _WORKER, str(i), str(port), url] for i in range(2)], env, timeout=180)
     assert codes == [0, 0], outs
