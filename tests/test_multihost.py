@@ -179,10 +179,13 @@ class OneProcess:
 def one_process(corpus, tmp_path_factory) -> OneProcess:
     """The reference: the same run as 1 named-train process x 4 devices."""
     run_dir = tmp_path_factory.mktemp("one") / "run"
-    env = _base_env()
-    env["XLA_FLAGS"] = xla_flags(2 * PER_PROCESS)
     done = subprocess.run(
-        TRAIN + tiny_args(corpus, run_dir, **RUN), env=env, cwd=ROOT, capture_output=True, text=True, timeout=400
+        TRAIN + tiny_args(corpus, run_dir, **RUN),
+        env=_base_env(XLA_FLAGS=xla_flags(2 * PER_PROCESS)),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=400,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     losses = metrics(run_dir)
@@ -272,9 +275,7 @@ def test_two_process_checkpoint_resumes_in_one_process(corpus, one_process, two_
     np.testing.assert_allclose(resumed.losses, one_process.losses[CKPT_EVERY:], rtol=0, atol=1e-5)
     # the reference's weights and Adam state at the end, read onto this process's 8-device layout
     want, _ = ck.restore(one_process.run_dir / "checkpoints" / f"step_{STEPS}", (resumed.model, resumed.opt_state))
-    got = jax.tree.leaves((resumed.model, resumed.opt_state))
-    assert len(got) == len(jax.tree.leaves(want))
-    for a, b in zip(got, jax.tree.leaves(want)):
+    for a, b in zip(jax.tree.leaves((resumed.model, resumed.opt_state)), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-4)
 
 
