@@ -11,6 +11,7 @@ without the launcher, and leaves the last committed checkpoint valid; the launch
 forwarding, exit codes and ``--`` parsing.
 """
 
+import itertools
 import json
 import os
 import re
@@ -31,7 +32,7 @@ from test_trainer import CORPUS, tiny_args
 
 from named.trainer import checkpoint as ck
 from named.trainer.commands.launch import child_env, free_port, launch, parse_args
-from named.trainer.config import load_config
+from named.trainer.config import DataError, load_config
 from named.trainer.data import TrainBatches, build_data
 from named.trainer.loop.distributed import settings
 from named.trainer.loop.train import train
@@ -717,6 +718,62 @@ def test_launcher_and_config_process_counts_must_agree(monkeypatch):
         ConfigError, match=r"distributed.num_processes=4 .* started 2 processes \(NAMED_NUM_PROCESSES=2\)"
     ):
         settings(DistributedConfig(num_processes=4))
+
+
+class _KeyValueStore:
+    """jax.distributed's key-value store, in one process."""
+
+    def __init__(self):
+        self.values = {}
+
+    def key_value_set(self, key, value):
+        assert key not in self.values
+        self.values[key] = value
+
+    def blocking_key_value_get(self, key, timeout_ms):
+        return self.values[key]
+
+
+def test_the_data_check_is_process_0s_even_when_the_other_reads_the_run_directory_half_written(
+    corpus, tmp_path, monkeypatch
+):
+    """A checkpoint copied into a new run directory resumes with its data as it is now. Process 0
+    decides so before it writes config.yaml, then data_files.json; process 1 must not look for
+    itself: between those two writes it would find a run without a record of its data and refuse."""
+    import named.internal
+    from named.trainer.checkpoint import rundir
+    from named.trainer.loop.train import _check_data_unchanged, _data_record_is_new
+
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints" / f"step_{CKPT_EVERY}").mkdir(parents=True)
+    cfg = load_config(CONFIG, tiny_args(corpus, run_dir, **RUN))
+    plan = rundir.RunPlan(run_dir, ck.location(run_dir), ck.location(run_dir / "checkpoints" / "x"), CKPT_EVERY)
+    store = _KeyValueStore()
+    monkeypatch.setattr(named.internal, "distributed_client", lambda: store)
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+
+    def as_process(i):  # a fresh process: its first decision, the same key as the other's
+        monkeypatch.setattr(jax, "process_index", lambda: i)
+        monkeypatch.setattr(rundir, "_DECISIONS", itertools.count())
+
+    as_process(0)
+    assert _check_data_unchanged(cfg, plan) is True  # a new run directory: its data begins here
+    (run_dir / "config.yaml").write_text("written by process 0's claim\n")  # data_files.json: not yet
+    with pytest.raises(DataError, match="has no record of its data files"):
+        _data_record_is_new(cfg, plan)  # what process 1 would see, looking for itself
+    as_process(1)
+    assert _check_data_unchanged(cfg, plan) is True
+
+    def refuse():
+        raise DataError("the data changed")
+
+    store.values.clear()
+    as_process(0)
+    with pytest.raises(DataError, match="the data changed"):
+        rundir.decided_by_process_0(refuse)
+    as_process(1)
+    with pytest.raises(DataError, match="process 0 refused the run: the data changed"):
+        rundir.decided_by_process_0(lambda: pytest.fail("process 1 decided for itself"))
 
 
 def test_launcher_bounds_the_process_count(monkeypatch):

@@ -62,6 +62,7 @@ from .. import checkpoint as ckpt
 from ..config import (  # noqa: F401  (TRAJECTORY_FREE, checkpoint_root: also this module's public face)
     TRAJECTORY_FREE,
     ConfigError,
+    DataError,
     TrainConfig,
     checkpoint_root,
     checkpoint_root_setting,
@@ -107,7 +108,7 @@ _ENTRIES = {
 # Process 0 decides for every process; how long the others wait for its decision (a dead
 # process 0 ends them sooner, through jax.distributed's heartbeat).
 _AGREE_TIMEOUT_MS = 1800 * 1000
-_PLANS = itertools.count()
+_DECISIONS = itertools.count()
 
 
 @dataclasses.dataclass
@@ -493,39 +494,47 @@ def _check_schedule(cfg: TrainConfig, saved: dict, plan: RunPlan) -> None:
     )
 
 
-def _agree(decide: Callable[[], RunPlan]) -> RunPlan:
-    """Process 0 decides (it alone sees the lock, and writes config.yaml right after); the other
-    processes take its decision, or raise its error, instead of racing it on the file system."""
+def decided_by_process_0(
+    decide: Callable[[], Any],
+    encode: Callable[[Any], Any] = lambda v: v,
+    decode: Callable[[Any], Any] = lambda v: v,
+) -> Any:
+    """``decide()`` run on process 0 alone, its value (through ``encode`` to JSON and ``decode``
+    back) or its error taken by every other process. For a decision read from the run directory:
+    process 0 writes into it right after (``claim``), so a process that read it itself could see
+    the files half-written or written, instead of as process 0 saw them."""
     if jax.process_count() == 1:
         return decide()
     from named.internal import distributed_client  # the client checkpoint.py also uses
 
     client = distributed_client()
-    key = f"named_run_plan/{next(_PLANS)}"
+    key = f"named_run_decision/{next(_DECISIONS)}"  # each process makes the same decisions in the same order
     if jax.process_index() == 0:
         try:
-            plan = decide()
+            value = decide()
         except Exception as e:
             client.key_value_set(key, json.dumps({"error": type(e).__name__, "message": str(e)}))
             raise
-        client.key_value_set(
-            key,
-            json.dumps(
-                {
-                    "restore_from": plan.restore_from and str(plan.restore_from),
-                    "step": plan.step,
-                    "run_dir": str(plan.run_dir),
-                    "root": str(plan.root),
-                    "run_id": plan.run_id,
-                }
-            ),
-        )
-        return plan
+        client.key_value_set(key, json.dumps({"value": encode(value)}))
+        return value
     got = json.loads(client.blocking_key_value_get(key, _AGREE_TIMEOUT_MS))
     if "error" in got:
-        if got["error"] == "CheckpointError":
-            raise ckpt.CheckpointError(f"process 0 refused the run: {got['message']}")
-        raise ConfigError(f"process 0 refused the run: {got['message']}")
+        error = {"CheckpointError": ckpt.CheckpointError, "DataError": DataError}.get(got["error"], ConfigError)
+        raise error(f"process 0 refused the run: {got['message']}")
+    return decode(got["value"])
+
+
+def _plan_json(plan: RunPlan) -> dict:
+    return {
+        "restore_from": plan.restore_from and str(plan.restore_from),
+        "step": plan.step,
+        "run_dir": str(plan.run_dir),
+        "root": str(plan.root),
+        "run_id": plan.run_id,
+    }
+
+
+def _plan_from_json(got: dict) -> RunPlan:
     return RunPlan(
         Path(got["run_dir"]),
         ckpt.location(got["root"]),
@@ -549,7 +558,7 @@ def plan_run(cfg: TrainConfig) -> RunPlan:
         check_outside_checkpoints(base, "checkpoint.base")
     if ckpt.is_remote(root) and jax.process_index() == 0:
         ckpt.check_access(ckpt.checkpoint_dir(root), write=False)  # a missing bucket or refused listing, named
-    return _agree(lambda: _decide(cfg))
+    return decided_by_process_0(lambda: _decide(cfg), _plan_json, _plan_from_json)
 
 
 @contextlib.contextmanager

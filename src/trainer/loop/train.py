@@ -291,7 +291,12 @@ def _harness_tasks(cfg: TrainConfig):
 def _check_data_unchanged(cfg: TrainConfig, plan: rundir.RunPlan) -> bool:
     """Whether this launch's data files replace the run directory's record of them. A resume over
     files that changed since the run began (edited, replaced, added, removed) would train on other
-    rows at the same steps: refused, naming each file, unless ``trainer.resume_changed_data``."""
+    rows at the same steps: refused, naming each file, unless ``trainer.resume_changed_data``.
+    Process 0 decides for all: it writes the record into the run directory right after."""
+    return rundir.decided_by_process_0(lambda: _data_record_is_new(cfg, plan))
+
+
+def _data_record_is_new(cfg: TrainConfig, plan: rundir.RunPlan) -> bool:
     path = plan.run_dir / DATA_FILES
     if plan.restore_from is None:
         return True
