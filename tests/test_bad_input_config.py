@@ -217,6 +217,13 @@ def test_a_key_typo_gets_the_same_suggestion_in_the_file_and_on_the_command_line
     assert capsys.readouterr().err.strip() == f"error: {err}"
 
 
+def test_named_train_names_a_missing_config_file_and_exits_2(tmp_path, capsys):
+    missing = tmp_path / "nope.yaml"
+    assert cli.main_train(["--config_path", str(missing), "--trainer.num_train_steps", "5"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and str(missing) in err and "Traceback" not in err
+
+
 def test_a_value_on_the_command_line_is_never_a_file_to_include(tmp_path, monkeypatch):
     # draccus opened the file a value starting with "include" names, relative to the working
     # directory, and took its YAML instead; our flags are read as YAML values alone

@@ -16,7 +16,7 @@ docs/trainer.md's first run trains those same 10 steps of the same config, so it
 the session's persistent compilation cache (a run of another length bakes another learning-rate
 schedule into its step: another program). A command that an earlier page of this session already
 ran, word for word, is not run twice.
-Each command must exit 0 with no traceback.
+Each command must exit 0 with no traceback, and print what ``EXPECT`` asks of it.
 """
 
 from __future__ import annotations
@@ -54,8 +54,21 @@ RUN = {p.name: [c for c in commands(p) if c not in NOT_RUN] for p in PAGES}
 RUN = {name: cmds for name, cmds in RUN.items() if cmds}
 
 
+# What a command prints, beyond exiting 0: README's first run logs its last step (the 10th of
+# TRAIN_ARGS) with a train row, an eval and a sample, and the sample of its checkpoint begins with the prompt.
+EXPECT = {
+    "make train": lambda out: (
+        all(f"[{kind} 10]" in out for kind in ("train", "eval", "sample")) and "done: 10 steps" in out
+    ),
+    ".venv/bin/named-sample --checkpoint runs/gpt2_nano --prompt 'def ' --tokens 100 --temperature 0.8": lambda out: (
+        out.startswith("def ")
+    ),
+}
+
+
 def test_the_commands_are_found():
     assert "make train" in RUN["README.md"] and any("named-plan" in c for c in RUN["trainer.md"])
+    assert set(EXPECT) <= set(RUN["README.md"])  # each expectation still has its command
     assert set(NOT_RUN) <= set(commands(ROOT / "README.md"))  # every exception is still on the page
     for page in PAGES:  # nothing a reader cannot run slips into a bash block
         assert not [c for c in commands(page) if c.split()[0] in ("srun", "sbatch", "gcloud", "ssh")], page.name
@@ -95,3 +108,4 @@ def test_page_commands_run_as_written(page, checkout):
         assert done.returncode == 0 and "Traceback" not in done.stderr, (
             f"{page}: `{command}` exited {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
         )
+        assert EXPECT.get(command, lambda out: True)(done.stdout), f"{page}: `{command}` printed\n{done.stdout[-3000:]}"

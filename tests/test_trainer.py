@@ -2,16 +2,12 @@
 mesh, gradient accumulation, and the CLI in a subprocess."""
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
-from _procs import xla_flags
 
 import named as nm
 from named.trainer import checkpoint as ckpt
@@ -170,73 +166,3 @@ def test_gradient_accumulation_equals_full_batch(corpus, tmp_path):
     # that depends on the summation order, and Adam scales that noise up to real-sized updates.
     for a, b in zip(jax.tree.leaves(four.model), jax.tree.leaves(one.model)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-4)
-
-
-def _cli(args, cwd=ROOT, env_extra=None, timeout=600):
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = xla_flags(2)
-    env.update(env_extra or {})
-    return subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys; from named.trainer.commands.cli import main_train; sys.exit(main_train())",
-            *args,
-        ],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-@pytest.mark.procs
-def test_cli_end_to_end(corpus, tmp_path):
-    r = _cli(
-        [
-            "--config_path",
-            "config/gpt2_nano.yaml",
-            *tiny_args(
-                corpus,
-                tmp_path / "cli",
-                **{
-                    "trainer.num_train_steps": 6,
-                    "trainer.sample_interval": 6,
-                    "trainer.sample_tokens": 8,
-                    "tracker.console": "true",
-                    "trainer.eval_interval": 3,
-                },
-            ),
-        ]
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "[train 5]" in r.stdout and "[eval 3]" in r.stdout and "[sample 6]" in r.stdout
-    assert "done: 6 steps" in r.stdout
-    s = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys; from named.trainer.commands.cli import main_sample; sys.exit(main_sample())",
-            "--checkpoint",
-            str(tmp_path / "cli"),
-            "--prompt",
-            "def ",
-            "--tokens",
-            "5",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert s.returncode == 0, s.stderr[-3000:]
-    assert s.stdout.startswith("def ")
-
-
-@pytest.mark.procs
-def test_cli_reports_config_errors_before_compiling(tmp_path):
-    r = _cli(["--config_path", "config/gpt2_nano.yaml", "--trainer.num_trian_steps", "5"])
-    assert r.returncode == 2 and "num_trian_steps" in r.stderr
-    r = _cli(["--config_path", str(tmp_path / "nope.yaml")])
-    assert r.returncode == 2 and "nope.yaml" in r.stderr
