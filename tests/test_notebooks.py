@@ -12,8 +12,12 @@ import sys
 
 import pytest
 
-nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
+
+def _read(path: pathlib.Path):
+    """The notebook, as nbformat reads it. Imported here, not at collection: nbformat's import (jsonschema's
+    format checkers) takes about 4 s of CPU, which each pytest worker would pay collecting this file."""
+    return pytest.importorskip("nbformat").read(path, as_version=4)
+
 
 NOTEBOOKS_DIR = pathlib.Path(__file__).resolve().parents[1] / "docs" / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
@@ -51,7 +55,8 @@ def test_every_notebook_is_linked_from_the_docs_and_every_link_is_a_notebook():
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 @pytest.mark.notebook
 def test_notebook_executes(path):
-    nb = nbformat.read(path, as_version=4)
+    nbclient = pytest.importorskip("nbclient")
+    nb = _read(path)
     assert "xla_force_host_platform_device_count=8" in nb.cells[1].source and "import jax" in nb.cells[1].source
     env_before = os.environ.get("XLA_FLAGS")
     client = nbclient.NotebookClient(
@@ -69,7 +74,7 @@ _KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collectiv
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_every_collective_shown_is_explained(path):
     """A reader meets no collective in an output that the notebook's prose does not explain."""
-    nb = nbformat.read(path, as_version=4)
+    nb = _read(path)
     prose = " ".join(c.source for c in nb.cells if c.cell_type == "markdown")
     shown = " ".join(
         str(o.get("text", "")) + str(o.get("data", {}).get("text/plain", ""))
