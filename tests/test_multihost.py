@@ -11,7 +11,6 @@ without the launcher, and leaves the last committed checkpoint valid; the launch
 forwarding, exit codes and ``--`` parsing.
 """
 
-import itertools
 import json
 import os
 import re
@@ -721,17 +720,18 @@ def test_launcher_and_config_process_counts_must_agree(monkeypatch):
 
 
 class _KeyValueStore:
-    """jax.distributed's key-value store, in one process."""
+    """jax.distributed's key-value store, for processes taking turns in this one: a get reads the
+    oldest value set under the same name (a key less its decision number, which the turns share)."""
 
     def __init__(self):
-        self.values = {}
+        self.values: list[tuple[str, str]] = []
 
     def key_value_set(self, key, value):
-        assert key not in self.values
-        self.values[key] = value
+        self.values.append((key.rpartition("/")[0], value))
 
     def blocking_key_value_get(self, key, timeout_ms):
-        return self.values[key]
+        i = next(i for i, (name, _) in enumerate(self.values) if name == key.rpartition("/")[0])
+        return self.values.pop(i)[1]
 
 
 def test_the_data_check_is_process_0s_even_when_the_other_reads_the_run_directory_half_written(
@@ -742,7 +742,7 @@ def test_the_data_check_is_process_0s_even_when_the_other_reads_the_run_director
     itself: between those two writes it would find a run without a record of its data and refuse."""
     import named.internal
     from named.trainer.checkpoint import rundir
-    from named.trainer.loop.train import _check_data_unchanged, _data_record_is_new
+    from named.trainer.loop.train import data_record_is_new
 
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints" / f"step_{CKPT_EVERY}").mkdir(parents=True)
@@ -750,30 +750,30 @@ def test_the_data_check_is_process_0s_even_when_the_other_reads_the_run_director
     plan = rundir.RunPlan(run_dir, ck.location(run_dir), ck.location(run_dir / "checkpoints" / "x"), CKPT_EVERY)
     store = _KeyValueStore()
     monkeypatch.setattr(named.internal, "distributed_client", lambda: store)
-    monkeypatch.setattr(jax, "process_count", lambda: 2)
 
-    def as_process(i):  # a fresh process: its first decision, the same key as the other's
+    def as_process(i, count=2):
+        monkeypatch.setattr(jax, "process_count", lambda: count)
         monkeypatch.setattr(jax, "process_index", lambda: i)
-        monkeypatch.setattr(rundir, "_DECISIONS", itertools.count())
 
     as_process(0)
-    assert _check_data_unchanged(cfg, plan) is True  # a new run directory: its data begins here
+    assert data_record_is_new(cfg, plan) is True  # a new run directory: its data begins here
     (run_dir / "config.yaml").write_text("written by process 0's claim\n")  # data_files.json: not yet
+    as_process(0, count=1)
     with pytest.raises(DataError, match="has no record of its data files"):
-        _data_record_is_new(cfg, plan)  # what process 1 would see, looking for itself
+        data_record_is_new(cfg, plan)  # what process 1 would see, looking for itself
     as_process(1)
-    assert _check_data_unchanged(cfg, plan) is True
+    assert data_record_is_new(cfg, plan) is True
 
     def refuse():
         raise DataError("the data changed")
 
-    store.values.clear()
     as_process(0)
     with pytest.raises(DataError, match="the data changed"):
         rundir.decided_by_process_0(refuse)
     as_process(1)
     with pytest.raises(DataError, match="process 0 refused the run: the data changed"):
         rundir.decided_by_process_0(lambda: pytest.fail("process 1 decided for itself"))
+    assert store.values == []  # every decision process 0 shared was taken
 
 
 def test_launcher_bounds_the_process_count(monkeypatch):

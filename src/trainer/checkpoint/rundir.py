@@ -519,8 +519,12 @@ def decided_by_process_0(
         return value
     got = json.loads(client.blocking_key_value_get(key, _AGREE_TIMEOUT_MS))
     if "error" in got:
-        error = {"CheckpointError": ckpt.CheckpointError, "DataError": DataError}.get(got["error"], ConfigError)
-        raise error(f"process 0 refused the run: {got['message']}")
+        message = f"process 0 refused the run: {got['message']}"
+        if got["error"] == "CheckpointError":
+            raise ckpt.CheckpointError(message)
+        if got["error"] == "DataError":
+            raise DataError(message)
+        raise ConfigError(message)
     return decode(got["value"])
 
 

@@ -261,7 +261,7 @@ def build_run(cfg: TrainConfig) -> Run:
     if plan.restore_from is not None:  # a resume with another model or optimizer fails here, not after init
         shapes = run_state(cfg, setup)
         ckpt.check_restorable(plan.restore_from, (shapes.model, shapes.opt_state))
-    new_record = _check_data_unchanged(cfg, plan)  # before tokenising
+    new_record = data_record_is_new(cfg, plan)  # before tokenising
     # Hosts building one shared cache at once split its pieces between them (one host: None, the default).
     shares = LocalShards(jax.process_index(), jax.process_count()) if jax.process_count() > 1 else None
     data = build_data(cfg.data, setup.tokenizer, runner=shares)
@@ -288,15 +288,15 @@ def _harness_tasks(cfg: TrainConfig):
     return task_manager(t.eval_harness_tasks, t.eval_harness_include, "trainer.eval_harness_tasks")
 
 
-def _check_data_unchanged(cfg: TrainConfig, plan: rundir.RunPlan) -> bool:
+def data_record_is_new(cfg: TrainConfig, plan: rundir.RunPlan) -> bool:
     """Whether this launch's data files replace the run directory's record of them. A resume over
     files that changed since the run began (edited, replaced, added, removed) would train on other
     rows at the same steps: refused, naming each file, unless ``trainer.resume_changed_data``.
     Process 0 decides for all: it writes the record into the run directory right after."""
-    return rundir.decided_by_process_0(lambda: _data_record_is_new(cfg, plan))
+    return rundir.decided_by_process_0(lambda: _data_check(cfg, plan))
 
 
-def _data_record_is_new(cfg: TrainConfig, plan: rundir.RunPlan) -> bool:
+def _data_check(cfg: TrainConfig, plan: rundir.RunPlan) -> bool:
     path = plan.run_dir / DATA_FILES
     if plan.restore_from is None:
         return True
