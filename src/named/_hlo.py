@@ -100,34 +100,36 @@ class Computation:
     shapes: dict[str, str]
 
 
+_BRACKETS = re.compile(r"[()\[\]{}]")
+_BRACKETS_AND_COMMAS = re.compile(r"[()\[\]{},]")
+
+
 def _balanced(text: str, start: int) -> int:
     """Index just past the bracket that closes the one at ``text[start]``."""
     depth = 0
-    for i in range(start, len(text)):
-        c = text[i]
-        if c in "({[":
+    for m in _BRACKETS.finditer(text, start):  # the brackets alone: a line is mostly names and digits
+        if m.group() in "({[":
             depth += 1
-        elif c in ")}]":
+        else:
             depth -= 1
             if depth == 0:
-                return i + 1
+                return m.end()
     return len(text)
 
 
 def _split_top(text: str) -> list[str]:
-    out, depth, cur = [], 0, []
-    for c in text:
+    """``text`` split at the commas outside every bracket, each part stripped, empty parts left out."""
+    out, depth, last = [], 0, 0
+    for m in _BRACKETS_AND_COMMAS.finditer(text):
+        c = m.group()
         if c in "({[":
             depth += 1
-        elif c in ")}]":
+        elif c != ",":
             depth -= 1
-        if c == "," and depth == 0:
-            out.append("".join(cur))
-            cur = []
-        else:
-            cur.append(c)
-    if cur:
-        out.append("".join(cur))
+        elif depth == 0:
+            out.append(text[last : m.start()])
+            last = m.end()
+    out.append(text[last:])
     return [s.strip() for s in out if s.strip()]
 
 
