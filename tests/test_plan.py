@@ -321,6 +321,35 @@ def test_a_layouts_flags_give_the_config_apply_gives():
     assert lay.overrides()["mesh.compute_mapping"] == {"batch": ["replica", "data"], "mlp": "model", "heads": "model"}
 
 
+def test_the_search_compiles_on_threads_and_reports_in_order():
+    """Candidates traced here and compiled on two threads come back in order, with the numbers
+    they have compiled one at a time, a refused one among them."""
+    from named.trainer.commands.plan_search import Candidate, measured
+
+    cfg = load_config(CONFIG, SMALL)
+
+    def cands():
+        return [
+            Candidate("FSDP", Layout({"data": 8}, {"batch": "data"}, {"embed": "data"})),
+            Candidate("odd", Layout({"data": 4, "model": 2}, {"batch": "data", "mlp": "model"}, {}, mode="explicit")),
+            Candidate("TP", Layout({"model": 8}, {"mlp": "model"}, {"mlp": "model"})),
+            Candidate("DP", Layout({"data": 8}, {"batch": "data"}, {})),
+        ]
+
+    one, two = list(measured(cfg, cands(), threads=1)), list(measured(cfg, cands(), threads=2))
+    assert [c.name for c in two] == ["FSDP", "odd", "TP", "DP"]
+    assert [c.error is None for c in two] == [True, False, True, True]
+    assert len({c.comm_bytes for c in two}) == 4  # four different programs, each its own numbers
+    for a, b in zip(one, two, strict=True):
+        assert (a.flops, a.hbm_bytes, a.comm_bytes, a.memory, a.error) == (
+            b.flops,
+            b.hbm_bytes,
+            b.comm_bytes,
+            b.memory,
+            b.error,
+        )
+
+
 @pytest.mark.slow
 def test_search_ranks_the_layouts_that_fit():
     """One search of a tiny GPT-2 (one layout refined, to keep it short): the ranking, the second

@@ -360,7 +360,19 @@ def train_step_report(
     and report its collectives, memory per device and FLOPs. ``compiler_options``: XLA's, for this
     compile only, as ``jax.stages.Lowered.compile`` takes them."""
     s = s if s is not None else checked_setup(cfg)
+    return compiled_step_report(lowered_train_step(cfg, s), s, compiler_options)
+
+
+def lowered_train_step(cfg: TrainConfig, s: Setup) -> jax.stages.Lowered:
+    """The train step of ``abstract_train_step`` traced and lowered under the run's mesh (Python's
+    part of a compile; ``compiled_step_report`` does XLA's, which another thread may run)."""
     step, args = abstract_train_step(cfg, s)
     with nm.set_mesh(s.mesh):
-        compiled = step.lower(*args).compile(compiler_options)
-    return nm.compiled_report(compiled, mesh=s.mesh)
+        return step.lower(*args)
+
+
+def compiled_step_report(
+    lowered: jax.stages.Lowered, s: Setup, compiler_options: dict | None = None
+) -> nm.inspect.CompiledReport:
+    """``lowered`` (``lowered_train_step``) compiled by XLA and reported (``train_step_report``)."""
+    return nm.compiled_report(lowered.compile(compiler_options), mesh=s.mesh)

@@ -39,17 +39,20 @@ first. ``resolve_layout`` is what ``mesh.layout: auto`` does in ``named-train``.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import math
+import os
 import shlex
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 
 from ..config import ConfigError, TrainConfig
 from ..config.layout import Layout
 from ..loop.hardware import Device
-from .plan import Target, abstract_train_step, make_plan, train_step_report
+from .plan import Target, abstract_train_step, compiled_step_report, lowered_train_step, make_plan
 
 _TP_AXES = ("mlp", "heads", "kv_heads")
 REFINED = 3  # how many of the first stage's best layouts the second stage tries in the other mode and loss
@@ -162,17 +165,16 @@ def search(
     found: list[Candidate] = []
     total = len(first) + 3 * refine  # the second stage's size is known once the first is ranked
 
-    def step(c: Candidate) -> None:
-        found.append(measure(cfg, c, target))
-        if progress is not None:
-            progress(len(found), total, c, rank(list(found), roof, budget)[0])
+    def stage(cands: list[Candidate]) -> None:
+        for c in measured(cfg, cands, target):
+            found.append(c)
+            if progress is not None:
+                progress(len(found), total, c, rank(list(found), roof, budget)[0])
 
-    for c in first:
-        step(c)
+    stage(first)
     second = refinements(rank(found, roof, budget), model_config_for(cfg)[0].vocab_size, refine)
     total = len(first) + len(second)
-    for c in second:
-        step(c)
+    stage(second)
     return rank(found, roof, budget)
 
 
@@ -195,21 +197,54 @@ def planned(cfg: TrainConfig, c: Candidate, target: Target | None = None):
     return None, None
 
 
-def measure(cfg: TrainConfig, c: Candidate, target: Target | None = None) -> Candidate:
-    """``c`` planned (``planned``) and, where it can run, its train step compiled on abstract
-    inputs: FLOPs, HBM bytes and collective bytes sent per device."""
+def compile_threads() -> int:
+    """How many train steps the search compiles at once: XLA compiles in its own threads, free of
+    Python's lock, while the search traces the next candidate; one core stays for that tracing,
+    and at most 4 compiles run together (each holds the compiler's memory for one program)."""
+    return max(1, min(4, len(os.sched_getaffinity(0)) - 1))
+
+
+def measured(
+    cfg: TrainConfig, cands: Iterable[Candidate], target: Target | None = None, threads: int | None = None
+) -> Iterator[Candidate]:
+    """Each of ``cands`` planned (``planned``) and, where it can run, its train step compiled on
+    abstract inputs: FLOPs, HBM bytes and collective bytes sent per device; in order. Each is
+    traced and lowered here, one at a time (tracing runs Python), and compiled and reported on
+    ``threads`` threads (``compile_threads()``), so that XLA compiles one while the next is traced."""
     import named as nm
 
-    trial, s = planned(cfg, c, target)
-    if trial is not None:
-        try:
-            report = train_step_report(trial, s)
-        except (ConfigError, nm.NamedError) as e:
-            c.error = str(e).splitlines()[0]
-        else:
-            c.flops, c.hbm_bytes = report.flops, report.bytes_accessed
-            c.comm_bytes = sum(col.sent_bytes * col.runs for col in report.collectives)
-    return c
+    def finish(c: Candidate, job) -> Candidate:
+        if job is not None:
+            try:
+                report = job.result()
+            except (ConfigError, nm.NamedError) as e:
+                c.error = str(e).splitlines()[0]
+            else:
+                c.flops, c.hbm_bytes = report.flops, report.bytes_accessed
+                c.comm_bytes = sum(col.sent_bytes * col.runs for col in report.collectives)
+        return c
+
+    threads = threads or compile_threads()
+    with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="named-plan-compile") as pool:
+        waiting: deque = deque()
+        for c in cands:
+            job = None
+            trial, s = planned(cfg, c, target)
+            if trial is not None:
+                try:
+                    job = pool.submit(compiled_step_report, lowered_train_step(trial, s), s)
+                except (ConfigError, nm.NamedError) as e:
+                    c.error = str(e).splitlines()[0]
+            waiting.append((c, job))
+            while len(waiting) > threads:  # compiles in flight, and one more traced: no more held
+                yield finish(*waiting.popleft())
+        while waiting:
+            yield finish(*waiting.popleft())
+
+
+def measure(cfg: TrainConfig, c: Candidate, target: Target | None = None) -> Candidate:
+    """``c`` alone through ``measured``."""
+    return next(measured(cfg, [c], target, threads=1))
 
 
 def timed(
