@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import shutil
 import subprocess
@@ -46,6 +45,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 
+from named.internal import process_cpu_count  # noqa: E402
 from named.trainer.data import HFTokenizer, Mixture, Sequences, TokenStream, TrainBatches, _cache, _shards, stdlib_files  # noqa: E402  # noqa: E402
 from named.trainer.data._encode import ENCODE_CHUNK_CHARS as _PIPELINE_CHARS  # noqa: E402
 from named.trainer.data._sources import SourceFile  # noqa: E402
@@ -128,7 +128,7 @@ def build_child(tokenizer_path: str, cache: str, mode: str, shards: list[str]) -
         "rss_mb_before_build": before,
         "peak_rss_mb_builder": _rss_mb("VmHWM"),
         "peak_rss_mb_largest_worker": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
-        "workers": 1 if mode != "shards-all" else min(len(os.sched_getaffinity(0)), len(shards)),
+        "workers": 1 if mode != "shards-all" else min(process_cpu_count(), len(shards)),
     }
 
 

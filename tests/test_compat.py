@@ -155,3 +155,17 @@ def test_shard_map_runs_a_collective_and_checks_varying_outputs():
         _compat.shard_map(lambda b: b, mesh=mesh, in_specs=P("data"), out_specs=P(), check_vma=True)(x)
     kept = _compat.shard_map(lambda b: b, mesh=mesh, in_specs=P("data"), out_specs=P(), check_vma=False)(x)
     np.testing.assert_array_equal(np.asarray(kept), x[:1])
+
+
+def test_process_cpu_count_where_the_os_has_no_affinity_mask(monkeypatch):
+    """Linux: the affinity mask (a container's cores, not the host's); macOS has none: every core;
+    Python 3.13's own os.process_cpu_count where it exists."""
+    monkeypatch.delattr(os, "process_cpu_count", raising=False)
+    assert _compat.process_cpu_count() == len(os.sched_getaffinity(0))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    assert _compat.process_cpu_count() == 1
+    monkeypatch.delattr(os, "sched_getaffinity")
+    monkeypatch.setattr(os, "cpu_count", lambda: 6)
+    assert _compat.process_cpu_count() == 6
+    monkeypatch.setattr(os, "process_cpu_count", lambda: 3, raising=False)
+    assert _compat.process_cpu_count() == 3

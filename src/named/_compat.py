@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import mmap
+import os
 import re
 import warnings
 from pathlib import Path
@@ -49,6 +50,15 @@ Tracer = jax.core.Tracer
 def is_tracer(x) -> bool:
     """Whether ``x`` is a value being traced (inside jit, grad, vmap...), not a concrete array."""
     return isinstance(x, Tracer)
+
+
+def process_cpu_count() -> int:
+    """The CPU cores this process may run on: ``os.process_cpu_count()`` of Python 3.13, here for
+    3.11 and 3.12 (the affinity mask where the OS has one, as on Linux; else every core)."""
+    if hasattr(os, "process_cpu_count"):
+        return os.process_cpu_count() or 1
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
 
 
 def threefry_partitionable() -> bool:

@@ -42,7 +42,6 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import math
-import os
 import shlex
 import statistics
 import time
@@ -201,7 +200,9 @@ def compile_threads() -> int:
     """How many train steps the search compiles at once: XLA compiles in its own threads, free of
     Python's lock, while the search traces the next candidate; one core stays for that tracing,
     and at most 4 compiles run together (each holds the compiler's memory for one program)."""
-    return max(1, min(4, len(os.sched_getaffinity(0)) - 1))
+    from named.internal import process_cpu_count
+
+    return max(1, min(4, process_cpu_count() - 1))
 
 
 def measured(

@@ -40,6 +40,8 @@ from typing import Protocol
 
 import numpy as np
 
+from named.internal import process_cpu_count
+
 from ..config.data_section import DataError
 from ._columnar import documents, row_group_bytes
 from ._encode import CACHE_FORMAT, atomic_write, empty_corpus, encode_into
@@ -188,7 +190,7 @@ def tokenize_pieces(
     """This machine's cores, the pieces in the order given (the pool starts them in that order)."""
     # Only our own classes: a subclass may encode differently from what its spec loads.
     spec = tokenizer.load_spec if type(tokenizer) in (ByteTokenizer, HFTokenizer) else None
-    workers = min(WORKERS or _cores(), len(jobs))
+    workers = min(WORKERS or process_cpu_count(), len(jobs))
     if workers < 2 or spec is None:
         for piece, shard in jobs:
             progress.done(piece.nbytes, write_shard(shard, piece, tokenizer, dtype))
@@ -207,11 +209,6 @@ def tokenize_pieces(
                     pool.shutdown(cancel_futures=True)
                     raise failure
                 progress.done(futures[job].nbytes, job.result())
-
-
-def _cores() -> int:
-    affinity = getattr(os, "sched_getaffinity", None)
-    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
 
 
 _worker: dict = {}  # this worker process's tokenizer, loaded once by _init_worker
