@@ -28,7 +28,7 @@ __all__ = [
     "cudnn_version",  # bench/gpu_mfu.py: recorded beside GPU numbers
     "distributed_client",  # checkpoints and the run plan: JAX's key-value store and barriers
     "head_bytes_held",  # named-plan: what the fused loss holds of an FSDP head, by the loss's own rule
-    "process_cpu_count",  # the data build's workers and named-plan's compile threads: the cores this process may use
     "is_tracer",  # checkpoints: refuse to save a traced value; generate: check prompt lengths known before tracing
+    "process_cpu_count",  # the data build's workers and named-plan's compile threads: the cores this process may use
     "xla_knows_option",  # the tests: XLA_FLAGS only with options this jaxlib has
 ]

@@ -245,7 +245,8 @@ def measured(
 
 def measure(cfg: TrainConfig, c: Candidate, target: Target | None = None) -> Candidate:
     """``c`` alone through ``measured``."""
-    return next(measured(cfg, [c], target, threads=1))
+    (done,) = measured(cfg, [c], target, threads=1)  # run to its end: the thread pool is shut down here
+    return done
 
 
 def timed(
