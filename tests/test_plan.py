@@ -3,6 +3,7 @@ train step on request, a plan for devices this machine does not have, and the la
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
 from pathlib import Path
@@ -222,6 +223,27 @@ def test_recomputation_ranks_after_the_same_layout_without_it_when_that_fits():
         "comm ms",
         "memory GiB/device",
     ]
+
+
+def test_ranked_for_a_cpu_each_layout_is_charged_its_own_hbm_count():
+    # On a CPU the XLA:CPU program counted is the one that runs: recomputing, which moves fewer
+    # bytes there, ranks first when it is faster by the estimate (docs/benchmarks.md section 2).
+    from named.trainer.commands.plan_search import Candidate, Roofline, format_table, rank
+    from named.trainer.loop.hardware import Device
+
+    cpu = Device("this CPU", 20e9, 3e9, 1.2e9, 1.6e9, platform="cpu")
+    roof = Roofline(cpu, 20e9, "f32")
+
+    def layout(remat, flops, hbm):
+        return Candidate("FSDP", Layout({"data": 8}, {"batch": "data"}, {"embed": "data"}, remat), flops, hbm, 1e6)
+
+    ranked = rank([layout("none", 18e9, 1.6e9), layout("full", 20.7e9, 1.35e9)], roof, memory_budget=2**30)
+    assert [c.layout.remat for c in ranked] == ["full", "none"]
+    assert [c.seconds(roof)[1] for c in ranked] == [1.35e9 / 1.2e9, 1.6e9 / 1.2e9]  # each its own count
+    assert "the smaller count" not in format_table(ranked, roof, 2**30)
+    gpu = Roofline(dataclasses.replace(cpu, platform="gpu"), 20e9, "f32")  # the same counts for a GPU: the twin rule
+    assert [c.layout.remat for c in rank(ranked, gpu, memory_budget=2**30)] == ["none", "full"]
+    assert "the smaller count" in format_table(ranked, gpu, 2**30)
 
 
 def test_the_loss_block_the_search_tries_divides_the_vocab_near_an_eighth():

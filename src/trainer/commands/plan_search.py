@@ -23,9 +23,11 @@ dtype (``Device.matmul_peak``: a float32 run on an H100 runs its matmuls as TF32
 peak). The three terms are added, not overlapped: the estimate is an upper bound that ranks
 layouts; it is no prediction of a measured step time. Recomputation moves at least the bytes of
 computing once, but XLA:CPU counts the program that keeps its activations higher (three times
-higher for GPT-2 medium), which ranked recomputation first even when memory was plentiful; so a
-layout with ``remat: full`` and the same layout without it are both charged the smaller of their
-two counts, and recomputation costs its extra FLOPs. A layout over the memory budget is listed
+higher for GPT-2 medium), which ranked recomputation first for a GPU even when memory was
+plentiful; so for a GPU or TPU a layout with ``remat: full`` and the same layout without it are
+both charged the smaller of their two counts, and recomputation costs its extra FLOPs. For a CPU
+the count is that of the program the run executes, and on this machine recomputing did run faster
+(docs/benchmarks.md section 2): there each layout is charged its own. A layout over the memory budget is listed
 below the others, marked; one the checks refuse (explicit mode a layout cannot run, a vocab with
 no block) is listed last with the reason. ``timed`` (``--search --measure K``) runs the first K
 that fit for a few steps on this machine's devices, taking turns step by step, and ranks them by
@@ -371,17 +373,20 @@ def loss_block_for(vocab_size: int) -> int:
 
 def rank(found: list[Candidate], roof: Roofline, memory_budget: float) -> list[Candidate]:
     """Those that fit ``memory_budget`` by estimated step time, then those over it, then those that
-    cannot run. A layout with and without recomputation (same mesh, mappings, mode, microbatches
-    and loss blocks) are both charged the smaller of their HBM counts (the module docstring says
-    why), so the one that recomputes ranks after the other whenever that one fits."""
+    cannot run. For a GPU or TPU, a layout with and without recomputation (same mesh, mappings,
+    mode, microbatches and loss blocks) are both charged the smaller of their HBM counts (the module
+    docstring says why), so the one that recomputes ranks after the other whenever that one fits.
+    For a CPU each is charged its own count: the XLA:CPU program counted is the one that runs."""
 
     def twin_key(c: Candidate):
         return c.name, c.layout.microbatches, c.layout.mode, c.layout.loss_block_size
 
     plain = {twin_key(c): c for c in found if c.layout.remat == "none" and not c.error}
     for c in found:
+        c.hbm_charged = None
+    for c in found:
         twin = plain.get(twin_key(c))
-        if c.layout.remat != "none" and not c.error and twin is not None:
+        if c.layout.remat != "none" and not c.error and twin is not None and roof.device.platform != "cpu":
             c.hbm_charged = twin.hbm_charged = min(c.hbm_bytes, twin.hbm_bytes)
 
     def key(c: Candidate):
@@ -453,7 +458,9 @@ def format_table(ranked: list[Candidate], roof: Roofline, memory_budget: float) 
     dev = roof.device
     note = (
         f"estimate per step on {dev.name}: FLOPs / {roof.peak_flops / 1e12:.3g} TFLOP/s ({roof.peak_kind} matmuls) "
-        f"+ HBM bytes / {dev.hbm_bandwidth / 1e12:.3g} TB/s (a layout with and without remat: the smaller count) "
+        f"+ HBM bytes / {dev.hbm_bandwidth / 1e12:.3g} TB/s"
+        + ("" if dev.platform == "cpu" else " (a layout with and without remat: the smaller count)")
+        + " "
         f"+ collective bytes sent / {dev.link_bandwidth / 1e9:.3g} GB/s, added without overlap "
         "(an upper bound for ranking); memory: named-plan's estimate from shapes (parameters, gradients, "
         f"optimizer state, one microbatch's activations with the attention path the run takes on it, and its logits)"
