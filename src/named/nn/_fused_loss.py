@@ -15,11 +15,12 @@ device (``nm.shard_map`` around it under a mesh and a mapping, or as it is insid
 every collective is one the code asks for:
 
 - a weight stored split along ``embed`` (FSDP) is all-gathered once, after the hidden states
-  exist (an optimisation barrier ties the two, so XLA does not gather it at the start of the step
-  and hold it through the model); the gathered weight is the one both passes use (not gathered
-  again for the backward's recomputation), and the transpose of that one gather, a
-  reduce-scatter, returns its gradient, made whole on each device from its own tokens. That
-  holds the whole head and its whole gradient on every device at once; where that is more than
+  exist (the weight is made to depend on them, so XLA does not gather it at the start of the step
+  and hold it through the model; the backward pass's sums start likewise from its residuals); the
+  gathered weight is the one both passes use (not gathered again for the backward's
+  recomputation), and the transpose of that one gather, a reduce-scatter, returns its gradient,
+  made whole on each device from its own tokens. That holds the whole head and its whole
+  gradient on every device at once (while the loss runs); where that is more than
   ``WHOLE_HEAD_BYTES`` (``gather="auto"``) or ``gather="blocks"`` asks, each block of the head is
   gathered instead, in the forward pass and again in the backward pass, and each block's
   gradient is reduce-scattered as it is made: twice the gathered bytes, in ``2 x blocks``
@@ -176,7 +177,13 @@ def _bwd(spec, res, g):
         dwb = dwb.T if spec.vocab_rows else dwb
         return (dh, lax.dynamic_update_slice_in_dim(dw, dwb.astype(dw.dtype), b * size, axis=spec.vocab_dim)), None
 
-    init = (_varying(jnp.zeros(h.shape, jnp.float32), h), _varying(jnp.zeros(w.shape, w.dtype), w))
+    # the sums start at a zero made from the log-sum-exp, so XLA does not allocate them (the whole
+    # head's gradient) at the start of the step and hold them through the model
+    zero = _zero_after(lse)
+    init = (
+        _varying(jnp.zeros(h.shape, jnp.float32) + zero, h),
+        _varying(jnp.zeros(w.shape, w.dtype) + zero.astype(w.dtype), w),
+    )
     (dh, dw), _ = lax.scan(block, init, jnp.arange(spec.n_blocks))
     return dh.astype(h.dtype), dw, None
 
@@ -251,11 +258,24 @@ def _gathers_blocks(gather: str, weight: NamedArray, Embed: str, Vocab: str, tok
     return not _whole(gather, whole * weight.dtype.itemsize)
 
 
+def _zero_after(x) -> jax.Array:
+    """A float32 ``0.0`` that the compiled program can make only once ``x`` exists: the sign bit
+    of ``x``'s first element, shifted out. Adding it orders what follows after ``x`` without
+    changing a value. (An optimisation barrier does not: XLA:CPU removes barriers before it
+    schedules, and its scheduler then gathered the head and zero-filled its gradient's sum at the
+    start of the step, holding both through the model; ``test_loss_block`` checks the order.)"""
+    if x.size == 0:
+        return jnp.zeros((), jnp.float32)
+    bits = lax.bitcast_convert_type(x.reshape(-1)[0].astype(jnp.float32), jnp.uint32)
+    sign = lax.shift_right_logical(bits, jnp.uint32(31))
+    return lax.shift_right_logical(sign, jnp.uint32(1)).astype(jnp.float32)
+
+
 def _tied(hidden: NamedArray, weight: NamedArray) -> tuple[NamedArray, NamedArray]:
-    """``hidden`` and ``weight`` through one optimisation barrier: nothing made from the weight
+    """``weight`` made to depend on ``hidden`` (its value unchanged): nothing made from the weight
     (its gather) can be scheduled before the hidden states exist."""
-    h, w = lax.optimization_barrier((hidden.array, weight.array))
-    return unchecked(h, hidden.axes), unchecked(w, weight.axes)
+    w = weight.array + _zero_after(hidden.array).astype(weight.dtype)
+    return hidden, unchecked(w, weight.axes)
 
 
 def _local_loss(
