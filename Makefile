@@ -67,7 +67,8 @@ train: $(TRAIN_STAMP)
 	$(VENV)/bin/named-train --config_path config/gpt2_nano.yaml $(TRAIN_ARGS)
 
 # CPU benchmarks (8 fake devices); JSON in bench/results/. Not timed as a whole since the recommended
-# setups (about 8 and 7 minutes for GPT-2 and Llama) and Levanter's first step joined the ~15 minutes it took;
+# setups (about 9 and 8 minutes for GPT-2 and Llama, each search timing its first 4 layouts) and
+# Levanter's first step joined the ~15 minutes it took;
 # tables in docs/benchmarks.md. The peer (Haliax + Levanter) runs when bench/.venv-peer can be
 # built from PyPI (first time: several minutes more); otherwise its JSON says why it was skipped.
 bench: $(STAMP)
@@ -78,8 +79,8 @@ bench: $(STAMP)
 	$(PY) bench/data_ckpt.py --s3 --ckpt-mb 512 --repeats 3
 	$(PY) bench/peer.py
 	$(PY) bench/peer.py --model llama
-	$(PY) bench/peer.py --setup recommended
-	$(PY) bench/peer.py --setup recommended --model llama
+	$(PY) bench/peer.py --setup recommended --measure 4
+	$(PY) bench/peer.py --setup recommended --model llama --measure 4
 	$(PY) bench/loss.py --baseline 62ea26f
 	$(PY) bench/moe.py
 	$(PY) bench/decode.py

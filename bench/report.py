@@ -285,7 +285,15 @@ def recommended_block(name: str) -> str:
         f"`named-plan --search{f' --measure {k}' if k else ''}` ranks first by {by}{timed}, "
         f"run on the same 8 CPU devices, "
         f"without a memory limit (`named`) and with the peer's compiled peak per device as `--device-memory` "
-        f"(`named_at_peer_memory`): {srch['candidates']} layouts each, both searches {srch['search_s']:.0f} s.\n\n"
+        f"(`named_at_peer_memory`): {srch['candidates']} layouts each, both searches {srch['search_s']:.0f} s"
+        + (
+            ""
+            if "named_at_peer_memory" in chosen
+            else " (one row: both ranked the same layout first, within the peer's memory)"
+            if srch.get("fastest_fits_peer_memory")
+            else " (one row: no layout fits within the peer's memory)"
+        )
+        + ".\n\n"
         + table(
             [
                 "side",
