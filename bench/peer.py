@@ -172,7 +172,7 @@ def with_layout(config, layout: dict | None):
         return config
     from named.trainer.config.layout import KEYS, Layout
 
-    return Layout(**{f: layout[f] for f in KEYS}).apply(config)
+    return Layout(**{f: layout[f] for f in KEYS if f in layout}).apply(config)  # (a record before a field: its default)
 
 
 def worker_named(model_type, cfg, batch, seq, dtype, remat, peer_loss, optimizer, layout=None) -> dict:

@@ -232,6 +232,8 @@ def _layout(c: dict) -> str:
     """A ``named-plan --search`` candidate in a few words."""
     mesh = "x".join(f"{k}{v}" for k, v in c["mesh_shape"].items())
     extra = [f"{c['mode']} mode"] if c.get("mode") not in (None, "auto") else []
+    if c.get("gather") not in (None, "auto"):
+        extra.append(f"weights gathered {c['gather']}")
     if c.get("loss_block_size"):
         extra.append(f"loss block {c['loss_block_size']}")
     return ", ".join([f"{c['name']} ({mesh})", f"remat {c['remat']}", f"{c['microbatches']} microbatch(es)", *extra])

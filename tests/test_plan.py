@@ -214,6 +214,7 @@ def test_recomputation_ranks_after_the_same_layout_without_it_when_that_fits():
     header = format_table(ranked, roof, 10 * gib).splitlines()[0].split("  ")
     assert [h.strip() for h in header if h.strip()][3:] == [
         "mode",
+        "gather",
         "remat",
         "microbatches",
         "loss block",
@@ -289,6 +290,28 @@ def test_the_second_stage_tries_the_best_layouts_in_the_other_mode_and_loss():
         for mode, block in (("explicit", None), ("auto", 48), ("explicit", 48))
     ]
     assert not any(c.error or c.flops for c in second)  # to be measured
+    assert {c.layout.gather for c in second} == {"auto"}  # these store no weight split: nothing to gather
+    # a layout that stores its weights split (FSDP): also each weight gathered where it is used, in
+    # auto mode (explicit mode gathers its own), with either loss
+    fsdp = measured("FSDP", "none", 1e9, 1)
+    fsdp.layout = fsdp.layout.replace(param_mapping={"embed": "data"})
+    assert [(c.layout.mode, c.layout.loss_block_size, c.layout.gather) for c in refinements([fsdp], 384)] == [
+        ("explicit", None, "auto"),
+        ("auto", 48, "auto"),
+        ("explicit", 48, "auto"),
+        ("auto", None, "per_use"),
+        ("auto", 48, "per_use"),
+    ]
+    # one that gathers per use already: the other way is GSPMD's
+    per_use = measured("FSDP", "none", 1e9, 1)
+    per_use.layout = fsdp.layout.replace(gather="per_use")
+    assert [(c.layout.mode, c.layout.loss_block_size, c.layout.gather) for c in refinements([per_use], 384)] == [
+        ("explicit", None, "auto"),
+        ("auto", 48, "per_use"),
+        ("explicit", 48, "auto"),
+        ("auto", None, "auto"),
+        ("auto", 48, "auto"),
+    ]
     # a config already in explicit mode with blocks: the other mode, the full logits, both
     blocked = refinements([measured("FSDP", "none", 1e9, 1, "explicit", 96)], 384)
     assert [(c.layout.mode, c.layout.loss_block_size) for c in blocked] == [
@@ -304,7 +327,7 @@ def test_the_second_stage_tries_the_best_layouts_in_the_other_mode_and_loss():
         ("explicit", False),
     ]
     table = format_table(rank([*ranked, *prime], roof, 2**30), roof, 2**30)
-    assert re.search(r"FSDP\s+data8\s+auto\s+none\s+1\s+none\s.*cannot run: trainer.loss_block_size", table)
+    assert re.search(r"FSDP\s+data8\s+auto\s+auto\s+none\s+1\s+none\s.*cannot run: trainer.loss_block_size", table)
 
 
 def test_a_layout_explicit_mode_cannot_run_is_a_row_that_says_so():
@@ -317,9 +340,8 @@ def test_a_layout_explicit_mode_cannot_run_is_a_row_that_says_so():
     assert measure(cfg, odd) is odd
     assert odd.error.startswith("mesh.mode: explicit:") and "'mlp'" in odd.error and not odd.flops
     roof = Roofline(hardware.find("H100"), 494e12, "TF32")
-    assert "explicit  none" in format_table([odd], roof, 2**30) and "cannot run: mesh.mode: explicit" in format_table(
-        [odd], roof, 2**30
-    )
+    table = format_table([odd], roof, 2**30)
+    assert "explicit  auto    none" in table and "cannot run: mesh.mode: explicit" in table
 
 
 def test_a_layouts_flags_give_the_config_apply_gives():
@@ -377,7 +399,7 @@ def test_search_ranks_the_layouts_that_fit():
     """One search of a tiny GPT-2 (one layout refined, to keep it short): the ranking, the second
     stage's rows, and the config of the layout ranked first."""
     from named.trainer.commands.plan import Target
-    from named.trainer.commands.plan_search import loss_block_for, search, search_report
+    from named.trainer.commands.plan_search import loss_block_for, search, search_report, stores_split
     from named.trainer.loop.checks import checked_setup, model_config_for
 
     tiny = ["--model.n_embd", "32", "--model.n_head", "2", *SMALL]
@@ -393,40 +415,44 @@ def test_search_ranks_the_layouts_that_fit():
     table = text.split("layouts for 8 x H100")[1]
     rows = [r.split() for r in table.splitlines() if re.match(r"\d+\s", r)]
     assert len(rows) == len(ranked)
-    # columns: rank layout mesh mode remat microbatches loss-block est compute HBM comm peak [note]
-    ok = [r for r in rows if r[7] != "-" and r[12:13] != ["over"]]
-    over = [r for r in rows if r[12:13] == ["over"]]
-    blocked = [r for r in rows if r[12:14] == ["cannot", "run:"]]
+    # columns: rank layout mesh mode gather remat microbatches loss-block est compute HBM comm peak [note]
+    ok = [r for r in rows if r[8] != "-" and r[13:14] != ["over"]]
+    over = [r for r in rows if r[13:14] == ["over"]]
+    blocked = [r for r in rows if r[13:15] == ["cannot", "run:"]]
     assert len(ok) + len(over) + len(blocked) == len(rows)
     assert {"DP", "FSDP", "FSDP+TP2"} <= {r[1] for r in rows}
     blocked_text = [" ".join(r) for r in blocked]
     assert blocked and all("heads" in r or "does not split" in r for r in blocked_text)  # TP over 8 of 2 heads
-    estimates = [float(r[7]) for r in ok]
+    estimates = [float(r[8]) for r in ok]
     assert estimates == sorted(estimates)  # ranked by the estimate
     assert rows.index((ok or over)[0]) < rows.index(blocked[0])
     for r in over:  # over budget sorts after every row that fits
         assert all(rows.index(r) > rows.index(o) for o in ok)
-        assert float(r[11]) * 2**30 > 5 * 2**20
-    plain = [r for r in ok if r[3] == "auto" and r[6] == "none"]
-    fits = {(r[1], r[5], r[4]): i for i, r in enumerate(plain)}  # (layout, microbatches, remat)
+        assert float(r[12]) * 2**30 > 5 * 2**20
+    plain = [r for r in ok if r[3:5] == ["auto", "auto"] and r[7] == "none"]
+    fits = {(r[1], r[6], r[5]): i for i, r in enumerate(plain)}  # (layout, microbatches, remat)
     pairs = [(n, m) for n, m, remat in fits if remat == "full" and (n, m, "none") in fits]
     assert pairs and all(fits[(n, m, "none")] < fits[(n, m, "full")] for n, m in pairs)  # no needless recompute
     head = " ".join(table.split("\n", 3)[2].split())
-    assert "mode remat microbatches loss block est. ms/step compute ms HBM ms comm ms memory GiB/device" in head
-    # the second stage: the first stage's best, in explicit mode, with loss blocks, and with both
-    first = [c for c in ranked if c.layout.mode == "auto" and c.layout.loss_block_size is None and not c.error]
-    best = min(first, key=lambda c: ranked.index(c))
+    assert "mode gather remat microbatches loss block est. ms/step compute ms HBM ms comm ms memory GiB/device" in head
+
+    # the second stage: the first stage's best, in explicit mode, with loss blocks, and with both;
+    # where it stores weights split, also gathering each where it is used (auto mode), with either loss
+    def plain_layout(c):
+        return c.layout.mode == "auto" and c.layout.loss_block_size is None and c.layout.gather == "auto"
+
+    best = min((c for c in ranked if plain_layout(c) and not c.error), key=ranked.index)
     same = [
-        c for c in ranked if c.name == best.name and c.layout.replace(mode="auto", loss_block_size=None) == best.layout
+        c
+        for c in ranked
+        if c.name == best.name and c.layout.replace(mode="auto", loss_block_size=None, gather="auto") == best.layout
     ]
-    assert {(c.layout.mode, c.layout.loss_block_size) for c in same} == {
-        ("auto", None),
-        ("explicit", None),
-        ("auto", block),
-        ("explicit", block),
-    }
+    variants = {(mode, b, "auto") for mode in ("auto", "explicit") for b in (None, block)}
+    if stores_split(best.layout):
+        variants |= {("auto", None, "per_use"), ("auto", block, "per_use")}
+    assert {(c.layout.mode, c.layout.loss_block_size, c.layout.gather) for c in same} == variants
     assert all(c.error is None and c.flops > 0 for c in same)
-    assert sum(c.layout.mode == "explicit" or c.layout.loss_block_size is not None for c in ranked) == 3
+    assert sum(not plain_layout(c) for c in ranked) == len(variants) - 1
     # the layout ranked first, as a config: its keys set, and the trainer's checks pass it
     top = ranked[0]
     run = top.layout.apply(cfg)

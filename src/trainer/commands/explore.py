@@ -28,7 +28,7 @@ from ..config import ConfigError, TrainConfig
 from ..config.layout import Layout
 from ..loop.checks import Setup, check_mappings, checked_setup
 from .plan import Plan, Target, make_plan, train_step_report
-from .plan_search import Candidate, Roofline, candidates, fits, rank, row_words
+from .plan_search import ROW_WORDS, Candidate, Roofline, candidates, fits, rank, row_words
 
 _MiB = 2**20
 
@@ -254,7 +254,7 @@ def _layout_text(lay: Layout) -> str:
     return (
         f"mesh {dict(lay.mesh_shape)}; compute {dict(lay.compute_mapping)}; parameters {dict(lay.param_mapping)}; "
         f"remat {lay.remat}; microbatches {lay.microbatches}; loss blocks {lay.loss_block_size or 'none'}; "
-        f"mode {lay.mode}"
+        f"mode {lay.mode}; gather {lay.gather}"
     )
 
 
@@ -337,10 +337,7 @@ def view_html(v: View, array: str | None = None) -> str:
 
 def ranking_html(ranked: list[Candidate], roof: Roofline, budget: float) -> str:
     """``named-plan --search``'s table as HTML."""
-    head = "".join(
-        f"<th>{h}</th>"
-        for h in ("rank", "layout", "mesh", "mode", "remat", "microbatches", "loss block", "est. ms/step", "memory GiB")
-    )
+    head = "".join(f"<th>{h}</th>" for h in ("rank", *ROW_WORDS, "est. ms/step", "memory GiB"))
     rows = []
     for i, c in enumerate(ranked, 1):
         cells = [str(i), *row_words(c)]

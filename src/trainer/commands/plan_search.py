@@ -8,7 +8,9 @@ The tensor-parallel layouts split the vocabulary (the embedding, the output head
 over ``model`` too. Then the best few of those (``REFINED``, distinct in layout and microbatches;
 those that fit the memory budget first) are tried again in the other ``mesh.mode``, with the other
 loss (the blockwise loss of ``loss_block_for`` where the config reads the full logits, the full
-logits where it has blocks), and with both: at most ``3 * REFINED`` more compiles. Each is checked
+logits where it has blocks), and with both; those that store weights split (FSDP) also with the
+other ``mesh.gather`` in auto mode, with either loss: at most ``VARIANTS * REFINED`` more
+compiles. Each is checked
 as ``named-train`` would check it, its memory per device planned from shapes (``plan.make_plan``:
 the one rule of "fits" that ``named-plan``'s report, the explorer and the HTML page apply too; a
 compiler's peak on this CPU never judges another device kind), and its train step compiled on
@@ -34,7 +36,7 @@ that fit for a few steps on this machine's devices, taking turns step by step, a
 the median measured step time.
 
 A candidate is a ``config.layout.Layout`` (the keys it sets: ``mesh.shape``, both mappings,
-``mesh.mode``, ``model.remat``, ``trainer.microbatches``, ``trainer.loss_block_size``) and what was
+``mesh.mode``, ``mesh.gather``, ``model.remat``, ``trainer.microbatches``, ``trainer.loss_block_size``) and what was
 measured of it: ``ranked[0].layout.apply(cfg)`` is the config that trains with the layout ranked
 first. ``resolve_layout`` is what ``mesh.layout: auto`` does in ``named-train``.
 """
@@ -57,7 +59,9 @@ from .plan import Target, abstract_train_step, compiled_step_report, lowered_tra
 
 _TP_AXES = ("mlp", "heads", "kv_heads")
 REFINED = 3  # how many of the first stage's best layouts the second stage tries in the other mode and loss
+VARIANTS = 5  # at most this many second-stage variants of each (``refinements``)
 _OTHER_MODE = {"auto": "explicit", "explicit": "auto"}
+_OTHER_GATHER = {"auto": "per_use", "per_use": "auto"}
 
 
 @dataclasses.dataclass
@@ -102,9 +106,16 @@ class Roofline:
 
 
 def candidates(
-    n_devices: int, param_axes: set[str], batch_size: int, *, mode: str = "auto", loss_block_size: int | None = None
+    n_devices: int,
+    param_axes: set[str],
+    batch_size: int,
+    *,
+    mode: str = "auto",
+    loss_block_size: int | None = None,
+    gather: str = "auto",
 ) -> Iterator[Candidate]:
-    """The first stage's layouts, each in ``mode`` and with ``loss_block_size``."""
+    """The first stage's layouts, each in ``mode``, with ``loss_block_size`` and ``gather``
+    (``mesh.gather``)."""
     tp_axes = [a for a in _TP_AXES if a in param_axes]
     layouts = [
         ("DP", {"data": n_devices}, {"batch": "data"}, {}),
@@ -128,7 +139,7 @@ def candidates(
         for remat in ("none", "full"):
             for micro in (1, 2, 4):
                 if batch_size % micro == 0:
-                    lay = Layout(shape, compute_mapping, param_mapping, remat, micro, loss_block_size, mode)
+                    lay = Layout(shape, compute_mapping, param_mapping, remat, micro, loss_block_size, mode, gather)
                     yield Candidate(name, lay)
 
 
@@ -161,10 +172,11 @@ def search(
             t.train_batch_size,
             mode=cfg.mesh.mode,
             loss_block_size=t.loss_block_size,
+            gather=cfg.mesh.gather,
         )
     )
     found: list[Candidate] = []
-    total = len(first) + 3 * refine  # the second stage's size is known once the first is ranked
+    total = len(first) + VARIANTS * refine  # the second stage's size is known once the first is ranked
 
     def stage(cands: list[Candidate]) -> None:
         for c in measured(cfg, cands, target):
@@ -332,8 +344,11 @@ def refinements(ranked: list[Candidate], vocab_size: int, best: int = REFINED) -
     and microbatch count (a layout with and without remat ranks side by side, and explicit mode
     recomputes every layer whatever ``remat`` says, so both would try one program twice), each
     in the other mode, with the other loss (``loss_block_for``'s block, or the full logits where
-    the candidate has blocks), and with both. Not measured yet; a variant that needs a block the
-    vocab does not have carries its ``error``."""
+    the candidate has blocks), and with both; and, where the layout stores weights split (FSDP),
+    with the other ``mesh.gather`` in auto mode (``per_use``: each weight gathered where a layer
+    uses it, its gradient reduce-scattered there; explicit mode gathers its own), with either
+    loss. Not measured yet; a variant that needs a block the vocab does not have carries its
+    ``error``."""
     try:
         block, no_block = loss_block_for(vocab_size), None
     except ConfigError as e:
@@ -346,13 +361,25 @@ def refinements(ranked: list[Candidate], vocab_size: int, best: int = REFINED) -
     for c in picked.values():
         lay = c.layout
         other_mode, other_loss = _OTHER_MODE[lay.mode], None if lay.loss_block_size is not None else block
-        for mode, loss_changes in ((other_mode, False), (lay.mode, True), (other_mode, True)):
+        # (mesh.gather is auto mode's: explicit mode gathers each layer's weights itself)
+        modes = [(other_mode, False), (lay.mode, True), (other_mode, True)]
+        variants = [(m, changes, "auto" if m == "explicit" else lay.gather) for m, changes in modes]
+        if stores_split(lay):
+            variants += [("auto", False, _OTHER_GATHER[lay.gather]), ("auto", True, _OTHER_GATHER[lay.gather])]
+        for mode, loss_changes, gather in variants:
             loss = other_loss if loss_changes else lay.loss_block_size
-            v = Candidate(c.name, lay.replace(mode=mode, loss_block_size=loss))
+            v = Candidate(c.name, lay.replace(mode=mode, loss_block_size=loss, gather=gather))
             if loss_changes and lay.loss_block_size is None and block is None:
                 v.error = no_block  # the blockwise variant of a vocab without a block
             out.append(v)
     return out
+
+
+def stores_split(lay: Layout) -> bool:
+    """Whether ``lay`` stores a weight split where its computation does not use it split (FSDP):
+    those weights are gathered, and ``mesh.gather`` says where."""
+    compute = dict(lay.compute_mapping)
+    return any(compute.get(a) != m for a, m in lay.param_mapping)
 
 
 def loss_block_for(vocab_size: int) -> int:
@@ -379,7 +406,7 @@ def rank(found: list[Candidate], roof: Roofline, memory_budget: float) -> list[C
     For a CPU each is charged its own count: the XLA:CPU program counted is the one that runs."""
 
     def twin_key(c: Candidate):
-        return c.name, c.layout.microbatches, c.layout.mode, c.layout.loss_block_size
+        return c.name, c.layout.microbatches, c.layout.mode, c.layout.loss_block_size, c.layout.gather
 
     plain = {twin_key(c): c for c in found if c.layout.remat == "none" and not c.error}
     for c in found:
@@ -418,12 +445,7 @@ def format_table(ranked: list[Candidate], roof: Roofline, memory_budget: float) 
     timed_any = any(c.measured is not None for c in ranked)
     head = (
         "rank",
-        "layout",
-        "mesh",
-        "mode",
-        "remat",
-        "microbatches",
-        "loss block",
+        *ROW_WORDS,
         "est. ms/step",
         "compute ms",
         "HBM ms",
@@ -449,7 +471,7 @@ def format_table(ranked: list[Candidate], roof: Roofline, memory_budget: float) 
                 "" if fits(c, memory_budget) else f"over budget ({memory_budget / 2**30:.1f} GiB)",
             )
         )
-    left = {0, 1, 2, 3, 4, len(head) - 1}  # the rank and the words; numbers align right
+    left = {0, 1, 2, 3, 4, 5, len(head) - 1}  # the rank and the words; numbers align right
     widths = [max(len(r[j]) for r in (head, *rows)) for j in range(len(head))]
     lines = [
         "  ".join(x.ljust(w) if j in left else x.rjust(w) for j, (x, w) in enumerate(zip(r, widths))).rstrip()
@@ -492,17 +514,21 @@ def search_report(cfg: TrainConfig, target: Target, ranked: list[Candidate] | No
     return "\n".join(lines)
 
 
+# the headings of ``row_words``' columns in the ranking's tables (the text one and the HTML one)
+ROW_WORDS = ("layout", "mesh", "mode", "gather", "remat", "microbatches", "loss block")
+
+
 def row_words(c: Candidate) -> tuple[str, ...]:
-    """The words of ``c``'s row in the ranking's tables: layout, mesh, mode, remat, microbatches, loss block."""
+    """The words of ``c``'s row in the ranking's tables (``ROW_WORDS``)."""
     lay = c.layout
     mesh = "x".join(f"{k}{v}" for k, v in lay.mesh_shape)
-    return c.name, mesh, lay.mode, lay.remat, str(lay.microbatches), str(lay.loss_block_size or "none")
+    return c.name, mesh, lay.mode, lay.gather, lay.remat, str(lay.microbatches), str(lay.loss_block_size or "none")
 
 
 def describe(c: Candidate) -> str:
     """One candidate in a few words (the progress lines, ``mesh.layout: auto``'s choice)."""
-    name, mesh, mode, remat, micro, block = row_words(c)
-    return f"{name} ({mesh}, mode {mode}, remat {remat}, {micro} microbatch(es), loss blocks {block})"
+    name, mesh, mode, gather, remat, micro, block = row_words(c)
+    return f"{name} ({mesh}, mode {mode}, gather {gather}, remat {remat}, {micro} microbatch(es), loss blocks {block})"
 
 
 def searched(cfg: TrainConfig, ranked: list[Candidate]) -> str:
@@ -510,9 +536,11 @@ def searched(cfg: TrainConfig, ranked: list[Candidate]) -> str:
     docstring's two stages."""
     from ..loop.checks import model_config_for
 
-    mode, block = cfg.mesh.mode, cfg.trainer.loss_block_size
+    mode, block, gather = cfg.mesh.mode, cfg.trainer.loss_block_size, cfg.mesh.gather
     refined = {
-        (c.name, c.layout.microbatches) for c in ranked if (c.layout.mode, c.layout.loss_block_size) != (mode, block)
+        (c.name, c.layout.microbatches)
+        for c in ranked
+        if (c.layout.mode, c.layout.loss_block_size, c.layout.gather) != (mode, block, gather)
     }
     vocab = model_config_for(cfg)[0].vocab_size
     if block is not None:
@@ -525,8 +553,10 @@ def searched(cfg: TrainConfig, ranked: list[Candidate]) -> str:
             other_loss = f"no loss blocks (the vocab {vocab} has no divisor to make them of)"
     return (
         f"searched: DP, FSDP, FSDP+TP2/4/8 and TP (where the devices and heads divide), remat none and full, "
-        f"1, 2 or 4 microbatches, in mesh.mode {mode} with {loss}; then the best {len(refined)} (one per layout and "
-        f"microbatch count) in mesh.mode {_OTHER_MODE[mode]}, with {other_loss}, and with both"
+        f"1, 2 or 4 microbatches, in mesh.mode {mode} with {loss} and mesh.gather {gather}; then the best "
+        f"{len(refined)} (one per layout and microbatch count) in mesh.mode {_OTHER_MODE[mode]}, with {other_loss}, "
+        f"and with both, and those that store weights split with mesh.gather {_OTHER_GATHER[gather]} in mesh.mode "
+        "auto, with either loss"
     )
 
 

@@ -23,6 +23,7 @@ KEYS = {
     "microbatches": "trainer.microbatches",
     "loss_block_size": "trainer.loss_block_size",
     "mode": "mesh.mode",
+    "gather": "mesh.gather",
 }
 _MAPS = ("mesh_shape", "compute_mapping", "param_mapping")  # dicts, held as tuples of pairs
 
@@ -45,6 +46,7 @@ class Layout:
     microbatches: int = 1
     loss_block_size: int | None = None
     mode: str = "auto"
+    gather: str = "auto"
 
     def __post_init__(self):
         for name in _MAPS:

@@ -165,9 +165,9 @@ class MeshConfig:
         "config",
         one_of("config", "auto"),
         free=True,
-        doc="`config`: the mesh, mappings, mode, remat, microbatches and loss blocks as given; `auto`: named-train "
-        "takes the layout `named-plan --search` ranks first for the machine it starts on (the run's config.yaml "
-        "records it; a resume keeps it)",
+        doc="`config`: the mesh, mappings, mode, gather, remat, microbatches and loss blocks as given; `auto`: "
+        "named-train takes the layout `named-plan --search` ranks first for the machine it starts on (the run's "
+        "config.yaml records it; a resume keeps it)",
     )
 
     def __post_init__(self):
