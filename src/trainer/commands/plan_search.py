@@ -58,7 +58,7 @@ from ..loop.hardware import Device
 from .plan import Target, abstract_train_step, compiled_step_report, lowered_train_step, make_plan
 
 _TP_AXES = ("mlp", "heads", "kv_heads")
-REFINED = 3  # how many of the first stage's best layouts the second stage tries in the other mode and loss
+REFINED = 3  # how many of the first stage's best layouts the second stage tries again (``refinements``)
 VARIANTS = 5  # at most this many second-stage variants of each (``refinements``)
 _OTHER_MODE = {"auto": "explicit", "explicit": "auto"}
 _OTHER_GATHER = {"auto": "per_use", "per_use": "auto"}
