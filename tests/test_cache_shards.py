@@ -137,6 +137,28 @@ def test_a_build_overtaken_by_another_process_uses_its_cache(corpus, reference, 
     assert cache_file(cache).read_bytes() == reference[1] and len(stream) == len(reference[1]) // 2
 
 
+def test_a_build_starting_as_another_finishes_uses_its_cache(corpus, reference, sharded, monkeypatch, tmp_path):
+    """Another builder of the same cache runs to the end (its file written, the shard folder
+    removed) between this build making the folder and holding it: the late build tokenises
+    nothing, and the folder it made is gone too."""
+    cache, working_in = tmp_path / "c", _shards.working_in
+
+    def overtaken(folder, make):
+        def make_then_lose_the_race():
+            make()
+            monkeypatch.setattr(_shards, "working_in", working_in)  # the other builder works as usual
+            build(corpus, cache)
+
+        return working_in(folder, make_then_lose_the_race)
+
+    monkeypatch.setattr(_shards, "working_in", overtaken)
+    late = ByteCounting()
+    stream = build(corpus, cache, late)
+    assert late.seen == []
+    assert sorted(p.name for p in cache.iterdir()) == [reference[0]]
+    assert cache_file(cache).read_bytes() == reference[1] and len(stream) == len(reference[1]) // 2
+
+
 def test_bad_input_in_a_worker_is_named_and_leaves_nothing(sharded, monkeypatch, tmp_path):
     monkeypatch.setattr(_shards, "WORKERS", 2)
     for i in range(3):

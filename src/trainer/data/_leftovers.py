@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import logging
 import os
 import shutil
@@ -20,13 +21,20 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
+_MAKE_TRIES = 100  # a folder removed each time it is made: give up, raising the last FileNotFoundError
+
 
 @contextlib.contextmanager
 def working_in(folder: Path, make: Callable[[], None]) -> Iterator[None]:
     """``make()`` the folder, then hold it until the block ends."""
-    while True:
-        make()
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    for tries in itertools.count(1):
+        try:
+            make()
+            fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError:
+            if tries == _MAKE_TRIES:
+                raise
+            continue  # another process removed it (or its parent) while it was being made: make it again
         fcntl.flock(fd, fcntl.LOCK_SH)
         try:
             if os.stat(folder).st_ino == os.fstat(fd).st_ino:

@@ -121,6 +121,9 @@ def build_sharded(
         (p for p in path.parent.glob(".shards-*") if p != folder and p.is_dir()), "a cache build"
     )  # an earlier build, killed, perhaps of another key: nobody finishes it
     with working_in(folder, lambda: _start(folder, manifest)):
+        if path.is_file():  # another process building the same cache finished while this one started
+            shutil.rmtree(folder, ignore_errors=True)
+            return path.stat().st_size // dtype.itemsize
         return _build(path, folder, files, work, manifest, tokenizer, dtype, runner)
 
 
