@@ -31,9 +31,10 @@ does *not* halve the attention term) and ``peak`` the device's dense bf16 peak f
 769–798 TFLOP/s for an 8192³ bf16 matmul, so ~80 % MFU is the practical ceiling). On a device
 the table lacks (a CPU) MFU is not computed.
 
-Attention: ``nn.dot_product_attention`` takes cuDNN's fused kernel on GPU for bf16, head size
-≤ 128 and a causal mask only; an ``attention: xla`` run traces the step inside
-``nn.attention_implementation("xla")``. Each run records whether its compiled program holds
+Attention: ``nn.dot_product_attention`` takes cuDNN's fused kernel on GPU for bf16 and head
+size ≤ 128 (the segment ids of packed rows reach it as a dense bias); an ``attention: xla`` or
+``attention: flash`` run (named.nn's blockwise kernel) traces the step inside
+``nn.attention_implementation``. Each run records whether its compiled program holds
 the cuDNN fMHA custom call. The ``attention`` worker times attention alone (forward and
 backward, GPT-2's and Llama's shapes) on both paths and checks cuDNN's output and gradients
 against an f32 XLA reference.
@@ -106,6 +107,8 @@ PLAN = [
     ("llama", {"batch": 8}),
     ("gpt2", {"batch": 64}),
     ("llama", {"batch": 16, "loss_block": 8016}),  # 16 vocab blocks: no [batch, position, vocab] logits
+    ("gpt2", {"attention": "flash"}),  # the blockwise kernel (named.nn's own, in XLA ops) on a GPU
+    ("llama", {"attention": "flash"}),
     ("llama", {"attention": "xla"}),
     ("gpt2", {"remat": "offload"}),
     ("llama", {"remat": "offload"}),
