@@ -5,11 +5,13 @@ no package index: what ``named`` needs beyond what the borrowed GPU image alread
     .venv/bin/python bench/fetch_wheels.py --tests         # also pytest and hypothesis
 
 The image carries jax (0.11.2 with its CUDA 13 plugin), jaxlib, numpy, equinox (so jaxtyping),
-optax, tensorstore, tokenizers (so huggingface_hub and PyYAML) and safetensors, but not jmp or
-draccus. This fetches jmp and draccus, at the versions pyproject.toml asks for, with their
-dependencies, and setuptools and wheel (the build backend, so that the tree itself can be
-installed there without an index); then drops the wheels of packages the image has, so that
-nothing shadows its numpy. Everything kept is pure Python, installable by any Python 3.
+optax, tensorstore, tokenizers (so huggingface_hub and PyYAML), safetensors and pyarrow
+(``IN_IMAGE``). This fetches the rest of what ``named`` and its train extra require (jmp,
+draccus, google-crc32c, zstandard, jinja2), at the versions pyproject.toml asks for, with
+their dependencies, and setuptools and wheel (the build backend, so that the tree itself can
+be installed there without an index); then drops the wheels of packages the image has, so
+that nothing shadows its numpy. Three are compiled (google-crc32c, zstandard and jinja2's
+markupsafe): their wheels are for ``--python-version`` (the image's 3.12) on x86-64 Linux.
 docs/benchmarks.md §6 has the device call that carries ``.whl/``.
 """
 
@@ -48,6 +50,7 @@ IN_IMAGE = {
     "fsspec",
     "tqdm",
     "requests",
+    "pyarrow",
 }
 # Resolution needs the platform of binary wheels in the closure (PyYAML has no pure wheel);
 # those are then dropped as IN_IMAGE.
@@ -55,21 +58,23 @@ PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x8
 
 
 def requirements(with_tests: bool) -> list[str]:
-    """The specifiers pyproject.toml gives for what the image lacks (one place for the versions)."""
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    """The specifiers pyproject.toml gives (one place for the versions) for what ``named`` and its
+    train extra need and the image lacks, plus pytest and hypothesis ``with_tests``."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    project = pyproject["project"]
     extras = project["optional-dependencies"]
-    wanted = {"jmp", "draccus"} | ({"pytest", "hypothesis"} if with_tests else set())
-    specs = [
-        r
-        for r in project["dependencies"] + extras["train"] + extras["test"]
-        if re.split(r"[<>=!~\[ ;]", r, maxsplit=1)[0].lower() in wanted
-    ]
-    build = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
-    return specs + build
+    tests = [r for r in extras["test"] if distribution_name(r) in ("pytest", "hypothesis")] if with_tests else []
+    needed = [r for r in project["dependencies"] + extras["train"] if distribution_name(r) not in IN_IMAGE]
+    return needed + tests + pyproject["build-system"]["requires"]
+
+
+def distribution_name(requirement: str) -> str:
+    """A requirement's (or a wheel file's) distribution name, normalised: lower case, ``_`` for ``-`` and ``.``."""
+    return re.sub(r"[-.]+", "_", re.split(r"[<>=!~\[ ;]", requirement, maxsplit=1)[0]).lower()
 
 
 def _name(wheel: Path) -> str:
-    return re.sub(r"[-.]+", "_", wheel.name.split("-")[0]).lower()
+    return distribution_name(wheel.name.split("-")[0])
 
 
 def main(argv=None) -> int:
@@ -102,8 +107,8 @@ def main(argv=None) -> int:
             wheel.unlink()
     kept = sorted(dest.glob("*.whl"))
     binary = [w.name for w in kept if not w.name.endswith("-none-any.whl")]
-    if binary:  # would tie the carried set to one Python and platform
-        print(f"warning: not pure Python: {', '.join(binary)}", file=sys.stderr)
+    if binary:  # these tie the carried set to one Python and platform
+        print(f"compiled for Python {args.python_version} on x86-64 Linux: {', '.join(binary)}")
     print(f"{len(kept)} wheels in {dest}: " + ", ".join(w.name for w in kept))
     return 0
 

@@ -398,11 +398,12 @@ def ensure_importable(wheels: Path) -> str:
             check=True,
             env={**os.environ, "PYTHONPATH": str(SITE)},
         )
-        stamp.write_text(_fingerprint())
         check = _imports(str(SITE))
         if check.returncode != 0:
             raise SystemExit(f"installed into {SITE}, but named still does not import:\n{check.stderr[-2000:]}")
-    os.environ["PYTHONPATH"] = str(SITE)
+        stamp.write_text(_fingerprint())
+    os.environ["PYTHONPATH"] = str(SITE)  # the workers'
+    sys.path.insert(0, str(SITE))  # this driver's (it reads named.internal)
     return f"installed from {wheels.name}/ into {SITE}"
 
 
