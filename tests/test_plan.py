@@ -714,3 +714,30 @@ def test_mesh_layout_auto_trains_with_the_first_ranked_layout_and_a_resume_keeps
     out = capsys.readouterr().out
     assert f"mesh.layout auto: the layout recorded in {tmp_path / 'run' / 'config.yaml'}" in out
     assert Layout.of(load_config(tmp_path / "run" / "config.yaml")) == Layout.of(saved)
+
+
+def test_candidates_with_one_program_share_its_compile(monkeypatch):
+    """``mesh.gather: per_use`` changes nothing where every weight is also split for tensor
+    parallelism: that pair compiles once and reports one set of figures; FSDP's pair differs."""
+    from named.trainer.commands import plan_search
+    from named.trainer.commands.plan_search import Candidate, candidates, measured, param_axes
+
+    cfg = load_config(CONFIG.with_name("gpt2_nano.yaml"), SMALL)
+    compiles = []
+    compile_report = plan_search.compiled_step_report
+    monkeypatch.setattr(
+        plan_search, "compiled_step_report", lambda lowered, s: compiles.append(s) or compile_report(lowered, s)
+    )
+    first = {
+        c.name: c
+        for c in candidates(8, param_axes(cfg), 8)
+        if c.layout.remat == "none" and c.layout.microbatches == 1 and c.name in ("FSDP", "FSDP+TP2")
+    }
+    pairs = [
+        Candidate(name, lay) for name, c in first.items() for lay in (c.layout, c.layout.replace(gather="per_use"))
+    ]
+    fsdp, fsdp_per_use, tp, tp_per_use = measured(cfg, pairs)
+    assert len(compiles) == 3
+    assert (tp.flops, tp.hbm_bytes, tp.comm_bytes) == (tp_per_use.flops, tp_per_use.hbm_bytes, tp_per_use.comm_bytes)
+    assert tp.flops > 0 and tp.comm_bytes > 0
+    assert (fsdp.hbm_bytes, fsdp.comm_bytes) != (fsdp_per_use.hbm_bytes, fsdp_per_use.comm_bytes)

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import hashlib
 import math
 import shlex
 import statistics
@@ -225,7 +226,9 @@ def measured(
     """Each of ``cands`` planned (``planned``) and, where it can run, its train step compiled on
     abstract inputs: FLOPs, HBM bytes and collective bytes sent per device; in order. Each is
     traced and lowered here, one at a time (tracing runs Python), and compiled and reported on
-    ``threads`` threads (``compile_threads()``), so that XLA compiles one while the next is traced."""
+    ``threads`` threads (``compile_threads()``), so that XLA compiles one while the next is traced.
+    Candidates whose lowered programs are identical (``mesh.gather: per_use`` where no weight is
+    split FSDP-style alone, as under tensor parallelism) share one compile and its figures."""
     import named as nm
 
     def finish(c: Candidate, job) -> Candidate:
@@ -240,6 +243,7 @@ def measured(
         return c
 
     threads = threads or compile_threads()
+    compiles: dict[str, concurrent.futures.Future] = {}  # the lowered program's digest -> its compile
     with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="named-plan-compile") as pool:
         waiting: deque = deque()
         for c in cands:
@@ -247,9 +251,14 @@ def measured(
             trial, s = planned(cfg, c, target)
             if trial is not None:
                 try:
-                    job = pool.submit(compiled_step_report, lowered_train_step(trial, s), s)
+                    lowered = lowered_train_step(trial, s)
                 except (ConfigError, nm.NamedError) as e:
                     c.error = str(e).splitlines()[0]
+                else:  # the text holds the mesh and every sharding: equal text, equal program
+                    digest = hashlib.sha256(lowered.as_text().encode()).hexdigest()
+                    job = compiles.get(digest)
+                    if job is None:
+                        job = compiles[digest] = pool.submit(compiled_step_report, lowered, s)
             waiting.append((c, job))
             while len(waiting) > threads:  # compiles in flight, and one more traced: no more held
                 yield finish(*waiting.popleft())
