@@ -10,7 +10,7 @@ those that fit the memory budget first) are tried again in the other ``mesh.mode
 loss (the blockwise loss of ``loss_block_for`` where the config reads the full logits, the full
 logits where it has blocks), and with both; those that store weights split (FSDP) also with the
 other ``mesh.gather`` in auto mode, with either loss: at most ``VARIANTS * REFINED`` more
-compiles. Each is checked
+compiles (candidates whose lowered programs are equal share one, ``measured``). Each is checked
 as ``named-train`` would check it, its memory per device planned from shapes (``plan.make_plan``:
 the one rule of "fits" that ``named-plan``'s report, the explorer and the HTML page apply too; a
 compiler's peak on this CPU never judges another device kind), and its train step compiled on
