@@ -519,17 +519,22 @@ def test_a_file_system_without_o_direct_gets_the_same_checkpoint(tmp_path, monke
         monkeypatch.setattr(ck.chunks.os, "open", refuse_open)
     path = ck.save_checkpoint(tmp_path, 1, tree)
     assert len(refusals) == 3 * 8 + 1
+    monkeypatch.setattr(ck.chunks, "map_chunk_file", lambda *a: (None, None))  # nor can it map them
     assert_bitwise_equal(ck.restore(path, abstract(tree))[0], tree)
     assert len(refusals) == 2 * (3 * 8 + 1)  # each chunk file read once more, refused first
 
 
-def test_a_restore_reads_each_chunk_with_o_direct_into_the_arrays_it_returns(tmp_path, monkeypatch):
-    """Whole chunks are read with O_DIRECT (where the OS has it) into page-aligned buffers, which
-    become the restored arrays' device buffers (on CPU devices: the same memory, no second copy)."""
+@pytest.mark.parametrize("way", ["mapped", "read"])
+def test_a_restore_makes_the_arrays_from_each_chunk_files_own_pages(tmp_path, monkeypatch, way):
+    """Whole chunks are mapped from their files copy-on-write, or where a file system cannot map
+    them, read with O_DIRECT (where the OS has it) into page-aligned buffers; either way those
+    pages become the restored arrays' device buffers (on CPU devices: the same memory, no second
+    copy)."""
     mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
     tree = _odd_tree(mesh)
     step = ck.save_checkpoint(tmp_path, 1, tree)
-    flags, buffers, real_open, real_whole = {}, set(), os.open, ck.read.read_whole_chunk
+    flags, buffers, mapped = {}, set(), set()
+    real_open, real_whole, real_map = os.open, ck.read.read_whole_chunk, ck.chunks.map_chunk_file
 
     def os_open(path, f, *a):
         flags[str(path)] = f
@@ -540,14 +545,25 @@ def test_a_restore_reads_each_chunk_with_o_direct_into_the_arrays_it_returns(tmp
         buffers.add(out.ctypes.data)
         return out
 
+    def map_file(*a):
+        pages, digest = real_map(*a) if way == "mapped" else (None, None)
+        if pages is not None:
+            mapped.add(pages.ctypes.data)
+        return pages, digest
+
     monkeypatch.setattr(ck.chunks.os, "open", os_open)
     monkeypatch.setattr(ck.read, "read_whole_chunk", whole)
+    monkeypatch.setattr(ck.chunks, "map_chunk_file", map_file)
     restored = ck.restore(step, abstract(tree))[0]
     assert_bitwise_equal(restored, tree)
     assert len(flags) == len(buffers) == 3 * 8 + 1
-    if hasattr(os, "O_DIRECT"):
-        assert all(f & os.O_DIRECT for f in flags.values())
     assert all(address % 4096 == 0 for address in buffers)
+    if way == "mapped":  # each file opened plainly and mapped
+        assert mapped == buffers and not any(f & getattr(os, "O_DIRECT", 0) for f in flags.values())
+    else:
+        assert not mapped
+        if hasattr(os, "O_DIRECT"):
+            assert all(f & os.O_DIRECT for f in flags.values())
     for name in ("f32", "bf16", "i8", "scalar"):
         for shard in restored[name].addressable_shards:
             assert shard.data.unsafe_buffer_pointer() in buffers, name

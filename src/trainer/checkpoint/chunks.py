@@ -3,9 +3,11 @@
 zarr's ``bytes`` codec stores a whole chunk as its values in C order, little-endian
 (``store.zarr_spec`` states that codec and the default chunk keys), so a shard that fills its
 chunk is written as it lies in memory, checksummed on the way, with O_DIRECT where the file
-system takes it; and a region of a restore that is one whole chunk is its file's bytes, read
-with O_DIRECT straight into the page-aligned buffer the device array is made from, checksummed
-piece by piece from memory as the pieces arrive. Through the page cache (tensorstore's file
+system takes it; and a region of a restore that is one whole chunk is its file's bytes, mapped
+copy-on-write (``map_chunk_file``: the pages the kernel reads the file into become the device
+array's memory, so none is zeroed first), or where the file system cannot map it read with
+O_DIRECT into a page-aligned buffer the device array is made from, checksummed piece by piece
+from memory either way. Through the page cache (tensorstore's file
 driver) a save cost this VM 1-3 s of CPU per GiB, most of it first-touching page-cache memory,
 then as much again to read every file back for its hash; a restore paid the kernel's copy out of
 the page cache and one more copy into a fresh buffer. Everything else (``zarr.json``, shards that
@@ -188,13 +190,56 @@ def read_direct(fd: int, buf: np.ndarray, n: int, digest) -> int:
 
 
 def read_whole_chunk(ckpt: Path, rel: str, info: dict, record: dict, where: str) -> np.ndarray:
-    """A whole chunk of ``record``'s array from its file ``rel``: read once, with O_DIRECT where
-    the file system takes it, into a page-aligned buffer that becomes the chunk's values (no
-    second copy), checksummed from memory as it is read, against ``info``."""
+    """A whole chunk of ``record``'s array from its file ``rel``, checksummed against ``info`` from
+    memory: the file mapped copy-on-write (``map_chunk_file``), whose pages become the chunk's
+    values, or where the file system cannot map it, read once with O_DIRECT where it takes that
+    into a page-aligned buffer (no second copy either way)."""
     full = safe_relpath(rel, ckpt)
     n = info["size"]
     check_chunk_size(n, rel, record, where)
     kind = checksum.check_of(info, full)
+    buf, digest = map_chunk_file(ckpt, full, n, kind)
+    if buf is None:
+        buf, digest = _read_chunk_file(ckpt, full, n, kind)
+    if digest.hexdigest() != info[kind]:
+        raise CheckpointError(f"checkpoint {ckpt}: checksum mismatch in file {full} (corrupted; {kind})")
+    return buf[:n].view(jax.numpy.dtype(record["store_dtype"])).reshape(record["chunk"])
+
+
+def map_chunk_file(ckpt: Path, full: Path, n: int, kind: str):
+    """(the ``n`` bytes of ``full`` as an array over a private, copy-on-write mapping of the file,
+    the ``kind`` digest of them), or (None, None) where the file cannot be mapped (a file system
+    without ``mmap``, or the process out of mappings). Touching the pages to checksum them reads
+    the file through the page cache, with the kernel's read-ahead: no page is zeroed first, as
+    fresh anonymous memory is (on this project's VM that zeroing was most of a restore's CPU,
+    docs/benchmarks.md section 5). A committed checkpoint's files are never written again (a new
+    step is a new folder), so the mapping holds what the digest saw; a file cut short after the
+    size check below would raise SIGBUS on access, as for any mapped file."""
+    fd = os.open(full, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        if size != n:
+            raise CheckpointError(f"checkpoint {ckpt}: file {full} has {size} bytes, the commit says {n} (truncated?)")
+        try:
+            m = mmap.mmap(fd, n, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        except (OSError, ValueError):
+            return None, None
+    finally:
+        os.close(fd)
+    if hasattr(m, "madvise") and hasattr(mmap, "MADV_SEQUENTIAL"):
+        m.madvise(mmap.MADV_SEQUENTIAL)  # read ahead far, as one pass reads the whole file
+    digest, view = checksum.new(kind), memoryview(m)
+    try:
+        for pos in range(0, n, READ_PIECE):
+            digest.update(view[pos : pos + READ_PIECE])
+    finally:
+        view.release()
+    return np.frombuffer(m, np.uint8), digest  # the array keeps the mapping alive
+
+
+def _read_chunk_file(ckpt: Path, full: Path, n: int, kind: str):
+    """(``full`` read with O_DIRECT where the file system takes it into fresh page-aligned
+    memory, its ``kind`` digest): the restore of a file that cannot be mapped."""
     buf = aligned_empty(n)
     fd, direct = _open_read(full, getattr(os, "O_DIRECT", 0))
     try:
@@ -218,6 +263,4 @@ def read_whole_chunk(ckpt: Path, rel: str, info: dict, record: dict, where: str)
             os.close(fd)
     if got != n:
         raise CheckpointError(f"checkpoint {ckpt}: file {full} ended after {got} bytes (truncated?)")
-    if digest.hexdigest() != info[kind]:
-        raise CheckpointError(f"checkpoint {ckpt}: checksum mismatch in file {full} (corrupted; {kind})")
-    return buf[:n].view(jax.numpy.dtype(record["store_dtype"])).reshape(record["chunk"])
+    return buf, digest

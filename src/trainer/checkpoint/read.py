@@ -13,9 +13,10 @@ every process reads only the regions its own devices hold, so a checkpoint saved
 restores onto a 4x2 mesh, one device, or another number of processes.
 
 A region of the target that is one whole chunk of the saved array (every region, when the
-layout is the one saved) is its chunk file's bytes, read once: on a local disk with O_DIRECT
-into the buffer the device array is made from, many files in flight, each checksummed from
-memory piece by piece as it is read, in place of a hashing pass before the read. Other regions
+layout is the one saved) is its chunk file's bytes, read once: on a local disk mapped from the
+file (``chunks.map_chunk_file``; O_DIRECT into a fresh buffer where it cannot be mapped), those
+pages the device array's memory, many files in flight, each checksummed from memory piece by
+piece as it is read, in place of a hashing pass before the read. Other regions
 are read through tensorstore. On an object store each file this process needs is fetched once,
 its size and checksum checked, and decoded from memory: the bytes checked are the bytes used.
 """
