@@ -217,16 +217,14 @@ def map_chunk_file(ckpt: Path, full: Path, n: int, kind: str):
     size check below would raise SIGBUS on access, as for any mapped file."""
     fd = os.open(full, os.O_RDONLY)
     try:
-        size = os.fstat(fd).st_size
-        if size != n:
-            raise CheckpointError(f"checkpoint {ckpt}: file {full} has {size} bytes, the commit says {n} (truncated?)")
+        _check_size(ckpt, full, fd, n)
         try:
             m = mmap.mmap(fd, n, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         except (OSError, ValueError):
             return None, None
     finally:
         os.close(fd)
-    if hasattr(m, "madvise") and hasattr(mmap, "MADV_SEQUENTIAL"):
+    if hasattr(mmap, "MADV_SEQUENTIAL"):
         m.madvise(mmap.MADV_SEQUENTIAL)  # read ahead far, as one pass reads the whole file
     digest, view = checksum.new(kind), memoryview(m)
     try:
@@ -237,16 +235,19 @@ def map_chunk_file(ckpt: Path, full: Path, n: int, kind: str):
     return np.frombuffer(m, np.uint8), digest  # the array keeps the mapping alive
 
 
+def _check_size(ckpt: Path, full: Path, fd: int, n: int) -> None:
+    size = os.fstat(fd).st_size
+    if size != n:
+        raise CheckpointError(f"checkpoint {ckpt}: file {full} has {size} bytes, the commit says {n} (truncated?)")
+
+
 def _read_chunk_file(ckpt: Path, full: Path, n: int, kind: str):
     """(``full`` read with O_DIRECT where the file system takes it into fresh page-aligned
     memory, its ``kind`` digest): the restore of a file that cannot be mapped."""
     buf = aligned_empty(n)
     fd, direct = _open_read(full, getattr(os, "O_DIRECT", 0))
     try:
-        if os.fstat(fd).st_size != n:
-            raise CheckpointError(
-                f"checkpoint {ckpt}: file {full} has {os.fstat(fd).st_size} bytes, the commit says {n} (truncated?)"
-            )
+        _check_size(ckpt, full, fd, n)
         digest = checksum.new(kind)
         try:
             got = read_direct(fd, buf, n, digest)
