@@ -16,8 +16,8 @@ from pathlib import Path
 # about 30 % of the suite's CPU time, measured on test_moe and test_families_sharded; no MLIR fusion
 # emitters, where this jaxlib has the option: on 2 cores test_moe took 79 s instead of 138 s, XLA's
 # backend compile 32 s instead of 77 s, and test_families_sharded 45 s instead of 69 s, 22 s instead
-# of 43 s; one LLVM module per program, not XLA's parallel split: 0.92 against 1.11 s of CPU per
-# compile of a tiny train step). XLA's HLO passes, which the collective and memory tests read, still run.
+# of 43 s; and one LLVM module per program, measured where named._compat lists the options). XLA's HLO
+# passes, which the collective and memory tests read, still run.
 _NO_FUSION_EMITTERS = "xla_cpu_use_fusion_emitters"
 
 

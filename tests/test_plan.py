@@ -119,7 +119,8 @@ def test_stand_ins_compile_the_cheapest_machine_code_unless_the_user_chose():
     from named.internal import xla_knows_option
 
     emitters = ["--xla_cpu_use_fusion_emitters=false"] if xla_knows_option("xla_cpu_use_fusion_emitters") else []
-    split = ["--xla_cpu_parallel_codegen_split_count=1"] * xla_knows_option("xla_cpu_parallel_codegen_split_count")
+    one_module = "--xla_cpu_parallel_codegen_split_count=1"
+    split = [one_module] if xla_knows_option(one_module) else []
     flags = cli.stand_in_flags("--xla_force_host_platform_device_count=2 --xla_dump_to=d", 8).split()
     assert flags == [
         "--xla_dump_to=d",

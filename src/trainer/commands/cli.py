@@ -627,8 +627,8 @@ def stand_in_flags(flags: str, n: int) -> str:
     on 8 stand-ins, 2 cores: 140 s of wall and 208 s of CPU at LLVM's default level, 96 s and 126 s at
     0; then 63 s and 82 s against 40 s and 43 s without the fusion emitters, the same layouts in the
     same order and the same memory, the HBM column within 0.3 % (without the emitters XLA rewrites a
-    scatter into a loop); one LLVM module per program, 52-54 s of CPU against 59-67 s, the same
-    table. An option the user set is kept."""
+    scatter into a loop); docs/trainer.md has the figure for one LLVM module per program. An option
+    the user set is kept."""
     from named.internal import cheap_codegen_flags
 
     kept = [f for f in flags.split() if not f.startswith("--xla_force_host_platform_device_count")]
