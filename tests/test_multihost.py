@@ -193,6 +193,41 @@ def one_process(corpus, tmp_path_factory) -> OneProcess:
     return OneProcess(run_dir, [losses[s] for s in range(1, STEPS + 1)])
 
 
+@dataclass(frozen=True)
+class Skewed:
+    proc: subprocess.Popen
+    run_dir: Path
+    out: Path
+
+
+@pytest.fixture(scope="module")
+def skewed_launch(one_process, corpus, tmp_path_factory):
+    """One-process checkpoint resumed by the launcher on 2 processes, process 1 SKEW_S seconds late
+    (TRAIN_SKEWED), started here and waited for in its test: its processes mostly sleep and wait,
+    so the rest of the file runs beside them (its first test asks for this fixture, its last waits)."""
+    base = tmp_path_factory.mktemp("skewed")
+    run_dir, out = base / "run", base / "out"
+    out.mkdir()
+    copy_checkpoint(one_process.run_dir, CKPT_EVERY, run_dir)
+    args = tiny_args(corpus, run_dir, **RUN, **{"trainer.load_checkpoint": "auto"})
+    with open(out / "stdout.txt", "w") as so, open(out / "stderr.txt", "w") as se:
+        proc = subprocess.Popen(
+            [*LAUNCH, "--nproc", "2", "--devices-per-process", str(PER_PROCESS), "--", *TRAIN_SKEWED, *args],
+            cwd=ROOT,
+            env=_base_env(),
+            stdout=so,
+            stderr=se,
+        )
+    yield Skewed(proc, run_dir, out)
+    if proc.poll() is None:  # its test did not run: the launcher ends its processes on SIGTERM
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 @pytest.fixture(scope="session")
 def two_processes(corpus, no_core_dumps, tmp_path_factory):
     """The same run on 2 processes x 2 devices, process 0's console on; made once a session: it is
@@ -209,7 +244,8 @@ def two_processes(corpus, no_core_dumps, tmp_path_factory):
     return run_dir, out
 
 
-def test_two_processes_match_one_process(one_process, two_processes):
+def test_two_processes_match_one_process(one_process, skewed_launch, two_processes):
+    # skewed_launch: started here, before the two-process run, so that its wait overlaps this file's work
     run_dir, _ = two_processes
     two = metrics(run_dir)
     assert sorted(two) == list(range(1, STEPS + 1))
@@ -277,31 +313,6 @@ def test_two_process_checkpoint_resumes_in_one_process(corpus, one_process, two_
     want, _ = ck.restore(one_process.run_dir / "checkpoints" / f"step_{STEPS}", (resumed.model, resumed.opt_state))
     for a, b in zip(jax.tree.leaves((resumed.model, resumed.opt_state)), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-4)
-
-
-def test_one_process_checkpoint_resumes_in_two_processes_under_the_launcher(corpus, one_process, tmp_path):
-    """Also: process 1 starts its first step SKEW_S seconds late, and nothing times out."""
-    copy_checkpoint(one_process.run_dir, CKPT_EVERY, tmp_path / "run")
-    args = tiny_args(corpus, tmp_path / "run", **RUN, **{"trainer.load_checkpoint": "auto"})
-    r = subprocess.run(
-        [*LAUNCH, "--nproc", "2", "--devices-per-process", str(PER_PROCESS), "--", *TRAIN_SKEWED, *args],
-        cwd=ROOT,
-        env=_base_env(),
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    two = metrics(tmp_path / "run")
-    assert sorted(two) == list(range(CKPT_EVERY + 1, STEPS + 1))
-    np.testing.assert_allclose([two[s] for s in sorted(two)], one_process.losses[CKPT_EVERY:], rtol=0, atol=1e-5)
-    assert abs(metrics(tmp_path / "run", "eval/loss")[STEPS] - metrics(one_process.run_dir, "eval/loss")[STEPS]) <= 1e-5
-    for i in range(2):
-        assert (
-            f"resumed from {tmp_path / 'run' / 'checkpoints' / f'step_{CKPT_EVERY}'} at step {CKPT_EVERY}"
-            in (tmp_path / "run" / "logs" / f"process_{i}.log").read_text()
-        )
-    assert ck.verify_checkpoint(tmp_path / "run" / "checkpoints" / f"step_{STEPS}")["process_count"] == 2
 
 
 # ---- a process dies ---------------------------------------------------------------------
@@ -808,3 +819,28 @@ def test_a_signal_while_starting_stops_the_starting(monkeypatch, tmp_path):
     assert code == 128 + signal.SIGTERM and len(started) == 2
     assert time.monotonic() - t0 < 20
     assert wait_gone(started)
+
+
+# ---- the launch the first test started ------------------------------------------------------
+
+
+def test_one_process_checkpoint_resumes_in_two_processes_under_the_launcher(one_process, skewed_launch):
+    """Also: process 1 starts its first step SKEW_S seconds late, and nothing times out. Last in the
+    file: the launch started with its first test, and the tests between ran while it waited."""
+    run_dir = skewed_launch.run_dir
+    try:
+        code = skewed_launch.proc.wait(timeout=400)
+    finally:
+        if skewed_launch.proc.poll() is None:
+            skewed_launch.proc.kill()
+    assert code == 0, read(skewed_launch.out, "stderr.txt")[-3000:]
+    two = metrics(run_dir)
+    assert sorted(two) == list(range(CKPT_EVERY + 1, STEPS + 1))
+    np.testing.assert_allclose([two[s] for s in sorted(two)], one_process.losses[CKPT_EVERY:], rtol=0, atol=1e-5)
+    assert abs(metrics(run_dir, "eval/loss")[STEPS] - metrics(one_process.run_dir, "eval/loss")[STEPS]) <= 1e-5
+    for i in range(2):
+        assert (
+            f"resumed from {run_dir / 'checkpoints' / f'step_{CKPT_EVERY}'} at step {CKPT_EVERY}"
+            in (run_dir / "logs" / f"process_{i}.log").read_text()
+        )
+    assert ck.verify_checkpoint(run_dir / "checkpoints" / f"step_{STEPS}")["process_count"] == 2
