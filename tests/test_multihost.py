@@ -210,7 +210,7 @@ def skewed_launch(one_process, corpus, tmp_path_factory):
     out.mkdir()
     copy_checkpoint(one_process.run_dir, CKPT_EVERY, run_dir)
     args = tiny_args(corpus, run_dir, **RUN, **{"trainer.load_checkpoint": "auto"})
-    with open(out / "stdout.txt", "w") as so, open(out / "stderr.txt", "w") as se:
+    with open(out / "stdout_0.txt", "w") as so, open(out / "stderr_0.txt", "w") as se:  # as ``finish`` reads them
         proc = subprocess.Popen(
             [*LAUNCH, "--nproc", "2", "--devices-per-process", str(PER_PROCESS), "--", *TRAIN_SKEWED, *args],
             cwd=ROOT,
@@ -828,12 +828,7 @@ def test_one_process_checkpoint_resumes_in_two_processes_under_the_launcher(one_
     """Also: process 1 starts its first step SKEW_S seconds late, and nothing times out. Last in the
     file: the launch started with its first test, and the tests between ran while it waited."""
     run_dir = skewed_launch.run_dir
-    try:
-        code = skewed_launch.proc.wait(timeout=400)
-    finally:
-        if skewed_launch.proc.poll() is None:
-            skewed_launch.proc.kill()
-    assert code == 0, read(skewed_launch.out, "stderr.txt")[-3000:]
+    finish([skewed_launch.proc], skewed_launch.out)
     two = metrics(run_dir)
     assert sorted(two) == list(range(CKPT_EVERY + 1, STEPS + 1))
     np.testing.assert_allclose([two[s] for s in sorted(two)], one_process.losses[CKPT_EVERY:], rtol=0, atol=1e-5)
