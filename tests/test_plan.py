@@ -746,3 +746,41 @@ def test_candidates_with_one_program_share_its_compile(monkeypatch):
     assert (tp.flops, tp.hbm_bytes, tp.comm_bytes) == (tp_per_use.flops, tp_per_use.hbm_bytes, tp_per_use.comm_bytes)
     assert tp.flops > 0 and tp.comm_bytes > 0
     assert (fsdp.hbm_bytes, fsdp.comm_bytes) != (fsdp_per_use.hbm_bytes, fsdp_per_use.comm_bytes)
+
+
+def test_the_search_traces_each_forward_once_for_what_remat_and_gather_leave_alone(monkeypatch):
+    """The search's activation check (the forward traced on abstract inputs) runs once for a layout
+    and its ``model.remat`` and ``mesh.gather`` variants, again for any other change; a layout the
+    check refuses is refused again for each of its variants, with the same error."""
+    from named.trainer.commands.plan_search import Candidate, planned
+    from named.trainer.loop import checks
+
+    cfg = load_config(CONFIG.with_name("gpt2_nano.yaml"), SMALL)
+    traced = []
+    check = checks.check_activations
+    monkeypatch.setattr(
+        checks, "check_activations", lambda trial, *a: traced.append(Layout.of(trial)) or check(trial, *a)
+    )
+    fsdp = Layout({"data": 8}, {"batch": "data"}, {"embed": "data"})
+    clash = Layout({"data": 8}, {"batch": "data", "embed": "data"}, {})  # activations with both axes on data
+    lays = [
+        fsdp,
+        fsdp.replace(remat="full"),
+        fsdp.replace(gather="per_use"),
+        fsdp.replace(mesh_shape={"data": 4, "model": 2}),
+    ]
+    lays += [clash, clash.replace(remat="full")]
+
+    passed: set = set()
+    found = [Candidate(str(i), lay) for i, lay in enumerate(lays)]
+    setups = [planned(cfg, c, None, passed) for c in found]
+    assert traced == [fsdp, fsdp.replace(mesh_shape={"data": 4, "model": 2}), clash, clash.replace(remat="full")]
+    assert [c.error is None for c in found] == [True] * 4 + [False] * 2
+    assert all(s is not None and c.memory > 0 for c, (_, s) in zip(found[:4], setups))
+    assert found[4].error == found[5].error and "embed" in found[4].error and "batch" in found[4].error
+    assert Layout.of(setups[1][0]) == lays[1]  # a variant keeps its own config, remat and all
+
+    traced.clear()  # without a record of what passed, every layout is traced
+    for lay in lays:
+        planned(cfg, Candidate("again", lay))
+    assert traced == lays

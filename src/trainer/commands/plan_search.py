@@ -179,8 +179,10 @@ def search(
     found: list[Candidate] = []
     total = len(first) + VARIANTS * refine  # the second stage's size is known once the first is ranked
 
+    forward_passed: set[Layout] = set()  # shared by both stages
+
     def stage(cands: list[Candidate]) -> None:
-        for c in measured(cfg, cands, target):
+        for c in measured(cfg, cands, target, forward_passed=forward_passed):
             found.append(c)
             if progress is not None:
                 progress(len(found), total, c, rank(list(found), roof, budget)[0])
@@ -192,10 +194,13 @@ def search(
     return rank(found, roof, budget)
 
 
-def planned(cfg: TrainConfig, c: Candidate, target: Target | None = None):
+def planned(cfg: TrainConfig, c: Candidate, target: Target | None = None, forward_passed: set[Layout] | None = None):
     """``c`` with its memory per device (``plan.make_plan`` for ``target``, from shapes: nothing
     compiled), or with ``error`` (the first line of the ConfigError or NamedError of the checks
-    ``named-train`` runs); and the config and checked setup that train it (None with an error)."""
+    ``named-train`` runs); and the config and checked setup that train it (None with an error).
+    ``forward_passed``: layouts whose forward passed ``checks.check_activations``, which
+    ``planned`` adds to; a layout that differs from one of them only in ``model.remat`` or
+    ``mesh.gather`` (neither changes an activation or its layout) is not traced for it again."""
     import named as nm
 
     from ..loop.checks import checked_setup
@@ -203,7 +208,10 @@ def planned(cfg: TrainConfig, c: Candidate, target: Target | None = None):
     if c.error is None:
         try:
             trial = c.layout.apply(cfg)
-            s = checked_setup(trial)
+            key = c.layout.replace(remat="none", gather="auto")
+            s = checked_setup(trial, check_forward=forward_passed is None or key not in forward_passed)
+            if forward_passed is not None:
+                forward_passed.add(key)
             c.memory = make_plan(trial, target, s).total_bytes
             return trial, s
         except (ConfigError, nm.NamedError) as e:
@@ -221,14 +229,19 @@ def compile_threads() -> int:
 
 
 def measured(
-    cfg: TrainConfig, cands: Iterable[Candidate], target: Target | None = None, threads: int | None = None
+    cfg: TrainConfig,
+    cands: Iterable[Candidate],
+    target: Target | None = None,
+    threads: int | None = None,
+    forward_passed: set[Layout] | None = None,
 ) -> Iterator[Candidate]:
     """Each of ``cands`` planned (``planned``) and, where it can run, its train step compiled on
     abstract inputs: FLOPs, HBM bytes and collective bytes sent per device; in order. Each is
     traced and lowered here, one at a time (tracing runs Python), and compiled and reported on
     ``threads`` threads (``compile_threads()``), so that XLA compiles one while the next is traced.
     Candidates whose lowered programs are identical (``mesh.gather: per_use`` where no weight is
-    split FSDP-style alone, as under tensor parallelism) share one compile and its figures."""
+    split FSDP-style alone, as under tensor parallelism) share one compile and its figures.
+    ``forward_passed``: as ``planned`` takes it."""
     import named as nm
 
     def finish(c: Candidate, job) -> Candidate:
@@ -248,7 +261,7 @@ def measured(
         waiting: deque = deque()
         for c in cands:
             job = None
-            trial, s = planned(cfg, c, target)
+            trial, s = planned(cfg, c, target, forward_passed)
             if trial is not None:
                 try:
                     lowered = lowered_train_step(trial, s)
