@@ -35,10 +35,12 @@ if "xla_cpu_collective_call_terminate_timeout_seconds" not in _flags:
     _flags += " " + PATIENT_COLLECTIVES
 os.environ["XLA_FLAGS"] = _flags.strip()
 # Programs loaded back from that cache deadlock on several CPU devices unless XLA:CPU scheduled them
-# plainly (named._compat.CACHE_SAFE_CPU_FLAG); the processes tests start inherit the flag too.
-from named._compat import cache_safe_xla_flags  # noqa: E402 - imports jax, which reads XLA_FLAGS only later
+# plainly (named._compat.CACHE_SAFE_CPU_FLAG), and collectives on 8 devices need more threads than XLA:CPU's
+# pools have on 2 cores (named._compat.collective_safe_env); the processes tests start inherit both.
+from named._compat import cache_safe_xla_flags, collective_safe_env  # noqa: E402 - imports jax, which reads XLA_FLAGS only later
 
 os.environ["XLA_FLAGS"] = cache_safe_xla_flags(os.environ["XLA_FLAGS"]) or os.environ["XLA_FLAGS"]
+os.environ.update(collective_safe_env(os.environ))
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

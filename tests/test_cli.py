@@ -134,6 +134,34 @@ def test_a_compilation_cache_gets_the_flag_its_programs_run_under(monkeypatch):
     assert _compat.cache_safe_xla_flags(flags) is None
 
 
+def test_several_cpu_devices_get_thread_pools_with_room_for_their_collectives(monkeypatch):
+    """XLA:CPU's pools hold max(cores, devices) threads, too few for the collectives of 8 devices on
+    2 cores (named._compat.collective_safe_env): a process that asks for several CPU devices gets
+    PJRT_NPROC for 4 threads per device, or its cores if more; one the user sized keeps its size."""
+    from named import _compat
+
+    monkeypatch.setattr(_compat, "backends_initialized", lambda: False)  # as in a fresh process
+    monkeypatch.setattr(_compat, "process_cpu_count", lambda: 2)
+    flags = "--xla_cpu_use_fusion_emitters=false --xla_force_host_platform_device_count=8"
+    assert _compat.collective_safe_env({"XLA_FLAGS": flags}) == {"PJRT_NPROC": "32"}
+    assert _compat.collective_safe_env({"XLA_FLAGS": f"{flags} --xla_force_host_platform_device_count=3"}) == {
+        "PJRT_NPROC": "12"  # XLA takes the last of a repeated flag
+    }
+    monkeypatch.setattr(_compat, "process_cpu_count", lambda: 64)
+    assert _compat.collective_safe_env({"XLA_FLAGS": flags}) == {"PJRT_NPROC": "64"}  # never fewer than the cores
+    for sized in ({"PJRT_NPROC": "4"}, {"NPROC": "4"}):
+        assert _compat.collective_safe_env({"XLA_FLAGS": flags, **sized}) == {}
+    assert _compat.collective_safe_env({"XLA_FLAGS": "--xla_force_host_platform_device_count=1"}) == {}
+    monkeypatch.setattr(_compat, "process_cpu_count", lambda: 2)
+    assert _compat.collective_safe_env({"JAX_NUM_CPU_DEVICES": "4"}) == {"PJRT_NPROC": "16"}  # JAX's own setting
+    assert _compat.collective_safe_env({"XLA_FLAGS": flags, "JAX_NUM_CPU_DEVICES": "2"}) == {
+        "PJRT_NPROC": "8"
+    }  # it wins
+    assert _compat.collective_safe_env({"XLA_FLAGS": "--xla_cpu_use_fusion_emitters=false"}) == {}  # one device
+    monkeypatch.setattr(_compat, "backends_initialized", lambda: True)  # too late: the pools exist
+    assert _compat.collective_safe_env({"XLA_FLAGS": flags}) == {}
+
+
 @pytest.mark.slow
 @pytest.mark.procs
 def test_a_second_launch_runs_from_a_warm_compilation_cache(tmp_path):
@@ -141,7 +169,7 @@ def test_a_second_launch_runs_from_a_warm_compilation_cache(tmp_path):
     persistent cache (named._compat.CACHE_SAFE_CPU_FLAG): with gpt2_nano on 8 devices every
     second launch aborted in an all-reduce. Both launches must now reach their last step."""
     env = {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if k not in ("PJRT_NPROC", "NPROC")},  # named-train sizes the pools
         "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax-cache"),
         # XLA's default code generation (the suite's fast_compile() hid the deadlock in 2 of 3 tries)
         # and a 5 s collective timeout instead of 40 s, so that a deadlock fails fast
@@ -155,9 +183,12 @@ def test_a_second_launch_runs_from_a_warm_compilation_cache(tmp_path):
     # the missing flag in every one (named-train must add CACHE_SAFE_CPU_FLAG before JAX starts)
     main = (
         "import os, sys; from named.trainer.commands.cli import main_train; code = main_train(); "
+        "print('PJRT_NPROC=' + os.environ.get('PJRT_NPROC', 'unset')); "
         "print('XLA_FLAGS=' + os.environ['XLA_FLAGS']); sys.exit(code)"
     )
-    from named._compat import CACHE_SAFE_CPU_FLAG
+    from named._compat import CACHE_SAFE_CPU_FLAG, COLLECTIVE_THREADS_PER_DEVICE, process_cpu_count
+
+    threads = max(process_cpu_count(), COLLECTIVE_THREADS_PER_DEVICE * 8)
 
     for launch in ("cold", "warm"):
         run = [*args, "--trainer.run_dir", str(tmp_path / launch)]
@@ -165,5 +196,6 @@ def test_a_second_launch_runs_from_a_warm_compilation_cache(tmp_path):
         assert p.returncode == 0, f"{launch} launch: exit {p.returncode}\n{p.stderr[-2000:]}"
         assert p.stdout.count("loss=") == 3, p.stdout
         assert CACHE_SAFE_CPU_FLAG in p.stdout.split("XLA_FLAGS=")[-1].split(), p.stdout
+        assert f"PJRT_NPROC={threads}\n" in p.stdout, p.stdout  # set before JAX started (it reads it then)
         if launch == "cold":
             assert any(f.name.startswith("jit_step") for f in (tmp_path / "jax-cache").iterdir())

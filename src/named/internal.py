@@ -11,6 +11,7 @@ from ._compat import (
     cache_safe_xla_flags,
     cheap_codegen_flags,
     cluster_detected,
+    collective_safe_env,
     cudnn_version,
     distributed_client,
     is_tracer,
@@ -25,6 +26,7 @@ __all__ = [
     "cache_safe_xla_flags",  # the CLI: XLA flags under which programs loaded from the compilation cache run
     "cheap_codegen_flags",  # named-plan's stand-ins and the tests: XLA:CPU's cheapest machine code
     "cluster_detected",  # distributed: would jax.distributed.initialize() find its coordinator?
+    "collective_safe_env",  # the CLI and the tests: thread pools with room for several CPU devices' collectives
     "cudnn_version",  # bench/gpu_mfu.py: recorded beside GPU numbers
     "distributed_client",  # checkpoints and the run plan: JAX's key-value store and barriers
     "head_bytes_held",  # named-plan: what the fused loss holds of an FSDP head, by the loss's own rule

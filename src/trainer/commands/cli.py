@@ -96,7 +96,7 @@ def main_train(argv: list[str] | None = None) -> int:
         return int(e.code or 0)
     from ..loop.distributed import describe_failure, exit_now, maybe_initialize, peer_failed
 
-    _cache_safe_backends()
+    _safe_cpu_backends()
     try:
         multi = maybe_initialize(cfg.distributed)
     except ConfigError as e:
@@ -188,7 +188,7 @@ def main_sample(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
 
     def body() -> int:
-        _cache_safe_backends()
+        _safe_cpu_backends()
         a = p.parse_args(sys.argv[1:] if argv is None else argv)
         messages = read_messages(Path(a.messages)) if a.messages is not None else None
         if a.chat == INTERACTIVE:
@@ -321,7 +321,7 @@ def main_eval(argv: list[str] | None = None) -> int:
     from .evaluate import evaluate_checkpoint
 
     def body() -> int:
-        _cache_safe_backends()
+        _safe_cpu_backends()
         a = p.parse_args(sys.argv[1:] if argv is None else argv)
         print(
             evaluate_checkpoint(
@@ -596,14 +596,16 @@ _STAND_IN_LIMIT = (
 )
 
 
-def _cache_safe_backends() -> None:
+def _safe_cpu_backends() -> None:
     """Before JAX starts its backends: with the persistent compilation cache on
     (``JAX_COMPILATION_CACHE_DIR``), compile for XLA:CPU with the flag under which programs loaded
-    back from the cache run (``named.internal.cache_safe_xla_flags`` says why)."""
-    from named.internal import cache_safe_xla_flags
+    back from the cache run (``named.internal.cache_safe_xla_flags`` says why); with several CPU
+    devices, give XLA:CPU's thread pools room for their collectives (``collective_safe_env``)."""
+    from named.internal import cache_safe_xla_flags, collective_safe_env
 
     if (flags := cache_safe_xla_flags(os.environ.get("XLA_FLAGS", ""))) is not None:
         os.environ["XLA_FLAGS"] = flags
+    os.environ.update(collective_safe_env(os.environ))
 
 
 def stand_in_devices(n: int) -> bool:
