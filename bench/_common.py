@@ -21,6 +21,10 @@ from pathlib import Path
 # Must precede the first `import jax` anywhere in the process (jax reads it once).
 if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+# and XLA:CPU's thread pools sized for 8 devices' collectives, as named-train sizes them (docs/trainer.md)
+from named.internal import collective_safe_env  # noqa: E402 - imports jax, which reads both only when it starts
+
+os.environ.update(collective_safe_env(os.environ))
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -79,6 +83,7 @@ def machine() -> dict:
         "devices": len(jax.devices()),
         "device_kind": jax.devices()[0].device_kind,
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "pjrt_nproc": os.environ.get("PJRT_NPROC"),  # XLA:CPU's thread pools (collective_safe_env)
         "versions": versions,
         # A copy of the tree without .git (the GPU machine's) takes the commit from BENCH_COMMIT.
         # (its copy may carry a stale .git: BENCH_COMMIT, when set, wins)
