@@ -21,10 +21,10 @@ from pathlib import Path
 # Must precede the first `import jax` anywhere in the process (jax reads it once).
 if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
-# and XLA:CPU's thread pools sized for 8 devices' collectives, as named-train sizes them (docs/trainer.md)
-from named.internal import collective_safe_env  # noqa: E402 - imports jax, which reads both only when it starts
+# and what named-train adds for CPU devices (docs/trainer.md): thread pools sized for 8 devices' collectives
+from named.internal import safe_cpu_env  # noqa: E402 - imports jax, which reads both only when it starts
 
-os.environ.update(collective_safe_env(os.environ))
+os.environ.update(safe_cpu_env(os.environ))
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"

@@ -37,10 +37,9 @@ os.environ["XLA_FLAGS"] = _flags.strip()
 # Programs loaded back from that cache deadlock on several CPU devices unless XLA:CPU scheduled them
 # plainly (named._compat.CACHE_SAFE_CPU_FLAG), and collectives on 8 devices need more threads than XLA:CPU's
 # pools have on 2 cores (named._compat.collective_safe_env); the processes tests start inherit both.
-from named._compat import cache_safe_xla_flags, collective_safe_env  # noqa: E402 - imports jax, which reads XLA_FLAGS only later
+from named._compat import safe_cpu_env  # noqa: E402 - imports jax, which reads XLA_FLAGS only later
 
-os.environ["XLA_FLAGS"] = cache_safe_xla_flags(os.environ["XLA_FLAGS"]) or os.environ["XLA_FLAGS"]
-os.environ.update(collective_safe_env(os.environ))
+os.environ.update(safe_cpu_env(os.environ))
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

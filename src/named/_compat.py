@@ -166,6 +166,16 @@ def collective_safe_env(environ) -> dict[str, str]:
     return {"PJRT_NPROC": str(max(process_cpu_count(), COLLECTIVE_THREADS_PER_DEVICE * devices))}
 
 
+def safe_cpu_env(environ) -> dict[str, str]:
+    """What to add to ``environ`` before JAX starts its backends so that its CPU devices run what
+    they compile: ``XLA_FLAGS`` with :data:`CACHE_SAFE_CPU_FLAG` (``cache_safe_xla_flags``) and
+    ``PJRT_NPROC`` (``collective_safe_env``), each only where it changes something."""
+    out = collective_safe_env(environ)
+    if (flags := cache_safe_xla_flags(environ.get("XLA_FLAGS", ""))) is not None:
+        out["XLA_FLAGS"] = flags
+    return out
+
+
 def distributed_client():
     """The coordination-service client of ``jax.distributed.initialize`` (key-value store and
     barriers, the one JAX's own array serialization uses), or None before it started."""

@@ -16,6 +16,7 @@ from ._compat import (
     distributed_client,
     is_tracer,
     process_cpu_count,
+    safe_cpu_env,
     xla_knows_option,
 )
 from .nn.loss import block_size_error, head_bytes_held
@@ -32,5 +33,6 @@ __all__ = [
     "head_bytes_held",  # named-plan: what the fused loss holds of an FSDP head, by the loss's own rule
     "is_tracer",  # checkpoints: refuse to save a traced value; generate: check prompt lengths known before tracing
     "process_cpu_count",  # the data build's workers and named-plan's compile threads: the cores this process may use
+    "safe_cpu_env",  # the CLI, the tests and the benchmarks: both of the above, before JAX starts
     "xla_knows_option",  # the tests: XLA_FLAGS only with options this jaxlib has
 ]

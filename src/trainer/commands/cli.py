@@ -600,12 +600,10 @@ def _safe_cpu_backends() -> None:
     """Before JAX starts its backends: with the persistent compilation cache on
     (``JAX_COMPILATION_CACHE_DIR``), compile for XLA:CPU with the flag under which programs loaded
     back from the cache run (``named.internal.cache_safe_xla_flags`` says why); with several CPU
-    devices, give XLA:CPU's thread pools room for their collectives (``collective_safe_env``)."""
-    from named.internal import cache_safe_xla_flags, collective_safe_env
+    devices, give XLA:CPU's thread pools room for their collectives (``named.internal.safe_cpu_env``)."""
+    from named.internal import safe_cpu_env
 
-    if (flags := cache_safe_xla_flags(os.environ.get("XLA_FLAGS", ""))) is not None:
-        os.environ["XLA_FLAGS"] = flags
-    os.environ.update(collective_safe_env(os.environ))
+    os.environ.update(safe_cpu_env(os.environ))
 
 
 def stand_in_devices(n: int) -> bool:
