@@ -28,7 +28,11 @@ does), taking turns; written to ``bench/results/data_ckpt_s3.json``. On the stor
 encodes every chunk in memory, hashes and uploads it and writes the commit record last; a
 restore reads each whole chunk once through tensorstore's zarr driver and checks its crc32c.
 CPU time (this process's; not the server's) is given beside each wall time, and the ratio to
-boto3 round by round as well as of the medians.
+boto3 round by round as well as of the medians. Each round also times, in two new processes
+taking turns, the first restore of one checkpoint and boto3's first download of the same bytes:
+what a run that starts and restores waits for, each landing in memory the process has not used
+before. In the one process above, boto3's download reuses the memory that earlier rounds freed,
+where a restore's values are always new memory (they outlive the call).
 """
 
 from __future__ import annotations
@@ -313,7 +317,11 @@ def main(argv=None):
     ap.add_argument(
         "--s3", action="store_true", help="checkpoints only: local disk and a local S3 server, taking turns"
     )
+    ap.add_argument("--first", choices=("restore", "boto3"), help=argparse.SUPPRESS)  # first_in_new_process
+    ap.add_argument("--url", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.first:
+        return _first(args)
     if args.s3:
         return main_s3(args)
     cases = [(1024, 8), (1024, 64), (2048, 256)]
@@ -357,6 +365,65 @@ def _chunk_sized_blobs(tree) -> list[bytes]:
     ]
 
 
+def boto3_download(client, bucket: str, keys: list[str], pool) -> list[bytes]:
+    return list(pool.map(lambda k: client.get_object(Bucket=bucket, Key=k)["Body"].read(), keys))
+
+
+def boto3_upload(client, bucket: str, keys: list[str], blobs: list[bytes], pool) -> None:
+    list(pool.map(lambda kb: client.put_object(Bucket=bucket, Key=kb[0], Body=kb[1]), zip(keys, blobs)))
+
+
+def first_in_new_process(what: str, url: str, ckpt_mb: int) -> dict:
+    """Wall and CPU seconds (``wall_s``, ``cpu_s``) of the first ``restore`` of the checkpoint at
+    ``url`` (``what="restore"``) or of boto3's first download of the objects under ``url``
+    (``"boto3"``) in a new process, after its imports, devices and connection are ready."""
+    import json
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, __file__, "--first", what, "--url", url, "--ckpt-mb", str(ckpt_mb)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode or not lines:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stderr[-2000:]}")
+    return json.loads(lines[-1])
+
+
+def _first(args) -> None:
+    """``--first``: the child process of ``first_in_new_process``; prints its JSON."""
+    import concurrent.futures
+    import json
+    import os
+
+    from named.trainer.checkpoint import read_commit
+    from named.trainer.checkpoint.store import IO_THREADS
+
+    jax.devices()
+    if args.first == "restore":
+        mesh = nm.make_mesh(C.MESH)
+        with jax.set_mesh(mesh):
+            tree, _ = make_tree(args.ckpt_mb, mesh)  # the target; kept, so its memory is not reused
+            target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
+            read_commit(args.url)  # the store's context and a connection, as a run has them by now
+            t0, c0 = time.perf_counter(), time.process_time()
+            out, _ = restore(args.url, target)
+            jax.block_until_ready(out)
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+            assert _same(tree, out)
+    else:
+        import boto3
+
+        bucket, prefix = args.url.removeprefix("s3://").split("/", 1)
+        client = boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"], region_name="us-east-1")
+        keys = sorted(o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix=prefix + "/")["Contents"])
+        with concurrent.futures.ThreadPoolExecutor(IO_THREADS) as pool:
+            t0, c0 = time.perf_counter(), time.process_time()
+            got = boto3_download(client, bucket, keys, pool)
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        assert sum(map(len, got)) == args.ckpt_mb << 20
+    print(json.dumps({"wall_s": wall, "cpu_s": cpu}), flush=True)
+
+
 def boto3_copy(endpoint: str, bucket: str, prefix: str, blobs: list[bytes]) -> dict:
     """Seconds for boto3 to PUT ``blobs`` as objects under ``prefix``, then GET them back, each
     with as many threads as the checkpoint uses: the plain client's figure for the same bytes."""
@@ -370,10 +437,10 @@ def boto3_copy(endpoint: str, bucket: str, prefix: str, blobs: list[bytes]) -> d
     keys = [f"{prefix}/{i:05d}" for i in range(len(blobs))]
     with concurrent.futures.ThreadPoolExecutor(IO_THREADS) as pool:
         t0, c0 = time.perf_counter(), time.process_time()
-        list(pool.map(lambda kb: client.put_object(Bucket=bucket, Key=kb[0], Body=kb[1]), zip(keys, blobs)))
+        boto3_upload(client, bucket, keys, blobs, pool)
         put, put_cpu = time.perf_counter() - t0, time.process_time() - c0
         t0, c0 = time.perf_counter(), time.process_time()
-        got = list(pool.map(lambda k: client.get_object(Bucket=bucket, Key=k)["Body"].read(), keys))
+        got = boto3_download(client, bucket, keys, pool)
         get, get_cpu = time.perf_counter() - t0, time.process_time() - c0
     assert [len(g) for g in got] == [len(b) for b in blobs]
     client.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in keys]})
@@ -401,15 +468,38 @@ def main_s3(args) -> dict:
     os.environ.update(s3_env(server.url))
     mesh = nm.make_mesh(C.MESH)
     tmp = Path(tempfile.mkdtemp(prefix="named-bench-", dir=args.tmp))
-    local, s3, boto = [], [], []
+    local, s3, boto, first = [], [], [], []
     try:
         with jax.set_mesh(mesh):
             tree, _ = make_tree(args.ckpt_mb, mesh)
             blobs = _chunk_sized_blobs(tree)
+            # one checkpoint and the same bytes as boto3's objects, for the new processes' rounds
+            first_ckpt = str(save_checkpoint("s3://bench/first", 0, tree))
+            import concurrent.futures
+
+            import boto3
+
+            from named.trainer.checkpoint.store import IO_THREADS
+
+            client = boto3.client("s3", endpoint_url=server.url, region_name="us-east-1")
+            with concurrent.futures.ThreadPoolExecutor(IO_THREADS) as pool:
+                boto3_upload(client, "bench", [f"boto_first/{i:05d}" for i in range(len(blobs))], blobs, pool)
             for r in range(args.repeats):  # one save + restore on each side per round
                 local.append(bench_checkpoint(tmp / f"round{r}", args.ckpt_mb, 1, mesh, tree, cold=not args.tiny))
                 s3.append(bench_checkpoint(f"s3://bench/round{r}", args.ckpt_mb, 1, mesh, tree))
                 boto.append(boto3_copy(server.url, "bench", f"boto{r}", blobs))
+                first.append(
+                    {
+                        "restore": first_in_new_process("restore", first_ckpt, args.ckpt_mb),
+                        "boto3": first_in_new_process("boto3", "s3://bench/boto_first", args.ckpt_mb),
+                    }
+                )
+                print(
+                    f"first in a new process: restore {first[-1]['restore']['wall_s']:.2f}s "
+                    f"(CPU {first[-1]['restore']['cpu_s']:.2f}s), boto3 {first[-1]['boto3']['wall_s']:.2f}s "
+                    f"(CPU {first[-1]['boto3']['cpu_s']:.2f}s)",
+                    flush=True,
+                )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         server.stop()
@@ -447,7 +537,20 @@ def main_s3(args) -> dict:
             "get_cpu_s": C.summary([b["get_cpu_s"] for b in boto]),
         },
         "load_average_1min_per_round": [row["load_average_1min_per_round"][0] for row in s3],
+        # the first restore and boto3's first download, each in a new process (rounds taking turns)
+        "first_in_new_process": {
+            **{
+                f"{side}_{k}": C.summary([row[side][f"{k}_s"] for row in first])
+                for side in ("restore", "boto3")
+                for k in ("wall", "cpu")
+            },
+            "restore_over_boto3_per_round": [
+                round(row["boto3"]["wall_s"] / row["restore"]["wall_s"], 2) for row in first
+            ],
+        },
     }
+    f = result["first_in_new_process"]
+    f["restore_over_boto3"] = f["boto3_wall"]["median_s"] / f["restore_wall"]["median_s"]
     for side, key, base in (("save", "save_s", "put_s"), ("restore", "restore_s", "get_s")):
         result[f"s3_{side}_over_boto3"] = result["boto3"][base]["median_s"] / result["s3"][key]["median_s"]
         # the same ratio round by round (each round's two sides ran one after the other)

@@ -514,6 +514,17 @@ def s3_block() -> str:
                 cpu(b, "get_cpu_s"),
             ]
         )
+    f = r.get("first_in_new_process")
+    if f:
+        nbytes = r["s3"]["bytes"]
+        for where, side in (
+            ("S3, the first restore in a new process", "restore"),
+            ("boto3, its first download in a new process", "boto3"),
+        ):
+            wall = f[f"{side}_wall"]["median_s"]
+            rows.append(
+                [where, "", "", "", sec(wall), f"{nbytes / 1e6 / wall:,.0f}", sec(f[f"{side}_cpu"]["median_s"])]
+            )
     t = table(
         ["where", "save (median)", "save MB/s", "save CPU", "restore (median)", "restore MB/s", "restore CPU"], rows
     )
@@ -535,6 +546,12 @@ def s3_block() -> str:
                 "(the server's is not counted). 1-minute load average at the start of each round: "
                 f"{', '.join(str(x) for x in r['load_average_1min_per_round'])}."
             )
+    if f:
+        ratio += (
+            f"\n\nThe first restore in a new process against boto3's first download in another (goal ≥ 0.8): "
+            f"**{f['restore_over_boto3']:.2f}**; round by round "
+            f"{', '.join(map(str, f['restore_over_boto3_per_round']))}."
+        )
     return f"{head}\n\n{t}{ratio}\n\n{provenance(r)}"
 
 

@@ -202,6 +202,10 @@ def test_data_ckpt_s3_tiny(tmp_path):
     r = _load(tmp_path, "data_ckpt_s3_tiny")
     assert r["boto3"]["bytes"] == r["s3"]["bytes"]  # the plain client moved the same bytes
     assert r["s3_save_over_boto3"] > 0 and r["s3_restore_over_boto3"] > 0
+    # the first restore and boto3's first download, each in a new process (each checks its bytes)
+    first = r["first_in_new_process"]
+    assert first["restore_wall"]["n"] == first["boto3_wall"]["n"] == 1
+    assert first["restore_over_boto3"] > 0 and len(first["restore_over_boto3_per_round"]) == 1
 
 
 def test_gpu_mfu_driver_runs_the_plan_and_prints_the_table(tmp_path, capsys):

@@ -205,6 +205,48 @@ def test_resaving_a_step_keeps_the_old_one_whole_until_the_new_record(url):
     assert_bitwise_equal(out, train_state(seed=2))
 
 
+def test_whole_chunk_reads_in_flight_stay_within_their_bytes(url, monkeypatch):
+    from named.trainer.checkpoint import read as checkpoint_read
+
+    mesh8 = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
+    state = fsdp_state(mesh8)
+    path = ck.save_checkpoint(url, 1, state)
+    seen = []
+
+    class Recorded(checkpoint_read._InFlight):
+        def __init__(self):
+            super().__init__()
+            seen.append(self)
+
+    monkeypatch.setattr(checkpoint_read, "_InFlight", Recorded)
+    chunk = max(info["size"] for rel, info in ck.read_commit(path)["files"].items() if "/c/" in rel)
+    # the largest chunk's bytes twice; then no bytes but a floor of 1 and of 3 reads at once
+    for budget, floor, bound in ((2 * chunk, 1, None), (1, 1, 1), (1, 3, 3)):
+        monkeypatch.setattr(checkpoint_read, "READ_BYTES_IN_FLIGHT", budget)
+        monkeypatch.setattr(checkpoint_read, "MIN_READS_IN_FLIGHT", floor)
+        out, _ = ck.restore(path, abstract(state))
+        assert_bitwise_equal(out, state)
+        (in_flight,) = seen  # one for the restore, shared by its leaves
+        seen.clear()
+        assert in_flight.reads == in_flight.bytes == 0  # every read let go of its room
+        if bound is None:
+            assert chunk <= in_flight.peak_bytes <= budget
+        else:
+            assert 1 <= in_flight.peak_reads <= bound
+
+
+def test_an_array_is_opened_with_the_zarr_json_already_fetched(url):
+    """A restore fetches and checks each leaf's zarr.json itself; opening the array with it
+    reads nothing more (with the stored zarr.json deleted, the chunks still read)."""
+    path = ck.save_checkpoint(url, 1, train_state(seed=1))
+    loc = ck.location(str(path))
+    rel = next(rel for rel in ck.read_commit(path)["files"] if rel.endswith("/zarr.json"))
+    meta = checkpoint_store.read_object(loc, rel)
+    checkpoint_store.delete_objects(loc, [rel])
+    arr = checkpoint_store.open_array(loc / rel.removesuffix("/zarr.json"), __import__("json").loads(meta))
+    assert arr.read().result().shape == tuple(arr.shape)
+
+
 # ---- what is never trusted ----------------------------------------------------------------
 
 

@@ -29,6 +29,7 @@ import itertools
 import json
 import os
 import re
+import threading
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -48,6 +49,8 @@ from .store import (
     COMMIT_FILE,
     FORMAT,
     IO_THREADS,
+    MIN_READS_IN_FLIGHT,
+    READ_BYTES_IN_FLIGHT,
     STEP_DIR,
     CheckpointError,
     CheckpointWarning,
@@ -453,6 +456,7 @@ def _restore(ckpt: Location, commit: dict, plans: list, treedef, every_file: boo
     arrays = [plan for plan in plans if isinstance(plan, _Plan)]
     needed = set().union(*(plan.files() for plan in arrays))
     whole: dict[int, dict] = {}  # per plan: its whole-chunk regions, read (and hashed) straight from their files
+    metas: dict[str, bytes] = {}  # on an object store: each leaf's zarr.json, fetched and checked
     if isinstance(ckpt, Path):
         for plan in arrays:
             meta_file = safe_relpath(f"{plan.record['dir']}/zarr.json", ckpt)
@@ -460,10 +464,15 @@ def _restore(ckpt: Location, commit: dict, plans: list, treedef, every_file: boo
         on_read = {rel for chunks in whole.values() for rel in chunks.values()}
         # every file's size; the hash of those not hashed as they are read, each once
         _verify_files(ckpt, commit, hash_only=(set(commit["files"]) if every_file else needed) - on_read)
-    elif every_file:
-        _verify_files(ckpt, commit, only=set(commit["files"]) - needed)
+    else:
+        if every_file:
+            _verify_files(ckpt, commit, only=set(commit["files"]) - needed)
+        # Every leaf's zarr.json in one batch before any chunk is read: one fetched later waits
+        # behind the other leaves' chunks (up to 0.13 s of a 0.45 s restore on the local server).
+        metas = fetch_verified(ckpt, commit, sorted({f"{plan.record['dir']}/zarr.json" for plan in arrays}))
 
     # Leaves in one pool, the chunk files they read in another (a leaf waits on its chunks).
+    in_flight = _InFlight()  # an object store's whole-chunk reads, all leaves together
     with (
         concurrent.futures.ThreadPoolExecutor(IO_THREADS) as pool,
         concurrent.futures.ThreadPoolExecutor(IO_THREADS) as chunks,
@@ -472,16 +481,45 @@ def _restore(ckpt: Location, commit: dict, plans: list, treedef, every_file: boo
         def read(plan):
             if not isinstance(plan, _Plan):
                 return plan
-            return _read(plan, ckpt, commit, whole.get(id(plan)), pool=chunks)
+            return _read(plan, ckpt, commit, whole.get(id(plan)), chunks, in_flight, metas)
 
         out = list(pool.map(read, plans))
     return jax.tree_util.tree_unflatten(treedef, out), commit["metadata"]
 
 
+class _InFlight:
+    """Whole-chunk reads from an object store under way, held to ``READ_BYTES_IN_FLIGHT`` bytes
+    together (and at least ``MIN_READS_IN_FLIGHT`` reads): ``start`` waits for room, the read's
+    completion makes it."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self.reads = self.bytes = self.peak_bytes = self.peak_reads = 0
+
+    def start(self, n: int, read: Callable[[], ts.Future]) -> ts.Future:
+        with self._cond:
+            self._cond.wait_for(lambda: self.reads < MIN_READS_IN_FLIGHT or self.bytes + n <= READ_BYTES_IN_FLIGHT)
+            self.reads, self.bytes = self.reads + 1, self.bytes + n
+            self.peak_reads, self.peak_bytes = max(self.peak_reads, self.reads), max(self.peak_bytes, self.bytes)
+        try:
+            future = read()
+        except BaseException:
+            self._done(n)
+            raise
+        future.add_done_callback(lambda _: self._done(n))
+        return future
+
+    def _done(self, n: int) -> None:
+        with self._cond:
+            self.reads, self.bytes = self.reads - 1, self.bytes - n
+            self._cond.notify_all()
+
+
 def _whole_objects(
-    ckpt: ObjectPath, commit: dict, rec: dict, meta: dict, chunks: dict[tuple, str]
+    ckpt: ObjectPath, commit: dict, rec: dict, meta: dict, chunks: dict[tuple, str], in_flight: _InFlight
 ) -> dict[tuple, np.ndarray]:
-    """Whole chunks from an object store, many requests in flight, each decoded by tensorstore's
+    """Whole chunks from an object store, several requests in flight (``in_flight``, shared by the
+    leaves of one restore), each decoded by tensorstore's
     zarr driver straight into a page-aligned buffer of ours (``aligned_empty``), which the device
     array is then made from without a copy: no Python ``bytes`` on the way (a copy into fresh
     memory), and no array of tensorstore's, which jax copied again wherever it was not aligned.
@@ -497,7 +535,7 @@ def _whole_objects(
         src = arr[tuple(slice(a, b) for a, b in region)]
         buf = aligned_empty(n)[:n]
         dest = ts.array(buf.view(dtype).reshape(rec["chunk"]), copy=False, write=True)
-        reads[region] = (buf, dest.translate_to[src.domain.origin].write(src))
+        reads[region] = (buf, in_flight.start(n, lambda: dest.translate_to[src.domain.origin].write(src)))
     out = {}
     for region, rel in chunks.items():
         full, info = ckpt / rel, commit["files"][rel]
@@ -530,9 +568,17 @@ def _open_leaf(plan: _Plan, ckpt: Location, data: dict[str, bytes] | None):
     return ts.open(zarr_spec({"driver": "memory"}), context=context, open=True, read=True).result()
 
 
-def _read(plan: _Plan, ckpt: Location, commit: dict, whole: dict[tuple, str] | None, pool) -> Any:
+def _read(
+    plan: _Plan,
+    ckpt: Location,
+    commit: dict,
+    whole: dict[tuple, str] | None,
+    pool,
+    in_flight: _InFlight,
+    metas: dict[str, bytes],
+) -> Any:
     """One leaf. A region that is one whole chunk of a raw layout (``whole``, or on an object
-    store found from the fetched zarr.json) is its chunk file's bytes, read once (on a local
+    store found from its zarr.json in ``metas``) is its chunk file's bytes, read once (on a local
     disk into the buffer the device array is made from, on an object store decoded by
     tensorstore, checksummed from memory either way); the others go through tensorstore."""
     rec = plan.record
@@ -548,13 +594,14 @@ def _read(plan: _Plan, ckpt: Location, commit: dict, whole: dict[tuple, str] | N
         host = {region: job.result() for region, job in jobs.items()}
     else:
         meta = f"{rec['dir']}/zarr.json"
-        zarr_json = _meta_of(fetch_verified(ckpt, commit, [meta])[meta])
+        zarr_json = _meta_of(metas[meta])
         chunks = {r: rel for r, rel in plan.whole_chunks(zarr_json).items() if rel in commit["files"]}
-        host = _whole_objects(ckpt, commit, rec, zarr_json, chunks)
+        host = _whole_objects(ckpt, commit, rec, zarr_json, chunks, in_flight)
     rest = [region for region in plan.regions if region not in host]
     if rest:
         if not isinstance(ckpt, Path):  # the rest's files, fetched and checked, for a memory kvstore
-            data = fetch_verified(ckpt, commit, sorted({meta}.union(*(_chunk_files(rec, r) for r in rest))))
+            files = set().union(*(_chunk_files(rec, r) for r in rest))
+            data = {meta: metas[meta], **fetch_verified(ckpt, commit, sorted(files))}
         try:
             arr = _open_leaf(plan, ckpt, data)
         except CheckpointError:
