@@ -365,6 +365,18 @@ def _chunk_sized_blobs(tree) -> list[bytes]:
     ]
 
 
+def boto3_client(endpoint: str):
+    """A boto3 S3 client with a connection for each of the checkpoint code's threads (its default
+    pool has 10, which would leave 6 of the 16 threads waiting or reconnecting)."""
+    import boto3
+    import botocore.config
+
+    from named.trainer.checkpoint.store import IO_THREADS
+
+    config = botocore.config.Config(max_pool_connections=IO_THREADS)
+    return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", config=config)
+
+
 def boto3_download(client, bucket: str, keys: list[str], pool) -> list[bytes]:
     return list(pool.map(lambda k: client.get_object(Bucket=bucket, Key=k)["Body"].read(), keys))
 
@@ -411,10 +423,8 @@ def _first(args) -> None:
             wall, cpu = time.perf_counter() - t0, time.process_time() - c0
             assert _same(tree, out)
     else:
-        import boto3
-
         bucket, prefix = args.url.removeprefix("s3://").split("/", 1)
-        client = boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"], region_name="us-east-1")
+        client = boto3_client(os.environ["AWS_ENDPOINT_URL"])
         keys = sorted(o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix=prefix + "/")["Contents"])
         with concurrent.futures.ThreadPoolExecutor(IO_THREADS) as pool:
             t0, c0 = time.perf_counter(), time.process_time()
@@ -429,11 +439,9 @@ def boto3_copy(endpoint: str, bucket: str, prefix: str, blobs: list[bytes]) -> d
     with as many threads as the checkpoint uses: the plain client's figure for the same bytes."""
     import concurrent.futures
 
-    import boto3
-
     from named.trainer.checkpoint.store import IO_THREADS
 
-    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    client = boto3_client(endpoint)
     keys = [f"{prefix}/{i:05d}" for i in range(len(blobs))]
     with concurrent.futures.ThreadPoolExecutor(IO_THREADS) as pool:
         t0, c0 = time.perf_counter(), time.process_time()
@@ -477,11 +485,9 @@ def main_s3(args) -> dict:
             first_ckpt = str(save_checkpoint("s3://bench/first", 0, tree))
             import concurrent.futures
 
-            import boto3
-
             from named.trainer.checkpoint.store import IO_THREADS
 
-            client = boto3.client("s3", endpoint_url=server.url, region_name="us-east-1")
+            client = boto3_client(server.url)
             with concurrent.futures.ThreadPoolExecutor(IO_THREADS) as pool:
                 boto3_upload(client, "bench", [f"boto_first/{i:05d}" for i in range(len(blobs))], blobs, pool)
             for r in range(args.repeats):  # one save + restore on each side per round
