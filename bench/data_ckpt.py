@@ -97,12 +97,23 @@ def bench_loader(tmp: Path, n_tokens: int, cases, steps: int, repeats: int) -> l
     return rows
 
 
+def _tree_axes(total_mb: int) -> tuple[tuple, dict]:
+    rows = max(8, (total_mb * 2**20 // 4 // 4) // 1024)
+    return (nm.Axis("rows", rows), nm.Axis("embed", 1024)), {"embed": "data"}
+
+
+def abstract_tree(total_mb: int, mesh) -> dict:
+    """``make_tree``'s shapes, dtypes and shardings, without making its values."""
+    axes, mapping = _tree_axes(total_mb)
+    sharding = nm.partitioning.sharding_for(axes, mapping, mesh)
+    shape = jax.ShapeDtypeStruct(tuple(a.size for a in axes), jnp.float32, sharding=sharding)
+    return {f"w{i}": nm.NamedArray(shape, axes) for i in range(4)}
+
+
 def make_tree(total_mb: int, mesh) -> tuple[dict, int]:
     """Four (vocab-like, embed) f32 arrays of about total_mb MiB together, embed over data."""
-    Embed = nm.Axis("embed", 1024)
-    rows = max(8, (total_mb * 2**20 // 4 // 4) // 1024)
-    Rows = nm.Axis("rows", rows)
-    mapping = {"embed": "data"}
+    (Rows, Embed), mapping = _tree_axes(total_mb)
+    rows = Rows.size
     keys = jax.random.split(jax.random.key(0), 4)
     init = nm.named_jit(lambda k: nm.random.normal(k, (Rows, Embed)), mapping=mapping)
     tree = {f"w{i}": init(k) for i, k in enumerate(keys)}
@@ -414,14 +425,13 @@ def _first(args) -> None:
     if args.first == "restore":
         mesh = nm.make_mesh(C.MESH)
         with jax.set_mesh(mesh):
-            tree, _ = make_tree(args.ckpt_mb, mesh)  # the target; kept, so its memory is not reused
-            target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
+            # the target without values: this process holds no more memory than the other's
             read_commit(args.url)  # the store's context and a connection, as a run has them by now
             t0, c0 = time.perf_counter(), time.process_time()
-            out, _ = restore(args.url, target)
+            out, _ = restore(args.url, abstract_tree(args.ckpt_mb, mesh))
             jax.block_until_ready(out)
             wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-            assert _same(tree, out)
+            assert _same(make_tree(args.ckpt_mb, mesh)[0], out)
     else:
         bucket, prefix = args.url.removeprefix("s3://").split("/", 1)
         client = boto3_client(os.environ["AWS_ENDPOINT_URL"])
