@@ -18,7 +18,9 @@ file (``chunks.map_chunk_file``; O_DIRECT into a fresh buffer where it cannot be
 pages the device array's memory, many files in flight, each checksummed from memory piece by
 piece as it is read, in place of a hashing pass before the read. Other regions
 are read through tensorstore. On an object store each file this process needs is fetched once,
-its size and checksum checked, and decoded from memory: the bytes checked are the bytes used.
+its size and checksum checked, and decoded from memory: the bytes checked are the bytes used;
+every leaf's zarr.json first, in one batch, then the whole chunks, up to ``READ_BYTES_IN_FLIGHT``
+of them at a time.
 """
 
 from __future__ import annotations
@@ -519,10 +521,10 @@ def _whole_objects(
     ckpt: ObjectPath, commit: dict, rec: dict, meta: dict, chunks: dict[tuple, str], in_flight: _InFlight
 ) -> dict[tuple, np.ndarray]:
     """Whole chunks from an object store, several requests in flight (``in_flight``, shared by the
-    leaves of one restore), each decoded by tensorstore's
-    zarr driver straight into a page-aligned buffer of ours (``aligned_empty``), which the device
-    array is then made from without a copy: no Python ``bytes`` on the way (a copy into fresh
-    memory), and no array of tensorstore's, which jax copied again wherever it was not aligned.
+    leaves of one restore), each decoded by tensorstore's zarr driver straight into a page-aligned
+    buffer of ours (``aligned_empty``), which the device array is then made from without a copy:
+    no Python ``bytes`` on the way (a copy into fresh memory), and no array of tensorstore's,
+    which jax copied again wherever it was not aligned.
     Each is checked against its object's checksum from the buffer's bytes, which are the
     object's: a raw layout is little-endian, as every host jax runs on."""
     if not chunks:
