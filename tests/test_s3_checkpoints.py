@@ -213,12 +213,12 @@ def test_whole_chunk_reads_in_flight_stay_within_their_bytes(url, monkeypatch):
     path = ck.save_checkpoint(url, 1, state)
     seen = []
 
-    class Recorded(checkpoint_read._InFlight):
+    class Recorded(checkpoint_read.ReadsInFlight):
         def __init__(self):
             super().__init__()
             seen.append(self)
 
-    monkeypatch.setattr(checkpoint_read, "_InFlight", Recorded)
+    monkeypatch.setattr(checkpoint_read, "ReadsInFlight", Recorded)
     chunk = max(info["size"] for rel, info in ck.read_commit(path)["files"].items() if "/c/" in rel)
     # the largest chunk's bytes twice; then no bytes but a floor of 1 and of 3 reads at once
     for budget, floor, bound in ((2 * chunk, 1, None), (1, 1, 1), (1, 3, 3)):

@@ -474,7 +474,7 @@ def _restore(ckpt: Location, commit: dict, plans: list, treedef, every_file: boo
         metas = fetch_verified(ckpt, commit, sorted({f"{plan.record['dir']}/zarr.json" for plan in arrays}))
 
     # Leaves in one pool, the chunk files they read in another (a leaf waits on its chunks).
-    in_flight = _InFlight()  # an object store's whole-chunk reads, all leaves together
+    in_flight = ReadsInFlight()  # an object store's whole-chunk reads, all leaves together
     with (
         concurrent.futures.ThreadPoolExecutor(IO_THREADS) as pool,
         concurrent.futures.ThreadPoolExecutor(IO_THREADS) as chunks,
@@ -489,7 +489,7 @@ def _restore(ckpt: Location, commit: dict, plans: list, treedef, every_file: boo
     return jax.tree_util.tree_unflatten(treedef, out), commit["metadata"]
 
 
-class _InFlight:
+class ReadsInFlight:
     """Whole-chunk reads from an object store under way, held to ``READ_BYTES_IN_FLIGHT`` bytes
     together (and at least ``MIN_READS_IN_FLIGHT`` reads): ``start`` waits for room, the read's
     completion makes it."""
@@ -518,7 +518,7 @@ class _InFlight:
 
 
 def _whole_objects(
-    ckpt: ObjectPath, commit: dict, rec: dict, meta: dict, chunks: dict[tuple, str], in_flight: _InFlight
+    ckpt: ObjectPath, commit: dict, rec: dict, meta: dict, chunks: dict[tuple, str], in_flight: ReadsInFlight
 ) -> dict[tuple, np.ndarray]:
     """Whole chunks from an object store, several requests in flight (``in_flight``, shared by the
     leaves of one restore), each decoded by tensorstore's zarr driver straight into a page-aligned
@@ -576,7 +576,7 @@ def _read(
     commit: dict,
     whole: dict[tuple, str] | None,
     pool,
-    in_flight: _InFlight,
+    in_flight: ReadsInFlight,
     metas: dict[str, bytes],
 ) -> Any:
     """One leaf. A region that is one whole chunk of a raw layout (``whole``, or on an object
