@@ -38,6 +38,7 @@ where a restore's values are always new memory (they outlive the call).
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import shutil
 import tempfile
 import time
@@ -50,6 +51,7 @@ import numpy as np
 
 import named as nm
 from named.trainer.checkpoint import restore, save_checkpoint
+from named.trainer.checkpoint.store import IO_THREADS
 from named.trainer.data import Sequences, TokenStream, TrainBatches, open_pretokenized, resolve_sources
 
 
@@ -162,10 +164,7 @@ def fresh_memory(tree) -> tuple[float, float]:
     """(wall, CPU) seconds to map fresh page-aligned memory for every shard of ``tree``, as many at
     once as a restore reads (``aligned_empty``, what a restore reads into): the part of a restore's
     CPU that is this machine's cost of new memory, not the checkpoint's work."""
-    import concurrent.futures
-
     from named.trainer.checkpoint.chunks import aligned_empty
-    from named.trainer.checkpoint.store import IO_THREADS
 
     sizes = [
         sh.data.nbytes for x in jax.tree.leaves(tree, is_leaf=nm.is_named_array) for sh in x.array.addressable_shards
@@ -382,8 +381,6 @@ def boto3_client(endpoint: str):
     import boto3
     import botocore.config
 
-    from named.trainer.checkpoint.store import IO_THREADS
-
     config = botocore.config.Config(max_pool_connections=IO_THREADS)
     return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", config=config)
 
@@ -414,20 +411,18 @@ def first_in_new_process(what: str, url: str, ckpt_mb: int) -> dict:
 
 def _first(args) -> None:
     """``--first``: the child process of ``first_in_new_process``; prints its JSON."""
-    import concurrent.futures
     import json
     import os
 
     from named.trainer.checkpoint import read_commit
-    from named.trainer.checkpoint.store import IO_THREADS
 
     jax.devices()
     if args.first == "restore":
         mesh = nm.make_mesh(C.MESH)
         with jax.set_mesh(mesh):
-            # the target without values: this process holds no more memory than the other's
             read_commit(args.url)  # the store's context and a connection, as a run has them by now
             t0, c0 = time.perf_counter(), time.process_time()
+            # the target without values: this process holds no more memory than boto3's
             out, _ = restore(args.url, abstract_tree(args.ckpt_mb, mesh))
             jax.block_until_ready(out)
             wall, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -447,10 +442,6 @@ def _first(args) -> None:
 def boto3_copy(endpoint: str, bucket: str, prefix: str, blobs: list[bytes]) -> dict:
     """Seconds for boto3 to PUT ``blobs`` as objects under ``prefix``, then GET them back, each
     with as many threads as the checkpoint uses: the plain client's figure for the same bytes."""
-    import concurrent.futures
-
-    from named.trainer.checkpoint.store import IO_THREADS
-
     client = boto3_client(endpoint)
     keys = [f"{prefix}/{i:05d}" for i in range(len(blobs))]
     with concurrent.futures.ThreadPoolExecutor(IO_THREADS) as pool:
@@ -493,10 +484,6 @@ def main_s3(args) -> dict:
             blobs = _chunk_sized_blobs(tree)
             # one checkpoint and the same bytes as boto3's objects, for the new processes' rounds
             first_ckpt = str(save_checkpoint("s3://bench/first", 0, tree))
-            import concurrent.futures
-
-            from named.trainer.checkpoint.store import IO_THREADS
-
             client = boto3_client(server.url)
             with concurrent.futures.ThreadPoolExecutor(IO_THREADS) as pool:
                 boto3_upload(client, "bench", [f"boto_first/{i:05d}" for i in range(len(blobs))], blobs, pool)
